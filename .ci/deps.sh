@@ -1,0 +1,41 @@
+#!/bin/sh
+# Checks the build dependencies (Debian 12 packages) and installs what is
+# missing when run as root with apt-get; otherwise prints the exact command
+# and fails. BENCH_DEPS=1 adds the benchmark peers (PyTorch, numpy).
+set -u
+missing=""
+need() { # need PACKAGE CHECK-COMMAND...
+	pkg=$1; shift
+	"$@" >/dev/null 2>&1 || missing="$missing $pkg"
+}
+has_header() { printf '#include <%s>\n' "$1" | ${CC:-cc} -E -x c - >/dev/null 2>&1; }
+
+need pkg-config        command -v pkg-config
+need make              command -v make
+need gcc               command -v ${CC:-cc}
+need libnng-dev        has_header nng/nng.h
+need libmsgpack-dev    pkg-config --exists msgpack
+need libcurl4-openssl-dev pkg-config --exists libcurl
+need libzstd-dev       pkg-config --exists libzstd
+need check             pkg-config --exists check
+need libturbojpeg0-dev pkg-config --exists libturbojpeg
+need libxxhash-dev     pkg-config --exists libxxhash
+if [ "${BENCH_DEPS:-0}" = 1 ]; then
+	need python3-numpy       /usr/bin/python3 -c 'import numpy'
+	need python3-torch       /usr/bin/python3 -c 'import torch'
+	need python3-torchvision /usr/bin/python3 -c 'import torchvision'
+	need time                test -x /usr/bin/time
+fi
+
+[ -z "$missing" ] && exit 0
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "deps: installing$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends $missing >/dev/null \
+		|| { echo "deps: failed: $cmd" >&2; exit 1; }
+	exit 0
+fi
+echo "deps: missing packages:$missing" >&2
+echo "deps: run as root: $cmd" >&2
+exit 1

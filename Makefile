@@ -1,0 +1,156 @@
+# cachew - GNU make build. `make` builds the libraries and programs,
+# `make test` runs the Check suites, `make demo` the main job.
+# Variables: PREFIX (/usr/local), DESTDIR, CC, CFLAGS, WERROR=1 (CI).
+
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+BINDIR  ?= $(PREFIX)/bin
+BUILD   ?= build
+CC      ?= cc
+
+VERSION := $(shell sed -n 's/^\#define CACHEW_VERSION_STRING "\(.*\)"/\1/p' include/cachew.h)
+SOMAJOR := 0
+
+PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg
+DEP_LIBS := -lxxhash -lpthread -ldl -lm
+
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden \
+	-Iinclude $(WARN) $(OPT)
+SAN     :=
+ALL_CFLAGS = $(BASE_CFLAGS) $(SAN) $(CFLAGS)
+
+LIB_SRC  := $(wildcard src/core/*.c src/graph/*.c src/exec/*.c \
+	src/ops/*.c src/sources/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(wildcard test/*.c)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+FUZZ_SRC := $(wildcard test/fuzz/fuzz_*.c)
+FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
+
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
+
+.PHONY: all lib test check asan tsan demo bench deps install uninstall \
+	clean fuzz examples valgrind
+
+all: lib $(BUILD)/cachew examples
+
+lib: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libcachew.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libcachew.so: $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libcachew.so.$(SOMAJOR) $(SAN) -o $@ $^ \
+		$(DEP_LIBS)
+
+# -rdynamic: plugins resolve cachew_* from the program itself.
+$(BUILD)/cachew: $(BUILD)/obj/src/tools/cachew.o $(BUILD)/libcachew.a
+	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS)
+
+# ---- tests ---------------------------------------------------------------
+$(BUILD)/check_cachew: $(TEST_OBJ) $(BUILD)/libcachew.a
+	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS) $(CHECK_LIBS)
+
+$(BUILD)/obj/test/%.o: test/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Wno-conversion -Itest -MMD -MP -c $< -o $@
+
+$(BUILD)/fuzz/%_replay: test/fuzz/%.c test/fuzz/fuzz_replay.c $(BUILD)/libcachew.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Wno-conversion -o $@ $< test/fuzz/fuzz_replay.c \
+		$(BUILD)/libcachew.a $(DEP_LIBS)
+
+# The example plugin, loaded by the registry tests.
+$(BUILD)/plugin_example.so: examples/plugin/plugin_example.c include/cachew.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -shared -o $@ $<
+
+$(BUILD)/train_loop: examples/train_loop.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(DEP_LIBS)
+
+examples: $(BUILD)/plugin_example.so $(BUILD)/train_loop
+
+check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so $(FUZZ_REPLAY)
+	@for f in $(FUZZ_REPLAY); do \
+		n=$$(basename $$f _replay); \
+		$$f test/fuzz/corpus/$$n || exit 1; \
+	done
+	CACHEW_BUILD=$(BUILD) $(BUILD)/check_cachew
+
+test: deps
+	@$(MAKE) --no-print-directory check
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -g" \
+		SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+		check
+
+tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build/tsan OPT="-O1 -g" \
+		SAN="-fsanitize=thread" check
+
+valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so
+	CK_FORK=no CACHEW_BUILD=$(BUILD) valgrind --leak-check=full \
+		--errors-for-leak-kinds=definite --error-exitcode=1 \
+		$(BUILD)/check_cachew
+
+# libFuzzer builds (clang): build/fuzz/<target>; run one by hand.
+fuzz:
+	@mkdir -p $(BUILD)/fuzz
+	@for f in $(FUZZ_SRC); do \
+		n=$$(basename $$f .c); \
+		clang -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude \
+			-fsanitize=fuzzer,address,undefined $$f $(LIB_SRC) \
+			-o $(BUILD)/fuzz/$$n $(DEP_LIBS) || exit 1; \
+	done
+
+demo: deps
+	@$(MAKE) --no-print-directory $(BUILD)/cachew
+	@sh examples/demo.sh $(BUILD)
+
+bench: deps
+	@BENCH_DEPS=1 sh .ci/deps.sh
+	@$(MAKE) --no-print-directory $(BUILD)/cachew
+	@bench/run all
+
+deps:
+	@sh .ci/deps.sh
+
+# ---- install ------------------------------------------------------------------
+$(BUILD)/cachew.pc: Makefile
+	@mkdir -p $(BUILD)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' \
+		'includedir=$(INCDIR)' '' 'Name: cachew' \
+		'Description: ML input-data processing as a library and a service' \
+		'Version: $(VERSION)' 'Libs: -L$${libdir} -lcachew' \
+		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' > $@
+
+install: lib $(BUILD)/cachew $(BUILD)/cachew.pc
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR)
+	install -m 644 $(BUILD)/libcachew.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(BUILD)/libcachew.so $(DESTDIR)$(LIBDIR)/libcachew.so.$(VERSION)
+	ln -sf libcachew.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcachew.so.$(SOMAJOR)
+	ln -sf libcachew.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libcachew.so
+	install -m 644 include/cachew.h $(DESTDIR)$(INCDIR)/
+	install -m 644 $(BUILD)/cachew.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -m 755 $(BUILD)/cachew $(DESTDIR)$(BINDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libcachew.* $(DESTDIR)$(INCDIR)/cachew.h \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc $(DESTDIR)$(BINDIR)/cachew
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

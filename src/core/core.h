@@ -1,0 +1,358 @@
+/*
+ * core.h - internals shared by every module: errors, logging, buffers,
+ * tensors, elements, values (the parameter model) and small utilities.
+ * Never installed. Cross-file internal names start with cwi_.
+ */
+#ifndef CWI_CORE_H
+#define CWI_CORE_H
+
+#include "cachew.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- errors and logging ------------------------------------------------ */
+
+/* Sets this thread's cachew_errmsg() and returns err, so a failing path can
+ * `return cwi_fail(CACHEW_EINVAL, "...")`. */
+cachew_err cwi_fail(cachew_err err, const char *fmt, ...) CACHEW_PRINTF(2, 3);
+void cwi_clear_errmsg(void);
+/* Copies this thread's errmsg (for objects that keep their own). */
+const char *cwi_errmsg_get(void);
+
+void cwi_log(cachew_log_level level, const char *module, const char *fmt,
+    ...) CACHEW_PRINTF(3, 4);
+bool cwi_log_enabled(cachew_log_level level);
+
+/* ---- allocation -------------------------------------------------------- */
+
+/* Strings and buffers handed to the caller are freed with cachew_free. */
+char *cwi_strdup(const char *s);
+char *cwi_strndup(const char *s, size_t n);
+/* vsnprintf into a fresh heap string; NULL on ENOMEM. */
+char *cwi_asprintf(const char *fmt, ...) CACHEW_PRINTF(1, 2);
+
+/* Growable byte string used by printers and encoders. */
+typedef struct cwi_strbuf {
+	char *data;
+	size_t len;
+	size_t cap;
+	bool oom; /* sticky: an append failed */
+} cwi_strbuf;
+
+void cwi_strbuf_init(cwi_strbuf *sb);
+void cwi_strbuf_free(cwi_strbuf *sb);
+void cwi_strbuf_append(cwi_strbuf *sb, const void *data, size_t len);
+void cwi_strbuf_puts(cwi_strbuf *sb, const char *s);
+void cwi_strbuf_printf(cwi_strbuf *sb, const char *fmt, ...) CACHEW_PRINTF(2, 3);
+/* Hands the NUL-terminated data to the caller (free with cachew_free);
+ * CACHEW_ENOMEM if any append failed. */
+cachew_err cwi_strbuf_finish(cwi_strbuf *sb, char **out, size_t *len);
+
+/* ---- time, hashing, randomness ----------------------------------------- */
+
+uint64_t cwi_now_ns(void); /* CLOCK_MONOTONIC */
+void cwi_sleep_ns(uint64_t ns);
+int cwi_online_cpus(void);
+uint64_t cwi_available_ram(void); /* MemAvailable, bytes */
+
+static inline uint64_t
+cwi_mix64(uint64_t x)
+{
+	/* splitmix64 finalizer: a bijective avalanche of 64 bits. */
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+/* A stable seed from a parent seed and a stream index. */
+static inline uint64_t
+cwi_seed_derive(uint64_t seed, uint64_t index)
+{
+	return cwi_mix64(seed ^ cwi_mix64(index + 0x9e3779b97f4a7c15ULL));
+}
+
+/* splitmix64 stream: fast, 2^64 period, good enough for augmentation. */
+typedef struct cwi_rng {
+	uint64_t state;
+} cwi_rng;
+
+static inline uint64_t
+cwi_rng_next(cwi_rng *r)
+{
+	r->state += 0x9e3779b97f4a7c15ULL;
+	return cwi_mix64(r->state);
+}
+
+/* Uniform in [0, n) without modulo bias (Lemire). n > 0. */
+uint64_t cwi_rng_below(cwi_rng *r, uint64_t n);
+/* Uniform double in [0, 1). */
+double cwi_rng_double(cwi_rng *r);
+
+/* ---- buffers ----------------------------------------------------------- */
+
+/* A refcounted block of bytes. Immutable once shared (refs > 1). Either the
+ * bytes follow the header (owned) or they are external memory released by
+ * free_fn when the last reference goes. */
+typedef struct cwi_buffer {
+	atomic_uint refs;
+	size_t size;
+	uint8_t *data;
+	void (*free_fn)(void *ctx, void *data);
+	void *free_ctx;
+} cwi_buffer;
+
+/* A new owned buffer of `size` bytes, 64-byte aligned, zeroed if `zero`. */
+cachew_err cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero);
+cachew_err cwi_buffer_wrap(cwi_buffer **out, void *data, size_t size,
+    void (*free_fn)(void *ctx, void *data), void *ctx);
+
+static inline cwi_buffer *
+cwi_buffer_ref(cwi_buffer *b)
+{
+	if (b != NULL)
+		atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+	return b;
+}
+
+void cwi_buffer_unref(cwi_buffer *b);
+
+static inline bool
+cwi_buffer_unique(const cwi_buffer *b)
+{
+	return atomic_load_explicit(&b->refs, memory_order_acquire) == 1;
+}
+
+/* ---- tensors ----------------------------------------------------------- */
+
+#define CWI_INLINE_BYTES 16
+
+/*
+ * The tensor value. Fixed-width tensors whose data fits in 16 bytes keep it
+ * inline (buf == NULL): scalars cost no allocation. Otherwise `data` points
+ * into buf at byte `off`.
+ *
+ * BYTES tensors: `buf` holds string data; string i spans
+ * [offsets[i], offsets[i+1]) relative to buf->data. With numel <= 1 the two
+ * offsets live inline (inl.u64), so a scalar string that is a slice of a
+ * larger read buffer (a text line) costs no allocation; otherwise `obuf`
+ * holds numel + 1 u64 offsets starting at entry `ooff`.
+ *
+ * Never hold a pointer to inline data across a copy of the struct: use the
+ * accessors.
+ */
+struct cachew_tensor {
+	uint8_t dtype;
+	uint8_t rank;
+	uint8_t heap; /* 1: a standalone handle from cachew_tensor_* */
+	uint8_t pad_;
+	int64_t shape[CACHEW_MAX_RANK];
+	cwi_buffer *buf;
+	cwi_buffer *obuf; /* BYTES with numel > 1: offsets */
+	size_t off;       /* fixed-width: byte offset of data in buf */
+	size_t ooff;      /* BYTES: first offset entry in obuf */
+	union {
+		uint8_t b[CWI_INLINE_BYTES];
+		uint64_t u64[2];
+	} inl;
+};
+
+typedef struct cachew_tensor cwi_tensor;
+
+int64_t cwi_shape_numel(unsigned rank, const int64_t *shape);
+
+static inline int64_t
+cwi_tensor_numel(const cwi_tensor *t)
+{
+	int64_t n = 1;
+	for (unsigned i = 0; i < t->rank; i++)
+		n *= t->shape[i];
+	return n;
+}
+
+static inline const uint8_t *
+cwi_tensor_data(const cwi_tensor *t)
+{
+	return t->buf != NULL ? t->buf->data + t->off : t->inl.b;
+}
+
+/* BYTES offsets table (numel + 1 entries, relative to buf->data). */
+static inline const uint64_t *
+cwi_tensor_offsets(const cwi_tensor *t)
+{
+	return t->obuf != NULL ? (const uint64_t *)t->obuf->data + t->ooff
+			       : t->inl.u64;
+}
+
+size_t cwi_tensor_nbytes(const cwi_tensor *t);
+
+/* Value initialisers; none allocate unless noted. `dst` is overwritten
+ * without releasing what it held. */
+void cwi_tensor_init_scalar(cwi_tensor *dst, cachew_dtype dtype, const void *v);
+void cwi_tensor_init_i64(cwi_tensor *dst, int64_t v);
+void cwi_tensor_init_f64(cwi_tensor *dst, double v);
+/* Allocates (zeroed if `zero`) storage for a fixed-width tensor. */
+cachew_err cwi_tensor_init_alloc(cwi_tensor *dst, cachew_dtype dtype,
+    unsigned rank, const int64_t *shape, bool zero, uint8_t **data);
+/* A scalar BYTES tensor viewing [start, start+len) of buf (takes a new
+ * reference on buf). */
+void cwi_tensor_init_bytes_view(
+    cwi_tensor *dst, cwi_buffer *buf, size_t start, size_t len);
+/* A scalar BYTES tensor holding a copy of data. */
+cachew_err cwi_tensor_init_bytes_copy(
+    cwi_tensor *dst, const void *data, size_t len);
+/* A BYTES tensor of shape `shape` from numel strings (copied). */
+cachew_err cwi_tensor_init_bytes_list(cwi_tensor *dst, unsigned rank,
+    const int64_t *shape, const void *const *items, const size_t *lens);
+/* String i of a BYTES tensor. */
+static inline const uint8_t *
+cwi_tensor_str(const cwi_tensor *t, int64_t i, size_t *len)
+{
+	const uint64_t *o = cwi_tensor_offsets(t);
+	*len = (size_t)(o[i + 1] - o[i]);
+	return t->buf != NULL ? t->buf->data + o[i] : (const uint8_t *)"";
+}
+
+/* dst = a new reference to src's storage. */
+void cwi_tensor_copy(cwi_tensor *dst, const cwi_tensor *src);
+/* dst = rows [start, start+count) of src along dim 0 (rank >= 1), zero-copy
+ * (small fixed-width slices are copied inline instead). */
+cachew_err cwi_tensor_slice(
+    cwi_tensor *dst, const cwi_tensor *src, int64_t start, int64_t count);
+/* Drops the references a tensor value holds and resets it to an i64 zero. */
+void cwi_tensor_clear(cwi_tensor *t);
+/* Fixed-width only: makes the values writable in place, copying first if
+ * the storage is shared or external. */
+cachew_err cwi_tensor_make_mutable(cwi_tensor *t, uint8_t **data);
+/* Same dtype and shape. */
+bool cwi_tensor_same_spec(const cwi_tensor *a, const cwi_tensor *b);
+/* Same dtype, shape and contents. */
+bool cwi_tensor_equal(const cwi_tensor *a, const cwi_tensor *b);
+/* "i64[64,3]" into buf; returns buf. */
+const char *cwi_tensor_spec_str(const cwi_tensor *t, char *buf, size_t len);
+
+/* ---- elements ---------------------------------------------------------- */
+
+struct cachew_element {
+	atomic_uint refs;
+	uint32_t n;
+	cwi_tensor comp[]; /* n components */
+};
+
+typedef struct cachew_element cwi_element;
+
+/* A new element of n components (each an i64 zero), refs = 1. Fast path:
+ * freed elements are kept on a small per-thread free list. */
+cwi_element *cwi_element_new(uint32_t n);
+
+static inline void
+cwi_element_retain(cwi_element *e)
+{
+	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+}
+
+void cwi_element_release(cwi_element *e);
+
+static inline bool
+cwi_element_unique(const cwi_element *e)
+{
+	return atomic_load_explicit(&e->refs, memory_order_acquire) == 1;
+}
+
+/* A new unshared element holding references to e's components. */
+cwi_element *cwi_element_clone(const cwi_element *e);
+/* Sum of the components' nbytes. */
+size_t cwi_element_nbytes(const cwi_element *e);
+/* Same component count and each component cwi_tensor_equal. */
+bool cwi_element_equal(const cwi_element *a, const cwi_element *b);
+/* Makes e unshared (cloning it if needed) and returns it. On ENOMEM returns
+ * NULL and e is released. */
+cwi_element *cwi_element_make_unique(cwi_element *e);
+
+/* ---- values: the parameter model --------------------------------------- */
+
+typedef enum cwi_vtype {
+	CWI_V_NIL = 0,
+	CWI_V_BOOL,
+	CWI_V_INT,
+	CWI_V_FLOAT,
+	CWI_V_STR,   /* strings and bare identifiers */
+	CWI_V_LIST,  /* [a, b] or (a, b): `tuple` marks the latter */
+	CWI_V_MAP    /* string keys, kept sorted by key */
+} cwi_vtype;
+
+typedef struct cwi_value cwi_value;
+typedef struct cwi_kv cwi_kv;
+
+struct cwi_value {
+	cwi_vtype type;
+	bool tuple; /* CWI_V_LIST written with parentheses */
+	bool ident; /* CWI_V_STR written as a bare identifier */
+	union {
+		bool b;
+		int64_t i;
+		double f;
+		struct {
+			char *ptr;
+			size_t len;
+		} s;
+		struct {
+			cwi_value *items;
+			size_t n;
+		} list;
+		struct {
+			cwi_kv *items;
+			size_t n;
+		} map;
+	} u;
+};
+
+struct cwi_kv {
+	char *key;
+	cwi_value val;
+};
+
+/* Limits on every decoded or parsed value (outside input). */
+#define CWI_VALUE_MAX_DEPTH 32
+#define CWI_VALUE_MAX_ITEMS 1000000
+#define CWI_VALUE_MAX_STR (16u << 20)
+
+void cwi_value_free(cwi_value *v); /* frees contents, resets to NIL */
+cachew_err cwi_value_copy(cwi_value *dst, const cwi_value *src);
+bool cwi_value_equal(const cwi_value *a, const cwi_value *b);
+cachew_err cwi_value_set_str(cwi_value *v, const char *s, size_t len);
+/* Appends *item to the list, taking ownership (*item is reset to NIL). */
+cachew_err cwi_value_list_push(cwi_value *list, cwi_value *item);
+
+/* Maps: keys unique and sorted (strcmp). */
+const cwi_value *cwi_map_get(const cwi_value *map, const char *key);
+/* Takes ownership of *val (reset to NIL); replaces an existing key. */
+cachew_err cwi_map_set(cwi_value *map, const char *key, cwi_value *val);
+/* Removes key; returns true if it was present. */
+bool cwi_map_del(cwi_value *map, const char *key);
+
+/* Writes the value in pipeline-string syntax: ints, floats that round
+ * trip (always with a '.' or exponent), true/false, identifiers bare,
+ * other strings double-quoted with \" \\ \n \t \xNN escapes, lists. */
+void cwi_value_print(cwi_strbuf *sb, const cwi_value *v);
+/* True if s is an identifier: [A-Za-z_][A-Za-z0-9_]*. */
+bool cwi_is_ident(const char *s, size_t len);
+
+/* cachew_params is a map value. */
+struct cachew_params {
+	cwi_value map;
+};
+
+/* A list of strings from a value that is a string or a list of strings.
+ * Returns a NULL-terminated array of borrowed pointers (free the array
+ * only) or NULL on ENOMEM/ETYPE (errmsg set). */
+const char **cwi_value_str_list(const cwi_value *v, size_t *n);
+
+#endif /* CWI_CORE_H */

@@ -1,0 +1,345 @@
+/*
+ * core_util.c - version, error strings, per-thread error detail, logging,
+ * string helpers, clocks and machine facts.
+ *
+ * Locking: the log sink is swapped under log_lock; the per-thread errmsg
+ * needs none.
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *
+cachew_version(void)
+{
+	return CACHEW_VERSION_STRING;
+}
+
+unsigned
+cachew_version_number(void)
+{
+	return CACHEW_VERSION_NUMBER;
+}
+
+void
+cachew_free(void *p)
+{
+	free(p);
+}
+
+static const char *const err_names[] = {
+	[CACHEW_OK] = "success",
+	[CACHEW_EOF] = "end of sequence",
+	[CACHEW_EINVAL] = "invalid argument",
+	[CACHEW_ENOMEM] = "out of memory",
+	[CACHEW_ERANGE] = "value out of range",
+	[CACHEW_ENOENT] = "not found",
+	[CACHEW_EPARSE] = "parse error",
+	[CACHEW_ETYPE] = "type or shape mismatch",
+	[CACHEW_EIO] = "I/O error",
+	[CACHEW_ECORRUPT] = "corrupt data",
+	[CACHEW_EOP] = "operator failed",
+	[CACHEW_ECANCELED] = "canceled",
+	[CACHEW_ETIMEDOUT] = "timed out",
+	[CACHEW_ECLOSED] = "closed",
+	[CACHEW_EEXIST] = "already exists",
+	[CACHEW_ENOTSUP] = "not supported",
+	[CACHEW_EPROTO] = "protocol error",
+	[CACHEW_EINTERNAL] = "internal error",
+};
+
+const char *
+cachew_strerror(cachew_err err)
+{
+	if ((unsigned)err < sizeof(err_names) / sizeof(err_names[0]) &&
+	    err_names[err] != NULL)
+		return err_names[err];
+	return "unknown error";
+}
+
+/* ---- per-thread error detail ------------------------------------------- */
+
+static _Thread_local char tls_errmsg[512];
+
+cachew_err
+cwi_fail(cachew_err err, const char *fmt, ...)
+{
+	va_list ap;
+	char tmp[sizeof(tls_errmsg)];
+
+	/* Format into a copy: the message may quote the current errmsg. */
+	va_start(ap, fmt);
+	vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	memcpy(tls_errmsg, tmp, sizeof(tmp));
+	return err;
+}
+
+void
+cwi_clear_errmsg(void)
+{
+	tls_errmsg[0] = '\0';
+}
+
+const char *
+cwi_errmsg_get(void)
+{
+	return tls_errmsg;
+}
+
+const char *
+cachew_errmsg(void)
+{
+	return tls_errmsg;
+}
+
+/* ---- logging ----------------------------------------------------------- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static cachew_log_fn log_fn;
+static void *log_ctx;
+static atomic_int log_max = -1; /* -1: silent */
+
+void
+cachew_log_set(cachew_log_fn fn, void *ctx, cachew_log_level max_level)
+{
+	pthread_mutex_lock(&log_lock);
+	log_fn = fn;
+	log_ctx = ctx;
+	atomic_store(&log_max, fn != NULL ? (int)max_level : -1);
+	pthread_mutex_unlock(&log_lock);
+}
+
+void
+cachew_log_stderr(
+    void *ctx, cachew_log_level level, const char *module, const char *msg)
+{
+	static const char *const names[] = {"error", "warn", "info", "debug"};
+	(void)ctx;
+	fprintf(stderr, "cachew %s [%s] %s\n",
+	    names[(unsigned)level < 4 ? level : 3], module, msg);
+}
+
+bool
+cwi_log_enabled(cachew_log_level level)
+{
+	return (int)level <= atomic_load_explicit(&log_max, memory_order_relaxed);
+}
+
+void
+cwi_log(cachew_log_level level, const char *module, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	cachew_log_fn fn;
+	void *ctx;
+
+	if (!cwi_log_enabled(level))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&log_lock);
+	fn = log_fn;
+	ctx = log_ctx;
+	pthread_mutex_unlock(&log_lock);
+	if (fn != NULL)
+		fn(ctx, level, module, msg);
+}
+
+/* ---- strings ----------------------------------------------------------- */
+
+char *
+cwi_strndup(const char *s, size_t n)
+{
+	char *p = malloc(n + 1);
+	if (p == NULL)
+		return NULL;
+	memcpy(p, s, n);
+	p[n] = '\0';
+	return p;
+}
+
+char *
+cwi_strdup(const char *s)
+{
+	return cwi_strndup(s, strlen(s));
+}
+
+char *
+cwi_asprintf(const char *fmt, ...)
+{
+	va_list ap;
+	char *p = NULL;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&p, fmt, ap);
+	va_end(ap);
+	return n < 0 ? NULL : p;
+}
+
+void
+cwi_strbuf_init(cwi_strbuf *sb)
+{
+	memset(sb, 0, sizeof(*sb));
+}
+
+void
+cwi_strbuf_free(cwi_strbuf *sb)
+{
+	free(sb->data);
+	cwi_strbuf_init(sb);
+}
+
+static bool
+strbuf_reserve(cwi_strbuf *sb, size_t extra)
+{
+	size_t need, cap;
+	char *p;
+
+	if (sb->oom)
+		return false;
+	need = sb->len + extra + 1;
+	if (need <= sb->cap)
+		return true;
+	cap = sb->cap != 0 ? sb->cap : 64;
+	while (cap < need)
+		cap *= 2;
+	p = realloc(sb->data, cap);
+	if (p == NULL) {
+		sb->oom = true;
+		return false;
+	}
+	sb->data = p;
+	sb->cap = cap;
+	return true;
+}
+
+void
+cwi_strbuf_append(cwi_strbuf *sb, const void *data, size_t len)
+{
+	if (!strbuf_reserve(sb, len))
+		return;
+	memcpy(sb->data + sb->len, data, len);
+	sb->len += len;
+	sb->data[sb->len] = '\0';
+}
+
+void
+cwi_strbuf_puts(cwi_strbuf *sb, const char *s)
+{
+	cwi_strbuf_append(sb, s, strlen(s));
+}
+
+void
+cwi_strbuf_printf(cwi_strbuf *sb, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0 || !strbuf_reserve(sb, (size_t)n))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(sb->data + sb->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	sb->len += (size_t)n;
+}
+
+cachew_err
+cwi_strbuf_finish(cwi_strbuf *sb, char **out, size_t *len)
+{
+	if (!strbuf_reserve(sb, 0)) {
+		cwi_strbuf_free(sb);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory building a string");
+	}
+	*out = sb->data;
+	if (len != NULL)
+		*len = sb->len;
+	cwi_strbuf_init(sb);
+	return CACHEW_OK;
+}
+
+/* ---- time and machine -------------------------------------------------- */
+
+uint64_t
+cwi_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void
+cwi_sleep_ns(uint64_t ns)
+{
+	struct timespec ts = {
+	    .tv_sec = (time_t)(ns / 1000000000ULL),
+	    .tv_nsec = (long)(ns % 1000000000ULL),
+	};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+	}
+}
+
+int
+cwi_online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+uint64_t
+cwi_available_ram(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb = 0;
+
+	if (f != NULL) {
+		while (fgets(line, sizeof(line), f) != NULL) {
+			if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+				break;
+		}
+		fclose(f);
+	}
+	if (kb == 0) {
+		long pages = sysconf(_SC_AVPHYS_PAGES);
+		long psize = sysconf(_SC_PAGESIZE);
+		if (pages > 0 && psize > 0)
+			return (uint64_t)pages * (uint64_t)psize;
+		return 1ULL << 30;
+	}
+	return (uint64_t)kb * 1024ULL;
+}
+
+uint64_t
+cwi_rng_below(cwi_rng *r, uint64_t n)
+{
+	uint64_t x = cwi_rng_next(r);
+	__uint128_t m = (__uint128_t)x * n;
+	uint64_t lo = (uint64_t)m;
+
+	if (lo < n) {
+		uint64_t t = (0 - n) % n;
+		while (lo < t) {
+			x = cwi_rng_next(r);
+			m = (__uint128_t)x * n;
+			lo = (uint64_t)m;
+		}
+	}
+	return (uint64_t)(m >> 64);
+}
+
+double
+cwi_rng_double(cwi_rng *r)
+{
+	return (double)(cwi_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}

@@ -1,0 +1,203 @@
+/*
+ * element.c - elements: refcounted tuples of tensor values.
+ *
+ * No locks: an element is modified only while unshared (refs == 1).
+ */
+#include "core.h"
+
+#include <stdlib.h>
+
+cwi_element *
+cwi_element_new(uint32_t n)
+{
+	cwi_element *e = malloc(sizeof(*e) + (size_t)n * sizeof(cwi_tensor));
+	if (e == NULL)
+		return NULL;
+	atomic_init(&e->refs, 1);
+	e->n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		cwi_tensor *t = &e->comp[i];
+		/* Cheaper than memset of the whole 128-byte value. */
+		t->dtype = CACHEW_I64;
+		t->rank = 0;
+		t->heap = 0;
+		t->buf = NULL;
+		t->obuf = NULL;
+		t->off = 0;
+		t->ooff = 0;
+		t->inl.u64[0] = 0;
+		t->inl.u64[1] = 0;
+	}
+	return e;
+}
+
+void
+cwi_element_release(cwi_element *e)
+{
+	if (e == NULL)
+		return;
+	if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	for (uint32_t i = 0; i < e->n; i++) {
+		cwi_buffer_unref(e->comp[i].buf);
+		cwi_buffer_unref(e->comp[i].obuf);
+	}
+	free(e);
+}
+
+cwi_element *
+cwi_element_clone(const cwi_element *e)
+{
+	cwi_element *c = cwi_element_new(e->n);
+	if (c == NULL)
+		return NULL;
+	for (uint32_t i = 0; i < e->n; i++)
+		cwi_tensor_copy(&c->comp[i], &e->comp[i]);
+	return c;
+}
+
+cwi_element *
+cwi_element_make_unique(cwi_element *e)
+{
+	cwi_element *c;
+
+	if (cwi_element_unique(e))
+		return e;
+	c = cwi_element_clone(e);
+	cwi_element_release(e);
+	return c;
+}
+
+size_t
+cwi_element_nbytes(const cwi_element *e)
+{
+	size_t n = 0;
+	for (uint32_t i = 0; i < e->n; i++)
+		n += cwi_tensor_nbytes(&e->comp[i]);
+	return n;
+}
+
+bool
+cwi_element_equal(const cwi_element *a, const cwi_element *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (uint32_t i = 0; i < a->n; i++)
+		if (!cwi_tensor_equal(&a->comp[i], &b->comp[i]))
+			return false;
+	return true;
+}
+
+/* ---- public API -------------------------------------------------------- */
+
+cachew_err
+cachew_element_create(cachew_element **out, size_t n)
+{
+	if (n == 0 || n > CACHEW_MAX_COMPONENTS)
+		return cwi_fail(CACHEW_EINVAL,
+		    "an element has 1 to %d components, not %zu",
+		    CACHEW_MAX_COMPONENTS, n);
+	*out = cwi_element_new((uint32_t)n);
+	if (*out == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return CACHEW_OK;
+}
+
+size_t
+cachew_element_size(const cachew_element *e)
+{
+	return e->n;
+}
+
+const cachew_tensor *
+cachew_element_component(const cachew_element *e, size_t i)
+{
+	return i < e->n ? &e->comp[i] : NULL;
+}
+
+static cachew_err
+check_writable(const cachew_element *e, size_t i)
+{
+	if (i >= e->n)
+		return cwi_fail(CACHEW_ERANGE,
+		    "component %zu of an element of %u", i, e->n);
+	if (!cwi_element_unique(e))
+		return cwi_fail(CACHEW_EINVAL, "element is shared (immutable)");
+	return CACHEW_OK;
+}
+
+cachew_err
+cachew_element_set(cachew_element *e, size_t i, const cachew_tensor *t)
+{
+	cwi_tensor v;
+	cachew_err rv = check_writable(e, i);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_tensor_copy(&v, t);
+	cwi_tensor_clear(&e->comp[i]);
+	e->comp[i] = v;
+	return CACHEW_OK;
+}
+
+cachew_err
+cachew_element_set_slice(cachew_element *e, size_t i, const cachew_tensor *t,
+    int64_t start, int64_t count)
+{
+	cwi_tensor v;
+	cachew_err rv = check_writable(e, i);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_tensor_slice(&v, t, start, count);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_tensor_clear(&e->comp[i]);
+	e->comp[i] = v;
+	return CACHEW_OK;
+}
+
+cachew_err
+cachew_element_alloc(cachew_element *e, size_t i, cachew_dtype dtype,
+    unsigned rank, const int64_t *shape, void **data)
+{
+	cwi_tensor v;
+	uint8_t *p;
+	cachew_err rv = check_writable(e, i);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_tensor_init_alloc(&v, dtype, rank, shape, true, &p);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_tensor_clear(&e->comp[i]);
+	e->comp[i] = v;
+	/* Inline storage moved with the value: point into the element. */
+	*data = (void *)cwi_tensor_data(&e->comp[i]);
+	return CACHEW_OK;
+}
+
+cachew_err
+cachew_element_mutable_data(cachew_element *e, size_t i, void **data)
+{
+	uint8_t *p;
+	cachew_err rv = check_writable(e, i);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_tensor_make_mutable(&e->comp[i], &p);
+	if (rv != CACHEW_OK)
+		return rv;
+	*data = p;
+	return CACHEW_OK;
+}
+
+cachew_element *
+cachew_element_retain(cachew_element *e)
+{
+	if (e != NULL)
+		cwi_element_retain(e);
+	return e;
+}
+
+void
+cachew_element_release(cachew_element *e)
+{
+	cwi_element_release(e);
+}

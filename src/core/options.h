@@ -1,0 +1,24 @@
+/*
+ * options.h - the resolved values of a cachew_options object.
+ */
+#ifndef CWI_OPTIONS_H
+#define CWI_OPTIONS_H
+
+#include "core.h"
+
+#define CWI_OPT_STR_MAX 256
+
+typedef struct cwi_opts {
+	int64_t threads;    /* 0 = online CPUs */
+	int64_t ram_budget; /* 0 = half of available memory */
+	int64_t seed;       /* -1 = random */
+	int deterministic;
+	int autotune;
+	int64_t epoch;
+	char service[CWI_OPT_STR_MAX];
+} cwi_opts;
+
+void cwi_opts_defaults(cwi_opts *o);
+const cwi_opts *cwi_options_values(const cachew_options *o);
+
+#endif /* CWI_OPTIONS_H */

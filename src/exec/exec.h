@@ -1,0 +1,178 @@
+/*
+ * exec.h - the executor: pull-based iterators that move chunks of elements.
+ *
+ * Contract of cwi_iter_ops.next(it, out, max):
+ *   - appends between 1 and `max` elements to `out` and returns CACHEW_OK
+ *     (the caller has reserved room for `max` more), or
+ *   - appends nothing and returns CACHEW_EOF at the end of the sequence, or
+ *   - appends nothing and returns an error, after recording the reason with
+ *     cwi_pipeline_fail().
+ * An op may return fewer than `max` elements at any time; consumers that
+ * need an exact count (batch) loop. The cwi_iter_next() wrapper makes EOF
+ * and errors sticky and keeps the per-node counters, so ops never do.
+ *
+ * Elements move with ownership: what next() appends belongs to the caller.
+ * Iterators are used by one thread at a time; an op that runs its own
+ * threads (parallel map, prefetch, interleave) hides them behind next().
+ */
+#ifndef CWI_EXEC_H
+#define CWI_EXEC_H
+
+#include "../core/options.h"
+#include "../graph/graph.h"
+
+#include <pthread.h>
+
+/* ---- chunks ---------------------------------------------------------- */
+
+typedef struct cwi_chunk {
+	cwi_element **v;
+	size_t n;
+	size_t cap;
+} cwi_chunk;
+
+/* Ensures room for `extra` more elements. */
+cachew_err cwi_chunk_reserve(cwi_chunk *c, size_t extra);
+/* Releases the elements; keeps the storage. */
+void cwi_chunk_clear(cwi_chunk *c);
+/* Releases elements and storage. */
+void cwi_chunk_free(cwi_chunk *c);
+
+static inline void
+cwi_chunk_push(cwi_chunk *c, cwi_element *e)
+{
+	c->v[c->n++] = e;
+}
+
+/* ---- statistics -------------------------------------------------------- */
+
+typedef struct cwi_stats {
+	const cwi_node *node;
+	const char *name;
+	const char *detail;
+	int index;
+	_Atomic uint64_t elements;
+	_Atomic uint64_t bytes;
+	_Atomic uint64_t busy_ns;
+	_Atomic uint64_t wait_ns;
+	_Atomic int parallelism;
+	_Atomic int64_t buffer_limit;
+	_Atomic int64_t buffered;
+} cwi_stats;
+
+static inline void
+cwi_stat_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* ---- pipeline: what all iterators of one cachew_iterator share -------- */
+
+typedef struct cwi_pipeline {
+	cwi_opts opts;        /* resolved: threads >= 1, ram_budget > 0 */
+	uint64_t seed;        /* resolved pipeline seed */
+	atomic_bool cancelled; /* set when the iterator is destroyed */
+
+	pthread_mutex_t lock; /* protects err, errmsg */
+	cachew_err err;
+	char errmsg[1024];
+
+	cwi_stats *stats; /* one row per node, pipeline order */
+	size_t nstats;
+} cwi_pipeline;
+
+/* Records the first failure of the pipeline (later ones are ignored) and
+ * returns err. The message should start with the operator's name. */
+cachew_err cwi_pipeline_fail(cwi_pipeline *pl, cachew_err err,
+    const char *fmt, ...) CACHEW_PRINTF(3, 4);
+
+static inline bool
+cwi_pipeline_cancelled(const cwi_pipeline *pl)
+{
+	return atomic_load_explicit(&pl->cancelled, memory_order_relaxed);
+}
+
+/* The stats row of a node (NULL for nodes outside the graph). */
+cwi_stats *cwi_pipeline_stats(cwi_pipeline *pl, const cwi_node *node);
+
+/* ---- iterators ----------------------------------------------------------- */
+
+struct cwi_iter_args {
+	cwi_pipeline *pl;
+	uint64_t epoch; /* repeat passes its count; shuffle reshuffles by it */
+};
+
+typedef struct cwi_iter_ops {
+	cachew_err (*next)(cwi_iter *it, cwi_chunk *out, size_t max);
+	/* Stops the op's threads, destroys its inputs, frees it. */
+	void (*destroy)(cwi_iter *it);
+} cwi_iter_ops;
+
+struct cwi_iter {
+	const cwi_iter_ops *ops;
+	cwi_pipeline *pl;
+	const cwi_node *node;
+	cwi_stats *stats; /* may be NULL */
+	cachew_err done;  /* sticky EOF or error */
+	bool async;
+	uint64_t epoch;
+};
+
+/* Creates the iterator of a node (and, through the op, of its inputs). */
+cachew_err cwi_iter_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args);
+/* Pulls up to max elements (see the contract above). Reserves room in out
+ * itself. */
+cachew_err cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max);
+void cwi_iter_destroy(cwi_iter *it);
+
+/* ---- operator functions --------------------------------------------------- */
+
+struct cachew_op_ctx {
+	const cwi_fn *fn;
+	void *state;
+	uint64_t base_seed; /* derived from (pipeline seed, node) */
+	uint64_t index;     /* element index at the op's input */
+	cwi_rng rng;
+	bool rng_started;
+	char errmsg[512];
+};
+
+/* Prepares a context for calls of node->fn. */
+void cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl);
+
+static inline void
+cwi_op_ctx_at(cachew_op_ctx *ctx, uint64_t index)
+{
+	ctx->index = index;
+	ctx->rng_started = false;
+	ctx->errmsg[0] = '\0';
+}
+
+/* Runs a map function on one element. On failure records the error in the
+ * pipeline ("map(add): <reason>") and returns it; `in` is consumed. */
+cachew_err cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node,
+    cwi_pipeline *pl, cwi_element *in, cwi_element **out);
+
+/* Runs a filter function; *keep is set on success. */
+cachew_err cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node,
+    cwi_pipeline *pl, const cwi_element *in, bool *keep);
+
+/* Flat-map sequences opened from a function op (interleave, flat_map and
+ * the file sources share this). */
+typedef struct cwi_seq {
+	const cwi_fn *fn;
+	cachew_op_ctx ctx;
+	void *state;
+	bool open;
+	bool eof;
+} cwi_seq;
+
+cachew_err cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
+    const cwi_element *in, uint64_t index);
+/* Appends up to max elements; CACHEW_EOF when the sequence ends. */
+cachew_err cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
+    cwi_chunk *out, size_t max);
+void cwi_seq_close(cwi_seq *s);
+
+#endif /* CWI_EXEC_H */

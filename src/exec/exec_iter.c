@@ -1,0 +1,495 @@
+/*
+ * exec_iter.c - the iterator wrapper (sticky end, counters), the pipeline
+ * context, operator-function contexts and the public cachew_iterator.
+ *
+ * Locking: pl->lock protects the pipeline's first error. Counters are
+ * relaxed atomics. Lock order: an op's own locks are never held while
+ * calling cwi_pipeline_fail (it takes pl->lock last).
+ */
+#include "exec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* ---- chunks ---------------------------------------------------------------- */
+
+cachew_err
+cwi_chunk_reserve(cwi_chunk *c, size_t extra)
+{
+	size_t need = c->n + extra, cap;
+	cwi_element **v;
+
+	if (need <= c->cap)
+		return CACHEW_OK;
+	cap = c->cap != 0 ? c->cap : 16;
+	while (cap < need)
+		cap *= 2;
+	v = realloc(c->v, cap * sizeof(*v));
+	if (v == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	c->v = v;
+	c->cap = cap;
+	return CACHEW_OK;
+}
+
+void
+cwi_chunk_clear(cwi_chunk *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		cwi_element_release(c->v[i]);
+	c->n = 0;
+}
+
+void
+cwi_chunk_free(cwi_chunk *c)
+{
+	cwi_chunk_clear(c);
+	free(c->v);
+	c->v = NULL;
+	c->cap = 0;
+}
+
+/* ---- pipeline ----------------------------------------------------------------- */
+
+cachew_err
+cwi_pipeline_fail(cwi_pipeline *pl, cachew_err err, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&pl->lock);
+	if (pl->err == CACHEW_OK) {
+		pl->err = err;
+		va_start(ap, fmt);
+		vsnprintf(pl->errmsg, sizeof(pl->errmsg), fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&pl->lock);
+	cwi_log(CACHEW_LOG_DEBUG, "exec", "pipeline failed: %s", pl->errmsg);
+	return err;
+}
+
+cwi_stats *
+cwi_pipeline_stats(cwi_pipeline *pl, const cwi_node *node)
+{
+	for (size_t i = 0; i < pl->nstats; i++)
+		if (pl->stats[i].node == node)
+			return &pl->stats[i];
+	return NULL;
+}
+
+/* Post-order walk: inputs before the node, each node once. */
+static cachew_err
+collect_nodes(cwi_pipeline *pl, const cwi_node *node, size_t *cap)
+{
+	cachew_err rv;
+	cwi_stats *s;
+
+	if (cwi_pipeline_stats(pl, node) != NULL)
+		return CACHEW_OK;
+	for (size_t i = 0; i < node->ninputs; i++) {
+		rv = collect_nodes(pl, node->inputs[i], cap);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	if (pl->nstats == *cap) {
+		size_t ncap = *cap != 0 ? *cap * 2 : 16;
+		s = realloc(pl->stats, ncap * sizeof(*s));
+		if (s == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		pl->stats = s;
+		*cap = ncap;
+	}
+	s = &pl->stats[pl->nstats];
+	memset(s, 0, sizeof(*s));
+	s->node = node;
+	s->name = node->op->name;
+	s->detail = node->detail != NULL ? node->detail : "";
+	s->index = (int)pl->nstats;
+	atomic_store(&s->parallelism, 1);
+	pl->nstats++;
+	return CACHEW_OK;
+}
+
+static uint64_t
+fresh_seed(void)
+{
+	uint64_t s = 0;
+	if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != (ssize_t)sizeof(s))
+		s = cwi_now_ns() ^ ((uint64_t)getpid() << 32);
+	return cwi_mix64(s);
+}
+
+/* ---- iterators -------------------------------------------------------------------- */
+
+/* Inclusive time of the calls made by this thread's current next() into
+ * its inputs, so each node can be charged only for its own work. */
+static _Thread_local uint64_t tls_child_ns;
+
+cachew_err
+cwi_iter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	cwi_iter *it = NULL;
+	cachew_err rv;
+
+	if (cwi_pipeline_cancelled(args->pl))
+		return CACHEW_ECANCELED;
+	rv = node->op->iter_create(&it, node, args);
+	if (rv != CACHEW_OK) {
+		/* Ops report through cwi_fail or cwi_pipeline_fail: make
+		 * sure the pipeline carries a message either way. */
+		if (rv != CACHEW_EOF)
+			cwi_pipeline_fail(args->pl, rv, "%s: %s", node->op->name,
+			    cwi_errmsg_get()[0] != '\0' ? cwi_errmsg_get()
+							: cachew_strerror(rv));
+		return rv;
+	}
+	it->pl = args->pl;
+	it->node = node;
+	it->stats = cwi_pipeline_stats(args->pl, node);
+	it->done = CACHEW_OK;
+	it->async = (node->op->flags & CWI_OPF_ASYNC) != 0;
+	it->epoch = args->epoch;
+	*out = it;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	uint64_t t0, dt, self, saved;
+	size_t n0 = out->n;
+	cachew_err rv;
+
+	if (it->done != CACHEW_OK)
+		return it->done;
+	if (max == 0)
+		max = 1;
+	rv = cwi_chunk_reserve(out, max);
+	if (rv != CACHEW_OK) {
+		it->done = cwi_pipeline_fail(it->pl, rv, "%s: out of memory",
+		    it->node->op->name);
+		return it->done;
+	}
+	saved = tls_child_ns;
+	tls_child_ns = 0;
+	t0 = cwi_now_ns();
+	rv = it->ops->next(it, out, max);
+	dt = cwi_now_ns() - t0;
+	self = dt > tls_child_ns ? dt - tls_child_ns : 0;
+	tls_child_ns = saved + dt;
+
+	if (rv == CACHEW_OK && out->n == n0)
+		rv = cwi_pipeline_fail(it->pl, CACHEW_EINTERNAL,
+		    "%s: next() returned no element and no end",
+		    it->node->op->name);
+	if (it->stats != NULL) {
+		cwi_stats *s = it->stats;
+		if (it->async)
+			cwi_stat_add(&s->wait_ns, self);
+		else
+			cwi_stat_add(&s->busy_ns, self);
+		if (rv == CACHEW_OK) {
+			uint64_t bytes = 0;
+			for (size_t i = n0; i < out->n; i++)
+				bytes += cwi_element_nbytes(out->v[i]);
+			cwi_stat_add(&s->elements, out->n - n0);
+			cwi_stat_add(&s->bytes, bytes);
+		}
+	}
+	if (rv != CACHEW_OK) {
+		/* An op must not leave elements behind with an error. */
+		for (size_t i = n0; i < out->n; i++)
+			cwi_element_release(out->v[i]);
+		out->n = n0;
+		if (rv != CACHEW_EOF && it->pl->err == CACHEW_OK)
+			cwi_pipeline_fail(it->pl, rv, "%s: %s",
+			    it->node->op->name, cachew_strerror(rv));
+		it->done = rv;
+	}
+	return rv;
+}
+
+void
+cwi_iter_destroy(cwi_iter *it)
+{
+	if (it != NULL)
+		it->ops->destroy(it);
+}
+
+/* ---- operator function contexts ------------------------------------------------------- */
+
+void
+cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl)
+{
+	memset(ctx, 0, sizeof(*ctx));
+	ctx->fn = node->fn;
+	ctx->state = node->fn_state;
+	ctx->base_seed = cwi_seed_derive(pl->seed, node->fp.hi ^ node->fp.lo);
+}
+
+void *
+cachew_op_ctx_state(cachew_op_ctx *ctx)
+{
+	return ctx->state;
+}
+
+uint64_t
+cachew_op_ctx_seed(cachew_op_ctx *ctx)
+{
+	return cwi_seed_derive(ctx->base_seed, ctx->index);
+}
+
+uint64_t
+cachew_op_ctx_random(cachew_op_ctx *ctx)
+{
+	if (!ctx->rng_started) {
+		ctx->rng.state = cachew_op_ctx_seed(ctx);
+		ctx->rng_started = true;
+	}
+	return cwi_rng_next(&ctx->rng);
+}
+
+cachew_err
+cachew_op_ctx_fail(cachew_op_ctx *ctx, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(ctx->errmsg, sizeof(ctx->errmsg), fmt, ap);
+	va_end(ap);
+	return CACHEW_EOP;
+}
+
+static cachew_err
+fn_failed(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+    cachew_err rv)
+{
+	if (rv == CACHEW_EOF || rv == CACHEW_OK)
+		rv = CACHEW_EOP;
+	return cwi_pipeline_fail(pl, rv, "%s(%s): %s (element %llu)",
+	    node->op->name, node->fn->name,
+	    ctx->errmsg[0] != '\0' ? ctx->errmsg : cachew_strerror(rv),
+	    (unsigned long long)ctx->index);
+}
+
+cachew_err
+cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+    cwi_element *in, cwi_element **out)
+{
+	cachew_err rv = node->fn->def.map(ctx, in, out);
+	if (rv != CACHEW_OK)
+		return fn_failed(ctx, node, pl, rv);
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+    const cwi_element *in, bool *keep)
+{
+	int k = 0;
+	cachew_err rv = node->fn->def.filter(ctx, in, &k);
+	if (rv != CACHEW_OK)
+		return fn_failed(ctx, node, pl, rv);
+	*keep = k != 0;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
+    const cwi_element *in, uint64_t index)
+{
+	cachew_err rv;
+
+	memset(s, 0, sizeof(*s));
+	s->fn = node->fn;
+	cwi_op_ctx_init(&s->ctx, node, pl);
+	cwi_op_ctx_at(&s->ctx, index);
+	rv = s->fn->def.flat_open(&s->ctx, in, &s->state);
+	if (rv != CACHEW_OK)
+		return fn_failed(&s->ctx, node, pl, rv);
+	s->open = true;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
+    cwi_chunk *out, size_t max)
+{
+	size_t got = 0;
+	cachew_err rv;
+
+	if (s->eof)
+		return CACHEW_EOF;
+	rv = cwi_chunk_reserve(out, max);
+	if (rv != CACHEW_OK)
+		return cwi_pipeline_fail(pl, rv, "%s: out of memory",
+		    node->op->name);
+	while (got < max) {
+		cwi_element *e = NULL;
+		rv = s->fn->def.flat_next(&s->ctx, s->state, &e);
+		if (rv == CACHEW_EOF) {
+			s->eof = true;
+			break;
+		}
+		if (rv != CACHEW_OK) {
+			for (size_t i = 0; i < got; i++)
+				cwi_element_release(out->v[--out->n]);
+			return fn_failed(&s->ctx, node, pl, rv);
+		}
+		cwi_chunk_push(out, e);
+		got++;
+	}
+	return got > 0 ? CACHEW_OK : CACHEW_EOF;
+}
+
+void
+cwi_seq_close(cwi_seq *s)
+{
+	if (s->open && s->fn->def.flat_close != NULL)
+		s->fn->def.flat_close(s->state);
+	s->open = false;
+	s->state = NULL;
+}
+
+/* ---- public iterator ---------------------------------------------------------------------- */
+
+struct cachew_iterator {
+	cwi_pipeline pl;
+	cachew_dataset *ds;
+	cwi_iter *root;
+	cwi_chunk ready; /* pulled, not yet handed out: v[pos..n) */
+	size_t pos;
+	size_t want; /* adaptive request size */
+	cachew_err done;
+};
+
+#define WANT_MAX 256
+
+cachew_err
+cachew_iterator_create(
+    cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
+{
+	cachew_iterator *it;
+	cwi_iter_args args;
+	size_t cap = 0;
+	cachew_err rv;
+
+	cwi_clear_errmsg();
+	if (out == NULL || ds == NULL)
+		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
+	it = calloc(1, sizeof(*it));
+	if (it == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (opts != NULL)
+		it->pl.opts = *cwi_options_values(opts);
+	else
+		cwi_opts_defaults(&it->pl.opts);
+	if (it->pl.opts.service[0] != '\0') {
+		free(it);
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "service mode (%s) is not available in this build; "
+		    "leave 'service' empty for the embedded executor",
+		    opts != NULL ? cwi_options_values(opts)->service : "");
+	}
+	if (it->pl.opts.threads <= 0)
+		it->pl.opts.threads = cwi_online_cpus();
+	if (it->pl.opts.ram_budget <= 0)
+		it->pl.opts.ram_budget = (int64_t)(cwi_available_ram() / 2);
+	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
+					    : fresh_seed();
+	atomic_init(&it->pl.cancelled, false);
+	pthread_mutex_init(&it->pl.lock, NULL);
+	it->ds = cachew_dataset_retain(ds);
+	it->want = 1;
+
+	rv = collect_nodes(&it->pl, ds, &cap);
+	if (rv == CACHEW_OK) {
+		args.pl = &it->pl;
+		args.epoch = (uint64_t)it->pl.opts.epoch;
+		rv = cwi_iter_create(&it->root, ds, &args);
+		if (rv != CACHEW_OK)
+			cwi_fail(rv, "%s", it->pl.errmsg);
+	}
+	if (rv != CACHEW_OK) {
+		cachew_iterator_destroy(it);
+		return rv;
+	}
+	*out = it;
+	return CACHEW_OK;
+}
+
+cachew_err
+cachew_iterator_next(cachew_iterator *it, cachew_element **out)
+{
+	uint64_t t0, dt;
+	cachew_err rv;
+
+	if (it->pos < it->ready.n) {
+		*out = it->ready.v[it->pos++];
+		return CACHEW_OK;
+	}
+	if (it->done != CACHEW_OK)
+		return it->done;
+	it->ready.n = 0;
+	it->pos = 0;
+	t0 = cwi_now_ns();
+	rv = cwi_iter_next(it->root, &it->ready, it->want);
+	dt = cwi_now_ns() - t0;
+	if (rv != CACHEW_OK) {
+		it->done = rv;
+		return rv;
+	}
+	/* Ask for more per call while calls are cheap, fewer when slow: the
+	 * first element of an expensive pipeline comes without delay. */
+	if (dt < 50000 && it->want < WANT_MAX)
+		it->want *= 2;
+	else if (dt > 2000000 && it->want > 1)
+		it->want /= 2;
+	*out = it->ready.v[it->pos++];
+	return CACHEW_OK;
+}
+
+const char *
+cachew_iterator_errmsg(const cachew_iterator *it)
+{
+	return it->pl.errmsg;
+}
+
+void
+cachew_iterator_destroy(cachew_iterator *it)
+{
+	if (it == NULL)
+		return;
+	atomic_store(&it->pl.cancelled, true);
+	cwi_iter_destroy(it->root);
+	for (size_t i = it->pos; i < it->ready.n; i++)
+		cwi_element_release(it->ready.v[i]);
+	free(it->ready.v);
+	free(it->pl.stats);
+	pthread_mutex_destroy(&it->pl.lock);
+	cachew_dataset_release(it->ds);
+	free(it);
+}
+
+cachew_err
+cachew_iterator_stats(
+    cachew_iterator *it, cachew_op_stats *out, size_t cap, size_t *n)
+{
+	for (size_t i = 0; i < it->pl.nstats && i < cap; i++) {
+		cwi_stats *s = &it->pl.stats[i];
+		out[i].name = s->name;
+		out[i].detail = s->detail;
+		out[i].node = s->index;
+		out[i].elements = atomic_load_explicit(&s->elements, memory_order_relaxed);
+		out[i].bytes = atomic_load_explicit(&s->bytes, memory_order_relaxed);
+		out[i].busy_ns = atomic_load_explicit(&s->busy_ns, memory_order_relaxed);
+		out[i].wait_ns = atomic_load_explicit(&s->wait_ns, memory_order_relaxed);
+		out[i].parallelism = atomic_load_explicit(&s->parallelism, memory_order_relaxed);
+		out[i].buffer_limit = atomic_load_explicit(&s->buffer_limit, memory_order_relaxed);
+		out[i].buffered = atomic_load_explicit(&s->buffered, memory_order_relaxed);
+	}
+	if (n != NULL)
+		*n = it->pl.nstats;
+	return CACHEW_OK;
+}

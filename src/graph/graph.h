@@ -1,0 +1,163 @@
+/*
+ * graph.h - pipeline graph nodes, dataset-operator specifications and the
+ * operator registry.
+ *
+ * A node (struct cachew_dataset) is immutable once built: an operator, its
+ * canonical parameters (every declared parameter present, defaults filled,
+ * keys sorted), the resolved function for map/filter/flat_map-style ops,
+ * its inputs and its fingerprint.
+ */
+#ifndef CWI_GRAPH_H
+#define CWI_GRAPH_H
+
+#include "../core/core.h"
+
+typedef struct cachew_dataset cwi_node;
+typedef struct cwi_iter cwi_iter;
+typedef struct cwi_iter_args cwi_iter_args;
+
+/* ---- parameter specifications ------------------------------------------ */
+
+typedef enum cwi_ptype {
+	CWI_P_INT,   /* integer; with CWI_PF_AUTO also `auto` -> CACHEW_AUTO */
+	CWI_P_FLOAT, /* number (an int is stored as a float) */
+	CWI_P_BOOL,
+	CWI_P_STR,   /* string or identifier */
+	CWI_P_STRS,  /* string or list of strings (file lists, globs) */
+	CWI_P_LIST,  /* any list */
+	CWI_P_ANY    /* any value (literals of from_tensors) */
+} cwi_ptype;
+
+#define CWI_PF_REQUIRED 0x1u /* no default: must be given */
+#define CWI_PF_PERF 0x2u     /* only affects speed: not fingerprinted */
+#define CWI_PF_AUTO 0x4u     /* CWI_P_INT that also accepts `auto` */
+#define CWI_PF_OPTIONAL 0x8u /* may be absent (no default, stays absent) */
+
+typedef struct cwi_param_spec {
+	const char *name;
+	cwi_ptype type;
+	unsigned flags;
+	/* Default when absent (unless REQUIRED or OPTIONAL). */
+	int64_t def_int;
+	double def_float;
+	const char *def_str;
+	/* CWI_P_INT range check when min < max (CACHEW_AUTO is exempt). */
+	int64_t min, max;
+	const char *help;
+} cwi_param_spec;
+
+/* ---- dataset operators --------------------------------------------------- */
+
+#define CWI_OPF_SOURCE 0x1u      /* no upstream; inputs only via args */
+#define CWI_OPF_PASSTHROUGH 0x2u /* never changes data: fp = input's fp */
+#define CWI_OPF_RANDOM 0x4u      /* output depends on a seed */
+#define CWI_OPF_FN_MAP 0x10u     /* takes fn= a map function */
+#define CWI_OPF_FN_FILTER 0x20u  /* takes fn= a filter function */
+#define CWI_OPF_FN_FLAT 0x40u    /* takes fn= a flat_map function */
+#define CWI_OPF_FILES 0x80u      /* param "files" lists input files */
+#define CWI_OPF_SPLITTABLE 0x100u
+#define CWI_OPF_ASYNC 0x200u     /* works on its own threads: time its
+				  * consumer spends in next() is wait */
+
+#define CWI_OPF_FN_ANY (CWI_OPF_FN_MAP | CWI_OPF_FN_FILTER | CWI_OPF_FN_FLAT)
+#define CWI_MAX_POSITIONAL 4
+#define CWI_MAX_INPUTS 64
+
+typedef struct cwi_dataset_op {
+	const char *name;
+	const char *doc; /* one line: what it does */
+	const cwi_param_spec *params;
+	size_t nparams;
+	/* positional[k]: the names that k positional values fill, or NULL for
+	 * "the first k params in spec order". positional[0] is unused. */
+	const char *const *positional[CWI_MAX_POSITIONAL + 1];
+	/* Dataset inputs, counting the upstream stage of a pipeline. */
+	unsigned min_inputs, max_inputs;
+	unsigned flags;
+	/* Map aliases: `read_file` is map(fn=read_file). The builder rewrites
+	 * the stage to a map node, so the alias never appears in a graph. */
+	const char *map_alias;
+	/* Optional checks beyond the spec (cross-parameter rules); may
+	 * normalise node->params. Errors through cwi_fail. */
+	cachew_err (*validate)(cwi_node *node);
+	/* Creates the node's iterator. `out` must embed struct cwi_iter
+	 * first; cwi_iter_create fills the common fields after this. */
+	cachew_err (*iter_create)(
+	    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args);
+} cwi_dataset_op;
+
+/* ---- function operators ------------------------------------------------- */
+
+typedef struct cwi_fn {
+	cachew_op_def def; /* def.name points at name below */
+	char name[64];
+	bool builtin;
+} cwi_fn;
+
+/* ---- nodes --------------------------------------------------------------- */
+
+struct cachew_dataset {
+	atomic_uint refs;
+	const cwi_dataset_op *op;
+	cachew_params params;   /* canonical; includes fn and fn_params */
+	const cwi_fn *fn;       /* resolved params["fn"], or NULL */
+	void *fn_state;         /* fn->def.init result, shared read-only */
+	cachew_params *fn_params; /* view of params["fn_params"] (or empty) */
+	size_t ninputs;
+	cwi_node **inputs;
+	cachew_fingerprint fp;
+	char *detail; /* "add" for map(add): for stats and explain */
+};
+
+/* Typed accessors of canonical params (values are present and typed after
+ * building, so these cannot fail for declared parameters). */
+int64_t cwi_node_int(const cwi_node *n, const char *key);
+double cwi_node_float(const cwi_node *n, const char *key);
+bool cwi_node_bool(const cwi_node *n, const char *key);
+const char *cwi_node_str(const cwi_node *n, const char *key);
+const cwi_value *cwi_node_value(const cwi_node *n, const char *key);
+
+/* Builds a node: looks up `op` (expanding map aliases), binds positional
+ * values (list `pos`, may be NULL) and named ones (map `named`, may be NULL;
+ * the key "fn_params" may hold a map of function params), checks and
+ * canonicalises them, resolves fn, validates and fingerprints. Unknown keys
+ * of an fn-taking op go to fn_params. Takes new references on inputs. */
+cachew_err cwi_node_build(cwi_node **out, const char *op,
+    cwi_node *const *inputs, size_t ninputs, const cwi_value *pos,
+    const cwi_value *named);
+
+/* ---- registry ------------------------------------------------------------ */
+
+const cwi_dataset_op *cwi_dataset_op_lookup(const char *name);
+size_t cwi_dataset_op_count(void);
+const cwi_dataset_op *cwi_dataset_op_at(size_t i);
+const cwi_fn *cwi_fn_lookup(const char *name);
+size_t cwi_fn_count(void);
+const cwi_fn *cwi_fn_at(size_t i);
+
+/* Built-in tables, NULL-terminated, one per module. */
+extern const cwi_dataset_op *const cwi_source_ops[];    /* src/sources */
+extern const cwi_dataset_op *const cwi_transform_ops[]; /* src/ops */
+extern const cwi_dataset_op *const cwi_exec_ops[];      /* src/exec */
+extern const cachew_op_def *const cwi_builtin_fns[];    /* src/ops */
+extern const cachew_op_def *const cwi_source_fns[];     /* src/sources */
+
+/* ---- parsing, printing, serialisation (graph_parse.c etc.) --------------- */
+
+/* Parses a literal value ("[1, 2]", "\"a\"", "(1, 2.5)") in pipeline-string
+ * syntax into *out. */
+cachew_err cwi_value_parse(cwi_value *out, const char *text);
+/* Canonical pipeline string of a node and its inputs. */
+cachew_err cwi_node_to_string(const cwi_node *n, cwi_strbuf *sb);
+
+/* ---- files --------------------------------------------------------------- */
+
+/* Expands each pattern (a plain path, a glob or a URL, kept as is) into
+ * paths, in pattern order; a glob's matches come sorted. A pattern that
+ * matches nothing is CACHEW_ENOENT naming it. The
+ * result is a NULL-terminated array of strings; free with cwi_paths_free. */
+cachew_err cwi_paths_expand(
+    const char *const *patterns, size_t npatterns, char ***out, size_t *n);
+void cwi_paths_free(char **paths);
+
+#endif /* CWI_GRAPH_H */

@@ -1,0 +1,349 @@
+/*
+ * graph_build.c - the per-operator builders of the public API: each one
+ * packs its arguments into named values and calls cwi_node_build.
+ */
+#include "graph.h"
+
+#include <stdlib.h>
+
+/* Named values under construction; the first failure sticks. */
+typedef struct kv_builder {
+	cwi_value map;
+	cachew_err rv;
+} kv_builder;
+
+static void
+kv_init(kv_builder *b)
+{
+	memset(b, 0, sizeof(*b));
+	b->map.type = CWI_V_MAP;
+}
+
+static void
+kv_put(kv_builder *b, const char *key, cwi_value *v)
+{
+	if (b->rv == CACHEW_OK)
+		b->rv = cwi_map_set(&b->map, key, v);
+	cwi_value_free(v);
+}
+
+static void
+kv_int(kv_builder *b, const char *key, int64_t i)
+{
+	cwi_value v = {.type = CWI_V_INT, .u.i = i};
+	kv_put(b, key, &v);
+}
+
+static void
+kv_float(kv_builder *b, const char *key, double f)
+{
+	cwi_value v = {.type = CWI_V_FLOAT, .u.f = f};
+	kv_put(b, key, &v);
+}
+
+static void
+kv_bool(kv_builder *b, const char *key, int x)
+{
+	cwi_value v = {.type = CWI_V_BOOL, .u.b = x != 0};
+	kv_put(b, key, &v);
+}
+
+static void
+kv_str(kv_builder *b, const char *key, const char *s)
+{
+	cwi_value v = {0};
+	if (s == NULL) {
+		if (b->rv == CACHEW_OK)
+			b->rv = cwi_fail(CACHEW_EINVAL, "'%s' is NULL", key);
+		return;
+	}
+	if (b->rv == CACHEW_OK)
+		b->rv = cwi_value_set_str(&v, s, strlen(s));
+	kv_put(b, key, &v);
+}
+
+static void
+kv_strs(kv_builder *b, const char *key, const char *const *s, size_t n)
+{
+	cwi_value list = {.type = CWI_V_LIST};
+	for (size_t i = 0; i < n && b->rv == CACHEW_OK; i++) {
+		cwi_value v = {0};
+		if (s[i] == NULL) {
+			b->rv = cwi_fail(CACHEW_EINVAL, "'%s' item %zu is NULL",
+			    key, i);
+			break;
+		}
+		b->rv = cwi_value_set_str(&v, s[i], strlen(s[i]));
+		if (b->rv == CACHEW_OK)
+			b->rv = cwi_value_list_push(&list, &v);
+		cwi_value_free(&v);
+	}
+	kv_put(b, key, &list);
+}
+
+static void
+kv_literal(kv_builder *b, const char *key, const char *text)
+{
+	cwi_value v = {0};
+	if (text == NULL) {
+		if (b->rv == CACHEW_OK)
+			b->rv = cwi_fail(CACHEW_EINVAL, "'%s' is NULL", key);
+		return;
+	}
+	if (b->rv == CACHEW_OK)
+		b->rv = cwi_value_parse(&v, text);
+	kv_put(b, key, &v);
+}
+
+static void
+kv_fn(kv_builder *b, const char *fn, const cachew_params *fn_params)
+{
+	cwi_value v = {0};
+	kv_str(b, "fn", fn);
+	if (fn_params != NULL && b->rv == CACHEW_OK) {
+		b->rv = cwi_value_copy(&v, &fn_params->map);
+		kv_put(b, "fn_params", &v);
+	}
+}
+
+static cachew_err
+kv_build(kv_builder *b, cachew_dataset **out, const char *op,
+    cachew_dataset *const *inputs, size_t ninputs)
+{
+	cachew_err rv = b->rv;
+
+	if (rv == CACHEW_OK && out == NULL)
+		rv = cwi_fail(CACHEW_EINVAL, "%s: out is NULL", op);
+	for (size_t i = 0; rv == CACHEW_OK && i < ninputs; i++)
+		if (inputs[i] == NULL)
+			rv = cwi_fail(CACHEW_EINVAL, "%s: input %zu is NULL", op,
+			    i);
+	if (rv == CACHEW_OK)
+		rv = cwi_node_build(out, op, inputs, ninputs, NULL, &b->map);
+	cwi_value_free(&b->map);
+	return rv;
+}
+
+#define BEGIN         \
+	kv_builder b; \
+	cwi_clear_errmsg(); \
+	kv_init(&b)
+
+cachew_err
+cachew_dataset_range(
+    cachew_dataset **out, int64_t start, int64_t stop, int64_t step)
+{
+	BEGIN;
+	kv_int(&b, "start", start);
+	kv_int(&b, "stop", stop);
+	kv_int(&b, "step", step);
+	return kv_build(&b, out, "range", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_from_tensors(cachew_dataset **out, const char *values)
+{
+	BEGIN;
+	kv_literal(&b, "values", values);
+	return kv_build(&b, out, "from_tensors", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_from_list(cachew_dataset **out, const char *values)
+{
+	BEGIN;
+	kv_literal(&b, "values", values);
+	return kv_build(&b, out, "from_list", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_list_files(
+    cachew_dataset **out, const char *glob, int shuffle, int64_t seed)
+{
+	BEGIN;
+	kv_str(&b, "files", glob);
+	kv_bool(&b, "shuffle", shuffle);
+	kv_int(&b, "seed", seed);
+	return kv_build(&b, out, "list_files", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_text_lines(
+    cachew_dataset **out, const char *const *files, size_t nfiles)
+{
+	BEGIN;
+	kv_strs(&b, "files", files, nfiles);
+	return kv_build(&b, out, "text_lines", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_fixed_length_records(cachew_dataset **out,
+    const char *const *files, size_t nfiles, int64_t record_bytes)
+{
+	BEGIN;
+	kv_strs(&b, "files", files, nfiles);
+	kv_int(&b, "record_bytes", record_bytes);
+	return kv_build(&b, out, "fixed_length_records", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_map(cachew_dataset **out, cachew_dataset *in, const char *fn,
+    const cachew_params *fn_params, int parallel)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	kv_int(&b, "parallel", parallel);
+	return kv_build(&b, out, "map", &in, 1);
+}
+
+cachew_err
+cachew_dataset_read_file(cachew_dataset **out, cachew_dataset *in)
+{
+	BEGIN;
+	return kv_build(&b, out, "read_file", &in, 1);
+}
+
+cachew_err
+cachew_dataset_filter(cachew_dataset **out, cachew_dataset *in,
+    const char *fn, const cachew_params *fn_params)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	return kv_build(&b, out, "filter", &in, 1);
+}
+
+cachew_err
+cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
+    const char *fn, const cachew_params *fn_params)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	return kv_build(&b, out, "flat_map", &in, 1);
+}
+
+cachew_err
+cachew_dataset_interleave(cachew_dataset **out, cachew_dataset *in,
+    const char *fn, const cachew_params *fn_params, int64_t cycle,
+    int64_t block, int parallel)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	kv_int(&b, "cycle", cycle);
+	kv_int(&b, "block", block);
+	kv_int(&b, "parallel", parallel);
+	return kv_build(&b, out, "interleave", &in, 1);
+}
+
+cachew_err
+cachew_dataset_batch(
+    cachew_dataset **out, cachew_dataset *in, int64_t n, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "batch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_padded_batch(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, double pad_value, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_float(&b, "pad_value", pad_value);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "padded_batch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_unbatch(cachew_dataset **out, cachew_dataset *in)
+{
+	BEGIN;
+	return kv_build(&b, out, "unbatch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_shuffle(cachew_dataset **out, cachew_dataset *in,
+    int64_t buffer, int64_t seed, int reshuffle)
+{
+	BEGIN;
+	kv_int(&b, "buffer", buffer);
+	kv_int(&b, "seed", seed);
+	kv_bool(&b, "reshuffle_each_iteration", reshuffle);
+	return kv_build(&b, out, "shuffle", &in, 1);
+}
+
+cachew_err
+cachew_dataset_repeat(cachew_dataset **out, cachew_dataset *in, int64_t count)
+{
+	BEGIN;
+	kv_int(&b, "count", count);
+	return kv_build(&b, out, "repeat", &in, 1);
+}
+
+cachew_err
+cachew_dataset_take(cachew_dataset **out, cachew_dataset *in, int64_t n)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	return kv_build(&b, out, "take", &in, 1);
+}
+
+cachew_err
+cachew_dataset_skip(cachew_dataset **out, cachew_dataset *in, int64_t n)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	return kv_build(&b, out, "skip", &in, 1);
+}
+
+cachew_err
+cachew_dataset_prefetch(cachew_dataset **out, cachew_dataset *in, int64_t n)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	return kv_build(&b, out, "prefetch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_shard(
+    cachew_dataset **out, cachew_dataset *in, int64_t num, int64_t index)
+{
+	BEGIN;
+	kv_int(&b, "num", num);
+	kv_int(&b, "index", index);
+	return kv_build(&b, out, "shard", &in, 1);
+}
+
+cachew_err
+cachew_dataset_zip(cachew_dataset **out, cachew_dataset *const *inputs, size_t n)
+{
+	BEGIN;
+	if (inputs == NULL && n > 0)
+		b.rv = cwi_fail(CACHEW_EINVAL, "zip: inputs is NULL");
+	return kv_build(&b, out, "zip", inputs, n);
+}
+
+cachew_err
+cachew_dataset_concatenate(
+    cachew_dataset **out, cachew_dataset *a, cachew_dataset *c)
+{
+	cachew_dataset *in[2] = {a, c};
+	BEGIN;
+	return kv_build(&b, out, "concatenate", in, 2);
+}
+
+cachew_err
+cachew_dataset_enumerate(cachew_dataset **out, cachew_dataset *in, int64_t start)
+{
+	BEGIN;
+	kv_int(&b, "start", start);
+	return kv_build(&b, out, "enumerate", &in, 1);
+}
+
+cachew_err
+cachew_dataset_autocache(cachew_dataset **out, cachew_dataset *in)
+{
+	BEGIN;
+	return kv_build(&b, out, "autocache", &in, 1);
+}

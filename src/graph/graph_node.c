@@ -1,0 +1,696 @@
+/*
+ * graph_node.c - building nodes: parameter binding and canonicalisation,
+ * function resolution, validation and the structural fingerprint.
+ */
+#include "graph.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+/* ---- parameter binding ---------------------------------------------------- */
+
+static const cwi_param_spec *
+spec_find(const cwi_dataset_op *op, const char *name)
+{
+	for (size_t i = 0; i < op->nparams; i++)
+		if (strcmp(op->params[i].name, name) == 0)
+			return &op->params[i];
+	return NULL;
+}
+
+static void
+spec_names(const cwi_dataset_op *op, char *buf, size_t len)
+{
+	size_t n = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < op->nparams && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "",
+		    op->params[i].name);
+	if (op->nparams == 0)
+		snprintf(buf, len, "none");
+}
+
+/* Converts *v in place to the spec's type, or fails naming the param. */
+static cachew_err
+coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
+{
+	const char *want = NULL;
+
+	switch (s->type) {
+	case CWI_P_INT:
+		if ((s->flags & CWI_PF_AUTO) && v->type == CWI_V_STR &&
+		    strcmp(v->u.s.ptr, "auto") == 0) {
+			cwi_value_free(v);
+			v->type = CWI_V_INT;
+			v->u.i = CACHEW_AUTO;
+			return CACHEW_OK;
+		}
+		if (v->type == CWI_V_FLOAT && v->u.f == (double)(int64_t)v->u.f) {
+			int64_t i = (int64_t)v->u.f;
+			v->type = CWI_V_INT;
+			v->u.i = i;
+		}
+		if (v->type != CWI_V_INT) {
+			want = (s->flags & CWI_PF_AUTO) ? "an integer or auto"
+							: "an integer";
+			break;
+		}
+		if (s->min < s->max && !((s->flags & CWI_PF_AUTO) &&
+					   v->u.i == CACHEW_AUTO) &&
+		    (v->u.i < s->min || v->u.i > s->max))
+			return cwi_fail(CACHEW_ERANGE,
+			    "%s: parameter '%s' must be in [%lld, %lld], not "
+			    "%lld",
+			    op->name, s->name, (long long)s->min,
+			    (long long)s->max, (long long)v->u.i);
+		return CACHEW_OK;
+	case CWI_P_FLOAT:
+		if (v->type == CWI_V_INT) {
+			double f = (double)v->u.i;
+			v->type = CWI_V_FLOAT;
+			v->u.f = f;
+		}
+		if (v->type != CWI_V_FLOAT)
+			want = "a number";
+		break;
+	case CWI_P_BOOL:
+		if (v->type != CWI_V_BOOL)
+			want = "true or false";
+		break;
+	case CWI_P_STR:
+		if (v->type != CWI_V_STR)
+			want = "a string";
+		break;
+	case CWI_P_STRS:
+		if (v->type == CWI_V_STR)
+			break;
+		if (v->type == CWI_V_LIST) {
+			for (size_t i = 0; i < v->u.list.n; i++)
+				if (v->u.list.items[i].type != CWI_V_STR)
+					want = "a string or a list of strings";
+			v->tuple = false;
+			break;
+		}
+		want = "a string or a list of strings";
+		break;
+	case CWI_P_LIST:
+		if (v->type != CWI_V_LIST)
+			want = "a list";
+		break;
+	case CWI_P_ANY:
+		break;
+	}
+	if (want != NULL)
+		return cwi_fail(CACHEW_EINVAL, "%s: parameter '%s' must be %s",
+		    op->name, s->name, want);
+	return CACHEW_OK;
+}
+
+static cachew_err
+set_default(cwi_value *params, const cwi_param_spec *s)
+{
+	cwi_value v = {0};
+	cachew_err rv;
+
+	switch (s->type) {
+	case CWI_P_INT:
+		v.type = CWI_V_INT;
+		v.u.i = s->def_int;
+		break;
+	case CWI_P_FLOAT:
+		v.type = CWI_V_FLOAT;
+		v.u.f = s->def_float;
+		break;
+	case CWI_P_BOOL:
+		v.type = CWI_V_BOOL;
+		v.u.b = s->def_int != 0;
+		break;
+	case CWI_P_STR:
+	case CWI_P_STRS:
+		rv = cwi_value_set_str(&v, s->def_str != NULL ? s->def_str : "",
+		    strlen(s->def_str != NULL ? s->def_str : ""));
+		if (rv != CACHEW_OK)
+			return rv;
+		break;
+	case CWI_P_LIST:
+		v.type = CWI_V_LIST;
+		break;
+	case CWI_P_ANY:
+		break;
+	}
+	return cwi_map_set(params, s->name, &v);
+}
+
+/* Binds positional and named values into node->params and fn_params. */
+static cachew_err
+bind_params(cwi_node *node, const cwi_value *pos, const cwi_value *named,
+    cwi_value *fn_params)
+{
+	const cwi_dataset_op *op = node->op;
+	cwi_value *params = &node->params.map;
+	char names[512];
+	cachew_err rv;
+	size_t npos = pos != NULL ? pos->u.list.n : 0;
+
+	if (npos > 0) {
+		const char *const *form = npos <= CWI_MAX_POSITIONAL
+		    ? op->positional[npos]
+		    : NULL;
+		if (npos > CWI_MAX_POSITIONAL ||
+		    (form == NULL && npos > op->nparams))
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: too many positional arguments (%zu)", op->name,
+			    npos);
+		for (size_t i = 0; i < npos; i++) {
+			const char *name = form != NULL ? form[i]
+							: op->params[i].name;
+			cwi_value v;
+			rv = cwi_value_copy(&v, &pos->u.list.items[i]);
+			if (rv == CACHEW_OK)
+				rv = cwi_map_set(params, name, &v);
+			if (rv != CACHEW_OK)
+				return rv;
+		}
+	}
+	for (size_t i = 0; named != NULL && i < named->u.map.n; i++) {
+		const cwi_kv *kv = &named->u.map.items[i];
+		cwi_value v;
+		if (spec_find(op, kv->key) != NULL) {
+			if (cwi_map_get(params, kv->key) != NULL)
+				return cwi_fail(CACHEW_EINVAL,
+				    "%s: parameter '%s' is given twice",
+				    op->name, kv->key);
+			rv = cwi_value_copy(&v, &kv->val);
+			if (rv == CACHEW_OK)
+				rv = cwi_map_set(params, kv->key, &v);
+			if (rv != CACHEW_OK)
+				return rv;
+			continue;
+		}
+		if (!(op->flags & CWI_OPF_FN_ANY)) {
+			spec_names(op, names, sizeof(names));
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: unknown parameter '%s' (parameters: %s)",
+			    op->name, kv->key, names);
+		}
+		if (strcmp(kv->key, "fn_params") == 0 &&
+		    kv->val.type == CWI_V_MAP) {
+			for (size_t j = 0; j < kv->val.u.map.n; j++) {
+				rv = cwi_value_copy(&v, &kv->val.u.map.items[j].val);
+				if (rv == CACHEW_OK)
+					rv = cwi_map_set(fn_params,
+					    kv->val.u.map.items[j].key, &v);
+				if (rv != CACHEW_OK)
+					return rv;
+			}
+			continue;
+		}
+		rv = cwi_value_copy(&v, &kv->val);
+		if (rv == CACHEW_OK)
+			rv = cwi_map_set(fn_params, kv->key, &v);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	for (size_t i = 0; i < op->nparams; i++) {
+		const cwi_param_spec *s = &op->params[i];
+		cwi_value *v = (cwi_value *)cwi_map_get(params, s->name);
+		if (v == NULL) {
+			if (s->flags & CWI_PF_REQUIRED)
+				return cwi_fail(CACHEW_EINVAL,
+				    "%s: missing required parameter '%s'",
+				    op->name, s->name);
+			if (s->flags & CWI_PF_OPTIONAL)
+				continue;
+			rv = set_default(params, s);
+		} else {
+			rv = coerce(op, s, v);
+		}
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+resolve_fn(cwi_node *node, cwi_value *fn_params)
+{
+	static const char *const kinds[] = {"?", "map", "filter", "flat_map"};
+	const cwi_dataset_op *op = node->op;
+	const char *name = cwi_node_str(node, "fn");
+	cachew_op_kind want;
+	char err[256] = "";
+	cachew_err rv;
+
+	node->fn = cwi_fn_lookup(name);
+	if (node->fn == NULL)
+		return cwi_fail(CACHEW_ENOENT, "%s: unknown function '%s'",
+		    op->name, name);
+	want = (op->flags & CWI_OPF_FN_MAP)	   ? CACHEW_OP_MAP
+	    : (op->flags & CWI_OPF_FN_FILTER) ? CACHEW_OP_FILTER
+					      : CACHEW_OP_FLAT_MAP;
+	if (node->fn->def.kind != want)
+		return cwi_fail(CACHEW_EINVAL,
+		    "%s: function '%s' is a %s function, not a %s function",
+		    op->name, name, kinds[node->fn->def.kind], kinds[want]);
+	rv = cwi_map_set(&node->params.map, "fn_params", fn_params);
+	if (rv != CACHEW_OK)
+		return rv;
+	node->fn_params = (cachew_params *)cwi_map_get(
+	    &node->params.map, "fn_params");
+	node->detail = cwi_strdup(name);
+	if (node->detail == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (node->fn->def.init != NULL) {
+		rv = node->fn->def.init(node->fn_params, &node->fn_state, err,
+		    sizeof(err));
+		if (rv != CACHEW_OK)
+			return cwi_fail(rv, "%s(%s): %s", op->name, name,
+			    err[0] != '\0' ? err : cachew_strerror(rv));
+	}
+	return CACHEW_OK;
+}
+
+/* ---- fingerprint ---------------------------------------------------------- */
+
+static void
+hash_bytes(XXH3_state_t *st, char tag, const void *p, size_t len)
+{
+	uint64_t n = len;
+	XXH3_128bits_update(st, &tag, 1);
+	XXH3_128bits_update(st, &n, sizeof(n));
+	XXH3_128bits_update(st, p, len);
+}
+
+static void
+hash_value(XXH3_state_t *st, const cwi_value *v)
+{
+	uint64_t n;
+	uint8_t b;
+
+	switch (v->type) {
+	case CWI_V_NIL:
+		hash_bytes(st, 'n', "", 0);
+		break;
+	case CWI_V_BOOL:
+		b = v->u.b;
+		hash_bytes(st, 'b', &b, 1);
+		break;
+	case CWI_V_INT:
+		hash_bytes(st, 'i', &v->u.i, sizeof(v->u.i));
+		break;
+	case CWI_V_FLOAT:
+		hash_bytes(st, 'f', &v->u.f, sizeof(v->u.f));
+		break;
+	case CWI_V_STR:
+		hash_bytes(st, 's', v->u.s.ptr, v->u.s.len);
+		break;
+	case CWI_V_LIST:
+		n = v->u.list.n;
+		hash_bytes(st, v->tuple ? 't' : 'l', &n, sizeof(n));
+		for (size_t i = 0; i < v->u.list.n; i++)
+			hash_value(st, &v->u.list.items[i]);
+		break;
+	case CWI_V_MAP:
+		n = v->u.map.n;
+		hash_bytes(st, 'm', &n, sizeof(n));
+		for (size_t i = 0; i < v->u.map.n; i++) {
+			const cwi_kv *kv = &v->u.map.items[i];
+			hash_bytes(st, 'k', kv->key, strlen(kv->key));
+			hash_value(st, &kv->val);
+		}
+		break;
+	}
+}
+
+/* The identity of input files: path, size and modification time. Remote
+ * URLs and patterns that match nothing are hashed as text: the data issue's
+ * remote sources add their own identity (ETags). */
+static void
+hash_files(XXH3_state_t *st, const cwi_value *files)
+{
+	size_t npat = 0, n = 0;
+	const char **pats = cwi_value_str_list(files, &npat);
+	char **paths = NULL;
+	struct stat sb;
+
+	if (pats == NULL)
+		return;
+	if (cwi_paths_expand(pats, npat, &paths, &n) != CACHEW_OK) {
+		hash_bytes(st, 'M', "missing", 7);
+		free(pats);
+		cwi_clear_errmsg();
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int64_t meta[3] = {0, 0, 0};
+		hash_bytes(st, 'p', paths[i], strlen(paths[i]));
+		if (strstr(paths[i], "://") == NULL && stat(paths[i], &sb) == 0) {
+			meta[0] = (int64_t)sb.st_size;
+			meta[1] = (int64_t)sb.st_mtim.tv_sec;
+			meta[2] = (int64_t)sb.st_mtim.tv_nsec;
+		}
+		hash_bytes(st, 'F', meta, sizeof(meta));
+	}
+	cwi_paths_free(paths);
+	free(pats);
+}
+
+static cachew_err
+fingerprint(cwi_node *node)
+{
+	const cwi_dataset_op *op = node->op;
+	const cwi_value *params = &node->params.map;
+	XXH3_state_t *st;
+	XXH128_hash_t h;
+
+	if ((op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
+		node->fp = node->inputs[0]->fp;
+		return CACHEW_OK;
+	}
+	st = XXH3_createState();
+	if (st == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	XXH3_128bits_reset(st);
+	hash_bytes(st, 'V', "cachew-fp-1", 11);
+	hash_bytes(st, 'O', op->name, strlen(op->name));
+	for (size_t i = 0; i < params->u.map.n; i++) {
+		const cwi_kv *kv = &params->u.map.items[i];
+		const cwi_param_spec *s = spec_find(op, kv->key);
+		if (s != NULL && (s->flags & CWI_PF_PERF))
+			continue;
+		hash_bytes(st, 'k', kv->key, strlen(kv->key));
+		hash_value(st, &kv->val);
+		if (s != NULL && s->type == CWI_P_STRS &&
+		    (op->flags & CWI_OPF_FILES))
+			hash_files(st, &kv->val);
+	}
+	for (size_t i = 0; i < node->ninputs; i++) {
+		uint64_t fp[2] = {node->inputs[i]->fp.hi, node->inputs[i]->fp.lo};
+		hash_bytes(st, 'I', fp, sizeof(fp));
+	}
+	h = XXH3_128bits_digest(st);
+	XXH3_freeState(st);
+	node->fp.hi = h.high64;
+	node->fp.lo = h.low64;
+	return CACHEW_OK;
+}
+
+/* ---- building --------------------------------------------------------------- */
+
+static void
+node_free(cwi_node *node)
+{
+	if (node->fn != NULL && node->fn->def.fini != NULL &&
+	    node->fn_state != NULL)
+		node->fn->def.fini(node->fn_state);
+	for (size_t i = 0; i < node->ninputs; i++)
+		cachew_dataset_release(node->inputs[i]);
+	free(node->inputs);
+	cwi_value_free(&node->params.map);
+	free(node->detail);
+	free(node);
+}
+
+cachew_err
+cwi_node_build(cwi_node **out, const char *opname, cwi_node *const *inputs,
+    size_t ninputs, const cwi_value *pos, const cwi_value *named)
+{
+	const cwi_dataset_op *op = cwi_dataset_op_lookup(opname);
+	cwi_value fn_params = {.type = CWI_V_MAP};
+	cwi_value alias_named = {.type = CWI_V_MAP};
+	cwi_node *node;
+	cachew_err rv;
+
+	if (op == NULL)
+		return cwi_fail(CACHEW_ENOENT, "unknown operator '%s'", opname);
+	if (op->map_alias != NULL) {
+		/* `read_file` is map(fn=read_file, <its params>). */
+		cwi_value fnv = {0};
+		if (named != NULL) {
+			rv = cwi_value_copy(&alias_named, named);
+			if (rv != CACHEW_OK)
+				return rv;
+		}
+		rv = cwi_value_set_str(&fnv, op->map_alias, strlen(op->map_alias));
+		if (rv == CACHEW_OK)
+			rv = cwi_map_set(&alias_named, "fn", &fnv);
+		if (rv == CACHEW_OK)
+			rv = cwi_node_build(out, "map", inputs, ninputs, pos,
+			    &alias_named);
+		cwi_value_free(&alias_named);
+		return rv;
+	}
+	if (pos != NULL && pos->type != CWI_V_LIST)
+		return cwi_fail(CACHEW_EINVAL, "positional values must be a list");
+	if (named != NULL && named->type != CWI_V_MAP)
+		return cwi_fail(CACHEW_EINVAL, "named values must be a map");
+	if (ninputs < op->min_inputs || ninputs > op->max_inputs) {
+		if (op->max_inputs == 0)
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: is a source and takes no input pipeline",
+			    op->name);
+		if (op->min_inputs == op->max_inputs)
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: needs %u input pipeline%s, got %zu", op->name,
+			    op->min_inputs, op->min_inputs == 1 ? "" : "s",
+			    ninputs);
+		return cwi_fail(CACHEW_EINVAL,
+		    "%s: needs %u to %u input pipelines, got %zu", op->name,
+		    op->min_inputs, op->max_inputs, ninputs);
+	}
+	node = calloc(1, sizeof(*node));
+	if (node == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	atomic_init(&node->refs, 1);
+	node->op = op;
+	node->params.map.type = CWI_V_MAP;
+	if (ninputs > 0) {
+		node->inputs = calloc(ninputs, sizeof(cwi_node *));
+		if (node->inputs == NULL) {
+			free(node);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+		for (size_t i = 0; i < ninputs; i++)
+			node->inputs[i] = cachew_dataset_retain(inputs[i]);
+		node->ninputs = ninputs;
+	}
+	rv = bind_params(node, pos, named, &fn_params);
+	if (rv == CACHEW_OK && (op->flags & CWI_OPF_FN_ANY))
+		rv = resolve_fn(node, &fn_params);
+	cwi_value_free(&fn_params);
+	if (rv == CACHEW_OK && op->validate != NULL)
+		rv = op->validate(node);
+	if (rv == CACHEW_OK)
+		rv = fingerprint(node);
+	if (rv != CACHEW_OK) {
+		node_free(node);
+		return rv;
+	}
+	*out = node;
+	return CACHEW_OK;
+}
+
+/* ---- accessors ---------------------------------------------------------------- */
+
+const cwi_value *
+cwi_node_value(const cwi_node *n, const char *key)
+{
+	return cwi_map_get(&n->params.map, key);
+}
+
+int64_t
+cwi_node_int(const cwi_node *n, const char *key)
+{
+	const cwi_value *v = cwi_node_value(n, key);
+	return v != NULL && v->type == CWI_V_INT ? v->u.i : 0;
+}
+
+double
+cwi_node_float(const cwi_node *n, const char *key)
+{
+	const cwi_value *v = cwi_node_value(n, key);
+	if (v == NULL)
+		return 0;
+	return v->type == CWI_V_FLOAT ? v->u.f
+	    : v->type == CWI_V_INT    ? (double)v->u.i
+				      : 0;
+}
+
+bool
+cwi_node_bool(const cwi_node *n, const char *key)
+{
+	const cwi_value *v = cwi_node_value(n, key);
+	return v != NULL && v->type == CWI_V_BOOL && v->u.b;
+}
+
+const char *
+cwi_node_str(const cwi_node *n, const char *key)
+{
+	const cwi_value *v = cwi_node_value(n, key);
+	return v != NULL && v->type == CWI_V_STR ? v->u.s.ptr : "";
+}
+
+/* ---- public API ----------------------------------------------------------------- */
+
+cachew_dataset *
+cachew_dataset_retain(cachew_dataset *ds)
+{
+	if (ds != NULL)
+		atomic_fetch_add_explicit(&ds->refs, 1, memory_order_relaxed);
+	return ds;
+}
+
+void
+cachew_dataset_release(cachew_dataset *ds)
+{
+	if (ds == NULL)
+		return;
+	if (atomic_fetch_sub_explicit(&ds->refs, 1, memory_order_acq_rel) == 1)
+		node_free(ds);
+}
+
+cachew_err
+cachew_dataset_apply(cachew_dataset **out, const char *op,
+    cachew_dataset *const *inputs, size_t ninputs, const cachew_params *params)
+{
+	if (out == NULL || op == NULL || (ninputs > 0 && inputs == NULL))
+		return cwi_fail(CACHEW_EINVAL, "apply: NULL argument");
+	for (size_t i = 0; i < ninputs; i++)
+		if (inputs[i] == NULL)
+			return cwi_fail(CACHEW_EINVAL, "apply: input %zu is NULL",
+			    i);
+	cwi_clear_errmsg();
+	return cwi_node_build(out, op, inputs, ninputs, NULL,
+	    params != NULL ? &params->map : NULL);
+}
+
+const char *
+cachew_dataset_op(const cachew_dataset *ds)
+{
+	return ds->op->name;
+}
+
+size_t
+cachew_dataset_num_inputs(const cachew_dataset *ds)
+{
+	return ds->ninputs;
+}
+
+cachew_dataset *
+cachew_dataset_input(const cachew_dataset *ds, size_t i)
+{
+	return i < ds->ninputs ? ds->inputs[i] : NULL;
+}
+
+const cachew_params *
+cachew_dataset_params(const cachew_dataset *ds)
+{
+	return &ds->params;
+}
+
+cachew_err
+cachew_dataset_fingerprint(const cachew_dataset *ds, cachew_fingerprint *out)
+{
+	if (ds == NULL || out == NULL)
+		return cwi_fail(CACHEW_EINVAL, "fingerprint: NULL argument");
+	*out = ds->fp;
+	return CACHEW_OK;
+}
+
+void
+cachew_fingerprint_hex(const cachew_fingerprint *fp, char out[33])
+{
+	snprintf(out, 33, "%016llx%016llx", (unsigned long long)fp->hi,
+	    (unsigned long long)fp->lo);
+}
+
+/* ---- files ------------------------------------------------------------------------ */
+
+void
+cwi_paths_free(char **paths)
+{
+	if (paths == NULL)
+		return;
+	for (char **p = paths; *p != NULL; p++)
+		free(*p);
+	free(paths);
+}
+
+static cachew_err
+paths_push(char ***paths, size_t *n, size_t *cap, const char *s)
+{
+	if (*n + 2 > *cap) {
+		size_t ncap = *cap != 0 ? *cap * 2 : 16;
+		char **p = realloc(*paths, ncap * sizeof(char *));
+		if (p == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		*paths = p;
+		*cap = ncap;
+	}
+	(*paths)[*n] = cwi_strdup(s);
+	if ((*paths)[*n] == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	(*n)++;
+	(*paths)[*n] = NULL;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_paths_expand(
+    const char *const *patterns, size_t npatterns, char ***out, size_t *nout)
+{
+	char **paths = NULL;
+	size_t n = 0, cap = 0;
+	cachew_err rv = CACHEW_OK;
+	struct stat sb;
+
+	/* Patterns keep their order; each glob's matches come sorted. */
+	for (size_t i = 0; i < npatterns && rv == CACHEW_OK; i++) {
+		const char *pat = patterns[i];
+		glob_t g;
+		int grv;
+
+		if (strstr(pat, "://") != NULL) {
+			rv = paths_push(&paths, &n, &cap, pat);
+			continue;
+		}
+		if (strpbrk(pat, "*?[") == NULL) {
+			if (stat(pat, &sb) != 0) {
+				rv = cwi_fail(CACHEW_ENOENT, "%s: %s", pat,
+				    strerror(errno));
+				break;
+			}
+			rv = paths_push(&paths, &n, &cap, pat);
+			continue;
+		}
+		grv = glob(pat, 0, NULL, &g);
+		if (grv == GLOB_NOMATCH) {
+			rv = cwi_fail(CACHEW_ENOENT, "no files match '%s'", pat);
+		} else if (grv != 0) {
+			rv = cwi_fail(grv == GLOB_NOSPACE ? CACHEW_ENOMEM
+							  : CACHEW_EIO,
+			    "cannot expand '%s'", pat);
+		} else {
+			for (size_t j = 0; j < g.gl_pathc && rv == CACHEW_OK; j++)
+				rv = paths_push(&paths, &n, &cap, g.gl_pathv[j]);
+		}
+		if (grv != GLOB_NOMATCH)
+			globfree(&g);
+	}
+	if (rv == CACHEW_OK && paths == NULL) {
+		paths = calloc(1, sizeof(char *));
+		if (paths == NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	if (rv != CACHEW_OK) {
+		cwi_paths_free(paths);
+		return rv;
+	}
+	*out = paths;
+	*nout = n;
+	return CACHEW_OK;
+}

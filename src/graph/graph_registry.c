@@ -1,0 +1,263 @@
+/*
+ * graph_registry.c - the operator registry: built-in dataset operators, and
+ * function operators (built-in, registered from C, loaded from plugins).
+ *
+ * Locking: reg_lock protects the function table and the list of loaded
+ * plugins. Built-in tables are read-only. Function entries are never freed
+ * or moved once registered, so a resolved cwi_fn pointer stays valid.
+ */
+#include "graph.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const cwi_dataset_op *const *const op_tables[] = {
+    cwi_source_ops, cwi_transform_ops, cwi_exec_ops};
+static const cwi_dataset_op **dataset_ops;
+static size_t ndataset_ops;
+
+static cwi_fn **fns;
+static size_t nfns, capfns;
+
+static char **plugins;
+static size_t nplugins;
+
+static bool
+valid_name(const char *name)
+{
+	size_t len = name != NULL ? strlen(name) : 0;
+	if (len == 0 || len > 63)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || c == '_' ||
+			(i > 0 && c >= '0' && c <= '9')))
+			return false;
+	}
+	return true;
+}
+
+/* Lookup without pthread_once: reg_init itself calls it. */
+static const cwi_dataset_op *
+op_find(const char *name)
+{
+	for (size_t i = 0; i < ndataset_ops; i++)
+		if (strcmp(dataset_ops[i]->name, name) == 0)
+			return dataset_ops[i];
+	return NULL;
+}
+
+static const cwi_fn *
+fn_find_locked(const char *name)
+{
+	for (size_t i = 0; i < nfns; i++)
+		if (strcmp(fns[i]->name, name) == 0)
+			return fns[i];
+	return NULL;
+}
+
+static cachew_err
+fn_add_locked(const cachew_op_def *def, bool builtin)
+{
+	cwi_fn *fn;
+
+	if (def == NULL || !valid_name(def->name))
+		return cwi_fail(CACHEW_EINVAL,
+		    "operator name '%s' must match [a-z_][a-z0-9_]{0,62}",
+		    def != NULL && def->name != NULL ? def->name : "(null)");
+	if (fn_find_locked(def->name) != NULL ||
+	    op_find(def->name) != NULL)
+		return cwi_fail(CACHEW_EEXIST, "operator '%s' already exists",
+		    def->name);
+	switch (def->kind) {
+	case CACHEW_OP_MAP:
+		if (def->map == NULL)
+			goto missing;
+		break;
+	case CACHEW_OP_FILTER:
+		if (def->filter == NULL)
+			goto missing;
+		break;
+	case CACHEW_OP_FLAT_MAP:
+		if (def->flat_open == NULL || def->flat_next == NULL)
+			goto missing;
+		break;
+	default:
+		return cwi_fail(CACHEW_EINVAL, "operator '%s' has an invalid kind",
+		    def->name);
+	}
+	if (nfns == capfns) {
+		size_t ncap = capfns != 0 ? capfns * 2 : 32;
+		cwi_fn **p = realloc(fns, ncap * sizeof(*p));
+		if (p == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		fns = p;
+		capfns = ncap;
+	}
+	fn = calloc(1, sizeof(*fn));
+	if (fn == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	fn->def = *def;
+	snprintf(fn->name, sizeof(fn->name), "%s", def->name);
+	fn->def.name = fn->name;
+	fn->builtin = builtin;
+	fns[nfns++] = fn;
+	return CACHEW_OK;
+missing:
+	return cwi_fail(CACHEW_EINVAL,
+	    "operator '%s' lacks the function its kind needs", def->name);
+}
+
+static void
+reg_init(void)
+{
+	size_t n = 0;
+
+	for (size_t t = 0; t < sizeof(op_tables) / sizeof(op_tables[0]); t++)
+		for (size_t i = 0; op_tables[t][i] != NULL; i++)
+			n++;
+	dataset_ops = calloc(n, sizeof(*dataset_ops));
+	if (dataset_ops == NULL)
+		return;
+	for (size_t t = 0; t < sizeof(op_tables) / sizeof(op_tables[0]); t++)
+		for (size_t i = 0; op_tables[t][i] != NULL; i++)
+			dataset_ops[ndataset_ops++] = op_tables[t][i];
+	for (size_t i = 0; cwi_builtin_fns[i] != NULL; i++)
+		(void)fn_add_locked(cwi_builtin_fns[i], true);
+	for (size_t i = 0; cwi_source_fns[i] != NULL; i++)
+		(void)fn_add_locked(cwi_source_fns[i], true);
+}
+
+const cwi_dataset_op *
+cwi_dataset_op_lookup(const char *name)
+{
+	pthread_once(&reg_once, reg_init);
+	return op_find(name);
+}
+
+size_t
+cwi_dataset_op_count(void)
+{
+	pthread_once(&reg_once, reg_init);
+	return ndataset_ops;
+}
+
+const cwi_dataset_op *
+cwi_dataset_op_at(size_t i)
+{
+	pthread_once(&reg_once, reg_init);
+	return i < ndataset_ops ? dataset_ops[i] : NULL;
+}
+
+const cwi_fn *
+cwi_fn_lookup(const char *name)
+{
+	const cwi_fn *fn;
+
+	pthread_once(&reg_once, reg_init);
+	pthread_mutex_lock(&reg_lock);
+	fn = fn_find_locked(name);
+	pthread_mutex_unlock(&reg_lock);
+	return fn;
+}
+
+size_t
+cwi_fn_count(void)
+{
+	size_t n;
+
+	pthread_once(&reg_once, reg_init);
+	pthread_mutex_lock(&reg_lock);
+	n = nfns;
+	pthread_mutex_unlock(&reg_lock);
+	return n;
+}
+
+const cwi_fn *
+cwi_fn_at(size_t i)
+{
+	const cwi_fn *fn;
+
+	pthread_once(&reg_once, reg_init);
+	pthread_mutex_lock(&reg_lock);
+	fn = i < nfns ? fns[i] : NULL;
+	pthread_mutex_unlock(&reg_lock);
+	return fn;
+}
+
+cachew_err
+cachew_op_register(const cachew_op_def *def)
+{
+	cachew_err rv;
+
+	pthread_once(&reg_once, reg_init);
+	cwi_clear_errmsg();
+	pthread_mutex_lock(&reg_lock);
+	rv = fn_add_locked(def, false);
+	pthread_mutex_unlock(&reg_lock);
+	if (rv == CACHEW_OK)
+		cwi_log(CACHEW_LOG_DEBUG, "registry", "registered operator '%s'",
+		    def->name);
+	return rv;
+}
+
+cachew_err
+cachew_plugin_load(const char *path)
+{
+	char real[PATH_MAX];
+	cachew_plugin_init_fn init;
+	void *handle;
+	char **p;
+	cachew_err rv;
+
+	pthread_once(&reg_once, reg_init);
+	cwi_clear_errmsg();
+	if (path == NULL || realpath(path, real) == NULL)
+		return cwi_fail(CACHEW_ENOENT, "plugin '%s' not found",
+		    path != NULL ? path : "(null)");
+	pthread_mutex_lock(&reg_lock);
+	for (size_t i = 0; i < nplugins; i++) {
+		if (strcmp(plugins[i], real) == 0) {
+			pthread_mutex_unlock(&reg_lock);
+			return CACHEW_OK;
+		}
+	}
+	pthread_mutex_unlock(&reg_lock);
+
+	/* The init function registers through cachew_op_register, which takes
+	 * reg_lock itself: call it unlocked. */
+	handle = dlopen(real, RTLD_NOW | RTLD_LOCAL);
+	if (handle == NULL)
+		return cwi_fail(CACHEW_EINVAL, "cannot load plugin '%s': %s",
+		    path, dlerror());
+	*(void **)&init = dlsym(handle, CACHEW_PLUGIN_INIT_SYMBOL);
+	if (init == NULL) {
+		dlclose(handle);
+		return cwi_fail(CACHEW_ENOENT, "plugin '%s' has no symbol %s",
+		    path, CACHEW_PLUGIN_INIT_SYMBOL);
+	}
+	rv = init(CACHEW_VERSION_NUMBER);
+	if (rv != CACHEW_OK) {
+		/* Operators it registered stay: entries are never freed. */
+		return cwi_fail(rv, "plugin '%s' failed to initialise: %s", path,
+		    cwi_errmsg_get()[0] != '\0' ? cwi_errmsg_get()
+						: cachew_strerror(rv));
+	}
+	pthread_mutex_lock(&reg_lock);
+	p = realloc(plugins, (nplugins + 1) * sizeof(char *));
+	if (p != NULL) {
+		plugins = p;
+		plugins[nplugins] = cwi_strdup(real);
+		if (plugins[nplugins] != NULL)
+			nplugins++;
+	}
+	pthread_mutex_unlock(&reg_lock);
+	cwi_log(CACHEW_LOG_INFO, "registry", "loaded plugin %s", real);
+	return CACHEW_OK;
+}

@@ -1,0 +1,93 @@
+/*
+ * src_range.c - range(start, stop, step): i64 scalars like Python's range.
+ */
+#include "sources.h"
+
+#include <stdlib.h>
+
+typedef struct range_iter {
+	cwi_iter base;
+	int64_t next, stop, step;
+} range_iter;
+
+static cachew_err
+range_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	range_iter *r = (range_iter *)it;
+	size_t got = 0;
+
+	while (got < max && (r->step > 0 ? r->next < r->stop
+					 : r->next > r->stop)) {
+		cwi_element *e = cwi_element_new(1);
+		if (e == NULL)
+			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "range: out of memory");
+		cwi_tensor_init_i64(&e->comp[0], r->next);
+		cwi_chunk_push(out, e);
+		got++;
+		/* Stop instead of overflowing past INT64 limits. */
+		if (__builtin_add_overflow(r->next, r->step, &r->next))
+			r->next = r->stop;
+	}
+	return got > 0 ? CACHEW_OK : CACHEW_EOF;
+}
+
+static void
+range_destroy(cwi_iter *it)
+{
+	free(it);
+}
+
+static const cwi_iter_ops range_iter_ops = {
+    .next = range_next,
+    .destroy = range_destroy,
+};
+
+static cachew_err
+range_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	range_iter *r = calloc(1, sizeof(*r));
+	(void)args;
+	if (r == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	r->base.ops = &range_iter_ops;
+	r->next = cwi_node_int(node, "start");
+	r->stop = cwi_node_int(node, "stop");
+	r->step = cwi_node_int(node, "step");
+	*out = &r->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+range_validate(cwi_node *node)
+{
+	if (cwi_node_int(node, "step") == 0)
+		return cwi_fail(CACHEW_EINVAL, "range: step must not be 0");
+	return CACHEW_OK;
+}
+
+static const cwi_param_spec range_params[] = {
+    {.name = "start", .type = CWI_P_INT, .def_int = 0,
+	.help = "first value"},
+    {.name = "stop", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED,
+	.help = "end value (exclusive)"},
+    {.name = "step", .type = CWI_P_INT, .def_int = 1,
+	.help = "increment, not 0"},
+};
+
+static const char *const range_pos1[] = {"stop"};
+static const char *const range_pos2[] = {"start", "stop"};
+static const char *const range_pos3[] = {"start", "stop", "step"};
+
+const cwi_dataset_op cwi_op_range = {
+    .name = "range",
+    .doc = "i64 scalars start, start+step, ... up to stop (exclusive)",
+    .params = range_params,
+    .nparams = sizeof(range_params) / sizeof(range_params[0]),
+    .positional = {NULL, range_pos1, range_pos2, range_pos3},
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
+    .validate = range_validate,
+    .iter_create = range_create,
+};

@@ -1,0 +1,25 @@
+/*
+ * check_main.c - runs every Check suite in one runner, so `make test` ends
+ * with Check's one summary line. Fork mode stays on: a crash fails one
+ * test, not the run.
+ */
+#include "cwt.h"
+
+#include <stdlib.h>
+
+int
+main(void)
+{
+	SRunner *sr = srunner_create(cwt_core_suite());
+	int failed;
+
+	srunner_add_suite(sr, cwt_graph_suite());
+	srunner_add_suite(sr, cwt_ops_suite());
+	srunner_add_suite(sr, cwt_sources_suite());
+	srunner_add_suite(sr, cwt_exec_suite());
+	srunner_add_suite(sr, cwt_cli_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

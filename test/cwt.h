@@ -1,0 +1,55 @@
+/*
+ * cwt.h - helpers shared by the Check suites. Each suite file defines
+ * `Suite *cwt_<module>_suite(void)`; check_main.c runs them all.
+ */
+#ifndef CWT_H
+#define CWT_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cachew.h"
+
+Suite *cwt_core_suite(void);
+Suite *cwt_graph_suite(void);
+Suite *cwt_ops_suite(void);
+Suite *cwt_sources_suite(void);
+Suite *cwt_exec_suite(void);
+Suite *cwt_cli_suite(void);
+
+/* Parses and runs a pipeline to its end. On success *out holds the
+ * elements (free with cwt_free). On failure returns the error and, when
+ * errmsg is not NULL, copies the message (parser's or iterator's). */
+cachew_err cwt_run(const char *pipeline, const cachew_options *opts,
+    cachew_element ***out, size_t *n, char *errmsg, size_t errlen);
+cachew_err cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
+    cachew_element ***out, size_t *n, char *errmsg, size_t errlen);
+void cwt_free(cachew_element **v, size_t n);
+
+/* Options with a fixed seed (and threads if > 0). Destroy after use. */
+cachew_options *cwt_opts(int64_t seed, int threads);
+
+/* Scalar value of component c (i64 or f64 accessors check the dtype with
+ * ck_assert). */
+int64_t cwt_i64(const cachew_element *e, size_t c);
+double cwt_f64(const cachew_element *e, size_t c);
+
+/* "0,1,2": the scalar i64 component c of every element, comma-joined, or
+ * for rank-1 i64 components "[0 1 2],[3 4]". Free with free(). Makes exact
+ * sequence assertions one line: ck_assert_str_eq(s, "1,2,3"). */
+char *cwt_join_i64(cachew_element **v, size_t n, size_t c);
+
+/* Runs `pipeline` with opts and returns cwt_join_i64 of component 0;
+ * fails the test (with the errmsg) when the run fails. */
+char *cwt_seq(const char *pipeline, const cachew_options *opts);
+
+/* The build directory (CACHEW_BUILD or "build"); a fresh temporary
+ * directory (removed by cwt_rmtree). */
+const char *cwt_build_dir(void);
+char *cwt_tmpdir(void);
+void cwt_rmtree(const char *path);
+/* Writes len bytes to path; fails the test on error. */
+void cwt_write_file(const char *path, const void *data, size_t len);
+
+#endif /* CWT_H */

@@ -1,0 +1,217 @@
+/*
+ * cwt_util.c - helpers shared by the Check suites.
+ */
+#include "cwt.h"
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void
+copy_msg(char *dst, size_t len, const char *src)
+{
+	if (dst != NULL && len > 0)
+		snprintf(dst, len, "%s", src);
+}
+
+cachew_err
+cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
+    cachew_element ***out, size_t *n, char *errmsg, size_t errlen)
+{
+	cachew_iterator *it;
+	cachew_element **v = NULL, *e;
+	size_t cnt = 0, cap = 0;
+	cachew_err rv;
+
+	*out = NULL;
+	*n = 0;
+	rv = cachew_iterator_create(&it, ds, opts);
+	if (rv != CACHEW_OK) {
+		copy_msg(errmsg, errlen, cachew_errmsg());
+		return rv;
+	}
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		if (cnt == cap) {
+			cap = cap ? cap * 2 : 64;
+			v = realloc(v, cap * sizeof(*v));
+			ck_assert_ptr_nonnull(v);
+		}
+		v[cnt++] = e;
+	}
+	if (rv != CACHEW_EOF) {
+		copy_msg(errmsg, errlen, cachew_iterator_errmsg(it));
+		cwt_free(v, cnt);
+		cachew_iterator_destroy(it);
+		return rv;
+	}
+	cachew_iterator_destroy(it);
+	*out = v;
+	*n = cnt;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwt_run(const char *pipeline, const cachew_options *opts,
+    cachew_element ***out, size_t *n, char *errmsg, size_t errlen)
+{
+	cachew_dataset *ds;
+	cachew_err rv = cachew_dataset_parse(&ds, pipeline);
+
+	*out = NULL;
+	*n = 0;
+	if (rv != CACHEW_OK) {
+		copy_msg(errmsg, errlen, cachew_errmsg());
+		return rv;
+	}
+	rv = cwt_run_ds(ds, opts, out, n, errmsg, errlen);
+	cachew_dataset_release(ds);
+	return rv;
+}
+
+void
+cwt_free(cachew_element **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cachew_element_release(v[i]);
+	free(v);
+}
+
+cachew_options *
+cwt_opts(int64_t seed, int threads)
+{
+	cachew_options *o;
+	ck_assert_int_eq(cachew_options_create(&o), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "seed", seed), CACHEW_OK);
+	if (threads > 0)
+		ck_assert_int_eq(
+		    cachew_options_set_int(o, "threads", threads), CACHEW_OK);
+	return o;
+}
+
+int64_t
+cwt_i64(const cachew_element *e, size_t c)
+{
+	const cachew_tensor *t = cachew_element_component(e, c);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_I64);
+	ck_assert_int_eq(cachew_tensor_numel(t), 1);
+	return *(const int64_t *)cachew_tensor_data(t);
+}
+
+double
+cwt_f64(const cachew_element *e, size_t c)
+{
+	const cachew_tensor *t = cachew_element_component(e, c);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_F64);
+	ck_assert_int_eq(cachew_tensor_numel(t), 1);
+	return *(const double *)cachew_tensor_data(t);
+}
+
+char *
+cwt_join_i64(cachew_element **v, size_t n, size_t c)
+{
+	size_t cap = 64, len = 0;
+	char *s = malloc(cap);
+
+	ck_assert_ptr_nonnull(s);
+	s[0] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		const cachew_tensor *t = cachew_element_component(v[i], c);
+		const int64_t *d;
+		int64_t numel;
+		char item[64];
+
+		ck_assert_ptr_nonnull(t);
+		ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_I64);
+		d = cachew_tensor_data(t);
+		numel = cachew_tensor_numel(t);
+		for (int64_t j = -1; j <= numel; j++) {
+			size_t il;
+			if (j == -1) {
+				if (cachew_tensor_rank(t) == 0)
+					continue;
+				snprintf(item, sizeof(item), "%s[",
+				    i > 0 ? "," : "");
+			} else if (j == numel) {
+				if (cachew_tensor_rank(t) == 0)
+					continue;
+				snprintf(item, sizeof(item), "]");
+			} else if (cachew_tensor_rank(t) == 0) {
+				snprintf(item, sizeof(item), "%s%lld",
+				    i > 0 ? "," : "", (long long)d[j]);
+			} else {
+				snprintf(item, sizeof(item), "%s%lld",
+				    j > 0 ? " " : "", (long long)d[j]);
+			}
+			il = strlen(item);
+			while (len + il + 1 > cap) {
+				cap *= 2;
+				s = realloc(s, cap);
+				ck_assert_ptr_nonnull(s);
+			}
+			memcpy(s + len, item, il + 1);
+			len += il;
+		}
+	}
+	return s;
+}
+
+char *
+cwt_seq(const char *pipeline, const cachew_options *opts)
+{
+	cachew_element **v;
+	size_t n;
+	char err[1024];
+	char *s;
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, err, sizeof(err));
+
+	ck_assert_msg(rv == CACHEW_OK, "'%s' failed: %s: %s", pipeline,
+	    cachew_strerror(rv), err);
+	s = cwt_join_i64(v, n, 0);
+	cwt_free(v, n);
+	return s;
+}
+
+const char *
+cwt_build_dir(void)
+{
+	const char *b = getenv("CACHEW_BUILD");
+	return b != NULL && b[0] != '\0' ? b : "build";
+}
+
+char *
+cwt_tmpdir(void)
+{
+	char *d = strdup("/tmp/cachew-test-XXXXXX");
+	ck_assert_ptr_nonnull(d);
+	ck_assert_ptr_nonnull(mkdtemp(d));
+	return d;
+}
+
+static int
+rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+void
+cwt_rmtree(const char *path)
+{
+	if (path != NULL)
+		nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void
+cwt_write_file(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	ck_assert_msg(f != NULL, "cannot create %s", path);
+	ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+	ck_assert_int_eq(fclose(f), 0);
+}
