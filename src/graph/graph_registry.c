@@ -71,8 +71,9 @@ fn_add_locked(const cachew_op_def *def, bool builtin)
 		return cwi_fail(CACHEW_EINVAL,
 		    "operator name '%s' must match [a-z_][a-z0-9_]{0,62}",
 		    def != NULL && def->name != NULL ? def->name : "(null)");
-	if (fn_find_locked(def->name) != NULL ||
-	    op_find(def->name) != NULL)
+	/* Function names are their own namespace: `interleave(text_lines)`
+	 * names the function, `text_lines(...)` the source. */
+	if (fn_find_locked(def->name) != NULL)
 		return cwi_fail(CACHEW_EEXIST, "operator '%s' already exists",
 		    def->name);
 	switch (def->kind) {
