@@ -1,8 +1,712 @@
-/* check_core.c - placeholder: the core suite is being written. */
+/*
+ * check_core.c - tensors, elements, params, options, errors, logging, the
+ * registry, graph building and the iterator's generic behaviour.
+ */
 #include "cwt.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors and version ---------------------------------------------------- */
+
+START_TEST(version_matches_header)
+{
+	ck_assert_str_eq(cachew_version(), CACHEW_VERSION_STRING);
+	ck_assert_uint_eq(cachew_version_number(), CACHEW_VERSION_NUMBER);
+}
+END_TEST
+
+START_TEST(strerror_names_every_code)
+{
+	for (int e = CACHEW_OK; e <= CACHEW_EINTERNAL; e++) {
+		const char *s = cachew_strerror((cachew_err)e);
+		ck_assert_ptr_nonnull(s);
+		ck_assert_str_ne(s, "unknown error");
+	}
+	ck_assert_str_eq(cachew_strerror((cachew_err)999), "unknown error");
+}
+END_TEST
+
+/* ---- dtypes and tensors ------------------------------------------------------ */
+
+START_TEST(dtype_names_round_trip)
+{
+	for (int d = CACHEW_U8; d <= CACHEW_BYTES; d++) {
+		cachew_dtype out;
+		ck_assert_int_eq(cachew_dtype_from_name(
+				     cachew_dtype_name((cachew_dtype)d), &out),
+		    CACHEW_OK);
+		ck_assert_int_eq(out, d);
+	}
+	cachew_dtype out;
+	ck_assert_int_eq(cachew_dtype_from_name("float32", &out), CACHEW_OK);
+	ck_assert_int_eq(out, CACHEW_F32);
+	ck_assert_int_eq(cachew_dtype_from_name("f128", &out), CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "f128"));
+	ck_assert_uint_eq(cachew_dtype_size(CACHEW_BF16), 2);
+	ck_assert_uint_eq(cachew_dtype_size(CACHEW_BYTES), 0);
+}
+END_TEST
+
+START_TEST(tensor_create_is_zeroed_and_shaped)
+{
+	int64_t shape[3] = {2, 3, 4};
+	cachew_tensor *t;
+	void *data;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_F32, 3, shape, &data),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_rank(t), 3);
+	ck_assert_int_eq(cachew_tensor_shape(t)[2], 4);
+	ck_assert_int_eq(cachew_tensor_numel(t), 24);
+	ck_assert_uint_eq(cachew_tensor_nbytes(t), 96);
+	for (int i = 0; i < 24; i++)
+		ck_assert(((float *)data)[i] == 0.0f);
+	((float *)data)[5] = 2.5f;
+	ck_assert(((const float *)cachew_tensor_data(t))[5] == 2.5f);
+	cachew_tensor_destroy(t);
+	cachew_tensor_destroy(NULL);
+}
+END_TEST
+
+START_TEST(tensor_rejects_bad_shapes)
+{
+	int64_t big[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+	int64_t neg[1] = {-1};
+	int64_t huge[2] = {INT64_MAX / 2, 16};
+	cachew_tensor *t;
+	void *d;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_U8, 9, big, &d),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "rank 9"));
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_U8, 1, neg, &d),
+	    CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 2, huge, &d),
+	    CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_BYTES, 1, neg, &d),
+	    CACHEW_EINVAL);
+}
+END_TEST
+
+static int wrap_frees;
+
+static void
+count_free(void *ctx, void *data)
+{
+	(void)ctx;
+	free(data);
+	wrap_frees++;
+}
+
+START_TEST(tensor_wrap_frees_after_last_view)
+{
+	int64_t shape[1] = {1000};
+	int32_t *mem = malloc(1000 * sizeof(int32_t));
+	cachew_tensor *t, *s;
+
+	for (int i = 0; i < 1000; i++)
+		mem[i] = i;
+	wrap_frees = 0;
+	ck_assert_int_eq(cachew_tensor_wrap(&t, CACHEW_I32, 1, shape, mem,
+			     4000, count_free, NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_slice(&s, t, 100, 50), CACHEW_OK);
+	/* Zero copy: the slice points into the wrapped memory. */
+	ck_assert_ptr_eq(cachew_tensor_data(s), mem + 100);
+	cachew_tensor_destroy(t);
+	ck_assert_int_eq(wrap_frees, 0);
+	ck_assert_int_eq(((const int32_t *)cachew_tensor_data(s))[49], 149);
+	cachew_tensor_destroy(s);
+	ck_assert_int_eq(wrap_frees, 1);
+	ck_assert_int_eq(cachew_tensor_wrap(&t, CACHEW_I32, 1, shape, mem,
+			     3999, count_free, NULL),
+	    CACHEW_EINVAL);
+}
+END_TEST
+
+START_TEST(tensor_slice_checks_bounds)
+{
+	int64_t shape[2] = {4, 2};
+	cachew_tensor *t, *s;
+	void *d;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 2, shape, &d),
+	    CACHEW_OK);
+	for (int i = 0; i < 8; i++)
+		((int64_t *)d)[i] = i;
+	ck_assert_int_eq(cachew_tensor_slice(&s, t, 3, 2), CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_tensor_slice(&s, t, -1, 1), CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_tensor_slice(&s, t, 1, 2), CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_shape(s)[0], 2);
+	ck_assert_int_eq(cachew_tensor_shape(s)[1], 2);
+	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[0], 2);
+	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[3], 5);
+	cachew_tensor_destroy(s);
+	cachew_tensor_destroy(t);
+}
+END_TEST
+
+START_TEST(bytes_tensor_holds_strings_and_slices)
+{
+	const char *items[3] = {"alpha", "", "gamma ray"};
+	size_t lens[3] = {5, 0, 9};
+	int64_t shape[1] = {3};
+	cachew_tensor *t, *s, *one;
+	const void *p;
+	size_t len;
+
+	ck_assert_int_eq(cachew_tensor_create_bytes(&t, 1, shape,
+			     (const void *const *)items, lens),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_BYTES);
+	ck_assert_uint_eq(cachew_tensor_nbytes(t), 14);
+	ck_assert_int_eq(cachew_tensor_bytes_at(t, 2, &p, &len), CACHEW_OK);
+	ck_assert_uint_eq(len, 9);
+	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
+	ck_assert_int_eq(cachew_tensor_bytes_at(t, 3, &p, &len), CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_tensor_slice(&s, t, 1, 2), CACHEW_OK);
+	ck_assert_uint_eq(cachew_tensor_nbytes(s), 9);
+	ck_assert_int_eq(cachew_tensor_bytes_at(s, 0, &p, &len), CACHEW_OK);
+	ck_assert_uint_eq(len, 0);
+	ck_assert_int_eq(cachew_tensor_slice(&one, s, 1, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
+	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
+	cachew_tensor_destroy(t);
+	cachew_tensor_destroy(s);
+	/* The view outlives the tensors it came from. */
+	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
+	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
+	cachew_tensor_destroy(one);
+}
+END_TEST
+
+/* ---- elements ----------------------------------------------------------------- */
+
+START_TEST(element_set_and_read_components)
+{
+	cachew_element *e;
+	cachew_tensor *t;
+	int64_t v = 42;
+	double f = 0.5;
+
+	ck_assert_int_eq(cachew_element_create(&e, 0), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_element_create(&e, 65), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_element_create(&e, 2), CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_I64, &v),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
+	cachew_tensor_destroy(t);
+	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_F64, &f),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set(e, 1, t), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set(e, 2, t), CACHEW_ERANGE);
+	cachew_tensor_destroy(t);
+	ck_assert_uint_eq(cachew_element_size(e), 2);
+	ck_assert_int_eq(cwt_i64(e, 0), 42);
+	ck_assert(cwt_f64(e, 1) == 0.5);
+	ck_assert_ptr_null(cachew_element_component(e, 2));
+	cachew_element_release(e);
+}
+END_TEST
+
+START_TEST(shared_element_is_immutable)
+{
+	cachew_element *e;
+	void *d;
+	int64_t shape[1] = {4};
+
+	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
+	cachew_element_retain(e);
+	ck_assert_int_eq(cachew_element_alloc(e, 0, CACHEW_I32, 1, shape, &d),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "shared"));
+	cachew_element_release(e);
+	ck_assert_int_eq(cachew_element_alloc(e, 0, CACHEW_I32, 1, shape, &d),
+	    CACHEW_OK);
+	cachew_element_release(e);
+}
+END_TEST
+
+START_TEST(mutable_data_copies_shared_buffers)
+{
+	cachew_element *a, *b;
+	int64_t shape[1] = {64};
+	void *d, *m;
+
+	ck_assert_int_eq(cachew_element_create(&a, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_alloc(a, 0, CACHEW_I64, 1, shape, &d),
+	    CACHEW_OK);
+	((int64_t *)d)[0] = 7;
+	ck_assert_int_eq(cachew_element_create(&b, 1), CACHEW_OK);
+	ck_assert_int_eq(
+	    cachew_element_set(b, 0, cachew_element_component(a, 0)),
+	    CACHEW_OK);
+	/* b shares a's buffer: writing through b must copy first. */
+	ck_assert_int_eq(cachew_element_mutable_data(b, 0, &m), CACHEW_OK);
+	ck_assert_ptr_ne(m, d);
+	((int64_t *)m)[0] = 8;
+	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(
+			      cachew_element_component(a, 0)))[0],
+	    7);
+	/* Now b's buffer is its own: no second copy. */
+	void *m2;
+	ck_assert_int_eq(cachew_element_mutable_data(b, 0, &m2), CACHEW_OK);
+	ck_assert_ptr_eq(m2, m);
+	cachew_element_release(a);
+	cachew_element_release(b);
+}
+END_TEST
+
+/* ---- params and options --------------------------------------------------------- */
+
+START_TEST(params_typed_get_and_set)
+{
+	cachew_params *p;
+	int64_t i, list[4];
+	double f, dl[2];
+	int b;
+	const char *s;
+	size_t n;
+	int64_t il[3] = {224, 224, 3};
+
+	ck_assert_int_eq(cachew_params_create(&p), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_int(p, "n", 5), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_double(p, "x", 2.0), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_bool(p, "flag", 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_str(p, "mode", "bilinear"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_int_list(p, "size", il, 3),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_int(p, "bad key", 1), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_params_get_int(p, "n", &i), CACHEW_OK);
+	ck_assert_int_eq(i, 5);
+	ck_assert_int_eq(cachew_params_get_double(p, "n", &f), CACHEW_OK);
+	ck_assert(f == 5.0);
+	ck_assert_int_eq(cachew_params_get_int(p, "x", &i), CACHEW_OK);
+	ck_assert_int_eq(i, 2);
+	ck_assert_int_eq(cachew_params_get_bool(p, "flag", &b), CACHEW_OK);
+	ck_assert_int_eq(b, 1);
+	ck_assert_int_eq(cachew_params_get_str(p, "mode", &s), CACHEW_OK);
+	ck_assert_str_eq(s, "bilinear");
+	ck_assert_int_eq(cachew_params_get_int(p, "mode", &i), CACHEW_ETYPE);
+	ck_assert_int_eq(cachew_params_get_int(p, "nope", &i), CACHEW_ENOENT);
+	ck_assert_int_eq(cachew_params_get_int_list(p, "size", list, 2, &n),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_int_eq(list[1], 224);
+	ck_assert_int_eq(cachew_params_get_double_list(p, "size", dl, 2, &n),
+	    CACHEW_OK);
+	ck_assert(dl[0] == 224.0);
+	/* Keys come back sorted. */
+	ck_assert_uint_eq(cachew_params_count(p), 5);
+	ck_assert_str_eq(cachew_params_key(p, 0), "flag");
+	ck_assert_str_eq(cachew_params_key(p, 4), "x");
+	ck_assert_ptr_null(cachew_params_key(p, 5));
+	cachew_params_destroy(p);
+}
+END_TEST
+
+START_TEST(options_defaults_and_validation)
+{
+	cachew_options *o;
+	int64_t v;
+	int b;
+	const char *s;
+
+	ck_assert_int_eq(cachew_options_create(&o), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_int(o, "seed", &v), CACHEW_OK);
+	ck_assert_int_eq(v, -1);
+	ck_assert_int_eq(cachew_options_get_bool(o, "deterministic", &b),
+	    CACHEW_OK);
+	ck_assert_int_eq(b, 1);
+	ck_assert_int_eq(cachew_options_set_int(o, "threads", 4), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "threads", -3),
+	    CACHEW_ERANGE);
+	ck_assert_ptr_nonnull(strstr(cachew_options_errmsg(o), "threads"));
+	ck_assert_int_eq(cachew_options_set_int(o, "thread", 4), CACHEW_ENOENT);
+	ck_assert_ptr_nonnull(
+	    strstr(cachew_options_errmsg(o), "unknown option 'thread'"));
+	ck_assert_int_eq(cachew_options_set_bool(o, "threads", 1),
+	    CACHEW_ETYPE);
+	ck_assert_int_eq(cachew_options_set(o, "seed", "1234"), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_int(o, "seed", &v), CACHEW_OK);
+	ck_assert_int_eq(v, 1234);
+	ck_assert_int_eq(cachew_options_set(o, "seed", "12x"), CACHEW_ETYPE);
+	ck_assert_int_eq(cachew_options_set(o, "autotune", "off"), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_bool(o, "autotune", &b), CACHEW_OK);
+	ck_assert_int_eq(b, 0);
+	ck_assert_int_eq(cachew_options_set(o, "autotune", "maybe"),
+	    CACHEW_ETYPE);
+	ck_assert_int_eq(cachew_options_set(o, "service", "tcp://h:1"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_str(o, "service", &s), CACHEW_OK);
+	ck_assert_str_eq(s, "tcp://h:1");
+	cachew_options_destroy(o);
+}
+END_TEST
+
+START_TEST(option_table_is_described)
+{
+	const char *name, *type, *def, *help;
+	size_t i = 0;
+
+	while (cachew_option_info(i, &name, &type, &def, &help) == CACHEW_OK) {
+		ck_assert(strlen(name) > 0 && strlen(help) > 0);
+		i++;
+	}
+	ck_assert_uint_ge(i, 6);
+}
+END_TEST
+
+/* ---- logging -------------------------------------------------------------------- */
+
+static char log_seen[256];
+
+static void
+capture_log(void *ctx, cachew_log_level level, const char *module,
+    const char *msg)
+{
+	(void)ctx;
+	(void)level;
+	snprintf(log_seen, sizeof(log_seen), "%s: %s", module, msg);
+}
+
+/* ---- registry ------------------------------------------------------------------- */
+
+static cachew_err
+core_fail_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	int64_t v = cwt_i64(in, 0);
+	if (v == 7) {
+		cachew_element_release(in);
+		return cachew_op_ctx_fail(ctx, "seven is not allowed");
+	}
+	*out = in;
+	return CACHEW_OK;
+}
+
+static cachew_err
+core_seed_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	cachew_element *e;
+	uint64_t r = cachew_op_ctx_random(ctx);
+	int64_t v = (int64_t)(r >> 1);
+	cachew_tensor *t;
+
+	cachew_element_release(in);
+	if (cachew_element_create(&e, 1) != CACHEW_OK ||
+	    cachew_tensor_create_scalar(&t, CACHEW_I64, &v) != CACHEW_OK)
+		return cachew_op_ctx_fail(ctx, "out of memory");
+	cachew_element_set(e, 0, t);
+	cachew_tensor_destroy(t);
+	*out = e;
+	return CACHEW_OK;
+}
+
+static void
+register_core_ops(void)
+{
+	static const cachew_op_def fail = {
+	    .name = "core_test_fail", .kind = CACHEW_OP_MAP, .map = core_fail_map};
+	static const cachew_op_def seed = {.name = "core_test_seed",
+	    .kind = CACHEW_OP_MAP,
+	    .flags = CACHEW_OP_RANDOM,
+	    .map = core_seed_map};
+	ck_assert_int_eq(cachew_op_register(&fail), CACHEW_OK);
+	ck_assert_int_eq(cachew_op_register(&seed), CACHEW_OK);
+}
+
+static pthread_once_t core_once = PTHREAD_ONCE_INIT;
+
+static void
+core_setup(void)
+{
+	pthread_once(&core_once, register_core_ops);
+}
+
+START_TEST(register_rejects_bad_definitions)
+{
+	cachew_op_def d = {.name = "Bad-Name", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
+	d.name = "core_test_fail";
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EEXIST);
+	d.name = "core_test_nofn";
+	d.map = NULL;
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "lacks"));
+	d.kind = (cachew_op_kind)9;
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_plugin_load("/nonexistent/plugin.so"),
+	    CACHEW_ENOENT);
+}
+END_TEST
+
+START_TEST(registration_is_logged_to_the_sink)
+{
+	cachew_op_def d = {.name = "core_test_logged", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	log_seen[0] = '\0';
+	cachew_log_set(capture_log, NULL, CACHEW_LOG_DEBUG);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_OK);
+	cachew_log_set(NULL, NULL, CACHEW_LOG_DEBUG);
+	ck_assert_str_eq(log_seen, "registry: registered operator 'core_test_logged'");
+}
+END_TEST
+
+/* ---- graph building ------------------------------------------------------------- */
+
+START_TEST(apply_reports_bad_graphs)
+{
+	cachew_dataset *r, *d;
+	cachew_params *p;
+
+	ck_assert_int_eq(cachew_dataset_range(&r, 0, 10, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_apply(&d, "no_such_op", &r, 1, NULL),
+	    CACHEW_ENOENT);
+	ck_assert_str_eq(cachew_errmsg(), "unknown operator 'no_such_op'");
+	ck_assert_int_eq(cachew_dataset_apply(&d, "batch", &r, 1, NULL),
+	    CACHEW_EINVAL);
+	ck_assert_str_eq(cachew_errmsg(), "batch: missing required parameter 'n'");
+	ck_assert_int_eq(cachew_dataset_batch(&d, r, 0, 0), CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_params_create(&p), CACHEW_OK);
+	cachew_params_set_int(p, "size", 3);
+	ck_assert_int_eq(cachew_dataset_apply(&d, "batch", &r, 1, p),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
+	    "batch: unknown parameter 'size' (parameters: n, drop_remainder)"));
+	ck_assert_int_eq(cachew_dataset_apply(&d, "range", &r, 1, NULL),
+	    CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_dataset_map(&d, r, "no_such_fn", NULL, 1),
+	    CACHEW_ENOENT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "no_such_fn"));
+	cachew_params_set_int(p, "valeu", 1);
+	ck_assert_int_eq(cachew_dataset_map(&d, r, "add", p, 1), CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "map(add): unknown parameter"));
+	ck_assert_int_eq(cachew_dataset_range(&d, 0, 10, 0), CACHEW_EINVAL);
+	cachew_params_destroy(p);
+	cachew_dataset_release(r);
+}
+END_TEST
+
+START_TEST(fingerprint_covers_data_not_speed)
+{
+	cachew_dataset *a, *b, *m1, *m2, *m3;
+	cachew_fingerprint fa, fb, f1, f2, f3;
+	cachew_params *p;
+	char hex[33];
+
+	ck_assert_int_eq(cachew_dataset_range(&a, 0, 10, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_range(&b, 0, 11, 1), CACHEW_OK);
+	cachew_dataset_fingerprint(a, &fa);
+	cachew_dataset_fingerprint(b, &fb);
+	ck_assert(fa.hi != fb.hi || fa.lo != fb.lo);
+	cachew_params_create(&p);
+	cachew_params_set_int(p, "value", 2);
+	ck_assert_int_eq(cachew_dataset_map(&m1, a, "add", p, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_map(&m2, a, "add", p, 4), CACHEW_OK);
+	cachew_params_set_int(p, "value", 3);
+	ck_assert_int_eq(cachew_dataset_map(&m3, a, "add", p, 1), CACHEW_OK);
+	cachew_dataset_fingerprint(m1, &f1);
+	cachew_dataset_fingerprint(m2, &f2);
+	cachew_dataset_fingerprint(m3, &f3);
+	ck_assert(f1.hi == f2.hi && f1.lo == f2.lo);
+	ck_assert(f1.hi != f3.hi || f1.lo != f3.lo);
+	cachew_fingerprint_hex(&f1, hex);
+	ck_assert_uint_eq(strlen(hex), 32);
+	ck_assert_uint_eq(strspn(hex, "0123456789abcdef"), 32);
+	cachew_params_destroy(p);
+	cachew_dataset_release(a);
+	cachew_dataset_release(b);
+	cachew_dataset_release(m1);
+	cachew_dataset_release(m2);
+	cachew_dataset_release(m3);
+}
+END_TEST
+
+/* ---- iterators ------------------------------------------------------------------- */
+
+static cachew_dataset *
+range_map(int64_t n, const char *fn)
+{
+	cachew_dataset *r, *m;
+	ck_assert_int_eq(cachew_dataset_range(&r, 0, n, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_map(&m, r, fn, NULL, 1), CACHEW_OK);
+	cachew_dataset_release(r);
+	return m;
+}
+
+START_TEST(map_error_stops_iterator_with_message)
+{
+	cachew_dataset *ds = range_map(100, "core_test_fail");
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_options *o = cwt_opts(1, 1);
+	int got = 0;
+	cachew_err rv;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_int_eq(cwt_i64(e, 0), got);
+		got++;
+		cachew_element_release(e);
+	}
+	ck_assert_int_eq(rv, CACHEW_EOP);
+	ck_assert_int_eq(got, 7);
+	ck_assert_str_eq(cachew_iterator_errmsg(it),
+	    "map(core_test_fail): seven is not allowed (element 7)");
+	/* Errors are sticky. */
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOP);
+	cachew_iterator_destroy(it);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
+START_TEST(end_of_sequence_is_sticky)
+{
+	cachew_dataset *ds = range_map(3, "add");
+	cachew_iterator *it;
+	cachew_element *e;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	for (int i = 1; i <= 3; i++) {
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		ck_assert_int_eq(cwt_i64(e, 0), i);
+		cachew_element_release(e);
+	}
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
+static int64_t
+first_random(int64_t seed, int64_t index)
+{
+	cachew_dataset *ds = range_map(index + 1, "core_test_seed");
+	cachew_options *o = cwt_opts(seed, 1);
+	cachew_element **v;
+	size_t n;
+	int64_t r;
+
+	ck_assert_int_eq(cwt_run_ds(ds, o, &v, &n, NULL, 0), CACHEW_OK);
+	ck_assert_uint_eq(n, (size_t)index + 1);
+	r = cwt_i64(v[index], 0);
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
+	return r;
+}
+
+START_TEST(random_streams_follow_seed_and_index)
+{
+	int64_t a = first_random(5, 3), b = first_random(5, 3);
+	int64_t c = first_random(6, 3), d = first_random(5, 4);
+	ck_assert_int_eq(a, b);
+	ck_assert_int_ne(a, c);
+	ck_assert_int_ne(a, d);
+}
+END_TEST
+
+START_TEST(stats_count_every_node)
+{
+	cachew_dataset *m = range_map(100, "add"), *b;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_op_stats st[4];
+	size_t n;
+
+	ck_assert_int_eq(cachew_dataset_batch(&b, m, 10, 0), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, b, NULL), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK)
+		cachew_element_release(e);
+	ck_assert_int_eq(cachew_iterator_stats(it, st, 4, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(st[0].name, "range");
+	ck_assert_str_eq(st[1].name, "map");
+	ck_assert_str_eq(st[1].detail, "add");
+	ck_assert_str_eq(st[2].name, "batch");
+	ck_assert_uint_eq(st[0].elements, 100);
+	ck_assert_uint_eq(st[1].elements, 100);
+	ck_assert_uint_eq(st[2].elements, 10);
+	ck_assert_uint_eq(st[2].bytes, 800);
+	ck_assert_int_eq(st[2].node, 2);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(m);
+	cachew_dataset_release(b);
+}
+END_TEST
+
+START_TEST(service_option_is_refused_until_the_service_exists)
+{
+	cachew_dataset *ds = range_map(3, "add");
+	cachew_options *o;
+	cachew_iterator *it;
+
+	cachew_options_create(&o);
+	cachew_options_set_str(o, "service", "tcp://127.0.0.1:1");
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_ENOTSUP);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "tcp://127.0.0.1:1"));
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
+START_TEST(batch_stacks_exact_values)
+{
+	cachew_dataset *m = range_map(10, "add"), *b;
+	cachew_element **v;
+	size_t n;
+	char *s;
+
+	ck_assert_int_eq(cachew_dataset_batch(&b, m, 4, 0), CACHEW_OK);
+	ck_assert_int_eq(cwt_run_ds(b, NULL, &v, &n, NULL, 0), CACHEW_OK);
+	s = cwt_join_i64(v, n, 0);
+	ck_assert_str_eq(s, "[1 2 3 4],[5 6 7 8],[9 10]");
+	free(s);
+	cwt_free(v, n);
+	cachew_dataset_release(b);
+	cachew_dataset_release(m);
+}
+END_TEST
 
 Suite *
 cwt_core_suite(void)
 {
-	return suite_create("core");
+	Suite *s = suite_create("core");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_unchecked_fixture(tc, core_setup, NULL);
+	tcase_add_checked_fixture(tc, core_setup, NULL);
+	tcase_add_test(tc, version_matches_header);
+	tcase_add_test(tc, strerror_names_every_code);
+	tcase_add_test(tc, dtype_names_round_trip);
+	tcase_add_test(tc, tensor_create_is_zeroed_and_shaped);
+	tcase_add_test(tc, tensor_rejects_bad_shapes);
+	tcase_add_test(tc, tensor_wrap_frees_after_last_view);
+	tcase_add_test(tc, tensor_slice_checks_bounds);
+	tcase_add_test(tc, bytes_tensor_holds_strings_and_slices);
+	tcase_add_test(tc, element_set_and_read_components);
+	tcase_add_test(tc, shared_element_is_immutable);
+	tcase_add_test(tc, mutable_data_copies_shared_buffers);
+	tcase_add_test(tc, params_typed_get_and_set);
+	tcase_add_test(tc, options_defaults_and_validation);
+	tcase_add_test(tc, option_table_is_described);
+	tcase_add_test(tc, register_rejects_bad_definitions);
+	tcase_add_test(tc, registration_is_logged_to_the_sink);
+	tcase_add_test(tc, apply_reports_bad_graphs);
+	tcase_add_test(tc, fingerprint_covers_data_not_speed);
+	tcase_add_test(tc, map_error_stops_iterator_with_message);
+	tcase_add_test(tc, end_of_sequence_is_sticky);
+	tcase_add_test(tc, random_streams_follow_seed_and_index);
+	tcase_add_test(tc, stats_count_every_node);
+	tcase_add_test(tc, service_option_is_refused_until_the_service_exists);
+	tcase_add_test(tc, batch_stacks_exact_values);
+	suite_add_tcase(s, tc);
+	return s;
 }

@@ -114,7 +114,8 @@ struct cwi_iter {
 	const cwi_node *node;
 	cwi_stats *stats; /* may be NULL */
 	cachew_err done;  /* sticky EOF or error */
-	bool async;
+	bool async;       /* consumer time in next() is wait, not busy;
+			   * an op's create may set it (calloc'd false) */
 	uint64_t epoch;
 };
 

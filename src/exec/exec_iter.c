@@ -149,7 +149,9 @@ cwi_iter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	it->node = node;
 	it->stats = cwi_pipeline_stats(args->pl, node);
 	it->done = CACHEW_OK;
-	it->async = (node->op->flags & CWI_OPF_ASYNC) != 0;
+	/* An op may mark one iterator async itself (a parallel map is, an
+	 * inline one is not); the op flag marks all of them. */
+	it->async = it->async || (node->op->flags & CWI_OPF_ASYNC) != 0;
 	it->epoch = args->epoch;
 	*out = it;
 	return CACHEW_OK;
