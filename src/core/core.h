@@ -191,13 +191,38 @@ cwi_tensor_offsets(const cwi_tensor *t)
 			       : t->inl.u64;
 }
 
-size_t cwi_tensor_nbytes(const cwi_tensor *t);
+/* Bytes per value, indexed by cachew_dtype (0 for BYTES and invalid). */
+extern const uint8_t cwi_dtype_sizes[16];
+
+size_t cwi_tensor_nbytes_slow(const cwi_tensor *t);
+
+static inline size_t
+cwi_tensor_nbytes(const cwi_tensor *t)
+{
+	if (t->rank == 0 && t->dtype != CACHEW_BYTES)
+		return cwi_dtype_sizes[t->dtype & 15];
+	return cwi_tensor_nbytes_slow(t);
+}
 
 /* Value initialisers; none allocate unless noted. `dst` is overwritten
  * without releasing what it held. */
 void cwi_tensor_init_scalar(cwi_tensor *dst, cachew_dtype dtype, const void *v);
-void cwi_tensor_init_i64(cwi_tensor *dst, int64_t v);
 void cwi_tensor_init_f64(cwi_tensor *dst, double v);
+
+/* A rank-0 i64 value: the hot path of range and enumerate. */
+static inline void
+cwi_tensor_init_i64(cwi_tensor *dst, int64_t v)
+{
+	dst->dtype = CACHEW_I64;
+	dst->rank = 0;
+	dst->heap = 0;
+	dst->buf = NULL;
+	dst->obuf = NULL;
+	dst->off = 0;
+	dst->ooff = 0;
+	memcpy(dst->inl.b, &v, sizeof(v));
+	dst->inl.u64[1] = 0;
+}
 /* Allocates (zeroed if `zero`) storage for a fixed-width tensor. */
 cachew_err cwi_tensor_init_alloc(cwi_tensor *dst, cachew_dtype dtype,
     unsigned rank, const int64_t *shape, bool zero, uint8_t **data);
@@ -269,7 +294,14 @@ cwi_element_unique(const cwi_element *e)
 /* A new unshared element holding references to e's components. */
 cwi_element *cwi_element_clone(const cwi_element *e);
 /* Sum of the components' nbytes. */
-size_t cwi_element_nbytes(const cwi_element *e);
+static inline size_t
+cwi_element_nbytes(const cwi_element *e)
+{
+	size_t n = 0;
+	for (uint32_t i = 0; i < e->n; i++)
+		n += cwi_tensor_nbytes(&e->comp[i]);
+	return n;
+}
 /* Same component count and each component cwi_tensor_equal. */
 bool cwi_element_equal(const cwi_element *a, const cwi_element *b);
 /* Makes e unshared (cloning it if needed) and returns it. On ENOMEM returns

@@ -5,42 +5,128 @@
  */
 #include "core.h"
 
+#include <pthread.h>
 #include <stdlib.h>
+
+/*
+ * Per-thread caches of freed elements with 1..CACHE_MAX_N components.
+ * Pipelines allocate and free elements in bursts of a chunk (64-1024),
+ * which overflows glibc's 7-entry tcache bins and falls into the slow
+ * allocator; a deeper per-thread list keeps the W1 hot path out of malloc.
+ * An element freed on another thread than the one that allocated it just
+ * joins the freeing thread's cache. The cache is emptied when the thread
+ * exits (pthread key destructor); the main thread's stays reachable.
+ */
+#define CACHE_MAX_N 4
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CACHE_DEPTH 0 /* let the sanitizers see every free */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CACHE_DEPTH 0
+#endif
+#endif
+#ifndef CACHE_DEPTH
+#define CACHE_DEPTH 1024
+#endif
+
+typedef struct element_cache {
+	cwi_element *head[CACHE_MAX_N + 1];
+	unsigned count[CACHE_MAX_N + 1];
+	bool registered;
+} element_cache;
+
+static _Thread_local element_cache tls_cache;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static void
+cache_drain(void *arg)
+{
+	element_cache *c = arg;
+	for (unsigned n = 1; n <= CACHE_MAX_N; n++) {
+		while (c->head[n] != NULL) {
+			cwi_element *e = c->head[n];
+			c->head[n] = *(cwi_element **)(void *)e->comp;
+			free(e);
+		}
+		c->count[n] = 0;
+	}
+}
+
+static void
+cache_key_create(void)
+{
+	(void)pthread_key_create(&cache_key, cache_drain);
+}
+
+static void
+cache_register(element_cache *c)
+{
+	pthread_once(&cache_once, cache_key_create);
+	(void)pthread_setspecific(cache_key, c);
+	c->registered = true;
+}
+
+static inline void
+tensor_init_zero(cwi_tensor *t)
+{
+	t->dtype = CACHEW_I64;
+	t->rank = 0;
+	t->heap = 0;
+	t->buf = NULL;
+	t->obuf = NULL;
+	t->off = 0;
+	t->ooff = 0;
+	t->inl.u64[0] = 0;
+	t->inl.u64[1] = 0;
+}
 
 cwi_element *
 cwi_element_new(uint32_t n)
 {
-	cwi_element *e = malloc(sizeof(*e) + (size_t)n * sizeof(cwi_tensor));
-	if (e == NULL)
-		return NULL;
+	element_cache *c = &tls_cache;
+	cwi_element *e;
+
+	if (n >= 1 && n <= CACHE_MAX_N && c->head[n] != NULL) {
+		e = c->head[n];
+		c->head[n] = *(cwi_element **)(void *)e->comp;
+		c->count[n]--;
+	} else {
+		e = malloc(sizeof(*e) + (size_t)n * sizeof(cwi_tensor));
+		if (e == NULL)
+			return NULL;
+	}
 	atomic_init(&e->refs, 1);
 	e->n = n;
-	for (uint32_t i = 0; i < n; i++) {
-		cwi_tensor *t = &e->comp[i];
-		/* Cheaper than memset of the whole 128-byte value. */
-		t->dtype = CACHEW_I64;
-		t->rank = 0;
-		t->heap = 0;
-		t->buf = NULL;
-		t->obuf = NULL;
-		t->off = 0;
-		t->ooff = 0;
-		t->inl.u64[0] = 0;
-		t->inl.u64[1] = 0;
-	}
+	for (uint32_t i = 0; i < n; i++)
+		tensor_init_zero(&e->comp[i]);
 	return e;
 }
 
 void
 cwi_element_release(cwi_element *e)
 {
+	element_cache *c;
+	uint32_t n;
+
 	if (e == NULL)
 		return;
 	if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	for (uint32_t i = 0; i < e->n; i++) {
+	n = e->n;
+	for (uint32_t i = 0; i < n; i++) {
 		cwi_buffer_unref(e->comp[i].buf);
 		cwi_buffer_unref(e->comp[i].obuf);
+	}
+	c = &tls_cache;
+	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] < CACHE_DEPTH) {
+		if (!c->registered)
+			cache_register(c);
+		/* The free list links through the first component. */
+		*(cwi_element **)(void *)e->comp = c->head[n];
+		c->head[n] = e;
+		c->count[n]++;
+		return;
 	}
 	free(e);
 }
@@ -66,15 +152,6 @@ cwi_element_make_unique(cwi_element *e)
 	c = cwi_element_clone(e);
 	cwi_element_release(e);
 	return c;
-}
-
-size_t
-cwi_element_nbytes(const cwi_element *e)
-{
-	size_t n = 0;
-	for (uint32_t i = 0; i < e->n; i++)
-		n += cwi_tensor_nbytes(&e->comp[i]);
-	return n;
 }
 
 bool

@@ -170,15 +170,19 @@ check_shape(unsigned rank, const int64_t *shape, size_t elsize, size_t *nbytes)
 	return CACHEW_OK;
 }
 
+const uint8_t cwi_dtype_sizes[16] = {
+    [CACHEW_U8] = 1, [CACHEW_I32] = 4, [CACHEW_I64] = 8, [CACHEW_F16] = 2,
+    [CACHEW_BF16] = 2, [CACHEW_F32] = 4, [CACHEW_F64] = 8, [CACHEW_BOOL] = 1};
+
 size_t
-cwi_tensor_nbytes(const cwi_tensor *t)
+cwi_tensor_nbytes_slow(const cwi_tensor *t)
 {
 	if (t->dtype == CACHEW_BYTES) {
 		int64_t n = cwi_tensor_numel(t);
 		const uint64_t *o = cwi_tensor_offsets(t);
 		return (size_t)(o[n] - o[0]);
 	}
-	return (size_t)cwi_tensor_numel(t) * cachew_dtype_size(t->dtype);
+	return (size_t)cwi_tensor_numel(t) * cwi_dtype_sizes[t->dtype & 15];
 }
 
 static void
@@ -197,13 +201,6 @@ cwi_tensor_init_scalar(cwi_tensor *dst, cachew_dtype dtype, const void *v)
 {
 	tensor_reset(dst, dtype, 0, NULL);
 	memcpy(dst->inl.b, v, cachew_dtype_size(dtype));
-}
-
-void
-cwi_tensor_init_i64(cwi_tensor *dst, int64_t v)
-{
-	tensor_reset(dst, CACHEW_I64, 0, NULL);
-	memcpy(dst->inl.b, &v, sizeof(v));
 }
 
 void
