@@ -122,7 +122,14 @@ cwi_buffer_ref(cwi_buffer *b)
 	return b;
 }
 
-void cwi_buffer_unref(cwi_buffer *b);
+void cwi_buffer_unref_slow(cwi_buffer *b);
+
+static inline void
+cwi_buffer_unref(cwi_buffer *b)
+{
+	if (b != NULL)
+		cwi_buffer_unref_slow(b);
+}
 
 static inline bool
 cwi_buffer_unique(const cwi_buffer *b)
@@ -257,7 +264,16 @@ void cwi_tensor_clear(cwi_tensor *t);
  * the storage is shared or external. */
 cachew_err cwi_tensor_make_mutable(cwi_tensor *t, uint8_t **data);
 /* Same dtype and shape. */
-bool cwi_tensor_same_spec(const cwi_tensor *a, const cwi_tensor *b);
+static inline bool
+cwi_tensor_same_spec(const cwi_tensor *a, const cwi_tensor *b)
+{
+	if (a->dtype != b->dtype || a->rank != b->rank)
+		return false;
+	for (unsigned i = 0; i < a->rank; i++)
+		if (a->shape[i] != b->shape[i])
+			return false;
+	return true;
+}
 /* Same dtype, shape and contents. */
 bool cwi_tensor_equal(const cwi_tensor *a, const cwi_tensor *b);
 /* "i64[64,3]" into buf; returns buf. */

@@ -111,7 +111,10 @@ cwi_element_release(cwi_element *e)
 
 	if (e == NULL)
 		return;
-	if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
+	/* The sole owner skips the locked decrement: nobody else holds a
+	 * reference that could race with it. */
+	if (atomic_load_explicit(&e->refs, memory_order_acquire) != 1 &&
+	    atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	n = e->n;
 	for (uint32_t i = 0; i < n; i++) {

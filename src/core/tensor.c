@@ -124,10 +124,8 @@ buffer_noop_free(void *ctx, void *data)
 }
 
 void
-cwi_buffer_unref(cwi_buffer *b)
+cwi_buffer_unref_slow(cwi_buffer *b)
 {
-	if (b == NULL)
-		return;
 	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	if (b->free_fn != NULL)
@@ -407,17 +405,6 @@ cwi_tensor_make_mutable(cwi_tensor *t, uint8_t **data)
 	t->off = 0;
 	*data = b->data;
 	return CACHEW_OK;
-}
-
-bool
-cwi_tensor_same_spec(const cwi_tensor *a, const cwi_tensor *b)
-{
-	if (a->dtype != b->dtype || a->rank != b->rank)
-		return false;
-	for (unsigned i = 0; i < a->rank; i++)
-		if (a->shape[i] != b->shape[i])
-			return false;
-	return true;
 }
 
 bool

@@ -150,10 +150,22 @@ cwi_op_ctx_at(cachew_op_ctx *ctx, uint64_t index)
 	ctx->errmsg[0] = '\0';
 }
 
+/* Records a function's failure in the pipeline ("map(add): <reason>
+ * (element 17)") and returns the error to report. */
+cachew_err cwi_fn_failed(cachew_op_ctx *ctx, const cwi_node *node,
+    cwi_pipeline *pl, cachew_err rv);
+
 /* Runs a map function on one element. On failure records the error in the
- * pipeline ("map(add): <reason>") and returns it; `in` is consumed. */
-cachew_err cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node,
-    cwi_pipeline *pl, cwi_element *in, cwi_element **out);
+ * pipeline and returns it; `in` is consumed either way. */
+static inline cachew_err
+cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+    cwi_element *in, cwi_element **out)
+{
+	cachew_err rv = ctx->fn->def.map(ctx, in, out);
+	if (rv != CACHEW_OK)
+		return cwi_fn_failed(ctx, node, pl, rv);
+	return CACHEW_OK;
+}
 
 /* Runs a filter function; *keep is set on success. */
 cachew_err cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node,

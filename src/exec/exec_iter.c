@@ -157,6 +157,27 @@ cwi_iter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	return CACHEW_OK;
 }
 
+/* Payload bytes of out->v[n0..n). Exact for up to 16 elements; larger
+ * chunks are estimated from 16 evenly spaced samples, which keeps the
+ * counters off the per-element hot path (they are statistics: the RAM
+ * budget is enforced where elements are buffered, from exact sizes). */
+static uint64_t
+chunk_bytes(const cwi_chunk *out, size_t n0)
+{
+	size_t n = out->n - n0, step;
+	uint64_t sum = 0;
+
+	if (n <= 16) {
+		for (size_t i = n0; i < out->n; i++)
+			sum += cwi_element_nbytes(out->v[i]);
+		return sum;
+	}
+	step = n / 16;
+	for (size_t k = 0; k < 16; k++)
+		sum += cwi_element_nbytes(out->v[n0 + k * step]);
+	return sum * n / 16;
+}
+
 cachew_err
 cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 {
@@ -193,11 +214,8 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		else
 			cwi_stat_add(&s->busy_ns, self);
 		if (rv == CACHEW_OK) {
-			uint64_t bytes = 0;
-			for (size_t i = n0; i < out->n; i++)
-				bytes += cwi_element_nbytes(out->v[i]);
 			cwi_stat_add(&s->elements, out->n - n0);
-			cwi_stat_add(&s->bytes, bytes);
+			cwi_stat_add(&s->bytes, chunk_bytes(out, n0));
 		}
 	}
 	if (rv != CACHEW_OK) {
@@ -263,8 +281,8 @@ cachew_op_ctx_fail(cachew_op_ctx *ctx, const char *fmt, ...)
 	return CACHEW_EOP;
 }
 
-static cachew_err
-fn_failed(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+cachew_err
+cwi_fn_failed(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
     cachew_err rv)
 {
 	if (rv == CACHEW_EOF || rv == CACHEW_OK)
@@ -276,23 +294,13 @@ fn_failed(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
 }
 
 cachew_err
-cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
-    cwi_element *in, cwi_element **out)
-{
-	cachew_err rv = node->fn->def.map(ctx, in, out);
-	if (rv != CACHEW_OK)
-		return fn_failed(ctx, node, pl, rv);
-	return CACHEW_OK;
-}
-
-cachew_err
 cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
     const cwi_element *in, bool *keep)
 {
 	int k = 0;
 	cachew_err rv = node->fn->def.filter(ctx, in, &k);
 	if (rv != CACHEW_OK)
-		return fn_failed(ctx, node, pl, rv);
+		return cwi_fn_failed(ctx, node, pl, rv);
 	*keep = k != 0;
 	return CACHEW_OK;
 }
@@ -309,7 +317,7 @@ cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 	cwi_op_ctx_at(&s->ctx, index);
 	rv = s->fn->def.flat_open(&s->ctx, in, &s->state);
 	if (rv != CACHEW_OK)
-		return fn_failed(&s->ctx, node, pl, rv);
+		return cwi_fn_failed(&s->ctx, node, pl, rv);
 	s->open = true;
 	return CACHEW_OK;
 }
@@ -337,7 +345,7 @@ cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 		if (rv != CACHEW_OK) {
 			for (size_t i = 0; i < got; i++)
 				cwi_element_release(out->v[--out->n]);
-			return fn_failed(&s->ctx, node, pl, rv);
+			return cwi_fn_failed(&s->ctx, node, pl, rv);
 		}
 		cwi_chunk_push(out, e);
 		got++;
