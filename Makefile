@@ -35,7 +35,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
-.PHONY: all lib test check asan tsan demo bench deps install uninstall \
+.PHONY: all lib test check check-symbols asan tsan demo bench deps install uninstall \
 	clean fuzz examples valgrind
 
 all: lib $(BUILD)/cachew examples
@@ -81,7 +81,18 @@ $(BUILD)/train_loop: examples/train_loop.c $(BUILD)/libcachew.a
 
 examples: $(BUILD)/plugin_example.so $(BUILD)/train_loop
 
-check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so $(FUZZ_REPLAY)
+# Global names: cachew_* (public) and cwi_* (cross-file internals) only;
+# the shared library exports cachew_* alone.
+check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
+	@bad=$$(nm -g --defined-only $(BUILD)/libcachew.a 2>/dev/null | \
+		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|cwi_)' | sort -u); \
+	if [ -n "$$bad" ]; then echo "symbols: stray globals in libcachew.a:" $$bad; exit 1; fi
+	@bad=$$(nm -D --defined-only $(BUILD)/libcachew.so 2>/dev/null | \
+		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|_init$$|_fini$$)' | sort -u); \
+	if [ -n "$$bad" ]; then echo "symbols: stray exports in libcachew.so:" $$bad; exit 1; fi
+	@echo "symbols: only cachew_ and cwi_ globals"
+
+check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so $(FUZZ_REPLAY) check-symbols
 	@for f in $(FUZZ_REPLAY); do \
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
