@@ -21,6 +21,7 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden \
+	-fno-semantic-interposition \
 	-Iinclude $(WARN) $(OPT)
 SAN     :=
 ALL_CFLAGS = $(BASE_CFLAGS) $(SAN) $(CFLAGS)

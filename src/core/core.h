@@ -15,6 +15,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Thread-local storage on hot paths: initial-exec avoids a __tls_get_addr
+ * call per access in libcachew.so (the variables are small enough for the
+ * static TLS surplus glibc keeps for dlopen'ed libraries). */
+#define CWI_TLS_HOT _Thread_local __attribute__((tls_model("initial-exec")))
+
 /* ---- errors and logging ------------------------------------------------ */
 
 /* Sets this thread's cachew_errmsg() and returns err, so a failing path can

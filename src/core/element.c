@@ -35,7 +35,7 @@ typedef struct element_cache {
 	bool registered;
 } element_cache;
 
-static _Thread_local element_cache tls_cache;
+static CWI_TLS_HOT element_cache tls_cache;
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
