@@ -86,10 +86,10 @@ examples: $(BUILD)/plugin_example.so $(BUILD)/train_loop
 # the shared library exports cachew_* alone.
 check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 	@bad=$$(nm -g --defined-only $(BUILD)/libcachew.a 2>/dev/null | \
-		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|cwi_)' | sort -u); \
+		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|cwi_|__odr_asan|__asan|__ubsan|__tsan)' | sort -u); \
 	if [ -n "$$bad" ]; then echo "symbols: stray globals in libcachew.a:" $$bad; exit 1; fi
 	@bad=$$(nm -D --defined-only $(BUILD)/libcachew.so 2>/dev/null | \
-		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|_init$$|_fini$$)' | sort -u); \
+		awk 'NF == 3 {print $$3}' | grep -v -E '^(cachew_|_init$$|_fini$$|__odr_asan|__asan|__ubsan|__tsan)' | sort -u); \
 	if [ -n "$$bad" ]; then echo "symbols: stray exports in libcachew.so:" $$bad; exit 1; fi
 	@echo "symbols: only cachew_ and cwi_ globals"
 
