@@ -1,5 +1,7 @@
 /*
- * sources.h - dataset sources: range, literals, files.
+ * sources.h - dataset sources: range, literals (from_tensors, from_list),
+ * files (list_files, text_lines, fixed_length_records) and the file
+ * functions (flat_map text_lines / fixed_length_records, map read_file).
  */
 #ifndef CWI_SOURCES_H
 #define CWI_SOURCES_H
@@ -7,5 +9,82 @@
 #include "../exec/exec.h"
 
 extern const cwi_dataset_op cwi_op_range;
+extern const cwi_dataset_op cwi_op_from_tensors;
+extern const cwi_dataset_op cwi_op_from_list;
+extern const cwi_dataset_op cwi_op_list_files;
+extern const cwi_dataset_op cwi_op_text_lines;
+extern const cwi_dataset_op cwi_op_fixed_length_records;
+extern const cwi_dataset_op cwi_op_read_file;
+
+extern const cachew_op_def cwi_fn_text_lines;
+extern const cachew_op_def cwi_fn_fixed_length_records;
+extern const cachew_op_def cwi_fn_read_file;
+
+/* ---- literals (src_literal.c) ------------------------------------------- */
+
+/* Converts one literal value into an element: a top-level tuple gives one
+ * component per item, anything else one component. `path` names the value
+ * in error messages ("values[3]"). Errors are CACHEW_EINVAL (or ENOMEM)
+ * through cwi_fail, with a message naming the offending sub-value. */
+cachew_err cwi_literal_element(
+    const cwi_value *v, const char *path, cwi_element **out);
+
+/* ---- record readers (src_reader.c) -------------------------------------- */
+
+/* The default read size of the file sources: 1 MiB. */
+#define CWI_READ_BLOCK (1 << 20)
+/* The largest read size and record length accepted: 1 GiB. */
+#define CWI_READ_BLOCK_MAX (1 << 30)
+
+/* What a record reader splits a file into. */
+typedef struct cwi_rec_config {
+	int64_t record_bytes; /* 0: text lines; else fixed-length records */
+	int64_t header_bytes; /* fixed-length: bytes skipped at the start */
+	int64_t footer_bytes; /* fixed-length: bytes ignored at the end */
+	int64_t buffer_size;  /* bytes per read(2) */
+} cwi_rec_config;
+
+/*
+ * Reads one file as a sequence of bytes scalars. Blocks of buffer_size
+ * bytes go into refcounted buffers and each record is a zero-copy view of
+ * its block; only a text line that spans blocks is copied (into the next
+ * block, together with its continuation). One thread at a time.
+ */
+typedef struct cwi_rec_reader {
+	cwi_rec_config cfg;
+	char *path;
+	int fd;
+	cwi_buffer *block; /* bytes [0, len) are valid; pos is the next one */
+	size_t pos, len;
+	size_t scanned;    /* text: [pos, scanned) holds no newline */
+	uint64_t file_off; /* file offset of the next read */
+	uint64_t end;      /* fixed-length: where the records end */
+	bool eof;          /* no more reads: the block holds the rest */
+	char errmsg[512];  /* "path: reason", set on failure */
+} cwi_rec_reader;
+
+/* Prepares a closed reader (safe to close). */
+void cwi_rec_init(cwi_rec_reader *r, const cwi_rec_config *cfg);
+/* Opens path (len bytes, need not be NUL-terminated; "file://" is
+ * stripped). CACHEW_ENOENT when the file does not exist, CACHEW_ENOTSUP for
+ * other URLs, CACHEW_ECORRUPT when a fixed-length body is not a multiple of
+ * the record length, CACHEW_EIO otherwise; r->errmsg names the file. */
+cachew_err cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len);
+/* The next record as a bytes scalar in *out (a new reference), CACHEW_EOF
+ * at the end of the file, or an error described by r->errmsg. */
+cachew_err cwi_rec_next(cwi_rec_reader *r, cwi_tensor *out);
+/* Closes the file and drops the block; the reader may be opened again. */
+void cwi_rec_close(cwi_rec_reader *r);
+
+/* Reads the configuration of a file function from its params (the keys
+ * record_bytes, header_bytes, footer_bytes, buffer_size as allowed by
+ * `fixed`); writes a reason into err on failure. */
+cachew_err cwi_rec_config_from_params(const cachew_params *params, bool fixed,
+    cwi_rec_config *cfg, char *err, size_t errlen);
+
+/* The path in component 0 of a function's input element, as a fresh
+ * NUL-terminated string (free with free), or an error in ctx. */
+cachew_err cwi_input_path(
+    cachew_op_ctx *ctx, const cwi_element *in, char **path);
 
 #endif /* CWI_SOURCES_H */

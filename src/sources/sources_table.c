@@ -5,9 +5,20 @@
 
 const cwi_dataset_op *const cwi_source_ops[] = {
     &cwi_op_range,
+    &cwi_op_from_tensors,
+    &cwi_op_from_list,
+    &cwi_op_list_files,
+    &cwi_op_text_lines,
+    &cwi_op_fixed_length_records,
+    &cwi_op_read_file,
     NULL,
 };
 
+/* Function names are their own namespace: `interleave(text_lines)` names
+ * the flat_map function, `text_lines(files)` the source. */
 const cachew_op_def *const cwi_source_fns[] = {
+    &cwi_fn_text_lines,
+    &cwi_fn_fixed_length_records,
+    &cwi_fn_read_file,
     NULL,
 };

@@ -1,0 +1,314 @@
+/*
+ * src_files.c - list_files(files, shuffle, seed): the paths matching glob
+ * patterns as bytes scalars; read_file: the map function (and its dataset
+ * alias) that replaces a path by the whole contents of the file.
+ */
+#include "sources.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- list_files ----------------------------------------------------------- */
+
+typedef struct list_files_iter {
+	cwi_iter base;
+	cwi_buffer *names; /* every path in output order, back to back */
+	uint64_t *offs;    /* n + 1 offsets into names */
+	size_t n, next;
+} list_files_iter;
+
+static cachew_err
+list_files_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	list_files_iter *l = (list_files_iter *)it;
+	size_t got = 0;
+
+	while (got < max && l->next < l->n) {
+		cwi_element *e = cwi_element_new(1);
+		size_t i = l->next++;
+		if (e == NULL)
+			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "list_files: out of memory");
+		cwi_tensor_init_bytes_view(&e->comp[0], l->names,
+		    (size_t)l->offs[i], (size_t)(l->offs[i + 1] - l->offs[i]));
+		cwi_chunk_push(out, e);
+		got++;
+	}
+	return got > 0 ? CACHEW_OK : CACHEW_EOF;
+}
+
+static void
+list_files_destroy(cwi_iter *it)
+{
+	list_files_iter *l = (list_files_iter *)it;
+	cwi_buffer_unref(l->names);
+	free(l->offs);
+	free(l);
+}
+
+static const cwi_iter_ops list_files_iter_ops = {
+    .next = list_files_next,
+    .destroy = list_files_destroy,
+};
+
+static int
+path_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted like tf.data's list_files; shuffled by a seed mixed with the
+ * epoch so that each epoch has its own order. An explicit seed alone fixes
+ * the orders; with seed -1 the pipeline seed is mixed with the node's
+ * fingerprint, so two list_files nodes of one pipeline differ. */
+static void
+order_paths(char **paths, size_t n, const cwi_node *node,
+    const cwi_iter_args *args)
+{
+	int64_t seed = cwi_node_int(node, "seed");
+	uint64_t base;
+	cwi_rng rng;
+
+	qsort(paths, n, sizeof(char *), path_cmp);
+	if (!cwi_node_bool(node, "shuffle"))
+		return;
+	base = seed >= 0 ? (uint64_t)seed
+			 : cwi_seed_derive(args->pl->seed, node->fp.hi ^ node->fp.lo);
+	rng.state = cwi_seed_derive(base, args->epoch);
+	for (size_t i = n; i > 1; i--) {
+		size_t j = (size_t)cwi_rng_below(&rng, i);
+		char *tmp = paths[i - 1];
+		paths[i - 1] = paths[j];
+		paths[j] = tmp;
+	}
+}
+
+/* Packs the paths into one buffer so that each element is a view. */
+static cachew_err
+pack_paths(list_files_iter *l, char *const *paths, size_t n)
+{
+	size_t total = 0;
+	cachew_err rv;
+
+	for (size_t i = 0; i < n; i++)
+		total += strlen(paths[i]);
+	l->offs = malloc((n + 1) * sizeof(uint64_t));
+	if (l->offs == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_buffer_alloc(&l->names, total, false);
+	if (rv != CACHEW_OK)
+		return rv;
+	l->offs[0] = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(paths[i]);
+		memcpy(l->names->data + l->offs[i], paths[i], len);
+		l->offs[i + 1] = l->offs[i] + len;
+	}
+	l->n = n;
+	return CACHEW_OK;
+}
+
+static cachew_err
+list_files_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	list_files_iter *l;
+	const char **pats;
+	char **paths = NULL;
+	size_t npat = 0, n = 0;
+	cachew_err rv;
+
+	pats = cwi_value_str_list(cwi_node_value(node, "files"), &npat);
+	if (pats == NULL)
+		return CACHEW_ENOMEM;
+	rv = cwi_paths_expand(pats, npat, &paths, &n);
+	free(pats);
+	if (rv != CACHEW_OK)
+		return rv;
+	order_paths(paths, n, node, args);
+	l = calloc(1, sizeof(*l));
+	if (l == NULL) {
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		goto fail;
+	}
+	l->base.ops = &list_files_iter_ops;
+	rv = pack_paths(l, paths, n);
+	if (rv != CACHEW_OK)
+		goto fail;
+	cwi_paths_free(paths);
+	*out = &l->base;
+	return CACHEW_OK;
+fail:
+	if (l != NULL)
+		list_files_destroy(&l->base);
+	cwi_paths_free(paths);
+	return rv;
+}
+
+static const cwi_param_spec list_files_params[] = {
+    {.name = "files", .type = CWI_P_STRS, .flags = CWI_PF_REQUIRED,
+	.help = "glob patterns (or paths)"},
+    {.name = "shuffle", .type = CWI_P_BOOL, .def_int = 1,
+	.help = "shuffle the paths, again each epoch (else sorted)"},
+    {.name = "seed", .type = CWI_P_INT, .def_int = -1, .min = -1,
+	.max = INT64_MAX, .help = "shuffle seed; -1 = from the pipeline seed"},
+};
+
+const cwi_dataset_op cwi_op_list_files = {
+    .name = "list_files",
+    .doc = "the paths matching glob patterns, as bytes scalars",
+    .params = list_files_params,
+    .nparams = sizeof(list_files_params) / sizeof(list_files_params[0]),
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE |
+	CWI_OPF_RANDOM,
+    .iter_create = list_files_create,
+};
+
+/* ---- read_file -------------------------------------------------------------- */
+
+/* Reads all of fd into a new buffer. A regular file is read in one
+ * allocation of the size it has when opened; other files (pipes, /proc)
+ * grow the buffer until the end. */
+static cachew_err
+read_all(cachew_op_ctx *ctx, const char *path, int fd, cwi_buffer **out,
+    size_t *len)
+{
+	struct stat sb;
+	cwi_buffer *b = NULL;
+	size_t got = 0;
+	bool regular;
+	cachew_err rv;
+
+	if (fstat(fd, &sb) != 0)
+		goto io_error;
+	if (S_ISDIR(sb.st_mode)) {
+		cachew_op_ctx_fail(ctx, "%s: is a directory, not a file", path);
+		return CACHEW_EIO;
+	}
+	regular = S_ISREG(sb.st_mode);
+	for (;;) {
+		ssize_t n;
+		if (b == NULL || (got == b->size && !regular)) {
+			size_t cap = b == NULL ? (regular ? (size_t)sb.st_size
+							  : 65536)
+					       : 2 * b->size;
+			cwi_buffer *nb;
+			rv = cwi_buffer_alloc(&nb, cap, false);
+			if (rv != CACHEW_OK) {
+				cwi_buffer_unref(b);
+				cachew_op_ctx_fail(ctx,
+				    "%s: out of memory for %zu bytes", path, cap);
+				return rv;
+			}
+			if (got > 0)
+				memcpy(nb->data, b->data, got);
+			cwi_buffer_unref(b);
+			b = nb;
+		}
+		if (got == b->size)
+			break;
+		n = read(fd, b->data + got, b->size - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int err = errno;
+			cwi_buffer_unref(b);
+			cachew_op_ctx_fail(ctx, "%s: read failed at byte offset "
+			    "%zu: %s", path, got, strerror(err));
+			return CACHEW_EIO;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	*out = b;
+	*len = got;
+	return CACHEW_OK;
+io_error:
+	cachew_op_ctx_fail(ctx, "%s: %s", path, strerror(errno));
+	return CACHEW_EIO;
+}
+
+static cachew_err
+read_file_init(
+    const cachew_params *params, void **state, char *err, size_t errlen)
+{
+	(void)state;
+	if (cachew_params_count(params) > 0) {
+		snprintf(err, errlen,
+		    "unknown parameter '%s' (read_file takes none)",
+		    cachew_params_key(params, 0));
+		return CACHEW_EINVAL;
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+read_file_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	cwi_element *e = NULL;
+	cwi_buffer *b = NULL;
+	char *path = NULL;
+	size_t len = 0;
+	int fd = -1;
+	cachew_err rv;
+
+	rv = cwi_input_path(ctx, in, &path);
+	if (rv != CACHEW_OK)
+		goto fail;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rv = errno == ENOENT || errno == ENOTDIR ? CACHEW_ENOENT
+							 : CACHEW_EIO;
+		cachew_op_ctx_fail(ctx, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	rv = read_all(ctx, path, fd, &b, &len);
+	if (rv != CACHEW_OK)
+		goto fail;
+	e = cwi_element_make_unique(in);
+	in = NULL;
+	if (e == NULL) {
+		cachew_op_ctx_fail(ctx, "out of memory");
+		rv = CACHEW_ENOMEM;
+		goto fail;
+	}
+	cwi_tensor_clear(&e->comp[0]);
+	cwi_tensor_init_bytes_view(&e->comp[0], b, 0, len);
+	cwi_buffer_unref(b);
+	close(fd);
+	free(path);
+	*out = e;
+	return CACHEW_OK;
+fail:
+	cwi_buffer_unref(b);
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	cwi_element_release(in);
+	return rv;
+}
+
+const cachew_op_def cwi_fn_read_file = {
+    .name = "read_file",
+    .kind = CACHEW_OP_MAP,
+    .cost_ns = 10000,
+    .init = read_file_init,
+    .map = read_file_map,
+};
+
+const cwi_dataset_op cwi_op_read_file = {
+    .name = "read_file",
+    .doc = "replaces the path in component 0 by the contents of the file "
+	   "(map(read_file))",
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .map_alias = "read_file",
+};
