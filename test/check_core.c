@@ -3,6 +3,7 @@
  * registry, graph building and the iterator's generic behaviour.
  */
 #include "cwt.h"
+#include "../src/core/core.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -257,6 +258,42 @@ START_TEST(mutable_data_copies_shared_buffers)
 	ck_assert_ptr_eq(m2, m);
 	cachew_element_release(a);
 	cachew_element_release(b);
+}
+END_TEST
+
+START_TEST(compact_copies_small_views_of_big_blocks)
+{
+	int64_t shape[1] = {1 << 20};
+	cachew_tensor *block, *line;
+	cachew_element *e;
+	void *d;
+
+	/* A 1 MiB u8 block and a 100-byte view of it, as text_lines makes. */
+	ck_assert_int_eq(cachew_tensor_create(&block, CACHEW_U8, 1, shape, &d),
+	    CACHEW_OK);
+	memset(d, 'x', 1 << 20);
+	((char *)d)[5000] = 'y';
+	ck_assert_int_eq(cachew_tensor_slice(&line, block, 5000, 100), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
+	cachew_tensor_destroy(line);
+	e = cwi_element_compact(e);
+	ck_assert_ptr_nonnull(e);
+	const cachew_tensor *t = cachew_element_component(e, 0);
+	ck_assert_ptr_ne(cachew_tensor_data(t), (char *)d + 5000);
+	ck_assert_int_eq(cachew_tensor_numel(t), 100);
+	ck_assert_int_eq(((const char *)cachew_tensor_data(t))[0], 'y');
+	ck_assert_int_eq(((const char *)cachew_tensor_data(t))[99], 'x');
+	cachew_element_release(e);
+	/* A view using most of its buffer stays a view. */
+	ck_assert_int_eq(cachew_tensor_slice(&line, block, 0, 900000), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
+	cachew_tensor_destroy(line);
+	e = cwi_element_compact(e);
+	ck_assert_ptr_eq(cachew_tensor_data(cachew_element_component(e, 0)), d);
+	cachew_element_release(e);
+	cachew_tensor_destroy(block);
 }
 END_TEST
 
@@ -694,6 +731,7 @@ cwt_core_suite(void)
 	tcase_add_test(tc, element_set_and_read_components);
 	tcase_add_test(tc, shared_element_is_immutable);
 	tcase_add_test(tc, mutable_data_copies_shared_buffers);
+	tcase_add_test(tc, compact_copies_small_views_of_big_blocks);
 	tcase_add_test(tc, params_typed_get_and_set);
 	tcase_add_test(tc, options_defaults_and_validation);
 	tcase_add_test(tc, option_table_is_described);

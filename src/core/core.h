@@ -325,6 +325,13 @@ cwi_element_nbytes(const cwi_element *e)
 }
 /* Same component count and each component cwi_tensor_equal. */
 bool cwi_element_equal(const cwi_element *a, const cwi_element *b);
+/* For operators that hold elements for long (shuffle buffers): copies each
+ * component that views a small part of a large buffer (a text line in a
+ * 1 MiB read block) into a buffer of its own, so held elements do not pin
+ * whole blocks. Returns e (made unique if anything is copied), or NULL on
+ * ENOMEM with e released. */
+cwi_element *cwi_element_compact(cwi_element *e);
+
 /* Makes e unshared (cloning it if needed) and returns it. On ENOMEM returns
  * NULL and e is released. */
 cwi_element *cwi_element_make_unique(cwi_element *e);

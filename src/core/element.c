@@ -157,6 +157,93 @@ cwi_element_make_unique(cwi_element *e)
 	return c;
 }
 
+/* A view worth copying: it uses less than a quarter of a buffer that is
+ * larger than 64 KiB. */
+static bool
+pins_block(const cwi_tensor *t)
+{
+	size_t used;
+
+	if (t->buf == NULL || t->buf->size <= (64u << 10))
+		return false;
+	used = cwi_tensor_nbytes(t);
+	return used < t->buf->size / 4;
+}
+
+static cachew_err
+compact_tensor(cwi_tensor *t)
+{
+	cwi_tensor c;
+	cachew_err rv;
+
+	if (t->dtype == CACHEW_BYTES) {
+		int64_t n = cwi_tensor_numel(t);
+		const uint64_t *o = cwi_tensor_offsets(t);
+		if (n <= 1 && t->obuf == NULL) {
+			size_t len;
+			const uint8_t *p = cwi_tensor_str(t, 0, &len);
+			rv = cwi_tensor_init_bytes_copy(&c, p, len);
+			if (rv != CACHEW_OK)
+				return rv;
+			memcpy(c.shape, t->shape, sizeof(c.shape));
+			c.rank = t->rank;
+		} else {
+			/* Rebase the strings into one new data buffer. */
+			cwi_buffer *data, *offs;
+			uint64_t base = o[0];
+			size_t total = (size_t)(o[n] - o[0]);
+			rv = cwi_buffer_alloc(&data, total, false);
+			if (rv != CACHEW_OK)
+				return rv;
+			rv = cwi_buffer_alloc(&offs, ((size_t)n + 1) * 8, false);
+			if (rv != CACHEW_OK) {
+				cwi_buffer_unref(data);
+				return rv;
+			}
+			memcpy(data->data, t->buf->data + base, total);
+			for (int64_t i = 0; i <= n; i++)
+				((uint64_t *)(void *)offs->data)[i] = o[i] - base;
+			c = *t;
+			c.buf = data;
+			c.obuf = offs;
+			c.ooff = 0;
+		}
+	} else {
+		size_t nbytes = cwi_tensor_nbytes(t);
+		uint8_t *p;
+		rv = cwi_tensor_init_alloc(&c, (cachew_dtype)t->dtype, t->rank,
+		    t->shape, false, &p);
+		if (rv != CACHEW_OK)
+			return rv;
+		memcpy(p, cwi_tensor_data(t), nbytes);
+	}
+	cwi_tensor_clear(t);
+	*t = c;
+	return CACHEW_OK;
+}
+
+cwi_element *
+cwi_element_compact(cwi_element *e)
+{
+	bool any = false;
+
+	for (uint32_t i = 0; i < e->n; i++)
+		any = any || pins_block(&e->comp[i]);
+	if (!any)
+		return e;
+	e = cwi_element_make_unique(e);
+	if (e == NULL)
+		return NULL;
+	for (uint32_t i = 0; i < e->n; i++) {
+		if (pins_block(&e->comp[i]) &&
+		    compact_tensor(&e->comp[i]) != CACHEW_OK) {
+			cwi_element_release(e);
+			return NULL;
+		}
+	}
+	return e;
+}
+
 bool
 cwi_element_equal(const cwi_element *a, const cwi_element *b)
 {
