@@ -603,6 +603,36 @@ START_TEST(map_error_stops_iterator_with_message)
 }
 END_TEST
 
+START_TEST(error_mid_chunk_delivers_the_elements_before_it)
+{
+	cachew_dataset *r, *m;
+	cachew_iterator *it;
+	cachew_element *e;
+	char *s;
+	cachew_element *got[16];
+	size_t n = 0;
+	cachew_err rv;
+
+	/* The iterator pulls 1, 2, then 4 elements: 7 fails inside the chunk
+	 * [6, 7, 8, 9], and 6 must still arrive before the error. */
+	ck_assert_int_eq(cachew_dataset_range(&r, 3, 100, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_map(&m, r, "core_test_fail", NULL, 1),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, m, NULL), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK && n < 16)
+		got[n++] = e;
+	ck_assert_int_eq(rv, CACHEW_EOP);
+	s = cwt_join_i64(got, n, 0);
+	ck_assert_str_eq(s, "3,4,5,6");
+	free(s);
+	for (size_t i = 0; i < n; i++)
+		cachew_element_release(got[i]);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(r);
+	cachew_dataset_release(m);
+}
+END_TEST
+
 START_TEST(end_of_sequence_is_sticky)
 {
 	cachew_dataset *ds = range_map(3, "add");
@@ -740,6 +770,7 @@ cwt_core_suite(void)
 	tcase_add_test(tc, apply_reports_bad_graphs);
 	tcase_add_test(tc, fingerprint_covers_data_not_speed);
 	tcase_add_test(tc, map_error_stops_iterator_with_message);
+	tcase_add_test(tc, error_mid_chunk_delivers_the_elements_before_it);
 	tcase_add_test(tc, end_of_sequence_is_sticky);
 	tcase_add_test(tc, random_streams_follow_seed_and_index);
 	tcase_add_test(tc, stats_count_every_node);

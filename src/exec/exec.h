@@ -4,12 +4,16 @@
  * Contract of cwi_iter_ops.next(it, out, max):
  *   - appends between 1 and `max` elements to `out` and returns CACHEW_OK
  *     (the caller has reserved room for `max` more), or
- *   - appends nothing and returns CACHEW_EOF at the end of the sequence, or
- *   - appends nothing and returns an error, after recording the reason with
- *     cwi_pipeline_fail().
+ *   - returns CACHEW_EOF at the end of the sequence, or
+ *   - returns an error, after recording the reason with cwi_pipeline_fail().
+ * With EOF or an error, the elements appended in that call are those that
+ * came before the end or the failure: the wrapper delivers them first and
+ * reports the end or error on the following call, as tf.data does.
  * An op may return fewer than `max` elements at any time; consumers that
- * need an exact count (batch) loop. The cwi_iter_next() wrapper makes EOF
- * and errors sticky and keeps the per-node counters, so ops never do.
+ * need an exact count (batch) loop. cwi_iter_next() reserves room for `max`
+ * elements in `out`, so request bounded amounts (a few thousand at most).
+ * The cwi_iter_next() wrapper makes EOF and errors sticky and keeps the
+ * per-node counters, so ops never do.
  *
  * Elements move with ownership: what next() appends belongs to the caller.
  * Iterators are used by one thread at a time; an op that runs its own
@@ -114,6 +118,8 @@ struct cwi_iter {
 	const cwi_node *node;
 	cwi_stats *stats; /* may be NULL */
 	cachew_err done;  /* sticky EOF or error */
+	cachew_err pending; /* EOF or error to report after the elements
+			     * delivered with it */
 	bool async;       /* consumer time in next() is wait, not busy;
 			   * an op's create may set it (calloc'd false) */
 	uint64_t epoch;

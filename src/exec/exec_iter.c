@@ -149,6 +149,7 @@ cwi_iter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	it->node = node;
 	it->stats = cwi_pipeline_stats(args->pl, node);
 	it->done = CACHEW_OK;
+	it->pending = CACHEW_OK;
 	/* An op may mark one iterator async itself (a parallel map is, an
 	 * inline one is not); the op flag marks all of them. */
 	it->async = it->async || (node->op->flags & CWI_OPF_ASYNC) != 0;
@@ -187,6 +188,10 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 
 	if (it->done != CACHEW_OK)
 		return it->done;
+	if (it->pending != CACHEW_OK) {
+		it->done = it->pending;
+		return it->done;
+	}
 	if (max == 0)
 		max = 1;
 	rv = cwi_chunk_reserve(out, max);
@@ -207,6 +212,14 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		rv = cwi_pipeline_fail(it->pl, CACHEW_EINTERNAL,
 		    "%s: next() returned no element and no end",
 		    it->node->op->name);
+	if (rv != CACHEW_OK && out->n > n0) {
+		/* Deliver what came before the end or failure first. */
+		it->pending = rv;
+		if (rv != CACHEW_EOF && it->pl->err == CACHEW_OK)
+			cwi_pipeline_fail(it->pl, rv, "%s: %s",
+			    it->node->op->name, cachew_strerror(rv));
+		rv = CACHEW_OK;
+	}
 	if (it->stats != NULL) {
 		cwi_stats *s = it->stats;
 		if (it->async)
@@ -219,10 +232,6 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		}
 	}
 	if (rv != CACHEW_OK) {
-		/* An op must not leave elements behind with an error. */
-		for (size_t i = n0; i < out->n; i++)
-			cwi_element_release(out->v[i]);
-		out->n = n0;
 		if (rv != CACHEW_EOF && it->pl->err == CACHEW_OK)
 			cwi_pipeline_fail(it->pl, rv, "%s: %s",
 			    it->node->op->name, cachew_strerror(rv));

@@ -1,5 +1,7 @@
 /*
- * op_batch.c - batch(n, drop_remainder): stacks n consecutive elements.
+ * op_batch.c - batch(n, drop_remainder) stacks n consecutive elements;
+ * padded_batch(n, pad_value, drop_remainder, shape) does the same for
+ * elements of varying shapes (the padding itself is in op_padded_batch.c).
  */
 #include "ops.h"
 
@@ -140,6 +142,8 @@ cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out, char *err,
 	return CACHEW_OK;
 }
 
+/* ---- batch and padded_batch: one collector, two ways to combine --------- */
+
 typedef struct batch_iter {
 	cwi_iter base;
 	cwi_iter *input;
@@ -147,20 +151,29 @@ typedef struct batch_iter {
 	bool drop_remainder;
 	bool input_done;
 	cwi_chunk pending;
+	cwi_pad_spec *pad; /* padded_batch; NULL for batch */
 } batch_iter;
+
+/* Elements requested from the input at a time while filling a batch. */
+#define BATCH_PULL_MAX 4096
 
 static cachew_err
 batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 {
 	batch_iter *b = (batch_iter *)it;
+	const char *name = it->node->op->name;
 	char err[256];
 	size_t got = 0;
 	cachew_err rv;
 
 	while (got < max) {
 		while (!b->input_done && b->pending.n < b->n) {
+			/* cwi_iter_next reserves room for what is asked: ask
+			 * in bounded steps, so batch(n=1e9) | take(1) does
+			 * not reserve gigabytes up front. */
+			size_t want = b->n - b->pending.n;
 			rv = cwi_iter_next(b->input, &b->pending,
-			    b->n - b->pending.n);
+			    want < BATCH_PULL_MAX ? want : BATCH_PULL_MAX);
 			if (rv == CACHEW_EOF)
 				b->input_done = true;
 			else if (rv != CACHEW_OK)
@@ -172,9 +185,14 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			break;
 		}
 		cwi_element *res = NULL;
-		rv = cwi_stack(b->pending.v, b->pending.n, &res, err, sizeof(err));
+		if (b->pad != NULL)
+			rv = cwi_stack_padded(b->pending.v, b->pending.n, b->pad,
+			    &res, err, sizeof(err));
+		else
+			rv = cwi_stack(b->pending.v, b->pending.n, &res, err,
+			    sizeof(err));
 		if (rv != CACHEW_OK)
-			return cwi_pipeline_fail(it->pl, rv, "batch: %s", err);
+			return cwi_pipeline_fail(it->pl, rv, "%s: %s", name, err);
 		cwi_chunk_clear(&b->pending);
 		cwi_chunk_push(out, res);
 		got++;
@@ -188,6 +206,7 @@ batch_destroy(cwi_iter *it)
 	batch_iter *b = (batch_iter *)it;
 	cwi_iter_destroy(b->input);
 	cwi_chunk_free(&b->pending);
+	free(b->pad);
 	free(b);
 }
 
@@ -197,26 +216,50 @@ static const cwi_iter_ops batch_iter_ops = {
 };
 
 static cachew_err
-batch_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+batch_create_common(cwi_iter **out, const cwi_node *node,
+    const cwi_iter_args *args, bool padded)
 {
 	batch_iter *b = calloc(1, sizeof(*b));
-	cachew_err rv;
+	cachew_err rv = CACHEW_OK;
 
 	if (b == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	b->base.ops = &batch_iter_ops;
 	b->n = (size_t)cwi_node_int(node, "n");
 	b->drop_remainder = cwi_node_bool(node, "drop_remainder");
-	rv = cwi_chunk_reserve(&b->pending, b->n);
+	if (padded) {
+		b->pad = malloc(sizeof(*b->pad));
+		if (b->pad == NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		else
+			rv = cwi_pad_spec_init(b->pad, node);
+	}
+	if (rv == CACHEW_OK)
+		rv = cwi_chunk_reserve(&b->pending,
+		    b->n < BATCH_PULL_MAX ? b->n : BATCH_PULL_MAX);
 	if (rv == CACHEW_OK)
 		rv = cwi_iter_create(&b->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {
 		cwi_chunk_free(&b->pending);
+		free(b->pad);
 		free(b);
 		return rv;
 	}
 	*out = &b->base;
 	return CACHEW_OK;
+}
+
+static cachew_err
+batch_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	return batch_create_common(out, node, args, false);
+}
+
+static cachew_err
+padded_batch_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	return batch_create_common(out, node, args, true);
 }
 
 static const cwi_param_spec batch_params[] = {
@@ -234,4 +277,43 @@ const cwi_dataset_op cwi_op_batch = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = batch_create,
+};
+
+/* Checks the shape parameter when the node is built, so a malformed one is
+ * reported by the parser rather than by the first iterator. */
+static cachew_err
+padded_batch_validate(cwi_node *node)
+{
+	cwi_pad_spec *spec = malloc(sizeof(*spec));
+	cachew_err rv;
+
+	if (spec == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_pad_spec_init(spec, node);
+	free(spec);
+	return rv;
+}
+
+static const cwi_param_spec padded_batch_params[] = {
+    {.name = "n", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = 1,
+	.max = INT32_MAX, .help = "elements per batch"},
+    {.name = "pad_value", .type = CWI_P_FLOAT, .def_float = 0.0,
+	.help = "value of the padding, converted to each dtype"},
+    {.name = "drop_remainder", .type = CWI_P_BOOL, .def_int = 0,
+	.help = "drop a last batch smaller than n"},
+    {.name = "shape", .type = CWI_P_LIST, .flags = CWI_PF_OPTIONAL,
+	.help = "padded shape ([d0, ...], -1 = batch maximum), or one "
+		"such list per component; default: the batch maximum"},
+};
+
+const cwi_dataset_op cwi_op_padded_batch = {
+    .name = "padded_batch",
+    .doc = "stacks n consecutive elements, padding each component to a "
+	   "common shape",
+    .params = padded_batch_params,
+    .nparams = sizeof(padded_batch_params) / sizeof(padded_batch_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .validate = padded_batch_validate,
+    .iter_create = padded_batch_create,
 };

@@ -5,5 +5,18 @@
 
 const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_batch,
+    &cwi_op_padded_batch,
+    &cwi_op_unbatch,
+    &cwi_op_filter,
+    &cwi_op_flat_map,
+    &cwi_op_shuffle,
+    &cwi_op_repeat,
+    &cwi_op_take,
+    &cwi_op_skip,
+    &cwi_op_shard,
+    &cwi_op_zip,
+    &cwi_op_concatenate,
+    &cwi_op_enumerate,
+    &cwi_op_autocache,
     NULL,
 };

@@ -1,0 +1,244 @@
+/*
+ * op_filter.c - filter(fn) keeps the elements a filter function accepts;
+ * flat_map(fn) replaces every element by the sequence a flat_map function
+ * opens for it. Both count element indices at their input, so a random
+ * function sees the same index (and seed) in every run.
+ */
+#include "ops.h"
+
+#include <stdlib.h>
+
+/* Releases out->v[from..to). */
+static void
+release_range(cwi_chunk *out, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i++)
+		cwi_element_release(out->v[i]);
+}
+
+/* ---- filter ------------------------------------------------------------- */
+
+typedef struct filter_iter {
+	cwi_iter base;
+	cwi_iter *input;
+	cachew_op_ctx ctx;
+	uint64_t index; /* elements seen at the input */
+} filter_iter;
+
+static cachew_err
+filter_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	filter_iter *f = (filter_iter *)it;
+	size_t n0 = out->n, w;
+	cachew_err rv;
+
+	/* Pull into out and compact in place until something is kept. */
+	do {
+		/* A filter that rejects an endless input never returns:
+		 * let the iterator's destruction stop it. */
+		if (cwi_pipeline_cancelled(it->pl))
+			return CACHEW_ECANCELED;
+		rv = cwi_iter_next(f->input, out, max);
+		if (rv != CACHEW_OK)
+			return rv;
+		w = n0;
+		for (size_t i = n0; i < out->n; i++) {
+			cwi_element *e = out->v[i];
+			bool keep = false;
+			cwi_op_ctx_at(&f->ctx, f->index++);
+			rv = cwi_apply_filter(&f->ctx, it->node, it->pl, e,
+			    &keep);
+			if (rv != CACHEW_OK) {
+				/* [n0, w) kept, [w, i) gone, [i, n) unseen. */
+				release_range(out, n0, w);
+				release_range(out, i, out->n);
+				out->n = n0;
+				return rv;
+			}
+			if (keep)
+				out->v[w++] = e;
+			else
+				cwi_element_release(e);
+		}
+		out->n = w;
+	} while (out->n == n0);
+	return CACHEW_OK;
+}
+
+static void
+filter_destroy(cwi_iter *it)
+{
+	filter_iter *f = (filter_iter *)it;
+	cwi_iter_destroy(f->input);
+	free(f);
+}
+
+static const cwi_iter_ops filter_iter_ops = {
+    .next = filter_next,
+    .destroy = filter_destroy,
+};
+
+static cachew_err
+filter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	filter_iter *f = calloc(1, sizeof(*f));
+	cachew_err rv;
+
+	if (f == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	f->base.ops = &filter_iter_ops;
+	cwi_op_ctx_init(&f->ctx, node, args->pl);
+	rv = cwi_iter_create(&f->input, node->inputs[0], args);
+	if (rv != CACHEW_OK) {
+		free(f);
+		return rv;
+	}
+	*out = &f->base;
+	return CACHEW_OK;
+}
+
+static const cwi_param_spec filter_params[] = {
+    {.name = "fn", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
+	.help = "the filter function"},
+};
+
+const cwi_dataset_op cwi_op_filter = {
+    .name = "filter",
+    .doc = "keeps the elements a filter function accepts",
+    .params = filter_params,
+    .nparams = sizeof(filter_params) / sizeof(filter_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = CWI_OPF_FN_FILTER,
+    .iter_create = filter_create,
+};
+
+/* ---- flat_map ----------------------------------------------------------- */
+
+/* Input elements pulled at a time: each opens a whole sequence, so a few
+ * are enough and holding many would only hold memory. */
+#define FLAT_MAP_PULL 16
+
+typedef struct flat_map_iter {
+	cwi_iter base;
+	cwi_iter *input;
+	cwi_chunk in;   /* pulled input elements: in.v[pos..n) not opened */
+	size_t pos;
+	cwi_seq seq;    /* the open sequence, if seq.open */
+	uint64_t index; /* elements taken from the input */
+	bool input_done;
+} flat_map_iter;
+
+/* Opens the sequence of the next input element; CACHEW_EOF at the end. */
+static cachew_err
+open_next(flat_map_iter *f, size_t want)
+{
+	cwi_element *e;
+	cachew_err rv;
+
+	if (f->pos == f->in.n) {
+		f->in.n = 0;
+		f->pos = 0;
+		if (f->input_done)
+			return CACHEW_EOF;
+		rv = cwi_iter_next(f->input, &f->in,
+		    want < FLAT_MAP_PULL ? want : FLAT_MAP_PULL);
+		if (rv == CACHEW_EOF)
+			f->input_done = true;
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	e = f->in.v[f->pos++];
+	rv = cwi_seq_open(&f->seq, f->base.node, f->base.pl, e, f->index++);
+	/* The sequence keeps what it needs of e. */
+	cwi_element_release(e);
+	return rv;
+}
+
+static cachew_err
+flat_map_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	flat_map_iter *f = (flat_map_iter *)it;
+	size_t n0 = out->n;
+	cachew_err rv;
+
+	while (out->n - n0 < max) {
+		if (!f->seq.open) {
+			if (cwi_pipeline_cancelled(it->pl)) {
+				rv = CACHEW_ECANCELED;
+				goto fail;
+			}
+			rv = open_next(f, max - (out->n - n0));
+			if (rv == CACHEW_EOF)
+				break;
+			if (rv != CACHEW_OK)
+				goto fail;
+			continue;
+		}
+		rv = cwi_seq_next(&f->seq, it->node, it->pl, out,
+		    max - (out->n - n0));
+		if (rv == CACHEW_EOF)
+			cwi_seq_close(&f->seq);
+		else if (rv != CACHEW_OK)
+			goto fail;
+	}
+	return out->n > n0 ? CACHEW_OK : CACHEW_EOF;
+fail:
+	release_range(out, n0, out->n);
+	out->n = n0;
+	return rv;
+}
+
+static void
+flat_map_destroy(cwi_iter *it)
+{
+	flat_map_iter *f = (flat_map_iter *)it;
+
+	cwi_seq_close(&f->seq);
+	cwi_iter_destroy(f->input);
+	for (size_t i = f->pos; i < f->in.n; i++)
+		cwi_element_release(f->in.v[i]);
+	free(f->in.v);
+	free(f);
+}
+
+static const cwi_iter_ops flat_map_iter_ops = {
+    .next = flat_map_next,
+    .destroy = flat_map_destroy,
+};
+
+static cachew_err
+flat_map_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	flat_map_iter *f = calloc(1, sizeof(*f));
+	cachew_err rv;
+
+	if (f == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	f->base.ops = &flat_map_iter_ops;
+	rv = cwi_iter_create(&f->input, node->inputs[0], args);
+	if (rv != CACHEW_OK) {
+		free(f);
+		return rv;
+	}
+	*out = &f->base;
+	return CACHEW_OK;
+}
+
+static const cwi_param_spec flat_map_params[] = {
+    {.name = "fn", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
+	.help = "the flat_map function"},
+};
+
+const cwi_dataset_op cwi_op_flat_map = {
+    .name = "flat_map",
+    .doc = "replaces every element by the sequence a flat_map function "
+	   "yields for it",
+    .params = flat_map_params,
+    .nparams = sizeof(flat_map_params) / sizeof(flat_map_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = CWI_OPF_FN_FLAT,
+    .iter_create = flat_map_create,
+};

@@ -1,0 +1,419 @@
+/*
+ * op_zip.c - operators that combine structure: zip(a, b, ...) joins the
+ * components of aligned elements, concatenate(a, b) yields a's elements
+ * then b's, enumerate(start) prepends an i64 counter.
+ */
+#include "ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *
+cwi_element_spec_str(const cwi_element *e, char *buf, size_t len)
+{
+	char one[96];
+	size_t n = 0;
+
+	if (e->n == 1)
+		return cwi_tensor_spec_str(&e->comp[0], buf, len);
+	n += (size_t)snprintf(buf, len, "(");
+	for (uint32_t c = 0; c < e->n && n < len; c++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", c ? ", " : "",
+		    cwi_tensor_spec_str(&e->comp[c], one, sizeof(one)));
+	if (n < len)
+		snprintf(buf + n, len - n, ")");
+	return buf;
+}
+
+/* Component c of src into dst: moved when src is ours alone (no reference
+ * counting), shared otherwise. src is released by the caller either way. */
+static void
+take_component(cwi_tensor *dst, cwi_element *src, uint32_t c, bool unique)
+{
+	if (unique) {
+		*dst = src->comp[c];
+		src->comp[c].buf = NULL;
+		src->comp[c].obuf = NULL;
+	} else {
+		cwi_tensor_copy(dst, &src->comp[c]);
+	}
+}
+
+static void
+release_range(cwi_chunk *out, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i++)
+		cwi_element_release(out->v[i]);
+}
+
+/* ---- zip ---------------------------------------------------------------- */
+
+typedef struct zip_input {
+	cwi_iter *it;
+	cwi_chunk st; /* pulled: st.v[pos..n) not yet zipped */
+	size_t pos;
+	bool done;
+} zip_input;
+
+typedef struct zip_iter {
+	cwi_iter base;
+	uint64_t index; /* elements yielded */
+	size_t ninputs;
+	zip_input in[];
+} zip_iter;
+
+/* Makes `k` elements available from input i, or fewer if it ends. */
+static cachew_err
+zip_fill(zip_input *in, size_t k)
+{
+	size_t have = in->st.n - in->pos;
+	cachew_err rv;
+
+	while (have < k && !in->done) {
+		if (in->pos > 0) {
+			memmove(in->st.v, in->st.v + in->pos,
+			    have * sizeof(in->st.v[0]));
+			in->st.n = have;
+			in->pos = 0;
+		}
+		rv = cwi_iter_next(in->it, &in->st, k - have);
+		if (rv == CACHEW_EOF)
+			in->done = true;
+		else if (rv != CACHEW_OK)
+			return rv;
+		have = in->st.n - in->pos;
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+zip_one(zip_iter *z, cwi_element **out)
+{
+	uint32_t total = 0, at = 0;
+	cwi_element *e;
+
+	for (size_t i = 0; i < z->ninputs; i++)
+		total += z->in[i].st.v[z->in[i].pos]->n;
+	if (total > CACHEW_MAX_COMPONENTS)
+		return cwi_pipeline_fail(z->base.pl, CACHEW_ETYPE,
+		    "zip: element %llu of the %zu inputs has %u components in "
+		    "all, more than the maximum of %d",
+		    (unsigned long long)z->index, z->ninputs, total,
+		    CACHEW_MAX_COMPONENTS);
+	e = cwi_element_new(total);
+	if (e == NULL)
+		return cwi_pipeline_fail(z->base.pl, CACHEW_ENOMEM,
+		    "zip: out of memory");
+	for (size_t i = 0; i < z->ninputs; i++) {
+		zip_input *in = &z->in[i];
+		cwi_element *src = in->st.v[in->pos];
+		bool unique = cwi_element_unique(src);
+		for (uint32_t c = 0; c < src->n; c++)
+			take_component(&e->comp[at++], src, c, unique);
+		cwi_element_release(src);
+		in->st.v[in->pos++] = NULL;
+	}
+	z->index++;
+	*out = e;
+	return CACHEW_OK;
+}
+
+static cachew_err
+zip_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	zip_iter *z = (zip_iter *)it;
+	size_t k = max, n0 = out->n;
+	cachew_err rv;
+
+	/* k shrinks to what the shortest input has; once it is 0 the later
+	 * inputs are not pulled at all. */
+	for (size_t i = 0; i < z->ninputs && k > 0; i++) {
+		rv = zip_fill(&z->in[i], k);
+		if (rv != CACHEW_OK)
+			return rv;
+		if (z->in[i].st.n - z->in[i].pos < k)
+			k = z->in[i].st.n - z->in[i].pos;
+	}
+	for (size_t j = 0; j < k; j++) {
+		cwi_element *e = NULL;
+		rv = zip_one(z, &e);
+		if (rv != CACHEW_OK) {
+			release_range(out, n0, out->n);
+			out->n = n0;
+			return rv;
+		}
+		cwi_chunk_push(out, e);
+	}
+	return k > 0 ? CACHEW_OK : CACHEW_EOF;
+}
+
+static void
+zip_destroy(cwi_iter *it)
+{
+	zip_iter *z = (zip_iter *)it;
+
+	for (size_t i = 0; i < z->ninputs; i++) {
+		zip_input *in = &z->in[i];
+		cwi_iter_destroy(in->it);
+		release_range(&in->st, in->pos, in->st.n);
+		free(in->st.v);
+	}
+	free(z);
+}
+
+static const cwi_iter_ops zip_iter_ops = {
+    .next = zip_next,
+    .destroy = zip_destroy,
+};
+
+static cachew_err
+zip_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	zip_iter *z = calloc(1, sizeof(*z) + node->ninputs * sizeof(zip_input));
+	cachew_err rv = CACHEW_OK;
+
+	if (z == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	z->base.ops = &zip_iter_ops;
+	z->ninputs = node->ninputs;
+	for (size_t i = 0; i < node->ninputs && rv == CACHEW_OK; i++)
+		rv = cwi_iter_create(&z->in[i].it, node->inputs[i], args);
+	if (rv != CACHEW_OK) {
+		zip_destroy(&z->base);
+		return rv;
+	}
+	*out = &z->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+zip_validate(cwi_node *node)
+{
+	if (node->ninputs < 2)
+		return cwi_fail(CACHEW_EINVAL,
+		    "zip: needs at least 2 input pipelines, got %zu (write "
+		    "zip(a, b) or a | zip(b))",
+		    node->ninputs);
+	return CACHEW_OK;
+}
+
+const cwi_dataset_op cwi_op_zip = {
+    .name = "zip",
+    .doc = "joins the components of the inputs' elements, one element "
+	   "from each; ends with the shortest input",
+    .min_inputs = 1,
+    .max_inputs = CWI_MAX_INPUTS,
+    .validate = zip_validate,
+    .iter_create = zip_create,
+};
+
+/* ---- concatenate -------------------------------------------------------- */
+
+typedef struct concat_iter {
+	cwi_iter base;
+	cwi_iter *first, *second; /* first is NULL once it has ended */
+	bool have_ref;            /* ref_* describe the first input's first element */
+	uint32_t ref_n;
+	uint8_t ref_dtype[CACHEW_MAX_COMPONENTS];
+	char ref_spec[256];
+	uint64_t second_index; /* elements yielded from the second input */
+} concat_iter;
+
+static void
+concat_set_ref(concat_iter *ci, const cwi_element *e)
+{
+	ci->have_ref = true;
+	ci->ref_n = e->n;
+	for (uint32_t c = 0; c < e->n; c++)
+		ci->ref_dtype[c] = e->comp[c].dtype;
+	cwi_element_spec_str(e, ci->ref_spec, sizeof(ci->ref_spec));
+}
+
+static bool
+concat_matches(const concat_iter *ci, const cwi_element *e)
+{
+	if (e->n != ci->ref_n)
+		return false;
+	for (uint32_t c = 0; c < e->n; c++)
+		if (e->comp[c].dtype != ci->ref_dtype[c])
+			return false;
+	return true;
+}
+
+static cachew_err
+concat_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	concat_iter *ci = (concat_iter *)it;
+	size_t n0 = out->n;
+	char spec[256];
+	cachew_err rv;
+
+	if (ci->first != NULL) {
+		rv = cwi_iter_next(ci->first, out, max);
+		if (rv == CACHEW_OK && !ci->have_ref)
+			concat_set_ref(ci, out->v[n0]);
+		if (rv != CACHEW_EOF)
+			return rv;
+		cwi_iter_destroy(ci->first);
+		ci->first = NULL;
+	}
+	rv = cwi_iter_next(ci->second, out, max);
+	if (rv != CACHEW_OK)
+		return rv;
+	for (size_t i = n0; ci->have_ref && i < out->n; i++) {
+		if (concat_matches(ci, out->v[i]))
+			continue;
+		cwi_element_spec_str(out->v[i], spec, sizeof(spec));
+		release_range(out, n0, out->n);
+		out->n = n0;
+		return cwi_pipeline_fail(it->pl, CACHEW_ETYPE,
+		    "concatenate: element %llu of the second input is %s, "
+		    "expected %s like the first input's elements",
+		    (unsigned long long)(ci->second_index + (i - n0)), spec,
+		    ci->ref_spec);
+	}
+	ci->second_index += out->n - n0;
+	return CACHEW_OK;
+}
+
+static void
+concat_destroy(cwi_iter *it)
+{
+	concat_iter *ci = (concat_iter *)it;
+	cwi_iter_destroy(ci->first);
+	cwi_iter_destroy(ci->second);
+	free(ci);
+}
+
+static const cwi_iter_ops concat_iter_ops = {
+    .next = concat_next,
+    .destroy = concat_destroy,
+};
+
+static cachew_err
+concat_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	concat_iter *ci = calloc(1, sizeof(*ci));
+	cachew_err rv;
+
+	if (ci == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	ci->base.ops = &concat_iter_ops;
+	rv = cwi_iter_create(&ci->first, node->inputs[0], args);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_create(&ci->second, node->inputs[1], args);
+	if (rv != CACHEW_OK) {
+		concat_destroy(&ci->base);
+		return rv;
+	}
+	*out = &ci->base;
+	return CACHEW_OK;
+}
+
+const cwi_dataset_op cwi_op_concatenate = {
+    .name = "concatenate",
+    .doc = "yields the first input's elements, then the second's (same "
+	   "components and dtypes)",
+    .min_inputs = 2,
+    .max_inputs = 2,
+    .iter_create = concat_create,
+};
+
+/* ---- enumerate ---------------------------------------------------------- */
+
+typedef struct enumerate_iter {
+	cwi_iter base;
+	cwi_iter *input;
+	uint64_t next; /* the next counter value, wrapping like two's complement */
+	uint64_t index;
+} enumerate_iter;
+
+static cachew_err
+enumerate_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	enumerate_iter *en = (enumerate_iter *)it;
+	size_t n0 = out->n;
+	cachew_err rv;
+
+	rv = cwi_iter_next(en->input, out, max);
+	if (rv != CACHEW_OK)
+		return rv;
+	for (size_t i = n0; i < out->n; i++) {
+		cwi_element *src = out->v[i], *e;
+		bool unique;
+
+		if (src->n >= CACHEW_MAX_COMPONENTS) {
+			rv = cwi_pipeline_fail(it->pl, CACHEW_ETYPE,
+			    "enumerate: element %llu already has %u components, "
+			    "the maximum",
+			    (unsigned long long)en->index, src->n);
+			goto fail;
+		}
+		e = cwi_element_new(src->n + 1);
+		if (e == NULL) {
+			rv = cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "enumerate: out of memory");
+			goto fail;
+		}
+		cwi_tensor_init_i64(&e->comp[0], (int64_t)en->next++);
+		unique = cwi_element_unique(src);
+		for (uint32_t c = 0; c < src->n; c++)
+			take_component(&e->comp[c + 1], src, c, unique);
+		cwi_element_release(src);
+		out->v[i] = e;
+		en->index++;
+	}
+	return CACHEW_OK;
+fail:
+	release_range(out, n0, out->n);
+	out->n = n0;
+	return rv;
+}
+
+static void
+enumerate_destroy(cwi_iter *it)
+{
+	enumerate_iter *en = (enumerate_iter *)it;
+	cwi_iter_destroy(en->input);
+	free(en);
+}
+
+static const cwi_iter_ops enumerate_iter_ops = {
+    .next = enumerate_next,
+    .destroy = enumerate_destroy,
+};
+
+static cachew_err
+enumerate_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	enumerate_iter *en = calloc(1, sizeof(*en));
+	cachew_err rv;
+
+	if (en == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	en->base.ops = &enumerate_iter_ops;
+	en->next = (uint64_t)cwi_node_int(node, "start");
+	rv = cwi_iter_create(&en->input, node->inputs[0], args);
+	if (rv != CACHEW_OK) {
+		free(en);
+		return rv;
+	}
+	*out = &en->base;
+	return CACHEW_OK;
+}
+
+static const cwi_param_spec enumerate_params[] = {
+    {.name = "start", .type = CWI_P_INT, .def_int = 0,
+	.help = "the first counter value"},
+};
+
+const cwi_dataset_op cwi_op_enumerate = {
+    .name = "enumerate",
+    .doc = "prepends an i64 counter component to every element",
+    .params = enumerate_params,
+    .nparams = sizeof(enumerate_params) / sizeof(enumerate_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .iter_create = enumerate_create,
+};
