@@ -536,7 +536,8 @@ typedef struct cachew_op_stats {
 	const char *detail;   /* e.g. the map function, "add" */
 	int node;             /* index of the node in pipeline order */
 	uint64_t elements;    /* elements produced */
-	uint64_t bytes;       /* payload bytes produced */
+	uint64_t bytes;       /* payload bytes produced; for large chunks
+			       * estimated from 16 samples per chunk */
 	uint64_t busy_ns;     /* time spent in this operator's own work */
 	uint64_t wait_ns;     /* time its consumer spent blocked on it */
 	int parallelism;      /* current threads (1 when inline) */

@@ -1,8 +1,704 @@
-/* check_cli.c - placeholder: the cli suite is being written this session. */
+/*
+ * check_cli.c - the `cachew` command as a user runs it (real processes of
+ * <build>/cachew, exit codes, stdout and stderr), and the example plugin
+ * (<build>/plugin_example.so) loaded in process.
+ */
 #include "cwt.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- running the CLI ----------------------------------------------------- */
+
+typedef struct cli_result {
+	int status; /* exit code, or 128 + signal */
+	char *out;  /* stdout, NUL-terminated */
+	char *err;  /* stderr */
+} cli_result;
+
+static char *
+slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long len;
+
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)len + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+	buf[len] = '\0';
+	fclose(f);
+	return buf;
+}
+
+static void
+cli_child(const char *env, char **argv, const char *out, const char *err)
+{
+	if (freopen(out, "w", stdout) == NULL ||
+	    freopen(err, "w", stderr) == NULL)
+		_exit(127);
+	if (env != NULL)
+		putenv((char *)env);
+	execv(argv[0], argv);
+	fprintf(stderr, "exec %s failed\n", argv[0]);
+	_exit(127);
+}
+
+/*
+ * Runs `<build>/cachew arg...` (NULL-terminated) with one extra environment
+ * assignment `env` ("NAME=VALUE", or NULL), and collects its exit status,
+ * stdout and stderr. Output goes through files: nothing can block on a
+ * full pipe.
+ */
+static cli_result
+cli_env(const char *env, ...)
+{
+	char bin[512], out[600], err[600], *argv[32];
+	char *dir = cwt_tmpdir();
+	cli_result r;
+	va_list ap;
+	size_t n = 1;
+	pid_t pid;
+	int st;
+
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	snprintf(out, sizeof(out), "%s/stdout", dir);
+	snprintf(err, sizeof(err), "%s/stderr", dir);
+	argv[0] = bin;
+	va_start(ap, env);
+	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
+		n++;
+	va_end(ap);
+	argv[n] = NULL;
+	fflush(NULL);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		cli_child(env, argv, out, err);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	r.out = slurp(out);
+	r.err = slurp(err);
+	cwt_rmtree(dir);
+	free(dir);
+	return r;
+}
+
+#define cli(...) cli_env(NULL, __VA_ARGS__, (char *)NULL)
+
+static void
+cli_free(cli_result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+static void
+plugin_path(char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/plugin_example.so", cwt_build_dir());
+}
+
+/* ---- a strict checker for the flat JSON object of `run --json` ----------- */
+
+static const char *
+json_ws(const char *p)
+{
+	while (*p == ' ' || *p == '\t')
+		p++;
+	return p;
+}
+
+static const char *
+json_string(const char *p)
+{
+	if (*p++ != '"')
+		return NULL;
+	for (; *p != '"'; p++) {
+		if (*p == '\0' || (unsigned char)*p < 0x20)
+			return NULL;
+		if (*p == '\\' && *++p == '\0')
+			return NULL;
+	}
+	return p + 1;
+}
+
+static const char *
+json_number(const char *p)
+{
+	const char *s = p;
+
+	if (*p == '-')
+		p++;
+	if (*p == '0')
+		p++;
+	else if (*p >= '1' && *p <= '9')
+		while (*p >= '0' && *p <= '9')
+			p++;
+	else
+		return NULL;
+	if (*p == '.') {
+		if (*++p < '0' || *p > '9')
+			return NULL;
+		while (*p >= '0' && *p <= '9')
+			p++;
+	}
+	if (*p == 'e' || *p == 'E') {
+		p++;
+		if (*p == '+' || *p == '-')
+			p++;
+		if (*p < '0' || *p > '9')
+			return NULL;
+		while (*p >= '0' && *p <= '9')
+			p++;
+	}
+	return p > s ? p : NULL;
+}
+
+/* True if `line` is exactly one JSON object of string keys and string or
+ * number values. */
+static bool
+json_flat_object_valid(const char *p)
+{
+	p = json_ws(p);
+	if (*p++ != '{')
+		return false;
+	p = json_ws(p);
+	if (*p == '}')
+		return *json_ws(p + 1) == '\0';
+	for (;;) {
+		p = json_string(json_ws(p));
+		if (p == NULL || *(p = json_ws(p)) != ':')
+			return false;
+		p = json_ws(p + 1);
+		p = *p == '"' ? json_string(p) : json_number(p);
+		if (p == NULL)
+			return false;
+		p = json_ws(p);
+		if (*p == '}')
+			return *json_ws(p + 1) == '\0';
+		if (*p++ != ',')
+			return false;
+	}
+}
+
+/* The raw text of the value of "key" (quotes stripped), copied to buf. */
+static const char *
+json_get(const char *obj, const char *key, char *buf, size_t len)
+{
+	char pat[64];
+	const char *p, *end;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(obj, pat);
+	ck_assert_msg(p != NULL, "no key %s in %s", key, obj);
+	p += strlen(pat);
+	if (*p == '"')
+		end = strchr(++p, '"');
+	else
+		end = p + strcspn(p, ",}");
+	ck_assert_ptr_nonnull(end);
+	snprintf(buf, len, "%.*s", (int)(end - p), p);
+	return buf;
+}
+
+/* The last non-empty line of s (modified in place). */
+static char *
+last_line(char *s)
+{
+	size_t n = strlen(s);
+	char *nl;
+
+	while (n > 0 && s[n - 1] == '\n')
+		s[--n] = '\0';
+	nl = strrchr(s, '\n');
+	return nl != NULL ? nl + 1 : s;
+}
+
+static int64_t
+json_int(const char *obj, const char *key)
+{
+	char buf[64];
+
+	return strtoll(json_get(obj, key, buf, sizeof(buf)), NULL, 10);
+}
+
+static void
+fingerprint_of(const char *pipeline, char hex[33])
+{
+	cachew_dataset *ds;
+	cachew_fingerprint fp;
+
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	ck_assert_int_eq(cachew_dataset_fingerprint(ds, &fp), CACHEW_OK);
+	cachew_fingerprint_hex(&fp, hex);
+	cachew_dataset_release(ds);
+}
+
+/* ---- run ----------------------------------------------------------------- */
+
+START_TEST(run_json_reports_exact_elements_and_fingerprint)
+{
+	const char *pipeline = "range(1000) | batch(64)";
+	cli_result r = cli("run", "--json", pipeline);
+	char buf[64], hex[33], *line;
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	line = last_line(r.out);
+	ck_assert_msg(json_flat_object_valid(line), "not JSON: %s", line);
+	ck_assert_int_eq(json_int(line, "elements"), 16);
+	ck_assert_int_eq(json_int(line, "bytes"), 8000);
+	(void)json_get(line, "seconds", buf, sizeof(buf));
+	(void)json_get(line, "elements_per_s", buf, sizeof(buf));
+	fingerprint_of(pipeline, hex);
+	ck_assert_str_eq(json_get(line, "fingerprint", buf, sizeof(buf)), hex);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_epochs_multiply_the_count)
+{
+	cli_result r = cli("run", "--json", "--epochs", "3",
+	    "range(1000) | batch(64)");
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_int_eq(json_int(last_line(r.out), "elements"), 48);
+	ck_assert_int_eq(json_int(last_line(r.out), "epochs"), 3);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_prints_human_summary)
+{
+	cli_result r = cli("run", "range(100) | batch(10)");
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, "elements     10\n"));
+	ck_assert_ptr_nonnull(strstr(r.out, "fingerprint  "));
+	/* stderr is not a terminal here: no progress line. */
+	ck_assert_str_eq(r.err, "");
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_stats_prints_a_row_per_operator)
+{
+	cli_result r = cli("run", "--stats", "range(100) | batch(10)");
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, "busy ms"));
+	ck_assert_ptr_nonnull(strstr(r.out, "\nrange "));
+	ck_assert_ptr_nonnull(strstr(r.out, "\nbatch "));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_parse_error_exits_2_naming_the_column)
+{
+	cli_result r = cli("run", "range(10) | batch(");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "column") != NULL, "stderr: %s", r.err);
+	ck_assert_msg(strncmp(r.err, "cachew: ", 8) == 0, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_unknown_operator_exits_2)
+{
+	cli_result r = cli("run", "range(10) | no_such_op(3)");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "no_such_op") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_pipeline_failure_exits_1_with_message)
+{
+	/* add with a fractional value fails on i64 elements at run time. */
+	cli_result r = cli("run", "range(10) | map(add, value=1.5)");
+
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "not an integer") != NULL, "stderr: %s",
+	    r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_unknown_flag_exits_2_naming_it)
+{
+	cli_result r = cli("run", "--bogus", "range(3)");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "--bogus") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_extra_argument_exits_2_naming_it)
+{
+	cli_result r = cli("run", "range(3)", "batch(2)");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "'batch(2)'") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_missing_pipeline_exits_2)
+{
+	cli_result r = cli("run", "--json");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "pipeline") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_set_unknown_option_exits_2_naming_it)
+{
+	cli_result r = cli("run", "--set", "thredz=4", "range(3)");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "thredz") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_set_and_threads_accept_valid_options)
+{
+	cli_result r = cli("run", "--json", "--threads", "2", "--seed", "7",
+	    "--set", "deterministic=true", "range(10)");
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_int_eq(json_int(last_line(r.out), "elements"), 10);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_bad_environment_option_exits_2_naming_the_variable)
+{
+	cli_result r = cli_env("CACHEW_SEED=abc", "run", "range(3)",
+	    (char *)NULL);
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "CACHEW_SEED") != NULL, "stderr: %s",
+	    r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_help_options_prints_the_options_table)
+{
+	cli_result r = cli("run", "--help-options");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "threads"));
+	ck_assert_ptr_nonnull(strstr(r.out, "seed"));
+	ck_assert_ptr_nonnull(strstr(r.out, "CACHEW_"));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_plugin_flag_loads_functions)
+{
+	char so[512];
+	cli_result r;
+
+	plugin_path(so, sizeof(so));
+	r = cli("run", "--json", "--plugin", so,
+	    "range(10) | filter(is_even) | map(square)");
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_int_eq(json_int(last_line(r.out), "elements"), 5);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(run_missing_plugin_exits_1_naming_it)
+{
+	cli_result r = cli("run", "--plugin", "/nonexistent/p.so", "range(3)");
+
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "/nonexistent/p.so") != NULL, "stderr: %s",
+	    r.err);
+	cli_free(&r);
+}
+END_TEST
+
+/* ---- explain, ops, help, version ----------------------------------------- */
+
+START_TEST(explain_prints_tree_canonical_string_and_round_trip)
+{
+	const char *pipeline = "range(100) | map(add, value=2) | batch(8)";
+	cli_result r = cli("explain", pipeline);
+	char hex[33];
+
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strncmp(r.out, "batch", 5) == 0, "root first: %s", r.out);
+	ck_assert_ptr_nonnull(strstr(r.out, "\n  map [add]("));
+	ck_assert_ptr_nonnull(strstr(r.out, "\n    range("));
+	ck_assert_ptr_nonnull(strstr(r.out, "\ncanonical: range("));
+	ck_assert_ptr_nonnull(strstr(r.out, "\nround trip: ok\n"));
+	/* The root's line carries the fingerprint of the whole pipeline. */
+	fingerprint_of(pipeline, hex);
+	*strchr(r.out, '\n') = '\0';
+	ck_assert_msg(strstr(r.out, hex) != NULL, "root fingerprint %s "
+	    "missing: %s", hex, r.out);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(explain_parse_error_exits_2)
+{
+	cli_result r = cli("explain", "range(3) | | batch(2)");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "column") != NULL, "stderr: %s", r.err);
+	ck_assert_str_eq(r.out, "");
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(ops_lists_builtin_operators_and_functions)
+{
+	cli_result r = cli("ops");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "\nrange - "));
+	ck_assert_ptr_nonnull(strstr(r.out, "\nmap - "));
+	ck_assert_ptr_nonnull(strstr(r.out, "\nbatch - "));
+	ck_assert_ptr_nonnull(strstr(r.out, " add "));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(ops_markdown_says_it_is_generated)
+{
+	cli_result r = cli("ops", "--markdown");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "generated by `cachew ops "
+					    "--markdown`"));
+	ck_assert_ptr_nonnull(strstr(r.out, "### `range`"));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(unknown_command_exits_2_naming_it)
+{
+	cli_result r = cli("frobnicate");
+
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "frobnicate") != NULL, "stderr: %s", r.err);
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(help_lists_every_command)
+{
+	cli_result r = cli("--help");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "run "));
+	ck_assert_ptr_nonnull(strstr(r.out, "explain "));
+	ck_assert_ptr_nonnull(strstr(r.out, "ops "));
+	ck_assert_ptr_nonnull(strstr(r.out, "--help-options"));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(version_prints_library_version)
+{
+	cli_result r = cli("version");
+	char want[64];
+
+	snprintf(want, sizeof(want), "cachew %s\n", cachew_version());
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, want);
+	cli_free(&r);
+}
+END_TEST
+
+/* ---- the example plugin, in process -------------------------------------- */
+
+static void
+load_example_plugin(void)
+{
+	char so[512];
+
+	plugin_path(so, sizeof(so));
+	ck_assert_msg(cachew_plugin_load(so) == CACHEW_OK, "%s: %s", so,
+	    cachew_errmsg());
+}
+
+START_TEST(plugin_square_maps_values)
+{
+	char *s;
+
+	load_example_plugin();
+	s = cwt_seq("range(5) | map(square)", NULL);
+	ck_assert_str_eq(s, "0,1,4,9,16");
+	free(s);
+}
+END_TEST
+
+START_TEST(plugin_square_maps_batches_in_place)
+{
+	char *s;
+
+	load_example_plugin();
+	s = cwt_seq("range(6) | batch(3) | map(square)", NULL);
+	ck_assert_str_eq(s, "[0 1 4],[9 16 25]");
+	free(s);
+}
+END_TEST
+
+START_TEST(plugin_square_maps_f64)
+{
+	cachew_element **v;
+	size_t n;
+	char err[256] = "";
+
+	load_example_plugin();
+	ck_assert_msg(cwt_run("from_list([1.5, -2.0]) | map(square)", NULL, &v,
+	    &n, err, sizeof(err)) == CACHEW_OK, "%s", err);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_double_eq(cwt_f64(v[0], 0), 2.25);
+	ck_assert_double_eq(cwt_f64(v[1], 0), 4.0);
+	cwt_free(v, n);
+}
+END_TEST
+
+START_TEST(plugin_square_rejects_bytes_naming_the_component)
+{
+	cachew_element **v;
+	size_t n;
+	char err[256] = "";
+
+	load_example_plugin();
+	ck_assert_int_eq(cwt_run("from_list([\"a\"]) | map(square)", NULL, &v,
+	    &n, err, sizeof(err)), CACHEW_EOP);
+	ck_assert_msg(strstr(err, "component 0 is bytes") != NULL, "%s", err);
+}
+END_TEST
+
+START_TEST(plugin_is_even_filters)
+{
+	char *s;
+
+	load_example_plugin();
+	s = cwt_seq("range(10) | filter(is_even)", NULL);
+	ck_assert_str_eq(s, "0,2,4,6,8");
+	free(s);
+}
+END_TEST
+
+START_TEST(plugin_rejects_unknown_params)
+{
+	cachew_dataset *ds = NULL;
+
+	load_example_plugin();
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(3) | map(square, "
+						   "power=3)"), CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "power") != NULL, "%s",
+	    cachew_errmsg());
+	ck_assert_ptr_null(ds);
+}
+END_TEST
+
+START_TEST(plugin_load_twice_is_ok)
+{
+	load_example_plugin();
+	load_example_plugin();
+}
+END_TEST
+
+START_TEST(plugin_load_missing_path_is_enoent)
+{
+	ck_assert_int_eq(cachew_plugin_load("/nonexistent/plugin.so"),
+	    CACHEW_ENOENT);
+	ck_assert_ptr_nonnull(
+	    strstr(cachew_errmsg(), "/nonexistent/plugin.so"));
+}
+END_TEST
+
+static cachew_err
+dummy_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	(void)ctx;
+	*out = in;
+	return CACHEW_OK;
+}
+
+START_TEST(plugin_duplicate_name_is_eexist)
+{
+	cachew_op_def def = {.name = "square", .kind = CACHEW_OP_MAP,
+	    .map = dummy_map};
+
+	load_example_plugin();
+	ck_assert_int_eq(cachew_op_register(&def), CACHEW_EEXIST);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "square"));
+}
+END_TEST
 
 Suite *
 cwt_cli_suite(void)
 {
-	return suite_create("cli");
+	Suite *s = suite_create("cli");
+	TCase *run = tcase_create("run");
+	TCase *other = tcase_create("explain_ops_help");
+	TCase *plugin = tcase_create("plugin");
+
+	tcase_set_timeout(run, 30);
+	tcase_add_test(run, run_json_reports_exact_elements_and_fingerprint);
+	tcase_add_test(run, run_epochs_multiply_the_count);
+	tcase_add_test(run, run_prints_human_summary);
+	tcase_add_test(run, run_stats_prints_a_row_per_operator);
+	tcase_add_test(run, run_parse_error_exits_2_naming_the_column);
+	tcase_add_test(run, run_unknown_operator_exits_2);
+	tcase_add_test(run, run_pipeline_failure_exits_1_with_message);
+	tcase_add_test(run, run_unknown_flag_exits_2_naming_it);
+	tcase_add_test(run, run_extra_argument_exits_2_naming_it);
+	tcase_add_test(run, run_missing_pipeline_exits_2);
+	tcase_add_test(run, run_set_unknown_option_exits_2_naming_it);
+	tcase_add_test(run, run_set_and_threads_accept_valid_options);
+	tcase_add_test(
+	    run, run_bad_environment_option_exits_2_naming_the_variable);
+	tcase_add_test(run, run_help_options_prints_the_options_table);
+	tcase_add_test(run, run_plugin_flag_loads_functions);
+	tcase_add_test(run, run_missing_plugin_exits_1_naming_it);
+	suite_add_tcase(s, run);
+
+	tcase_add_test(
+	    other, explain_prints_tree_canonical_string_and_round_trip);
+	tcase_add_test(other, explain_parse_error_exits_2);
+	tcase_add_test(other, ops_lists_builtin_operators_and_functions);
+	tcase_add_test(other, ops_markdown_says_it_is_generated);
+	tcase_add_test(other, unknown_command_exits_2_naming_it);
+	tcase_add_test(other, help_lists_every_command);
+	tcase_add_test(other, version_prints_library_version);
+	suite_add_tcase(s, other);
+
+	tcase_add_test(plugin, plugin_square_maps_values);
+	tcase_add_test(plugin, plugin_square_maps_batches_in_place);
+	tcase_add_test(plugin, plugin_square_maps_f64);
+	tcase_add_test(plugin, plugin_square_rejects_bytes_naming_the_component);
+	tcase_add_test(plugin, plugin_is_even_filters);
+	tcase_add_test(plugin, plugin_rejects_unknown_params);
+	tcase_add_test(plugin, plugin_load_twice_is_ok);
+	tcase_add_test(plugin, plugin_load_missing_path_is_enoent);
+	tcase_add_test(plugin, plugin_duplicate_name_is_eexist);
+	suite_add_tcase(s, plugin);
+	return s;
 }

@@ -1,9 +1,139 @@
-/* plugin_example.c - placeholder until the example plugin lands. */
+/*
+ * plugin_example.c - an operator plugin: two functions, `square` (map) and
+ * `is_even` (filter), usable from any pipeline once the plugin is loaded:
+ *
+ *   cachew run --plugin build/plugin_example.so \
+ *       "range(10) | filter(is_even) | map(square)"
+ *
+ * A plugin is a shared object exporting one symbol, cachew_plugin_init,
+ * that registers its functions with cachew_op_register(). Pipelines name
+ * functions, so the same plugin loaded by a client and by remote workers
+ * gives both the same operators without shipping code. See README.md.
+ *
+ * Build (the Makefile does this as build/plugin_example.so):
+ *   cc -std=c11 -fPIC -shared -Iinclude -o plugin_example.so plugin_example.c
+ * The plugin calls cachew_* functions of the program that loads it, so it
+ * does not link libcachew itself.
+ */
 #include "cachew.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Both functions take no parameters. Rejecting unknown keys here makes a
+ * typo such as `map(square, powr=3)` fail when the pipeline is built, with
+ * a message, instead of being silently ignored. */
+static cachew_err
+no_params_init(const cachew_params *params, void **state, char *err,
+    size_t errlen)
+{
+	if (cachew_params_count(params) > 0) {
+		snprintf(err, errlen, "unknown parameter '%s' (takes none)",
+		    cachew_params_key(params, 0));
+		return CACHEW_EINVAL;
+	}
+	*state = NULL;
+	return CACHEW_OK;
+}
+
+/* Squares every value of one fixed-width component in place. */
+static cachew_err
+square_component(cachew_op_ctx *ctx, cachew_element *e, size_t c)
+{
+	const cachew_tensor *t = cachew_element_component(e, c);
+	cachew_dtype dtype = cachew_tensor_dtype(t);
+	int64_t n = cachew_tensor_numel(t);
+	void *data;
+	cachew_err rv;
+
+	if (dtype != CACHEW_I64 && dtype != CACHEW_F64)
+		return cachew_op_ctx_fail(ctx,
+		    "component %zu is %s; square handles i64 and f64", c,
+		    cachew_dtype_name(dtype));
+	/* Writable in place when this element and its buffer are ours alone
+	 * (the usual case after range or batch); otherwise the library copies
+	 * the buffer first, so upstream data is never modified. */
+	rv = cachew_element_mutable_data(e, c, &data);
+	if (rv != CACHEW_OK)
+		return cachew_op_ctx_fail(ctx, "component %zu: %s", c,
+		    cachew_strerror(rv));
+	if (dtype == CACHEW_I64) {
+		int64_t *x = data;
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (int64_t)((uint64_t)x[i] * (uint64_t)x[i]);
+	} else {
+		double *x = data;
+		for (int64_t i = 0; i < n; i++)
+			x[i] *= x[i];
+	}
+	return CACHEW_OK;
+}
+
+/* Map contract: `in` is ours; on success hand it (modified) back in *out,
+ * on failure release it and store nothing. */
+static cachew_err
+square_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	for (size_t c = 0; c < cachew_element_size(in); c++) {
+		cachew_err rv = square_component(ctx, in, c);
+		if (rv != CACHEW_OK) {
+			cachew_element_release(in);
+			return rv;
+		}
+	}
+	*out = in;
+	return CACHEW_OK;
+}
+
+/* Keeps elements whose component 0 is an even i64 scalar. */
+static cachew_err
+is_even_filter(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	const cachew_tensor *t = cachew_element_component(in, 0);
+	const int64_t *v;
+
+	if (cachew_tensor_dtype(t) != CACHEW_I64 || cachew_tensor_rank(t) != 0)
+		return cachew_op_ctx_fail(ctx,
+		    "component 0 must be an i64 scalar, got %s of rank %u",
+		    cachew_dtype_name(cachew_tensor_dtype(t)),
+		    cachew_tensor_rank(t));
+	v = cachew_tensor_data(t);
+	*keep = (*v % 2) == 0;
+	return CACHEW_OK;
+}
+
+static const cachew_op_def square_def = {
+    .name = "square",
+    .kind = CACHEW_OP_MAP,
+    .cost_ns = 5,
+    .init = no_params_init,
+    .map = square_map,
+};
+
+static const cachew_op_def is_even_def = {
+    .name = "is_even",
+    .kind = CACHEW_OP_FILTER,
+    .cost_ns = 2,
+    .init = no_params_init,
+    .filter = is_even_filter,
+};
+
+/* The one exported symbol. `abi` is the loading library's
+ * CACHEW_VERSION_NUMBER: refuse another major version, or a library older
+ * than the header this plugin was built against (it may lack functions the
+ * plugin calls). */
 CACHEW_API cachew_err cachew_plugin_init(unsigned abi);
+
 cachew_err
 cachew_plugin_init(unsigned abi)
 {
-	(void)abi;
-	return CACHEW_OK;
+	cachew_err rv;
+
+	if (abi / 10000 != CACHEW_VERSION_MAJOR ||
+	    abi / 100 < CACHEW_VERSION_NUMBER / 100)
+		return CACHEW_ENOTSUP;
+	rv = cachew_op_register(&square_def);
+	if (rv == CACHEW_OK)
+		rv = cachew_op_register(&is_even_def);
+	return rv;
 }
