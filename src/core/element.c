@@ -121,8 +121,9 @@ cwi_element_release(cwi_element *e)
 		cwi_buffer_unref(e->comp[i].buf);
 		cwi_buffer_unref(e->comp[i].obuf);
 	}
+#if CACHE_DEPTH > 0
 	c = &tls_cache;
-	if (n >= 1 && n <= CACHE_MAX_N && (long)c->count[n] < (long)CACHE_DEPTH) {
+	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] < CACHE_DEPTH) {
 		if (!c->registered)
 			cache_register(c);
 		/* The free list links through the first component. */
@@ -131,6 +132,9 @@ cwi_element_release(cwi_element *e)
 		c->count[n]++;
 		return;
 	}
+#else
+	(void)c;
+#endif
 	free(e);
 }
 
