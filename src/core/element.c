@@ -59,7 +59,7 @@ cache_key_create(void)
 	(void)pthread_key_create(&cache_key, cache_drain);
 }
 
-static void
+__attribute__((unused)) static void
 cache_register(element_cache *c)
 {
 	pthread_once(&cache_once, cache_key_create);
