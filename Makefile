@@ -31,7 +31,7 @@ LIB_SRC  := $(wildcard src/core/*.c src/graph/*.c src/exec/*.c \
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard test/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
-FUZZ_SRC := $(wildcard test/fuzz/fuzz_*.c)
+FUZZ_SRC := $(filter-out test/fuzz/fuzz_replay.c,$(wildcard test/fuzz/fuzz_*.c))
 FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)

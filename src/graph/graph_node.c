@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -49,7 +50,9 @@ coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
 			v->u.i = CACHEW_AUTO;
 			return CACHEW_OK;
 		}
-		if (v->type == CWI_V_FLOAT && v->u.f == (double)(int64_t)v->u.f) {
+		/* Only floats within int64 may be cast (NaN fails both). */
+		if (v->type == CWI_V_FLOAT && v->u.f >= -0x1p63 &&
+		    v->u.f < 0x1p63 && v->u.f == (double)(int64_t)v->u.f) {
 			int64_t i = (int64_t)v->u.f;
 			v->type = CWI_V_INT;
 			v->u.i = i;
@@ -302,9 +305,12 @@ hash_value(XXH3_state_t *st, const cwi_value *v)
 	case CWI_V_INT:
 		hash_bytes(st, 'i', &v->u.i, sizeof(v->u.i));
 		break;
-	case CWI_V_FLOAT:
-		hash_bytes(st, 'f', &v->u.f, sizeof(v->u.f));
+	case CWI_V_FLOAT: {
+		/* Every NaN prints as `nan`: hash them all as one. */
+		double f = isnan(v->u.f) ? NAN : v->u.f;
+		hash_bytes(st, 'f', &f, sizeof(f));
 		break;
+	}
 	case CWI_V_STR:
 		hash_bytes(st, 's', v->u.s.ptr, v->u.s.len);
 		break;
