@@ -13,9 +13,12 @@
  * Pipelines allocate and free elements in bursts of a chunk (64-1024),
  * which overflows glibc's 7-entry tcache bins and falls into the slow
  * allocator; a deeper per-thread list keeps the W1 hot path out of malloc.
- * An element freed on another thread than the one that allocated it just
- * joins the freeing thread's cache. The cache is emptied when the thread
- * exits (pthread key destructor); the main thread's stays reachable.
+ * Pipelines with worker threads allocate on one thread and free on another,
+ * so a full cache hands its whole list to a global transfer stash (one lock
+ * per CACHE_DEPTH elements, as tcmalloc's transfer cache does) and an empty
+ * cache refills from it before calling malloc. A thread's cache is emptied
+ * when the thread exits (pthread key destructor); the main thread's and the
+ * stash stay reachable until the process ends.
  */
 #define CACHE_MAX_N 4
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -32,10 +35,46 @@
 typedef struct element_cache {
 	cwi_element *head[CACHE_MAX_N + 1];
 	unsigned count[CACHE_MAX_N + 1];
+	unsigned stash_tries[CACHE_MAX_N + 1];
 	bool registered;
 } element_cache;
 
 static CWI_TLS_HOT element_cache tls_cache;
+
+/* The transfer stash: whole free lists of CACHE_DEPTH elements. */
+#define STASH_LISTS 16
+
+static pthread_mutex_t stash_lock = PTHREAD_MUTEX_INITIALIZER;
+static cwi_element *stash[CACHE_MAX_N + 1][STASH_LISTS];
+static unsigned stash_n[CACHE_MAX_N + 1];
+
+/* Moves a full local list to the stash; false if the stash is full. */
+__attribute__((unused)) static bool
+stash_put(cwi_element *list, uint32_t n)
+{
+	bool ok = false;
+
+	pthread_mutex_lock(&stash_lock);
+	if (stash_n[n] < STASH_LISTS) {
+		stash[n][stash_n[n]++] = list;
+		ok = true;
+	}
+	pthread_mutex_unlock(&stash_lock);
+	return ok;
+}
+
+/* Takes a full list (CACHE_DEPTH elements) from the stash, or NULL. */
+static cwi_element *
+stash_get(uint32_t n)
+{
+	cwi_element *list = NULL;
+
+	pthread_mutex_lock(&stash_lock);
+	if (stash_n[n] > 0)
+		list = stash[n][--stash_n[n]];
+	pthread_mutex_unlock(&stash_lock);
+	return list;
+}
 static pthread_key_t cache_key;
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
@@ -87,6 +126,16 @@ cwi_element_new(uint32_t n)
 	element_cache *c = &tls_cache;
 	cwi_element *e;
 
+	if (n >= 1 && n <= CACHE_MAX_N && c->head[n] == NULL &&
+	    CACHE_DEPTH > 0 && c->stash_tries[n]++ % 64 == 0) {
+		/* Checking the stash costs a lock: do it once per 64 misses
+		 * while it stays empty, at once after a hit. */
+		c->head[n] = stash_get(n);
+		if (c->head[n] != NULL) {
+			c->count[n] = CACHE_DEPTH;
+			c->stash_tries[n] = 0;
+		}
+	}
 	if (n >= 1 && n <= CACHE_MAX_N && c->head[n] != NULL) {
 		e = c->head[n];
 		c->head[n] = *(cwi_element **)(void *)e->comp;
@@ -123,6 +172,11 @@ cwi_element_release(cwi_element *e)
 	}
 #if CACHE_DEPTH > 0
 	c = &tls_cache;
+	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] >= CACHE_DEPTH &&
+	    stash_put(c->head[n], n)) {
+		c->head[n] = NULL;
+		c->count[n] = 0;
+	}
 	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] < CACHE_DEPTH) {
 		if (!c->registered)
 			cache_register(c);
