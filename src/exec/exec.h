@@ -83,6 +83,10 @@ typedef struct cwi_pipeline {
 
 	cwi_stats *stats; /* one row per node, pipeline order */
 	size_t nstats;
+
+	/* Thread and RAM budgets of the threaded operators (exec_tune.c),
+	 * created by the first of them; guarded by exec_tune.c's lock. */
+	struct cwi_tuner *tuner;
 } cwi_pipeline;
 
 /* Records the first failure of the pipeline (later ones are ignored) and
@@ -121,7 +125,8 @@ struct cwi_iter {
 	cachew_err pending; /* EOF or error to report after the elements
 			     * delivered with it */
 	bool async;       /* consumer time in next() is wait, not busy;
-			   * an op's create may set it (calloc'd false) */
+			   * an op may set it in create or in next() (the
+			   * wrapper reads it after the call) */
 	uint64_t epoch;
 };
 

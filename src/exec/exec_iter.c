@@ -7,6 +7,7 @@
  * calling cwi_pipeline_fail (it takes pl->lock last).
  */
 #include "exec.h"
+#include "exec_tune.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,7 +216,9 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	if (rv != CACHEW_OK && out->n > n0) {
 		/* Deliver what came before the end or failure first. */
 		it->pending = rv;
-		if (rv != CACHEW_EOF && it->pl->err == CACHEW_OK)
+		/* cwi_pipeline_fail keeps the first error: no unlocked
+		 * peek at pl->err (other threads may be failing too). */
+		if (rv != CACHEW_EOF)
 			cwi_pipeline_fail(it->pl, rv, "%s: %s",
 			    it->node->op->name, cachew_strerror(rv));
 		rv = CACHEW_OK;
@@ -232,7 +235,9 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		}
 	}
 	if (rv != CACHEW_OK) {
-		if (rv != CACHEW_EOF && it->pl->err == CACHEW_OK)
+		/* cwi_pipeline_fail keeps the first error: no unlocked
+		 * peek at pl->err (other threads may be failing too). */
+		if (rv != CACHEW_EOF)
 			cwi_pipeline_fail(it->pl, rv, "%s: %s",
 			    it->node->op->name, cachew_strerror(rv));
 		it->done = rv;
@@ -481,6 +486,8 @@ cachew_iterator_destroy(cachew_iterator *it)
 	if (it == NULL)
 		return;
 	atomic_store(&it->pl.cancelled, true);
+	/* Wake every blocked thread first, then join them top-down. */
+	cwi_tune_cancel(&it->pl);
 	cwi_iter_destroy(it->root);
 	for (size_t i = it->pos; i < it->ready.n; i++)
 		cwi_element_release(it->ready.v[i]);

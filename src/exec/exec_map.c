@@ -1,10 +1,44 @@
 /*
  * exec_map.c - map(fn, parallel, deterministic): applies a map function to
- * every element. This file holds the inline (parallel <= 1) form.
+ * every element, inline (parallel <= 1) or on worker threads (parallel=N
+ * or auto).
+ *
+ * The parallel form. Workers pull chunks of input themselves, under
+ * in_lock (the upstream iterator is single-threaded), and number them: a
+ * sequence number `seq` and the input index of the first element (the
+ * index that seeds cachew_op_ctx, so results are the same at any
+ * parallelism). They apply the function outside every lock and leave the
+ * chunk in a reorder ring indexed by seq (deterministic) or in a FIFO of
+ * completed chunks (deterministic=false). The consumer hands out elements
+ * from the chunk at next_out (or the FIFO head). At most `limit` chunks
+ * are in flight (reserved by a worker and not yet fully handed out): that
+ * bounds memory and, since seqs in flight are consecutive, lets the ring
+ * have `limit` entries. Chunk sizes follow the measured cost per element
+ * (exec_tune.c). Hand-offs: a worker signals the consumer only when it is
+ * waiting; the consumer wakes idle workers only when half of the in-flight
+ * room is free. A function that, with its input, costs less than ~200 ns
+ * per element runs inline: the consumer runs the chunks itself through the
+ * same ring (exec_tune.h explains why), and workers resume when the cost
+ * rises.
+ *
+ * Errors: a function failure ends its chunk after the results before it
+ * and stops further input pulls; the chunk keeps the message, which goes
+ * to cwi_pipeline_fail when the consumer reaches it, so earlier elements
+ * are delivered first and the pipeline reports the first failure in input
+ * order. An input error or EOF ends the sequence after the chunks pulled
+ * before it.
+ *
+ * Lock order: in_lock and lock are never held together. in_lock is held
+ * across the input's next() (which may block); neither is held while the
+ * map function runs. The tuner registry lock is taken before `lock` by
+ * the cancellation wake-up and never while holding either.
  */
 #include "exec_ops.h"
+#include "exec_tune.h"
 
 #include <stdlib.h>
+
+/* ---- inline map ---------------------------------------------------------- */
 
 typedef struct map_iter {
 	cwi_iter base;
@@ -28,7 +62,8 @@ map_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		cwi_op_ctx_at(&m->ctx, m->index++);
 		rv = cwi_apply_map(&m->ctx, it->node, it->pl, out->v[i], &res);
 		if (rv != CACHEW_OK) {
-			/* v[i] was consumed; drop the rest of the chunk. */
+			/* v[i] was consumed; drop the rest of the chunk. The
+			 * results before it go out first (exec.h). */
 			for (size_t j = i + 1; j < out->n; j++)
 				cwi_element_release(out->v[j]);
 			out->n = i;
@@ -52,12 +87,598 @@ static const cwi_iter_ops map_iter_ops = {
     .destroy = map_destroy,
 };
 
+/* ---- parallel map: state --------------------------------------------------- */
+
+/* Elements per chunk when the consumer runs the function itself. */
+#define PMAP_INLINE_CHUNK 256
+
+typedef struct map_chunk {
+	struct map_chunk *next; /* FIFO of completed chunks, or spares */
+	uint64_t seq;
+	uint64_t index0;  /* input index of elems.v[0] */
+	cwi_chunk elems;  /* results; v[pos..n) not yet handed out */
+	size_t pos;
+	size_t bytes;
+	cachew_err err;   /* the function failed after elems.n results */
+	char *errmsg;
+} map_chunk;
+
+typedef struct pmap_iter {
+	cwi_iter base;
+	cwi_iter *input;
+	const cwi_node *node;
+	cwi_pipeline *pl;
+	cwi_stats *stats;
+	bool deterministic;
+	bool autoscale; /* parallel=auto */
+	cwi_tune_op tune;
+	cwi_sizer sizer;
+	cachew_op_ctx ctx; /* the consumer's, when it works itself */
+	atomic_bool halt;  /* stop or cancel, for loops outside `lock` */
+	_Atomic uint64_t busy_ns;
+
+	pthread_mutex_t in_lock;
+	uint64_t next_seq;   /* in_lock */
+	uint64_t next_index; /* in_lock */
+	bool in_done;        /* in_lock: the input returned EOF or an error */
+
+	pthread_mutex_t lock;
+	pthread_cond_t cv_ready; /* consumer: a chunk completed */
+	pthread_cond_t cv_work;  /* workers: room for another chunk */
+	pthread_cond_t cv_park;  /* workers beyond crew.active */
+	cwi_crew crew;
+	bool started, stop, cancel;
+	bool inline_mode; /* the consumer runs the chunks (cheap function) */
+	bool consumer_waiting;
+	int idle;         /* workers waiting on cv_work */
+	size_t inflight;  /* chunks reserved and not fully handed out */
+	size_t limit;     /* most chunks in flight; ring entries */
+	map_chunk *pool;  /* limit chunks */
+	map_chunk **ring; /* deterministic: ring[seq % limit] */
+	uint64_t next_out;
+	map_chunk *done_head, *done_tail; /* deterministic=false */
+	map_chunk *spare;
+	bool input_end;   /* the input ended: no chunk will follow */
+	cachew_err input_rv;
+	bool failed;      /* a completed chunk carries a function error */
+	size_t kmax;      /* largest chunk so far */
+	int64_t buffered; /* completed elements not yet handed out */
+
+	/* Consumer thread only. */
+	uint64_t wait_ns;
+	cwi_tune_clock clock;
+} pmap_iter;
+
+static void
+pmap_publish(pmap_iter *m)
+{
+	cwi_stats *s = m->stats;
+	if (s == NULL)
+		return;
+	/* Before the first next(), a fixed parallel=N shows N. */
+	atomic_store_explicit(&s->parallelism,
+	    m->inline_mode			    ? 1
+		: m->crew.active > 0		    ? m->crew.active
+		: !m->started && !m->autoscale ? m->crew.cap
+					       : 1,
+	    memory_order_relaxed);
+	atomic_store_explicit(&s->buffer_limit,
+	    (int64_t)(m->limit * (m->kmax > 0 ? m->kmax : 1)),
+	    memory_order_relaxed);
+	atomic_store_explicit(&s->buffered, m->buffered, memory_order_relaxed);
+}
+
+/* May a worker start another chunk? (lock held) */
+static bool
+pmap_can_start(const pmap_iter *m)
+{
+	return !m->stop && !m->cancel && !m->input_end && !m->failed &&
+	    m->inflight < m->limit &&
+	    (m->inflight == 0 || cwi_tune_bytes_ok(&m->tune));
+}
+
+/* ---- parallel map: the work ------------------------------------------------- */
+
+/* Pulls up to a chunk of input into c. Returns the input's code; *ended
+ * tells whether this call saw the input end. */
+static cachew_err
+pmap_pull(pmap_iter *m, map_chunk *c, size_t kmax, bool *ended,
+    uint64_t *pull_ns)
+{
+	cachew_err rv = CACHEW_OK;
+	uint64_t t0;
+	size_t k;
+
+	*ended = false;
+	pthread_mutex_lock(&m->in_lock);
+	if (m->in_done || atomic_load(&m->halt)) {
+		pthread_mutex_unlock(&m->in_lock);
+		return CACHEW_OK;
+	}
+	k = cwi_sizer_chunk(&m->sizer);
+	if (k > kmax)
+		k = kmax;
+	t0 = cwi_now_ns();
+	while (c->elems.n < k && rv == CACHEW_OK && !atomic_load(&m->halt))
+		rv = cwi_iter_next(m->input, &c->elems, k - c->elems.n);
+	*pull_ns = cwi_now_ns() - t0;
+	c->index0 = m->next_index;
+	m->next_index += c->elems.n;
+	if (c->elems.n > 0)
+		c->seq = m->next_seq++;
+	if (rv != CACHEW_OK) {
+		m->in_done = true;
+		*ended = true;
+	}
+	pthread_mutex_unlock(&m->in_lock);
+	return rv;
+}
+
+/* Applies the function to every element of c, in place. A worker adds its
+ * time to the node's busy time; the consumer's is counted by the wrapper
+ * (pmap_next). */
+static void
+pmap_apply(pmap_iter *m, cachew_op_ctx *ctx, map_chunk *c, uint64_t pull_ns,
+    bool worker)
+{
+	const cwi_fn *fn = m->node->fn;
+	size_t n = c->elems.n, done = 0, bytes = 0;
+	uint64_t t0 = cwi_now_ns(), dt;
+
+	for (; done < n; done++) {
+		cwi_element *res = NULL;
+		cachew_err rv;
+
+		cwi_op_ctx_at(ctx, c->index0 + done);
+		rv = fn->def.map(ctx, c->elems.v[done], &res);
+		if (rv != CACHEW_OK || res == NULL) {
+			/* The function released its input. */
+			cwi_element_release(res);
+			for (size_t j = done + 1; j < n; j++)
+				cwi_element_release(c->elems.v[j]);
+			c->elems.n = done;
+			c->err = cwi_fn_errcode(rv);
+			c->errmsg = cwi_fn_errmsg(m->node, ctx, c->err);
+			break;
+		}
+		c->elems.v[done] = res;
+		/* What the consumer runs it takes at once: no RAM held. */
+		if (worker)
+			bytes += cwi_element_nbytes(res);
+	}
+	dt = cwi_now_ns() - t0;
+	c->bytes = bytes;
+	cwi_sizer_update(&m->sizer, done + (c->err != CACHEW_OK), dt + pull_ns);
+	atomic_fetch_add_explicit(&m->busy_ns, dt, memory_order_relaxed);
+	if (m->stats != NULL && worker)
+		cwi_stat_add(&m->stats->busy_ns, dt);
+}
+
+static bool
+pmap_ready(const pmap_iter *m)
+{
+	if (m->deterministic)
+		return m->ring[m->next_out % m->limit] != NULL;
+	return m->done_head != NULL;
+}
+
+static bool
+pmap_finished(const pmap_iter *m)
+{
+	return m->input_end && m->inflight == 0;
+}
+
+/* Takes the completed chunk c into the ring or FIFO; true if the consumer
+ * waits for it (to be signalled once the lock is released). (lock held) */
+static bool
+pmap_deposit(
+    pmap_iter *m, map_chunk *c, size_t pulled, cachew_err in_rv, bool ended)
+{
+	/* No chunk follows; inflight reaching 0 then marks the end. */
+	if (ended) {
+		m->input_end = true;
+		m->input_rv = in_rv;
+	}
+	if (pulled == 0) {
+		m->inflight--;
+		c->next = m->spare;
+		m->spare = c;
+	} else {
+		m->buffered += (int64_t)c->elems.n;
+		if (pulled > m->kmax)
+			m->kmax = pulled;
+		cwi_tune_bytes_add(&m->tune, (int64_t)c->bytes);
+		if (c->err != CACHEW_OK)
+			m->failed = true;
+		if (m->deterministic) {
+			m->ring[c->seq % m->limit] = c;
+		} else {
+			c->next = NULL;
+			if (m->done_tail != NULL)
+				m->done_tail->next = c;
+			else
+				m->done_head = c;
+			m->done_tail = c;
+		}
+	}
+	pmap_publish(m);
+	return m->consumer_waiting && (pmap_ready(m) || pmap_finished(m));
+}
+
+/* Reserves, pulls, applies and deposits one chunk of at most kmax
+ * elements. Called with `lock` held and pmap_can_start() true; returns
+ * with it held. */
+static void
+pmap_run(pmap_iter *m, cachew_op_ctx *ctx, size_t kmax, bool worker)
+{
+	map_chunk *c = m->spare;
+	uint64_t pull_ns = 0;
+	cachew_err rv;
+	size_t pulled;
+	bool ended;
+
+	m->spare = c->next;
+	c->next = NULL;
+	m->inflight++;
+	pthread_mutex_unlock(&m->lock);
+
+	rv = pmap_pull(m, c, kmax, &ended, &pull_ns);
+	pulled = c->elems.n;
+	if (pulled > 0)
+		pmap_apply(m, ctx, c, pull_ns, worker);
+
+	pthread_mutex_lock(&m->lock);
+	if (pmap_deposit(m, c, pulled, rv, ended)) {
+		/* Signal unlocked: the consumer then wakes to a free lock. */
+		pthread_mutex_unlock(&m->lock);
+		pthread_cond_signal(&m->cv_ready);
+		pthread_mutex_lock(&m->lock);
+	}
+}
+
+static void *
+pmap_worker(void *arg)
+{
+	cwi_crew_member *w = arg;
+	pmap_iter *m = w->op;
+	cachew_op_ctx ctx;
+
+	cwi_op_ctx_init(&ctx, m->node, m->pl);
+	pthread_mutex_lock(&m->lock);
+	while (!m->stop && !m->cancel) {
+		if (w->id >= m->crew.active) {
+			pthread_cond_wait(&m->cv_park, &m->lock);
+			continue;
+		}
+		if (m->inline_mode || !pmap_can_start(m)) {
+			m->idle++;
+			pthread_cond_wait(&m->cv_work, &m->lock);
+			m->idle--;
+			continue;
+		}
+		pmap_run(m, &ctx, CWI_CHUNK_MAX, true);
+	}
+	pthread_mutex_unlock(&m->lock);
+	return NULL;
+}
+
+/* ---- parallel map: the consumer ----------------------------------------------- */
+
+/* Removes the fully handed-out chunk c. (lock held) */
+static void
+pmap_pop(pmap_iter *m, map_chunk *c)
+{
+	if (m->deterministic) {
+		m->ring[m->next_out % m->limit] = NULL;
+		m->next_out++;
+	} else {
+		m->done_head = c->next;
+		if (m->done_head == NULL)
+			m->done_tail = NULL;
+	}
+	cwi_tune_bytes_add(&m->tune, -(int64_t)c->bytes);
+	c->elems.n = 0;
+	c->pos = 0;
+	c->bytes = 0;
+	c->next = m->spare;
+	m->spare = c;
+	m->inflight--;
+	if (m->idle > 0 && !m->inline_mode && m->inflight <= m->limit / 2)
+		pthread_cond_broadcast(&m->cv_work);
+}
+
+static map_chunk *
+pmap_head(pmap_iter *m)
+{
+	if (m->deterministic)
+		return m->ring[m->next_out % m->limit];
+	return m->done_head;
+}
+
+/* Moves up to max elements into out. On a function error returns it with
+ * the message in *msg (the caller reports it unlocked). (lock held) */
+static cachew_err
+pmap_take(pmap_iter *m, cwi_chunk *out, size_t max, char **msg)
+{
+	size_t got = 0;
+
+	for (;;) {
+		map_chunk *c = pmap_head(m);
+		if (c != NULL) {
+			size_t take = c->elems.n - c->pos;
+			if (take > max - got)
+				take = max - got;
+			memcpy(out->v + out->n, c->elems.v + c->pos,
+			    take * sizeof(*out->v));
+			out->n += take;
+			c->pos += take;
+			got += take;
+			m->buffered -= (int64_t)take;
+			if (c->pos == c->elems.n) {
+				if (c->err != CACHEW_OK) {
+					if (got > 0)
+						break;
+					*msg = c->errmsg;
+					c->errmsg = NULL;
+					return c->err;
+				}
+				pmap_pop(m, c);
+			}
+			if (got == max)
+				break;
+			continue;
+		}
+		if (got > 0)
+			break;
+		if (m->cancel)
+			return CACHEW_ECANCELED;
+		if (pmap_finished(m))
+			return m->input_rv;
+		if ((m->inline_mode || m->crew.active == 0) &&
+		    pmap_can_start(m)) {
+			/* A cheap function, or no thread of the budget is
+			 * ours: work inline, in chunks small enough to stay
+			 * in cache between the input, the function and the
+			 * consumer. */
+			pmap_run(m, &m->ctx, max > PMAP_INLINE_CHUNK ? max
+								: PMAP_INLINE_CHUNK,
+			    false);
+			continue;
+		}
+		if (m->idle > 0 && !m->inline_mode && pmap_can_start(m))
+			pthread_cond_broadcast(&m->cv_work);
+		uint64_t t0 = cwi_now_ns();
+		m->consumer_waiting = true;
+		pthread_cond_wait(&m->cv_ready, &m->lock);
+		m->consumer_waiting = false;
+		m->wait_ns += cwi_now_ns() - t0;
+	}
+	pmap_publish(m);
+	return CACHEW_OK;
+}
+
+static cachew_err
+pmap_start(pmap_iter *m)
+{
+	cachew_err rv;
+	int n = m->crew.cap;
+
+	if (m->autoscale)
+		n = cwi_tune_take_threads(
+		    &m->tune, m->pl->opts.autotune ? 1 : m->crew.cap);
+	pthread_mutex_lock(&m->lock);
+	rv = cwi_crew_set(&m->crew, n, pmap_worker, m);
+	m->started = true;
+	pmap_publish(m);
+	pthread_mutex_unlock(&m->lock);
+	if (m->autoscale && m->crew.active < n)
+		cwi_tune_give_threads(&m->tune, n - m->crew.active);
+	m->clock.t0 = cwi_now_ns();
+	if (rv != CACHEW_OK)
+		return cwi_pipeline_fail(m->pl, rv, "map(%s): %s",
+		    m->node->fn->name, cwi_errmsg_get());
+	return CACHEW_OK;
+}
+
+/* The autotuner's step (exec_tune.c), from the consumer, unlocked. */
+static void
+pmap_tune(pmap_iter *m)
+{
+	cwi_tune_sample s;
+	uint64_t dt, dwait, dbusy;
+	int d;
+
+	if (!cwi_tune_clock_due(&m->clock, cwi_now_ns(), m->wait_ns,
+		atomic_load_explicit(&m->busy_ns, memory_order_relaxed), &dt,
+		&dwait, &dbusy))
+		return;
+	s.interval_ns = dt;
+	s.wait_ns = dwait;
+	s.busy_ns = dbusy;
+	s.workers = m->crew.active;
+	d = cwi_tune_workers_rule(&s);
+	if (d > 0 && m->crew.active < m->crew.cap &&
+	    cwi_tune_take_threads(&m->tune, 1) == 1) {
+		int before;
+		pthread_mutex_lock(&m->lock);
+		before = m->crew.active;
+		(void)cwi_crew_set(&m->crew, before + 1, pmap_worker, m);
+		pthread_cond_broadcast(&m->cv_park);
+		pmap_publish(m);
+		pthread_mutex_unlock(&m->lock);
+		if (m->crew.active == before)
+			cwi_tune_give_threads(&m->tune, 1);
+	} else if (d < 0 && m->crew.active > 1) {
+		pthread_mutex_lock(&m->lock);
+		m->crew.active--;
+		pmap_publish(m);
+		pthread_mutex_unlock(&m->lock);
+		cwi_tune_give_threads(&m->tune, 1);
+	}
+}
+
+static cachew_err
+pmap_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	pmap_iter *m = (pmap_iter *)it;
+	char *msg = NULL;
+	cachew_err rv;
+
+	if (!m->started) {
+		rv = pmap_start(m);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	if (m->autoscale && m->pl->opts.autotune)
+		pmap_tune(m);
+	pthread_mutex_lock(&m->lock);
+	if (cwi_sizer_inline(&m->sizer, m->inline_mode) != m->inline_mode) {
+		m->inline_mode = !m->inline_mode;
+		if (!m->inline_mode && m->idle > 0)
+			pthread_cond_broadcast(&m->cv_work);
+	}
+	rv = pmap_take(m, out, max, &msg);
+	/* The wrapper reads this after the call: the consumer's time here is
+	 * wait while workers do the work, and the map's own work inline. */
+	it->async = !m->inline_mode && m->crew.active > 0;
+	pthread_mutex_unlock(&m->lock);
+	if (msg != NULL)
+		cwi_pipeline_fail(m->pl, rv, "%s", msg);
+	free(msg);
+	return rv;
+}
+
+static void
+pmap_wake(void *arg)
+{
+	pmap_iter *m = arg;
+
+	pthread_mutex_lock(&m->lock);
+	m->cancel = true;
+	atomic_store(&m->halt, true);
+	pthread_cond_broadcast(&m->cv_ready);
+	pthread_cond_broadcast(&m->cv_work);
+	pthread_cond_broadcast(&m->cv_park);
+	pthread_mutex_unlock(&m->lock);
+}
+
+static void
+pmap_free(pmap_iter *m)
+{
+	for (size_t i = 0; m->pool != NULL && i < m->limit; i++) {
+		map_chunk *c = &m->pool[i];
+		for (size_t j = c->pos; j < c->elems.n; j++)
+			cwi_element_release(c->elems.v[j]);
+		free(c->elems.v);
+		free(c->errmsg);
+	}
+	free(m->pool);
+	free(m->ring);
+	cwi_crew_free(&m->crew);
+	pthread_cond_destroy(&m->cv_park);
+	pthread_cond_destroy(&m->cv_work);
+	pthread_cond_destroy(&m->cv_ready);
+	pthread_mutex_destroy(&m->lock);
+	pthread_mutex_destroy(&m->in_lock);
+	free(m);
+}
+
+static void
+pmap_destroy(cwi_iter *it)
+{
+	pmap_iter *m = (pmap_iter *)it;
+
+	cwi_tune_cancel(m->pl);
+	pthread_mutex_lock(&m->lock);
+	m->stop = true;
+	atomic_store(&m->halt, true);
+	pthread_cond_broadcast(&m->cv_ready);
+	pthread_cond_broadcast(&m->cv_work);
+	pthread_cond_broadcast(&m->cv_park);
+	pthread_mutex_unlock(&m->lock);
+	cwi_crew_join(&m->crew);
+	cwi_iter_destroy(m->input);
+	cwi_tune_detach(&m->tune);
+	pmap_free(m);
+}
+
+static const cwi_iter_ops pmap_iter_ops = {
+    .next = pmap_next,
+    .destroy = pmap_destroy,
+};
+
+static cachew_err
+pmap_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args,
+    int64_t parallel)
+{
+	pmap_iter *m = calloc(1, sizeof(*m));
+	int cap;
+	cachew_err rv;
+
+	if (m == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	m->base.ops = &pmap_iter_ops;
+	m->base.async = true;
+	m->node = node;
+	m->pl = args->pl;
+	m->stats = cwi_pipeline_stats(args->pl, node);
+	m->deterministic = cwi_node_bool(node, "deterministic") &&
+	    args->pl->opts.deterministic;
+	m->autoscale = parallel == CACHEW_AUTO;
+	cap = m->autoscale ? (int)args->pl->opts.threads : (int)parallel;
+	if (cap < 1)
+		cap = 1;
+	cwi_op_ctx_init(&m->ctx, node, args->pl);
+	cwi_sizer_init(&m->sizer, node->fn->def.cost_ns);
+	atomic_init(&m->halt, false);
+	atomic_init(&m->busy_ns, 0);
+	cwi_mutex_init(&m->in_lock);
+	cwi_mutex_init(&m->lock);
+	pthread_cond_init(&m->cv_ready, NULL);
+	pthread_cond_init(&m->cv_work, NULL);
+	pthread_cond_init(&m->cv_park, NULL);
+	m->limit = 2 * (size_t)cap + 2;
+	m->pool = calloc(m->limit, sizeof(*m->pool));
+	m->ring = calloc(m->limit, sizeof(*m->ring));
+	rv = m->pool != NULL && m->ring != NULL
+		 ? cwi_crew_init(&m->crew, cap)
+		 : cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (rv != CACHEW_OK) {
+		pmap_free(m);
+		return rv;
+	}
+	for (size_t i = 0; i < m->limit; i++) {
+		m->pool[i].next = m->spare;
+		m->spare = &m->pool[i];
+	}
+	rv = cwi_tune_attach(&m->tune, args->pl, pmap_wake, m);
+	if (rv != CACHEW_OK) {
+		pmap_free(m);
+		return rv;
+	}
+	rv = cwi_iter_create(&m->input, node->inputs[0], args);
+	if (rv != CACHEW_OK) {
+		cwi_tune_detach(&m->tune);
+		pmap_free(m);
+		return rv;
+	}
+	pmap_publish(m);
+	*out = &m->base;
+	return CACHEW_OK;
+}
+
+/* ---- operator -------------------------------------------------------------------- */
+
 static cachew_err
 map_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 {
-	map_iter *m = calloc(1, sizeof(*m));
+	int64_t parallel = cwi_node_int(node, "parallel");
+	map_iter *m;
 	cachew_err rv;
 
+	if (parallel == CACHEW_AUTO || parallel > 1)
+		return pmap_create(out, node, args, parallel);
+	m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	m->base.ops = &map_iter_ops;

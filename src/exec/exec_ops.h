@@ -8,5 +8,7 @@
 #include "exec.h"
 
 extern const cwi_dataset_op cwi_op_map;
+extern const cwi_dataset_op cwi_op_prefetch;
+extern const cwi_dataset_op cwi_op_interleave;
 
 #endif /* CWI_EXEC_OPS_H */

@@ -5,5 +5,7 @@
 
 const cwi_dataset_op *const cwi_exec_ops[] = {
     &cwi_op_map,
+    &cwi_op_prefetch,
+    &cwi_op_interleave,
     NULL,
 };
