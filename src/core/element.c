@@ -132,6 +132,10 @@ cwi_element_new(uint32_t n)
 		 * while it stays empty, at once after a hit. */
 		c->head[n] = stash_get(n);
 		if (c->head[n] != NULL) {
+			/* A thread that only allocates must still hand
+			 * its list back when it exits. */
+			if (!c->registered)
+				cache_register(c);
 			c->count[n] = CACHE_DEPTH;
 			c->stash_tries[n] = 0;
 		}
