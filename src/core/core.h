@@ -294,9 +294,69 @@ struct cachew_element {
 
 typedef struct cachew_element cwi_element;
 
-/* A new element of n components (each an i64 zero), refs = 1. Fast path:
- * freed elements are kept on a small per-thread free list. */
-cwi_element *cwi_element_new(uint32_t n);
+/* Per-thread free lists of elements (element.c explains why). Sanitizer
+ * builds keep none, so every allocation and free stays visible. */
+#define CWI_ECACHE_MAX_N 4
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CWI_ECACHE_DEPTH 0u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CWI_ECACHE_DEPTH 0u
+#endif
+#endif
+#ifndef CWI_ECACHE_DEPTH
+#define CWI_ECACHE_DEPTH 1024u
+#endif
+
+typedef struct cwi_element_cache {
+	cwi_element *head[CWI_ECACHE_MAX_N + 1];
+	unsigned count[CWI_ECACHE_MAX_N + 1];
+	unsigned stash_tries[CWI_ECACHE_MAX_N + 1];
+	bool registered;
+} cwi_element_cache;
+
+extern CWI_TLS_HOT cwi_element_cache cwi_ecache;
+
+cwi_element *cwi_element_new_slow(uint32_t n);
+/* Takes an element whose last reference is gone and whose buffers are
+ * released. */
+void cwi_element_free_slow(cwi_element *e);
+
+static inline void
+cwi_element_init(cwi_element *e, uint32_t n)
+{
+	atomic_init(&e->refs, 1);
+	e->n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		cwi_tensor *t = &e->comp[i];
+		t->dtype = CACHEW_I64;
+		t->rank = 0;
+		t->heap = 0;
+		t->buf = NULL;
+		t->obuf = NULL;
+		t->off = 0;
+		t->ooff = 0;
+		t->inl.u64[0] = 0;
+		t->inl.u64[1] = 0;
+	}
+}
+
+/* A new element of n components (each an i64 zero), refs = 1; NULL on
+ * ENOMEM. The fast path pops the thread's free list. */
+static inline cwi_element *
+cwi_element_new(uint32_t n)
+{
+	cwi_element_cache *c = &cwi_ecache;
+	cwi_element *e;
+
+	if (n - 1u < CWI_ECACHE_MAX_N && (e = c->head[n]) != NULL) {
+		c->head[n] = *(cwi_element **)(void *)e->comp;
+		c->count[n]--;
+		cwi_element_init(e, n);
+		return e;
+	}
+	return cwi_element_new_slow(n);
+}
 
 static inline void
 cwi_element_retain(cwi_element *e)
@@ -304,7 +364,37 @@ cwi_element_retain(cwi_element *e)
 	atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
 }
 
-void cwi_element_release(cwi_element *e);
+/* Drops a reference; the last one releases the buffers and the element.
+ * The fast path pushes onto the thread's free list. */
+static inline void
+cwi_element_release(cwi_element *e)
+{
+	cwi_element_cache *c;
+	uint32_t n;
+
+	if (e == NULL)
+		return;
+	/* The sole owner skips the locked decrement: nobody else holds a
+	 * reference that could race with it. */
+	if (atomic_load_explicit(&e->refs, memory_order_acquire) != 1 &&
+	    atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	n = e->n;
+	for (uint32_t i = 0; i < n; i++) {
+		cwi_buffer_unref(e->comp[i].buf);
+		cwi_buffer_unref(e->comp[i].obuf);
+	}
+	c = &cwi_ecache;
+	/* 1 <= count < depth: registered and not full. */
+	if (n - 1u < CWI_ECACHE_MAX_N &&
+	    c->count[n] - 1u < CWI_ECACHE_DEPTH - 1u) {
+		*(cwi_element **)(void *)e->comp = c->head[n];
+		c->head[n] = e;
+		c->count[n]++;
+		return;
+	}
+	cwi_element_free_slow(e);
+}
 
 static inline bool
 cwi_element_unique(const cwi_element *e)

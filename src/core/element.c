@@ -9,44 +9,28 @@
 #include <stdlib.h>
 
 /*
- * Per-thread caches of freed elements with 1..CACHE_MAX_N components.
+ * Per-thread caches of freed elements with 1..CWI_ECACHE_MAX_N components
+ * (the fast paths are inline in core.h; these are the slow ones).
  * Pipelines allocate and free elements in bursts of a chunk (64-1024),
  * which overflows glibc's 7-entry tcache bins and falls into the slow
  * allocator; a deeper per-thread list keeps the W1 hot path out of malloc.
  * Pipelines with worker threads allocate on one thread and free on another,
  * so a full cache hands its whole list to a global transfer stash (one lock
- * per CACHE_DEPTH elements, as tcmalloc's transfer cache does) and an empty
- * cache refills from it before calling malloc. A thread's cache is emptied
- * when the thread exits (pthread key destructor); the main thread's and the
- * stash stay reachable until the process ends.
+ * per CWI_ECACHE_DEPTH elements, as tcmalloc's transfer cache does) and an
+ * empty cache refills from it before calling malloc. A thread's cache is
+ * emptied when the thread exits (pthread key destructor); the main thread's
+ * and the stash stay reachable until the process ends.
  */
-#define CACHE_MAX_N 4
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define CACHE_DEPTH 0 /* let the sanitizers see every free */
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define CACHE_DEPTH 0
-#endif
-#endif
-#ifndef CACHE_DEPTH
-#define CACHE_DEPTH 1024
-#endif
+CWI_TLS_HOT cwi_element_cache cwi_ecache;
 
-typedef struct element_cache {
-	cwi_element *head[CACHE_MAX_N + 1];
-	unsigned count[CACHE_MAX_N + 1];
-	unsigned stash_tries[CACHE_MAX_N + 1];
-	bool registered;
-} element_cache;
-
-static CWI_TLS_HOT element_cache tls_cache;
-
-/* The transfer stash: whole free lists of CACHE_DEPTH elements. */
+/* The transfer stash: whole free lists of CWI_ECACHE_DEPTH elements. */
 #define STASH_LISTS 16
 
 static pthread_mutex_t stash_lock = PTHREAD_MUTEX_INITIALIZER;
-static cwi_element *stash[CACHE_MAX_N + 1][STASH_LISTS];
-static unsigned stash_n[CACHE_MAX_N + 1];
+static cwi_element *stash[CWI_ECACHE_MAX_N + 1][STASH_LISTS];
+static unsigned stash_n[CWI_ECACHE_MAX_N + 1];
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
 /* Moves a full local list to the stash; false if the stash is full. */
 __attribute__((unused)) static bool
@@ -63,7 +47,7 @@ stash_put(cwi_element *list, uint32_t n)
 	return ok;
 }
 
-/* Takes a full list (CACHE_DEPTH elements) from the stash, or NULL. */
+/* Takes a full list (CWI_ECACHE_DEPTH elements) from the stash, or NULL. */
 static cwi_element *
 stash_get(uint32_t n)
 {
@@ -75,14 +59,12 @@ stash_get(uint32_t n)
 	pthread_mutex_unlock(&stash_lock);
 	return list;
 }
-static pthread_key_t cache_key;
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
 static void
 cache_drain(void *arg)
 {
-	element_cache *c = arg;
-	for (unsigned n = 1; n <= CACHE_MAX_N; n++) {
+	cwi_element_cache *c = arg;
+	for (unsigned n = 1; n <= CWI_ECACHE_MAX_N; n++) {
 		while (c->head[n] != NULL) {
 			cwi_element *e = c->head[n];
 			c->head[n] = *(cwi_element **)(void *)e->comp;
@@ -98,102 +80,75 @@ cache_key_create(void)
 	(void)pthread_key_create(&cache_key, cache_drain);
 }
 
-__attribute__((unused)) static void
-cache_register(element_cache *c)
+/* Every thread whose cache ever holds an element registers, so the list
+ * goes back to malloc when the thread exits. */
+static void
+cache_register(cwi_element_cache *c)
 {
 	pthread_once(&cache_once, cache_key_create);
 	(void)pthread_setspecific(cache_key, c);
 	c->registered = true;
 }
 
-static inline void
-tensor_init_zero(cwi_tensor *t)
-{
-	t->dtype = CACHEW_I64;
-	t->rank = 0;
-	t->heap = 0;
-	t->buf = NULL;
-	t->obuf = NULL;
-	t->off = 0;
-	t->ooff = 0;
-	t->inl.u64[0] = 0;
-	t->inl.u64[1] = 0;
-}
-
 cwi_element *
-cwi_element_new(uint32_t n)
+cwi_element_new_slow(uint32_t n)
 {
-	element_cache *c = &tls_cache;
-	cwi_element *e;
+	cwi_element_cache *c = &cwi_ecache;
+	cwi_element *e = NULL;
 
-	if (n >= 1 && n <= CACHE_MAX_N && c->head[n] == NULL &&
-	    CACHE_DEPTH > 0 && c->stash_tries[n]++ % 64 == 0) {
-		/* Checking the stash costs a lock: do it once per 64 misses
-		 * while it stays empty, at once after a hit. */
-		c->head[n] = stash_get(n);
-		if (c->head[n] != NULL) {
-			/* A thread that only allocates must still hand
-			 * its list back when it exits. */
+	/* The local list is empty: try the stash, once per 64 misses while it
+	 * stays empty (it costs a lock), at once after a hit. */
+	if (CWI_ECACHE_DEPTH > 0 && n >= 1 && n <= CWI_ECACHE_MAX_N &&
+	    c->stash_tries[n]++ % 64 == 0) {
+		cwi_element *list = stash_get(n);
+		if (list != NULL) {
 			if (!c->registered)
 				cache_register(c);
-			c->count[n] = CACHE_DEPTH;
+			c->head[n] = *(cwi_element **)(void *)list->comp;
+			c->count[n] = CWI_ECACHE_DEPTH - 1;
 			c->stash_tries[n] = 0;
+			e = list;
 		}
 	}
-	if (n >= 1 && n <= CACHE_MAX_N && c->head[n] != NULL) {
-		e = c->head[n];
-		c->head[n] = *(cwi_element **)(void *)e->comp;
-		c->count[n]--;
-	} else {
+	if (e == NULL) {
 		e = malloc(sizeof(*e) + (size_t)n * sizeof(cwi_tensor));
 		if (e == NULL)
 			return NULL;
 	}
-	atomic_init(&e->refs, 1);
-	e->n = n;
-	for (uint32_t i = 0; i < n; i++)
-		tensor_init_zero(&e->comp[i]);
+	cwi_element_init(e, n);
 	return e;
 }
 
 void
-cwi_element_release(cwi_element *e)
+cwi_element_free_slow(cwi_element *e)
 {
-	element_cache *c;
-	uint32_t n;
+	cwi_element_cache *c = &cwi_ecache;
+	uint32_t n = e->n;
 
-	if (e == NULL)
+#if CWI_ECACHE_DEPTH == 0
+	(void)c;
+	(void)n;
+	free(e);
+#else
+	if (n < 1 || n > CWI_ECACHE_MAX_N) {
+		free(e);
 		return;
-	/* The sole owner skips the locked decrement: nobody else holds a
-	 * reference that could race with it. */
-	if (atomic_load_explicit(&e->refs, memory_order_acquire) != 1 &&
-	    atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
-		return;
-	n = e->n;
-	for (uint32_t i = 0; i < n; i++) {
-		cwi_buffer_unref(e->comp[i].buf);
-		cwi_buffer_unref(e->comp[i].obuf);
 	}
-#if CACHE_DEPTH > 0
-	c = &tls_cache;
-	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] >= CACHE_DEPTH &&
-	    stash_put(c->head[n], n)) {
+	if (c->count[n] >= CWI_ECACHE_DEPTH) {
+		if (!stash_put(c->head[n], n)) {
+			free(e);
+			return;
+		}
 		c->head[n] = NULL;
 		c->count[n] = 0;
 	}
-	if (n >= 1 && n <= CACHE_MAX_N && c->count[n] < CACHE_DEPTH) {
-		if (!c->registered)
-			cache_register(c);
-		/* The free list links through the first component. */
-		*(cwi_element **)(void *)e->comp = c->head[n];
-		c->head[n] = e;
-		c->count[n]++;
-		return;
-	}
-#else
-	(void)c;
+	if (!c->registered)
+		cache_register(c);
+	/* The free list links through the first component. */
+	*(cwi_element **)(void *)e->comp = c->head[n];
+	c->head[n] = e;
+	c->count[n]++;
 #endif
-	free(e);
 }
 
 cwi_element *

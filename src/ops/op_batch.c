@@ -88,6 +88,44 @@ stack_bytes(cwi_element *const *elems, size_t k, uint32_t c, cwi_tensor *dst)
 	return CACHEW_OK;
 }
 
+/* One pass for the commonest batch: elements of one fixed-width scalar
+ * (range | map | batch). Returns false, having built nothing, when the
+ * elements are anything else, so the general path reports the mismatch. */
+static bool
+stack_scalars(cwi_element *const *elems, size_t k, cwi_element **out,
+    cachew_err *rv)
+{
+	const cwi_tensor *t0 = &elems[0]->comp[0];
+	uint8_t dtype = t0->dtype;
+	size_t es = cwi_dtype_sizes[dtype & 15];
+	int64_t shape[1] = {(int64_t)k};
+	cwi_element *res;
+	uint8_t *p;
+
+	if (elems[0]->n != 1 || t0->rank != 0 || es == 0)
+		return false;
+	for (size_t i = 1; i < k; i++) {
+		const cwi_tensor *t = &elems[i]->comp[0];
+		if (elems[i]->n != 1 || t->rank != 0 || t->dtype != dtype)
+			return false;
+	}
+	res = cwi_element_new(1);
+	if (res == NULL) {
+		*rv = CACHEW_ENOMEM;
+		return true;
+	}
+	*rv = cwi_tensor_init_alloc(&res->comp[0], (cachew_dtype)dtype, 1,
+	    shape, false, &p);
+	if (*rv != CACHEW_OK) {
+		cwi_element_release(res);
+		return true;
+	}
+	for (size_t i = 0; i < k; i++, p += es)
+		memcpy(p, cwi_tensor_data(&elems[i]->comp[0]), es);
+	*out = res;
+	return true;
+}
+
 cachew_err
 cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out, char *err,
     size_t errlen)
@@ -96,6 +134,12 @@ cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out, char *err,
 	cwi_element *res;
 	char want[96], got[96];
 	cachew_err rv = CACHEW_OK;
+
+	if (stack_scalars(elems, k, out, &rv)) {
+		if (rv != CACHEW_OK)
+			snprintf(err, errlen, "%s", cwi_errmsg_get());
+		return rv;
+	}
 
 	for (size_t i = 1; i < k; i++) {
 		if (elems[i]->n != e0->n) {
