@@ -98,6 +98,8 @@ check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so $(FUZZ_R
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
 	done
+	@$(BUILD)/cachew ops --markdown | cmp -s - docs/operators.md || \
+		{ echo "docs/operators.md is stale: run $(BUILD)/cachew ops --markdown > docs/operators.md"; exit 1; }
 	CACHEW_BUILD=$(BUILD) $(BUILD)/check_cachew
 
 test: deps

@@ -368,6 +368,9 @@ typedef struct cachew_op_def {
 	cachew_err (*flat_next)(
 	    cachew_op_ctx *ctx, void *seq, cachew_element **out);
 	void (*flat_close)(void *seq);
+	/* Optional: one line for `cachew ops`, naming the parameters, e.g.
+	 * "add(value=1): adds value to every numeric component". */
+	const char *doc;
 } cachew_op_def;
 
 /* Registers a function operator under def->name; the definition is copied.

@@ -312,6 +312,7 @@ mul_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 static const cachew_op_def fn_add = {
     .name = "add",
+    .doc = "add(value=1): adds value to every numeric component, in place",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 5,
     .init = add_init,
@@ -321,6 +322,7 @@ static const cachew_op_def fn_add = {
 
 static const cachew_op_def fn_mul = {
     .name = "mul",
+    .doc = "mul(value): multiplies every numeric component by value, in place",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 5,
     .init = mul_init,
@@ -573,6 +575,7 @@ cast_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 static const cachew_op_def fn_cast = {
     .name = "cast",
+    .doc = "cast(dtype): converts every component to dtype (float to int truncates and saturates)",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 10,
     .init = cast_init,
@@ -600,6 +603,7 @@ identity_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 static const cachew_op_def fn_identity = {
     .name = "identity",
+    .doc = "identity(): returns the element unchanged",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 1,
     .init = identity_init,
@@ -673,6 +677,7 @@ spin_us_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 static const cachew_op_def fn_sleep_us = {
     .name = "sleep_us",
+    .doc = "sleep_us(us): sleeps us microseconds without using CPU (simulates I/O)",
     .kind = CACHEW_OP_MAP,
     .init = delay_init,
     .fini = free_state,
@@ -681,6 +686,7 @@ static const cachew_op_def fn_sleep_us = {
 
 static const cachew_op_def fn_spin_us = {
     .name = "spin_us",
+    .doc = "spin_us(us): burns us microseconds of CPU (simulates compute)",
     .kind = CACHEW_OP_MAP,
     .init = delay_init,
     .fini = free_state,
@@ -756,6 +762,7 @@ uniform_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 static const cachew_op_def fn_uniform = {
     .name = "uniform",
+    .doc = "uniform(lo=0.0, hi=1.0): appends an f64 drawn uniformly from [lo, hi), seeded per element",
     .kind = CACHEW_OP_MAP,
     .flags = CACHEW_OP_RANDOM,
     .cost_ns = 20,

@@ -298,6 +298,7 @@ fail:
 
 const cachew_op_def cwi_fn_read_file = {
     .name = "read_file",
+    .doc = "read_file(): replaces the path in component 0 with the file's contents",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 10000,
     .init = read_file_init,

@@ -288,6 +288,7 @@ records_fn_close(void *seq)
 
 const cachew_op_def cwi_fn_text_lines = {
     .name = "text_lines",
+    .doc = "text_lines(buffer_size=1048576): the lines of the file named by component 0, without line ends",
     .kind = CACHEW_OP_FLAT_MAP,
     .cost_ns = 100,
     .init = text_lines_fn_init,
@@ -299,6 +300,7 @@ const cachew_op_def cwi_fn_text_lines = {
 
 const cachew_op_def cwi_fn_fixed_length_records = {
     .name = "fixed_length_records",
+    .doc = "fixed_length_records(record_bytes, header_bytes=0, footer_bytes=0, buffer_size=1048576): the records of the file named by component 0",
     .kind = CACHEW_OP_FLAT_MAP,
     .cost_ns = 100,
     .init = fixed_fn_init,

@@ -911,6 +911,8 @@ ops_text(void)
 		    fn_kind(fn->def.kind),
 		    (fn->def.flags & CACHEW_OP_RANDOM) ? "random" : "",
 		    fn->builtin ? "built-in" : "registered");
+		if (fn->def.doc != NULL)
+			printf("        %s\n", fn->def.doc);
 	}
 }
 
@@ -981,13 +983,16 @@ ops_markdown(void)
 	       "Named functions for `map`, `filter`, `flat_map` and "
 	       "`interleave`. Extra `key=value`\npairs of the stage go to the "
 	       "function (e.g. `map(add, value=1)`).\n\n"
-	       "| function | kind | random | origin |\n|---|---|---|---|\n");
+	       "| function | kind | random | origin | what it does |\n"
+	       "|---|---|---|---|---|\n");
 	for (size_t i = 0; i < cwi_fn_count(); i++) {
 		const cwi_fn *fn = cwi_fn_at(i);
-		printf("| `%s` | %s | %s | %s |\n", fn->name,
+		printf("| `%s` | %s | %s | %s | ", fn->name,
 		    fn_kind(fn->def.kind),
 		    (fn->def.flags & CACHEW_OP_RANDOM) ? "yes" : "no",
 		    fn->builtin ? "built-in" : "registered");
+		md_cell(fn->def.doc != NULL ? fn->def.doc : "");
+		printf(" |\n");
 	}
 }
 
