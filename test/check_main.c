@@ -18,6 +18,9 @@ main(void)
 	srunner_add_suite(sr, cwt_sources_suite());
 	srunner_add_suite(sr, cwt_exec_suite());
 	srunner_add_suite(sr, cwt_cli_suite());
+	srunner_add_suite(sr, cwt_formats_suite());
+	srunner_add_suite(sr, cwt_io_suite());
+	srunner_add_suite(sr, cwt_image_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

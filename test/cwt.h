@@ -17,6 +17,9 @@ Suite *cwt_ops_suite(void);
 Suite *cwt_sources_suite(void);
 Suite *cwt_exec_suite(void);
 Suite *cwt_cli_suite(void);
+Suite *cwt_formats_suite(void);
+Suite *cwt_io_suite(void);
+Suite *cwt_image_suite(void);
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when
