@@ -443,9 +443,33 @@ core_seed_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	return CACHEW_OK;
 }
 
+static cachew_err
+core_null_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	(void)ctx;
+	(void)out;
+	cachew_element_release(in);
+	return CACHEW_OK; /* a buggy function: success without a result */
+}
+
+static cachew_err
+core_filter_fail(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	if (cwt_i64(in, 0) == 7)
+		return cachew_op_ctx_fail(ctx, "seven is not allowed");
+	*keep = 1;
+	return CACHEW_OK;
+}
+
 static void
 register_core_ops(void)
 {
+	static const cachew_op_def null_map = {.name = "core_test_null",
+	    .kind = CACHEW_OP_MAP, .map = core_null_map};
+	static const cachew_op_def filter_fail = {.name = "core_test_ffail",
+	    .kind = CACHEW_OP_FILTER, .filter = core_filter_fail};
+	ck_assert_int_eq(cachew_op_register(&null_map), CACHEW_OK);
+	ck_assert_int_eq(cachew_op_register(&filter_fail), CACHEW_OK);
 	static const cachew_op_def fail = {
 	    .name = "core_test_fail", .kind = CACHEW_OP_MAP, .map = core_fail_map};
 	static const cachew_op_def seed = {.name = "core_test_seed",
@@ -633,6 +657,77 @@ START_TEST(error_mid_chunk_delivers_the_elements_before_it)
 }
 END_TEST
 
+/* Elements delivered before the pipeline's error, and the error. */
+static size_t
+count_before_error(const char *pipeline, cachew_err *err, char *msg,
+    size_t len)
+{
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_options *o = cwt_opts(1, 2);
+	size_t n = 0;
+
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK, "%s: %s",
+	    pipeline, cachew_errmsg());
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while ((*err = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_int_eq(cwt_i64(e, 0), (int64_t)n + 3);
+		cachew_element_release(e);
+		n++;
+	}
+	snprintf(msg, len, "%s", cachew_iterator_errmsg(it));
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return n;
+}
+
+START_TEST(every_operator_delivers_the_elements_before_an_error)
+{
+	/* Values start at 3 so the failing 7 falls inside the consumer's
+	 * third request [6, 7, 8, 9], not at a chunk boundary. */
+	static const char *const pipelines[] = {
+	    "range(3, 100) | map(core_test_fail)",
+	    "range(3, 100) | map(core_test_fail, parallel=2)",
+	    "range(3, 100) | filter(core_test_ffail)",
+	    "range(3, 100) | map(core_test_fail) | shuffle(buffer=1)",
+	    "range(3, 100) | map(core_test_fail) | zip(range(100))",
+	    "range(3, 100) | map(core_test_fail) | prefetch(4)",
+	    "range(3, 100) | map(core_test_fail) | take(50)",
+	};
+	char msg[512];
+	cachew_err err;
+
+	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {
+		size_t n = count_before_error(pipelines[i], &err, msg,
+		    sizeof(msg));
+		ck_assert_msg(n == 4, "%s delivered %zu, not 4", pipelines[i], n);
+		ck_assert_int_eq(err, CACHEW_EOP);
+		ck_assert_ptr_nonnull(strstr(msg, "seven is not allowed"));
+	}
+}
+END_TEST
+
+START_TEST(a_function_returning_nothing_is_an_error)
+{
+	char msg[512];
+	cachew_err err;
+	size_t n;
+
+	n = count_before_error("range(3, 10) | map(core_test_null)", &err, msg,
+	    sizeof(msg));
+	ck_assert_uint_eq(n, 0);
+	ck_assert_int_eq(err, CACHEW_EOP);
+	ck_assert_str_eq(msg,
+	    "map(core_test_null): returned no element (element 0)");
+	n = count_before_error("range(3, 10) | map(core_test_null, parallel=2)",
+	    &err, msg, sizeof(msg));
+	ck_assert_uint_eq(n, 0);
+	ck_assert_int_eq(err, CACHEW_EOP);
+}
+END_TEST
+
 START_TEST(end_of_sequence_is_sticky)
 {
 	cachew_dataset *ds = range_map(3, "add");
@@ -771,6 +866,8 @@ cwt_core_suite(void)
 	tcase_add_test(tc, fingerprint_covers_data_not_speed);
 	tcase_add_test(tc, map_error_stops_iterator_with_message);
 	tcase_add_test(tc, error_mid_chunk_delivers_the_elements_before_it);
+	tcase_add_test(tc, every_operator_delivers_the_elements_before_an_error);
+	tcase_add_test(tc, a_function_returning_nothing_is_an_error);
 	tcase_add_test(tc, end_of_sequence_is_sticky);
 	tcase_add_test(tc, random_streams_follow_seed_and_index);
 	tcase_add_test(tc, stats_count_every_node);

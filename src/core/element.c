@@ -72,6 +72,9 @@ cache_drain(void *arg)
 		}
 		c->count[n] = 0;
 	}
+	/* A later destructor may still free or allocate elements: the next
+	 * push registers again and glibc runs the destructors once more. */
+	c->registered = false;
 }
 
 static void

@@ -546,12 +546,22 @@ cachew_tensor_wrap(cachew_tensor **out, cachew_dtype dtype, unsigned rank,
 	if (want != nbytes)
 		return cwi_fail(CACHEW_EINVAL,
 		    "nbytes is %zu but the shape needs %zu", nbytes, want);
+	/* Allocate the handle first: once the buffer owns `data`, a failure
+	 * would free it, and the caller still owns it on failure. */
+	cwi_tensor *t = malloc(sizeof(*t));
+	if (t == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	tensor_reset(&v, dtype, rank, shape);
 	rv = cwi_buffer_wrap(&v.buf, data, nbytes,
 	    free_fn != NULL ? free_fn : buffer_noop_free, ctx);
-	if (rv != CACHEW_OK)
+	if (rv != CACHEW_OK) {
+		free(t);
 		return rv;
-	return tensor_handle(out, &v);
+	}
+	*t = v;
+	t->heap = 1;
+	*out = t;
+	return CACHEW_OK;
 }
 
 cachew_err

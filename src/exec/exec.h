@@ -172,7 +172,12 @@ static inline cachew_err
 cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
     cwi_element *in, cwi_element **out)
 {
-	cachew_err rv = ctx->fn->def.map(ctx, in, out);
+	cachew_err rv;
+
+	*out = NULL;
+	rv = ctx->fn->def.map(ctx, in, out);
+	if (rv == CACHEW_OK && *out == NULL)
+		rv = cachew_op_ctx_fail(ctx, "returned no element");
 	if (rv != CACHEW_OK)
 		return cwi_fn_failed(ctx, node, pl, rv);
 	return CACHEW_OK;

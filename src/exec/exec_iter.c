@@ -356,9 +356,13 @@ cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 			s->eof = true;
 			break;
 		}
+		if (rv == CACHEW_OK && e == NULL)
+			rv = cachew_op_ctx_fail(&s->ctx, "yielded no element");
 		if (rv != CACHEW_OK) {
-			for (size_t i = 0; i < got; i++)
-				cwi_element_release(out->v[--out->n]);
+			/* A function that fails owns nothing it set; what it
+			 * yielded before comes first (exec.h). */
+			cwi_element_release(e);
+			s->eof = true;
 			return cwi_fn_failed(&s->ctx, node, pl, rv);
 		}
 		cwi_chunk_push(out, e);

@@ -3,7 +3,7 @@
  * function operators (built-in, registered from C, loaded from plugins).
  *
  * Locking: reg_lock protects the function table and the list of loaded
- * plugins. Built-in tables are read-only. Function entries are never freed
+ * plugins; load_lock serialises plugin loads (taken before reg_lock). Built-in tables are read-only. Function entries are never freed
  * or moved once registered, so a resolved cwi_fn pointer stays valid.
  */
 #include "graph.h"
@@ -16,6 +16,9 @@
 
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Serialises whole plugin loads (check, dlopen, init, record), so two
+ * threads loading one path run its init once. Order: load_lock, reg_lock. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const cwi_dataset_op *const *const op_tables[] = {
     cwi_source_ops, cwi_transform_ops, cwi_exec_ops};
@@ -25,7 +28,12 @@ static size_t ndataset_ops;
 static cwi_fn **fns;
 static size_t nfns, capfns;
 
-static char **plugins;
+typedef struct plugin_rec {
+	char *path; /* realpath */
+	cachew_err rv; /* what its init returned */
+} plugin_rec;
+
+static plugin_rec *plugins;
 static size_t nplugins;
 
 static bool
@@ -208,57 +216,81 @@ cachew_op_register(const cachew_op_def *def)
 	return rv;
 }
 
+/* Records a load's outcome; returns false on ENOMEM. reg_lock held. */
+static bool
+plugin_record(const char *real, cachew_err rv)
+{
+	plugin_rec *p = realloc(plugins, (nplugins + 1) * sizeof(*p));
+	if (p == NULL)
+		return false;
+	plugins = p;
+	plugins[nplugins].path = cwi_strdup(real);
+	plugins[nplugins].rv = rv;
+	if (plugins[nplugins].path == NULL)
+		return false;
+	nplugins++;
+	return true;
+}
+
 cachew_err
 cachew_plugin_load(const char *path)
 {
 	char real[PATH_MAX];
 	cachew_plugin_init_fn init;
 	void *handle;
-	char **p;
-	cachew_err rv;
+	cachew_err rv = CACHEW_OK;
+	bool seen = false;
 
 	pthread_once(&reg_once, reg_init);
 	cwi_clear_errmsg();
 	if (path == NULL || realpath(path, real) == NULL)
 		return cwi_fail(CACHEW_ENOENT, "plugin '%s' not found",
 		    path != NULL ? path : "(null)");
+	pthread_mutex_lock(&load_lock);
 	pthread_mutex_lock(&reg_lock);
-	for (size_t i = 0; i < nplugins; i++) {
-		if (strcmp(plugins[i], real) == 0) {
-			pthread_mutex_unlock(&reg_lock);
-			return CACHEW_OK;
+	for (size_t i = 0; i < nplugins && !seen; i++) {
+		if (strcmp(plugins[i].path, real) == 0) {
+			seen = true;
+			rv = plugins[i].rv;
 		}
 	}
 	pthread_mutex_unlock(&reg_lock);
+	if (seen) {
+		pthread_mutex_unlock(&load_lock);
+		if (rv != CACHEW_OK)
+			return cwi_fail(rv, "plugin '%s' failed to initialise "
+			    "when it was first loaded", path);
+		return CACHEW_OK;
+	}
 
 	/* The init function registers through cachew_op_register, which takes
-	 * reg_lock itself: call it unlocked. */
+	 * reg_lock itself: call it with only load_lock held. */
 	handle = dlopen(real, RTLD_NOW | RTLD_LOCAL);
-	if (handle == NULL)
+	if (handle == NULL) {
+		pthread_mutex_unlock(&load_lock);
 		return cwi_fail(CACHEW_EINVAL, "cannot load plugin '%s': %s",
 		    path, dlerror());
+	}
 	*(void **)&init = dlsym(handle, CACHEW_PLUGIN_INIT_SYMBOL);
 	if (init == NULL) {
 		dlclose(handle);
+		pthread_mutex_unlock(&load_lock);
 		return cwi_fail(CACHEW_ENOENT, "plugin '%s' has no symbol %s",
 		    path, CACHEW_PLUGIN_INIT_SYMBOL);
 	}
 	rv = init(CACHEW_VERSION_NUMBER);
-	if (rv != CACHEW_OK) {
-		/* Operators it registered stay: entries are never freed. */
-		return cwi_fail(rv, "plugin '%s' failed to initialise: %s", path,
+	if (rv != CACHEW_OK)
+		rv = cwi_fail(rv, "plugin '%s' failed to initialise: %s", path,
 		    cwi_errmsg_get()[0] != '\0' ? cwi_errmsg_get()
 						: cachew_strerror(rv));
-	}
+	/* Recorded either way: the operators it registered stay (entries are
+	 * never freed), so loading it again must not run init again. */
 	pthread_mutex_lock(&reg_lock);
-	p = realloc(plugins, (nplugins + 1) * sizeof(char *));
-	if (p != NULL) {
-		plugins = p;
-		plugins[nplugins] = cwi_strdup(real);
-		if (plugins[nplugins] != NULL)
-			nplugins++;
-	}
+	if (!plugin_record(real, rv) && rv == CACHEW_OK)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	pthread_mutex_unlock(&reg_lock);
-	cwi_log(CACHEW_LOG_INFO, "registry", "loaded plugin %s", real);
-	return CACHEW_OK;
+	pthread_mutex_unlock(&load_lock);
+	if (rv == CACHEW_OK)
+		cwi_log(CACHEW_LOG_INFO, "registry", "loaded plugin %s", real);
+	return rv;
 }

@@ -49,10 +49,10 @@ filter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			rv = cwi_apply_filter(&f->ctx, it->node, it->pl, e,
 			    &keep);
 			if (rv != CACHEW_OK) {
-				/* [n0, w) kept, [w, i) gone, [i, n) unseen. */
-				release_range(out, n0, w);
+				/* [n0, w) kept: delivered before the error
+				 * (exec.h); [w, i) gone, [i, n) unseen. */
 				release_range(out, i, out->n);
-				out->n = n0;
+				out->n = w;
 				return rv;
 			}
 			if (keep)
@@ -184,8 +184,7 @@ flat_map_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	}
 	return out->n > n0 ? CACHEW_OK : CACHEW_EOF;
 fail:
-	release_range(out, n0, out->n);
-	out->n = n0;
+	/* What was produced before the failure is delivered first. */
 	return rv;
 }
 

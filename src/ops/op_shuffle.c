@@ -73,13 +73,8 @@ shuffle_next(cwi_iter *it, cwi_chunk *out, size_t max)
 
 	while (got < max) {
 		rv = fill(s, max - got);
-		if (rv != CACHEW_OK) {
-			/* Drop this call's output: the contract says an error
-			 * appends nothing. */
-			while (got-- > 0)
-				cwi_element_release(out->v[--out->n]);
-			return rv;
-		}
+		if (rv != CACHEW_OK)
+			return rv; /* what was drawn comes first (exec.h) */
 		if (s->buf.n == 0)
 			break;
 		size_t i = (size_t)cwi_rng_below(&s->rng, s->buf.n);

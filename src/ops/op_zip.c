@@ -53,6 +53,7 @@ typedef struct zip_input {
 	cwi_chunk st; /* pulled: st.v[pos..n) not yet zipped */
 	size_t pos;
 	bool done;
+	cachew_err err; /* the input's error, due once st is used up */
 } zip_input;
 
 typedef struct zip_iter {
@@ -77,10 +78,14 @@ zip_fill(zip_input *in, size_t k)
 			in->pos = 0;
 		}
 		rv = cwi_iter_next(in->it, &in->st, k - have);
-		if (rv == CACHEW_EOF)
+		if (rv == CACHEW_EOF) {
 			in->done = true;
-		else if (rv != CACHEW_OK)
-			return rv;
+		} else if (rv != CACHEW_OK) {
+			/* Zip what came before the error; report it when
+			 * this input is used up. */
+			in->done = true;
+			in->err = rv;
+		}
 		have = in->st.n - in->pos;
 	}
 	return CACHEW_OK;
@@ -122,26 +127,26 @@ static cachew_err
 zip_next(cwi_iter *it, cwi_chunk *out, size_t max)
 {
 	zip_iter *z = (zip_iter *)it;
-	size_t k = max, n0 = out->n;
+	size_t k = max;
 	cachew_err rv;
 
 	/* k shrinks to what the shortest input has; once it is 0 the later
 	 * inputs are not pulled at all. */
 	for (size_t i = 0; i < z->ninputs && k > 0; i++) {
-		rv = zip_fill(&z->in[i], k);
+		zip_input *in = &z->in[i];
+		rv = zip_fill(in, k);
 		if (rv != CACHEW_OK)
 			return rv;
-		if (z->in[i].st.n - z->in[i].pos < k)
-			k = z->in[i].st.n - z->in[i].pos;
+		if (in->st.n - in->pos < k)
+			k = in->st.n - in->pos;
+		if (k == 0 && in->err != CACHEW_OK)
+			return in->err;
 	}
 	for (size_t j = 0; j < k; j++) {
 		cwi_element *e = NULL;
 		rv = zip_one(z, &e);
-		if (rv != CACHEW_OK) {
-			release_range(out, n0, out->n);
-			out->n = n0;
-			return rv;
-		}
+		if (rv != CACHEW_OK)
+			return rv; /* earlier ones are delivered first */
 		cwi_chunk_push(out, e);
 	}
 	return k > 0 ? CACHEW_OK : CACHEW_EOF;
@@ -264,8 +269,9 @@ concat_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		if (concat_matches(ci, out->v[i]))
 			continue;
 		cwi_element_spec_str(out->v[i], spec, sizeof(spec));
-		release_range(out, n0, out->n);
-		out->n = n0;
+		/* [n0, i) matched: delivered before the error (exec.h). */
+		release_range(out, i, out->n);
+		out->n = i;
 		return cwi_pipeline_fail(it->pl, CACHEW_ETYPE,
 		    "concatenate: element %llu of the second input is %s, "
 		    "expected %s like the first input's elements",
@@ -338,10 +344,12 @@ enumerate_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	rv = cwi_iter_next(en->input, out, max);
 	if (rv != CACHEW_OK)
 		return rv;
+	size_t fail_at = n0;
 	for (size_t i = n0; i < out->n; i++) {
 		cwi_element *src = out->v[i], *e;
 		bool unique;
 
+		fail_at = i;
 		if (src->n >= CACHEW_MAX_COMPONENTS) {
 			rv = cwi_pipeline_fail(it->pl, CACHEW_ETYPE,
 			    "enumerate: element %llu already has %u components, "
@@ -365,8 +373,9 @@ enumerate_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	}
 	return CACHEW_OK;
 fail:
-	release_range(out, n0, out->n);
-	out->n = n0;
+	/* [n0, i) are enumerated and delivered first; drop the rest. */
+	release_range(out, fail_at, out->n);
+	out->n = fail_at;
 	return rv;
 }
 
