@@ -4,6 +4,8 @@
  */
 #include "graph.h"
 
+#include "../io/io.h"
+
 #include <errno.h>
 #include <glob.h>
 #include <math.h>
@@ -332,36 +334,71 @@ hash_value(XXH3_state_t *st, const cwi_value *v)
 	}
 }
 
-/* The identity of input files: path, size and modification time. Remote
- * URLs and patterns that match nothing are hashed as text: the data issue's
- * remote sources add their own identity (ETags). */
+/* True for an s3:// or gs:// pattern with glob characters in its key. */
+static bool
+is_remote_glob(const char *pat)
+{
+	const char *key;
+
+	if (!cwi_io_can_list(pat))
+		return false;
+	key = strchr(pat + 5, '/');
+	return key != NULL && strpbrk(key, "*?[") != NULL;
+}
+
+/* The identity of input files: path, size and modification time; for
+ * s3:// and gs:// globs the listing's size and ETag, which come with the
+ * expansion at no extra cost. Other URLs and patterns that match nothing
+ * are hashed as text. */
 static void
 hash_files(XXH3_state_t *st, const cwi_value *files)
 {
-	size_t npat = 0, n = 0;
+	size_t npat = 0;
 	const char **pats = cwi_value_str_list(files, &npat);
-	char **paths = NULL;
 	struct stat sb;
 
 	if (pats == NULL)
 		return;
-	if (cwi_paths_expand(pats, npat, &paths, &n) != CACHEW_OK) {
-		hash_bytes(st, 'M', "missing", 7);
-		free(pats);
-		cwi_clear_errmsg();
-		return;
-	}
-	for (size_t i = 0; i < n; i++) {
-		int64_t meta[3] = {0, 0, 0};
-		hash_bytes(st, 'p', paths[i], strlen(paths[i]));
-		if (strstr(paths[i], "://") == NULL && stat(paths[i], &sb) == 0) {
-			meta[0] = (int64_t)sb.st_size;
-			meta[1] = (int64_t)sb.st_mtim.tv_sec;
-			meta[2] = (int64_t)sb.st_mtim.tv_nsec;
+	for (size_t k = 0; k < npat; k++) {
+		cwi_io_entry *ents = NULL;
+		char **paths = NULL;
+		size_t n = 0;
+
+		if (is_remote_glob(pats[k])) {
+			if (cwi_io_list(pats[k], NULL, &ents, &n) != CACHEW_OK) {
+				hash_bytes(st, 'M', "missing", 7);
+				cwi_clear_errmsg();
+				continue;
+			}
+			for (size_t i = 0; i < n; i++) {
+				int64_t meta[3] = {ents[i].size, 0, 0};
+				hash_bytes(st, 'p', ents[i].url, strlen(ents[i].url));
+				if (ents[i].etag != NULL)
+					hash_bytes(st, 'E', ents[i].etag,
+					    strlen(ents[i].etag));
+				hash_bytes(st, 'F', meta, sizeof(meta));
+			}
+			cwi_io_entries_free(ents, n);
+			continue;
 		}
-		hash_bytes(st, 'F', meta, sizeof(meta));
+		if (cwi_paths_expand(&pats[k], 1, &paths, &n) != CACHEW_OK) {
+			hash_bytes(st, 'M', "missing", 7);
+			cwi_clear_errmsg();
+			continue;
+		}
+		for (size_t i = 0; i < n; i++) {
+			int64_t meta[3] = {0, 0, 0};
+			hash_bytes(st, 'p', paths[i], strlen(paths[i]));
+			if (strstr(paths[i], "://") == NULL &&
+			    stat(paths[i], &sb) == 0) {
+				meta[0] = (int64_t)sb.st_size;
+				meta[1] = (int64_t)sb.st_mtim.tv_sec;
+				meta[2] = (int64_t)sb.st_mtim.tv_nsec;
+			}
+			hash_bytes(st, 'F', meta, sizeof(meta));
+		}
+		cwi_paths_free(paths);
 	}
-	cwi_paths_free(paths);
 	free(pats);
 }
 
@@ -645,6 +682,23 @@ paths_push(char ***paths, size_t *n, size_t *cap, const char *s)
 	return CACHEW_OK;
 }
 
+/* An s3:// or gs:// glob, expanded by listing the bucket. */
+static cachew_err
+paths_push_listing(char ***paths, size_t *n, size_t *cap, const char *pat)
+{
+	cwi_io_entry *ents = NULL;
+	size_t nents = 0;
+	cachew_err rv;
+
+	rv = cwi_io_list(pat, NULL, &ents, &nents);
+	if (rv == CACHEW_OK && nents == 0)
+		rv = cwi_fail(CACHEW_ENOENT, "no objects match '%s'", pat);
+	for (size_t j = 0; j < nents && rv == CACHEW_OK; j++)
+		rv = paths_push(paths, n, cap, ents[j].url);
+	cwi_io_entries_free(ents, nents);
+	return rv;
+}
+
 cachew_err
 cwi_paths_expand(
     const char *const *patterns, size_t npatterns, char ***out, size_t *nout)
@@ -660,6 +714,10 @@ cwi_paths_expand(
 		glob_t g;
 		int grv;
 
+		if (is_remote_glob(pat)) {
+			rv = paths_push_listing(&paths, &n, &cap, pat);
+			continue;
+		}
 		if (strstr(pat, "://") != NULL) {
 			rv = paths_push(&paths, &n, &cap, pat);
 			continue;

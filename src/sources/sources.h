@@ -20,6 +20,9 @@ extern const cachew_op_def cwi_fn_text_lines;
 extern const cachew_op_def cwi_fn_fixed_length_records;
 extern const cachew_op_def cwi_fn_read_file;
 
+extern const cwi_dataset_op cwi_op_tfrecord;   /* src_tfrecord.c */
+extern const cachew_op_def cwi_fn_tfrecord;    /* src_tfrecord.c */
+
 /* ---- literals (src_literal.c) ------------------------------------------- */
 
 /* Converts one literal value into an element: a top-level tuple gives one
@@ -53,7 +56,7 @@ typedef struct cwi_rec_config {
 typedef struct cwi_rec_reader {
 	cwi_rec_config cfg;
 	char *path;
-	int fd;
+	struct cwi_file *file; /* src/io; NULL when closed */
 	cwi_buffer *block; /* bytes [0, len) are valid; pos is the next one */
 	size_t pos, len;
 	size_t scanned;    /* text: [pos, scanned) holds no newline */
@@ -65,10 +68,11 @@ typedef struct cwi_rec_reader {
 
 /* Prepares a closed reader (safe to close). */
 void cwi_rec_init(cwi_rec_reader *r, const cwi_rec_config *cfg);
-/* Opens path (len bytes, need not be NUL-terminated; "file://" is
- * stripped). CACHEW_ENOENT when the file does not exist, CACHEW_ENOTSUP for
- * other URLs, CACHEW_ECORRUPT when a fixed-length body is not a multiple of
- * the record length, CACHEW_EIO otherwise; r->errmsg names the file. */
+/* Opens path (len bytes, need not be NUL-terminated; a local path or a
+ * file://, http(s)://, s3:// or gs:// URL, read through src/io).
+ * CACHEW_ENOENT when the file does not exist, CACHEW_ECORRUPT when a
+ * fixed-length body is not a multiple of the record length, the io error
+ * otherwise; r->errmsg names the file. */
 cachew_err cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len);
 /* The next record as a bytes scalar in *out (a new reference), CACHEW_EOF
  * at the end of the file, or an error described by r->errmsg. */
@@ -86,5 +90,58 @@ cachew_err cwi_rec_config_from_params(const cachew_params *params, bool fixed,
  * NUL-terminated string (free with free), or an error in ctx. */
 cachew_err cwi_input_path(
     cachew_op_ctx *ctx, const cwi_element *in, char **path);
+
+/* ---- TFRecord (src_tfrecord.c; docs/formats.md) --------------------------- */
+
+/* Framing: u64 LE length, u32 masked CRC32C of those 8 bytes, the data,
+ * u32 masked CRC32C of the data. */
+#define CWI_TFRECORD_HEADER 12
+#define CWI_TFRECORD_FOOTER 4
+/* The longest record accepted: 1 GiB. */
+#define CWI_TFRECORD_MAX_LEN ((uint64_t)CWI_READ_BLOCK_MAX)
+
+/* Writes the 12-byte header of a record of len bytes. */
+void cwi_tfrecord_header(uint8_t hdr[CWI_TFRECORD_HEADER], uint64_t len);
+/* Writes the 4-byte footer (masked CRC32C) of the data. */
+void cwi_tfrecord_footer(
+    uint8_t ftr[CWI_TFRECORD_FOOTER], const void *data, size_t len);
+
+typedef struct cwi_tfr_config {
+	bool gzip;         /* the file is gzip (one or more members) */
+	bool verify;       /* check data checksums */
+	bool skip_corrupt; /* skip corrupt records, counted, with a warning */
+	int64_t buffer_size; /* bytes per block; <= 0: CWI_READ_BLOCK */
+} cwi_tfr_config;
+
+/*
+ * Reads the records of one TFRecord file as bytes scalars that view its
+ * read blocks. A corrupt or truncated record is CACHEW_ECORRUPT with an
+ * errmsg "path: record at byte N: reason" (N counts decompressed bytes for
+ * gzip), unless skip_corrupt. One thread at a time.
+ */
+typedef struct cwi_tfr_reader cwi_tfr_reader;
+
+/* Opens a file ("file://" is stripped). On failure *out may still hold a
+ * reader whose errmsg names the file and the reason (close it); when *out
+ * is NULL the reason is in cachew_errmsg(). */
+cachew_err cwi_tfr_open(
+    cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path);
+/* Reads `len` bytes of memory (borrowed until close) as the file `name`:
+ * what the fuzzer and the tests use. Errors as cwi_tfr_open. */
+cachew_err cwi_tfr_open_mem(cwi_tfr_reader **out, const cwi_tfr_config *cfg,
+    const char *name, const void *data, size_t len);
+/* The next record in *out (a new reference), CACHEW_EOF at the end, or an
+ * error described by cwi_tfr_errmsg(). Errors are sticky. */
+cachew_err cwi_tfr_next(cwi_tfr_reader *r, cwi_tensor *out);
+const char *cwi_tfr_errmsg(const cwi_tfr_reader *r);
+/* Corrupt records skipped so far (skip_corrupt). */
+uint64_t cwi_tfr_skipped(const cwi_tfr_reader *r);
+/* NULL is a no-op. */
+void cwi_tfr_close(cwi_tfr_reader *r);
+
+/* The configuration of the tfrecord function from its params; writes a
+ * reason into err on failure. */
+cachew_err cwi_tfr_config_from_params(const cachew_params *params,
+    cwi_tfr_config *cfg, char *err, size_t errlen);
 
 #endif /* CWI_SOURCES_H */

@@ -1,16 +1,15 @@
 /*
  * src_files.c - list_files(files, shuffle, seed): the paths matching glob
- * patterns as bytes scalars; read_file: the map function (and its dataset
- * alias) that replaces a path by the whole contents of the file.
+ * patterns (local, or s3:// and gs:// listings) as bytes scalars;
+ * read_file: the map function (and its dataset alias) that replaces a path
+ * or URL by the whole contents of the file, read through src/io.
  */
 #include "sources.h"
 
-#include <errno.h>
-#include <fcntl.h>
+#include "../io/io.h"
+
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- list_files ----------------------------------------------------------- */
 
@@ -172,69 +171,6 @@ const cwi_dataset_op cwi_op_list_files = {
 
 /* ---- read_file -------------------------------------------------------------- */
 
-/* Reads all of fd into a new buffer. A regular file is read in one
- * allocation of the size it has when opened; other files (pipes, /proc)
- * grow the buffer until the end. */
-static cachew_err
-read_all(cachew_op_ctx *ctx, const char *path, int fd, cwi_buffer **out,
-    size_t *len)
-{
-	struct stat sb;
-	cwi_buffer *b = NULL;
-	size_t got = 0;
-	bool regular;
-	cachew_err rv;
-
-	if (fstat(fd, &sb) != 0)
-		goto io_error;
-	if (S_ISDIR(sb.st_mode)) {
-		cachew_op_ctx_fail(ctx, "%s: is a directory, not a file", path);
-		return CACHEW_EIO;
-	}
-	regular = S_ISREG(sb.st_mode);
-	for (;;) {
-		ssize_t n;
-		if (b == NULL || (got == b->size && !regular)) {
-			size_t cap = b == NULL ? (regular ? (size_t)sb.st_size
-							  : 65536)
-					       : 2 * b->size;
-			cwi_buffer *nb;
-			rv = cwi_buffer_alloc(&nb, cap, false);
-			if (rv != CACHEW_OK) {
-				cwi_buffer_unref(b);
-				cachew_op_ctx_fail(ctx,
-				    "%s: out of memory for %zu bytes", path, cap);
-				return rv;
-			}
-			if (got > 0)
-				memcpy(nb->data, b->data, got);
-			cwi_buffer_unref(b);
-			b = nb;
-		}
-		if (got == b->size)
-			break;
-		n = read(fd, b->data + got, b->size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int err = errno;
-			cwi_buffer_unref(b);
-			cachew_op_ctx_fail(ctx, "%s: read failed at byte offset "
-			    "%zu: %s", path, got, strerror(err));
-			return CACHEW_EIO;
-		}
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	*out = b;
-	*len = got;
-	return CACHEW_OK;
-io_error:
-	cachew_op_ctx_fail(ctx, "%s: %s", path, strerror(errno));
-	return CACHEW_EIO;
-}
-
 static cachew_err
 read_file_init(
     const cachew_params *params, void **state, char *err, size_t errlen)
@@ -256,23 +192,18 @@ read_file_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	cwi_buffer *b = NULL;
 	char *path = NULL;
 	size_t len = 0;
-	int fd = -1;
 	cachew_err rv;
 
 	rv = cwi_input_path(ctx, in, &path);
 	if (rv != CACHEW_OK)
 		goto fail;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rv = errno == ENOENT || errno == ENOTDIR ? CACHEW_ENOENT
-							 : CACHEW_EIO;
-		cachew_op_ctx_fail(ctx, "%s: %s", path, strerror(errno));
+	/* One allocation of the file's size when it is known (regular files,
+	 * HTTP responses with a length); the message names the path. */
+	rv = cwi_file_read_all(path, NULL, &b, &len);
+	if (rv != CACHEW_OK) {
+		cachew_op_ctx_fail(ctx, "%s", cwi_errmsg_get());
 		goto fail;
 	}
-	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-	rv = read_all(ctx, path, fd, &b, &len);
-	if (rv != CACHEW_OK)
-		goto fail;
 	e = cwi_element_make_unique(in);
 	in = NULL;
 	if (e == NULL) {
@@ -283,14 +214,11 @@ read_file_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	cwi_tensor_clear(&e->comp[0]);
 	cwi_tensor_init_bytes_view(&e->comp[0], b, 0, len);
 	cwi_buffer_unref(b);
-	close(fd);
 	free(path);
 	*out = e;
 	return CACHEW_OK;
 fail:
 	cwi_buffer_unref(b);
-	if (fd >= 0)
-		close(fd);
 	free(path);
 	cwi_element_release(in);
 	return rv;

@@ -1,30 +1,17 @@
 /*
  * src_reader.c - the record reader shared by the text_lines and
  * fixed_length_records sources and functions: large sequential reads into
- * refcounted blocks, records handed out as zero-copy views of them.
+ * refcounted blocks, records handed out as zero-copy views of them. Files
+ * are read through src/io, so every source reads local paths and remote
+ * URLs (http, https, s3, gs) alike.
  */
 #include "sources.h"
 
-#include <errno.h>
-#include <fcntl.h>
+#include "../io/io.h"
+
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-static cachew_err
-errno_code(int err)
-{
-	switch (err) {
-	case ENOENT:
-	case ENOTDIR:
-		return CACHEW_ENOENT;
-	case ENOMEM:
-		return CACHEW_ENOMEM;
-	default:
-		return CACHEW_EIO;
-	}
-}
 
 static cachew_err
 rec_fail(cwi_rec_reader *r, cachew_err err, const char *fmt, ...)
@@ -51,15 +38,13 @@ cwi_rec_init(cwi_rec_reader *r, const cwi_rec_config *cfg)
 {
 	memset(r, 0, sizeof(*r));
 	r->cfg = *cfg;
-	r->fd = -1;
 }
 
 void
 cwi_rec_close(cwi_rec_reader *r)
 {
-	if (r->fd >= 0)
-		close(r->fd);
-	r->fd = -1;
+	cwi_file_close(r->file);
+	r->file = NULL;
 	cwi_buffer_unref(r->block);
 	r->block = NULL;
 	free(r->path);
@@ -101,10 +86,39 @@ rec_check_fixed(cwi_rec_reader *r, uint64_t size)
 	return CACHEW_OK;
 }
 
+/* Copies this thread's io error into r->errmsg and returns err. */
+static cachew_err
+rec_io_fail(cwi_rec_reader *r, cachew_err err)
+{
+	snprintf(r->errmsg, sizeof(r->errmsg), "%s", cwi_errmsg_get());
+	return err;
+}
+
+/* Fixed-length files with a header read from the header's end: local
+ * files by offset, remote ones with a ranged request. */
+static cachew_err
+rec_skip_header(cwi_rec_reader *r, uint64_t size)
+{
+	uint64_t hdr = (uint64_t)r->cfg.header_bytes;
+	cwi_file *f;
+	cachew_err rv;
+
+	if (hdr == 0)
+		return CACHEW_OK;
+	(void)size;
+	rv = cwi_file_open_range(&f, r->path, hdr, r->end - hdr, NULL);
+	if (rv != CACHEW_OK)
+		return rec_io_fail(r, rv);
+	cwi_file_close(r->file);
+	r->file = f;
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len)
 {
-	struct stat sb;
+	int64_t size;
+	cachew_err rv;
 
 	cwi_rec_close(r);
 	r->errmsg[0] = '\0';
@@ -113,24 +127,33 @@ cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len)
 		len -= 7;
 	}
 	r->path = cwi_strndup(path, len);
-	if (r->path == NULL)
-		return rec_fail(r, CACHEW_ENOMEM, "out of memory");
+	if (r->path == NULL) {
+		snprintf(r->errmsg, sizeof(r->errmsg), "?: out of memory");
+		return CACHEW_ENOMEM;
+	}
 	if (strlen(r->path) != len)
 		return rec_fail(r, CACHEW_EINVAL, "the path contains a NUL byte");
-	if (strstr(r->path, "://") != NULL)
-		return rec_fail(r, CACHEW_ENOTSUP,
-		    "remote files are not supported by this build");
-	r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0)
-		return rec_fail(r, errno_code(errno), "%s", strerror(errno));
-	if (fstat(r->fd, &sb) != 0)
-		return rec_fail(r, errno_code(errno), "%s", strerror(errno));
-	if (S_ISDIR(sb.st_mode))
-		return rec_fail(r, CACHEW_EIO, "is a directory, not a file");
-	(void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-	if (r->cfg.record_bytes > 0)
-		return rec_check_fixed(r, (uint64_t)sb.st_size);
-	return CACHEW_OK;
+	rv = cwi_file_open(&r->file, r->path, NULL);
+	if (rv != CACHEW_OK)
+		return rec_io_fail(r, rv);
+	if (r->cfg.record_bytes == 0)
+		return CACHEW_OK;
+	size = cwi_file_size(r->file);
+	if (size < 0) {
+		/* A chunked response: records are checked as they come;
+		 * a footer cannot be found without the size. */
+		if (r->cfg.footer_bytes > 0 || r->cfg.header_bytes > 0)
+			return rec_fail(r, CACHEW_EIO,
+			    "the server did not send the size, which a header "
+			    "or footer needs");
+		r->file_off = 0;
+		r->end = UINT64_MAX;
+		return CACHEW_OK;
+	}
+	rv = rec_check_fixed(r, (uint64_t)size);
+	if (rv == CACHEW_OK)
+		rv = rec_skip_header(r, (uint64_t)size);
+	return rv;
 }
 
 /*
@@ -165,19 +188,18 @@ rec_refill(cwi_rec_reader *r, size_t cap, uint64_t limit)
 	if (limit > 0 && want > limit)
 		want = (size_t)limit;
 	while (got < want) {
-		ssize_t n = pread(r->fd, b->data + keep + got, want - got,
-		    (off_t)r->file_off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return rec_fail(r, CACHEW_EIO,
-			    "read failed at byte offset %llu: %s",
-			    (unsigned long long)r->file_off, strerror(errno));
+		size_t n = 0;
+		cachew_err rv = cwi_file_read(r->file, b->data + keep + got,
+		    want - got, &n);
+		if (rv != CACHEW_OK) {
+			r->len = keep + got;
+			return rec_io_fail(r, rv);
+		}
 		if (n == 0) {
 			r->eof = true;
 			break;
 		}
-		got += (size_t)n;
+		got += n;
 		r->file_off += (uint64_t)n;
 	}
 	r->len = keep + got;
@@ -268,7 +290,7 @@ rec_next_fixed(cwi_rec_reader *r, cwi_tensor *out)
 cachew_err
 cwi_rec_next(cwi_rec_reader *r, cwi_tensor *out)
 {
-	if (r->fd < 0)
+	if (r->file == NULL)
 		return CACHEW_EOF;
 	return r->cfg.record_bytes > 0 ? rec_next_fixed(r, out)
 				       : rec_next_line(r, out);

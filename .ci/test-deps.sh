@@ -1,0 +1,35 @@
+#!/bin/sh
+# Installs what the test suites need beyond the build dependencies, and
+# says what it does. Idempotent and quick once done:
+#   - s3rver (npm), the S3-compatible server of the io suite's end-to-end
+#     S3 tests, into $CACHEW_NPM_DIR (default build/npm). Without it those
+#     tests skip with a printed reason; nothing fails for its absence.
+# The tests find it at $CACHEW_NPM_DIR/node_modules/.bin/s3rver.
+set -u
+cd "$(dirname "$0")/.."
+dir=${CACHEW_NPM_DIR:-build/npm}
+bin="$dir/node_modules/.bin/s3rver"
+if [ -x "$bin" ]; then
+	echo "test-deps: s3rver present ($bin)"
+	exit 0
+fi
+if ! command -v npm >/dev/null 2>&1; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		echo "test-deps: installing npm (apt-get install -y npm)"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends npm >/dev/null 2>&1 ||
+			{ echo "test-deps: npm unavailable: S3 end-to-end tests will skip"; exit 0; }
+	else
+		echo "test-deps: npm not found: S3 end-to-end tests will skip"
+		exit 0
+	fi
+fi
+mkdir -p "$dir"
+echo "test-deps: npm install --prefix $dir s3rver@3"
+if npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+	s3rver@3 >"$dir/install.log" 2>&1; then
+	echo "test-deps: s3rver installed ($bin)"
+else
+	echo "test-deps: npm install failed (see $dir/install.log): S3 end-to-end tests will skip"
+fi
+exit 0
