@@ -5,7 +5,9 @@
 #include "cwt.h"
 #include "../src/core/core.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -728,6 +730,105 @@ START_TEST(a_function_returning_nothing_is_an_error)
 }
 END_TEST
 
+static char *
+run_bytes(const char *pipeline)
+{
+	cachew_element **v;
+	size_t n, len, used = 0;
+	char err[512], *s = calloc(1, 1 << 16);
+	const void *p;
+
+	ck_assert_msg(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)) ==
+		CACHEW_OK, "%s: %s", pipeline, err);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_int_eq(cachew_tensor_bytes_at(
+				     cachew_element_component(v[i], 0), 0, &p, &len),
+		    CACHEW_OK);
+		used += (size_t)snprintf(s + used, (1 << 16) - used, "%s[%.*s]",
+		    i ? "," : "", (int)len, (const char *)p);
+	}
+	cwt_free(v, n);
+	return s;
+}
+
+START_TEST(text_lines_strip_a_final_carriage_return)
+{
+	char *dir = cwt_tmpdir(), path[256], pipeline[512], *s;
+
+	snprintf(path, sizeof(path), "%s/crlf.txt", dir);
+	cwt_write_file(path, "a\r\nb\r", 5);
+	snprintf(pipeline, sizeof(pipeline), "text_lines(\"%s\")", path);
+	s = run_bytes(pipeline);
+	ck_assert_str_eq(s, "[a],[b]");
+	free(s);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(read_file_reads_procfs_files_of_size_zero)
+{
+	char *s = run_bytes("from_tensors(\"/proc/self/status\") | read_file");
+	ck_assert_ptr_nonnull(strstr(s, "Name:"));
+	free(s);
+}
+END_TEST
+
+static void
+fp_of(const char *pipeline, cachew_fingerprint *fp)
+{
+	cachew_dataset *ds;
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK, "%s: %s",
+	    pipeline, cachew_errmsg());
+	ck_assert_int_eq(cachew_dataset_fingerprint(ds, fp), CACHEW_OK);
+	cachew_dataset_release(ds);
+}
+
+START_TEST(fingerprint_identifies_files_not_spellings)
+{
+	char *dir = cwt_tmpdir(), path[256], p1[512], p2[512], p3[512];
+	cachew_fingerprint a, b, c;
+
+	snprintf(path, sizeof(path), "%s/f.txt", dir);
+	cwt_write_file(path, "x\ny\n", 4);
+	snprintf(p1, sizeof(p1), "text_lines(\"%s/f.txt\")", dir);
+	snprintf(p2, sizeof(p2), "text_lines([\"%s/./f.txt\"])", dir);
+	snprintf(p3, sizeof(p3), "text_lines(\"%s/f*.txt\")", dir);
+	fp_of(p1, &a);
+	fp_of(p2, &b);
+	fp_of(p3, &c);
+	ck_assert(a.hi == b.hi && a.lo == b.lo);
+	ck_assert(a.hi == c.hi && a.lo == c.lo);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(touching_a_file_keeps_seeded_orders)
+{
+	char *dir = cwt_tmpdir(), path[256], pipeline[512], *s1, *s2;
+	cachew_fingerprint f1, f2;
+	struct timespec times[2] = {{1000000000, 0}, {1000000000, 0}};
+
+	snprintf(path, sizeof(path), "%s/n.txt", dir);
+	cwt_write_file(path, "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n", 21);
+	snprintf(pipeline, sizeof(pipeline),
+	    "text_lines(\"%s\") | shuffle(buffer=10, seed=42)", path);
+	fp_of(pipeline, &f1);
+	s1 = run_bytes(pipeline);
+	ck_assert_int_eq(utimensat(AT_FDCWD, path, times, 0), 0);
+	fp_of(pipeline, &f2);
+	ck_assert(f1.hi != f2.hi || f1.lo != f2.lo); /* the data may differ */
+	s2 = run_bytes(pipeline);
+	ck_assert_str_eq(s1, s2); /* but seeds do not follow mtimes */
+	ck_assert_str_ne(s1, "[1],[2],[3],[4],[5],[6],[7],[8],[9],[10]");
+	free(s1);
+	free(s2);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(end_of_sequence_is_sticky)
 {
 	cachew_dataset *ds = range_map(3, "add");
@@ -868,6 +969,10 @@ cwt_core_suite(void)
 	tcase_add_test(tc, error_mid_chunk_delivers_the_elements_before_it);
 	tcase_add_test(tc, every_operator_delivers_the_elements_before_an_error);
 	tcase_add_test(tc, a_function_returning_nothing_is_an_error);
+	tcase_add_test(tc, text_lines_strip_a_final_carriage_return);
+	tcase_add_test(tc, read_file_reads_procfs_files_of_size_zero);
+	tcase_add_test(tc, fingerprint_identifies_files_not_spellings);
+	tcase_add_test(tc, touching_a_file_keeps_seeded_orders);
 	tcase_add_test(tc, end_of_sequence_is_sticky);
 	tcase_add_test(tc, random_streams_follow_seed_and_index);
 	tcase_add_test(tc, stats_count_every_node);

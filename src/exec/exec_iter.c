@@ -260,7 +260,7 @@ cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl)
 	memset(ctx, 0, sizeof(*ctx));
 	ctx->fn = node->fn;
 	ctx->state = node->fn_state;
-	ctx->base_seed = cwi_seed_derive(pl->seed, node->fp.hi ^ node->fp.lo);
+	ctx->base_seed = cwi_seed_derive(pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
 }
 
 void *

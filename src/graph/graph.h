@@ -106,6 +106,10 @@ struct cachew_dataset {
 	size_t ninputs;
 	cwi_node **inputs;
 	cachew_fingerprint fp;
+	/* The structure alone, without the identity (size, mtime, ETag) of
+	 * input files: what seeds derive from, so touching or copying a file
+	 * does not change a seeded shuffle's order or an augmentation. */
+	cachew_fingerprint seed_fp;
 	char *detail; /* "add" for map(add): for stats and explain */
 };
 

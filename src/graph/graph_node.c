@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,15 +351,16 @@ is_remote_glob(const char *pat)
  * s3:// and gs:// globs the listing's size and ETag, which come with the
  * expansion at no extra cost. Other URLs and patterns that match nothing
  * are hashed as text. */
-static void
+static bool
 hash_files(XXH3_state_t *st, const cwi_value *files)
 {
 	size_t npat = 0;
 	const char **pats = cwi_value_str_list(files, &npat);
 	struct stat sb;
+	bool all = true;
 
 	if (pats == NULL)
-		return;
+		return false;
 	for (size_t k = 0; k < npat; k++) {
 		cwi_io_entry *ents = NULL;
 		char **paths = NULL;
@@ -368,6 +370,7 @@ hash_files(XXH3_state_t *st, const cwi_value *files)
 			if (cwi_io_list(pats[k], NULL, &ents, &n) != CACHEW_OK) {
 				hash_bytes(st, 'M', "missing", 7);
 				cwi_clear_errmsg();
+				all = false;
 				continue;
 			}
 			for (size_t i = 0; i < n; i++) {
@@ -384,11 +387,18 @@ hash_files(XXH3_state_t *st, const cwi_value *files)
 		if (cwi_paths_expand(&pats[k], 1, &paths, &n) != CACHEW_OK) {
 			hash_bytes(st, 'M', "missing", 7);
 			cwi_clear_errmsg();
+			all = false;
 			continue;
 		}
 		for (size_t i = 0; i < n; i++) {
 			int64_t meta[3] = {0, 0, 0};
-			hash_bytes(st, 'p', paths[i], strlen(paths[i]));
+			char real[PATH_MAX];
+			const char *id = paths[i];
+			/* "f.txt" and "./f.txt" are the same data. */
+			if (strstr(paths[i], "://") == NULL &&
+			    realpath(paths[i], real) != NULL)
+				id = real;
+			hash_bytes(st, 'p', id, strlen(id));
 			if (strstr(paths[i], "://") == NULL &&
 			    stat(paths[i], &sb) == 0) {
 				meta[0] = (int64_t)sb.st_size;
@@ -400,23 +410,27 @@ hash_files(XXH3_state_t *st, const cwi_value *files)
 		cwi_paths_free(paths);
 	}
 	free(pats);
+	return all;
 }
 
+/* XXH3-128 of a node's structure. With `files`, the parameters that name
+ * input files are hashed by what they resolve to (real path, size, mtime,
+ * ETag) instead of their text, when every pattern resolves. */
 static cachew_err
-fingerprint(cwi_node *node)
+hash_node(const cwi_node *node, bool files, cachew_fingerprint *out)
 {
 	const cwi_dataset_op *op = node->op;
 	const cwi_value *params = &node->params.map;
-	XXH3_state_t *st;
+	XXH3_state_t *st, *probe;
 	XXH128_hash_t h;
 
-	if ((op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
-		node->fp = node->inputs[0]->fp;
-		return CACHEW_OK;
-	}
 	st = XXH3_createState();
-	if (st == NULL)
+	probe = files ? XXH3_createState() : NULL;
+	if (st == NULL || (files && probe == NULL)) {
+		XXH3_freeState(st);
+		XXH3_freeState(probe);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
 	XXH3_128bits_reset(st);
 	hash_bytes(st, 'V', "cachew-fp-1", 11);
 	hash_bytes(st, 'O', op->name, strlen(op->name));
@@ -426,20 +440,46 @@ fingerprint(cwi_node *node)
 		if (s != NULL && (s->flags & CWI_PF_PERF))
 			continue;
 		hash_bytes(st, 'k', kv->key, strlen(kv->key));
+		if (files && s != NULL && s->type == CWI_P_STRS &&
+		    (op->flags & CWI_OPF_FILES)) {
+			/* Try the files on a copy of the state: keep it only
+			 * if every pattern resolved. */
+			XXH3_copyState(probe, st);
+			if (hash_files(probe, &kv->val)) {
+				XXH3_copyState(st, probe);
+				continue;
+			}
+		}
 		hash_value(st, &kv->val);
-		if (s != NULL && s->type == CWI_P_STRS &&
-		    (op->flags & CWI_OPF_FILES))
-			hash_files(st, &kv->val);
 	}
 	for (size_t i = 0; i < node->ninputs; i++) {
-		uint64_t fp[2] = {node->inputs[i]->fp.hi, node->inputs[i]->fp.lo};
+		const cachew_fingerprint *in = files ? &node->inputs[i]->fp
+						     : &node->inputs[i]->seed_fp;
+		uint64_t fp[2] = {in->hi, in->lo};
 		hash_bytes(st, 'I', fp, sizeof(fp));
 	}
 	h = XXH3_128bits_digest(st);
 	XXH3_freeState(st);
-	node->fp.hi = h.high64;
-	node->fp.lo = h.low64;
+	XXH3_freeState(probe);
+	out->hi = h.high64;
+	out->lo = h.low64;
 	return CACHEW_OK;
+}
+
+static cachew_err
+fingerprint(cwi_node *node)
+{
+	cachew_err rv;
+
+	if ((node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
+		node->fp = node->inputs[0]->fp;
+		node->seed_fp = node->inputs[0]->seed_fp;
+		return CACHEW_OK;
+	}
+	rv = hash_node(node, true, &node->fp);
+	if (rv == CACHEW_OK)
+		rv = hash_node(node, false, &node->seed_fp);
+	return rv;
 }
 
 /* ---- building --------------------------------------------------------------- */

@@ -149,7 +149,9 @@ cwi_file_read_all(const char *path, const cwi_io_opts *opts,
 	rv = cwi_file_open(&f, path, opts);
 	if (rv != CACHEW_OK)
 		return rv;
-	known = f->size >= 0;
+	/* procfs and sysfs report size 0 for files that have contents: read
+	 * those like a stream of unknown length. */
+	known = f->size > 0;
 	for (;;) {
 		size_t got;
 		if (b == NULL || (total == b->size && !known)) {

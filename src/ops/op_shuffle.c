@@ -123,7 +123,7 @@ shuffle_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	 * two shuffles of one pipeline independent; the epoch makes each
 	 * repetition under repeat() a new permutation. */
 	state = seed == -1 ? args->pl->seed : (uint64_t)seed;
-	state = cwi_seed_derive(state, node->fp.hi ^ node->fp.lo);
+	state = cwi_seed_derive(state, node->seed_fp.hi ^ node->seed_fp.lo);
 	if (cwi_node_bool(node, "reshuffle_each_iteration"))
 		state = cwi_seed_derive(state, args->epoch);
 	s->rng.state = state;

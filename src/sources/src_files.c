@@ -76,7 +76,7 @@ order_paths(char **paths, size_t n, const cwi_node *node,
 	if (!cwi_node_bool(node, "shuffle"))
 		return;
 	base = seed >= 0 ? (uint64_t)seed
-			 : cwi_seed_derive(args->pl->seed, node->fp.hi ^ node->fp.lo);
+			 : cwi_seed_derive(args->pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
 	rng.state = cwi_seed_derive(base, args->epoch);
 	for (size_t i = n; i > 1; i--) {
 		size_t j = (size_t)cwi_rng_below(&rng, i);

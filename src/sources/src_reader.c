@@ -234,10 +234,12 @@ rec_next_line(cwi_rec_reader *r, cwi_tensor *out)
 		if (r->eof) {
 			/* A last line without a newline is still a line. */
 			if (r->pos < r->len) {
-				size_t start = r->pos;
+				size_t start = r->pos, end = r->len;
 				r->pos = r->scanned = r->len;
+				if (d[end - 1] == '\r')
+					end--; /* as tf.data's ReadLine does */
 				cwi_tensor_init_bytes_view(out, r->block, start,
-				    r->len - start);
+				    end - start);
 				return CACHEW_OK;
 			}
 			return CACHEW_EOF;
@@ -247,6 +249,14 @@ rec_next_line(cwi_rec_reader *r, cwi_tensor *out)
 		 * bytes costs O(n) copying whatever the block size. */
 		size_t keep = r->len - r->pos;
 		size_t cap = keep < bs ? bs + keep : 2 * keep;
+		/* Input decides line lengths: bound what it can make us hold. */
+		if (keep >= (size_t)CWI_READ_BLOCK_MAX)
+			return rec_fail(r, CACHEW_ECORRUPT,
+			    "the line at byte offset %llu is longer than %d bytes",
+			    (unsigned long long)(r->file_off - keep),
+			    CWI_READ_BLOCK_MAX);
+		if (cap > (size_t)CWI_READ_BLOCK_MAX)
+			cap = (size_t)CWI_READ_BLOCK_MAX + 1;
 		rv = rec_refill(r, cap, 0);
 		if (rv != CACHEW_OK)
 			return rv;
