@@ -20,6 +20,9 @@ extern const cwi_dataset_op cwi_op_zip;           /* op_zip.c */
 extern const cwi_dataset_op cwi_op_concatenate;   /* op_zip.c */
 extern const cwi_dataset_op cwi_op_enumerate;     /* op_zip.c */
 extern const cwi_dataset_op cwi_op_autocache;     /* op_autocache.c */
+extern const cwi_dataset_op cwi_op_tfrecord_write; /* op_tfrecord_write.c */
+extern const cwi_dataset_op cwi_op_parse_example; /* fn_example.c */
+extern const cachew_op_def cwi_fn_parse_example;  /* fn_example.c */
 
 /* Stacks k >= 1 elements of equal structure into one element whose
  * components gain a leading dimension of k. On a structure mismatch
@@ -56,5 +59,80 @@ cachew_err cwi_stack_padded(cwi_element *const *elems, size_t k,
 /* "i64[2]" for a one-component element, "(i64[2], f32[])" otherwise, into
  * buf; returns buf. */
 const char *cwi_element_spec_str(const cwi_element *e, char *buf, size_t len);
+
+/* Image and text preprocessing (fn_image.c, fn_text.c): map functions and
+ * their dataset-operator aliases (`decode_jpeg(...)` is map(decode_jpeg)). */
+extern const cachew_op_def cwi_fn_decode_jpeg;          /* fn_image.c */
+extern const cachew_op_def cwi_fn_is_valid_jpeg;        /* fn_image.c */
+extern const cachew_op_def cwi_fn_random_resized_crop;  /* fn_image.c */
+extern const cachew_op_def cwi_fn_resize;               /* fn_image.c */
+extern const cachew_op_def cwi_fn_center_crop;          /* fn_image.c */
+extern const cachew_op_def cwi_fn_flip_left_right;      /* fn_image.c */
+extern const cachew_op_def cwi_fn_normalize;            /* fn_image.c */
+extern const cachew_op_def cwi_fn_transpose;            /* fn_image.c */
+extern const cachew_op_def cwi_fn_tokenize;             /* fn_text.c */
+extern const cachew_op_def cwi_fn_pad_truncate;         /* fn_text.c */
+extern const cwi_dataset_op cwi_op_decode_jpeg;         /* fn_image.c */
+extern const cwi_dataset_op cwi_op_random_resized_crop; /* fn_image.c */
+extern const cwi_dataset_op cwi_op_resize;              /* fn_image.c */
+extern const cwi_dataset_op cwi_op_center_crop;         /* fn_image.c */
+extern const cwi_dataset_op cwi_op_flip_left_right;     /* fn_image.c */
+extern const cwi_dataset_op cwi_op_normalize;           /* fn_image.c */
+extern const cwi_dataset_op cwi_op_transpose;           /* fn_image.c */
+extern const cwi_dataset_op cwi_op_tokenize;            /* fn_text.c */
+extern const cwi_dataset_op cwi_op_pad_truncate;        /* fn_text.c */
+
+/* Parameter helpers of function inits (fn_image.c). check_keys fails
+ * naming the first key of params not in `known` (comma-separated); the
+ * getters store the default when the key is absent and write a reason
+ * into err otherwise (EINVAL for a wrong type, ERANGE outside [min, max]). */
+cachew_err cwi_fn_check_keys(const cachew_params *params, const char *known,
+    char *err, size_t errlen);
+cachew_err cwi_fn_get_int(const cachew_params *params, const char *key,
+    int64_t def, int64_t min, int64_t max, int64_t *out, char *err,
+    size_t errlen);
+cachew_err cwi_fn_get_bool(const cachew_params *params, const char *key,
+    bool def, bool *out, char *err, size_t errlen);
+
+/* ---- tf.train.Example (fn_example.c; docs/formats.md) ------------------------ */
+
+/* The features parse_example extracts: one per param, "name" =
+ * "key:dtype[:[shape]][:default=V]", in param-name order. Immutable. */
+typedef struct cwi_example_spec cwi_example_spec;
+
+/* Builds a spec from parse_example's params; CACHEW_EINVAL with a reason
+ * in err when one is malformed. */
+cachew_err cwi_example_spec_create(const cachew_params *params,
+    cwi_example_spec **out, char *err, size_t errlen);
+void cwi_example_spec_destroy(cwi_example_spec *s);
+size_t cwi_example_spec_size(const cwi_example_spec *s);
+
+/* Decodes the serialized Example in the bytes scalar `serialized` into
+ * out[0 .. spec size) (overwritten without being released). Single values
+ * of bytes features are zero-copy views of serialized's buffer. Errors:
+ * CACHEW_ECORRUPT for malformed wire data, CACHEW_ETYPE for a dtype or
+ * shape mismatch, CACHEW_EOP for a missing feature without a default;
+ * the reason goes to err and out is left holding i64 zeros. Thread safe
+ * for a shared spec. */
+cachew_err cwi_example_decode(const cwi_example_spec *s,
+    const cwi_tensor *serialized, cwi_tensor *out, char *err, size_t errlen);
+
+/* Builds serialized Examples: add features, then finish appends the
+ * Example to a byte string and starts a new one. Keys are added in the
+ * order given (a key added twice: the last wins when decoded). */
+typedef struct cwi_example_enc {
+	cwi_strbuf features; /* the Features message body so far */
+} cwi_example_enc;
+
+void cwi_example_enc_init(cwi_example_enc *e);
+void cwi_example_enc_free(cwi_example_enc *e);
+void cwi_example_enc_bytes(cwi_example_enc *e, const char *key,
+    const void *const *items, const size_t *lens, size_t n);
+void cwi_example_enc_int64(cwi_example_enc *e, const char *key,
+    const int64_t *v, size_t n, bool packed);
+void cwi_example_enc_float(cwi_example_enc *e, const char *key,
+    const float *v, size_t n, bool packed);
+/* CACHEW_ENOMEM if any append failed. */
+cachew_err cwi_example_enc_finish(cwi_example_enc *e, cwi_strbuf *out);
 
 #endif /* CWI_OPS_H */

@@ -121,9 +121,10 @@ typedef struct cwi_tfr_config {
  */
 typedef struct cwi_tfr_reader cwi_tfr_reader;
 
-/* Opens a file ("file://" is stripped). On failure *out may still hold a
- * reader whose errmsg names the file and the reason (close it); when *out
- * is NULL the reason is in cachew_errmsg(). */
+/* Opens a file through src/io (local, file://, http(s)://, s3://, gs://).
+ * On failure *out may still hold a reader whose errmsg names the file and
+ * the reason (close it); when *out is NULL the reason is in
+ * cachew_errmsg(). */
 cachew_err cwi_tfr_open(
     cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path);
 /* Reads `len` bytes of memory (borrowed until close) as the file `name`:

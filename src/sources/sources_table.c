@@ -11,6 +11,7 @@ const cwi_dataset_op *const cwi_source_ops[] = {
     &cwi_op_text_lines,
     &cwi_op_fixed_length_records,
     &cwi_op_read_file,
+    &cwi_op_tfrecord,
     NULL,
 };
 
@@ -20,5 +21,6 @@ const cachew_op_def *const cwi_source_fns[] = {
     &cwi_fn_text_lines,
     &cwi_fn_fixed_length_records,
     &cwi_fn_read_file,
+    &cwi_fn_tfrecord,
     NULL,
 };

@@ -13,6 +13,7 @@
 #include "cachew.h"
 
 #include "../graph/graph.h"
+#include "../gen/gen.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -43,6 +44,12 @@ static const char usage_text[] =
     "                               check that it parses back the same\n"
     "  ops [--markdown] [--plugin PATH]...\n"
     "                               list dataset operators and functions\n"
+    "  gen imagenet --out DIR --images N [--shards K] [--seed S]\n"
+    "      [--width 500] [--height 375] [--quality 90]\n"
+    "                               write ImageNet-like TFRecord shards of\n"
+    "                               tf.train.Example (JPEG + label)\n"
+    "  gen text --out DIR --lines N [--files K] [--seed S]\n"
+    "                               write Zipf-distributed text files\n"
     "  version                      print the library version\n"
     "  help                         print this help\n"
     "\n"
@@ -1021,6 +1028,85 @@ cmd_ops(int argc, char **argv)
 	return 0;
 }
 
+/* ---- gen ------------------------------------------------------------------ */
+
+/* Reads "--name N" into *out when argv[*i] is that flag: 1 matched, 0 not
+ * this flag, 2 (usage error) for a bad value. */
+static int
+gen_flag(int argc, char **argv, int *i, const char *name, int64_t min,
+    int64_t *out)
+{
+	const char *v;
+	int m = flag_value(argc, argv, i, name, &v);
+
+	if (m == 0)
+		return 0;
+	if (m < 0 || !parse_i64(v, out) || *out < min)
+		return usage_error("gen: %s expects an integer >= %lld", name,
+		    (long long)min);
+	return 1;
+}
+
+static int
+cmd_gen(int argc, char **argv)
+{
+	int64_t n = -1, parts = 1, seed = 0, w = 500, h = 375, q = 90;
+	bool images = argc > 1 && strcmp(argv[1], "imagenet") == 0;
+	const char *out = NULL;
+	char err[512];
+	uint64_t bytes = 0, t0 = now_ns();
+	cachew_err rv;
+
+	if (argc < 2 || (!images && strcmp(argv[1], "text") != 0))
+		return usage_error("gen: expected 'imagenet' or 'text'");
+	for (int i = 2; i < argc; i++) {
+		int m = flag_value(argc, argv, &i, "--out", &out);
+		if (m == 0)
+			m = gen_flag(argc, argv, &i, images ? "--images" : "--lines", 0, &n);
+		if (m == 0)
+			m = gen_flag(argc, argv, &i, images ? "--shards" : "--files", 1, &parts);
+		if (m == 0)
+			m = gen_flag(argc, argv, &i, "--seed", 0, &seed);
+		if (m == 0 && images)
+			m = gen_flag(argc, argv, &i, "--width", 16, &w);
+		if (m == 0 && images)
+			m = gen_flag(argc, argv, &i, "--height", 16, &h);
+		if (m == 0 && images)
+			m = gen_flag(argc, argv, &i, "--quality", 1, &q);
+		if (m == 0)
+			return usage_error("gen: unknown argument '%s'", argv[i]);
+		if (m < 0)
+			return usage_error("gen: --out expects a directory");
+		if (m == EXIT_USAGE)
+			return m;
+	}
+	if (out == NULL || n < 0)
+		return usage_error("gen %s: --out and %s are required", argv[1],
+		    images ? "--images" : "--lines");
+	if (images) {
+		cwi_gen_imagenet_config cfg = {.out_dir = out, .images = n,
+		    .shards = parts, .seed = (uint64_t)seed,
+		    .width = (int)(w > 8192 ? 8192 + 1 : w),
+		    .height = (int)(h > 8192 ? 8192 + 1 : h),
+		    .quality = (int)(q > 100 ? 101 : q)};
+		rv = cwi_gen_imagenet(&cfg, &bytes, err, sizeof(err));
+	} else {
+		cwi_gen_text_config cfg = {.out_dir = out, .lines = n,
+		    .files = parts, .seed = (uint64_t)seed};
+		rv = cwi_gen_text(&cfg, &bytes, err, sizeof(err));
+	}
+	if (rv != CACHEW_OK) {
+		fprintf(stderr, "cachew: gen %s: %s\n", argv[1], err);
+		return EXIT_RUNTIME;
+	}
+	double s = (double)(now_ns() - t0) / 1e9;
+	printf("wrote %lld %s in %lld %s to %s: %.1f MB, %.1f s, %.0f %s/s\n",
+	    (long long)n, images ? "images" : "lines", (long long)parts,
+	    images ? "shards" : "files", out, (double)bytes / 1e6, s,
+	    s > 0 ? (double)n / s : 0.0, images ? "images" : "lines");
+	return 0;
+}
+
 /* ---- version, help, dispatch --------------------------------------------- */
 
 static int
@@ -1062,6 +1148,7 @@ static const command commands[] = {
     {"run", cmd_run},
     {"explain", cmd_explain},
     {"ops", cmd_ops},
+    {"gen", cmd_gen},
     {"version", cmd_version},
     {"--version", cmd_version},
     {"help", cmd_help},

@@ -1,0 +1,227 @@
+#!/usr/bin/python3
+"""W2 - ImageNet-like: TFRecord shards of JPEGs -> decode -> random resized
+crop 224 -> flip -> normalize -> batch 64.
+
+cachew: the in-process iterator through `cachew run --json`, threads 1 and
+2. random_resized_crop reads the JPEG bytes itself (the fused path: it
+decodes only the crop, DCT-scaled); then flip_left_right, transpose to CHW
+(u8) and normalize (f32, channel axis 0), batch(64): the same f32
+[64, 3, 224, 224] batches as the peer's.
+peer: torch.utils.data.DataLoader + PIL + torchvision (RandomResizedCrop,
+RandomHorizontalFlip, ToTensor, Normalize), num_workers 0 and 2, reading
+the same TFRecord files with a pure-Python reader (bench/peers/w2_torch.py).
+Also measured: cachew's unfused chain (decode_jpeg, then the crop) and the
+raw libjpeg-turbo full-decode rate (`... | decode_jpeg`, one thread), the
+"physical" reference for images/s per core.
+Unit: images per second on both sides.
+
+Usage: /usr/bin/python3 bench/w2.py [--quick] [--reps R]   (or bench/run W2)
+"""
+import argparse
+import glob
+import os
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as h  # noqa: E402
+
+WID = "W2"
+BATCH = 64
+SHARDS = 4
+SIZES = {"full": 2000, "quick": 200}
+TARGETS = {"seq": 1.5, "par": 2.0}
+PEER = os.path.join(h.BENCH_DIR, "peers", "w2_torch.py")
+MEAN = "[0.485, 0.456, 0.406]"
+STD = "[0.229, 0.224, 0.225]"
+
+
+def data_dir(binary, n, seed):
+    """Generates the shards once (deterministic for the seed) into
+    bench/data/w2-<n>-s<seed>/."""
+    d = os.path.join(h.BENCH_DIR, "data", f"w2-{n}-s{seed}")
+    if len(glob.glob(os.path.join(d, "*.tfrecord"))) == SHARDS:
+        return d
+    os.makedirs(os.path.dirname(d), exist_ok=True)
+    h.log(f"W2: generating {n} images into {d}")
+    r = subprocess.run([binary, "gen", "imagenet", "--out", d, "--images",
+                        str(n), "--shards", str(SHARDS), "--seed",
+                        str(seed)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise h.BenchError(f"cachew gen imagenet failed: {r.stderr.strip()}")
+    return d
+
+
+def source(d):
+    return (f'tfrecord(files="{d}/*.tfrecord") | parse_example('
+            'image="image/encoded:bytes", label="image/class/label:i64")')
+
+
+def pipeline(d, parallel, fused=True):
+    par = f", parallel={parallel}" if parallel > 1 else ""
+    crop = (f"random_resized_crop(size=224{par})" if fused else
+            f"decode_jpeg(channels=3{par}) | random_resized_crop(size=224{par})")
+    return (f"{source(d)} | {crop} | flip_left_right | transpose | "
+            f"normalize(mean={MEAN}, std={STD}, axis=0{par}) | "
+            f"batch({BATCH})")
+
+
+def cachew_config(binary, d, n, threads, seed, fused=True, label=None):
+    batches = -(-n // BATCH)
+    want_bytes = n * (3 * 224 * 224 * 4 + 8)  # f32 images + i64 labels
+
+    def check(obj):
+        if obj.get("elements") != batches or obj.get("bytes") != want_bytes:
+            raise h.BenchError(f"cachew {label}: {obj.get('elements')} "
+                               f"batches, {obj.get('bytes')} bytes; expected "
+                               f"{batches}, {want_bytes} for {n} images")
+
+    label = label or (f"threads {threads}" + ("" if fused else ", unfused"))
+    argv = [binary, "run", "--json", "--stats", "--quiet", "--threads",
+            str(threads), "--seed", str(seed), pipeline(d, threads, fused)]
+    return h.Config("cachew", label, threads, argv, n, check=check)
+
+
+def decode_config(binary, d, n, seed):
+    def check(obj):
+        if obj.get("elements") != n:
+            raise h.BenchError(f"raw decode: {obj.get('elements')} images, "
+                               f"expected {n}")
+
+    argv = [binary, "run", "--json", "--quiet", "--threads", "1", "--seed",
+            str(seed), f"{source(d)} | decode_jpeg(channels=3)"]
+    return h.Config("libjpeg-turbo", "full decode only", 1, argv, n,
+                    check=check)
+
+
+def peer_config(d, n, workers):
+    def check(obj):
+        if obj.get("images") != n:
+            raise h.BenchError(f"DataLoader workers {workers}: "
+                               f"{obj.get('images')} images, expected {n}")
+
+    argv = [h.PEER_PYTHON, PEER, "--data", d, "--workers", str(workers),
+            "--batch", str(BATCH), "--expect", str(n)]
+    return h.Config("DataLoader", f"num_workers={workers}", workers, argv, n,
+                    check=check)
+
+
+def verify(binary, d, n, seed):
+    """Untimed: cachew gives the same data at threads 1 and 2."""
+    fps = set()
+    for threads in (1, 2):
+        c = cachew_config(binary, d, n, threads, seed)
+        c.run()
+        fps.add(c.runs[-1]["json"].get("fingerprint"))
+    if len(fps) != 1:
+        raise h.BenchError("cachew: fingerprints differ between threads 1 "
+                           f"and 2: {sorted(map(str, fps))}")
+
+
+def verdict(value, target):
+    return "met" if value >= target else "MISSED"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="200 images, under 60 s, same code paths")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per configuration (default 3)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    if args.reps < 1:
+        ap.error("--reps must be >= 1")
+    mode = "quick" if args.quick else "full"
+    n = SIZES[mode]
+
+    h.check_tools()
+    h.check_peer_python("torchvision")
+    binary = h.cachew_bin()
+    info = h.machine_info()
+    h.log(f"W2 ({mode}): {info['cpus']} CPUs, {info['cpu']}, "
+          f"commit {info['commit']}, cachew {binary}")
+    d = data_dir(binary, n, args.seed)
+    verify(binary, d, n, args.seed)
+
+    seq = cachew_config(binary, d, n, 1, args.seed)
+    par = cachew_config(binary, d, n, 2, args.seed)
+    unfused = cachew_config(binary, d, n, 1, args.seed, fused=False)
+    raw = decode_config(binary, d, n, args.seed)
+    peer0 = peer_config(d, n, 0)
+    peer2 = peer_config(d, n, 2)
+    configs = [seq, peer0, par, peer2, unfused, raw]
+    h.run_interleaved(configs, args.reps)
+    info["loadavg_end"] = h.loadavg()
+
+    seq_ratio = seq.median() / peer0.median()
+    par_ratio = par.median() / peer2.median()
+    header = ["side", "config", "threads/workers", "median images/s", "min",
+              "max", "peak RSS MiB"]
+    rows = h.table_rows(configs)
+    ratio_lines = [
+        f"1 thread: cachew threads 1 / DataLoader num_workers=0 = "
+        f"{seq_ratio:.2f}x (target >= {TARGETS['seq']:.1f}x: "
+        f"{verdict(seq_ratio, TARGETS['seq'])})",
+        f"2 threads: cachew threads 2 / DataLoader num_workers=2 = "
+        f"{par_ratio:.2f}x (target >= {TARGETS['par']:.1f}x: "
+        f"{verdict(par_ratio, TARGETS['par'])})",
+        f"fused crop: cachew threads 1 fused / unfused (decode_jpeg, then "
+        f"crop) = {seq.median() / unfused.median():.2f}x",
+        f"per core: cachew threads 1 {seq.median():.0f} images/s, threads 2 "
+        f"{par.median() / 2:.0f} images/s per core; raw libjpeg-turbo full "
+        f"decode {raw.median():.0f} images/s on one core: the whole "
+        f"pipeline runs at {seq.median() / raw.median():.2f}x the bare "
+        f"decode rate",
+    ]
+    raw_path = h.write_raw(WID if mode == "full" else WID + "-quick", {
+        "workload": WID, "mode": mode, "reps": args.reps, "machine": info,
+        "targets": TARGETS, "ratios": {"seq": seq_ratio, "par": par_ratio},
+        "configs": [{"side": c.side, "label": c.label,
+                     "parallelism": c.parallelism, "argv": c.argv,
+                     "units": c.units, "runs": c.runs} for c in configs]})
+
+    if mode == "full":
+        md = [f"## W2 - ImageNet-like: {n} JPEGs (500x375, ~110 KB) in "
+              f"{SHARDS} TFRecord shards -> random resized crop 224 -> flip "
+              f"-> normalize -> batch {BATCH}", "",
+              f"{info['date']}, {info['cpus']} CPUs ({info['cpu']}), commit "
+              f"{info['commit']}, {args.reps} reps each, interleaved; 1-min "
+              f"load average {info['loadavg_start']} before, "
+              f"{info['loadavg_end']} after; cachew CLI "
+              f"`{os.path.relpath(binary, h.REPO_DIR)}`, PyTorch "
+              f"{peer0.runs[0]['json'].get('torch')} on `{h.PEER_PYTHON}`; "
+              "both sides read the same shards; peak RSS is the largest "
+              "process (`/usr/bin/time %M`).", "",
+              "cachew pipeline (threads 2 adds `parallel=2` to the crop and "
+              "normalize):", "", "```", pipeline("DIR", 2), "```", "",
+              h.md_table(header, rows), ""]
+        md += [f"- {line}" for line in ratio_lines]
+        for c in (seq, par):
+            out = c.median_run()["output"]
+            if out:
+                md += ["", f"<details><summary>cachew {c.label}: "
+                       "<code>cachew run --stats</code> of the median "
+                       "rep</summary>", "", "```", out, "```", "",
+                       "</details>"]
+        h.write_section(WID, "\n".join(md) + "\n")
+
+    print(f"W2 ({mode}, {n} images, {args.reps} reps, {info['cpus']} CPUs, "
+          f"{info['date']}, commit {info['commit']}, load "
+          f"{info['loadavg_start']} -> {info['loadavg_end']}); raw: "
+          f"{os.path.relpath(raw_path, h.REPO_DIR)}")
+    print(h.text_table(header, rows))
+    for line in ratio_lines:
+        print(line)
+    print(f"W2 ratio={par_ratio:.2f} cachew={par.median():.0f}images/s "
+          f"peer={peer2.median():.0f}images/s")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except h.BenchError as e:
+        print(f"W2: {e}", file=sys.stderr)
+        sys.exit(1)
