@@ -1,10 +1,14 @@
 #!/bin/sh
 # demo.sh - the cachew demo; `make demo` runs `sh examples/demo.sh build`.
 #
-# Runs two pipelines with the `cachew` command and shows what they did:
-#   1. the issue's job: ten million numbers, each plus one (a parallel,
-#      autotuned map), batched by 64 and prefetched;
-#   2. a text job: a small generated corpus (8 files x 50,000 lines of
+# Runs three pipelines with the `cachew` command and shows what they did:
+#   1. the main job, ImageNet-like: TFRecord shards of tf.train.Example
+#      with 500x375 JPEGs (made once by `cachew gen imagenet` under
+#      <build>/demo-data/imagenet), parsed, decoded and randomly cropped in
+#      one fused step, flipped, normalised, batched by 64 and prefetched;
+#   2. ten million numbers, each plus one (a parallel, autotuned map),
+#      batched by 64 and prefetched;
+#   3. a text job: a small generated corpus (8 files x 50,000 lines of
 #      pseudo-random words, made once under <build>/demo-data with a fixed
 #      seed) read by several files at a time, batched and prefetched.
 # On a terminal each run shows a live progress line; then the per-operator
@@ -52,6 +56,28 @@ make_corpus() {
 	: > "$DATA/.complete"
 }
 
+# TFRecord shards of JPEG Examples, made once (the generator writes each
+# shard atomically; the stamp marks a complete set).
+IMAGES=512
+make_images() {
+	[ -f "$DATA/imagenet/.complete" ] && return 0
+	echo "== generating $IMAGES ImageNet-like JPEGs in 4 TFRecord shards under $DATA/imagenet"
+	rm -rf "$DATA/imagenet"
+	"$CACHEW" gen imagenet --out "$DATA/imagenet" --images "$IMAGES" \
+	    --shards 4 --seed 1
+	: > "$DATA/imagenet/.complete"
+}
+
+image_pipeline() {
+	echo "list_files(\"$DATA/imagenet/*.tfrecord\", shuffle=false)" \
+	    "| interleave(tfrecord, cycle=4)" \
+	    "| parse_example(image=\"image/encoded:bytes\", label=\"image/class/label:i64\")" \
+	    "| random_resized_crop(size=224, parallel=auto)" \
+	    "| flip_left_right" \
+	    "| normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" \
+	    "| batch(64) | prefetch(auto)"
+}
+
 # Runs one pipeline: its graph (explain), then the run itself.
 demo_run() {
 	title=$1
@@ -81,12 +107,16 @@ text_pipeline() {
 
 echo "cachew demo ($("$CACHEW" version), $(nproc 2>/dev/null || echo '?') CPUs)"
 make_corpus
+make_images
 start=$(date +%s)
 
-demo_run "1/2 numbers: map(add) in parallel, batch, prefetch" \
+demo_run "1/3 ImageNet-like: $IMAGES JPEGs from TFRecord, fused decode + random resized crop 224, flip, normalize, batch 64" \
+    "$(image_pipeline)"
+
+demo_run "2/3 numbers: map(add) in parallel, batch, prefetch" \
     "range(10000000) | map(add, value=1, parallel=auto) | batch(64) | prefetch(auto)"
 
-demo_run "2/2 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
+demo_run "3/3 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
     "$(text_pipeline)"
 
 echo
