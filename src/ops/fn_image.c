@@ -24,6 +24,7 @@
  */
 #include "ops.h"
 
+#include <assert.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdio.h>
@@ -278,7 +279,20 @@ typedef struct resize_job {
 	double x_origin, x_extent, y_origin, y_extent;
 	int64_t x_lo, x_hi, y_lo, y_hi; /* source pixels that may be read */
 	uint8_t *dst;
+	/* Optional: source row y (rows are asked for in nondecreasing
+	 * order, a row possibly twice in a row); NULL: src + y * stride. */
+	const uint8_t *(*row_at)(void *ctx, int64_t y);
+	void *row_ctx;
 } resize_job;
+
+static const uint8_t *
+source_row(const resize_job *j, int64_t row)
+{
+	size_t es = j->f32 ? sizeof(float) : 1;
+	if (j->row_at != NULL)
+		return j->row_at(j->row_ctx, row);
+	return j->src + (size_t)row * j->src_stride * es;
+}
 
 /*
  * u8 images resample in fixed point: a row is first resampled along x
@@ -291,7 +305,7 @@ static void
 resize_row_u8(const resize_job *j, const axis_plan *x, int64_t row,
     int32_t *out)
 {
-	const uint8_t *r = j->src + (size_t)row * j->src_stride;
+	const uint8_t *r = source_row(j, row);
 	int64_t c = j->c, ow = j->ow;
 
 	if (c == 3) {
@@ -318,8 +332,7 @@ static void
 resize_row_f32(const resize_job *j, const axis_plan *x, int64_t row,
     float *out)
 {
-	const float *r = (const float *)(const void *)j->src +
-	    (size_t)row * j->src_stride;
+	const float *r = (const float *)(const void *)source_row(j, row);
 	int64_t c = j->c, ow = j->ow;
 
 	for (int64_t d = 0; d < ow; d++) {
@@ -344,12 +357,12 @@ blend_rows(const resize_job *j, const void *r0, const void *r1,
 		for (size_t k = 0; k < rw; k++)
 			o[k] = a[k] + (b[k] - a[k]) * w;
 	} else {
-		const int32_t *a = r0, *b = r1;
-		int32_t w1 = y->wq[d], w0 = WQ_ONE - w1;
+		const uint32_t *a = r0, *b = r1;
+		uint32_t w1 = (uint32_t)y->wq[d], w0 = WQ_ONE - w1;
 		uint8_t *o = j->dst + (size_t)d * rw;
 		for (size_t k = 0; k < rw; k++)
 			o[k] = (uint8_t)((a[k] * w0 + b[k] * w1 +
-			    WQ_ONE * WQ_ONE / 2) / (WQ_ONE * WQ_ONE));
+			    WQ_ONE * WQ_ONE / 2) >> 14);
 	}
 }
 
@@ -362,22 +375,25 @@ resize_row(const resize_job *j, const axis_plan *x, int64_t row, void *out)
 		resize_row_u8(j, x, row, out);
 }
 
-/* Runs a resize job; CACHEW_ENOMEM if its tables cannot be allocated. */
-static cachew_err
-resize_run(const resize_job *j)
+/* Bytes of scratch memory resize_run needs: x and y tables (4 words per
+ * entry), then two resampled rows (4-byte values: int32 or float). */
+static size_t
+resize_scratch_size(const resize_job *j)
+{
+	return 4 * (4 * (size_t)(j->ow + j->oh) + 2 * (size_t)(j->ow * j->c));
+}
+
+/* Runs a resize job in `scratch` (resize_scratch_size bytes, 4-aligned). */
+static void
+resize_run(const resize_job *j, void *scratch)
 {
 	size_t rw = (size_t)(j->ow * j->c);
 	size_t nx = (size_t)j->ow, ny = (size_t)j->oh;
 	axis_plan x, y;
 	void *r0, *r1;
 	int64_t tag0 = -1, tag1 = -1;
-	int32_t *mem;
+	int32_t *mem = scratch;
 
-	/* One block: x and y tables (4 words per entry), then two resampled
-	 * rows (4-byte values: int32 or float). */
-	mem = malloc(4 * (4 * (nx + ny) + 2 * rw));
-	if (mem == NULL)
-		return CACHEW_ENOMEM;
 	x.i0 = mem;
 	x.i1 = x.i0 + nx;
 	x.wq = x.i1 + nx;
@@ -411,8 +427,6 @@ resize_run(const resize_job *j)
 		}
 		blend_rows(j, r0, r1, &y, d);
 	}
-	free(mem);
-	return CACHEW_OK;
 }
 
 /* Allocates res, an image of t's dtype and rank, [oh, ow(, c)]. */
@@ -432,6 +446,7 @@ resize_box(const cwi_tensor *t, int64_t top, int64_t left, int64_t h,
 {
 	resize_job j = {0};
 	uint8_t *dst;
+	void *scratch;
 	cachew_err rv;
 
 	rv = image_alloc_like(res, t, oh, ow, &dst);
@@ -452,10 +467,14 @@ resize_box(const cwi_tensor *t, int64_t top, int64_t left, int64_t h,
 	j.y_lo = top;
 	j.y_hi = top + h - 1;
 	j.dst = dst;
-	rv = resize_run(&j);
-	if (rv != CACHEW_OK)
+	scratch = malloc(resize_scratch_size(&j));
+	if (scratch == NULL) {
 		cwi_tensor_clear(res);
-	return rv;
+		return CACHEW_ENOMEM;
+	}
+	resize_run(&j, scratch);
+	free(scratch);
+	return CACHEW_OK;
 }
 
 /* ---- JPEG decoding ------------------------------------------------------------- */
@@ -916,6 +935,38 @@ dct_scale_for(const crop_box *b, int64_t oh, int64_t ow)
 	return 8;
 }
 
+/* The decoder as a row source for resize_run: STREAM_ROWS scanlines at a
+ * time (libjpeg is slower when asked for one) into a small buffer that
+ * stays in cache. Rows are asked for in nondecreasing order, so a refill
+ * only moves forward. A libjpeg error longjmps out of resize_run, whose
+ * scratch memory is libjpeg's and goes with the decompressor. */
+#define STREAM_ROWS 16
+
+typedef struct row_stream {
+	dec_job *job;
+	uint8_t *rows;  /* STREAM_ROWS rows of `stride` bytes */
+	size_t stride;
+	int64_t base;   /* the row in rows[0], counted from the first kept */
+	int64_t filled; /* rows in the buffer */
+	int64_t total;  /* rows to read in all */
+} row_stream;
+
+static const uint8_t *
+stream_row(void *ctx, int64_t y)
+{
+	row_stream *rs = ctx;
+
+	if (y >= rs->base + rs->filled) {
+		int64_t n = rs->total - (rs->base + rs->filled);
+		rs->base += rs->filled;
+		rs->filled = n < STREAM_ROWS ? n : STREAM_ROWS;
+		dec_read_rows(rs->job, rs->rows, rs->stride,
+		    (JDIMENSION)rs->filled);
+	}
+	assert(y >= rs->base && y < rs->base + rs->filled);
+	return rs->rows + (size_t)(y - rs->base) * rs->stride;
+}
+
 /*
  * The fused path: reads the header, samples the crop, then decodes only
  * the crop: DCT-domain scaling by n/8, jpeg_crop_scanline for the columns
@@ -934,7 +985,7 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 	double fx, fy, bx, by, bw, bh;
 	int64_t xlo, xhi, ylo, yhi, shape[3];
 	size_t stride;
-	uint8_t *region;
+	row_stream rs;
 	int c;
 
 	if (setjmp(job->jb) != 0)
@@ -969,9 +1020,13 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 	if (ylo > 0)
 		(void)jpeg_skip_scanlines(ci, (JDIMENSION)ylo);
 	stride = (size_t)cw * (size_t)c;
-	region = (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
-	    stride * (size_t)(yhi - ylo + 1));
-	dec_read_rows(job, region, stride, (JDIMENSION)(yhi - ylo + 1));
+	rs.job = job;
+	rs.stride = stride;
+	rs.base = 0;
+	rs.filled = 0;
+	rs.total = yhi - ylo + 1;
+	rs.rows = (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
+	    stride * STREAM_ROWS);
 
 	shape[0] = s->oh;
 	shape[1] = s->ow;
@@ -980,7 +1035,8 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 		&j.dst) != CACHEW_OK)
 		return CACHEW_ENOMEM;
 	job->have_out = true;
-	j.src = region;
+	j.row_at = stream_row;
+	j.row_ctx = &rs;
 	j.src_stride = stride;
 	j.c = c;
 	j.oh = s->oh;
@@ -993,7 +1049,9 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 	j.y_extent = bh;
 	j.y_lo = 0;
 	j.y_hi = yhi - ylo;
-	return resize_run(&j);
+	resize_run(&j, (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
+			   resize_scratch_size(&j)));
+	return CACHEW_OK;
 }
 
 static cachew_err
