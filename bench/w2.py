@@ -5,8 +5,9 @@ crop 224 -> flip -> normalize -> batch 64.
 cachew: the in-process iterator through `cachew run --json`, threads 1 and
 2. random_resized_crop reads the JPEG bytes itself (the fused path: it
 decodes only the crop, DCT-scaled); then flip_left_right, batch(64) of the
-u8 crops, transpose to NCHW and normalize (f32, channel axis 1): the same
-f32 [64, 3, 224, 224] batches as the peer's (normalizing whole batches
+u8 crops, then normalize with channels_first=true, which writes the f32
+NCHW batch in the same pass: the same f32 [64, 3, 224, 224] batches as the
+peer's (normalizing whole batches
 rather than single images moves a quarter of the bytes through the batch
 copy and allocates one f32 buffer per batch instead of 64).
 peer: torch.utils.data.DataLoader + PIL + torchvision (RandomResizedCrop,
@@ -65,8 +66,7 @@ def pipeline(d, parallel, fused=True):
     crop = (f"random_resized_crop(size=224{par})" if fused else
             f"decode_jpeg(channels=3{par}) | random_resized_crop(size=224{par})")
     return (f"{source(d)} | {crop} | flip_left_right | batch({BATCH}) | "
-            f"transpose(perm=[0, 3, 1, 2]) | "
-            f"normalize(mean={MEAN}, std={STD}, axis=1{par})")
+            f"normalize(mean={MEAN}, std={STD}, channels_first=true{par})")
 
 
 def cachew_config(binary, d, n, threads, seed, fused=True, label=None):

@@ -694,6 +694,47 @@ START_TEST(normalize_exact_values)
 }
 END_TEST
 
+/* normalize(channels_first=true) == transpose(channels to second) and
+ * normalize on that axis, value for value, for u8 and f32 batches. */
+START_TEST(normalize_channels_first_equals_transpose_then_normalize)
+{
+	static const char *const src[2] = {
+	    "from_list([[[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [10, 11, 12]]], "
+	    "[[[200, 100, 50], [0, 255, 128]], [[9, 8, 7], [6, 5, 4]]]]) | "
+	    "map(cast, dtype=u8) | batch(2)",
+	    "from_list([[[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [10, 11, 12]]], "
+	    "[[[200, 100, 50], [0, 255, 128]], [[9, 8, 7], [6, 5, 4]]]]) | "
+	    "map(cast, dtype=f32) | batch(2)"};
+	char a[1024], b[1024];
+
+	for (int k = 0; k < 2; k++) {
+		cachew_element **va, **vb;
+		size_t na, nb;
+		snprintf(a, sizeof(a), "%s | transpose(perm=[0, 3, 1, 2]) | "
+		    "normalize(mean=[0.5, 0.4, 0.3], std=[0.2, 0.3, 0.4], "
+		    "axis=1)", src[k]);
+		snprintf(b, sizeof(b), "%s | normalize(mean=[0.5, 0.4, 0.3], "
+		    "std=[0.2, 0.3, 0.4], channels_first=true)", src[k]);
+		va = run_literal(a, &na);
+		vb = run_literal(b, &nb);
+		ck_assert_uint_eq(na, 1);
+		ck_assert_uint_eq(nb, 1);
+		ck_assert_int_eq(cachew_tensor_rank(comp(vb[0], 0)), 4);
+		ck_assert_int_eq(cachew_tensor_shape(comp(vb[0], 0))[0], 2);
+		ck_assert_int_eq(cachew_tensor_shape(comp(vb[0], 0))[1], 3);
+		ck_assert_int_eq(cachew_tensor_shape(comp(vb[0], 0))[3], 2);
+		ck_assert_int_eq(memcmp(cachew_tensor_data(comp(va[0], 0)),
+				     cachew_tensor_data(comp(vb[0], 0)), 24 * 4),
+		    0);
+		cwt_free(va, na);
+		cwt_free(vb, nb);
+	}
+	run_fails("", "from_tensors([[1, 2, 3]]) | map(cast, dtype=u8) | "
+		      "normalize(mean=[1], std=[1], channels_first=true)",
+	    CACHEW_ETYPE, "channels_first needs");
+}
+END_TEST
+
 START_TEST(transpose_permutes_axes)
 {
 	cachew_element **v;
@@ -824,6 +865,7 @@ cwt_image_suite(void)
 	tcase_add_test(tc, center_crop_exact_values);
 	tcase_add_test(tc, flip_left_right_values_and_rate);
 	tcase_add_test(tc, normalize_exact_values);
+	tcase_add_test(tc, normalize_channels_first_equals_transpose_then_normalize);
 	tcase_add_test(tc, transpose_permutes_axes);
 	tcase_add_test(tc, tokenize_exact_ids);
 	tcase_add_test(tc, pad_truncate_exact_values);

@@ -109,6 +109,7 @@ double cwi_rng_double(cwi_rng *r);
 typedef struct cwi_buffer {
 	atomic_uint refs;
 	size_t size;
+	size_t capacity; /* owned: bytes allocated for data (>= size) */
 	uint8_t *data;
 	void (*free_fn)(void *ctx, void *data);
 	void *free_ctx;

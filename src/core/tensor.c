@@ -6,6 +6,7 @@
  */
 #include "core.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -74,21 +75,109 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
 
 #define BUF_ALIGN 64
 
+/*
+ * Freed large buffers kept for reuse. Pipelines allocate the same large
+ * sizes over and over (a 224x224x3 crop, a batch of 64 of them), and glibc
+ * serves each from fresh mmap'd pages once they pass its mmap threshold, so
+ * every one is page-faulted in again: a quarter of W2's CPU time. A few
+ * recently freed buffers (bounded in count and bytes, oldest evicted) are
+ * handed back out when one fits within 25 %. Sanitizer builds keep none.
+ */
+#define BIGBUF_MIN ((size_t)64 << 10)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define BIGBUF_SLOTS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define BIGBUF_SLOTS 0
+#endif
+#endif
+#ifndef BIGBUF_SLOTS
+#define BIGBUF_SLOTS 32
+#endif
+#define BIGBUF_MAX_BYTES ((size_t)256 << 20)
+
+#if BIGBUF_SLOTS > 0
+static pthread_mutex_t bigbuf_lock = PTHREAD_MUTEX_INITIALIZER;
+static cwi_buffer *bigbuf[BIGBUF_SLOTS]; /* oldest first */
+static size_t bigbuf_n, bigbuf_bytes;
+
+static cwi_buffer *
+bigbuf_take(size_t size)
+{
+	cwi_buffer *b = NULL;
+	size_t best = 0;
+
+	pthread_mutex_lock(&bigbuf_lock);
+	for (size_t i = 0; i < bigbuf_n; i++) {
+		size_t cap = bigbuf[i]->capacity;
+		if (cap >= size && cap - size <= size / 4 &&
+		    (b == NULL || cap < b->capacity)) {
+			b = bigbuf[i];
+			best = i;
+		}
+	}
+	if (b != NULL) {
+		memmove(&bigbuf[best], &bigbuf[best + 1],
+		    (bigbuf_n - best - 1) * sizeof(bigbuf[0]));
+		bigbuf_n--;
+		bigbuf_bytes -= b->capacity;
+	}
+	pthread_mutex_unlock(&bigbuf_lock);
+	return b;
+}
+
+/* Keeps b for reuse; returns false (b to be freed) when it cannot. */
+static bool
+bigbuf_put(cwi_buffer *b)
+{
+	cwi_buffer *evict[BIGBUF_SLOTS];
+	size_t nevict = 0;
+	bool kept = false;
+
+	if (b->capacity > BIGBUF_MAX_BYTES / 4)
+		return false;
+	pthread_mutex_lock(&bigbuf_lock);
+	while (bigbuf_n > 0 && (bigbuf_n == BIGBUF_SLOTS ||
+				   bigbuf_bytes + b->capacity > BIGBUF_MAX_BYTES)) {
+		evict[nevict++] = bigbuf[0];
+		bigbuf_bytes -= bigbuf[0]->capacity;
+		memmove(&bigbuf[0], &bigbuf[1],
+		    (bigbuf_n - 1) * sizeof(bigbuf[0]));
+		bigbuf_n--;
+	}
+	bigbuf[bigbuf_n++] = b;
+	bigbuf_bytes += b->capacity;
+	kept = true;
+	pthread_mutex_unlock(&bigbuf_lock);
+	for (size_t i = 0; i < nevict; i++)
+		free(evict[i]);
+	return kept;
+}
+#endif
+
 cachew_err
 cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero)
 {
 	/* Header padded to the alignment so data is 64-byte aligned too. */
 	size_t hdr = (sizeof(cwi_buffer) + BUF_ALIGN - 1) & ~(size_t)(BUF_ALIGN - 1);
-	cwi_buffer *b;
+	size_t cap;
+	cwi_buffer *b = NULL;
 
 	if (size > SIZE_MAX - hdr - BUF_ALIGN)
 		return cwi_fail(CACHEW_ENOMEM, "buffer of %zu bytes is too large",
 		    size);
-	b = aligned_alloc(BUF_ALIGN, (hdr + size + BUF_ALIGN - 1) &
-		~(size_t)(BUF_ALIGN - 1));
-	if (b == NULL)
-		return cwi_fail(CACHEW_ENOMEM,
-		    "out of memory allocating %zu bytes", size);
+	cap = (size + BUF_ALIGN - 1) & ~(size_t)(BUF_ALIGN - 1);
+#if BIGBUF_SLOTS > 0
+	if (size >= BIGBUF_MIN)
+		b = bigbuf_take(size);
+#endif
+	if (b == NULL) {
+		b = aligned_alloc(BUF_ALIGN, hdr + cap);
+		if (b == NULL)
+			return cwi_fail(CACHEW_ENOMEM,
+			    "out of memory allocating %zu bytes", size);
+		b->capacity = cap;
+	}
 	atomic_init(&b->refs, 1);
 	b->size = size;
 	b->data = (uint8_t *)b + hdr;
@@ -109,6 +198,7 @@ cwi_buffer_wrap(cwi_buffer **out, void *data, size_t size,
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	atomic_init(&b->refs, 1);
 	b->size = size;
+	b->capacity = 0; /* never reused: its memory is the caller's */
 	b->data = data;
 	b->free_fn = free_fn;
 	b->free_ctx = ctx;
@@ -128,8 +218,14 @@ cwi_buffer_unref_slow(cwi_buffer *b)
 {
 	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	if (b->free_fn != NULL)
+	if (b->free_fn != NULL) {
 		b->free_fn(b->free_ctx, b->data);
+	}
+#if BIGBUF_SLOTS > 0
+	else if (b->capacity >= BIGBUF_MIN && bigbuf_put(b)) {
+		return;
+	}
+#endif
 	free(b);
 }
 

@@ -1405,6 +1405,7 @@ typedef struct normalize_state {
 	double mean[NORM_MAX_CHANNELS], std[NORM_MAX_CHANNELS];
 	int64_t axis;
 	int64_t component;
+	bool channels_first; /* [.., H, W, C] in, [.., C, H, W] out */
 	float lut[NORM_MAX_CHANNELS][256]; /* u8 input: per channel */
 } normalize_state;
 
@@ -1416,10 +1417,11 @@ normalize_init(const cachew_params *params, void **state, char *err,
 	double mean[NORM_MAX_CHANNELS], sd[NORM_MAX_CHANNELS];
 	size_t nm = 0, ns = 0;
 	int64_t axis = -1, comp = 0;
+	bool chw = false;
 	cachew_err rv;
 
-	rv = cwi_fn_check_keys(params, "mean, std, axis, component", err,
-	    errlen);
+	rv = cwi_fn_check_keys(params, "mean, std, axis, component, "
+	    "channels_first", err, errlen);
 	if (rv == CACHEW_OK && (!cachew_params_has(params, "mean") ||
 				   !cachew_params_has(params, "std"))) {
 		snprintf(err, errlen, "missing required parameter '%s'",
@@ -1449,6 +1451,14 @@ normalize_init(const cachew_params *params, void **state, char *err,
 	if (rv == CACHEW_OK)
 		rv = cwi_fn_get_int(params, "component", 0, 0,
 		    CACHEW_MAX_COMPONENTS - 1, &comp, err, errlen);
+	if (rv == CACHEW_OK)
+		rv = cwi_fn_get_bool(params, "channels_first", false, &chw, err,
+		    errlen);
+	if (rv == CACHEW_OK && chw && axis != -1) {
+		snprintf(err, errlen, "channels_first needs the channels last "
+		    "(axis=-1)");
+		rv = CACHEW_EINVAL;
+	}
 	if (rv != CACHEW_OK)
 		return rv;
 	s = malloc(sizeof(*s));
@@ -1459,6 +1469,7 @@ normalize_init(const cachew_params *params, void **state, char *err,
 	memcpy(s->std, sd, nm * sizeof(double));
 	s->axis = axis;
 	s->component = comp;
+	s->channels_first = chw;
 	for (size_t k = 0; k < nm; k++)
 		for (int v = 0; v < 256; v++)
 			s->lut[k][v] = (float)(((double)v / 255.0 - mean[k]) /
@@ -1487,6 +1498,39 @@ normalize_u8(const normalize_state *s, const uint8_t *src, float *dst,
 			size_t base = (size_t)((o * c + k) * inner);
 			for (int64_t i = 0; i < inner; i++)
 				dst[base + (size_t)i] = l[src[base + (size_t)i]];
+		}
+	}
+}
+
+/* Channels last in, first out, in the same pass: `outer` images of
+ * `spatial` pixels of c channels become c planes per image. */
+static void
+normalize_u8_chw(const normalize_state *s, const uint8_t *src, float *dst,
+    int64_t outer, int64_t c, int64_t spatial)
+{
+	for (int64_t o = 0; o < outer; o++) {
+		const uint8_t *in = src + (size_t)(o * spatial * c);
+		for (int64_t k = 0; k < c; k++) {
+			const float *l = s->lut[s->n == 1 ? 0 : k];
+			float *plane = dst + (size_t)((o * c + k) * spatial);
+			for (int64_t p = 0; p < spatial; p++)
+				plane[p] = l[in[p * c + k]];
+		}
+	}
+}
+
+static void
+normalize_f32_chw(const normalize_state *s, const float *src, float *dst,
+    int64_t outer, int64_t c, int64_t spatial)
+{
+	for (int64_t o = 0; o < outer; o++) {
+		const float *in = src + (size_t)(o * spatial * c);
+		for (int64_t k = 0; k < c; k++) {
+			size_t ch = s->n == 1 ? 0 : (size_t)k;
+			double m = s->mean[ch], sd = s->std[ch];
+			float *plane = dst + (size_t)((o * c + k) * spatial);
+			for (int64_t p = 0; p < spatial; p++)
+				plane[p] = (float)(((double)in[p * c + k] - m) / sd);
 		}
 	}
 }
@@ -1543,10 +1587,42 @@ normalize_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 		rv = CACHEW_ETYPE;
 		goto fail;
 	}
+	if (s->channels_first && t->rank < 3) {
+		cachew_op_ctx_fail(ctx, "component %lld is %s: channels_first "
+		    "needs [.., H, W, C]", (long long)s->component,
+		    cwi_tensor_spec_str(t, spec, sizeof(spec)));
+		rv = CACHEW_ETYPE;
+		goto fail;
+	}
 	for (int64_t i = 0; i < axis; i++)
 		outer *= t->shape[i];
 	for (int64_t i = axis + 1; i < t->rank; i++)
 		inner *= t->shape[i];
+	if (s->channels_first) {
+		/* [.., H, W, C] -> [.., C, H, W]; images = outer / (H*W). */
+		int64_t shape[CACHEW_MAX_RANK];
+		int64_t spatial = t->shape[t->rank - 3] * t->shape[t->rank - 2];
+		memcpy(shape, t->shape, sizeof(shape));
+		shape[t->rank - 3] = c;
+		shape[t->rank - 2] = t->shape[t->rank - 3];
+		shape[t->rank - 1] = t->shape[t->rank - 2];
+		rv = cwi_tensor_init_alloc(&res, CACHEW_F32, t->rank, shape,
+		    false, &dst);
+		if (rv != CACHEW_OK) {
+			cachew_op_ctx_fail(ctx, "out of memory");
+			goto fail;
+		}
+		if (t->dtype == CACHEW_U8)
+			normalize_u8_chw(s, cwi_tensor_data(t),
+			    (float *)(void *)dst, outer / spatial, c, spatial);
+		else
+			normalize_f32_chw(s,
+			    (const float *)(const void *)cwi_tensor_data(t),
+			    (float *)(void *)dst, outer / spatial, c, spatial);
+		replace_component(t, &res);
+		*out = e;
+		return CACHEW_OK;
+	}
 	rv = cwi_tensor_init_alloc(&res, CACHEW_F32, t->rank, t->shape, false,
 	    &dst);
 	if (rv != CACHEW_OK) {
@@ -1569,7 +1645,7 @@ fail:
 
 const cachew_op_def cwi_fn_normalize = {
     .name = "normalize",
-    .doc = "normalize(mean, std, axis=-1, component=0): f32 (x/255 - mean)/std for u8, (x - mean)/std for f32, per channel along axis",
+    .doc = "normalize(mean, std, axis=-1, channels_first=false, component=0): f32 (x/255 - mean)/std for u8, (x - mean)/std for f32, per channel along axis; channels_first also moves [.., H, W, C] to [.., C, H, W]",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 100000,
     .init = normalize_init,
