@@ -279,14 +279,17 @@ def write_section(wid, markdown):
     try:
         with open(path) as f:
             text = f.read()
-        for m in re.finditer(r"<!-- (W\d+) begin -->\n(.*?)<!-- \1 end -->",
-                             text, re.S):
+        for m in re.finditer(r"<!-- (W\d+|[A-Z]+) begin -->\n(.*?)"
+                             r"<!-- \1 end -->", text, re.S):
             sections[m.group(1)] = m.group(2)
     except FileNotFoundError:
         pass
     sections[wid] = markdown.rstrip("\n") + "\n"
     parts = [LATEST_HEAD]
-    for key in sorted(sections, key=lambda k: int(k[1:])):
+    # W1, W2, ... in order, then named workloads (HTTP) by name.
+    def order(k):
+        return (0, int(k[1:]), "") if re.fullmatch(r"W\d+", k) else (1, 0, k)
+    for key in sorted(sections, key=order):
         parts.append(f"<!-- {key} begin -->\n{sections[key]}<!-- {key} end -->\n")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
