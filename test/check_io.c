@@ -1,7 +1,8 @@
 /*
  * check_io.c - src/io: local reads, HTTP (whole objects, ranges, errors,
  * retries, resume after cut connections, changed objects, connection
- * reuse), S3 (SigV4 against AWS's documented example, ListObjectsV2
+ * reuse), HTTPS with a throwaway CA (CACHEW_CA_BUNDLE, untrusted
+ * certificates, resume), S3 (SigV4 against AWS's documented example, ListObjectsV2
  * pages, s3rver end to end, missing credentials), GCS (bearer token and
  * JSON listing), and the file sources reading URLs.
  *
@@ -114,11 +115,12 @@ stop(pid_t pid)
 	waitpid(pid, NULL, 0);
 }
 
-/* Starts http_server.py over a fresh www/ (token: require a bearer). */
+/* Starts http_server.py over a fresh www/ (token: require a bearer; tls:
+ * a directory holding srv.pem and srv.key to serve HTTPS with). */
 static void
-srv_start(server *s, const char *token)
+srv_start_with(server *s, const char *token, const char *tls)
 {
-	char portfile[512];
+	char portfile[512], cert[512], key[512];
 
 	memset(s, 0, sizeof(*s));
 	s->dir = cwt_tmpdir();
@@ -126,13 +128,23 @@ srv_start(server *s, const char *token)
 	ck_assert_int_eq(mkdir(s->root, 0755), 0);
 	snprintf(s->log, sizeof(s->log), "%s/log", s->dir);
 	snprintf(portfile, sizeof(portfile), "%s/port", s->dir);
+	snprintf(cert, sizeof(cert), "%s/srv.pem", tls != NULL ? tls : "");
+	snprintf(key, sizeof(key), "%s/srv.key", tls != NULL ? tls : "");
 	char *argv[] = {"python3", "test/servers/http_server.py", "--root",
 	    s->root, "--log", s->log, "--portfile", portfile, "--token",
-	    (char *)(token != NULL ? token : ""), NULL};
+	    (char *)(token != NULL ? token : ""), "--tls-cert",
+	    tls != NULL ? cert : "", "--tls-key", tls != NULL ? key : "", NULL};
 	s->pid = spawn(argv, NULL);
 	s->port = await_port(portfile, s->pid);
 	ck_assert_msg(s->port > 0, "test/servers/http_server.py did not start");
-	snprintf(s->base, sizeof(s->base), "http://127.0.0.1:%d", s->port);
+	snprintf(s->base, sizeof(s->base), "%s://127.0.0.1:%d",
+	    tls != NULL ? "https" : "http", s->port);
+}
+
+static void
+srv_start(server *s, const char *token)
+{
+	srv_start_with(s, token, NULL);
 }
 
 static void
@@ -296,7 +308,8 @@ static const char *const io_env[] = {"AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
     "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
     "CACHEW_S3_ADDRESSING", "GOOGLE_OAUTH_ACCESS_TOKEN",
-    "CACHEW_GCS_ENDPOINT", "CACHEW_IO_BACKOFF_MS", "CACHEW_IO_RETRIES"};
+    "CACHEW_GCS_ENDPOINT", "CACHEW_IO_BACKOFF_MS", "CACHEW_IO_RETRIES",
+    "CACHEW_CA_BUNDLE", "CURL_CA_BUNDLE"};
 
 static void
 env_clear(void)
@@ -679,6 +692,171 @@ START_TEST(test_read_file_reads_http_url_through_a_cut)
 }
 END_TEST
 
+/* ---- HTTPS --------------------------------------------------------------------- */
+
+/* Writes a throwaway CA (ca.pem) and a server certificate for 127.0.0.1
+ * (an IP subjectAltName) signed by it (srv.pem, srv.key) into a new temp
+ * dir, with the openssl CLI. NULL (after saying why) when there is no
+ * openssl: the HTTPS tests then skip. */
+static char *
+tls_certs(const char *test)
+{
+	static const char cnf[] =
+	    "[req]\ndistinguished_name = dn\nprompt = no\n"
+	    "[dn]\nCN = cachew test\n"
+	    "[ca_ext]\nbasicConstraints = critical,CA:TRUE\n"
+	    "keyUsage = critical,keyCertSign,cRLSign\n"
+	    "subjectKeyIdentifier = hash\n"
+	    "[srv_ext]\nbasicConstraints = CA:FALSE\n"
+	    "keyUsage = critical,digitalSignature,keyEncipherment\n"
+	    "extendedKeyUsage = serverAuth\nsubjectAltName = IP:127.0.0.1\n"
+	    "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n";
+	const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+			 "-nodes";
+	char *dir, *p, *cmd;
+
+	if (system("command -v openssl >/dev/null 2>&1") != 0) {
+		printf("io: skipping %s: no openssl command to make a test "
+		       "CA with\n",
+		    test);
+		return NULL;
+	}
+	dir = cwt_tmpdir();
+	p = fmt("%s/openssl.cnf", dir);
+	cwt_write_file(p, cnf, strlen(cnf));
+	free(p);
+	cmd = fmt("cd '%s' && { "
+		  "openssl req -x509 -config openssl.cnf -extensions ca_ext "
+		  "%s -keyout ca.key -out ca.pem -days 2 "
+		  "-subj '/CN=cachew test CA' && "
+		  "openssl req -new -config openssl.cnf %s -keyout srv.key "
+		  "-out srv.csr -subj /CN=127.0.0.1 && "
+		  "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key "
+		  "-set_serial 2 -days 2 -extfile openssl.cnf "
+		  "-extensions srv_ext -out srv.pem; } >openssl.log 2>&1",
+	    dir, ec, ec);
+	ck_assert_msg(system(cmd) == 0, "openssl failed: see %s/openssl.log",
+	    dir);
+	free(cmd);
+	return dir;
+}
+
+/* Sets CACHEW_CA_BUNDLE (or `var`) to certs/ca.pem. */
+static void
+trust_ca(const char *var, const char *certs)
+{
+	char *ca = fmt("%s/ca.pem", certs);
+	setenv(var, ca, 1);
+	free(ca);
+}
+
+START_TEST(test_https_with_ca_bundle_reads_exact_lines)
+{
+	char *certs = tls_certs("HTTPS tests");
+	server s;
+
+	if (certs == NULL)
+		return;
+	env_clear();
+	srv_start_with(&s, NULL, certs);
+	put_text(&s, "x.txt", "alpha\nbeta\r\ngamma\n");
+	char *p = fmt("text_lines(\"%s/x.txt\")", s.base);
+	ck_assert_ptr_nonnull(strstr(p, "\"https://127.0.0.1:"));
+	trust_ca("CACHEW_CA_BUNDLE", certs);
+	char *lines = run_lines(p);
+	ck_assert_str_eq(lines, "alpha|beta|gamma");
+	free(lines);
+	/* The conventional CURL_CA_BUNDLE when CACHEW_CA_BUNDLE is unset. */
+	unsetenv("CACHEW_CA_BUNDLE");
+	trust_ca("CURL_CA_BUNDLE", certs);
+	lines = run_lines(p);
+	ck_assert_str_eq(lines, "alpha|beta|gamma");
+	free(lines);
+	ck_assert_int_eq(log_count(&s, " GET /x.txt "), 2);
+	free(p);
+	srv_stop(&s);
+	env_clear();
+	cwt_rmtree(certs);
+	free(certs);
+}
+END_TEST
+
+START_TEST(test_https_untrusted_certificate_fails_naming_url)
+{
+	char *certs = tls_certs("HTTPS tests");
+	server s;
+	char err[512] = "";
+	cachew_element **v = NULL;
+	size_t n = 0;
+	cwi_io_opts o = fast_opts(2);
+	cwi_file *f = NULL;
+
+	if (certs == NULL)
+		return;
+	env_clear();
+	setenv("CACHEW_IO_RETRIES", "2", 1);
+	setenv("CACHEW_IO_BACKOFF_MS", "1", 1);
+	srv_start_with(&s, NULL, certs);
+	put_text(&s, "x.txt", "alpha\n");
+	char *u = fmt("%s/x.txt", s.base);
+	char *p = fmt("text_lines(\"%s\")", u);
+	ck_assert_int_eq(cwt_run(p, NULL, &v, &n, err, sizeof(err)), CACHEW_EIO);
+	ck_assert_msg(strstr(err, u) != NULL, "%s", err);
+	ck_assert_msg(strstr(err, "certificate") != NULL, "%s", err);
+	ck_assert_msg(strstr(err, "set CACHEW_CA_BUNDLE") != NULL, "%s", err);
+	cwt_free(v, n);
+	/* Final at once, before any request reached the server. */
+	ck_assert_int_eq(cwi_file_open(&f, u, &o), CACHEW_EIO);
+	ck_assert_ptr_null(f);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), u));
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "curl error 60"));
+	ck_assert_int_eq(log_count(&s, " GET "), 0);
+	/* A bundle that cannot be read is named with its variable. */
+	setenv("CACHEW_CA_BUNDLE", "/nonexistent/ca.pem", 1);
+	ck_assert_int_eq(cwi_file_open(&f, u, &o), CACHEW_EIO);
+	ck_assert_ptr_null(f);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), u));
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
+	    "/nonexistent/ca.pem from CACHEW_CA_BUNDLE"));
+	free(p);
+	free(u);
+	srv_stop(&s);
+	env_clear();
+	cwt_rmtree(certs);
+	free(certs);
+}
+END_TEST
+
+START_TEST(test_https_resumes_after_cut_with_identical_bytes)
+{
+	char *certs = tls_certs("HTTPS tests");
+	server s;
+	uint8_t *want, *got;
+	size_t len;
+	cwi_io_opts o = fast_opts(3);
+
+	if (certs == NULL)
+		return;
+	env_clear();
+	srv_start_with(&s, NULL, certs);
+	trust_ca("CACHEW_CA_BUNDLE", certs);
+	want = put_random(&s, "c.bin", 300000, 10);
+	char *u = fmt("%s/@cut=65536/c.bin", s.base);
+	ck_assert_int_eq(slurp(u, 0, UINT64_MAX, &o, 40000, &got, &len),
+	    CACHEW_OK);
+	assert_bytes(got, len, want, 300000);
+	ck_assert_int_eq(log_count(&s, "GET /@cut="), 2);
+	ck_assert_int_eq(log_count(&s, "range=bytes=65536- "), 1);
+	free(got);
+	free(u);
+	free(want);
+	srv_stop(&s);
+	env_clear();
+	cwt_rmtree(certs);
+	free(certs);
+}
+END_TEST
+
 /* ---- S3 ------------------------------------------------------------------------ */
 
 /* AWS's documented S3 SigV4 example ("GET Object", Signature Version 4
@@ -934,6 +1112,9 @@ cwt_io_suite(void)
 	tcase_add_test(tc, test_text_lines_http_404_fails_naming_url);
 	tcase_add_test(tc, test_fixed_length_records_over_http_with_header);
 	tcase_add_test(tc, test_read_file_reads_http_url_through_a_cut);
+	tcase_add_test(tc, test_https_with_ca_bundle_reads_exact_lines);
+	tcase_add_test(tc, test_https_untrusted_certificate_fails_naming_url);
+	tcase_add_test(tc, test_https_resumes_after_cut_with_identical_bytes);
 	tcase_add_test(tc, test_s3_signature_matches_aws_example);
 	tcase_add_test(tc, test_s3_missing_credentials_is_einval);
 	tcase_add_test(tc, test_s3_list_follows_continuation_tokens);

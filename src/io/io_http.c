@@ -23,6 +23,10 @@
  * unchanged; if not, the read fails with CACHEW_ECORRUPT rather than
  * splice two versions of the object.
  *
+ * Trust: https peers are verified against libcurl's default CA store, or
+ * the PEM file named by CACHEW_CA_BUNDLE (else CURL_CA_BUNDLE), read when
+ * a file is opened, for private CAs and loopback tests.
+ *
  * No locks: the per-thread pairs are thread-local; curl_global_init runs
  * once under pthread_once.
  */
@@ -75,6 +79,10 @@ typedef struct http_file {
 	uint64_t a_net0;  /* net when the attempt started */
 	struct curl_slist *a_headers_list;
 	struct curl_slist *connect_to; /* opts.connect_to as a curl list */
+	/* The PEM file of CAs that verify https peers (CURLOPT_CAINFO), from
+	 * the environment at open, or NULL for libcurl's default store. */
+	char *ca_bundle;
+	const char *ca_bundle_var; /* the variable that named it */
 	cwi_strbuf errbody;
 	char errbuf[CURL_ERROR_SIZE];
 	char errmsg[512]; /* the final error's message, for sticky returns */
@@ -529,6 +537,8 @@ attempt_start(http_file *h)
 #undef SET
 	if (h->connect_to != NULL && rc == CURLE_OK)
 		rc = curl_easy_setopt(e, CURLOPT_CONNECT_TO, h->connect_to);
+	if (h->ca_bundle != NULL && rc == CURLE_OK)
+		rc = curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_bundle);
 	if (rc != CURLE_OK)
 		return cwi_fail(CACHEW_EIO, "%s: curl setup failed: %s",
 		    h->base.path, curl_easy_strerror(rc));
@@ -588,6 +598,25 @@ errbody_summary(http_file *h, char *out, size_t cap)
 		snprintf(out, cap, ": %.160s", body);
 }
 
+/* What to do about a certificate failure: name the CA bundle in use, or
+ * the variable that sets one. Empty for other errors. */
+static void
+tls_hint(const http_file *h, CURLcode rc, char *out, size_t cap)
+{
+	out[0] = '\0';
+	if (rc == CURLE_PEER_FAILED_VERIFICATION && h->ca_bundle == NULL)
+		snprintf(out, cap,
+		    " (not trusted by the default CA store; set "
+		    "CACHEW_CA_BUNDLE to the PEM file of the server's CA)");
+	else if (rc == CURLE_PEER_FAILED_VERIFICATION)
+		snprintf(out, cap,
+		    " (not trusted by the CA bundle %.200s from %s)",
+		    h->ca_bundle, h->ca_bundle_var);
+	else if (rc == CURLE_SSL_CACERT_BADFILE && h->ca_bundle != NULL)
+		snprintf(out, cap, " (cannot use the CA bundle %.200s from %s)",
+		    h->ca_bundle, h->ca_bundle_var);
+}
+
 /* Full jitter over the upper half of an exponential delay. */
 static uint64_t
 backoff_ns(http_file *h)
@@ -607,7 +636,7 @@ backoff_ns(http_file *h)
 static cachew_err
 attempt_end(http_file *h, CURLcode rc)
 {
-	char why[768], body[200];
+	char why[1024], body[200];
 	cachew_err final = CACHEW_EIO;
 	bool retry;
 
@@ -639,9 +668,11 @@ attempt_end(http_file *h, CURLcode rc)
 		if (h->status == 404)
 			final = CACHEW_ENOENT;
 	} else {
-		snprintf(why, sizeof(why), "curl error %d (%s)%s%s", (int)rc,
+		char hint[300];
+		tls_hint(h, rc, hint, sizeof(hint));
+		snprintf(why, sizeof(why), "curl error %d (%s)%s%s%s", (int)rc,
 		    curl_easy_strerror(rc), h->errbuf[0] != '\0' ? ": " : "",
-		    h->errbuf);
+		    h->errbuf, hint);
 		retry = curl_retryable(rc);
 		if (rc == CURLE_OPERATION_TIMEDOUT)
 			final = CACHEW_ETIMEDOUT;
@@ -761,6 +792,7 @@ http_close(cwi_file *f)
 	cwi_http_req_free(&h->req);
 	curl_slist_free_all(h->a_headers_list);
 	curl_slist_free_all(h->connect_to);
+	free(h->ca_bundle);
 	cwi_strbuf_free(&h->errbody);
 	free(h->spill);
 	free(h->base.path);
@@ -771,6 +803,26 @@ static const cwi_file_ops http_ops = {
     .read = http_read,
     .close = http_close,
 };
+
+/* CACHEW_CA_BUNDLE, else the conventional CURL_CA_BUNDLE; an empty value
+ * counts as unset. Copied: the environment may change while h is open. */
+static cachew_err
+ca_bundle_from_env(http_file *h)
+{
+	static const char *const vars[] = {"CACHEW_CA_BUNDLE", "CURL_CA_BUNDLE"};
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		if (v == NULL || v[0] == '\0')
+			continue;
+		h->ca_bundle = cwi_strdup(v);
+		if (h->ca_bundle == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		h->ca_bundle_var = vars[i];
+		return CACHEW_OK;
+	}
+	return CACHEW_OK;
+}
 
 cachew_err
 cwi_http_open(cwi_file **out, const char *display, cwi_http_req *req,
@@ -807,6 +859,9 @@ cwi_http_open(cwi_file **out, const char *display, cwi_http_req *req,
 			goto fail;
 		}
 	}
+	rv = ca_bundle_from_env(h);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = conn_take(&h->conn);
 	if (rv != CACHEW_OK)
 		goto fail;

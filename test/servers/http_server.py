@@ -29,6 +29,11 @@ Emulated object-store endpoints (enough for the listing code):
         ListObjectsV2 XML of <root>/<bucket>/
 With --token T every request must carry "Authorization: Bearer T" (401
 otherwise).
+
+With --tls-cert PEM --tls-key PEM it serves HTTPS (TLS 1.2+) with that
+certificate chain instead; the handshake runs in the connection's thread,
+so a client that connects and sends nothing (the readiness probe) or
+rejects the certificate stalls nobody.
 """
 import argparse
 import hashlib
@@ -37,6 +42,7 @@ import itertools
 import json
 import os
 import socket
+import ssl
 import sys
 import threading
 import urllib.parse
@@ -63,6 +69,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "cachew-test/1"
 
     def setup(self):
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
         super().setup()
         self.conn_id = next(CONN_IDS)
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -228,9 +236,20 @@ class Server(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # Clients that close early (probes, files closed mid-body) are
         # part of the tests, not errors.
-        if isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
+        # So are TLS clients that reject the certificate (the untrusted-CA
+        # test) and probes that close before the handshake.
+        if isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError,
+                                          ssl.SSLError, TimeoutError)):
             return
         super().handle_error(request, client_address)
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        if self.tls is None:
+            return sock, addr
+        sock.settimeout(10)
+        return self.tls.wrap_socket(sock, server_side=True,
+                                    do_handshake_on_connect=False), addr
 
 
 def main():
@@ -239,11 +258,18 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--portfile", required=True)
     ap.add_argument("--token", default="")
+    ap.add_argument("--tls-cert", default="")
+    ap.add_argument("--tls-key", default="")
     args = ap.parse_args()
     srv = Server(("127.0.0.1", 0), Handler)
     srv.root = args.root
     srv.log_path = args.log
     srv.token = args.token
+    srv.tls = None
+    if args.tls_cert:
+        srv.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        srv.tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        srv.tls.load_cert_chain(args.tls_cert, args.tls_key or None)
     open(args.log, "a").close()
     tmp = args.portfile + ".tmp"
     with open(tmp, "w") as f:
