@@ -590,6 +590,224 @@ START_TEST(resize_bilinear_exact_values)
 }
 END_TEST
 
+/* A random h x w x c u8 image (uniform values: every pair of neighbours
+ * is as far apart as it gets) resized by the pipeline to oh x ow; the
+ * result, free with free(). */
+static uint8_t *
+resize_random_image(const uint8_t *img, int h, int w, int c, int oh, int ow)
+{
+	size_t cap = (size_t)h * w * (4 * c + 4) + 4 * (size_t)h + 256, len;
+	char *p = malloc(cap), err[512] = "";
+	cachew_options *o = cwt_opts(1, 1);
+	cachew_element **v = NULL;
+	uint8_t *out;
+	size_t n;
+	cachew_err rv;
+
+	ck_assert_ptr_nonnull(p);
+	len = (size_t)snprintf(p, cap, "from_tensors([");
+	for (int y = 0; y < h; y++) {
+		len += (size_t)snprintf(p + len, cap - len, "%s[", y ? "," : "");
+		for (int x = 0; x < w; x++) {
+			len += (size_t)snprintf(p + len, cap - len, "%s[",
+			    x ? "," : "");
+			for (int k = 0; k < c; k++)
+				len += (size_t)snprintf(p + len, cap - len,
+				    "%s%u", k ? "," : "",
+				    img[((size_t)y * w + x) * c + k]);
+			len += (size_t)snprintf(p + len, cap - len, "]");
+		}
+		len += (size_t)snprintf(p + len, cap - len, "]");
+	}
+	snprintf(p + len, cap - len, "]) | map(cast, dtype=u8) | "
+	    "resize(h=%d, w=%d)", oh, ow);
+	rv = cwt_run(p, o, &v, &n, err, sizeof(err));
+	cachew_options_destroy(o);
+	ck_assert_msg(rv == CACHEW_OK, "%s (%s)", cachew_strerror(rv), err);
+	ck_assert_uint_eq(n, 1);
+	assert_shape(comp(v[0], 0), CACHEW_U8, 3, oh, ow, c);
+	out = malloc((size_t)oh * ow * c);
+	ck_assert_ptr_nonnull(out);
+	memcpy(out, cachew_tensor_data(comp(v[0], 0)), (size_t)oh * ow * c);
+	cwt_free(v, n);
+	free(p);
+	return out;
+}
+
+static uint8_t *
+random_u8(size_t n, uint32_t seed)
+{
+	uint8_t *p = malloc(n);
+	ck_assert_ptr_nonnull(p);
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		p[i] = (uint8_t)(seed >> 24);
+	}
+	return p;
+}
+
+static int
+px(const uint8_t *img, int w, int c, int y, int x, int k)
+{
+	return img[((size_t)y * w + x) * c + k];
+}
+
+/* Source pixels and weight of the second along one axis, half-pixel
+ * centers, clamped (docs/preprocessing.md). */
+static void
+ref_axis(int d, int n, int in, int *i0, int *i1, double *w)
+{
+	double s = (d + 0.5) * in / n - 0.5;
+	if (s < 0)
+		s = 0;
+	if (s > in - 1)
+		s = in - 1;
+	*i0 = (int)floor(s);
+	*i1 = *i0 < in - 1 ? *i0 + 1 : in - 1;
+	*w = s - *i0;
+}
+
+/* Odd sizes (the vector paths' tails and the clamped right edge), down
+ * and up, with 1, 3 (the vector path) and 4 channels. */
+static const int resize_cases[][4] = {
+	{29, 40, 7, 5}, {29, 40, 13, 61}, {29, 40, 29, 40}, {29, 40, 50, 97},
+	{29, 40, 1, 1}, {29, 40, 64, 17}, {3, 2, 5, 7}, {2, 3, 1, 2},
+};
+
+/* The largest distance of resize's result from the float computation on
+ * img (h x w x c) resized to oh x ow. */
+static double
+resize_float_distance(const uint8_t *img, int h, int w, int c, int oh,
+    int ow)
+{
+	uint8_t *got = resize_random_image(img, h, w, c, oh, ow);
+	double worst = 0;
+
+	for (int dy = 0; dy < oh; dy++) {
+		int y0, y1, x0, x1;
+		double wy, wx;
+		ref_axis(dy, oh, h, &y0, &y1, &wy);
+		for (int dx = 0; dx < ow; dx++) {
+			ref_axis(dx, ow, w, &x0, &x1, &wx);
+			for (int k = 0; k < c; k++) {
+				double top = px(img, w, c, y0, x0, k) * (1 - wx) +
+				    px(img, w, c, y0, x1, k) * wx;
+				double bot = px(img, w, c, y1, x0, k) * (1 - wx) +
+				    px(img, w, c, y1, x1, k) * wx;
+				double ref = top * (1 - wy) + bot * wy;
+				double e = fabs(got[((size_t)dy * ow + dx) * c +
+				    k] - ref);
+				if (e > worst)
+					worst = e;
+			}
+		}
+	}
+	free(got);
+	return worst;
+}
+
+/*
+ * The 7-bit weights are within 1/256 of the real ones, so each axis adds
+ * at most |p1 - p0| / 256 to the rounding's 1/2: a result is at most one
+ * level from the float computation where neighbouring pixels differ by
+ * at most 64 (photos, smooth images), and less than 2.5 levels on any
+ * image (uniform noise: measured worst 1.55).
+ */
+START_TEST(resize_u8_within_one_level_of_float)
+{
+	static const int channels[] = {3, 1, 4};
+	double worst_smooth = 0, worst_noise = 0;
+
+	for (size_t ci = 0; ci < 3; ci++) {
+		for (size_t i = 0; i < sizeof(resize_cases) /
+		    sizeof(resize_cases[0]); i++) {
+			int h = resize_cases[i][0], w = resize_cases[i][1];
+			int oh = resize_cases[i][2], ow = resize_cases[i][3];
+			int c = channels[ci];
+			size_t n = (size_t)h * w * c;
+			uint8_t *noise = random_u8(n, (uint32_t)(i * 7 + ci + 1));
+			uint8_t *smooth = malloc(n);
+			double e;
+
+			ck_assert_ptr_nonnull(smooth);
+			/* Neighbours differ by at most 2 + 61 (and 61 between
+			 * channels, which are resized apart). */
+			for (size_t q = 0; q < n; q++) {
+				size_t x = q / (size_t)c % (size_t)w;
+				size_t y = q / (size_t)c / (size_t)w;
+				size_t v = 2 * (x + y) + 20 * (q % (size_t)c) +
+				    noise[q] % 62u;
+				smooth[q] = (uint8_t)(v < 255 ? v : 255);
+			}
+			e = resize_float_distance(smooth, h, w, c, oh, ow);
+			ck_assert_msg(e <= 1.0, "smooth %dx%dx%d -> %dx%d: %.3f "
+			    "levels from float", h, w, c, oh, ow, e);
+			if (e > worst_smooth)
+				worst_smooth = e;
+			e = resize_float_distance(noise, h, w, c, oh, ow);
+			ck_assert_msg(e < 2.5, "noise %dx%dx%d -> %dx%d: %.3f "
+			    "levels from float", h, w, c, oh, ow, e);
+			if (e > worst_noise)
+				worst_noise = e;
+			free(smooth);
+			free(noise);
+		}
+	}
+	/* The comparisons compared something. */
+	ck_assert(worst_smooth > 0.5 && worst_noise > 0.5);
+}
+END_TEST
+
+/* The vector paths of fn_image.c compute the same integers as the
+ * fixed-point algorithm written plainly: 7-bit weights, x then y, rounded
+ * half up. */
+START_TEST(resize_u8_matches_fixed_point_reference)
+{
+	static const int channels[] = {3, 1, 4};
+
+	for (size_t ci = 0; ci < 3; ci++) {
+		for (size_t i = 0; i < sizeof(resize_cases) /
+		    sizeof(resize_cases[0]); i++) {
+			int h = resize_cases[i][0], w = resize_cases[i][1];
+			int oh = resize_cases[i][2], ow = resize_cases[i][3];
+			int c = channels[ci];
+			uint8_t *img = random_u8((size_t)h * w * c,
+			    (uint32_t)(i * 13 + ci + 5));
+			uint8_t *got = resize_random_image(img, h, w, c, oh,
+			    ow);
+
+			for (int dy = 0; dy < oh; dy++) {
+				int y0, y1, x0, x1;
+				double wy, wx;
+				long qy;
+				ref_axis(dy, oh, h, &y0, &y1, &wy);
+				qy = lrint(wy * 128);
+				for (int dx = 0; dx < ow; dx++) {
+					long qx;
+					ref_axis(dx, ow, w, &x0, &x1, &wx);
+					qx = lrint(wx * 128);
+					for (int k = 0; k < c; k++) {
+						long g = got[((size_t)dy * ow + dx) * c + k];
+						long top = px(img, w, c, y0, x0, k) * (128 - qx) +
+						    px(img, w, c, y0, x1, k) * qx;
+						long bot = px(img, w, c, y1, x0, k) * (128 - qx) +
+						    px(img, w, c, y1, x1, k) * qx;
+						long want = (top * (128 - qy) + bot * qy +
+						    8192) >> 14;
+
+						ck_assert_msg(g == want, "%dx%dx%d -> %dx%d at "
+						    "(%d, %d, %d): %ld, want %ld", h, w, c, oh,
+						    ow, dy, dx, k, g, want);
+					}
+				}
+			}
+			free(got);
+			free(img);
+		}
+	}
+}
+END_TEST
+
 START_TEST(center_crop_exact_values)
 {
 	/* 5x5 ramp, crop 2x3: top = round(1.5) = 2 (ties to even), left 1. */
@@ -735,6 +953,27 @@ START_TEST(normalize_channels_first_equals_transpose_then_normalize)
 }
 END_TEST
 
+/* A strong downscale (a large crop to 8 x 8) asks the fused decoder for
+ * rows more than its 16-row buffer apart: each must still arrive (this
+ * aborted on a 4000 x 3000 photo before the refill skipped ahead). */
+START_TEST(random_resized_crop_fused_downscales_large_images)
+{
+	char *dir = cwt_tmpdir();
+	cachew_element **v;
+	size_t n;
+
+	write_jpegs(dir, 1, 2400, 1800);
+	v = run_ok(dir, "list_files(\"%s/*.jpg\") | repeat(48) | read_file | "
+			"random_resized_crop(size=8)", 3, 1, &n);
+	ck_assert_uint_eq(n, 48);
+	for (size_t i = 0; i < n; i++)
+		assert_shape(comp(v[i], 0), CACHEW_U8, 3, 8, 8, 3);
+	cwt_free(v, n);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(transpose_permutes_axes)
 {
 	cachew_element **v;
@@ -862,10 +1101,13 @@ cwt_image_suite(void)
 	tcase_add_test(tc, random_resized_crop_fused_matches_unfused);
 	tcase_add_test(tc, random_resized_crop_fused_other_jpeg_kinds);
 	tcase_add_test(tc, resize_bilinear_exact_values);
+	tcase_add_test(tc, resize_u8_within_one_level_of_float);
+	tcase_add_test(tc, resize_u8_matches_fixed_point_reference);
 	tcase_add_test(tc, center_crop_exact_values);
 	tcase_add_test(tc, flip_left_right_values_and_rate);
 	tcase_add_test(tc, normalize_exact_values);
 	tcase_add_test(tc, normalize_channels_first_equals_transpose_then_normalize);
+	tcase_add_test(tc, random_resized_crop_fused_downscales_large_images);
 	tcase_add_test(tc, transpose_permutes_axes);
 	tcase_add_test(tc, tokenize_exact_ids);
 	tcase_add_test(tc, pad_truncate_exact_values);

@@ -30,6 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include <jerror.h>
 #include <jpeglib.h>
 
@@ -243,6 +247,12 @@ typedef struct axis_plan {
 	int32_t *i0, *i1; /* source pixel indices */
 	float *w;         /* weight of i1 */
 	int32_t *wq;      /* the same in 1/128ths (u8 images) */
+	/* 3-channel u8 rows along x only: per output pixel the eight 16-bit
+	 * factors {w0, w0, w0, w1, w1, w1, 0, 0} (16-aligned), and the number
+	 * of leading pixels whose 8-byte load at 3 * i0 stays inside the
+	 * row (i0 <= hi - 2, so also i1 == i0 + 1). */
+	int16_t *wv;
+	int64_t nv;
 } axis_plan;
 
 #define WQ_ONE 128 /* fixed-point weights: 7 bits */
@@ -266,6 +276,23 @@ axis_plan_fill(axis_plan *a, int64_t n, double origin, double extent,
 		a->i1[d] = (int32_t)(x0 < hi ? x0 + 1 : hi);
 		a->w[d] = (float)(s - (double)x0);
 		a->wq[d] = (int32_t)lrint((s - (double)x0) * WQ_ONE);
+	}
+}
+
+/* Fills a->wv and a->nv from a filled plan of n pixels (see axis_plan). */
+static void
+axis_plan_fill_c3(axis_plan *a, int64_t n, int64_t hi)
+{
+	a->nv = 0;
+	for (int64_t d = 0; d < n; d++) {
+		int16_t w1 = (int16_t)a->wq[d], w0 = (int16_t)(WQ_ONE - w1);
+		int16_t *v = a->wv + 8 * d;
+
+		v[0] = v[1] = v[2] = w0;
+		v[3] = v[4] = v[5] = w1;
+		v[6] = v[7] = 0;
+		if (a->i0[d] <= hi - 2)
+			a->nv = d + 1; /* i0 is nondecreasing in d */
 	}
 }
 
@@ -296,35 +323,65 @@ source_row(const resize_job *j, int64_t row)
 
 /*
  * u8 images resample in fixed point: a row is first resampled along x
- * into 15-bit values (pixel * 128), then two such rows blend along y into
- * 22 bits, rounded half up to u8. The weights are exact for the simple
- * fractions (1/4, 1/2, 3/4); otherwise within 1/256 pixel of the float
- * position, at most one level off a float computation.
+ * into 15-bit values (pixel * 128, at most 32640: they fit u16 and even
+ * i16), then two such rows blend along y into 22 bits, rounded half up to
+ * u8. The weights are exact for the simple fractions (1/4, 1/2, 3/4);
+ * otherwise within 1/256 pixel of the float position, at most one level
+ * off a float computation. The SSE2 paths compute exactly the same
+ * integers as the plain C ones.
  */
 static void
+resize_row_u8_c3(const uint8_t *r, const axis_plan *x, int64_t ow,
+    uint16_t *out)
+{
+	int64_t d = 0;
+
+#ifdef __SSE2__
+	/* p0 and p1 are the 6 bytes at 3 * i0: one 8-byte load, widened to
+	 * u16, times {w0 x3, w1 x3, 0, 0}, and the p1 half added onto the
+	 * p0 half. The 8-byte store writes one u16 past the pixel, which the
+	 * next pixel (or the row's padding) overwrites. */
+	const __m128i zero = _mm_setzero_si128();
+	const int32_t *i0 = x->i0; /* locals: out may alias x's tables */
+	const int16_t *wv = x->wv;
+	int64_t nv = x->nv;
+	for (; d < nv; d++) {
+		__m128i p = _mm_loadl_epi64(
+		    (const __m128i *)(const void *)(r + 3 * i0[d]));
+		__m128i v = _mm_mullo_epi16(_mm_unpacklo_epi8(p, zero),
+		    _mm_load_si128((const __m128i *)(const void *)(wv +
+			8 * d)));
+		v = _mm_add_epi16(v, _mm_srli_si128(v, 6));
+		_mm_storel_epi64((__m128i *)(void *)(out + 3 * d), v);
+	}
+#endif
+	for (; d < ow; d++) {
+		const uint8_t *p0 = r + 3 * x->i0[d];
+		const uint8_t *p1 = r + 3 * x->i1[d];
+		int w1 = x->wq[d], w0 = WQ_ONE - w1;
+		out[3 * d] = (uint16_t)(p0[0] * w0 + p1[0] * w1);
+		out[3 * d + 1] = (uint16_t)(p0[1] * w0 + p1[1] * w1);
+		out[3 * d + 2] = (uint16_t)(p0[2] * w0 + p1[2] * w1);
+	}
+}
+
+static void
 resize_row_u8(const resize_job *j, const axis_plan *x, int64_t row,
-    int32_t *out)
+    uint16_t *out)
 {
 	const uint8_t *r = source_row(j, row);
 	int64_t c = j->c, ow = j->ow;
 
 	if (c == 3) {
-		for (int64_t d = 0; d < ow; d++) {
-			const uint8_t *p0 = r + 3 * x->i0[d];
-			const uint8_t *p1 = r + 3 * x->i1[d];
-			int32_t w1 = x->wq[d], w0 = WQ_ONE - w1;
-			out[3 * d] = p0[0] * w0 + p1[0] * w1;
-			out[3 * d + 1] = p0[1] * w0 + p1[1] * w1;
-			out[3 * d + 2] = p0[2] * w0 + p1[2] * w1;
-		}
+		resize_row_u8_c3(r, x, ow, out);
 		return;
 	}
 	for (int64_t d = 0; d < ow; d++) {
 		const uint8_t *p0 = r + c * x->i0[d];
 		const uint8_t *p1 = r + c * x->i1[d];
-		int32_t w1 = x->wq[d], w0 = WQ_ONE - w1;
+		int w1 = x->wq[d], w0 = WQ_ONE - w1;
 		for (int64_t k = 0; k < c; k++)
-			out[c * d + k] = p0[k] * w0 + p1[k] * w1;
+			out[c * d + k] = (uint16_t)(p0[k] * w0 + p1[k] * w1);
 	}
 }
 
@@ -343,6 +400,46 @@ resize_row_f32(const resize_job *j, const axis_plan *x, int64_t row,
 	}
 }
 
+/* n u8 values (a * (128 - w1) + b * w1 + 8192) >> 14. */
+static void
+blend_rows_u8(const uint16_t *a, const uint16_t *b, uint32_t w1,
+    uint8_t *o, size_t n)
+{
+	uint32_t w0 = WQ_ONE - w1;
+	size_t k = 0;
+
+#ifdef __SSE2__
+	/* a and b interleaved as i16 pairs (they are below 2^15), one
+	 * multiply-add per pair gives the exact 32-bit sum. */
+	const __m128i w = _mm_set1_epi32((int)(w0 | w1 << 16));
+	const __m128i half = _mm_set1_epi32(WQ_ONE * WQ_ONE / 2);
+	for (; k + 16 <= n; k += 16) {
+		__m128i a0 = _mm_loadu_si128((const __m128i *)(const void *)
+		    (a + k));
+		__m128i a1 = _mm_loadu_si128((const __m128i *)(const void *)
+		    (a + k + 8));
+		__m128i b0 = _mm_loadu_si128((const __m128i *)(const void *)
+		    (b + k));
+		__m128i b1 = _mm_loadu_si128((const __m128i *)(const void *)
+		    (b + k + 8));
+		__m128i s0 = _mm_madd_epi16(_mm_unpacklo_epi16(a0, b0), w);
+		__m128i s1 = _mm_madd_epi16(_mm_unpackhi_epi16(a0, b0), w);
+		__m128i s2 = _mm_madd_epi16(_mm_unpacklo_epi16(a1, b1), w);
+		__m128i s3 = _mm_madd_epi16(_mm_unpackhi_epi16(a1, b1), w);
+		s0 = _mm_srli_epi32(_mm_add_epi32(s0, half), 14);
+		s1 = _mm_srli_epi32(_mm_add_epi32(s1, half), 14);
+		s2 = _mm_srli_epi32(_mm_add_epi32(s2, half), 14);
+		s3 = _mm_srli_epi32(_mm_add_epi32(s3, half), 14);
+		_mm_storeu_si128((__m128i *)(void *)(o + k),
+		    _mm_packus_epi16(_mm_packs_epi32(s0, s1),
+			_mm_packs_epi32(s2, s3)));
+	}
+#endif
+	for (; k < n; k++)
+		o[k] = (uint8_t)((a[k] * w0 + b[k] * w1 +
+		    WQ_ONE * WQ_ONE / 2) >> 14);
+}
+
 /* Output row d from the two resampled rows r0 (weight 1 - w) and r1. */
 static void
 blend_rows(const resize_job *j, const void *r0, const void *r1,
@@ -357,12 +454,8 @@ blend_rows(const resize_job *j, const void *r0, const void *r1,
 		for (size_t k = 0; k < rw; k++)
 			o[k] = a[k] + (b[k] - a[k]) * w;
 	} else {
-		const uint32_t *a = r0, *b = r1;
-		uint32_t w1 = (uint32_t)y->wq[d], w0 = WQ_ONE - w1;
-		uint8_t *o = j->dst + (size_t)d * rw;
-		for (size_t k = 0; k < rw; k++)
-			o[k] = (uint8_t)((a[k] * w0 + b[k] * w1 +
-			    WQ_ONE * WQ_ONE / 2) >> 14);
+		blend_rows_u8(r0, r1, (uint32_t)y->wq[d],
+		    j->dst + (size_t)d * rw, rw);
 	}
 }
 
@@ -375,24 +468,35 @@ resize_row(const resize_job *j, const axis_plan *x, int64_t row, void *out)
 		resize_row_u8(j, x, row, out);
 }
 
+/* Bytes of one resampled row in scratch: rw 4-byte values (f32) or u16
+ * values, plus 16 bytes the 8-byte stores of resize_row_u8_c3 may touch,
+ * rounded up to keep the next row 16-aligned. */
+static size_t
+resize_row_bytes(const resize_job *j)
+{
+	return (4 * (size_t)(j->ow * j->c) + 16 + 15) & ~(size_t)15;
+}
+
 /* Bytes of scratch memory resize_run needs: x and y tables (4 words per
- * entry), then two resampled rows (4-byte values: int32 or float). */
+ * entry), up to 15 bytes to align what follows to 16, the x factors of
+ * axis_plan.wv (16 bytes per output column), then two resampled rows. */
 static size_t
 resize_scratch_size(const resize_job *j)
 {
-	return 4 * (4 * (size_t)(j->ow + j->oh) + 2 * (size_t)(j->ow * j->c));
+	return 16 * (size_t)(j->ow + j->oh) + 15 + 16 * (size_t)j->ow +
+	    2 * resize_row_bytes(j);
 }
 
 /* Runs a resize job in `scratch` (resize_scratch_size bytes, 4-aligned). */
 static void
 resize_run(const resize_job *j, void *scratch)
 {
-	size_t rw = (size_t)(j->ow * j->c);
 	size_t nx = (size_t)j->ow, ny = (size_t)j->oh;
 	axis_plan x, y;
 	void *r0, *r1;
 	int64_t tag0 = -1, tag1 = -1;
 	int32_t *mem = scratch;
+	uint8_t *tail;
 
 	x.i0 = mem;
 	x.i1 = x.i0 + nx;
@@ -402,10 +506,18 @@ resize_run(const resize_job *j, void *scratch)
 	y.i1 = y.i0 + ny;
 	y.wq = y.i1 + ny;
 	y.w = (float *)(void *)(y.wq + ny);
-	r0 = mem + 4 * (nx + ny);
-	r1 = mem + 4 * (nx + ny) + rw;
+	tail = (uint8_t *)(mem + 4 * (nx + ny));
+	tail += (16 - (uintptr_t)tail % 16) % 16;
+	x.wv = (int16_t *)(void *)tail;
+	x.nv = 0;
+	y.wv = NULL;
+	y.nv = 0;
+	r0 = tail + 16 * nx;
+	r1 = (uint8_t *)r0 + resize_row_bytes(j);
 	axis_plan_fill(&x, j->ow, j->x_origin, j->x_extent, j->x_lo, j->x_hi);
 	axis_plan_fill(&y, j->oh, j->y_origin, j->y_extent, j->y_lo, j->y_hi);
+	if (!j->f32 && j->c == 3)
+		axis_plan_fill_c3(&x, j->ow, j->x_hi);
 	for (int64_t d = 0; d < j->oh; d++) {
 		int64_t y0 = y.i0[d], y1 = y.i1[d];
 
@@ -479,6 +591,11 @@ resize_box(const cwi_tensor *t, int64_t top, int64_t left, int64_t h,
 
 /* ---- JPEG decoding ------------------------------------------------------------- */
 
+/* 2^27 pixels (about 11585 x 11585): larger than any camera image, and it
+ * bounds what a hostile header can make libjpeg allocate (~400 MB for a
+ * progressive 4:4:4 file at the limit). */
+#define CWI_JPEG_MAX_PIXELS ((uint64_t)1 << 27)
+
 typedef struct dec_job {
 	struct jpeg_decompress_struct cinfo; /* first: error_exit finds us */
 	struct jpeg_error_mgr jerr;
@@ -536,6 +653,17 @@ dec_open(dec_job *job, const uint8_t *data, size_t len)
 	job->created = true;
 	jpeg_mem_src(&job->cinfo, data, (unsigned long)len);
 	(void)jpeg_read_header(&job->cinfo, TRUE);
+	/* The header's dimensions come from outside: a few hundred bytes can
+	 * declare 30000 x 30000, which libjpeg would allocate for (progressive
+	 * files buffer every coefficient). Refuse before any of that. */
+	if ((uint64_t)job->cinfo.image_width * job->cinfo.image_height >
+	    CWI_JPEG_MAX_PIXELS) {
+		snprintf(job->msg, sizeof(job->msg),
+		    "image of %u x %u pixels is larger than the limit of %llu "
+		    "pixels", job->cinfo.image_width, job->cinfo.image_height,
+		    (unsigned long long)CWI_JPEG_MAX_PIXELS);
+		longjmp(job->jb, 1);
+	}
 }
 
 /* channels 0: as stored (gray stays gray, anything else RGB). */
@@ -956,14 +1084,26 @@ stream_row(void *ctx, int64_t y)
 {
 	row_stream *rs = ctx;
 
-	if (y >= rs->base + rs->filled) {
-		int64_t n = rs->total - (rs->base + rs->filled);
-		rs->base += rs->filled;
+	/* A strong downscale asks for rows far apart: skip the rows between
+	 * (libjpeg still entropy-decodes them, but does not output them),
+	 * then refill until y is in the buffer. */
+	while (y >= rs->base + rs->filled) {
+		int64_t next = rs->base + rs->filled, n;
+		if (y - next >= STREAM_ROWS) {
+			JDIMENSION skipped = jpeg_skip_scanlines(&rs->job->cinfo,
+			    (JDIMENSION)(y - next));
+			if (skipped == 0)
+				ERREXIT(&rs->job->cinfo, JERR_INPUT_EMPTY);
+			next += (int64_t)skipped;
+		}
+		n = rs->total - next;
+		if (n <= 0)
+			ERREXIT(&rs->job->cinfo, JERR_INPUT_EMPTY);
+		rs->base = next;
 		rs->filled = n < STREAM_ROWS ? n : STREAM_ROWS;
 		dec_read_rows(rs->job, rs->rows, rs->stride,
 		    (JDIMENSION)rs->filled);
 	}
-	assert(y >= rs->base && y < rs->base + rs->filled);
 	return rs->rows + (size_t)(y - rs->base) * rs->stride;
 }
 
