@@ -692,6 +692,33 @@ START_TEST(test_read_file_reads_http_url_through_a_cut)
 }
 END_TEST
 
+START_TEST(test_tfrecord_reads_http_url_through_a_cut)
+{
+	server s;
+	char err[512] = "";
+	cachew_element **v = NULL;
+	size_t n = 0;
+
+	/* Write a TFRecord file into the server's root with cachew itself,
+	 * then read it back over HTTP with the connection cut mid-record. */
+	setenv("CACHEW_IO_BACKOFF_MS", "1", 1);
+	srv_start(&s, NULL);
+	char *w = fmt("from_list([\"alpha\", \"beta\", \"gamma\", \"delta\"]) | "
+		      "tfrecord_write(\"%s/t.tfrecord\")", s.root);
+	ck_assert_int_eq(cwt_run(w, NULL, &v, &n, err, sizeof(err)), CACHEW_OK);
+	cwt_free(v, n);
+	char *p = fmt("tfrecord(\"%s/@cut=30/t.tfrecord\")", s.base);
+	char *lines = run_lines(p);
+	ck_assert_str_eq(lines, "alpha|beta|gamma|delta");
+	ck_assert_int_eq(log_count(&s, "range=bytes=30- "), 1);
+	free(lines);
+	free(p);
+	free(w);
+	srv_stop(&s);
+	env_clear();
+}
+END_TEST
+
 /* ---- HTTPS --------------------------------------------------------------------- */
 
 /* Writes a throwaway CA (ca.pem) and a server certificate for 127.0.0.1
@@ -1112,6 +1139,7 @@ cwt_io_suite(void)
 	tcase_add_test(tc, test_text_lines_http_404_fails_naming_url);
 	tcase_add_test(tc, test_fixed_length_records_over_http_with_header);
 	tcase_add_test(tc, test_read_file_reads_http_url_through_a_cut);
+	tcase_add_test(tc, test_tfrecord_reads_http_url_through_a_cut);
 	tcase_add_test(tc, test_https_with_ca_bundle_reads_exact_lines);
 	tcase_add_test(tc, test_https_untrusted_certificate_fails_naming_url);
 	tcase_add_test(tc, test_https_resumes_after_cut_with_identical_bytes);
