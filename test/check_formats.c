@@ -727,6 +727,284 @@ START_TEST(tfrecord_write_rejects_unknown_compression)
 }
 END_TEST
 
+/* ---- record indexes and records= ------------------------------------------------------- */
+
+/* Writes dir/in.tfrecord (small_file(10)) and copies it through
+ * tfrecord_write(index=true) to dir/<name>; the path in out. */
+static void
+write_indexed(const char *dir, const char *name, char *out, size_t outlen)
+{
+	char in[512], pipeline[1200], err[512];
+	cachew_element **v = NULL;
+	size_t len, n = 0;
+	uint8_t *file = small_file(10, &len);
+
+	snprintf(in, sizeof(in), "%s/in.tfrecord", dir);
+	snprintf(out, outlen, "%s/%s", dir, name);
+	cwt_write_file(in, file, len);
+	free(file);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\") | tfrecord_write(\"%s\", index=true)", in, out);
+	ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 10);
+	cwt_free(v, n);
+}
+
+/* Runs the pipeline and checks that it yields exactly small_file's
+ * records [first, first + count). */
+static void
+expect_small_records(const char *pipeline, int first, int count)
+{
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char err[512];
+	uint8_t rec[64];
+
+	ck_assert_msg(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)) ==
+		CACHEW_OK, "%s: %s", pipeline, err);
+	ck_assert_uint_eq(n, (size_t)count);
+	for (int i = 0; i < count; i++) {
+		memset(rec, 'a' + first + i, sizeof(rec));
+		elem_bytes_eq(v[i], 0, rec, (size_t)(5 + 2 * (first + i)));
+	}
+	cwt_free(v, n);
+}
+
+START_TEST(tfrecord_write_index_matches_independent_offsets)
+{
+	char *dir = cwt_tmpdir(), out[512], idx[600], want[512];
+	size_t len, wlen = 0;
+	uint8_t *got;
+
+	write_indexed(dir, "out.tfrecord", out, sizeof(out));
+	for (int i = 0; i < 10; i++)
+		wlen += (size_t)snprintf(want + wlen, sizeof(want) - wlen,
+		    "%zu %zu\n", small_offset(i), (size_t)(12 + 5 + 2 * i + 4));
+	snprintf(idx, sizeof(idx), "%s.idx", out);
+	got = read_whole(idx, &len);
+	ck_assert_uint_eq(len, wlen);
+	ck_assert_mem_eq(got, want, wlen);
+	/* in, out and out.idx: no temporary left. */
+	ck_assert_int_eq(dir_entries(dir), 3);
+	free(got);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(tfrecord_write_index_needs_no_compression)
+{
+	cachew_dataset *ds = NULL;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "from_list([\"a\"]) | tfrecord_write(\"x\", "
+			     "compression=gzip, index=true)"),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "index=true needs "
+					      "compression=none") != NULL,
+	    "%s", cachew_errmsg());
+}
+END_TEST
+
+START_TEST(tfrecord_records_reads_exactly_the_selected_records)
+{
+	char *dir = cwt_tmpdir(), out[512], pipeline[1200];
+
+	write_indexed(dir, "out.tfrecord", out, sizeof(out));
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[3, 7], buffer_size=8)", out);
+	expect_small_records(pipeline, 3, 4);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[0, 100])", out);
+	expect_small_records(pipeline, 0, 10);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[5, 5])", out);
+	expect_small_records(pipeline, 0, 0);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[9, 12])", out);
+	expect_small_records(pipeline, 9, 1);
+	/* The flat_map function takes the same parameter. */
+	snprintf(pipeline, sizeof(pipeline),
+	    "from_list([\"%s\"]) | interleave(tfrecord, cycle=1, "
+	    "records=[3, 7])", out);
+	expect_small_records(pipeline, 3, 4);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(tfrecord_records_changes_the_fingerprint)
+{
+	cachew_dataset *a, *b, *c;
+	cachew_fingerprint fa, fb, fc;
+
+	ck_assert_int_eq(cachew_dataset_parse(&a, "tfrecord(\"x\")"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&b,
+			     "tfrecord(\"x\", records=[0, 5])"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&c,
+			     "tfrecord(\"x\", records=[5, 10])"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_fingerprint(a, &fa), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_fingerprint(b, &fb), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_fingerprint(c, &fc), CACHEW_OK);
+	ck_assert(fa.hi != fb.hi || fa.lo != fb.lo);
+	ck_assert(fb.hi != fc.hi || fb.lo != fc.lo);
+	cachew_dataset_release(a);
+	cachew_dataset_release(b);
+	cachew_dataset_release(c);
+}
+END_TEST
+
+START_TEST(tfrecord_records_rejects_bad_ranges_and_gzip)
+{
+	static const char *const bad[] = {
+	    "tfrecord(\"x\", records=[5, 3])",
+	    "tfrecord(\"x\", records=[-1, 3])",
+	    "tfrecord(\"x\", records=[1])",
+	    "tfrecord(\"x\", records=[1, \"2\"])",
+	    "tfrecord(\"x\", compression=gzip, records=[0, 1])",
+	    "from_list([\"x\"]) | interleave(tfrecord, cycle=1, "
+	    "compression=gzip, records=[0, 1])",
+	};
+	cachew_dataset *ds = NULL;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_msg(cachew_dataset_parse(&ds, bad[i]) == CACHEW_EINVAL,
+		    "%s", bad[i]);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "tfrecord(\"x\", compression=gzip, records=[0, 1])"),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "records needs "
+					      "compression=none") != NULL,
+	    "%s", cachew_errmsg());
+}
+END_TEST
+
+START_TEST(tfrecord_records_without_an_index_is_enoent)
+{
+	char *dir = cwt_tmpdir(), path[512], pipeline[1200], err[1024],
+	     want[700];
+	cachew_element **v = NULL;
+	size_t len, n = 0;
+	uint8_t *file = small_file(3, &len);
+
+	snprintf(path, sizeof(path), "%s/plain.tfrecord", dir);
+	cwt_write_file(path, file, len);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[0, 2])", path);
+	ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_ENOENT);
+	ck_assert_uint_eq(n, 0);
+	snprintf(want, sizeof(want),
+	    "%s.idx: no record index; write one with "
+	    "tfrecord_write(index=true) or cachew gen", path);
+	ck_assert_msg(strstr(err, want) != NULL, "%s", err);
+	cwt_free(v, n);
+	free(file);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* Replaces the index of `out` with `text` and checks that records= fails
+ * with ECORRUPT and a message holding "<out>.idx: <want>". */
+static void
+expect_bad_index(const char *out, const char *text, const char *want)
+{
+	char idx[600], pipeline[1200], err[1024], msg[1200];
+	cachew_element **v = NULL;
+	size_t n = 0;
+
+	snprintf(idx, sizeof(idx), "%s.idx", out);
+	cwt_write_file(idx, text, strlen(text));
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", records=[0, 2])", out);
+	ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_ECORRUPT);
+	ck_assert_uint_eq(n, 0);
+	snprintf(msg, sizeof(msg), "%s: %s", idx, want);
+	ck_assert_msg(strstr(err, msg) != NULL, "%s", err);
+	cwt_free(v, n);
+}
+
+START_TEST(tfrecord_records_corrupt_index_names_the_line)
+{
+	char *dir = cwt_tmpdir(), out[512];
+
+	write_indexed(dir, "out.tfrecord", out, sizeof(out));
+	/* Records are 21, 23, 25, ... bytes from offset 0. */
+	expect_bad_index(out, "0 21\n21 23\n44 x\n",
+	    "line 3: expected \"<offset> <size>\" in decimal");
+	expect_bad_index(out, "0 21\n21 23\n\n",
+	    "line 3: expected \"<offset> <size>\" in decimal");
+	expect_bad_index(out, "0 21\n21 23\n99999999999999999999999 5\n",
+	    "line 3: expected");
+	expect_bad_index(out, "0 21\n22 23\n",
+	    "line 2: offset 22 is not where the previous record ends (21)");
+	expect_bad_index(out, "0 21\n21 7\n",
+	    "line 2: record size 7 is not in [16, ");
+	expect_bad_index(out, "0 21\n21 23\n44 1000\n",
+	    "line 3: record [44, 1044) is past the end of ");
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(gen_imagenet_writes_an_index_per_shard)
+{
+	cwi_gen_imagenet_config cfg = {.out_dir = NULL, .images = 7,
+	    .shards = 2, .seed = 3, .width = 32, .height = 24, .quality = 80};
+	char *dir = cwt_tmpdir(), err[256], path[512], idx[600],
+	     pipeline[1400];
+	static const int per_shard[2] = {3, 4};
+
+	cfg.out_dir = dir;
+	ck_assert_int_eq(cwi_gen_imagenet(&cfg, NULL, err, sizeof(err)),
+	    CACHEW_OK);
+	ck_assert_int_eq(dir_entries(dir), 4); /* two shards, two indexes */
+	for (int s = 0; s < 2; s++) {
+		size_t len, ilen, lines = 0;
+		uint8_t *data, *text;
+		unsigned long long off = 0, size = 0, end = 0;
+		cachew_element **v = NULL;
+		size_t n = 0;
+
+		snprintf(path, sizeof(path),
+		    "%s/train-%05d-of-00002.tfrecord", dir, s);
+		snprintf(idx, sizeof(idx), "%s.idx", path);
+		data = read_whole(path, &len);
+		text = read_whole(idx, &ilen);
+		text[ilen] = '\0';
+		/* Each line starts where the previous record ended; the last
+		 * ends where the shard ends. */
+		for (char *p = (char *)text; *p != '\0'; lines++) {
+			ck_assert_int_eq(sscanf(p, "%llu %llu", &off, &size), 2);
+			ck_assert_uint_eq(off, end);
+			end = off + size;
+			p = strchr(p, '\n');
+			ck_assert_ptr_nonnull(p);
+			p++;
+		}
+		ck_assert_uint_eq(lines, (size_t)per_shard[s]);
+		ck_assert_uint_eq(end, len);
+		snprintf(pipeline, sizeof(pipeline),
+		    "tfrecord(\"%s\", records=[1, 3])", path);
+		ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err,
+				     sizeof(err)),
+		    CACHEW_OK);
+		ck_assert_uint_eq(n, 2);
+		cwt_free(v, n);
+		free(data);
+		free(text);
+	}
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- tf.train.Example: hand-built protos ------------------------------------------------ */
 
 typedef struct pb {
@@ -1298,6 +1576,13 @@ cwt_formats_suite(void)
 	tcase_add_test(tfr, tfrecord_write_upstream_failure_leaves_no_file);
 	tcase_add_test(tfr, tfrecord_write_stopped_early_leaves_no_file);
 	tcase_add_test(tfr, tfrecord_write_rejects_unknown_compression);
+	tcase_add_test(tfr, tfrecord_write_index_matches_independent_offsets);
+	tcase_add_test(tfr, tfrecord_write_index_needs_no_compression);
+	tcase_add_test(tfr, tfrecord_records_reads_exactly_the_selected_records);
+	tcase_add_test(tfr, tfrecord_records_changes_the_fingerprint);
+	tcase_add_test(tfr, tfrecord_records_rejects_bad_ranges_and_gzip);
+	tcase_add_test(tfr, tfrecord_records_without_an_index_is_enoent);
+	tcase_add_test(tfr, tfrecord_records_corrupt_index_names_the_line);
 	tcase_set_timeout(tfr, 60);
 	suite_add_tcase(s, tfr);
 
@@ -1318,6 +1603,7 @@ cwt_formats_suite(void)
 	tcase_add_test(gen, gen_imagenet_jpeg_is_500x375_and_photo_sized);
 	tcase_add_test(gen, gen_text_is_deterministic_zipf_text);
 	tcase_add_test(gen, gen_imagenet_end_to_end_through_interleave_and_parse_example);
+	tcase_add_test(gen, gen_imagenet_writes_an_index_per_shard);
 	tcase_set_timeout(gen, 60);
 	suite_add_tcase(s, gen);
 	return s;

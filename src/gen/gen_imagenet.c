@@ -263,17 +263,20 @@ typedef struct gen_state {
 	uint64_t bytes;
 } gen_state;
 
-/* Appends the record of image i to the shard. */
+/* Appends the record of image i to the shard, and its "<offset> <size>"
+ * line to the shard's record index (docs/formats.md). */
 static cachew_err
-write_image(gen_state *g, cwi_gen_file *gf, int64_t i, char *err,
-    size_t errlen)
+write_image(gen_state *g, cwi_gen_file *gf, cwi_gen_file *idx, int64_t i,
+    uint64_t *offset, char *err, size_t errlen)
 {
 	const cwi_gen_imagenet_config *cfg = g->cfg;
 	int64_t label = cwi_gen_imagenet_label(cfg->seed, i);
 	int64_t height = cfg->height, width = cfg->width;
 	uint8_t hdr[CWI_TFRECORD_HEADER], ftr[CWI_TFRECORD_FOOTER];
 	uint8_t *jpeg = NULL;
-	size_t jlen = 0;
+	size_t jlen = 0, total;
+	char line[48];
+	int n;
 	const void *items[1];
 	size_t lens[1];
 	cwi_example_enc enc;
@@ -308,7 +311,13 @@ write_image(gen_state *g, cwi_gen_file *gf, int64_t i, char *err,
 		rv = cwi_gen_file_write(gf, g->rec.data, g->rec.len, err, errlen);
 	if (rv == CACHEW_OK)
 		rv = cwi_gen_file_write(gf, ftr, sizeof(ftr), err, errlen);
-	g->bytes += sizeof(hdr) + g->rec.len + sizeof(ftr);
+	total = sizeof(hdr) + g->rec.len + sizeof(ftr);
+	n = snprintf(line, sizeof(line), "%llu %llu\n",
+	    (unsigned long long)*offset, (unsigned long long)total);
+	if (rv == CACHEW_OK)
+		rv = cwi_gen_file_write(idx, line, (size_t)n, err, errlen);
+	*offset += total;
+	g->bytes += total;
 	return rv;
 }
 
@@ -318,18 +327,27 @@ write_shard(gen_state *g, int64_t s, char *err, size_t errlen)
 	const cwi_gen_imagenet_config *cfg = g->cfg;
 	int64_t first = s * cfg->images / cfg->shards;
 	int64_t end = (s + 1) * cfg->images / cfg->shards;
-	char name[64];
-	cwi_gen_file gf;
+	char name[64], idx_name[72];
+	cwi_gen_file gf, idx;
+	uint64_t offset = 0;
 	cachew_err rv;
 
+	memset(&idx, 0, sizeof(idx));
 	snprintf(name, sizeof(name), "train-%05lld-of-%05lld.tfrecord",
 	    (long long)s, (long long)cfg->shards);
+	snprintf(idx_name, sizeof(idx_name), "%s.idx", name);
 	rv = cwi_gen_file_open(&gf, cfg->out_dir, name, err, errlen);
-	for (int64_t i = first; rv == CACHEW_OK && i < end; i++)
-		rv = write_image(g, &gf, i, err, errlen);
 	if (rv == CACHEW_OK)
-		return cwi_gen_file_commit(&gf, err, errlen);
+		rv = cwi_gen_file_open(&idx, cfg->out_dir, idx_name, err, errlen);
+	for (int64_t i = first; rv == CACHEW_OK && i < end; i++)
+		rv = write_image(g, &gf, &idx, i, &offset, err, errlen);
+	/* The index is renamed after its shard, as tfrecord_write does. */
+	if (rv == CACHEW_OK)
+		rv = cwi_gen_file_commit(&gf, err, errlen);
+	if (rv == CACHEW_OK)
+		return cwi_gen_file_commit(&idx, err, errlen);
 	cwi_gen_file_abort(&gf);
+	cwi_gen_file_abort(&idx);
 	return rv;
 }
 

@@ -1,13 +1,18 @@
 /*
- * op_tfrecord_write.c - tfrecord_write(path, compression): passes its input
- * through unchanged and appends component 0 (a bytes scalar) of every
- * element as a record to a TFRecord file.
+ * op_tfrecord_write.c - tfrecord_write(path, compression, index): passes
+ * its input through unchanged and appends component 0 (a bytes scalar) of
+ * every element as a record to a TFRecord file, and with index=true writes
+ * the record index "<path>.idx" (DALI's tfrecord2idx format, one
+ * "<offset> <size>" line per record; docs/formats.md).
  *
  * The records go to "<path>.tmp-<pid>"; at the end of the input the file is
  * flushed, fsync'ed and renamed to `path`, so a reader never sees a partial
  * file under the final name. A failure, or an iterator destroyed before the
  * end of its input (`take` downstream), removes the temporary file and
- * leaves no final file.
+ * leaves no final file. The index goes the same way through
+ * "<path>.idx.tmp-<pid>": synced before the data file is renamed, renamed
+ * after it. Writing without an index removes a "<path>.idx" left by an
+ * earlier write, which would no longer describe the file.
  */
 #include "ops.h"
 
@@ -28,6 +33,12 @@ typedef struct tfrecord_write_iter {
 	char *path;
 	char *tmp;
 	uint64_t records;
+	/* index=true: the temporary index and its final name. */
+	FILE *idx;
+	char *idx_path;
+	char *idx_tmp;
+	bool idx_pending; /* idx_tmp exists on disk */
+	uint64_t offset;  /* where the next record starts */
 } tfrecord_write_iter;
 
 /* Closes and removes the temporary file. */
@@ -42,6 +53,12 @@ writer_abort(tfrecord_write_iter *w)
 		(void)unlink(w->tmp);
 	}
 	w->fd = -1;
+	if (w->idx != NULL)
+		fclose(w->idx);
+	w->idx = NULL;
+	if (w->idx_pending)
+		(void)unlink(w->idx_tmp);
+	w->idx_pending = false;
 }
 
 static cachew_err
@@ -81,7 +98,59 @@ write_record(tfrecord_write_iter *w, const cwi_element *e)
 	    (len > 0 && gzfwrite(data, 1, len, w->out) != len) ||
 	    gzwrite(w->out, ftr, sizeof(ftr)) != (int)sizeof(ftr))
 		return writer_error(w, CACHEW_EIO, "write failed");
+	if (w->idx != NULL &&
+	    fprintf(w->idx, "%llu %llu\n", (unsigned long long)w->offset,
+		(unsigned long long)(sizeof(hdr) + len + sizeof(ftr))) < 0) {
+		cwi_pipeline_fail(w->base.pl, CACHEW_EIO,
+		    "tfrecord_write: %s: write failed: %s", w->idx_tmp,
+		    strerror(errno));
+		writer_abort(w);
+		return CACHEW_EIO;
+	}
+	w->offset += sizeof(hdr) + len + sizeof(ftr);
 	w->records++;
+	return CACHEW_OK;
+}
+
+/* Flushes, syncs and closes the temporary index, before the data file is
+ * renamed so that a failure leaves neither. */
+static cachew_err
+index_sync(tfrecord_write_iter *w)
+{
+	int rc = fflush(w->idx) != 0 || fsync(fileno(w->idx)) != 0;
+	int err = errno;
+
+	rc |= fclose(w->idx) != 0;
+	w->idx = NULL;
+	if (rc == 0)
+		return CACHEW_OK;
+	return cwi_pipeline_fail(w->base.pl, CACHEW_EIO,
+	    "tfrecord_write: %s: cannot complete the index: %s", w->idx_tmp,
+	    strerror(err != 0 ? err : errno));
+}
+
+/* Renames the synced index after the data file, or without an index
+ * removes a stale one. */
+static cachew_err
+index_commit(tfrecord_write_iter *w)
+{
+	char *stale;
+	int err;
+
+	if (w->idx_tmp != NULL) {
+		w->idx_pending = false;
+		if (rename(w->idx_tmp, w->idx_path) == 0)
+			return CACHEW_OK;
+		err = errno;
+		(void)unlink(w->idx_tmp);
+		return cwi_pipeline_fail(w->base.pl, CACHEW_EIO,
+		    "tfrecord_write: cannot rename %s to %s: %s", w->idx_tmp,
+		    w->idx_path, strerror(err));
+	}
+	stale = cwi_asprintf("%s.idx", w->path);
+	if (stale != NULL)
+		(void)unlink(stale);
+	free(stale);
 	return CACHEW_OK;
 }
 
@@ -96,6 +165,10 @@ writer_commit(tfrecord_write_iter *w)
 		return writer_error(w, CACHEW_EIO, "close failed");
 	if (fsync(w->fd) != 0)
 		return writer_error(w, CACHEW_EIO, "fsync failed");
+	if (w->idx != NULL && index_sync(w) != CACHEW_OK) {
+		writer_abort(w);
+		return CACHEW_EIO;
+	}
 	if (close(w->fd) != 0) {
 		w->fd = -1;
 		(void)unlink(w->tmp);
@@ -111,6 +184,8 @@ writer_commit(tfrecord_write_iter *w)
 		    "tfrecord_write: cannot rename %s to %s: %s", w->tmp,
 		    w->path, strerror(err));
 	}
+	if (index_commit(w) != CACHEW_OK)
+		return CACHEW_EIO;
 	cwi_log(CACHEW_LOG_INFO, "tfrecord", "wrote %llu records to %s",
 	    (unsigned long long)w->records, w->path);
 	return CACHEW_OK;
@@ -154,6 +229,8 @@ tfrecord_write_destroy(cwi_iter *it)
 	cwi_iter_destroy(w->input);
 	free(w->path);
 	free(w->tmp);
+	free(w->idx_path);
+	free(w->idx_tmp);
 	free(w);
 }
 
@@ -187,6 +264,23 @@ writer_open(tfrecord_write_iter *w, bool gzip)
 }
 
 static cachew_err
+index_open(tfrecord_write_iter *w)
+{
+	w->idx_path = cwi_asprintf("%s.idx", w->path);
+	w->idx_tmp = cwi_asprintf("%s.idx.tmp-%ld", w->path, (long)getpid());
+	if (w->idx_path == NULL || w->idx_tmp == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	w->idx = fopen(w->idx_tmp, "we");
+	w->idx_pending = w->idx != NULL;
+	if (w->idx == NULL)
+		return cwi_fail(errno == ENOENT || errno == ENOTDIR
+			? CACHEW_ENOENT
+			: CACHEW_EIO,
+		    "cannot create %s: %s", w->idx_tmp, strerror(errno));
+	return CACHEW_OK;
+}
+
+static cachew_err
 tfrecord_write_create(
     cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 {
@@ -206,6 +300,8 @@ tfrecord_write_create(
 		goto fail;
 	}
 	rv = writer_open(w, gzip);
+	if (rv == CACHEW_OK && cwi_node_bool(node, "index"))
+		rv = index_open(w);
 	if (rv != CACHEW_OK)
 		goto fail;
 	rv = cwi_iter_create(&w->input, node->inputs[0], args);
@@ -217,6 +313,8 @@ fail:
 	writer_abort(w);
 	free(w->path);
 	free(w->tmp);
+	free(w->idx_path);
+	free(w->idx_tmp);
 	free(w);
 	return rv;
 }
@@ -230,6 +328,10 @@ tfrecord_write_validate(cwi_node *node)
 		return cwi_fail(CACHEW_EINVAL,
 		    "tfrecord_write: compression must be none or gzip, not "
 		    "'%s'", c);
+	if (cwi_node_bool(node, "index") && strcmp(c, "none") != 0)
+		return cwi_fail(CACHEW_EINVAL,
+		    "tfrecord_write: index=true needs compression=none: a "
+		    "gzip file cannot be read by byte range");
 	if (cwi_node_str(node, "path")[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "tfrecord_write: path must not be empty");
@@ -242,6 +344,9 @@ static const cwi_param_spec tfrecord_write_params[] = {
 		"of the input)"},
     {.name = "compression", .type = CWI_P_STR, .def_str = "none",
 	.help = "none or gzip"},
+    {.name = "index", .type = CWI_P_BOOL, .def_int = 0,
+	.help = "also write the record index PATH.idx (compression=none), "
+		"for tfrecord(records=...)"},
 };
 
 const cwi_dataset_op cwi_op_tfrecord_write = {

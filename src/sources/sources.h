@@ -111,6 +111,10 @@ typedef struct cwi_tfr_config {
 	bool verify;       /* check data checksums */
 	bool skip_corrupt; /* skip corrupt records, counted, with a warning */
 	int64_t buffer_size; /* bytes per block; <= 0: CWI_READ_BLOCK */
+	/* records=[start, stop]: read only records [rec_start, rec_stop) of
+	 * each file, found through its "<file>.idx" (docs/formats.md). */
+	bool ranged;
+	uint64_t rec_start, rec_stop;
 } cwi_tfr_config;
 
 /*
@@ -122,7 +126,9 @@ typedef struct cwi_tfr_config {
 typedef struct cwi_tfr_reader cwi_tfr_reader;
 
 /* Opens a file through src/io (local, file://, http(s)://, s3://, gs://).
- * On failure *out may still hold a reader whose errmsg names the file and
+ * With cfg->ranged, loads "<path>.idx" and opens only the byte range of the
+ * selected records: a missing index is CACHEW_ENOENT, a malformed one (or
+ * one that does not fit the file) CACHEW_ECORRUPT. On failure *out may still hold a reader whose errmsg names the file and
  * the reason (close it); when *out is NULL the reason is in
  * cachew_errmsg(). */
 cachew_err cwi_tfr_open(

@@ -379,6 +379,152 @@ cwi_tfr_next(cwi_tfr_reader *r, cwi_tensor *out)
 	}
 }
 
+/* ---- record indexes ---------------------------------------------------------- */
+
+/*
+ * "<file>.idx" in the format of NVIDIA DALI's tfrecord2idx: one line per
+ * record, "<offset> <size>\n" in decimal, offset the byte offset of the
+ * record's header and size its whole framed length (16 + data length).
+ * Records fill a file from byte 0 with nothing between them, so each
+ * offset must be where the previous record ends: that catches an index
+ * of another file, or a damaged one, before any byte of data is read.
+ */
+
+static cachew_err
+idx_fail(cwi_tfr_reader *r, cachew_err err, const char *idx_path,
+    const char *fmt, ...) CACHEW_PRINTF(4, 5);
+
+/* Records "<file>.idx: reason" in r->errmsg and returns err. */
+static cachew_err
+idx_fail(cwi_tfr_reader *r, cachew_err err, const char *idx_path,
+    const char *fmt, ...)
+{
+	va_list ap;
+	int n = snprintf(r->errmsg, sizeof(r->errmsg), "%s: ", idx_path);
+
+	if (n < 0 || (size_t)n >= sizeof(r->errmsg))
+		return err;
+	va_start(ap, fmt);
+	vsnprintf(r->errmsg + n, sizeof(r->errmsg) - (size_t)n, fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+/* Parses a decimal number at *p (before end); false when there is none
+ * or it does not fit 64 bits. */
+static bool
+idx_number(const char **p, const char *end, uint64_t *out)
+{
+	const char *s = *p;
+	uint64_t v = 0;
+
+	if (s == end || *s < '0' || *s > '9')
+		return false;
+	for (; s < end && *s >= '0' && *s <= '9'; s++) {
+		unsigned d = (unsigned)(*s - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			return false;
+		v = v * 10 + d;
+	}
+	*p = s;
+	*out = v;
+	return true;
+}
+
+/* Parses one line [s, end) (without its '\n') as record `line - 1`, whose
+ * header must be at *next; advances *next past the record. */
+static cachew_err
+idx_line(cwi_tfr_reader *r, const char *idx_path, size_t line,
+    const char *s, const char *end, uint64_t *next)
+{
+	uint64_t off, size;
+
+	if (end > s && end[-1] == '\r')
+		end--;
+	if (!idx_number(&s, end, &off) || s == end ||
+	    (*s != ' ' && *s != '\t'))
+		goto malformed;
+	while (s < end && (*s == ' ' || *s == '\t'))
+		s++;
+	if (!idx_number(&s, end, &size))
+		goto malformed;
+	while (s < end && (*s == ' ' || *s == '\t'))
+		s++;
+	if (s != end)
+		goto malformed;
+	if (size < CWI_TFRECORD_HEADER + CWI_TFRECORD_FOOTER ||
+	    size - CWI_TFRECORD_HEADER - CWI_TFRECORD_FOOTER >
+		CWI_TFRECORD_MAX_LEN)
+		return idx_fail(r, CACHEW_ECORRUPT, idx_path,
+		    "line %zu: record size %llu is not in [16, %llu]", line,
+		    (unsigned long long)size,
+		    (unsigned long long)(CWI_TFRECORD_MAX_LEN + 16));
+	if (off != *next)
+		return idx_fail(r, CACHEW_ECORRUPT, idx_path,
+		    "line %zu: offset %llu is not where the previous record "
+		    "ends (%llu)", line, (unsigned long long)off,
+		    (unsigned long long)*next);
+	*next = off + size; /* cannot wrap: both are checked above */
+	return CACHEW_OK;
+malformed:
+	return idx_fail(r, CACHEW_ECORRUPT, idx_path,
+	    "line %zu: expected \"<offset> <size>\" in decimal", line);
+}
+
+/* Loads an index: bounds[i] is where record i starts, bounds[*n] where
+ * the last one ends. */
+static cachew_err
+idx_load(cwi_tfr_reader *r, const char *idx_path, uint64_t **bounds,
+    size_t *n)
+{
+	cwi_buffer *b = NULL;
+	const char *s, *end;
+	size_t len = 0, lines = 0;
+	uint64_t next = 0;
+	cachew_err rv;
+
+	*bounds = NULL;
+	*n = 0;
+	rv = cwi_file_read_all(idx_path, NULL, &b, &len);
+	if (rv == CACHEW_ENOENT)
+		return idx_fail(r, rv, idx_path,
+		    "no record index; write one with tfrecord_write(index=true) "
+		    "or cachew gen");
+	if (rv != CACHEW_OK) {
+		snprintf(r->errmsg, sizeof(r->errmsg), "%s", cwi_errmsg_get());
+		if (r->errmsg[0] == '\0')
+			idx_fail(r, rv, idx_path, "%s", cachew_strerror(rv));
+		return rv;
+	}
+	s = (const char *)b->data;
+	end = s + len;
+	for (const char *p = s; p < end; p++)
+		lines += *p == '\n';
+	/* One more for a last line without its newline, one for the end. */
+	*bounds = malloc((lines + 2) * sizeof(**bounds));
+	if (*bounds == NULL) {
+		cwi_buffer_unref(b);
+		return idx_fail(r, CACHEW_ENOMEM, idx_path, "out of memory");
+	}
+	(*bounds)[0] = next;
+	while (s < end) {
+		const char *nl = memchr(s, '\n', (size_t)(end - s));
+		const char *eol = nl != NULL ? nl : end;
+		rv = idx_line(r, idx_path, *n + 1, s, eol, &next);
+		if (rv != CACHEW_OK)
+			break;
+		(*bounds)[++*n] = next;
+		s = nl != NULL ? nl + 1 : end;
+	}
+	cwi_buffer_unref(b);
+	if (rv != CACHEW_OK) {
+		free(*bounds);
+		*bounds = NULL;
+		*n = 0;
+	}
+	return rv;
+}
+
 /* ---- open and close ---------------------------------------------------------- */
 
 static cachew_err
@@ -407,6 +553,71 @@ tfr_new(cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path)
 	return CACHEW_OK;
 }
 
+/* Checks every record of the index against the size of the data file
+ * (when the server said it) before any byte of the range is read. */
+static cachew_err
+idx_check_size(cwi_tfr_reader *r, const char *idx_path, const uint64_t *bounds,
+    size_t n)
+{
+	int64_t size = cwi_file_size(r->file);
+
+	if (size < 0 || bounds[n] <= (uint64_t)size)
+		return CACHEW_OK;
+	for (size_t i = 0; i < n; i++)
+		if (bounds[i + 1] > (uint64_t)size)
+			return idx_fail(r, CACHEW_ECORRUPT, idx_path,
+			    "line %zu: record [%llu, %llu) is past the end of "
+			    "%s (%lld bytes)", i + 1,
+			    (unsigned long long)bounds[i],
+			    (unsigned long long)bounds[i + 1], r->path,
+			    (long long)size);
+	return CACHEW_OK;
+}
+
+/* records=[start, stop]: opens only the bytes of those records, found in
+ * "<path>.idx"; stop past the last record is clamped. Stream offsets (and
+ * so error messages) stay offsets in the whole file. */
+static cachew_err
+tfr_open_records(cwi_tfr_reader *r, const char *path)
+{
+	char *idx_path = cwi_asprintf("%s.idx", path);
+	uint64_t *bounds = NULL;
+	size_t n = 0, start, stop;
+	cachew_err rv;
+
+	if (idx_path == NULL)
+		return tfr_fail(r, CACHEW_ENOMEM, "out of memory");
+	rv = idx_load(r, idx_path, &bounds, &n);
+	if (rv != CACHEW_OK)
+		goto done;
+	start = r->cfg.rec_start < n ? (size_t)r->cfg.rec_start : n;
+	stop = r->cfg.rec_stop < n ? (size_t)r->cfg.rec_stop : n;
+	r->size_known = true;
+	if (start == stop) {
+		/* Nothing selected: nothing to read from the data file. */
+		r->mem = (const uint8_t *)"";
+		goto done;
+	}
+	rv = cwi_file_open_range(&r->file, path, bounds[start],
+	    bounds[stop] - bounds[start], NULL);
+	if (rv != CACHEW_OK) {
+		snprintf(r->errmsg, sizeof(r->errmsg), "%s", cwi_errmsg_get());
+		if (r->errmsg[0] == '\0')
+			tfr_fail(r, rv, "%s", cachew_strerror(rv));
+		goto done;
+	}
+	rv = idx_check_size(r, idx_path, bounds, n);
+	if (rv != CACHEW_OK)
+		goto done;
+	/* The range end bounds every record, as the file size does. */
+	r->raw_size = bounds[stop];
+	r->raw_off = r->base = bounds[start];
+done:
+	free(bounds);
+	free(idx_path);
+	return rv;
+}
+
 cachew_err
 cwi_tfr_open(cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path)
 {
@@ -418,6 +629,8 @@ cwi_tfr_open(cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path)
 	*out = r;
 	if (rv != CACHEW_OK)
 		return rv;
+	if (cfg->ranged)
+		return tfr_open_records(r, path);
 	/* Local paths, file://, http(s)://, s3:// and gs:// (src/io). */
 	rv = cwi_file_open(&r->file, path, NULL);
 	if (rv != CACHEW_OK) {
@@ -490,16 +703,58 @@ compression_parse(const char *s, bool *gzip)
 	return CACHEW_EINVAL;
 }
 
+/* records=[start, stop] (NULL: absent) into cfg; a gzip file has no
+ * byte offsets to split at. Call after the compression is known. */
+static cachew_err
+records_parse(const cwi_value *v, cwi_tfr_config *cfg, char *err,
+    size_t errlen)
+{
+	const cwi_value *it;
+	int64_t start, stop;
+
+	if (v == NULL)
+		return CACHEW_OK;
+	it = v->type == CWI_V_LIST ? v->u.list.items : NULL;
+	if (it == NULL || v->u.list.n != 2 || it[0].type != CWI_V_INT ||
+	    it[1].type != CWI_V_INT) {
+		snprintf(err, errlen,
+		    "records must be [start, stop], two integers");
+		return CACHEW_EINVAL;
+	}
+	start = it[0].u.i;
+	stop = it[1].u.i;
+	if (start < 0 || stop < start) {
+		snprintf(err, errlen,
+		    "records must satisfy 0 <= start <= stop, not [%lld, %lld]",
+		    (long long)start, (long long)stop);
+		return CACHEW_EINVAL;
+	}
+	if (cfg->gzip) {
+		snprintf(err, errlen,
+		    "records needs compression=none: a gzip file cannot be "
+		    "split by record index");
+		return CACHEW_EINVAL;
+	}
+	cfg->ranged = true;
+	cfg->rec_start = (uint64_t)start;
+	cfg->rec_stop = (uint64_t)stop;
+	return CACHEW_OK;
+}
+
 static cachew_err
 tfrecord_validate(cwi_node *node)
 {
-	bool gz;
+	cwi_tfr_config cfg = {.verify = true};
+	char err[256];
 
-	if (compression_parse(cwi_node_str(node, "compression"), &gz) !=
+	if (compression_parse(cwi_node_str(node, "compression"), &cfg.gzip) !=
 	    CACHEW_OK)
 		return cwi_fail(CACHEW_EINVAL,
 		    "tfrecord: compression must be none or gzip, not '%s'",
 		    cwi_node_str(node, "compression"));
+	if (records_parse(cwi_node_value(node, "records"), &cfg, err,
+		sizeof(err)) != CACHEW_OK)
+		return cwi_fail(CACHEW_EINVAL, "tfrecord: %s", err);
 	return CACHEW_OK;
 }
 
@@ -518,10 +773,10 @@ cwi_tfr_config_from_params(const cachew_params *params, cwi_tfr_config *cfg,
 		const char *k = cachew_params_key(params, i);
 		if (strcmp(k, "compression") != 0 && strcmp(k, "verify") != 0 &&
 		    strcmp(k, "skip_corrupt") != 0 &&
-		    strcmp(k, "buffer_size") != 0) {
+		    strcmp(k, "buffer_size") != 0 && strcmp(k, "records") != 0) {
 			snprintf(err, errlen,
 			    "unknown parameter '%s' (parameters: compression, "
-			    "verify, skip_corrupt, buffer_size)", k);
+			    "verify, skip_corrupt, buffer_size, records)", k);
 			return CACHEW_EINVAL;
 		}
 	}
@@ -554,7 +809,8 @@ cwi_tfr_config_from_params(const cachew_params *params, cwi_tfr_config *cfg,
 		snprintf(err, errlen, "buffer_size must be an integer");
 		return CACHEW_EINVAL;
 	}
-	return CACHEW_OK;
+	return records_parse(cwi_map_get(&params->map, "records"), cfg, err,
+	    errlen);
 bad_bool:
 	snprintf(err, errlen, "verify and skip_corrupt must be true or false");
 	return CACHEW_EINVAL;
@@ -667,6 +923,10 @@ tfrecord_create(
 	t->cfg.verify = cwi_node_bool(node, "verify");
 	t->cfg.skip_corrupt = cwi_node_bool(node, "skip_corrupt");
 	t->cfg.buffer_size = cwi_node_int(node, "buffer_size");
+	/* Checked by tfrecord_validate. */
+	(void)records_parse(cwi_node_value(node, "records"), &t->cfg,
+	    t->errmsg, sizeof(t->errmsg));
+	t->errmsg[0] = '\0';
 	pats = cwi_value_str_list(cwi_node_value(node, "files"), &npat);
 	if (pats == NULL) {
 		free(t);
@@ -695,6 +955,10 @@ static const cwi_param_spec tfrecord_params[] = {
     {.name = "buffer_size", .type = CWI_P_INT, .flags = CWI_PF_PERF,
 	.def_int = CWI_READ_BLOCK, .min = 1, .max = CWI_READ_BLOCK_MAX,
 	.help = "bytes per read"},
+    {.name = "records", .type = CWI_P_LIST, .flags = CWI_PF_OPTIONAL,
+	.help = "[start, stop]: only records [start, stop) of each file, "
+		"found through the file's record index, FILE.idx "
+		"(compression=none)"},
 };
 
 const cwi_dataset_op cwi_op_tfrecord = {
@@ -791,7 +1055,7 @@ tfrecord_fn_close(void *seq)
 
 const cachew_op_def cwi_fn_tfrecord = {
     .name = "tfrecord",
-    .doc = "tfrecord(compression=none, verify=true, skip_corrupt=false, buffer_size=1048576): the records of the TFRecord file named by component 0",
+    .doc = "tfrecord(compression=none, verify=true, skip_corrupt=false, buffer_size=1048576, records=[start, stop]): the records of the TFRecord file named by component 0",
     .kind = CACHEW_OP_FLAT_MAP,
     .cost_ns = 200,
     .init = tfrecord_fn_init,
