@@ -1084,18 +1084,13 @@ stream_row(void *ctx, int64_t y)
 {
 	row_stream *rs = ctx;
 
-	/* A strong downscale asks for rows far apart: skip the rows between
-	 * (libjpeg still entropy-decodes them, but does not output them),
-	 * then refill until y is in the buffer. */
+	/* A strong downscale asks for rows more than a buffer apart: refill
+	 * until y is in the buffer, reading the rows between. (Skipping them
+	 * with jpeg_skip_scanlines mid-decode leaves libjpeg-turbo 2.1's
+	 * upsampling context partly uninitialised: valgrind saw those bytes
+	 * reach the output.) */
 	while (y >= rs->base + rs->filled) {
 		int64_t next = rs->base + rs->filled, n;
-		if (y - next >= STREAM_ROWS) {
-			JDIMENSION skipped = jpeg_skip_scanlines(&rs->job->cinfo,
-			    (JDIMENSION)(y - next));
-			if (skipped == 0)
-				ERREXIT(&rs->job->cinfo, JERR_INPUT_EMPTY);
-			next += (int64_t)skipped;
-		}
 		n = rs->total - next;
 		if (n <= 0)
 			ERREXIT(&rs->job->cinfo, JERR_INPUT_EMPTY);
