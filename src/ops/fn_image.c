@@ -1085,10 +1085,8 @@ stream_row(void *ctx, int64_t y)
 	row_stream *rs = ctx;
 
 	/* A strong downscale asks for rows more than a buffer apart: refill
-	 * until y is in the buffer, reading the rows between. (Skipping them
-	 * with jpeg_skip_scanlines mid-decode leaves libjpeg-turbo 2.1's
-	 * upsampling context partly uninitialised: valgrind saw those bytes
-	 * reach the output.) */
+	 * until y is in the buffer, reading the rows between (rare enough
+	 * that skipping is not worth another libjpeg state to reason about). */
 	while (y >= rs->base + rs->filled) {
 		int64_t next = rs->base + rs->filled, n;
 		n = rs->total - next;
@@ -1151,17 +1149,27 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 		yhi = ylo;
 	xoff = (JDIMENSION)xlo;
 	cw = (JDIMENSION)(xhi - xlo + 1);
+	/* One more column when the image has it: the last column of a
+	 * cropped decode is upsampled from a chroma sample libjpeg-turbo 2.1
+	 * did not decode (valgrind: uninitialised bytes of its main buffer),
+	 * so the columns we sample must all be interior. */
+	if ((JDIMENSION)xhi + 1 < ci->output_width)
+		cw++;
 	jpeg_crop_scanline(ci, &xoff, &cw);
+	stride = (size_t)cw * (size_t)c;
+	/* Zeroed, with slack: the SSE2 resize loads 8 bytes to use 6, so the
+	 * last buffered row is read 2 bytes past its end (multiplied by zero
+	 * weights, but never-written bytes would still be uninitialised). */
+	rs.rows = (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
+	    stride * STREAM_ROWS + 16);
+	memset(rs.rows, 0, stride * STREAM_ROWS + 16);
 	if (ylo > 0)
 		(void)jpeg_skip_scanlines(ci, (JDIMENSION)ylo);
-	stride = (size_t)cw * (size_t)c;
 	rs.job = job;
 	rs.stride = stride;
 	rs.base = 0;
 	rs.filled = 0;
 	rs.total = yhi - ylo + 1;
-	rs.rows = (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
-	    stride * STREAM_ROWS);
 
 	shape[0] = s->oh;
 	shape[1] = s->ow;
