@@ -14,35 +14,6 @@
 
 /* ---- parameters ------------------------------------------------------------ */
 
-/* Fails naming the first key of params not in `known` (comma-separated
- * names, as printed in the message). */
-static cachew_err
-check_keys(const cachew_params *params, const char *known, char *err,
-    size_t errlen)
-{
-	for (size_t i = 0; i < cachew_params_count(params); i++) {
-		const char *k = cachew_params_key(params, i);
-		size_t kl = strlen(k);
-		const char *p = known;
-		bool found = false;
-
-		while (*p != '\0' && !found) {
-			size_t nl = strcspn(p, ",");
-			found = nl == kl && memcmp(p, k, kl) == 0;
-			p += nl;
-			while (*p == ',' || *p == ' ')
-				p++;
-		}
-		if (!found) {
-			snprintf(err, errlen,
-			    "unknown parameter '%s' (parameters: %s)", k,
-			    known[0] != '\0' ? known : "none");
-			return CACHEW_EINVAL;
-		}
-	}
-	return CACHEW_OK;
-}
-
 static cachew_err
 get_double(const cachew_params *params, const char *key, bool required,
     double *out, char *err, size_t errlen)
@@ -157,7 +128,7 @@ arith_init(const cachew_params *params, void **state, char *err,
 	double v = 1.0;
 	cachew_err rv;
 
-	rv = check_keys(params, "value", err, errlen);
+	rv = cwi_fn_check_keys(params, "value", err, errlen);
 	if (rv == CACHEW_OK)
 		rv = get_double(params, "value", required, &v, err, errlen);
 	if (rv != CACHEW_OK)
@@ -358,7 +329,7 @@ cast_init(const cachew_params *params, void **state, char *err, size_t errlen)
 	cachew_dtype dt;
 	cachew_err rv;
 
-	rv = check_keys(params, "dtype", err, errlen);
+	rv = cwi_fn_check_keys(params, "dtype", err, errlen);
 	if (rv != CACHEW_OK)
 		return rv;
 	rv = cachew_params_get_str(params, "dtype", &name);
@@ -590,7 +561,7 @@ identity_init(
     const cachew_params *params, void **state, char *err, size_t errlen)
 {
 	(void)state;
-	return check_keys(params, "", err, errlen);
+	return cwi_fn_check_keys(params, "", err, errlen);
 }
 
 static cachew_err
@@ -625,7 +596,7 @@ delay_init(const cachew_params *params, void **state, char *err, size_t errlen)
 	int64_t us;
 	cachew_err rv;
 
-	rv = check_keys(params, "us", err, errlen);
+	rv = cwi_fn_check_keys(params, "us", err, errlen);
 	if (rv != CACHEW_OK)
 		return rv;
 	rv = cachew_params_get_int(params, "us", &us);
@@ -707,7 +678,7 @@ uniform_init(
 	double lo = 0.0, hi = 1.0;
 	cachew_err rv;
 
-	rv = check_keys(params, "lo, hi", err, errlen);
+	rv = cwi_fn_check_keys(params, "lo, hi", err, errlen);
 	if (rv == CACHEW_OK)
 		rv = get_double(params, "lo", false, &lo, err, errlen);
 	if (rv == CACHEW_OK)
