@@ -13,7 +13,7 @@ VERSION := $(shell sed -n 's/^\#define CACHEW_VERSION_STRING "\(.*\)"/\1/p' incl
 SOMAJOR := 0
 
 PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg
-DEP_LIBS := -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
+DEP_LIBS := -lnng -lzstd -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
 
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion
@@ -27,7 +27,9 @@ SAN     :=
 ALL_CFLAGS = $(BASE_CFLAGS) $(SAN) $(CFLAGS)
 
 LIB_SRC  := $(wildcard src/core/*.c src/graph/*.c src/exec/*.c \
-	src/ops/*.c src/sources/*.c src/io/*.c src/gen/*.c)
+	src/ops/*.c src/sources/*.c src/io/*.c src/gen/*.c src/cache/*.c \
+	src/policy/*.c src/service/*.c src/service/*/*.c \
+	transports/*.c transports/*/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard test/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)

@@ -261,6 +261,13 @@ CACHEW_API cachew_err cachew_element_mutable_data(
     cachew_element *e, size_t i, void **data);
 CACHEW_API cachew_element *cachew_element_retain(cachew_element *e);
 CACHEW_API void cachew_element_release(cachew_element *e);
+/* A 64-bit hash (XXH3) of the element's canonical bytes: per component the
+ * dtype, rank, shape and values (BYTES: each string's length and bytes), so
+ * equal elements hash equally however their buffers are laid out. Summing
+ * the hashes modulo 2^64 gives an order-independent digest of a multiset
+ * of elements (`cachew run --json` reports it as "digest"). Safe from any
+ * thread. Since 0.1. */
+CACHEW_API uint64_t cachew_element_hash(const cachew_element *e);
 
 /* ------------------------------------------------------------------------ */
 /* Operator parameters                                                      */

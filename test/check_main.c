@@ -21,6 +21,11 @@ main(void)
 	srunner_add_suite(sr, cwt_formats_suite());
 	srunner_add_suite(sr, cwt_io_suite());
 	srunner_add_suite(sr, cwt_image_suite());
+	srunner_add_suite(sr, cwt_cache_suite());
+	srunner_add_suite(sr, cwt_cacheops_suite());
+	srunner_add_suite(sr, cwt_transport_suite());
+	srunner_add_suite(sr, cwt_service_suite());
+	srunner_add_suite(sr, cwt_split_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -20,6 +20,11 @@ Suite *cwt_cli_suite(void);
 Suite *cwt_formats_suite(void);
 Suite *cwt_io_suite(void);
 Suite *cwt_image_suite(void);
+Suite *cwt_cache_suite(void);     /* check_cache.c: format, store, management */
+Suite *cwt_cacheops_suite(void);  /* check_cacheops.c: operators, CLI, crashes */
+Suite *cwt_transport_suite(void); /* check_transport.c: conformance, inproc+nng */
+Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
+Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when

@@ -7,6 +7,8 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 /*
  * Per-thread caches of freed elements with 1..CWI_ECACHE_MAX_N components
@@ -387,4 +389,39 @@ void
 cachew_element_release(cachew_element *e)
 {
 	cwi_element_release(e);
+}
+
+/* ---- canonical hash -------------------------------------------------------- */
+
+uint64_t
+cachew_element_hash(const cachew_element *e)
+{
+	XXH3_state_t st;
+
+	XXH3_64bits_reset(&st);
+	for (uint32_t c = 0; c < e->n; c++) {
+		const cwi_tensor *t = &e->comp[c];
+		uint64_t head[2 + CACHEW_MAX_RANK];
+		int64_t numel = cwi_tensor_numel(t);
+
+		head[0] = t->dtype;
+		head[1] = t->rank;
+		for (unsigned d = 0; d < t->rank; d++)
+			head[2 + d] = (uint64_t)t->shape[d];
+		XXH3_64bits_update(&st, head, (2 + t->rank) * sizeof(head[0]));
+		if (t->dtype != CACHEW_BYTES) {
+			XXH3_64bits_update(&st, cwi_tensor_data(t),
+			    cwi_tensor_nbytes(t));
+			continue;
+		}
+		const uint64_t *off = cwi_tensor_offsets(t);
+		const uint8_t *base = t->buf != NULL ? t->buf->data : NULL;
+		for (int64_t i = 0; i < numel; i++) {
+			uint64_t len = off[i + 1] - off[i];
+			XXH3_64bits_update(&st, &len, sizeof(len));
+			if (len > 0)
+				XXH3_64bits_update(&st, base + off[i], len);
+		}
+	}
+	return XXH3_64bits_digest(&st);
 }

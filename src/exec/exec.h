@@ -70,6 +70,11 @@ cwi_stat_add(_Atomic uint64_t *c, uint64_t v)
 	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
 
+/* A contiguous range [begin, end) of a splittable source's split units. */
+typedef struct cwi_unit_range {
+	uint64_t begin, end;
+} cwi_unit_range;
+
 /* ---- pipeline: what all iterators of one cachew_iterator share -------- */
 
 typedef struct cwi_pipeline {
@@ -83,6 +88,13 @@ typedef struct cwi_pipeline {
 
 	cwi_stats *stats; /* one row per node, pipeline order */
 	size_t nstats;
+
+	/* Distributed execution (a worker running a lease of splits): the
+	 * split source node reads only these unit ranges, in order. NULL
+	 * split_node: every source reads its whole input. */
+	const cwi_node *split_node;
+	const cwi_unit_range *split_ranges;
+	size_t nsplit_ranges;
 
 	/* Thread and RAM budgets of the threaded operators (exec_tune.c),
 	 * created by the first of them; guarded by exec_tune.c's lock. */

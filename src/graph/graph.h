@@ -84,6 +84,13 @@ typedef struct cwi_dataset_op {
 	 * first; cwi_iter_create fills the common fields after this. */
 	cachew_err (*iter_create)(
 	    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args);
+	/* Splittable sources (CWI_OPF_SPLITTABLE): the number of split units
+	 * of the node's input -- elements of range/from_list/from_tensors,
+	 * files of the file sources, chunks of cache_get. A split is a
+	 * contiguous range of units; when the pipeline names this node as its
+	 * split source (cwi_pipeline.split_node), the iterator reads only the
+	 * pipeline's unit ranges, in the order given. */
+	cachew_err (*split_units)(const cwi_node *node, uint64_t *units);
 } cwi_dataset_op;
 
 /* ---- function operators ------------------------------------------------- */
@@ -143,6 +150,7 @@ const cwi_fn *cwi_fn_at(size_t i);
 extern const cwi_dataset_op *const cwi_source_ops[];    /* src/sources */
 extern const cwi_dataset_op *const cwi_transform_ops[]; /* src/ops */
 extern const cwi_dataset_op *const cwi_exec_ops[];      /* src/exec */
+extern const cwi_dataset_op *const cwi_cache_ops[];     /* src/cache */
 extern const cachew_op_def *const cwi_builtin_fns[];    /* src/ops */
 extern const cachew_op_def *const cwi_source_fns[];     /* src/sources */
 

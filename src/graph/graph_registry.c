@@ -21,7 +21,7 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const cwi_dataset_op *const *const op_tables[] = {
-    cwi_source_ops, cwi_transform_ops, cwi_exec_ops};
+    cwi_source_ops, cwi_transform_ops, cwi_exec_ops, cwi_cache_ops};
 static const cwi_dataset_op **dataset_ops;
 static size_t ndataset_ops;
 

@@ -12,6 +12,7 @@
  */
 #include "cachew.h"
 
+#include "../cache/cache.h"
 #include "../graph/graph.h"
 #include "../gen/gen.h"
 
@@ -48,6 +49,7 @@ static const char usage_text[] =
     "      [--width 500] [--height 375] [--quality 90]\n"
     "                               write ImageNet-like TFRecord shards of\n"
     "                               tf.train.Example (JPEG + label)\n"
+    "  cache ls|verify|rm|gc|probe  manage a cache root (cachew cache --help)\n"
     "  gen text --out DIR --lines N [--files K] [--seed S]\n"
     "                               write Zipf-distributed text files\n"
     "  version                      print the library version\n"
@@ -56,6 +58,9 @@ static const char usage_text[] =
     "run flags:\n"
     "  --json              print the summary as one JSON object, the last "
     "line\n"
+    "                      (with \"digest\": the sum mod 2^64 of every\n"
+    "                      element's cachew_element_hash, order-independent)\n"
+    "  --no-digest         skip hashing the elements (for benchmarks)\n"
     "  --epochs N          run N epochs, a new iterator each (default 1)\n"
     "  --threads N         same as --set threads=N\n"
     "  --seed S            same as --set seed=S\n"
@@ -272,7 +277,7 @@ print_options_table(void)
 typedef struct run_args {
 	const char *pipeline;
 	int64_t epochs;
-	bool json, stats, quiet, verbose, help_options;
+	bool json, stats, quiet, verbose, help_options, no_digest;
 	cachew_options *opts;
 } run_args;
 
@@ -287,6 +292,8 @@ typedef struct stats_row {
 
 typedef struct run_totals {
 	uint64_t elements, bytes;
+	bool digest_on;
+	uint64_t digest; /* sum of cachew_element_hash mod 2^64 */
 	uint64_t t0_ns, elapsed_ns;
 	stats_row *rows;
 	size_t nrows;
@@ -413,6 +420,8 @@ run_epoch(cachew_dataset *ds, const run_args *a, run_totals *t, progress *p)
 	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
 		t->elements++;
 		t->bytes += element_nbytes(e);
+		if (t->digest_on)
+			t->digest += cachew_element_hash(e);
 		cachew_element_release(e);
 		progress_tick(p, t);
 	}
@@ -492,9 +501,12 @@ print_summary(const run_totals *t, const run_args *a, const char *fp_hex)
 		printf("{\"elements\":%" PRIu64 ",\"bytes\":%" PRIu64
 		       ",\"seconds\":%.6f,\"elements_per_s\":%.3f,"
 		       "\"fingerprint\":\"%s\",\"epochs\":%" PRId64
-		       ",\"mb_per_s\":%.3f,\"peak_rss_kb\":%ld}\n",
+		       ",\"mb_per_s\":%.3f,\"peak_rss_kb\":%ld",
 		    t->elements, t->bytes, s, eps, fp_hex, a->epochs, mbps,
 		    peak_rss_kb());
+		if (t->digest_on)
+			printf(",\"digest\":\"%016" PRIx64 "\"", t->digest);
+		printf("}\n");
 		return;
 	}
 	printf("elements     %" PRIu64 "\n", t->elements);
@@ -521,6 +533,8 @@ run_flag(int argc, char **argv, int *i, run_args *a)
 		a->json = true;
 	else if (strcmp(arg, "--stats") == 0)
 		a->stats = true;
+	else if (strcmp(arg, "--no-digest") == 0)
+		a->no_digest = true;
 	else if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0)
 		a->quiet = true;
 	else if (strcmp(arg, "--verbose") == 0 || strcmp(arg, "-v") == 0)
@@ -600,6 +614,7 @@ cmd_run(int argc, char **argv)
 		goto done;
 	(void)cachew_dataset_fingerprint(ds, &fp);
 	cachew_fingerprint_hex(&fp, hex);
+	t.digest_on = a.json && !a.no_digest;
 	rc = run_epochs(ds, &a, &t);
 	if (rc != 0)
 		goto done;
@@ -1149,6 +1164,7 @@ static const command commands[] = {
     {"explain", cmd_explain},
     {"ops", cmd_ops},
     {"gen", cmd_gen},
+    {"cache", cwi_cache_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
     {"help", cmd_help},
@@ -1166,7 +1182,8 @@ main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	cachew_log_set(cachew_log_stderr, NULL, CACHEW_LOG_WARN);
-	if (wants_help(argc, argv))
+	/* `cache` prints its own subcommand help. */
+	if (strcmp(argv[1], "cache") != 0 && wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name) == 0) {

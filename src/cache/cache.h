@@ -1,0 +1,207 @@
+/*
+ * cache.h - the cache store: verified, persistent materialisations of a
+ * pipeline node's output, reusable across jobs (docs/cache-format.md).
+ *
+ * A cache lives in <root>/<fingerprint hex>/ where root is a local or
+ * shared-file-system directory or s3://bucket/prefix. Writers produce chunk
+ * files (header + zstd frames of msgpack elements) under temporary names,
+ * fsync and rename them, then write the manifest last by atomic rename:
+ * without a manifest a cache does not exist. Readers verify everything they
+ * read (frame checksums, chunk sizes and checksums from the manifest, the
+ * element spec) and report a mismatch naming the file; a bad cache is
+ * marked bad and never read again.
+ *
+ * Thread safety: a cwi_cache_root is safe to share between threads; a
+ * writer and a chunk reader are used by one thread at a time (the writer
+ * runs its own encoder threads behind cwi_cache_writer_add()).
+ */
+#ifndef CWI_CACHE_H
+#define CWI_CACHE_H
+
+#include "../core/element_codec.h"
+#include "../exec/exec.h"
+
+#define CWI_CACHE_FORMAT_VERSION 1u
+
+/* Defaults; the cache_put/cache operators expose them as parameters. */
+#define CWI_CACHE_CHUNK_BYTES (64u << 20)  /* target chunk file size */
+#define CWI_CACHE_FRAME_BYTES (1u << 20)   /* target uncompressed frame */
+/* Decoder limits: a length field above these is corruption, never an
+ * allocation. */
+#define CWI_CACHE_MAX_FRAME_BYTES (256u << 20)
+#define CWI_CACHE_MAX_MANIFEST_BYTES (64u << 20)
+
+/* ---- roots ---------------------------------------------------------------- */
+
+typedef struct cwi_cache_root cwi_cache_root;
+
+/* Opens a cache root: a directory (created if missing) or s3://bucket/prefix.
+ * capacity_bytes > 0 limits the sum of all caches under the root: a write
+ * that would exceed it evicts least-recently-read complete caches first
+ * and fails with CACHEW_ENOMEM naming the root when that is not enough. */
+cachew_err cwi_cache_root_open(
+    cwi_cache_root **out, const char *root, uint64_t capacity_bytes);
+void cwi_cache_root_close(cwi_cache_root *r);
+const char *cwi_cache_root_path(const cwi_cache_root *r);
+
+/* ---- manifests ------------------------------------------------------------ */
+
+typedef struct cwi_cache_spec {
+	cachew_dtype dtype;
+	unsigned rank;         /* -1 in shape[d]: that dimension varies */
+	int64_t shape[CACHEW_MAX_RANK];
+} cwi_cache_spec;
+
+typedef struct cwi_cache_chunk_info {
+	char *name;        /* file name inside the cache directory */
+	uint64_t elements;
+	uint64_t bytes;    /* file size */
+	uint64_t xxh64;    /* XXH64 (seed 0) of the whole file */
+} cwi_cache_chunk_info;
+
+typedef struct cwi_cache_manifest {
+	cachew_fingerprint fp;
+	char *pipeline;         /* canonical string of the cached node */
+	uint32_t writer_version;
+	int64_t created_unix;   /* seconds since the epoch */
+	uint64_t elements;      /* sum over chunks */
+	uint64_t bytes;         /* sum of chunk file sizes */
+	size_t ncomponents;     /* 0 for an empty cache */
+	cwi_cache_spec *spec;
+	size_t nchunks;
+	cwi_cache_chunk_info *chunks;
+} cwi_cache_manifest;
+
+void cwi_cache_manifest_free(cwi_cache_manifest *m);
+/* The manifest's file bytes (msgpack; docs/cache-format.md). */
+cachew_err cwi_cache_manifest_encode(const cwi_cache_manifest *m,
+    cwi_strbuf *sb);
+/* Decodes and checks a manifest (fuzzed: never trusts a count or length
+ * before checking it against len and the limits). CACHEW_ECORRUPT with a
+ * cwi_fail message on any defect. */
+cachew_err cwi_cache_manifest_decode(
+    const void *data, size_t len, cwi_cache_manifest **out);
+
+/* Finds the complete cache of fp: CACHEW_OK with *out, CACHEW_ENOENT when
+ * there is none (no manifest, or marked bad), CACHEW_ECORRUPT when the
+ * manifest is damaged (the cache is then marked bad). */
+cachew_err cwi_cache_lookup(cwi_cache_root *r, const cachew_fingerprint *fp,
+    cwi_cache_manifest **out);
+
+/* Marks a cache bad (reason recorded, logged at WARN): lookups no longer
+ * find it, gc and rm remove it, a writer may replace it. */
+cachew_err cwi_cache_mark_bad(cwi_cache_root *r, const cachew_fingerprint *fp,
+    const char *reason);
+
+/* ---- writing -------------------------------------------------------------- */
+
+typedef struct cwi_cache_writer cwi_cache_writer;
+
+typedef struct cwi_cache_writer_opts {
+	uint64_t chunk_bytes;  /* 0: CWI_CACHE_CHUNK_BYTES */
+	size_t frame_bytes;    /* 0: CWI_CACHE_FRAME_BYTES */
+	int zstd_level;        /* 0: 1 (fast) */
+	int threads;           /* encoder/writer threads; 0: 2 */
+	size_t queue_bytes;    /* memory bound of queued elements; 0: 4 frames
+				* per thread */
+} cwi_cache_writer_opts;
+
+/* Starts writing the cache of fp. CACHEW_EEXIST when a complete cache of
+ * fp exists or another writer holds it (the caller then just passes data
+ * through). */
+cachew_err cwi_cache_writer_create(cwi_cache_writer **out, cwi_cache_root *r,
+    const cachew_fingerprint *fp, const char *pipeline,
+    const cwi_cache_writer_opts *opts);
+/* Queues n elements for writing, taking a new reference on each (the
+ * caller keeps its own); payloads are never copied before encoding.
+ * Blocks while the queue is over its memory bound. An error is sticky. */
+cachew_err cwi_cache_writer_add(cwi_cache_writer *w, cwi_element *const *v,
+    size_t n);
+/* Writes what is queued, fsyncs and renames every chunk, then the manifest,
+ * and fsyncs the directory: the cache becomes visible. */
+cachew_err cwi_cache_writer_commit(cwi_cache_writer *w);
+/* Destroys a writer; one that was not committed is aborted: its temporary
+ * files are removed and nothing becomes visible. */
+void cwi_cache_writer_destroy(cwi_cache_writer *w);
+
+/* ---- reading -------------------------------------------------------------- */
+
+typedef struct cwi_cache_reader cwi_cache_reader;
+
+/* Opens chunk `index` of a manifest (found by cwi_cache_lookup on r) for
+ * reading. Reading verifies the file against the manifest. */
+cachew_err cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
+    const cwi_cache_manifest *m, size_t index);
+/* Appends up to max elements in written order; CACHEW_EOF after the last
+ * one; CACHEW_ECORRUPT naming the file on any mismatch (a bad frame, a
+ * short file, more or fewer elements than the manifest says, an element
+ * that does not match the spec). Elements are zero-copy views of the
+ * decompressed frame. */
+cachew_err cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out,
+    size_t max);
+void cwi_cache_reader_close(cwi_cache_reader *rd);
+
+/* Decodes a whole chunk file held in memory, calling fn for each element
+ * (fn takes the reference). The fuzz target's entry point: any defect is
+ * CACHEW_ECORRUPT, never a crash or an allocation beyond the limits. */
+cachew_err cwi_cache_chunk_decode(const void *data, size_t len,
+    cachew_err (*fn)(void *ctx, cwi_element *e), void *ctx);
+
+/* ---- management ----------------------------------------------------------- */
+
+typedef enum cwi_cache_state {
+	CWI_CACHE_COMPLETE, /* manifest present and well formed */
+	CWI_CACHE_WRITING,  /* a live writer holds it */
+	CWI_CACHE_PARTIAL,  /* no manifest, no live writer: a dead write */
+	CWI_CACHE_BAD       /* marked bad */
+} cwi_cache_state;
+
+typedef struct cwi_cache_entry {
+	cachew_fingerprint fp;
+	char *pipeline;       /* NULL unless complete */
+	cwi_cache_state state;
+	uint64_t bytes;       /* bytes on storage */
+	uint64_t elements;
+	int64_t created_unix;
+	int64_t last_read_unix; /* 0: never */
+	char *reason;         /* why bad, or NULL */
+} cwi_cache_entry;
+
+const char *cwi_cache_state_name(cwi_cache_state s);
+cachew_err cwi_cache_list(cwi_cache_root *r, cwi_cache_entry **out,
+    size_t *n);
+void cwi_cache_entries_free(cwi_cache_entry *v, size_t n);
+/* Reads and checks every chunk; marks the cache bad on a mismatch and
+ * returns CACHEW_ECORRUPT with the reason. */
+cachew_err cwi_cache_verify(cwi_cache_root *r, const cachew_fingerprint *fp);
+/* Removes a cache (CACHEW_EEXIST-free: CACHEW_ENOENT if absent, CACHEW_EIO
+ * when it is being read or written). */
+cachew_err cwi_cache_remove(cwi_cache_root *r, const cachew_fingerprint *fp);
+/* Evicts complete, bad and partial caches, least recently read first,
+ * until the root holds at most max_bytes; never one being read or
+ * written. */
+cachew_err cwi_cache_gc(cwi_cache_root *r, uint64_t max_bytes,
+    uint64_t *freed_bytes);
+
+/* Measures the storage's read throughput for elements of element_bytes
+ * (one u8 tensor each): writes a probe cache of probe_bytes under the root,
+ * reads it back through the real reader, removes it. The policy engine
+ * uses this instead of a static table. */
+typedef struct cwi_cache_probe_result {
+	double read_mb_per_s;       /* uncompressed element bytes */
+	double read_elements_per_s;
+	double write_mb_per_s;
+} cwi_cache_probe_result;
+cachew_err cwi_cache_probe(cwi_cache_root *r, size_t element_bytes,
+    uint64_t probe_bytes, cwi_cache_probe_result *out);
+
+/* ---- operators and CLI ---------------------------------------------------- */
+
+extern const cwi_dataset_op cwi_op_cache_put;
+extern const cwi_dataset_op cwi_op_cache_get;
+extern const cwi_dataset_op cwi_op_cache;
+
+/* `cachew cache ls|verify|rm|gc|probe ...`; returns the exit code. */
+int cwi_cache_cli(int argc, char **argv);
+
+#endif /* CWI_CACHE_H */

@@ -1,0 +1,8 @@
+/*
+ * cache_table.c - the dataset operators of src/cache.
+ */
+#include "cache.h"
+
+const cwi_dataset_op *const cwi_cache_ops[] = {
+    NULL,
+};
