@@ -121,7 +121,19 @@ CACHEW_API void cachew_free(void *p);
  *                        (default true)
  *   epoch          int   epoch number handed to shuffle(reshuffle=true)
  *                        (default 0)
- *   service        str   dispatcher address; empty = embedded (default "")
+ *   service        str   dispatcher address (tcp://host:port, ipc://path);
+ *                        empty = embedded unless the environment variable
+ *                        CACHEW_SERVICE names one (default "")
+ * Service options (used when a dispatcher is named):
+ *   job_name          str  clients naming the same job share it (default
+ *                          "": a private job)
+ *   processing_mode   str  distributed_epoch | parallel_epochs
+ *   num_consumers     int  coordinated reads in lock-step rounds (0: off)
+ *   consumer_index    int  this client's index among num_consumers
+ *   workers           int  workers for the job; 0 = the dispatcher decides
+ *   compression       str  none | zstd | auto
+ *   client_buffer     int  bytes of elements buffered ahead (64 MiB)
+ *   service_timeout_ms int how long a service call may take (30000)
  * Unknown names are CACHEW_ENOENT, values of the wrong type CACHEW_ETYPE and
  * out-of-range values CACHEW_ERANGE, each with a cachew_options_errmsg().
  * One thread at a time; an options object is copied when an iterator is

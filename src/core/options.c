@@ -18,25 +18,62 @@ typedef struct opt_spec {
 	int64_t min, max;
 	size_t offset; /* into cwi_opts */
 	const char *help;
+	const char *def_text; /* the default as `--help-options` prints it */
+	const char *const *choices; /* OPT_STR: NULL-terminated, or NULL */
 } opt_spec;
+
+static const char *const mode_choices[] = {
+    "distributed_epoch", "parallel_epochs", NULL};
+static const char *const compression_choices[] = {"none", "zstd", "auto", NULL};
 
 #define OFF(f) offsetof(cwi_opts, f)
 
 static const opt_spec table[] = {
     {"threads", OPT_INT, 0, NULL, 0, 1024, OFF(threads),
-	"CPU budget in threads; 0 = the number of online CPUs"},
+	"CPU budget in threads; 0 = the number of online CPUs", "0", NULL},
     {"ram_budget", OPT_INT, 0, NULL, 0, INT64_MAX, OFF(ram_budget),
-	"bytes the executor's buffers may hold; 0 = half of available memory"},
+	"bytes the executor's buffers may hold; 0 = half of available memory",
+	"0", NULL},
     {"seed", OPT_INT, -1, NULL, -1, INT64_MAX, OFF(seed),
-	"pipeline seed; -1 = a fresh random seed per iterator"},
+	"pipeline seed; -1 = a fresh random seed per iterator", "-1", NULL},
     {"deterministic", OPT_BOOL, 1, NULL, 0, 1, OFF(deterministic),
-	"keep element order under parallelism"},
+	"keep element order under parallelism", "true", NULL},
     {"autotune", OPT_BOOL, 1, NULL, 0, 1, OFF(autotune),
-	"tune parallel=auto and prefetch(auto) online"},
+	"tune parallel=auto and prefetch(auto) online", "true", NULL},
     {"epoch", OPT_INT, 0, NULL, 0, INT64_MAX, OFF(epoch),
-	"epoch number handed to shuffle(reshuffle_each_iteration=true)"},
+	"epoch number handed to shuffle(reshuffle_each_iteration=true)", "0",
+	NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
-	"dispatcher address (tcp://host:port); empty = embedded"},
+	"dispatcher address (tcp://host:port); empty = embedded, unless the "
+	"environment sets CACHEW_SERVICE", "\"\"", NULL},
+    {"job_name", OPT_STR, 0, "", 0, 0, OFF(job_name),
+	"service: clients naming the same job share it (each element goes to "
+	"one of them); empty = a private job", "\"\"", NULL},
+    {"processing_mode", OPT_STR, 0, "distributed_epoch", 0, 0,
+	OFF(processing_mode),
+	"service: distributed_epoch (splits; each element once per epoch) or "
+	"parallel_epochs (every worker reads all input)",
+	"distributed_epoch", mode_choices},
+    {"num_consumers", OPT_INT, 0, NULL, 0, 4096, OFF(num_consumers),
+	"service: coordinated reads by this many clients in lock-step "
+	"rounds; 0 = uncoordinated", "0", NULL},
+    {"consumer_index", OPT_INT, 0, NULL, 0, 4095, OFF(consumer_index),
+	"service: this client's index among num_consumers", "0", NULL},
+    {"workers", OPT_INT, 0, NULL, 0, 65536, OFF(workers),
+	"service: workers for this job; 0 = the dispatcher decides", "0",
+	NULL},
+    {"compression", OPT_STR, 0, "none", 0, 0, OFF(compression),
+	"service: element payloads on the wire: none, zstd, or auto (zstd "
+	"only when the link is measured to be the bottleneck)", "none",
+	compression_choices},
+    {"client_buffer", OPT_INT, 64 << 20, NULL, 1 << 16, INT64_MAX,
+	OFF(client_buffer),
+	"service: bytes of elements the client buffers ahead", "67108864",
+	NULL},
+    {"service_timeout_ms", OPT_INT, 30000, NULL, 100, 86400000,
+	OFF(service_timeout_ms),
+	"service: how long a call to the dispatcher or a worker may take, "
+	"retries included, before it fails", "30000", NULL},
 };
 
 #define NOPTS (sizeof(table) / sizeof(table[0]))
@@ -153,6 +190,15 @@ cachew_options_set_bool(cachew_options *o, const char *name, int value)
 	return CACHEW_OK;
 }
 
+static bool
+is_choice(const opt_spec *s, const char *value)
+{
+	for (size_t i = 0; s->choices[i] != NULL; i++)
+		if (strcmp(s->choices[i], value) == 0)
+			return true;
+	return false;
+}
+
 cachew_err
 cachew_options_set_str(cachew_options *o, const char *name, const char *value)
 {
@@ -164,6 +210,15 @@ cachew_options_set_str(cachew_options *o, const char *name, const char *value)
 		return opts_fail(o, CACHEW_ERANGE,
 		    "option '%s' is longer than %d characters", name,
 		    CWI_OPT_STR_MAX - 1);
+	if (s->choices != NULL && !is_choice(s, value)) {
+		char list[128] = "";
+		for (size_t i = 0; s->choices[i] != NULL; i++)
+			snprintf(list + strlen(list), sizeof(list) - strlen(list),
+			    "%s%s", i > 0 ? ", " : "", s->choices[i]);
+		return opts_fail(o, CACHEW_ERANGE,
+		    "option '%s' must be one of %s, not '%s'", name, list,
+		    value);
+	}
 	snprintf((char *)&o->v + s->offset, CWI_OPT_STR_MAX, "%s", value);
 	return CACHEW_OK;
 }
@@ -245,14 +300,12 @@ cachew_option_info(size_t i, const char **name, const char **type,
     const char **default_text, const char **help)
 {
 	static const char *const tnames[] = {"int", "bool", "str"};
-	static const char *const defaults[NOPTS] = {
-	    "0", "0", "-1", "true", "true", "0", "\"\""};
 
 	if (i >= NOPTS)
 		return CACHEW_ENOENT;
 	*name = table[i].name;
 	*type = tnames[table[i].type];
-	*default_text = defaults[i];
+	*default_text = table[i].def_text;
 	*help = table[i].help;
 	return CACHEW_OK;
 }

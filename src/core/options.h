@@ -16,6 +16,15 @@ typedef struct cwi_opts {
 	int autotune;
 	int64_t epoch;
 	char service[CWI_OPT_STR_MAX];
+	/* service mode (the client) */
+	char job_name[CWI_OPT_STR_MAX];
+	char processing_mode[CWI_OPT_STR_MAX];
+	int64_t num_consumers;
+	int64_t consumer_index;
+	int64_t workers;
+	char compression[CWI_OPT_STR_MAX];
+	int64_t client_buffer;
+	int64_t service_timeout_ms;
 } cwi_opts;
 
 void cwi_opts_defaults(cwi_opts *o);

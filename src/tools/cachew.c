@@ -263,10 +263,10 @@ print_options_table(void)
 {
 	const char *name, *type, *def, *help;
 
-	printf("%-14s %-5s %-8s %s\n", "option", "type", "default", "meaning");
+	printf("%-18s %-5s %-17s %s\n", "option", "type", "default", "meaning");
 	for (size_t i = 0;
 	     cachew_option_info(i, &name, &type, &def, &help) == CACHEW_OK; i++)
-		printf("%-14s %-5s %-8s %s\n", name, type, def, help);
+		printf("%-18s %-5s %-17s %s\n", name, type, def, help);
 	printf("\nEach option NAME can also be set with the environment "
 	       "variable CACHEW_<NAME>\n(upper case); flags override the "
 	       "environment.\n");
