@@ -7,6 +7,7 @@
  * calling cwi_pipeline_fail (it takes pl->lock last).
  */
 #include "exec.h"
+#include "exec_split.h"
 #include "exec_tune.h"
 
 #include <stdio.h>
@@ -390,52 +391,53 @@ struct cachew_iterator {
 	size_t pos;
 	size_t want; /* adaptive request size */
 	cachew_err done;
+	cwi_unit_range *lease; /* a lease iterator's copy of its ranges */
 };
 
 #define WANT_MAX 256
 
-cachew_err
-cachew_iterator_create(
-    cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
+/* A new iterator of ds with resolved options; the caller sets the seed
+ * (and a lease) and then calls iterator_start. */
+static cachew_iterator *
+iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 {
-	cachew_iterator *it;
-	cwi_iter_args args;
-	size_t cap = 0;
-	cachew_err rv;
+	cachew_iterator *it = calloc(1, sizeof(*it));
 
-	cwi_clear_errmsg();
-	if (out == NULL || ds == NULL)
-		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
-	it = calloc(1, sizeof(*it));
 	if (it == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		return NULL;
 	if (opts != NULL)
 		it->pl.opts = *cwi_options_values(opts);
 	else
 		cwi_opts_defaults(&it->pl.opts);
-	if (it->pl.opts.service[0] != '\0') {
-		free(it);
-		return cwi_fail(CACHEW_ENOTSUP,
-		    "service mode (%s) is not available in this build; "
-		    "leave 'service' empty for the embedded executor",
-		    opts != NULL ? cwi_options_values(opts)->service : "");
-	}
 	if (it->pl.opts.threads <= 0)
 		it->pl.opts.threads = cwi_online_cpus();
 	if (it->pl.opts.ram_budget <= 0)
 		it->pl.opts.ram_budget = (int64_t)(cwi_available_ram() / 2);
-	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
-					    : fresh_seed();
 	atomic_init(&it->pl.cancelled, false);
 	pthread_mutex_init(&it->pl.lock, NULL);
 	it->ds = cachew_dataset_retain(ds);
 	it->want = 1;
+	return it;
+}
 
-	rv = collect_nodes(&it->pl, ds, &cap);
+/* Creates the iterator tree; destroys `it` on failure. */
+static cachew_err
+iterator_start(cachew_iterator **out, cachew_iterator *it)
+{
+	cwi_iter_args args;
+	size_t cap = 0;
+	cachew_err rv;
+
+	rv = collect_nodes(&it->pl, it->ds, &cap);
+	if (rv == CACHEW_OK && it->pl.split_node != NULL &&
+	    cwi_pipeline_stats(&it->pl, it->pl.split_node) == NULL)
+		rv = cwi_fail(CACHEW_EINVAL,
+		    "lease: the split source %s is not a node of the pipeline",
+		    it->pl.split_node->op->name);
 	if (rv == CACHEW_OK) {
 		args.pl = &it->pl;
 		args.epoch = (uint64_t)it->pl.opts.epoch;
-		rv = cwi_iter_create(&it->root, ds, &args);
+		rv = cwi_iter_create(&it->root, it->ds, &args);
 		if (rv != CACHEW_OK)
 			cwi_fail(rv, "%s", it->pl.errmsg);
 	}
@@ -445,6 +447,67 @@ cachew_iterator_create(
 	}
 	*out = it;
 	return CACHEW_OK;
+}
+
+cachew_err
+cachew_iterator_create(
+    cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
+{
+	cachew_iterator *it;
+
+	cwi_clear_errmsg();
+	if (out == NULL || ds == NULL)
+		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
+	if (opts != NULL && cwi_options_values(opts)->service[0] != '\0')
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "service mode (%s) is not available in this build; "
+		    "leave 'service' empty for the embedded executor",
+		    cwi_options_values(opts)->service);
+	it = iterator_alloc(ds, opts);
+	if (it == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
+					    : fresh_seed();
+	return iterator_start(out, it);
+}
+
+cachew_err
+cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
+    const cachew_options *opts, const cwi_node *split_node,
+    const cwi_unit_range *ranges, size_t nranges, uint64_t seed)
+{
+	cachew_iterator *it;
+
+	cwi_clear_errmsg();
+	if (out == NULL || root == NULL || split_node == NULL ||
+	    (nranges > 0 && ranges == NULL))
+		return cwi_fail(CACHEW_EINVAL, "lease: NULL argument");
+	if (split_node->op->split_units == NULL)
+		return cwi_fail(CACHEW_EINVAL, "lease: %s is not splittable",
+		    split_node->op->name);
+	for (size_t i = 0; i < nranges; i++)
+		if (ranges[i].begin > ranges[i].end)
+			return cwi_fail(CACHEW_EINVAL,
+			    "lease: range %zu is [%llu, %llu), which ends "
+			    "before it begins",
+			    i, (unsigned long long)ranges[i].begin,
+			    (unsigned long long)ranges[i].end);
+	it = iterator_alloc(root, opts);
+	if (it == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (nranges > 0) {
+		it->lease = malloc(nranges * sizeof(*ranges));
+		if (it->lease == NULL) {
+			cachew_iterator_destroy(it);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+		memcpy(it->lease, ranges, nranges * sizeof(*ranges));
+	}
+	it->pl.split_node = split_node;
+	it->pl.split_ranges = it->lease;
+	it->pl.nsplit_ranges = nranges;
+	it->pl.seed = cwi_split_lease_seed(seed, ranges, nranges);
+	return iterator_start(out, it);
 }
 
 cachew_err
@@ -497,6 +560,7 @@ cachew_iterator_destroy(cachew_iterator *it)
 		cwi_element_release(it->ready.v[i]);
 	free(it->ready.v);
 	free(it->pl.stats);
+	free(it->lease);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
 	free(it);

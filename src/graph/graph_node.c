@@ -739,6 +739,12 @@ paths_push_listing(char ***paths, size_t *n, size_t *cap, const char *pat)
 	return rv;
 }
 
+static int
+cmp_path(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 cachew_err
 cwi_paths_expand(
     const char *const *patterns, size_t npatterns, char ***out, size_t *nout)
@@ -771,7 +777,12 @@ cwi_paths_expand(
 			rv = paths_push(&paths, &n, &cap, pat);
 			continue;
 		}
-		grv = glob(pat, 0, NULL, &g);
+		/* Sorted by strcmp, not the locale's collation: the order
+		 * numbers a file source's split units, which every worker
+		 * and client must agree on. */
+		grv = glob(pat, GLOB_NOSORT, NULL, &g);
+		if (grv == 0)
+			qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_path);
 		if (grv == GLOB_NOMATCH) {
 			rv = cwi_fail(CACHEW_ENOENT, "no files match '%s'", pat);
 		} else if (grv != 0) {

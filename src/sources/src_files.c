@@ -6,6 +6,7 @@
  */
 #include "sources.h"
 
+#include "../exec/exec_split.h"
 #include "../io/io.h"
 
 #include <stdio.h>
@@ -63,27 +64,34 @@ path_cmp(const void *a, const void *b)
 /* Sorted like tf.data's list_files; shuffled by a seed mixed with the
  * epoch so that each epoch has its own order. An explicit seed alone fixes
  * the orders; with seed -1 the pipeline seed is mixed with the node's
- * fingerprint, so two list_files nodes of one pipeline differ. */
-static void
-order_paths(char **paths, size_t n, const cwi_node *node,
+ * fingerprint, so two list_files nodes of one pipeline differ.
+ * Split unit i is the i-th path in sorted order: a lease reads its paths
+ * in lease order, shuffled among themselves (by the lease's pipeline
+ * seed, which is the job's for a lease starting at unit 0, so one lease of
+ * everything is the plain run). */
+static cachew_err
+order_paths(char ***paths, size_t *n, const cwi_node *node,
     const cwi_iter_args *args)
 {
 	int64_t seed = cwi_node_int(node, "seed");
 	uint64_t base;
 	cwi_rng rng;
+	cachew_err rv;
 
-	qsort(paths, n, sizeof(char *), path_cmp);
-	if (!cwi_node_bool(node, "shuffle"))
-		return;
+	qsort(*paths, *n, sizeof(char *), path_cmp);
+	rv = cwi_split_select_paths(args, node, paths, n);
+	if (rv != CACHEW_OK || !cwi_node_bool(node, "shuffle"))
+		return rv;
 	base = seed >= 0 ? (uint64_t)seed
 			 : cwi_seed_derive(args->pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
 	rng.state = cwi_seed_derive(base, args->epoch);
-	for (size_t i = n; i > 1; i--) {
+	for (size_t i = *n; i > 1; i--) {
 		size_t j = (size_t)cwi_rng_below(&rng, i);
-		char *tmp = paths[i - 1];
-		paths[i - 1] = paths[j];
-		paths[j] = tmp;
+		char *tmp = (*paths)[i - 1];
+		(*paths)[i - 1] = (*paths)[j];
+		(*paths)[j] = tmp;
 	}
+	return CACHEW_OK;
 }
 
 /* Packs the paths into one buffer so that each element is a view. */
@@ -115,7 +123,7 @@ static cachew_err
 list_files_create(
     cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 {
-	list_files_iter *l;
+	list_files_iter *l = NULL;
 	const char **pats;
 	char **paths = NULL;
 	size_t npat = 0, n = 0;
@@ -128,7 +136,9 @@ list_files_create(
 	free(pats);
 	if (rv != CACHEW_OK)
 		return rv;
-	order_paths(paths, n, node, args);
+	rv = order_paths(&paths, &n, node, args);
+	if (rv != CACHEW_OK)
+		goto fail;
 	l = calloc(1, sizeof(*l));
 	if (l == NULL) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -167,6 +177,7 @@ const cwi_dataset_op cwi_op_list_files = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE |
 	CWI_OPF_RANDOM,
     .iter_create = list_files_create,
+    .split_units = cwi_split_units_files,
 };
 
 /* ---- read_file -------------------------------------------------------------- */

@@ -13,8 +13,11 @@
  *   tuple inside a component is read as a list.
  * Errors are CACHEW_EINVAL naming the sub-value ("values[1][0]"), found
  * when the pipeline is built (validate), so iteration only converts.
+ * Split unit i is item i (from_tensors has one unit: its one element).
  */
 #include "sources.h"
+
+#include "../exec/exec_split.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,7 +284,27 @@ typedef struct literal_iter {
 	cwi_iter base;
 	const cwi_value *items; /* borrowed from the node */
 	size_t n, next;
+	bool split;             /* read only the lease's units */
+	cwi_unit_cursor lease;
 } literal_iter;
+
+/* The next item to convert: in order, or the lease's next unit. */
+static bool
+literal_take(literal_iter *l, size_t *i)
+{
+	uint64_t u;
+
+	if (!l->split) {
+		if (l->next == l->n)
+			return false;
+		*i = l->next++;
+		return true;
+	}
+	if (!cwi_unit_cursor_next(&l->lease, &u))
+		return false;
+	*i = (size_t)u;
+	return true;
+}
 
 static cachew_err
 literal_next(cwi_iter *it, cwi_chunk *out, size_t max)
@@ -290,9 +313,10 @@ literal_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	char path[PATH_MAX_LEN];
 	size_t got = 0;
 
-	while (got < max && l->next < l->n) {
+	size_t i;
+
+	while (got < max && literal_take(l, &i)) {
 		cwi_element *e;
-		size_t i = l->next++;
 		cachew_err rv;
 
 		/* from_list's items are values[i]; from_tensors' only item
@@ -332,8 +356,11 @@ literal_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 {
 	const cwi_value *v = cwi_node_value(node, "values");
 	literal_iter *l = calloc(1, sizeof(*l));
+	const cwi_unit_range *ranges;
+	size_t nranges;
+	bool split;
+	cachew_err rv;
 
-	(void)args;
 	if (l == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	l->base.ops = &literal_iter_ops;
@@ -344,7 +371,23 @@ literal_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 		l->items = v->u.list.items;
 		l->n = v->u.list.n;
 	}
+	rv = cwi_split_source_ranges(args, node, l->n, &split, &ranges, &nranges);
+	if (rv != CACHEW_OK) {
+		free(l);
+		return rv;
+	}
+	l->split = split;
+	cwi_unit_cursor_init(&l->lease, ranges, nranges);
 	*out = &l->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+literal_split_units(const cwi_node *node, uint64_t *units)
+{
+	const cwi_value *v = cwi_node_value(node, "values");
+
+	*units = node->op == &cwi_op_from_tensors ? 1 : v->u.list.n;
 	return CACHEW_OK;
 }
 
@@ -402,6 +445,7 @@ const cwi_dataset_op cwi_op_from_tensors = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
     .validate = from_tensors_validate,
     .iter_create = literal_create,
+    .split_units = literal_split_units,
 };
 
 static const cwi_param_spec from_list_params[] = {
@@ -419,4 +463,5 @@ const cwi_dataset_op cwi_op_from_list = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
     .validate = from_list_validate,
     .iter_create = literal_create,
+    .split_units = literal_split_units,
 };

@@ -1,14 +1,63 @@
 /*
  * src_range.c - range(start, stop, step): i64 scalars like Python's range.
+ * Split unit u is the element start + u * step.
  */
 #include "sources.h"
+
+#include "../exec/exec_split.h"
 
 #include <stdlib.h>
 
 typedef struct range_iter {
 	cwi_iter base;
 	int64_t next, stop, step;
+	int64_t start;
+	bool split;            /* read only the lease's units */
+	cwi_unit_cursor lease;
 } range_iter;
+
+/* The number of elements of range(start, stop, step), step != 0. The
+ * differences are taken in uint64_t: stop - start may not fit int64_t. */
+static uint64_t
+range_count(int64_t start, int64_t stop, int64_t step)
+{
+	if (step > 0)
+		return start < stop
+		    ? ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1
+		    : 0;
+	return start > stop ? ((uint64_t)start - (uint64_t)stop - 1) /
+		(0 - (uint64_t)step) + 1
+			    : 0;
+}
+
+static cachew_err
+range_split_units(const cwi_node *node, uint64_t *units)
+{
+	*units = range_count(cwi_node_int(node, "start"),
+	    cwi_node_int(node, "stop"), cwi_node_int(node, "step"));
+	return CACHEW_OK;
+}
+
+static cachew_err
+range_next_split(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	range_iter *r = (range_iter *)it;
+	size_t got = 0;
+	uint64_t u;
+
+	while (got < max && cwi_unit_cursor_next(&r->lease, &u)) {
+		cwi_element *e = cwi_element_new(1);
+		if (e == NULL)
+			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "range: out of memory");
+		/* In range: u < count, so the value lies in [start, stop). */
+		cwi_tensor_init_i64(&e->comp[0],
+		    (int64_t)((uint64_t)r->start + u * (uint64_t)r->step));
+		cwi_chunk_push(out, e);
+		got++;
+	}
+	return got > 0 ? CACHEW_OK : CACHEW_EOF;
+}
 
 static cachew_err
 range_next(cwi_iter *it, cwi_chunk *out, size_t max)
@@ -16,6 +65,8 @@ range_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	range_iter *r = (range_iter *)it;
 	size_t got = 0;
 
+	if (r->split)
+		return range_next_split(it, out, max);
 	while (got < max && (r->step > 0 ? r->next < r->stop
 					 : r->next > r->stop)) {
 		cwi_element *e = cwi_element_new(1);
@@ -47,13 +98,25 @@ static cachew_err
 range_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 {
 	range_iter *r = calloc(1, sizeof(*r));
-	(void)args;
+	const cwi_unit_range *ranges;
+	size_t nranges;
+	bool split;
+	cachew_err rv;
+
 	if (r == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	r->base.ops = &range_iter_ops;
-	r->next = cwi_node_int(node, "start");
+	r->start = r->next = cwi_node_int(node, "start");
 	r->stop = cwi_node_int(node, "stop");
 	r->step = cwi_node_int(node, "step");
+	rv = cwi_split_source_ranges(args, node,
+	    range_count(r->start, r->stop, r->step), &split, &ranges, &nranges);
+	if (rv != CACHEW_OK) {
+		free(r);
+		return rv;
+	}
+	r->split = split;
+	cwi_unit_cursor_init(&r->lease, ranges, nranges);
 	*out = &r->base;
 	return CACHEW_OK;
 }
@@ -90,4 +153,5 @@ const cwi_dataset_op cwi_op_range = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
     .validate = range_validate,
     .iter_create = range_create,
+    .split_units = range_split_units,
 };

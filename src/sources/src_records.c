@@ -4,9 +4,13 @@
  * exists twice: as a source over a list of files, and as a flat_map
  * function over the path in component 0 of its input
  * (`list_files("*.txt") | interleave(text_lines)`). Both are a loop over
- * files around the record reader of src_reader.c.
+ * files around the record reader of src_reader.c. Split unit i of a
+ * source is the i-th file of its expanded "files" (patterns in order, a
+ * glob's matches sorted).
  */
 #include "sources.h"
+
+#include "../exec/exec_split.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,7 +115,6 @@ records_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	size_t npat = 0;
 	cachew_err rv;
 
-	(void)args;
 	if (cfg.buffer_size <= 0)
 		cfg.buffer_size = CWI_READ_BLOCK;
 	r = calloc(1, sizeof(*r));
@@ -126,7 +129,10 @@ records_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	}
 	rv = cwi_paths_expand(pats, npat, &r->paths, &r->npaths);
 	free(pats);
+	if (rv == CACHEW_OK)
+		rv = cwi_split_select_paths(args, node, &r->paths, &r->npaths);
 	if (rv != CACHEW_OK) {
+		cwi_paths_free(r->paths);
 		free(r);
 		return rv;
 	}
@@ -152,6 +158,7 @@ const cwi_dataset_op cwi_op_text_lines = {
     .max_inputs = 0,
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
+    .split_units = cwi_split_units_files,
 };
 
 static const cwi_param_spec fixed_params[] = {
@@ -177,6 +184,7 @@ const cwi_dataset_op cwi_op_fixed_length_records = {
     .max_inputs = 0,
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
+    .split_units = cwi_split_units_files,
 };
 
 /* ---- the functions: one file per input element ------------------------------ */

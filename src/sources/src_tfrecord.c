@@ -14,6 +14,7 @@
 #include "sources.h"
 
 #include "../core/crc32c.h"
+#include "../exec/exec_split.h"
 #include "../io/io.h"
 
 #include <stdio.h>
@@ -914,7 +915,6 @@ tfrecord_create(
 	size_t npat = 0;
 	cachew_err rv;
 
-	(void)args;
 	t = calloc(1, sizeof(*t));
 	if (t == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -934,7 +934,10 @@ tfrecord_create(
 	}
 	rv = cwi_paths_expand(pats, npat, &t->paths, &t->npaths);
 	free(pats);
+	if (rv == CACHEW_OK)
+		rv = cwi_split_select_paths(args, node, &t->paths, &t->npaths);
 	if (rv != CACHEW_OK) {
+		cwi_paths_free(t->paths);
 		free(t);
 		return rv;
 	}
@@ -971,6 +974,9 @@ const cwi_dataset_op cwi_op_tfrecord = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .validate = tfrecord_validate,
     .iter_create = tfrecord_create,
+    /* One unit per file. With records=[a, b] and record indexes, units
+     * could later be record ranges of large files. */
+    .split_units = cwi_split_units_files,
 };
 
 /* ---- the function: one file per input element -------------------------------------- */

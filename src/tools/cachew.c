@@ -13,6 +13,7 @@
 #include "cachew.h"
 
 #include "../cache/cache.h"
+#include "../exec/exec_split.h"
 #include "../graph/graph.h"
 #include "../gen/gen.h"
 
@@ -720,6 +721,24 @@ explain_round_trip(const cachew_dataset *ds)
 	return 0;
 }
 
+/* How the service would split the pipeline (exec_split.h). */
+static int
+explain_split(cachew_dataset *ds)
+{
+	cwi_strbuf sb;
+	int rc = 0;
+
+	cwi_strbuf_init(&sb);
+	if (cwi_split_explain(ds, &sb) != CACHEW_OK) {
+		fprintf(stderr, "cachew: out of memory\n");
+		rc = EXIT_RUNTIME;
+	} else if (sb.data != NULL) {
+		fputs(sb.data, stdout);
+	}
+	cwi_strbuf_free(&sb);
+	return rc;
+}
+
 static int
 cmd_explain(int argc, char **argv)
 {
@@ -745,6 +764,8 @@ cmd_explain(int argc, char **argv)
 		return rc;
 	explain_node(ds, 0);
 	rc = explain_round_trip(ds);
+	if (rc == 0)
+		rc = explain_split(ds);
 	cachew_dataset_release(ds);
 	return rc;
 }

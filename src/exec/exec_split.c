@@ -1,0 +1,606 @@
+/*
+ * exec_split.c - the split plan of a pipeline (worker part per lease,
+ * client part over the service's stream), the client part's placeholder
+ * source, split grouping, lease seeds and the helpers of the splittable
+ * sources. See exec_split.h for the semantics of running per lease.
+ */
+#include "exec_split.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- which operators run per lease ----------------------------------- */
+
+/*
+ * Operators that are correct when run on each lease separately: they work
+ * element by element, or on runs of consecutive elements whose cut at a
+ * lease end is documented (exec_split.h). Everything else runs on the
+ * client; the reasons below are what `explain` shows. Names, not table
+ * pointers, so that operators of other modules (the cache operators) need
+ * no link-time dependency.
+ */
+static const char *const per_lease_ops[] = {
+    "map", "filter", "flat_map", "interleave", "batch", "padded_batch",
+    "unbatch", "shuffle", "prefetch", "autocache",
+};
+
+static const struct {
+	const char *op;
+	const char *why;
+} client_ops[] = {
+    {"take", "selects by position in the whole stream"},
+    {"skip", "selects by position in the whole stream"},
+    {"shard", "selects by position in the whole stream"},
+    {"repeat", "repeats the whole input"},
+    {"enumerate", "numbers the elements of the whole stream"},
+    {"zip", "joins whole inputs element by element"},
+    {"concatenate", "joins whole inputs one after the other"},
+    /* One writer per lease would each commit a cache of one lease under
+     * the same fingerprint; until the cache store assembles a cache from
+     * per-lease chunks, the client writes it. */
+    {"cache_put", "writes one cache of the whole input"},
+    {"cache", "writes (then reads) one cache of the whole input"},
+    {"tfrecord_write", "writes one file of the whole input"},
+};
+
+static bool
+runs_per_lease(const cwi_node *n)
+{
+	for (size_t i = 0; i < sizeof(per_lease_ops) / sizeof(per_lease_ops[0]);
+	     i++)
+		if (strcmp(n->op->name, per_lease_ops[i]) == 0)
+			return n->ninputs == 1;
+	return false;
+}
+
+static const char *
+client_reason(const cwi_node *n)
+{
+	for (size_t i = 0; i < sizeof(client_ops) / sizeof(client_ops[0]); i++)
+		if (strcmp(n->op->name, client_ops[i].op) == 0)
+			return client_ops[i].why;
+	return "is not known to be correct per lease";
+}
+
+/* ---- graph shape -------------------------------------------------------- */
+
+typedef struct node_set {
+	const cwi_node **v;
+	size_t n, cap;
+} node_set;
+
+static bool
+set_has(const node_set *s, const cwi_node *node)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->v[i] == node)
+			return true;
+	return false;
+}
+
+static cachew_err
+set_add(node_set *s, const cwi_node *node)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap != 0 ? s->cap * 2 : 16;
+		const cwi_node **v = realloc(s->v, cap * sizeof(*v));
+		if (v == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = node;
+	return CACHEW_OK;
+}
+
+/* Every node once (a shared subgraph is visited once). */
+static cachew_err
+collect_all(node_set *all, const cwi_node *node)
+{
+	cachew_err rv;
+
+	if (set_has(all, node))
+		return CACHEW_OK;
+	rv = set_add(all, node);
+	for (size_t i = 0; i < node->ninputs && rv == CACHEW_OK; i++)
+		rv = collect_all(all, node->inputs[i]);
+	return rv;
+}
+
+/* Appends "a, b, c" of the op names of the nodes matching `want`, each name
+ * once. */
+static void
+names_of(cwi_strbuf *sb, const node_set *all, bool sources)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < all->n; i++) {
+		const cwi_node *n = all->v[i];
+		bool dup = false;
+		if (sources ? n->ninputs != 0 : n->ninputs < 2)
+			continue;
+		/* zip(range(3), range(3)) names range twice: two sources. */
+		for (size_t j = 0; !sources && j < i; j++)
+			if (all->v[j]->ninputs >= 2 &&
+			    strcmp(all->v[j]->op->name, n->op->name) == 0)
+				dup = true;
+		if (dup)
+			continue;
+		cwi_strbuf_printf(sb, "%s%s", k++ > 0 ? ", " : "", n->op->name);
+	}
+}
+
+/* The pipeline is not a chain: explain why in terms of its operators. */
+static cachew_err
+not_a_chain(const cwi_node *root)
+{
+	node_set all = {0};
+	size_t nsrc = 0;
+	cwi_strbuf src, join;
+	cachew_err rv;
+
+	rv = collect_all(&all, root);
+	if (rv != CACHEW_OK) {
+		free(all.v);
+		return rv;
+	}
+	for (size_t i = 0; i < all.n; i++)
+		nsrc += all.v[i]->ninputs == 0;
+	cwi_strbuf_init(&src);
+	cwi_strbuf_init(&join);
+	names_of(&src, &all, true);
+	names_of(&join, &all, false);
+	if (src.oom || join.oom)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	else if (nsrc > 1)
+		rv = cwi_fail(CACHEW_ENOTSUP,
+		    "split: the pipeline has %zu sources (%s) joined by %s: only "
+		    "a chain over one source can be split; run it in-process "
+		    "or with parallel_epochs",
+		    nsrc, src.data, join.data);
+	else
+		rv = cwi_fail(CACHEW_ENOTSUP,
+		    "split: %s reads the source %s through several inputs: only "
+		    "a chain over one source can be split; run it in-process "
+		    "or with parallel_epochs",
+		    join.data, src.data);
+	cwi_strbuf_free(&src);
+	cwi_strbuf_free(&join);
+	free(all.v);
+	return rv;
+}
+
+/* ---- the plan ------------------------------------------------------------- */
+
+static const char *
+unit_kind(const cwi_node *source)
+{
+	if (source->op->flags & CWI_OPF_FILES)
+		return "files";
+	if (strcmp(source->op->name, "cache_get") == 0)
+		return "chunks";
+	return "elements";
+}
+
+cachew_err
+cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
+{
+	cwi_split_plan *p;
+	const cwi_node **chain = NULL; /* chain[0] = source ... root */
+	size_t len = 0, w;
+	const cwi_node *c;
+	cachew_err rv;
+
+	if (out == NULL || root == NULL)
+		return cwi_fail(CACHEW_EINVAL, "split: NULL argument");
+	for (c = root; c->ninputs == 1; c = c->inputs[0])
+		len++;
+	if (c->ninputs > 1)
+		return not_a_chain(root);
+	len++;
+	if (c->op->split_units == NULL)
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "split: the source %s is not splittable; run the pipeline "
+		    "in-process or with parallel_epochs",
+		    c->op->name);
+	p = calloc(1, sizeof(*p));
+	chain = malloc(len * sizeof(*chain));
+	if (p == NULL || chain == NULL) {
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		goto fail;
+	}
+	c = root;
+	for (size_t i = len; i > 0; i--) {
+		chain[i - 1] = c;
+		if (c->ninputs > 0)
+			c = c->inputs[0];
+	}
+	p->source = chain[0];
+	rv = p->source->op->split_units(p->source, &p->units);
+	if (rv != CACHEW_OK) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
+		cwi_fail(rv, "split: %s: %s", p->source->op->name,
+		    msg[0] != '\0' ? msg : cachew_strerror(rv));
+		goto fail;
+	}
+	for (w = 0; w + 1 < len && runs_per_lease(chain[w + 1]); w++)
+		;
+	p->root = cachew_dataset_retain(root);
+	p->worker = (cwi_node *)chain[w];
+	p->nworker = w + 1;
+	p->nclient = len - p->nworker;
+	p->boundary = w + 1 < len ? chain[w + 1] : NULL;
+	p->unit_kind = unit_kind(p->source);
+	p->worker_fp = p->worker->fp;
+	if (p->boundary != NULL)
+		snprintf(p->why, sizeof(p->why), "%s",
+		    client_reason(p->boundary));
+	free(chain);
+	*out = p;
+	return CACHEW_OK;
+fail:
+	free(chain);
+	free(p);
+	return rv;
+}
+
+void
+cwi_split_plan_destroy(cwi_split_plan *p)
+{
+	if (p == NULL)
+		return;
+	cachew_dataset_release(p->root);
+	free(p);
+}
+
+cachew_err
+cwi_split_plan_describe(const cwi_split_plan *p, cwi_strbuf *sb)
+{
+	cwi_node *client = NULL;
+	char hex[33];
+	cachew_err rv;
+
+	cachew_fingerprint_hex(&p->worker_fp, hex);
+	cwi_strbuf_printf(sb, "split source: %s (%llu %s)\n", p->source->op->name,
+	    (unsigned long long)p->units, p->unit_kind);
+	cwi_strbuf_puts(sb, "worker part:  ");
+	rv = cwi_node_to_string(p->worker, sb);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_strbuf_printf(sb, "  fp=%s\n", hex);
+	cwi_strbuf_puts(sb, "client part:  ");
+	if (p->boundary == NULL) {
+		cwi_strbuf_puts(sb, "none\n");
+	} else {
+		rv = cwi_split_client_graph(p, NULL, &client);
+		if (rv == CACHEW_OK)
+			rv = cwi_node_to_string(client, sb);
+		cachew_dataset_release(client);
+		if (rv != CACHEW_OK)
+			return rv;
+		cwi_strbuf_printf(sb, "\nboundary:     %s %s\n",
+		    p->boundary->op->name, p->why);
+	}
+	if (sb->oom)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_split_explain(cwi_node *root, cwi_strbuf *sb)
+{
+	cwi_split_plan *p = NULL;
+	cachew_err rv = cwi_split_plan_create(&p, root);
+
+	if (rv == CACHEW_OK) {
+		rv = cwi_split_plan_describe(p, sb);
+		cwi_split_plan_destroy(p);
+	}
+	if (rv != CACHEW_OK && rv != CACHEW_ENOMEM) {
+		const char *msg = cwi_errmsg_get();
+		cwi_strbuf_printf(sb, "%s%s\n",
+		    strncmp(msg, "split: ", 7) == 0 ? "" : "split: ", msg);
+		rv = CACHEW_OK;
+	}
+	if (rv == CACHEW_OK && sb->oom)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return rv;
+}
+
+cachew_err
+cwi_split_group(uint64_t nunits, uint64_t target_splits, cwi_unit_range **out,
+    size_t *n)
+{
+	uint64_t k, base, extra, at = 0;
+	cwi_unit_range *v;
+
+	if (out == NULL || n == NULL || target_splits == 0)
+		return cwi_fail(CACHEW_EINVAL,
+		    "split: group needs a target of at least one split");
+	*out = NULL;
+	*n = 0;
+	if (nunits == 0)
+		return CACHEW_OK;
+	k = target_splits < nunits ? target_splits : nunits;
+	if (k > SIZE_MAX / sizeof(*v))
+		return cwi_fail(CACHEW_ENOMEM,
+		    "split: %llu splits do not fit in memory",
+		    (unsigned long long)k);
+	v = malloc((size_t)k * sizeof(*v));
+	if (v == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	base = nunits / k;
+	extra = nunits % k; /* the first `extra` splits get one more */
+	for (uint64_t i = 0; i < k; i++) {
+		uint64_t size = base + (i < extra ? 1 : 0);
+		v[i].begin = at;
+		v[i].end = at + size;
+		at += size;
+	}
+	*out = v;
+	*n = (size_t)k;
+	return CACHEW_OK;
+}
+
+/* ---- the client part's placeholder ------------------------------------------ */
+
+typedef struct stream_iter {
+	cwi_iter base;
+	const cwi_stream_source *src;
+	void *stream;
+	bool open;
+} stream_iter;
+
+static cachew_err
+stream_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	stream_iter *s = (stream_iter *)it;
+	char err[512] = "";
+	cachew_err rv;
+
+	rv = s->src->ops->next(s->stream, out, max, err, sizeof(err));
+	if (rv == CACHEW_OK || rv == CACHEW_EOF)
+		return rv;
+	return cwi_pipeline_fail(it->pl, rv, "service_stream: %s",
+	    err[0] != '\0' ? err : cachew_strerror(rv));
+}
+
+static void
+stream_destroy(cwi_iter *it)
+{
+	stream_iter *s = (stream_iter *)it;
+
+	if (s->open && s->src->ops->close != NULL)
+		s->src->ops->close(s->stream);
+	free(s);
+}
+
+static const cwi_iter_ops stream_iter_ops = {
+    .next = stream_next,
+    .destroy = stream_destroy,
+};
+
+/* The node's fn_state holds the borrowed cwi_stream_source (the node has
+ * no function, so nothing else reads or frees it). */
+static cachew_err
+stream_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	const cwi_stream_source *src = node->fn_state;
+	char err[512] = "";
+	stream_iter *s;
+	cachew_err rv;
+
+	if (src == NULL || src->ops == NULL || src->ops->open == NULL ||
+	    src->ops->next == NULL)
+		return cwi_fail(CACHEW_EINVAL,
+		    "no stream is attached (the client part was built for "
+		    "printing only)");
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	s->base.ops = &stream_iter_ops;
+	s->src = src;
+	rv = src->ops->open(src->ctx, args->epoch, &s->stream, err, sizeof(err));
+	if (rv != CACHEW_OK) {
+		free(s);
+		return cwi_fail(rv, "%s", err[0] != '\0' ? err
+							  : cachew_strerror(rv));
+	}
+	s->open = true;
+	*out = &s->base;
+	return CACHEW_OK;
+}
+
+static const cwi_param_spec stream_params[] = {
+    {.name = "fingerprint", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
+	.help = "the fingerprint of the worker part it stands for"},
+};
+
+/* Internal: never in a registry table (so absent from `cachew ops` and
+ * unknown to the parser and the graph decoder). */
+static const cwi_dataset_op stream_op = {
+    .name = "service_stream",
+    .doc = "internal: the elements of a pipeline's worker part, streamed "
+	   "from the service to the client part",
+    .params = stream_params,
+    .nparams = 1,
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE | CWI_OPF_ASYNC,
+    .iter_create = stream_create,
+};
+
+static cachew_err
+placeholder_new(const cwi_split_plan *p, const cwi_stream_source *src,
+    cwi_node **out)
+{
+	cwi_node *n = calloc(1, sizeof(*n));
+	cwi_value v = {0};
+	char hex[33];
+	cachew_err rv;
+
+	if (n == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	atomic_init(&n->refs, 1);
+	n->op = &stream_op;
+	n->params.map.type = CWI_V_MAP;
+	cachew_fingerprint_hex(&p->worker_fp, hex);
+	rv = cwi_value_set_str(&v, hex, strlen(hex));
+	if (rv == CACHEW_OK)
+		rv = cwi_map_set(&n->params.map, "fingerprint", &v);
+	if (rv != CACHEW_OK) {
+		cwi_value_free(&v);
+		cachew_dataset_release(n);
+		return rv;
+	}
+	n->fn_state = (void *)src;
+	n->fp = p->worker->fp;
+	n->seed_fp = p->worker->seed_fp;
+	*out = n;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_split_client_graph(const cwi_split_plan *p, const cwi_stream_source *src,
+    cwi_node **out)
+{
+	const cwi_node **chain;
+	size_t len = p->nclient;
+	cwi_node *cur = NULL, *next;
+	const cwi_node *c;
+	cachew_err rv;
+
+	rv = placeholder_new(p, src, &cur);
+	if (rv != CACHEW_OK || len == 0)
+		goto done;
+	chain = malloc(len * sizeof(*chain));
+	if (chain == NULL) {
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		goto done;
+	}
+	c = p->root;
+	for (size_t i = len; i > 0; i--) {
+		chain[i - 1] = c;
+		c = c->inputs[0]; /* the worker part is below the chain */
+	}
+	/* Same operator, same canonical parameters, the placeholder below:
+	 * the same fingerprints as in the whole pipeline. */
+	for (size_t i = 0; i < len && rv == CACHEW_OK; i++) {
+		rv = cwi_node_build(&next, chain[i]->op->name, &cur, 1, NULL,
+		    &chain[i]->params.map);
+		cachew_dataset_release(cur);
+		cur = rv == CACHEW_OK ? next : NULL;
+	}
+	free(chain);
+done:
+	if (rv != CACHEW_OK) {
+		cachew_dataset_release(cur);
+		return rv;
+	}
+	*out = cur;
+	return CACHEW_OK;
+}
+
+/* ---- leases ----------------------------------------------------------------- */
+
+/* Keeps lease seeds apart from the other seeds derived from the job's. */
+#define LEASE_SEED_TAG 0x6c65617365ULL /* "lease" */
+
+uint64_t
+cwi_split_lease_seed(
+    uint64_t seed, const cwi_unit_range *ranges, size_t nranges)
+{
+	if (nranges == 0 || ranges[0].begin == 0)
+		return seed;
+	return cwi_seed_derive(seed ^ LEASE_SEED_TAG, ranges[0].begin);
+}
+
+/* ---- for the splittable sources ------------------------------------------ */
+
+cachew_err
+cwi_split_source_ranges(const cwi_iter_args *args, const cwi_node *node,
+    uint64_t units, bool *split, const cwi_unit_range **ranges, size_t *n)
+{
+	const cwi_pipeline *pl = args->pl;
+
+	*split = false;
+	*ranges = NULL;
+	*n = 0;
+	if (pl->split_node != node)
+		return CACHEW_OK;
+	for (size_t i = 0; i < pl->nsplit_ranges; i++) {
+		const cwi_unit_range *r = &pl->split_ranges[i];
+		if (r->begin > r->end || r->end > units)
+			return cwi_fail(CACHEW_ERANGE,
+			    "split units [%llu, %llu) are outside the source's "
+			    "%llu units (did the input change since the plan?)",
+			    (unsigned long long)r->begin,
+			    (unsigned long long)r->end,
+			    (unsigned long long)units);
+	}
+	*split = true;
+	*ranges = pl->split_ranges;
+	*n = pl->nsplit_ranges;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_split_select_paths(const cwi_iter_args *args, const cwi_node *node,
+    char ***paths, size_t *n)
+{
+	const cwi_unit_range *ranges;
+	cwi_unit_cursor cur;
+	size_t nranges, k = 0, total = 0;
+	bool split;
+	uint64_t u;
+	char **sel;
+	cachew_err rv;
+
+	rv = cwi_split_source_ranges(args, node, *n, &split, &ranges, &nranges);
+	if (rv != CACHEW_OK || !split)
+		return rv;
+	for (size_t i = 0; i < nranges; i++) {
+		uint64_t d = ranges[i].end - ranges[i].begin;
+		if (d >= SIZE_MAX / sizeof(char *) - total)
+			return cwi_fail(CACHEW_ENOMEM,
+			    "split: the lease names too many files");
+		total += (size_t)d;
+	}
+	sel = calloc(total + 1, sizeof(char *));
+	if (sel == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	cwi_unit_cursor_init(&cur, ranges, nranges);
+	while (cwi_unit_cursor_next(&cur, &u)) {
+		sel[k] = cwi_strdup((*paths)[u]);
+		if (sel[k] == NULL) {
+			cwi_paths_free(sel);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+		k++;
+	}
+	cwi_paths_free(*paths);
+	*paths = sel;
+	*n = k;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_split_units_files(const cwi_node *node, uint64_t *units)
+{
+	const char **pats;
+	char **paths = NULL;
+	size_t npat = 0, n = 0;
+	cachew_err rv;
+
+	pats = cwi_value_str_list(cwi_node_value(node, "files"), &npat);
+	if (pats == NULL)
+		return CACHEW_ENOMEM;
+	rv = cwi_paths_expand(pats, npat, &paths, &n);
+	free(pats);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_paths_free(paths);
+	*units = n;
+	return CACHEW_OK;
+}

@@ -1,0 +1,213 @@
+/*
+ * exec_split.h - splitting a pipeline for distributed_epoch: the split
+ * plan (which source is split, which operators run per lease on the
+ * workers, which run on the client over the stream of their output), the
+ * grouping of split units into splits, lease iterators and their seeds,
+ * and the helpers the splittable sources use to read only a lease.
+ *
+ * Terms. A splittable source has `units` split units (elements of range,
+ * from_list and from_tensors, files of the file sources, chunks of
+ * cache_get), numbered in the source's own read order. A split is a
+ * contiguous range of units; a lease is a list of unit ranges that a worker
+ * runs as ONE pipeline instance (cwi_iterator_create_lease). Everything in
+ * the worker part therefore happens within a lease:
+ *   - batch/padded_batch make partial batches at each lease end, and
+ *     drop_remainder=true drops each lease's remainder (as tf.data service
+ *     does at each worker's end);
+ *   - shuffle's buffer holds elements of one lease only (the dispatcher
+ *     may shuffle the order of splits to mix across leases);
+ *   - interleave cycles through the files of one lease;
+ *   - list_files(shuffle=true) shuffles the lease's files among
+ *     themselves;
+ *   - random functions draw from the lease's seed (cwi_split_lease_seed)
+ *     and the element's index within the lease, so a lease replayed on
+ *     another worker yields the same elements in the same order (with the
+ *     default deterministic=true of map and interleave).
+ * A lease of every unit in order, starting at unit 0, yields exactly what
+ * the plain in-process run yields.
+ *
+ * Thread safety: a plan is immutable once made; the functions are safe
+ * from any thread.
+ */
+#ifndef CWI_EXEC_SPLIT_H
+#define CWI_EXEC_SPLIT_H
+
+#include "exec.h"
+
+/* ---- the plan --------------------------------------------------------- */
+
+/*
+ * A pipeline cut in two. The pipeline must be a chain over one splittable
+ * source (every operator has one input). The worker part is the longest
+ * chain from the source up through operators that are correct per lease
+ * (map, filter, flat_map, interleave, batch, padded_batch, unbatch,
+ * shuffle, prefetch, autocache); the client part starts at the first other
+ * operator (take, skip, shard, repeat, enumerate, zip, cache_put, cache,
+ * tfrecord_write, any operator not known to be per-lease) and holds
+ * everything after it.
+ */
+typedef struct cwi_split_plan {
+	cwi_node *root;         /* the whole pipeline (a reference) */
+	const cwi_node *source; /* the split source, in root's graph */
+	cwi_node *worker;       /* top of the worker part (in root's graph);
+				 * == root when the client part is empty */
+	const cwi_node *boundary; /* first client operator, or NULL */
+	size_t nworker;         /* operators of the worker part, source
+				 * included */
+	size_t nclient;         /* operators of the client part */
+	uint64_t units;         /* split units of the source */
+	const char *unit_kind;  /* "elements", "files" or "chunks" */
+	cachew_fingerprint worker_fp; /* == worker->fp */
+	char why[192];          /* why the boundary runs on the client */
+} cwi_split_plan;
+
+/* Plans the split of root. CACHEW_ENOTSUP (with a cwi_fail message naming
+ * the operators) when root is not a chain over one splittable source, e.g.
+ * zip or concatenate of two sources: the caller then runs the pipeline
+ * in-process or with parallel_epochs. Counting units may read file
+ * listings (errors of the source, e.g. CACHEW_ENOENT for a pattern that
+ * matches nothing). Takes a reference on root. */
+cachew_err cwi_split_plan_create(cwi_split_plan **out, cwi_node *root);
+/* NULL is a no-op. */
+void cwi_split_plan_destroy(cwi_split_plan *p);
+
+/* Appends a description of the plan (for `cachew explain`):
+ *   split source: list_files (3 files)
+ *   worker part:  <canonical string>  fp=<hex>
+ *   client part:  service_stream(...) | take(n=5)   (or "none")
+ *   boundary:     take: <why>
+ */
+cachew_err cwi_split_plan_describe(const cwi_split_plan *p, cwi_strbuf *sb);
+
+/* For `cachew explain`: plans root and appends its description, or one
+ * line "split: <why not>" when root cannot be split (or its units cannot
+ * be counted). Fails only with CACHEW_ENOMEM. */
+cachew_err cwi_split_explain(cwi_node *root, cwi_strbuf *sb);
+
+/* Cuts units [0, nunits) into min(nunits, target_splits) contiguous splits
+ * whose sizes differ by at most one, in unit order. *out (free with free)
+ * is NULL when nunits == 0. target_splits 0 is CACHEW_EINVAL. */
+cachew_err cwi_split_group(uint64_t nunits, uint64_t target_splits,
+    cwi_unit_range **out, size_t *n);
+
+/* ---- the client part --------------------------------------------------- */
+
+/*
+ * Where the client part's elements come from: the elements of the worker
+ * part, from the service. open() is called once per iterator of the
+ * placeholder, with the epoch the client part runs it at (a client-side
+ * repeat passes its repetition); next() follows the contract of
+ * cwi_iter_ops.next (appends 1..max elements to out, which has room for
+ * them, and returns CACHEW_OK; or returns CACHEW_EOF; or an error with a
+ * reason written into err); close() ends the stream. The calls come from
+ * the thread that iterates the client part (or a prefetch thread of it),
+ * one at a time per stream.
+ */
+typedef struct cwi_stream_ops {
+	cachew_err (*open)(void *ctx, uint64_t epoch, void **stream, char *err,
+	    size_t errlen);
+	cachew_err (*next)(void *stream, cwi_chunk *out, size_t max, char *err,
+	    size_t errlen);
+	void (*close)(void *stream);
+} cwi_stream_ops;
+
+typedef struct cwi_stream_source {
+	const cwi_stream_ops *ops;
+	void *ctx;
+} cwi_stream_source;
+
+/*
+ * Builds the client part as a graph whose source is a placeholder node,
+ * `service_stream(fingerprint="<worker part fp>")`, that reads `src`. The
+ * placeholder stands for the worker part: it carries its fingerprint and
+ * seed fingerprint, so every client operator keeps the fingerprint and the
+ * seeds it has in the whole pipeline (a client-side shuffle or a one-lease
+ * run yields what the in-process run yields). The placeholder's operator is
+ * internal and never registered: no pipeline string or serialized graph can
+ * name it, and the client graph is never sent anywhere. `src` is borrowed:
+ * it must outlive every iterator of the graph; NULL builds a graph that
+ * can be printed but not iterated (CACHEW_EINVAL). With an empty client
+ * part the result is the placeholder alone. *out is a new reference.
+ */
+cachew_err cwi_split_client_graph(const cwi_split_plan *p,
+    const cwi_stream_source *src, cwi_node **out);
+
+/* ---- leases ------------------------------------------------------------- */
+
+/* The seed a lease's pipeline runs with: `seed` (the job's resolved
+ * pipeline seed) itself for a lease whose first unit is 0, so that one
+ * lease of everything is the in-process run, else a seed derived from
+ * (seed, first unit of the lease). Distinct leases of one epoch start at
+ * distinct units, so their random streams differ; a replayed lease gets the
+ * same seed. */
+uint64_t cwi_split_lease_seed(
+    uint64_t seed, const cwi_unit_range *ranges, size_t nranges);
+
+/*
+ * Creates an iterator that runs `root` (normally a plan's worker part) for
+ * one lease: split_node (a splittable source of root's graph, normally the
+ * plan's source) reads only `ranges`, in the order given, and the pipeline
+ * seed is cwi_split_lease_seed(seed, ranges, nranges); opts' seed and
+ * service are ignored (a lease always runs on the local executor). The
+ * ranges are copied. CACHEW_EINVAL when split_node is not a splittable
+ * node of root's graph or a range has begin > end; a range beyond the
+ * source's units fails the creation with CACHEW_ERANGE (the input changed
+ * since the plan was made). Defined in exec_iter.c.
+ */
+cachew_err cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
+    const cachew_options *opts, const cwi_node *split_node,
+    const cwi_unit_range *ranges, size_t nranges, uint64_t seed);
+
+/* ---- for the splittable sources ---------------------------------------- */
+
+/* In a source's iter_create: when the pipeline splits at node, sets
+ * *split, and *ranges and *n to the lease's unit ranges (possibly none)
+ * after checking them against the source's `units` (CACHEW_ERANGE through
+ * cwi_fail otherwise); when it does not, clears *split (read everything). */
+cachew_err cwi_split_source_ranges(const cwi_iter_args *args,
+    const cwi_node *node, uint64_t units, bool *split,
+    const cwi_unit_range **ranges, size_t *n);
+
+/* File sources: keeps only the lease's paths, in lease order (a
+ * NULL-terminated array as cwi_paths_expand makes; the old one is freed).
+ * No-op when the pipeline does not split at node. */
+cachew_err cwi_split_select_paths(const cwi_iter_args *args,
+    const cwi_node *node, char ***paths, size_t *n);
+
+/* The split units of a file source: the number of paths its "files"
+ * parameter expands to (cwi_paths_expand). */
+cachew_err cwi_split_units_files(const cwi_node *node, uint64_t *units);
+
+/* Walks the units of a lease in order. */
+typedef struct cwi_unit_cursor {
+	const cwi_unit_range *ranges;
+	size_t n, i;
+	uint64_t next; /* next unit of ranges[i] */
+} cwi_unit_cursor;
+
+static inline void
+cwi_unit_cursor_init(
+    cwi_unit_cursor *c, const cwi_unit_range *ranges, size_t n)
+{
+	c->ranges = ranges;
+	c->n = n;
+	c->i = 0;
+	c->next = n > 0 ? ranges[0].begin : 0;
+}
+
+/* The next unit of the lease; false after the last one. */
+static inline bool
+cwi_unit_cursor_next(cwi_unit_cursor *c, uint64_t *unit)
+{
+	while (c->i < c->n && c->next >= c->ranges[c->i].end) {
+		c->i++;
+		if (c->i < c->n)
+			c->next = c->ranges[c->i].begin;
+	}
+	if (c->i == c->n)
+		return false;
+	*unit = c->next++;
+	return true;
+}
+
+#endif /* CWI_EXEC_SPLIT_H */
