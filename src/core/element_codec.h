@@ -7,7 +7,11 @@
 
 #include "core.h"
 
-/* Appends the msgpack encoding of one element. */
+/* Appends the msgpack encoding of one element (1 to 64 components).
+ * Fixed-width payloads over 16 bytes are padded to start at a multiple of
+ * 16 bytes from sb->data, so a decoder reading the same bytes from an
+ * aligned buffer can hand them out in place. CACHEW_EINVAL for an element
+ * without components, CACHEW_ERANGE for a component over 4 GiB. */
 cachew_err cwi_element_encode(const cwi_element *e, cwi_strbuf *sb);
 /* Decodes one element starting at data[*off], advancing *off. Tensor
  * payloads are zero-copy slices of `buf` when buf != NULL (buf->data must

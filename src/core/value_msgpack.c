@@ -656,3 +656,173 @@ cwi_value_from_msgpack(const uint8_t *buf, size_t len, size_t *used,
 		*used = r.pos;
 	return CACHEW_OK;
 }
+
+/* ---- binary documents: bin writers and a cursor ------------------------- */
+
+void
+cwi_msgpack_put_uint(cwi_strbuf *sb, uint64_t u)
+{
+	if (u <= 0x7f)
+		put_u8(sb, (uint8_t)u);
+	else if (u <= 0xff)
+		put_be(sb, 0xcc, u, 1);
+	else if (u <= 0xffff)
+		put_be(sb, 0xcd, u, 2);
+	else if (u <= 0xffffffffu)
+		put_be(sb, 0xce, u, 4);
+	else
+		put_be(sb, 0xcf, u, 8);
+}
+
+void
+cwi_msgpack_put_bin_header(cwi_strbuf *sb, size_t len)
+{
+	if (len <= 0xff)
+		put_be(sb, 0xc4, len, 1);
+	else if (len <= 0xffff)
+		put_be(sb, 0xc5, len, 2);
+	else
+		put_be(sb, 0xc6, len, 4);
+}
+
+void
+cwi_msgpack_put_bin(cwi_strbuf *sb, const void *data, size_t len)
+{
+	cwi_msgpack_put_bin_header(sb, len);
+	if (len > 0)
+		cwi_strbuf_append(sb, data, len);
+}
+
+/* Reads the n-byte big-endian field after the type byte at c->pos. */
+static bool
+cur_field(const cwi_mp_cursor *c, unsigned n, uint64_t *out)
+{
+	uint64_t x = 0;
+
+	if (c->len - c->pos < 1 + (size_t)n)
+		return false;
+	for (unsigned i = 0; i < n; i++)
+		x = (x << 8) | c->buf[c->pos + 1 + i];
+	*out = x;
+	return true;
+}
+
+bool
+cwi_mp_get_array(cwi_mp_cursor *c, uint64_t *n)
+{
+	uint8_t b;
+
+	if (c->pos >= c->len)
+		return false;
+	b = c->buf[c->pos];
+	if ((b & 0xf0) == 0x90) {
+		*n = b & 0x0f;
+		c->pos++;
+		return true;
+	}
+	if (b == 0xdc || b == 0xdd) {
+		unsigned w = b == 0xdc ? 2 : 4;
+		if (!cur_field(c, w, n))
+			return false;
+		c->pos += 1 + w;
+		return true;
+	}
+	return false;
+}
+
+bool
+cwi_mp_get_int(cwi_mp_cursor *c, int64_t *v)
+{
+	static const unsigned width[] = {1, 2, 4, 8};
+	uint64_t x;
+	unsigned w;
+	uint8_t b;
+
+	if (c->pos >= c->len)
+		return false;
+	b = c->buf[c->pos];
+	if (b <= 0x7f || b >= 0xe0) {
+		*v = (int8_t)b;
+		c->pos++;
+		return true;
+	}
+	if (b < 0xcc || b > 0xd3)
+		return false;
+	w = width[(b - 0xcc) & 3];
+	if (!cur_field(c, w, &x))
+		return false;
+	if (b <= 0xcf) {
+		if (x > (uint64_t)INT64_MAX)
+			return false;
+	} else if (w < 8 && (x >> (8 * w - 1)) != 0) {
+		x |= ~(uint64_t)0 << (8 * w); /* sign-extend */
+	}
+	*v = (int64_t)x;
+	c->pos += 1 + w;
+	return true;
+}
+
+bool
+cwi_mp_get_uint(cwi_mp_cursor *c, uint64_t *v)
+{
+	size_t at = c->pos;
+	uint64_t x;
+	int64_t i;
+
+	if (at < c->len && c->buf[at] == 0xcf) {
+		if (!cur_field(c, 8, &x))
+			return false;
+		*v = x;
+		c->pos += 9;
+		return true;
+	}
+	if (!cwi_mp_get_int(c, &i))
+		return false;
+	if (i < 0) {
+		c->pos = at;
+		return false;
+	}
+	*v = (uint64_t)i;
+	return true;
+}
+
+static bool
+get_sized(cwi_mp_cursor *c, uint8_t t8, uint8_t t16, uint8_t t32, bool fix,
+    size_t *off, size_t *len)
+{
+	uint64_t n;
+	unsigned w;
+	uint8_t b;
+
+	if (c->pos >= c->len)
+		return false;
+	b = c->buf[c->pos];
+	if (fix && (b & 0xe0) == 0xa0) {
+		n = b & 0x1f;
+		w = 0;
+	} else if (b == t8 || b == t16 || b == t32) {
+		w = b == t8 ? 1 : b == t16 ? 2 : 4;
+		if (!cur_field(c, w, &n))
+			return false;
+	} else {
+		return false;
+	}
+	if (n > c->len - c->pos - 1 - w)
+		return false;
+	*off = c->pos + 1 + w;
+	*len = (size_t)n;
+	c->pos = *off + (size_t)n;
+	return true;
+}
+
+bool
+cwi_mp_get_bin(cwi_mp_cursor *c, size_t *off, size_t *len)
+{
+	return get_sized(c, 0xc4, 0xc5, 0xc6, false, off, len);
+}
+
+bool
+cwi_mp_get_str(cwi_mp_cursor *c, size_t *off, size_t *len)
+{
+	return get_sized(c, 0xd9, 0xda, 0xdb, true, off, len);
+}

@@ -216,4 +216,16 @@ cachew_err cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
     cwi_chunk *out, size_t max);
 void cwi_seq_close(cwi_seq *s);
 
+/* ---- iterators for the service ----------------------------------------- */
+
+/* A fresh random pipeline seed (getrandom, else clock and pid). */
+uint64_t cwi_fresh_seed(void);
+/* Creates an iterator of ds with the given pipeline seed that calls
+ * release(arg) when it is destroyed, last (the service client keeps its
+ * session state alive this way). On failure release(arg) has been called.
+ * opts' seed and service are ignored. */
+cachew_err cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, uint64_t seed, void (*release)(void *arg),
+    void *arg);
+
 #endif /* CWI_EXEC_H */

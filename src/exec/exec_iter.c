@@ -114,8 +114,8 @@ collect_nodes(cwi_pipeline *pl, const cwi_node *node, size_t *cap)
 	return CACHEW_OK;
 }
 
-static uint64_t
-fresh_seed(void)
+uint64_t
+cwi_fresh_seed(void)
 {
 	uint64_t s = 0;
 	if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != (ssize_t)sizeof(s))
@@ -392,6 +392,8 @@ struct cachew_iterator {
 	size_t want; /* adaptive request size */
 	cachew_err done;
 	cwi_unit_range *lease; /* a lease iterator's copy of its ranges */
+	void (*release)(void *arg); /* called last by destroy (owned) */
+	void *release_arg;
 };
 
 #define WANT_MAX 256
@@ -467,7 +469,7 @@ cachew_iterator_create(
 	if (it == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
-					    : fresh_seed();
+					    : cwi_fresh_seed();
 	return iterator_start(out, it);
 }
 
@@ -507,6 +509,25 @@ cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
 	it->pl.split_ranges = it->lease;
 	it->pl.nsplit_ranges = nranges;
 	it->pl.seed = cwi_split_lease_seed(seed, ranges, nranges);
+	return iterator_start(out, it);
+}
+
+cachew_err
+cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, uint64_t seed, void (*release)(void *arg),
+    void *arg)
+{
+	cachew_iterator *it;
+
+	it = iterator_alloc(ds, opts);
+	if (it == NULL) {
+		if (release != NULL)
+			release(arg);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	it->pl.seed = seed;
+	it->release = release;
+	it->release_arg = arg;
 	return iterator_start(out, it);
 }
 
@@ -563,6 +584,8 @@ cachew_iterator_destroy(cachew_iterator *it)
 	free(it->lease);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
+	if (it->release != NULL)
+		it->release(it->release_arg);
 	free(it);
 }
 
