@@ -38,7 +38,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
-.PHONY: all lib test check check-symbols asan tsan demo bench deps install uninstall \
+.PHONY: all lib test check check-symbols asan tsan demo bench bench-progs deps install uninstall \
 	clean fuzz examples valgrind
 
 all: lib $(BUILD)/cachew examples
@@ -139,8 +139,18 @@ demo: deps
 
 bench: deps
 	@BENCH_DEPS=1 sh .ci/deps.sh
-	@$(MAKE) --no-print-directory $(BUILD)/cachew
+	@$(MAKE) --no-print-directory $(BUILD)/cachew bench-progs
 	@bench/run all
+
+# W6: raw nng push/pull and the same transfer through our transports.
+bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench
+
+$(BUILD)/nng_raw: bench/nng_raw.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< -lnng -lpthread
+
+$(BUILD)/transport_bench: bench/transport_bench.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 deps:
 	@sh .ci/deps.sh
