@@ -18,7 +18,9 @@
  *
  * Build: cc -O2 -o build/nng_raw bench/nng_raw.c -lnng -lpthread
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
