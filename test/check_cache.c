@@ -1,10 +1,1694 @@
 /*
- * check_cache.c - placeholder suite (filled by the work on this module).
+ * check_cache.c - the cache store: the element codec, chunk and manifest
+ * formats, the writer and reader, corruption detection, the management
+ * calls (list, verify, rm, gc, capacity) and the probe. The operators
+ * built on it are tested in check_cacheops.c.
+ *
+ * Caches are small (kilobytes) so that the suite stays fast under
+ * valgrind; small chunk_bytes and frame_bytes exercise rotation and
+ * multi-frame chunks all the same.
  */
 #include "cwt.h"
+
+#include "../src/cache/cache_int.h"
+#include "../src/core/element_codec.h"
+#include "../src/io/io_put.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static cachew_fingerprint
+fp_of(uint64_t n)
+{
+	return (cachew_fingerprint){.hi = 0x0123456789abcdefULL, .lo = n};
+}
+
+static cwi_element *
+elem_new(uint32_t n)
+{
+	cwi_element *e = cwi_element_new(n);
+	ck_assert_ptr_nonnull(e);
+	return e;
+}
+
+/* Component c of e: a fixed-width tensor whose bytes follow a pattern
+ * seeded by `seed`. */
+static void
+set_fixed(cwi_element *e, uint32_t c, cachew_dtype dt, unsigned rank,
+    const int64_t *shape, unsigned seed)
+{
+	uint8_t *p;
+	size_t nbytes;
+
+	ck_assert_int_eq(cwi_tensor_init_alloc(&e->comp[c], dt, rank, shape,
+			     false, &p),
+	    CACHEW_OK);
+	nbytes = cwi_tensor_nbytes(&e->comp[c]);
+	for (size_t i = 0; i < nbytes; i++)
+		p[i] = (uint8_t)(i * 131 + seed * 7 + 3);
+	if (dt == CACHEW_BOOL)
+		for (size_t i = 0; i < nbytes; i++)
+			p[i] &= 1;
+}
+
+/* Like set_fixed with incompressible bytes. */
+static void
+set_random(cwi_element *e, uint32_t c, unsigned rank, const int64_t *shape,
+    uint64_t seed)
+{
+	cwi_rng rng = {.state = seed};
+	uint8_t *p;
+	size_t nbytes;
+
+	ck_assert_int_eq(cwi_tensor_init_alloc(&e->comp[c], CACHEW_U8, rank,
+			     shape, false, &p),
+	    CACHEW_OK);
+	nbytes = cwi_tensor_nbytes(&e->comp[c]);
+	for (size_t i = 0; i < nbytes; i++)
+		p[i] = (uint8_t)cwi_rng_next(&rng);
+}
+
+static void
+set_strings(cwi_element *e, uint32_t c, unsigned rank, const int64_t *shape,
+    const char *const *items)
+{
+	size_t n = (size_t)cwi_shape_numel(rank, shape);
+	size_t *lens = calloc(n + 1, sizeof(size_t));
+
+	for (size_t i = 0; i < n; i++)
+		lens[i] = strlen(items[i]);
+	ck_assert_int_eq(cwi_tensor_init_bytes_list(&e->comp[c], rank, shape,
+			     (const void *const *)items, lens),
+	    CACHEW_OK);
+	free(lens);
+}
+
+static cwi_element *
+elem_i64(int64_t v)
+{
+	cwi_element *e = elem_new(1);
+	cwi_tensor_init_i64(&e->comp[0], v);
+	return e;
+}
+
+static void
+elems_free(cwi_element **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(v[i]);
+	free(v);
+}
+
+static cwi_cache_root *
+root_at(const char *dir, uint64_t capacity)
+{
+	cwi_cache_root *r = NULL;
+	ck_assert_msg(cwi_cache_root_open(&r, dir, capacity) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	return r;
+}
+
+static void
+write_cache(cwi_cache_root *r, const cachew_fingerprint *fp,
+    cwi_element **v, size_t n, const cwi_cache_writer_opts *o)
+{
+	cwi_cache_writer *w = NULL;
+	cachew_err rv = cwi_cache_writer_create(&w, r, fp, "range(3)", o);
+
+	ck_assert_msg(rv == CACHEW_OK, "create: %s", cachew_errmsg());
+	/* Uneven add sizes: the writer must not care. */
+	for (size_t i = 0; i < n;) {
+		size_t k = 1 + i % 7;
+		if (k > n - i)
+			k = n - i;
+		rv = cwi_cache_writer_add(w, v + i, k);
+		ck_assert_msg(rv == CACHEW_OK, "add: %s", cachew_errmsg());
+		i += k;
+	}
+	rv = cwi_cache_writer_commit(w);
+	ck_assert_msg(rv == CACHEW_OK, "commit: %s", cachew_errmsg());
+	cwi_cache_writer_destroy(w);
+}
+
+/* Reads every chunk of the cache of fp in order. Returns the first error
+ * (CACHEW_OK when all chunks read to their end); *out holds the elements
+ * yielded until then. */
+static cachew_err
+read_cache(cwi_cache_root *r, const cachew_fingerprint *fp,
+    cwi_element ***out, size_t *n, char *err, size_t errlen)
+{
+	cwi_cache_manifest *m = NULL;
+	cwi_chunk c = {0};
+	cachew_err rv = cwi_cache_lookup(r, fp, &m);
+
+	*out = NULL;
+	*n = 0;
+	for (size_t i = 0; rv == CACHEW_OK && i < m->nchunks; i++) {
+		cwi_cache_reader *rd = NULL;
+		rv = cwi_cache_reader_open(&rd, r, m, i);
+		while (rv == CACHEW_OK)
+			rv = cwi_cache_reader_next(rd, &c, 5);
+		if (rv == CACHEW_EOF)
+			rv = CACHEW_OK;
+		cwi_cache_reader_close(rd);
+	}
+	if (rv != CACHEW_OK && err != NULL)
+		snprintf(err, errlen, "%s", cachew_errmsg());
+	cwi_cache_manifest_free(m);
+	*out = c.v;
+	*n = c.n;
+	return rv;
+}
+
+static void
+assert_same(cwi_element **a, size_t na, cwi_element **b, size_t nb)
+{
+	ck_assert_uint_eq(na, nb);
+	for (size_t i = 0; i < na; i++)
+		ck_assert_msg(cwi_element_equal(a[i], b[i]), "element %zu differs",
+		    i);
+}
+
+/* Every element yielded before a failure equals the original at its
+ * position: no bad element ever comes out. */
+static void
+assert_prefix(cwi_element **got, size_t ngot, cwi_element **orig, size_t n)
+{
+	ck_assert_uint_le(ngot, n);
+	for (size_t i = 0; i < ngot; i++)
+		ck_assert_msg(cwi_element_equal(got[i], orig[i]),
+		    "bad element %zu yielded", i);
+}
+
+static char *
+path_in(const char *dir, const cachew_fingerprint *fp, const char *name)
+{
+	char hex[33];
+	char *p;
+
+	cachew_fingerprint_hex(fp, hex);
+	p = cwi_asprintf("%s/%s/%s", dir, hex, name);
+	ck_assert_ptr_nonnull(p);
+	return p;
+}
+
+static bool
+exists(const char *path)
+{
+	return access(path, F_OK) == 0;
+}
+
+static uint8_t *
+slurp(const char *path, size_t *len)
+{
+	cwi_buffer *b = NULL;
+	uint8_t *p;
+
+	ck_assert_int_eq(cwi_file_read_all(path, NULL, &b, len), CACHEW_OK);
+	p = malloc(*len + 1);
+	memcpy(p, b->data, *len);
+	cwi_buffer_unref(b);
+	return p;
+}
+
+/* Entries of a directory other than . and .. */
+static size_t
+count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	size_t n = 0;
+
+	if (d == NULL)
+		return 0;
+	while ((de = readdir(d)) != NULL)
+		if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+			n++;
+	closedir(d);
+	return n;
+}
+
+static cwi_cache_manifest *
+lookup_ok(cwi_cache_root *r, const cachew_fingerprint *fp)
+{
+	cwi_cache_manifest *m = NULL;
+	cachew_err rv = cwi_cache_lookup(r, fp, &m);
+	ck_assert_msg(rv == CACHEW_OK, "lookup: %s", cachew_errmsg());
+	return m;
+}
+
+/* A mix of every dtype and shape the codec must carry: scalars, rank 1
+ * to 8, empty tensors, strings with empty ones, several components. */
+static cwi_element **
+every_dtype_elements(size_t *n)
+{
+	static const cachew_dtype fixed[] = {CACHEW_U8, CACHEW_I32, CACHEW_I64,
+	    CACHEW_F16, CACHEW_BF16, CACHEW_F32, CACHEW_F64, CACHEW_BOOL};
+	static const char *const strs[] = {"", "a", "", "hello, cache", "",
+	    "\x00\xff binary", "z"};
+	cwi_element **v = calloc(64, sizeof(*v));
+	size_t k = 0;
+
+	for (size_t d = 0; d < sizeof(fixed) / sizeof(fixed[0]); d++) {
+		int64_t s1[1] = {37}, s3[3] = {4, 5, 3}, s0[1] = {0},
+			s8[8] = {2, 1, 2, 1, 3, 1, 2, 2}, s2e[2] = {3, 0};
+		cwi_element *e = elem_new(6);
+		set_fixed(e, 0, fixed[d], 0, NULL, (unsigned)d);
+		set_fixed(e, 1, fixed[d], 1, s1, (unsigned)d + 1);
+		set_fixed(e, 2, fixed[d], 3, s3, (unsigned)d + 2);
+		set_fixed(e, 3, fixed[d], 1, s0, 0);
+		set_fixed(e, 4, fixed[d], 8, s8, (unsigned)d + 3);
+		set_fixed(e, 5, fixed[d], 2, s2e, 0);
+		v[k++] = e;
+	}
+	{
+		int64_t s1[1] = {7}, s23[2] = {2, 3}, s0[1] = {0};
+		const char *six[] = {"ab", "", "cde", "", "", "f"};
+		cwi_element *e = elem_new(5);
+		set_strings(e, 0, 0, NULL, (const char *const[]){"scalar"});
+		set_strings(e, 1, 1, s1, strs);
+		set_strings(e, 2, 2, s23, six);
+		set_strings(e, 3, 1, s0, NULL);
+		set_strings(e, 4, 0, NULL, (const char *const[]){""});
+		v[k++] = e;
+	}
+	{
+		/* A big payload (zero-copy path) next to small ones. */
+		int64_t big[3] = {32, 32, 3}, one[1] = {1};
+		cwi_element *e = elem_new(3);
+		set_fixed(e, 0, CACHEW_U8, 3, big, 9);
+		cwi_tensor_init_i64(&e->comp[1], -42);
+		set_strings(e, 2, 1, one, (const char *const[]){"label"});
+		v[k++] = e;
+	}
+	*n = k;
+	return v;
+}
+
+/* ---- element codec ------------------------------------------------------ */
+
+START_TEST(test_codec_round_trips_every_dtype_and_shape)
+{
+	size_t n;
+	cwi_element **v = every_dtype_elements(&n);
+
+	for (size_t i = 0; i < n; i++) {
+		cwi_strbuf sb;
+		cwi_buffer *buf;
+		cwi_element *copy = NULL, *view = NULL;
+		size_t off = 0;
+
+		cwi_strbuf_init(&sb);
+		ck_assert_int_eq(cwi_element_encode(v[i], &sb), CACHEW_OK);
+		/* Copying decode. */
+		ck_assert_int_eq(cwi_element_decode(NULL, (uint8_t *)sb.data,
+				     sb.len, &off, &copy),
+		    CACHEW_OK);
+		ck_assert_uint_eq(off, sb.len);
+		ck_assert(cwi_element_equal(copy, v[i]));
+		/* Zero-copy decode from an aligned buffer. */
+		ck_assert_int_eq(cwi_buffer_alloc(&buf, sb.len, false), CACHEW_OK);
+		memcpy(buf->data, sb.data, sb.len);
+		off = 0;
+		ck_assert_int_eq(
+		    cwi_element_decode(buf, buf->data, sb.len, &off, &view),
+		    CACHEW_OK);
+		ck_assert(cwi_element_equal(view, v[i]));
+		cwi_element_release(copy);
+		cwi_element_release(view);
+		cwi_buffer_unref(buf);
+		cwi_strbuf_free(&sb);
+	}
+	elems_free(v, n);
+}
+END_TEST
+
+/* The example of docs/cache-format.md, section 4, byte for byte. */
+START_TEST(test_codec_writes_the_documented_bytes)
+{
+	static const uint8_t want[] = {0x92, 0x94, 0x03, 0x90, 0xc4, 0x00, 0xc4,
+	    0x08, 0x05, 0, 0, 0, 0, 0, 0, 0, 0x94, 0x01, 0x91, 0x02, 0xc4, 0x00,
+	    0xc4, 0x02, 0x07, 0x08};
+	int64_t s[1] = {2};
+	cwi_element *e = elem_new(2);
+	uint8_t *p;
+	cwi_strbuf sb;
+
+	cwi_tensor_init_i64(&e->comp[0], 5);
+	ck_assert_int_eq(cwi_tensor_init_alloc(&e->comp[1], CACHEW_U8, 1, s,
+			     false, &p),
+	    CACHEW_OK);
+	p[0] = 7;
+	p[1] = 8;
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_element_encode(e, &sb), CACHEW_OK);
+	ck_assert_uint_eq(sb.len, sizeof(want));
+	ck_assert_mem_eq(sb.data, want, sizeof(want));
+	cwi_strbuf_free(&sb);
+	cwi_element_release(e);
+}
+END_TEST
+
+START_TEST(test_codec_payloads_are_aligned_zero_copy_slices)
+{
+	int64_t s[2] = {10, 10};
+	cwi_element *e = elem_new(2), *d = NULL;
+	cwi_strbuf sb;
+	cwi_buffer *buf;
+	size_t off = 0;
+
+	set_fixed(e, 0, CACHEW_F32, 2, s, 1);
+	set_fixed(e, 1, CACHEW_F64, 2, s, 2);
+	cwi_strbuf_init(&sb);
+	cwi_strbuf_append(&sb, "x", 1); /* an odd start */
+	ck_assert_int_eq(cwi_element_encode(e, &sb), CACHEW_OK);
+	ck_assert_int_eq(cwi_buffer_alloc(&buf, sb.len, false), CACHEW_OK);
+	memcpy(buf->data, sb.data, sb.len);
+	off = 1;
+	ck_assert_int_eq(cwi_element_decode(buf, buf->data, sb.len, &off, &d),
+	    CACHEW_OK);
+	for (uint32_t c = 0; c < 2; c++) {
+		ck_assert_ptr_eq(d->comp[c].buf, buf);
+		ck_assert_uint_eq((uintptr_t)cwi_tensor_data(&d->comp[c]) % 16, 0);
+	}
+	ck_assert(cwi_element_equal(d, e));
+	/* Shifted by one byte, the payload is copied, never misaligned. */
+	cwi_buffer *shifted;
+	ck_assert_int_eq(cwi_buffer_alloc(&shifted, sb.len + 1, false),
+	    CACHEW_OK);
+	memcpy(shifted->data + 1, sb.data, sb.len);
+	cwi_element *d2 = NULL;
+	off = 2;
+	ck_assert_int_eq(cwi_element_decode(shifted, shifted->data, sb.len + 1,
+			     &off, &d2),
+	    CACHEW_OK);
+	ck_assert_ptr_ne(d2->comp[0].buf, shifted);
+	ck_assert(cwi_element_equal(d2, e));
+	cwi_element_release(d2);
+	cwi_buffer_unref(shifted);
+	cwi_element_release(d);
+	cwi_element_release(e);
+	cwi_buffer_unref(buf);
+	cwi_strbuf_free(&sb);
+}
+END_TEST
+
+START_TEST(test_codec_rejects_every_truncation_and_bad_headers)
+{
+	size_t n;
+	cwi_element **v = every_dtype_elements(&n);
+	cwi_strbuf sb;
+
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_element_encode(v[8], &sb), CACHEW_OK);
+	for (size_t len = 0; len < sb.len; len++) {
+		cwi_element *d = NULL;
+		size_t off = 0;
+		ck_assert_int_eq(cwi_element_decode(NULL, (uint8_t *)sb.data, len,
+				     &off, &d),
+		    CACHEW_ECORRUPT);
+		ck_assert_ptr_null(d);
+		ck_assert_msg(strstr(cachew_errmsg(), "element at byte 0") != NULL,
+		    "%s", cachew_errmsg());
+	}
+	cwi_strbuf_free(&sb);
+	/* An unknown dtype, a rank of 9, a data length that is not the
+	 * shape's, too many components. */
+	static const struct {
+		const char *what;
+		uint8_t bytes[16];
+		size_t len;
+	} bad[] = {
+	    {"unknown dtype code", {0x91, 0x94, 0x0a, 0x90, 0xc4, 0, 0xc4, 1, 7},
+		9},
+	    {"rank exceeds 8",
+		{0x91, 0x94, 0x01, 0x99, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0xc4, 0},
+		15},
+	    {"data length does not match",
+		{0x91, 0x94, 0x01, 0x91, 0x02, 0xc4, 0, 0xc4, 3, 1, 2, 3}, 12},
+	    {"components", {0x90}, 1},
+	    {"string data length differs",
+		{0x91, 0x94, 0x09, 0x90, 0x91, 0x02, 0xc4, 1, 'a'}, 9},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		cwi_element *d = NULL;
+		size_t off = 0;
+		ck_assert_int_eq(cwi_element_decode(NULL, bad[i].bytes, bad[i].len,
+				     &off, &d),
+		    CACHEW_ECORRUPT);
+		ck_assert_msg(strstr(cachew_errmsg(), bad[i].what) != NULL,
+		    "%s: %s", bad[i].what, cachew_errmsg());
+	}
+	elems_free(v, n);
+}
+END_TEST
+
+/* ---- writer and reader round trips -------------------------------------- */
+
+START_TEST(test_cache_round_trips_every_dtype_and_shape)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(1);
+	size_t n, ngot;
+	cwi_element **v = every_dtype_elements(&n), **got;
+	cwi_cache_writer_opts o = {.frame_bytes = 2048, .threads = 2};
+
+	/* Repeat the mix so that frames hold several elements. The spec
+	 * differs between elements (dtypes), so each kind gets its own
+	 * cache. */
+	for (size_t k = 0; k < n; k++) {
+		cwi_element *rep[12];
+		cachew_fingerprint f = fp_of(100 + k);
+		for (size_t i = 0; i < 12; i++)
+			rep[i] = v[k];
+		write_cache(r, &f, rep, 12, &o);
+		ck_assert_int_eq(read_cache(r, &f, &got, &ngot, NULL, 0),
+		    CACHEW_OK);
+		assert_same(got, ngot, rep, 12);
+		elems_free(got, ngot);
+	}
+	(void)fp;
+	elems_free(v, n);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_manifest_records_spec_with_varying_dims)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(2);
+	cwi_element *v[3];
+	cwi_cache_manifest *m;
+	char hex[33];
+
+	for (int i = 0; i < 3; i++) {
+		int64_t s[3] = {2 + i, 3, 4 - i};
+		v[i] = elem_new(2);
+		set_fixed(v[i], 0, CACHEW_U8, 3, s, (unsigned)i);
+		cwi_tensor_init_i64(&v[i]->comp[1], i);
+	}
+	write_cache(r, &fp, v, 3, NULL);
+	m = lookup_ok(r, &fp);
+	ck_assert_uint_eq(m->elements, 3);
+	ck_assert_uint_eq(m->ncomponents, 2);
+	ck_assert_int_eq(m->spec[0].dtype, CACHEW_U8);
+	ck_assert_uint_eq(m->spec[0].rank, 3);
+	ck_assert_int_eq(m->spec[0].shape[0], -1);
+	ck_assert_int_eq(m->spec[0].shape[1], 3);
+	ck_assert_int_eq(m->spec[0].shape[2], -1);
+	ck_assert_int_eq(m->spec[1].dtype, CACHEW_I64);
+	ck_assert_uint_eq(m->spec[1].rank, 0);
+	ck_assert_str_eq(m->pipeline, "range(3)");
+	ck_assert_uint_eq(m->writer_version, CACHEW_VERSION_NUMBER);
+	ck_assert(m->created_unix > 1600000000);
+	ck_assert_uint_eq(m->fp.lo, fp.lo);
+	ck_assert_uint_eq(m->nchunks, 1);
+	ck_assert_uint_eq(m->chunks[0].elements, 3);
+	cachew_fingerprint_hex(&fp, hex);
+	char *chunk = path_in(dir, &fp, m->chunks[0].name);
+	struct stat st;
+	ck_assert_int_eq(stat(chunk, &st), 0);
+	ck_assert_uint_eq((uint64_t)st.st_size, m->chunks[0].bytes);
+	ck_assert_uint_eq(m->bytes, m->chunks[0].bytes);
+	free(chunk);
+	cwi_cache_manifest_free(m);
+	for (int i = 0; i < 3; i++)
+		cwi_element_release(v[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_small_chunks_rotate_and_keep_order)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(3);
+	cwi_cache_writer_opts o = {.chunk_bytes = 4096, .frame_bytes = 200,
+	    .threads = 3, .queue_bytes = 2000};
+	size_t n = 3000, ngot;
+	cwi_element **v = calloc(n, sizeof(*v)), **got;
+	cwi_cache_manifest *m;
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < n; i++)
+		v[i] = elem_i64((int64_t)i * 7 - 1000);
+	write_cache(r, &fp, v, n, &o);
+	m = lookup_ok(r, &fp);
+	ck_assert_uint_ge(m->nchunks, 8);
+	for (size_t i = 0; i < m->nchunks; i++) {
+		ck_assert_uint_le(m->chunks[i].bytes, 4096);
+		sum += m->chunks[i].elements;
+	}
+	ck_assert_uint_eq(sum, n);
+	cwi_cache_manifest_free(m);
+	ck_assert_int_eq(read_cache(r, &fp, &got, &ngot, NULL, 0), CACHEW_OK);
+	assert_same(got, ngot, v, n);
+	elems_free(got, ngot);
+	elems_free(v, n);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_empty_cache_has_no_chunks)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(4);
+	cwi_cache_manifest *m;
+
+	write_cache(r, &fp, NULL, 0, NULL);
+	m = lookup_ok(r, &fp);
+	ck_assert_uint_eq(m->elements, 0);
+	ck_assert_uint_eq(m->nchunks, 0);
+	ck_assert_uint_eq(m->ncomponents, 0);
+	cwi_cache_manifest_free(m);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+static cachew_err
+collect(void *ctx, cwi_element *e)
+{
+	cwi_chunk *c = ctx;
+
+	ck_assert_int_eq(cwi_chunk_reserve(c, 1), CACHEW_OK);
+	cwi_chunk_push(c, e);
+	return CACHEW_OK;
+}
+
+START_TEST(test_chunk_decode_reads_a_chunk_in_memory)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(5);
+	cwi_element *v[50];
+	cwi_cache_writer_opts o = {.frame_bytes = 100};
+	cwi_chunk got = {0};
+	cwi_cache_manifest *m;
+	uint8_t *data;
+	size_t len;
+
+	for (int i = 0; i < 50; i++)
+		v[i] = elem_i64(i);
+	write_cache(r, &fp, v, 50, &o);
+	m = lookup_ok(r, &fp);
+	char *chunk = path_in(dir, &fp, m->chunks[0].name);
+	data = slurp(chunk, &len);
+	ck_assert_int_eq(cwi_cache_chunk_decode(data, len, collect, &got),
+	    CACHEW_OK);
+	assert_same(got.v, got.n, v, 50);
+	/* Cut anywhere, it is corrupt. */
+	for (size_t cut = 0; cut < len; cut += 7) {
+		cwi_chunk part = {0};
+		ck_assert_int_eq(cwi_cache_chunk_decode(data, cut, collect, &part),
+		    CACHEW_ECORRUPT);
+		assert_prefix(part.v, part.n, v, 50);
+		cwi_chunk_free(&part);
+	}
+	free(data);
+	free(chunk);
+	cwi_cache_manifest_free(m);
+	cwi_chunk_free(&got);
+	for (int i = 0; i < 50; i++)
+		cwi_element_release(v[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- writers: abort, exclusion, dead writers ---------------------------- */
+
+START_TEST(test_abort_leaves_nothing_visible)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(6);
+	cwi_cache_writer_opts o = {.chunk_bytes = 512, .frame_bytes = 100};
+	cwi_cache_writer *w = NULL;
+	cwi_cache_manifest *m = NULL;
+	cwi_element *v[400];
+
+	for (int i = 0; i < 400; i++)
+		v[i] = elem_i64(i);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", &o), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, v, 400), CACHEW_OK);
+	cwi_cache_writer_destroy(w);
+	ck_assert_uint_eq(count_entries(dir), 0);
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	ck_assert_ptr_null(m);
+	for (int i = 0; i < 400; i++)
+		cwi_element_release(v[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_second_writer_gets_eexist)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(7);
+	cwi_cache_writer *w1 = NULL, *w2 = NULL;
+	cwi_element *e = elem_i64(1);
+
+	ck_assert_int_eq(cwi_cache_writer_create(&w1, r, &fp, "p", NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_create(&w2, r, &fp, "p", NULL),
+	    CACHEW_EEXIST);
+	ck_assert_ptr_null(w2);
+	ck_assert_msg(strstr(cachew_errmsg(), "being written") != NULL, "%s",
+	    cachew_errmsg());
+	ck_assert_int_eq(cwi_cache_writer_add(w1, &e, 1), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_commit(w1), CACHEW_OK);
+	cwi_cache_writer_destroy(w1);
+	ck_assert_int_eq(cwi_cache_writer_create(&w2, r, &fp, "p", NULL),
+	    CACHEW_EEXIST);
+	ck_assert_msg(strstr(cachew_errmsg(), "already exists") != NULL, "%s",
+	    cachew_errmsg());
+	/* A failed create left the complete cache alone. */
+	cwi_cache_manifest *m = lookup_ok(r, &fp);
+	cwi_cache_manifest_free(m);
+	cwi_element_release(e);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* Another process holds the cache's lock file (flock(1), so that the
+ * child is not a copy of this test under valgrind): a writer here gets
+ * EEXIST, and once the holder is gone a writer takes the directory. */
+START_TEST(test_lock_held_by_another_process_gives_eexist)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(8);
+	cwi_cache_writer *w = NULL;
+	char *cdir = path_in(dir, &fp, ""), *lock = path_in(dir, &fp, ".lock");
+	int in[2], out[2], status;
+	char line[16] = {0};
+	pid_t pid;
+
+	if (access("/usr/bin/flock", X_OK) != 0) {
+		printf("cache: skipping the cross-process lock test: no "
+		       "/usr/bin/flock\n");
+		goto done;
+	}
+	ck_assert_int_eq(mkdir(cdir, 0755), 0);
+	ck_assert_int_eq(pipe(in), 0);
+	ck_assert_int_eq(pipe(out), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		close(in[1]);
+		close(out[0]);
+		execl("/usr/bin/flock", "flock", "-x", lock, "-c",
+		    "echo locked; exec cat", (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	/* Wait until the lock is held: the child says so. */
+	ck_assert_int_eq(read(out[0], line, 7), 7);
+	ck_assert_str_eq(line, "locked\n");
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
+	    CACHEW_EEXIST);
+	ck_assert_ptr_null(w);
+	close(in[1]); /* cat ends, flock releases */
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	close(out[0]);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
+	    CACHEW_OK);
+	cwi_cache_writer_destroy(w);
+done:
+	free(cdir);
+	free(lock);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_dead_writer_leftovers_are_partial_and_replaced)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(9);
+	cwi_cache_entry *v = NULL;
+	cwi_element *e = elem_i64(5), **got;
+	size_t n, ngot;
+	char *cdir = path_in(dir, &fp, ""), *junk = path_in(dir, &fp,
+					     "chunk-000000-dead.cwc"),
+	     *tmp = path_in(dir, &fp, ".tmp-chunk-000001-x.cwc-1");
+
+	ck_assert_int_eq(mkdir(cdir, 0755), 0);
+	cwt_write_file(junk, "junk", 4);
+	cwt_write_file(tmp, "more junk", 9);
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(v[0].state, CWI_CACHE_PARTIAL);
+	ck_assert_uint_eq(v[0].bytes, 13);
+	cwi_cache_entries_free(v, n);
+	write_cache(r, &fp, &e, 1, NULL);
+	ck_assert(!exists(junk));
+	ck_assert(!exists(tmp));
+	ck_assert_int_eq(read_cache(r, &fp, &got, &ngot, NULL, 0), CACHEW_OK);
+	assert_same(got, ngot, &e, 1);
+	elems_free(got, ngot);
+	cwi_element_release(e);
+	free(cdir);
+	free(junk);
+	free(tmp);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_elements_of_another_spec_fail_the_write)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(10);
+	cwi_cache_writer *w = NULL;
+	cwi_element *a = elem_i64(1), *b = elem_new(1);
+	cwi_cache_manifest *m = NULL;
+
+	cwi_tensor_init_f64(&b->comp[0], 2.5);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, &a, 1), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, &b, 1), CACHEW_ETYPE);
+	ck_assert_msg(strstr(cachew_errmsg(), "element 1: component 0 is f64[]") !=
+		NULL,
+	    "%s", cachew_errmsg());
+	/* Sticky. */
+	ck_assert_int_eq(cwi_cache_writer_add(w, &a, 1), CACHEW_ETYPE);
+	ck_assert_int_eq(cwi_cache_writer_commit(w), CACHEW_ETYPE);
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	ck_assert_uint_eq(count_entries(dir), 0);
+	cwi_element_release(a);
+	cwi_element_release(b);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- corruption --------------------------------------------------------- */
+
+typedef struct damaged {
+	char *dir;
+	cwi_cache_root *r;
+	cachew_fingerprint fp;
+	cwi_element **v;
+	size_t n;
+	char **chunks; /* paths */
+	uint8_t **orig;
+	size_t *len;
+	size_t nchunks;
+	char *manifest, *bad;
+	uint8_t *morig;
+	size_t mlen;
+} damaged;
+
+/* A cache of 3 chunks of mixed elements to damage. */
+static void
+damaged_setup(damaged *d)
+{
+	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300};
+	cwi_cache_manifest *m;
+
+	memset(d, 0, sizeof(*d));
+	d->dir = cwt_tmpdir();
+	d->r = root_at(d->dir, 0);
+	d->fp = fp_of(11);
+	d->n = 60;
+	d->v = calloc(d->n, sizeof(*d->v));
+	for (size_t i = 0; i < d->n; i++) {
+		int64_t s[1] = {(int64_t)(i % 5) * 9};
+		cwi_element *e = elem_new(2);
+		set_random(e, 0, 1, s, i);
+		cwi_tensor_init_i64(&e->comp[1], (int64_t)i);
+		d->v[i] = e;
+	}
+	write_cache(d->r, &d->fp, d->v, d->n, &o);
+	m = lookup_ok(d->r, &d->fp);
+	ck_assert_uint_ge(m->nchunks, 3);
+	d->nchunks = m->nchunks;
+	d->chunks = calloc(d->nchunks, sizeof(char *));
+	d->orig = calloc(d->nchunks, sizeof(uint8_t *));
+	d->len = calloc(d->nchunks, sizeof(size_t));
+	for (size_t i = 0; i < d->nchunks; i++) {
+		d->chunks[i] = path_in(d->dir, &d->fp, m->chunks[i].name);
+		d->orig[i] = slurp(d->chunks[i], &d->len[i]);
+	}
+	cwi_cache_manifest_free(m);
+	d->manifest = path_in(d->dir, &d->fp, "manifest");
+	d->bad = path_in(d->dir, &d->fp, "BAD");
+	d->morig = slurp(d->manifest, &d->mlen);
+}
+
+/* Rewrites what differs from the original (rewriting a file costs
+ * milliseconds on ext4: keep the loops over hundreds of flips fast). */
+static void
+restore_file(const char *path, const uint8_t *orig, size_t len)
+{
+	cwi_buffer *b = NULL;
+	size_t got = 0;
+	bool same = cwi_file_read_all(path, NULL, &b, &got) == CACHEW_OK &&
+	    got == len && memcmp(b->data, orig, len) == 0;
+
+	cwi_buffer_unref(b);
+	if (!same)
+		cwt_write_file(path, orig, len);
+}
+
+static void
+damaged_restore(damaged *d)
+{
+	for (size_t i = 0; i < d->nchunks; i++)
+		restore_file(d->chunks[i], d->orig[i], d->len[i]);
+	restore_file(d->manifest, d->morig, d->mlen);
+	(void)unlink(d->bad);
+}
+
+static void
+damaged_free(damaged *d)
+{
+	for (size_t i = 0; i < d->nchunks; i++) {
+		free(d->chunks[i]);
+		free(d->orig[i]);
+	}
+	free(d->chunks);
+	free(d->orig);
+	free(d->len);
+	free(d->manifest);
+	free(d->bad);
+	free(d->morig);
+	elems_free(d->v, d->n);
+	cwi_cache_root_close(d->r);
+	cwt_rmtree(d->dir);
+	free(d->dir);
+}
+
+/* Reads the damaged cache: it must fail with CACHEW_ECORRUPT naming
+ * `file`, yield no bad element, and leave the cache marked bad. */
+static void
+expect_detected(damaged *d, const char *file, const char *what)
+{
+	cwi_element **got = NULL;
+	size_t ngot = 0;
+	char err[1024];
+	cwi_cache_manifest *m = NULL;
+	cachew_err rv = read_cache(d->r, &d->fp, &got, &ngot, err, sizeof(err));
+
+	ck_assert_msg(rv == CACHEW_ECORRUPT, "%s: read gave %s (%s)", what,
+	    cachew_strerror(rv), rv == CACHEW_OK ? "" : err);
+	ck_assert_msg(strstr(err, file) != NULL, "%s: message '%s' does not "
+						 "name %s",
+	    what, err, file);
+	assert_prefix(got, ngot, d->v, d->n);
+	elems_free(got, ngot);
+	ck_assert_msg(exists(d->bad), "%s: not marked bad", what);
+	ck_assert_int_eq(cwi_cache_lookup(d->r, &d->fp, &m), CACHEW_ENOENT);
+}
+
+START_TEST(test_flipped_bits_in_chunks_are_detected)
+{
+	damaged d;
+	size_t flips = 0;
+
+	damaged_setup(&d);
+	for (size_t c = 0; c < d.nchunks; c++) {
+		/* Every byte of the header, record headers, frames and
+		 * trailer is covered by some flip (step coprime with 8). */
+		for (size_t bit = 0; bit < d.len[c] * 8; bit += 37) {
+			char what[64];
+			uint8_t *p = malloc(d.len[c]);
+			memcpy(p, d.orig[c], d.len[c]);
+			p[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+			cwt_write_file(d.chunks[c], p, d.len[c]);
+			free(p);
+			snprintf(what, sizeof(what), "chunk %zu bit %zu", c, bit);
+			expect_detected(&d, d.chunks[c], what);
+			damaged_restore(&d);
+			flips++;
+		}
+	}
+	ck_assert_uint_gt(flips, 100);
+	damaged_free(&d);
+}
+END_TEST
+
+START_TEST(test_truncated_and_extended_chunks_are_detected)
+{
+	damaged d;
+
+	damaged_setup(&d);
+	for (size_t c = 0; c < d.nchunks; c++) {
+		for (size_t cut = 0; cut < d.len[c]; cut += 23) {
+			char what[64];
+			snprintf(what, sizeof(what), "chunk %zu cut at %zu", c, cut);
+			cwt_write_file(d.chunks[c], d.orig[c], cut);
+			expect_detected(&d, d.chunks[c], what);
+			damaged_restore(&d);
+		}
+	}
+	/* One byte more at the end. */
+	uint8_t *p = malloc(d.len[1] + 1);
+	memcpy(p, d.orig[1], d.len[1]);
+	p[d.len[1]] = 0;
+	cwt_write_file(d.chunks[1], p, d.len[1] + 1);
+	free(p);
+	expect_detected(&d, d.chunks[1], "extended");
+	damaged_free(&d);
+}
+END_TEST
+
+START_TEST(test_missing_and_swapped_chunks_are_detected)
+{
+	damaged d;
+
+	damaged_setup(&d);
+	ck_assert_int_eq(unlink(d.chunks[1]), 0);
+	expect_detected(&d, d.chunks[1], "missing");
+	ck_assert_msg(strstr(cachew_errmsg(), "missing") != NULL, "%s",
+	    cachew_errmsg());
+	damaged_restore(&d);
+	/* Chunk 0's bytes under chunk 2's name. */
+	cwt_write_file(d.chunks[2], d.orig[0], d.len[0]);
+	expect_detected(&d, d.chunks[2], "swapped");
+	damaged_free(&d);
+}
+END_TEST
+
+START_TEST(test_flipped_bits_in_the_manifest_are_detected)
+{
+	damaged d;
+	cwi_cache_manifest *m = NULL;
+
+	damaged_setup(&d);
+	/* Every single-bit flip, through the decoder. */
+	for (size_t bit = 0; bit < d.mlen * 8; bit++) {
+		uint8_t *p = malloc(d.mlen);
+		memcpy(p, d.morig, d.mlen);
+		p[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		ck_assert_msg(cwi_cache_manifest_decode(p, d.mlen, &m) ==
+			CACHEW_ECORRUPT,
+		    "bit %zu not detected", bit);
+		ck_assert_ptr_null(m);
+		free(p);
+	}
+	/* Every truncation. */
+	for (size_t len = 0; len < d.mlen; len++)
+		ck_assert_int_eq(cwi_cache_manifest_decode(d.morig, len, &m),
+		    CACHEW_ECORRUPT);
+	/* Through a lookup: reported with the path and marked bad. */
+	uint8_t *p = malloc(d.mlen);
+	memcpy(p, d.morig, d.mlen);
+	p[d.mlen / 2] ^= 0x10;
+	cwt_write_file(d.manifest, p, d.mlen);
+	free(p);
+	ck_assert_int_eq(cwi_cache_lookup(d.r, &d.fp, &m), CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), d.manifest) != NULL, "%s",
+	    cachew_errmsg());
+	ck_assert(exists(d.bad));
+	ck_assert_int_eq(cwi_cache_lookup(d.r, &d.fp, &m), CACHEW_ENOENT);
+	ck_assert_msg(strstr(cachew_errmsg(), "marked bad") != NULL, "%s",
+	    cachew_errmsg());
+	damaged_free(&d);
+}
+END_TEST
+
+/* Rewrites the manifest with a valid checksum after `edit` changed it: a
+ * different element spec, or counts that disagree with the chunks. */
+static void
+rewrite_manifest(damaged *d, void (*edit)(cwi_cache_manifest *m))
+{
+	cwi_cache_manifest *m = NULL;
+	cwi_strbuf sb;
+
+	ck_assert_int_eq(cwi_cache_manifest_decode(d->morig, d->mlen, &m),
+	    CACHEW_OK);
+	edit(m);
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(m, &sb), CACHEW_OK);
+	cwt_write_file(d->manifest, sb.data, sb.len);
+	cwi_strbuf_free(&sb);
+	cwi_cache_manifest_free(m);
+}
+
+static void
+edit_dtype(cwi_cache_manifest *m)
+{
+	m->spec[1].dtype = CACHEW_I32;
+}
+
+static void
+edit_dim(cwi_cache_manifest *m)
+{
+	m->spec[0].shape[0] = 9;
+}
+
+static void
+edit_rank(cwi_cache_manifest *m)
+{
+	m->spec[1].rank = 1;
+	m->spec[1].shape[0] = -1;
+}
+
+static void
+edit_elements(cwi_cache_manifest *m)
+{
+	m->chunks[1].elements++;
+	m->elements++;
+}
+
+static void
+edit_xxh64(cwi_cache_manifest *m)
+{
+	m->chunks[2].xxh64 ^= 1;
+}
+
+START_TEST(test_a_different_spec_or_count_is_detected)
+{
+	damaged d;
+	static void (*const edits[])(cwi_cache_manifest *) = {
+	    edit_dtype, edit_dim, edit_rank, edit_elements, edit_xxh64};
+	static const char *const names[] = {
+	    "dtype", "dim", "rank", "elements", "xxh64"};
+
+	damaged_setup(&d);
+	for (size_t i = 0; i < 5; i++) {
+		rewrite_manifest(&d, edits[i]);
+		expect_detected(&d, d.dir, names[i]);
+		damaged_restore(&d);
+	}
+	rewrite_manifest(&d, edit_dtype);
+	expect_detected(&d, d.chunks[0], "dtype names the chunk");
+	ck_assert_msg(strstr(cachew_errmsg(), "spec") != NULL, "%s",
+	    cachew_errmsg());
+	damaged_free(&d);
+}
+END_TEST
+
+START_TEST(test_manifest_round_trips_and_rejects_bad_fields)
+{
+	cwi_cache_chunk_info ch[2] = {
+	    {.name = "chunk-000000-x.cwc", .elements = 5, .bytes = 100,
+		.xxh64 = 0xfedcba9876543210ULL},
+	    {.name = "chunk-000001-x.cwc", .elements = 0, .bytes = 64,
+		.xxh64 = 1}};
+	cwi_cache_spec spec[2] = {{.dtype = CACHEW_BF16, .rank = 2,
+				      .shape = {-1, 7}},
+	    {.dtype = CACHEW_BYTES, .rank = 0}};
+	cwi_cache_manifest in = {.fp = fp_of(77), .pipeline = "range(5) | "
+							  "batch(2)",
+	    .writer_version = 100, .cache_id = 0x1122334455667788ULL,
+	    .created_unix = 1700000000, .elements = 5, .bytes = 164,
+	    .ncomponents = 2, .spec = spec, .nchunks = 2, .chunks = ch};
+	cwi_cache_manifest *out = NULL;
+	cwi_strbuf sb;
+
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &sb), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_manifest_decode(sb.data, sb.len, &out),
+	    CACHEW_OK);
+	ck_assert_uint_eq(out->fp.hi, in.fp.hi);
+	ck_assert_uint_eq(out->fp.lo, in.fp.lo);
+	ck_assert_str_eq(out->pipeline, in.pipeline);
+	ck_assert_uint_eq(out->writer_version, 100);
+	ck_assert_uint_eq(out->cache_id, in.cache_id);
+	ck_assert_int_eq(out->created_unix, 1700000000);
+	ck_assert_uint_eq(out->ncomponents, 2);
+	ck_assert_int_eq(out->spec[0].dtype, CACHEW_BF16);
+	ck_assert_int_eq(out->spec[0].shape[0], -1);
+	ck_assert_int_eq(out->spec[0].shape[1], 7);
+	ck_assert_int_eq(out->spec[1].dtype, CACHEW_BYTES);
+	ck_assert_uint_eq(out->nchunks, 2);
+	ck_assert_str_eq(out->chunks[1].name, "chunk-000001-x.cwc");
+	ck_assert_uint_eq(out->chunks[0].xxh64, 0xfedcba9876543210ULL);
+	cwi_cache_manifest_free(out);
+	cwi_strbuf_free(&sb);
+	/* Totals that disagree with the chunks, a name that climbs out. */
+	in.bytes = 165;
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &sb), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_manifest_decode(sb.data, sb.len, &out),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), "totals") != NULL, "%s",
+	    cachew_errmsg());
+	cwi_strbuf_free(&sb);
+	in.bytes = 164;
+	ch[0].name = "../../etc/passwd";
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &sb), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_manifest_decode(sb.data, sb.len, &out),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), "unsafe name") != NULL, "%s",
+	    cachew_errmsg());
+	cwi_strbuf_free(&sb);
+}
+END_TEST
+
+/* ---- bad markers and management ----------------------------------------- */
+
+START_TEST(test_mark_bad_hides_the_cache_and_a_writer_replaces_it)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(12);
+	cwi_element *e = elem_i64(3), **got;
+	cwi_cache_manifest *m = NULL;
+	cwi_cache_entry *v;
+	size_t n, ngot;
+
+	write_cache(r, &fp, &e, 1, NULL);
+	ck_assert_int_eq(cwi_cache_mark_bad(r, &fp, "test: a reason"), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	ck_assert_ptr_null(m);
+	ck_assert_msg(strstr(cachew_errmsg(), "test: a reason") != NULL, "%s",
+	    cachew_errmsg());
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(v[0].state, CWI_CACHE_BAD);
+	ck_assert_str_eq(v[0].reason, "test: a reason");
+	ck_assert_str_eq(cwi_cache_state_name(v[0].state), "bad");
+	cwi_cache_entries_free(v, n);
+	/* A writer may replace a bad cache. */
+	write_cache(r, &fp, &e, 1, NULL);
+	ck_assert_int_eq(read_cache(r, &fp, &got, &ngot, NULL, 0), CACHEW_OK);
+	assert_same(got, ngot, &e, 1);
+	elems_free(got, ngot);
+	cwi_element_release(e);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_list_reports_every_state)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint a = fp_of(20), b = fp_of(21), c = fp_of(22),
+			   d = fp_of(23);
+	cwi_cache_writer *w = NULL;
+	cwi_element *e[3] = {elem_i64(1), elem_i64(2), elem_i64(3)};
+	cwi_cache_entry *v;
+	size_t n;
+
+	write_cache(r, &a, e, 3, NULL);
+	write_cache(r, &b, e, 1, NULL);
+	ck_assert_int_eq(cwi_cache_mark_bad(r, &b, "why"), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &c, "p", NULL),
+	    CACHEW_OK);
+	char *ddir = path_in(dir, &d, "");
+	ck_assert_int_eq(mkdir(ddir, 0755), 0);
+	free(ddir);
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 4);
+	/* Sorted by fingerprint: a, b, c, d. */
+	ck_assert_int_eq(v[0].state, CWI_CACHE_COMPLETE);
+	ck_assert_str_eq(v[0].pipeline, "range(3)");
+	ck_assert_uint_eq(v[0].elements, 3);
+	ck_assert_uint_gt(v[0].bytes, 64);
+	ck_assert(v[0].created_unix > 0);
+	ck_assert_int_eq(v[0].last_read_unix, 0);
+	ck_assert_int_eq(v[1].state, CWI_CACHE_BAD);
+	ck_assert_int_eq(v[2].state, CWI_CACHE_WRITING);
+	ck_assert_int_eq(v[3].state, CWI_CACHE_PARTIAL);
+	cwi_cache_entries_free(v, n);
+	cwi_cache_writer_destroy(w);
+	for (int i = 0; i < 3; i++)
+		cwi_element_release(e[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_verify_passes_a_good_cache_and_marks_a_bad_one)
+{
+	damaged d;
+	cwi_cache_entry *v;
+	size_t n;
+
+	damaged_setup(&d);
+	ck_assert_int_eq(cwi_cache_verify(d.r, &d.fp), CACHEW_OK);
+	uint8_t *p = malloc(d.len[2]);
+	memcpy(p, d.orig[2], d.len[2]);
+	p[d.len[2] - 40] ^= 4;
+	cwt_write_file(d.chunks[2], p, d.len[2]);
+	free(p);
+	ck_assert_int_eq(cwi_cache_verify(d.r, &d.fp), CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), d.chunks[2]) != NULL, "%s",
+	    cachew_errmsg());
+	ck_assert_int_eq(cwi_cache_list(d.r, &v, &n), CACHEW_OK);
+	ck_assert_int_eq(v[0].state, CWI_CACHE_BAD);
+	ck_assert_msg(strstr(v[0].reason, d.chunks[2]) != NULL, "%s",
+	    v[0].reason);
+	cwi_cache_entries_free(v, n);
+	damaged_free(&d);
+}
+END_TEST
+
+START_TEST(test_remove_deletes_but_not_while_read)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(30);
+	cwi_element *e = elem_i64(3);
+	cwi_cache_manifest *m;
+	cwi_cache_reader *rd = NULL;
+
+	write_cache(r, &fp, &e, 1, NULL);
+	m = lookup_ok(r, &fp);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_EIO);
+	ck_assert_msg(strstr(cachew_errmsg(), "being read or written") != NULL,
+	    "%s", cachew_errmsg());
+	cwi_cache_reader_close(rd);
+	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_OK);
+	ck_assert_uint_eq(count_entries(dir), 0);
+	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_ENOENT);
+	/* The manifest of a removed cache opens nothing. */
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_ENOENT);
+	cwi_cache_manifest_free(m);
+	cwi_element_release(e);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+static void
+set_last_read(const char *dir, const cachew_fingerprint *fp, time_t t)
+{
+	char *p = path_in(dir, fp, "last_read");
+	struct timespec ts[2] = {{.tv_sec = t}, {.tv_sec = t}};
+
+	cwt_write_file(p, "", 0);
+	ck_assert_int_eq(utimensat(AT_FDCWD, p, ts, 0), 0);
+	free(p);
+}
+
+static uint64_t
+cache_bytes(cwi_cache_root *r, const cachew_fingerprint *fp)
+{
+	cwi_cache_manifest *m = lookup_ok(r, fp);
+	uint64_t b = m->bytes;
+	cwi_cache_manifest_free(m);
+	return b;
+}
+
+START_TEST(test_gc_evicts_least_recently_read_first)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp[4] = {fp_of(40), fp_of(41), fp_of(42), fp_of(43)};
+	cwi_element *e[20];
+	cwi_cache_manifest *m = NULL;
+	uint64_t freed = 0, total = 0;
+	time_t now = time(NULL);
+
+	for (int i = 0; i < 20; i++)
+		e[i] = elem_i64(i);
+	for (int i = 0; i < 4; i++)
+		write_cache(r, &fp[i], e, 20, NULL);
+	/* Read order, oldest first: 2, 0, 3, 1. */
+	set_last_read(dir, &fp[2], now - 400);
+	set_last_read(dir, &fp[0], now - 300);
+	set_last_read(dir, &fp[3], now - 200);
+	set_last_read(dir, &fp[1], now - 100);
+	ck_assert_int_eq(cwi_cache_usage(r, NULL, &total), CACHEW_OK);
+	/* Room for a bit more than two caches. */
+	ck_assert_int_eq(cwi_cache_gc(r, total / 2 + 10, &freed), CACHEW_OK);
+	ck_assert_uint_eq(freed, total / 2);
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp[2], &m), CACHEW_ENOENT);
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp[0], &m), CACHEW_ENOENT);
+	m = lookup_ok(r, &fp[3]);
+	cwi_cache_manifest_free(m);
+	m = lookup_ok(r, &fp[1]);
+	cwi_cache_manifest_free(m);
+	/* Within the limit: nothing to do. */
+	ck_assert_int_eq(cwi_cache_gc(r, total, &freed), CACHEW_OK);
+	ck_assert_uint_eq(freed, 0);
+	for (int i = 0; i < 20; i++)
+		cwi_element_release(e[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_gc_leaves_caches_being_read_or_written)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint a = fp_of(50), b = fp_of(51), c = fp_of(52);
+	cwi_element *e[10], **got;
+	cwi_cache_manifest *m;
+	cwi_cache_reader *rd = NULL;
+	cwi_cache_writer *w = NULL;
+	cwi_chunk ch = {0};
+	uint64_t freed = 0;
+	size_t ngot;
+
+	for (int i = 0; i < 10; i++)
+		e[i] = elem_i64(i);
+	write_cache(r, &a, e, 10, NULL);
+	write_cache(r, &b, e, 10, NULL);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &c, "p", NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, e, 10), CACHEW_OK);
+	uint64_t before = 0, after = 0;
+	cwi_cache_manifest *mb = NULL;
+	m = lookup_ok(r, &a);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_reader_next(rd, &ch, 3), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_usage(r, NULL, &before), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_gc(r, 0, &freed), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_usage(r, NULL, &after), CACHEW_OK);
+	/* b went; a (being read) and c (being written) stayed. */
+	ck_assert_uint_gt(freed, 0);
+	ck_assert_uint_eq(freed, before - after);
+	ck_assert_int_eq(cwi_cache_lookup(r, &b, &mb), CACHEW_ENOENT);
+	while (cwi_cache_reader_next(rd, &ch, 3) == CACHEW_OK)
+		;
+	assert_same(ch.v, ch.n, e, 10);
+	cwi_chunk_free(&ch);
+	cwi_cache_reader_close(rd);
+	cwi_cache_manifest_free(m);
+	ck_assert_int_eq(cwi_cache_writer_commit(w), CACHEW_OK);
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(read_cache(r, &c, &got, &ngot, NULL, 0), CACHEW_OK);
+	assert_same(got, ngot, e, 10);
+	elems_free(got, ngot);
+	/* Nobody holds them now. */
+	ck_assert_int_eq(cwi_cache_gc(r, 0, &freed), CACHEW_OK);
+	ck_assert_uint_eq(count_entries(dir), 0);
+	for (int i = 0; i < 10; i++)
+		cwi_element_release(e[i]);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_capacity_evicts_then_refuses)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r0 = root_at(dir, 0), *r;
+	cachew_fingerprint a = fp_of(60), b = fp_of(61), c = fp_of(62);
+	cwi_element *e[40];
+	cwi_cache_manifest *m = NULL;
+	cwi_cache_writer *w = NULL;
+	uint64_t one;
+
+	for (int i = 0; i < 40; i++) {
+		int64_t s[1] = {64};
+		e[i] = elem_new(1);
+		set_random(e[i], 0, 1, s, (uint64_t)i);
+	}
+	write_cache(r0, &a, e, 20, NULL);
+	one = cache_bytes(r0, &a);
+	/* Room for one cache of 20 elements and a half. */
+	r = root_at(dir, one + one / 2);
+	write_cache(r, &b, e, 20, NULL);
+	ck_assert_int_eq(cwi_cache_lookup(r, &a, &m), CACHEW_ENOENT);
+	m = lookup_ok(r, &b);
+	cwi_cache_manifest_free(m);
+	/* 40 elements never fit: refused, b stays evicted only if needed. */
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &c, "p", NULL),
+	    CACHEW_OK);
+	cachew_err rv = cwi_cache_writer_add(w, e, 40);
+	if (rv == CACHEW_OK)
+		rv = cwi_cache_writer_commit(w);
+	ck_assert_int_eq(rv, CACHEW_ENOMEM);
+	ck_assert_msg(strstr(cachew_errmsg(), dir) != NULL &&
+		strstr(cachew_errmsg(), "capacity") != NULL,
+	    "%s", cachew_errmsg());
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(cwi_cache_lookup(r, &c, &m), CACHEW_ENOENT);
+	for (int i = 0; i < 40; i++)
+		cwi_element_release(e[i]);
+	cwi_cache_root_close(r);
+	cwi_cache_root_close(r0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_probe_measures_positive_rates)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cwi_cache_probe_result res;
+
+	ck_assert_int_eq(cwi_cache_probe(r, 3000, 200000, &res), CACHEW_OK);
+	ck_assert(res.read_mb_per_s > 0);
+	ck_assert(res.read_elements_per_s > 0);
+	ck_assert(res.write_mb_per_s > 0);
+	/* The probe cleaned up after itself. */
+	ck_assert_uint_eq(count_entries(dir), 0);
+	ck_assert_int_eq(cwi_cache_probe(r, 0, 100, &res), CACHEW_ERANGE);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_root_rejects_unsupported_urls)
+{
+	cwi_cache_root *r = NULL;
+
+	ck_assert_int_eq(cwi_cache_root_open(&r, "gs://b/p", 0), CACHEW_ENOTSUP);
+	ck_assert_int_eq(cwi_cache_root_open(&r, "", 0), CACHEW_EINVAL);
+	ck_assert_int_eq(cwi_cache_root_open(&r, "s3://", 0), CACHEW_EINVAL);
+	ck_assert_ptr_null(r);
+}
+END_TEST
+
+/* ---- S3 roots (s3rver) --------------------------------------------------- */
+
+static int
+s3_await_port(const char *portfile, pid_t pid)
+{
+	for (int i = 0; i < 400; i++) {
+		FILE *f = fopen(portfile, "r");
+		int port = 0;
+		if (f != NULL) {
+			if (fscanf(f, "%d", &port) != 1)
+				port = 0;
+			fclose(f);
+		}
+		if (port > 0)
+			return port;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		usleep(50000);
+	}
+	return -1;
+}
+
+static void
+s3_stop(pid_t pid)
+{
+	kill(pid, SIGTERM);
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return;
+		usleep(20000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+START_TEST(test_s3_root_round_trip_corruption_and_management)
+{
+	char mod[512], *dir, *store, *seed, *portfile, *cmd, url[64];
+	const char *npm = getenv("CACHEW_NPM_DIR");
+	cachew_fingerprint fp = fp_of(90), other = fp_of(91);
+	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300};
+	cwi_cache_writer *w = NULL;
+	cwi_cache_manifest *m = NULL;
+	cwi_cache_root *r = NULL;
+	cwi_cache_entry *v = NULL;
+	cwi_element *e[40], **got;
+	size_t n, ngot;
+	char err[1024];
+	pid_t pid;
+	int port;
+
+	snprintf(mod, sizeof(mod), "%s/node_modules/s3rver",
+	    npm != NULL ? npm : "build/npm");
+	if (access(mod, R_OK) != 0) {
+		printf("cache: skipping the S3 test: s3rver is not installed "
+		       "(run sh .ci/test-deps.sh)\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	store = cwi_asprintf("%s/store", dir);
+	seed = cwi_asprintf("%s/seed", dir);
+	portfile = cwi_asprintf("%s/port", dir);
+	ck_assert_int_eq(mkdir(store, 0755), 0);
+	ck_assert_int_eq(mkdir(seed, 0755), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		char *node_path = cwi_asprintf("%s/..", mod);
+		setenv("NODE_PATH", node_path, 1);
+		execlp("node", "node", "test/servers/s3rver_launch.js", store,
+		    "bkt", seed, portfile, (char *)NULL);
+		_exit(127);
+	}
+	port = s3_await_port(portfile, pid);
+	ck_assert_msg(port > 0, "s3rver did not start");
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+	setenv("AWS_ENDPOINT_URL", url, 1);
+	setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+
+	for (int i = 0; i < 40; i++) {
+		int64_t s[1] = {(int64_t)(i % 7) * 5};
+		e[i] = elem_new(2);
+		set_random(e[i], 0, 1, s, (uint64_t)i);
+		cwi_tensor_init_i64(&e[i]->comp[1], i);
+	}
+	r = root_at("s3://bkt/caches/", 0);
+	ck_assert_str_eq(cwi_cache_root_path(r), "s3://bkt/caches");
+	write_cache(r, &fp, e, 40, &o);
+	m = lookup_ok(r, &fp);
+	ck_assert_uint_ge(m->nchunks, 2);
+	ck_assert_int_eq(read_cache(r, &fp, &got, &ngot, err, sizeof(err)),
+	    CACHEW_OK);
+	assert_same(got, ngot, e, 40);
+	elems_free(got, ngot);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
+	    CACHEW_EEXIST);
+	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	/* An aborted write leaves nothing. */
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &other, "p", &o),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, e, 40), CACHEW_OK);
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(v[0].state, CWI_CACHE_COMPLETE);
+	ck_assert_uint_gt(v[0].bytes, m->bytes);
+	ck_assert_uint_eq(v[0].elements, 40);
+	ck_assert(v[0].last_read_unix > 0);
+	cwi_cache_entries_free(v, n);
+	/* A flipped bit in a chunk object. */
+	char *chunk = cwi_asprintf("s3://bkt/caches/%016llx%016llx/%s",
+	    (unsigned long long)fp.hi, (unsigned long long)fp.lo,
+	    m->chunks[1].name);
+	cwi_buffer *b = NULL;
+	size_t len = 0;
+	ck_assert_int_eq(cwi_file_read_all(chunk, NULL, &b, &len), CACHEW_OK);
+	b->data[len - 50] ^= 8;
+	ck_assert_int_eq(cwi_io_put(chunk, b->data, len, NULL), CACHEW_OK);
+	cwi_buffer_unref(b);
+	ck_assert_int_eq(read_cache(r, &fp, &got, &ngot, err, sizeof(err)),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(err, chunk) != NULL, "%s", err);
+	assert_prefix(got, ngot, e, 40);
+	elems_free(got, ngot);
+	cwi_cache_manifest_free(m);
+	m = NULL;
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(v[0].state, CWI_CACHE_BAD);
+	cwi_cache_entries_free(v, n);
+	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 0);
+	cwi_cache_entries_free(v, n);
+	free(chunk);
+
+	cwi_cache_root_close(r);
+	for (int i = 0; i < 40; i++)
+		cwi_element_release(e[i]);
+	s3_stop(pid);
+	unsetenv("AWS_ENDPOINT_URL");
+	unsetenv("AWS_ACCESS_KEY_ID");
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	cmd = cwi_asprintf("%s", dir);
+	cwt_rmtree(cmd);
+	free(cmd);
+	free(store);
+	free(seed);
+	free(portfile);
+	free(dir);
+}
+END_TEST
 
 Suite *
 cwt_cache_suite(void)
 {
-	return suite_create("cache");
+	Suite *s = suite_create("cache");
+	TCase *tc = tcase_create("cache");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_codec_round_trips_every_dtype_and_shape);
+	tcase_add_test(tc, test_codec_writes_the_documented_bytes);
+	tcase_add_test(tc, test_codec_payloads_are_aligned_zero_copy_slices);
+	tcase_add_test(tc, test_codec_rejects_every_truncation_and_bad_headers);
+	tcase_add_test(tc, test_cache_round_trips_every_dtype_and_shape);
+	tcase_add_test(tc, test_manifest_records_spec_with_varying_dims);
+	tcase_add_test(tc, test_small_chunks_rotate_and_keep_order);
+	tcase_add_test(tc, test_empty_cache_has_no_chunks);
+	tcase_add_test(tc, test_chunk_decode_reads_a_chunk_in_memory);
+	tcase_add_test(tc, test_abort_leaves_nothing_visible);
+	tcase_add_test(tc, test_second_writer_gets_eexist);
+	tcase_add_test(tc, test_lock_held_by_another_process_gives_eexist);
+	tcase_add_test(tc, test_dead_writer_leftovers_are_partial_and_replaced);
+	tcase_add_test(tc, test_elements_of_another_spec_fail_the_write);
+	tcase_add_test(tc, test_flipped_bits_in_chunks_are_detected);
+	tcase_add_test(tc, test_truncated_and_extended_chunks_are_detected);
+	tcase_add_test(tc, test_missing_and_swapped_chunks_are_detected);
+	tcase_add_test(tc, test_flipped_bits_in_the_manifest_are_detected);
+	tcase_add_test(tc, test_a_different_spec_or_count_is_detected);
+	tcase_add_test(tc, test_manifest_round_trips_and_rejects_bad_fields);
+	tcase_add_test(tc, test_mark_bad_hides_the_cache_and_a_writer_replaces_it);
+	tcase_add_test(tc, test_list_reports_every_state);
+	tcase_add_test(tc, test_verify_passes_a_good_cache_and_marks_a_bad_one);
+	tcase_add_test(tc, test_remove_deletes_but_not_while_read);
+	tcase_add_test(tc, test_gc_evicts_least_recently_read_first);
+	tcase_add_test(tc, test_gc_leaves_caches_being_read_or_written);
+	tcase_add_test(tc, test_capacity_evicts_then_refuses);
+	tcase_add_test(tc, test_probe_measures_positive_rates);
+	tcase_add_test(tc, test_root_rejects_unsupported_urls);
+	tcase_add_test(tc, test_s3_root_round_trip_corruption_and_management);
+	suite_add_tcase(s, tc);
+	return s;
 }

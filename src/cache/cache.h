@@ -62,7 +62,10 @@ typedef struct cwi_cache_chunk_info {
 typedef struct cwi_cache_manifest {
 	cachew_fingerprint fp;
 	char *pipeline;         /* canonical string of the cached node */
-	uint32_t writer_version;
+	uint32_t writer_version; /* CACHEW_VERSION_NUMBER of the writer */
+	uint64_t cache_id;      /* random per write; also in every chunk
+				 * header, so a reader notices a cache that
+				 * was replaced under it */
 	int64_t created_unix;   /* seconds since the epoch */
 	uint64_t elements;      /* sum over chunks */
 	uint64_t bytes;         /* sum of chunk file sizes */
@@ -73,6 +76,9 @@ typedef struct cwi_cache_manifest {
 } cwi_cache_manifest;
 
 void cwi_cache_manifest_free(cwi_cache_manifest *m);
+/* Parses 32 hex digits (cachew_fingerprint_hex's form) into *out;
+ * CACHEW_EINVAL naming the text otherwise. */
+cachew_err cwi_cache_fp_parse(const char *hex, cachew_fingerprint *out);
 /* The manifest's file bytes (msgpack; docs/cache-format.md). */
 cachew_err cwi_cache_manifest_encode(const cwi_cache_manifest *m,
     cwi_strbuf *sb);
@@ -100,7 +106,8 @@ typedef struct cwi_cache_writer cwi_cache_writer;
 typedef struct cwi_cache_writer_opts {
 	uint64_t chunk_bytes;  /* 0: CWI_CACHE_CHUNK_BYTES */
 	size_t frame_bytes;    /* 0: CWI_CACHE_FRAME_BYTES */
-	int zstd_level;        /* 0: 1 (fast) */
+	int zstd_level;        /* 0: auto (level -1, or 1 for data that
+				* compresses; docs/cache-format.md) */
 	int threads;           /* encoder/writer threads; 0: 2 */
 	size_t queue_bytes;    /* memory bound of queued elements; 0: 4 frames
 				* per thread */
@@ -114,7 +121,12 @@ cachew_err cwi_cache_writer_create(cwi_cache_writer **out, cwi_cache_root *r,
     const cwi_cache_writer_opts *opts);
 /* Queues n elements for writing, taking a new reference on each (the
  * caller keeps its own); payloads are never copied before encoding.
- * Blocks while the queue is over its memory bound. An error is sticky. */
+ * Blocks while the queue is over its memory bound. CACHEW_ETYPE when an
+ * element's component count, a dtype or a rank differs from the first
+ * element's; CACHEW_ENOMEM when the root's capacity cannot hold the cache
+ * even after evicting others; CACHEW_EIO on a write failure. Encoding
+ * runs behind the call, so an error may surface on a later add or on
+ * commit. An error is sticky. */
 cachew_err cwi_cache_writer_add(cwi_cache_writer *w, cwi_element *const *v,
     size_t n);
 /* Writes what is queued, fsyncs and renames every chunk, then the manifest,
@@ -129,14 +141,23 @@ void cwi_cache_writer_destroy(cwi_cache_writer *w);
 typedef struct cwi_cache_reader cwi_cache_reader;
 
 /* Opens chunk `index` of a manifest (found by cwi_cache_lookup on r) for
- * reading. Reading verifies the file against the manifest. */
+ * reading. Reading verifies the file against the manifest. While a reader
+ * is open the cache holds a shared lock, so gc and rm leave it alone.
+ * CACHEW_ENOENT when the cache was removed or replaced since the lookup
+ * (not a defect: look it up again); CACHEW_ECORRUPT (the cache is then
+ * already marked bad) when the chunk is missing or its header is bad. */
 cachew_err cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
     const cwi_cache_manifest *m, size_t index);
 /* Appends up to max elements in written order; CACHEW_EOF after the last
  * one; CACHEW_ECORRUPT naming the file on any mismatch (a bad frame, a
  * short file, more or fewer elements than the manifest says, an element
  * that does not match the spec). Elements are zero-copy views of the
- * decompressed frame. */
+ * decompressed frame. No element of a damaged frame is ever appended:
+ * a frame is verified (zstd checksum, size, every element decoded and
+ * checked against the spec) before any of its elements is handed out;
+ * the whole-file size and XXH64 are checked after the last frame. On
+ * CACHEW_ECORRUPT the reader has already marked the cache bad. Errors
+ * are sticky. */
 cachew_err cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out,
     size_t max);
 void cwi_cache_reader_close(cwi_cache_reader *rd);

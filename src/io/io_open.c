@@ -325,7 +325,8 @@ cwi_io_list(const char *pattern, const cwi_io_opts *opts, cwi_io_entry **out,
 		free(v[i].etag);
 	}
 	n = keep;
-	qsort(v, n, sizeof(*v), entry_cmp);
+	if (n > 1)
+		qsort(v, n, sizeof(*v), entry_cmp);
 	*out = v;
 	*nout = n;
 	v = NULL;
