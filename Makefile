@@ -41,7 +41,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubu
 .PHONY: all lib test check check-symbols asan tsan demo bench bench-progs deps install uninstall \
 	clean fuzz examples valgrind
 
-all: lib $(BUILD)/cachew examples
+all: lib $(BUILD)/cachew $(BUILD)/cachewd examples
 
 lib: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 
@@ -59,6 +59,9 @@ $(BUILD)/libcachew.so: $(LIB_OBJ)
 
 # -rdynamic: plugins resolve cachew_* from the program itself.
 $(BUILD)/cachew: $(BUILD)/obj/src/tools/cachew.o $(BUILD)/libcachew.a
+	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS)
+
+$(BUILD)/cachewd: $(BUILD)/obj/src/tools/cachewd.o $(BUILD)/libcachew.a
 	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS)
 
 # ---- tests ---------------------------------------------------------------
@@ -95,7 +98,7 @@ check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 	if [ -n "$$bad" ]; then echo "symbols: stray exports in libcachew.so:" $$bad; exit 1; fi
 	@echo "symbols: only cachew_ and cwi_ globals"
 
-check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so $(FUZZ_REPLAY) check-symbols
+check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so $(FUZZ_REPLAY) check-symbols
 	@for f in $(FUZZ_REPLAY); do \
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
@@ -118,7 +121,7 @@ tsan: deps
 
 # No fork: every test's leaks count. ASan builds disable the element cache,
 # so this is where the cache's own bookkeeping is checked.
-valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/plugin_example.so
+valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so
 	CK_FORK=no CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \
 		$(BUILD)/check_cachew

@@ -9,6 +9,8 @@
 #include "exec.h"
 #include "exec_split.h"
 #include "exec_tune.h"
+#include "../service/client/client.h"
+#include "../service/service.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,15 +458,25 @@ cachew_iterator_create(
     cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
 {
 	cachew_iterator *it;
+	const char *service, *env;
 
 	cwi_clear_errmsg();
 	if (out == NULL || ds == NULL)
 		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
-	if (opts != NULL && cwi_options_values(opts)->service[0] != '\0')
-		return cwi_fail(CACHEW_ENOTSUP,
-		    "service mode (%s) is not available in this build; "
-		    "leave 'service' empty for the embedded executor",
-		    cwi_options_values(opts)->service);
+	service = opts != NULL ? cwi_options_values(opts)->service : "";
+	if (service[0] == '\0' && (env = getenv("CACHEW_SERVICE")) != NULL)
+		service = env;
+	if (service[0] != '\0') {
+		char url[CWI_OPT_STR_MAX];
+		if (strncmp(service, "embedded", 8) == 0) {
+			cachew_err rv = cwi_embedded_service(service, url,
+			    sizeof(url));
+			if (rv != CACHEW_OK)
+				return rv;
+			service = url;
+		}
+		return cwi_client_iterator_create(out, ds, opts, service);
+	}
 	it = iterator_alloc(ds, opts);
 	if (it == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");

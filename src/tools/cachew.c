@@ -14,6 +14,7 @@
 
 #include "../cache/cache.h"
 #include "../exec/exec_split.h"
+#include "../service/service.h"
 #include "../graph/graph.h"
 #include "../gen/gen.h"
 
@@ -51,6 +52,8 @@ static const char usage_text[] =
     "                               write ImageNet-like TFRecord shards of\n"
     "                               tf.train.Example (JPEG + label)\n"
     "  cache ls|verify|rm|gc|probe  manage a cache root (cachew cache --help)\n"
+    "  status [URL] [--json]        what a dispatcher knows: workers, jobs,\n"
+    "                               tasks, splits, throughput\n"
     "  gen text --out DIR --lines N [--files K] [--seed S]\n"
     "                               write Zipf-distributed text files\n"
     "  version                      print the library version\n"
@@ -1186,6 +1189,7 @@ static const command commands[] = {
     {"ops", cmd_ops},
     {"gen", cmd_gen},
     {"cache", cwi_cache_cli},
+    {"status", cwi_status_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
     {"help", cmd_help},
@@ -1204,7 +1208,8 @@ main(int argc, char **argv)
 	}
 	cachew_log_set(cachew_log_stderr, NULL, CACHEW_LOG_WARN);
 	/* `cache` prints its own subcommand help. */
-	if (strcmp(argv[1], "cache") != 0 && wants_help(argc, argv))
+	if (strcmp(argv[1], "cache") != 0 && strcmp(argv[1], "status") != 0 &&
+	    wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name) == 0) {

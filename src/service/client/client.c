@@ -1,0 +1,898 @@
+/*
+ * client.c - the client of the service: a cachew_iterator whose worker
+ * part runs on the service's workers.
+ *
+ * cwi_client_iterator_create() plans the split (exec_split.h), registers
+ * the worker part with the dispatcher, and iterates the client part
+ * locally over a stream source. Each open of the stream is a session: it
+ * joins (or creates) the job, and one fetch thread then
+ *   - heartbeats every heartbeat interval (batch timing, buffer fill) and
+ *     learns the job's tasks (worker addresses) and whether it finished;
+ *   - keeps up to INFLIGHT get_elements requests outstanding per task, on
+ *     one completion queue, within the client_buffer byte budget;
+ *   - puts each task's replies back in worker order (their seq), queues the
+ *     elements for next(), and acknowledges a split to the dispatcher once
+ *     every element before its end has been queued.
+ * The consumer thread only takes elements from the queue.
+ *
+ * Locking: s->lock protects the element queue, the error and the timing
+ * counters shared with the consumer; everything else belongs to the fetch
+ * thread.
+ */
+#include "client.h"
+
+#include "../service_rpc.h"
+#include "../../exec/exec_split.h"
+#include "../../core/options.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define INFLIGHT 4            /* get_elements outstanding per task */
+#define REPLY_BYTES ((uint64_t)8 << 20)
+#define TAG_HEARTBEAT UINT64_C(1)
+#define TAG_ACK UINT64_C(2)
+#define TAG_DATA_BASE UINT64_C(16) /* + task slot */
+
+typedef struct held_reply {
+	uint64_t seq;
+	cwi_msg *msg;
+	cwi_pmsg hdr;
+} held_reply;
+
+typedef struct ctask {
+	uint64_t task_id;
+	char *address;
+	cwi_conn *conn;     /* borrowed from the session's connection table */
+	unsigned inflight;
+	uint64_t next_seq;  /* next reply to process */
+	held_reply *held;   /* replies that came early */
+	size_t nheld, capheld;
+	bool ended;         /* end_of_task processed */
+	bool gone;          /* no longer listed, or its worker failed */
+	uint64_t retry_at_ns; /* after a failure: when to ask again */
+} ctask;
+
+typedef struct conn_ent {
+	char *address;
+	cwi_conn *conn;
+} conn_ent;
+
+/* What every session of one iterator shares (lives as long as the
+ * iterator). */
+typedef struct client_ctx {
+	char url[CWI_OPT_STR_MAX];
+	cwi_opts opts;
+	cwi_split_plan *plan;
+	uint8_t *graph;
+	size_t graph_len;
+	cwi_stream_source src;
+	cachew_dataset *client_graph;
+	uint64_t seed;
+} client_ctx;
+
+typedef struct session {
+	client_ctx *ctx;
+	uint64_t epoch;
+	cwi_conn *dispatcher;
+	cwi_cq *cq;
+	uint64_t dataset_id, job_id, client_id;
+	uint32_t heartbeat_ms;
+
+	pthread_t fetcher;
+	bool fetcher_started;
+	atomic_bool closing;
+
+	/* fetch thread only */
+	ctask *tasks;
+	size_t ntasks, captasks;
+	conn_ent *conns;
+	size_t nconns, capconns;
+	uint64_t *acks; /* split ends queued, not yet sent */
+	uint64_t *ack_parts;
+	size_t nacks, capacks;
+	uint64_t *sent_acks; /* the ack message in flight */
+	uint64_t *sent_parts;
+	size_t nsent;
+	bool ack_inflight, hb_inflight;
+	uint64_t next_hb_ns;
+	uint64_t last_hb_ok_ns;
+	bool job_finished;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	cwi_element **q; /* ring */
+	size_t qhead, qlen, qcap;
+	uint64_t qbytes;
+	bool eof;
+	cachew_err err;
+	char errmsg[768];
+	/* consumer timing since the last heartbeat */
+	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
+} session;
+
+/* ---- small arrays -------------------------------------------------------- */
+
+static bool
+grow(void **v, size_t *cap, size_t need, size_t size)
+{
+	size_t c;
+	void *p;
+
+	if (need <= *cap)
+		return true;
+	c = *cap != 0 ? *cap * 2 : 8;
+	while (c < need)
+		c *= 2;
+	p = realloc(*v, c * size);
+	if (p == NULL)
+		return false;
+	*v = p;
+	*cap = c;
+	return true;
+}
+
+#define GROW(arr, cap, need) \
+	grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
+
+/* ---- session state shared with the consumer ------------------------------- */
+
+static void
+session_fail(session *s, cachew_err err, const char *fmt, ...)
+    CACHEW_PRINTF(3, 4);
+
+static void
+session_fail(session *s, cachew_err err, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->err == CACHEW_OK) {
+		s->err = err;
+		va_start(ap, fmt);
+		vsnprintf(s->errmsg, sizeof(s->errmsg), fmt, ap);
+		va_end(ap);
+	}
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static bool
+queue_push(session *s, cwi_element *e)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->qlen == s->qcap) {
+		size_t cap = s->qcap != 0 ? s->qcap * 2 : 256;
+		cwi_element **nq = malloc(cap * sizeof(*nq));
+		if (nq == NULL) {
+			pthread_mutex_unlock(&s->lock);
+			return false;
+		}
+		for (size_t i = 0; i < s->qlen; i++)
+			nq[i] = s->q[(s->qhead + i) % s->qcap];
+		free(s->q);
+		s->q = nq;
+		s->qcap = cap;
+		s->qhead = 0;
+	}
+	s->q[(s->qhead + s->qlen++) % s->qcap] = e;
+	s->qbytes += cwi_element_nbytes(e);
+	pthread_mutex_unlock(&s->lock);
+	return true;
+}
+
+static uint64_t
+queue_bytes(session *s)
+{
+	uint64_t b;
+
+	pthread_mutex_lock(&s->lock);
+	b = s->qbytes;
+	pthread_mutex_unlock(&s->lock);
+	return b;
+}
+
+/* ---- connections ----------------------------------------------------------- */
+
+static cwi_conn *
+conn_for(session *s, const char *address)
+{
+	cwi_transport_opts o;
+	cwi_conn *c;
+
+	for (size_t i = 0; i < s->nconns; i++)
+		if (strcmp(s->conns[i].address, address) == 0)
+			return s->conns[i].conn;
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = (size_t)s->ctx->opts.client_buffer > REPLY_BYTES * 4
+			     ? (size_t)s->ctx->opts.client_buffer
+			     : CWI_TRANSPORT_MAX_MSG_DEFAULT;
+	if (o.max_msg_size < CWI_TRANSPORT_MAX_MSG_DEFAULT)
+		o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
+	o.dial_async = true;
+	if (!GROW(s->conns, s->capconns, s->nconns + 1))
+		return NULL;
+	if (cwi_dial(&c, address, &o) != CACHEW_OK)
+		return NULL;
+	s->conns[s->nconns].address = cwi_strdup(address);
+	s->conns[s->nconns].conn = c;
+	s->nconns++;
+	return c;
+}
+
+/* ---- tasks ------------------------------------------------------------------- */
+
+static ctask *
+task_by_id(session *s, uint64_t id)
+{
+	for (size_t i = 0; i < s->ntasks; i++)
+		if (s->tasks[i].task_id == id)
+			return &s->tasks[i];
+	return NULL;
+}
+
+static void
+update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
+{
+	for (size_t i = 0; i < s->ntasks; i++) {
+		bool listed = false;
+		for (size_t k = 0; k < r->ntasks; k++)
+			if (r->tasks[k].task_id == s->tasks[i].task_id)
+				listed = true;
+		if (!listed)
+			s->tasks[i].gone = true;
+	}
+	for (size_t k = 0; k < r->ntasks; k++) {
+		const cwi_task_info *ti = &r->tasks[k];
+		ctask *t = task_by_id(s, ti->task_id);
+
+		if (t != NULL) {
+			/* Listed again (a worker came back): try it again. */
+			if (t->gone && !t->ended && t->inflight == 0)
+				t->gone = false;
+			continue;
+		}
+		if (!GROW(s->tasks, s->captasks, s->ntasks + 1))
+			continue;
+		t = &s->tasks[s->ntasks];
+		memset(t, 0, sizeof(*t));
+		t->task_id = ti->task_id;
+		t->address = cwi_strdup(ti->address);
+		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
+		if (t->conn == NULL) {
+			free(t->address);
+			continue;
+		}
+		s->ntasks++;
+	}
+	s->job_finished = r->job_finished;
+}
+
+static void
+task_drop_held(ctask *t)
+{
+	for (size_t i = 0; i < t->nheld; i++) {
+		cwi_msg_destroy(t->held[i].msg);
+		cwi_pmsg_free(&t->held[i].hdr);
+	}
+	t->nheld = 0;
+}
+
+static bool
+add_ack(session *s, uint64_t split_id, uint64_t parts)
+{
+	if (!GROW(s->acks, s->capacks, s->nacks + 1))
+		return false;
+	/* capacks counts acks; ack_parts grows alongside. */
+	uint64_t *p = realloc(s->ack_parts, s->capacks * sizeof(*p));
+	if (p == NULL)
+		return false;
+	s->ack_parts = p;
+	s->acks[s->nacks] = split_id;
+	s->ack_parts[s->nacks] = parts;
+	s->nacks++;
+	return true;
+}
+
+/* ---- sending ------------------------------------------------------------------ */
+
+static void
+send_heartbeat(session *s)
+{
+	cwi_pmsg m;
+	cwi_msg *msg;
+	uint64_t batches, wait, sum, qb;
+
+	pthread_mutex_lock(&s->lock);
+	batches = s->batches;
+	wait = s->wait_ns;
+	sum = s->batch_ns_sum;
+	s->batches = s->wait_ns = s->batch_ns_sum = 0;
+	qb = s->qbytes;
+	pthread_mutex_unlock(&s->lock);
+	cwi_pmsg_init(&m, CWI_MSG_CLIENT_HEARTBEAT);
+	m.u.client_heartbeat.job_id = s->job_id;
+	m.u.client_heartbeat.client_id = s->client_id;
+	m.u.client_heartbeat.batch_time_ns = batches > 0 ? sum / batches : 0;
+	m.u.client_heartbeat.wait_time_ns = wait;
+	m.u.client_heartbeat.buffer_fill =
+	    (double)qb / (double)s->ctx->opts.client_buffer;
+	if (cwi_rpc_pack(&m, &msg) == CACHEW_OK) {
+		if (cwi_conn_send(s->dispatcher, msg, (int)s->heartbeat_ms * 4,
+			s->cq, TAG_HEARTBEAT) == CACHEW_OK)
+			s->hb_inflight = true;
+		else
+			cwi_msg_destroy(msg);
+	}
+	cwi_pmsg_free(&m);
+	s->next_hb_ns = cwi_now_ns() + (uint64_t)s->heartbeat_ms * 1000000u;
+}
+
+static void
+send_acks(session *s)
+{
+	cwi_pmsg m;
+	cwi_msg *msg;
+	cachew_err rv;
+
+	if (s->nacks == 0 || s->ack_inflight)
+		return;
+	cwi_pmsg_init(&m, CWI_MSG_SPLIT_ACK);
+	m.u.split_ack.job_id = s->job_id;
+	m.u.split_ack.client_id = s->client_id;
+	m.u.split_ack.split_ids = s->acks; /* borrowed for the encoding */
+	m.u.split_ack.parts = s->ack_parts;
+	m.u.split_ack.nsplit_ids = s->nacks;
+	m.u.split_ack.nparts = s->nacks;
+	rv = cwi_rpc_pack(&m, &msg);
+	m.u.split_ack.split_ids = NULL;
+	m.u.split_ack.parts = NULL;
+	cwi_pmsg_free(&m);
+	if (rv != CACHEW_OK)
+		return;
+	if (cwi_conn_send(s->dispatcher, msg,
+		(int)s->ctx->opts.service_timeout_ms, s->cq, TAG_ACK) !=
+	    CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return;
+	}
+	/* Keep them until the dispatcher confirms; a failed ack is merged
+	 * back and sent again (the dispatcher ignores repeats). */
+	s->ack_inflight = true;
+	s->sent_acks = s->acks;
+	s->sent_parts = s->ack_parts;
+	s->nsent = s->nacks;
+	s->acks = NULL;
+	s->ack_parts = NULL;
+	s->nacks = s->capacks = 0;
+}
+
+static void
+on_ack(session *s, cwi_completion *c)
+{
+	s->ack_inflight = false;
+	if (c->reply != NULL)
+		cwi_msg_destroy(c->reply);
+	if (c->err != CACHEW_OK) {
+		for (size_t i = 0; i < s->nsent; i++)
+			(void)add_ack(s, s->sent_acks[i], s->sent_parts[i]);
+	}
+	free(s->sent_acks);
+	free(s->sent_parts);
+	s->sent_acks = NULL;
+	s->sent_parts = NULL;
+	s->nsent = 0;
+}
+
+static void
+send_requests(session *s)
+{
+	uint64_t now = cwi_now_ns();
+	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
+
+	for (size_t i = 0; i < s->ntasks; i++) {
+		ctask *t = &s->tasks[i];
+
+		if (t->ended || t->gone || now < t->retry_at_ns)
+			continue;
+		while (t->inflight < INFLIGHT) {
+			uint64_t outstanding = 0;
+			for (size_t k = 0; k < s->ntasks; k++)
+				outstanding += s->tasks[k].inflight;
+			if (queue_bytes(s) + outstanding * REPLY_BYTES / 2 >
+				budget &&
+			    outstanding > 0)
+				return;
+			cwi_pmsg m;
+			cwi_msg *msg;
+			cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS);
+			m.u.get_elements.task_id = t->task_id;
+			m.u.get_elements.client_id = s->client_id;
+			m.u.get_elements.max_bytes = REPLY_BYTES;
+			cachew_err rv = cwi_rpc_pack(&m, &msg);
+			cwi_pmsg_free(&m);
+			if (rv != CACHEW_OK)
+				return;
+			/* A held request waits for data as long as the
+			 * pipeline needs: no deadline of its own beyond the
+			 * service timeout. */
+			rv = cwi_conn_send(t->conn, msg,
+			    (int)s->ctx->opts.service_timeout_ms, s->cq,
+			    TAG_DATA_BASE + i);
+			if (rv != CACHEW_OK) {
+				cwi_msg_destroy(msg);
+				t->retry_at_ns = now + 100000000u;
+				break;
+			}
+			t->inflight++;
+		}
+	}
+}
+
+/* ---- receiving ------------------------------------------------------------------ */
+
+/* Queues the elements of one in-order reply and records its split ends. */
+static void
+process_reply(session *s, ctask *t, cwi_msg *msg,
+    const cwi_msg_get_elements_reply *r)
+{
+	size_t n = cwi_msg_count(msg), e = 0;
+
+	if (r->elements != n) {
+		session_fail(s, CACHEW_EPROTO, "%s: a reply says %u elements "
+		    "but carries %zu", t->address, r->elements, n);
+		return;
+	}
+	for (size_t k = 0; k <= r->nsplit_ends; k++) {
+		size_t upto = k < r->nsplit_ends ? r->split_ends[k].after : n;
+		if (upto > n || upto < e) {
+			session_fail(s, CACHEW_EPROTO, "%s: a split end at "
+			    "element %zu of a reply of %zu", t->address, upto, n);
+			return;
+		}
+		for (; e < upto; e++) {
+			cwi_element *el = cwi_msg_take(msg, e);
+			if (el != NULL && !queue_push(s, el)) {
+				cwi_element_release(el);
+				session_fail(s, CACHEW_ENOMEM, "out of memory");
+				return;
+			}
+		}
+		if (k < r->nsplit_ends &&
+		    !add_ack(s, r->split_ends[k].split_id,
+			r->split_ends[k].parts > 0 ? r->split_ends[k].parts : 1)) {
+			session_fail(s, CACHEW_ENOMEM, "out of memory");
+			return;
+		}
+	}
+	if (n > 0) {
+		pthread_mutex_lock(&s->lock);
+		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+	}
+	if (r->end_of_task)
+		t->ended = true;
+}
+
+static void
+on_data(session *s, ctask *t, cwi_completion *c)
+{
+	cwi_pmsg hdr;
+
+	t->inflight--;
+	if (c->err != CACHEW_OK) {
+		if (c->err == CACHEW_ENOENT) {
+			t->gone = true; /* the worker no longer has it */
+		} else if (!t->ended) {
+			/* A worker that died or stalls: its unacknowledged
+			 * splits are leased again; ask again later in case
+			 * it is still listed. */
+			cwi_log(CACHEW_LOG_INFO, "client", "event=task_unreachable "
+			    "task=%llu worker=%s error=\"%s\"",
+			    (unsigned long long)t->task_id, t->address,
+			    cwi_errmsg_get());
+			t->retry_at_ns = cwi_now_ns() + 200000000u;
+			task_drop_held(t);
+			t->gone = true;
+		}
+		return;
+	}
+	if (cwi_rpc_unpack(c->reply, t->address, &hdr) != CACHEW_OK ||
+	    hdr.type != CWI_MSG_GET_ELEMENTS_REPLY) {
+		if (hdr.type == CWI_MSG_ERROR &&
+		    hdr.u.error.code == CACHEW_ENOENT) {
+			/* The worker has not started the task yet (it learns
+			 * of it at its next heartbeat) or has dropped it; the
+			 * job's task list tells which. Ask again soon. */
+			t->retry_at_ns = cwi_now_ns() + 20000000u;
+		} else if (hdr.type == CWI_MSG_ERROR) {
+			session_fail(s, (cachew_err)hdr.u.error.code > CACHEW_OK
+				? (cachew_err)hdr.u.error.code : CACHEW_EOP,
+			    "%s", hdr.u.error.message != NULL
+				      ? hdr.u.error.message : "worker error");
+		} else {
+			session_fail(s, CACHEW_EPROTO, "%s: not a get_elements "
+			    "reply: %s", t->address, cwi_errmsg_get());
+		}
+		cwi_pmsg_free(&hdr);
+		cwi_msg_destroy(c->reply);
+		return;
+	}
+	if (hdr.u.get_elements_reply.seq != t->next_seq) {
+		if (hdr.u.get_elements_reply.seq < t->next_seq ||
+		    !GROW(t->held, t->capheld, t->nheld + 1)) {
+			session_fail(s, CACHEW_EPROTO, "%s: reply %llu repeated",
+			    t->address,
+			    (unsigned long long)hdr.u.get_elements_reply.seq);
+			cwi_pmsg_free(&hdr);
+			cwi_msg_destroy(c->reply);
+			return;
+		}
+		t->held[t->nheld].seq = hdr.u.get_elements_reply.seq;
+		t->held[t->nheld].msg = c->reply;
+		t->held[t->nheld].hdr = hdr;
+		t->nheld++;
+		return;
+	}
+	process_reply(s, t, c->reply, &hdr.u.get_elements_reply);
+	cwi_pmsg_free(&hdr);
+	cwi_msg_destroy(c->reply);
+	t->next_seq++;
+	/* Replies that were waiting for this one. */
+	for (bool found = true; found;) {
+		found = false;
+		for (size_t i = 0; i < t->nheld; i++) {
+			if (t->held[i].seq != t->next_seq)
+				continue;
+			held_reply h = t->held[i];
+			t->held[i] = t->held[--t->nheld];
+			process_reply(s, t, h.msg, &h.hdr.u.get_elements_reply);
+			cwi_pmsg_free(&h.hdr);
+			cwi_msg_destroy(h.msg);
+			t->next_seq++;
+			found = true;
+			break;
+		}
+	}
+}
+
+static void
+on_heartbeat(session *s, cwi_completion *c)
+{
+	cwi_pmsg rep;
+	uint64_t now = cwi_now_ns();
+
+	s->hb_inflight = false;
+	if (c->err == CACHEW_OK &&
+	    cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
+		if (rep.type == CWI_MSG_CLIENT_HEARTBEAT_REPLY) {
+			update_tasks(s, &rep.u.client_heartbeat_reply);
+			s->last_hb_ok_ns = now;
+		} else if (rep.type == CWI_MSG_ERROR) {
+			session_fail(s, CACHEW_EIO, "dispatcher %s: %s",
+			    s->ctx->url, rep.u.error.message != NULL
+					     ? rep.u.error.message : "error");
+		}
+		cwi_pmsg_free(&rep);
+	}
+	if (c->reply != NULL)
+		cwi_msg_destroy(c->reply);
+	if (now - s->last_hb_ok_ns >
+	    (uint64_t)s->ctx->opts.service_timeout_ms * 1000000u)
+		session_fail(s, CACHEW_ETIMEDOUT, "dispatcher %s did not answer "
+		    "for %lld ms", s->ctx->url,
+		    (long long)s->ctx->opts.service_timeout_ms);
+}
+
+static bool
+all_tasks_done(const session *s)
+{
+	for (size_t i = 0; i < s->ntasks; i++)
+		if (!s->tasks[i].ended && !s->tasks[i].gone)
+			return false;
+	return true;
+}
+
+static void *
+fetch_main(void *arg)
+{
+	session *s = arg;
+
+	s->last_hb_ok_ns = cwi_now_ns();
+	send_heartbeat(s);
+	while (!atomic_load(&s->closing)) {
+		cwi_completion c;
+		uint64_t now = cwi_now_ns();
+		int wait_ms;
+
+		pthread_mutex_lock(&s->lock);
+		bool stop = s->err != CACHEW_OK || s->eof;
+		pthread_mutex_unlock(&s->lock);
+		if (stop)
+			break;
+		if (s->job_finished && all_tasks_done(s) && s->nacks == 0 &&
+		    !s->ack_inflight) {
+			pthread_mutex_lock(&s->lock);
+			s->eof = true;
+			pthread_cond_broadcast(&s->cond);
+			pthread_mutex_unlock(&s->lock);
+			break;
+		}
+		/* Near the end (every task ended, every ack confirmed),
+		 * ask every 20 ms whether the job finished. */
+		if (!s->hb_inflight &&
+		    (now >= s->next_hb_ns ||
+			(all_tasks_done(s) && s->nacks == 0 &&
+			    !s->ack_inflight &&
+			    now + (uint64_t)s->heartbeat_ms * 1000000u >=
+				s->next_hb_ns + 20000000u)))
+			send_heartbeat(s);
+		send_acks(s);
+		send_requests(s);
+		wait_ms = 50;
+		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK)
+			continue;
+		if (c.tag == TAG_HEARTBEAT) {
+			on_heartbeat(s, &c);
+		} else if (c.tag == TAG_ACK) {
+			on_ack(s, &c);
+		} else if (c.tag >= TAG_DATA_BASE &&
+			   c.tag - TAG_DATA_BASE < s->ntasks) {
+			on_data(s, &s->tasks[c.tag - TAG_DATA_BASE], &c);
+		} else if (c.reply != NULL) {
+			cwi_msg_destroy(c.reply);
+		}
+	}
+	return NULL;
+}
+
+/* ---- session lifecycle ----------------------------------------------------------- */
+
+static cachew_err
+join_job(session *s)
+{
+	client_ctx *ctx = s->ctx;
+	int64_t total = ctx->opts.service_timeout_ms;
+	cwi_pmsg req, rep;
+	cachew_err rv;
+
+	cwi_pmsg_init(&req, CWI_MSG_DATASET_REGISTER);
+	req.u.dataset_register.fingerprint = ctx->plan->worker_fp;
+	req.u.dataset_register.graph = ctx->graph;
+	req.u.dataset_register.graph_len = ctx->graph_len;
+	req.u.dataset_register.split_units = (int64_t)ctx->plan->units;
+	rv = cwi_rpc_call_retry(s->dispatcher, &req,
+	    CWI_MSG_DATASET_REGISTER_REPLY, total, &s->closing, &rep);
+	req.u.dataset_register.graph = NULL; /* borrowed */
+	cwi_pmsg_free(&req);
+	if (rv != CACHEW_OK)
+		return rv;
+	s->dataset_id = rep.u.dataset_register_reply.dataset_id;
+	cwi_pmsg_free(&rep);
+
+	cwi_pmsg_init(&req, CWI_MSG_JOB_GET_OR_CREATE);
+	cwi_msg_job_get_or_create *j = &req.u.job_get_or_create;
+	j->dataset_id = s->dataset_id;
+	j->job_name = ctx->opts.job_name[0] != '\0'
+			  ? cwi_strdup(ctx->opts.job_name) : NULL;
+	j->iteration = s->epoch;
+	(void)cwi_processing_mode_parse(ctx->opts.processing_mode,
+	    &j->processing_mode);
+	j->num_consumers = (uint32_t)ctx->opts.num_consumers;
+	j->consumer_index = ctx->opts.num_consumers > 0
+				? ctx->opts.consumer_index : -1;
+	j->worker_policy = ctx->opts.workers > 0 ? CWI_WORKERS_FIXED
+						 : CWI_WORKERS_ALL;
+	j->num_workers = (uint32_t)ctx->opts.workers;
+	(void)cwi_compression_parse(ctx->opts.compression, &j->compression);
+	j->seed = ctx->seed;
+	rv = cwi_rpc_call_retry(s->dispatcher, &req,
+	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
+	cwi_pmsg_free(&req);
+	if (rv != CACHEW_OK)
+		return rv;
+	s->job_id = rep.u.job_get_or_create_reply.job_id;
+	s->client_id = rep.u.job_get_or_create_reply.client_id;
+	s->heartbeat_ms = rep.u.job_get_or_create_reply.heartbeat_interval_ms;
+	if (s->heartbeat_ms == 0 || s->heartbeat_ms > 10000)
+		s->heartbeat_ms = 500;
+	cwi_pmsg_free(&rep);
+	cwi_log(CACHEW_LOG_INFO, "client", "event=joined job=%llu client=%llu "
+	    "dispatcher=%s", (unsigned long long)s->job_id,
+	    (unsigned long long)s->client_id, ctx->url);
+	return CACHEW_OK;
+}
+
+static void
+session_free(session *s)
+{
+	if (s == NULL)
+		return;
+	atomic_store(&s->closing, true);
+	if (s->fetcher_started)
+		pthread_join(s->fetcher, NULL);
+	if (s->job_id != 0 && s->dispatcher != NULL) {
+		cwi_pmsg req, rep;
+		cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
+		req.u.job_release.job_id = s->job_id;
+		req.u.job_release.client_id = s->client_id;
+		if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000, &rep) ==
+		    CACHEW_OK)
+			cwi_pmsg_free(&rep);
+		cwi_pmsg_free(&req);
+	}
+	for (size_t i = 0; i < s->nconns; i++)
+		cwi_conn_close(s->conns[i].conn);
+	if (s->dispatcher != NULL)
+		cwi_conn_close(s->dispatcher);
+	if (s->cq != NULL)
+		cwi_cq_close(s->cq);
+	for (size_t i = 0; i < s->ntasks; i++) {
+		task_drop_held(&s->tasks[i]);
+		free(s->tasks[i].held);
+		free(s->tasks[i].address);
+	}
+	free(s->tasks);
+	for (size_t i = 0; i < s->nconns; i++) {
+		cwi_conn_destroy(s->conns[i].conn);
+		free(s->conns[i].address);
+	}
+	free(s->conns);
+	cwi_conn_destroy(s->dispatcher);
+	cwi_cq_destroy(s->cq);
+	for (size_t i = 0; i < s->qlen; i++)
+		cwi_element_release(s->q[(s->qhead + i) % s->qcap]);
+	free(s->q);
+	free(s->acks);
+	free(s->ack_parts);
+	free(s->sent_acks);
+	free(s->sent_parts);
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+static cachew_err
+stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
+{
+	client_ctx *ctx = arg;
+	session *s = calloc(1, sizeof(*s));
+	cwi_transport_opts o;
+	cachew_err rv;
+
+	*out = NULL;
+	if (s == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return CACHEW_ENOMEM;
+	}
+	s->ctx = ctx;
+	s->epoch = ctx->opts.epoch + epoch;
+	atomic_init(&s->closing, false);
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
+	o.dial_async = true;
+	rv = cwi_dial(&s->dispatcher, ctx->url, &o);
+	if (rv == CACHEW_OK)
+		rv = cwi_cq_create(&s->cq);
+	if (rv == CACHEW_OK)
+		rv = join_job(s);
+	if (rv == CACHEW_OK) {
+		if (pthread_create(&s->fetcher, NULL, fetch_main, s) != 0)
+			rv = cwi_fail(CACHEW_ENOMEM, "cannot start a thread");
+		else
+			s->fetcher_started = true;
+	}
+	if (rv != CACHEW_OK) {
+		snprintf(err, errlen, "service %s: %s", ctx->url,
+		    cwi_errmsg_get());
+		session_free(s);
+		return rv;
+	}
+	*out = s;
+	return CACHEW_OK;
+}
+
+static cachew_err
+stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
+{
+	session *s = arg;
+	uint64_t t0 = cwi_now_ns();
+	cachew_err rv = CACHEW_OK;
+
+	pthread_mutex_lock(&s->lock);
+	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK)
+		pthread_cond_wait(&s->cond, &s->lock);
+	if (s->qlen > 0) {
+		size_t n = s->qlen < max ? s->qlen : max;
+		for (size_t i = 0; i < n; i++) {
+			cwi_element *e = s->q[s->qhead];
+			s->qhead = (s->qhead + 1) % s->qcap;
+			s->qlen--;
+			s->qbytes -= cwi_element_nbytes(e);
+			cwi_chunk_push(out, e);
+		}
+	} else if (s->err != CACHEW_OK) {
+		rv = s->err;
+		snprintf(err, errlen, "%s", s->errmsg);
+	} else {
+		rv = CACHEW_EOF;
+	}
+	uint64_t now = cwi_now_ns();
+	s->wait_ns += now - t0;
+	if (s->last_next_ns != 0) {
+		s->batch_ns_sum += now - s->last_next_ns;
+		s->batches++;
+	}
+	s->last_next_ns = now;
+	pthread_mutex_unlock(&s->lock);
+	return rv;
+}
+
+static void
+stream_close(void *arg)
+{
+	session_free(arg);
+}
+
+static const cwi_stream_ops stream_ops = {
+    .open = stream_open,
+    .next = stream_next,
+    .close = stream_close,
+};
+
+/* ---- the iterator ---------------------------------------------------------------- */
+
+static void
+ctx_free(void *arg)
+{
+	client_ctx *ctx = arg;
+
+	if (ctx == NULL)
+		return;
+	cachew_dataset_release(ctx->client_graph);
+	cwi_split_plan_destroy(ctx->plan);
+	cachew_free(ctx->graph);
+	free(ctx);
+}
+
+cachew_err
+cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, const char *url)
+{
+	client_ctx *ctx = calloc(1, sizeof(*ctx));
+	cachew_err rv;
+
+	*out = NULL;
+	if (ctx == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (opts != NULL)
+		ctx->opts = *cwi_options_values(opts);
+	else
+		cwi_opts_defaults(&ctx->opts);
+	snprintf(ctx->url, sizeof(ctx->url), "%s", url);
+	ctx->seed = ctx->opts.seed >= 0 ? (uint64_t)ctx->opts.seed
+					: cwi_fresh_seed();
+	rv = cwi_split_plan_create(&ctx->plan, ds);
+	if (rv != CACHEW_OK) {
+		rv = cwi_fail(rv, "service %s: %s", url, cwi_errmsg_get());
+		goto fail;
+	}
+	rv = cachew_dataset_to_msgpack(ctx->plan->worker,
+	    (void **)&ctx->graph, &ctx->graph_len);
+	if (rv != CACHEW_OK)
+		goto fail;
+	ctx->src.ops = &stream_ops;
+	ctx->src.ctx = ctx;
+	rv = cwi_split_client_graph(ctx->plan, &ctx->src, &ctx->client_graph);
+	if (rv != CACHEW_OK)
+		goto fail;
+	/* The client part runs locally with the job's seed, so that a
+	 * client-side shuffle replays like the in-process run. */
+	return cwi_iterator_create_owned(out, ctx->client_graph, opts,
+	    ctx->seed, ctx_free, ctx);
+fail:
+	ctx_free(ctx);
+	return rv;
+}

@@ -1,0 +1,167 @@
+/*
+ * dispatcher_state.h - the dispatcher's state machine: workers, datasets,
+ * jobs, clients, tasks and split leases, with no I/O, no threads and no
+ * clock of its own.
+ *
+ * A server loop decodes a request (service_proto.h), calls the function
+ * for that message with the current time, encodes the reply it filled, and
+ * calls cwi_dispatcher_tick() now and then so silent workers and clients
+ * time out. Tests drive the same functions with a clock they advance by
+ * hand, so every timeout and race is reproducible.
+ *
+ * What it decides (docs/protocol.md, "Dispatcher rules", gives the why):
+ * - Workers register and heartbeat; one silent for worker_timeout_ns is
+ *   dead: its tasks go and every split it leased that no client has
+ *   acknowledged returns to the pending pool, to be leased again.
+ * - Datasets are known by fingerprint: the same graph gets the same id.
+ * - Jobs are shared by name (and iteration) or private; a job ends when all
+ *   its clients released it or timed out, and its workers go back to the
+ *   pool.
+ * - Each job gets tasks (one per worker) from a per-job worker count
+ *   decision (cwi_worker_count_fn: by default all workers, or a fixed
+ *   number), re-evaluated whenever workers or jobs change. A task removed
+ *   from a running job takes no new leases and finishes its leased splits
+ *   before it goes.
+ * - distributed_epoch: the dataset's split units are grouped into splits
+ *   (about splits_per_worker per worker), leased several at a time; a
+ *   split is done when a client acknowledges it; the epoch is done when
+ *   every split is. parallel_epochs: each task reads everything.
+ * - Coordinated reads (num_consumers > 0): every consumer reads round r
+ *   from the same task, the (r mod n)-th of the n tasks serving r in task
+ *   id order (tf.data service's round-robin reads). Tasks join or leave the
+ *   schedule at a round announced to every consumer first (block_round).
+ * - Every state change is one JSON line in the events log.
+ *
+ * Thread safety: none inside. The caller serialises every call on one
+ * dispatcher (one lock around each call). Event callbacks run inside the
+ * call that caused them and must not call back into the dispatcher.
+ */
+#ifndef CWI_DISPATCHER_STATE_H
+#define CWI_DISPATCHER_STATE_H
+
+#include <stdio.h>
+
+#include "../service_proto.h"
+
+typedef struct cwi_dispatcher cwi_dispatcher;
+
+/* What a worker count decision sees of a job. */
+typedef struct cwi_job_view {
+	uint64_t job_id;
+	const char *name; /* NULL: private */
+	cwi_processing_mode processing_mode;
+	cwi_worker_policy worker_policy;
+	uint32_t num_workers;       /* asked for with CWI_WORKERS_FIXED */
+	uint32_t num_consumers;
+	uint32_t clients;
+	uint32_t tasks;             /* tasks that are not being removed */
+	uint32_t workers_available; /* live workers that are not draining */
+	uint64_t batch_time_ns;     /* mean over clients; 0 = not reported */
+	uint64_t wait_time_ns;      /* mean over clients */
+	double elements_per_s;      /* the job's delivery rate */
+} cwi_job_view;
+
+/* Returns how many workers a job should have now. Called with the caller's
+ * lock held: pure, fast, no I/O, no calls into the dispatcher. The answer
+ * is capped at workers_available. */
+typedef uint32_t (*cwi_worker_count_fn)(void *ctx, const cwi_job_view *job);
+
+/* The default decision: every available worker for CWI_WORKERS_ALL,
+ * num_workers for CWI_WORKERS_FIXED. ctx is unused. */
+uint32_t cwi_worker_count_default(void *ctx, const cwi_job_view *job);
+
+typedef struct cwi_dispatcher_config {
+	uint64_t worker_timeout_ns;     /* silent this long = dead (10 s) */
+	uint64_t client_timeout_ns;     /* silent this long = gone (10 s) */
+	uint32_t worker_heartbeat_ms;   /* told to workers (1000) */
+	uint32_t client_heartbeat_ms;   /* told to clients (500) */
+	uint32_t splits_per_worker;     /* splits per worker per epoch (8) */
+	uint32_t max_lease;             /* splits in one lease reply (4) */
+	uint32_t lease_size;            /* what task defs tell workers (4) */
+	uint32_t lease_retry_ms;        /* none pending yet: ask after (100) */
+	uint32_t coord_round_margin;    /* rounds between announcing a
+					 * schedule change and it (16) */
+	uint32_t max_finished_jobs;     /* finished jobs kept for status (16) */
+	uint32_t max_consumers;         /* num_consumers limit (1024) */
+	/* The worker count decision every new job starts with (NULL: the
+	 * default); cwi_dispatcher_set_worker_count changes one job's. */
+	cwi_worker_count_fn worker_count;
+	void *worker_count_ctx;
+	/* Events: each line (one JSON object, no newline) goes to event_fn
+	 * and/or, followed by '\n', to event_file (flushed per line). */
+	void (*event_fn)(void *ctx, const char *line, size_t len);
+	void *event_ctx;
+	FILE *event_file;
+} cwi_dispatcher_config;
+
+/* Fills cfg with the defaults named above (no events). */
+void cwi_dispatcher_config_default(cwi_dispatcher_config *cfg);
+
+/* A new, empty dispatcher. cfg is copied (event_file stays the caller's,
+ * and must outlive the dispatcher); zero fields take their defaults.
+ * CACHEW_ENOMEM. */
+cachew_err cwi_dispatcher_create(cwi_dispatcher **out,
+    const cwi_dispatcher_config *cfg);
+void cwi_dispatcher_destroy(cwi_dispatcher *d);
+
+/*
+ * One function per request. Each takes the decoded request and the current
+ * time (any monotonic nanosecond clock; it only has to go forward), fills
+ * the reply, which it initialises itself and the caller frees with
+ * cwi_pmsg_body_free (even after an error), and returns CACHEW_OK or an
+ * error with a message for an error reply:
+ * CACHEW_ENOENT for an unknown (or timed-out) worker, task, dataset, job
+ * or client, CACHEW_EINVAL for a request that contradicts the state
+ * (another dataset under an existing job name, a bad consumer index, a
+ * split id out of range), CACHEW_EEXIST for a consumer index already
+ * taken, CACHEW_ENOMEM. A call that fails with anything but
+ * CACHEW_ENOMEM changes nothing.
+ */
+cachew_err cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_worker_register *req, cwi_msg_worker_register_reply *rep);
+cachew_err cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_worker_heartbeat *req, cwi_msg_worker_heartbeat_reply *rep);
+cachew_err cwi_dispatcher_worker_deregister(cwi_dispatcher *d,
+    uint64_t now_ns, const cwi_msg_worker_deregister *req);
+cachew_err cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_dataset_register *req, cwi_msg_dataset_register_reply *rep);
+cachew_err cwi_dispatcher_job_get_or_create(cwi_dispatcher *d,
+    uint64_t now_ns, const cwi_msg_job_get_or_create *req,
+    cwi_msg_job_get_or_create_reply *rep);
+cachew_err cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_client_heartbeat *req, cwi_msg_client_heartbeat_reply *rep);
+cachew_err cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_split_lease *req, cwi_msg_split_lease_reply *rep);
+cachew_err cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_split_ack *req);
+cachew_err cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_job_release *req);
+/* A snapshot of everything, in id order. */
+cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
+    cwi_msg_status_reply *rep);
+
+/* Dispatches any request to the function above and fills *rep (initialised
+ * here; free with cwi_pmsg_free) with its reply: CWI_MSG_OK for requests
+ * without one, CWI_MSG_ERROR (code and message) when the call failed, in
+ * which case the error is also returned. A reply or data-path message
+ * sent to the dispatcher is CACHEW_EPROTO. */
+cachew_err cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_pmsg *req, cwi_pmsg *rep);
+
+/* Times out silent workers and clients (and what follows from that: splits
+ * released, tasks moved, jobs finished). Call it at least once per
+ * heartbeat interval; extra calls are cheap. */
+void cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns);
+
+/* Replaces a job's worker count decision (fn NULL: the default) and
+ * applies it at once. CACHEW_ENOENT for an unknown or finished job. */
+cachew_err cwi_dispatcher_set_worker_count(cwi_dispatcher *d,
+    uint64_t now_ns, uint64_t job_id, cwi_worker_count_fn fn, void *ctx);
+
+/* Per-operator counters a task's worker last reported (for the policy
+ * engine). Borrowed: valid until the next call on d. CACHEW_ENOENT for an
+ * unknown task. */
+cachew_err cwi_dispatcher_task_ops(const cwi_dispatcher *d, uint64_t task_id,
+    const cwi_op_counters **ops, size_t *nops);
+
+#endif /* CWI_DISPATCHER_STATE_H */

@@ -1,0 +1,49 @@
+/*
+ * service.h - the service roles as library objects: a dispatcher and a
+ * worker each run on their own threads behind start/stop, so cachewd,
+ * the embedded mode and the tests drive the same code.
+ *
+ * Lifecycle (libuv-style): start returns a running object or an error (and
+ * then nothing runs); stop returns after every thread has exited; after a
+ * failed start no callback runs.
+ */
+#ifndef CWI_SERVICE_H
+#define CWI_SERVICE_H
+
+#include "service_config.h"
+
+#include <pthread.h>
+
+typedef struct cwi_dispatcher_server cwi_dispatcher_server;
+typedef struct cwi_worker cwi_worker;
+
+/* Starts a dispatcher listening on cfg->listen. Thread-safe object. */
+cachew_err cwi_dispatcher_server_start(cwi_dispatcher_server **out,
+    const cwi_service_config *cfg);
+/* The bound address (port 0 resolved), borrowed from d. */
+const char *cwi_dispatcher_server_url(const cwi_dispatcher_server *d);
+void cwi_dispatcher_server_stop(cwi_dispatcher_server *d);
+
+/* Starts a worker: listens for clients on cfg->listen and registers with
+ * cfg->dispatcher (retrying until it answers). */
+cachew_err cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg);
+const char *cwi_worker_url(const cwi_worker *w);
+/* Begins a drain: take no new splits, deliver the leased ones, deregister.
+ * Returns at once; cwi_worker_wait_drained() waits for the end. */
+void cwi_worker_drain(cwi_worker *w);
+/* Waits up to timeout_ms for the drain to finish; CACHEW_ETIMEDOUT if it
+ * did not. */
+cachew_err cwi_worker_wait_drained(cwi_worker *w, int64_t timeout_ms);
+/* Stops at once (undelivered leases are re-leased by the dispatcher). */
+void cwi_worker_stop(cwi_worker *w);
+
+/* The process's embedded service for `service=embedded` or `embedded:N`:
+ * starts (once) a dispatcher and N workers (default 1) on inproc and
+ * writes the dispatcher's URL. More workers are added when a later spec
+ * asks for more. */
+cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
+
+/* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
+int cwi_status_cli(int argc, char **argv);
+
+#endif /* CWI_SERVICE_H */

@@ -1,0 +1,265 @@
+/*
+ * service_config.c - cachewd's option table: flags, config file and
+ * environment from one table (redis-style).
+ */
+#include "service_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum cfg_type { CFG_STR, CFG_INT } cfg_type;
+
+typedef struct cfg_spec {
+	const char *name;
+	cfg_type type;
+	size_t offset;
+	size_t size;         /* CFG_STR: capacity of the field */
+	const char *def;     /* default as text */
+	int64_t min, max;    /* CFG_INT */
+	const char *const *choices; /* CFG_STR: NULL-terminated, or NULL */
+	const char *help;
+} cfg_spec;
+
+#define STR(f) CFG_STR, offsetof(cwi_service_config, f), \
+	sizeof(((cwi_service_config *)0)->f)
+#define INT(f) CFG_INT, offsetof(cwi_service_config, f), 0
+
+static const char *const roles[] = {"dispatcher", "worker", NULL};
+static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+
+static const cfg_spec table[] = {
+    {"role", STR(role), "", 0, 0, roles,
+	"dispatcher or worker (required)"},
+    {"listen", STR(listen), "", 0, 0, NULL,
+	"address to listen on: tcp://host:port (port 0 = any), ipc:///path; "
+	"default tcp://0.0.0.0:7070 for a dispatcher, tcp://127.0.0.1:0 for "
+	"a worker"},
+    {"advertise", STR(advertise), "", 0, 0, NULL,
+	"worker: the address clients dial (default: the bound listen "
+	"address)"},
+    {"dispatcher", STR(dispatcher), "", 0, 0, NULL,
+	"worker: the dispatcher's address (required for a worker)"},
+    {"work_dir", STR(work_dir), "", 0, 0, NULL,
+	"dispatcher: directory for state and the events log (created; "
+	"empty = none kept)"},
+    {"events_log", STR(events_log), "", 0, 0, NULL,
+	"dispatcher: JSON-lines events file (default <work_dir>/events.jsonl; "
+	"'-' = stderr)"},
+    {"log_level", STR(log_level), "info", 0, 0, levels,
+	"stderr log level: error, warn, info or debug"},
+    {"threads", INT(threads), "0", 0, 1024, NULL,
+	"worker: CPU budget of its pipelines (0 = online CPUs)"},
+    {"heartbeat_ms", INT(heartbeat_ms), "500", 10, 600000, NULL,
+	"heartbeat interval of workers and clients"},
+    {"worker_timeout_ms", INT(worker_timeout_ms), "5000", 50, 86400000,
+	NULL, "dispatcher: a worker silent this long is dead"},
+    {"client_timeout_ms", INT(client_timeout_ms), "30000", 50, 86400000,
+	NULL, "dispatcher: a client silent this long has left its job"},
+    {"max_message_bytes", INT(max_message_bytes), "268435456", 4096,
+	(int64_t)1 << 32, NULL,
+	"largest message any socket accepts; larger ones close the peer"},
+    {"max_connections", INT(max_connections), "1024", 1, 1000000, NULL,
+	"connections a listener accepts before refusing new ones"},
+    {"drain_timeout_ms", INT(drain_timeout_ms), "60000", 0, 86400000, NULL,
+	"worker: on SIGTERM, how long to finish leased splits before exiting"},
+};
+
+#define NCFG (sizeof(table) / sizeof(table[0]))
+
+static const cfg_spec *
+find(const char *name)
+{
+	for (size_t i = 0; i < NCFG; i++)
+		if (strcmp(table[i].name, name) == 0)
+			return &table[i];
+	return NULL;
+}
+
+void
+cwi_service_config_defaults(cwi_service_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < NCFG; i++)
+		(void)cwi_service_config_set(c, table[i].name, table[i].def,
+		    "default");
+	cwi_clear_errmsg();
+}
+
+static cachew_err
+set_str(cwi_service_config *c, const cfg_spec *s, const char *text,
+    const char *origin)
+{
+	if (strlen(text) >= s->size)
+		return cwi_fail(CACHEW_EINVAL, "%s: %s is longer than %zu bytes",
+		    origin, s->name, s->size - 1);
+	if (s->choices != NULL && text[0] != '\0') {
+		size_t i = 0;
+		while (s->choices[i] != NULL && strcmp(s->choices[i], text) != 0)
+			i++;
+		if (s->choices[i] == NULL) {
+			char list[96] = "";
+			for (i = 0; s->choices[i] != NULL; i++)
+				snprintf(list + strlen(list),
+				    sizeof(list) - strlen(list), "%s%s",
+				    i > 0 ? ", " : "", s->choices[i]);
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: %s must be one of %s, not '%s'", origin,
+			    s->name, list, text);
+		}
+	}
+	memcpy((char *)c + s->offset, text, strlen(text) + 1);
+	return CACHEW_OK;
+}
+
+static cachew_err
+set_int(cwi_service_config *c, const cfg_spec *s, const char *text,
+    const char *origin)
+{
+	char *end;
+	long long v;
+
+	errno = 0;
+	v = strtoll(text, &end, 10);
+	if (errno != 0 || end == text || *end != '\0')
+		return cwi_fail(CACHEW_EINVAL, "%s: %s needs an integer, not '%s'",
+		    origin, s->name, text);
+	if (v < s->min || v > s->max)
+		return cwi_fail(CACHEW_EINVAL,
+		    "%s: %s must be in [%lld, %lld], not %lld", origin, s->name,
+		    (long long)s->min, (long long)s->max, v);
+	*(int64_t *)(void *)((char *)c + s->offset) = (int64_t)v;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_service_config_set(cwi_service_config *c, const char *name,
+    const char *text, const char *origin)
+{
+	const cfg_spec *s = find(name);
+
+	if (s == NULL)
+		return cwi_fail(CACHEW_ENOENT, "%s: unknown option '%s'", origin,
+		    name);
+	return s->type == CFG_STR ? set_str(c, s, text, origin)
+				  : set_int(c, s, text, origin);
+}
+
+static char *
+trim(char *s)
+{
+	char *e;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+cachew_err
+cwi_service_config_file(cwi_service_config *c, const char *path)
+{
+	char line[1024], origin[600];
+	cachew_err rv = CACHEW_OK;
+	int lineno = 0;
+	FILE *f = fopen(path, "r");
+
+	if (f == NULL)
+		return cwi_fail(CACHEW_ENOENT, "config file %s: %s", path,
+		    strerror(errno));
+	while (rv == CACHEW_OK && fgets(line, sizeof(line), f) != NULL) {
+		char *p, *eq, *name, *value;
+
+		lineno++;
+		snprintf(origin, sizeof(origin), "%s:%d", path, lineno);
+		if (strchr(line, '\n') == NULL && !feof(f)) {
+			rv = cwi_fail(CACHEW_EINVAL, "%s: line too long", origin);
+			break;
+		}
+		p = line;
+		if ((eq = strchr(p, '#')) != NULL)
+			*eq = '\0';
+		p = trim(p);
+		if (*p == '\0')
+			continue;
+		eq = strchr(p, '=');
+		if (eq == NULL) {
+			rv = cwi_fail(CACHEW_EINVAL,
+			    "%s: expected 'name = value', got '%s'", origin, p);
+			break;
+		}
+		*eq = '\0';
+		name = trim(p);
+		value = trim(eq + 1);
+		/* Accept the flag spelling too: listen-address == listen_address. */
+		for (char *q = name; *q != '\0'; q++)
+			if (*q == '-')
+				*q = '_';
+		rv = cwi_service_config_set(c, name, value, origin);
+	}
+	fclose(f);
+	return rv;
+}
+
+cachew_err
+cwi_service_config_env(cwi_service_config *c)
+{
+	for (size_t i = 0; i < NCFG; i++) {
+		char var[64];
+		size_t k = (size_t)snprintf(var, sizeof(var), "CACHEW_");
+		const char *v;
+
+		for (const char *p = table[i].name;
+		     *p != '\0' && k + 1 < sizeof(var); p++)
+			var[k++] = (char)toupper((unsigned char)*p);
+		var[k] = '\0';
+		if ((v = getenv(var)) == NULL)
+			continue;
+		cachew_err rv = cwi_service_config_set(c, table[i].name, v, var);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_service_config_check(const cwi_service_config *c)
+{
+	if (c->role[0] == '\0')
+		return cwi_fail(CACHEW_EINVAL,
+		    "--role is required: dispatcher or worker");
+	if (strcmp(c->role, "worker") == 0 && c->dispatcher[0] == '\0')
+		return cwi_fail(CACHEW_EINVAL,
+		    "a worker needs --dispatcher ADDRESS (or CACHEW_DISPATCHER)");
+	return CACHEW_OK;
+}
+
+void
+cwi_service_config_print(FILE *out)
+{
+	fprintf(out, "options (flag / environment variable / config-file key, "
+		     "default):\n");
+	for (size_t i = 0; i < NCFG; i++) {
+		const cfg_spec *s = &table[i];
+		char flag[64], var[64];
+		size_t k;
+
+		k = (size_t)snprintf(flag, sizeof(flag), "--");
+		for (const char *p = s->name; *p != '\0' && k + 1 < sizeof(flag);
+		     p++)
+			flag[k++] = *p == '_' ? '-' : *p;
+		flag[k] = '\0';
+		k = (size_t)snprintf(var, sizeof(var), "CACHEW_");
+		for (const char *p = s->name; *p != '\0' && k + 1 < sizeof(var);
+		     p++)
+			var[k++] = (char)toupper((unsigned char)*p);
+		var[k] = '\0';
+		fprintf(out, "  %-22s %-26s %s%s%s\n      %s\n", flag, var,
+		    s->def[0] != '\0' ? "default " : "", s->def,
+		    s->def[0] != '\0' ? "" : "", s->help);
+	}
+}

@@ -1,0 +1,51 @@
+/*
+ * service_config.h - the options of cachewd's roles. One table drives the
+ * command-line flags, the config file and the CACHEW_* environment
+ * (docs/cachewd.md lists it; `cachewd --help` prints it).
+ *
+ * Precedence, lowest first: built-in defaults, the config file
+ * (--config PATH or CACHEW_CONFIG), the environment (CACHEW_<NAME>), flags.
+ */
+#ifndef CWI_SERVICE_CONFIG_H
+#define CWI_SERVICE_CONFIG_H
+
+#include "../core/core.h"
+
+#include <stdio.h>
+
+#define CWI_CFG_STR_MAX 512
+
+typedef struct cwi_service_config {
+	char role[16];                 /* dispatcher | worker */
+	char listen[CWI_CFG_STR_MAX];  /* our address */
+	char advertise[CWI_CFG_STR_MAX]; /* worker: address clients dial */
+	char dispatcher[CWI_CFG_STR_MAX]; /* worker: the dispatcher */
+	char work_dir[CWI_CFG_STR_MAX];   /* dispatcher: state, events log */
+	char events_log[CWI_CFG_STR_MAX]; /* "" = <work_dir>/events.jsonl */
+	char log_level[16];            /* error | warn | info | debug */
+	int64_t threads;               /* worker: CPU budget; 0 = all */
+	int64_t heartbeat_ms;
+	int64_t worker_timeout_ms;     /* dispatcher: silent worker is dead */
+	int64_t client_timeout_ms;     /* dispatcher: silent client is gone */
+	int64_t max_message_bytes;     /* receive limit of every socket */
+	int64_t max_connections;       /* per listener */
+	int64_t drain_timeout_ms;      /* worker: SIGTERM drain bound */
+} cwi_service_config;
+
+void cwi_service_config_defaults(cwi_service_config *c);
+/* Sets one option from text ("heartbeat_ms", "500"); `origin` names where
+ * the value came from in the error ("--heartbeat-ms", "CACHEW_HEARTBEAT_MS",
+ * "cachewd.conf:3"). CACHEW_ENOENT for an unknown name, CACHEW_EINVAL for
+ * a bad value, with a cwi_fail message. */
+cachew_err cwi_service_config_set(cwi_service_config *c, const char *name,
+    const char *text, const char *origin);
+/* Reads `name = value` lines (# comments, blank lines) from path. */
+cachew_err cwi_service_config_file(cwi_service_config *c, const char *path);
+/* Applies every CACHEW_<NAME> variable that is set. */
+cachew_err cwi_service_config_env(cwi_service_config *c);
+/* Checks cross-option rules for the role (a worker needs a dispatcher). */
+cachew_err cwi_service_config_check(const cwi_service_config *c);
+/* Prints the table (flag, environment variable, default, meaning). */
+void cwi_service_config_print(FILE *out);
+
+#endif /* CWI_SERVICE_CONFIG_H */

@@ -1,0 +1,462 @@
+/*
+ * service_proto.h - the messages of the service protocol: one C struct per
+ * message, a canonical msgpack encoder and a bounded decoder for hostile
+ * input. docs/protocol.md ("Messages") specifies the wire form field by
+ * field; this header is its C mirror.
+ *
+ * A message header is one msgpack map. Its first entry is "v", the
+ * protocol version (CWI_PROTO_VERSION), its second "t", the message type
+ * as a string ("worker_heartbeat"); every other key is a field of that
+ * type, in any order.
+ * Element payloads of the data path are not part of the header: the
+ * transport attaches them as its element list, and the get_elements reply
+ * only says how many there are and where splits end.
+ *
+ * Forward compatibility: a decoder ignores keys it does not know, and an
+ * optional field that is absent takes its documented default (the encoder
+ * leaves out optional fields that hold their default). A missing required
+ * field, a field of the wrong type or a value over a limit is
+ * CACHEW_EPROTO with a message naming the message type and the field path
+ * ("service message worker_heartbeat: tasks[2].ops[0].name: expected a
+ * string"); another protocol version is CACHEW_EPROTO too.
+ *
+ * Bounds: the decoder checks every string, bin and container length against
+ * the field's limit and against the bytes that remain before it allocates,
+ * and stops when what it allocated exceeds a small multiple of the input
+ * size, so a message can never make it allocate more than
+ * CWI_PROTO_EXPANSION times its own size plus a constant.
+ *
+ * Thread safety: the functions keep no state; a message struct is owned by
+ * one thread at a time.
+ */
+#ifndef CWI_SERVICE_PROTO_H
+#define CWI_SERVICE_PROTO_H
+
+#include "../core/core.h"
+
+/* The protocol version every header carries in "v". Bumped on any change a
+ * peer of the previous version could misread; added optional fields do not
+ * need a bump. */
+#define CWI_PROTO_VERSION 1
+
+/* Limits a decoder enforces (an encoder refuses to write past them too, so
+ * a peer never sends what the other side must refuse). */
+#define CWI_PROTO_MAX_HEADER (64u << 20)  /* bytes of one header */
+#define CWI_PROTO_MAX_NAME 4096u          /* addresses, job and op names */
+#define CWI_PROTO_MAX_ERRMSG 65536u       /* the error message's text */
+#define CWI_PROTO_MAX_GRAPH (32u << 20)   /* a dataset's graph blob */
+#define CWI_PROTO_MAX_TASKS 65536u        /* tasks in one message */
+#define CWI_PROTO_MAX_OPS 4096u           /* operator counters of a task */
+#define CWI_PROTO_MAX_SPLITS (1u << 20)   /* split ids or splits in a list */
+#define CWI_PROTO_MAX_STATUS (1u << 20)   /* entries of a status list */
+#define CWI_PROTO_MAX_DEPTH 32u           /* nesting of skipped values */
+/* Decoded structs may take at most this many times the input's size (plus
+ * CWI_PROTO_EXPANSION_SLACK bytes). */
+#define CWI_PROTO_EXPANSION 16u
+#define CWI_PROTO_EXPANSION_SLACK 65536u
+
+/* "No round": the default of end_round and block_round. */
+#define CWI_ROUND_NONE UINT64_MAX
+
+typedef enum cwi_msg_type {
+	CWI_MSG_NONE = 0,
+	CWI_MSG_ERROR,                 /* any request -> error reply */
+	CWI_MSG_OK,                    /* reply without fields */
+	CWI_MSG_WORKER_REGISTER,       /* worker -> dispatcher */
+	CWI_MSG_WORKER_REGISTER_REPLY,
+	CWI_MSG_WORKER_HEARTBEAT,      /* worker -> dispatcher */
+	CWI_MSG_WORKER_HEARTBEAT_REPLY,
+	CWI_MSG_WORKER_DEREGISTER,     /* worker -> dispatcher; reply ok */
+	CWI_MSG_DATASET_REGISTER,      /* client -> dispatcher */
+	CWI_MSG_DATASET_REGISTER_REPLY,
+	CWI_MSG_JOB_GET_OR_CREATE,     /* client -> dispatcher */
+	CWI_MSG_JOB_GET_OR_CREATE_REPLY,
+	CWI_MSG_CLIENT_HEARTBEAT,      /* client -> dispatcher */
+	CWI_MSG_CLIENT_HEARTBEAT_REPLY,
+	CWI_MSG_SPLIT_LEASE,           /* worker -> dispatcher */
+	CWI_MSG_SPLIT_LEASE_REPLY,
+	CWI_MSG_SPLIT_ACK,             /* client -> dispatcher; reply ok */
+	CWI_MSG_JOB_RELEASE,           /* client -> dispatcher; reply ok */
+	CWI_MSG_STATUS,                /* anyone -> dispatcher */
+	CWI_MSG_STATUS_REPLY,
+	CWI_MSG_GET_ELEMENTS,          /* client -> worker (data path) */
+	CWI_MSG_GET_ELEMENTS_REPLY,    /* header; elements ride alongside */
+	CWI_MSG_NTYPES
+} cwi_msg_type;
+
+/* Enumerations travel as strings (the names in the comments). */
+typedef enum cwi_processing_mode {
+	CWI_MODE_DISTRIBUTED_EPOCH = 0, /* "distributed_epoch" (default) */
+	CWI_MODE_PARALLEL_EPOCHS        /* "parallel_epochs" */
+} cwi_processing_mode;
+
+typedef enum cwi_compression {
+	CWI_COMPRESSION_NONE = 0, /* "none" (default) */
+	CWI_COMPRESSION_ZSTD,     /* "zstd" */
+	CWI_COMPRESSION_AUTO      /* "auto": only when the link is the limit */
+} cwi_compression;
+
+typedef enum cwi_worker_policy {
+	CWI_WORKERS_ALL = 0, /* "all": every live worker (default) */
+	CWI_WORKERS_FIXED    /* "fixed": num_workers of them */
+} cwi_worker_policy;
+
+typedef enum cwi_task_state {
+	CWI_TASK_ACTIVE = 0, /* "active": takes leases, in the schedule */
+	CWI_TASK_STARTING,   /* "starting": coordinated, waits for its round */
+	CWI_TASK_REMOVING    /* "removing": finishes its leased splits */
+} cwi_task_state;
+
+/* ---- control messages ---------------------------------------------------- */
+
+/* The reply to any request that failed. code is a cachew_err value. */
+typedef struct cwi_msg_error {
+	int64_t code;
+	char *message;
+} cwi_msg_error;
+
+typedef struct cwi_msg_worker_register {
+	char *address;         /* the worker's data listener (tcp://h:p) */
+	uint32_t cores;        /* CPU cores it may use */
+	uint64_t memory_bytes; /* RAM it may use; 0 = unknown */
+	char *build;           /* software version, for the status; optional */
+} cwi_msg_worker_register;
+
+typedef struct cwi_msg_worker_register_reply {
+	uint64_t worker_id;
+	uint32_t heartbeat_interval_ms;
+	uint32_t worker_timeout_ms; /* silent this long = dead */
+} cwi_msg_worker_register_reply;
+
+/* Cumulative counters of one operator of a task's pipeline. */
+typedef struct cwi_op_counters {
+	char *name;        /* the node's operator name and index */
+	uint64_t elements; /* produced */
+	uint64_t bytes;    /* produced */
+	uint64_t busy_ns;  /* time spent computing */
+	uint64_t wait_ns;  /* time spent waiting for input */
+	uint64_t buffered; /* elements in its output buffer now */
+} cwi_op_counters;
+
+typedef struct cwi_task_report {
+	uint64_t task_id;
+	bool done;                 /* delivered everything it will deliver */
+	uint64_t elements;         /* delivered to clients, cumulative */
+	uint64_t bytes;            /* delivered to clients, cumulative */
+	uint64_t *splits_delivered; /* last element sent since last report */
+	size_t nsplits_delivered;
+	cwi_op_counters *ops;
+	size_t nops;
+} cwi_task_report;
+
+typedef struct cwi_msg_worker_heartbeat {
+	uint64_t worker_id;
+	double cpu_use; /* cores busy, averaged since the last heartbeat */
+	bool draining;  /* take no new splits or tasks; finish leased ones */
+	/* Every task the worker holds, running or done, until told to stop. */
+	cwi_task_report *tasks;
+	size_t ntasks;
+} cwi_msg_worker_heartbeat;
+
+/* What a worker needs to run a task. */
+typedef struct cwi_task_def {
+	uint64_t task_id;
+	uint64_t job_id;
+	uint64_t dataset_id;
+	cachew_fingerprint fingerprint;
+	uint8_t *graph; /* canonical msgpack graph (docs/graph-format.md) */
+	size_t graph_len;
+	cwi_processing_mode processing_mode;
+	cwi_compression compression;
+	uint32_t num_consumers; /* > 0: coordinated reads (rounds) */
+	uint32_t lease_size;    /* splits to ask for per lease request */
+	uint64_t seed;          /* the job's pipeline seed (leases derive
+				 * theirs from it) */
+} cwi_task_def;
+
+typedef struct cwi_msg_worker_heartbeat_reply {
+	cwi_task_def *start; /* tasks to start (not in the heartbeat) */
+	size_t nstart;
+	uint64_t *stop; /* reported tasks to drop at once */
+	size_t nstop;
+} cwi_msg_worker_heartbeat_reply;
+
+typedef struct cwi_msg_worker_deregister {
+	uint64_t worker_id;
+} cwi_msg_worker_deregister;
+
+typedef struct cwi_msg_dataset_register {
+	cachew_fingerprint fingerprint;
+	uint8_t *graph;
+	size_t graph_len;
+	int64_t split_units; /* the split source's units; -1 = not splittable */
+} cwi_msg_dataset_register;
+
+typedef struct cwi_msg_dataset_register_reply {
+	uint64_t dataset_id;
+	bool created; /* false: the fingerprint was known */
+} cwi_msg_dataset_register_reply;
+
+typedef struct cwi_msg_job_get_or_create {
+	uint64_t dataset_id;
+	char *job_name;     /* NULL: a private job */
+	uint64_t iteration; /* with job_name: which pass of a named job */
+	cwi_processing_mode processing_mode;
+	uint32_t num_consumers; /* 0: uncoordinated */
+	int64_t consumer_index; /* coordinated: 0..num_consumers-1, else -1 */
+	cwi_worker_policy worker_policy;
+	uint32_t num_workers; /* for CWI_WORKERS_FIXED */
+	cwi_compression compression;
+	uint64_t client_id; /* a retry: the id a previous reply gave; else 0 */
+	uint64_t seed;      /* pipeline seed; the job's first client sets it */
+} cwi_msg_job_get_or_create;
+
+typedef struct cwi_msg_job_get_or_create_reply {
+	uint64_t job_id;
+	uint64_t client_id;
+	bool created; /* false: joined an existing named job */
+	cwi_processing_mode processing_mode; /* the job's, which wins */
+	uint32_t num_consumers;
+	cwi_compression compression;
+	uint32_t heartbeat_interval_ms;
+} cwi_msg_job_get_or_create_reply;
+
+typedef struct cwi_msg_client_heartbeat {
+	uint64_t job_id;
+	uint64_t client_id;
+	uint64_t batch_time_ns; /* mean time per batch since the last one */
+	uint64_t wait_time_ns;  /* time spent waiting for data since then */
+	double buffer_fill;     /* client buffer occupancy, 0..1 */
+	uint64_t round;         /* coordinated: the next round it will read */
+	uint64_t *acked_splits; /* splits received completely since then */
+	size_t nacked_splits;
+} cwi_msg_client_heartbeat;
+
+/* A task a client reads from. */
+typedef struct cwi_task_info {
+	uint64_t task_id;
+	uint64_t worker_id;
+	char *address;        /* the worker's data listener */
+	cwi_task_state state; /* removing: read it to its end, expect no more */
+	uint64_t start_round; /* coordinated: first round it serves */
+	uint64_t end_round;   /* coordinated: first round it does not serve */
+} cwi_task_info;
+
+typedef struct cwi_msg_client_heartbeat_reply {
+	bool job_finished; /* no more data: read the tasks to their end */
+	cwi_task_info *tasks; /* in task id order */
+	size_t ntasks;
+	uint64_t block_round; /* coordinated: read no round >= this yet */
+	uint64_t splits_total;
+	uint64_t splits_acked;
+} cwi_msg_client_heartbeat_reply;
+
+typedef struct cwi_msg_split_lease {
+	uint64_t worker_id;
+	uint64_t task_id;
+	uint32_t max_splits;
+} cwi_msg_split_lease;
+
+/* Split split_id covers units [begin, end) of the dataset's split source. */
+typedef struct cwi_split {
+	uint64_t split_id;
+	uint64_t begin;
+	uint64_t end;
+} cwi_split;
+
+typedef struct cwi_msg_split_lease_reply {
+	cwi_split *splits;
+	size_t nsplits;
+	bool end_of_splits; /* no more for this task, ever */
+	uint32_t retry_ms;  /* none now: ask again after this long */
+} cwi_msg_split_lease_reply;
+
+typedef struct cwi_msg_split_ack {
+	uint64_t job_id;
+	uint64_t client_id;
+	uint64_t *split_ids;
+	size_t nsplit_ids;
+	/* parts[i]: how many clients share split_ids[i] (the split end's
+	 * parts); absent or 0 means 1. Either empty or nsplit_ids long. */
+	uint64_t *parts;
+	size_t nparts;
+} cwi_msg_split_ack;
+
+typedef struct cwi_msg_job_release {
+	uint64_t job_id;
+	uint64_t client_id;
+} cwi_msg_job_release;
+
+typedef struct cwi_msg_status {
+	uint8_t unused_; /* no fields */
+} cwi_msg_status;
+
+typedef struct cwi_worker_status {
+	uint64_t worker_id;
+	char *address;
+	uint32_t cores;
+	bool draining;
+	uint64_t heartbeat_age_ms;
+	double cpu_use;
+	uint32_t tasks;
+} cwi_worker_status;
+
+typedef struct cwi_dataset_status {
+	uint64_t dataset_id;
+	cachew_fingerprint fingerprint;
+	int64_t split_units;
+} cwi_dataset_status;
+
+typedef struct cwi_job_status {
+	uint64_t job_id;
+	char *name; /* NULL: private */
+	uint64_t iteration;
+	uint64_t dataset_id;
+	cwi_processing_mode processing_mode;
+	uint32_t num_consumers;
+	uint32_t clients;
+	uint32_t tasks;
+	uint32_t target_workers;
+	uint64_t units_per_split;
+	uint64_t splits_total;
+	uint64_t splits_pending;
+	uint64_t splits_leased;
+	uint64_t splits_acked;
+	uint64_t elements; /* delivered, as the workers report */
+	uint64_t bytes;
+	double elements_per_s;
+	double bytes_per_s;
+	uint64_t batch_time_ns; /* mean over its clients */
+	bool data_done;         /* every split acked (or every task done) */
+	bool finished;          /* every client gone */
+} cwi_job_status;
+
+typedef struct cwi_task_status {
+	uint64_t task_id;
+	uint64_t job_id;
+	uint64_t worker_id;
+	cwi_task_state state;
+	uint64_t splits_leased;
+	uint64_t elements;
+	uint64_t bytes;
+	double elements_per_s;
+} cwi_task_status;
+
+typedef struct cwi_msg_status_reply {
+	uint64_t time_ns; /* the dispatcher's clock */
+	cwi_worker_status *workers;
+	size_t nworkers;
+	cwi_dataset_status *datasets;
+	size_t ndatasets;
+	cwi_job_status *jobs;
+	size_t njobs;
+	cwi_task_status *tasks;
+	size_t ntasks;
+} cwi_msg_status_reply;
+
+/* ---- data path ----------------------------------------------------------- */
+
+typedef struct cwi_msg_get_elements {
+	uint64_t task_id;
+	uint64_t client_id;
+	int64_t consumer_index; /* coordinated: this consumer; else -1 */
+	uint64_t round;         /* coordinated: the round asked for */
+	uint32_t max_elements;  /* 0: the worker's default */
+	uint64_t max_bytes;     /* 0: the worker's default */
+	cwi_compression compression; /* what the client accepts */
+} cwi_msg_get_elements;
+
+/* "Split split_id ended after the first `after` elements of this reply." */
+typedef struct cwi_split_end {
+	uint64_t split_id;
+	uint32_t after;
+	/* How many clients received elements of the split's lease (each gets
+	 * this end); the split is done when that many acks came. 0 means 1. */
+	uint32_t parts;
+} cwi_split_end;
+
+typedef struct cwi_msg_get_elements_reply {
+	uint64_t task_id;
+	uint64_t seq;      /* this reply's number in the task's stream to the
+			    * client, from 0, so split ends order across
+			    * pipelined replies */
+	uint32_t elements; /* how many the transport attached */
+	cwi_split_end *split_ends; /* ascending `after` */
+	size_t nsplit_ends;
+	bool end_of_task; /* nothing follows */
+	uint64_t round;
+	cwi_compression compression; /* of the attached payloads */
+} cwi_msg_get_elements_reply;
+
+/* ---- the envelope -------------------------------------------------------- */
+
+typedef struct cwi_pmsg {
+	cwi_msg_type type;
+	union {
+		cwi_msg_error error;
+		cwi_msg_worker_register worker_register;
+		cwi_msg_worker_register_reply worker_register_reply;
+		cwi_msg_worker_heartbeat worker_heartbeat;
+		cwi_msg_worker_heartbeat_reply worker_heartbeat_reply;
+		cwi_msg_worker_deregister worker_deregister;
+		cwi_msg_dataset_register dataset_register;
+		cwi_msg_dataset_register_reply dataset_register_reply;
+		cwi_msg_job_get_or_create job_get_or_create;
+		cwi_msg_job_get_or_create_reply job_get_or_create_reply;
+		cwi_msg_client_heartbeat client_heartbeat;
+		cwi_msg_client_heartbeat_reply client_heartbeat_reply;
+		cwi_msg_split_lease split_lease;
+		cwi_msg_split_lease_reply split_lease_reply;
+		cwi_msg_split_ack split_ack;
+		cwi_msg_job_release job_release;
+		cwi_msg_status status;
+		cwi_msg_status_reply status_reply;
+		cwi_msg_get_elements get_elements;
+		cwi_msg_get_elements_reply get_elements_reply;
+	} u;
+} cwi_pmsg;
+
+/* The wire name of a type ("worker_heartbeat"), "?" for an invalid one. */
+const char *cwi_msg_type_name(cwi_msg_type type);
+/* The wire names of the enumerations; "?" for invalid values. */
+const char *cwi_processing_mode_name(cwi_processing_mode mode);
+const char *cwi_compression_name(cwi_compression c);
+const char *cwi_worker_policy_name(cwi_worker_policy p);
+const char *cwi_task_state_name(cwi_task_state s);
+/* Parses a wire name; CACHEW_EINVAL (errmsg set) for an unknown one. */
+cachew_err cwi_processing_mode_parse(const char *s, cwi_processing_mode *out);
+cachew_err cwi_compression_parse(const char *s, cwi_compression *out);
+
+/* Sets m to an empty message of `type` with every optional field at its
+ * default (end_round CWI_ROUND_NONE, consumer_index -1, ...). */
+void cwi_pmsg_init(cwi_pmsg *m, cwi_msg_type type);
+/* The same for a bare body (a member of cwi_pmsg.u) of `type`. */
+void cwi_pmsg_body_init(cwi_msg_type type, void *body);
+/* Frees what a message owns (every pointer in it is heap memory owned by
+ * the message, freed with free()) and resets it to CWI_MSG_NONE. */
+void cwi_pmsg_free(cwi_pmsg *m);
+void cwi_pmsg_body_free(cwi_msg_type type, void *body);
+
+/* Appends the header encoding of m to out. CACHEW_ERANGE (errmsg names the
+ * field) when a field exceeds its limit, CACHEW_EINVAL for an invalid type
+ * or enumeration value, CACHEW_ENOMEM when out ran out of memory. */
+cachew_err cwi_pmsg_encode(const cwi_pmsg *m, cwi_strbuf *out);
+cachew_err cwi_pmsg_body_encode(cwi_msg_type type, const void *body,
+    cwi_strbuf *out);
+
+/* Decodes the header in buf (exactly len bytes: trailing bytes are an
+ * error) into *out, which the caller then frees with cwi_pmsg_free. Any
+ * defect is CACHEW_EPROTO with a message that names the message type and
+ * field; CACHEW_ENOMEM when memory runs out. *out is CWI_MSG_NONE after a
+ * failure. */
+cachew_err cwi_pmsg_decode(const uint8_t *buf, size_t len, cwi_pmsg *out);
+
+/* Coordinated reads: the task that serves `round` to every consumer. The
+ * tasks whose [start_round, end_round) holds the round, in task id order,
+ * take rounds in turn: task k serves round r when k == r mod (their
+ * count). CACHEW_ENOENT when no task serves the round yet (the client
+ * waits for a heartbeat that brings one). */
+cachew_err cwi_coord_round_task(const cwi_task_info *tasks, size_t ntasks,
+    uint64_t round, uint64_t *task_id);
+
+#endif /* CWI_SERVICE_PROTO_H */

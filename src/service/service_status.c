@@ -1,0 +1,167 @@
+/*
+ * service_status.c - `cachew status URL [--json]`: what a dispatcher knows
+ * (workers, datasets, jobs, tasks, split progress, throughput).
+ */
+#include "service.h"
+#include "service_rpc.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void
+print_text(const cwi_msg_status_reply *s)
+{
+	char hex[33];
+
+	printf("workers (%zu)\n", s->nworkers);
+	printf("  %-6s %-28s %5s %8s %9s %6s %s\n", "id", "address", "cores",
+	    "cpu", "last hb", "tasks", "state");
+	for (size_t i = 0; i < s->nworkers; i++) {
+		const cwi_worker_status *w = &s->workers[i];
+		printf("  %-6" PRIu64 " %-28s %5u %8.2f %7" PRIu64 "ms %6u %s\n",
+		    w->worker_id, w->address != NULL ? w->address : "-",
+		    w->cores, w->cpu_use, w->heartbeat_age_ms, w->tasks,
+		    w->draining ? "draining" : "live");
+	}
+	printf("datasets (%zu)\n", s->ndatasets);
+	for (size_t i = 0; i < s->ndatasets; i++) {
+		cachew_fingerprint_hex(&s->datasets[i].fingerprint, hex);
+		printf("  %-6" PRIu64 " fingerprint %s, %" PRId64 " split units\n",
+		    s->datasets[i].dataset_id, hex, s->datasets[i].split_units);
+	}
+	printf("jobs (%zu)\n", s->njobs);
+	for (size_t i = 0; i < s->njobs; i++) {
+		const cwi_job_status *j = &s->jobs[i];
+		printf("  %-6" PRIu64 " %-16s dataset %" PRIu64 " %s, clients %u, "
+		       "tasks %u (target %u)\n",
+		    j->job_id, j->name != NULL ? j->name : "(private)",
+		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
+		    j->clients, j->tasks, j->target_workers);
+		printf("         splits %" PRIu64 " acked / %" PRIu64 " leased / %"
+		       PRIu64 " pending of %" PRIu64 "; %" PRIu64 " elements, "
+		       "%.0f elements/s, %.1f MB/s%s%s\n",
+		    j->splits_acked, j->splits_leased, j->splits_pending,
+		    j->splits_total, j->elements, j->elements_per_s,
+		    j->bytes_per_s / 1e6, j->data_done ? ", data done" : "",
+		    j->finished ? ", finished" : "");
+	}
+	printf("tasks (%zu)\n", s->ntasks);
+	for (size_t i = 0; i < s->ntasks; i++) {
+		const cwi_task_status *t = &s->tasks[i];
+		printf("  %-6" PRIu64 " job %-6" PRIu64 " worker %-6" PRIu64
+		       " %-9s leased %" PRIu64 ", %" PRIu64 " elements, "
+		       "%.0f elements/s\n",
+		    t->task_id, t->job_id, t->worker_id,
+		    cwi_task_state_name(t->state), t->splits_leased, t->elements,
+		    t->elements_per_s);
+	}
+}
+
+static void
+print_json(const cwi_msg_status_reply *s)
+{
+	char hex[33];
+
+	printf("{\"workers\":[");
+	for (size_t i = 0; i < s->nworkers; i++) {
+		const cwi_worker_status *w = &s->workers[i];
+		printf("%s{\"id\":%" PRIu64 ",\"address\":\"%s\",\"cores\":%u,"
+		       "\"cpu_use\":%.3f,\"heartbeat_age_ms\":%" PRIu64
+		       ",\"tasks\":%u,\"draining\":%s}",
+		    i > 0 ? "," : "", w->worker_id,
+		    w->address != NULL ? w->address : "", w->cores, w->cpu_use,
+		    w->heartbeat_age_ms, w->tasks,
+		    w->draining ? "true" : "false");
+	}
+	printf("],\"datasets\":[");
+	for (size_t i = 0; i < s->ndatasets; i++) {
+		cachew_fingerprint_hex(&s->datasets[i].fingerprint, hex);
+		printf("%s{\"id\":%" PRIu64 ",\"fingerprint\":\"%s\","
+		       "\"split_units\":%" PRId64 "}",
+		    i > 0 ? "," : "", s->datasets[i].dataset_id, hex,
+		    s->datasets[i].split_units);
+	}
+	printf("],\"jobs\":[");
+	for (size_t i = 0; i < s->njobs; i++) {
+		const cwi_job_status *j = &s->jobs[i];
+		printf("%s{\"id\":%" PRIu64 ",\"name\":\"%s\",\"dataset\":%" PRIu64
+		       ",\"mode\":\"%s\",\"clients\":%u,\"tasks\":%u,"
+		       "\"target_workers\":%u,\"splits_total\":%" PRIu64
+		       ",\"splits_pending\":%" PRIu64 ",\"splits_leased\":%" PRIu64
+		       ",\"splits_acked\":%" PRIu64 ",\"elements\":%" PRIu64
+		       ",\"elements_per_s\":%.3f,\"bytes_per_s\":%.3f,"
+		       "\"data_done\":%s,\"finished\":%s}",
+		    i > 0 ? "," : "", j->job_id, j->name != NULL ? j->name : "",
+		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
+		    j->clients, j->tasks, j->target_workers, j->splits_total,
+		    j->splits_pending, j->splits_leased, j->splits_acked,
+		    j->elements, j->elements_per_s, j->bytes_per_s,
+		    j->data_done ? "true" : "false",
+		    j->finished ? "true" : "false");
+	}
+	printf("],\"tasks\":[");
+	for (size_t i = 0; i < s->ntasks; i++) {
+		const cwi_task_status *t = &s->tasks[i];
+		printf("%s{\"id\":%" PRIu64 ",\"job\":%" PRIu64 ",\"worker\":%"
+		       PRIu64 ",\"state\":\"%s\",\"splits_leased\":%" PRIu64
+		       ",\"elements\":%" PRIu64 ",\"elements_per_s\":%.3f}",
+		    i > 0 ? "," : "", t->task_id, t->job_id, t->worker_id,
+		    cwi_task_state_name(t->state), t->splits_leased, t->elements,
+		    t->elements_per_s);
+	}
+	printf("]}\n");
+}
+
+int
+cwi_status_cli(int argc, char **argv)
+{
+	const char *url = NULL;
+	bool json = false;
+	cwi_conn *c;
+	cwi_pmsg req, rep;
+	cachew_err rv;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0)
+			json = true;
+		else if (strcmp(argv[i], "--help") == 0 ||
+			 strcmp(argv[i], "-h") == 0) {
+			printf("usage: cachew status [URL] [--json]\n"
+			       "  URL defaults to $CACHEW_SERVICE\n");
+			return 0;
+		} else if (url == NULL && argv[i][0] != '-')
+			url = argv[i];
+		else {
+			fprintf(stderr, "cachew status: unexpected '%s'\n",
+			    argv[i]);
+			return 2;
+		}
+	}
+	if (url == NULL)
+		url = getenv("CACHEW_SERVICE");
+	if (url == NULL || url[0] == '\0') {
+		fprintf(stderr, "cachew status: name the dispatcher "
+				"(cachew status tcp://host:port)\n");
+		return 2;
+	}
+	rv = cwi_dial(&c, url, NULL);
+	if (rv != CACHEW_OK) {
+		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
+		return 1;
+	}
+	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	rv = cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, &rep);
+	cwi_pmsg_free(&req);
+	cwi_conn_destroy(c);
+	if (rv != CACHEW_OK) {
+		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
+		return 1;
+	}
+	if (json)
+		print_json(&rep.u.status_reply);
+	else
+		print_text(&rep.u.status_reply);
+	cwi_pmsg_free(&rep);
+	return 0;
+}

@@ -1,0 +1,440 @@
+/*
+ * worker.c - the worker role: registers with the dispatcher, heartbeats its
+ * tasks' progress and counters, starts and stops the tasks it is told to,
+ * and serves get_elements requests on its data listener.
+ *
+ * Threads: the heartbeat thread (register, heartbeat, task start/stop,
+ * drain), one runner per task (worker_task.c), and the transport's threads
+ * calling on_request.
+ * Locking: w->lock protects the task table; a task's own lock is taken
+ * after it (never the other way round), and no lock is held across a
+ * transport call.
+ */
+#include "../service.h"
+#include "worker_task.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+struct cwi_worker {
+	cwi_service_config cfg;
+	cwi_listener *listener;
+	cwi_conn *dispatcher;
+	char url[CWI_CFG_STR_MAX];
+	cachew_options *opts;
+	cwi_wtask_env env;
+
+	pthread_t heartbeat;
+	bool heartbeat_started;
+	atomic_bool stop;
+	atomic_bool draining;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond; /* drained, registered */
+	cwi_wtask **tasks;
+	size_t ntasks, captasks;
+	bool drained;
+	uint64_t worker_id;
+
+	uint64_t cpu_prev_ns, wall_prev_ns;
+};
+
+/* ---- the data listener --------------------------------------------------------- */
+
+static cwi_wtask *
+task_find(cwi_worker *w, uint64_t id)
+{
+	cwi_wtask *t = NULL;
+
+	pthread_mutex_lock(&w->lock);
+	for (size_t i = 0; i < w->ntasks; i++) {
+		if (cwi_wtask_id(w->tasks[i]) == id) {
+			t = w->tasks[i];
+			cwi_wtask_ref(t);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&w->lock);
+	return t;
+}
+
+static void
+on_request(void *arg, cwi_request *r)
+{
+	cwi_worker *w = arg;
+	cwi_pmsg m;
+	cwi_wtask *t;
+
+	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &m) !=
+	    CACHEW_OK) {
+		cwi_request_reject(r, cwi_errmsg_get());
+		return;
+	}
+	if (m.type != CWI_MSG_GET_ELEMENTS) {
+		cwi_rpc_reply_error(r, CACHEW_EPROTO,
+		    "a worker serves get_elements, not %s",
+		    cwi_msg_type_name(m.type));
+		cwi_pmsg_free(&m);
+		return;
+	}
+	t = task_find(w, m.u.get_elements.task_id);
+	if (t == NULL) {
+		cwi_rpc_reply_error(r, CACHEW_ENOENT, "no task %llu on worker %s",
+		    (unsigned long long)m.u.get_elements.task_id, w->url);
+		cwi_pmsg_free(&m);
+		return;
+	}
+	cwi_wtask_get_elements(t, r, &m.u.get_elements);
+	cwi_wtask_unref(t);
+	cwi_pmsg_free(&m);
+}
+
+/* ---- heartbeats ------------------------------------------------------------------ */
+
+static double
+cpu_use(cwi_worker *w)
+{
+	struct rusage ru;
+	uint64_t cpu, wall = cwi_now_ns();
+	double use = 0;
+
+	if (getrusage(RUSAGE_SELF, &ru) != 0)
+		return 0;
+	cpu = (uint64_t)ru.ru_utime.tv_sec * 1000000000u +
+	      (uint64_t)ru.ru_utime.tv_usec * 1000u +
+	      (uint64_t)ru.ru_stime.tv_sec * 1000000000u +
+	      (uint64_t)ru.ru_stime.tv_usec * 1000u;
+	if (w->wall_prev_ns != 0 && wall > w->wall_prev_ns)
+		use = (double)(cpu - w->cpu_prev_ns) /
+		      (double)(wall - w->wall_prev_ns);
+	w->cpu_prev_ns = cpu;
+	w->wall_prev_ns = wall;
+	return use;
+}
+
+static cachew_err
+do_register(cwi_worker *w)
+{
+	cwi_pmsg req, rep;
+	cachew_err rv;
+
+	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
+	req.u.worker_register.address = cwi_strdup(w->url);
+	req.u.worker_register.cores = (uint32_t)(
+	    w->cfg.threads > 0 ? w->cfg.threads : cwi_online_cpus());
+	req.u.worker_register.build = cwi_strdup(cachew_version());
+	rv = cwi_rpc_call_retry(w->dispatcher, &req,
+	    CWI_MSG_WORKER_REGISTER_REPLY, INT64_C(1) << 40, &w->stop, &rep);
+	cwi_pmsg_free(&req);
+	if (rv != CACHEW_OK)
+		return rv;
+	pthread_mutex_lock(&w->lock);
+	w->worker_id = rep.u.worker_register_reply.worker_id;
+	w->env.worker_id = w->worker_id;
+	pthread_mutex_unlock(&w->lock);
+	cwi_log(CACHEW_LOG_INFO, "worker", "event=registered worker=%llu "
+	    "dispatcher=%s url=%s", (unsigned long long)w->worker_id,
+	    w->cfg.dispatcher, w->url);
+	cwi_pmsg_free(&rep);
+	return CACHEW_OK;
+}
+
+static void
+start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
+{
+	for (size_t i = 0; i < hr->nstart; i++) {
+		cwi_wtask *t, *dup = task_find(w, hr->start[i].task_id);
+
+		if (dup != NULL) {
+			cwi_wtask_unref(dup);
+			continue;
+		}
+		if (cwi_wtask_start(&t, &hr->start[i], &w->env) != CACHEW_OK) {
+			cwi_log(CACHEW_LOG_WARN, "worker", "event=task_start_failed "
+			    "task=%llu error=\"%s\"",
+			    (unsigned long long)hr->start[i].task_id,
+			    cwi_errmsg_get());
+			continue;
+		}
+		pthread_mutex_lock(&w->lock);
+		void *p = realloc(w->tasks, (w->ntasks + 1) * sizeof(*w->tasks));
+		if (p == NULL) {
+			pthread_mutex_unlock(&w->lock);
+			cwi_wtask_unref(t);
+			continue;
+		}
+		w->tasks = p;
+		w->tasks[w->ntasks++] = t;
+		pthread_mutex_unlock(&w->lock);
+		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_started task=%llu "
+		    "job=%llu mode=%s", (unsigned long long)hr->start[i].task_id,
+		    (unsigned long long)hr->start[i].job_id,
+		    cwi_processing_mode_name(hr->start[i].processing_mode));
+	}
+}
+
+static void
+stop_tasks(cwi_worker *w, const uint64_t *ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		cwi_wtask *t = NULL;
+
+		pthread_mutex_lock(&w->lock);
+		for (size_t k = 0; k < w->ntasks; k++) {
+			if (cwi_wtask_id(w->tasks[k]) == ids[i]) {
+				t = w->tasks[k];
+				w->tasks[k] = w->tasks[--w->ntasks];
+				break;
+			}
+		}
+		pthread_mutex_unlock(&w->lock);
+		if (t == NULL)
+			continue;
+		cwi_wtask_stop(t);
+		cwi_wtask_unref(t);
+		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_stopped task=%llu",
+		    (unsigned long long)ids[i]);
+	}
+}
+
+/* Snapshot of the task table with references. */
+static cwi_wtask **
+tasks_snapshot(cwi_worker *w, size_t *n)
+{
+	cwi_wtask **v;
+
+	pthread_mutex_lock(&w->lock);
+	*n = w->ntasks;
+	v = calloc(w->ntasks > 0 ? w->ntasks : 1, sizeof(*v));
+	if (v == NULL)
+		*n = 0;
+	for (size_t i = 0; i < *n; i++) {
+		v[i] = w->tasks[i];
+		cwi_wtask_ref(v[i]);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return v;
+}
+
+static cachew_err
+do_heartbeat(cwi_worker *w, bool *all_drained)
+{
+	cwi_pmsg req, rep;
+	cwi_wtask **v;
+	size_t n;
+	cachew_err rv;
+
+	cwi_pmsg_init(&req, CWI_MSG_WORKER_HEARTBEAT);
+	req.u.worker_heartbeat.worker_id = w->worker_id;
+	req.u.worker_heartbeat.cpu_use = cpu_use(w);
+	req.u.worker_heartbeat.draining = atomic_load(&w->draining);
+	v = tasks_snapshot(w, &n);
+	*all_drained = true;
+	req.u.worker_heartbeat.tasks = calloc(n > 0 ? n : 1,
+	    sizeof(cwi_task_report));
+	if (req.u.worker_heartbeat.tasks != NULL) {
+		req.u.worker_heartbeat.ntasks = n;
+		for (size_t i = 0; i < n; i++)
+			(void)cwi_wtask_report(v[i],
+			    &req.u.worker_heartbeat.tasks[i]);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!cwi_wtask_drained(v[i]))
+			*all_drained = false;
+		cwi_wtask_unref(v[i]);
+	}
+	free(v);
+	rv = cwi_rpc_call(w->dispatcher, &req, CWI_MSG_WORKER_HEARTBEAT_REPLY,
+	    (int)w->cfg.heartbeat_ms * 4, &rep);
+	cwi_pmsg_free(&req);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (!atomic_load(&w->draining))
+		start_tasks(w, &rep.u.worker_heartbeat_reply);
+	stop_tasks(w, rep.u.worker_heartbeat_reply.stop,
+	    rep.u.worker_heartbeat_reply.nstop);
+	cwi_pmsg_free(&rep);
+	return CACHEW_OK;
+}
+
+static void
+do_deregister(cwi_worker *w)
+{
+	cwi_pmsg req, rep;
+
+	cwi_pmsg_init(&req, CWI_MSG_WORKER_DEREGISTER);
+	req.u.worker_deregister.worker_id = w->worker_id;
+	if (cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
+		(int)w->cfg.heartbeat_ms * 4, &rep) == CACHEW_OK)
+		cwi_pmsg_free(&rep);
+	cwi_pmsg_free(&req);
+	cwi_log(CACHEW_LOG_INFO, "worker", "event=deregistered worker=%llu",
+	    (unsigned long long)w->worker_id);
+}
+
+static void
+sleep_interval(cwi_worker *w)
+{
+	uint64_t end = cwi_now_ns() + (uint64_t)w->cfg.heartbeat_ms * 1000000u;
+
+	/* Short naps: stop and drain are noticed within 20 ms. */
+	while (!atomic_load(&w->stop) && cwi_now_ns() < end) {
+		cwi_sleep_ns(20 * 1000000u);
+		if (atomic_load(&w->draining))
+			break;
+	}
+}
+
+static void *
+heartbeat_main(void *arg)
+{
+	cwi_worker *w = arg;
+	bool registered = false, drained;
+
+	while (!atomic_load(&w->stop)) {
+		if (!registered) {
+			if (do_register(w) != CACHEW_OK)
+				break; /* stopped */
+			registered = true;
+		}
+		cachew_err rv = do_heartbeat(w, &drained);
+		if (rv == CACHEW_ENOENT) {
+			/* The dispatcher forgot us (restart, or we were
+			 * declared dead): register again. */
+			cwi_log(CACHEW_LOG_WARN, "worker", "event=reregister "
+			    "reason=\"%s\"", cwi_errmsg_get());
+			registered = false;
+			continue;
+		}
+		if (rv != CACHEW_OK)
+			cwi_log(CACHEW_LOG_WARN, "worker", "event=heartbeat_failed "
+			    "error=\"%s\"", cwi_errmsg_get());
+		if (rv == CACHEW_OK && atomic_load(&w->draining) && drained) {
+			do_deregister(w);
+			pthread_mutex_lock(&w->lock);
+			w->drained = true;
+			pthread_cond_broadcast(&w->cond);
+			pthread_mutex_unlock(&w->lock);
+			break;
+		}
+		sleep_interval(w);
+	}
+	return NULL;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------- */
+
+cachew_err
+cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg)
+{
+	cwi_worker *w = calloc(1, sizeof(*w));
+	cwi_transport_opts topts;
+	const char *listen;
+	cachew_err rv;
+
+	*out = NULL;
+	if (w == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	w->cfg = *cfg;
+	atomic_init(&w->stop, false);
+	atomic_init(&w->draining, false);
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	rv = cachew_options_create(&w->opts);
+	if (rv != CACHEW_OK)
+		goto fail;
+	if (cfg->threads > 0)
+		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
+	cwi_transport_opts_init(&topts);
+	topts.max_msg_size = CWI_TRANSPORT_MAX_MSG_CONTROL;
+	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://127.0.0.1:0";
+	rv = cwi_listen(&w->listener, listen, &topts, on_request, w);
+	if (rv != CACHEW_OK)
+		goto fail;
+	snprintf(w->url, sizeof(w->url), "%s",
+	    cfg->advertise[0] != '\0' ? cfg->advertise
+				      : cwi_listener_url(w->listener));
+	cwi_transport_opts_init(&topts);
+	topts.max_msg_size = (size_t)cfg->max_message_bytes;
+	topts.dial_async = true;
+	rv = cwi_dial(&w->dispatcher, cfg->dispatcher, &topts);
+	if (rv != CACHEW_OK)
+		goto fail;
+	w->env.dispatcher = w->dispatcher;
+	w->env.opts = w->opts;
+	w->env.rpc_timeout_ms = cfg->worker_timeout_ms;
+	w->env.queue_bytes = (uint64_t)64 << 20;
+	w->env.draining = &w->draining;
+	if (pthread_create(&w->heartbeat, NULL, heartbeat_main, w) != 0) {
+		rv = cwi_fail(CACHEW_ENOMEM, "worker: cannot start a thread");
+		goto fail;
+	}
+	w->heartbeat_started = true;
+	*out = w;
+	return CACHEW_OK;
+fail:
+	cwi_worker_stop(w);
+	return rv;
+}
+
+const char *
+cwi_worker_url(const cwi_worker *w)
+{
+	return w->url;
+}
+
+void
+cwi_worker_drain(cwi_worker *w)
+{
+	atomic_store(&w->draining, true);
+}
+
+cachew_err
+cwi_worker_wait_drained(cwi_worker *w, int64_t timeout_ms)
+{
+	uint64_t deadline = cwi_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	bool drained;
+
+	pthread_mutex_lock(&w->lock);
+	while (!w->drained && cwi_now_ns() < deadline) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+	}
+	drained = w->drained;
+	pthread_mutex_unlock(&w->lock);
+	return drained ? CACHEW_OK
+		       : cwi_fail(CACHEW_ETIMEDOUT,
+			     "worker: leased splits not delivered within %lld ms",
+			     (long long)timeout_ms);
+}
+
+void
+cwi_worker_stop(cwi_worker *w)
+{
+	if (w == NULL)
+		return;
+	atomic_store(&w->stop, true);
+	if (w->dispatcher != NULL)
+		cwi_conn_close(w->dispatcher);
+	if (w->heartbeat_started)
+		pthread_join(w->heartbeat, NULL);
+	for (size_t i = 0; i < w->ntasks; i++)
+		cwi_wtask_stop(w->tasks[i]);
+	cwi_listener_close(w->listener);
+	for (size_t i = 0; i < w->ntasks; i++)
+		cwi_wtask_unref(w->tasks[i]);
+	free(w->tasks);
+	cwi_listener_destroy(w->listener);
+	cwi_conn_destroy(w->dispatcher);
+	cachew_options_destroy(w->opts);
+	pthread_cond_destroy(&w->cond);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
+}

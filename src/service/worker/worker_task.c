@@ -1,0 +1,838 @@
+/*
+ * worker_task.c - a task on a worker (worker_task.h explains the model).
+ */
+#include "worker_task.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Defaults of a get_elements reply when the client leaves them open. */
+#define REPLY_MAX_ELEMENTS 1024u
+#define REPLY_MAX_BYTES ((uint64_t)8 << 20)
+/* The runner hands elements to the queue in groups (one lock, one wake-up
+ * of held requests per group). */
+#define PUSH_GROUP_ELEMENTS 64u
+#define PUSH_GROUP_BYTES ((uint64_t)1 << 20)
+
+typedef struct q_entry {
+	cwi_element *e; /* NULL: the end of lease `lease` */
+	uint32_t lease;
+	uint64_t bytes;
+} q_entry;
+
+typedef struct lease_rec {
+	uint64_t *split_ids;
+	size_t nsplits;
+	uint64_t *clients; /* clients that received elements of it */
+	size_t nclients, capclients;
+} lease_rec;
+
+typedef struct pending_end {
+	uint64_t split_id;
+	uint32_t parts;
+} pending_end;
+
+typedef struct client_rec {
+	uint64_t id;
+	uint64_t seq; /* next reply number */
+	pending_end *ends;
+	size_t nends, capends;
+} client_rec;
+
+typedef struct held_req {
+	cwi_request *r;
+	cwi_msg_get_elements m;
+} held_req;
+
+struct cwi_wtask {
+	atomic_uint refs;
+	uint64_t id, job_id;
+	cwi_processing_mode mode;
+	uint32_t lease_size;
+	uint64_t seed;
+	const cwi_wtask_env *env;
+	cachew_dataset *root;
+	cwi_split_plan *plan;
+
+	pthread_t runner;
+	bool runner_started;
+	atomic_bool stop;
+
+	pthread_mutex_t lock;
+	pthread_cond_t space; /* the runner waits for queue room */
+	q_entry *q;
+	size_t qhead, qlen, qcap;
+	uint64_t qbytes;
+	lease_rec *leases; /* indexed by lease number */
+	size_t nleases, capleases;
+	held_req *held;
+	size_t nheld, capheld;
+	client_rec *clients;
+	size_t nclients, capclients;
+	bool produced_all; /* the runner finished (or failed) */
+	cachew_err failed;
+	char errmsg[512];
+	/* delivered, cumulative */
+	uint64_t elements, bytes;
+	/* splits whose ends were handed out since the last report */
+	uint64_t *delivered;
+	size_t ndelivered, capdelivered;
+	/* operator counters summed over finished leases */
+	cachew_op_stats *ops;
+	char (*op_names)[96];
+	size_t nops;
+};
+
+/* ---- small arrays ------------------------------------------------------ */
+
+static bool
+grow(void **v, size_t *cap, size_t need, size_t size)
+{
+	size_t c;
+	void *p;
+
+	if (need <= *cap)
+		return true;
+	c = *cap != 0 ? *cap * 2 : 8;
+	while (c < need)
+		c *= 2;
+	p = realloc(*v, c * size);
+	if (p == NULL)
+		return false;
+	*v = p;
+	*cap = c;
+	return true;
+}
+
+#define GROW(arr, cap, need) \
+	grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
+
+/* ---- creation ------------------------------------------------------------ */
+
+static void *runner_main(void *arg);
+
+cachew_err
+cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
+    const cwi_wtask_env *env)
+{
+	cwi_wtask *t = calloc(1, sizeof(*t));
+	cachew_err rv;
+
+	*out = NULL;
+	if (t == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	atomic_init(&t->refs, 1);
+	atomic_init(&t->stop, false);
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->space, NULL);
+	t->id = def->task_id;
+	t->job_id = def->job_id;
+	t->mode = def->processing_mode;
+	t->lease_size = def->lease_size > 0 ? def->lease_size : 4;
+	t->seed = def->seed;
+	t->env = env;
+	rv = cachew_dataset_from_msgpack(&t->root, def->graph, def->graph_len);
+	if (rv != CACHEW_OK) {
+		rv = cwi_fail(rv, "task %llu: its graph does not decode: %s",
+		    (unsigned long long)t->id, cwi_errmsg_get());
+		goto fail;
+	}
+	rv = cwi_split_plan_create(&t->plan, t->root);
+	if (rv != CACHEW_OK) {
+		rv = cwi_fail(rv, "task %llu: %s", (unsigned long long)t->id,
+		    cwi_errmsg_get());
+		goto fail;
+	}
+	if (pthread_create(&t->runner, NULL, runner_main, t) != 0) {
+		rv = cwi_fail(CACHEW_ENOMEM, "task %llu: cannot start a thread",
+		    (unsigned long long)t->id);
+		goto fail;
+	}
+	t->runner_started = true;
+	*out = t;
+	return CACHEW_OK;
+fail:
+	cwi_wtask_unref(t);
+	return rv;
+}
+
+uint64_t
+cwi_wtask_id(const cwi_wtask *t)
+{
+	return t->id;
+}
+
+void
+cwi_wtask_ref(cwi_wtask *t)
+{
+	atomic_fetch_add(&t->refs, 1);
+}
+
+static void
+free_queue(cwi_wtask *t)
+{
+	for (size_t i = 0; i < t->qlen; i++)
+		cwi_element_release(t->q[(t->qhead + i) % t->qcap].e);
+	t->qlen = 0;
+	t->qbytes = 0;
+}
+
+void
+cwi_wtask_unref(cwi_wtask *t)
+{
+	if (t == NULL || atomic_fetch_sub(&t->refs, 1) != 1)
+		return;
+	cwi_wtask_stop(t);
+	if (t->runner_started)
+		pthread_join(t->runner, NULL);
+	free_queue(t);
+	free(t->q);
+	for (size_t i = 0; i < t->nleases; i++) {
+		free(t->leases[i].split_ids);
+		free(t->leases[i].clients);
+	}
+	free(t->leases);
+	for (size_t i = 0; i < t->nclients; i++)
+		free(t->clients[i].ends);
+	free(t->clients);
+	free(t->held);
+	free(t->delivered);
+	free(t->ops);
+	free(t->op_names);
+	cwi_split_plan_destroy(t->plan);
+	cachew_dataset_release(t->root);
+	pthread_cond_destroy(&t->space);
+	pthread_mutex_destroy(&t->lock);
+	free(t);
+}
+
+void
+cwi_wtask_stop(cwi_wtask *t)
+{
+	held_req *held;
+	size_t nheld;
+
+	atomic_store(&t->stop, true);
+	pthread_mutex_lock(&t->lock);
+	held = t->held;
+	nheld = t->nheld;
+	t->held = NULL;
+	t->nheld = t->capheld = 0;
+	pthread_cond_broadcast(&t->space);
+	pthread_mutex_unlock(&t->lock);
+	for (size_t i = 0; i < nheld; i++)
+		(void)cwi_request_fail(held[i].r, CACHEW_ECLOSED,
+		    "task %llu was stopped", (unsigned long long)t->id);
+	free(held);
+}
+
+/* ---- replies --------------------------------------------------------------- */
+
+static client_rec *
+client_get(cwi_wtask *t, uint64_t id)
+{
+	for (size_t i = 0; i < t->nclients; i++)
+		if (t->clients[i].id == id)
+			return &t->clients[i];
+	if (!GROW(t->clients, t->capclients, t->nclients + 1))
+		return NULL;
+	client_rec *c = &t->clients[t->nclients++];
+	memset(c, 0, sizeof(*c));
+	c->id = id;
+	return c;
+}
+
+static bool
+lease_add_client(lease_rec *l, uint64_t client)
+{
+	for (size_t i = 0; i < l->nclients; i++)
+		if (l->clients[i] == client)
+			return true;
+	if (!GROW(l->clients, l->capclients, l->nclients + 1))
+		return false;
+	l->clients[l->nclients++] = client;
+	return true;
+}
+
+static bool
+client_add_end(client_rec *c, uint64_t split_id, uint32_t parts)
+{
+	if (!GROW(c->ends, c->capends, c->nends + 1))
+		return false;
+	c->ends[c->nends].split_id = split_id;
+	c->ends[c->nends].parts = parts;
+	c->nends++;
+	return true;
+}
+
+/* A lease's end marker reached the head of the queue while serving client
+ * `who`: hands its splits' ends to every client that got its elements. */
+static bool
+lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
+{
+	uint32_t parts = l->nclients > 0 ? (uint32_t)l->nclients : 1u;
+
+	for (size_t s = 0; s < l->nsplits; s++) {
+		if (l->nclients == 0) {
+			if (!client_add_end(who, l->split_ids[s], 1))
+				return false;
+		}
+		for (size_t k = 0; k < l->nclients; k++) {
+			client_rec *c = client_get(t, l->clients[k]);
+			if (c == NULL || !client_add_end(c, l->split_ids[s], parts))
+				return false;
+		}
+		if (!GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
+			return false;
+		t->delivered[t->ndelivered++] = l->split_ids[s];
+	}
+	return true;
+}
+
+/*
+ * Builds the reply to m if one can be given now: elements are queued, this
+ * client has split ends pending, or the task has ended. Returns NULL with
+ * *err == CACHEW_OK when the request must wait. Called with t->lock held.
+ */
+static cwi_msg *
+build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
+{
+	uint32_t max_e = m->max_elements > 0 ? m->max_elements
+					      : REPLY_MAX_ELEMENTS;
+	uint64_t max_b = m->max_bytes > 0 ? m->max_bytes : REPLY_MAX_BYTES;
+	client_rec *c = client_get(t, m->client_id);
+	cwi_pmsg rep;
+	cwi_msg *msg = NULL;
+	cwi_split_end *ends = NULL;
+	size_t nends = 0, capends = 0;
+	uint32_t count = 0;
+	uint64_t bytes = 0;
+
+	*err = CACHEW_OK;
+	if (c == NULL) {
+		*err = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		return NULL;
+	}
+	if (t->failed != CACHEW_OK) {
+		*err = t->failed;
+		return NULL;
+	}
+	if (t->qlen == 0 && c->nends == 0 && !t->produced_all)
+		return NULL;
+	if (cwi_msg_create(&msg) != CACHEW_OK)
+		goto nomem;
+	/* Ends left over from leases that other clients finished. */
+	for (size_t i = 0; i < c->nends; i++) {
+		if (!GROW(ends, capends, nends + 1))
+			goto nomem;
+		ends[nends].split_id = c->ends[i].split_id;
+		ends[nends].parts = c->ends[i].parts;
+		ends[nends].after = 0;
+		nends++;
+	}
+	c->nends = 0;
+	while (t->qlen > 0) {
+		q_entry *q = &t->q[t->qhead];
+		lease_rec *l = &t->leases[q->lease];
+
+		if (q->e != NULL) {
+			if (count >= max_e || (count > 0 && bytes + q->bytes > max_b))
+				break;
+			if (!lease_add_client(l, m->client_id))
+				goto nomem;
+			if (cwi_msg_push(msg, q->e) != CACHEW_OK)
+				goto nomem;
+			count++;
+			bytes += q->bytes;
+			t->qbytes -= q->bytes;
+		} else {
+			size_t before = c->nends;
+			if (!lease_ended(t, l, c))
+				goto nomem;
+			for (size_t i = before; i < c->nends; i++) {
+				if (!GROW(ends, capends, nends + 1))
+					goto nomem;
+				ends[nends].split_id = c->ends[i].split_id;
+				ends[nends].parts = c->ends[i].parts;
+				ends[nends].after = count;
+				nends++;
+			}
+			c->nends = before;
+		}
+		t->qhead = (t->qhead + 1) % t->qcap;
+		t->qlen--;
+	}
+	pthread_cond_broadcast(&t->space);
+	t->elements += count;
+	t->bytes += bytes;
+	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
+	rep.u.get_elements_reply.task_id = t->id;
+	rep.u.get_elements_reply.seq = c->seq++;
+	rep.u.get_elements_reply.elements = count;
+	rep.u.get_elements_reply.split_ends = ends;
+	rep.u.get_elements_reply.nsplit_ends = nends;
+	rep.u.get_elements_reply.end_of_task =
+	    t->produced_all && t->qlen == 0;
+	rep.u.get_elements_reply.round = m->round;
+	{
+		cwi_strbuf sb;
+		cwi_strbuf_init(&sb);
+		*err = cwi_pmsg_encode(&rep, &sb);
+		if (*err == CACHEW_OK)
+			*err = cwi_msg_set_header_strbuf(msg, &sb);
+		cwi_strbuf_free(&sb);
+	}
+	cwi_pmsg_free(&rep); /* frees ends */
+	if (*err != CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return NULL;
+	}
+	return msg;
+nomem:
+	free(ends);
+	cwi_msg_destroy(msg);
+	*err = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return NULL;
+}
+
+typedef struct ready_reply {
+	cwi_request *r;
+	cwi_msg *msg;     /* NULL: fail with err */
+	cachew_err err;
+} ready_reply;
+
+static void
+send_ready(cwi_wtask *t, ready_reply *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].msg != NULL) {
+			if (cwi_request_reply(v[i].r, v[i].msg) != CACHEW_OK)
+				cwi_msg_destroy(v[i].msg);
+		} else {
+			(void)cwi_request_fail(v[i].r, v[i].err, "task %llu: %s",
+			    (unsigned long long)t->id,
+			    t->errmsg[0] != '\0' ? t->errmsg
+						 : cachew_strerror(v[i].err));
+		}
+	}
+}
+
+/* Answers the held requests that can be answered now, in arrival order.
+ * Called with t->lock held; fills *out (the caller sends after unlocking). */
+static size_t
+serve_held(cwi_wtask *t, ready_reply **out)
+{
+	ready_reply *v = NULL;
+	size_t n = 0, cap = 0, keep = 0;
+
+	for (size_t i = 0; i < t->nheld; i++) {
+		cachew_err err;
+		cwi_msg *msg = build_reply(t, &t->held[i].m, &err);
+
+		if (msg == NULL && err == CACHEW_OK) {
+			t->held[keep++] = t->held[i];
+			continue;
+		}
+		if (!GROW(v, cap, n + 1)) {
+			/* Keep it held; it is answered on the next push. */
+			if (msg != NULL)
+				cwi_msg_destroy(msg);
+			t->held[keep++] = t->held[i];
+			continue;
+		}
+		v[n].r = t->held[i].r;
+		v[n].msg = msg;
+		v[n].err = err;
+		n++;
+	}
+	t->nheld = keep;
+	*out = v;
+	return n;
+}
+
+void
+cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
+    const cwi_msg_get_elements *m)
+{
+	ready_reply *ready = NULL;
+	size_t nready;
+	cachew_err err;
+	cwi_msg *msg;
+
+	pthread_mutex_lock(&t->lock);
+	if (atomic_load(&t->stop)) {
+		pthread_mutex_unlock(&t->lock);
+		(void)cwi_request_fail(r, CACHEW_ECLOSED, "task %llu is stopped",
+		    (unsigned long long)t->id);
+		return;
+	}
+	/* Earlier held requests go first: replies keep request order. */
+	nready = serve_held(t, &ready);
+	if (t->nheld > 0) {
+		msg = NULL;
+		err = CACHEW_OK;
+	} else {
+		msg = build_reply(t, m, &err);
+	}
+	if (msg == NULL && err == CACHEW_OK) {
+		if (GROW(t->held, t->capheld, t->nheld + 1)) {
+			t->held[t->nheld].r = r;
+			t->held[t->nheld].m = *m;
+			t->nheld++;
+			r = NULL;
+		} else {
+			err = CACHEW_ENOMEM;
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	send_ready(t, ready, nready);
+	free(ready);
+	if (r == NULL)
+		return;
+	if (msg != NULL) {
+		if (cwi_request_reply(r, msg) != CACHEW_OK)
+			cwi_msg_destroy(msg);
+		return;
+	}
+	ready_reply one = {r, NULL, err};
+	send_ready(t, &one, 1);
+}
+
+/* ---- the runner -------------------------------------------------------------- */
+
+/* Queues a group of elements (or a lease end when e == NULL). Waits for
+ * room; false when the task stops. */
+static bool
+push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
+    uint32_t lease, bool lease_end)
+{
+	ready_reply *ready = NULL;
+	size_t nready, need = n + (lease_end ? 1 : 0);
+
+	pthread_mutex_lock(&t->lock);
+	while (!atomic_load(&t->stop) && t->qlen > 0 &&
+	       t->qbytes + bytes > t->env->queue_bytes)
+		pthread_cond_wait(&t->space, &t->lock);
+	if (atomic_load(&t->stop)) {
+		pthread_mutex_unlock(&t->lock);
+		return false;
+	}
+	if (t->qlen + need > t->qcap) {
+		/* Grow the ring, unrolling it so qhead becomes 0. */
+		size_t cap = t->qcap != 0 ? t->qcap : 256;
+		while (cap < t->qlen + need)
+			cap *= 2;
+		q_entry *nq = malloc(cap * sizeof(*nq));
+		if (nq == NULL) {
+			pthread_mutex_unlock(&t->lock);
+			return false;
+		}
+		for (size_t i = 0; i < t->qlen; i++)
+			nq[i] = t->q[(t->qhead + i) % t->qcap];
+		free(t->q);
+		t->q = nq;
+		t->qcap = cap;
+		t->qhead = 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		q_entry *q = &t->q[(t->qhead + t->qlen++) % t->qcap];
+		q->e = v[i];
+		q->lease = lease;
+		q->bytes = cwi_element_nbytes(v[i]);
+		t->qbytes += q->bytes;
+	}
+	if (lease_end) {
+		q_entry *q = &t->q[(t->qhead + t->qlen++) % t->qcap];
+		q->e = NULL;
+		q->lease = lease;
+		q->bytes = 0;
+	}
+	nready = serve_held(t, &ready);
+	pthread_mutex_unlock(&t->lock);
+	send_ready(t, ready, nready);
+	free(ready);
+	return true;
+}
+
+static void
+runner_fail(cwi_wtask *t, cachew_err rv, const char *msg)
+{
+	ready_reply *ready = NULL;
+	size_t nready;
+
+	pthread_mutex_lock(&t->lock);
+	if (t->failed == CACHEW_OK) {
+		t->failed = rv;
+		snprintf(t->errmsg, sizeof(t->errmsg), "%s", msg);
+	}
+	t->produced_all = true;
+	nready = serve_held(t, &ready);
+	pthread_mutex_unlock(&t->lock);
+	send_ready(t, ready, nready);
+	free(ready);
+	cwi_log(CACHEW_LOG_WARN, "worker", "event=task_failed task=%llu "
+	    "error=\"%s\"", (unsigned long long)t->id, msg);
+}
+
+/* Adds a finished lease's operator counters to the task's. */
+static void
+add_stats(cwi_wtask *t, cachew_iterator *it)
+{
+	cachew_op_stats rows[64];
+	size_t n = 0;
+
+	if (cachew_iterator_stats(it, rows, 64, &n) != CACHEW_OK)
+		return;
+	if (n > 64)
+		n = 64;
+	pthread_mutex_lock(&t->lock);
+	if (t->ops == NULL) {
+		t->ops = calloc(n, sizeof(*t->ops));
+		t->op_names = calloc(n, sizeof(*t->op_names));
+		if (t->ops == NULL || t->op_names == NULL) {
+			free(t->ops);
+			free(t->op_names);
+			t->ops = NULL;
+			t->op_names = NULL;
+			pthread_mutex_unlock(&t->lock);
+			return;
+		}
+		t->nops = n;
+		for (size_t i = 0; i < n; i++)
+			snprintf(t->op_names[i], sizeof(t->op_names[i]),
+			    "%d:%s%s%s", rows[i].node, rows[i].name,
+			    rows[i].detail != NULL && rows[i].detail[0] ? "/" : "",
+			    rows[i].detail != NULL ? rows[i].detail : "");
+	}
+	for (size_t i = 0; i < n && i < t->nops; i++) {
+		t->ops[i].elements += rows[i].elements;
+		t->ops[i].bytes += rows[i].bytes;
+		t->ops[i].busy_ns += rows[i].busy_ns;
+		t->ops[i].wait_ns += rows[i].wait_ns;
+		t->ops[i].buffered = rows[i].buffered;
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* Runs one lease to its end, queueing its elements then its end marker. */
+static cachew_err
+run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
+    size_t nranges)
+{
+	cachew_iterator *it;
+	cwi_element *group[PUSH_GROUP_ELEMENTS];
+	size_t n = 0;
+	uint64_t bytes = 0;
+	cachew_element *e;
+	cachew_err rv;
+
+	rv = cwi_iterator_create_lease(&it, t->plan->root, t->env->opts,
+	    t->plan->source, ranges, nranges, t->seed);
+	if (rv != CACHEW_OK)
+		return rv;
+	while (!atomic_load(&t->stop) &&
+	       (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		group[n++] = e;
+		bytes += cwi_element_nbytes(e);
+		if (n == PUSH_GROUP_ELEMENTS || bytes >= PUSH_GROUP_BYTES) {
+			if (!push_group(t, group, n, bytes, lease, false)) {
+				for (size_t i = 0; i < n; i++)
+					cwi_element_release(group[i]);
+				n = 0;
+				rv = CACHEW_ECANCELED;
+				break;
+			}
+			n = 0;
+			bytes = 0;
+		}
+	}
+	if (rv == CACHEW_EOF) {
+		add_stats(t, it);
+		if (!push_group(t, group, n, bytes, lease, true))
+			rv = CACHEW_ECANCELED;
+		else
+			rv = CACHEW_OK;
+		n = 0;
+	} else if (rv != CACHEW_ECANCELED && rv != CACHEW_OK) {
+		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(it));
+	} else if (rv == CACHEW_OK) {
+		rv = CACHEW_ECANCELED; /* stopped */
+	}
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(group[i]);
+	cachew_iterator_destroy(it);
+	return rv;
+}
+
+static uint32_t
+new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
+{
+	uint32_t id;
+
+	pthread_mutex_lock(&t->lock);
+	if (!GROW(t->leases, t->capleases, t->nleases + 1)) {
+		pthread_mutex_unlock(&t->lock);
+		return UINT32_MAX;
+	}
+	lease_rec *l = &t->leases[t->nleases];
+	memset(l, 0, sizeof(*l));
+	if (n > 0) {
+		l->split_ids = malloc(n * sizeof(*l->split_ids));
+		if (l->split_ids == NULL) {
+			pthread_mutex_unlock(&t->lock);
+			return UINT32_MAX;
+		}
+		for (size_t i = 0; i < n; i++)
+			l->split_ids[i] = splits[i].split_id;
+	}
+	l->nsplits = n;
+	id = (uint32_t)t->nleases++;
+	pthread_mutex_unlock(&t->lock);
+	return id;
+}
+
+static cachew_err
+lease_splits(cwi_wtask *t, cwi_pmsg *rep)
+{
+	cwi_pmsg req;
+	cachew_err rv;
+
+	cwi_pmsg_init(&req, CWI_MSG_SPLIT_LEASE);
+	req.u.split_lease.worker_id = t->env->worker_id;
+	req.u.split_lease.task_id = t->id;
+	req.u.split_lease.max_splits = t->lease_size;
+	rv = cwi_rpc_call_retry(t->env->dispatcher, &req,
+	    CWI_MSG_SPLIT_LEASE_REPLY, t->env->rpc_timeout_ms, &t->stop, rep);
+	cwi_pmsg_free(&req);
+	return rv;
+}
+
+static cachew_err
+run_distributed(cwi_wtask *t)
+{
+	for (;;) {
+		cwi_pmsg rep;
+		cwi_unit_range *ranges;
+		cwi_msg_split_lease_reply *lr;
+		cachew_err rv;
+		uint32_t lease;
+
+		if (atomic_load(&t->stop))
+			return CACHEW_ECANCELED;
+		if (atomic_load(t->env->draining))
+			return CACHEW_OK;
+		rv = lease_splits(t, &rep);
+		if (rv != CACHEW_OK)
+			return rv;
+		lr = &rep.u.split_lease_reply;
+		if (lr->nsplits == 0) {
+			bool end = lr->end_of_splits;
+			uint32_t retry = lr->retry_ms > 0 ? lr->retry_ms : 50;
+			cwi_pmsg_free(&rep);
+			if (end)
+				return CACHEW_OK;
+			cwi_sleep_ns((uint64_t)retry * 1000000u);
+			continue;
+		}
+		ranges = malloc(lr->nsplits * sizeof(*ranges));
+		lease = new_lease(t, lr->splits, lr->nsplits);
+		if (ranges == NULL || lease == UINT32_MAX) {
+			free(ranges);
+			cwi_pmsg_free(&rep);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+		for (size_t i = 0; i < lr->nsplits; i++) {
+			ranges[i].begin = lr->splits[i].begin;
+			ranges[i].end = lr->splits[i].end;
+		}
+		rv = run_lease(t, lease, ranges, lr->nsplits);
+		free(ranges);
+		cwi_pmsg_free(&rep);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+}
+
+static cachew_err
+run_parallel_epochs(cwi_wtask *t)
+{
+	cwi_unit_range all = {0, t->plan->units};
+	uint32_t lease = new_lease(t, NULL, 0);
+
+	if (lease == UINT32_MAX)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return run_lease(t, lease, &all, 1);
+}
+
+static void *
+runner_main(void *arg)
+{
+	cwi_wtask *t = arg;
+	cachew_err rv;
+
+	rv = t->mode == CWI_MODE_PARALLEL_EPOCHS ? run_parallel_epochs(t)
+						 : run_distributed(t);
+	if (rv == CACHEW_OK) {
+		ready_reply *ready = NULL;
+		size_t nready;
+
+		pthread_mutex_lock(&t->lock);
+		t->produced_all = true;
+		nready = serve_held(t, &ready);
+		pthread_mutex_unlock(&t->lock);
+		send_ready(t, ready, nready);
+		free(ready);
+	} else if (rv != CACHEW_ECANCELED) {
+		runner_fail(t, rv, cwi_errmsg_get());
+	}
+	return NULL;
+}
+
+/* ---- reports ----------------------------------------------------------------- */
+
+cachew_err
+cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
+{
+	memset(rep, 0, sizeof(*rep));
+	pthread_mutex_lock(&t->lock);
+	rep->task_id = t->id;
+	rep->done = t->produced_all && t->qlen == 0;
+	rep->elements = t->elements;
+	rep->bytes = t->bytes;
+	rep->splits_delivered = t->delivered;
+	rep->nsplits_delivered = t->ndelivered;
+	t->delivered = NULL;
+	t->ndelivered = t->capdelivered = 0;
+	if (t->nops > 0) {
+		rep->ops = calloc(t->nops, sizeof(*rep->ops));
+		if (rep->ops != NULL) {
+			rep->nops = t->nops;
+			for (size_t i = 0; i < t->nops; i++) {
+				rep->ops[i].name = cwi_strdup(t->op_names[i]);
+				rep->ops[i].elements = t->ops[i].elements;
+				rep->ops[i].bytes = t->ops[i].bytes;
+				rep->ops[i].busy_ns = t->ops[i].busy_ns;
+				rep->ops[i].wait_ns = t->ops[i].wait_ns;
+				rep->ops[i].buffered = (uint64_t)(
+				    t->ops[i].buffered > 0 ? t->ops[i].buffered
+							   : 0);
+			}
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return CACHEW_OK;
+}
+
+bool
+cwi_wtask_drained(cwi_wtask *t)
+{
+	bool drained;
+
+	pthread_mutex_lock(&t->lock);
+	drained = t->produced_all && t->qlen == 0;
+	for (size_t i = 0; drained && i < t->nclients; i++)
+		if (t->clients[i].nends > 0)
+			drained = false;
+	pthread_mutex_unlock(&t->lock);
+	return drained;
+}

@@ -1,0 +1,63 @@
+/*
+ * worker_task.h - one task on a worker: a job's pipeline run lease by lease
+ * on a runner thread, its output queue, and the clients reading it.
+ *
+ * The runner leases splits from the dispatcher, runs each lease as one
+ * pipeline instance (cwi_iterator_create_lease) and queues the elements
+ * followed by a lease-end marker. Clients' get_elements requests take
+ * elements from the queue in order; a request that finds nothing is held
+ * and answered when elements arrive or the task ends, so no thread blocks
+ * on a slow pipeline.
+ *
+ * Split acknowledgement: when a lease's end marker is reached, every client
+ * that received elements of the lease gets a split end for each of the
+ * lease's splits, with `parts` = how many clients share it; the dispatcher
+ * counts a split done when that many acks have come. A lease whose
+ * elements all went to one client (the common case) has parts = 1.
+ *
+ * Locking: task->lock protects the queue, the leases, the held requests and
+ * the per-client state. Replies are built under the lock and sent after it
+ * is released (the transport may complete a client's request inline).
+ */
+#ifndef CWI_WORKER_TASK_H
+#define CWI_WORKER_TASK_H
+
+#include "../service_rpc.h"
+#include "../../exec/exec_split.h"
+
+typedef struct cwi_wtask cwi_wtask;
+
+/* What a task needs from its worker. */
+typedef struct cwi_wtask_env {
+	cwi_conn *dispatcher;  /* for split leases */
+	uint64_t worker_id;
+	const cachew_options *opts; /* executor options of lease pipelines */
+	int64_t rpc_timeout_ms;
+	uint64_t queue_bytes;  /* output queue bound */
+	const atomic_bool *draining; /* stop leasing when set */
+} cwi_wtask_env;
+
+/* Creates a task from its definition (graph decoded and planned) and
+ * starts its runner. The env must outlive the task. */
+cachew_err cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
+    const cwi_wtask_env *env);
+uint64_t cwi_wtask_id(const cwi_wtask *t);
+void cwi_wtask_ref(cwi_wtask *t);
+/* Drops a reference; the last one frees the task (stopped first). */
+void cwi_wtask_unref(cwi_wtask *t);
+/* Stops the runner, fails held requests with CACHEW_ECLOSED, drops the
+ * queue. Idempotent. */
+void cwi_wtask_stop(cwi_wtask *t);
+
+/* Handles a get_elements request (decoded in m; r consumed). */
+void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
+    const cwi_msg_get_elements *m);
+
+/* Fills a heartbeat report (allocations owned by the report: free with
+ * cwi_pmsg_body_free-compatible free() of its arrays). */
+cachew_err cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep);
+/* True once the runner finished and every queued element and split end
+ * was handed to a client. */
+bool cwi_wtask_drained(cwi_wtask *t);
+
+#endif /* CWI_WORKER_TASK_H */

@@ -1,0 +1,685 @@
+/*
+ * check_cluster.c - the service end to end with real processes on
+ * loopback: a `cachewd --role=dispatcher`, `cachewd --role=worker`s, and
+ * clients (this process through the library, or `cachew run`). Ports are
+ * ephemeral; every wait is bounded and waits on readiness (the daemon's
+ * "event=listening" line), never on a fixed sleep; every process started
+ * is stopped by its pid.
+ */
+#include "cwt.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct daemon_proc {
+	pid_t pid;
+	char url[256];
+	char log[600];
+} daemon_proc;
+
+static uint64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void
+nap_ms(unsigned ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static char *
+slurp_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long len;
+
+	if (f == NULL)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)len + 1);
+	ck_assert_ptr_nonnull(buf);
+	len = (long)fread(buf, 1, (size_t)len, f);
+	buf[len] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* Starts `cachewd <args...>` (NULL-terminated) with stderr to a log in dir
+ * and waits (10 s at most) for its "event=listening ... url=" line. */
+static void
+daemon_start(daemon_proc *d, const char *dir, const char *name, ...)
+{
+	char bin[512], *argv[32];
+	va_list ap;
+	size_t n = 1;
+	uint64_t deadline;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
+	snprintf(d->log, sizeof(d->log), "%s/%s.log", dir, name);
+	argv[0] = bin;
+	va_start(ap, name);
+	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
+		n++;
+	va_end(ap);
+	argv[n] = NULL;
+	fflush(NULL);
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (d->pid == 0) {
+		if (freopen(d->log, "w", stderr) == NULL ||
+		    freopen("/dev/null", "w", stdout) == NULL)
+			_exit(127);
+		execv(bin, argv);
+		_exit(127);
+	}
+	deadline = now_ms() + 10000;
+	while (now_ms() < deadline) {
+		char *log = slurp_file(d->log), *p;
+		if (log != NULL && (p = strstr(log, "event=listening")) != NULL &&
+		    (p = strstr(p, "url=")) != NULL) {
+			size_t k = 0;
+			p += 4;
+			while (p[k] != '\0' && p[k] != ' ' && p[k] != '\n' &&
+			       k + 1 < sizeof(d->url))
+				k++;
+			memcpy(d->url, p, k);
+			d->url[k] = '\0';
+			free(log);
+			return;
+		}
+		free(log);
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			char *why = slurp_file(d->log);
+			ck_abort_msg("cachewd %s exited early: %s", name,
+			    why != NULL ? why : "");
+		}
+		nap_ms(10);
+	}
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	ck_abort_msg("cachewd %s did not start listening in 10 s", name);
+}
+
+/* Sends sig and waits (10 s at most) for the exit; returns the status as
+ * an exit code (128 + signal when killed). */
+static int
+daemon_stop(daemon_proc *d, int sig)
+{
+	uint64_t deadline = now_ms() + 10000;
+	int st = 0;
+
+	if (d->pid <= 0)
+		return -1;
+	kill(d->pid, sig);
+	while (waitpid(d->pid, &st, WNOHANG) == 0) {
+		if (now_ms() > deadline) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, &st, 0);
+			break;
+		}
+		nap_ms(5);
+	}
+	d->pid = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static long
+rss_kb(pid_t pid)
+{
+	char path[64], *s, *p;
+	long kb = -1;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	s = slurp_file(path);
+	if (s != NULL && (p = strstr(s, "VmRSS:")) != NULL)
+		kb = strtol(p + 6, NULL, 10);
+	free(s);
+	return kb;
+}
+
+/* A dispatcher and nworkers workers, fast heartbeats. */
+typedef struct cluster {
+	char *dir;
+	daemon_proc dispatcher;
+	daemon_proc workers[4];
+	int nworkers;
+} cluster;
+
+static void
+worker_start(cluster *c, int i)
+{
+	char name[32];
+
+	snprintf(name, sizeof(name), "worker%d", i);
+	daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
+}
+
+static void
+cluster_start(cluster *c, int nworkers)
+{
+	char work[600];
+
+	memset(c, 0, sizeof(*c));
+	c->dir = cwt_tmpdir();
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
+	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "600",
+	    "--client-timeout-ms", "5000", (char *)NULL);
+	for (int i = 0; i < nworkers; i++)
+		worker_start(c, i);
+	c->nworkers = nworkers;
+}
+
+static void
+cluster_stop(cluster *c)
+{
+	for (int i = 0; i < 4; i++)
+		if (c->workers[i].pid > 0)
+			daemon_stop(&c->workers[i], SIGKILL);
+	if (c->dispatcher.pid > 0)
+		daemon_stop(&c->dispatcher, SIGTERM);
+	cwt_rmtree(c->dir);
+	free(c->dir);
+}
+
+/* The order-independent digest and count of a run (in-process when url is
+ * NULL, else through the service), with extra options "name=value". */
+typedef struct run_sum {
+	uint64_t n, digest;
+	int64_t min, max; /* of component 0 when it is a scalar i64 */
+} run_sum;
+
+static run_sum
+run_digest(const char *pipeline, const char *url, const char *job_name)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_element **v;
+	size_t n;
+	char err[512];
+	run_sum s = {0, 0, INT64_MAX, INT64_MIN};
+
+	if (url != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "service", url),
+		    CACHEW_OK);
+	if (job_name != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "job_name", job_name),
+		    CACHEW_OK);
+	cachew_err rv = cwt_run(pipeline, o, &v, &n, err, sizeof(err));
+	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, err);
+	for (size_t i = 0; i < n; i++) {
+		s.digest += cachew_element_hash(v[i]);
+		const cachew_tensor *t = cachew_element_component(v[i], 0);
+		if (cachew_tensor_rank(t) == 0 &&
+		    cachew_tensor_dtype(t) == CACHEW_I64) {
+			int64_t x = *(const int64_t *)cachew_tensor_data(t);
+			if (x < s.min)
+				s.min = x;
+			if (x > s.max)
+				s.max = x;
+		}
+	}
+	s.n = n;
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+	return s;
+}
+
+/* ---- the same multiset in-process and through the service ------------------ */
+
+START_TEST(cluster_distributed_epoch_equals_in_process)
+{
+	static const char *const pipelines[] = {
+	    "range(20000) | map(add, value=3)",
+	    "range(5000) | shuffle(100) | map(mul, value=2)",
+	    "from_list([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])",
+	};
+	cluster c;
+
+	cluster_start(&c, 2);
+	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {
+		run_sum local = run_digest(pipelines[i], NULL, NULL);
+		run_sum remote = run_digest(pipelines[i], c.dispatcher.url, NULL);
+		ck_assert_msg(local.n == remote.n && local.digest == remote.digest,
+		    "%s: in-process %" PRIu64 " elements digest %016" PRIx64
+		    ", service %" PRIu64 " digest %016" PRIx64,
+		    pipelines[i], local.n, local.digest, remote.n, remote.digest);
+	}
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cluster_text_files_equal_in_process)
+{
+	cluster c;
+	char pat[700], pipeline[900];
+
+	cluster_start(&c, 2);
+	for (int f = 0; f < 6; f++) {
+		char path[700], text[4096];
+		size_t k = 0;
+		snprintf(path, sizeof(path), "%s/part-%d.txt", c.dir, f);
+		for (int l = 0; l < 100; l++)
+			k += (size_t)snprintf(text + k, sizeof(text) - k,
+			    "file %d line %d\n", f, l);
+		cwt_write_file(path, text, k);
+	}
+	snprintf(pat, sizeof(pat), "%s/part-*.txt", c.dir);
+	snprintf(pipeline, sizeof(pipeline), "text_lines(\"%s\")", pat);
+	run_sum local = run_digest(pipeline, NULL, NULL);
+	run_sum remote = run_digest(pipeline, c.dispatcher.url, NULL);
+	ck_assert_uint_eq(local.n, 600);
+	ck_assert_uint_eq(remote.n, 600);
+	ck_assert_uint_eq(local.digest, remote.digest);
+	cluster_stop(&c);
+}
+END_TEST
+
+/* A client-side tail (take) runs after the service. */
+START_TEST(cluster_client_part_runs_after_the_service)
+{
+	cluster c;
+
+	cluster_start(&c, 1);
+	run_sum s = run_digest("range(1000) | map(add, value=1) | take(10)",
+	    c.dispatcher.url, NULL);
+	ck_assert_uint_eq(s.n, 10);
+	cluster_stop(&c);
+}
+END_TEST
+
+/* ---- two clients sharing a job ----------------------------------------------- */
+
+typedef struct share_arg {
+	const char *url;
+	run_sum sum;
+} share_arg;
+
+static void *
+share_main(void *arg)
+{
+	share_arg *a = arg;
+	a->sum = run_digest("range(30000) | map(add, value=1)", a->url,
+	    "shared");
+	return NULL;
+}
+
+START_TEST(cluster_two_clients_share_a_named_job)
+{
+	cluster c;
+	pthread_t th[2];
+	share_arg a[2];
+
+	cluster_start(&c, 2);
+	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
+	    NULL);
+	for (int i = 0; i < 2; i++) {
+		a[i].url = c.dispatcher.url;
+		ck_assert_int_eq(pthread_create(&th[i], NULL, share_main, &a[i]),
+		    0);
+	}
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
+	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
+	cluster_stop(&c);
+}
+END_TEST
+
+/* ---- failures ------------------------------------------------------------------ */
+
+typedef struct slow_arg {
+	const char *url;
+	int n;
+	uint8_t *seen;       /* seen[v] counts value v */
+	atomic_int received;
+	cachew_err rv;
+	char err[512];
+} slow_arg;
+
+static void *
+slow_main(void *arg)
+{
+	slow_arg *a = arg;
+	cachew_options *o = cwt_opts(1, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	char p[128];
+
+	snprintf(p, sizeof(p), "range(%d) | map(sleep_us, us=1000)", a->n);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", a->url),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	a->rv = cachew_iterator_create(&it, ds, o);
+	if (a->rv == CACHEW_OK) {
+		while ((a->rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+			int64_t x = cwt_i64(e, 0);
+			if (x >= 0 && x < a->n && a->seen[x] < 255)
+				a->seen[x]++;
+			atomic_fetch_add(&a->received, 1);
+			cachew_element_release(e);
+		}
+		snprintf(a->err, sizeof(a->err), "%s",
+		    cachew_iterator_errmsg(it));
+		cachew_iterator_destroy(it);
+	} else {
+		snprintf(a->err, sizeof(a->err), "%s", cachew_errmsg());
+	}
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return NULL;
+}
+
+static void
+wait_received(slow_arg *a, int n)
+{
+	uint64_t deadline = now_ms() + 20000;
+
+	while (atomic_load(&a->received) < n && now_ms() < deadline)
+		nap_ms(5);
+	ck_assert_int_ge(atomic_load(&a->received), n);
+}
+
+START_TEST(cluster_worker_killed_mid_epoch_loses_nothing)
+{
+	cluster c;
+	slow_arg a = {0};
+	pthread_t th;
+
+	cluster_start(&c, 2);
+	a.url = c.dispatcher.url;
+	a.n = 3000;
+	a.seen = calloc((size_t)a.n, 1);
+	ck_assert_int_eq(pthread_create(&th, NULL, slow_main, &a), 0);
+	wait_received(&a, 300);
+	ck_assert_int_eq(daemon_stop(&c.workers[0], SIGKILL), 128 + SIGKILL);
+	pthread_join(th, NULL);
+	ck_assert_msg(a.rv == CACHEW_EOF, "client: %s", a.err);
+	for (int v = 0; v < a.n; v++)
+		ck_assert_msg(a.seen[v] >= 1, "element %d was lost", v);
+	free(a.seen);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cluster_worker_added_mid_epoch_takes_splits)
+{
+	cluster c;
+	slow_arg a = {0};
+	pthread_t th;
+	char *events, path[700];
+
+	cluster_start(&c, 1);
+	a.url = c.dispatcher.url;
+	a.n = 3000;
+	a.seen = calloc((size_t)a.n, 1);
+	ck_assert_int_eq(pthread_create(&th, NULL, slow_main, &a), 0);
+	wait_received(&a, 200);
+	worker_start(&c, 1);
+	pthread_join(th, NULL);
+	ck_assert_msg(a.rv == CACHEW_EOF, "client: %s", a.err);
+	for (int v = 0; v < a.n; v++)
+		ck_assert_msg(a.seen[v] == 1, "element %d seen %d times", v,
+		    a.seen[v]);
+	/* The events log shows the second worker's task (id 2) leasing
+	 * splits. */
+	snprintf(path, sizeof(path), "%s/work/events.jsonl", c.dir);
+	events = slurp_file(path);
+	ck_assert_ptr_nonnull(events);
+	ck_assert_msg(strstr(events, "\"split_leased\"") != NULL, "%s", events);
+	ck_assert_msg(strstr(events, "\"event\":\"split_leased\",\"task_id\":2") != NULL,
+	    "worker 2 never appears: %s", events);
+	free(events);
+	free(a.seen);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cluster_sigterm_drains_a_worker)
+{
+	cluster c;
+
+	cluster_start(&c, 1);
+	run_sum s = run_digest("range(100)", c.dispatcher.url, NULL);
+	ck_assert_uint_eq(s.n, 100);
+	ck_assert_int_eq(daemon_stop(&c.workers[0], SIGTERM), 0);
+	char *log = slurp_file(c.workers[0].log);
+	ck_assert_ptr_nonnull(strstr(log, "event=draining"));
+	ck_assert_ptr_nonnull(strstr(log, "event=stopped"));
+	free(log);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cluster_dispatcher_gone_is_a_clear_error)
+{
+	cluster c;
+	cachew_options *o = cwt_opts(1, 1);
+	cachew_element **v;
+	size_t n;
+	char err[512];
+
+	cluster_start(&c, 0);
+	char url[256];
+	snprintf(url, sizeof(url), "%s", c.dispatcher.url);
+	daemon_stop(&c.dispatcher, SIGKILL);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "service_timeout_ms", 500),
+	    CACHEW_OK);
+	uint64_t t0 = now_ms();
+	cachew_err rv = cwt_run("range(10)", o, &v, &n, err, sizeof(err));
+	ck_assert_int_ne(rv, CACHEW_OK);
+	ck_assert_msg(strstr(err, url) != NULL, "error names the service: %s",
+	    err);
+	ck_assert_uint_lt(now_ms() - t0, 10000);
+	cachew_options_destroy(o);
+	cluster_stop(&c);
+}
+END_TEST
+
+/* ---- hostile peers ---------------------------------------------------------------- */
+
+static int
+tcp_connect(const char *url)
+{
+	const char *p = strrchr(url, ':');
+	struct sockaddr_in sa;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons((uint16_t)atoi(p + 1));
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void
+send_all(int fd, const void *buf, size_t len)
+{
+	/* The peer may reset us: MSG_NOSIGNAL, and errors are fine. */
+	(void)send(fd, buf, len, MSG_NOSIGNAL);
+}
+
+/* The SP-over-TCP handshake of a REQ peer (protocol 0x30). */
+static const uint8_t sp_req_hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
+
+static void
+status_answers(const char *url)
+{
+	char bin[512], cmd[1200];
+
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	snprintf(cmd, sizeof(cmd), "%s status %s >/dev/null 2>&1", bin, url);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
+{
+	cluster c;
+	uint8_t junk[256];
+	int idle[100];
+	long rss0, rss1;
+
+	cluster_start(&c, 0);
+	status_answers(c.dispatcher.url);
+	rss0 = rss_kb(c.dispatcher.pid);
+	/* Garbage bytes. */
+	for (size_t i = 0; i < sizeof(junk); i++)
+		junk[i] = (uint8_t)(i * 131 + 7);
+	int fd = tcp_connect(c.dispatcher.url);
+	send_all(fd, junk, sizeof(junk));
+	close(fd);
+	/* A frame claiming 8 GiB. */
+	fd = tcp_connect(c.dispatcher.url);
+	send_all(fd, sp_req_hello, sizeof(sp_req_hello));
+	uint8_t big[8] = {0, 0, 0, 2, 0, 0, 0, 0};
+	send_all(fd, big, sizeof(big));
+	send_all(fd, junk, 64);
+	nap_ms(50);
+	close(fd);
+	/* A well-framed request whose msgpack claims 2^32 - 1 entries. */
+	fd = tcp_connect(c.dispatcher.url);
+	send_all(fd, sp_req_hello, sizeof(sp_req_hello));
+	uint8_t msg[8 + 4 + 5] = {0, 0, 0, 0, 0, 0, 0, 9,
+	    0x80, 0, 0, 1, 0xdd, 0xff, 0xff, 0xff, 0xff};
+	send_all(fd, msg, sizeof(msg));
+	nap_ms(50);
+	close(fd);
+	/* 100 idle connections, held open while a real client is served. */
+	for (int i = 0; i < 100; i++)
+		idle[i] = tcp_connect(c.dispatcher.url);
+	status_answers(c.dispatcher.url);
+	for (int i = 0; i < 100; i++)
+		close(idle[i]);
+	status_answers(c.dispatcher.url);
+	rss1 = rss_kb(c.dispatcher.pid);
+	ck_assert_msg(rss1 - rss0 < 64 * 1024, "RSS grew from %ld to %ld kB",
+	    rss0, rss1);
+	ck_assert_int_eq(kill(c.dispatcher.pid, 0), 0);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cluster_status_lists_workers_and_jobs)
+{
+	cluster c;
+	char bin[512], cmd[2000], out[700];
+
+	cluster_start(&c, 2);
+	run_sum s = run_digest("range(100)", c.dispatcher.url, NULL);
+	ck_assert_uint_eq(s.n, 100);
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	snprintf(out, sizeof(out), "%s/status.json", c.dir);
+	snprintf(cmd, sizeof(cmd), "%s status %s --json > %s", bin,
+	    c.dispatcher.url, out);
+	ck_assert_int_eq(system(cmd), 0);
+	char *json = slurp_file(out);
+	ck_assert_ptr_nonnull(strstr(json, "\"workers\":[{\"id\":"));
+	ck_assert_ptr_nonnull(strstr(json, "\"jobs\":[{"));
+	ck_assert_ptr_nonnull(strstr(json, "\"splits_acked\":"));
+	free(json);
+	cluster_stop(&c);
+}
+END_TEST
+
+/* ---- cachewd options ---------------------------------------------------------------- */
+
+START_TEST(cachewd_bad_options_exit_2)
+{
+	char bin[512], cmd[1200];
+
+	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
+	snprintf(cmd, sizeof(cmd), "%s --heartbeat-ms 5 --role=worker "
+	    "--dispatcher tcp://127.0.0.1:1 2>/dev/null", bin);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s --role=worker 2>/dev/null", bin);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s --bogus=1 2>/dev/null", bin);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s --help >/dev/null", bin);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 0);
+	snprintf(cmd, sizeof(cmd), "%s --version >/dev/null", bin);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 0);
+}
+END_TEST
+
+START_TEST(cachewd_config_file_and_environment)
+{
+	char *dir = cwt_tmpdir(), conf[700], bin[512], cmd[2000];
+	const char *text = "# cachewd\nrole = worker\nheartbeat_ms = 5\n";
+
+	snprintf(conf, sizeof(conf), "%s/cachewd.conf", dir);
+	cwt_write_file(conf, text, strlen(text));
+	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
+	/* The file's bad value is reported with its line. */
+	snprintf(cmd, sizeof(cmd), "%s --config %s --dispatcher tcp://x:1 "
+	    "2> %s/err", bin, conf, dir);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s/err", dir);
+	char *err = slurp_file(cmd);
+	ck_assert_msg(strstr(err, "cachewd.conf:3") != NULL, "%s", err);
+	free(err);
+	/* The environment overrides the file. */
+	snprintf(cmd, sizeof(cmd), "CACHEW_HEARTBEAT_MS=bad %s --role=worker "
+	    "--dispatcher tcp://x:1 2> %s/err", bin, dir);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s/err", dir);
+	err = slurp_file(cmd);
+	ck_assert_msg(strstr(err, "CACHEW_HEARTBEAT_MS") != NULL, "%s", err);
+	free(err);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+Suite *
+cwt_cluster_suite(void)
+{
+	Suite *s = suite_create("cluster");
+	TCase *tc = tcase_create("cluster");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
+	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
+	tcase_add_test(tc, cluster_two_clients_share_a_named_job);
+	tcase_add_test(tc, cluster_worker_killed_mid_epoch_loses_nothing);
+	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);
+	tcase_add_test(tc, cluster_sigterm_drains_a_worker);
+	tcase_add_test(tc, cluster_dispatcher_gone_is_a_clear_error);
+	tcase_add_test(tc, cluster_hostile_peers_leave_the_dispatcher_up);
+	tcase_add_test(tc, cluster_status_lists_workers_and_jobs);
+	tcase_add_test(tc, cachewd_bad_options_exit_2);
+	tcase_add_test(tc, cachewd_config_file_and_environment);
+	suite_add_tcase(s, tc);
+	return s;
+}
