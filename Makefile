@@ -137,7 +137,8 @@ fuzz:
 	done
 
 demo: deps
-	@$(MAKE) --no-print-directory $(BUILD)/cachew
+	@$(MAKE) --no-print-directory $(BUILD)/cachew $(BUILD)/cachewd \
+		$(BUILD)/train_loop
 	@sh examples/demo.sh $(BUILD)
 
 bench: deps

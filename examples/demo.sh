@@ -10,7 +10,11 @@
 #      batched by 64 and prefetched;
 #   3. a text job: a small generated corpus (8 files x 50,000 lines of
 #      pseudo-random words, made once under <build>/demo-data with a fixed
-#      seed) read by several files at a time, batched and prefetched.
+#      seed) read by several files at a time, batched and prefetched;
+#   4. the C training loop (examples/train_loop.c, a fake 20 ms model
+#      step per batch) on the main job, once in-process and once against a
+#      dispatcher and two workers (cachewd on loopback) by changing only
+#      the environment (CACHEW_SERVICE), with the throughput of each.
 # On a terminal each run shows a live progress line; then the per-operator
 # counters (--stats) and the summary. Usage: sh examples/demo.sh [BUILD_DIR]
 set -eu
@@ -110,14 +114,76 @@ make_corpus
 make_images
 start=$(date +%s)
 
-demo_run "1/3 ImageNet-like: $IMAGES JPEGs from TFRecord, fused decode + random resized crop 224, flip, normalize, batch 64" \
+demo_run "1/4 ImageNet-like: $IMAGES JPEGs from TFRecord, fused decode + random resized crop 224, flip, normalize, batch 64" \
     "$(image_pipeline)"
 
-demo_run "2/3 numbers: map(add) in parallel, batch, prefetch" \
+demo_run "2/4 numbers: map(add) in parallel, batch, prefetch" \
     "range(10000000) | map(add, value=1, parallel=auto) | batch(64) | prefetch(auto)"
 
-demo_run "3/3 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
+demo_run "3/4 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
     "$(text_pipeline)"
+
+# Starts `cachewd ARGS...` in the background with its stderr in $2 and
+# stores its pid in the variable named $1.
+start_daemon() {
+	var=$1
+	log=$2
+	shift 2
+	"$BUILD/cachewd" "$@" > /dev/null 2> "$log" &
+	eval "$var=$!"
+}
+
+# Prints the URL a daemon logged once it listens (10 s at most).
+daemon_url() {
+	i=0
+	while [ $i -lt 200 ]; do
+		url=$(sed -n 's/^event=listening.* url=\([^ ]*\).*/\1/p' "$1")
+		if [ -n "$url" ]; then
+			echo "$url"
+			return 0
+		fi
+		sleep 0.05
+		i=$((i + 1))
+	done
+	echo "demo: cachewd did not start; see $1" >&2
+	return 1
+}
+
+service_demo() {
+	echo
+	echo "== 4/4 the C training loop (fake 20 ms model step per batch), in-process, then through the service"
+	logs=$DATA/service-logs
+	mkdir -p "$logs"
+	dpid= w1pid= w2pid=
+	trap 'kill $dpid $w1pid $w2pid 2>/dev/null; wait 2>/dev/null' EXIT
+	start_daemon dpid "$logs/dispatcher.log" --role=dispatcher \
+	    --listen tcp://127.0.0.1:0 --work-dir "$logs/work" \
+	    --heartbeat-ms 100
+	durl=$(daemon_url "$logs/dispatcher.log")
+	start_daemon w1pid "$logs/worker1.log" --role=worker --dispatcher "$durl" \
+	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100
+	start_daemon w2pid "$logs/worker2.log" --role=worker --dispatcher "$durl" \
+	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100
+	daemon_url "$logs/worker1.log" > /dev/null
+	daemon_url "$logs/worker2.log" > /dev/null
+	echo "   dispatcher $durl (pid $dpid), workers pid $w1pid and $w2pid"
+	echo
+	echo "   \$ $BUILD/train_loop PIPELINE 20"
+	"$BUILD/train_loop" "$(image_pipeline)" 20 | sed 's/^/   /'
+	echo
+	echo "   \$ CACHEW_SERVICE=$durl $BUILD/train_loop PIPELINE 20"
+	CACHEW_SERVICE=$durl "$BUILD/train_loop" "$(image_pipeline)" 20 |
+	    sed 's/^/   /'
+	echo
+	"$CACHEW" status "$durl" | sed 's/^/   /'
+	kill -TERM "$w1pid" "$w2pid" "$dpid" 2>/dev/null || true
+	wait 2>/dev/null || true
+	trap - EXIT
+}
+
+if [ -x "$BUILD/cachewd" ] && [ -x "$BUILD/train_loop" ]; then
+	service_demo
+fi
 
 echo
 echo "== done in $(($(date +%s) - start)) s. Next: build/cachew help," \

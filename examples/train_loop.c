@@ -11,11 +11,15 @@
  *
  * Build and run (the Makefile builds it as build/train_loop):
  *   cc -std=c11 -Iinclude examples/train_loop.c build/libcachew.a \
- *       -lxxhash -lpthread -ldl -lm -o train_loop
- *   ./train_loop ["<another pipeline>"]
+ *       $(pkg-config --libs cachew) -o train_loop
+ *   ./train_loop ["<another pipeline>" [STEP_MS]]
+ * STEP_MS stands in for the model: the loop sleeps that long per batch,
+ * like an accelerator busy with a training step.
  *
- * The same code reads from a remote cachew service when the environment
- * (or the `service` option) names a dispatcher: the loop does not change.
+ * The same binary reads from a cachew service when the environment names a
+ * dispatcher -- CACHEW_SERVICE=tcp://host:7070 ./train_loop -- and the
+ * workers of that service run the pipeline: the loop does not change and
+ * is not recompiled (`make demo` runs it both ways).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 
@@ -32,6 +36,19 @@
 static const char default_pipeline[] =
     "range(1000000) | map(add, value=1, parallel=auto) | batch(64) | "
     "prefetch(auto)";
+
+/* The fake model step: sleep ms milliseconds. */
+static void
+model_step(double ms)
+{
+	struct timespec ts;
+
+	if (ms <= 0)
+		return;
+	ts.tv_sec = (time_t)(ms / 1000);
+	ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
+	nanosleep(&ts, NULL);
+}
 
 static double
 seconds_now(void)
@@ -86,6 +103,8 @@ int
 main(int argc, char **argv)
 {
 	const char *pipeline = argc > 1 ? argv[1] : default_pipeline;
+	double step_ms = argc > 2 ? atof(argv[2]) : 0;
+	const char *service = getenv("CACHEW_SERVICE");
 	cachew_dataset *ds = NULL;
 	cachew_options *opts = NULL;
 	cachew_iterator *it = NULL;
@@ -117,6 +136,9 @@ main(int argc, char **argv)
 				 : cachew_strerror(rv));
 		goto out;
 	}
+	printf("input      %s\n", service != NULL && service[0] != '\0'
+					  ? service
+					  : "in-process");
 	t0 = seconds_now();
 	rv = cachew_iterator_create(&it, ds, opts);
 	if (rv != CACHEW_OK) {
@@ -130,6 +152,7 @@ main(int argc, char **argv)
 		if (batches == 0)
 			describe(batch);
 		checksum += train_step(batch, &bytes);
+		model_step(step_ms);
 		batches++;
 		cachew_element_release(batch); /* 4. every element */
 	}

@@ -1,10 +1,1813 @@
 /*
- * check_cacheops.c - placeholder suite (filled by the work on this module).
+ * check_cacheops.c - the cache operators (cache_put, cache_get, cache), the
+ * `cachew cache` command (real processes of <build>/cachew), crash safety
+ * of a writer killed with SIGKILL, detection and recomputation of
+ * corrupted caches, and gc running alongside readers. Every test works on
+ * real files in a temporary directory.
+ *
+ * The crash and corruption loops run their full counts (20 kills; 200 bit
+ * flips and 20 truncations) unless CACHEW_TEST_SMALL is set to something
+ * other than 0, or the suite runs under valgrind (seen in LD_PRELOAD):
+ * then they run a quarter of them, with the same seeds.
  */
 #include "cwt.h"
+
+#include "../src/cache/cache.h"
+#include "../src/exec/exec_tune.h"
+#include "../src/gen/gen.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SEED 7
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static bool
+small_run(void)
+{
+	const char *s = getenv("CACHEW_TEST_SMALL");
+	const char *pre = getenv("LD_PRELOAD");
+
+	return (s != NULL && s[0] != '\0' && strcmp(s, "0") != 0) ||
+	       (pre != NULL && strstr(pre, "vgpreload") != NULL);
+}
+
+static char *
+fmt(const char *f, ...) CACHEW_PRINTF(1, 2);
+
+static char *
+fmt(const char *f, ...)
+{
+	va_list ap;
+	char *s = NULL;
+
+	va_start(ap, f);
+	ck_assert_int_ge(vasprintf(&s, f, ap), 0);
+	va_end(ap);
+	return s;
+}
+
+typedef struct run_out {
+	cachew_err rv;
+	size_t n;
+	cachew_element **v;
+	char err[1024];
+} run_out;
+
+static run_out
+run(const char *pipeline)
+{
+	cachew_options *o = cwt_opts(SEED, 2);
+	run_out r;
+
+	memset(&r, 0, sizeof(r));
+	r.rv = cwt_run(pipeline, o, &r.v, &r.n, r.err, sizeof(r.err));
+	cachew_options_destroy(o);
+	return r;
+}
+
+static run_out
+run_ok(const char *pipeline)
+{
+	run_out r = run(pipeline);
+
+	ck_assert_msg(r.rv == CACHEW_OK, "'%s' failed: %s: %s", pipeline,
+	    cachew_strerror(r.rv), r.err);
+	return r;
+}
+
+static void
+run_free(run_out *r)
+{
+	cwt_free(r->v, r->n);
+	r->v = NULL;
+	r->n = 0;
+}
+
+/* The same elements in the same order: dtype, shape and bytes. */
+static void
+assert_same(const run_out *want, const run_out *got, const char *what)
+{
+	ck_assert_msg(want->n == got->n, "%s: %zu elements, expected %zu",
+	    what, got->n, want->n);
+	for (size_t i = 0; i < want->n; i++)
+		ck_assert_msg(cwi_element_equal(want->v[i], got->v[i]),
+		    "%s: element %zu differs", what, i);
+}
+
+static cachew_fingerprint
+fp_of(const char *pipeline)
+{
+	cachew_dataset *ds;
+	cachew_fingerprint fp;
+
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK,
+	    "%s: %s", pipeline, cachew_errmsg());
+	ck_assert_int_eq(cachew_dataset_fingerprint(ds, &fp), CACHEW_OK);
+	cachew_dataset_release(ds);
+	return fp;
+}
+
+static void
+fp_hex(const char *pipeline, char hex[33])
+{
+	cachew_fingerprint fp = fp_of(pipeline);
+	cachew_fingerprint_hex(&fp, hex);
+}
+
+/* The manifest of the cache of fp under root, or NULL with *rv. */
+static cwi_cache_manifest *
+manifest_of(const char *root, const cachew_fingerprint *fp, cachew_err *rv)
+{
+	cwi_cache_root *r;
+	cwi_cache_manifest *m = NULL;
+
+	ck_assert_int_eq(cwi_cache_root_open(&r, root, 0), CACHEW_OK);
+	*rv = cwi_cache_lookup(r, fp, &m);
+	cwi_cache_root_close(r);
+	return *rv == CACHEW_OK ? m : NULL;
+}
+
+static cachew_err
+lookup(const char *root, const cachew_fingerprint *fp)
+{
+	cachew_err rv;
+	cwi_cache_manifest *m = manifest_of(root, fp, &rv);
+
+	cwi_cache_manifest_free(m);
+	return rv;
+}
+
+static cachew_err
+verify(const char *root, const cachew_fingerprint *fp)
+{
+	cwi_cache_root *r;
+	cachew_err rv;
+
+	ck_assert_int_eq(cwi_cache_root_open(&r, root, 0), CACHEW_OK);
+	rv = cwi_cache_verify(r, fp);
+	cwi_cache_root_close(r);
+	return rv;
+}
+
+static char *
+read_all(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	ck_assert_msg(f != NULL, "cannot open %s", path);
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)n + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+	buf[n] = '\0';
+	fclose(f);
+	*len = (size_t)n;
+	return buf;
+}
+
+static void
+flip_bit(const char *path, uint64_t bit)
+{
+	int fd = open(path, O_RDWR);
+	uint8_t b;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &b, 1, (off_t)(bit / 8)), 1);
+	b ^= (uint8_t)(1u << (bit % 8));
+	ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)(bit / 8)), 1);
+	close(fd);
+}
+
+static bool
+is_chunk_name(const char *name)
+{
+	return name[0] != '.' && strcmp(name, "manifest") != 0 &&
+	       strcmp(name, "BAD") != 0 && strcmp(name, "last_read") != 0;
+}
+
+/* ---- captured log messages ---------------------------------------------------- */
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int log_warns;
+static char log_text[16384];
+
+static void
+log_sink(void *ctx, cachew_log_level level, const char *module,
+    const char *msg)
+{
+	size_t len;
+
+	(void)ctx;
+	if (level > CACHEW_LOG_WARN)
+		return;
+	pthread_mutex_lock(&log_mu);
+	log_warns++;
+	len = strlen(log_text);
+	snprintf(log_text + len, sizeof(log_text) - len, "%s: %s\n", module,
+	    msg);
+	pthread_mutex_unlock(&log_mu);
+}
+
+static void
+log_capture(void)
+{
+	pthread_mutex_lock(&log_mu);
+	log_warns = 0;
+	log_text[0] = '\0';
+	pthread_mutex_unlock(&log_mu);
+	cachew_log_set(log_sink, NULL, CACHEW_LOG_WARN);
+}
+
+static void
+log_release(void)
+{
+	cachew_log_set(NULL, NULL, CACHEW_LOG_ERROR);
+}
+
+/* ---- data sets ------------------------------------------------------------------ */
+
+/* Small ImageNet-like shards in dir; returns the W2-style pipeline up to
+ * the u8 crops (heap string). */
+static char *
+image_source(const char *dir)
+{
+	cwi_gen_imagenet_config cfg = {.out_dir = dir, .images = 24,
+	    .shards = 2, .seed = 3, .width = 64, .height = 48, .quality = 85};
+	char err[256];
+
+	ck_assert_msg(cwi_gen_imagenet(&cfg, NULL, err, sizeof(err)) ==
+			  CACHEW_OK, "%s", err);
+	return fmt("tfrecord(files=\"%s/*.tfrecord\") | parse_example("
+		   "image=\"image/encoded:bytes\", "
+		   "label=\"image/class/label:i64\") | "
+		   "random_resized_crop(size=32)", dir);
+}
+
+static char *
+text_file(const char *dir, size_t lines)
+{
+	char *path = fmt("%s/lines.txt", dir);
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	for (size_t i = 0; i < lines; i++)
+		fprintf(f, "line %zu %.*s\n", i, (int)(i % 37), 
+		    "the quick brown fox jumps over the lazy dog");
+	ck_assert_int_eq(fclose(f), 0);
+	return path;
+}
+
+/* Writes the cache of `input` with cache_put and checks the pass-through
+ * yielded the input; returns the uncached run. */
+static run_out
+put(const char *input, const char *root, const char *put_args)
+{
+	char *p = fmt("%s | cache_put(\"%s\"%s)", input, root, put_args);
+	run_out want = run_ok(input), got = run_ok(p);
+	cachew_fingerprint fp = fp_of(input);
+
+	assert_same(&want, &got, "cache_put pass-through");
+	run_free(&got);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	free(p);
+	return want;
+}
+
+/* cache_get of the cache of `input` yields exactly `want`. */
+static void
+assert_get(const char *input, const char *root, const run_out *want,
+    const char *get_args)
+{
+	char hex[33], *p;
+	run_out got;
+
+	fp_hex(input, hex);
+	p = fmt("cache_get(\"%s\", \"%s\"%s)", root, hex, get_args);
+	got = run_ok(p);
+	assert_same(want, &got, p);
+	run_free(&got);
+	free(p);
+}
+
+/* ---- cache_put + cache_get round trips ------------------------------------------ */
+
+START_TEST(put_then_get_range_map_batch_is_exact)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(1000) | map(add, value=3) | batch(7)";
+	run_out want = put(in, root, ", chunk_bytes=4096");
+
+	ck_assert_uint_eq(want.n, 143);
+	assert_get(in, root, &want, "");
+	assert_get(in, root, &want, ", threads=1");
+	assert_get(in, root, &want, ", threads=3");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_then_get_text_lines_is_exact)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *file = text_file(dir, 3000);
+	char *in = fmt("text_lines(\"%s\")", file);
+	run_out want = put(in, root, ", chunk_bytes=8192");
+
+	ck_assert_uint_eq(want.n, 3000);
+	assert_get(in, root, &want, "");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(in);
+	free(file);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_then_get_u8_image_crops_is_exact)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *data = fmt("%s/data", dir), *in = image_source(data);
+	run_out want = put(in, root, ", chunk_bytes=16384");
+	const cachew_tensor *t;
+
+	ck_assert_uint_eq(want.n, 24);
+	t = cachew_element_component(want.v[0], 0);
+	ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_U8);
+	ck_assert_int_eq(cachew_tensor_rank(t), 3);
+	assert_get(in, root, &want, "");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(in);
+	free(data);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_of_many_chunks_keeps_order_across_chunks)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(6000) | map(uniform) | batch(4)";
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = put(in, root, ", chunk_bytes=4096, threads=3");
+	cwi_cache_manifest *m;
+	cachew_err rv;
+
+	m = manifest_of(root, &fp, &rv);
+	ck_assert_ptr_nonnull(m);
+	ck_assert_uint_ge(m->nchunks, 4);
+	ck_assert_uint_eq(m->elements, 1500);
+	cwi_cache_manifest_free(m);
+	assert_get(in, root, &want, ", threads=4");
+	assert_get(in, root, &want, ", threads=1");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_of_empty_input_makes_an_empty_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	run_out want = put("range(0)", root, "");
+
+	ck_assert_uint_eq(want.n, 0);
+	assert_get("range(0)", root, &want, "");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_ops_keep_the_inputs_fingerprint)
+{
+	cachew_fingerprint a = fp_of("range(10) | map(add)");
+	cachew_fingerprint b = fp_of("range(10) | map(add) | cache_put(\"/x\", "
+				     "chunk_bytes=4096, threads=3)");
+	cachew_fingerprint c = fp_of("range(10) | map(add) | cache(\"/y\")");
+	cachew_fingerprint d = fp_of(
+	    "cache_get(\"/x\", \"0123456789abcdef0123456789abcdef\")");
+	cachew_fingerprint e = fp_of(
+	    "cache_get(\"/z\", \"0123456789abcdef0123456789abcdef\", "
+	    "threads=2)");
+
+	ck_assert(a.hi == b.hi && a.lo == b.lo);
+	ck_assert(a.hi == c.hi && a.lo == c.lo);
+	/* cache_get's root and threads are not part of its identity. */
+	ck_assert(d.hi == e.hi && d.lo == e.lo);
+}
+END_TEST
+
+START_TEST(put_over_a_complete_cache_passes_through)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(500) | batch(10)";
+	char hex[33], *man, *p;
+	run_out want = put(in, root, ""), again;
+	struct stat st1, st2;
+
+	fp_hex(in, hex);
+	man = fmt("%s/%s/manifest", root, hex);
+	ck_assert_int_eq(stat(man, &st1), 0);
+	p = fmt("%s | cache_put(\"%s\")", in, root);
+	again = run_ok(p);
+	assert_same(&want, &again, "second cache_put");
+	ck_assert_int_eq(stat(man, &st2), 0);
+	ck_assert_int_eq(st1.st_ino, st2.st_ino); /* not rewritten */
+	run_free(&again);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(man);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- passes that do not complete ------------------------------------------------ */
+
+START_TEST(put_cut_short_by_take_leaves_no_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *p = fmt("range(1000) | cache_put(\"%s\", chunk_bytes=4096) | "
+		      "take(10)", root);
+	run_out r = run_ok(p);
+	cachew_fingerprint fp = fp_of("range(1000)");
+	cwi_cache_root *cr;
+	cwi_cache_entry *v;
+	size_t n;
+
+	ck_assert_uint_eq(r.n, 10);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	ck_assert_int_eq(cwi_cache_root_open(&cr, root, 0), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_list(cr, &v, &n), CACHEW_OK);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_int_ne(v[i].state, CWI_CACHE_COMPLETE);
+	cwi_cache_entries_free(v, n);
+	cwi_cache_root_close(cr);
+	run_free(&r);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_iterator_destroyed_midway_leaves_no_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *p = fmt("range(5000) | batch(2) | cache_put(\"%s\", "
+		      "chunk_bytes=4096)", root);
+	cachew_fingerprint fp = fp_of("range(5000) | batch(2)");
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	for (int i = 0; i < 2400; i++) {
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		cachew_element_release(e);
+	}
+	cachew_iterator_destroy(it);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	/* The next complete pass writes it. */
+	run_out r = run_ok(p);
+	ck_assert_uint_eq(r.n, 2500);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	run_free(&r);
+	cachew_dataset_release(ds);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_upstream_error_fails_and_leaves_no_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *file = text_file(dir, 50), *rec = fmt("%s/r.tfrecord", dir);
+	char *w = fmt("text_lines(\"%s\") | tfrecord_write(\"%s\")", file, rec);
+	char *in = fmt("tfrecord(\"%s\")", rec), *p;
+	struct stat st;
+	run_out r = run_ok(w);
+
+	run_free(&r);
+	ck_assert_int_eq(stat(rec, &st), 0);
+	ck_assert_int_eq(truncate(rec, st.st_size - 3), 0);
+	p = fmt("%s | cache_put(\"%s\")", in, root);
+	r = run(p);
+	ck_assert_int_eq(r.rv, CACHEW_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(r.err, "truncated"));
+	cachew_fingerprint fp = fp_of(in);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	cwt_rmtree(dir);
+	free(p);
+	free(in);
+	free(w);
+	free(rec);
+	free(file);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_to_an_unusable_root_warns_and_passes_through)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/file", dir);
+	char *p = fmt("range(100) | cache_put(\"%s\")", root);
+	run_out r;
+
+	cwt_write_file(root, "x", 1); /* a file, not a directory */
+	log_capture();
+	r = run_ok(p);
+	log_release();
+	ck_assert_uint_eq(r.n, 100);
+	ck_assert_int_ge(log_warns, 1);
+	ck_assert_msg(strstr(log_text, "not caching") != NULL, "%s", log_text);
+	ck_assert_msg(strstr(log_text, root) != NULL, "%s", log_text);
+	run_free(&r);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_over_capacity_warns_and_passes_through)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(20000) | map(uniform) | batch(8)";
+	char *p = fmt("%s | cache_put(\"%s\", chunk_bytes=4096, "
+		      "capacity=8192)", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = run_ok(in), got;
+
+	log_capture();
+	got = run_ok(p);
+	log_release();
+	assert_same(&want, &got, "cache_put over capacity");
+	ck_assert_msg(strstr(log_text, "not caching") != NULL, "%s", log_text);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	run_free(&got);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- cache_get errors and splits -------------------------------------------------- */
+
+START_TEST(get_of_a_missing_cache_is_enoent)
+{
+	char *dir = cwt_tmpdir();
+	char *p = fmt("cache_get(\"%s\", \"0123456789abcdef0123456789abcdef\")",
+	    dir);
+	run_out r = run(p);
+
+	ck_assert_int_eq(r.rv, CACHEW_ENOENT);
+	ck_assert_msg(strstr(r.err, "no complete cache "
+				    "0123456789abcdef0123456789abcdef") != NULL,
+	    "%s", r.err);
+	cwt_rmtree(dir);
+	free(p);
+	free(dir);
+}
+END_TEST
+
+START_TEST(get_with_a_malformed_fingerprint_is_einval)
+{
+	cachew_dataset *ds = NULL;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "cache_get(\"/tmp\", "
+						   "\"12345\")"),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "not 32 hex digits") != NULL,
+	    "%s", cachew_errmsg());
+	ck_assert_ptr_null(ds);
+}
+END_TEST
+
+/* Flips a bit in the middle of chunk `index` of the cache of fp. */
+static char *
+corrupt_chunk(const char *root, const cachew_fingerprint *fp, size_t index)
+{
+	cachew_err rv;
+	cwi_cache_manifest *m = manifest_of(root, fp, &rv);
+	char hex[33], *path;
+
+	ck_assert_ptr_nonnull(m);
+	ck_assert_uint_gt(m->nchunks, index);
+	cachew_fingerprint_hex(fp, hex);
+	path = fmt("%s/%s/%s", root, hex, m->chunks[index].name);
+	flip_bit(path, m->chunks[index].bytes * 8 / 2);
+	cwi_cache_manifest_free(m);
+	return path;
+}
+
+START_TEST(get_of_a_corrupt_chunk_fails_naming_it_and_marks_bad)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(4000) | map(uniform) | batch(4)";
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = put(in, root, ", chunk_bytes=4096");
+	char hex[33], *chunk, *p;
+	const char *base;
+	run_out got;
+
+	chunk = corrupt_chunk(root, &fp, 2);
+	base = strrchr(chunk, '/') + 1;
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	log_capture();
+	got = run(p);
+	log_release();
+	ck_assert_int_eq(got.rv, CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(got.err, base) != NULL, "%s", got.err);
+	ck_assert_msg(strstr(got.err, "marked bad") != NULL, "%s", got.err);
+	/* A later lookup no longer finds it. */
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(chunk);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(get_yields_only_verified_elements_before_corruption)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(4000) | map(uniform) | batch(4)";
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = put(in, root, ", chunk_bytes=4096");
+	char hex[33], *chunk, *p;
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+	size_t n = 0;
+
+	chunk = corrupt_chunk(root, &fp, 1);
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_uint_lt(n, want.n);
+		ck_assert_msg(cwi_element_equal(e, want.v[n]),
+		    "element %zu differs", n);
+		cachew_element_release(e);
+		n++;
+	}
+	ck_assert_int_eq(rv, CACHEW_ECORRUPT);
+	ck_assert_uint_lt(n, want.n);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(chunk);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(get_split_units_are_the_chunks)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(3000) | map(uniform) | batch(3)";
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = put(in, root, ", chunk_bytes=4096");
+	const cwi_dataset_op *op = cwi_dataset_op_lookup("cache_get");
+	cwi_cache_manifest *m;
+	cachew_dataset *ds;
+	uint64_t units = 0;
+	char hex[33], *p;
+	cachew_err rv;
+
+	ck_assert_ptr_nonnull(op);
+	ck_assert(op->flags & CWI_OPF_SPLITTABLE);
+	m = manifest_of(root, &fp, &rv);
+	ck_assert_ptr_nonnull(m);
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	ck_assert_int_eq(op->split_units(ds, &units), CACHEW_OK);
+	ck_assert_uint_eq(units, m->nchunks);
+	ck_assert_uint_ge(units, 3);
+	cachew_dataset_release(ds);
+	cwi_cache_manifest_free(m);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* Runs node `ds` as the split source of a pipeline reading `ranges`. */
+static run_out
+run_split(cachew_dataset *ds, const cwi_unit_range *ranges, size_t nranges)
+{
+	cwi_pipeline pl;
+	cwi_iter_args args;
+	cwi_iter *it = NULL;
+	cwi_chunk c = {0};
+	run_out r;
+	size_t cap = 0;
+
+	memset(&pl, 0, sizeof(pl));
+	memset(&r, 0, sizeof(r));
+	cwi_opts_defaults(&pl.opts);
+	pl.opts.threads = 2;
+	pl.opts.ram_budget = 1 << 30;
+	pl.seed = SEED;
+	atomic_init(&pl.cancelled, false);
+	pthread_mutex_init(&pl.lock, NULL);
+	pl.split_node = ds;
+	pl.split_ranges = ranges;
+	pl.nsplit_ranges = nranges;
+	args.pl = &pl;
+	args.epoch = 0;
+	r.rv = cwi_iter_create(&it, ds, &args);
+	while (r.rv == CACHEW_OK) {
+		r.rv = cwi_iter_next(it, &c, 64);
+		for (size_t i = 0; i < c.n; i++) {
+			if (r.n == cap) {
+				cap = cap ? cap * 2 : 64;
+				r.v = realloc(r.v, cap * sizeof(*r.v));
+				ck_assert_ptr_nonnull(r.v);
+			}
+			r.v[r.n++] = c.v[i];
+		}
+		c.n = 0;
+	}
+	snprintf(r.err, sizeof(r.err), "%s", pl.errmsg);
+	if (r.rv == CACHEW_EOF)
+		r.rv = CACHEW_OK;
+	atomic_store(&pl.cancelled, true);
+	cwi_tune_cancel(&pl);
+	cwi_iter_destroy(it);
+	cwi_chunk_free(&c);
+	pthread_mutex_destroy(&pl.lock);
+	return r;
+}
+
+START_TEST(get_reads_only_its_split_ranges_in_order)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(3000) | map(uniform) | batch(3)";
+	cachew_fingerprint fp = fp_of(in);
+	run_out all = put(in, root, ", chunk_bytes=4096"), want, got;
+	cwi_unit_range ranges[2] = {{2, 4}, {0, 1}};
+	size_t start[64], k = 0;
+	cwi_cache_manifest *m;
+	cachew_dataset *ds;
+	char hex[33], *p;
+	cachew_err rv;
+
+	m = manifest_of(root, &fp, &rv);
+	ck_assert_ptr_nonnull(m);
+	ck_assert_uint_ge(m->nchunks, 4);
+	ck_assert_uint_lt(m->nchunks, 64);
+	start[0] = 0;
+	for (size_t i = 0; i < m->nchunks; i++)
+		start[i + 1] = start[i] + m->chunks[i].elements;
+	memset(&want, 0, sizeof(want));
+	want.v = calloc(all.n, sizeof(*want.v));
+	for (size_t r = 0; r < 2; r++)
+		for (uint64_t u = ranges[r].begin; u < ranges[r].end; u++)
+			for (size_t i = start[u]; i < start[u + 1]; i++)
+				want.v[k++] = all.v[i];
+	want.n = k;
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\", threads=2)", root, hex);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	got = run_split(ds, ranges, 2);
+	ck_assert_msg(got.rv == CACHEW_OK, "%s", got.err);
+	assert_same(&want, &got, "split ranges");
+	run_free(&got);
+	/* A range past the last chunk is an error naming it. */
+	cwi_unit_range bad = {1, m->nchunks + 1};
+	got = run_split(ds, &bad, 1);
+	ck_assert_int_eq(got.rv, CACHEW_EINVAL);
+	ck_assert_msg(strstr(got.err, "outside the cache") != NULL, "%s",
+	    got.err);
+	run_free(&got);
+	cachew_dataset_release(ds);
+	cwi_cache_manifest_free(m);
+	free(want.v);
+	run_free(&all);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(get_destroyed_midway_stops_its_readers)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(8000) | map(uniform) | batch(2)";
+	run_out want = put(in, root, ", chunk_bytes=4096");
+	const char *tails[] = {"", " | prefetch(3)", " | map(identity, parallel=2)"};
+	char hex[33];
+
+	fp_hex(in, hex);
+	for (size_t k = 0; k < 3; k++) {
+		char *p = fmt("cache_get(\"%s\", \"%s\", threads=3)%s", root,
+		    hex, tails[k]);
+		cachew_dataset *ds;
+		cachew_iterator *it;
+		cachew_element *e;
+
+		ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+		    CACHEW_OK);
+		for (size_t i = 0; i < 1000; i++) {
+			ck_assert_int_eq(cachew_iterator_next(it, &e),
+			    CACHEW_OK);
+			ck_assert(cwi_element_equal(e, want.v[i]));
+			cachew_element_release(e);
+		}
+		/* Reader threads waiting for the consumer must stop. */
+		cachew_iterator_destroy(it);
+		cachew_dataset_release(ds);
+		free(p);
+	}
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- cache(): tf.data semantics ---------------------------------------------------- */
+
+/* Elements the node named `op` produced in a run of ds. */
+static uint64_t
+op_elements(cachew_iterator *it, const char *op)
+{
+	cachew_op_stats s[16];
+	size_t n = 0;
+	uint64_t sum = 0;
+
+	ck_assert_int_eq(cachew_iterator_stats(it, s, 16, &n), CACHEW_OK);
+	for (size_t i = 0; i < n && i < 16; i++)
+		if (strcmp(s[i].name, op) == 0)
+			sum += s[i].elements;
+	return sum;
+}
+
+/* Runs p to its end; returns the elements the node `op` produced. */
+static uint64_t
+run_counting(const char *p, const char *op, run_out *want)
+{
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_options *o = cwt_opts(SEED, 2);
+	cachew_err rv;
+	uint64_t produced;
+	size_t n = 0;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_uint_lt(n, want->n);
+		ck_assert_msg(cwi_element_equal(e, want->v[n]),
+		    "element %zu differs", n);
+		cachew_element_release(e);
+		n++;
+	}
+	ck_assert_int_eq(rv, CACHEW_EOF);
+	ck_assert_uint_eq(n, want->n);
+	produced = op_elements(it, op);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return produced;
+}
+
+START_TEST(cache_first_pass_computes_and_second_reads)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(2000) | map(add, value=5) | batch(5)";
+	char *p = fmt("%s | cache(\"%s\", chunk_bytes=4096)", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = run_ok(in);
+
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	ck_assert_uint_eq(run_counting(p, "range", &want), 2000);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	/* The second pass reads: the input is not even started. */
+	ck_assert_uint_eq(run_counting(p, "range", &want), 0);
+	ck_assert_uint_eq(run_counting(p, "cache", &want), 400);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_second_pass_yields_the_cached_data)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *file = fmt("%s/f.txt", dir);
+	char *in = fmt("text_lines(\"%s\")", file);
+	char *p = fmt("%s | cache(\"%s\")", in, root);
+	struct timespec times[2];
+	struct stat st;
+	run_out first, second;
+
+	cwt_write_file(file, "alpha\nbeta\n", 11);
+	first = run_ok(p);
+	ck_assert_uint_eq(first.n, 2);
+	/* Same size and mtime: the same fingerprint, other contents. */
+	ck_assert_int_eq(stat(file, &st), 0);
+	cwt_write_file(file, "gamma\ndelta", 11);
+	times[0] = st.st_atim;
+	times[1] = st.st_mtim;
+	ck_assert_int_eq(utimensat(AT_FDCWD, file, times, 0), 0);
+	second = run_ok(p);
+	assert_same(&first, &second, "cached text");
+	run_free(&second);
+	second = run_ok(in);
+	ck_assert_uint_eq(second.n, 2); /* the file now says gamma, delta */
+	ck_assert(!cwi_element_equal(first.v[0], second.v[0]));
+	run_free(&second);
+	run_free(&first);
+	cwt_rmtree(dir);
+	free(p);
+	free(in);
+	free(file);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_cut_short_leaves_no_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *p = fmt("range(3000) | cache(\"%s\", chunk_bytes=4096) | take(5)",
+	    root);
+	cachew_fingerprint fp = fp_of("range(3000)");
+	run_out r = run_ok(p);
+
+	ck_assert_uint_eq(r.n, 5);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	run_free(&r);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_under_repeat_fills_then_reads)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *p = fmt("range(50) | cache(\"%s\") | repeat(3)", root);
+	cachew_fingerprint fp = fp_of("range(50)");
+	char *s = cwt_seq(p, NULL), *want = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&want, &len);
+
+	for (int r = 0; r < 3; r++)
+		for (int i = 0; i < 50; i++)
+			fprintf(f, "%s%d", r == 0 && i == 0 ? "" : ",", i);
+	fclose(f);
+	ck_assert_str_eq(s, want);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	free(want);
+	free(s);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_recomputes_after_a_corrupt_chunk)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(4000) | map(uniform) | batch(4)";
+	char *p = fmt("%s | cache(\"%s\", chunk_bytes=4096)", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = run_ok(in), got = run_ok(p);
+	char *chunk;
+
+	assert_same(&want, &got, "first pass");
+	run_free(&got);
+	chunk = corrupt_chunk(root, &fp, 3);
+	log_capture();
+	got = run_ok(p);
+	log_release();
+	assert_same(&want, &got, "pass over a corrupt chunk");
+	ck_assert_msg(strstr(log_text, "recomputing") != NULL, "%s", log_text);
+	ck_assert_msg(strstr(log_text, strrchr(chunk, '/') + 1) != NULL, "%s",
+	    log_text);
+	/* The recomputing pass wrote a new, sound cache. */
+	ck_assert_int_eq(verify(root, &fp), CACHEW_OK);
+	run_free(&got);
+	got = run_ok(p);
+	assert_same(&want, &got, "pass over the rewritten cache");
+	run_free(&got);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(chunk);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cache_recomputes_after_a_damaged_manifest)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(1000) | batch(4)";
+	char *p = fmt("%s | cache(\"%s\")", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = run_ok(in), got = run_ok(p);
+	char hex[33], *man;
+
+	run_free(&got);
+	cachew_fingerprint_hex(&fp, hex);
+	man = fmt("%s/%s/manifest", root, hex);
+	ck_assert_int_eq(truncate(man, 10), 0);
+	got = run_ok(p);
+	assert_same(&want, &got, "pass over a damaged manifest");
+	ck_assert_int_eq(verify(root, &fp), CACHEW_OK);
+	run_free(&got);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(man);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- the CLI ------------------------------------------------------------------------ */
+
+typedef struct cli_result {
+	int status; /* exit code, or 128 + signal */
+	char *out;
+	char *err;
+} cli_result;
+
+/* Runs `<build>/cachew arg...` (NULL-terminated) with one extra
+ * environment assignment (or NULL); output goes through files. */
+static cli_result
+cli_env(const char *env, ...)
+{
+	char bin[512], *argv[32];
+	char *dir = cwt_tmpdir(), *out = fmt("%s/out", dir);
+	char *err = fmt("%s/err", dir);
+	cli_result r;
+	va_list ap;
+	size_t n = 1, len;
+	pid_t pid;
+	int st;
+
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	argv[0] = bin;
+	va_start(ap, env);
+	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
+		n++;
+	va_end(ap);
+	argv[n] = NULL;
+	fflush(NULL);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (freopen(out, "w", stdout) == NULL ||
+		    freopen(err, "w", stderr) == NULL)
+			_exit(127);
+		unsetenv("CACHEW_CACHE_ROOT");
+		if (env != NULL)
+			putenv((char *)env);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	r.out = read_all(out, &len);
+	r.err = read_all(err, &len);
+	cwt_rmtree(dir);
+	free(out);
+	free(err);
+	free(dir);
+	return r;
+}
+
+#define cli(...) cli_env(NULL, __VA_ARGS__, (char *)NULL)
+
+static void
+cli_free(cli_result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+/* Writes the caches of `a` and `b` under root through `cachew run`. */
+static void
+cli_put(const char *root, const char *in)
+{
+	char *p = fmt("%s | cache_put(\"%s\", chunk_bytes=4096)", in, root);
+	cli_result r = cli("run", "--quiet", "--seed", "7", p);
+
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	cli_free(&r);
+	free(p);
+}
+
+START_TEST(cli_cache_help_lists_the_commands)
+{
+	cli_result r = cli("cache", "--help");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "usage: cachew cache"));
+	ck_assert_ptr_nonnull(strstr(r.out, "gc ROOT --max-bytes N"));
+	cli_free(&r);
+	r = cli("cache", "ls", "--help");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "usage: cachew cache"));
+	cli_free(&r);
+}
+END_TEST
+
+static void
+assert_usage(cli_result r, const char *needle)
+{
+	ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+	ck_assert_msg(strstr(r.err, needle) != NULL, "'%s' not in: %s", needle,
+	    r.err);
+	ck_assert_str_eq(r.out, "");
+	cli_free(&r);
+}
+
+START_TEST(cli_cache_usage_errors_exit_2)
+{
+	assert_usage(cli("cache"), "missing a command");
+	assert_usage(cli("cache", "frob"), "unknown command 'frob'");
+	assert_usage(cli("cache", "ls"), "CACHEW_CACHE_ROOT is not set");
+	assert_usage(cli("cache", "ls", "/tmp", "--color"),
+	    "unknown flag '--color'");
+	assert_usage(cli("cache", "verify"), "missing ROOT");
+	assert_usage(cli("cache", "rm", "/tmp"), "missing FP");
+	assert_usage(cli("cache", "rm", "/tmp", "xyz"),
+	    "'xyz' is not a fingerprint");
+	assert_usage(cli("cache", "gc", "/tmp"), "missing --max-bytes");
+	assert_usage(cli("cache", "gc", "/tmp", "--max-bytes", "12Q"),
+	    "'12Q' is not a size");
+	assert_usage(cli("cache", "gc", "/tmp", "--max-bytes"),
+	    "--max-bytes expects a size");
+	assert_usage(cli("cache", "probe"), "missing ROOT");
+	assert_usage(cli("cache", "probe", "/tmp", "--bytes", "0"),
+	    "--bytes expects a positive size");
+}
+END_TEST
+
+START_TEST(cli_cache_ls_lists_fingerprint_state_and_pipeline)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char a[33], b[33];
+	cli_result r;
+
+	cli_put(root, "range(300) | batch(3)");
+	cli_put(root, "range(40)");
+	fp_hex("range(300) | batch(3)", a);
+	fp_hex("range(40)", b);
+	r = cli("cache", "ls", root);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, a));
+	ck_assert_ptr_nonnull(strstr(r.out, b));
+	ck_assert_ptr_nonnull(strstr(r.out, "complete"));
+	ck_assert_ptr_nonnull(strstr(r.out, "range(start=0, stop=300, step=1) | batch(n=3"));
+	ck_assert_ptr_nonnull(strstr(r.out, "2 caches"));
+	ck_assert_ptr_nonnull(strstr(r.out, "       100  ")); /* elements */
+	cli_free(&r);
+	/* The root from the environment. */
+	char *env = fmt("CACHEW_CACHE_ROOT=%s", root);
+	r = cli_env(env, "cache", "ls", (char *)NULL);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, a));
+	cli_free(&r);
+	free(env);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cli_cache_ls_json_is_one_array)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char a[33], *want;
+	cli_result r;
+
+	cli_put(root, "range(40)");
+	fp_hex("range(40)", a);
+	r = cli("cache", "ls", root, "--json");
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	want = fmt("[{\"fingerprint\":\"%s\",\"state\":\"complete\",", a);
+	ck_assert_msg(strncmp(r.out, want, strlen(want)) == 0, "%s", r.out);
+	ck_assert_ptr_nonnull(strstr(r.out, "\"elements\":40,"));
+	ck_assert_ptr_nonnull(
+	    strstr(r.out, "\"pipeline\":\"range(start=0, stop=40, step=1)\""));
+	ck_assert_ptr_nonnull(strstr(r.out, "}]\n"));
+	cli_free(&r);
+	free(want);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cli_cache_ls_of_a_missing_root_exits_1)
+{
+	cli_result r = cli("cache", "ls", "/nonexistent/cache-root");
+
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_ptr_nonnull(strstr(r.err, "/nonexistent/cache-root"));
+	cli_free(&r);
+}
+END_TEST
+
+START_TEST(cli_cache_verify_reports_ok_and_corruption)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(3000) | map(add) | batch(2)";
+	cachew_fingerprint fp = fp_of(in);
+	char a[33], *chunk;
+	cli_result r;
+
+	cli_put(root, in);
+	cachew_fingerprint_hex(&fp, a);
+	r = cli("cache", "verify", root);
+	ck_assert_msg(r.status == 0, "%s%s", r.out, r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, a));
+	ck_assert_ptr_nonnull(strstr(r.out, "ok  1500 elements"));
+	cli_free(&r);
+	chunk = corrupt_chunk(root, &fp, 0);
+	r = cli("cache", "verify", root, a);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.out, "CORRUPT") != NULL, "%s", r.out);
+	ck_assert_msg(strstr(r.out, strrchr(chunk, '/') + 1) != NULL, "%s",
+	    r.out);
+	cli_free(&r);
+	r = cli("cache", "ls", root);
+	ck_assert_ptr_nonnull(strstr(r.out, "bad"));
+	cli_free(&r);
+	/* An unknown fingerprint is a runtime error naming it. */
+	r = cli("cache", "verify", root, "00000000000000000000000000000000");
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_ptr_nonnull(strstr(r.err, "no such cache"));
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(chunk);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cli_cache_rm_removes_by_fingerprint_or_prefix)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char a[33], b[33], prefix[9];
+	cachew_fingerprint fa = fp_of("range(30)"), fb = fp_of("range(31)");
+	cli_result r;
+
+	cli_put(root, "range(30)");
+	cli_put(root, "range(31)");
+	cachew_fingerprint_hex(&fa, a);
+	cachew_fingerprint_hex(&fb, b);
+	r = cli("cache", "rm", root, a);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, "removed"));
+	cli_free(&r);
+	ck_assert_int_eq(lookup(root, &fa), CACHEW_ENOENT);
+	ck_assert_int_eq(lookup(root, &fb), CACHEW_OK);
+	memcpy(prefix, b, 8);
+	prefix[8] = '\0';
+	r = cli("cache", "rm", root, prefix);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	cli_free(&r);
+	ck_assert_int_eq(lookup(root, &fb), CACHEW_ENOENT);
+	r = cli("cache", "rm", root, a);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_ptr_nonnull(strstr(r.err, "no such cache"));
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cli_cache_gc_evicts_down_to_max_bytes)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	cachew_fingerprint fa = fp_of("range(300)"), fb = fp_of("range(301)");
+	cli_result r;
+
+	cli_put(root, "range(300)");
+	cli_put(root, "range(301)");
+	r = cli("cache", "gc", root, "--max-bytes", "1G");
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, "freed 0 B"));
+	cli_free(&r);
+	ck_assert_int_eq(lookup(root, &fa), CACHEW_OK);
+	r = cli("cache", "gc", root, "--max-bytes", "0");
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_ptr_nonnull(strstr(r.out, "freed"));
+	cli_free(&r);
+	ck_assert_int_eq(lookup(root, &fa), CACHEW_ENOENT);
+	ck_assert_int_eq(lookup(root, &fb), CACHEW_ENOENT);
+	r = cli("cache", "ls", root);
+	ck_assert_ptr_nonnull(strstr(r.out, "no caches"));
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(cli_cache_probe_reports_read_rates)
+{
+	char *dir = cwt_tmpdir();
+	cli_result r = cli("cache", "probe", dir, "--element-bytes", "4K",
+	    "--bytes", "1M", "--json");
+	double mbps = 0, eps = 0;
+	const char *p;
+
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	p = strstr(r.out, "\"read_mb_per_s\":");
+	ck_assert_ptr_nonnull(p);
+	mbps = atof(p + strlen("\"read_mb_per_s\":"));
+	p = strstr(r.out, "\"read_elements_per_s\":");
+	ck_assert_ptr_nonnull(p);
+	eps = atof(p + strlen("\"read_elements_per_s\":"));
+	ck_assert(mbps > 0);
+	ck_assert(eps > 0);
+	ck_assert_ptr_nonnull(strstr(r.out, "\"element_bytes\":4096,"));
+	cli_free(&r);
+	r = cli("cache", "ls", dir);
+	ck_assert_ptr_nonnull(strstr(r.out, "no caches")); /* removed */
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- crash safety: a writer killed with SIGKILL -------------------------------------- */
+
+static uint64_t
+rng_next(uint64_t *s)
+{
+	*s += 0x9e3779b97f4a7c15ULL;
+	uint64_t z = *s;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+static uint64_t
+now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static pid_t
+spawn_writer(const char *pipeline)
+{
+	char bin[512];
+	pid_t pid;
+
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	fflush(NULL);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = open("/dev/null", O_WRONLY);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execl(bin, bin, "run", "--quiet", "--seed", "7", pipeline,
+		    (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+static cachew_err
+release_element(void *ctx, cwi_element *e)
+{
+	size_t *count = ctx;
+
+	(*count)++;
+	cwi_element_release(e);
+	return CACHEW_OK;
+}
+
+/* Every final-named file in the cache directory is whole: each chunk
+ * decodes completely, and a manifest means a cache that verifies.
+ * Returns true when a manifest exists. */
+static bool
+assert_no_bad_final_file(const char *root, const cachew_fingerprint *fp)
+{
+	char hex[33], *cdir;
+	bool manifest = false;
+	struct dirent *de;
+	DIR *d;
+
+	cachew_fingerprint_hex(fp, hex);
+	cdir = fmt("%s/%s", root, hex);
+	d = opendir(cdir);
+	if (d == NULL) {
+		free(cdir);
+		return false;
+	}
+	while ((de = readdir(d)) != NULL) {
+		char *path;
+		size_t len, count = 0;
+		char *data;
+
+		if (strcmp(de->d_name, "manifest") == 0)
+			manifest = true;
+		if (!is_chunk_name(de->d_name))
+			continue;
+		path = fmt("%s/%s", cdir, de->d_name);
+		data = read_all(path, &len);
+		ck_assert_msg(cwi_cache_chunk_decode(data, len, release_element,
+				  &count) == CACHEW_OK,
+		    "final-named chunk %s is bad: %s", path, cachew_errmsg());
+		free(data);
+		free(path);
+	}
+	closedir(d);
+	free(cdir);
+	if (manifest)
+		ck_assert_int_eq(verify(root, fp), CACHEW_OK);
+	else
+		ck_assert_int_eq(lookup(root, fp), CACHEW_ENOENT);
+	return manifest;
+}
+
+START_TEST(crash_killed_writer_never_leaves_a_bad_final_file)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(12000) | map(uniform) | batch(8)";
+	char *wp = fmt("%s | cache_put(\"%s\", chunk_bytes=8192)", in, root);
+	char *cp = fmt("%s | cache(\"%s\", chunk_bytes=8192)", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = run_ok(in), got;
+	int kills = small_run() ? 5 : 20, st, complete = 0;
+	uint64_t rng = 20240601, t0, full_us;
+	pid_t pid;
+
+	/* The fastest of three uninterrupted writes scales the kill delays
+	 * (a slow first run must not push every kill past the end). */
+	full_us = UINT64_MAX;
+	for (int i = 0; i < 3; i++) {
+		t0 = now_us();
+		pid = spawn_writer(wp);
+		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+		if (now_us() - t0 < full_us)
+			full_us = now_us() - t0;
+		ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		ck_assert_int_eq(verify(root, &fp), CACHEW_OK);
+		cwt_rmtree(root);
+	}
+	for (int k = 0; k < kills; k++) {
+		/* Uniform over the writer's life, a little past its end. */
+		uint64_t delay = rng_next(&rng) % (full_us * 5 / 4 + 1);
+
+		pid = spawn_writer(wp);
+		usleep((useconds_t)delay);
+		kill(pid, SIGKILL);
+		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+		complete += assert_no_bad_final_file(root, &fp);
+		/* The next run recomputes (or reads) the exact data... */
+		got = run_ok(cp);
+		assert_same(&want, &got, "cache() after a killed writer");
+		run_free(&got);
+		/* ...and leaves a sound cache. */
+		ck_assert_int_eq(verify(root, &fp), CACHEW_OK);
+		cwt_rmtree(root);
+	}
+	/* A sanity check of the delays, not a timing assertion: uniform
+	 * delays over the writer's life leave some kills mid-write. */
+	ck_assert_int_lt(complete, kills);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(cp);
+	free(wp);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- corruption: flipped bits and truncated files ------------------------------------ */
+
+typedef struct pristine_file {
+	char *path;
+	char *data;
+	size_t len;
+} pristine_file;
+
+typedef struct pristine_cache {
+	char *input;           /* the cached pipeline */
+	char *pipeline;        /* input | cache(root) */
+	cachew_fingerprint fp;
+	char *dir;
+	run_out want;
+	pristine_file files[64];
+	size_t nfiles;
+} pristine_cache;
+
+static void
+pristine_take(pristine_cache *c, const char *root)
+{
+	char hex[33];
+	struct dirent *de;
+	DIR *d;
+
+	cachew_fingerprint_hex(&c->fp, hex);
+	c->dir = fmt("%s/%s", root, hex);
+	d = opendir(c->dir);
+	ck_assert_ptr_nonnull(d);
+	while ((de = readdir(d)) != NULL) {
+		pristine_file *f;
+		if (!is_chunk_name(de->d_name) &&
+		    strcmp(de->d_name, "manifest") != 0)
+			continue;
+		ck_assert_uint_lt(c->nfiles, 64);
+		f = &c->files[c->nfiles++];
+		f->path = fmt("%s/%s", c->dir, de->d_name);
+		f->data = read_all(f->path, &f->len);
+	}
+	closedir(d);
+	ck_assert_uint_ge(c->nfiles, 2);
+}
+
+/* Puts the cache back exactly as it was written. */
+static void
+pristine_restore(pristine_cache *c)
+{
+	cwt_rmtree(c->dir);
+	ck_assert_int_eq(mkdir(c->dir, 0755), 0);
+	for (size_t i = 0; i < c->nfiles; i++)
+		cwt_write_file(c->files[i].path, c->files[i].data,
+		    c->files[i].len);
+}
+
+START_TEST(corruption_is_always_detected_and_recomputed)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	char *data = fmt("%s/data", dir), *file = text_file(dir, 2000);
+	pristine_cache caches[3];
+	int flips = small_run() ? 50 : 200, truncs = small_run() ? 5 : 20;
+	uint64_t rng = 4242;
+	int detected = 0;
+
+	memset(caches, 0, sizeof(caches));
+	caches[0].input = strdup("range(3000) | map(uniform) | batch(4)");
+	caches[1].input = fmt("text_lines(\"%s\")", file);
+	caches[2].input = image_source(data);
+	for (int i = 0; i < 3; i++) {
+		pristine_cache *c = &caches[i];
+		run_out w;
+		c->fp = fp_of(c->input);
+		c->pipeline = fmt("%s | cache(\"%s\", chunk_bytes=8192)",
+		    c->input, root);
+		c->want = run_ok(c->input);
+		w = run_ok(c->pipeline);
+		assert_same(&c->want, &w, "first pass");
+		run_free(&w);
+		pristine_take(c, root);
+	}
+	for (int k = 0; k < flips + truncs; k++) {
+		pristine_cache *c = &caches[rng_next(&rng) % 3];
+		pristine_file *f = &c->files[rng_next(&rng) % c->nfiles];
+		run_out got;
+
+		pristine_restore(c);
+		if (k < flips)
+			flip_bit(f->path, rng_next(&rng) % (f->len * 8));
+		else
+			ck_assert_int_eq(truncate(f->path,
+					     (off_t)(rng_next(&rng) % f->len)),
+			    0);
+		log_capture();
+		got = run_ok(c->pipeline);
+		log_release();
+		/* 0 bad elements: exactly the uncorrupted data. */
+		assert_same(&c->want, &got, f->path);
+		run_free(&got);
+		ck_assert_msg(log_warns > 0,
+		    "corruption %d of %s (%s) went unnoticed", k, f->path,
+		    k < flips ? "bit flip" : "truncation");
+		detected++;
+		/* The recomputing pass left a sound cache. */
+		ck_assert_int_eq(verify(root, &c->fp), CACHEW_OK);
+	}
+	ck_assert_int_eq(detected, flips + truncs);
+	for (int i = 0; i < 3; i++) {
+		pristine_cache *c = &caches[i];
+		for (size_t j = 0; j < c->nfiles; j++) {
+			free(c->files[j].path);
+			free(c->files[j].data);
+		}
+		run_free(&c->want);
+		free(c->dir);
+		free(c->pipeline);
+		free(c->input);
+	}
+	cwt_rmtree(dir);
+	free(file);
+	free(data);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* ---- gc alongside readers ------------------------------------------------------------ */
+
+typedef struct reader_arg {
+	const char *pipeline;
+	const run_out *want;
+	pthread_barrier_t *started;
+	pthread_barrier_t *resume;
+	size_t n;
+	bool ok;
+} reader_arg;
+
+/* Reads a few elements, waits while gc runs, then reads the rest. */
+static void *
+reader_main(void *arg)
+{
+	reader_arg *a = arg;
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+
+	a->ok = cachew_dataset_parse(&ds, a->pipeline) == CACHEW_OK &&
+		cachew_iterator_create(&it, ds, NULL) == CACHEW_OK;
+	for (int i = 0; a->ok && i < 10; i++) {
+		a->ok = cachew_iterator_next(it, &e) == CACHEW_OK &&
+			cwi_element_equal(e, a->want->v[a->n]);
+		cachew_element_release(e);
+		a->n++;
+	}
+	pthread_barrier_wait(a->started);
+	pthread_barrier_wait(a->resume);
+	while (a->ok && (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		a->ok = a->n < a->want->n &&
+			cwi_element_equal(e, a->want->v[a->n]);
+		cachew_element_release(e);
+		a->n++;
+	}
+	a->ok = a->ok && rv == CACHEW_EOF && a->n == a->want->n;
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	return NULL;
+}
+
+START_TEST(gc_spares_a_cache_being_read_and_removes_it_after)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(20000) | map(uniform) | batch(4)";
+	cachew_fingerprint fp = fp_of(in), other = fp_of("range(77)");
+	run_out want = put(in, root, ", chunk_bytes=8192"), o;
+	pthread_barrier_t started, resume;
+	reader_arg args[3];
+	pthread_t tids[3];
+	char hex[33], *p;
+	cli_result r;
+
+	o = put("range(77)", root, "");
+	run_free(&o);
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\", threads=2)", root, hex);
+	pthread_barrier_init(&started, NULL, 4);
+	pthread_barrier_init(&resume, NULL, 4);
+	for (int i = 0; i < 3; i++) {
+		args[i] = (reader_arg){.pipeline = p, .want = &want,
+		    .started = &started, .resume = &resume};
+		ck_assert_int_eq(
+		    pthread_create(&tids[i], NULL, reader_main, &args[i]), 0);
+	}
+	pthread_barrier_wait(&started);
+	r = cli("cache", "gc", root, "--max-bytes", "0");
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	cli_free(&r);
+	/* The idle cache went; the one being read stays. */
+	ck_assert_int_eq(lookup(root, &other), CACHEW_ENOENT);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	pthread_barrier_wait(&resume);
+	for (int i = 0; i < 3; i++) {
+		pthread_join(tids[i], NULL);
+		ck_assert_msg(args[i].ok, "reader %d failed after %zu elements",
+		    i, args[i].n);
+	}
+	r = cli("cache", "gc", root, "--max-bytes", "0");
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	cli_free(&r);
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	pthread_barrier_destroy(&started);
+	pthread_barrier_destroy(&resume);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
 
 Suite *
 cwt_cacheops_suite(void)
 {
-	return suite_create("cacheops");
+	Suite *s = suite_create("cacheops");
+	TCase *ops = tcase_create("operators");
+	TCase *cli_tc = tcase_create("cli");
+	TCase *harsh = tcase_create("crash_corruption_gc");
+
+	tcase_set_timeout(ops, 60);
+	tcase_add_test(ops, put_then_get_range_map_batch_is_exact);
+	tcase_add_test(ops, put_then_get_text_lines_is_exact);
+	tcase_add_test(ops, put_then_get_u8_image_crops_is_exact);
+	tcase_add_test(ops, put_of_many_chunks_keeps_order_across_chunks);
+	tcase_add_test(ops, put_of_empty_input_makes_an_empty_cache);
+	tcase_add_test(ops, cache_ops_keep_the_inputs_fingerprint);
+	tcase_add_test(ops, put_over_a_complete_cache_passes_through);
+	tcase_add_test(ops, put_cut_short_by_take_leaves_no_cache);
+	tcase_add_test(ops, put_iterator_destroyed_midway_leaves_no_cache);
+	tcase_add_test(ops, put_upstream_error_fails_and_leaves_no_cache);
+	tcase_add_test(ops, put_to_an_unusable_root_warns_and_passes_through);
+	tcase_add_test(ops, put_over_capacity_warns_and_passes_through);
+	tcase_add_test(ops, get_of_a_missing_cache_is_enoent);
+	tcase_add_test(ops, get_with_a_malformed_fingerprint_is_einval);
+	tcase_add_test(ops, get_of_a_corrupt_chunk_fails_naming_it_and_marks_bad);
+	tcase_add_test(ops, get_yields_only_verified_elements_before_corruption);
+	tcase_add_test(ops, get_split_units_are_the_chunks);
+	tcase_add_test(ops, get_reads_only_its_split_ranges_in_order);
+	tcase_add_test(ops, get_destroyed_midway_stops_its_readers);
+	tcase_add_test(ops, cache_first_pass_computes_and_second_reads);
+	tcase_add_test(ops, cache_second_pass_yields_the_cached_data);
+	tcase_add_test(ops, cache_cut_short_leaves_no_cache);
+	tcase_add_test(ops, cache_under_repeat_fills_then_reads);
+	tcase_add_test(ops, cache_recomputes_after_a_corrupt_chunk);
+	tcase_add_test(ops, cache_recomputes_after_a_damaged_manifest);
+
+	tcase_set_timeout(cli_tc, 60);
+	tcase_add_test(cli_tc, cli_cache_help_lists_the_commands);
+	tcase_add_test(cli_tc, cli_cache_usage_errors_exit_2);
+	tcase_add_test(cli_tc, cli_cache_ls_lists_fingerprint_state_and_pipeline);
+	tcase_add_test(cli_tc, cli_cache_ls_json_is_one_array);
+	tcase_add_test(cli_tc, cli_cache_ls_of_a_missing_root_exits_1);
+	tcase_add_test(cli_tc, cli_cache_verify_reports_ok_and_corruption);
+	tcase_add_test(cli_tc, cli_cache_rm_removes_by_fingerprint_or_prefix);
+	tcase_add_test(cli_tc, cli_cache_gc_evicts_down_to_max_bytes);
+	tcase_add_test(cli_tc, cli_cache_probe_reports_read_rates);
+
+	tcase_set_timeout(harsh, 120);
+	tcase_add_test(harsh, crash_killed_writer_never_leaves_a_bad_final_file);
+	tcase_add_test(harsh, corruption_is_always_detected_and_recomputed);
+	tcase_add_test(harsh, gc_spares_a_cache_being_read_and_removes_it_after);
+
+	suite_add_tcase(s, ops);
+	suite_add_tcase(s, cli_tc);
+	suite_add_tcase(s, harsh);
+	return s;
 }

@@ -4,5 +4,8 @@
 #include "cache.h"
 
 const cwi_dataset_op *const cwi_cache_ops[] = {
+    &cwi_op_cache_put,
+    &cwi_op_cache_get,
+    &cwi_op_cache,
     NULL,
 };

@@ -58,6 +58,9 @@ typedef struct cwi_param_spec {
 #define CWI_OPF_SPLITTABLE 0x100u
 #define CWI_OPF_ASYNC 0x200u     /* works on its own threads: time its
 				  * consumer spends in next() is wait */
+#define CWI_OPF_FP_PARAM 0x400u  /* fp and seed_fp = the param
+				  * "fingerprint" (32 hex digits): the node
+				  * yields what that pipeline did */
 
 #define CWI_OPF_FN_ANY (CWI_OPF_FN_MAP | CWI_OPF_FN_FILTER | CWI_OPF_FN_FLAT)
 #define CWI_MAX_POSITIONAL 4

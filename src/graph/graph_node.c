@@ -466,11 +466,42 @@ hash_node(const cwi_node *node, bool files, cachew_fingerprint *out)
 	return CACHEW_OK;
 }
 
+/* A CWI_OPF_FP_PARAM node's fingerprint: its "fingerprint" parameter. */
+static cachew_err
+fingerprint_param(cwi_node *node)
+{
+	const char *hex = cwi_node_str(node, "fingerprint");
+	uint64_t w[2] = {0, 0};
+
+	for (size_t i = 0; i < 32; i++) {
+		char c = hex[i];
+		int d = c >= '0' && c <= '9'   ? c - '0'
+			: c >= 'a' && c <= 'f' ? c - 'a' + 10
+			: c >= 'A' && c <= 'F' ? c - 'A' + 10
+					       : -1;
+		if (d < 0)
+			return cwi_fail(CACHEW_EINVAL,
+			    "%s: fingerprint '%s' is not 32 hex digits",
+			    node->op->name, hex);
+		w[i / 16] = w[i / 16] << 4 | (uint64_t)d;
+	}
+	if (hex[32] != '\0')
+		return cwi_fail(CACHEW_EINVAL,
+		    "%s: fingerprint '%s' is not 32 hex digits", node->op->name,
+		    hex);
+	node->fp.hi = w[0];
+	node->fp.lo = w[1];
+	node->seed_fp = node->fp;
+	return CACHEW_OK;
+}
+
 static cachew_err
 fingerprint(cwi_node *node)
 {
 	cachew_err rv;
 
+	if (node->op->flags & CWI_OPF_FP_PARAM)
+		return fingerprint_param(node);
 	if ((node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
 		node->fp = node->inputs[0]->fp;
 		node->seed_fp = node->inputs[0]->seed_fp;

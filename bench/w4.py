@@ -1,0 +1,392 @@
+#!/usr/bin/python3
+"""W4 - the second epoch of W2 read from the cache (uint8 crops, zstd).
+
+Epoch 1 (untimed set-up) runs W2's pipeline with a cache point right after
+the crop, where the elements are still u8 [224, 224, 3] (a quarter of the
+f32 bytes):
+    tfrecord | parse_example | random_resized_crop(224) | cache_put(ROOT)
+      | flip_left_right | batch(64) | normalize(channels_first=true)
+cachew (timed): the second epoch reads the cache instead of decoding,
+    cache_get(ROOT, FP) | flip_left_right
+      | normalize(mean, std, channels_first=true) | batch(64)
+in-process (`cachew run --json`), threads 1 and 2, plus the same epoch
+through `cache(ROOT)` placed after the crop (tf.data's semantics: the
+input is not started when the cache is complete).
+peer: torch.utils.data.DataLoader over the same number of pre-decoded
+uint8 224x224x3 crops stored as .npy files, one file per image
+(bench/peers/w4_torch.py; the crops are made once, untimed, by PIL +
+torchvision RandomResizedCrop from the same JPEGs), RandomHorizontalFlip
++ float/255 + Normalize in torch, batch 64, num_workers 0 and 2; plus one
+row with the crops in one memory-mapped .npy per 500 images.
+Unit: images per second on both sides.
+
+Also measured:
+- the cache's read rate against the storage's raw sequential read rate on
+  the same files: `cat` of the chunk files to /dev/null vs `cachew run
+  cache_get(ROOT, FP)` alone (2 threads), both with the files in the page
+  cache (nothing is dropped: the container cannot drop caches), in MB/s
+  of chunk-file bytes;
+- the cost of writing: W2's epoch (2 threads, and 1) with and without
+  cache_put after the crop, a fresh cache root for every repetition
+  (target: at most 15% slower).
+
+Usage: /usr/bin/python3 bench/w4.py [--quick] [--reps R]   (or bench/run W4)
+       /usr/bin/python3 bench/w4.py --raw-read DIR   (internal: times cat)
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as h  # noqa: E402
+import w2  # noqa: E402  (W2's data, source and constants)
+
+WID = "W4"
+BATCH = w2.BATCH
+SIZES = w2.SIZES
+TARGETS = {"par": 3.0, "put_overhead": 0.15}
+PEER = os.path.join(h.BENCH_DIR, "peers", "w4_torch.py")
+MEAN, STD = w2.MEAN, w2.STD
+
+
+def crop(d, parallel):
+    par = f", parallel={parallel}" if parallel > 1 else ""
+    return f"{w2.source(d)} | random_resized_crop(size=224{par})"
+
+
+def w2_tail(parallel):
+    """W2's stages after the crop: batch, then normalize whole batches
+    (what suits a decode-bound epoch; bench/w2.py says why)."""
+    par = f", parallel={parallel}" if parallel > 1 else ""
+    return (f"flip_left_right | batch({BATCH}) | normalize(mean={MEAN}, "
+            f"std={STD}, channels_first=true{par})")
+
+
+def tail(parallel):
+    """The read epoch's stages: flip, normalize each crop, batch. Same
+    f32 [64, 3, 224, 224] batches as W2's order; without decoding, the
+    38.5 MB f32 output of a whole-batch normalize (fresh pages every
+    batch) costs more than batching normalized crops (measured: 0.60 s
+    vs 1.0 s for 2000 crops at 2 threads)."""
+    par = f", parallel={parallel}" if parallel > 1 else ""
+    return (f"flip_left_right | normalize(mean={MEAN}, std={STD}, "
+            f"channels_first=true{par}) | batch({BATCH})")
+
+
+def epoch1(d, root, parallel):
+    return (f'{crop(d, parallel)} | cache_put("{root}") | '
+            f"{w2_tail(parallel)}")
+
+
+def epoch2(root, fp, parallel):
+    return f'cache_get("{root}", "{fp}") | {tail(parallel)}'
+
+
+def epoch2_cache(d, root, parallel):
+    return f'{crop(d, parallel)} | cache("{root}") | {tail(parallel)}'
+
+
+def cli_json(argv, what):
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=h.REPO_DIR)
+    if r.returncode != 0:
+        raise h.BenchError(f"{what}: exit {r.returncode}: {r.stderr.strip()}")
+    return h.last_json(r.stdout, what)[0]
+
+
+def fill_cache(binary, d, root, n, seed):
+    """Epoch 1: writes the cache; returns (fingerprint, manifest entry,
+    seconds)."""
+    shutil.rmtree(root, ignore_errors=True)
+    obj = cli_json([binary, "run", "--json", "--quiet", "--threads", "2",
+                    "--seed", str(seed), epoch1(d, root, 2)], "epoch 1")
+    r = subprocess.run([binary, "cache", "ls", root, "--json"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise h.BenchError(f"cachew cache ls: {r.stderr.strip()}")
+    caches = [c for c in json.loads(r.stdout) if c["state"] == "complete"]
+    if len(caches) != 1 or caches[0]["elements"] != n:
+        raise h.BenchError(f"epoch 1 left {r.stdout.strip()}; expected one "
+                           f"complete cache of {n} crops")
+    return caches[0]["fingerprint"], caches[0], float(obj["seconds"])
+
+
+def verify(binary, d, root, fp, seed):
+    """Untimed: the cache holds exactly the crops (same digest, which is
+    order-independent, as recomputing them with the same seed)."""
+    a = cli_json([binary, "run", "--json", "--quiet", "--threads", "2",
+                  "--seed", str(seed), f'cache_get("{root}", "{fp}")'],
+                 "cache_get digest")
+    b = cli_json([binary, "run", "--json", "--quiet", "--threads", "2",
+                  "--seed", str(seed), crop(d, 2)], "crop digest")
+    if a.get("digest") != b.get("digest") or a.get("elements") != \
+            b.get("elements"):
+        raise h.BenchError(f"cache_get yields {a.get('elements')} elements "
+                           f"digest {a.get('digest')}; recomputing gives "
+                           f"{b.get('elements')} digest {b.get('digest')}")
+
+
+def batch_check(label, n):
+    batches = -(-n // BATCH)
+    want_bytes = n * (3 * 224 * 224 * 4 + 8)  # f32 images + i64 labels
+
+    def check(obj):
+        if obj.get("elements") != batches or obj.get("bytes") != want_bytes:
+            raise h.BenchError(f"cachew {label}: {obj.get('elements')} "
+                               f"batches, {obj.get('bytes')} bytes; expected "
+                               f"{batches}, {want_bytes} for {n} images")
+    return check
+
+
+def cachew_config(binary, pipeline, n, threads, seed, label):
+    argv = [binary, "run", "--json", "--stats", "--quiet", "--no-digest",
+            "--threads", str(threads), "--seed", str(seed), pipeline]
+    return h.Config("cachew", label, threads, argv, n,
+                    check=batch_check(label, n))
+
+
+class FreshRootConfig(h.Config):
+    """A config whose run starts with an empty cache root, so cache_put
+    writes every repetition."""
+
+    def __init__(self, root, *a, **kw):
+        super().__init__(*a, **kw)
+        self.root = root
+
+    def run(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            return super().run()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def put_configs(binary, d, n, threads, seed, root):
+    plain = w2.cachew_config(binary, d, n, threads, seed,
+                             label=f"W2 epoch, threads {threads}")
+    argv = [binary, "run", "--json", "--stats", "--quiet", "--threads",
+            str(threads), "--seed", str(seed), epoch1(d, root, threads)]
+    label = f"W2 epoch + cache_put, threads {threads}"
+    put = FreshRootConfig(root, "cachew", label, threads, argv, n,
+                          check=batch_check(label, n))
+    return plain, put
+
+
+def peer_config(npy, n, workers, layout="image"):
+    def check(obj):
+        if obj.get("images") != n:
+            raise h.BenchError(f"DataLoader workers {workers}: "
+                               f"{obj.get('images')} images, expected {n}")
+
+    argv = [h.PEER_PYTHON, PEER, "--npy", npy, "--layout", layout,
+            "--workers", str(workers), "--batch", str(BATCH), "--expect",
+            str(n)]
+    label = f"num_workers={workers}" + ("" if layout == "image" else
+                                         ", mmap shards")
+    return h.Config("DataLoader", label, workers, argv, n, check=check)
+
+
+def npy_dir(d, n, seed):
+    out = os.path.join(h.BENCH_DIR, "data", f"w4-npy-{n}-s{seed}")
+    if os.path.exists(os.path.join(out, "labels.npy")):
+        return out
+    shutil.rmtree(out + ".tmp", ignore_errors=True)
+    h.log(f"W4: writing {n} uint8 crops as .npy into {out}")
+    cli_json([h.PEER_PYTHON, PEER, "--prepare", "--data", d, "--npy", out],
+             "w4_torch --prepare")
+    return out
+
+
+def chunk_files(directory):
+    """The chunk files of a cache directory (docs/cache-format.md)."""
+    return sorted(glob.glob(os.path.join(directory, "chunk-*.cwc")))
+
+
+def raw_read(directory):
+    """--raw-read: `cat` of a cache's chunk files to /dev/null; prints
+    {"seconds", "bytes"}."""
+    files = chunk_files(directory)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    t0 = time.perf_counter()
+    subprocess.run(["cat"] + files, stdout=subprocess.DEVNULL, check=True)
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "bytes": nbytes}))
+    return 0
+
+
+def storage_configs(binary, root, fp, entry, n, seed):
+    """Both in MB of chunk files per second: raw cat, and cachew reading
+    and verifying them (no flip/normalize)."""
+    nbytes = sum(os.path.getsize(f)
+                 for f in chunk_files(os.path.join(root, fp)))
+    mb = nbytes / 1e6
+
+    def check_raw(obj):
+        if obj.get("bytes") != nbytes:
+            raise h.BenchError(f"cat read {obj.get('bytes')} bytes, the "
+                               f"chunk files hold {nbytes}")
+
+    def check_read(obj):
+        if obj.get("elements") != n:
+            raise h.BenchError(f"cache_get read {obj.get('elements')} "
+                               f"crops, expected {n}")
+
+    raw = h.Config("cat", "chunk files -> /dev/null", 1,
+                   [sys.executable, os.path.abspath(__file__), "--raw-read",
+                    os.path.join(root, fp)], mb, check=check_raw)
+    argv = [binary, "run", "--json", "--quiet", "--no-digest", "--threads",
+            "2", "--seed", str(seed), f'cache_get("{root}", "{fp}")']
+    read = h.Config("cachew", "cache_get alone (read + verify)", 2, argv,
+                    mb, check=check_read)
+    return raw, read
+
+
+def verdict(ok):
+    return "met" if ok else "MISSED"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="200 images, under 60 s, same code paths")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per configuration (default 3)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--raw-read", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.raw_read:
+        return raw_read(args.raw_read)
+    if args.reps < 1:
+        ap.error("--reps must be >= 1")
+    mode = "quick" if args.quick else "full"
+    n = SIZES[mode]
+
+    h.check_tools()
+    h.check_peer_python("torchvision")
+    binary = h.cachew_bin()
+    info = h.machine_info()
+    h.log(f"W4 ({mode}): {info['cpus']} CPUs, {info['cpu']}, "
+          f"commit {info['commit']}, cachew {binary}")
+    d = w2.data_dir(binary, n, args.seed)
+    root = os.path.join(h.BENCH_DIR, "data", f"w4-cache-{n}-s{args.seed}")
+    put_root = root + "-put"
+    fp, entry, fill_s = fill_cache(binary, d, root, n, args.seed)
+    verify(binary, d, root, fp, args.seed)
+    npy = npy_dir(d, n, args.seed)
+
+    seq = cachew_config(binary, epoch2(root, fp, 1), n, 1, args.seed,
+                        "cache_get, threads 1")
+    par = cachew_config(binary, epoch2(root, fp, 2), n, 2, args.seed,
+                        "cache_get, threads 2")
+    via = cachew_config(binary, epoch2_cache(d, root, 2), n, 2, args.seed,
+                        "cache(root) reading, threads 2")
+    peer0 = peer_config(npy, n, 0)
+    peer2 = peer_config(npy, n, 2)
+    peer2s = peer_config(npy, n, 2, layout="shard")
+    raw, read = storage_configs(binary, root, fp, entry, n, args.seed)
+    plain2, put2 = put_configs(binary, d, n, 2, args.seed, put_root)
+    configs = [seq, peer0, par, peer2, via, peer2s]
+    costs = [plain2, put2]
+    if mode == "full":
+        plain1, put1 = put_configs(binary, d, n, 1, args.seed, put_root)
+        costs += [plain1, put1]
+    storage = [raw, read]
+    h.run_interleaved(configs + storage + costs, args.reps)
+    info["loadavg_end"] = h.loadavg()
+
+    seq_ratio = seq.median() / peer0.median()
+    par_ratio = par.median() / peer2.median()
+    shard_ratio = par.median() / peer2s.median()
+    read_frac = read.median() / raw.median()
+    overhead = {}
+    for i in range(0, len(costs), 2):
+        plain, put = costs[i], costs[i + 1]
+        overhead[plain.parallelism] = plain.median() / put.median() - 1.0
+    header = ["side", "config", "threads/workers", "median images/s", "min",
+              "max", "peak RSS MiB"]
+    rows = h.table_rows(configs)
+    sheader = ["side", "config", "threads", "median MB/s", "min", "max",
+               "peak RSS MiB"]
+    srows = h.table_rows(storage)
+    crows = h.table_rows(costs)
+    ratio_lines = [
+        f"1 thread: cachew cache_get threads 1 / DataLoader num_workers=0 "
+        f"= {seq_ratio:.2f}x",
+        f"2 threads: cachew cache_get threads 2 / DataLoader "
+        f"num_workers=2 = {par_ratio:.2f}x (target >= "
+        f"{TARGETS['par']:.1f}x: {verdict(par_ratio >= TARGETS['par'])}); "
+        f"against mmap'd shard .npy files {shard_ratio:.2f}x",
+        f"cache(root) reading / cache_get, threads 2: "
+        f"{via.median() / par.median():.2f}x",
+        f"read rate: cachew reads and verifies the chunk files at "
+        f"{read.median():.0f} MB/s = {read_frac:.2f} of `cat` on the same "
+        f"files ({raw.median():.0f} MB/s, page cache warm); the cache is "
+        f"{entry['bytes'] / 1e6:.1f} MB for {n * 224 * 224 * 3 / 1e6:.1f} MB "
+        f"of u8 crops ({entry['bytes'] / (n * 224 * 224 * 3):.2f}x)",
+    ] + [
+        f"writing: W2 epoch with cache_put, threads {t}, is "
+        f"{o * 100:.1f}% slower than without (target <= "
+        f"{TARGETS['put_overhead'] * 100:.0f}%: "
+        f"{verdict(o <= TARGETS['put_overhead'])})"
+        for t, o in sorted(overhead.items(), reverse=True)
+    ] + [f"epoch 1 (fill, threads 2, untimed set-up): {fill_s:.2f} s"]
+    raw_path = h.write_raw(WID if mode == "full" else WID + "-quick", {
+        "workload": WID, "mode": mode, "reps": args.reps, "machine": info,
+        "targets": TARGETS, "cache": entry, "fill_seconds": fill_s,
+        "ratios": {"seq": seq_ratio, "par": par_ratio, "shard": shard_ratio,
+                   "read_fraction": read_frac,
+                   "put_overhead": {str(k): v for k, v in overhead.items()}},
+        "configs": [{"side": c.side, "label": c.label,
+                     "parallelism": c.parallelism, "argv": c.argv,
+                     "units": c.units, "runs": c.runs}
+                    for c in configs + storage + costs]})
+
+    if mode == "full":
+        md = [f"## W4 - second epoch of W2 from the cache: {n} u8 224x224x3 "
+              f"crops, zstd chunks -> flip -> normalize -> batch {BATCH}", "",
+              f"{info['date']}, {info['cpus']} CPUs ({info['cpu']}), commit "
+              f"{info['commit']}, {args.reps} reps each, interleaved; 1-min "
+              f"load average {info['loadavg_start']} before, "
+              f"{info['loadavg_end']} after; cachew CLI "
+              f"`{os.path.relpath(binary, h.REPO_DIR)}`, PyTorch "
+              f"{peer0.runs[0]['json'].get('torch')} on `{h.PEER_PYTHON}`; "
+              "the peer reads one .npy per crop (same count and shape); "
+              "peak RSS is the largest process (`/usr/bin/time %M`).", "",
+              "cachew epoch 1 (fills the cache) and epoch 2 (timed; "
+              "threads 1 drops the `parallel=2`):", "", "```",
+              epoch1("DIR", "ROOT", 2), epoch2("ROOT", "FP", 2), "```", "",
+              h.md_table(header, rows), "",
+              "Storage (MB/s of chunk-file bytes, page cache warm):", "",
+              h.md_table(sheader, srows), "",
+              "Cost of writing the cache during W2's epoch (images/s):", "",
+              h.md_table(header, crows), ""]
+        md += [f"- {line}" for line in ratio_lines]
+        h.write_section(WID, "\n".join(md) + "\n")
+
+    print(f"W4 ({mode}, {n} images, {args.reps} reps, {info['cpus']} CPUs, "
+          f"{info['date']}, commit {info['commit']}, load "
+          f"{info['loadavg_start']} -> {info['loadavg_end']}); raw: "
+          f"{os.path.relpath(raw_path, h.REPO_DIR)}")
+    print(h.text_table(header, rows))
+    print()
+    print(h.text_table(sheader, srows))
+    print()
+    print(h.text_table(header, crows))
+    for line in ratio_lines:
+        print(line)
+    print(f"W4 ratio={par_ratio:.2f} cachew={par.median():.0f}images/s "
+          f"peer={peer2.median():.0f}images/s")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except h.BenchError as e:
+        print(f"W4: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,1255 @@
+/*
+ * op_cache.c - the cache operators (docs/cache.md):
+ *
+ *   cache_put(root)              passes elements through and writes them to
+ *                                the cache of its input's fingerprint,
+ *                                committed at the end of a complete pass;
+ *   cache_get(root, fingerprint) reads a complete cache: a splittable
+ *                                source, one chunk file = one split unit;
+ *   cache(root)                  tf.data's cache: reads the cache of its
+ *                                input when one is complete (the input is
+ *                                never started), else computes and writes.
+ *
+ * Writing never fails a job: a writer that cannot start or fails (disk
+ * full, capacity, I/O) is logged at WARN and aborted, and the data keeps
+ * flowing. A pass cut short (an upstream error, an iterator destroyed
+ * before the end: `take` downstream) aborts the writer, so nothing becomes
+ * visible. Reading verifies every frame before its elements are yielded;
+ * on a mismatch the cache is marked bad, cache_get fails with
+ * CACHEW_ECORRUPT naming the file, and cache() recomputes: it starts its
+ * input, skips the elements already yielded (they were good) and goes on,
+ * so the job never sees a bad or duplicated element.
+ *
+ * The reader runs N threads, each decoding one chunk of a window of N
+ * chunks ahead of the consumer into that chunk's queue of batches (bounded
+ * by RD_SLOT_BYTES); the consumer drains the queues in chunk order, so the
+ * order within and across chunks is the written one.
+ *
+ * Lock order: a reader's lock only; it is never held while reading a
+ * file, calling the store or calling into another iterator. The tuner
+ * registry lock is taken before it by the cancellation wake-up.
+ */
+#include "cache.h"
+
+#include "../exec/exec_tune.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <zstd.h>
+
+/* Elements per cwi_cache_reader_next() call of a reader thread. */
+#define RD_BATCH 256u
+/* Decoded bytes a chunk's queue may hold before its reader waits: a few
+ * 1 MiB frames, so a window of chunks stays well under the RAM budget. */
+#define RD_SLOT_BYTES (8u << 20)
+/* Reader threads of threads=auto: decoding runs at several hundred MB/s
+ * per thread, so more than this only competes with the consumer. */
+#define RD_AUTO_MAX 4
+/* level=auto compresses this much of the first elements at zstd level 1
+ * and writes at level -1 (zstd stores such blocks raw, at several GB/s
+ * both ways) when that saves under 10%: decoded photographs save about
+ * 5% at level 1 for ten times the CPU of level -1, on both the write and
+ * every later read. Smaller samples are too little to judge. */
+#define LEVEL_SAMPLE_BYTES (256u << 10)
+#define LEVEL_SAMPLE_MIN 4096u
+/* Bounds of the writer's queue of elements not yet written. */
+#define PUT_QUEUE_MIN (8u << 20)
+#define PUT_QUEUE_MAX (64u << 20)
+
+/* ---- shared helpers ------------------------------------------------------- */
+
+/* A read failure that means the cache itself is bad (the store has then
+ * marked it bad already), rather than storage that cannot be reached, a
+ * cache removed or replaced meanwhile (ENOENT) or the process out of
+ * memory. */
+static bool
+is_corruption(cachew_err rv)
+{
+	return rv == CACHEW_ECORRUPT;
+}
+
+static bool
+fp_parse(const char *hex, cachew_fingerprint *out)
+{
+	bool ok = cwi_cache_fp_parse(hex, out) == CACHEW_OK;
+
+	cwi_clear_errmsg();
+	return ok;
+}
+
+/* Appends up to `room` payload bytes of e to buf. */
+static size_t
+sample_element(const cwi_element *e, uint8_t *buf, size_t room)
+{
+	size_t len = 0;
+
+	for (uint32_t c = 0; c < e->n && len < room; c++) {
+		const cwi_tensor *t = &e->comp[c];
+		int64_t numel = cwi_tensor_numel(t);
+		const uint8_t *d;
+		size_t n;
+
+		for (int64_t i = 0; i < numel && len < room; i++) {
+			if (t->dtype == CACHEW_BYTES) {
+				d = cwi_tensor_str(t, i, &n);
+			} else {
+				d = cwi_tensor_data(t);
+				n = cwi_tensor_nbytes(t);
+				i = numel;
+			}
+			if (n > room - len)
+				n = room - len;
+			memcpy(buf + len, d, n);
+			len += n;
+		}
+	}
+	return len;
+}
+
+/* The zstd level of level=auto for data that starts with v[first..n). */
+static int
+auto_level(const cwi_chunk *v, size_t first)
+{
+	uint8_t *buf = malloc(LEVEL_SAMPLE_BYTES), *dst = NULL;
+	size_t len = 0, bound, z;
+	int level = 1;
+
+	for (size_t i = first; buf != NULL && v != NULL && i < v->n &&
+			       len < LEVEL_SAMPLE_BYTES; i++)
+		len += sample_element(v->v[i], buf + len,
+		    LEVEL_SAMPLE_BYTES - len);
+	if (len >= LEVEL_SAMPLE_MIN) {
+		bound = ZSTD_compressBound(len);
+		dst = malloc(bound);
+		z = dst != NULL ? ZSTD_compress(dst, bound, buf, len, 1) : 0;
+		if (dst != NULL && !ZSTD_isError(z) && z * 10 > len * 9)
+			level = -1;
+	}
+	free(dst);
+	free(buf);
+	return level;
+}
+
+/* The writer options of a node's parameters; level=auto looks at the
+ * first elements to write (v[first..n), v may be NULL). */
+static cwi_cache_writer_opts
+writer_opts(const cwi_node *node, const cwi_chunk *v, size_t first)
+{
+	cwi_cache_writer_opts o = {0};
+	int64_t threads = cwi_node_int(node, "threads");
+	int64_t level = cwi_node_int(node, "level");
+
+	o.chunk_bytes = (uint64_t)cwi_node_int(node, "chunk_bytes");
+	/* A chunk holds whole frames: small chunks need small frames to be
+	 * split at all (a few frames per chunk). */
+	o.frame_bytes = CWI_CACHE_FRAME_BYTES;
+	if (o.chunk_bytes / 4 < o.frame_bytes)
+		o.frame_bytes = o.chunk_bytes / 4 > 1024
+				    ? (size_t)(o.chunk_bytes / 4)
+				    : 1024;
+	o.zstd_level = level == CACHEW_AUTO ? auto_level(v, first) : (int)level;
+	o.threads = threads == CACHEW_AUTO ? 0 : (int)threads;
+	return o;
+}
+
+/* ---- writing: the pass-through half of cache_put and cache ---------------- */
+
+typedef struct put_pass {
+	const cwi_node *node;  /* the cache_put or cache node */
+	cwi_cache_root *root;  /* NULL: pass through only */
+	bool own_root;         /* opened (and closed) by the pass itself */
+	int64_t ram_budget;    /* the pipeline's (bytes, > 0) */
+	cwi_cache_writer *w;   /* NULL: not writing */
+	bool started;          /* writer creation was attempted */
+	uint64_t elements;     /* handed to the writer */
+} put_pass;
+
+static void
+put_warn(put_pass *p, const char *what, cachew_err rv)
+{
+	char hex[33];
+	const char *msg = cwi_errmsg_get();
+
+	cachew_fingerprint_hex(&p->node->fp, hex);
+	cwi_log(CACHEW_LOG_WARN, "cache",
+	    "%s: not caching %s under %s: %s: %s; passing the data through "
+	    "uncached", p->node->op->name, hex,
+	    p->root != NULL ? cwi_cache_root_path(p->root) : "?", what,
+	    msg[0] != '\0' ? msg : cachew_strerror(rv));
+}
+
+static cwi_cache_root *put_root_open(const cwi_node *node);
+
+/* Starts the writer with the first elements pulled, v[first..n) (an
+ * iterator that is created and destroyed unused writes nothing). */
+static void
+put_begin(put_pass *p, const cwi_chunk *v, size_t first)
+{
+	const cwi_node *node = p->node;
+	cwi_cache_writer_opts o;
+	cwi_strbuf sb;
+	char *pipeline = NULL;
+	size_t len;
+	cachew_err rv;
+
+	p->started = true;
+	if (p->own_root)
+		p->root = put_root_open(node);
+	if (p->root == NULL)
+		return;
+	o = writer_opts(node, v, first);
+	/* The writer's token holder stops for each chunk's fsync and for
+	 * storage that is briefly busy: a queue of a few tens of MB lets the
+	 * pipeline run on meanwhile (8 MB, the writer's default for two
+	 * threads, is 50 ms of W2 at 2 threads). */
+	o.queue_bytes = (size_t)(p->ram_budget / 16);
+	if (o.queue_bytes > PUT_QUEUE_MAX)
+		o.queue_bytes = PUT_QUEUE_MAX;
+	if (o.queue_bytes < PUT_QUEUE_MIN)
+		o.queue_bytes = PUT_QUEUE_MIN;
+	cwi_strbuf_init(&sb);
+	rv = cwi_node_to_string(node->inputs[0], &sb);
+	if (rv == CACHEW_OK)
+		rv = cwi_strbuf_finish(&sb, &pipeline, &len);
+	else
+		cwi_strbuf_free(&sb);
+	if (rv == CACHEW_OK)
+		rv = cwi_cache_writer_create(
+		    &p->w, p->root, &node->fp, pipeline, &o);
+	cachew_free(pipeline);
+	if (rv == CACHEW_EEXIST) {
+		char hex[33];
+		cachew_fingerprint_hex(&node->fp, hex);
+		cwi_log(CACHEW_LOG_INFO, "cache",
+		    "%s: %s under %s is complete or being written: passing "
+		    "through", node->op->name, hex, cwi_cache_root_path(p->root));
+		cwi_clear_errmsg();
+	} else if (rv != CACHEW_OK) {
+		put_warn(p, "cannot start the writer", rv);
+	}
+	if (rv != CACHEW_OK)
+		p->w = NULL;
+}
+
+/* Hands out->v[first..n) to the writer (which takes its own references). */
+static void
+put_add(put_pass *p, const cwi_chunk *out, size_t first)
+{
+	cachew_err rv;
+
+	if (out->n == first)
+		return;
+	if (!p->started)
+		put_begin(p, out, first);
+	if (p->w == NULL)
+		return;
+	rv = cwi_cache_writer_add(p->w, out->v + first, out->n - first);
+	if (rv != CACHEW_OK) {
+		put_warn(p, "write failed", rv);
+		cwi_cache_writer_destroy(p->w);
+		p->w = NULL;
+		return;
+	}
+	p->elements += out->n - first;
+}
+
+/* The end of the pass: `end` is CACHEW_EOF for a complete pass (commit),
+ * anything else aborts the write. */
+static void
+put_finish(put_pass *p, cachew_err end)
+{
+	cachew_err rv;
+	char hex[33];
+
+	/* An empty input still makes a (complete, empty) cache. */
+	if (!p->started && end == CACHEW_EOF)
+		put_begin(p, NULL, 0);
+	if (p->w == NULL)
+		return;
+	if (end == CACHEW_EOF) {
+		rv = cwi_cache_writer_commit(p->w);
+		cachew_fingerprint_hex(&p->node->fp, hex);
+		if (rv != CACHEW_OK)
+			put_warn(p, "commit failed", rv);
+		else
+			cwi_log(CACHEW_LOG_INFO, "cache",
+			    "%s: cached %llu elements as %s under %s",
+			    p->node->op->name,
+			    (unsigned long long)p->elements, hex,
+			    cwi_cache_root_path(p->root));
+	}
+	cwi_cache_writer_destroy(p->w);
+	p->w = NULL;
+}
+
+/* Opens the root of a writing node; a failure only disables caching. */
+static cwi_cache_root *
+put_root_open(const cwi_node *node)
+{
+	cwi_cache_root *r = NULL;
+	cachew_err rv = cwi_cache_root_open(&r, cwi_node_str(node, "root"),
+	    (uint64_t)cwi_node_int(node, "capacity"));
+	char hex[33];
+
+	if (rv == CACHEW_OK)
+		return r;
+	cachew_fingerprint_hex(&node->fp, hex);
+	cwi_log(CACHEW_LOG_WARN, "cache",
+	    "%s: not caching %s: cannot open the cache root %s: %s; passing "
+	    "the data through uncached", node->op->name, hex,
+	    cwi_node_str(node, "root"), cwi_errmsg_get());
+	return NULL;
+}
+
+/* ---- reading: a window of chunks decoded ahead by reader threads ---------- */
+
+typedef struct rd_batch {
+	struct rd_batch *next;
+	cwi_chunk elems; /* v[pos..n) not yet taken */
+	size_t pos;
+	size_t bytes;
+} rd_batch;
+
+/* The queue of one chunk being read. Position p of the read order uses
+ * slots[p % window]. */
+typedef struct rd_slot {
+	size_t chunk;     /* manifest chunk index */
+	rd_batch *head, *tail;
+	size_t bytes;     /* decoded bytes queued */
+	bool done;        /* the reader finished: err says how */
+	cachew_err err;   /* CACHEW_EOF: the whole chunk was read */
+	char *errmsg;
+} rd_slot;
+
+typedef struct get_read {
+	cwi_pipeline *pl;
+	cwi_stats *stats;
+	cwi_cache_root *root;    /* borrowed */
+	cwi_cache_manifest *m;   /* owned */
+	/* A reader held open (never read) from start to end: the store's
+	 * shared lock lives while a reader is open, and the reader threads
+	 * may all be between chunks while the consumer drains, when gc
+	 * could otherwise remove the cache mid-read. */
+	cwi_cache_reader *pin;
+	cachew_err pin_err;      /* the pin found the first chunk corrupt */
+	size_t *order;           /* chunk indices in read order */
+	size_t norder;
+	size_t window;           /* chunks in flight = reader threads */
+	pthread_t *tids;
+	int nthreads, started;
+	cwi_tune_op tune;
+	bool attached;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cv_work, cv_cons;
+	rd_slot *slots;
+	size_t next_claim;       /* next position a reader takes */
+	size_t opened;           /* positions [0, opened) were opened */
+	size_t cons_pos;         /* position the consumer drains */
+	bool stop, cancel;
+	bool cons_waiting;
+	int work_waiting;
+	char errmsg[1024];       /* consumer: the failure rd_take returned */
+} get_read;
+
+static void
+rd_batch_free(rd_batch *b)
+{
+	while (b != NULL) {
+		rd_batch *next = b->next;
+		for (size_t i = b->pos; i < b->elems.n; i++)
+			cwi_element_release(b->elems.v[i]);
+		free(b->elems.v);
+		free(b);
+		b = next;
+	}
+}
+
+static void
+rd_slot_clear(rd_slot *s)
+{
+	rd_batch_free(s->head);
+	free(s->errmsg);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Queues a batch in its slot and waits while the slot is over its bound.
+ * Returns false when the reader must stop. (lock not held) */
+static bool
+rd_push(get_read *g, rd_slot *s, rd_batch *b)
+{
+	bool wake, go;
+
+	pthread_mutex_lock(&g->lock);
+	if (s->tail != NULL)
+		s->tail->next = b;
+	else
+		s->head = b;
+	s->tail = b;
+	s->bytes += b->bytes;
+	cwi_tune_bytes_add(&g->tune, (int64_t)b->bytes);
+	wake = g->cons_waiting;
+	while (s->bytes > RD_SLOT_BYTES && !g->stop && !g->cancel) {
+		if (wake) {
+			pthread_cond_signal(&g->cv_cons);
+			wake = false;
+		}
+		g->work_waiting++;
+		pthread_cond_wait(&g->cv_work, &g->lock);
+		g->work_waiting--;
+	}
+	go = !g->stop && !g->cancel;
+	pthread_mutex_unlock(&g->lock);
+	if (wake)
+		pthread_cond_signal(&g->cv_cons);
+	return go;
+}
+
+/* Opens the chunk of position pos once every earlier position was
+ * opened: a reader that finds a chunk corrupt marks the whole cache bad,
+ * after which no chunk can be opened, so opening in order keeps every
+ * element before the first defect readable (and the reported error the
+ * defect itself, not "marked bad"). (lock not held) */
+static cachew_err
+rd_open_in_order(get_read *g, size_t pos, cwi_cache_reader **rd)
+{
+	cachew_err rv = CACHEW_ECANCELED;
+	bool go;
+
+	*rd = NULL;
+	pthread_mutex_lock(&g->lock);
+	while (g->opened < pos && !g->stop && !g->cancel) {
+		g->work_waiting++;
+		pthread_cond_wait(&g->cv_work, &g->lock);
+		g->work_waiting--;
+	}
+	go = !g->stop && !g->cancel;
+	pthread_mutex_unlock(&g->lock);
+	if (go)
+		rv = cwi_cache_reader_open(rd, g->root, g->m, g->order[pos]);
+	pthread_mutex_lock(&g->lock);
+	g->opened = pos + 1;
+	if (g->work_waiting > 0)
+		pthread_cond_broadcast(&g->cv_work);
+	pthread_mutex_unlock(&g->lock);
+	return rv;
+}
+
+/* Reads the chunk of position pos into its slot (lock not held). */
+static void
+rd_chunk(get_read *g, size_t pos, rd_slot *s)
+{
+	cwi_cache_reader *rd = NULL;
+	char *msg = NULL;
+	cachew_err rv;
+
+	rv = rd_open_in_order(g, pos, &rd);
+	while (rv == CACHEW_OK) {
+		rd_batch *b = calloc(1, sizeof(*b));
+		uint64_t t0 = cwi_now_ns();
+
+		if (b == NULL || cwi_chunk_reserve(&b->elems, RD_BATCH) !=
+				     CACHEW_OK) {
+			rd_batch_free(b);
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+			break;
+		}
+		rv = cwi_cache_reader_next(rd, &b->elems, RD_BATCH);
+		for (size_t i = 0; i < b->elems.n; i++)
+			b->bytes += cwi_element_nbytes(b->elems.v[i]);
+		if (g->stats != NULL)
+			cwi_stat_add(&g->stats->busy_ns, cwi_now_ns() - t0);
+		if (b->elems.n == 0) {
+			rd_batch_free(b);
+			if (rv == CACHEW_OK)
+				rv = cwi_fail(CACHEW_EINTERNAL,
+				    "cache reader returned no element and no "
+				    "end");
+			break;
+		}
+		if (!rd_push(g, s, b) && rv == CACHEW_OK)
+			rv = CACHEW_ECANCELED;
+	}
+	if (rv != CACHEW_EOF && rv != CACHEW_ECANCELED) {
+		const char *m = cwi_errmsg_get();
+		msg = cwi_strdup(m[0] != '\0' ? m : cachew_strerror(rv));
+	}
+	cwi_cache_reader_close(rd);
+	pthread_mutex_lock(&g->lock);
+	s->done = true;
+	s->err = rv;
+	s->errmsg = msg;
+	if (g->cons_waiting)
+		pthread_cond_signal(&g->cv_cons);
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void *
+rd_main(void *arg)
+{
+	get_read *g = arg;
+
+	pthread_mutex_lock(&g->lock);
+	while (!g->stop && !g->cancel) {
+		if (g->next_claim < g->norder &&
+		    g->next_claim < g->cons_pos + g->window) {
+			size_t pos = g->next_claim++;
+			rd_slot *s = &g->slots[pos % g->window];
+			/* Position pos - window was drained and cleared when
+			 * the consumer moved past it. */
+			s->chunk = g->order[pos];
+			pthread_mutex_unlock(&g->lock);
+			rd_chunk(g, pos, s);
+			pthread_mutex_lock(&g->lock);
+			continue;
+		}
+		g->work_waiting++;
+		pthread_cond_wait(&g->cv_work, &g->lock);
+		g->work_waiting--;
+	}
+	pthread_mutex_unlock(&g->lock);
+	return NULL;
+}
+
+static void
+rd_wake(void *arg)
+{
+	get_read *g = arg;
+
+	pthread_mutex_lock(&g->lock);
+	g->cancel = true;
+	pthread_cond_broadcast(&g->cv_work);
+	pthread_cond_broadcast(&g->cv_cons);
+	pthread_mutex_unlock(&g->lock);
+}
+
+static cachew_err
+rd_start(get_read *g)
+{
+	pthread_mutex_lock(&g->lock);
+	while (g->started < g->nthreads) {
+		if (pthread_create(&g->tids[g->started], NULL, rd_main, g) != 0)
+			break;
+		g->started++;
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (g->started == 0)
+		return cwi_pipeline_fail(g->pl, CACHEW_ENOMEM,
+		    "cache: cannot start a reader thread");
+	if (g->stats != NULL)
+		atomic_store_explicit(&g->stats->parallelism, g->started,
+		    memory_order_relaxed);
+	return CACHEW_OK;
+}
+
+/* Moves up to max elements in read order into out. CACHEW_EOF after the
+ * last chunk; a read failure is returned (with its message in g->errmsg)
+ * once every element before it was delivered. */
+static cachew_err
+rd_take(get_read *g, cwi_chunk *out, size_t max)
+{
+	cachew_err rv = CACHEW_OK;
+	size_t got = 0;
+	bool wake = false;
+
+	if (g->pin_err != CACHEW_OK)
+		return g->pin_err;
+	if (g->started == 0 && g->norder > 0) {
+		rv = rd_start(g);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	pthread_mutex_lock(&g->lock);
+	for (;;) {
+		rd_slot *s;
+		rd_batch *b;
+
+		if (g->cons_pos >= g->norder) {
+			rv = got > 0 ? CACHEW_OK : CACHEW_EOF;
+			break;
+		}
+		s = &g->slots[g->cons_pos % g->window];
+		b = s->head;
+		if (b != NULL) {
+			size_t take = b->elems.n - b->pos;
+			if (take > max - got)
+				take = max - got;
+			memcpy(out->v + out->n, b->elems.v + b->pos,
+			    take * sizeof(*out->v));
+			out->n += take;
+			b->pos += take;
+			got += take;
+			if (b->pos == b->elems.n) {
+				s->head = b->next;
+				if (s->head == NULL)
+					s->tail = NULL;
+				s->bytes -= b->bytes;
+				cwi_tune_bytes_add(&g->tune, -(int64_t)b->bytes);
+				b->next = NULL;
+				b->pos = b->elems.n = 0;
+				rd_batch_free(b);
+				if (s->bytes <= RD_SLOT_BYTES / 2)
+					wake = true;
+			}
+			if (got == max)
+				break;
+			continue;
+		}
+		if (s->done && s->err == CACHEW_EOF) {
+			rd_slot_clear(s);
+			g->cons_pos++;
+			wake = true;
+			continue;
+		}
+		if (got > 0)
+			break;
+		if (s->done) {
+			rv = s->err;
+			snprintf(g->errmsg, sizeof(g->errmsg), "%s",
+			    s->errmsg != NULL ? s->errmsg : cachew_strerror(rv));
+			break;
+		}
+		if (g->cancel) {
+			rv = CACHEW_ECANCELED;
+			break;
+		}
+		if (wake && g->work_waiting > 0) {
+			pthread_cond_broadcast(&g->cv_work);
+			wake = false;
+		}
+		g->cons_waiting = true;
+		pthread_cond_wait(&g->cv_cons, &g->lock);
+		g->cons_waiting = false;
+	}
+	wake = wake && g->work_waiting > 0;
+	pthread_mutex_unlock(&g->lock);
+	if (wake)
+		pthread_cond_broadcast(&g->cv_work);
+	return rv;
+}
+
+/* The read order: every chunk, or the pipeline's split unit ranges when
+ * this node is its split source. */
+static cachew_err
+rd_order(get_read *g, const cwi_node *node)
+{
+	const cwi_pipeline *pl = g->pl;
+	size_t nchunks = g->m->nchunks, n = 0;
+
+	if (pl->split_node != node) {
+		g->order = calloc(nchunks > 0 ? nchunks : 1, sizeof(size_t));
+		if (g->order == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		for (size_t i = 0; i < nchunks; i++)
+			g->order[i] = i;
+		g->norder = nchunks;
+		return CACHEW_OK;
+	}
+	for (size_t r = 0; r < pl->nsplit_ranges; r++) {
+		const cwi_unit_range *u = &pl->split_ranges[r];
+		if (u->begin > u->end || u->end > nchunks)
+			return cwi_fail(CACHEW_EINVAL,
+			    "split range [%llu, %llu) is outside the "
+			    "cache's %zu chunks",
+			    (unsigned long long)u->begin,
+			    (unsigned long long)u->end, nchunks);
+		n += (size_t)(u->end - u->begin);
+	}
+	g->order = calloc(n > 0 ? n : 1, sizeof(size_t));
+	if (g->order == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t r = 0; r < pl->nsplit_ranges; r++)
+		for (uint64_t u = pl->split_ranges[r].begin;
+		     u < pl->split_ranges[r].end; u++)
+			g->order[g->norder++] = (size_t)u;
+	return CACHEW_OK;
+}
+
+/* Prepares reading manifest m (taking it) from root; threads as the node's
+ * `threads` parameter says. The reader threads start at the first take. */
+static cachew_err
+rd_init(get_read *g, const cwi_node *node, cwi_pipeline *pl,
+    cwi_cache_root *root, cwi_cache_manifest *m)
+{
+	int64_t threads = cwi_node_int(node, "threads");
+	cachew_err rv;
+
+	memset(g, 0, sizeof(*g));
+	g->pl = pl;
+	g->stats = cwi_pipeline_stats(pl, node);
+	g->root = root;
+	g->m = m;
+	cwi_mutex_init(&g->lock);
+	pthread_cond_init(&g->cv_work, NULL);
+	pthread_cond_init(&g->cv_cons, NULL);
+	rv = rd_order(g, node);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (threads == CACHEW_AUTO) {
+		threads = pl->opts.threads > 0 ? pl->opts.threads : 1;
+		if (threads > RD_AUTO_MAX)
+			threads = RD_AUTO_MAX;
+	}
+	if (threads < 1)
+		threads = 1;
+	if ((size_t)threads > g->norder)
+		threads = g->norder > 0 ? (int64_t)g->norder : 1;
+	g->nthreads = (int)threads;
+	g->window = (size_t)threads;
+	g->tids = calloc((size_t)threads, sizeof(pthread_t));
+	g->slots = calloc((size_t)threads, sizeof(rd_slot));
+	if (g->tids == NULL || g->slots == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_tune_attach(&g->tune, pl, rd_wake, g);
+	if (rv != CACHEW_OK)
+		return rv;
+	g->attached = true;
+	/* The pin opens the first chunk to read: a defect found there (the
+	 * cache is then marked bad) is the first thing the consumer gets;
+	 * other failures are left for the reader thread to report. */
+	if (g->norder > 0) {
+		rv = cwi_cache_reader_open(&g->pin, root, m, g->order[0]);
+		if (rv == CACHEW_ECORRUPT) {
+			g->pin_err = rv;
+			snprintf(g->errmsg, sizeof(g->errmsg), "%s",
+			    cwi_errmsg_get());
+		}
+		if (rv != CACHEW_OK)
+			g->pin = NULL;
+		cwi_clear_errmsg();
+	}
+	return CACHEW_OK;
+}
+
+/* Stops the reader threads and frees everything (also after a failed
+ * rd_init). Call cwi_tune_cancel(pl) first when the pipeline is being
+ * destroyed. */
+static void
+rd_fini(get_read *g)
+{
+	pthread_mutex_lock(&g->lock);
+	g->stop = true;
+	pthread_cond_broadcast(&g->cv_work);
+	pthread_cond_broadcast(&g->cv_cons);
+	pthread_mutex_unlock(&g->lock);
+	for (int i = 0; i < g->started; i++)
+		pthread_join(g->tids[i], NULL);
+	for (size_t i = 0; g->slots != NULL && i < g->window; i++)
+		rd_slot_clear(&g->slots[i]);
+	cwi_cache_reader_close(g->pin);
+	if (g->attached)
+		cwi_tune_detach(&g->tune);
+	free(g->slots);
+	free(g->tids);
+	free(g->order);
+	cwi_cache_manifest_free(g->m);
+	pthread_cond_destroy(&g->cv_cons);
+	pthread_cond_destroy(&g->cv_work);
+	pthread_mutex_destroy(&g->lock);
+	memset(g, 0, sizeof(*g));
+}
+
+/* ---- cache_put ---------------------------------------------------------------- */
+
+typedef struct put_iter {
+	cwi_iter base;
+	cwi_iter *input;
+	put_pass pass;
+} put_iter;
+
+static cachew_err
+put_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	put_iter *p = (put_iter *)it;
+	size_t first = out->n;
+	cachew_err rv;
+
+	rv = cwi_iter_next(p->input, out, max);
+	if (rv == CACHEW_OK)
+		put_add(&p->pass, out, first);
+	else
+		put_finish(&p->pass, rv);
+	return rv;
+}
+
+static void
+put_destroy(cwi_iter *it)
+{
+	put_iter *p = (put_iter *)it;
+
+	/* Before EOF this aborts: a pass cut short leaves no cache. */
+	put_finish(&p->pass, CACHEW_ECANCELED);
+	if (p->pass.own_root)
+		cwi_cache_root_close(p->pass.root);
+	cwi_iter_destroy(p->input);
+	free(p);
+}
+
+static const cwi_iter_ops put_iter_ops = {
+    .next = put_next,
+    .destroy = put_destroy,
+};
+
+static cachew_err
+put_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	put_iter *p = calloc(1, sizeof(*p));
+	cachew_err rv;
+
+	if (p == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	p->base.ops = &put_iter_ops;
+	p->pass.node = node;
+	p->pass.ram_budget = args->pl->opts.ram_budget;
+	p->pass.own_root = true;
+	rv = cwi_iter_create(&p->input, node->inputs[0], args);
+	if (rv != CACHEW_OK) {
+		free(p);
+		return rv;
+	}
+	*out = &p->base;
+	return CACHEW_OK;
+}
+
+/* ---- cache_get ---------------------------------------------------------------- */
+
+typedef struct get_iter {
+	cwi_iter base;
+	cwi_cache_root *root;
+	cachew_fingerprint fp;
+	get_read rd;
+	bool rd_ready;
+} get_iter;
+
+/* Reports a read failure of cache_get. A corrupt cache was marked bad by
+ * the reader that found it. */
+static cachew_err
+get_failed(get_iter *g, cachew_err rv)
+{
+	const char *root = cwi_cache_root_path(g->root);
+	char hex[33];
+
+	cachew_fingerprint_hex(&g->fp, hex);
+	if (is_corruption(rv))
+		return cwi_pipeline_fail(g->base.pl, CACHEW_ECORRUPT,
+		    "cache_get: cache %s under %s is corrupt and was marked "
+		    "bad (cache_get cannot recompute it; cache(root) would): "
+		    "%s", hex, root, g->rd.errmsg);
+	if (rv == CACHEW_ENOENT)
+		return cwi_pipeline_fail(g->base.pl, CACHEW_ENOENT,
+		    "cache_get: cache %s under %s can no longer be read "
+		    "(removed, replaced or marked bad meanwhile): %s", hex,
+		    root, g->rd.errmsg);
+	return cwi_pipeline_fail(g->base.pl, rv,
+	    "cache_get: reading cache %s under %s: %s", hex, root,
+	    g->rd.errmsg);
+}
+
+static cachew_err
+get_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	get_iter *g = (get_iter *)it;
+	cachew_err rv = rd_take(&g->rd, out, max);
+
+	if (rv == CACHEW_OK || rv == CACHEW_EOF || rv == CACHEW_ECANCELED)
+		return rv;
+	if (rv == CACHEW_ENOMEM && g->rd.started == 0)
+		return rv; /* rd_start reported it */
+	return get_failed(g, rv);
+}
+
+static void
+get_free(get_iter *g)
+{
+	if (g->rd_ready)
+		rd_fini(&g->rd);
+	cwi_cache_root_close(g->root);
+	free(g);
+}
+
+static void
+get_destroy(cwi_iter *it)
+{
+	get_iter *g = (get_iter *)it;
+
+	cwi_tune_cancel(g->base.pl);
+	get_free(g);
+}
+
+static const cwi_iter_ops get_iter_ops = {
+    .next = get_next,
+    .destroy = get_destroy,
+};
+
+/* Opens the root of a cache_get node and finds its manifest; errors
+ * through cwi_fail, without the operator's name (the caller adds it). */
+static cachew_err
+get_lookup(const cwi_node *node, cwi_cache_root **root,
+    cachew_fingerprint *fp, cwi_cache_manifest **m)
+{
+	const char *path = cwi_node_str(node, "root");
+	const char *hex = cwi_node_str(node, "fingerprint");
+	cachew_err rv;
+
+	*root = NULL;
+	*m = NULL;
+	if (!fp_parse(hex, fp))
+		return cwi_fail(CACHEW_EINVAL,
+		    "fingerprint '%s' is not 32 hex digits", hex);
+	rv = cwi_cache_root_open(root, path, 0);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_cache_lookup(*root, fp, m);
+	if (rv == CACHEW_ENOENT)
+		rv = cwi_fail(CACHEW_ENOENT,
+		    "no complete cache %s under %s (write one with cache_put "
+		    "or cache; `cachew cache ls %s` lists the caches there)",
+		    hex, path, path);
+	else if (rv == CACHEW_ECORRUPT)
+		rv = cwi_fail(CACHEW_ECORRUPT,
+		    "cache %s under %s is corrupt and was marked bad: %s", hex,
+		    path, cwi_errmsg_get());
+	if (rv != CACHEW_OK) {
+		cwi_cache_root_close(*root);
+		*root = NULL;
+	}
+	return rv;
+}
+
+static cachew_err
+get_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	get_iter *g = calloc(1, sizeof(*g));
+	cwi_cache_manifest *m = NULL;
+	cachew_err rv;
+
+	if (g == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	g->base.ops = &get_iter_ops;
+	g->base.async = true;
+	rv = get_lookup(node, &g->root, &g->fp, &m);
+	if (rv == CACHEW_OK) {
+		g->rd_ready = true;
+		rv = rd_init(&g->rd, node, args->pl, g->root, m);
+	}
+	if (rv != CACHEW_OK) {
+		if (!g->rd_ready)
+			cwi_cache_manifest_free(m);
+		get_free(g);
+		return rv;
+	}
+	*out = &g->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+get_split_units(const cwi_node *node, uint64_t *units)
+{
+	cwi_cache_root *root;
+	cwi_cache_manifest *m;
+	cachew_fingerprint fp;
+	cachew_err rv = get_lookup(node, &root, &fp, &m);
+
+	if (rv != CACHEW_OK)
+		return cwi_fail(rv, "cache_get: %s", cwi_errmsg_get());
+	*units = m->nchunks;
+	cwi_cache_manifest_free(m);
+	cwi_cache_root_close(root);
+	return CACHEW_OK;
+}
+
+static cachew_err
+get_validate(cwi_node *node)
+{
+	cachew_fingerprint fp;
+
+	if (!fp_parse(cwi_node_str(node, "fingerprint"), &fp))
+		return cwi_fail(CACHEW_EINVAL,
+		    "cache_get: fingerprint '%s' is not 32 hex digits (as "
+		    "`cachew cache ls` or `cachew run --json` print it)",
+		    cwi_node_str(node, "fingerprint"));
+	return CACHEW_OK;
+}
+
+/* ---- cache -------------------------------------------------------------------- */
+
+typedef struct cache_iter {
+	cwi_iter base;
+	cwi_iter_args args;     /* to start the input after a bad read */
+	cwi_cache_root *root;   /* NULL: could not open: compute only */
+	bool reading;
+	get_read rd;
+	cwi_iter *input;        /* computing */
+	put_pass pass;
+	uint64_t yielded;       /* elements delivered while reading */
+	uint64_t skip;          /* recomputed elements still to drop */
+	cwi_chunk scratch;
+} cache_iter;
+
+/* Switches from a failed read to computing (a corrupt cache was marked bad
+ * by the reader that found it): starts the input and arranges to skip
+ * what was yielded. */
+static cachew_err
+cache_recompute(cache_iter *c, cachew_err why)
+{
+	const cwi_node *node = c->base.node;
+	char hex[33];
+	cachew_err rv;
+
+	cachew_fingerprint_hex(&node->fp, hex);
+	cwi_log(CACHEW_LOG_WARN, "cache",
+	    "cache: reading %s under %s failed after %llu elements (%s%s); "
+	    "recomputing from the input", hex, cwi_cache_root_path(c->root),
+	    (unsigned long long)c->yielded,
+	    is_corruption(why) ? "marked bad: " : "", c->rd.errmsg);
+	rd_fini(&c->rd);
+	c->reading = false;
+	c->base.async = false;
+	c->skip = c->yielded;
+	rv = cwi_iter_create(&c->input, node->inputs[0], &c->args);
+	if (rv != CACHEW_OK)
+		c->input = NULL;
+	return rv;
+}
+
+/* Pulls and drops the elements the read already yielded, writing them to
+ * the replacement cache. */
+static cachew_err
+cache_skip(cache_iter *c)
+{
+	while (c->skip > 0) {
+		size_t k = c->skip < RD_BATCH ? (size_t)c->skip : RD_BATCH;
+		cachew_err rv;
+
+		if (cwi_pipeline_cancelled(c->base.pl))
+			return CACHEW_ECANCELED;
+		c->scratch.n = 0;
+		rv = cwi_iter_next(c->input, &c->scratch, k);
+		if (rv != CACHEW_OK) {
+			if (rv == CACHEW_EOF) {
+				/* The input now yields fewer elements than
+				 * the cache held (a non-deterministic input):
+				 * what was yielded stands. */
+				cwi_log(CACHEW_LOG_WARN, "cache",
+				    "cache: the recomputed input ended %llu "
+				    "elements before the point the cache was "
+				    "read to", (unsigned long long)c->skip);
+			}
+			put_finish(&c->pass, rv);
+			return rv;
+		}
+		put_add(&c->pass, &c->scratch, 0);
+		c->skip -= c->scratch.n;
+		cwi_chunk_clear(&c->scratch);
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+cache_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	cache_iter *c = (cache_iter *)it;
+	size_t first = out->n;
+	cachew_err rv;
+
+	if (c->reading) {
+		rv = rd_take(&c->rd, out, max);
+		if (rv == CACHEW_OK)
+			c->yielded += out->n - first;
+		if (rv == CACHEW_OK || rv == CACHEW_EOF ||
+		    rv == CACHEW_ECANCELED ||
+		    (rv == CACHEW_ENOMEM && c->rd.started == 0))
+			return rv;
+		rv = cache_recompute(c, rv);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	rv = cache_skip(c);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_iter_next(c->input, out, max);
+	if (rv == CACHEW_OK)
+		put_add(&c->pass, out, first);
+	else
+		put_finish(&c->pass, rv);
+	return rv;
+}
+
+static void
+cache_free(cache_iter *c)
+{
+	if (c->reading)
+		rd_fini(&c->rd);
+	put_finish(&c->pass, CACHEW_ECANCELED);
+	cwi_iter_destroy(c->input);
+	cwi_chunk_free(&c->scratch);
+	cwi_cache_root_close(c->root);
+	free(c);
+}
+
+static void
+cache_destroy(cwi_iter *it)
+{
+	cache_iter *c = (cache_iter *)it;
+
+	cwi_tune_cancel(c->base.pl);
+	cache_free(c);
+}
+
+static const cwi_iter_ops cache_iter_ops = {
+    .next = cache_next,
+    .destroy = cache_destroy,
+};
+
+/* Finds a complete cache of the node's input: true with *m to read it. */
+static bool
+cache_find(cache_iter *c, const cwi_node *node, cwi_cache_manifest **m)
+{
+	cachew_err rv;
+	char hex[33];
+
+	if (c->root == NULL)
+		return false;
+	rv = cwi_cache_lookup(c->root, &node->fp, m);
+	if (rv == CACHEW_OK)
+		return true;
+	cachew_fingerprint_hex(&node->fp, hex);
+	if (rv != CACHEW_ENOENT)
+		cwi_log(CACHEW_LOG_WARN, "cache",
+		    "cache: cannot use the cache %s under %s (%s): computing",
+		    hex, cwi_cache_root_path(c->root), cwi_errmsg_get());
+	cwi_clear_errmsg();
+	*m = NULL;
+	return false;
+}
+
+static cachew_err
+cache_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	cache_iter *c = calloc(1, sizeof(*c));
+	cwi_cache_manifest *m = NULL;
+	cachew_err rv;
+
+	if (c == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	c->base.ops = &cache_iter_ops;
+	c->args = *args;
+	c->pass.node = node;
+	c->pass.ram_budget = args->pl->opts.ram_budget;
+	c->root = put_root_open(node);
+	c->pass.root = c->root;
+	if (cache_find(c, node, &m)) {
+		/* A complete cache: the input is not even started. */
+		c->reading = true;
+		c->base.async = true;
+		rv = rd_init(&c->rd, node, args->pl, c->root, m);
+	} else {
+		rv = cwi_iter_create(&c->input, node->inputs[0], args);
+	}
+	if (rv != CACHEW_OK) {
+		cache_free(c);
+		return rv;
+	}
+	*out = &c->base;
+	return CACHEW_OK;
+}
+
+/* ---- operator tables ------------------------------------------------------------ */
+
+#define P_ROOT(h)                                                             \
+	{.name = "root", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,         \
+	    .help = h}
+#define P_THREADS(h)                                                          \
+	{.name = "threads", .type = CWI_P_INT,                                \
+	    .flags = CWI_PF_AUTO | CWI_PF_PERF, .def_int = CACHEW_AUTO,       \
+	    .min = 1, .max = 64, .help = h}
+#define P_WRITE_PARAMS                                                        \
+	{.name = "chunk_bytes", .type = CWI_P_INT, .flags = CWI_PF_PERF,      \
+	    .def_int = CWI_CACHE_CHUNK_BYTES, .min = 4096,                    \
+	    .max = (int64_t)1 << 40,                                          \
+	    .help = "target size of a chunk file (one split when read)"},     \
+	    {.name = "capacity", .type = CWI_P_INT, .flags = CWI_PF_PERF,     \
+		.def_int = 0, .min = 0, .max = INT64_MAX,                     \
+		.help = "bytes all caches under root may use (0: no "         \
+			"limit); a write evicts least recently read caches "  \
+			"first, else is abandoned with a warning"},           \
+	    {.name = "level", .type = CWI_P_INT,                              \
+		.flags = CWI_PF_AUTO | CWI_PF_PERF, .def_int = CACHEW_AUTO,   \
+		.min = -7, .max = 19,                                         \
+		.help = "zstd level, or auto: 1, or -1 (stored nearly raw, "  \
+			"10x faster both ways) when the first 256 KiB "       \
+			"compress by under 10% (decoded pixels)"}
+
+static const cwi_param_spec put_params[] = {
+    P_ROOT("cache root: a directory (created if missing), a shared file "
+	   "system path or s3://bucket/prefix"),
+    P_THREADS("encoder threads of the writer, or auto (2)"),
+    P_WRITE_PARAMS,
+};
+
+static const cwi_param_spec cache_params[] = {
+    P_ROOT("cache root: a directory (created if missing), a shared file "
+	   "system path or s3://bucket/prefix"),
+    P_THREADS("reader threads (reading) or encoder threads (writing), or "
+	      "auto"),
+    P_WRITE_PARAMS,
+};
+
+/* cache_get's root is a location, not data: leave it out of the
+ * fingerprint. */
+static const cwi_param_spec get_params[] = {
+    {.name = "root", .type = CWI_P_STR,
+	.flags = CWI_PF_REQUIRED | CWI_PF_PERF,
+	.help = "cache root the cache lives under (not fingerprinted: a "
+		"cache holds the same data wherever it is)"},
+    {.name = "fingerprint", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
+	.help = "the cache: the fingerprint of the cached pipeline, 32 hex "
+		"digits"},
+    P_THREADS("reader threads decoding chunks ahead, or auto (the "
+	      "pipeline's threads, at most 4)"),
+};
+
+const cwi_dataset_op cwi_op_cache_put = {
+    .name = "cache_put",
+    .doc = "passes elements through and writes them to the cache of the "
+	   "input's fingerprint under root, made visible at the end of a "
+	   "complete pass (a pass cut short, or a write failure, writes "
+	   "nothing and never fails the job)",
+    .params = put_params,
+    .nparams = sizeof(put_params) / sizeof(put_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = CWI_OPF_PASSTHROUGH,
+    .iter_create = put_create,
+};
+
+const cwi_dataset_op cwi_op_cache_get = {
+    .name = "cache_get",
+    .doc = "reads the complete cache of a fingerprint under root, verifying "
+	   "every frame, in written order; one chunk file is one split "
+	   "(a missing cache is ENOENT, a corrupt one is marked bad and "
+	   "ECORRUPT)",
+    .params = get_params,
+    .nparams = sizeof(get_params) / sizeof(get_params[0]),
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE | CWI_OPF_ASYNC |
+		CWI_OPF_FP_PARAM,
+    .validate = get_validate,
+    .iter_create = get_create,
+    .split_units = get_split_units,
+};
+
+const cwi_dataset_op cwi_op_cache = {
+    .name = "cache",
+    .doc = "tf.data's cache: reads the complete cache of the input's "
+	   "fingerprint under root without starting the input, else passes "
+	   "the input through and writes it at the end of a complete pass; "
+	   "a corrupt cache is marked bad and recomputed",
+    .params = cache_params,
+    .nparams = sizeof(cache_params) / sizeof(cache_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = CWI_OPF_PASSTHROUGH,
+    .iter_create = cache_create,
+};
