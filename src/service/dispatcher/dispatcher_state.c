@@ -61,6 +61,7 @@ typedef struct split {
 	bool delivered;     /* the lessee sent its last element */
 	uint32_t acks;      /* acknowledgements, duplicates included */
 	uint32_t part_acks; /* acks towards `parts` before it is acked */
+	uint64_t orphan_ns; /* when its lessee went, delivered but unacked */
 	uint64_t task_id;   /* lessee; 0 once the task is gone */
 	uint64_t worker_id; /* lessee's worker */
 } split;
@@ -534,6 +535,17 @@ release_splits(cwi_dispatcher *d, job *j, bool (*match)(const split *,
 	free(ids);
 }
 
+/* A split whose task ended (its data delivered) that no client has
+ * acknowledged within the grace period: the acknowledgement was lost (a
+ * reply lost in a reset connection, a client that gave up on a worker).
+ * Leasing it again may repeat elements; keeping it would end the epoch
+ * never. `arg` is the cutoff time. */
+static bool
+match_orphaned(const split *s, uint64_t cutoff)
+{
+	return s->task_id == 0 && s->delivered && s->orphan_ns < cutoff;
+}
+
 static bool
 match_worker(const split *s, uint64_t worker_id)
 {
@@ -590,6 +602,7 @@ task_drop(cwi_dispatcher *d, task *t, const char *reason)
 			if (s->state == SPLIT_LEASED && s->task_id == t->id) {
 				s->task_id = 0;
 				s->delivered = true;
+				s->orphan_ns = d->now;
 			}
 		}
 	}
@@ -1356,7 +1369,14 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 					       "splits",
 		    t->id);
 	w->last_seen_ns = now_ns;
-	if (t->state == CWI_TASK_REMOVING || w->draining || j->data_done) {
+	/* Coordinated: a task ends with an incomplete last round that it
+	 * can only drop once it knows no split will come, and the splits
+	 * leased elsewhere may be waiting in exactly such rounds: waiting
+	 * for them would wait forever. So once nothing is pending, its
+	 * input is over. */
+	if (t->state == CWI_TASK_REMOVING || w->draining || j->data_done ||
+	    (coordinated(j) && t->state == CWI_TASK_ACTIVE &&
+		j->npending == 0)) {
 		rep->end_of_splits = true;
 		return CACHEW_OK;
 	}
@@ -1534,14 +1554,17 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 }
 
 /* Coordinated reads: a consumer reporting its round either acknowledges
- * the announced change (it was told the round and is still before it) or
- * has already passed it, which moves the change further out. */
+ * the announced change (it was told the round and has not read it: the
+ * next round it reads is at most that one) or has already read past it,
+ * which moves the change further out. A consumer waiting at the round
+ * itself reports exactly it: that is an acknowledgement, or the change
+ * would move away from every consumer that keeps up. */
 static void
 coord_heartbeat(cwi_dispatcher *d, job *j, client *c)
 {
 	if (j->coord_target == CWI_ROUND_NONE)
 		return;
-	if (c->round >= j->coord_target) {
+	if (c->round > j->coord_target) {
 		j->coord_target = CWI_ROUND_NONE;
 		coord_open(d, j);
 		return;
@@ -1930,8 +1953,16 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 		}
 		i++;
 	}
+	/* Ten client heartbeats, at least 2 s: an ack is sent the moment
+	 * the split's end arrives, so this only catches lost ones. */
+	uint64_t grace = (uint64_t)d->cfg.client_heartbeat_ms * 10000000u;
+	if (grace < 2000000000u)
+		grace = 2000000000u;
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
+		if (!j->finished && !coordinated(j) && now_ns > grace)
+			release_splits(d, j, match_orphaned, now_ns - grace,
+			    "unacknowledged", 0);
 		for (size_t k = 0; !j->finished && k < j->nclients;) {
 			client *c = &j->clients[k];
 			if (expired(now_ns, c->last_seen_ns,
