@@ -1202,6 +1202,11 @@ nt_conn_close(cwi_conn *cc)
 	if (first) {
 		for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
 			nng_aio_stop(x->aio);
+		/* Each context explicitly: nng 1.5's nng_close() waits for
+		 * every context of the socket to go, and was seen to wait
+		 * forever on a req context whose request had been canceled. */
+		for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
+			(void)nng_ctx_close(x->ctx);
 		nng_close(c->sock);
 	}
 }
