@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -132,8 +133,11 @@ daemon_start(daemon_proc *d, const char *dir, const char *name, ...)
 	d->pid = fork();
 	ck_assert_int_ge(d->pid, 0);
 	if (d->pid == 0) {
-		if (freopen(d->log, "w", stderr) == NULL ||
-		    freopen("/dev/null", "w", stdout) == NULL)
+		/* Only async-signal-safe calls until exec: other threads of
+		 * this process (a client) may hold locks, malloc's included. */
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int nul = open("/dev/null", O_WRONLY);
+		if (fd < 0 || nul < 0 || dup2(fd, 2) < 0 || dup2(nul, 1) < 0)
 			_exit(127);
 		execv(bin, argv);
 		_exit(127);
