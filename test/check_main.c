@@ -27,6 +27,7 @@ main(void)
 	srunner_add_suite(sr, cwt_service_suite());
 	srunner_add_suite(sr, cwt_split_suite());
 	srunner_add_suite(sr, cwt_cluster_suite());
+	srunner_add_suite(sr, cwt_coord_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

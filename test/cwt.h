@@ -26,6 +26,7 @@ Suite *cwt_transport_suite(void); /* check_transport.c: conformance, inproc+nng 
 Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
 Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 Suite *cwt_cluster_suite(void);   /* check_cluster.c: cachewd processes */
+Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when

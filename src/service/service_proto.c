@@ -341,6 +341,7 @@ static const field f_get_elements[] = {
     U32(cwi_msg_get_elements, max_elements, 0),
     U64(cwi_msg_get_elements, max_bytes, 0),
     ENUM(cwi_msg_get_elements, compression, compression_names),
+    U64(cwi_msg_get_elements, task_round, 0),
 };
 
 static const field f_split_end[] = {
@@ -360,6 +361,8 @@ static const field f_get_elements_reply[] = {
     BOOL(cwi_msg_get_elements_reply, end_of_task),
     U64(cwi_msg_get_elements_reply, round, 0),
     ENUM(cwi_msg_get_elements_reply, compression, compression_names),
+    U64(cwi_msg_get_elements_reply, task_round, 0),
+    U64(cwi_msg_get_elements_reply, queued_bytes, 0),
 };
 
 /* Indexed by cwi_msg_type. A body without fields has nfields 0. */

@@ -364,6 +364,10 @@ typedef struct cwi_msg_get_elements {
 	uint32_t max_elements;  /* 0: the worker's default */
 	uint64_t max_bytes;     /* 0: the worker's default */
 	cwi_compression compression; /* what the client accepts */
+	/* Coordinated: which of the task's rounds, counted from 0 in the
+	 * order every consumer reads them from this task (the worker forms
+	 * its rounds by this index; `round` is informative). */
+	uint64_t task_round;
 } cwi_msg_get_elements;
 
 /* "Split split_id ended after the first `after` elements of this reply." */
@@ -386,6 +390,11 @@ typedef struct cwi_msg_get_elements_reply {
 	bool end_of_task; /* nothing follows */
 	uint64_t round;
 	cwi_compression compression; /* of the attached payloads */
+	uint64_t task_round;   /* coordinated: the request's, echoed */
+	/* Payload bytes the task still held ready after this reply (queued
+	 * and, coordinated, in rounds not yet taken by every consumer): the
+	 * client's sign that the worker is ahead of the link. */
+	uint64_t queued_bytes;
 } cwi_msg_get_elements_reply;
 
 /* ---- the envelope -------------------------------------------------------- */

@@ -15,13 +15,26 @@
  *     every element before its end has been queued.
  * The consumer thread only takes elements from the queue.
  *
+ * Coordinated reads (num_consumers > 0) replace the per-task streams by
+ * rounds (client_coord.h): the fetch thread asks each task for its next
+ * rounds by task round, and moves rounds into the queue strictly in round
+ * order, acknowledging each round's split ends as it goes.
+ *
+ * Compression (the job's `compression`): the fetch thread asks workers in
+ * other processes for zstd payloads (payload_zstd.h) when the job says
+ * zstd, or, with auto, while its measurements say the link is the
+ * bottleneck (auto_tick below states the rule); it decompresses them
+ * before queueing.
+ *
  * Locking: s->lock protects the element queue, the error and the timing
  * counters shared with the consumer; everything else belongs to the fetch
  * thread.
  */
 #include "client.h"
+#include "client_coord.h"
 
 #include "../service_rpc.h"
+#include "../worker/payload_zstd.h"
 #include "../../exec/exec_split.h"
 #include "../../core/options.h"
 
@@ -30,9 +43,33 @@
 
 #define INFLIGHT 4            /* get_elements outstanding per task */
 #define REPLY_BYTES ((uint64_t)8 << 20)
+/* With compression: smaller replies. The worker compresses a reply in one
+ * piece before any of it is sent, so a small one starts moving sooner;
+ * and auto sees several per window even on a slow link, and its decision
+ * takes effect after little data already asked for uncompressed. */
+#define REPLY_BYTES_ZSTD ((uint64_t)1 << 20)
+/* Coordinated: rounds asked for ahead of the next one delivered, and at
+ * most this many of one task's rounds at once (each request is one
+ * element, so more are in flight than in stream mode). */
+#define COORD_WINDOW 64u
+#define COORD_PER_TASK 16u
 #define TAG_HEARTBEAT UINT64_C(1)
 #define TAG_ACK UINT64_C(2)
-#define TAG_DATA_BASE UINT64_C(16) /* + task slot */
+/* Data requests: TAG_DATA_BASE + (task round << 16 | task slot). */
+#define TAG_DATA_BASE UINT64_C(16)
+#define TAG_SLOT_BITS 16
+#define MAX_TASK_SLOTS ((size_t)1 << TAG_SLOT_BITS)
+
+/* auto compression (auto_tick) */
+#define AUTO_WINDOW_NS (250 * UINT64_C(1000000))
+#define AUTO_MIN_REPLIES 3    /* replies a window must see */
+#define AUTO_WAIT_FRAC 0.10   /* the consumer waits this share of time */
+#define AUTO_BACKLOG_FRAC 0.5 /* replies that left data at the worker */
+#define AUTO_MIN_GAIN 1.10    /* zstd must deliver this much more */
+#define AUTO_BAD_RATIO 0.90   /* compressed/raw above this: no use */
+#define AUTO_BACKOFF_MIN 8u   /* windows before trying again */
+#define AUTO_BACKOFF_MAX 64u
+#define AUTO_RECHECK_WINDOWS 120u /* on this long (30 s): measure again */
 
 typedef struct held_reply {
 	uint64_t seq;
@@ -57,6 +94,19 @@ typedef struct conn_ent {
 	char *address;
 	cwi_conn *conn;
 } conn_ent;
+
+/* What auto compression measures over one window. */
+typedef struct auto_state {
+	uint64_t window_start_ns;
+	uint64_t replies;    /* data replies */
+	uint64_t backlogged; /* ... whose worker still held data */
+	uint64_t raw_bytes;  /* payload bytes received (decoded) */
+	uint64_t zraw, zwire; /* compressed replies: content and frame */
+	double rate_off;     /* raw bytes/s before zstd went on */
+	unsigned on_windows; /* full windows since it went on */
+	unsigned backoff;    /* windows left before it may go on again */
+	unsigned backoff_len;
+} auto_state;
 
 /* What every session of one iterator shares (lives as long as the
  * iterator). */
@@ -98,6 +148,14 @@ typedef struct session {
 	uint64_t next_hb_ns;
 	uint64_t last_hb_ok_ns;
 	bool job_finished;
+	cwi_coord *coord;   /* coordinated reads; NULL otherwise */
+	bool coord_eof;     /* no task can serve a round any more */
+	uint64_t coord_elements, coord_bytes; /* received, for the budget */
+	cwi_compression compression; /* the job's */
+	bool zstd_on;       /* ask remote workers for zstd payloads */
+	ZSTD_DCtx *dctx;
+	size_t data_limit;  /* data connections' max_msg_size */
+	auto_state auto_;
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -109,6 +167,7 @@ typedef struct session {
 	char errmsg[768];
 	/* consumer timing since the last heartbeat */
 	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
+	uint64_t auto_wait_ns; /* since the last auto window */
 } session;
 
 /* ---- small arrays -------------------------------------------------------- */
@@ -209,6 +268,7 @@ conn_for(session *s, const char *address)
 			     : CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	if (o.max_msg_size < CWI_TRANSPORT_MAX_MSG_DEFAULT)
 		o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
+	s->data_limit = o.max_msg_size;
 	o.dial_async = true;
 	if (!GROW(s->conns, s->capconns, s->nconns + 1))
 		return NULL;
@@ -252,7 +312,8 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 				t->gone = false;
 			continue;
 		}
-		if (!GROW(s->tasks, s->captasks, s->ntasks + 1))
+		if (s->ntasks >= MAX_TASK_SLOTS ||
+		    !GROW(s->tasks, s->captasks, s->ntasks + 1))
 			continue;
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
@@ -266,6 +327,10 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		s->ntasks++;
 	}
 	s->job_finished = r->job_finished;
+	if (s->coord != NULL &&
+	    cwi_coord_update(s->coord, r->tasks, r->ntasks, r->block_round) !=
+		CACHEW_OK)
+		session_fail(s, CACHEW_ENOMEM, "out of memory");
 }
 
 static void
@@ -317,6 +382,8 @@ send_heartbeat(session *s)
 	m.u.client_heartbeat.wait_time_ns = wait;
 	m.u.client_heartbeat.buffer_fill =
 	    (double)qb / (double)s->ctx->opts.client_buffer;
+	if (s->coord != NULL)
+		m.u.client_heartbeat.round = cwi_coord_next_round(s->coord);
 	if (cwi_rpc_pack(&m, &msg) == CACHEW_OK) {
 		if (cwi_conn_send(s->dispatcher, msg, (int)s->heartbeat_ms * 4,
 			s->cq, TAG_HEARTBEAT) == CACHEW_OK)
@@ -384,12 +451,102 @@ on_ack(session *s, cwi_completion *c)
 	s->nsent = 0;
 }
 
+/* What to ask a task's worker for: zstd when it is on and the worker is in
+ * another process (inproc moves pointers: nothing to save). */
+static cwi_compression
+ask_compression(const session *s, const ctask *t)
+{
+	if (!s->zstd_on || strncmp(t->address, "inproc://", 9) == 0)
+		return CWI_COMPRESSION_NONE;
+	return CWI_COMPRESSION_ZSTD;
+}
+
+static cachew_err
+send_get(session *s, size_t slot, const cwi_msg_get_elements *g,
+    uint64_t tag)
+{
+	ctask *t = &s->tasks[slot];
+	cwi_pmsg m;
+	cwi_msg *msg;
+	cachew_err rv;
+
+	cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS);
+	m.u.get_elements = *g;
+	rv = cwi_rpc_pack(&m, &msg);
+	cwi_pmsg_free(&m);
+	if (rv != CACHEW_OK)
+		return rv;
+	/* A held request waits for data as long as the pipeline needs: no
+	 * deadline of its own beyond the service timeout. */
+	rv = cwi_conn_send(t->conn, msg, (int)s->ctx->opts.service_timeout_ms,
+	    s->cq, tag);
+	if (rv != CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return rv;
+	}
+	t->inflight++;
+	return CACHEW_OK;
+}
+
+/* Coordinated: the task rounds the next rounds need (client_coord.h),
+ * within the client buffer: what is queued plus what is asked for, at the
+ * mean size of the elements received so far. */
+static void
+send_coord_requests(session *s)
+{
+	uint64_t now = cwi_now_ns();
+	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer, outstanding = 0;
+	cwi_coord_request cr;
+
+	for (size_t k = 0; k < s->ntasks; k++)
+		outstanding += s->tasks[k].inflight;
+	for (;;) {
+		uint64_t mean = s->coord_elements > 0
+		    ? s->coord_bytes / s->coord_elements : 0;
+		if (outstanding > 0 &&
+		    queue_bytes(s) + outstanding * mean > budget)
+			break;
+		if (!cwi_coord_next_request(s->coord, now, &cr))
+			break;
+		outstanding++;
+		ctask *t = task_by_id(s, cr.task_id);
+		cwi_msg_get_elements g;
+		size_t slot;
+
+		if (t == NULL) {
+			/* Listed, but its worker could not be dialed. */
+			cwi_coord_failed(s->coord, cr.task_id, cr.task_round,
+			    now + 200000000u);
+			continue;
+		}
+		slot = (size_t)(t - s->tasks);
+		cwi_pmsg_body_init(CWI_MSG_GET_ELEMENTS, &g);
+		g.task_id = cr.task_id;
+		g.client_id = s->client_id;
+		g.consumer_index = s->ctx->opts.consumer_index;
+		g.round = cr.round;
+		g.task_round = cr.task_round;
+		g.max_elements = 1;
+		g.compression = ask_compression(s, t);
+		if (send_get(s, slot, &g, TAG_DATA_BASE +
+			(cr.task_round << TAG_SLOT_BITS | slot)) != CACHEW_OK)
+			cwi_coord_failed(s->coord, cr.task_id, cr.task_round,
+			    now + 100000000u);
+	}
+}
+
 static void
 send_requests(session *s)
 {
 	uint64_t now = cwi_now_ns();
 	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
+	uint64_t reply_bytes = s->compression != CWI_COMPRESSION_NONE
+	    ? REPLY_BYTES_ZSTD : REPLY_BYTES;
 
+	if (s->coord != NULL) {
+		send_coord_requests(s);
+		return;
+	}
 	for (size_t i = 0; i < s->ntasks; i++) {
 		ctask *t = &s->tasks[i];
 
@@ -399,70 +556,134 @@ send_requests(session *s)
 			uint64_t outstanding = 0;
 			for (size_t k = 0; k < s->ntasks; k++)
 				outstanding += s->tasks[k].inflight;
-			if (queue_bytes(s) + outstanding * REPLY_BYTES / 2 >
+			if (queue_bytes(s) + outstanding * reply_bytes / 2 >
 				budget &&
 			    outstanding > 0)
 				return;
-			cwi_pmsg m;
-			cwi_msg *msg;
-			cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS);
-			m.u.get_elements.task_id = t->task_id;
-			m.u.get_elements.client_id = s->client_id;
-			m.u.get_elements.max_bytes = REPLY_BYTES;
-			cachew_err rv = cwi_rpc_pack(&m, &msg);
-			cwi_pmsg_free(&m);
-			if (rv != CACHEW_OK)
-				return;
-			/* A held request waits for data as long as the
-			 * pipeline needs: no deadline of its own beyond the
-			 * service timeout. */
-			rv = cwi_conn_send(t->conn, msg,
-			    (int)s->ctx->opts.service_timeout_ms, s->cq,
-			    TAG_DATA_BASE + i);
-			if (rv != CACHEW_OK) {
-				cwi_msg_destroy(msg);
+			cwi_msg_get_elements g;
+			cwi_pmsg_body_init(CWI_MSG_GET_ELEMENTS, &g);
+			g.task_id = t->task_id;
+			g.client_id = s->client_id;
+			g.max_bytes = reply_bytes;
+			g.compression = ask_compression(s, t);
+			if (send_get(s, i, &g, TAG_DATA_BASE + i) != CACHEW_OK) {
 				t->retry_at_ns = now + 100000000u;
 				break;
 			}
-			t->inflight++;
 		}
 	}
 }
 
 /* ---- receiving ------------------------------------------------------------------ */
 
-/* Queues the elements of one in-order reply and records its split ends. */
 static void
-process_reply(session *s, ctask *t, cwi_msg *msg,
+release_all(cwi_element **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(v[i]);
+	free(v);
+}
+
+/*
+ * The elements of a reply as an array of n references the caller owns
+ * (release them, free the array), decompressed first when they travel
+ * compressed. Records what auto compression measures. A reply that breaks
+ * the protocol is CACHEW_EPROTO naming the worker.
+ */
+static cachew_err
+reply_elements(session *s, ctask *t, cwi_msg *msg,
+    const cwi_msg_get_elements_reply *r, cwi_element ***out, size_t *n)
+{
+	size_t count = cwi_msg_count(msg), raw = 0;
+	cwi_element **v;
+	cachew_err rv;
+
+	*out = NULL;
+	*n = 0;
+	if (r->compression == CWI_COMPRESSION_NONE) {
+		if (r->elements != count)
+			return cwi_fail(CACHEW_EPROTO, "%s: a reply says %u "
+			    "elements but carries %zu", t->address, r->elements,
+			    count);
+		v = malloc((count > 0 ? count : 1) * sizeof(*v));
+		if (v == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		for (size_t i = 0; i < count; i++) {
+			v[i] = cwi_msg_take(msg, i);
+			raw += v[i] != NULL ? cwi_element_nbytes(v[i]) : 0;
+		}
+		*n = count;
+	} else {
+		/* One scalar BYTES element: the frame (payload_zstd.h). */
+		const cwi_element *fe = count == 1 ? cwi_msg_element(msg, 0)
+						   : NULL;
+		const uint8_t *frame;
+		size_t flen;
+
+		if (r->compression != CWI_COMPRESSION_ZSTD || fe == NULL ||
+		    fe->n != 1 || fe->comp[0].dtype != CACHEW_BYTES ||
+		    fe->comp[0].rank != 0)
+			return cwi_fail(CACHEW_EPROTO, "%s: a compressed reply "
+			    "must carry one scalar bytes element (zstd), not "
+			    "%zu elements (%s)", t->address, count,
+			    cwi_compression_name(r->compression));
+		if (s->dctx == NULL && (s->dctx = ZSTD_createDCtx()) == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		frame = cwi_tensor_str(&fe->comp[0], 0, &flen);
+		v = malloc((r->elements > 0 ? r->elements : 1) * sizeof(*v));
+		if (v == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		rv = cwi_payload_decompress(s->dctx, frame, flen, r->elements,
+		    s->data_limit, v);
+		if (rv != CACHEW_OK) {
+			free(v);
+			return rv == CACHEW_ENOMEM
+			    ? rv
+			    : cwi_fail(rv, "%s: %s", t->address, cwi_errmsg_get());
+		}
+		for (size_t i = 0; i < r->elements; i++)
+			raw += cwi_element_nbytes(v[i]);
+		*n = r->elements;
+		s->auto_.zraw += raw;
+		s->auto_.zwire += flen;
+	}
+	s->auto_.replies++;
+	if (r->queued_bytes > 0)
+		s->auto_.backlogged++;
+	s->auto_.raw_bytes += raw;
+	*out = v;
+	return CACHEW_OK;
+}
+
+/* Queues the elements of one in-order reply and records its split ends
+ * (takes v). */
+static void
+process_reply(session *s, ctask *t, cwi_element **v, size_t n,
     const cwi_msg_get_elements_reply *r)
 {
-	size_t n = cwi_msg_count(msg), e = 0;
+	size_t e = 0;
 
-	if (r->elements != n) {
-		session_fail(s, CACHEW_EPROTO, "%s: a reply says %u elements "
-		    "but carries %zu", t->address, r->elements, n);
-		return;
-	}
 	for (size_t k = 0; k <= r->nsplit_ends; k++) {
 		size_t upto = k < r->nsplit_ends ? r->split_ends[k].after : n;
 		if (upto > n || upto < e) {
 			session_fail(s, CACHEW_EPROTO, "%s: a split end at "
 			    "element %zu of a reply of %zu", t->address, upto, n);
-			return;
+			goto done;
 		}
 		for (; e < upto; e++) {
-			cwi_element *el = cwi_msg_take(msg, e);
+			cwi_element *el = v[e];
+			v[e] = NULL;
 			if (el != NULL && !queue_push(s, el)) {
 				cwi_element_release(el);
 				session_fail(s, CACHEW_ENOMEM, "out of memory");
-				return;
+				goto done;
 			}
 		}
 		if (k < r->nsplit_ends &&
 		    !add_ack(s, r->split_ends[k].split_id,
 			r->split_ends[k].parts > 0 ? r->split_ends[k].parts : 1)) {
 			session_fail(s, CACHEW_ENOMEM, "out of memory");
-			return;
+			goto done;
 		}
 	}
 	if (n > 0) {
@@ -472,16 +693,36 @@ process_reply(session *s, ctask *t, cwi_msg *msg,
 	}
 	if (r->end_of_task)
 		t->ended = true;
+done:
+	release_all(v, n);
 }
 
+/* Decodes an in-order reply and queues it. */
 static void
-on_data(session *s, ctask *t, cwi_completion *c)
+take_reply(session *s, ctask *t, cwi_msg *msg,
+    const cwi_msg_get_elements_reply *r)
 {
-	cwi_pmsg hdr;
+	cwi_element **v;
+	size_t n;
+	cachew_err rv = reply_elements(s, t, msg, r, &v, &n);
 
-	t->inflight--;
+	if (rv != CACHEW_OK) {
+		session_fail(s, rv, "%s", cwi_errmsg_get());
+		return;
+	}
+	process_reply(s, t, v, n, r);
+}
+
+/* A failed data request or an error reply: true when it was handled (the
+ * request is to be retried or the session failed). */
+static bool
+data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
+    uint64_t task_round)
+{
+	uint64_t now = cwi_now_ns();
+
 	if (c->err != CACHEW_OK) {
-		if (c->err == CACHEW_ENOENT) {
+		if (c->err == CACHEW_ENOENT && s->coord == NULL) {
 			t->gone = true; /* the worker no longer has it */
 		} else if (!t->ended) {
 			/* A worker that died or stalls: its unacknowledged
@@ -491,33 +732,109 @@ on_data(session *s, ctask *t, cwi_completion *c)
 			    "task=%llu worker=%s error=\"%s\"",
 			    (unsigned long long)t->task_id, t->address,
 			    cwi_errmsg_get());
-			t->retry_at_ns = cwi_now_ns() + 200000000u;
-			task_drop_held(t);
-			t->gone = true;
+			if (s->coord != NULL) {
+				cwi_coord_failed(s->coord, t->task_id,
+				    task_round, now + 200000000u);
+			} else {
+				t->retry_at_ns = now + 200000000u;
+				task_drop_held(t);
+				t->gone = true;
+			}
 		}
-		return;
+		return true;
 	}
-	if (cwi_rpc_unpack(c->reply, t->address, &hdr) != CACHEW_OK ||
-	    hdr.type != CWI_MSG_GET_ELEMENTS_REPLY) {
-		if (hdr.type == CWI_MSG_ERROR &&
-		    hdr.u.error.code == CACHEW_ENOENT) {
-			/* The worker has not started the task yet (it learns
-			 * of it at its next heartbeat) or has dropped it; the
-			 * job's task list tells which. Ask again soon. */
-			t->retry_at_ns = cwi_now_ns() + 20000000u;
-		} else if (hdr.type == CWI_MSG_ERROR) {
-			session_fail(s, (cachew_err)hdr.u.error.code > CACHEW_OK
-				? (cachew_err)hdr.u.error.code : CACHEW_EOP,
-			    "%s", hdr.u.error.message != NULL
-				      ? hdr.u.error.message : "worker error");
+	if (cwi_rpc_unpack(c->reply, t->address, hdr) == CACHEW_OK &&
+	    hdr->type == CWI_MSG_GET_ELEMENTS_REPLY)
+		return false;
+	if (hdr->type == CWI_MSG_ERROR && hdr->u.error.code == CACHEW_ENOENT) {
+		/* The worker has not started the task yet (it learns of it
+		 * at its next heartbeat) or has dropped it; the job's task
+		 * list tells which. Ask again soon. */
+		if (s->coord != NULL)
+			cwi_coord_failed(s->coord, t->task_id, task_round,
+			    now + 20000000u);
+		else
+			t->retry_at_ns = now + 20000000u;
+	} else if (hdr->type == CWI_MSG_ERROR) {
+		session_fail(s, (cachew_err)hdr->u.error.code > CACHEW_OK
+			? (cachew_err)hdr->u.error.code : CACHEW_EOP,
+		    "%s", hdr->u.error.message != NULL
+			      ? hdr->u.error.message : "worker error");
+	} else {
+		session_fail(s, CACHEW_EPROTO, "%s: not a get_elements "
+		    "reply: %s", t->address, cwi_errmsg_get());
+	}
+	cwi_pmsg_free(hdr);
+	cwi_msg_destroy(c->reply);
+	return true;
+}
+
+/* Coordinated: a reply is one task round, kept until its round comes. */
+static void
+on_coord_data(session *s, ctask *t, cwi_completion *c, uint64_t task_round)
+{
+	cwi_pmsg hdr;
+	cwi_msg_get_elements_reply *r;
+	cwi_element **v = NULL;
+	size_t n = 0;
+	cachew_err rv;
+
+	if (data_failed(s, t, c, &hdr, task_round))
+		return;
+	r = &hdr.u.get_elements_reply;
+	if (r->task_round != task_round || r->task_id != t->task_id) {
+		session_fail(s, CACHEW_EPROTO, "%s: a reply for task %llu round "
+		    "%llu answers task %llu round %llu", t->address,
+		    (unsigned long long)t->task_id,
+		    (unsigned long long)task_round,
+		    (unsigned long long)r->task_id,
+		    (unsigned long long)r->task_round);
+		goto done;
+	}
+	rv = reply_elements(s, t, c->reply, r, &v, &n);
+	if (rv != CACHEW_OK) {
+		session_fail(s, rv, "%s", cwi_errmsg_get());
+		goto done;
+	}
+	if (n > 1 || (n == 0 && !r->end_of_task)) {
+		/* Not a round: nothing ready (a worker may say so), or more
+		 * than one element, which no consumer can take in lock-step. */
+		if (n > 1) {
+			session_fail(s, CACHEW_EPROTO, "%s: %zu elements for one "
+			    "coordinated round", t->address, n);
 		} else {
-			session_fail(s, CACHEW_EPROTO, "%s: not a get_elements "
-			    "reply: %s", t->address, cwi_errmsg_get());
+			cwi_coord_failed(s->coord, t->task_id, task_round,
+			    cwi_now_ns() + 1000000u);
 		}
-		cwi_pmsg_free(&hdr);
-		cwi_msg_destroy(c->reply);
-		return;
+		release_all(v, n);
+		goto done;
 	}
+	if (n == 1) {
+		s->coord_elements++;
+		s->coord_bytes += cwi_element_nbytes(v[0]);
+	}
+	rv = cwi_coord_received(s->coord, t->task_id, task_round,
+	    n == 1 ? v[0] : NULL, r->end_of_task, r->split_ends,
+	    r->nsplit_ends);
+	free(v);
+	r->split_ends = NULL; /* taken */
+	r->nsplit_ends = 0;
+	if (rv == CACHEW_EINVAL)
+		session_fail(s, CACHEW_EPROTO, "%s: %s", t->address,
+		    cwi_errmsg_get());
+done:
+	cwi_pmsg_free(&hdr);
+	cwi_msg_destroy(c->reply);
+}
+
+static void
+on_data(session *s, ctask *t, cwi_completion *c)
+{
+	cwi_pmsg hdr;
+
+	t->inflight--;
+	if (data_failed(s, t, c, &hdr, 0))
+		return;
 	if (hdr.u.get_elements_reply.seq != t->next_seq) {
 		if (hdr.u.get_elements_reply.seq < t->next_seq ||
 		    !GROW(t->held, t->capheld, t->nheld + 1)) {
@@ -534,7 +851,7 @@ on_data(session *s, ctask *t, cwi_completion *c)
 		t->nheld++;
 		return;
 	}
-	process_reply(s, t, c->reply, &hdr.u.get_elements_reply);
+	take_reply(s, t, c->reply, &hdr.u.get_elements_reply);
 	cwi_pmsg_free(&hdr);
 	cwi_msg_destroy(c->reply);
 	t->next_seq++;
@@ -546,7 +863,7 @@ on_data(session *s, ctask *t, cwi_completion *c)
 				continue;
 			held_reply h = t->held[i];
 			t->held[i] = t->held[--t->nheld];
-			process_reply(s, t, h.msg, &h.hdr.u.get_elements_reply);
+			take_reply(s, t, h.msg, &h.hdr.u.get_elements_reply);
 			cwi_pmsg_free(&h.hdr);
 			cwi_msg_destroy(h.msg);
 			t->next_seq++;
@@ -554,6 +871,145 @@ on_data(session *s, ctask *t, cwi_completion *c)
 			break;
 		}
 	}
+}
+
+/* Coordinated: moves the rounds that are ready into the queue, in round
+ * order, while the buffer has room; acknowledges their splits. */
+static void
+deliver_rounds(session *s)
+{
+	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
+	bool pushed = false;
+
+	while (!s->coord_eof && queue_bytes(s) < budget) {
+		cwi_coord_round cr;
+		cwi_coord_pop_result rv = cwi_coord_pop(s->coord, &cr);
+
+		if (rv == CWI_COORD_END) {
+			s->coord_eof = true;
+			break;
+		}
+		if (rv == CWI_COORD_WAIT)
+			break;
+		for (size_t i = 0; i < cr.nends; i++) {
+			if (!add_ack(s, cr.ends[i].split_id,
+				cr.ends[i].parts > 0 ? cr.ends[i].parts : 1))
+				session_fail(s, CACHEW_ENOMEM, "out of memory");
+		}
+		free(cr.ends);
+		if (cr.element != NULL) {
+			if (!queue_push(s, cr.element)) {
+				cwi_element_release(cr.element);
+				session_fail(s, CACHEW_ENOMEM, "out of memory");
+				break;
+			}
+			pushed = true;
+		}
+	}
+	if (pushed) {
+		pthread_mutex_lock(&s->lock);
+		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+	}
+}
+
+/*
+ * Auto compression, evaluated once per AUTO_WINDOW_NS. The link is taken to
+ * be the bottleneck when, over a window, the consumer waited for data at
+ * least AUTO_WAIT_FRAC of the time while at least AUTO_BACKLOG_FRAC of the
+ * replies left data queued at the worker (queued_bytes > 0): the workers
+ * are ahead, the consumer is starved, so what limits it is moving bytes.
+ * zstd then goes on, and is kept only if it pays: after two full windows
+ * the rate of payload bytes delivered must have grown by AUTO_MIN_GAIN
+ * (while the consumer still waits; a consumer that stopped waiting is
+ * proof enough), and the data must keep compressing (frames at most
+ * AUTO_BAD_RATIO of their content). A failed try waits a backoff (8
+ * windows, doubling to 64 after each failed try) before zstd may go on
+ * again. A try that paid is re-measured every AUTO_RECHECK_WINDOWS: zstd
+ * goes off, and the rule above decides again from fresh measurements.
+ * (Workers becoming the bottleneck once zstd is on is the expected
+ * outcome, not a reason to stop: only the delivered rate says whether it
+ * pays.)
+ */
+static void
+auto_tick(session *s, uint64_t now)
+{
+	auto_state *a = &s->auto_;
+	uint64_t dt, wait;
+	double wait_frac, backlog_frac, rate;
+	const char *off = NULL;
+
+	if (s->compression != CWI_COMPRESSION_AUTO)
+		return;
+	if (a->window_start_ns == 0) {
+		a->window_start_ns = now;
+		a->backoff_len = AUTO_BACKOFF_MIN;
+		return;
+	}
+	/* A window needs a few replies to say anything (at a slow link one
+	 * 8 MiB reply takes a good part of it): it grows up to 8 times. */
+	if (now - a->window_start_ns < AUTO_WINDOW_NS ||
+	    (a->replies < AUTO_MIN_REPLIES &&
+		now - a->window_start_ns < 8 * AUTO_WINDOW_NS))
+		return;
+	dt = now - a->window_start_ns;
+	pthread_mutex_lock(&s->lock);
+	wait = s->auto_wait_ns;
+	s->auto_wait_ns = 0;
+	pthread_mutex_unlock(&s->lock);
+	/* (a wait that began in the previous window counts in this one) */
+	wait_frac = (double)wait / (double)dt;
+	if (wait_frac > 1)
+		wait_frac = 1;
+	backlog_frac = a->replies > 0
+	    ? (double)a->backlogged / (double)a->replies : 0;
+	rate = (double)a->raw_bytes * 1e9 / (double)dt;
+	if (!s->zstd_on) {
+		if (a->backoff > 0) {
+			a->backoff--;
+		} else if (a->replies >= AUTO_MIN_REPLIES &&
+			   wait_frac >= AUTO_WAIT_FRAC &&
+			   backlog_frac >= AUTO_BACKLOG_FRAC) {
+			s->zstd_on = true;
+			a->rate_off = rate;
+			a->on_windows = 0;
+			cwi_log(CACHEW_LOG_INFO, "client", "event=compression_on "
+			    "job=%llu wait=%.2f backlog=%.2f bytes_per_s=%.0f",
+			    (unsigned long long)s->job_id, wait_frac,
+			    backlog_frac, rate);
+		}
+	} else {
+		a->on_windows++;
+		if (a->zraw > 0 &&
+		    (double)a->zwire > AUTO_BAD_RATIO * (double)a->zraw)
+			off = "incompressible";
+		else if (a->on_windows == 2 && wait_frac >= AUTO_WAIT_FRAC &&
+			 rate < AUTO_MIN_GAIN * a->rate_off)
+			off = "no_gain";
+		else if (a->on_windows >= AUTO_RECHECK_WINDOWS)
+			off = "recheck";
+		else if (a->on_windows == 2)
+			a->backoff_len = AUTO_BACKOFF_MIN; /* it paid */
+		if (off != NULL && strcmp(off, "recheck") == 0) {
+			/* Not a failure: measure without it again (the
+			 * link or the data may have changed). */
+			s->zstd_on = false;
+			a->backoff = 0;
+		} else if (off != NULL) {
+			s->zstd_on = false;
+			a->backoff = a->backoff_len;
+			if (a->backoff_len < AUTO_BACKOFF_MAX)
+				a->backoff_len *= 2;
+			cwi_log(CACHEW_LOG_INFO, "client", "event=compression_off "
+			    "job=%llu reason=%s wait=%.2f backlog=%.2f "
+			    "bytes_per_s=%.0f before=%.0f ratio=%.2f",
+			    (unsigned long long)s->job_id, off, wait_frac,
+			    backlog_frac, rate, a->rate_off,
+			    a->zraw > 0 ? (double)a->zwire / (double)a->zraw : 0);
+		}
+	}
+	a->window_start_ns = now;
+	a->replies = a->backlogged = a->raw_bytes = a->zraw = a->zwire = 0;
 }
 
 static void
@@ -587,10 +1043,54 @@ on_heartbeat(session *s, cwi_completion *c)
 static bool
 all_tasks_done(const session *s)
 {
+	if (s->coord != NULL)
+		return s->coord_eof;
 	for (size_t i = 0; i < s->ntasks; i++)
 		if (!s->tasks[i].ended && !s->tasks[i].gone)
 			return false;
 	return true;
+}
+
+/* The epoch is over for this client: uncoordinated, the dispatcher says
+ * the job finished and every task was read to its end; coordinated, no
+ * task can serve a round any more (a job whose last rounds were dropped
+ * may never see every split acknowledged). Every ack went out first. */
+static bool
+session_done(const session *s)
+{
+	if (s->nacks > 0 || s->ack_inflight)
+		return false;
+	if (s->coord != NULL)
+		return s->coord_eof;
+	return s->job_finished && all_tasks_done(s);
+}
+
+static void
+on_completion(session *s, cwi_completion *c)
+{
+	uint64_t x, slot;
+
+	if (c->tag == TAG_HEARTBEAT) {
+		on_heartbeat(s, c);
+		return;
+	}
+	if (c->tag == TAG_ACK) {
+		on_ack(s, c);
+		return;
+	}
+	x = c->tag - TAG_DATA_BASE;
+	slot = x & (MAX_TASK_SLOTS - 1);
+	if (c->tag < TAG_DATA_BASE || slot >= s->ntasks) {
+		if (c->reply != NULL)
+			cwi_msg_destroy(c->reply);
+		return;
+	}
+	if (s->coord != NULL) {
+		s->tasks[slot].inflight--;
+		on_coord_data(s, &s->tasks[slot], c, x >> TAG_SLOT_BITS);
+	} else {
+		on_data(s, &s->tasks[slot], c);
+	}
 }
 
 static void *
@@ -603,45 +1103,42 @@ fetch_main(void *arg)
 	while (!atomic_load(&s->closing)) {
 		cwi_completion c;
 		uint64_t now = cwi_now_ns();
-		int wait_ms;
+		bool soon;
 
 		pthread_mutex_lock(&s->lock);
 		bool stop = s->err != CACHEW_OK || s->eof;
 		pthread_mutex_unlock(&s->lock);
 		if (stop)
 			break;
-		if (s->job_finished && all_tasks_done(s) && s->nacks == 0 &&
-		    !s->ack_inflight) {
+		if (s->coord != NULL)
+			deliver_rounds(s);
+		if (session_done(s)) {
 			pthread_mutex_lock(&s->lock);
 			s->eof = true;
 			pthread_cond_broadcast(&s->cond);
 			pthread_mutex_unlock(&s->lock);
 			break;
 		}
-		/* Near the end (every task ended, every ack confirmed),
-		 * ask every 20 ms whether the job finished. */
+		/* Near the end (every task ended, every ack confirmed), ask
+		 * every 20 ms whether the job finished; coordinated, the same
+		 * while a schedule change holds the rounds back. */
+		soon = (all_tasks_done(s) && s->nacks == 0 &&
+			   !s->ack_inflight) ||
+		       (s->coord != NULL && cwi_coord_blocked(s->coord));
 		if (!s->hb_inflight &&
 		    (now >= s->next_hb_ns ||
-			(all_tasks_done(s) && s->nacks == 0 &&
-			    !s->ack_inflight &&
-			    now + (uint64_t)s->heartbeat_ms * 1000000u >=
-				s->next_hb_ns + 20000000u)))
+			(soon && now + (uint64_t)s->heartbeat_ms * 1000000u >=
+				     s->next_hb_ns + 20000000u)))
 			send_heartbeat(s);
 		send_acks(s);
 		send_requests(s);
-		wait_ms = 50;
-		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK)
+		auto_tick(s, now);
+		if (cwi_cq_wait(s->cq, 50, &c) != CACHEW_OK)
 			continue;
-		if (c.tag == TAG_HEARTBEAT) {
-			on_heartbeat(s, &c);
-		} else if (c.tag == TAG_ACK) {
-			on_ack(s, &c);
-		} else if (c.tag >= TAG_DATA_BASE &&
-			   c.tag - TAG_DATA_BASE < s->ntasks) {
-			on_data(s, &s->tasks[c.tag - TAG_DATA_BASE], &c);
-		} else if (c.reply != NULL) {
-			cwi_msg_destroy(c.reply);
-		}
+		on_completion(s, &c);
+		/* Take whatever else completed before going round again. */
+		while (cwi_cq_wait(s->cq, 0, &c) == CACHEW_OK)
+			on_completion(s, &c);
 	}
 	return NULL;
 }
@@ -693,14 +1190,50 @@ join_job(session *s)
 		return rv;
 	s->job_id = rep.u.job_get_or_create_reply.job_id;
 	s->client_id = rep.u.job_get_or_create_reply.client_id;
+	/* A named job's settings are its first client's. */
+	s->compression = rep.u.job_get_or_create_reply.compression;
+	s->zstd_on = s->compression == CWI_COMPRESSION_ZSTD;
+	if (rep.u.job_get_or_create_reply.num_consumers > 0)
+		rv = cwi_coord_create(&s->coord, COORD_WINDOW, COORD_PER_TASK);
 	s->heartbeat_ms = rep.u.job_get_or_create_reply.heartbeat_interval_ms;
 	if (s->heartbeat_ms == 0 || s->heartbeat_ms > 10000)
 		s->heartbeat_ms = 500;
 	cwi_pmsg_free(&rep);
+	if (rv != CACHEW_OK)
+		return rv;
 	cwi_log(CACHEW_LOG_INFO, "client", "event=joined job=%llu client=%llu "
-	    "dispatcher=%s", (unsigned long long)s->job_id,
-	    (unsigned long long)s->client_id, ctx->url);
+	    "dispatcher=%s consumer=%lld compression=%s",
+	    (unsigned long long)s->job_id, (unsigned long long)s->client_id,
+	    ctx->url, s->coord != NULL ? (long long)ctx->opts.consumer_index
+				       : -1LL,
+	    cwi_compression_name(s->compression));
 	return CACHEW_OK;
+}
+
+/* At the end of the epoch, the requests still in flight (coordinated:
+ * rounds asked for beyond a task's end) are answered at once: wait for
+ * them (2 s at most) rather than cancel them. nng 1.5's nng_close() was
+ * seen to hang on a req socket whose contexts had requests canceled, with
+ * many in flight. */
+static void
+drain_requests(session *s)
+{
+	uint64_t deadline = cwi_now_ns() + 2000 * UINT64_C(1000000);
+	bool eof;
+
+	pthread_mutex_lock(&s->lock);
+	eof = s->eof;
+	pthread_mutex_unlock(&s->lock);
+	while (eof && s->cq != NULL && cwi_cq_outstanding(s->cq) > 0) {
+		cwi_completion c;
+		uint64_t now = cwi_now_ns();
+		if (now >= deadline ||
+		    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) + 1,
+			&c) != CACHEW_OK)
+			break;
+		if (c.reply != NULL)
+			cwi_msg_destroy(c.reply);
+	}
 }
 
 static void
@@ -711,6 +1244,7 @@ session_free(session *s)
 	atomic_store(&s->closing, true);
 	if (s->fetcher_started)
 		pthread_join(s->fetcher, NULL);
+	drain_requests(s);
 	if (s->job_id != 0 && s->dispatcher != NULL) {
 		cwi_pmsg req, rep;
 		cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
@@ -747,6 +1281,8 @@ session_free(session *s)
 	free(s->ack_parts);
 	free(s->sent_acks);
 	free(s->sent_parts);
+	cwi_coord_destroy(s->coord);
+	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -821,6 +1357,7 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	}
 	uint64_t now = cwi_now_ns();
 	s->wait_ns += now - t0;
+	s->auto_wait_ns += now - t0;
 	if (s->last_next_ns != 0) {
 		s->batch_ns_sum += now - s->last_next_ns;
 		s->batches++;

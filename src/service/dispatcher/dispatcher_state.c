@@ -951,7 +951,12 @@ reconcile_job(cwi_dispatcher *d, job *j)
 		ev_u64(d, "workers", target);
 		ev_end(d);
 	}
-	while (v.tasks < target) {
+	/* Coordinated, once every split is leased: a new task could only
+	 * end at once, after making every consumer wait for a schedule
+	 * change. */
+	while (v.tasks < target &&
+	       !(coordinated(j) && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
+		   j->splits != NULL && j->npending == 0)) {
 		worker *w = pick_worker(d, j);
 		if (w == NULL || task_add(d, j, w) == NULL)
 			break;
@@ -1039,7 +1044,11 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 			: "timed_out");
 		return;
 	}
-	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH && !j->data_done) {
+	/* Coordinated consumers acknowledge their own part of every split
+	 * (parts = num_consumers): one that leaves took nothing the others
+	 * will miss, and releasing would give the others rounds again. */
+	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH && !j->data_done &&
+	    !coordinated(j)) {
 		release_splits(d, j, match_delivered, 0, "client_left", 0);
 		drop_finished_removals(d, j);
 	}

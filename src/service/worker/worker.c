@@ -124,8 +124,20 @@ do_register(cwi_worker *w)
 	req.u.worker_register.cores = (uint32_t)(
 	    w->cfg.threads > 0 ? w->cfg.threads : cwi_online_cpus());
 	req.u.worker_register.build = cwi_strdup(cachew_version());
-	rv = cwi_rpc_call_retry(w->dispatcher, &req,
-	    CWI_MSG_WORKER_REGISTER_REPLY, INT64_C(1) << 40, &w->stop, &rep);
+	/* Until it works or the worker stops. Each round of retries is
+	 * bounded (the retry's per-call timeout is what is left of it, an
+	 * int of milliseconds) and long enough for a slow dispatcher: a
+	 * registration whose reply comes after its timeout is sent again,
+	 * and the second one replaces the first, tasks and all. */
+	do {
+		rv = cwi_rpc_call_retry(w->dispatcher, &req,
+		    CWI_MSG_WORKER_REGISTER_REPLY,
+		    (int64_t)w->cfg.worker_timeout_ms > 10000
+			? (int64_t)w->cfg.worker_timeout_ms : 10000,
+		    &w->stop, &rep);
+	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
+		     rv == CACHEW_ECLOSED) &&
+		 !atomic_load(&w->stop));
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -366,6 +378,8 @@ cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg)
 	w->env.rpc_timeout_ms = cfg->worker_timeout_ms;
 	w->env.queue_bytes = (uint64_t)64 << 20;
 	w->env.draining = &w->draining;
+	/* inproc clients take element pointers: compressing saves nothing. */
+	w->env.inproc = strncmp(w->url, "inproc://", 9) == 0;
 	if (pthread_create(&w->heartbeat, NULL, heartbeat_main, w) != 0) {
 		rv = cwi_fail(CACHEW_ENOMEM, "worker: cannot start a thread");
 		goto fail;

@@ -2,6 +2,7 @@
  * worker_task.c - a task on a worker (worker_task.h explains the model).
  */
 #include "worker_task.h"
+#include "payload_zstd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,11 @@
  * of held requests per group). */
 #define PUSH_GROUP_ELEMENTS 64u
 #define PUSH_GROUP_BYTES ((uint64_t)1 << 20)
+/* zstd: frames larger than this share of their content count as not
+ * compressing; at the fast level, one frame in ZSTD_RETRY tries the
+ * regular level again. */
+#define ZSTD_POOR_RATIO 0.9
+#define ZSTD_RETRY 32u
 
 typedef struct q_entry {
 	cwi_element *e; /* NULL: the end of lease `lease` */
@@ -42,7 +48,25 @@ typedef struct client_rec {
 typedef struct held_req {
 	cwi_request *r;
 	cwi_msg_get_elements m;
+	bool remote; /* the client is in another process: may compress */
 } held_req;
+
+/* Coordinated reads: a split whose end marker was met while a round was
+ * formed, after `pos` of the round's elements. */
+typedef struct coord_end {
+	uint64_t split_id;
+	uint32_t pos;
+} coord_end;
+
+/* One round of a coordinated task: element i goes to consumer i. */
+typedef struct round_slot {
+	cwi_element **e; /* ncons elements, then ncons taken flags */
+	uint8_t *taken;
+	uint32_t ntaken;
+	uint64_t bytes; /* payload plus bookkeeping, for the queue bound */
+	coord_end *ends;
+	size_t nends;
+} round_slot;
 
 struct cwi_wtask {
 	atomic_uint refs;
@@ -72,6 +96,28 @@ struct cwi_wtask {
 	bool produced_all; /* the runner finished (or failed) */
 	cachew_err failed;
 	char errmsg[512];
+	size_t qelems; /* elements (not lease ends) in the queue */
+
+	/* Coordinated reads (ncons > 0): rounds formed from the queue, the
+	 * oldest one not yet taken by every consumer first. */
+	uint32_t ncons;
+	round_slot *slots;
+	size_t shead, nslots, capslots;
+	uint64_t slot_base;  /* task_round of slots[shead] */
+	uint64_t slot_bytes; /* held in formed rounds */
+	uint64_t end_slot;   /* the first round that could not be formed */
+	coord_end *end_ends; /* the splits that end with the end round */
+	size_t nend_ends, capend_ends;
+	uint8_t *end_served; /* per consumer: got the end round */
+	uint32_t nend_served;
+	uint64_t dropped;    /* elements of the incomplete last round */
+
+	cwi_zstd_pool *zstd;
+	atomic_bool compress_logged;
+	/* zstd level: CWI_PAYLOAD_ZSTD_LEVEL, or the fastest level while the
+	 * payloads do not compress (re-tried every ZSTD_RETRY frames). */
+	atomic_int zlevel;
+	atomic_uint zframes;
 	/* delivered, cumulative */
 	uint64_t elements, bytes;
 	/* splits whose ends were handed out since the last report */
@@ -131,6 +177,21 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	t->lease_size = def->lease_size > 0 ? def->lease_size : 4;
 	t->seed = def->seed;
 	t->env = env;
+	t->ncons = def->num_consumers;
+	t->end_slot = UINT64_MAX;
+	atomic_init(&t->compress_logged, false);
+	atomic_init(&t->zlevel, CWI_PAYLOAD_ZSTD_LEVEL);
+	atomic_init(&t->zframes, 0);
+	if (t->ncons > 0) {
+		t->end_served = calloc(t->ncons, 1);
+		if (t->end_served == NULL) {
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+			goto fail;
+		}
+	}
+	rv = cwi_zstd_pool_create(&t->zstd);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = cachew_dataset_from_msgpack(&t->root, def->graph, def->graph_len);
 	if (rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "task %llu: its graph does not decode: %s",
@@ -175,6 +236,17 @@ free_queue(cwi_wtask *t)
 		cwi_element_release(t->q[(t->qhead + i) % t->qcap].e);
 	t->qlen = 0;
 	t->qbytes = 0;
+	t->qelems = 0;
+}
+
+static void
+slot_free(round_slot *s, uint32_t ncons)
+{
+	for (uint32_t i = 0; i < ncons; i++)
+		cwi_element_release(s->e[i]);
+	free(s->e);
+	free(s->ends);
+	memset(s, 0, sizeof(*s));
 }
 
 void
@@ -199,6 +271,12 @@ cwi_wtask_unref(cwi_wtask *t)
 	free(t->delivered);
 	free(t->ops);
 	free(t->op_names);
+	for (size_t i = 0; i < t->nslots; i++)
+		slot_free(&t->slots[(t->shead + i) % t->capslots], t->ncons);
+	free(t->slots);
+	free(t->end_ends);
+	free(t->end_served);
+	cwi_zstd_pool_destroy(t->zstd);
 	cwi_split_plan_destroy(t->plan);
 	cachew_dataset_release(t->root);
 	pthread_cond_destroy(&t->space);
@@ -265,6 +343,15 @@ client_add_end(client_rec *c, uint64_t split_id, uint32_t parts)
 	return true;
 }
 
+static bool
+add_delivered(cwi_wtask *t, uint64_t split_id)
+{
+	if (!GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
+		return false;
+	t->delivered[t->ndelivered++] = split_id;
+	return true;
+}
+
 /* A lease's end marker reached the head of the queue while serving client
  * `who`: hands its splits' ends to every client that got its elements. */
 static bool
@@ -282,20 +369,72 @@ lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
 			if (c == NULL || !client_add_end(c, l->split_ids[s], parts))
 				return false;
 		}
-		if (!GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
+		if (!add_delivered(t, l->split_ids[s]))
 			return false;
-		t->delivered[t->ndelivered++] = l->split_ids[s];
 	}
 	return true;
+}
+
+/* Why a request got no reply: *err is CACHEW_OK when it must wait; else
+ * the error, with `proto` set when it is the request's own fault (a
+ * protocol error reply with msg) rather than the task's (a failure with
+ * the task's message). */
+typedef struct reply_status {
+	cachew_err err;
+	bool proto;
+	bool compress; /* the reply's elements are to be compressed */
+	char msg[256];
+} reply_status;
+
+static void
+status_fail(reply_status *st, cachew_err err, const char *fmt, ...)
+    CACHEW_PRINTF(3, 4);
+
+static void
+status_fail(reply_status *st, cachew_err err, const char *fmt, ...)
+{
+	va_list ap;
+
+	st->err = err;
+	st->proto = true;
+	va_start(ap, fmt);
+	vsnprintf(st->msg, sizeof(st->msg), fmt, ap);
+	va_end(ap);
+}
+
+/* Encodes rep as msg's header (rep is freed). */
+static cachew_err
+set_header(cwi_msg *msg, cwi_pmsg *rep)
+{
+	cwi_strbuf sb;
+	cachew_err rv;
+
+	cwi_strbuf_init(&sb);
+	rv = cwi_pmsg_encode(rep, &sb);
+	if (rv == CACHEW_OK)
+		rv = cwi_msg_set_header_strbuf(msg, &sb);
+	cwi_strbuf_free(&sb);
+	cwi_pmsg_free(rep);
+	return rv;
+}
+
+/* Whether this reply's payload travels compressed: the client asked for it,
+ * it is in another process (inproc moves pointers: nothing to save) and
+ * there is a payload. */
+static bool
+want_compress(const cwi_msg_get_elements *m, bool remote, uint32_t count)
+{
+	return m->compression == CWI_COMPRESSION_ZSTD && remote && count > 0;
 }
 
 /*
  * Builds the reply to m if one can be given now: elements are queued, this
  * client has split ends pending, or the task has ended. Returns NULL with
- * *err == CACHEW_OK when the request must wait. Called with t->lock held.
+ * st->err == CACHEW_OK when the request must wait. Called with t->lock held.
  */
 static cwi_msg *
-build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
+build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
+    reply_status *st)
 {
 	uint32_t max_e = m->max_elements > 0 ? m->max_elements
 					      : REPLY_MAX_ELEMENTS;
@@ -308,15 +447,8 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
 	uint32_t count = 0;
 	uint64_t bytes = 0;
 
-	*err = CACHEW_OK;
-	if (c == NULL) {
-		*err = cwi_fail(CACHEW_ENOMEM, "out of memory");
-		return NULL;
-	}
-	if (t->failed != CACHEW_OK) {
-		*err = t->failed;
-		return NULL;
-	}
+	if (c == NULL)
+		goto nomem;
 	if (t->qlen == 0 && c->nends == 0 && !t->produced_all)
 		return NULL;
 	if (cwi_msg_create(&msg) != CACHEW_OK)
@@ -345,6 +477,7 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
 			count++;
 			bytes += q->bytes;
 			t->qbytes -= q->bytes;
+			t->qelems--;
 		} else {
 			size_t before = c->nends;
 			if (!lease_ended(t, l, c))
@@ -365,6 +498,7 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
 	pthread_cond_broadcast(&t->space);
 	t->elements += count;
 	t->bytes += bytes;
+	st->compress = want_compress(m, remote, count);
 	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
 	rep.u.get_elements_reply.task_id = t->id;
 	rep.u.get_elements_reply.seq = c->seq++;
@@ -374,16 +508,11 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
 	rep.u.get_elements_reply.end_of_task =
 	    t->produced_all && t->qlen == 0;
 	rep.u.get_elements_reply.round = m->round;
-	{
-		cwi_strbuf sb;
-		cwi_strbuf_init(&sb);
-		*err = cwi_pmsg_encode(&rep, &sb);
-		if (*err == CACHEW_OK)
-			*err = cwi_msg_set_header_strbuf(msg, &sb);
-		cwi_strbuf_free(&sb);
-	}
-	cwi_pmsg_free(&rep); /* frees ends */
-	if (*err != CACHEW_OK) {
+	rep.u.get_elements_reply.queued_bytes = t->qbytes;
+	rep.u.get_elements_reply.compression =
+	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
+	st->err = set_header(msg, &rep); /* frees ends */
+	if (st->err != CACHEW_OK) {
 		cwi_msg_destroy(msg);
 		return NULL;
 	}
@@ -391,28 +520,406 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, cachew_err *err)
 nomem:
 	free(ends);
 	cwi_msg_destroy(msg);
-	*err = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	status_fail(st, CACHEW_ENOMEM, "task %llu: out of memory",
+	    (unsigned long long)t->id);
+	st->proto = false;
 	return NULL;
 }
 
+/* ---- coordinated rounds ------------------------------------------------------ */
+
+/* Rounds go as soon as every consumer took its element, oldest first;
+ * their splits then count as delivered. */
+static void
+free_taken_rounds(cwi_wtask *t)
+{
+	bool freed = false;
+
+	while (t->nslots > 0) {
+		round_slot *s = &t->slots[t->shead];
+		if (s->ntaken < t->ncons)
+			break;
+		/* Metrics only (a client leaving re-leases delivered splits
+		 * nobody acknowledged): a lost entry costs a duplicate. */
+		for (size_t i = 0; i < s->nends; i++)
+			(void)add_delivered(t, s->ends[i].split_id);
+		t->slot_bytes -= s->bytes;
+		slot_free(s, t->ncons);
+		t->shead = (t->shead + 1) % t->capslots;
+		t->nslots--;
+		t->slot_base++;
+		freed = true;
+	}
+	if (freed)
+		pthread_cond_broadcast(&t->space);
+}
+
+static bool
+slots_grow(cwi_wtask *t)
+{
+	size_t cap;
+	round_slot *ns;
+
+	if (t->nslots < t->capslots)
+		return true;
+	cap = t->capslots != 0 ? t->capslots * 2 : 16;
+	ns = calloc(cap, sizeof(*ns));
+	if (ns == NULL)
+		return false;
+	for (size_t i = 0; i < t->nslots; i++)
+		ns[i] = t->slots[(t->shead + i) % t->capslots];
+	free(t->slots);
+	t->slots = ns;
+	t->capslots = cap;
+	t->shead = 0;
+	return true;
+}
+
+static bool
+add_coord_end(coord_end **v, size_t *n, size_t *cap, uint64_t split_id,
+    uint32_t pos)
+{
+	if (!grow((void **)v, cap, *n + 1, sizeof(**v)))
+		return false;
+	(*v)[*n].split_id = split_id;
+	(*v)[*n].pos = pos;
+	(*n)++;
+	return true;
+}
+
+/* The runner is done and fewer than ncons elements are left: no consumer
+ * gets a partial round. They are dropped, and the splits still ending in
+ * the queue end with the end round (every consumer acknowledges them
+ * there, so the epoch completes). */
+static bool
+end_rounds(cwi_wtask *t)
+{
+	uint64_t dropped = 0;
+
+	t->end_slot = t->slot_base + t->nslots;
+	while (t->qlen > 0) {
+		q_entry *q = &t->q[t->qhead];
+		if (q->e != NULL) {
+			cwi_element_release(q->e);
+			t->qbytes -= q->bytes;
+			t->qelems--;
+			dropped++;
+		} else {
+			lease_rec *l = &t->leases[q->lease];
+			for (size_t i = 0; i < l->nsplits; i++) {
+				if (!add_coord_end(&t->end_ends, &t->nend_ends,
+					&t->capend_ends, l->split_ids[i], 0) ||
+				    !add_delivered(t, l->split_ids[i]))
+					return false;
+			}
+		}
+		t->qhead = (t->qhead + 1) % t->qcap;
+		t->qlen--;
+	}
+	t->dropped = dropped;
+	pthread_cond_broadcast(&t->space);
+	cwi_log(CACHEW_LOG_INFO, "worker", "event=rounds_ended task=%llu "
+	    "rounds=%llu dropped=%llu", (unsigned long long)t->id,
+	    (unsigned long long)t->end_slot, (unsigned long long)dropped);
+	return true;
+}
+
+/* Forms the next round: the next ncons queued elements, and the ends of
+ * the leases met before the last of them. Returns 1 when a round (or the
+ * end) was formed, 0 when the queue does not hold enough yet, -1 when
+ * memory ran out. */
+static int
+form_round(cwi_wtask *t)
+{
+	uint32_t n = t->ncons, cnt = 0;
+	round_slot *s;
+
+	if (t->qelems < n) {
+		if (!t->produced_all)
+			return 0;
+		return end_rounds(t) ? 1 : -1;
+	}
+	if (!slots_grow(t))
+		return -1;
+	s = &t->slots[(t->shead + t->nslots) % t->capslots];
+	memset(s, 0, sizeof(*s));
+	s->e = calloc(n, sizeof(*s->e) + 1);
+	if (s->e == NULL)
+		return -1;
+	s->taken = (uint8_t *)(s->e + n);
+	/* Bookkeeping counts against the queue bound too: with scalar
+	 * elements it outweighs the payload. */
+	s->bytes = sizeof(*s) + (uint64_t)n * (sizeof(*s->e) + 1 + 64);
+	while (cnt < n) {
+		q_entry *q = &t->q[t->qhead];
+		if (q->e != NULL) {
+			s->e[cnt++] = q->e;
+			s->bytes += q->bytes;
+			t->qbytes -= q->bytes;
+			t->qelems--;
+		} else {
+			lease_rec *l = &t->leases[q->lease];
+			size_t cap = s->nends;
+			for (size_t i = 0; i < l->nsplits; i++) {
+				if (!add_coord_end(&s->ends, &s->nends, &cap,
+					l->split_ids[i], cnt)) {
+					slot_free(s, cnt);
+					return -1;
+				}
+			}
+		}
+		t->qhead = (t->qhead + 1) % t->qcap;
+		t->qlen--;
+	}
+	t->slot_bytes += s->bytes;
+	t->nslots++;
+	return 1;
+}
+
+/*
+ * The reply to a coordinated request: consumer i's element of the task's
+ * round m->task_round, formed first if needed; end_of_task from the first
+ * round that could not be formed on. Returns NULL with st->err ==
+ * CACHEW_OK when the round needs elements that are not queued yet. Called
+ * with t->lock held.
+ */
+static cwi_msg *
+build_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
+    reply_status *st)
+{
+	uint64_t k = m->task_round;
+	int64_t ci = m->consumer_index;
+	client_rec *c;
+	cwi_pmsg rep;
+	cwi_msg *msg = NULL;
+	cwi_split_end *ends = NULL;
+	const coord_end *src = NULL;
+	size_t nsrc = 0;
+	uint32_t count = 0;
+	int formed;
+
+	if (ci < 0 || ci >= (int64_t)t->ncons) {
+		status_fail(st, CACHEW_EINVAL, "task %llu is read by %u "
+		    "coordinated consumers: consumer_index %lld is not in "
+		    "0..%u", (unsigned long long)t->id, t->ncons,
+		    (long long)ci, t->ncons - 1);
+		return NULL;
+	}
+	if (k < t->slot_base) {
+		status_fail(st, CACHEW_EINVAL, "task %llu: round %llu (the "
+		    "task's %llu-th) went to every consumer already",
+		    (unsigned long long)t->id, (unsigned long long)m->round,
+		    (unsigned long long)k);
+		return NULL;
+	}
+	while (t->end_slot == UINT64_MAX && k >= t->slot_base + t->nslots) {
+		formed = form_round(t);
+		if (formed == 0)
+			return NULL;
+		if (formed < 0)
+			goto nomem;
+	}
+	c = client_get(t, m->client_id);
+	if (c == NULL || cwi_msg_create(&msg) != CACHEW_OK)
+		goto nomem;
+	if (k >= t->end_slot) {
+		/* The end round carries the last splits' ends; later ones
+		 * (asked ahead) carry nothing. */
+		if (k == t->end_slot) {
+			src = t->end_ends;
+			nsrc = t->nend_ends;
+			if (!t->end_served[ci]) {
+				t->end_served[ci] = 1;
+				t->nend_served++;
+			}
+		}
+	} else {
+		round_slot *s = &t->slots[(t->shead + (k - t->slot_base)) %
+					  t->capslots];
+		cwi_element *e = s->e[ci];
+		cwi_element_retain(e);
+		if (cwi_msg_push(msg, e) != CACHEW_OK) {
+			cwi_element_release(e);
+			goto nomem;
+		}
+		count = 1;
+		src = s->ends;
+		nsrc = s->nends;
+		if (!s->taken[ci]) {
+			s->taken[ci] = 1;
+			s->ntaken++;
+			t->elements++;
+			t->bytes += cwi_element_nbytes(e);
+		}
+	}
+	if (nsrc > 0) {
+		ends = calloc(nsrc, sizeof(*ends));
+		if (ends == NULL)
+			goto nomem;
+		/* Every consumer reads every round: each acknowledges its
+		 * part of every split. */
+		for (size_t i = 0; i < nsrc; i++) {
+			ends[i].split_id = src[i].split_id;
+			ends[i].after = src[i].pos > (uint64_t)ci ? 1u : 0u;
+			ends[i].parts = t->ncons;
+		}
+	}
+	st->compress = want_compress(m, remote, count);
+	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
+	rep.u.get_elements_reply.task_id = t->id;
+	rep.u.get_elements_reply.seq = c->seq++;
+	rep.u.get_elements_reply.elements = count;
+	rep.u.get_elements_reply.split_ends = ends;
+	rep.u.get_elements_reply.nsplit_ends = nsrc;
+	rep.u.get_elements_reply.end_of_task = count == 0;
+	rep.u.get_elements_reply.round = m->round;
+	rep.u.get_elements_reply.task_round = k;
+	rep.u.get_elements_reply.queued_bytes = t->qbytes + t->slot_bytes;
+	rep.u.get_elements_reply.compression =
+	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
+	free_taken_rounds(t);
+	st->err = set_header(msg, &rep); /* frees ends */
+	if (st->err != CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return NULL;
+	}
+	return msg;
+nomem:
+	cwi_msg_destroy(msg);
+	/* A round half formed cannot be repaired: the task fails. */
+	if (t->failed == CACHEW_OK) {
+		t->failed = CACHEW_ENOMEM;
+		snprintf(t->errmsg, sizeof(t->errmsg), "out of memory forming "
+		    "rounds");
+	}
+	st->err = CACHEW_ENOMEM;
+	return NULL;
+}
+
+static cwi_msg *
+build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
+    reply_status *st)
+{
+	memset(st, 0, sizeof(*st));
+	if (t->failed != CACHEW_OK) {
+		st->err = t->failed;
+		return NULL;
+	}
+	if (t->ncons == 0 && m->consumer_index >= 0) {
+		status_fail(st, CACHEW_EINVAL, "task %llu is not coordinated: "
+		    "no consumer_index expected", (unsigned long long)t->id);
+		return NULL;
+	}
+	return t->ncons > 0 ? build_coord_reply(t, m, remote, st)
+			    : build_stream_reply(t, m, remote, st);
+}
+
+/* ---- sending ---------------------------------------------------------------- */
+
 typedef struct ready_reply {
 	cwi_request *r;
-	cwi_msg *msg;     /* NULL: fail with err */
-	cachew_err err;
+	cwi_msg *msg;     /* NULL: fail with st.err */
+	reply_status st;
 } ready_reply;
+
+/* The level for the next frame. Payloads that do not compress at the
+ * regular level (decoded pixels: 0.95) go at the fastest one, which frames
+ * them at near memcpy speed; every ZSTD_RETRY-th frame tries the regular
+ * level again in case the data changed. */
+static int
+zstd_level(cwi_wtask *t)
+{
+	int level = atomic_load(&t->zlevel);
+
+	if (level != CWI_PAYLOAD_ZSTD_LEVEL &&
+	    atomic_fetch_add(&t->zframes, 1) % ZSTD_RETRY == 0)
+		return CWI_PAYLOAD_ZSTD_LEVEL;
+	return level;
+}
+
+static void
+zstd_result(cwi_wtask *t, int level, size_t content, size_t wire)
+{
+	bool poor = (double)wire > ZSTD_POOR_RATIO * (double)content;
+
+	if (level == CWI_PAYLOAD_ZSTD_LEVEL)
+		atomic_store(&t->zlevel, poor ? CWI_PAYLOAD_ZSTD_FAST
+					      : CWI_PAYLOAD_ZSTD_LEVEL);
+}
+
+/* Replaces msg's elements by their compressed form (payload_zstd.h). */
+static cachew_err
+compress_msg(cwi_wtask *t, cwi_msg **msg, const char *peer)
+{
+	size_t n = cwi_msg_count(*msg), hlen, content = 0;
+	const uint8_t *hdr = cwi_msg_header(*msg, &hlen);
+	cwi_element *one, **v = n == 1 ? &one : malloc(n * sizeof(*v));
+	cwi_element *frame = NULL;
+	cwi_msg *out = NULL;
+	cachew_err rv;
+
+	if (v == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		v[i] = cwi_msg_element(*msg, i);
+	int level = zstd_level(t);
+	rv = cwi_payload_compress(t->zstd, level, v, n, &frame, &content);
+	if (rv == CACHEW_OK)
+		zstd_result(t, level, content, cwi_element_nbytes(frame));
+	if (v != &one)
+		free(v);
+	if (rv == CACHEW_OK)
+		rv = cwi_msg_create(&out);
+	if (rv == CACHEW_OK)
+		rv = cwi_msg_set_header(out, hdr, hlen);
+	if (rv == CACHEW_OK) {
+		rv = cwi_msg_push(out, frame);
+		if (rv == CACHEW_OK)
+			frame = NULL;
+	}
+	if (rv != CACHEW_OK) {
+		cwi_element_release(frame);
+		cwi_msg_destroy(out);
+		return rv;
+	}
+	if (!atomic_exchange(&t->compress_logged, true))
+		cwi_log(CACHEW_LOG_INFO, "worker", "event=compressing task=%llu "
+		    "peer=%s elements=%zu bytes=%zu compressed=%zu",
+		    (unsigned long long)t->id, peer, n, content,
+		    cwi_element_nbytes(cwi_msg_element(out, 0)));
+	cwi_msg_destroy(*msg);
+	*msg = out;
+	return CACHEW_OK;
+}
 
 static void
 send_ready(cwi_wtask *t, ready_reply *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
+		if (v[i].msg != NULL && v[i].st.compress) {
+			cachew_err rv = compress_msg(t, &v[i].msg,
+			    cwi_request_peer(v[i].r));
+			if (rv != CACHEW_OK) {
+				cwi_msg_destroy(v[i].msg);
+				v[i].msg = NULL;
+				v[i].st.err = rv;
+				v[i].st.proto = false;
+				snprintf(v[i].st.msg, sizeof(v[i].st.msg), "%s",
+				    cwi_errmsg_get());
+			}
+		}
 		if (v[i].msg != NULL) {
 			if (cwi_request_reply(v[i].r, v[i].msg) != CACHEW_OK)
 				cwi_msg_destroy(v[i].msg);
+		} else if (v[i].st.proto) {
+			cwi_rpc_reply_error(v[i].r, v[i].st.err, "%s",
+			    v[i].st.msg);
 		} else {
-			(void)cwi_request_fail(v[i].r, v[i].err, "task %llu: %s",
-			    (unsigned long long)t->id,
-			    t->errmsg[0] != '\0' ? t->errmsg
-						 : cachew_strerror(v[i].err));
+			(void)cwi_request_fail(v[i].r, v[i].st.err,
+			    "task %llu: %s", (unsigned long long)t->id,
+			    v[i].st.msg[0] != '\0' ? v[i].st.msg
+			    : t->errmsg[0] != '\0' ? t->errmsg
+						   : cachew_strerror(v[i].st.err));
 		}
 	}
 }
@@ -426,10 +933,11 @@ serve_held(cwi_wtask *t, ready_reply **out)
 	size_t n = 0, cap = 0, keep = 0;
 
 	for (size_t i = 0; i < t->nheld; i++) {
-		cachew_err err;
-		cwi_msg *msg = build_reply(t, &t->held[i].m, &err);
+		reply_status st;
+		cwi_msg *msg = build_reply(t, &t->held[i].m, t->held[i].remote,
+		    &st);
 
-		if (msg == NULL && err == CACHEW_OK) {
+		if (msg == NULL && st.err == CACHEW_OK) {
 			t->held[keep++] = t->held[i];
 			continue;
 		}
@@ -442,7 +950,7 @@ serve_held(cwi_wtask *t, ready_reply **out)
 		}
 		v[n].r = t->held[i].r;
 		v[n].msg = msg;
-		v[n].err = err;
+		v[n].st = st;
 		n++;
 	}
 	t->nheld = keep;
@@ -454,11 +962,12 @@ void
 cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
     const cwi_msg_get_elements *m)
 {
-	ready_reply *ready = NULL;
+	ready_reply *ready = NULL, one;
 	size_t nready;
-	cachew_err err;
-	cwi_msg *msg;
+	bool remote = !t->env->inproc;
 
+	memset(&one, 0, sizeof(one));
+	one.r = r;
 	pthread_mutex_lock(&t->lock);
 	if (atomic_load(&t->stop)) {
 		pthread_mutex_unlock(&t->lock);
@@ -466,36 +975,28 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 		    (unsigned long long)t->id);
 		return;
 	}
-	/* Earlier held requests go first: replies keep request order. */
+	/* Earlier held requests go first: a client's stream replies keep
+	 * request order. Coordinated requests name their round, so one that
+	 * can be served now never waits behind another's. */
 	nready = serve_held(t, &ready);
-	if (t->nheld > 0) {
-		msg = NULL;
-		err = CACHEW_OK;
-	} else {
-		msg = build_reply(t, m, &err);
-	}
-	if (msg == NULL && err == CACHEW_OK) {
+	if (t->nheld == 0 || t->ncons > 0)
+		one.msg = build_reply(t, m, remote, &one.st);
+	if (one.msg == NULL && one.st.err == CACHEW_OK) {
 		if (GROW(t->held, t->capheld, t->nheld + 1)) {
 			t->held[t->nheld].r = r;
 			t->held[t->nheld].m = *m;
+			t->held[t->nheld].remote = remote;
 			t->nheld++;
-			r = NULL;
+			one.r = NULL;
 		} else {
-			err = CACHEW_ENOMEM;
+			one.st.err = CACHEW_ENOMEM;
 		}
 	}
 	pthread_mutex_unlock(&t->lock);
 	send_ready(t, ready, nready);
 	free(ready);
-	if (r == NULL)
-		return;
-	if (msg != NULL) {
-		if (cwi_request_reply(r, msg) != CACHEW_OK)
-			cwi_msg_destroy(msg);
-		return;
-	}
-	ready_reply one = {r, NULL, err};
-	send_ready(t, &one, 1);
+	if (one.r != NULL)
+		send_ready(t, &one, 1);
 }
 
 /* ---- the runner -------------------------------------------------------------- */
@@ -510,8 +1011,12 @@ push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
 	size_t nready, need = n + (lease_end ? 1 : 0);
 
 	pthread_mutex_lock(&t->lock);
+	/* Formed rounds count against the bound until every consumer took
+	 * them; a coordinated queue always takes elements while it holds
+	 * less than a round, so the next round can form. */
 	while (!atomic_load(&t->stop) && t->qlen > 0 &&
-	       t->qbytes + bytes > t->env->queue_bytes)
+	       t->qbytes + t->slot_bytes + bytes > t->env->queue_bytes &&
+	       (t->ncons == 0 || t->qelems >= t->ncons))
 		pthread_cond_wait(&t->space, &t->lock);
 	if (atomic_load(&t->stop)) {
 		pthread_mutex_unlock(&t->lock);
@@ -541,6 +1046,7 @@ push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
 		q->bytes = cwi_element_nbytes(v[i]);
 		t->qbytes += q->bytes;
 	}
+	t->qelems += n;
 	if (lease_end) {
 		q_entry *q = &t->q[(t->qhead + t->qlen++) % t->qcap];
 		q->e = NULL;
@@ -790,13 +1296,24 @@ runner_main(void *arg)
 
 /* ---- reports ----------------------------------------------------------------- */
 
+/* Everything the task will deliver went out. Coordinated: every consumer
+ * got the end round (and so every round before it). */
+static bool
+task_done_locked(const cwi_wtask *t)
+{
+	if (t->ncons > 0)
+		return t->produced_all && t->end_slot != UINT64_MAX &&
+		       t->nend_served == t->ncons && t->nslots == 0;
+	return t->produced_all && t->qlen == 0;
+}
+
 cachew_err
 cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
 {
 	memset(rep, 0, sizeof(*rep));
 	pthread_mutex_lock(&t->lock);
 	rep->task_id = t->id;
-	rep->done = t->produced_all && t->qlen == 0;
+	rep->done = task_done_locked(t);
 	rep->elements = t->elements;
 	rep->bytes = t->bytes;
 	rep->splits_delivered = t->delivered;
@@ -829,7 +1346,7 @@ cwi_wtask_drained(cwi_wtask *t)
 	bool drained;
 
 	pthread_mutex_lock(&t->lock);
-	drained = t->produced_all && t->qlen == 0;
+	drained = task_done_locked(t);
 	for (size_t i = 0; drained && i < t->nclients; i++)
 		if (t->clients[i].nends > 0)
 			drained = false;

@@ -15,6 +15,22 @@
  * counts a split done when that many acks have come. A lease whose
  * elements all went to one client (the common case) has parts = 1.
  *
+ * Coordinated reads (num_consumers N > 0): requests name a task round k
+ * (the k-th round the consumer reads from this task). Round k is formed,
+ * on the first request for it, from the next N queued elements, consumer
+ * i getting the i-th, and kept until every consumer took its element;
+ * every split whose end marker was met while forming it ends in that round
+ * for every consumer (parts = N). When the input is over and fewer than N
+ * elements are left, they are dropped and that round is the task's end:
+ * end_of_task for every consumer, with the remaining split ends. Formed
+ * rounds count against the queue bound, so the fastest consumer runs at
+ * most a queue ahead of the slowest. docs/protocol.md, "Coordinated reads
+ * on the wire", specifies it.
+ *
+ * Compression: a reply to a request that asks for zstd, from a client in
+ * another process, carries its elements as one zstd frame
+ * (payload_zstd.h), compressed after the lock is released.
+ *
  * Locking: task->lock protects the queue, the leases, the held requests and
  * the per-client state. Replies are built under the lock and sent after it
  * is released (the transport may complete a client's request inline).
@@ -35,6 +51,7 @@ typedef struct cwi_wtask_env {
 	int64_t rpc_timeout_ms;
 	uint64_t queue_bytes;  /* output queue bound */
 	const atomic_bool *draining; /* stop leasing when set */
+	bool inproc; /* clients share the process: never compress */
 } cwi_wtask_env;
 
 /* Creates a task from its definition (graph decoded and planned) and
