@@ -363,6 +363,25 @@ START_TEST(cluster_client_part_runs_after_the_service)
 }
 END_TEST
 
+/* service=embedded: the dispatcher and workers inside this process on the
+ * inproc transport (nothing serialized) give the same multiset. */
+START_TEST(embedded_service_equals_in_process)
+{
+	static const char *const pipelines[] = {
+	    "range(20000) | map(add, value=3) | batch(100)",
+	    "from_list([1, 2, 3, 4, 5]) | map(mul, value=2) | take(3)",
+	};
+
+	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {
+		run_sum local = run_digest(pipelines[i], NULL, NULL);
+		run_sum emb = run_digest(pipelines[i], "embedded", NULL);
+		ck_assert_msg(local.n == emb.n && local.digest == emb.digest,
+		    "%s: in-process %" PRIu64 " elements, embedded %" PRIu64,
+		    pipelines[i], local.n, emb.n);
+	}
+}
+END_TEST
+
 /* ---- two clients sharing a job ----------------------------------------------- */
 
 typedef struct share_arg {
@@ -731,6 +750,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
+	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, cluster_two_clients_share_a_named_job);
 	tcase_add_test(tc, cluster_worker_killed_mid_epoch_loses_nothing);
 	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);
