@@ -60,6 +60,12 @@ cachew_err cwi_strbuf_finish(cwi_strbuf *sb, char **out, size_t *len);
 
 /* ---- time, hashing, randomness ----------------------------------------- */
 
+/* Grows *v (an array of `size`-byte items with *cap slots) to hold at
+ * least `need` items, doubling from 8. false on ENOMEM (*v unchanged). */
+bool cwi_grow(void **v, size_t *cap, size_t need, size_t size);
+#define CWI_GROW(arr, cap, need) \
+	cwi_grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
+
 uint64_t cwi_now_ns(void); /* CLOCK_MONOTONIC */
 void cwi_sleep_ns(uint64_t ns);
 int cwi_online_cpus(void);

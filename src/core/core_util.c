@@ -343,3 +343,22 @@ cwi_rng_double(cwi_rng *r)
 {
 	return (double)(cwi_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
 }
+
+bool
+cwi_grow(void **v, size_t *cap, size_t need, size_t size)
+{
+	size_t c;
+	void *p;
+
+	if (need <= *cap)
+		return true;
+	c = *cap != 0 ? *cap * 2 : 8;
+	while (c < need)
+		c *= 2;
+	p = realloc(*v, c * size);
+	if (p == NULL)
+		return false;
+	*v = p;
+	*cap = c;
+	return true;
+}

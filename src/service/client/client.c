@@ -170,30 +170,6 @@ typedef struct session {
 	uint64_t auto_wait_ns; /* since the last auto window */
 } session;
 
-/* ---- small arrays -------------------------------------------------------- */
-
-static bool
-grow(void **v, size_t *cap, size_t need, size_t size)
-{
-	size_t c;
-	void *p;
-
-	if (need <= *cap)
-		return true;
-	c = *cap != 0 ? *cap * 2 : 8;
-	while (c < need)
-		c *= 2;
-	p = realloc(*v, c * size);
-	if (p == NULL)
-		return false;
-	*v = p;
-	*cap = c;
-	return true;
-}
-
-#define GROW(arr, cap, need) \
-	grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
-
 /* ---- session state shared with the consumer ------------------------------- */
 
 static void
@@ -270,7 +246,7 @@ conn_for(session *s, const char *address)
 		o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	s->data_limit = o.max_msg_size;
 	o.dial_async = true;
-	if (!GROW(s->conns, s->capconns, s->nconns + 1))
+	if (!CWI_GROW(s->conns, s->capconns, s->nconns + 1))
 		return NULL;
 	if (cwi_dial(&c, address, &o) != CACHEW_OK)
 		return NULL;
@@ -313,7 +289,7 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 			continue;
 		}
 		if (s->ntasks >= MAX_TASK_SLOTS ||
-		    !GROW(s->tasks, s->captasks, s->ntasks + 1))
+		    !CWI_GROW(s->tasks, s->captasks, s->ntasks + 1))
 			continue;
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
@@ -346,7 +322,7 @@ task_drop_held(ctask *t)
 static bool
 add_ack(session *s, uint64_t split_id, uint64_t parts)
 {
-	if (!GROW(s->acks, s->capacks, s->nacks + 1))
+	if (!CWI_GROW(s->acks, s->capacks, s->nacks + 1))
 		return false;
 	/* capacks counts acks; ack_parts grows alongside. */
 	uint64_t *p = realloc(s->ack_parts, s->capacks * sizeof(*p));
@@ -837,7 +813,7 @@ on_data(session *s, ctask *t, cwi_completion *c)
 		return;
 	if (hdr.u.get_elements_reply.seq != t->next_seq) {
 		if (hdr.u.get_elements_reply.seq < t->next_seq ||
-		    !GROW(t->held, t->capheld, t->nheld + 1)) {
+		    !CWI_GROW(t->held, t->capheld, t->nheld + 1)) {
 			session_fail(s, CACHEW_EPROTO, "%s: reply %llu repeated",
 			    t->address,
 			    (unsigned long long)hdr.u.get_elements_reply.seq);

@@ -129,30 +129,6 @@ struct cwi_wtask {
 	size_t nops;
 };
 
-/* ---- small arrays ------------------------------------------------------ */
-
-static bool
-grow(void **v, size_t *cap, size_t need, size_t size)
-{
-	size_t c;
-	void *p;
-
-	if (need <= *cap)
-		return true;
-	c = *cap != 0 ? *cap * 2 : 8;
-	while (c < need)
-		c *= 2;
-	p = realloc(*v, c * size);
-	if (p == NULL)
-		return false;
-	*v = p;
-	*cap = c;
-	return true;
-}
-
-#define GROW(arr, cap, need) \
-	grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
-
 /* ---- creation ------------------------------------------------------------ */
 
 static void *runner_main(void *arg);
@@ -312,7 +288,7 @@ client_get(cwi_wtask *t, uint64_t id)
 	for (size_t i = 0; i < t->nclients; i++)
 		if (t->clients[i].id == id)
 			return &t->clients[i];
-	if (!GROW(t->clients, t->capclients, t->nclients + 1))
+	if (!CWI_GROW(t->clients, t->capclients, t->nclients + 1))
 		return NULL;
 	client_rec *c = &t->clients[t->nclients++];
 	memset(c, 0, sizeof(*c));
@@ -326,7 +302,7 @@ lease_add_client(lease_rec *l, uint64_t client)
 	for (size_t i = 0; i < l->nclients; i++)
 		if (l->clients[i] == client)
 			return true;
-	if (!GROW(l->clients, l->capclients, l->nclients + 1))
+	if (!CWI_GROW(l->clients, l->capclients, l->nclients + 1))
 		return false;
 	l->clients[l->nclients++] = client;
 	return true;
@@ -335,7 +311,7 @@ lease_add_client(lease_rec *l, uint64_t client)
 static bool
 client_add_end(client_rec *c, uint64_t split_id, uint32_t parts)
 {
-	if (!GROW(c->ends, c->capends, c->nends + 1))
+	if (!CWI_GROW(c->ends, c->capends, c->nends + 1))
 		return false;
 	c->ends[c->nends].split_id = split_id;
 	c->ends[c->nends].parts = parts;
@@ -346,7 +322,7 @@ client_add_end(client_rec *c, uint64_t split_id, uint32_t parts)
 static bool
 add_delivered(cwi_wtask *t, uint64_t split_id)
 {
-	if (!GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
+	if (!CWI_GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
 		return false;
 	t->delivered[t->ndelivered++] = split_id;
 	return true;
@@ -455,7 +431,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 		goto nomem;
 	/* Ends left over from leases that other clients finished. */
 	for (size_t i = 0; i < c->nends; i++) {
-		if (!GROW(ends, capends, nends + 1))
+		if (!CWI_GROW(ends, capends, nends + 1))
 			goto nomem;
 		ends[nends].split_id = c->ends[i].split_id;
 		ends[nends].parts = c->ends[i].parts;
@@ -483,7 +459,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			if (!lease_ended(t, l, c))
 				goto nomem;
 			for (size_t i = before; i < c->nends; i++) {
-				if (!GROW(ends, capends, nends + 1))
+				if (!CWI_GROW(ends, capends, nends + 1))
 					goto nomem;
 				ends[nends].split_id = c->ends[i].split_id;
 				ends[nends].parts = c->ends[i].parts;
@@ -579,7 +555,7 @@ static bool
 add_coord_end(coord_end **v, size_t *n, size_t *cap, uint64_t split_id,
     uint32_t pos)
 {
-	if (!grow((void **)v, cap, *n + 1, sizeof(**v)))
+	if (!cwi_grow((void **)v, cap, *n + 1, sizeof(**v)))
 		return false;
 	(*v)[*n].split_id = split_id;
 	(*v)[*n].pos = pos;
@@ -941,7 +917,7 @@ serve_held(cwi_wtask *t, ready_reply **out)
 			t->held[keep++] = t->held[i];
 			continue;
 		}
-		if (!GROW(v, cap, n + 1)) {
+		if (!CWI_GROW(v, cap, n + 1)) {
 			/* Keep it held; it is answered on the next push. */
 			if (msg != NULL)
 				cwi_msg_destroy(msg);
@@ -982,7 +958,7 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 	if (t->nheld == 0 || t->ncons > 0)
 		one.msg = build_reply(t, m, remote, &one.st);
 	if (one.msg == NULL && one.st.err == CACHEW_OK) {
-		if (GROW(t->held, t->capheld, t->nheld + 1)) {
+		if (CWI_GROW(t->held, t->capheld, t->nheld + 1)) {
 			t->held[t->nheld].r = r;
 			t->held[t->nheld].m = *m;
 			t->held[t->nheld].remote = remote;
@@ -1176,7 +1152,7 @@ new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
 	uint32_t id;
 
 	pthread_mutex_lock(&t->lock);
-	if (!GROW(t->leases, t->capleases, t->nleases + 1)) {
+	if (!CWI_GROW(t->leases, t->capleases, t->nleases + 1)) {
 		pthread_mutex_unlock(&t->lock);
 		return UINT32_MAX;
 	}
