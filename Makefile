@@ -143,7 +143,7 @@ demo: deps
 
 bench: deps
 	@BENCH_DEPS=1 sh .ci/deps.sh
-	@$(MAKE) --no-print-directory $(BUILD)/cachew bench-progs
+	@$(MAKE) --no-print-directory $(BUILD)/cachew $(BUILD)/cachewd bench-progs
 	@bench/run all
 
 # W6: raw nng push/pull and the same transfer through our transports.
