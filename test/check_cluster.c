@@ -26,176 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct daemon_proc {
-	pid_t pid;
-	char url[256];
-	char log[600];
-} daemon_proc;
-
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void
-nap_ms(unsigned ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static char *
-slurp_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long len;
-
-	if (f == NULL)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)len + 1);
-	ck_assert_ptr_nonnull(buf);
-	len = (long)fread(buf, 1, (size_t)len, f);
-	buf[len] = '\0';
-	fclose(f);
-	return buf;
-}
-
-/* Daemons still running: a failing assertion ends the (forked) test with
- * exit(), and this atexit handler then stops them, so a failed test never
- * leaves a process behind. */
-static pid_t live_pids[16];
-static bool live_registered;
-
-static void
-kill_live(void)
-{
-	for (size_t i = 0; i < 16; i++) {
-		if (live_pids[i] > 0) {
-			kill(live_pids[i], SIGKILL);
-			kill(live_pids[i], SIGCONT);
-			waitpid(live_pids[i], NULL, 0);
-			live_pids[i] = 0;
-		}
-	}
-}
-
-static void
-live_add(pid_t pid)
-{
-	if (!live_registered) {
-		atexit(kill_live);
-		live_registered = true;
-	}
-	for (size_t i = 0; i < 16; i++) {
-		if (live_pids[i] == 0) {
-			live_pids[i] = pid;
-			return;
-		}
-	}
-}
-
-static void
-live_remove(pid_t pid)
-{
-	for (size_t i = 0; i < 16; i++)
-		if (live_pids[i] == pid)
-			live_pids[i] = 0;
-}
-
-/* Starts `cachewd <args...>` (NULL-terminated) with stderr to a log in dir
- * and waits (10 s at most) for its "event=listening ... url=" line. */
-static void
-daemon_start(daemon_proc *d, const char *dir, const char *name, ...)
-{
-	char bin[512], *argv[32];
-	va_list ap;
-	size_t n = 1;
-	uint64_t deadline;
-
-	memset(d, 0, sizeof(*d));
-	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
-	snprintf(d->log, sizeof(d->log), "%s/%s.log", dir, name);
-	argv[0] = bin;
-	va_start(ap, name);
-	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
-		n++;
-	va_end(ap);
-	argv[n] = NULL;
-	fflush(NULL);
-	d->pid = fork();
-	ck_assert_int_ge(d->pid, 0);
-	if (d->pid == 0) {
-		/* Only async-signal-safe calls until exec: other threads of
-		 * this process (a client) may hold locks, malloc's included. */
-		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int nul = open("/dev/null", O_WRONLY);
-		if (fd < 0 || nul < 0 || dup2(fd, 2) < 0 || dup2(nul, 1) < 0)
-			_exit(127);
-		execv(bin, argv);
-		_exit(127);
-	}
-	live_add(d->pid);
-	deadline = now_ms() + 10000;
-	while (now_ms() < deadline) {
-		char *log = slurp_file(d->log), *p;
-		if (log != NULL && (p = strstr(log, "event=listening")) != NULL &&
-		    (p = strstr(p, "url=")) != NULL) {
-			size_t k = 0;
-			p += 4;
-			while (p[k] != '\0' && p[k] != ' ' && p[k] != '\n' &&
-			       k + 1 < sizeof(d->url))
-				k++;
-			memcpy(d->url, p, k);
-			d->url[k] = '\0';
-			free(log);
-			return;
-		}
-		free(log);
-		int st;
-		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-			char *why = slurp_file(d->log);
-			ck_abort_msg("cachewd %s exited early: %s", name,
-			    why != NULL ? why : "");
-		}
-		nap_ms(10);
-	}
-	kill(d->pid, SIGKILL);
-	waitpid(d->pid, NULL, 0);
-	ck_abort_msg("cachewd %s did not start listening in 10 s", name);
-}
-
-/* Sends sig and waits (10 s at most) for the exit; returns the status as
- * an exit code (128 + signal when killed). */
-static int
-daemon_stop(daemon_proc *d, int sig)
-{
-	uint64_t deadline = now_ms() + 10000;
-	int st = 0;
-
-	if (d->pid <= 0)
-		return -1;
-	kill(d->pid, sig);
-	while (waitpid(d->pid, &st, WNOHANG) == 0) {
-		if (now_ms() > deadline) {
-			kill(d->pid, SIGKILL);
-			waitpid(d->pid, &st, 0);
-			break;
-		}
-		nap_ms(5);
-	}
-	live_remove(d->pid);
-	d->pid = 0;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static long
 rss_kb(pid_t pid)
 {
@@ -203,7 +33,7 @@ rss_kb(pid_t pid)
 	long kb = -1;
 
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	s = slurp_file(path);
+	s = cwt_slurp(path);
 	if (s != NULL && (p = strstr(s, "VmRSS:")) != NULL)
 		kb = strtol(p + 6, NULL, 10);
 	free(s);
@@ -213,8 +43,8 @@ rss_kb(pid_t pid)
 /* A dispatcher and nworkers workers, fast heartbeats. */
 typedef struct cluster {
 	char *dir;
-	daemon_proc dispatcher;
-	daemon_proc workers[4];
+	cwt_daemon dispatcher;
+	cwt_daemon workers[4];
 	int nworkers;
 } cluster;
 
@@ -224,7 +54,7 @@ worker_start(cluster *c, int i)
 	char name[32];
 
 	snprintf(name, sizeof(name), "worker%d", i);
-	daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
 	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
 	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
 }
@@ -237,7 +67,7 @@ cluster_start(cluster *c, int nworkers)
 	memset(c, 0, sizeof(*c));
 	c->dir = cwt_tmpdir();
 	snprintf(work, sizeof(work), "%s/work", c->dir);
-	daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
 	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
 	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
 	    "--client-timeout-ms", "20000", (char *)NULL);
@@ -251,9 +81,9 @@ cluster_stop(cluster *c)
 {
 	for (int i = 0; i < 4; i++)
 		if (c->workers[i].pid > 0)
-			daemon_stop(&c->workers[i], SIGKILL);
+			cwt_daemon_stop(&c->workers[i], SIGKILL);
 	if (c->dispatcher.pid > 0)
-		daemon_stop(&c->dispatcher, SIGTERM);
+		cwt_daemon_stop(&c->dispatcher, SIGTERM);
 	cwt_rmtree(c->dir);
 	free(c->dir);
 }
@@ -468,10 +298,10 @@ slow_main(void *arg)
 static void
 wait_received(slow_arg *a, int n)
 {
-	uint64_t deadline = now_ms() + 20000;
+	uint64_t deadline = cwt_now_ms() + 20000;
 
-	while (atomic_load(&a->received) < n && now_ms() < deadline)
-		nap_ms(5);
+	while (atomic_load(&a->received) < n && cwt_now_ms() < deadline)
+		cwt_nap_ms(5);
 	ck_assert_int_ge(atomic_load(&a->received), n);
 }
 
@@ -487,7 +317,7 @@ START_TEST(cluster_worker_killed_mid_epoch_loses_nothing)
 	a.seen = calloc((size_t)a.n, 1);
 	ck_assert_int_eq(pthread_create(&th, NULL, slow_main, &a), 0);
 	wait_received(&a, 300);
-	ck_assert_int_eq(daemon_stop(&c.workers[0], SIGKILL), 128 + SIGKILL);
+	ck_assert_int_eq(cwt_daemon_stop(&c.workers[0], SIGKILL), 128 + SIGKILL);
 	pthread_join(th, NULL);
 	ck_assert_msg(a.rv == CACHEW_EOF, "client: %s", a.err);
 	for (int v = 0; v < a.n; v++)
@@ -518,14 +348,14 @@ START_TEST(cluster_worker_added_mid_epoch_takes_splits)
 	worker_start(&c, 1);
 	/* The events log shows the second worker's task (id 2) leasing. */
 	snprintf(path, sizeof(path), "%s/work/events.jsonl", c.dir);
-	deadline = now_ms() + 20000;
-	while (now_ms() < deadline) {
+	deadline = cwt_now_ms() + 20000;
+	while (cwt_now_ms() < deadline) {
 		free(events);
-		events = slurp_file(path);
+		events = cwt_slurp(path);
 		if (events != NULL && strstr(events, "\"event\":\"split_leased\","
 		    "\"task_id\":2") != NULL)
 			break;
-		nap_ms(10);
+		cwt_nap_ms(10);
 	}
 	kill(c.workers[0].pid, SIGCONT);
 	pthread_join(th, NULL);
@@ -548,8 +378,8 @@ START_TEST(cluster_sigterm_drains_a_worker)
 	cluster_start(&c, 1);
 	run_sum s = run_digest("range(100)", c.dispatcher.url, NULL);
 	ck_assert_uint_eq(s.n, 100);
-	ck_assert_int_eq(daemon_stop(&c.workers[0], SIGTERM), 0);
-	char *log = slurp_file(c.workers[0].log);
+	ck_assert_int_eq(cwt_daemon_stop(&c.workers[0], SIGTERM), 0);
+	char *log = cwt_slurp(c.workers[0].log);
 	ck_assert_ptr_nonnull(strstr(log, "event=draining"));
 	ck_assert_ptr_nonnull(strstr(log, "event=stopped"));
 	free(log);
@@ -568,16 +398,16 @@ START_TEST(cluster_dispatcher_gone_is_a_clear_error)
 	cluster_start(&c, 0);
 	char url[256];
 	snprintf(url, sizeof(url), "%s", c.dispatcher.url);
-	daemon_stop(&c.dispatcher, SIGKILL);
+	cwt_daemon_stop(&c.dispatcher, SIGKILL);
 	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
 	ck_assert_int_eq(cachew_options_set_int(o, "service_timeout_ms", 500),
 	    CACHEW_OK);
-	uint64_t t0 = now_ms();
+	uint64_t t0 = cwt_now_ms();
 	cachew_err rv = cwt_run("range(10)", o, &v, &n, err, sizeof(err));
 	ck_assert_int_ne(rv, CACHEW_OK);
 	ck_assert_msg(strstr(err, url) != NULL, "error names the service: %s",
 	    err);
-	ck_assert_uint_lt(now_ms() - t0, 10000);
+	ck_assert_uint_lt(cwt_now_ms() - t0, 10000);
 	cachew_options_destroy(o);
 	cluster_stop(&c);
 }
@@ -643,7 +473,7 @@ START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
 	uint8_t big[8] = {0, 0, 0, 2, 0, 0, 0, 0};
 	send_all(fd, big, sizeof(big));
 	send_all(fd, junk, 64);
-	nap_ms(50);
+	cwt_nap_ms(50);
 	close(fd);
 	/* A well-framed request whose msgpack claims 2^32 - 1 entries. */
 	fd = tcp_connect(c.dispatcher.url);
@@ -651,7 +481,7 @@ START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
 	uint8_t msg[8 + 4 + 5] = {0, 0, 0, 0, 0, 0, 0, 9,
 	    0x80, 0, 0, 1, 0xdd, 0xff, 0xff, 0xff, 0xff};
 	send_all(fd, msg, sizeof(msg));
-	nap_ms(50);
+	cwt_nap_ms(50);
 	close(fd);
 	/* 100 idle connections, held open while a real client is served. */
 	for (int i = 0; i < 100; i++)
@@ -681,7 +511,7 @@ START_TEST(cluster_status_lists_workers_and_jobs)
 	snprintf(cmd, sizeof(cmd), "%s status %s --json > %s", bin,
 	    c.dispatcher.url, out);
 	ck_assert_int_eq(system(cmd), 0);
-	char *json = slurp_file(out);
+	char *json = cwt_slurp(out);
 	ck_assert_ptr_nonnull(strstr(json, "\"workers\":[{\"id\":"));
 	ck_assert_ptr_nonnull(strstr(json, "\"jobs\":[{"));
 	ck_assert_ptr_nonnull(strstr(json, "\"splits_acked\":"));
@@ -724,7 +554,7 @@ START_TEST(cachewd_config_file_and_environment)
 	    "2> %s/err", bin, conf, dir);
 	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
 	snprintf(cmd, sizeof(cmd), "%s/err", dir);
-	char *err = slurp_file(cmd);
+	char *err = cwt_slurp(cmd);
 	ck_assert_msg(strstr(err, "cachewd.conf:3") != NULL, "%s", err);
 	free(err);
 	/* The environment overrides the file. */
@@ -732,7 +562,7 @@ START_TEST(cachewd_config_file_and_environment)
 	    "--dispatcher tcp://x:1 2> %s/err", bin, dir);
 	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
 	snprintf(cmd, sizeof(cmd), "%s/err", dir);
-	err = slurp_file(cmd);
+	err = cwt_slurp(cmd);
 	ck_assert_msg(strstr(err, "CACHEW_HEARTBEAT_MS") != NULL, "%s", err);
 	free(err);
 	cwt_rmtree(dir);

@@ -25,131 +25,10 @@
 
 /* ---- processes (as check_cluster.c) ------------------------------------------ */
 
-typedef struct daemon_proc {
-	pid_t pid;
-	char url[256];
-	char log[600];
-} daemon_proc;
-
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void
-nap_ms(unsigned ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static char *
-slurp_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long len;
-
-	if (f == NULL)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)len + 1);
-	ck_assert_ptr_nonnull(buf);
-	len = (long)fread(buf, 1, (size_t)len, f);
-	buf[len] = '\0';
-	fclose(f);
-	return buf;
-}
-
-/* Starts `cachewd <args...>` (NULL-terminated) with stderr to a log in dir
- * and waits (10 s at most) for its "event=listening ... url=" line. */
-static void
-daemon_start(daemon_proc *d, const char *dir, const char *name, ...)
-{
-	char bin[512], *argv[32];
-	va_list ap;
-	size_t n = 1;
-	uint64_t deadline;
-
-	memset(d, 0, sizeof(*d));
-	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
-	snprintf(d->log, sizeof(d->log), "%s/%s.log", dir, name);
-	argv[0] = bin;
-	va_start(ap, name);
-	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
-		n++;
-	va_end(ap);
-	argv[n] = NULL;
-	fflush(NULL);
-	d->pid = fork();
-	ck_assert_int_ge(d->pid, 0);
-	if (d->pid == 0) {
-		if (freopen(d->log, "w", stderr) == NULL ||
-		    freopen("/dev/null", "w", stdout) == NULL)
-			_exit(127);
-		execv(bin, argv);
-		_exit(127);
-	}
-	deadline = now_ms() + 10000;
-	while (now_ms() < deadline) {
-		char *log = slurp_file(d->log), *p;
-		if (log != NULL && (p = strstr(log, "event=listening")) != NULL &&
-		    (p = strstr(p, "url=")) != NULL) {
-			size_t k = 0;
-			p += 4;
-			while (p[k] != '\0' && p[k] != ' ' && p[k] != '\n' &&
-			       k + 1 < sizeof(d->url))
-				k++;
-			memcpy(d->url, p, k);
-			d->url[k] = '\0';
-			free(log);
-			return;
-		}
-		free(log);
-		int st;
-		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-			char *why = slurp_file(d->log);
-			ck_abort_msg("cachewd %s exited early: %s", name,
-			    why != NULL ? why : "");
-		}
-		nap_ms(10);
-	}
-	kill(d->pid, SIGKILL);
-	waitpid(d->pid, NULL, 0);
-	ck_abort_msg("cachewd %s did not start listening in 10 s", name);
-}
-
-/* Sends sig and waits (10 s at most) for the exit. */
-static void
-daemon_stop(daemon_proc *d, int sig)
-{
-	uint64_t deadline = now_ms() + 10000;
-	int st = 0;
-
-	if (d->pid <= 0)
-		return;
-	kill(d->pid, sig);
-	while (waitpid(d->pid, &st, WNOHANG) == 0) {
-		if (now_ms() > deadline) {
-			kill(d->pid, SIGKILL);
-			waitpid(d->pid, &st, 0);
-			break;
-		}
-		nap_ms(5);
-	}
-	d->pid = 0;
-}
-
 typedef struct cluster {
 	char *dir;
-	daemon_proc dispatcher;
-	daemon_proc workers[4];
+	cwt_daemon dispatcher;
+	cwt_daemon workers[4];
 	int nworkers;
 } cluster;
 
@@ -165,7 +44,7 @@ events_text(const cluster *c)
 	char path[700];
 
 	snprintf(path, sizeof(path), "%s/work/events.jsonl", c->dir);
-	return slurp_file(path);
+	return cwt_slurp(path);
 }
 
 static int
@@ -194,7 +73,7 @@ cluster_start(cluster *c, int nworkers)
 	live_copy = *c;
 	live = true;
 	snprintf(work, sizeof(work), "%s/work", c->dir);
-	daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
 	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
 	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
 	    "--client-timeout-ms", "5000", (char *)NULL);
@@ -202,14 +81,14 @@ cluster_start(cluster *c, int nworkers)
 	for (int i = 0; i < nworkers; i++) {
 		char name[32];
 		snprintf(name, sizeof(name), "worker%d", i);
-		daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+		cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
 		    "--dispatcher", c->dispatcher.url, "--listen",
 		    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--threads",
 		    "1", (char *)NULL);
 		live_copy = *c;
 	}
 	c->nworkers = nworkers;
-	deadline = now_ms() + 10000;
+	deadline = cwt_now_ms() + 10000;
 	for (;;) {
 		/* (A worker whose first registration reply came late
 		 * registers again, replacing itself.) */
@@ -218,16 +97,16 @@ cluster_start(cluster *c, int nworkers)
 			count_substr(ev, "\"event\":\"worker_dead\"");
 		free(ev);
 		for (int i = 0; i < nworkers && n >= nworkers; i++) {
-			char *log = slurp_file(c->workers[i].log);
+			char *log = cwt_slurp(c->workers[i].log);
 			if (log == NULL || strstr(log, "event=registered") == NULL)
 				n = -1; /* its registration call still runs */
 			free(log);
 		}
 		if (n >= nworkers)
 			break;
-		ck_assert_msg(now_ms() < deadline, "%d of %d workers registered "
+		ck_assert_msg(cwt_now_ms() < deadline, "%d of %d workers registered "
 		    "in 10 s", n, nworkers);
-		nap_ms(10);
+		cwt_nap_ms(10);
 	}
 }
 
@@ -236,9 +115,9 @@ cluster_stop(cluster *c)
 {
 	for (int i = 0; i < 4; i++)
 		if (c->workers[i].pid > 0)
-			daemon_stop(&c->workers[i], SIGKILL);
+			cwt_daemon_stop(&c->workers[i], SIGKILL);
 	if (c->dispatcher.pid > 0)
-		daemon_stop(&c->dispatcher, SIGTERM);
+		cwt_daemon_stop(&c->dispatcher, SIGTERM);
 	cwt_rmtree(c->dir);
 	free(c->dir);
 	c->dir = NULL;
@@ -957,7 +836,7 @@ one_worker_lock_step(const char *compression)
 		ck_assert_int_eq(v[0].first[j], (int64_t)(2 * j));
 		ck_assert_int_eq(v[1].first[j], (int64_t)(2 * j + 1));
 	}
-	char *log = slurp_file(c.workers[0].log);
+	char *log = cwt_slurp(c.workers[0].log);
 	ck_assert_msg(strstr(log, "event=rounds_ended") != NULL &&
 		strstr(log, "dropped=1") != NULL,
 	    "%s", log);
@@ -1080,7 +959,7 @@ START_TEST(compression_zstd_gives_the_same_digest_as_none)
 		ck_assert_uint_eq(v[0].digest, digest);
 		consumers_free(v, 1);
 	}
-	char *log = slurp_file(c.workers[0].log);
+	char *log = cwt_slurp(c.workers[0].log);
 	ck_assert_msg(strstr(log, "event=compressing") != NULL, "%s", log);
 	free(log);
 	cluster_stop(&c);

@@ -62,4 +62,25 @@ void cwt_rmtree(const char *path);
 /* Writes len bytes to path; fails the test on error. */
 void cwt_write_file(const char *path, const void *data, size_t len);
 
+/* ---- cachewd processes (cwt_daemon.c) ---------------------------------- */
+#include <sys/types.h>
+
+typedef struct cwt_daemon {
+	pid_t pid;
+	char url[256]; /* as the daemon logged it */
+	char log[600]; /* its stderr */
+} cwt_daemon;
+
+uint64_t cwt_now_ms(void); /* CLOCK_MONOTONIC */
+void cwt_nap_ms(unsigned ms);
+/* A whole file as a NUL-terminated heap string, or NULL. */
+char *cwt_slurp(const char *path);
+/* Starts `<build>/cachewd <args...>` (NULL-terminated) with stderr in
+ * <dir>/<name>.log and waits (10 s at most) until it logs where it
+ * listens; a failed test kills it at exit. */
+void cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...);
+/* Sends sig and waits (10 s, then SIGKILL); the exit code, 128 + signal
+ * when killed, -1 when it was not running. */
+int cwt_daemon_stop(cwt_daemon *d, int sig);
+
 #endif /* CWT_H */

@@ -1,0 +1,183 @@
+/*
+ * cwt_daemon.c - starting and stopping real cachewd processes for the
+ * end-to-end suites (check_cluster.c, check_coord.c): readiness by the
+ * daemon's "event=listening" line, bounded waits, and an atexit handler
+ * that kills whatever a failed test left running.
+ */
+#include "cwt.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t
+cwt_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void
+cwt_nap_ms(unsigned ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+char *
+cwt_slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long len;
+
+	if (f == NULL)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)len + 1);
+	ck_assert_ptr_nonnull(buf);
+	len = (long)fread(buf, 1, (size_t)len, f);
+	buf[len] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* Daemons still running: a failing assertion ends the (forked) test with
+ * exit(), and this atexit handler then stops them, so a failed test never
+ * leaves a process behind. */
+static pid_t live_pids[16];
+static bool live_registered;
+
+static void
+kill_live(void)
+{
+	for (size_t i = 0; i < 16; i++) {
+		if (live_pids[i] > 0) {
+			kill(live_pids[i], SIGKILL);
+			kill(live_pids[i], SIGCONT);
+			waitpid(live_pids[i], NULL, 0);
+			live_pids[i] = 0;
+		}
+	}
+}
+
+static void
+live_add(pid_t pid)
+{
+	if (!live_registered) {
+		atexit(kill_live);
+		live_registered = true;
+	}
+	for (size_t i = 0; i < 16; i++) {
+		if (live_pids[i] == 0) {
+			live_pids[i] = pid;
+			return;
+		}
+	}
+}
+
+static void
+live_remove(pid_t pid)
+{
+	for (size_t i = 0; i < 16; i++)
+		if (live_pids[i] == pid)
+			live_pids[i] = 0;
+}
+
+/* Starts `cachewd <args...>` (NULL-terminated) with stderr to a log in dir
+ * and waits (10 s at most) for its "event=listening ... url=" line. */
+void
+cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...)
+{
+	char bin[512], *argv[32];
+	va_list ap;
+	size_t n = 1;
+	uint64_t deadline;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
+	snprintf(d->log, sizeof(d->log), "%s/%s.log", dir, name);
+	argv[0] = bin;
+	va_start(ap, name);
+	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
+		n++;
+	va_end(ap);
+	argv[n] = NULL;
+	fflush(NULL);
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (d->pid == 0) {
+		/* Only async-signal-safe calls until exec: other threads of
+		 * this process (a client) may hold locks, malloc's included. */
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int nul = open("/dev/null", O_WRONLY);
+		if (fd < 0 || nul < 0 || dup2(fd, 2) < 0 || dup2(nul, 1) < 0)
+			_exit(127);
+		execv(bin, argv);
+		_exit(127);
+	}
+	live_add(d->pid);
+	deadline = cwt_now_ms() + 10000;
+	while (cwt_now_ms() < deadline) {
+		char *log = cwt_slurp(d->log), *p;
+		if (log != NULL && (p = strstr(log, "event=listening")) != NULL &&
+		    (p = strstr(p, "url=")) != NULL) {
+			size_t k = 0;
+			p += 4;
+			while (p[k] != '\0' && p[k] != ' ' && p[k] != '\n' &&
+			       k + 1 < sizeof(d->url))
+				k++;
+			memcpy(d->url, p, k);
+			d->url[k] = '\0';
+			free(log);
+			return;
+		}
+		free(log);
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			char *why = cwt_slurp(d->log);
+			ck_abort_msg("cachewd %s exited early: %s", name,
+			    why != NULL ? why : "");
+		}
+		cwt_nap_ms(10);
+	}
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	ck_abort_msg("cachewd %s did not start listening in 10 s", name);
+}
+
+/* Sends sig and waits (10 s at most) for the exit; returns the status as
+ * an exit code (128 + signal when killed). */
+int
+cwt_daemon_stop(cwt_daemon *d, int sig)
+{
+	uint64_t deadline = cwt_now_ms() + 10000;
+	int st = 0;
+
+	if (d->pid <= 0)
+		return -1;
+	kill(d->pid, sig);
+	while (waitpid(d->pid, &st, WNOHANG) == 0) {
+		if (cwt_now_ms() > deadline) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, &st, 0);
+			break;
+		}
+		cwt_nap_ms(5);
+	}
+	live_remove(d->pid);
+	d->pid = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
