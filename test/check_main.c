@@ -28,6 +28,11 @@ main(void)
 	srunner_add_suite(sr, cwt_split_suite());
 	srunner_add_suite(sr, cwt_cluster_suite());
 	srunner_add_suite(sr, cwt_coord_suite());
+	srunner_add_suite(sr, cwt_policy_suite());
+	srunner_add_suite(sr, cwt_sim_suite());
+	srunner_add_suite(sr, cwt_autocache_suite());
+	srunner_add_suite(sr, cwt_provision_suite());
+	srunner_add_suite(sr, cwt_autoscale_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

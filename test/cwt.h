@@ -27,6 +27,12 @@ Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
 Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 Suite *cwt_cluster_suite(void);   /* check_cluster.c: cachewd processes */
 Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
+Suite *cwt_policy_suite(void);    /* check_policy.c: scalers, fair share */
+Suite *cwt_sim_suite(void);       /* check_sim.c: cachew sim */
+Suite *cwt_autocache_suite(void); /* check_autocache.c: cache decisions */
+Suite *cwt_provision_suite(void); /* check_provision.c: provisioners */
+Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
+                                   * dispatcher, end to end */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when

@@ -1,0 +1,141 @@
+/*
+ * scale.h - autoscaling and fair share: pure policy functions.
+ *
+ * A scaler turns a stream of job observations (a client heartbeat merged
+ * with the workers' latest reports, every ~500 ms) into a worker count for
+ * that job. It has no clock, no I/O and no locks: the dispatcher, the
+ * embedded mode and the simulator (`cachew sim`) feed it the same samples
+ * and get the same decisions. docs/policies.md explains each policy.
+ *
+ * Policies (cwi_scale_parse spellings):
+ * - "model" (the default): estimates each worker's throughput and the
+ *   consumer's demand (its rate when it never waits), jumps to the smallest
+ *   count that meets demand with headroom, confirms with one probe step,
+ *   then keeps Cachew's drift re-check.
+ * - "cachew": Cachew's published rule, faithfully: windows of
+ *   window_batches batches (discarding discard_epoch at an epoch start and
+ *   discard_change after each change); with r = 1 - T_new/T_prev add one
+ *   worker while r > improve, else settle on the smaller count; then every
+ *   drift_every-th sample is compared with the settled one and a
+ *   drift_factor change in batch time or client queue moves the count by
+ *   one. One worker per step, at least min_step_batches batches per step.
+ * - "fixed:N": always N.
+ * - "hpa:P": Kubernetes' horizontal pod autoscaler at P% CPU:
+ *   ceil(workers * utilisation / (P/100)), with its 10% tolerance.
+ *
+ * Thread safety: a cwi_scaler is used by one thread at a time.
+ */
+#ifndef CWI_SCALE_H
+#define CWI_SCALE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cachew.h"
+
+typedef enum cwi_scale_kind {
+	CWI_SCALE_MODEL = 0,
+	CWI_SCALE_CACHEW,
+	CWI_SCALE_FIXED,
+	CWI_SCALE_HPA
+} cwi_scale_kind;
+
+typedef struct cwi_scale_config {
+	cwi_scale_kind kind;
+	uint32_t fixed;            /* fixed:N */
+	double hpa_target;         /* hpa:80 -> 0.80 */
+	uint32_t min_workers;      /* 1 */
+	uint32_t max_workers;      /* UINT32_MAX: bounded by the pool */
+	uint64_t cooldown_ns;      /* at least this between changes (0) */
+	uint32_t window_batches;   /* batches per measurement window (500) */
+	uint32_t discard_epoch;    /* batches ignored at an epoch start (200) */
+	uint32_t discard_change;   /* batches ignored after a change (150) */
+	uint32_t min_step_batches; /* batches per scaling step (650) */
+	double improve;            /* cachew: add while r > this (0.07) */
+	uint32_t drift_every;      /* re-check every this many samples (21) */
+	double drift_factor;       /* a change by this factor is drift (1.4) */
+	double headroom;           /* model: demand x (1 + headroom) (0.10) */
+} cwi_scale_config;
+
+/* Fills c with the defaults above for the "model" policy. */
+void cwi_scale_config_default(cwi_scale_config *c);
+
+/* Sets c->kind (and fixed / hpa_target) from "model", "cachew",
+ * "fixed:N" (N >= 1) or "hpa:P" (1 <= P <= 100), leaving the other fields.
+ * CACHEW_EINVAL with cachew_errmsg() naming the spelling on anything else. */
+cachew_err cwi_scale_parse(cwi_scale_config *c, const char *spec);
+
+/* Writes the canonical spelling of c's policy ("model", "fixed:4", ...)
+ * into buf (NUL-terminated, truncated to size). */
+void cwi_scale_name(const cwi_scale_config *c, char *buf, size_t size);
+
+/* One observation of a job. Counts are deltas since the previous sample
+ * of the same job; rates and fractions are over that interval. */
+typedef struct cwi_scale_sample {
+	uint64_t now_ns;       /* any monotonic clock; goes forward */
+	uint64_t batches;      /* batches each client consumed (mean over
+				* the job's clients) since the last sample */
+	uint64_t elapsed_ns;   /* the time those batches took */
+	uint64_t wait_ns;      /* of elapsed_ns, time clients waited for
+				* data (mean over clients) */
+	double buffer_fill;    /* client buffer occupancy 0..1 (mean) */
+	bool epoch_start;      /* a new epoch began since the last sample */
+	uint32_t workers;      /* workers serving the job during the interval */
+	double worker_busy;    /* mean fraction of the interval the workers'
+				* pipelines produced rather than stalled on a
+				* full output queue (0..1; < 0: unknown) */
+	double worker_cpu;     /* mean CPU utilisation of the workers, as a
+				* fraction of their cores (0..1; < 0: unknown) */
+} cwi_scale_sample;
+
+typedef struct cwi_scale_decision {
+	uint32_t workers; /* the count the job should have now */
+	bool changed;     /* differs from the previous decision */
+	bool settled;     /* the policy considers the count converged */
+	char reason[192]; /* one line for the events log and status */
+} cwi_scale_decision;
+
+typedef struct cwi_scaler cwi_scaler;
+
+/* A scaler for one job starting at `initial` workers (clamped to the
+ * bounds). cfg is copied. CACHEW_ENOMEM; CACHEW_EINVAL for bounds with
+ * min_workers > max_workers. */
+cachew_err cwi_scaler_create(cwi_scaler **out, const cwi_scale_config *cfg,
+    uint32_t initial);
+void cwi_scaler_destroy(cwi_scaler *s);
+
+/* Feeds one sample and fills *dec with the decision that follows (which
+ * may be the previous count). Never fails: a sample it cannot use (no
+ * batches, zero elapsed time) leaves the decision as it was. */
+void cwi_scaler_observe(cwi_scaler *s, const cwi_scale_sample *smp,
+    cwi_scale_decision *dec);
+
+/* The current decision without feeding a sample. */
+uint32_t cwi_scaler_target(const cwi_scaler *s);
+
+/* Restarts measuring from `workers` (clamped), as after a cache mode
+ * change: the next windows are new (discard_change applies), earlier
+ * estimates are dropped. Cachew's own rule resets to one worker instead;
+ * "model" carries the count over. */
+void cwi_scaler_reset(cwi_scaler *s, uint32_t workers);
+
+/* Caps the scaler's notion of the count it has (fair share or the pool
+ * gave it fewer workers than it asked for): its measurements are then
+ * attributed to `granted` workers. */
+void cwi_scaler_granted(cwi_scaler *s, uint32_t granted);
+
+/*
+ * Weighted max-min fair share. n jobs want want[i] workers (0: none) with
+ * weight[i] > 0; total workers exist. Fills got[i] <= want[i] so that no
+ * job can get more without taking from a job whose got/weight is not
+ * larger. No job with want >= 1 starves: while total >= the number of such
+ * jobs each gets at least one; with fewer workers than jobs, the first
+ * `total` of them in index order (the dispatcher orders by job age) get
+ * one each. Workers nobody wants stay unassigned. Deterministic: ties
+ * break by index.
+ */
+void cwi_fair_share(const uint32_t *want, const double *weight, size_t n,
+    uint32_t total, uint32_t *got);
+
+#endif /* CWI_SCALE_H */
