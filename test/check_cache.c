@@ -1652,6 +1652,223 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 }
 END_TEST
 
+
+/* ---- caches written in parts ----------------------------------------- */
+
+/* Writes units [b, e) (element i = value i) as one part of write_id. */
+static void
+write_part(cwi_cache_root *r, const cachew_fingerprint *fp,
+    uint64_t write_id, const cwi_unit_range *units, size_t nunits,
+    bool commit)
+{
+	cwi_cache_writer_opts o = {.chunk_bytes = 4096, .frame_bytes = 256,
+	    .part_write_id = write_id, .part_units = units,
+	    .npart_units = nunits};
+	cwi_cache_writer *w = NULL;
+	cachew_err rv = cwi_cache_writer_create(&w, r, fp, "range(100)", &o);
+
+	ck_assert_msg(rv == CACHEW_OK, "create: %s", cachew_errmsg());
+	for (size_t k = 0; k < nunits; k++)
+		for (uint64_t u = units[k].begin; u < units[k].end; u++) {
+			cwi_element *e = elem_i64((int64_t)u);
+			ck_assert_int_eq(cwi_cache_writer_add(w, &e, 1),
+			    CACHEW_OK);
+			cwi_element_release(e);
+		}
+	if (commit)
+		ck_assert_msg(cwi_cache_writer_commit(w) == CACHEW_OK, "%s",
+		    cachew_errmsg());
+	cwi_cache_writer_destroy(w);
+}
+
+/* The multiset of values read back, as a count per value 0..99. */
+static void
+read_counts(cwi_cache_root *r, const cachew_fingerprint *fp, int *count)
+{
+	cwi_element **got;
+	size_t ngot;
+
+	memset(count, 0, 100 * sizeof(*count));
+	ck_assert_int_eq(read_cache(r, fp, &got, &ngot, NULL, 0), CACHEW_OK);
+	for (size_t i = 0; i < ngot; i++) {
+		int64_t v = *(const int64_t *)cachew_tensor_data(&got[i]->comp[0]);
+		ck_assert(v >= 0 && v < 100);
+		count[v]++;
+	}
+	elems_free(got, ngot);
+}
+
+START_TEST(test_parts_commit_holds_every_unit_once)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(40);
+	cwi_unit_range a[] = {{0, 30}, {60, 70}}, b[] = {{30, 60}},
+		       c[] = {{70, 100}};
+	int count[100];
+	uint64_t n = 0;
+	cwi_cache_manifest *m;
+
+	/* Written out of order, one lease with two ranges. */
+	write_part(r, &fp, 7, c, 1, true);
+	write_part(r, &fp, 7, a, 2, true);
+	/* Not complete yet: nothing visible, and commit names the gap. */
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "range(100)", 7, 100,
+			     &n),
+	    CACHEW_ENOENT);
+	ck_assert_msg(strstr(cachew_errmsg(), "no part covers unit 30 of 100"),
+	    "%s", cachew_errmsg());
+	write_part(r, &fp, 7, b, 1, true);
+	ck_assert_msg(cwi_cache_parts_commit(r, &fp, "range(100)", 7, 100,
+			  &n) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert_uint_eq(n, 100);
+	m = lookup_ok(r, &fp);
+	ck_assert_uint_eq(m->elements, 100);
+	ck_assert_str_eq(m->pipeline, "range(100)");
+	cwi_cache_manifest_free(m);
+	read_counts(r, &fp, count);
+	for (int i = 0; i < 100; i++)
+		ck_assert_int_eq(count[i], 1);
+	/* The part files are gone; a second commit finds the cache. */
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "range(100)", 7, 100,
+			     NULL),
+	    CACHEW_EEXIST);
+	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_parts_replayed_and_crashed_leases_are_dropped)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(41);
+	cwi_unit_range all4[] = {{0, 40}}, lo[] = {{0, 20}}, hi[] = {{20, 40}},
+		       rest[] = {{40, 100}};
+	int count[100];
+	size_t files_before, files_after;
+	char *cdir;
+	char hex[33];
+
+	/* A lease of 0-40 whose worker died before the ack, replayed as
+	 * 0-20 and 20-40; a writer that crashed mid-way (never committed);
+	 * and another write's part, which this commit must not touch. */
+	write_part(r, &fp, 9, all4, 1, true);
+	write_part(r, &fp, 9, lo, 1, true);
+	write_part(r, &fp, 9, hi, 1, true);
+	write_part(r, &fp, 9, rest, 1, false);
+	write_part(r, &fp, 9, rest, 1, true);
+	write_part(r, &fp, 10, lo, 1, true);
+	cachew_fingerprint_hex(&fp, hex);
+	cdir = cwi_asprintf("%s/%s", dir, hex);
+	files_before = count_entries(cdir);
+	ck_assert_msg(cwi_cache_parts_commit(r, &fp, "range(100)", 9, 100,
+			  NULL) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	read_counts(r, &fp, count);
+	for (int i = 0; i < 100; i++)
+		ck_assert_msg(count[i] == 1, "value %d read %d times", i,
+		    count[i]);
+	/* Write 9's part files and unpicked chunks went; write 10's part
+	 * stayed. */
+	files_after = count_entries(cdir);
+	ck_assert_uint_lt(files_after, files_before);
+	ck_assert_int_eq(cwi_cache_parts_abort(r, &fp, 10), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	free(cdir);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_parts_commit_rejects_damaged_or_foreign_parts)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(42);
+	cwi_unit_range all[] = {{0, 100}}, over[] = {{0, 120}};
+	cwi_cache_manifest *m;
+	char hex[33], *cdir, *part = NULL;
+	DIR *d;
+	struct dirent *de;
+
+	write_part(r, &fp, 11, over, 1, true);
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "p", 11, 100, NULL),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "up to 120, the source has 100"),
+	    "%s", cachew_errmsg());
+	write_part(r, &fp, 0x12, all, 1, true);
+	cachew_fingerprint_hex(&fp, hex);
+	cdir = cwi_asprintf("%s/%s", dir, hex);
+	d = opendir(cdir);
+	while ((de = readdir(d)) != NULL)
+		if (strncmp(de->d_name, "part-0000000000000012", 21) == 0 &&
+		    strstr(de->d_name, ".cwp") != NULL)
+			part = cwi_asprintf("%s/%s", cdir, de->d_name);
+	closedir(d);
+	ck_assert_ptr_nonnull(part);
+	/* One flipped byte in the part file. */
+	{
+		size_t len;
+		uint8_t *b = slurp(part, &len);
+		FILE *f = fopen(part, "wb");
+		b[len / 2] ^= 0x40;
+		fwrite(b, 1, len, f);
+		fclose(f);
+		free(b);
+	}
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "p", 0x12, 100, NULL),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), ".cwp"), "%s", cachew_errmsg());
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ENOENT);
+	/* Giving the write up removes its files. */
+	ck_assert_int_eq(cwi_cache_parts_abort(r, &fp, 0x12), CACHEW_OK);
+	ck_assert(!exists(part));
+	free(part);
+	free(cdir);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_part_writer_excludes_single_writer)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(43);
+	cwi_unit_range u[] = {{0, 10}};
+	cwi_cache_writer_opts o = {.part_write_id = 5, .part_units = u,
+	    .npart_units = 1};
+	cwi_cache_writer *pw = NULL, *w = NULL;
+
+	ck_assert_int_eq(cwi_cache_writer_create(&pw, r, &fp, "p", &o),
+	    CACHEW_OK);
+	/* A single writer would clear the directory: it must wait. */
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
+	    CACHEW_EEXIST);
+	/* Two parts write side by side. */
+	{
+		cwi_cache_writer *pw2 = NULL;
+		ck_assert_int_eq(cwi_cache_writer_create(&pw2, r, &fp, "p", &o),
+		    CACHEW_OK);
+		cwi_cache_writer_destroy(pw2);
+	}
+	o.npart_units = 0;
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", &o),
+	    CACHEW_EINVAL);
+	cwi_cache_writer_destroy(pw);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_cache_suite(void)
 {
@@ -1689,6 +1906,10 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_probe_measures_positive_rates);
 	tcase_add_test(tc, test_root_rejects_unsupported_urls);
 	tcase_add_test(tc, test_s3_root_round_trip_corruption_and_management);
+	tcase_add_test(tc, test_parts_commit_holds_every_unit_once);
+	tcase_add_test(tc, test_parts_replayed_and_crashed_leases_are_dropped);
+	tcase_add_test(tc, test_parts_commit_rejects_damaged_or_foreign_parts);
+	tcase_add_test(tc, test_part_writer_excludes_single_writer);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -57,6 +57,13 @@ typedef struct cwi_cache_chunk_info {
 	uint64_t elements;
 	uint64_t bytes;    /* file size */
 	uint64_t xxh64;    /* XXH64 (seed 0) of the whole file */
+	/* What the chunk's header says: the id of the writer that wrote it
+	 * and its index in that writer's output. A cache written by one
+	 * writer has writer_id == the manifest's cache_id and index == the
+	 * chunk's position; a cache assembled from parts
+	 * (cwi_cache_parts_commit) keeps each part writer's. */
+	uint64_t writer_id;
+	uint32_t index;
 } cwi_cache_chunk_info;
 
 typedef struct cwi_cache_manifest {
@@ -73,6 +80,10 @@ typedef struct cwi_cache_manifest {
 	cwi_cache_spec *spec;
 	size_t nchunks;
 	cwi_cache_chunk_info *chunks;
+	/* Part files only (cwi_cache_parts_commit): the split units of the
+	 * source whose elements the part holds, in the order read. */
+	cwi_unit_range *units;
+	size_t nunits;
 } cwi_cache_manifest;
 
 void cwi_cache_manifest_free(cwi_cache_manifest *m);
@@ -111,6 +122,16 @@ typedef struct cwi_cache_writer_opts {
 	int threads;           /* encoder/writer threads; 0: 2 */
 	size_t queue_bytes;    /* memory bound of queued elements; 0: 4 frames
 				* per thread */
+	/* Part writing (a lease of a distributed write, docs/cache-format.md
+	 * "Caches written in parts"): non-zero part_write_id makes the writer
+	 * one of many writing the cache together. It shares the cache's lock
+	 * with the others, leaves their files alone, and its commit writes a
+	 * part file listing its chunks and the source units it covered
+	 * (part_units, copied) instead of the manifest; nothing is visible to
+	 * readers until cwi_cache_parts_commit. */
+	uint64_t part_write_id;
+	const cwi_unit_range *part_units;
+	size_t npart_units;
 } cwi_cache_writer_opts;
 
 /* Starts writing the cache of fp. CACHEW_EEXIST when a complete cache of
@@ -135,6 +156,29 @@ cachew_err cwi_cache_writer_commit(cwi_cache_writer *w);
 /* Destroys a writer; one that was not committed is aborted: its temporary
  * files are removed and nothing becomes visible. */
 void cwi_cache_writer_destroy(cwi_cache_writer *w);
+
+/*
+ * Completes a cache written in parts: reads the part files of write_id,
+ * picks parts that cover the source units [0, units_total) exactly once
+ * (in order of their first unit; a part that overlaps one already picked,
+ * as a replayed lease writes, is skipped), checks that their element specs
+ * agree, and writes the manifest listing their chunks in that order. Part
+ * files and chunks of write_id that were not picked are removed. The
+ * cache's element count goes to *elements (may be NULL).
+ * CACHEW_ENOENT naming the first uncovered unit when the parts do not
+ * cover every unit (nothing is written; the parts stay for a later try),
+ * CACHEW_EEXIST when the cache is already complete, CACHEW_ETYPE when two
+ * parts' specs disagree, CACHEW_ECORRUPT for a damaged part file,
+ * CACHEW_EIO, CACHEW_ENOMEM.
+ */
+cachew_err cwi_cache_parts_commit(cwi_cache_root *r,
+    const cachew_fingerprint *fp, const char *pipeline, uint64_t write_id,
+    uint64_t units_total, uint64_t *elements);
+
+/* Removes every part file and chunk of write_id (a distributed write that
+ * was given up). CACHEW_OK when there were none. */
+cachew_err cwi_cache_parts_abort(cwi_cache_root *r,
+    const cachew_fingerprint *fp, uint64_t write_id);
 
 /* ---- reading -------------------------------------------------------------- */
 

@@ -128,6 +128,15 @@ uint64_t cwi_cache_random64(void);
  * without a lock file is CACHEW_OK with *fd = -1: nothing here can
  * change it. */
 cachew_err cwi_cache_lock(const char *dir, int op, bool create, int *fd);
+/* The files of a cache directory (local) or the objects under it (S3), as
+ * full paths with their sizes; free with cwi_cache_names_free. */
+cachew_err cwi_cache_list_dir(const cwi_cache_root *r, const char *dir,
+    char ***names, uint64_t **sizes, size_t *n);
+void cwi_cache_names_free(char **names, uint64_t *sizes, size_t n);
+/* Part files of a distributed write: part-<write id>-<writer id>.cwp. */
+#define CWI_CACHE_PART_PREFIX "part-"
+#define CWI_CACHE_PART_SUFFIX ".cwp"
+
 void cwi_cache_unlock(int fd);
 
 /* Removes a cache directory's contents, the manifest first so that it

@@ -33,6 +33,7 @@ cwi_cache_manifest_clear(cwi_cache_manifest *m)
 	for (size_t i = 0; i < m->nchunks; i++)
 		free(m->chunks[i].name);
 	free(m->chunks);
+	free(m->units);
 	memset(m, 0, sizeof(*m));
 }
 
@@ -81,7 +82,7 @@ cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 		return cwi_fail(CACHEW_ERANGE, "manifest: totals out of range");
 	cachew_fingerprint_hex(&m->fp, fp);
 	/* Keys in strcmp order: the encoding is canonical. */
-	cwi_msgpack_put_map(sb, 12);
+	cwi_msgpack_put_map(sb, m->nunits > 0 ? 13 : 12);
 	put_key(sb, "bytes");
 	put_u64(sb, m->bytes);
 	put_key(sb, "cache_id");
@@ -90,13 +91,25 @@ cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 	cwi_msgpack_put_array(sb, m->nchunks);
 	for (size_t i = 0; i < m->nchunks; i++) {
 		const cwi_cache_chunk_info *c = &m->chunks[i];
-		cwi_msgpack_put_map(sb, 4);
+		/* A chunk whose header says what its position and the cache
+		 * id imply carries no header keys: one writer's manifests
+		 * stay as they were. */
+		bool own = c->writer_id == m->cache_id && c->index == i;
+		cwi_msgpack_put_map(sb, own ? 4 : 6);
 		put_key(sb, "bytes");
 		put_u64(sb, c->bytes);
 		put_key(sb, "elements");
 		put_u64(sb, c->elements);
+		if (!own) {
+			put_key(sb, "index");
+			put_u64(sb, c->index);
+		}
 		put_key(sb, "name");
 		put_key(sb, c->name);
+		if (!own) {
+			put_key(sb, "writer_id");
+			put_hex64(sb, c->writer_id);
+		}
 		put_key(sb, "xxh64");
 		put_hex64(sb, c->xxh64);
 	}
@@ -122,6 +135,15 @@ cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 		cwi_msgpack_put_array(sb, s->rank);
 		for (unsigned d = 0; d < s->rank; d++)
 			cwi_msgpack_put_int(sb, s->shape[d] < 0 ? -1 : s->shape[d]);
+	}
+	if (m->nunits > 0) {
+		put_key(sb, "units");
+		cwi_msgpack_put_array(sb, m->nunits);
+		for (size_t i = 0; i < m->nunits; i++) {
+			cwi_msgpack_put_array(sb, 2);
+			put_u64(sb, m->units[i].begin);
+			put_u64(sb, m->units[i].end);
+		}
 	}
 	put_key(sb, "version");
 	cwi_msgpack_put_int(sb, CWI_CACHE_FORMAT_VERSION);
@@ -305,6 +327,69 @@ dec_spec(const cwi_value *list, cwi_cache_manifest *m)
 	return CACHEW_OK;
 }
 
+/* The optional "writer_id" and "index" of a chunk (both or neither):
+ * absent, the chunk is the cache's own chunk `i`. */
+static cachew_err
+dec_chunk_header_keys(const cwi_value *item, size_t i, uint64_t cache_id,
+    cwi_cache_chunk_info *c)
+{
+	bool has_id = cwi_map_get(item, "writer_id") != NULL;
+	bool has_index = cwi_map_get(item, "index") != NULL;
+	int64_t index;
+	cachew_err rv;
+
+	if (!has_id && !has_index) {
+		c->writer_id = cache_id;
+		c->index = (uint32_t)i;
+		return CACHEW_OK;
+	}
+	if (has_id != has_index)
+		return bad("chunk %zu has only one of 'writer_id' and 'index'",
+		    i);
+	rv = get_hex64(item, "writer_id", &c->writer_id);
+	if (rv == CACHEW_OK)
+		rv = get_int(item, "index", 0, &index);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (index > UINT32_MAX)
+		return bad("chunk %zu: index %lld is out of range", i,
+		    (long long)index);
+	c->index = (uint32_t)index;
+	return CACHEW_OK;
+}
+
+/* The optional "units" of a part file: [begin, end) pairs, each
+ * non-empty. */
+static cachew_err
+dec_units(const cwi_value *v, cwi_cache_manifest *m)
+{
+	const cwi_value *list = cwi_map_get(v, "units");
+
+	if (list == NULL)
+		return CACHEW_OK;
+	if (list->type != CWI_V_LIST || list->u.list.n == 0)
+		return bad("'units' is not a non-empty list");
+	m->units = calloc(list->u.list.n, sizeof(*m->units));
+	if (m->units == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < list->u.list.n; i++) {
+		const cwi_value *r = &list->u.list.items[i];
+		const cwi_value *b, *e;
+
+		if (r->type != CWI_V_LIST || r->u.list.n != 2)
+			return bad("unit range %zu is not a pair", i);
+		b = &r->u.list.items[0];
+		e = &r->u.list.items[1];
+		if (b->type != CWI_V_INT || e->type != CWI_V_INT ||
+		    b->u.i < 0 || e->u.i <= b->u.i)
+			return bad("unit range %zu is not 0 <= begin < end", i);
+		m->units[i].begin = (uint64_t)b->u.i;
+		m->units[i].end = (uint64_t)e->u.i;
+		m->nunits = i + 1;
+	}
+	return CACHEW_OK;
+}
+
 static cachew_err
 dec_chunks(const cwi_value *list, cwi_cache_manifest *m)
 {
@@ -332,6 +417,8 @@ dec_chunks(const cwi_value *list, cwi_cache_manifest *m)
 			rv = get_int(item, "bytes", CWI_CHUNK_MIN_SIZE, &nb);
 		if (rv == CACHEW_OK)
 			rv = get_hex64(item, "xxh64", &c->xxh64);
+		if (rv == CACHEW_OK)
+			rv = dec_chunk_header_keys(item, i, m->cache_id, c);
 		if (rv != CACHEW_OK)
 			return rv;
 		for (size_t j = 0; j < i; j++)
@@ -429,6 +516,8 @@ dec_body(const cwi_value *v, cwi_cache_manifest *m)
 		rv = get_typed(v, "chunks", CWI_V_LIST, &chunks);
 	if (rv == CACHEW_OK)
 		rv = dec_chunks(chunks, m);
+	if (rv == CACHEW_OK)
+		rv = dec_units(v, m);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (m->elements > 0 && m->ncomponents == 0)

@@ -41,7 +41,9 @@ struct cwi_cache_reader {
 	int lockfd;
 	size_t ncomp;
 	cwi_cache_spec *spec;
-	uint64_t want_elements, want_bytes, want_xxh64, cache_id;
+	uint64_t want_elements, want_bytes, want_xxh64;
+	uint64_t cache_id;    /* the chunk header's: its writer's id */
+	uint64_t manifest_id; /* the manifest's, to tell a replaced cache */
 	uint32_t index;
 
 	XXH64_state_t hash;
@@ -164,13 +166,13 @@ read_header(cwi_cache_reader *rd)
 	if (rv != CACHEW_OK)
 		return rv;
 	if (ch.cache_id != rd->cache_id) {
-		if (current_cache_id(rd, &now) && now == ch.cache_id)
+		if (current_cache_id(rd, &now) && now != rd->manifest_id)
 			return cwi_fail(CACHEW_ENOENT,
 			    "%s: the cache was replaced since it was looked up",
 			    rd->path);
 		return cwi_fail(CACHEW_ECORRUPT,
 		    "%s: the chunk belongs to another cache (id %016llx, the "
-		    "manifest's is %016llx)",
+		    "manifest says %016llx)",
 		    rd->path, (unsigned long long)ch.cache_id,
 		    (unsigned long long)rd->cache_id);
 	}
@@ -248,8 +250,9 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 	rd->want_elements = ci->elements;
 	rd->want_bytes = ci->bytes;
 	rd->want_xxh64 = ci->xxh64;
-	rd->cache_id = m->cache_id;
-	rd->index = (uint32_t)index;
+	rd->cache_id = ci->writer_id;
+	rd->manifest_id = m->cache_id;
+	rd->index = ci->index;
 	XXH64_reset(&rd->hash, 0);
 	rd->path = cwi_cache_file_path(r, &m->fp, ci->name);
 	rd->spec = calloc(m->ncomponents + 1, sizeof(*rd->spec));

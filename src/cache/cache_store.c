@@ -408,10 +408,8 @@ cwi_cache_unlock(int fd)
 
 /* ---- directory contents ------------------------------------------------- */
 
-/* The names of the files in a cache directory (local) or the objects
- * under it (S3), as full paths. */
-static cachew_err
-list_dir(const cwi_cache_root *r, const char *dir, char ***names,
+cachew_err
+cwi_cache_list_dir(const cwi_cache_root *r, const char *dir, char ***names,
     uint64_t **sizes, size_t *n)
 {
 	size_t cap = 0;
@@ -487,8 +485,8 @@ list_dir(const cwi_cache_root *r, const char *dir, char ***names,
 	return rv;
 }
 
-static void
-names_free(char **names, uint64_t *sizes, size_t n)
+void
+cwi_cache_names_free(char **names, uint64_t *sizes, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -518,7 +516,7 @@ cwi_cache_clear_dir(const cwi_cache_root *r, const char *dir, bool keep_lock)
 	free(manifest);
 	if (rv != CACHEW_OK)
 		return rv;
-	rv = list_dir(r, dir, &names, &sizes, &n);
+	rv = cwi_cache_list_dir(r, dir, &names, &sizes, &n);
 	if (rv == CACHEW_ENOENT)
 		return CACHEW_OK;
 	for (size_t i = 0; rv == CACHEW_OK && i < n; i++) {
@@ -526,7 +524,7 @@ cwi_cache_clear_dir(const cwi_cache_root *r, const char *dir, bool keep_lock)
 			continue;
 		rv = cwi_cache_unlink(r, names[i]);
 	}
-	names_free(names, sizes, n);
+	cwi_cache_names_free(names, sizes, n);
 	if (rv != CACHEW_OK || keep_lock || r->s3)
 		return rv;
 	/* The lock file goes last, while still held, then the directory (a
@@ -549,12 +547,12 @@ cwi_cache_dir_bytes(const cwi_cache_root *r, const char *dir, uint64_t *bytes)
 	char **names = NULL;
 	uint64_t *sizes = NULL;
 	size_t n = 0;
-	cachew_err rv = list_dir(r, dir, &names, &sizes, &n);
+	cachew_err rv = cwi_cache_list_dir(r, dir, &names, &sizes, &n);
 
 	*bytes = 0;
 	for (size_t i = 0; i < n; i++)
 		*bytes += sizes[i];
-	names_free(names, sizes, n);
+	cwi_cache_names_free(names, sizes, n);
 	return rv;
 }
 

@@ -74,7 +74,8 @@ struct cwi_cache_writer {
 	char *dir;
 	int lockfd;
 	bool owns_dir; /* took the directory: an abort empties it */
-	uint64_t cache_id;
+	uint64_t cache_id; /* this writer's id, in its chunk headers */
+	cwi_unit_range *part_units; /* part writers: a copy of the opts' */
 	cwi_cache_writer_opts o;
 
 	/* Producer-owned. */
@@ -262,8 +263,16 @@ chunk_start(cwi_cache_writer *w)
 	c->fd = -1;
 	cwi_strbuf_init(&c->mem);
 	XXH64_reset(&c->hash, 0);
-	c->name = cwi_asprintf("chunk-%06zu-%016llx.cwc", w->nchunks,
-	    (unsigned long long)w->cache_id);
+	/* A part writer's chunks carry the write's id in their names, so the
+	 * commit can remove what crashed or replayed parts left. */
+	if (w->o.part_write_id != 0)
+		c->name = cwi_asprintf(CWI_CACHE_PART_PREFIX
+		    "%016llx-%016llx-%06zu.cwc",
+		    (unsigned long long)w->o.part_write_id,
+		    (unsigned long long)w->cache_id, w->nchunks);
+	else
+		c->name = cwi_asprintf("chunk-%06zu-%016llx.cwc", w->nchunks,
+		    (unsigned long long)w->cache_id);
 	if (c->name == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	c->open = true;
@@ -318,6 +327,8 @@ chunk_push_info(cwi_cache_writer *w)
 	ci->elements = c->elements;
 	ci->bytes = c->bytes;
 	ci->xxh64 = XXH64_digest(&c->hash);
+	ci->writer_id = w->cache_id;
+	ci->index = (uint32_t)(w->nchunks - 1);
 	c->name = NULL;
 	w->chunk_bytes_total += c->bytes;
 	return CACHEW_OK;
@@ -756,11 +767,52 @@ take_dir(cwi_cache_writer *w)
 	return cwi_cache_clear_dir(w->root, w->dir, true);
 }
 
+/* A part writer shares the directory with the other parts of its write:
+ * a shared lock keeps gc and rm away (and excludes a single writer, which
+ * takes it exclusively), and nothing is cleared. */
+static cachew_err
+take_dir_part(cwi_cache_writer *w)
+{
+	cachew_err rv;
+
+	if (w->root->s3)
+		return CACHEW_OK;
+	for (int round = 0;; round++) {
+		rv = cwi_cache_mkdirs(w->dir);
+		if (rv == CACHEW_OK)
+			rv = cwi_cache_lock(w->dir, LOCK_SH, true, &w->lockfd);
+		if (rv != CACHEW_ENOENT || round == 8)
+			break;
+	}
+	if (rv == CACHEW_EEXIST)
+		return cwi_fail(CACHEW_EEXIST,
+		    "cache %s is being written or removed by a single writer",
+		    w->dir);
+	return rv;
+}
+
 static cachew_err
 apply_opts(cwi_cache_writer *w, const cwi_cache_writer_opts *opts)
 {
 	if (opts != NULL)
 		w->o = *opts;
+	if (w->o.part_write_id != 0) {
+		if (w->o.npart_units == 0 || w->o.npart_units > (1u << 20))
+			return cwi_fail(CACHEW_EINVAL,
+			    "cache writer: a part needs 1 to 2^20 unit "
+			    "ranges, not %zu",
+			    w->o.npart_units);
+		w->part_units = calloc(w->o.npart_units, sizeof(*w->part_units));
+		if (w->part_units == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		for (size_t i = 0; i < w->o.npart_units; i++) {
+			if (w->o.part_units[i].begin >= w->o.part_units[i].end)
+				return cwi_fail(CACHEW_EINVAL,
+				    "cache writer: unit range %zu is empty", i);
+			w->part_units[i] = w->o.part_units[i];
+		}
+		w->o.part_units = w->part_units;
+	}
 	if (w->o.chunk_bytes == 0)
 		w->o.chunk_bytes = CWI_CACHE_CHUNK_BYTES;
 	if (w->o.frame_bytes == 0)
@@ -818,7 +870,7 @@ cwi_cache_writer_create(cwi_cache_writer **out, cwi_cache_root *r,
 		rv = cwi_fail(CACHEW_EEXIST, "cache %s already exists", w->dir);
 		goto fail;
 	}
-	rv = take_dir(w);
+	rv = w->o.part_write_id != 0 ? take_dir_part(w) : take_dir(w);
 	if (rv != CACHEW_OK)
 		goto fail;
 	w->cache_id = cwi_cache_random64();
@@ -883,11 +935,22 @@ cwi_cache_writer_commit(cwi_cache_writer *w)
 	m.spec = w->spec;
 	m.nchunks = w->nchunks;
 	m.chunks = w->chunks;
+	m.units = w->part_units;
+	m.nunits = w->part_units != NULL ? w->o.npart_units : 0;
 	cwi_strbuf_init(&sb);
 	rv = cwi_cache_manifest_encode(&m, &sb);
-	if (rv == CACHEW_OK)
+	if (rv == CACHEW_OK && w->o.part_write_id != 0) {
+		char name[64];
+		snprintf(name, sizeof(name),
+		    CWI_CACHE_PART_PREFIX "%016llx-%016llx" CWI_CACHE_PART_SUFFIX,
+		    (unsigned long long)w->o.part_write_id,
+		    (unsigned long long)w->cache_id);
+		rv = cwi_cache_put_file(w->root, w->dir, name, sb.data, sb.len,
+		    true);
+	} else if (rv == CACHEW_OK) {
 		rv = cwi_cache_put_file(w->root, w->dir, CWI_CACHE_FILE_MANIFEST,
 		    sb.data, sb.len, true);
+	}
 	cwi_strbuf_free(&sb);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -895,7 +958,8 @@ cwi_cache_writer_commit(cwi_cache_writer *w)
 	cwi_cache_unlock(w->lockfd);
 	w->lockfd = -1;
 	cwi_log(CACHEW_LOG_INFO, "cache",
-	    "%s: wrote %llu elements in %zu chunks, %llu bytes", w->dir,
+	    "%s: wrote %s%llu elements in %zu chunks, %llu bytes", w->dir,
+	    w->o.part_write_id != 0 ? "a part of " : "",
 	    (unsigned long long)w->added, w->nchunks,
 	    (unsigned long long)w->chunk_bytes_total);
 	return CACHEW_OK;
@@ -918,8 +982,9 @@ abort_files(cwi_cache_writer *w)
 		free(path);
 	}
 	/* The directory was emptied when this writer took it: what is left
-	 * is its own, the lock file included. */
-	(void)cwi_cache_clear_dir(w->root, w->dir, false);
+	 * is its own, the lock file included. A part writer shares it. */
+	if (w->o.part_write_id == 0)
+		(void)cwi_cache_clear_dir(w->root, w->dir, false);
 }
 
 void
@@ -950,7 +1015,7 @@ cwi_cache_writer_destroy(cwi_cache_writer *w)
 		w->done = j->next;
 		job_free(j);
 	}
-	if (!w->committed && w->owns_dir)
+	if (!w->committed && (w->owns_dir || w->o.part_write_id != 0))
 		abort_files(w);
 	cwi_cache_unlock(w->lockfd);
 	for (size_t i = 0; i < w->nchunks; i++)
@@ -960,6 +1025,7 @@ cwi_cache_writer_destroy(cwi_cache_writer *w)
 	free(w->cur.tmp_path);
 	cwi_strbuf_free(&w->cur.mem);
 	free(w->threads);
+	free(w->part_units);
 	free(w->pipeline);
 	free(w->dir);
 	free(w->errmsg);
