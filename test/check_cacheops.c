@@ -13,6 +13,7 @@
 #include "cwt.h"
 
 #include "../src/cache/cache.h"
+#include "../src/exec/exec_split.h"
 #include "../src/exec/exec_tune.h"
 #include "../src/gen/gen.h"
 
@@ -1755,6 +1756,105 @@ START_TEST(gc_spares_a_cache_being_read_and_removes_it_after)
 }
 END_TEST
 
+/* ---- distributed writes: one part per lease ------------------------------ */
+
+static uint64_t
+multiset_digest(const run_out *r)
+{
+	uint64_t d = 0;
+
+	for (size_t i = 0; i < r->n; i++)
+		d += cachew_element_hash(r->v[i]);
+	return d;
+}
+
+/* Runs one lease of the plan's worker part to its end. */
+static void
+run_put_lease(const cwi_split_plan *p, const cwi_unit_range *r, size_t n)
+{
+	cachew_iterator *it = NULL;
+	cachew_element *e;
+	cachew_err rv;
+
+	rv = cwi_iterator_create_lease(&it, p->worker, NULL, p->source, r, n, 1);
+	ck_assert_msg(rv == CACHEW_OK, "lease: %s", cachew_errmsg());
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK)
+		cachew_element_release(e);
+	ck_assert_int_eq(rv, CACHEW_EOF);
+	cachew_iterator_destroy(it);
+}
+
+START_TEST(put_with_write_id_writes_a_part_per_lease_then_commits)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(100) | map(add, value=3)";
+	char *pipeline = fmt("%s | cache_put(\"%s\", write_id=77, "
+			     "chunk_bytes=4096)", in, root);
+	cachew_dataset *ds = NULL;
+	cwi_split_plan *plan = NULL;
+	cwi_cache_root *r = NULL;
+	cwi_unit_range a[] = {{0, 30}, {60, 70}}, b[] = {{30, 60}},
+		       c[] = {{70, 100}};
+	cachew_fingerprint fp = fp_of(in);
+	uint64_t n = 0;
+	run_out want = run_ok(in), got;
+	char hex[33], *get;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	ck_assert_msg(cwi_split_plan_create(&plan, (cwi_node *)ds) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	/* The write runs on the workers: nothing is left for the client. */
+	ck_assert_uint_eq(plan->nclient, 0);
+	ck_assert_uint_eq(plan->units, 100);
+	run_put_lease(plan, a, 2);
+	run_put_lease(plan, b, 1);
+	run_put_lease(plan, b, 1); /* a replayed lease */
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	run_put_lease(plan, c, 1);
+	ck_assert_int_eq(cwi_cache_root_open(&r, root, 0), CACHEW_OK);
+	ck_assert_msg(cwi_cache_parts_commit(r, &plan->worker_fp, in, 77,
+			  plan->units, &n) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert_uint_eq(n, 100);
+	ck_assert(memcmp(&plan->worker_fp, &fp, sizeof(fp)) == 0);
+	fp_hex(in, hex);
+	get = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	got = run_ok(get);
+	ck_assert_uint_eq(got.n, want.n);
+	ck_assert_uint_eq(multiset_digest(&got), multiset_digest(&want));
+	run_free(&got);
+	run_free(&want);
+	free(get);
+	cwi_cache_root_close(r);
+	cwi_split_plan_destroy(plan);
+	cachew_dataset_release(ds);
+	cwt_rmtree(dir);
+	free(pipeline);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(put_with_write_id_in_process_writes_the_whole_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(50)";
+	char *p = fmt("%s | cache_put(\"%s\", write_id=5)", in, root);
+	run_out want = run_ok(in), got = run_ok(p);
+	cachew_fingerprint fp = fp_of(in);
+
+	/* Not split: one writer, complete at the end of the pass. */
+	assert_same(&want, &got, "pass-through");
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
+	run_free(&want);
+	run_free(&got);
+	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_cacheops_suite(void)
 {
@@ -1765,6 +1865,8 @@ cwt_cacheops_suite(void)
 
 	tcase_set_timeout(ops, 60);
 	tcase_add_test(ops, put_then_get_range_map_batch_is_exact);
+	tcase_add_test(ops, put_with_write_id_writes_a_part_per_lease_then_commits);
+	tcase_add_test(ops, put_with_write_id_in_process_writes_the_whole_cache);
 	tcase_add_test(ops, put_then_get_text_lines_is_exact);
 	tcase_add_test(ops, put_then_get_u8_image_crops_is_exact);
 	tcase_add_test(ops, put_of_many_chunks_keeps_order_across_chunks);

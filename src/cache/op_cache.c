@@ -159,6 +159,11 @@ typedef struct put_pass {
 	cwi_cache_root *root;  /* NULL: pass through only */
 	bool own_root;         /* opened (and closed) by the pass itself */
 	int64_t ram_budget;    /* the pipeline's (bytes, > 0) */
+	/* cache_put(write_id=W) running on a lease of a split pipeline: this
+	 * lease writes one part of write W, covering these units. */
+	uint64_t part_write_id;
+	const cwi_unit_range *part_units;
+	size_t npart_units;
 	cwi_cache_writer *w;   /* NULL: not writing */
 	bool started;          /* writer creation was attempted */
 	uint64_t elements;     /* handed to the writer */
@@ -198,6 +203,9 @@ put_begin(put_pass *p, const cwi_chunk *v, size_t first)
 	if (p->root == NULL)
 		return;
 	o = writer_opts(node, v, first);
+	o.part_write_id = p->part_write_id;
+	o.part_units = p->part_units;
+	o.npart_units = p->npart_units;
 	/* The writer's token holder stops for each chunk's fsync and for
 	 * storage that is briefly busy: a queue of a few tens of MB lets the
 	 * pipeline run on meanwhile (8 MB, the writer's default for two
@@ -273,9 +281,9 @@ put_finish(put_pass *p, cachew_err end)
 			put_warn(p, "commit failed", rv);
 		else
 			cwi_log(CACHEW_LOG_INFO, "cache",
-			    "%s: cached %llu elements as %s under %s",
-			    p->node->op->name,
-			    (unsigned long long)p->elements, hex,
+			    "%s: cached %llu elements %sas %s under %s",
+			    p->node->op->name, (unsigned long long)p->elements,
+			    p->part_write_id != 0 ? "in a part " : "", hex,
 			    cwi_cache_root_path(p->root));
 	}
 	cwi_cache_writer_destroy(p->w);
@@ -802,6 +810,14 @@ put_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	p->pass.node = node;
 	p->pass.ram_budget = args->pl->opts.ram_budget;
 	p->pass.own_root = true;
+	/* Only a lease writes a part: the whole input in one process is
+	 * the whole cache, written by one writer as always. */
+	if (cwi_node_int(node, "write_id") != 0 && args->pl->split_node != NULL &&
+	    args->pl->nsplit_ranges > 0) {
+		p->pass.part_write_id = (uint64_t)cwi_node_int(node, "write_id");
+		p->pass.part_units = args->pl->split_ranges;
+		p->pass.npart_units = args->pl->nsplit_ranges;
+	}
 	rv = cwi_iter_create(&p->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {
 		free(p);
@@ -1185,6 +1201,12 @@ static const cwi_param_spec put_params[] = {
 	   "system path or s3://bucket/prefix"),
     P_THREADS("encoder threads of the writer, or auto (2)"),
     P_WRITE_PARAMS,
+    {.name = "write_id", .type = CWI_P_INT, .flags = CWI_PF_PERF,
+	.def_int = 0, .min = 0, .max = INT64_MAX,
+	.help = "non-zero: a distributed write; each lease of the service "
+		"writes one part and whoever set the id (the dispatcher) "
+		"commits the cache once every split is delivered "
+		"(docs/cache-format.md 6.1)"},
 };
 
 static const cwi_param_spec cache_params[] = {

@@ -36,9 +36,10 @@ static const struct {
     {"zip", "joins whole inputs element by element"},
     {"concatenate", "joins whole inputs one after the other"},
     /* One writer per lease would each commit a cache of one lease under
-     * the same fingerprint; until the cache store assembles a cache from
-     * per-lease chunks, the client writes it. */
-    {"cache_put", "writes one cache of the whole input"},
+     * the same fingerprint; a distributed write (cache_put with a
+     * write_id, which the dispatcher sets) writes a part per lease and
+     * runs on the workers (runs_per_lease). */
+    {"cache_put", "writes one cache of the whole input (write_id=0)"},
     {"cache", "writes (then reads) one cache of the whole input"},
     {"tfrecord_write", "writes one file of the whole input"},
 };
@@ -46,6 +47,10 @@ static const struct {
 static bool
 runs_per_lease(const cwi_node *n)
 {
+	/* A distributed cache write: each lease writes a part of it. */
+	if (strcmp(n->op->name, "cache_put") == 0 &&
+	    cwi_node_int(n, "write_id") != 0)
+		return n->ninputs == 1;
 	for (size_t i = 0; i < sizeof(per_lease_ops) / sizeof(per_lease_ops[0]);
 	     i++)
 		if (strcmp(n->op->name, per_lease_ops[i]) == 0)
