@@ -1855,6 +1855,88 @@ START_TEST(put_with_write_id_in_process_writes_the_whole_cache)
 }
 END_TEST
 
+/* ---- plans: PUT and GET rewrites ----------------------------------------- */
+
+static cwi_node *
+find_op(cwi_node *n, const char *op)
+{
+	if (strcmp(n->op->name, op) == 0)
+		return n;
+	for (size_t i = 0; i < n->ninputs; i++) {
+		cwi_node *f = find_op(n->inputs[i], op);
+		if (f != NULL)
+			return f;
+	}
+	return NULL;
+}
+
+/* Runs a dataset in-process (two threads, fixed seed). */
+static run_out
+run_ds(cachew_dataset *ds)
+{
+	char *s = NULL;
+	run_out r;
+
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	r = run_ok(s);
+	cachew_free(s);
+	return r;
+}
+
+START_TEST(plans_write_then_read_the_cache_at_the_marker)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(100) | map(add, value=3) | autocache() | "
+			 "map(add, value=1) | batch(7)";
+	cachew_dataset *ds = NULL, *put = NULL, *get = NULL;
+	cachew_fingerprint f0, f1, f2;
+	cwi_node *marker;
+	run_out want = run_ok(in), got;
+	char *s = NULL;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, in), CACHEW_OK);
+	marker = find_op(ds, "autocache");
+	ck_assert_ptr_nonnull(marker);
+	ck_assert_int_eq(cwi_cache_plan_put(ds, marker, root, 0, &put),
+	    CACHEW_OK);
+	cachew_dataset_fingerprint(ds, &f0);
+	cachew_dataset_fingerprint(put, &f1);
+	ck_assert(memcmp(&f0, &f1, sizeof(f0)) == 0);
+	got = run_ds(put);
+	assert_same(&want, &got, "PUT plan");
+	run_free(&got);
+	ck_assert_int_eq(lookup(root, &marker->fp), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_plan_get(ds, marker, root, &get), CACHEW_OK);
+	cachew_dataset_fingerprint(get, &f2);
+	ck_assert(memcmp(&f0, &f2, sizeof(f0)) == 0);
+	ck_assert_int_eq(cachew_dataset_to_string(get, &s), CACHEW_OK);
+	ck_assert_msg(strncmp(s, "cache_get(", 10) == 0 &&
+			  strstr(s, "range(") == NULL,
+	    "%s", s);
+	cachew_free(s);
+	got = run_ds(get);
+	assert_same(&want, &got, "GET plan");
+	run_free(&got);
+	/* A node of another graph is refused. */
+	{
+		cachew_dataset *other = NULL, *bad = NULL;
+		ck_assert_int_eq(cachew_dataset_parse(&other, "range(5)"),
+		    CACHEW_OK);
+		ck_assert_int_eq(cwi_cache_plan_get(ds, other, root, &bad),
+		    CACHEW_EINVAL);
+		ck_assert_ptr_null(bad);
+		cachew_dataset_release(other);
+	}
+	run_free(&want);
+	cachew_dataset_release(get);
+	cachew_dataset_release(put);
+	cachew_dataset_release(ds);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_cacheops_suite(void)
 {
@@ -1867,6 +1949,7 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, put_then_get_range_map_batch_is_exact);
 	tcase_add_test(ops, put_with_write_id_writes_a_part_per_lease_then_commits);
 	tcase_add_test(ops, put_with_write_id_in_process_writes_the_whole_cache);
+	tcase_add_test(ops, plans_write_then_read_the_cache_at_the_marker);
 	tcase_add_test(ops, put_then_get_text_lines_is_exact);
 	tcase_add_test(ops, put_then_get_u8_image_crops_is_exact);
 	tcase_add_test(ops, put_of_many_chunks_keeps_order_across_chunks);

@@ -260,6 +260,21 @@ typedef struct cwi_cache_probe_result {
 cachew_err cwi_cache_probe(cwi_cache_root *r, size_t element_bytes,
     uint64_t probe_bytes, cwi_cache_probe_result *out);
 
+/* ---- plans: pipelines rewritten to write or read a cache ------------------- */
+
+/* A copy of the pipeline `top` whose node `at` (a node of top's graph,
+ * e.g. an autocache marker, or top itself) passes through
+ * cache_put(root, write_id=write_id) (write_id 0: one writer), sharing the
+ * nodes that do not lead to `at`. Every fingerprint stays what it was.
+ * CACHEW_EINVAL when `at` is not in top's graph; build errors otherwise. */
+cachew_err cwi_cache_plan_put(cwi_node *top, const cwi_node *at,
+    const char *root, uint64_t write_id, cwi_node **out);
+/* The same with `at` and everything upstream of it replaced by
+ * cache_get(root, fingerprint of at): the pipeline reads the cache of `at`
+ * and computes only what comes after it. */
+cachew_err cwi_cache_plan_get(cwi_node *top, const cwi_node *at,
+    const char *root, cwi_node **out);
+
 /* ---- operators and CLI ---------------------------------------------------- */
 
 extern const cwi_dataset_op cwi_op_cache_put;
