@@ -56,6 +56,14 @@ typedef struct cwi_scale_config {
 	uint32_t drift_every;      /* re-check every this many samples (21) */
 	double drift_factor;       /* a change by this factor is drift (1.4) */
 	double headroom;           /* model: demand x (1 + headroom) (0.10) */
+	/* "model" only: a measurement window also ends once it has lasted
+	 * window_max_ns and holds min_window_batches batches, and a discard
+	 * once it has lasted discard_max_ns, so a slow start (one worker at
+	 * 1.6 batches/s) decides in about a minute rather than after 700
+	 * batches. 0 means by batches only, as "cachew" always does. */
+	uint64_t window_max_ns;      /* 60 s */
+	uint32_t min_window_batches; /* 50 */
+	uint64_t discard_max_ns;     /* 30 s */
 } cwi_scale_config;
 
 /* Fills c with the defaults above for the "model" policy. */
@@ -106,13 +114,19 @@ cachew_err cwi_scaler_create(cwi_scaler **out, const cwi_scale_config *cfg,
 void cwi_scaler_destroy(cwi_scaler *s);
 
 /* Feeds one sample and fills *dec with the decision that follows (which
- * may be the previous count). Never fails: a sample it cannot use (no
- * batches, zero elapsed time) leaves the decision as it was. */
+ * may be the previous count). Never fails: a sample it cannot use (zero
+ * elapsed time) is ignored; one without batches adds its time to the
+ * current window (the client waited) and leaves the decision as it was. */
 void cwi_scaler_observe(cwi_scaler *s, const cwi_scale_sample *smp,
     cwi_scale_decision *dec);
 
 /* The current decision without feeding a sample. */
 uint32_t cwi_scaler_target(const cwi_scaler *s);
+
+/* Decision windows completed so far: measurement windows for "cachew"
+ * and "model", evaluations (every 15 s of sample time) for "hpa", none
+ * for "fixed". The simulator counts convergence in these. */
+uint32_t cwi_scaler_windows(const cwi_scaler *s);
 
 /* Restarts measuring from `workers` (clamped), as after a cache mode
  * change: the next windows are new (discard_change applies), earlier

@@ -16,6 +16,7 @@
 #include "../exec/exec_split.h"
 #include "../service/service.h"
 #include "../graph/graph.h"
+#include "../policy/sim.h"
 #include "../gen/gen.h"
 
 #include <ctype.h>
@@ -54,6 +55,9 @@ static const char usage_text[] =
     "  cache ls|verify|rm|gc|probe  manage a cache root (cachew cache --help)\n"
     "  status [URL] [--json]        what a dispatcher knows: workers, jobs,\n"
     "                               tasks, splits, throughput\n"
+    "  sim autoscale|multitenant|autocache [--json] [--plot DIR]\n"
+    "                               simulate the policies in virtual time\n"
+    "                               (cachew sim --help)\n"
     "  gen text --out DIR --lines N [--files K] [--seed S]\n"
     "                               write Zipf-distributed text files\n"
     "  version                      print the library version\n"
@@ -1190,6 +1194,7 @@ static const command commands[] = {
     {"gen", cmd_gen},
     {"cache", cwi_cache_cli},
     {"status", cwi_status_cli},
+    {"sim", cwi_sim_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
     {"help", cmd_help},
@@ -1207,9 +1212,9 @@ main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	cachew_log_set(cachew_log_stderr, NULL, CACHEW_LOG_WARN);
-	/* `cache` prints its own subcommand help. */
+	/* `cache`, `status` and `sim` print their own subcommand help. */
 	if (strcmp(argv[1], "cache") != 0 && strcmp(argv[1], "status") != 0 &&
-	    wants_help(argc, argv))
+	    strcmp(argv[1], "sim") != 0 && wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name) == 0) {

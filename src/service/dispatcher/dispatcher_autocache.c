@@ -1,0 +1,758 @@
+/*
+ * dispatcher_autocache.c - per-dataset autocaching modes across passes, the
+ * storage probe, cache commits and the persistent state
+ * (dispatcher_autocache.h).
+ *
+ * Lock order: dc->lock only; held across one call, I/O included (calls
+ * come from the dispatcher's own thread at pass boundaries, never from a
+ * data path).
+ *
+ * State file: one line per fact, rewritten whole (temporary name, fsync,
+ * rename) after every change:
+ *   storage read_mb_per_s=R read_rows_per_s=S write_mb_per_s=W
+ *   dataset fp=HEX decided=0|1 choice=NAME candidate=K failed=0|1 \
+ *       epochs=E n=N p0=rows,bytes,up_ns,after_ns ... reason=TEXT
+ * `reason` is last and runs to the end of the line. Unknown keys are
+ * ignored; a line that does not parse is skipped with a warning.
+ */
+#include "dispatcher_autocache.h"
+
+#include "../../cache/cache.h"
+#include "../../exec/exec_split.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DC_MAX_DATASETS 4096
+#define DC_LINE_MAX 4096
+#define DC_COMMIT_TRIES 3 /* PUT passes that may fail before COMPUTE */
+
+typedef struct dc_entry {
+	cachew_fingerprint fp; /* the registered pipeline's */
+	bool decided;
+	cwi_ac_choice choice;
+	int candidate;         /* chosen point; -1: compute */
+	bool failed;           /* caching it failed for good: compute */
+	uint32_t put_failures;
+	double epochs;         /* passes expected, as last told */
+	size_t npoints;        /* the profile: one point per candidate */
+	cwi_ac_point points[CWI_AC_MAX_CANDIDATES];
+	char reason[640];
+} dc_entry;
+
+struct cwi_dcache {
+	pthread_mutex_t lock;
+	cwi_cache_root *root;
+	cwi_ac_config ac;
+	uint64_t capacity;
+	char *state_path;
+	double default_epochs;
+	uint64_t probe_bytes;
+	bool probed;
+	cwi_ac_storage storage;
+	dc_entry *v;
+	size_t n, cap;
+};
+
+/* ---- the state file ------------------------------------------------------ */
+
+static void
+put_line_entry(FILE *f, const dc_entry *e)
+{
+	char hex[33];
+
+	cachew_fingerprint_hex(&e->fp, hex);
+	fprintf(f,
+	    "dataset fp=%s decided=%d choice=%s candidate=%d failed=%d "
+	    "epochs=%.17g n=%zu",
+	    hex, e->decided ? 1 : 0, cwi_ac_choice_name(e->choice),
+	    e->candidate, e->failed ? 1 : 0, e->epochs, e->npoints);
+	for (size_t k = 0; k < e->npoints; k++)
+		fprintf(f, " p%zu=%.17g,%.17g,%.17g,%.17g", k, e->points[k].rows,
+		    e->points[k].row_bytes, e->points[k].up_ns,
+		    e->points[k].after_ns);
+	/* The reason runs to the end of the line: no newline inside. */
+	fputs(" reason=", f);
+	for (const char *c = e->reason; *c != '\0'; c++)
+		fputc(*c == '\n' ? ' ' : *c, f);
+	fputc('\n', f);
+}
+
+static cachew_err
+state_save(cwi_dcache *dc)
+{
+	char *tmp;
+	FILE *f;
+	int fd;
+	cachew_err rv = CACHEW_OK;
+
+	if (dc->state_path == NULL)
+		return CACHEW_OK;
+	tmp = cwi_asprintf("%s.tmp-%ld", dc->state_path, (long)getpid());
+	if (tmp == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	f = fopen(tmp, "w");
+	if (f == NULL) {
+		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
+		free(tmp);
+		return rv;
+	}
+	if (dc->probed)
+		fprintf(f,
+		    "storage read_mb_per_s=%.17g read_rows_per_s=%.17g "
+		    "write_mb_per_s=%.17g\n",
+		    dc->storage.read_mb_per_s, dc->storage.read_rows_per_s,
+		    dc->storage.write_mb_per_s);
+	for (size_t i = 0; i < dc->n; i++)
+		put_line_entry(f, &dc->v[i]);
+	fd = fileno(f);
+	if (fflush(f) != 0 || fsync(fd) != 0)
+		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
+	if (fclose(f) != 0 && rv == CACHEW_OK)
+		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
+	if (rv == CACHEW_OK && rename(tmp, dc->state_path) != 0)
+		rv = cwi_fail(CACHEW_EIO, "%s: rename: %s", dc->state_path,
+		    strerror(errno));
+	if (rv != CACHEW_OK)
+		(void)unlink(tmp);
+	free(tmp);
+	return rv;
+}
+
+/* The value of `key=` in a line of space-separated fields (not reason). */
+static const char *
+field(const char *line, const char *key, char *buf, size_t size)
+{
+	size_t klen = strlen(key);
+	const char *p = line;
+
+	while ((p = strstr(p, key)) != NULL) {
+		if ((p == line || p[-1] == ' ') && p[klen] == '=') {
+			const char *v = p + klen + 1;
+			size_t n = strcspn(v, " \n");
+			if (n >= size)
+				return NULL;
+			memcpy(buf, v, n);
+			buf[n] = '\0';
+			return buf;
+		}
+		p += klen;
+	}
+	return NULL;
+}
+
+static bool
+parse_double(const char *s, double *out)
+{
+	char *end;
+
+	if (s == NULL)
+		return false;
+	errno = 0;
+	*out = strtod(s, &end);
+	return errno == 0 && end != s && *end == '\0';
+}
+
+static bool
+parse_entry(const char *line, dc_entry *e)
+{
+	char buf[128], key[32];
+	double d;
+	const char *r;
+
+	memset(e, 0, sizeof(*e));
+	if (field(line, "fp", buf, sizeof(buf)) == NULL ||
+	    cwi_cache_fp_parse(buf, &e->fp) != CACHEW_OK)
+		return false;
+	if (!parse_double(field(line, "decided", buf, sizeof(buf)), &d))
+		return false;
+	e->decided = d != 0;
+	if (field(line, "choice", buf, sizeof(buf)) == NULL)
+		return false;
+	if (strcmp(buf, "compute") == 0)
+		e->choice = CWI_AC_CHOICE_COMPUTE;
+	else if (strcmp(buf, "source") == 0)
+		e->choice = CWI_AC_CHOICE_SOURCE;
+	else if (strcmp(buf, "full") == 0)
+		e->choice = CWI_AC_CHOICE_FULL;
+	else
+		return false;
+	if (!parse_double(field(line, "candidate", buf, sizeof(buf)), &d) ||
+	    d < -1 || d >= CWI_AC_MAX_CANDIDATES)
+		return false;
+	e->candidate = (int)d;
+	if (!parse_double(field(line, "failed", buf, sizeof(buf)), &d))
+		return false;
+	e->failed = d != 0;
+	if (!parse_double(field(line, "epochs", buf, sizeof(buf)), &e->epochs))
+		return false;
+	if (!parse_double(field(line, "n", buf, sizeof(buf)), &d) || d < 0 ||
+	    d > CWI_AC_MAX_CANDIDATES)
+		return false;
+	e->npoints = (size_t)d;
+	for (size_t k = 0; k < e->npoints; k++) {
+		cwi_ac_point *p = &e->points[k];
+		snprintf(key, sizeof(key), "p%zu", k);
+		if (field(line, key, buf, sizeof(buf)) == NULL ||
+		    sscanf(buf, "%lg,%lg,%lg,%lg", &p->rows, &p->row_bytes,
+			&p->up_ns, &p->after_ns) != 4)
+			return false;
+	}
+	r = strstr(line, " reason=");
+	if (r != NULL) {
+		r += strlen(" reason=");
+		snprintf(e->reason, sizeof(e->reason), "%.*s",
+		    (int)strcspn(r, "\n"), r);
+	}
+	return true;
+}
+
+static cachew_err entry_add(cwi_dcache *dc, const dc_entry *e);
+
+static cachew_err
+state_load(cwi_dcache *dc)
+{
+	char line[DC_LINE_MAX], buf[64];
+	size_t lineno = 0;
+	FILE *f;
+	cachew_err rv = CACHEW_OK;
+
+	if (dc->state_path == NULL)
+		return CACHEW_OK;
+	f = fopen(dc->state_path, "r");
+	if (f == NULL)
+		return errno == ENOENT
+		    ? CACHEW_OK
+		    : cwi_fail(CACHEW_EIO, "%s: %s", dc->state_path,
+			  strerror(errno));
+	while (rv == CACHEW_OK && fgets(line, sizeof(line), f) != NULL) {
+		dc_entry e;
+		bool ok = false;
+
+		lineno++;
+		if (strncmp(line, "storage ", 8) == 0) {
+			ok = parse_double(field(line, "read_mb_per_s", buf,
+					      sizeof(buf)),
+				 &dc->storage.read_mb_per_s) &&
+			     parse_double(field(line, "read_rows_per_s", buf,
+					      sizeof(buf)),
+				 &dc->storage.read_rows_per_s) &&
+			     parse_double(field(line, "write_mb_per_s", buf,
+					      sizeof(buf)),
+				 &dc->storage.write_mb_per_s);
+			dc->probed = ok;
+		} else if (strncmp(line, "dataset ", 8) == 0 &&
+			   dc->n < DC_MAX_DATASETS && parse_entry(line, &e)) {
+			ok = true;
+			rv = entry_add(dc, &e);
+		}
+		if (!ok)
+			cwi_log(CACHEW_LOG_WARN, "autocache",
+			    "%s:%zu: skipping a line that does not parse",
+			    dc->state_path, lineno);
+	}
+	fclose(f);
+	return rv;
+}
+
+/* ---- datasets ------------------------------------------------------------ */
+
+static dc_entry *
+entry_find(cwi_dcache *dc, const cachew_fingerprint *fp)
+{
+	for (size_t i = 0; i < dc->n; i++)
+		if (memcmp(&dc->v[i].fp, fp, sizeof(*fp)) == 0)
+			return &dc->v[i];
+	return NULL;
+}
+
+static cachew_err
+entry_add(cwi_dcache *dc, const dc_entry *e)
+{
+	dc_entry *old = entry_find(dc, &e->fp);
+
+	if (old != NULL) {
+		*old = *e;
+		return CACHEW_OK;
+	}
+	if (dc->n == dc->cap) {
+		size_t cap = dc->cap ? 2 * dc->cap : 16;
+		dc_entry *v = realloc(dc->v, cap * sizeof(*v));
+		if (v == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		dc->v = v;
+		dc->cap = cap;
+	}
+	dc->v[dc->n++] = *e;
+	return CACHEW_OK;
+}
+
+static dc_entry *
+entry_get(cwi_dcache *dc, const cachew_fingerprint *fp)
+{
+	dc_entry e, *found = entry_find(dc, fp);
+
+	if (found != NULL)
+		return found;
+	if (dc->n >= DC_MAX_DATASETS)
+		return NULL;
+	memset(&e, 0, sizeof(e));
+	e.fp = *fp;
+	e.candidate = -1;
+	if (entry_add(dc, &e) != CACHEW_OK)
+		return NULL;
+	return &dc->v[dc->n - 1];
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+cachew_err
+cwi_dcache_create(cwi_dcache **out, const cwi_dcache_config *cfg)
+{
+	cwi_dcache *dc = calloc(1, sizeof(*dc));
+	cachew_err rv;
+
+	*out = NULL;
+	if (dc == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_mutex_init(&dc->lock, NULL);
+	cwi_ac_config_default(&dc->ac);
+	rv = cwi_ac_parse(&dc->ac, cfg->policy != NULL ? cfg->policy
+						     : "default");
+	if (rv != CACHEW_OK)
+		goto fail;
+	dc->ac.allow_frozen_random = cfg->allow_frozen_random;
+	dc->capacity = cfg->capacity_bytes;
+	dc->default_epochs = cfg->default_epochs > 0 ? cfg->default_epochs : 10;
+	dc->probe_bytes = cfg->probe_bytes > 0 ? cfg->probe_bytes : 64u << 20;
+	if (cfg->root == NULL) {
+		rv = cwi_fail(CACHEW_EINVAL, "autocache: no cache root");
+		goto fail;
+	}
+	rv = cwi_cache_root_open(&dc->root, cfg->root, cfg->capacity_bytes);
+	if (rv != CACHEW_OK)
+		goto fail;
+	if (cfg->state_path != NULL) {
+		dc->state_path = cwi_strdup(cfg->state_path);
+		if (dc->state_path == NULL) {
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+			goto fail;
+		}
+	}
+	rv = state_load(dc);
+	if (rv != CACHEW_OK)
+		goto fail;
+	*out = dc;
+	return CACHEW_OK;
+fail:
+	cwi_dcache_destroy(dc);
+	return rv;
+}
+
+void
+cwi_dcache_destroy(cwi_dcache *dc)
+{
+	if (dc == NULL)
+		return;
+	cwi_cache_root_close(dc->root);
+	free(dc->state_path);
+	free(dc->v);
+	pthread_mutex_destroy(&dc->lock);
+	free(dc);
+}
+
+void
+cwi_dcache_pass_free(cwi_dcache_pass *p)
+{
+	if (p == NULL)
+		return;
+	cachew_free(p->graph);
+	p->graph = NULL;
+	p->graph_len = 0;
+}
+
+/* ---- passes -------------------------------------------------------------- */
+
+static bool
+eligible(const cwi_dcache *dc, const cwi_ac_candidate *c)
+{
+	return !c->random_upstream || dc->ac.allow_frozen_random;
+}
+
+static bool
+is_cached(cwi_dcache *dc, const cwi_node *n)
+{
+	cwi_cache_manifest *m = NULL;
+	bool yes = cwi_cache_lookup(dc->root, &n->fp, &m) == CACHEW_OK;
+
+	cwi_cache_manifest_free(m);
+	cwi_clear_errmsg();
+	return yes;
+}
+
+/* The graph a pass runs, as msgpack, and its split units. */
+static cachew_err
+pass_graph(cwi_dcache *dc, cwi_node *top, const cwi_ac_candidate *c,
+    cwi_ac_mode mode, cwi_dcache_pass *pass)
+{
+	cwi_node *g = NULL;
+	cwi_split_plan *sp = NULL;
+	void *buf = NULL;
+	size_t len = 0;
+	cachew_err rv;
+
+	if (mode == CWI_AC_PUT)
+		rv = cwi_cache_plan_put(top, c->node, cwi_cache_root_path(dc->root),
+		    pass->write_id, &g);
+	else
+		rv = cwi_cache_plan_get(top, c->node, cwi_cache_root_path(dc->root),
+		    &g);
+	if (rv == CACHEW_OK && mode == CWI_AC_GET) {
+		/* Split by cache chunk now. */
+		rv = cwi_split_plan_create(&sp, g);
+		if (rv == CACHEW_OK)
+			pass->units = sp->units;
+		cwi_split_plan_destroy(sp);
+	}
+	if (rv == CACHEW_OK)
+		rv = cachew_dataset_to_msgpack(g, &buf, &len);
+	cachew_dataset_release(g);
+	if (rv != CACHEW_OK)
+		return rv;
+	pass->graph = buf;
+	pass->graph_len = len;
+	return CACHEW_OK;
+}
+
+static cachew_err
+copy_graph(const uint8_t *graph, size_t len, cwi_dcache_pass *pass)
+{
+	pass->graph = malloc(len > 0 ? len : 1);
+	if (pass->graph == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	memcpy(pass->graph, graph, len);
+	pass->graph_len = len;
+	return CACHEW_OK;
+}
+
+/* The mode and point of the next pass of a planned dataset. */
+static void
+choose(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
+    cwi_dcache_pass *pass)
+{
+	int nearest = -1;
+
+	pass->mode = CWI_AC_PROFILE;
+	pass->candidate = -1;
+	if (dc->ac.kind == CWI_AC_FIX_COMPUTE ||
+	    (e->decided && e->choice == CWI_AC_CHOICE_COMPUTE) || e->failed) {
+		pass->mode = CWI_AC_COMPUTE;
+		snprintf(pass->event, sizeof(pass->event), "compute: %s",
+		    e->failed ? "caching failed before" : e->decided
+			? "the decision was to compute"
+			: "policy compute");
+		return;
+	}
+	/* A cache that exists is read at once: the decided point, or else
+	 * the eligible cached point nearest the end (least compute after). */
+	for (size_t k = 0; k < plan->ncand; k++)
+		if (eligible(dc, &plan->cand[k]) &&
+		    is_cached(dc, plan->cand[k].node))
+			nearest = (int)k;
+	if (e->decided && e->candidate >= 0 &&
+	    (size_t)e->candidate < plan->ncand &&
+	    is_cached(dc, plan->cand[e->candidate].node))
+		nearest = e->candidate;
+	if (nearest >= 0) {
+		pass->mode = CWI_AC_GET;
+		pass->candidate = nearest;
+		snprintf(pass->event, sizeof(pass->event),
+		    "get: reading the cache at %s (node %d)",
+		    plan->cand[nearest].full ? "the end" : "a marker",
+		    plan->cand[nearest].index);
+		return;
+	}
+	if (!e->decided && (dc->ac.kind == CWI_AC_FIX_SOURCE ||
+			       dc->ac.kind == CWI_AC_FIX_FULL)) {
+		for (size_t k = 0; k < plan->ncand; k++)
+			if (eligible(dc, &plan->cand[k]) &&
+			    plan->cand[k].full ==
+				(dc->ac.kind == CWI_AC_FIX_FULL)) {
+				e->decided = true;
+				e->candidate = (int)k;
+				e->choice = plan->cand[k].full
+				    ? CWI_AC_CHOICE_FULL
+				    : CWI_AC_CHOICE_SOURCE;
+				snprintf(e->reason, sizeof(e->reason),
+				    "policy %s", cwi_ac_kind_name(dc->ac.kind));
+				break;
+			}
+		if (!e->decided) {
+			pass->mode = CWI_AC_COMPUTE;
+			snprintf(pass->event, sizeof(pass->event),
+			    "compute: policy %s has no eligible point",
+			    cwi_ac_kind_name(dc->ac.kind));
+			return;
+		}
+	}
+	if (e->decided && e->candidate >= 0 &&
+	    (size_t)e->candidate < plan->ncand) {
+		pass->mode = CWI_AC_PUT;
+		pass->candidate = e->candidate;
+		do
+			pass->write_id = cwi_fresh_seed() & INT64_MAX;
+		while (pass->write_id == 0);
+		snprintf(pass->event, sizeof(pass->event),
+		    "put: writing the cache at %s (node %d), write %016llx",
+		    plan->cand[e->candidate].full ? "the end" : "a marker",
+		    plan->cand[e->candidate].index,
+		    (unsigned long long)pass->write_id);
+		return;
+	}
+	snprintf(pass->event, sizeof(pass->event),
+	    "profile: computing and measuring %zu candidate point%s",
+	    plan->ncand, plan->ncand == 1 ? "" : "s");
+}
+
+cachew_err
+cwi_dcache_pass_start(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
+    uint64_t units, double epochs_left, cwi_dcache_pass *pass)
+{
+	cachew_dataset *top = NULL;
+	cwi_ac_plan *plan = NULL;
+	dc_entry *e;
+	cachew_err rv;
+
+	memset(pass, 0, sizeof(*pass));
+	pass->candidate = -1;
+	pass->units = units;
+	rv = cachew_dataset_from_msgpack(&top, graph, graph_len);
+	if (rv != CACHEW_OK)
+		return rv;
+	pthread_mutex_lock(&dc->lock);
+	e = entry_get(dc, &top->fp);
+	if (e == NULL) {
+		rv = cwi_fail(CACHEW_ENOMEM, "autocache: too many datasets");
+		goto done;
+	}
+	e->epochs = epochs_left > 0 ? epochs_left : dc->default_epochs;
+	if (cwi_autocache_plan(top, &plan) != CACHEW_OK) {
+		pass->mode = CWI_AC_COMPUTE;
+		snprintf(pass->event, sizeof(pass->event), "compute: %s",
+		    cachew_errmsg());
+		rv = copy_graph(graph, graph_len, pass);
+		goto done;
+	}
+	choose(dc, e, plan, pass);
+	if (pass->mode == CWI_AC_PUT || pass->mode == CWI_AC_GET)
+		rv = pass_graph(dc, top, &plan->cand[pass->candidate], pass->mode,
+		    pass);
+	else
+		rv = copy_graph(graph, graph_len, pass);
+	if (rv != CACHEW_OK && pass->mode != CWI_AC_PROFILE &&
+	    pass->mode != CWI_AC_COMPUTE) {
+		/* The rewrite failed (e.g. the cache vanished between the
+		 * lookup and the split plan): compute this pass. */
+		snprintf(pass->event, sizeof(pass->event),
+		    "compute this pass: cannot plan %s: %s",
+		    cwi_ac_mode_name(pass->mode), cachew_errmsg());
+		pass->mode = CWI_AC_COMPUTE;
+		pass->candidate = -1;
+		pass->write_id = 0;
+		pass->units = units;
+		rv = copy_graph(graph, graph_len, pass);
+	}
+	(void)state_save(dc);
+done:
+	pthread_mutex_unlock(&dc->lock);
+	cwi_autocache_plan_free(plan);
+	cachew_dataset_release(top);
+	return rv;
+}
+
+/* ---- end of a pass ------------------------------------------------------- */
+
+static void
+commit_put(cwi_dcache *dc, dc_entry *e, cwi_node *top, const cwi_ac_plan *plan,
+    const cwi_dcache_pass *pass, bool complete, char *event, size_t size)
+{
+	const cwi_node *at = plan->cand[pass->candidate].node;
+	cwi_strbuf sb;
+	char *pipeline = NULL;
+	size_t len;
+	uint64_t n = 0;
+	cachew_err rv = CACHEW_ECANCELED;
+
+	(void)top;
+	if (complete) {
+		cwi_strbuf_init(&sb);
+		rv = cwi_node_to_string(at, &sb);
+		if (rv == CACHEW_OK)
+			rv = cwi_strbuf_finish(&sb, &pipeline, &len);
+		else
+			cwi_strbuf_free(&sb);
+		if (rv == CACHEW_OK)
+			rv = cwi_cache_parts_commit(dc->root, &at->fp, pipeline,
+			    pass->write_id, pass->units, &n);
+		cachew_free(pipeline);
+	}
+	if (rv == CACHEW_OK || rv == CACHEW_EEXIST) {
+		snprintf(event, size, "put: committed the cache (%llu elements); "
+				      "the next pass reads it",
+		    (unsigned long long)n);
+		return;
+	}
+	(void)cwi_cache_parts_abort(dc->root, &at->fp, pass->write_id);
+	if (!complete) {
+		snprintf(event, size, "put: the pass ended early; its parts are "
+				      "removed and the next pass writes again");
+		return;
+	}
+	e->put_failures++;
+	if (e->put_failures >= DC_COMMIT_TRIES)
+		e->failed = true;
+	snprintf(event, size, "put: commit failed (%s)%s", cachew_errmsg(),
+	    e->failed ? "; computing from now on" : "; writing again next pass");
+	snprintf(e->reason, sizeof(e->reason), "commit failed: %s",
+	    cachew_errmsg());
+}
+
+/* Bytes held by other caches under a bounded root. */
+static uint64_t
+used_bytes(cwi_dcache *dc)
+{
+	cwi_cache_entry *v = NULL;
+	size_t n = 0;
+	uint64_t sum = 0;
+
+	if (dc->capacity == 0 || cwi_cache_list(dc->root, &v, &n) != CACHEW_OK)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		sum += v[i].bytes;
+	cwi_cache_entries_free(v, n);
+	return sum;
+}
+
+static void
+decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
+    const cwi_ac_counter *ops, size_t nops, double parallelism, char *event,
+    size_t size)
+{
+	cwi_ac_inputs in;
+	cwi_ac_decision d;
+	double row_bytes = 0;
+	cachew_err rv;
+
+	memset(&in, 0, sizeof(in));
+	in.n = plan->ncand;
+	in.cand = plan->cand;
+	rv = cwi_autocache_measure(plan, ops, nops, 1.0, &in);
+	if (rv != CACHEW_OK) {
+		snprintf(event, size, "profile: nothing to decide on yet (%s)",
+		    cachew_errmsg());
+		return;
+	}
+	for (size_t k = 0; k < in.n; k++)
+		if (in.point[k].row_bytes > row_bytes)
+			row_bytes = in.point[k].row_bytes;
+	if (!dc->probed) {
+		cwi_cache_probe_result pr;
+		size_t eb = row_bytes >= 1 ? (size_t)row_bytes : 1;
+		rv = cwi_cache_probe(dc->root, eb, dc->probe_bytes, &pr);
+		if (rv != CACHEW_OK) {
+			snprintf(event, size,
+			    "profile: cannot measure the cache storage (%s); "
+			    "computing",
+			    cachew_errmsg());
+			e->decided = true;
+			e->choice = CWI_AC_CHOICE_COMPUTE;
+			e->candidate = -1;
+			snprintf(e->reason, sizeof(e->reason),
+			    "storage probe failed");
+			return;
+		}
+		dc->storage.read_mb_per_s = pr.read_mb_per_s;
+		dc->storage.read_rows_per_s = pr.read_elements_per_s;
+		dc->storage.write_mb_per_s = pr.write_mb_per_s;
+		dc->probed = true;
+	}
+	in.storage = dc->storage;
+	in.storage.capacity_bytes = dc->capacity;
+	in.storage.used_bytes = used_bytes(dc);
+	in.parallelism = parallelism > 0 ? parallelism : 1;
+	in.epochs_after = e->epochs > 1 ? e->epochs - 1 : 0;
+	in.current_left = 0;
+	if (dc->ac.kind == CWI_AC_CACHEW)
+		cwi_autocache_decide_cachew(&dc->ac, &in, &d);
+	else
+		cwi_autocache_decide(&dc->ac, &in, &d);
+	e->decided = true;
+	e->choice = d.choice;
+	e->candidate = d.candidate;
+	e->npoints = in.n;
+	memcpy(e->points, in.point, in.n * sizeof(in.point[0]));
+	snprintf(e->reason, sizeof(e->reason), "%s", d.reason);
+	snprintf(event, size, "decided %s: %s", cwi_ac_choice_name(d.choice),
+	    d.reason);
+}
+
+void
+cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
+    const cwi_dcache_pass *pass, bool complete, const cwi_ac_counter *ops,
+    size_t nops, double parallelism, char *event, size_t event_size)
+{
+	cachew_dataset *top = NULL;
+	cwi_ac_plan *plan = NULL;
+	char scratch[1];
+	dc_entry *e;
+
+	if (event == NULL) {
+		event = scratch;
+		event_size = sizeof(scratch);
+	}
+	event[0] = '\0';
+	if (cachew_dataset_from_msgpack(&top, graph, graph_len) != CACHEW_OK)
+		return;
+	if (cwi_autocache_plan(top, &plan) != CACHEW_OK) {
+		cachew_dataset_release(top);
+		return;
+	}
+	pthread_mutex_lock(&dc->lock);
+	e = entry_get(dc, &top->fp);
+	if (e == NULL)
+		goto done;
+	if (pass->mode == CWI_AC_PUT && pass->candidate >= 0 &&
+	    (size_t)pass->candidate < plan->ncand)
+		commit_put(dc, e, top, plan, pass, complete, event, event_size);
+	else if (pass->mode == CWI_AC_PROFILE && !e->decided && complete)
+		decide_profile(dc, e, plan, ops, nops, parallelism, event,
+		    event_size);
+	(void)state_save(dc);
+done:
+	pthread_mutex_unlock(&dc->lock);
+	cwi_autocache_plan_free(plan);
+	cachew_dataset_release(top);
+}
+
+cachew_err
+cwi_dcache_describe(cwi_dcache *dc, cwi_strbuf *sb)
+{
+	char hex[33];
+
+	pthread_mutex_lock(&dc->lock);
+	for (size_t i = 0; i < dc->n; i++) {
+		const dc_entry *e = &dc->v[i];
+		cachew_fingerprint_hex(&e->fp, hex);
+		cwi_strbuf_printf(sb, "%s %s %s %s\n", hex,
+		    e->failed ? "failed"
+			      : e->decided ? "decided" : "profiling",
+		    cwi_ac_choice_name(e->choice), e->reason);
+	}
+	pthread_mutex_unlock(&dc->lock);
+	return sb->oom ? cwi_fail(CACHEW_ENOMEM, "out of memory") : CACHEW_OK;
+}

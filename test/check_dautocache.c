@@ -1,0 +1,332 @@
+/*
+ * check_dautocache.c - the dispatcher's autocaching across passes
+ * (src/service/dispatcher/dispatcher_autocache.c): PROFILE, then PUT
+ * written by leases as workers write it, committed, then GET split by
+ * chunk; decisions that persist across a dispatcher restart; caches found
+ * by fingerprint; the random-operator guard.
+ *
+ * Passes run here the way workers run them: each lease of the pass graph
+ * through cwi_iterator_create_lease, with the counters of its stats as a
+ * worker heartbeats them ("idx:op").
+ */
+#include "cwt.h"
+
+#include "../src/exec/exec_split.h"
+#include "../src/service/dispatcher/dispatcher_autocache.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pass_out {
+	uint64_t n;      /* elements */
+	uint64_t digest; /* sum of element hashes */
+	cwi_ac_counter ops[32];
+	char names[32][64];
+	size_t nops;
+} pass_out;
+
+static void
+add_stats(pass_out *o, cachew_iterator *it)
+{
+	cachew_op_stats rows[32];
+	size_t n = 0;
+
+	ck_assert_int_eq(cachew_iterator_stats(it, rows, 32, &n), CACHEW_OK);
+	for (size_t i = 0; i < n && i < 32; i++) {
+		if (o->nops <= i) {
+			snprintf(o->names[i], sizeof(o->names[i]), "%d:%s",
+			    rows[i].node, rows[i].name);
+			o->ops[i].name = o->names[i];
+			o->nops = i + 1;
+		}
+		o->ops[i].elements += rows[i].elements;
+		o->ops[i].bytes += rows[i].bytes;
+		o->ops[i].busy_ns += rows[i].busy_ns;
+	}
+}
+
+/* Runs a pass's graph as `nleases` leases of consecutive units into *po
+ * (whose counters point at its own names: filled in place). */
+static void
+run_pass(const cwi_dcache_pass *pass, size_t nleases, pass_out *po)
+{
+	cachew_dataset *g = NULL;
+	cwi_split_plan *sp = NULL;
+
+	memset(po, 0, sizeof(*po));
+	ck_assert_int_eq(cachew_dataset_from_msgpack(&g, pass->graph,
+			     pass->graph_len),
+	    CACHEW_OK);
+	ck_assert_msg(cwi_split_plan_create(&sp, g) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	ck_assert_uint_eq(sp->units, pass->units);
+	ck_assert_uint_eq(sp->nclient, 0);
+	for (size_t l = 0; l < nleases; l++) {
+		cwi_unit_range r = {pass->units * l / nleases,
+		    pass->units * (l + 1) / nleases};
+		cachew_iterator *it = NULL;
+		cachew_element *e;
+		cachew_err rv;
+
+		if (r.begin == r.end)
+			continue;
+		ck_assert_msg(cwi_iterator_create_lease(&it, sp->worker, NULL,
+				  sp->source, &r, 1, 7) == CACHEW_OK,
+		    "%s", cachew_errmsg());
+		while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+			po->n++;
+			po->digest += cachew_element_hash(e);
+			cachew_element_release(e);
+		}
+		ck_assert_int_eq(rv, CACHEW_EOF);
+		add_stats(po, it);
+		cachew_iterator_destroy(it);
+	}
+	cwi_split_plan_destroy(sp);
+	cachew_dataset_release(g);
+}
+
+typedef struct ds_graph {
+	uint8_t *buf;
+	size_t len;
+	uint64_t units;
+} ds_graph;
+
+static ds_graph
+graph_of(const char *pipeline)
+{
+	cachew_dataset *ds = NULL;
+	cwi_split_plan *sp = NULL;
+	ds_graph g;
+	void *buf = NULL;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_msgpack(ds, &buf, &g.len), CACHEW_OK);
+	ck_assert_int_eq(cwi_split_plan_create(&sp, ds), CACHEW_OK);
+	g.units = sp->units;
+	g.buf = buf;
+	cwi_split_plan_destroy(sp);
+	cachew_dataset_release(ds);
+	return g;
+}
+
+static cwi_dcache *
+dcache(const char *root, const char *policy, const char *state)
+{
+	cwi_dcache_config cfg = {.root = root, .policy = policy,
+	    .state_path = state, .default_epochs = 10,
+	    .probe_bytes = 4u << 20};
+	cwi_dcache *dc = NULL;
+
+	ck_assert_msg(cwi_dcache_create(&dc, &cfg) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	return dc;
+}
+
+/* One pass: start, run as leases, end (complete). */
+static pass_out
+one_pass(cwi_dcache *dc, const ds_graph *g, cwi_ac_mode want, char *event,
+    size_t size)
+{
+	cwi_dcache_pass pass;
+	pass_out o;
+
+	ck_assert_msg(cwi_dcache_pass_start(dc, g->buf, g->len, g->units, 0,
+			  &pass) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert_msg(pass.mode == want, "mode %s, wanted %s: %s",
+	    cwi_ac_mode_name(pass.mode), cwi_ac_mode_name(want), pass.event);
+	run_pass(&pass, 3, &o);
+	cwi_dcache_pass_end(dc, g->buf, g->len, &pass, true, o.ops, o.nops, 2,
+	    event, size);
+	cwi_dcache_pass_free(&pass);
+	/* Returned by value: the copy's counters must not point at ours. */
+	for (size_t i = 0; i < o.nops; i++)
+		o.ops[i].name = NULL;
+	return o;
+}
+
+/* Elements cost 2 ms of (sleeping) compute each and are 8 bytes: reading
+ * them from a cache is far cheaper, so the default policy caches. */
+#define SLOW "range(300) | map(sleep_us, us=2000) | map(add, value=1)"
+
+START_TEST(profile_put_get_across_passes)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	char *state = cwi_asprintf("%s/autocache.state", dir);
+	ds_graph g = graph_of(SLOW);
+	cwi_dcache *dc = dcache(root, "default", state);
+	char event[512];
+	pass_out p1, p2, p3;
+
+	p1 = one_pass(dc, &g, CWI_AC_PROFILE, event, sizeof(event));
+	ck_assert_msg(strstr(event, "decided full"), "%s", event);
+	p2 = one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
+	ck_assert_msg(strstr(event, "committed the cache (300 elements)"),
+	    "%s", event);
+	p3 = one_pass(dc, &g, CWI_AC_GET, event, sizeof(event));
+	/* Every pass yields the same multiset. */
+	ck_assert_uint_eq(p1.n, 300);
+	ck_assert_uint_eq(p2.n, 300);
+	ck_assert_uint_eq(p3.n, 300);
+	ck_assert_uint_eq(p2.digest, p1.digest);
+	ck_assert_uint_eq(p3.digest, p1.digest);
+	cwi_dcache_destroy(dc);
+
+	/* A restarted dispatcher reads the cache at once. */
+	dc = dcache(root, "default", state);
+	(void)one_pass(dc, &g, CWI_AC_GET, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(state);
+	free(dir);
+}
+END_TEST
+
+START_TEST(decision_persists_without_the_cache)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	char *state = cwi_asprintf("%s/autocache.state", dir);
+	ds_graph g = graph_of(SLOW);
+	cwi_dcache *dc = dcache(root, "default", state);
+	char event[512];
+	cwi_dcache_pass pass;
+
+	(void)one_pass(dc, &g, CWI_AC_PROFILE, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	/* The profile and decision came back from the state file: no second
+	 * PROFILE pass, straight to writing. */
+	dc = dcache(root, "default", state);
+	ck_assert_int_eq(cwi_dcache_pass_start(dc, g.buf, g.len, g.units, 0,
+			     &pass),
+	    CACHEW_OK);
+	ck_assert_int_eq(pass.mode, CWI_AC_PUT);
+	ck_assert_uint_ne(pass.write_id, 0);
+	/* A pass cut short writes nothing and the next one writes again. */
+	cwi_dcache_pass_end(dc, g.buf, g.len, &pass, false, NULL, 0, 1, event,
+	    sizeof(event));
+	ck_assert_msg(strstr(event, "ended early"), "%s", event);
+	cwi_dcache_pass_free(&pass);
+	(void)one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(state);
+	free(dir);
+}
+END_TEST
+
+START_TEST(marker_cache_is_read_by_another_pipeline_through_it)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	ds_graph a = graph_of("range(200) | map(sleep_us, us=1000) | "
+			      "autocache() | map(add, value=1)");
+	ds_graph b = graph_of("range(200) | map(sleep_us, us=1000) | "
+			      "autocache() | map(add, value=5) | map(add, value=1)");
+	cwi_dcache *dc = dcache(root, "source", NULL);
+	char event[512];
+	pass_out want, got;
+
+	/* The fixed "source" policy writes the marker's cache at once. */
+	(void)one_pass(dc, &a, CWI_AC_PUT, event, sizeof(event));
+	ck_assert_msg(strstr(event, "committed"), "%s", event);
+	/* Another pipeline with the same prefix reads it at once. */
+	want = one_pass(dc, &b, CWI_AC_GET, event, sizeof(event));
+	ck_assert_uint_eq(want.n, 200);
+	{
+		cwi_dcache *plain = dcache(root, "compute", NULL);
+		got = one_pass(plain, &b, CWI_AC_COMPUTE, event, sizeof(event));
+		cwi_dcache_destroy(plain);
+	}
+	ck_assert_uint_eq(got.n, want.n);
+	ck_assert_uint_eq(got.digest, want.digest);
+	cwi_dcache_destroy(dc);
+	cachew_free(a.buf);
+	cachew_free(b.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(nothing_after_a_random_operator_is_cached)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	ds_graph g = graph_of("range(100) | map(sleep_us, us=500) | "
+			      "shuffle(buffer=10)");
+	cwi_dcache *dc = dcache(root, "full", NULL);
+	char event[512];
+	cwi_dcache_pass pass;
+
+	ck_assert_int_eq(cwi_dcache_pass_start(dc, g.buf, g.len, g.units, 0,
+			     &pass),
+	    CACHEW_OK);
+	ck_assert_int_eq(pass.mode, CWI_AC_COMPUTE);
+	ck_assert_msg(strstr(pass.event, "no eligible point"), "%s",
+	    pass.event);
+	cwi_dcache_pass_free(&pass);
+	cwi_dcache_destroy(dc);
+	(void)event;
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+START_TEST(damaged_state_lines_are_skipped)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	char *state = cwi_asprintf("%s/autocache.state", dir);
+	FILE *f = fopen(state, "w");
+	cwi_dcache *dc;
+	cwi_strbuf sb;
+
+	fputs("storage read_mb_per_s=oops\n"
+	      "dataset fp=zz decided=1\n"
+	      "dataset fp=0123456789abcdef0123456789abcdef decided=1 "
+	      "choice=full candidate=0 failed=0 epochs=5 n=1 "
+	      "p0=10,8,1000,0 reason=kept\n"
+	      "garbage\n",
+	    f);
+	fclose(f);
+	dc = dcache(root, "default", state);
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_dcache_describe(dc, &sb), CACHEW_OK);
+	ck_assert_msg(sb.len > 0 && strstr(sb.data,
+					"0123456789abcdef0123456789abcdef "
+					"decided full kept"),
+	    "%.*s", (int)sb.len, sb.data);
+	cwi_strbuf_free(&sb);
+	cwi_dcache_destroy(dc);
+	cwt_rmtree(dir);
+	free(root);
+	free(state);
+	free(dir);
+}
+END_TEST
+
+Suite *
+cwt_dautocache_suite(void)
+{
+	Suite *s = suite_create("dautocache");
+	TCase *tc = tcase_create("passes");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, profile_put_get_across_passes);
+	tcase_add_test(tc, decision_persists_without_the_cache);
+	tcase_add_test(tc, marker_cache_is_read_by_another_pipeline_through_it);
+	tcase_add_test(tc, nothing_after_a_random_operator_is_cached);
+	tcase_add_test(tc, damaged_state_lines_are_skipped);
+	suite_add_tcase(s, tc);
+	return s;
+}
