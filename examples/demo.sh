@@ -14,7 +14,11 @@
 #   4. the C training loop (examples/train_loop.c, a fake 20 ms model
 #      step per batch) on the main job, once in-process and once against a
 #      dispatcher and two workers (cachewd on loopback) by changing only
-#      the environment (CACHEW_SERVICE), with the throughput of each.
+#      the environment (CACHEW_SERVICE), with the throughput of each;
+#   5. autoscaling: a dispatcher that starts its own workers (the process
+#      provisioner) and an I/O-bound job (2 ms of sleep per element, a
+#      consumer 4x faster than one worker): the `model` policy's decisions
+#      from the events log, and the count it settled on.
 # On a terminal each run shows a live progress line; then the per-operator
 # counters (--stats) and the summary. Usage: sh examples/demo.sh [BUILD_DIR]
 set -eu
@@ -114,13 +118,13 @@ make_corpus
 make_images
 start=$(date +%s)
 
-demo_run "1/4 ImageNet-like: $IMAGES JPEGs from TFRecord, fused decode + random resized crop 224, flip, normalize, batch 64" \
+demo_run "1/5 ImageNet-like: $IMAGES JPEGs from TFRecord, fused decode + random resized crop 224, flip, normalize, batch 64" \
     "$(image_pipeline)"
 
-demo_run "2/4 numbers: map(add) in parallel, batch, prefetch" \
+demo_run "2/5 numbers: map(add) in parallel, batch, prefetch" \
     "range(10000000) | map(add, value=1, parallel=auto) | batch(64) | prefetch(auto)"
 
-demo_run "3/4 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
+demo_run "3/5 text: $FILES files, $((FILES * LINES)) lines, read in parallel" \
     "$(text_pipeline)"
 
 # Starts `cachewd ARGS...` in the background with its stderr in $2 and
@@ -151,7 +155,7 @@ daemon_url() {
 
 service_demo() {
 	echo
-	echo "== 4/4 the C training loop (fake 20 ms model step per batch), in-process, then through the service"
+	echo "== 4/5 the C training loop (fake 20 ms model step per batch), in-process, then through the service"
 	logs=$DATA/service-logs
 	mkdir -p "$logs"
 	dpid= w1pid= w2pid=
@@ -181,8 +185,58 @@ service_demo() {
 	trap - EXIT
 }
 
+# One line per decision of the events log: when, the count, the reason.
+print_decisions() {
+	t0=$(sed -n '1s/^{"ts_ns":\([0-9]*\).*/\1/p' "$1")
+	grep -E '"event":"(scale_decision|pool_target)"' "$1" |
+	    while IFS= read -r line; do
+		ts=$(echo "$line" | sed 's/^{"ts_ns":\([0-9]*\).*/\1/')
+		t=$(awk -v a="$ts" -v b="$t0" 'BEGIN { printf "%6.2f", (a - b) / 1e9 }')
+		case $line in
+		*'"event":"pool_target"'*)
+			n=$(echo "$line" | sed 's/.*"workers":\([0-9]*\).*/\1/')
+			echo "   $t s  pool target $n workers" ;;
+		*)
+			n=$(echo "$line" | sed 's/.*"want":\([0-9]*\).*/\1/')
+			why=$(echo "$line" | sed 's/.*"reason":"\(.*\)"}$/\1/')
+			echo "   $t s  job wants $n: $why" ;;
+		esac
+	done
+}
+
+autoscale_demo() {
+	echo
+	echo "== 5/5 autoscaling: the dispatcher starts its workers (process provisioner, at most 4)"
+	logs=$DATA/autoscale-logs
+	rm -rf "$logs"
+	mkdir -p "$logs"
+	dpid=
+	trap 'kill $dpid 2>/dev/null; wait 2>/dev/null' EXIT
+	start_daemon dpid "$logs/dispatcher.log" --role=dispatcher \
+	    --listen tcp://127.0.0.1:0 --work-dir "$logs/work" \
+	    --heartbeat-ms 200 --provisioner process --max-workers 4 \
+	    --worker-threads 1 --scale-policy model
+	durl=$(daemon_url "$logs/dispatcher.log")
+	pipeline="range(12000) | map(sleep_us, us=2000)"
+	echo "   dispatcher $durl (pid $dpid), no worker yet"
+	echo "   one worker (--threads 1): at most 500 elements/s; the consumer sleeps 0.5 ms per element"
+	echo
+	echo "   \$ CACHEW_SERVICE=$durl $BUILD/train_loop \"$pipeline\" 0.5"
+	CACHEW_SERVICE=$durl "$BUILD/train_loop" "$pipeline" 0.5 |
+	    sed 's/^/   /'
+	echo
+	echo "   decisions (events log $logs/work/events.jsonl):"
+	print_decisions "$logs/work/events.jsonl"
+	echo
+	"$CACHEW" status "$durl" | grep -E '^pool|policy' | sed 's/^/   /'
+	kill -TERM "$dpid" 2>/dev/null || true
+	wait 2>/dev/null || true
+	trap - EXIT
+}
+
 if [ -x "$BUILD/cachewd" ] && [ -x "$BUILD/train_loop" ]; then
 	service_demo
+	autoscale_demo
 fi
 
 echo

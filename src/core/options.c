@@ -74,6 +74,19 @@ static const opt_spec table[] = {
 	OFF(service_timeout_ms),
 	"service: how long a call to the dispatcher or a worker may take, "
 	"retries included, before it fails", "30000", NULL},
+    {"scale_policy", OPT_STR, 0, "", 0, 0, OFF(scale_policy),
+	"service: how the dispatcher sizes this job: model, cachew, fixed:N "
+	"or hpa:P (CPU percent); empty = the dispatcher's default",
+	"\"\"", NULL},
+    {"job_weight", OPT_INT, 1, NULL, 1, 1000000, OFF(job_weight),
+	"service: this job's weight in the fair share of the worker pool",
+	"1", NULL},
+    {"min_workers", OPT_INT, 0, NULL, 0, 65536, OFF(min_workers),
+	"service: the autoscaler gives this job at least this many workers; "
+	"0 = the policy's default (1)", "0", NULL},
+    {"max_workers", OPT_INT, 0, NULL, 0, 65536, OFF(max_workers),
+	"service: the autoscaler gives this job at most this many workers; "
+	"0 = no bound but the pool's", "0", NULL},
 };
 
 #define NOPTS (sizeof(table) / sizeof(table[0]))

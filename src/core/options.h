@@ -25,6 +25,11 @@ typedef struct cwi_opts {
 	char compression[CWI_OPT_STR_MAX];
 	int64_t client_buffer;
 	int64_t service_timeout_ms;
+	/* service autoscaling of this job */
+	char scale_policy[CWI_OPT_STR_MAX]; /* "" = the dispatcher's */
+	int64_t job_weight;
+	int64_t min_workers; /* 0 = the policy's default */
+	int64_t max_workers; /* 0 = no bound but the pool */
 } cwi_opts;
 
 void cwi_opts_defaults(cwi_opts *o);

@@ -3,6 +3,7 @@
  * environment from one table (redis-style).
  */
 #include "service_config.h"
+#include "../policy/scale.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -29,6 +30,8 @@ typedef struct cfg_spec {
 
 static const char *const roles[] = {"dispatcher", "worker", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+static const char *const provisioners[] = {"static", "process", "kubernetes",
+    NULL};
 
 static const cfg_spec table[] = {
     {"role", STR(role), "", 0, 0, roles,
@@ -65,6 +68,47 @@ static const cfg_spec table[] = {
 	"connections a listener accepts before refusing new ones"},
     {"drain_timeout_ms", INT(drain_timeout_ms), "60000", 0, 86400000, NULL,
 	"worker: on SIGTERM, how long to finish leased splits before exiting"},
+    {"scale_policy", STR(scale_policy), "model", 0, 0, NULL,
+	"dispatcher: how jobs that name no policy are sized: model, cachew, "
+	"fixed:N or hpa:P (docs/policies.md)"},
+    {"decision_interval_ms", INT(decision_interval_ms), "0", 0, 3600000,
+	NULL, "dispatcher: one autoscaling decision per job this often "
+	"(0 = heartbeat_ms)"},
+    {"min_workers", INT(min_workers), "0", 0, 65536, NULL,
+	"dispatcher: the pool target never falls below this"},
+    {"max_workers", INT(max_workers), "0", 0, 65536, NULL,
+	"dispatcher: the pool target (and any job) never exceeds this "
+	"(0 = no bound; the process provisioner's own default is 8)"},
+    {"provisioner", STR(provisioner), "static", 0, 0, provisioners,
+	"dispatcher: how the pool target becomes workers: static (workers "
+	"started by you), process (cachewd workers on this host), kubernetes "
+	"(a Deployment's replicas)"},
+    {"worker_bin", STR(worker_bin), "", 0, 0, NULL,
+	"process provisioner: the cachewd binary to start (default: this "
+	"one, /proc/self/exe)"},
+    {"worker_threads", INT(worker_threads), "0", 0, 1024, NULL,
+	"process provisioner: --threads of each worker (0 = left out)"},
+    {"worker_log_dir", STR(worker_log_dir), "", 0, 0, NULL,
+	"process provisioner: each worker's stderr goes to "
+	"<dir>/worker-<n>.log (default <work_dir>/workers; inherited "
+	"without a work_dir)"},
+    {"worker_stop_timeout_ms", INT(worker_stop_timeout_ms), "10000", 0,
+	86400000, NULL,
+	"process provisioner: a stopped worker gets SIGTERM (it drains), "
+	"then SIGKILL after this long"},
+    {"k8s_api_url", STR(k8s_api_url), "", 0, 0, NULL,
+	"kubernetes provisioner: API server URL (default https://"
+	"$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)"},
+    {"k8s_token_file", STR(k8s_token_file), "", 0, 0, NULL,
+	"kubernetes provisioner: bearer token file (default the service "
+	"account's)"},
+    {"k8s_ca_file", STR(k8s_ca_file), "", 0, 0, NULL,
+	"kubernetes provisioner: CA bundle (default the service account's)"},
+    {"k8s_namespace", STR(k8s_namespace), "", 0, 0, NULL,
+	"kubernetes provisioner: namespace (default the service account's)"},
+    {"k8s_deployment", STR(k8s_deployment), "", 0, 0, NULL,
+	"kubernetes provisioner: the worker Deployment (default "
+	"cachew-worker)"},
 };
 
 #define NCFG (sizeof(table) / sizeof(table[0]))
@@ -235,6 +279,17 @@ cwi_service_config_check(const cwi_service_config *c)
 	if (strcmp(c->role, "worker") == 0 && c->dispatcher[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "a worker needs --dispatcher ADDRESS (or CACHEW_DISPATCHER)");
+	if (strcmp(c->role, "dispatcher") == 0) {
+		cwi_scale_config sc;
+		cwi_scale_config_default(&sc);
+		if (cwi_scale_parse(&sc, c->scale_policy) != CACHEW_OK)
+			return cwi_fail(CACHEW_EINVAL, "--scale-policy: %s",
+			    cwi_errmsg_get());
+		if (c->max_workers > 0 && c->min_workers > c->max_workers)
+			return cwi_fail(CACHEW_EINVAL, "--min-workers %lld is "
+			    "larger than --max-workers %lld",
+			    (long long)c->min_workers, (long long)c->max_workers);
+	}
 	return CACHEW_OK;
 }
 

@@ -30,6 +30,21 @@ typedef struct cwi_service_config {
 	int64_t max_message_bytes;     /* receive limit of every socket */
 	int64_t max_connections;       /* per listener */
 	int64_t drain_timeout_ms;      /* worker: SIGTERM drain bound */
+	/* dispatcher: the policy engine and the provisioner */
+	char scale_policy[64];         /* jobs' default scale policy */
+	int64_t decision_interval_ms;  /* 0 = heartbeat_ms */
+	int64_t min_workers;           /* pool target bounds */
+	int64_t max_workers;           /* 0 = the provisioner's default */
+	char provisioner[16];          /* static | process | kubernetes */
+	char worker_bin[CWI_CFG_STR_MAX];  /* process: "" = this binary */
+	int64_t worker_threads;        /* process: --threads; 0 = leave out */
+	char worker_log_dir[CWI_CFG_STR_MAX]; /* "" = <work_dir>/workers */
+	int64_t worker_stop_timeout_ms; /* process: SIGTERM -> SIGKILL */
+	char k8s_api_url[CWI_CFG_STR_MAX];
+	char k8s_token_file[CWI_CFG_STR_MAX];
+	char k8s_ca_file[CWI_CFG_STR_MAX];
+	char k8s_namespace[CWI_CFG_STR_MAX];
+	char k8s_deployment[CWI_CFG_STR_MAX];
 } cwi_service_config;
 
 void cwi_service_config_defaults(cwi_service_config *c);

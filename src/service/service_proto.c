@@ -130,6 +130,8 @@ static const field f_task_report[] = {
     U64(cwi_task_report, bytes, 0),
     U64S(cwi_task_report, splits_delivered, 0, CWI_PROTO_MAX_SPLITS),
     OBJS(cwi_task_report, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
+    U64(cwi_task_report, run_ns, 0),
+    U64(cwi_task_report, stall_ns, 0),
 };
 static const schema s_task_report = SCHEMA("task_report", cwi_task_report,
     f_task_report);
@@ -190,6 +192,10 @@ static const field f_job_get_or_create[] = {
     ENUM(cwi_msg_job_get_or_create, compression, compression_names),
     U64(cwi_msg_job_get_or_create, client_id, 0),
     U64(cwi_msg_job_get_or_create, seed, 0),
+    STR(cwi_msg_job_get_or_create, scale_policy, 0, CWI_PROTO_MAX_POLICY),
+    F64(cwi_msg_job_get_or_create, weight),
+    U32(cwi_msg_job_get_or_create, min_workers, 0),
+    U32(cwi_msg_job_get_or_create, max_workers, 0),
 };
 
 static const field f_job_get_or_create_reply[] = {
@@ -207,6 +213,7 @@ static const field f_client_heartbeat[] = {
     U64(cwi_msg_client_heartbeat, client_id, F_REQ),
     U64(cwi_msg_client_heartbeat, batch_time_ns, 0),
     U64(cwi_msg_client_heartbeat, wait_time_ns, 0),
+    U64(cwi_msg_client_heartbeat, batches, 0),
     F64(cwi_msg_client_heartbeat, buffer_fill),
     U64(cwi_msg_client_heartbeat, round, 0),
     U64S(cwi_msg_client_heartbeat, acked_splits, 0, CWI_PROTO_MAX_SPLITS),
@@ -305,6 +312,12 @@ static const field f_job_status[] = {
     U64(cwi_job_status, batch_time_ns, 0),
     BOOL(cwi_job_status, data_done),
     BOOL(cwi_job_status, finished),
+    STR(cwi_job_status, scale_policy, 0, CWI_PROTO_MAX_POLICY),
+    F64(cwi_job_status, weight),
+    U32(cwi_job_status, want, 0),
+    U32(cwi_job_status, granted, 0),
+    BOOL(cwi_job_status, settled),
+    STR(cwi_job_status, reason, 0, CWI_PROTO_MAX_REASON),
 };
 static const schema s_job_status = SCHEMA("job_status", cwi_job_status,
     f_job_status);
@@ -331,6 +344,12 @@ static const field f_status_reply[] = {
     OBJS(cwi_msg_status_reply, jobs, 0, CWI_PROTO_MAX_STATUS, s_job_status),
     OBJS(cwi_msg_status_reply, tasks, 0, CWI_PROTO_MAX_STATUS,
 	s_task_status),
+    U32(cwi_msg_status_reply, pool_target, 0),
+    STR(cwi_msg_status_reply, provisioner, 0, CWI_PROTO_MAX_NAME),
+    U32(cwi_msg_status_reply, provisioner_running, 0),
+    U64(cwi_msg_status_reply, provisioner_requests, 0),
+    U64(cwi_msg_status_reply, provisioner_failures, 0),
+    STR(cwi_msg_status_reply, provisioner_error, 0, CWI_PROTO_MAX_ERRMSG),
 };
 
 static const field f_get_elements[] = {

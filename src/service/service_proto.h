@@ -50,6 +50,8 @@
 #define CWI_PROTO_MAX_SPLITS (1u << 20)   /* split ids or splits in a list */
 #define CWI_PROTO_MAX_STATUS (1u << 20)   /* entries of a status list */
 #define CWI_PROTO_MAX_DEPTH 32u           /* nesting of skipped values */
+#define CWI_PROTO_MAX_POLICY 64u          /* a scale policy's spelling */
+#define CWI_PROTO_MAX_REASON 512u         /* a decision's reason line */
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -147,6 +149,12 @@ typedef struct cwi_task_report {
 	size_t nsplits_delivered;
 	cwi_op_counters *ops;
 	size_t nops;
+	/* Cumulative since the task started: how long its pipeline has run
+	 * (wall clock; 0 = not measured) and, of that, how long it waited
+	 * for room in the task's full output queue. The dispatcher's
+	 * worker_busy is 1 - d(stall_ns)/d(run_ns). */
+	uint64_t run_ns;
+	uint64_t stall_ns;
 } cwi_task_report;
 
 typedef struct cwi_msg_worker_heartbeat {
@@ -209,6 +217,13 @@ typedef struct cwi_msg_job_get_or_create {
 	cwi_compression compression;
 	uint64_t client_id; /* a retry: the id a previous reply gave; else 0 */
 	uint64_t seed;      /* pipeline seed; the job's first client sets it */
+	/* Autoscaling (the job's first client sets them): the policy
+	 * ("model", "cachew", "fixed:N", "hpa:P"; NULL: the dispatcher's),
+	 * the fair-share weight (0: 1) and bounds (0: none). */
+	char *scale_policy;
+	double weight;
+	uint32_t min_workers;
+	uint32_t max_workers;
 } cwi_msg_job_get_or_create;
 
 typedef struct cwi_msg_job_get_or_create_reply {
@@ -225,6 +240,7 @@ typedef struct cwi_msg_client_heartbeat {
 	uint64_t job_id;
 	uint64_t client_id;
 	uint64_t batch_time_ns; /* mean time per batch since the last one */
+	uint64_t batches;       /* batches consumed since the last one */
 	uint64_t wait_time_ns;  /* time spent waiting for data since then */
 	double buffer_fill;     /* client buffer occupancy, 0..1 */
 	uint64_t round;         /* coordinated: the next round it will read */
@@ -329,6 +345,13 @@ typedef struct cwi_job_status {
 	uint64_t batch_time_ns; /* mean over its clients */
 	bool data_done;         /* every split acked (or every task done) */
 	bool finished;          /* every client gone */
+	/* Autoscaling (absent when the dispatcher does not autoscale). */
+	char *scale_policy;     /* canonical spelling ("fixed:2") */
+	double weight;          /* fair-share weight */
+	uint32_t want;          /* what the policy asks for */
+	uint32_t granted;       /* what fair share gave it */
+	bool settled;           /* the policy considers the count converged */
+	char *reason;           /* the last decision's reason */
 } cwi_job_status;
 
 typedef struct cwi_task_status {
@@ -352,6 +375,15 @@ typedef struct cwi_msg_status_reply {
 	size_t njobs;
 	cwi_task_status *tasks;
 	size_t ntasks;
+	/* The pool (absent when the dispatcher does not autoscale): the
+	 * workers every job together wants within the dispatcher's bounds,
+	 * and what its provisioner did about it. */
+	uint32_t pool_target;
+	char *provisioner;          /* "static", "process", "kubernetes" */
+	uint32_t provisioner_running;
+	uint64_t provisioner_requests;
+	uint64_t provisioner_failures;
+	char *provisioner_error;    /* the last action's error, if any */
 } cwi_msg_status_reply;
 
 /* ---- data path ----------------------------------------------------------- */

@@ -9,10 +9,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* A JSON string: quotes, backslashes and control bytes escaped. */
+static void
+json_str(const char *s)
+{
+	putchar('"');
+	for (const unsigned char *p = (const unsigned char *)(s != NULL ? s : "");
+	     *p != 0; p++) {
+		if (*p == '"' || *p == '\\')
+			printf("\\%c", *p);
+		else if (*p < 0x20)
+			printf("\\u%04x", *p);
+		else
+			putchar(*p);
+	}
+	putchar('"');
+}
+
 static void
 print_text(const cwi_msg_status_reply *s)
 {
 	char hex[33];
+
+	if (s->provisioner != NULL)
+		printf("pool: target %u; provisioner %s, %u running, %" PRIu64
+		       " actions, %" PRIu64 " failed%s%s\n",
+		    s->pool_target, s->provisioner, s->provisioner_running,
+		    s->provisioner_requests, s->provisioner_failures,
+		    s->provisioner_error != NULL ? "; last error: " : "",
+		    s->provisioner_error != NULL ? s->provisioner_error : "");
 
 	printf("workers (%zu)\n", s->nworkers);
 	printf("  %-6s %-28s %5s %8s %9s %6s %s\n", "id", "address", "cores",
@@ -45,6 +70,12 @@ print_text(const cwi_msg_status_reply *s)
 		    j->splits_total, j->elements, j->elements_per_s,
 		    j->bytes_per_s / 1e6, j->data_done ? ", data done" : "",
 		    j->finished ? ", finished" : "");
+		if (j->scale_policy != NULL)
+			printf("         policy %s (weight %g): wants %u, granted "
+			       "%u%s; %s\n",
+			    j->scale_policy, j->weight, j->want, j->granted,
+			    j->settled ? ", settled" : "",
+			    j->reason != NULL ? j->reason : "");
 	}
 	printf("tasks (%zu)\n", s->ntasks);
 	for (size_t i = 0; i < s->ntasks; i++) {
@@ -63,7 +94,18 @@ print_json(const cwi_msg_status_reply *s)
 {
 	char hex[33];
 
-	printf("{\"workers\":[");
+	printf("{\"pool_target\":%u,", s->pool_target);
+	if (s->provisioner != NULL) {
+		printf("\"provisioner\":{\"kind\":");
+		json_str(s->provisioner);
+		printf(",\"running\":%u,\"requests\":%" PRIu64
+		       ",\"failures\":%" PRIu64 ",\"last_error\":",
+		    s->provisioner_running, s->provisioner_requests,
+		    s->provisioner_failures);
+		json_str(s->provisioner_error);
+		printf("},");
+	}
+	printf("\"workers\":[");
 	for (size_t i = 0; i < s->nworkers; i++) {
 		const cwi_worker_status *w = &s->workers[i];
 		printf("%s{\"id\":%" PRIu64 ",\"address\":\"%s\",\"cores\":%u,"
@@ -91,7 +133,7 @@ print_json(const cwi_msg_status_reply *s)
 		       ",\"splits_pending\":%" PRIu64 ",\"splits_leased\":%" PRIu64
 		       ",\"splits_acked\":%" PRIu64 ",\"elements\":%" PRIu64
 		       ",\"elements_per_s\":%.3f,\"bytes_per_s\":%.3f,"
-		       "\"data_done\":%s,\"finished\":%s}",
+		       "\"data_done\":%s,\"finished\":%s",
 		    i > 0 ? "," : "", j->job_id, j->name != NULL ? j->name : "",
 		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
 		    j->clients, j->tasks, j->target_workers, j->splits_total,
@@ -99,6 +141,16 @@ print_json(const cwi_msg_status_reply *s)
 		    j->elements, j->elements_per_s, j->bytes_per_s,
 		    j->data_done ? "true" : "false",
 		    j->finished ? "true" : "false");
+		if (j->scale_policy != NULL) {
+			printf(",\"scale_policy\":");
+			json_str(j->scale_policy);
+			printf(",\"weight\":%g,\"want\":%u,\"granted\":%u,"
+			       "\"settled\":%s,\"reason\":",
+			    j->weight, j->want, j->granted,
+			    j->settled ? "true" : "false");
+			json_str(j->reason);
+		}
+		printf("}");
 	}
 	printf("],\"tasks\":[");
 	for (size_t i = 0; i < s->ntasks; i++) {

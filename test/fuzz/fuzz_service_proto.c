@@ -38,8 +38,13 @@ populated(void)
 	cwi_msg_dataset_register_reply drr;
 	cwi_msg_job_get_or_create jr;
 	cwi_msg_job_get_or_create_reply jrr;
+	cwi_dispatcher_config cfg;
 
-	must(cwi_dispatcher_create(&d, NULL) == CACHEW_OK);
+	/* With the policy engine on, so hostile heartbeats reach the
+	 * scalers too. */
+	cwi_dispatcher_config_default(&cfg);
+	cfg.autoscale = true;
+	must(cwi_dispatcher_create(&d, &cfg) == CACHEW_OK);
 	must(cwi_dispatcher_worker_register(d, 1, &wr, &wrr) == CACHEW_OK);
 	must(cwi_dispatcher_dataset_register(d, 1, &dr, &drr) == CACHEW_OK);
 	cwi_pmsg_body_init(CWI_MSG_JOB_GET_OR_CREATE, &jr);

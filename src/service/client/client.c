@@ -6,10 +6,13 @@
  * the worker part with the dispatcher, and iterates the client part
  * locally over a stream source. Each open of the stream is a session: it
  * joins (or creates) the job, and one fetch thread then
- *   - heartbeats every heartbeat interval (batch timing, buffer fill) and
+ *   - heartbeats every heartbeat interval (elements consumed and their
+ *     timing, buffer fill: the autoscaler's signal) and
  *     learns the job's tasks (worker addresses) and whether it finished;
  *   - keeps up to INFLIGHT get_elements requests outstanding per task, on
- *     one completion queue, within the client_buffer byte budget;
+ *     one completion queue, within the client_buffer byte budget (handed
+ *     out breadth first, from a rotating task, so with many workers the
+ *     budget is shared and no task starves);
  *   - puts each task's replies back in worker order (their seq), queues the
  *     elements for next(), and acknowledges a split to the dispatcher once
  *     every element before its end has been queued.
@@ -167,6 +170,8 @@ typedef struct session {
 	char errmsg[768];
 	/* consumer timing since the last heartbeat */
 	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
+	uint64_t last_chunk_n; /* elements handed over at last_next_ns */
+	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
 } session;
 
@@ -355,6 +360,7 @@ send_heartbeat(session *s)
 	m.u.client_heartbeat.job_id = s->job_id;
 	m.u.client_heartbeat.client_id = s->client_id;
 	m.u.client_heartbeat.batch_time_ns = batches > 0 ? sum / batches : 0;
+	m.u.client_heartbeat.batches = batches;
 	m.u.client_heartbeat.wait_time_ns = wait;
 	m.u.client_heartbeat.buffer_fill =
 	    (double)qb / (double)s->ctx->opts.client_buffer;
@@ -523,14 +529,23 @@ send_requests(session *s)
 		send_coord_requests(s);
 		return;
 	}
-	for (size_t i = 0; i < s->ntasks; i++) {
-		ctask *t = &s->tasks[i];
-
-		if (t->ended || t->gone || now < t->retry_at_ns)
-			continue;
-		while (t->inflight < INFLIGHT) {
+	/* Breadth first, from a rotating start: every task gets one request
+	 * before any gets a second, so when the budget allows fewer
+	 * requests than tasks x INFLIGHT (many workers), no task starves
+	 * behind the first ones in the list. */
+	size_t n = s->ntasks, first = n > 0 ? s->rr_next % n : 0;
+	if (n > 0)
+		s->rr_next = (first + 1) % n;
+	for (unsigned depth = 1; depth <= INFLIGHT; depth++) {
+		for (size_t j = 0; j < n; j++) {
+			size_t i = (first + j) % n;
+			ctask *t = &s->tasks[i];
 			uint64_t outstanding = 0;
-			for (size_t k = 0; k < s->ntasks; k++)
+
+			if (t->ended || t->gone || now < t->retry_at_ns ||
+			    t->inflight >= depth)
+				continue;
+			for (size_t k = 0; k < n; k++)
 				outstanding += s->tasks[k].inflight;
 			if (queue_bytes(s) + outstanding * reply_bytes / 2 >
 				budget &&
@@ -542,10 +557,8 @@ send_requests(session *s)
 			g.client_id = s->client_id;
 			g.max_bytes = reply_bytes;
 			g.compression = ask_compression(s, t);
-			if (send_get(s, i, &g, TAG_DATA_BASE + i) != CACHEW_OK) {
+			if (send_get(s, i, &g, TAG_DATA_BASE + i) != CACHEW_OK)
 				t->retry_at_ns = now + 100000000u;
-				break;
-			}
 		}
 	}
 }
@@ -1159,6 +1172,11 @@ join_job(session *s)
 	j->num_workers = (uint32_t)ctx->opts.workers;
 	(void)cwi_compression_parse(ctx->opts.compression, &j->compression);
 	j->seed = ctx->seed;
+	if (ctx->opts.scale_policy[0] != '\0')
+		j->scale_policy = cwi_strdup(ctx->opts.scale_policy);
+	j->weight = (double)ctx->opts.job_weight;
+	j->min_workers = (uint32_t)ctx->opts.min_workers;
+	j->max_workers = (uint32_t)ctx->opts.max_workers;
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
@@ -1312,12 +1330,13 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	session *s = arg;
 	uint64_t t0 = cwi_now_ns();
 	cachew_err rv = CACHEW_OK;
+	size_t n = 0;
 
 	pthread_mutex_lock(&s->lock);
 	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK)
 		pthread_cond_wait(&s->cond, &s->lock);
 	if (s->qlen > 0) {
-		size_t n = s->qlen < max ? s->qlen : max;
+		n = s->qlen < max ? s->qlen : max;
 		for (size_t i = 0; i < n; i++) {
 			cwi_element *e = s->q[s->qhead];
 			s->qhead = (s->qhead + 1) % s->qcap;
@@ -1334,11 +1353,15 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	uint64_t now = cwi_now_ns();
 	s->wait_ns += now - t0;
 	s->auto_wait_ns += now - t0;
+	/* The consumer took the elements of the previous chunk (the
+	 * trainer's batches, when the pipeline ends with batch()) in the
+	 * time since that chunk was handed over. */
 	if (s->last_next_ns != 0) {
 		s->batch_ns_sum += now - s->last_next_ns;
-		s->batches++;
+		s->batches += s->last_chunk_n;
 	}
 	s->last_next_ns = now;
+	s->last_chunk_n = n;
 	pthread_mutex_unlock(&s->lock);
 	return rv;
 }

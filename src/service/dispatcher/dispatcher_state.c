@@ -23,6 +23,7 @@
 #include "dispatcher_state.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 
 #define NS_PER_MS 1000000ull
@@ -76,6 +77,10 @@ typedef struct client {
 	uint64_t round;
 	uint64_t told_target; /* block_round in its last reply */
 	bool ready;           /* acknowledged the pending change's round */
+	/* heartbeats since the job's last scale sample */
+	uint64_t acc_batches, acc_elapsed_ns, acc_wait_ns;
+	double acc_fill;
+	uint32_t acc_reports;
 } client;
 
 typedef struct job job;
@@ -95,6 +100,10 @@ typedef struct task {
 	double bytes_per_s;
 	cwi_op_counters *ops;
 	size_t nops;
+	/* run and stall time: last reported, and growth since the job's
+	 * last scale sample */
+	uint64_t run_ns, stall_ns;
+	uint64_t acc_run_ns, acc_stall_ns;
 } task;
 
 struct job {
@@ -126,6 +135,16 @@ struct job {
 	uint64_t elements, bytes;
 	uint64_t coord_target; /* pending schedule change, or NONE */
 	bool published;        /* a client has been sent the task list */
+	/* Policy engine (autoscale): NULL scaler = not autoscaled. */
+	cwi_scaler *scaler;
+	char scale_name[32];   /* the policy's canonical spelling */
+	double weight;
+	uint32_t want;         /* the scaler's decision */
+	uint32_t granted;      /* fair share's answer */
+	bool settled;
+	bool epoch_start;      /* the next sample starts an epoch */
+	uint64_t sample_ns;    /* the current sample began */
+	char reason[192];
 };
 
 struct cwi_dispatcher {
@@ -135,6 +154,11 @@ struct cwi_dispatcher {
 	uint64_t next_client_id, next_task_id;
 	uint64_t now; /* the current call's clock, for events */
 	cwi_strbuf ev;
+	/* policy engine */
+	uint64_t next_decision_ns;
+	uint32_t pool_target;
+	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
+	uint32_t npool_recent;
 };
 
 #define WORKER(d, i) ((worker *)(d)->workers.v[i])
@@ -259,6 +283,9 @@ cwi_dispatcher_config_default(cwi_dispatcher_config *cfg)
 	cfg->coord_round_margin = 16;
 	cfg->max_finished_jobs = 16;
 	cfg->max_consumers = 1024;
+	cwi_scale_config_default(&cfg->scale);
+	cfg->decision_interval_ns = 500 * NS_PER_MS;
+	cfg->pool_down_intervals = 4;
 }
 
 cachew_err
@@ -284,6 +311,12 @@ cwi_dispatcher_create(cwi_dispatcher **out, const cwi_dispatcher_config *cfg)
 		DEF(coord_round_margin);
 		DEF(max_finished_jobs);
 		DEF(max_consumers);
+		DEF(decision_interval_ns);
+		DEF(pool_down_intervals);
+		if (d->cfg.scale.window_batches == 0)
+			d->cfg.scale = def.scale; /* never filled in */
+		if (d->cfg.pool_down_intervals > 1000)
+			d->cfg.pool_down_intervals = 1000;
 #undef DEF
 	} else {
 		d->cfg = def;
@@ -293,6 +326,13 @@ cwi_dispatcher_create(cwi_dispatcher **out, const cwi_dispatcher_config *cfg)
 	d->next_worker_id = d->next_dataset_id = d->next_job_id = 1;
 	d->next_client_id = d->next_task_id = 1;
 	cwi_strbuf_init(&d->ev);
+	d->pool_target = d->cfg.min_workers;
+	d->pool_recent = calloc(d->cfg.pool_down_intervals,
+	    sizeof(*d->pool_recent));
+	if (d->pool_recent == NULL) {
+		free(d);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
 	*out = d;
 	return CACHEW_OK;
 }
@@ -323,6 +363,7 @@ job_free(job *j)
 	if (j == NULL)
 		return;
 	job_free_splits(j);
+	cwi_scaler_destroy(j->scaler);
 	free(j->clients);
 	free(j->name);
 	free(j);
@@ -351,6 +392,7 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	free(d->datasets.v);
 	free(d->workers.v);
 	cwi_strbuf_free(&d->ev);
+	free(d->pool_recent);
 	free(d);
 }
 
@@ -940,7 +982,10 @@ reconcile_job(cwi_dispatcher *d, job *j)
 	if (j->finished || j->data_done || j->any_task_done)
 		return;
 	job_view(d, j, &v);
-	target = j->count_fn(j->count_ctx, &v);
+	if (j->count_fn == NULL)
+		target = j->granted; /* the policy engine's */
+	else
+		target = j->count_fn(j->count_ctx, &v);
 	if (target > v.workers_available)
 		target = v.workers_available;
 	if (!j->target_set || target != j->target) {
@@ -972,11 +1017,328 @@ reconcile_job(cwi_dispatcher *d, job *j)
 	coord_update(d, j);
 }
 
+static void share(cwi_dispatcher *d, bool tell);
+
+/* Every job's task count to its decision; with the policy engine, fair
+ * share first, so workers that came or went, and jobs that started or
+ * ended, move workers at once. */
 static void
 reconcile(cwi_dispatcher *d)
 {
+	share(d, false);
 	for (size_t i = 0; i < d->jobs.n; i++)
 		reconcile_job(d, JOB(d, i));
+}
+
+/* ---- the policy engine --------------------------------------------------- */
+
+/* A job the policy engine sizes now: autoscaled, running, data to come. */
+static bool
+scaled(const job *j)
+{
+	return j->scaler != NULL && j->count_fn == NULL && !j->finished &&
+	       !j->data_done && !j->any_task_done;
+}
+
+/* Weighted fair share of the available workers over the scaled jobs, in
+ * creation order (d->jobs is in id order). `tell`: a job that got less
+ * than it wants tells its scaler, once per decision interval. */
+static void
+share(cwi_dispatcher *d, bool tell)
+{
+	size_t n = d->jobs.n;
+	uint32_t *want, *got;
+	double *weight;
+
+	if (!d->cfg.autoscale || n == 0)
+		return;
+	want = calloc(n, sizeof(*want));
+	got = calloc(n, sizeof(*got));
+	weight = calloc(n, sizeof(*weight));
+	if (want == NULL || got == NULL || weight == NULL)
+		goto out; /* the grants stay as they were */
+	for (size_t i = 0; i < n; i++) {
+		const job *j = JOB(d, i);
+		want[i] = scaled(j) ? j->want : 0;
+		weight[i] = j->weight > 0 ? j->weight : 1.0;
+	}
+	cwi_fair_share(want, weight, n, workers_available(d), got);
+	for (size_t i = 0; i < n; i++) {
+		job *j = JOB(d, i);
+		if (!scaled(j))
+			continue;
+		if (got[i] != j->granted) {
+			ev_begin(d, "job_share");
+			ev_u64(d, "job_id", j->id);
+			ev_u64(d, "want", want[i]);
+			ev_u64(d, "granted", got[i]);
+			ev_u64(d, "available", workers_available(d));
+			ev_end(d);
+		}
+		j->granted = got[i];
+		if (tell && got[i] >= 1 && got[i] < want[i])
+			cwi_scaler_granted(j->scaler, got[i]);
+	}
+out:
+	free(want);
+	free(got);
+	free(weight);
+}
+
+/* One observation of job j since its last sample: its clients' mean
+ * consumption, its tasks' stall time, its workers' CPU. Resets the
+ * accumulators. */
+static void
+job_sample(cwi_dispatcher *d, job *j, uint64_t now, cwi_scale_sample *smp)
+{
+	uint64_t nb = 0, ne = 0, nw = 0, run = 0, stall = 0;
+	double fill = 0, cpu = 0;
+	uint32_t nrep = 0, ncpu = 0, ntasks = 0;
+
+	memset(smp, 0, sizeof(*smp));
+	for (size_t i = 0; i < j->nclients; i++) {
+		client *c = &j->clients[i];
+		if (c->acc_reports == 0)
+			continue;
+		nb += c->acc_batches;
+		ne += c->acc_elapsed_ns;
+		nw += c->acc_wait_ns;
+		fill += c->acc_fill / c->acc_reports;
+		nrep++;
+		c->acc_batches = c->acc_elapsed_ns = c->acc_wait_ns = 0;
+		c->acc_fill = 0;
+		c->acc_reports = 0;
+	}
+	for (size_t i = 0; i < d->tasks.n; i++) {
+		task *t = TASK(d, i);
+		if (t->job != j)
+			continue;
+		run += t->acc_run_ns;
+		stall += t->acc_stall_ns;
+		t->acc_run_ns = t->acc_stall_ns = 0;
+		if (t->state != CWI_TASK_REMOVING)
+			ntasks++;
+		if (t->w->cores > 0) {
+			double u = t->w->cpu_use / t->w->cores;
+			cpu += u < 0 ? 0 : u > 1 ? 1 : u;
+			ncpu++;
+		}
+	}
+	smp->now_ns = now;
+	if (nrep > 0) {
+		smp->batches = nb / nrep;
+		smp->elapsed_ns = ne / nrep;
+		/* A wait that began before the batches counted here (a
+		 * client blocked across a heartbeat) is part of their time. */
+		smp->wait_ns = nw / nrep;
+		if (smp->wait_ns > smp->elapsed_ns)
+			smp->elapsed_ns = smp->wait_ns;
+		smp->buffer_fill = fill / nrep;
+	}
+	smp->epoch_start = j->epoch_start;
+	smp->workers = ntasks;
+	smp->worker_busy = run > 0 ? 1.0 - (double)stall / (double)run : -1.0;
+	smp->worker_cpu = ncpu > 0 ? cpu / ncpu : -1.0;
+	j->epoch_start = false;
+	j->sample_ns = now;
+}
+
+/* Feeds job j's sample to its scaler; an event when the decision moved. */
+static void
+job_decide(cwi_dispatcher *d, job *j, uint64_t now)
+{
+	cwi_scale_sample smp;
+	cwi_scale_decision dec;
+
+	job_sample(d, j, now, &smp);
+	memset(&dec, 0, sizeof(dec));
+	cwi_scaler_observe(j->scaler, &smp, &dec);
+	dec.reason[sizeof(dec.reason) - 1] = '\0';
+	if (dec.workers == j->want && dec.settled == j->settled)
+		return;
+	j->want = dec.workers;
+	j->settled = dec.settled;
+	snprintf(j->reason, sizeof(j->reason), "%s", dec.reason);
+	ev_begin(d, "scale_decision");
+	ev_u64(d, "job_id", j->id);
+	ev_str(d, "policy", j->scale_name);
+	ev_u64(d, "want", j->want);
+	cwi_strbuf_printf(&d->ev, ",\"settled\":%s",
+	    j->settled ? "true" : "false");
+	ev_u64(d, "batches", smp.batches);
+	ev_u64(d, "elapsed_ns", smp.elapsed_ns);
+	ev_u64(d, "wait_ns", smp.wait_ns);
+	ev_u64(d, "workers", smp.workers);
+	ev_str(d, "reason", j->reason);
+	ev_end(d);
+}
+
+/* The pool target: the sum of what the scaled jobs want, within the
+ * bounds, and no lower than any raw target of the last
+ * pool_down_intervals intervals (it rises at once, falls late). */
+static void
+pool_update(cwi_dispatcher *d)
+{
+	uint64_t sum = 0;
+	uint32_t raw, target;
+
+	for (size_t i = 0; i < d->jobs.n; i++)
+		if (scaled(JOB(d, i)))
+			sum += JOB(d, i)->want;
+	if (d->cfg.max_workers > 0 && sum > d->cfg.max_workers)
+		sum = d->cfg.max_workers;
+	if (sum < d->cfg.min_workers)
+		sum = d->cfg.min_workers;
+	raw = sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+	memmove(&d->pool_recent[1], &d->pool_recent[0],
+	    (d->cfg.pool_down_intervals - 1) * sizeof(*d->pool_recent));
+	d->pool_recent[0] = raw;
+	if (d->npool_recent < d->cfg.pool_down_intervals)
+		d->npool_recent++;
+	target = raw;
+	for (uint32_t i = 0; i < d->npool_recent; i++)
+		if (d->pool_recent[i] > target)
+			target = d->pool_recent[i];
+	if (target == d->pool_target)
+		return;
+	ev_begin(d, "pool_target");
+	ev_u64(d, "workers", target);
+	ev_u64(d, "wanted", raw);
+	ev_u64(d, "available", workers_available(d));
+	ev_end(d);
+	d->pool_target = target;
+}
+
+void
+cwi_dispatcher_decide(cwi_dispatcher *d, uint64_t now_ns)
+{
+	d->now = now_ns;
+	if (!d->cfg.autoscale)
+		return;
+	for (size_t i = 0; i < d->jobs.n; i++) {
+		job *j = JOB(d, i);
+		/* A job younger than half an interval keeps measuring. */
+		if (scaled(j) &&
+		    now_ns - j->sample_ns >= d->cfg.decision_interval_ns / 2)
+			job_decide(d, j, now_ns);
+	}
+	share(d, true);
+	pool_update(d);
+	reconcile(d);
+	d->next_decision_ns = now_ns + d->cfg.decision_interval_ns;
+}
+
+uint32_t
+cwi_dispatcher_pool_target(const cwi_dispatcher *d)
+{
+	return d->pool_target;
+}
+
+/* The scale configuration a job request asks for, checked. */
+static cachew_err
+job_scale_config(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
+    cwi_scale_config *c)
+{
+	*c = d->cfg.scale;
+	if (d->cfg.max_workers > 0 && c->max_workers > d->cfg.max_workers)
+		c->max_workers = d->cfg.max_workers;
+	if (r->scale_policy != NULL) {
+		if (cwi_scale_parse(c, r->scale_policy) != CACHEW_OK)
+			return cwi_fail(CACHEW_EINVAL, "scale_policy: %s",
+			    cwi_errmsg_get());
+	} else if (r->worker_policy == CWI_WORKERS_FIXED) {
+		char spec[32];
+		snprintf(spec, sizeof(spec), "fixed:%" PRIu32, r->num_workers);
+		if (cwi_scale_parse(c, spec) != CACHEW_OK)
+			return cwi_fail(CACHEW_EINVAL, "num_workers: %s",
+			    cwi_errmsg_get());
+	}
+	if (r->min_workers > 0)
+		c->min_workers = r->min_workers;
+	if (r->max_workers > 0)
+		c->max_workers = r->max_workers;
+	if (c->min_workers > c->max_workers)
+		return cwi_fail(CACHEW_EINVAL, "min_workers %" PRIu32 " is "
+		    "larger than max_workers %" PRIu32, c->min_workers,
+		    c->max_workers);
+	if (!isfinite(r->weight) || r->weight < 0 || r->weight > 1e6)
+		return cwi_fail(CACHEW_EINVAL, "weight %g is not in (0, 1e6]",
+		    r->weight);
+	return CACHEW_OK;
+}
+
+/* The previous pass of a named job, finished, still holding a scaler
+ * with the same policy: its scaler carries on into the next pass. */
+static job *
+previous_pass(const cwi_dispatcher *d, const job *j)
+{
+	job *best = NULL;
+
+	if (j->name == NULL)
+		return NULL;
+	for (size_t i = 0; i < d->jobs.n; i++) {
+		job *p = JOB(d, i);
+		if (p != j && p->finished && p->scaler != NULL &&
+		    p->name != NULL && strcmp(p->name, j->name) == 0 &&
+		    p->iteration < j->iteration &&
+		    strcmp(p->scale_name, j->scale_name) == 0)
+			best = p; /* the newest */
+	}
+	return best;
+}
+
+/* Where a new job's scaler starts. Cachew's rule starts at one worker;
+ * "model" and "hpa" start with the workers that are there (the scaler
+ * clamps to its bounds): idle workers of a static pool cost nothing, and
+ * the model measures from them how busy each one is (a surplus stalls on
+ * full queues) and sheds what the demand does not need. With no worker
+ * yet (a provisioner starts them) that is one. */
+static uint32_t
+initial_workers(const cwi_dispatcher *d, const cwi_scale_config *c)
+{
+	uint32_t n = workers_available(d);
+
+	switch (c->kind) {
+	case CWI_SCALE_FIXED:
+		return c->fixed;
+	case CWI_SCALE_CACHEW:
+		return 1;
+	default:
+		return n > 0 ? n : 1;
+	}
+}
+
+/* Gives a new job its scaler (autoscale on). */
+static cachew_err
+job_scale_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
+{
+	cwi_scale_config c;
+	job *prev;
+	cachew_err rv;
+
+	rv = job_scale_config(d, r, &c);
+	if (rv != CACHEW_OK)
+		return rv;
+	cwi_scale_name(&c, j->scale_name, sizeof(j->scale_name));
+	j->weight = r->weight > 0 ? r->weight : 1.0;
+	j->epoch_start = true;
+	j->sample_ns = d->now;
+	prev = previous_pass(d, j);
+	if (prev != NULL) {
+		j->scaler = prev->scaler;
+		prev->scaler = NULL;
+		j->settled = prev->settled;
+		snprintf(j->reason, sizeof(j->reason), "%s", prev->reason);
+	} else {
+		rv = cwi_scaler_create(&j->scaler, &c, initial_workers(d, &c));
+		if (rv != CACHEW_OK)
+			return rv;
+		snprintf(j->reason, sizeof(j->reason), "new job");
+	}
+	j->want = cwi_scaler_target(j->scaler);
+	j->count_fn = NULL;
+	j->count_ctx = NULL;
+	return CACHEW_OK;
 }
 
 /* ---- jobs ---------------------------------------------------------------- */
@@ -1086,6 +1448,10 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (r->job_name != NULL && r->job_name[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "empty job name (leave it out "
 					       "for a private job)");
+	if (d->cfg.autoscale) {
+		cwi_scale_config c;
+		return job_scale_config(d, r, &c);
+	}
 	return CACHEW_OK;
 }
 
@@ -1114,6 +1480,13 @@ static cachew_err
 job_make_splits(cwi_dispatcher *d, job *j)
 {
 	uint64_t want, w = workers_available(d);
+
+	/* An autoscaled pool grows after the job starts (a provisioner may
+	 * not have started any worker yet): size for the most it may have,
+	 * so the epoch's last splits do not leave one worker busy while
+	 * the others idle. */
+	if (d->cfg.autoscale && d->cfg.max_workers > w)
+		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
 
 	j->nunits = (uint64_t)j->ds->split_units;
 	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
@@ -1166,6 +1539,11 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		if (rv != CACHEW_OK)
 			goto fail;
 	}
+	if (d->cfg.autoscale) {
+		rv = job_scale_init(d, j, r);
+		if (rv != CACHEW_OK)
+			goto fail;
+	}
 	if (!vec_push(&d->jobs, j)) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
@@ -1183,6 +1561,10 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
 		ev_u64(d, "splits", j->nsplits);
 		ev_u64(d, "units_per_split", j->units_per_split);
+	}
+	if (j->scaler != NULL) {
+		ev_str(d, "policy", j->scale_name);
+		ev_u64(d, "want", j->want);
 	}
 	ev_end(d);
 	*out = j;
@@ -1297,7 +1679,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	if (created) {
 		if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH)
 			epoch_check(d, j); /* an empty dataset */
-		reconcile_job(d, j);
+		reconcile(d);
 	}
 	return CACHEW_OK;
 }
@@ -1332,7 +1714,9 @@ cwi_dispatcher_set_worker_count(cwi_dispatcher *d, uint64_t now_ns,
 		    job_id);
 	j->count_fn = fn != NULL ? fn : cwi_worker_count_default;
 	j->count_ctx = fn != NULL ? ctx : NULL;
-	reconcile_job(d, j);
+	if (fn == NULL && j->scaler != NULL)
+		j->count_fn = NULL; /* back to the policy engine */
+	reconcile(d);
 	return CACHEW_OK;
 }
 
@@ -1602,6 +1986,17 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	c->wait_time_ns = req->wait_time_ns;
 	c->buffer_fill = req->buffer_fill;
 	c->round = req->round;
+	/* A peer's counts: a product that would wrap is not a measurement. */
+	if (req->batches > 0 && req->batch_time_ns > 0 &&
+	    req->batch_time_ns <= UINT64_MAX / 4 / req->batches) {
+		c->acc_batches += req->batches;
+		c->acc_elapsed_ns += req->batches * req->batch_time_ns;
+	}
+	c->acc_wait_ns += req->wait_time_ns;
+	/* A peer's float: anything outside 0..1 (NaN included) is 0. */
+	c->acc_fill += req->buffer_fill >= 0 && req->buffer_fill <= 1
+	    ? req->buffer_fill : 0;
+	c->acc_reports++;
 	acks_apply(d, j, c, req->acked_splits, NULL, req->nacked_splits);
 	if (coordinated(j)) {
 		coord_heartbeat(d, j, c);
@@ -1750,6 +2145,24 @@ copy_ops(task *t, const cwi_task_report *r)
 	return CACHEW_OK;
 }
 
+/* Run and stall time since the last report (smaller counters: the worker
+ * started over); stall never counts for more than the run. */
+static void
+task_busy(task *t, const cwi_task_report *r)
+{
+	uint64_t drun, dstall;
+
+	drun = r->run_ns >= t->run_ns ? r->run_ns - t->run_ns : r->run_ns;
+	dstall = r->stall_ns >= t->stall_ns ? r->stall_ns - t->stall_ns
+					    : r->stall_ns;
+	if (dstall > drun)
+		dstall = drun;
+	t->acc_run_ns += drun;
+	t->acc_stall_ns += dstall;
+	t->run_ns = r->run_ns;
+	t->stall_ns = r->stall_ns;
+}
+
 /* Counters, delivery progress and completion of one reported task. */
 static void
 task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
@@ -1772,6 +2185,7 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	t->rate_at_ns = now;
 	t->elements = r->elements;
 	t->bytes = r->bytes;
+	task_busy(t, r);
 	(void)copy_ops(t, r); /* metrics only: keep the old ones on ENOMEM */
 	for (size_t k = 0; k < r->nsplits_delivered && j->splits != NULL; k++) {
 		uint64_t id = r->splits_delivered[k];
@@ -1982,7 +2396,10 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 			k++;
 		}
 	}
-	reconcile(d);
+	if (d->cfg.autoscale && now_ns >= d->next_decision_ns)
+		cwi_dispatcher_decide(d, now_ns);
+	else
+		reconcile(d);
 	gc_finished(d);
 }
 
@@ -2048,6 +2465,16 @@ status_jobs(const cwi_dispatcher *d, cwi_msg_status_reply *rep)
 		js->batch_time_ns = v.batch_time_ns;
 		js->data_done = j->data_done;
 		js->finished = j->finished;
+		if (j->scale_name[0] != '\0') {
+			js->weight = j->weight;
+			js->want = j->want;
+			js->granted = j->granted;
+			js->settled = j->settled;
+			js->scale_policy = cwi_strdup(j->scale_name);
+			js->reason = cwi_strdup(j->reason);
+			if (js->scale_policy == NULL || js->reason == NULL)
+				return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
 		if (j->name != NULL && (js->name = cwi_strdup(j->name)) == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
@@ -2062,6 +2489,8 @@ cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
 
 	cwi_pmsg_body_init(CWI_MSG_STATUS_REPLY, rep);
 	rep->time_ns = now_ns;
+	if (d->cfg.autoscale)
+		rep->pool_target = d->pool_target;
 	rv = status_workers(d, now_ns, rep);
 	if (rv == CACHEW_OK)
 		rv = status_jobs(d, rep);

@@ -30,6 +30,12 @@
  *   from the same task, the (r mod n)-th of the n tasks serving r in task
  *   id order (tf.data service's round-robin reads). Tasks join or leave the
  *   schedule at a round announced to every consumer first (block_round).
+ * - The policy engine (config.autoscale): each job has a scaler
+ *   (src/policy/scale.h) fed one sample per decision interval from its
+ *   clients' heartbeats and its workers' task reports; weighted fair share
+ *   over the running jobs, in creation order, turns what they want into
+ *   what they get; the sum of what they want, within the pool bounds, is
+ *   the pool target a provisioner turns into workers.
  * - Every state change is one JSON line in the events log.
  *
  * Thread safety: none inside. The caller serialises every call on one
@@ -42,6 +48,7 @@
 #include <stdio.h>
 
 #include "../service_proto.h"
+#include "../../policy/scale.h"
 
 typedef struct cwi_dispatcher cwi_dispatcher;
 
@@ -87,6 +94,21 @@ typedef struct cwi_dispatcher_config {
 	 * default); cwi_dispatcher_set_worker_count changes one job's. */
 	cwi_worker_count_fn worker_count;
 	void *worker_count_ctx;
+	/* The policy engine. Off (false): every job's count comes from
+	 * worker_count, as above. On: a job whose count no
+	 * cwi_dispatcher_set_worker_count replaced gets a scaler with its
+	 * own scale_policy, else fixed:num_workers for CWI_WORKERS_FIXED,
+	 * else `scale` (from cwi_dispatcher_config_default: "model"), and
+	 * fair share decides its count. */
+	bool autoscale;
+	cwi_scale_config scale;
+	uint64_t decision_interval_ns; /* one sample per job (500 ms) */
+	uint32_t min_workers;          /* pool target bounds (0) */
+	uint32_t max_workers;          /* (0: none) */
+	/* The pool target falls only after this many intervals that all
+	 * asked for less (4), so a job's next epoch (a new job) finds its
+	 * workers still there. */
+	uint32_t pool_down_intervals;
 	/* Events: each line (one JSON object, no newline) goes to event_fn
 	 * and/or, followed by '\n', to event_file (flushed per line). */
 	void (*event_fn)(void *ctx, const char *line, size_t len);
@@ -157,6 +179,18 @@ void cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns);
  * applies it at once. CACHEW_ENOENT for an unknown or finished job. */
 cachew_err cwi_dispatcher_set_worker_count(cwi_dispatcher *d,
     uint64_t now_ns, uint64_t job_id, cwi_worker_count_fn fn, void *ctx);
+
+/* The number of workers every running job together wants (their
+ * policies' decisions, summed), within [min_workers, max_workers], as of
+ * the last decision interval: what a provisioner should run. min_workers
+ * when autoscale is off. */
+uint32_t cwi_dispatcher_pool_target(const cwi_dispatcher *d);
+
+/* Runs one decision interval now: a sample per job to its scaler, fair
+ * share, the pool target, tasks added or removed. cwi_dispatcher_tick
+ * calls it every decision_interval_ns; tests call it to step. No-op when
+ * autoscale is off. */
+void cwi_dispatcher_decide(cwi_dispatcher *d, uint64_t now_ns);
 
 /* Per-operator counters a task's worker last reported (for the policy
  * engine). Borrowed: valid until the next call on d. CACHEW_ENOENT for an

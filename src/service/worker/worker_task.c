@@ -123,6 +123,9 @@ struct cwi_wtask {
 	/* splits whose ends were handed out since the last report */
 	uint64_t *delivered;
 	size_t ndelivered, capdelivered;
+	/* The autoscaler's busy signal: when the runner started and ended,
+	 * and how long it waited for queue room (under lock). */
+	uint64_t start_ns, end_ns, stall_ns;
 	/* operator counters summed over finished leases */
 	cachew_op_stats *ops;
 	char (*op_names)[96];
@@ -155,6 +158,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	t->env = env;
 	t->ncons = def->num_consumers;
 	t->end_slot = UINT64_MAX;
+	t->start_ns = cwi_now_ns();
 	atomic_init(&t->compress_logged, false);
 	atomic_init(&t->zlevel, CWI_PAYLOAD_ZSTD_LEVEL);
 	atomic_init(&t->zframes, 0);
@@ -986,14 +990,21 @@ push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
 	ready_reply *ready = NULL;
 	size_t nready, need = n + (lease_end ? 1 : 0);
 
+	uint64_t stall_from = 0;
+
 	pthread_mutex_lock(&t->lock);
 	/* Formed rounds count against the bound until every consumer took
 	 * them; a coordinated queue always takes elements while it holds
 	 * less than a round, so the next round can form. */
 	while (!atomic_load(&t->stop) && t->qlen > 0 &&
 	       t->qbytes + t->slot_bytes + bytes > t->env->queue_bytes &&
-	       (t->ncons == 0 || t->qelems >= t->ncons))
+	       (t->ncons == 0 || t->qelems >= t->ncons)) {
+		if (stall_from == 0)
+			stall_from = cwi_now_ns();
 		pthread_cond_wait(&t->space, &t->lock);
+	}
+	if (stall_from != 0)
+		t->stall_ns += cwi_now_ns() - stall_from;
 	if (atomic_load(&t->stop)) {
 		pthread_mutex_unlock(&t->lock);
 		return false;
@@ -1260,6 +1271,7 @@ runner_main(void *arg)
 
 		pthread_mutex_lock(&t->lock);
 		t->produced_all = true;
+		t->end_ns = cwi_now_ns();
 		nready = serve_held(t, &ready);
 		pthread_mutex_unlock(&t->lock);
 		send_ready(t, ready, nready);
@@ -1292,6 +1304,8 @@ cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
 	rep->done = task_done_locked(t);
 	rep->elements = t->elements;
 	rep->bytes = t->bytes;
+	rep->run_ns = (t->end_ns != 0 ? t->end_ns : cwi_now_ns()) - t->start_ns;
+	rep->stall_ns = t->stall_ns;
 	rep->splits_delivered = t->delivered;
 	rep->nsplits_delivered = t->ndelivered;
 	t->delivered = NULL;
