@@ -37,7 +37,16 @@ same(const cwi_cache_manifest *a, const cwi_cache_manifest *b)
 		if (strcmp(a->chunks[i].name, b->chunks[i].name) != 0 ||
 		    a->chunks[i].elements != b->chunks[i].elements ||
 		    a->chunks[i].bytes != b->chunks[i].bytes ||
-		    a->chunks[i].xxh64 != b->chunks[i].xxh64)
+		    a->chunks[i].xxh64 != b->chunks[i].xxh64 ||
+		    a->chunks[i].writer_id != b->chunks[i].writer_id ||
+		    a->chunks[i].index != b->chunks[i].index)
+			abort();
+	if (a->nunits != b->nunits)
+		abort();
+	for (size_t i = 0; i < a->nunits; i++)
+		if (a->units[i].begin != b->units[i].begin ||
+		    a->units[i].end != b->units[i].end ||
+		    a->units[i].begin >= a->units[i].end)
 			abort();
 }
 
