@@ -14,6 +14,8 @@
 #include "../src/exec/exec_split.h"
 #include "../src/service/dispatcher/dispatcher_autocache.h"
 
+#include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +317,113 @@ START_TEST(damaged_state_lines_are_skipped)
 }
 END_TEST
 
+
+/* ---- end to end: a dispatcher with a cache root and real workers ------- */
+
+static uint64_t
+service_digest(const char *pipeline, const char *url, uint64_t *n)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_element **v;
+	size_t nv;
+	char err[512];
+	uint64_t d = 0;
+
+	if (url != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "service", url),
+		    CACHEW_OK);
+	ck_assert_msg(cwt_run(pipeline, o, &v, &nv, err, sizeof(err)) ==
+			  CACHEW_OK,
+	    "%s: %s", pipeline, err);
+	for (size_t i = 0; i < nv; i++)
+		d += cachew_element_hash(v[i]);
+	*n = nv;
+	cwt_free(v, nv);
+	cachew_options_destroy(o);
+	return d;
+}
+
+/* The cache modes of the jobs the events log shows created, in order,
+ * space-separated. */
+static void
+job_modes(const char *events, char *out, size_t size)
+{
+	char *s = cwt_slurp(events), *p;
+
+	out[0] = '\0';
+	ck_assert_ptr_nonnull(s);
+	for (p = s; (p = strstr(p, "\"event\":\"job_created\"")) != NULL; p++) {
+		char *m = strstr(p, "\"cache_mode\":\""), *nl = strchr(p, '\n');
+		if (m != NULL && (nl == NULL || m < nl)) {
+			m += strlen("\"cache_mode\":\"");
+			snprintf(out + strlen(out), size - strlen(out), "%s%.*s",
+			    out[0] != '\0' ? " " : "", (int)strcspn(m, "\""), m);
+		}
+	}
+	free(s);
+}
+
+static void
+dispatcher_with_cache(cwt_daemon *d, const char *dir, const char *name)
+{
+	char work[600], cache[600];
+
+	snprintf(work, sizeof(work), "%s/work", dir);
+	snprintf(cache, sizeof(cache), "%s/cache", dir);
+	cwt_daemon_start(d, dir, name, "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--work-dir", work, "--cache-root", cache,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    (char *)NULL);
+}
+
+START_TEST(service_profiles_writes_then_reads_across_epochs)
+{
+	const char *pipeline =
+	    "range(600) | map(sleep_us, us=500) | map(add, value=1)";
+	char *dir = cwt_tmpdir(), events[600], modes[256];
+	cwt_daemon disp, w[2];
+	uint64_t n, local, remote;
+
+	local = service_digest(pipeline, NULL, &n);
+	ck_assert_uint_eq(n, 600);
+	dispatcher_with_cache(&disp, dir, "dispatcher");
+	for (int i = 0; i < 2; i++)
+		cwt_daemon_start(&w[i], dir, i == 0 ? "worker0" : "worker1",
+		    "--role=worker", "--dispatcher", disp.url, "--listen",
+		    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--threads",
+		    "1", (char *)NULL);
+	/* Each run is one epoch: a new job, the next pass. */
+	for (int epoch = 0; epoch < 4; epoch++) {
+		remote = service_digest(pipeline, disp.url, &n);
+		ck_assert_msg(n == 600 && remote == local,
+		    "epoch %d: %" PRIu64 " elements, digest %016" PRIx64
+		    " (in-process %016" PRIx64 ")",
+		    epoch, n, remote, local);
+	}
+	snprintf(events, sizeof(events), "%s/work/events.jsonl", dir);
+	job_modes(events, modes, sizeof(modes));
+	ck_assert_str_eq(modes, "profile put get get");
+	ck_assert_int_eq(cwt_daemon_stop(&disp, SIGTERM), 0);
+
+	/* A restarted dispatcher knows the cache: the first job reads it. */
+	dispatcher_with_cache(&disp, dir, "dispatcher2");
+	for (int i = 0; i < 2; i++)
+		cwt_daemon_stop(&w[i], SIGKILL);
+	cwt_daemon_start(&w[0], dir, "worker2", "--role=worker",
+	    "--dispatcher", disp.url, "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
+	remote = service_digest(pipeline, disp.url, &n);
+	ck_assert_uint_eq(n, 600);
+	ck_assert_uint_eq(remote, local);
+	job_modes(events, modes, sizeof(modes));
+	ck_assert_str_eq(modes, "profile put get get get");
+	cwt_daemon_stop(&w[0], SIGKILL);
+	ck_assert_int_eq(cwt_daemon_stop(&disp, SIGTERM), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_dautocache_suite(void)
 {
@@ -327,6 +436,7 @@ cwt_dautocache_suite(void)
 	tcase_add_test(tc, marker_cache_is_read_by_another_pipeline_through_it);
 	tcase_add_test(tc, nothing_after_a_random_operator_is_cached);
 	tcase_add_test(tc, damaged_state_lines_are_skipped);
+	tcase_add_test(tc, service_profiles_writes_then_reads_across_epochs);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -19,6 +19,7 @@
  */
 #include "service.h"
 
+#include "dispatcher/dispatcher_autocache.h"
 #include "dispatcher/dispatcher_state.h"
 #include "service_rpc.h"
 #include "../policy/provision.h"
@@ -43,7 +44,132 @@ struct cwi_dispatcher_server {
 	pthread_mutex_t prov_lock; /* status calls vs destroy */
 	uint32_t prov_sent; /* last target handed to prov */
 	bool prov_sent_any;
+	/* Autocaching (NULL without a cache root). pass_lock orders planning
+	 * a pass after the ends of earlier ones; never held with d->lock
+	 * taken first. */
+	cwi_dcache *dcache;
+	pthread_mutex_t pass_lock;
 };
+
+/* The server's state of one autocaching pass (a job's cwi_job_pass ctx). */
+typedef struct srv_pass {
+	cwi_dcache_pass pass;
+	uint8_t *graph; /* the dataset's graph, as registered */
+	size_t graph_len;
+} srv_pass;
+
+static void
+srv_pass_free(void *ctx)
+{
+	srv_pass *sp = ctx;
+
+	if (sp == NULL)
+		return;
+	cwi_dcache_pass_free(&sp->pass);
+	free(sp->graph);
+	free(sp);
+}
+
+/* Hands the passes that ended to the planner (commits, decisions), then
+ * records what it did. Called with pass_lock held, d->lock not. */
+static void
+finish_passes(cwi_dispatcher_server *d)
+{
+	cwi_pass_end *v = NULL;
+	size_t n;
+
+	pthread_mutex_lock(&d->lock);
+	n = cwi_dispatcher_take_pass_ends(d->state, &v);
+	pthread_mutex_unlock(&d->lock);
+	for (size_t i = 0; i < n; i++) {
+		srv_pass *sp = v[i].ctx;
+		cwi_ac_counter *ops = calloc(v[i].nops + 1, sizeof(*ops));
+		char event[768];
+
+		for (size_t k = 0; ops != NULL && k < v[i].nops; k++) {
+			ops[k].name = v[i].ops[k].name;
+			ops[k].elements = v[i].ops[k].elements;
+			ops[k].bytes = v[i].ops[k].bytes;
+			ops[k].busy_ns = v[i].ops[k].busy_ns;
+		}
+		cwi_dcache_pass_end(d->dcache, sp->graph, sp->graph_len,
+		    &sp->pass, v[i].complete, ops, ops != NULL ? v[i].nops : 0,
+		    v[i].workers > 0 ? v[i].workers : 1, event, sizeof(event));
+		free(ops);
+		if (event[0] != '\0') {
+			cwi_log(CACHEW_LOG_INFO, "dispatcher",
+			    "event=autocache job=%llu %s",
+			    (unsigned long long)v[i].job_id, event);
+			pthread_mutex_lock(&d->lock);
+			cwi_dispatcher_autocache_event(d->state, cwi_now_ns(),
+			    v[i].job_id, NULL, event);
+			pthread_mutex_unlock(&d->lock);
+		}
+		srv_pass_free(sp);
+	}
+	cwi_dispatcher_pass_ends_free(v, n);
+}
+
+/* A job request that would create a job: plan its pass (I/O) without
+ * d->lock, then handle the request with the plan offered. */
+static void
+handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
+    cwi_pmsg *rep)
+{
+	cwi_job_pass jp;
+	srv_pass *sp = NULL;
+	uint8_t *graph = NULL;
+	size_t len = 0;
+	uint64_t units = 0;
+	bool wants;
+
+	memset(&jp, 0, sizeof(jp));
+	pthread_mutex_lock(&d->pass_lock);
+	finish_passes(d); /* the previous pass's commit comes first */
+	pthread_mutex_lock(&d->lock);
+	wants = cwi_dispatcher_job_wants_pass(d->state,
+	    &req->u.job_get_or_create, &graph, &len, &units);
+	pthread_mutex_unlock(&d->lock);
+	if (wants && (sp = calloc(1, sizeof(*sp))) != NULL) {
+		sp->graph = graph;
+		sp->graph_len = len;
+		graph = NULL;
+		if (cwi_dcache_pass_start(d->dcache, sp->graph, sp->graph_len,
+			units, 0, &sp->pass) == CACHEW_OK) {
+			jp.graph = sp->pass.graph;
+			jp.graph_len = sp->pass.graph_len;
+			jp.units = sp->pass.units;
+			snprintf(jp.mode, sizeof(jp.mode), "%s",
+			    cwi_ac_mode_name(sp->pass.mode));
+			snprintf(jp.event, sizeof(jp.event), "%s",
+			    sp->pass.event);
+			jp.ctx = sp;
+			sp->pass.graph = NULL; /* the job's now */
+			sp->pass.graph_len = 0;
+		} else {
+			cwi_log(CACHEW_LOG_WARN, "dispatcher",
+			    "event=autocache_unplanned reason=\"%s\"",
+			    cwi_errmsg_get());
+			srv_pass_free(sp);
+			sp = NULL;
+		}
+	}
+	free(graph);
+	pthread_mutex_lock(&d->lock);
+	if (jp.ctx != NULL)
+		cwi_dispatcher_offer_pass(d->state, &jp);
+	(void)cwi_dispatcher_handle(d->state, cwi_now_ns(), req, rep);
+	cwi_dispatcher_offer_pass(d->state, NULL);
+	pthread_mutex_unlock(&d->lock);
+	pthread_mutex_unlock(&d->pass_lock);
+	if (jp.ctx != NULL) {
+		/* Not taken: another client created the job meanwhile. */
+		free(jp.graph);
+		srv_pass_free(jp.ctx);
+	} else if (sp != NULL && jp.graph != NULL) {
+		free(jp.graph);
+	}
+}
 
 /* Adds the provisioner's side to a status reply (outside d->lock). */
 static void
@@ -79,9 +205,13 @@ on_request(void *arg, cwi_request *r)
 		cwi_request_reject(r, cwi_errmsg_get());
 		return;
 	}
-	pthread_mutex_lock(&d->lock);
-	(void)cwi_dispatcher_handle(d->state, cwi_now_ns(), &req, &rep);
-	pthread_mutex_unlock(&d->lock);
+	if (d->dcache != NULL && req.type == CWI_MSG_JOB_GET_OR_CREATE) {
+		handle_job_request(d, &req, &rep);
+	} else {
+		pthread_mutex_lock(&d->lock);
+		(void)cwi_dispatcher_handle(d->state, cwi_now_ns(), &req, &rep);
+		pthread_mutex_unlock(&d->lock);
+	}
 	if (rep.type == CWI_MSG_STATUS_REPLY)
 		status_provisioner(d, &rep.u.status_reply);
 	cwi_rpc_reply(r, &rep);
@@ -102,6 +232,11 @@ ticker_main(void *arg)
 		cwi_dispatcher_tick(d->state, cwi_now_ns());
 		target = cwi_dispatcher_pool_target(d->state);
 		pthread_mutex_unlock(&d->lock);
+		if (d->dcache != NULL) {
+			pthread_mutex_lock(&d->pass_lock);
+			finish_passes(d);
+			pthread_mutex_unlock(&d->pass_lock);
+		}
 		if (d->prov != NULL &&
 		    (!d->prov_sent_any || target != d->prov_sent)) {
 			cwi_log(CACHEW_LOG_INFO, "dispatcher",
@@ -221,6 +356,37 @@ open_events(cwi_dispatcher_server *d)
 	return CACHEW_OK;
 }
 
+/* Autocaching is on with a cache root; its state persists in the work
+ * dir. */
+static cachew_err
+start_autocache(cwi_dispatcher_server *d)
+{
+	const cwi_service_config *c = &d->cfg;
+	char state[CWI_CFG_STR_MAX + 32];
+	cwi_dcache_config dc;
+	cachew_err rv;
+
+	if (c->cache_root[0] == '\0')
+		return CACHEW_OK;
+	memset(&dc, 0, sizeof(dc));
+	dc.root = c->cache_root;
+	dc.capacity_bytes = (uint64_t)c->cache_capacity;
+	dc.policy = c->autocache[0] != '\0' ? c->autocache : "default";
+	dc.allow_frozen_random = c->allow_frozen_random != 0;
+	dc.default_epochs = (double)c->expected_epochs;
+	if (c->work_dir[0] != '\0') {
+		snprintf(state, sizeof(state), "%s/autocache.state", c->work_dir);
+		dc.state_path = state;
+	}
+	rv = cwi_dcache_create(&d->dcache, &dc);
+	if (rv != CACHEW_OK)
+		return cwi_fail(rv, "--cache-root %s: %s", c->cache_root,
+		    cwi_errmsg_get());
+	cwi_log(CACHEW_LOG_INFO, "dispatcher",
+	    "event=autocache_on root=%s policy=%s", c->cache_root, dc.policy);
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_dispatcher_server_start(cwi_dispatcher_server **out,
     const cwi_service_config *cfg)
@@ -238,7 +404,11 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	atomic_init(&d->stop, false);
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->prov_lock, NULL);
+	pthread_mutex_init(&d->pass_lock, NULL);
 	rv = open_events(d);
+	if (rv != CACHEW_OK)
+		goto fail;
+	rv = start_autocache(d);
 	if (rv != CACHEW_OK)
 		goto fail;
 	cwi_dispatcher_config_default(&dc);
@@ -247,6 +417,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.worker_heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
 	dc.client_heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
 	dc.event_file = d->events;
+	dc.pass_free = srv_pass_free;
 	dc.autoscale = true;
 	rv = cwi_scale_parse(&dc.scale, cfg->scale_policy[0] != '\0'
 					    ? cfg->scale_policy : "model");
@@ -317,9 +488,11 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 		cwi_listener_close(d->listener);
 	cwi_listener_destroy(d->listener);
 	cwi_dispatcher_destroy(d->state);
+	cwi_dcache_destroy(d->dcache);
 	if (d->events_owned)
 		fclose(d->events);
 	pthread_mutex_destroy(&d->lock);
 	pthread_mutex_destroy(&d->prov_lock);
+	pthread_mutex_destroy(&d->pass_lock);
 	free(d);
 }

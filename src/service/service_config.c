@@ -32,6 +32,8 @@ static const char *const roles[] = {"dispatcher", "worker", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const provisioners[] = {"static", "process", "kubernetes",
     NULL};
+static const char *const autocache_policies[] = {"default", "cachew",
+    "compute", "source", "full", NULL};
 
 static const cfg_spec table[] = {
     {"role", STR(role), "", 0, 0, roles,
@@ -109,6 +111,23 @@ static const cfg_spec table[] = {
     {"k8s_deployment", STR(k8s_deployment), "", 0, 0, NULL,
 	"kubernetes provisioner: the worker Deployment (default "
 	"cachew-worker)"},
+    {"cache_root", STR(cache_root), "", 0, 0, NULL,
+	"dispatcher: turns autocaching on: the cache root (a directory on "
+	"storage every worker mounts at the same path, or s3://bucket/prefix) "
+	"where jobs' pipelines are cached (docs/autocaching.md)"},
+    {"autocache", STR(autocache), "default", 0, 0, autocache_policies,
+	"dispatcher: where pipelines are cached: default (the cost model), "
+	"cachew (Cachew's rule), or the fixed compute, source (the first "
+	"autocache marker) or full (the pipeline end)"},
+    {"cache_capacity", INT(cache_capacity), "0", 0, INT64_MAX, NULL,
+	"dispatcher: bytes the cache root may hold (0 = no bound); a cache "
+	"that does not fit is not chosen"},
+    {"allow_frozen_random", INT(allow_frozen_random), "0", 0, 1, NULL,
+	"dispatcher: 1 lets autocaching cache after a random operator (its "
+	"one draw is then replayed every epoch)"},
+    {"expected_epochs", INT(expected_epochs), "10", 1, 1000000, NULL,
+	"dispatcher: passes a pipeline is expected to run, which a cache's "
+	"write cost is spread over"},
 };
 
 #define NCFG (sizeof(table) / sizeof(table[0]))

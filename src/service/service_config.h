@@ -45,6 +45,12 @@ typedef struct cwi_service_config {
 	char k8s_ca_file[CWI_CFG_STR_MAX];
 	char k8s_namespace[CWI_CFG_STR_MAX];
 	char k8s_deployment[CWI_CFG_STR_MAX];
+	/* dispatcher: autocaching (off without a cache root) */
+	char cache_root[CWI_CFG_STR_MAX]; /* shared by dispatcher and workers */
+	char autocache[16];            /* default|cachew|compute|source|full */
+	int64_t cache_capacity;        /* bytes; 0 = unbounded */
+	int64_t allow_frozen_random;   /* 1: cache after random operators */
+	int64_t expected_epochs;       /* passes a pipeline is expected to run */
 } cwi_service_config;
 
 void cwi_service_config_defaults(cwi_service_config *c);

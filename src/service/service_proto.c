@@ -318,6 +318,8 @@ static const field f_job_status[] = {
     U32(cwi_job_status, granted, 0),
     BOOL(cwi_job_status, settled),
     STR(cwi_job_status, reason, 0, CWI_PROTO_MAX_REASON),
+    STR(cwi_job_status, cache_mode, 0, CWI_PROTO_MAX_POLICY),
+    STR(cwi_job_status, cache_reason, 0, CWI_PROTO_MAX_REASON),
 };
 static const schema s_job_status = SCHEMA("job_status", cwi_job_status,
     f_job_status);

@@ -352,6 +352,9 @@ typedef struct cwi_job_status {
 	uint32_t granted;       /* what fair share gave it */
 	bool settled;           /* the policy considers the count converged */
 	char *reason;           /* the last decision's reason */
+	/* Autocaching (absent when the dispatcher has no cache root). */
+	char *cache_mode;       /* "profile", "put", "get", "compute" */
+	char *cache_reason;     /* what the planner decided and why */
 } cwi_job_status;
 
 typedef struct cwi_task_status {

@@ -76,6 +76,9 @@ print_text(const cwi_msg_status_reply *s)
 			    j->scale_policy, j->weight, j->want, j->granted,
 			    j->settled ? ", settled" : "",
 			    j->reason != NULL ? j->reason : "");
+		if (j->cache_mode != NULL)
+			printf("         cache %s; %s\n", j->cache_mode,
+			    j->cache_reason != NULL ? j->cache_reason : "");
 	}
 	printf("tasks (%zu)\n", s->ntasks);
 	for (size_t i = 0; i < s->ntasks; i++) {
@@ -149,6 +152,12 @@ print_json(const cwi_msg_status_reply *s)
 			    j->weight, j->want, j->granted,
 			    j->settled ? "true" : "false");
 			json_str(j->reason);
+		}
+		if (j->cache_mode != NULL) {
+			printf(",\"cache_mode\":");
+			json_str(j->cache_mode);
+			printf(",\"cache\":");
+			json_str(j->cache_reason != NULL ? j->cache_reason : "");
 		}
 		printf("}");
 	}

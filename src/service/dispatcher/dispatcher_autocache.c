@@ -663,7 +663,14 @@ decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 	if (!dc->probed) {
 		cwi_cache_probe_result pr;
 		size_t eb = row_bytes >= 1 ? (size_t)row_bytes : 1;
-		rv = cwi_cache_probe(dc->root, eb, dc->probe_bytes, &pr);
+		/* Enough elements to see the per-element cost, no more:
+		 * 64 MiB of 8-byte rows would take seconds. */
+		uint64_t bytes = (uint64_t)eb * 200000u;
+		if (bytes > dc->probe_bytes)
+			bytes = dc->probe_bytes;
+		if (bytes < (4u << 20) && dc->probe_bytes >= (4u << 20))
+			bytes = 4u << 20;
+		rv = cwi_cache_probe(dc->root, eb, bytes, &pr);
 		if (rv != CACHEW_OK) {
 			snprintf(event, size,
 			    "profile: cannot measure the cache storage (%s); "

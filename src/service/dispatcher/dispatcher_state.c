@@ -145,6 +145,15 @@ struct job {
 	bool epoch_start;      /* the next sample starts an epoch */
 	uint64_t sample_ns;    /* the current sample began */
 	char reason[192];
+	/* Autocaching: the pass this job runs (pass_graph NULL: the
+	 * dataset's graph, no planner). */
+	uint8_t *pass_graph;
+	size_t pass_graph_len;
+	uint64_t pass_units;
+	void *pass_ctx;        /* the planner's until the end is queued */
+	bool pass_ended;
+	char cache_mode[12];
+	char cache_reason[512];
 };
 
 struct cwi_dispatcher {
@@ -159,6 +168,10 @@ struct cwi_dispatcher {
 	uint32_t pool_target;
 	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
 	uint32_t npool_recent;
+	/* autocaching */
+	cwi_job_pass *offered;  /* the next job created takes it */
+	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
+	size_t npass_ends, cappass_ends;
 };
 
 #define WORKER(d, i) ((worker *)(d)->workers.v[i])
@@ -358,7 +371,7 @@ job_free_splits(job *j)
 }
 
 static void
-job_free(job *j)
+job_free(const cwi_dispatcher *d, job *j)
 {
 	if (j == NULL)
 		return;
@@ -366,6 +379,9 @@ job_free(job *j)
 	cwi_scaler_destroy(j->scaler);
 	free(j->clients);
 	free(j->name);
+	free(j->pass_graph);
+	if (j->pass_ctx != NULL && d->cfg.pass_free != NULL)
+		d->cfg.pass_free(j->pass_ctx);
 	free(j);
 }
 
@@ -377,7 +393,11 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	for (size_t i = 0; i < d->tasks.n; i++)
 		task_free(TASK(d, i));
 	for (size_t i = 0; i < d->jobs.n; i++)
-		job_free(JOB(d, i));
+		job_free(d, JOB(d, i));
+	for (size_t i = 0; i < d->npass_ends; i++)
+		if (d->pass_ends[i].ctx != NULL && d->cfg.pass_free != NULL)
+			d->cfg.pass_free(d->pass_ends[i].ctx);
+	cwi_dispatcher_pass_ends_free(d->pass_ends, d->npass_ends);
 	for (size_t i = 0; i < d->datasets.n; i++) {
 		free(DATASET(d, i)->graph);
 		free(DATASET(d, i));
@@ -607,6 +627,64 @@ match_delivered(const split *s, uint64_t unused)
 	return s->delivered;
 }
 
+/* Queues the end of a job's autocaching pass with its tasks' counters.
+ * Out of memory: the planner never hears of it (its ctx is freed), which
+ * only costs what the pass would have taught it. */
+static void
+pass_end(cwi_dispatcher *d, job *j, bool complete)
+{
+	cwi_pass_end *pe;
+	size_t nops = 0;
+
+	if (j->pass_ctx == NULL || j->pass_ended)
+		return;
+	j->pass_ended = true;
+	if (d->npass_ends == d->cappass_ends) {
+		size_t cap = d->cappass_ends ? 2 * d->cappass_ends : 4;
+		cwi_pass_end *v = realloc(d->pass_ends, cap * sizeof(*v));
+		if (v == NULL)
+			goto oom;
+		d->pass_ends = v;
+		d->cappass_ends = cap;
+	}
+	pe = &d->pass_ends[d->npass_ends];
+	memset(pe, 0, sizeof(*pe));
+	pe->job_id = j->id;
+	pe->complete = complete;
+	for (size_t i = 0; i < d->tasks.n; i++)
+		if (TASK(d, i)->job == j)
+			nops += TASK(d, i)->nops;
+	pe->ops = calloc(nops + 1, sizeof(*pe->ops));
+	if (pe->ops == NULL)
+		goto oom;
+	for (size_t i = 0; i < d->tasks.n; i++) {
+		const task *t = TASK(d, i);
+		if (t->job != j)
+			continue;
+		pe->workers++;
+		for (size_t k = 0; k < t->nops; k++) {
+			cwi_op_counters *c = &pe->ops[pe->nops];
+			*c = t->ops[k];
+			c->name = cwi_strdup(t->ops[k].name);
+			if (c->name == NULL) {
+				for (size_t m = 0; m < pe->nops; m++)
+					free(pe->ops[m].name);
+				free(pe->ops);
+				goto oom;
+			}
+			pe->nops++;
+		}
+	}
+	pe->ctx = j->pass_ctx;
+	j->pass_ctx = NULL;
+	d->npass_ends++;
+	return;
+oom:
+	if (d->cfg.pass_free != NULL)
+		d->cfg.pass_free(j->pass_ctx);
+	j->pass_ctx = NULL;
+}
+
 static void
 epoch_check(cwi_dispatcher *d, job *j)
 {
@@ -618,6 +696,7 @@ epoch_check(cwi_dispatcher *d, job *j)
 	ev_u64(d, "job_id", j->id);
 	ev_u64(d, "splits", j->nsplits);
 	ev_end(d);
+	pass_end(d, j, true);
 }
 
 /* ---- tasks --------------------------------------------------------------- */
@@ -1357,7 +1436,7 @@ gc_finished(cwi_dispatcher *d)
 		job *j = JOB(d, i);
 		if (j->finished) {
 			vec_remove(&d->jobs, j);
-			job_free(j);
+			job_free(d, j);
 			nfinished--;
 			continue;
 		}
@@ -1368,6 +1447,7 @@ gc_finished(cwi_dispatcher *d)
 static void
 job_finish(cwi_dispatcher *d, job *j, const char *reason)
 {
+	pass_end(d, j, false); /* no-op when the data was done */
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
 		if (t->job == j) {
@@ -1488,7 +1568,8 @@ job_make_splits(cwi_dispatcher *d, job *j)
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
 
-	j->nunits = (uint64_t)j->ds->split_units;
+	j->nunits = j->pass_graph != NULL ? j->pass_units
+					  : (uint64_t)j->ds->split_units;
 	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
 	if (want > CWI_PROTO_MAX_SPLITS)
 		want = CWI_PROTO_MAX_SPLITS;
@@ -1534,6 +1615,20 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
+	if (d->offered != NULL && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
+	    d->offered->graph != NULL) {
+		cwi_job_pass *p = d->offered;
+		j->pass_graph = p->graph;
+		j->pass_graph_len = p->graph_len;
+		j->pass_units = p->units;
+		j->pass_ctx = p->ctx;
+		snprintf(j->cache_mode, sizeof(j->cache_mode), "%s", p->mode);
+		snprintf(j->cache_reason, sizeof(j->cache_reason), "%s",
+		    p->event);
+		p->graph = NULL;
+		p->ctx = NULL;
+		d->offered = NULL;
+	}
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
 		rv = job_make_splits(d, j);
 		if (rv != CACHEW_OK)
@@ -1566,11 +1661,15 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		ev_str(d, "policy", j->scale_name);
 		ev_u64(d, "want", j->want);
 	}
+	if (j->cache_mode[0] != '\0') {
+		ev_str(d, "cache_mode", j->cache_mode);
+		ev_str(d, "cache", j->cache_reason);
+	}
 	ev_end(d);
 	*out = j;
 	return CACHEW_OK;
 fail:
-	job_free(j);
+	job_free(d, j);
 	return rv;
 }
 
@@ -1663,7 +1762,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		if (c == NULL) {
 			if (created) {
 				vec_remove(&d->jobs, j);
-				job_free(j);
+				job_free(d, j);
 			}
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
@@ -2210,6 +2309,10 @@ static cachew_err
 fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 {
 	const dataset *ds = t->job->ds;
+	const uint8_t *graph = t->job->pass_graph != NULL ? t->job->pass_graph
+							  : ds->graph;
+	size_t len = t->job->pass_graph != NULL ? t->job->pass_graph_len
+						: ds->graph_len;
 
 	td->task_id = t->id;
 	td->job_id = t->job->id;
@@ -2220,11 +2323,11 @@ fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 	td->seed = t->job->seed;
 	td->num_consumers = t->job->num_consumers;
 	td->lease_size = lease_size;
-	td->graph = malloc(ds->graph_len);
+	td->graph = malloc(len);
 	if (td->graph == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	memcpy(td->graph, ds->graph, ds->graph_len);
-	td->graph_len = ds->graph_len;
+	memcpy(td->graph, graph, len);
+	td->graph_len = len;
 	return CACHEW_OK;
 }
 
@@ -2475,6 +2578,12 @@ status_jobs(const cwi_dispatcher *d, cwi_msg_status_reply *rep)
 			if (js->scale_policy == NULL || js->reason == NULL)
 				return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
+		if (j->cache_mode[0] != '\0') {
+			js->cache_mode = cwi_strdup(j->cache_mode);
+			js->cache_reason = cwi_strdup(j->cache_reason);
+			if (js->cache_mode == NULL || js->cache_reason == NULL)
+				return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
 		if (j->name != NULL && (js->name = cwi_strdup(j->name)) == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
@@ -2614,4 +2723,78 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 			rep->u.error.message[CWI_PROTO_MAX_ERRMSG] = '\0';
 	}
 	return rv;
+}
+
+/* ---- autocaching passes --------------------------------------------------- */
+
+bool
+cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
+    const cwi_msg_job_get_or_create *req, uint8_t **graph, size_t *len,
+    uint64_t *units)
+{
+	const dataset *ds = find_dataset(d, req->dataset_id);
+
+	*graph = NULL;
+	*len = 0;
+	*units = 0;
+	if (ds == NULL || req->processing_mode != CWI_MODE_DISTRIBUTED_EPOCH ||
+	    ds->split_units < 0 || ds->graph_len == 0)
+		return false;
+	if (req->job_name != NULL &&
+	    find_named_job(d, req->job_name, req->iteration) != NULL)
+		return false;
+	*graph = malloc(ds->graph_len);
+	if (*graph == NULL)
+		return false;
+	memcpy(*graph, ds->graph, ds->graph_len);
+	*len = ds->graph_len;
+	*units = (uint64_t)ds->split_units;
+	return true;
+}
+
+void
+cwi_dispatcher_offer_pass(cwi_dispatcher *d, cwi_job_pass *p)
+{
+	d->offered = p;
+}
+
+size_t
+cwi_dispatcher_take_pass_ends(cwi_dispatcher *d, cwi_pass_end **out)
+{
+	size_t n = d->npass_ends;
+
+	*out = d->pass_ends;
+	d->pass_ends = NULL;
+	d->npass_ends = d->cappass_ends = 0;
+	return n;
+}
+
+void
+cwi_dispatcher_pass_ends_free(cwi_pass_end *v, size_t n)
+{
+	for (size_t i = 0; v != NULL && i < n; i++) {
+		for (size_t k = 0; k < v[i].nops; k++)
+			free(v[i].ops[k].name);
+		free(v[i].ops);
+	}
+	free(v);
+}
+
+void
+cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
+    uint64_t job_id, const char *mode, const char *text)
+{
+	job *j = find_job(d, job_id);
+
+	d->now = now_ns;
+	if (j == NULL)
+		return;
+	if (mode != NULL)
+		snprintf(j->cache_mode, sizeof(j->cache_mode), "%s", mode);
+	snprintf(j->cache_reason, sizeof(j->cache_reason), "%s", text);
+	ev_begin(d, "autocache");
+	ev_u64(d, "job_id", j->id);
+	ev_str(d, "cache_mode", j->cache_mode);
+	ev_str(d, "cache", text);
+	ev_end(d);
 }

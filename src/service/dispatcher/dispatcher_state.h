@@ -114,6 +114,9 @@ typedef struct cwi_dispatcher_config {
 	void (*event_fn)(void *ctx, const char *line, size_t len);
 	void *event_ctx;
 	FILE *event_file;
+	/* Autocaching: frees the planner's state of a pass whose end was
+	 * never taken (cwi_dispatcher_take_pass_ends). NULL: not needed. */
+	void (*pass_free)(void *ctx);
 } cwi_dispatcher_config;
 
 /* Fills cfg with the defaults named above (no events). */
@@ -197,5 +200,58 @@ void cwi_dispatcher_decide(cwi_dispatcher *d, uint64_t now_ns);
  * unknown task. */
 cachew_err cwi_dispatcher_task_ops(const cwi_dispatcher *d, uint64_t task_id,
     const cwi_op_counters **ops, size_t *nops);
+
+/*
+ * Autocaching passes. The planner (dispatcher_autocache.h) does I/O, so it
+ * runs outside the caller's lock; the state machine only carries its
+ * plans. A new job of a distributed_epoch dataset is a pass: the caller
+ * asks cwi_dispatcher_job_wants_pass whether a request would create one,
+ * plans it with the lock released, then offers the plan to the next
+ * cwi_dispatcher_handle / _job_get_or_create, which gives it to the job
+ * it creates. When the pass's data is done (every split acknowledged) or
+ * the job ends before that, the pass end is queued for
+ * cwi_dispatcher_take_pass_ends.
+ */
+typedef struct cwi_job_pass {
+	uint8_t *graph;   /* what the workers run (the job takes it) */
+	size_t graph_len;
+	uint64_t units;   /* its split units */
+	char mode[12];    /* "profile", "put", "get" or "compute" */
+	char event[512];  /* what the planner decided, for events and status */
+	void *ctx;        /* the planner's (the job takes it) */
+} cwi_job_pass;
+
+/* True when req would create a job of a distributed_epoch dataset (no job
+ * of that name and iteration exists): then *graph (a copy: free()) and
+ * *len, *units are the dataset's. False (nothing allocated) otherwise or
+ * when out of memory. */
+bool cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
+    const cwi_msg_job_get_or_create *req, uint8_t **graph, size_t *len,
+    uint64_t *units);
+
+/* The next job created takes p (its graph and ctx are set to NULL then);
+ * NULL withdraws an offer. Call with the same lock held as the request
+ * that should take it, and withdraw after it. */
+void cwi_dispatcher_offer_pass(cwi_dispatcher *d, cwi_job_pass *p);
+
+typedef struct cwi_pass_end {
+	uint64_t job_id;
+	void *ctx;               /* the planner's: now the taker's */
+	bool complete;           /* every split was acknowledged */
+	cwi_op_counters *ops;    /* the pass's tasks' last counters, all
+				  * tasks' concatenated (names "idx:op") */
+	size_t nops;
+	uint32_t workers;        /* tasks that ran it */
+} cwi_pass_end;
+
+/* The pass ends queued since the last call (*out: free with
+ * cwi_dispatcher_pass_ends_free, which leaves ctx alone). */
+size_t cwi_dispatcher_take_pass_ends(cwi_dispatcher *d, cwi_pass_end **out);
+void cwi_dispatcher_pass_ends_free(cwi_pass_end *v, size_t n);
+
+/* Records what autocaching did for a job: an "autocache" event line, and
+ * the job's cache mode and reason in status. Unknown jobs are ignored. */
+void cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
+    uint64_t job_id, const char *mode, const char *text);
 
 #endif /* CWI_DISPATCHER_STATE_H */
