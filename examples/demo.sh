@@ -204,9 +204,31 @@ print_decisions() {
 	done
 }
 
+# The cache mode of each job (epoch) and what each pass end decided, with
+# the epoch's time from its job_created to its epoch_done.
+print_cache_passes() {
+	grep -E '"event":"(job_created|epoch_done|autocache)"' "$1" |
+	    while IFS= read -r line; do
+		ts=$(echo "$line" | sed 's/^{"ts_ns":\([0-9]*\).*/\1/')
+		job=$(echo "$line" | sed 's/.*"job_id":\([0-9]*\).*/\1/')
+		case $line in
+		*'"event":"job_created"'*'"cache_mode"'*)
+			created=$ts
+			mode=$(echo "$line" | sed 's/.*"cache_mode":"\([a-z]*\)".*/\1/') ;;
+		*'"event":"epoch_done"'*)
+			[ -n "${created:-}" ] &&
+			    awk -v a="$ts" -v b="$created" -v j="$job" -v m="$mode" \
+				'BEGIN { printf "   job %d: %-7s %6.2f s\n", j, m, (a - b) / 1e9 }' ;;
+		*'"event":"autocache"'*)
+			why=$(echo "$line" | sed 's/.*"cache":"\(.*\)"}$/\1/')
+			echo "            -> $why" ;;
+		esac
+	done
+}
+
 autoscale_demo() {
 	echo
-	echo "== 5/5 autoscaling: the dispatcher starts its workers (process provisioner, at most 4)"
+	echo "== 5/5 autoscaling and autocaching: the dispatcher starts its workers (process provisioner, at most 4)"
 	logs=$DATA/autoscale-logs
 	rm -rf "$logs"
 	mkdir -p "$logs"
@@ -215,7 +237,7 @@ autoscale_demo() {
 	start_daemon dpid "$logs/dispatcher.log" --role=dispatcher \
 	    --listen tcp://127.0.0.1:0 --work-dir "$logs/work" \
 	    --heartbeat-ms 200 --provisioner process --max-workers 4 \
-	    --worker-threads 1 --scale-policy model
+	    --worker-threads 1 --scale-policy model --cache-root "$logs/cache"
 	durl=$(daemon_url "$logs/dispatcher.log")
 	pipeline="range(12000) | map(sleep_us, us=2000)"
 	echo "   dispatcher $durl (pid $dpid), no worker yet"
@@ -229,6 +251,14 @@ autoscale_demo() {
 	print_decisions "$logs/work/events.jsonl"
 	echo
 	"$CACHEW" status "$durl" | grep -E '^pool|policy' | sed 's/^/   /'
+	echo
+	cpipe="range(3000) | map(sleep_us, us=1000) | map(add, value=1)"
+	echo "   autocaching (--cache-root): 4 epochs of an expensive pipeline; each epoch is a job"
+	echo "   (job 1, the training loop above, was profiled too)"
+	echo "   \$ CACHEW_SERVICE=$durl $CACHEW run --epochs 4 \"$cpipe\""
+	CACHEW_SERVICE=$durl "$CACHEW" run --epochs 4 "$cpipe" 2>&1 |
+	    grep -E 'elements' | sed 's/^/   /'
+	print_cache_passes "$logs/work/events.jsonl"
 	kill -TERM "$dpid" 2>/dev/null || true
 	wait 2>/dev/null || true
 	trap - EXIT
