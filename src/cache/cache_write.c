@@ -356,7 +356,9 @@ chunk_finish(cwi_cache_writer *w)
 		rv = cwi_io_put(path, c->mem.data, c->mem.len, NULL);
 		cwi_strbuf_free(&c->mem);
 	} else {
-		if (fsync(c->fd) != 0)
+		/* A part's chunks are made durable by the commit, once for
+		 * the whole write, off the workers' data path. */
+		if (w->o.part_write_id == 0 && fsync(c->fd) != 0)
 			rv = cwi_fail(CACHEW_EIO, "%s: fsync failed: %s",
 			    c->tmp_path, strerror(errno));
 		if (close(c->fd) != 0 && rv == CACHEW_OK)
@@ -919,7 +921,7 @@ cwi_cache_writer_commit(cwi_cache_writer *w)
 	/* The threads are gone: this thread owns the chunk state now. */
 	if (w->cur.open)
 		rv = chunk_finish(w);
-	if (rv == CACHEW_OK && !w->root->s3)
+	if (rv == CACHEW_OK && !w->root->s3 && w->o.part_write_id == 0)
 		rv = cwi_cache_fsync_dir(w->dir); /* the chunks' renames */
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -946,7 +948,7 @@ cwi_cache_writer_commit(cwi_cache_writer *w)
 		    (unsigned long long)w->o.part_write_id,
 		    (unsigned long long)w->cache_id);
 		rv = cwi_cache_put_file(w->root, w->dir, name, sb.data, sb.len,
-		    true);
+		    false);
 	} else if (rv == CACHEW_OK) {
 		rv = cwi_cache_put_file(w->root, w->dir, CWI_CACHE_FILE_MANIFEST,
 		    sb.data, sb.len, true);
