@@ -540,6 +540,81 @@ START_TEST(autoscale_next_iteration_keeps_the_decision)
 }
 END_TEST
 
+/* An autocaching pass offered to the next job: the job runs its graph
+ * and units, its end is queued with the planner's state, and a mode
+ * change scales the worker count carried over from the previous
+ * iteration. */
+static void
+offer(harness *h, cwi_job_pass *p, const char *mode, double scale,
+    void *ctx)
+{
+	memset(p, 0, sizeof(*p));
+	p->graph = malloc(4);
+	ck_assert_ptr_nonnull(p->graph);
+	memcpy(p->graph, "\x81\xa1y\x02", 4);
+	p->graph_len = 4;
+	p->units = 40;
+	snprintf(p->mode, sizeof(p->mode), "%s", mode);
+	snprintf(p->event, sizeof(p->event), "%s pass", mode);
+	p->worker_scale = scale;
+	p->ctx = ctx;
+	cwi_dispatcher_offer_pass(h->d, p);
+}
+
+START_TEST(autoscale_cache_mode_change_scales_the_carried_count)
+{
+	harness *h = harness_new("model");
+	uint64_t w[8], ds, job, client, job2, client2;
+	job_opts o = {.name = "train", .policy = "model"};
+	cwi_job_pass p;
+	cwi_pass_end *ends;
+	int token1 = 1, token2 = 2;
+	size_t n;
+
+	ds = add_dataset(h);
+	offer(h, &p, "compute", 0, &token1);
+	join(h, ds, &o, &job, &client);
+	cwi_dispatcher_offer_pass(h->d, NULL);
+	ck_assert_ptr_null(p.graph); /* taken */
+	ck_assert_ptr_null(p.ctx);
+	add_workers(h, w, 8);
+	h->now += 1000 * MS;
+	client_hb(h, job, client, 100, 10, 666.667);
+	worker_hb(h, w[0], 1 * SEC, 0, 1.0);
+	cwi_dispatcher_decide(h->d, h->now);
+	ck_assert_uint_eq(job_get(h, job).want, 4);
+	release(h, job, client);
+	/* The job ended before its data: the pass end says so. */
+	n = cwi_dispatcher_take_pass_ends(h->d, &ends);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_uint_eq(ends[0].job_id, job);
+	ck_assert_ptr_eq(ends[0].ctx, &token1);
+	ck_assert(!ends[0].complete);
+	cwi_dispatcher_pass_ends_free(ends, n);
+	ck_assert_uint_eq(cwi_dispatcher_take_pass_ends(h->d, &ends), 0);
+	free(ends);
+	/* The next iteration reads a cache: a quarter of the pass time,
+	 * a quarter of the workers. */
+	o.iteration = 1;
+	offer(h, &p, "get", 0.25, &token2);
+	join(h, ds, &o, &job2, &client2);
+	cwi_dispatcher_offer_pass(h->d, NULL);
+	ck_assert_uint_eq(job_get(h, job2).want, 1);
+	ck_assert_msg(strstr(job_get(h, job2).reason,
+		"cache mode get: 1 workers carried over (x0.25)"),
+	    "%s", job_get(h, job2).reason);
+	ck_assert(has_event(h, "\"cache_mode\":\"get\""));
+	cwi_dispatcher_autocache_event(h->d, h->now, job2, NULL, "read it");
+	ck_assert(has_event(h, "\"event\":\"autocache\""));
+	release(h, job2, client2);
+	n = cwi_dispatcher_take_pass_ends(h->d, &ends);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_ptr_eq(ends[0].ctx, &token2);
+	cwi_dispatcher_pass_ends_free(ends, n);
+	harness_free(h);
+}
+END_TEST
+
 /* ---- bad requests ------------------------------------------------------------------ */
 
 START_TEST(autoscale_bad_scale_options_are_einval)
@@ -937,6 +1012,7 @@ cwt_autoscale_suite(void)
 	tcase_add_test(tc, autoscale_pool_target_falls_back_to_min_after_job_ends);
 	tcase_add_test(tc, autoscale_pool_target_is_bounded);
 	tcase_add_test(tc, autoscale_next_iteration_keeps_the_decision);
+	tcase_add_test(tc, autoscale_cache_mode_change_scales_the_carried_count);
 	tcase_add_test(tc, autoscale_bad_scale_options_are_einval);
 	tcase_add_test(tc, autoscale_off_keeps_every_worker);
 	tcase_add_test(tc, autoscale_proto_new_fields_round_trip);

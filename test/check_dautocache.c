@@ -189,6 +189,42 @@ START_TEST(profile_put_get_across_passes)
 }
 END_TEST
 
+START_TEST(mode_change_scales_the_worker_count)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	ds_graph g = graph_of(SLOW);
+	cwi_dcache *dc = dcache(root, "default", NULL);
+	char event[512];
+	cwi_dcache_pass pass;
+
+	(void)one_pass(dc, &g, CWI_AC_PROFILE, event, sizeof(event));
+	(void)one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
+	/* PUT computes like PROFILE did: no change. GET reads the cache,
+	 * far faster than the 2 ms per element computing costs. */
+	ck_assert_int_eq(cwi_dcache_pass_start(dc, g.buf, g.len, g.units, 0,
+			     &pass),
+	    CACHEW_OK);
+	ck_assert_int_eq(pass.mode, CWI_AC_GET);
+	ck_assert_msg(pass.worker_scale > 0 && pass.worker_scale < 0.5,
+	    "worker_scale %g", pass.worker_scale);
+	cwi_dcache_pass_end(dc, g.buf, g.len, &pass, true, NULL, 0, 1, event,
+	    sizeof(event));
+	cwi_dcache_pass_free(&pass);
+	/* GET again: the same mode, nothing to scale. */
+	ck_assert_int_eq(cwi_dcache_pass_start(dc, g.buf, g.len, g.units, 0,
+			     &pass),
+	    CACHEW_OK);
+	ck_assert(pass.worker_scale == 0);
+	cwi_dcache_pass_free(&pass);
+	cwi_dcache_destroy(dc);
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
 START_TEST(decision_persists_without_the_cache)
 {
 	char *dir = cwt_tmpdir();
@@ -433,6 +469,7 @@ cwt_dautocache_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, profile_put_get_across_passes);
 	tcase_add_test(tc, decision_persists_without_the_cache);
+	tcase_add_test(tc, mode_change_scales_the_worker_count);
 	tcase_add_test(tc, marker_cache_is_read_by_another_pipeline_through_it);
 	tcase_add_test(tc, nothing_after_a_random_operator_is_cached);
 	tcase_add_test(tc, damaged_state_lines_are_skipped);

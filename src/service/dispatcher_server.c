@@ -139,6 +139,7 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
 			jp.graph = sp->pass.graph;
 			jp.graph_len = sp->pass.graph_len;
 			jp.units = sp->pass.units;
+			jp.worker_scale = sp->pass.worker_scale;
 			snprintf(jp.mode, sizeof(jp.mode), "%s",
 			    cwi_ac_mode_name(sp->pass.mode));
 			snprintf(jp.event, sizeof(jp.event), "%s",

@@ -40,6 +40,10 @@ typedef struct dc_entry {
 	bool failed;           /* caching it failed for good: compute */
 	uint32_t put_failures;
 	double epochs;         /* passes expected, as last told */
+	double compute_s;      /* the decision's estimated pass times: */
+	double cache_s;        /* computing, and reading the chosen cache */
+	cwi_ac_mode last_mode; /* of the latest pass started */
+	bool started;          /* a pass was started (last_mode is set) */
 	size_t npoints;        /* the profile: one point per candidate */
 	cwi_ac_point points[CWI_AC_MAX_CANDIDATES];
 	char reason[640];
@@ -69,9 +73,10 @@ put_line_entry(FILE *f, const dc_entry *e)
 	cachew_fingerprint_hex(&e->fp, hex);
 	fprintf(f,
 	    "dataset fp=%s decided=%d choice=%s candidate=%d failed=%d "
-	    "epochs=%.17g n=%zu",
+	    "epochs=%.17g compute_s=%.17g cache_s=%.17g n=%zu",
 	    hex, e->decided ? 1 : 0, cwi_ac_choice_name(e->choice),
-	    e->candidate, e->failed ? 1 : 0, e->epochs, e->npoints);
+	    e->candidate, e->failed ? 1 : 0, e->epochs, e->compute_s,
+	    e->cache_s, e->npoints);
 	for (size_t k = 0; k < e->npoints; k++)
 		fprintf(f, " p%zu=%.17g,%.17g,%.17g,%.17g", k, e->points[k].rows,
 		    e->points[k].row_bytes, e->points[k].up_ns,
@@ -191,6 +196,11 @@ parse_entry(const char *line, dc_entry *e)
 	e->failed = d != 0;
 	if (!parse_double(field(line, "epochs", buf, sizeof(buf)), &e->epochs))
 		return false;
+	/* Optional (later than the first state files). */
+	if (!parse_double(field(line, "compute_s", buf, sizeof(buf)),
+		&e->compute_s) ||
+	    !parse_double(field(line, "cache_s", buf, sizeof(buf)), &e->cache_s))
+		e->compute_s = e->cache_s = 0;
 	if (!parse_double(field(line, "n", buf, sizeof(buf)), &d) || d < 0 ||
 	    d > CWI_AC_MAX_CANDIDATES)
 		return false;
@@ -519,6 +529,27 @@ choose(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 	    plan->ncand, plan->ncand == 1 ? "" : "s");
 }
 
+/* A mode's estimated pass time (0: unknown): reading the cache, or
+ * computing (profile, put and compute all compute; put also writes, which
+ * the parts make cheap). */
+static double
+mode_seconds(const dc_entry *e, cwi_ac_mode m)
+{
+	return m == CWI_AC_GET ? e->cache_s : e->compute_s;
+}
+
+static double
+worker_scale(const dc_entry *e, cwi_ac_mode next)
+{
+	double from, to;
+
+	if (!e->started || e->last_mode == next)
+		return 0;
+	from = mode_seconds(e, e->last_mode);
+	to = mode_seconds(e, next);
+	return from > 0 && to > 0 ? to / from : 0;
+}
+
 cachew_err
 cwi_dcache_pass_start(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
     uint64_t units, double epochs_left, cwi_dcache_pass *pass)
@@ -567,6 +598,9 @@ cwi_dcache_pass_start(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 		pass->units = units;
 		rv = copy_graph(graph, graph_len, pass);
 	}
+	pass->worker_scale = worker_scale(e, pass->mode);
+	e->last_mode = pass->mode;
+	e->started = true;
 	(void)state_save(dc);
 done:
 	pthread_mutex_unlock(&dc->lock);
@@ -701,6 +735,10 @@ decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 	e->decided = true;
 	e->choice = d.choice;
 	e->candidate = d.candidate;
+	e->compute_s = d.compute.epoch_s;
+	e->cache_s = d.candidate >= 0 && (size_t)d.candidate < d.n
+	    ? d.cache[d.candidate].epoch_s
+	    : 0;
 	e->npoints = in.n;
 	memcpy(e->points, in.point, in.n * sizeof(in.point[0]));
 	snprintf(e->reason, sizeof(e->reason), "%s", d.reason);

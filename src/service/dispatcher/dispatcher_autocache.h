@@ -58,6 +58,10 @@ typedef struct cwi_dcache_pass {
 	uint64_t units;     /* split units of its source */
 	uint64_t write_id;  /* PUT: the distributed write's id; else 0 */
 	int candidate;      /* the point read or written; -1: none */
+	/* The estimated pass time of this mode over that of the dataset's
+	 * previous pass (0: unknown): a job that carries its worker count
+	 * over from the previous pass scales it by this. */
+	double worker_scale;
 	char event[512];    /* what was decided, for the events log */
 } cwi_dcache_pass;
 

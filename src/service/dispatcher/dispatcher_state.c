@@ -150,6 +150,7 @@ struct job {
 	uint8_t *pass_graph;
 	size_t pass_graph_len;
 	uint64_t pass_units;
+	double pass_worker_scale; /* > 0: scale a carried-over count */
 	void *pass_ctx;        /* the planner's until the end is queued */
 	bool pass_ended;
 	char cache_mode[12];
@@ -1387,6 +1388,24 @@ initial_workers(const cwi_dispatcher *d, const cwi_scale_config *c)
 	}
 }
 
+/* The cache mode changed from the previous pass: carry the worker count
+ * over scaled by the new mode's expected pass time over the old one's (a
+ * pass that reads a cache in a tenth of the time needs about a tenth of
+ * the workers to keep its consumer fed). Cachew's own rule restarts at
+ * one worker instead (cwi_scaler_reset). */
+static void
+carry_scaled(job *j)
+{
+	double n = ceil((double)cwi_scaler_target(j->scaler) *
+	    j->pass_worker_scale);
+	uint32_t workers = n < 1 ? 1 : n > 65536 ? 65536 : (uint32_t)n;
+
+	cwi_scaler_reset(j->scaler, workers);
+	snprintf(j->reason, sizeof(j->reason),
+	    "cache mode %s: %u workers carried over (x%.2f)", j->cache_mode,
+	    cwi_scaler_target(j->scaler), j->pass_worker_scale);
+}
+
 /* Gives a new job its scaler (autoscale on). */
 static cachew_err
 job_scale_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
@@ -1408,6 +1427,9 @@ job_scale_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 		prev->scaler = NULL;
 		j->settled = prev->settled;
 		snprintf(j->reason, sizeof(j->reason), "%s", prev->reason);
+		if (j->pass_worker_scale > 0 &&
+		    strcmp(j->cache_mode, prev->cache_mode) != 0)
+			carry_scaled(j);
 	} else {
 		rv = cwi_scaler_create(&j->scaler, &c, initial_workers(d, &c));
 		if (rv != CACHEW_OK)
@@ -1621,6 +1643,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		j->pass_graph = p->graph;
 		j->pass_graph_len = p->graph_len;
 		j->pass_units = p->units;
+		j->pass_worker_scale = p->worker_scale;
 		j->pass_ctx = p->ctx;
 		snprintf(j->cache_mode, sizeof(j->cache_mode), "%s", p->mode);
 		snprintf(j->cache_reason, sizeof(j->cache_reason), "%s",

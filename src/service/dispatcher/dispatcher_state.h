@@ -217,6 +217,9 @@ typedef struct cwi_job_pass {
 	size_t graph_len;
 	uint64_t units;   /* its split units */
 	char mode[12];    /* "profile", "put", "get" or "compute" */
+	double worker_scale; /* > 0: a worker count carried over from the
+			      * dataset's previous pass (a named job's
+			      * previous iteration) is scaled by this */
 	char event[512];  /* what the planner decided, for events and status */
 	void *ctx;        /* the planner's (the job takes it) */
 } cwi_job_pass;
