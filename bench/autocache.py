@@ -27,33 +27,17 @@ The last line is one JSON object with the results.
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.dont_write_bytecode = True
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def wait_url(log_path, proc, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dispatcher exited with {proc.returncode}: "
-                               + open(log_path).read()[-2000:])
-        with open(log_path) as f:
-            for line in f:
-                if line.startswith("event=listening role=dispatcher "):
-                    m = re.search(r"url=(\S+)", line)
-                    if m:
-                        return m.group(1)
-        time.sleep(0.02)
-    raise RuntimeError("dispatcher did not listen within %.0f s" % timeout)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from autoscale import wait_url  # noqa: E402  (the dispatcher's URL)
 
 
 def passes(events_path, first_job=0):
