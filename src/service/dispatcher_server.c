@@ -430,6 +430,10 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 						 ? cfg->decision_interval_ms
 						 : cfg->heartbeat_ms) *
 	    1000000u;
+	dc.scale.window_batches = (uint32_t)cfg->scale_window_batches;
+	dc.scale.discard_epoch = (uint32_t)cfg->scale_discard_epoch;
+	dc.scale.discard_change = (uint32_t)cfg->scale_discard_change;
+	dc.scale.cooldown_ns = (uint64_t)cfg->scale_cooldown_ms * 1000000u;
 	dc.min_workers = (uint32_t)cfg->min_workers;
 	dc.max_workers = (uint32_t)cfg->max_workers;
 	if (dc.max_workers > 0)

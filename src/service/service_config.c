@@ -76,6 +76,18 @@ static const cfg_spec table[] = {
     {"decision_interval_ms", INT(decision_interval_ms), "0", 0, 3600000,
 	NULL, "dispatcher: one autoscaling decision per job this often "
 	"(0 = heartbeat_ms)"},
+    {"scale_window_batches", INT(scale_window_batches), "500", 1, 1000000,
+	NULL, "dispatcher: batches per autoscaling measurement window "
+	"(Cachew: 500)"},
+    {"scale_discard_epoch", INT(scale_discard_epoch), "200", 0, 1000000,
+	NULL, "dispatcher: batches not measured at an epoch's start "
+	"(Cachew: 200)"},
+    {"scale_discard_change", INT(scale_discard_change), "150", 0, 1000000,
+	NULL, "dispatcher: batches not measured after a worker count change "
+	"(Cachew: 150)"},
+    {"scale_cooldown_ms", INT(scale_cooldown_ms), "0", 0, 86400000, NULL,
+	"dispatcher: at least this long between two changes of a job's "
+	"worker count"},
     {"min_workers", INT(min_workers), "0", 0, 65536, NULL,
 	"dispatcher: the pool target never falls below this"},
     {"max_workers", INT(max_workers), "0", 0, 65536, NULL,

@@ -33,6 +33,10 @@ typedef struct cwi_service_config {
 	/* dispatcher: the policy engine and the provisioner */
 	char scale_policy[64];         /* jobs' default scale policy */
 	int64_t decision_interval_ms;  /* 0 = heartbeat_ms */
+	int64_t scale_window_batches;  /* batches per measurement window */
+	int64_t scale_discard_epoch;   /* batches ignored at an epoch start */
+	int64_t scale_discard_change;  /* batches ignored after a change */
+	int64_t scale_cooldown_ms;     /* at least this between changes */
 	int64_t min_workers;           /* pool target bounds */
 	int64_t max_workers;           /* 0 = the provisioner's default */
 	char provisioner[16];          /* static | process | kubernetes */
