@@ -225,6 +225,53 @@ START_TEST(mode_change_scales_the_worker_count)
 }
 END_TEST
 
+START_TEST(storage_slower_than_assumed_turns_back_to_compute)
+{
+	const char *pipeline = "range(3000) | map(add, value=1)";
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	char *state = cwi_asprintf("%s/autocache.state", dir);
+	ds_graph g = graph_of(pipeline);
+	cachew_dataset *ds = NULL;
+	cachew_fingerprint fp;
+	char hex[33], event[768];
+	cwi_dcache *dc;
+	FILE *f;
+
+	/* A decision taken on storage that claimed to read 1e12 bytes/s,
+	 * for a pipeline that computes a row in 1 ns. */
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	cachew_dataset_fingerprint(ds, &fp);
+	cachew_fingerprint_hex(&fp, hex);
+	cachew_dataset_release(ds);
+	f = fopen(state, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "storage read_mb_per_s=1e12 read_rows_per_s=1e15 "
+		   "write_mb_per_s=1e12\n"
+		   "dataset fp=%s decided=1 choice=full candidate=0 failed=0 "
+		   "epochs=10 n=1 p0=3000,8,1,0 reason=on paper\n",
+	    hex);
+	fclose(f);
+	dc = dcache(root, "default", state);
+	(void)one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
+	ck_assert_msg(strstr(event, "committed"), "%s", event);
+	/* Reading shows the truth: slower than computing. */
+	(void)one_pass(dc, &g, CWI_AC_GET, event, sizeof(event));
+	ck_assert_msg(strstr(event, "decided again:"), "%s", event);
+	(void)one_pass(dc, &g, CWI_AC_COMPUTE, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	/* ... and it stays so after a restart. */
+	dc = dcache(root, "default", state);
+	(void)one_pass(dc, &g, CWI_AC_COMPUTE, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(state);
+	free(dir);
+}
+END_TEST
+
 START_TEST(decision_persists_without_the_cache)
 {
 	char *dir = cwt_tmpdir();
@@ -469,6 +516,7 @@ cwt_dautocache_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, profile_put_get_across_passes);
 	tcase_add_test(tc, decision_persists_without_the_cache);
+	tcase_add_test(tc, storage_slower_than_assumed_turns_back_to_compute);
 	tcase_add_test(tc, mode_change_scales_the_worker_count);
 	tcase_add_test(tc, marker_cache_is_read_by_another_pipeline_through_it);
 	tcase_add_test(tc, nothing_after_a_random_operator_is_cached);

@@ -746,6 +746,88 @@ decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 	    d.reason);
 }
 
+/* The per-row read time (ns) the storage rates imply for rows of
+ * row_bytes: the slower of bandwidth and per-row overhead. */
+static double
+read_ns(const cwi_ac_storage *st, double row_bytes)
+{
+	double by_bytes = st->read_mb_per_s > 0
+	    ? row_bytes / (st->read_mb_per_s * 1e6) * 1e9
+	    : 0;
+	double by_rows = st->read_rows_per_s > 0 ? 1e9 / st->read_rows_per_s
+						 : 0;
+
+	return by_bytes > by_rows ? by_bytes : by_rows;
+}
+
+/* After a GET pass: when reading the cache took more than `drift` away
+ * from what the decision assumed, the storage rates are corrected to what
+ * was measured and the policy decides again with the cache counted as
+ * existing; a different choice (computing, as a shared file system that
+ * slowed down makes best) applies from the next pass. Only our policy
+ * revisits: Cachew's rule and the fixed ones never do. */
+static void
+revisit(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan, int k,
+    const cwi_ac_counter *ops, size_t nops, double parallelism, char *event,
+    size_t size)
+{
+	const char *suffix = ":cache_get";
+	uint64_t elements = 0, busy = 0;
+	double assumed, measured, rel;
+	cwi_ac_inputs in;
+	cwi_ac_decision d;
+
+	if (dc->ac.kind != CWI_AC_DEFAULT || !dc->probed || k < 0 ||
+	    (size_t)k >= e->npoints || e->npoints != plan->ncand)
+		return;
+	for (size_t i = 0; i < nops; i++) {
+		size_t n = strlen(ops[i].name), ls = strlen(suffix);
+		if (n > ls && strcmp(ops[i].name + n - ls, suffix) == 0) {
+			elements += ops[i].elements;
+			busy += ops[i].busy_ns;
+		}
+	}
+	assumed = read_ns(&dc->storage, e->points[k].row_bytes);
+	if (elements == 0 || busy == 0 || assumed <= 0)
+		return;
+	measured = (double)busy / (double)elements;
+	rel = measured / assumed - 1;
+	if (rel <= dc->ac.drift && rel >= -dc->ac.drift)
+		return;
+	/* What the reads showed, as rates: both bounds at the measured
+	 * per-row time. */
+	dc->storage.read_mb_per_s = e->points[k].row_bytes / measured * 1e3;
+	dc->storage.read_rows_per_s = 1e9 / measured;
+	memset(&in, 0, sizeof(in));
+	in.n = plan->ncand;
+	in.cand = plan->cand;
+	memcpy(in.point, e->points, e->npoints * sizeof(e->points[0]));
+	in.point[k].cached = true;
+	in.storage = dc->storage;
+	in.storage.capacity_bytes = dc->capacity;
+	in.storage.used_bytes = used_bytes(dc);
+	in.parallelism = parallelism > 0 ? parallelism : 1;
+	in.epochs_after = e->epochs > 1 ? e->epochs - 1 : 0;
+	cwi_autocache_decide(&dc->ac, &in, &d);
+	snprintf(event, size,
+	    "get: reading took %.0f ns per row, the decision assumed %.0f "
+	    "(%+.0f%%): %s %s",
+	    measured, assumed, rel * 100,
+	    d.choice == e->choice && d.candidate == e->candidate
+		? "decision stands:"
+		: "decided again:",
+	    d.reason);
+	if (d.choice == e->choice && d.candidate == e->candidate)
+		return;
+	e->choice = d.choice;
+	e->candidate = d.candidate;
+	e->compute_s = d.compute.epoch_s;
+	e->cache_s = d.candidate >= 0 && (size_t)d.candidate < d.n
+	    ? d.cache[d.candidate].epoch_s
+	    : 0;
+	snprintf(e->reason, sizeof(e->reason), "revisited: %.600s", d.reason);
+}
+
 void
 cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
     const cwi_dcache_pass *pass, bool complete, const cwi_ac_counter *ops,
@@ -777,6 +859,9 @@ cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 	else if (pass->mode == CWI_AC_PROFILE && !e->decided && complete)
 		decide_profile(dc, e, plan, ops, nops, parallelism, event,
 		    event_size);
+	else if (pass->mode == CWI_AC_GET && complete && e->decided)
+		revisit(dc, e, plan, pass->candidate, ops, nops, parallelism,
+		    event, event_size);
 	(void)state_save(dc);
 done:
 	pthread_mutex_unlock(&dc->lock);
