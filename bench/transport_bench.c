@@ -15,9 +15,12 @@
  * delivered, releases them and asks again. N counts elements. Defaults:
  * tcp://127.0.0.1:0, 1 MiB, K = max(1, 1 MiB / size), N = 2000, W = 4.
  *
- * Copies, per element, on nng: two on the sender (encode into the frame
- * buffer, then into the nng_msg), none on the receiver (tensors view the
- * received message). inproc copies nothing.
+ * Copies, per element, on nng: one on the sender (encoded straight into
+ * the nng_msg, which nng allocates zeroed), none on the receiver (tensors
+ * view the received message); then the kernel's on each end. inproc
+ * copies nothing. The client's dial tunes malloc as every nng client's
+ * does (CACHEW_MALLOPT, transports/nng/nng_transport.c); nng_raw runs
+ * with glibc's defaults, which serve its one message at a time well.
  *
  * The last stdout line is one JSON object:
  *   {"bench":"transport","url":...,"size":...,"batch":...,"count":...,

@@ -18,9 +18,9 @@
  * message is a 16-byte head, the header bytes, then the elements in the
  * element codec's form (src/core/element_codec.h). Received elements are
  * zero-copy views into the received nng_msg, which a cwi_buffer wraps and
- * frees with its last reference. Sending copies payloads twice (into the
- * encoding buffer, then into the nng_msg; nng 1.5 cannot send caller
- * memory); bench/transport_bench.c measures what that costs.
+ * frees with its last reference. Sending copies each payload once, into
+ * the nng_msg it is encoded in (nng 1.5 cannot send caller memory);
+ * bench/transport_bench.c measures what that costs.
  *
  * Limits: NNG_OPT_RECVMAXSZ on every socket is max_msg_size plus an
  * eighth (nng_recv_max), so nng refuses a frame claiming more before
@@ -41,6 +41,11 @@
  * use-after-free seen under valgrind). So close first cancels every
  * armed operation, waits for their callbacks, stops every aio, and only
  * then closes the socket, when no aio refers to a context any more.
+ * nng_close itself runs with a time limit (close_bounded): nng 1.5 can
+ * deadlock there.
+ *
+ * Process-wide: the first listen or dial tunes glibc's malloc for large
+ * messages (heap_tune_once; CACHEW_MALLOPT=0 opts out).
  */
 #include "../transport.h"
 #include "../../src/core/element_codec.h"
@@ -50,9 +55,13 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- framing ------------------------------------------------------------ */
@@ -111,62 +120,63 @@ put_head(uint8_t *h, int kind, size_t hdr_len, uint32_t count)
 	put_u32(h + 12, 0); /* flags: none defined */
 }
 
+/* Bytes of the msgpack form of unsigned integer u. */
+static size_t
+mp_uint_size(uint64_t u)
+{
+	return u <= 0x7f ? 1 : u <= 0xff ? 2 : u <= 0xffff ? 3
+	    : u <= 0xffffffffu ? 5 : 9;
+}
+
 /*
- * Encoding buffers. Every payload is encoded into one (the element codec
- * appends to a cwi_strbuf) and then copied into the nng_msg: nng 1.5
- * cannot send memory it did not allocate. A fresh buffer per message would
- * also page-fault its way through every megabyte it carries, so each
- * listener and connection keeps a few for reuse.
+ * The most bytes cwi_element_encode can write for e, from the element
+ * form (src/core/element_codec.c): array headers of at most 5 bytes,
+ * unsigned integers of at most 9, the padding bin of at most 2 + 15
+ * bytes and bin headers of at most 5 around each payload. The lengths
+ * list of a BYTES component is sized exactly, so that a batch of short
+ * strings is not framed in up to 9 times its size. frame_encode relies
+ * on this being a true bound: it encodes into memory nng allocated.
  */
-#define SCRATCH_KEEP 4
-#define SCRATCH_KEEP_MAX ((size_t)64 << 20) /* larger ones are freed */
-
-typedef struct scratch_pool {
-	cwi_strbuf sb[SCRATCH_KEEP];
-	unsigned n;
-} scratch_pool;
-
-static void
-scratch_take(pthread_mutex_t *mtx, scratch_pool *pool, cwi_strbuf *out)
+static size_t
+element_encoded_max(const cwi_element *e)
 {
-	pthread_mutex_lock(mtx);
-	if (pool->n > 0)
-		*out = pool->sb[--pool->n];
-	else
-		cwi_strbuf_init(out);
-	pthread_mutex_unlock(mtx);
-	out->len = 0;
-	out->oom = false;
-}
+	size_t n = 5;
 
-static void
-scratch_put(pthread_mutex_t *mtx, scratch_pool *pool, cwi_strbuf *sb)
-{
-	if (sb->cap <= SCRATCH_KEEP_MAX && sb->data != NULL) {
-		pthread_mutex_lock(mtx);
-		if (pool->n < SCRATCH_KEEP) {
-			pool->sb[pool->n++] = *sb;
-			sb = NULL;
+	for (uint32_t i = 0; i < e->n; i++) {
+		const cwi_tensor *t = &e->comp[i];
+
+		n += 1 + 9 + 5 + 9 * (size_t)t->rank;
+		if (t->dtype == CACHEW_BYTES) {
+			int64_t k = cwi_tensor_numel(t);
+			const uint64_t *o = cwi_tensor_offsets(t);
+
+			n += 5 + 5 + (size_t)(o[k] - o[0]);
+			for (int64_t j = 0; j < k; j++)
+				n += mp_uint_size(o[j + 1] - o[j]);
+		} else {
+			n += 2 + 15 + 5 + cwi_tensor_nbytes(t);
 		}
-		pthread_mutex_unlock(mtx);
 	}
-	if (sb != NULL)
-		cwi_strbuf_free(sb);
+	return n;
 }
 
-static void
-scratch_free(scratch_pool *pool)
-{
-	while (pool->n > 0)
-		cwi_strbuf_free(&pool->sb[--pool->n]);
-}
-
-/* Encodes m into a new nng_msg, using sb (empty, any capacity) as the
- * encoding buffer. m is not consumed. */
+/*
+ * Encodes m into a new nng_msg; m is not consumed. The elements are
+ * encoded straight into the message's body (nng 1.5 cannot send memory
+ * it did not allocate, so this one copy of each payload is the least
+ * there is): the body is allocated at the bound of the encoding, then
+ * its unused tail is chopped off. The encoding starts SP_ID_BYTES before
+ * the frame head, where the request ID will be on the receiving side, so
+ * that the codec's payload padding is reckoned from the start of the SP
+ * message as the receiver sees it; those bytes are trimmed before
+ * sending (nng sends the ID from the message header).
+ */
 static cachew_err
-frame_encode(const cwi_msg *m, cwi_strbuf *sb, nng_msg **out)
+frame_encode(const cwi_msg *m, nng_msg **out)
 {
-	size_t est = SP_ID_BYTES + FRAME_HEAD + m->hdr_len;
+	/* + 1: cwi_strbuf keeps a NUL after its bytes. */
+	size_t cap = SP_ID_BYTES + FRAME_HEAD + m->hdr_len + 1;
+	cwi_strbuf sb;
 	nng_msg *nm;
 	cachew_err rv;
 	int nrv;
@@ -176,45 +186,40 @@ frame_encode(const cwi_msg *m, cwi_strbuf *sb, nng_msg **out)
 					       "too large to frame",
 		    m->hdr_len);
 	for (uint32_t i = 0; i < m->n; i++) {
-		const cwi_element *e = m->elems[i];
-		if (e == NULL)
+		if (m->elems[i] == NULL)
 			return cwi_fail(CACHEW_EINVAL,
 			    "message element %u was taken", i);
-		/* Payloads plus generous per-component framing: one
-		 * allocation in the common case (more only grows sb). */
-		est += cwi_element_nbytes(e) + 96 * (size_t)e->n + 16;
+		cap += element_encoded_max(m->elems[i]);
 	}
-	if (sb->cap < est + 1) {
-		/* Its contents do not matter: no realloc copy. */
-		cwi_strbuf_free(sb);
-		sb->data = malloc(est + 1);
-		if (sb->data == NULL)
-			return cwi_fail(CACHEW_ENOMEM,
-			    "out of memory framing a message of %zu bytes",
-			    est);
-		sb->cap = est + 1;
-	}
-	/* Room for the request ID (not sent from here), then the head. */
-	memset(sb->data, 0, SP_ID_BYTES + FRAME_HEAD);
-	put_head((uint8_t *)sb->data + SP_ID_BYTES, FRAME_KIND_MSG,
-	    m->hdr_len, m->n);
-	sb->len = SP_ID_BYTES + FRAME_HEAD;
-	if (m->hdr_len > 0)
-		cwi_strbuf_append(sb, m->hdr, m->hdr_len);
-	for (uint32_t i = 0; i < m->n; i++) {
-		rv = cwi_element_encode(m->elems[i], sb);
-		if (rv != CACHEW_OK)
-			return rv;
-	}
-	if (sb->oom)
-		return cwi_fail(
-		    CACHEW_ENOMEM, "out of memory framing a message");
-	nrv = nng_msg_alloc(&nm, sb->len - SP_ID_BYTES);
+	nrv = nng_msg_alloc(&nm, cap);
 	if (nrv != 0)
-		return cwi_fail(CACHEW_ENOMEM, "nng_msg_alloc(%zu): %s",
-		    sb->len - SP_ID_BYTES, nng_strerror(nrv));
-	memcpy(nng_msg_body(nm), sb->data + SP_ID_BYTES,
-	    sb->len - SP_ID_BYTES);
+		return cwi_fail(CACHEW_ENOMEM, "nng_msg_alloc(%zu): %s", cap,
+		    nng_strerror(nrv));
+	/* A strbuf over the body that never needs to grow (the bound
+	 * above): it must never realloc memory nng owns. */
+	sb.data = nng_msg_body(nm);
+	sb.cap = cap;
+	sb.len = SP_ID_BYTES + FRAME_HEAD;
+	sb.oom = false;
+	put_head((uint8_t *)sb.data + SP_ID_BYTES, FRAME_KIND_MSG,
+	    m->hdr_len, m->n);
+	if (m->hdr_len > 0)
+		cwi_strbuf_append(&sb, m->hdr, m->hdr_len);
+	for (uint32_t i = 0; i < m->n; i++) {
+		rv = cwi_element_encode(m->elems[i], &sb);
+		if (rv != CACHEW_OK) {
+			nng_msg_free(nm);
+			return rv;
+		}
+	}
+	assert(sb.data == nng_msg_body(nm) && sb.len < cap && !sb.oom);
+	if (nng_msg_chop(nm, cap - sb.len) != 0 ||
+	    nng_msg_trim(nm, SP_ID_BYTES) != 0) {
+		nng_msg_free(nm);
+		return cwi_fail(CACHEW_EINTERNAL, "framing a message of %zu "
+						  "bytes",
+		    sb.len);
+	}
 	*out = nm;
 	return CACHEW_OK;
 }
@@ -402,6 +407,148 @@ nng_err(int rv, const char *url, const char *what)
 	}
 }
 
+/*
+ * The heap of a process that uses nng. nng 1.5 allocates every message
+ * it receives with calloc on its I/O threads, and frame_encode's messages
+ * come from calloc too. glibc gives each thread an arena of its own; a
+ * thread arena's heaps are at most 64 MiB and a heap that becomes free is
+ * unmapped at once, whatever the trim threshold, and above the mmap
+ * threshold (adaptive, at most 32 MiB) every block is a fresh mapping.
+ * Either way a large message page-faults in, zero-filled page by page by
+ * the kernel: for W2's batches of 38.5 MB, clear_page and the faults were
+ * half of the client's CPU and part of the workers'
+ * (docs/performance.md, W5); 1 MiB messages met the same in madvise'd
+ * arena tops. So, once per process, at its first nng socket: one arena
+ * (M_ARENA_MAX 1: nng's threads, which attach to an arena on their first
+ * malloc, then share the main heap), blocks up to 64 MiB in the heap,
+ * and a free top kept up to 64 MiB. Reused heap memory costs calloc a
+ * memset, a fraction of the faults. Measured on W2 through the service
+ * (2000 images, docs/performance.md): the client's CPU 0.88-0.92 ->
+ * 0.39-0.45 s against glibc's defaults, and 0.62-0.74 -> 0.37-0.40 s
+ * against the thresholds alone (which left its peak RSS at 267 MiB
+ * instead of 121); the workers' CPU 6-12 % lower. The price: threads
+ * that start after this share one arena's lock (tcache still serves
+ * small blocks without it), and freed memory stays resident up to the
+ * trim threshold. CACHEW_MALLOPT=0 in the environment leaves malloc
+ * alone, for a program that tunes it itself.
+ */
+#define HEAP_MMAP_BYTES (64 << 20)
+#define HEAP_TRIM_BYTES (64 << 20)
+
+static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+
+static void
+heap_tune_once(void)
+{
+	const char *v = getenv("CACHEW_MALLOPT");
+
+	if (v != NULL && strcmp(v, "0") == 0)
+		return;
+	mallopt(M_ARENA_MAX, 1);
+	mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES);
+	mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES);
+}
+
+/*
+ * Closing a socket, with a bound. nng 1.5.2's nng_close can wait forever
+ * (nanomsg/nng#1543 and #1813, fixed upstream in 1.8's nanomsg/nng#1824):
+ * its reaper thread gets stuck on a pipe's teardown and nng_close waits
+ * for that pipe. A client seen stuck there never exited. So nng_close
+ * runs on a thread of its own, and a close that has not returned within
+ * CLOSE_TIMEOUT_MS is logged and abandoned: the caller goes on, and
+ * whatever the socket's operations refer to (aios, contexts) is leaked
+ * rather than freed under nng's feet. Every aio of the socket is stopped
+ * before this is called, so no callback of ours can run afterwards.
+ */
+#define CLOSE_TIMEOUT_MS 10000
+
+typedef struct sock_closer {
+	nng_socket sock;
+	pthread_mutex_t mtx;
+	pthread_cond_t cv;
+	bool done;
+	bool abandoned; /* the closing thread frees this */
+} sock_closer;
+
+static void
+closer_free(sock_closer *k)
+{
+	pthread_cond_destroy(&k->cv);
+	pthread_mutex_destroy(&k->mtx);
+	free(k);
+}
+
+static void *
+closer_main(void *arg)
+{
+	sock_closer *k = arg;
+	bool abandoned;
+
+	nng_close(k->sock);
+	pthread_mutex_lock(&k->mtx);
+	k->done = true;
+	abandoned = k->abandoned;
+	pthread_cond_signal(&k->cv);
+	pthread_mutex_unlock(&k->mtx);
+	if (abandoned)
+		closer_free(k);
+	return NULL;
+}
+
+/* nng_close(sock) within CLOSE_TIMEOUT_MS: true when it returned, false
+ * when it was abandoned (logged). */
+static bool
+close_bounded(nng_socket sock, const char *url)
+{
+	pthread_condattr_t ca;
+	struct timespec until;
+	sock_closer *k = calloc(1, sizeof(*k));
+	pthread_t th;
+	bool done;
+
+	if (k == NULL) {
+		nng_close(sock); /* no memory for the bound: unbounded */
+		return true;
+	}
+	k->sock = sock;
+	pthread_mutex_init(&k->mtx, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&k->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&th, NULL, closer_main, k) != 0) {
+		closer_free(k);
+		nng_close(sock);
+		return true;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += CLOSE_TIMEOUT_MS / 1000;
+	until.tv_nsec += (long)(CLOSE_TIMEOUT_MS % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&k->mtx);
+	while (!k->done &&
+	       pthread_cond_timedwait(&k->cv, &k->mtx, &until) != ETIMEDOUT)
+		;
+	done = k->done;
+	if (!done)
+		k->abandoned = true;
+	pthread_mutex_unlock(&k->mtx);
+	if (done) {
+		pthread_join(th, NULL);
+		closer_free(k);
+		return true;
+	}
+	pthread_detach(th);
+	cwi_log(CACHEW_LOG_WARN, "transport",
+	    "url=%s reason=\"nng_close did not return within %d ms (nng 1.5 "
+	    "close deadlock, nanomsg/nng#1543)\" action=abandoned",
+	    url, CLOSE_TIMEOUT_MS);
+	return false;
+}
+
 /* The remote address of a pipe, for logs. */
 static void
 pipe_peer(nng_pipe p, char *buf, size_t len)
@@ -468,10 +615,10 @@ struct nt_listener {
 	unsigned receiving; /* contexts with a receive armed */
 	unsigned nctx, max_ctx;
 	unsigned refs; /* the owner's + one per request held */
+	bool abandoned; /* nng_close timed out: leak the aios */
 	nt_sctx *all;
 	size_t max_msg;
 	int send_timeout_ms;
-	scratch_pool scratch;
 };
 
 typedef struct nt_req {
@@ -490,10 +637,10 @@ listener_free(nt_listener *l)
 
 	for (sc = l->all; sc != NULL; sc = nx) {
 		nx = sc->next;
-		nng_aio_free(sc->aio);
+		if (!l->abandoned)
+			nng_aio_free(sc->aio);
 		free(sc);
 	}
-	scratch_free(&l->scratch);
 	pthread_cond_destroy(&l->cv);
 	pthread_mutex_destroy(&l->mtx);
 	free(l->base.url);
@@ -725,15 +872,10 @@ static cachew_err
 nt_reply(cwi_request *rq, cwi_msg *reply)
 {
 	nt_req *r = (nt_req *)rq;
-	nt_listener *l = r->sc->l;
-	cwi_strbuf sb;
 	nng_msg *nm;
 	cachew_err rv, rv2;
 
-	scratch_take(&l->mtx, &l->scratch, &sb);
-	rv = frame_encode(reply, &sb, &nm);
-	scratch_put(&l->mtx, &l->scratch, &sb);
-
+	rv = frame_encode(reply, &nm);
 	if (rv != CACHEW_OK) {
 		/* Tell the client why instead of leaving it to time out. */
 		char why[512];
@@ -832,7 +974,7 @@ nt_listener_close(cwi_listener *ll)
 	if (first) {
 		for (nt_sctx *sc = l->all; sc != NULL; sc = sc->next)
 			nng_aio_stop(sc->aio);
-		nng_close(l->sock);
+		l->abandoned = !close_bounded(l->sock, l->base.url);
 		/* nng 1.5 leaves the socket file of an ipc listener. */
 		if (strncmp(l->base.url, "ipc://", 6) == 0)
 			unlink(l->base.url + 6);
@@ -888,6 +1030,7 @@ nt_listen(cwi_listener **out, const char *url, const cwi_transport_opts *opts,
 	l->max_ctx = opts->max_inflight;
 	l->send_timeout_ms = opts->send_timeout_ms;
 	l->refs = 1;
+	pthread_once(&heap_once, heap_tune_once);
 	if ((nrv = nng_rep0_open(&l->sock)) != 0) {
 		rv = nng_err(nrv, url, "nng_rep0_open");
 		goto fail_nosock;
@@ -961,9 +1104,9 @@ struct nt_conn {
 	pthread_cond_t cv;
 	bool closed;
 	unsigned armed; /* contexts with an operation in nng */
+	bool abandoned; /* nng_close timed out: leak the aios */
 	nt_cctx *all, *free;
 	size_t max_msg;
-	scratch_pool scratch;
 };
 
 static void cli_cb(void *arg);
@@ -1111,7 +1254,6 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 	nt_conn *c = (nt_conn *)cc;
 	nt_cctx *x = NULL, *fresh = NULL;
 	cachew_err err = CACHEW_OK;
-	cwi_strbuf sb;
 	nng_msg *nm;
 	cachew_err rv;
 
@@ -1125,9 +1267,7 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 			return rv;
 		x = fresh;
 	}
-	scratch_take(&c->mtx, &c->scratch, &sb);
-	rv = frame_encode(req, &sb, &nm);
-	scratch_put(&c->mtx, &c->scratch, &sb);
+	rv = frame_encode(req, &nm);
 	pthread_mutex_lock(&c->mtx);
 	if (fresh != NULL && !c->closed) {
 		/* Only while open: close walks the list unlocked once
@@ -1207,7 +1347,7 @@ nt_conn_close(cwi_conn *cc)
 		 * forever on a req context whose request had been canceled. */
 		for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
 			(void)nng_ctx_close(x->ctx);
-		nng_close(c->sock);
+		c->abandoned = !close_bounded(c->sock, c->base.url);
 	}
 }
 
@@ -1218,10 +1358,10 @@ conn_free(nt_conn *c)
 
 	for (x = c->all; x != NULL; x = nx) {
 		nx = x->next_all;
-		nng_aio_free(x->aio);
+		if (!c->abandoned)
+			nng_aio_free(x->aio);
 		free(x);
 	}
-	scratch_free(&c->scratch);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mtx);
 	free(c->base.url);
@@ -1259,6 +1399,7 @@ nt_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 		conn_free(c);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
+	pthread_once(&heap_once, heap_tune_once);
 	if ((nrv = nng_req0_open(&c->sock)) != 0) {
 		rv = nng_err(nrv, url, "nng_req0_open");
 		conn_free(c);
