@@ -1275,12 +1275,14 @@ START_TEST(test_dispatcher_lease_is_capped_by_fair_share)
 	ck_assert_uint_eq(l.nsplits, 1);
 	ck_assert_uint_eq(l.splits[0].split_id, 5);
 	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
-	/* Nothing pending, some leased: ask again later, not the end. */
+	/* Nothing pending, some leased: ask again soon (a fifth of the
+	 * retry interval: the epoch ends with the last acks), not the
+	 * end. */
 	ck_assert_int_eq(lease(h, w2, task_of(h, w2, job, NULL), 8, &l),
 	    CACHEW_OK);
 	ck_assert_uint_eq(l.nsplits, 0);
 	ck_assert(!l.end_of_splits);
-	ck_assert_uint_eq(l.retry_ms, 100);
+	ck_assert_uint_eq(l.retry_ms, 20);
 	harness_free(h);
 }
 END_TEST

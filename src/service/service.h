@@ -31,17 +31,26 @@ const char *cwi_worker_url(const cwi_worker *w);
 /* Begins a drain: take no new splits, deliver the leased ones, deregister.
  * Returns at once; cwi_worker_wait_drained() waits for the end. */
 void cwi_worker_drain(cwi_worker *w);
+/* Waits up to timeout_ms until the dispatcher registered the worker;
+ * CACHEW_ETIMEDOUT if it did not. */
+cachew_err cwi_worker_wait_registered(cwi_worker *w, int64_t timeout_ms);
 /* Waits up to timeout_ms for the drain to finish; CACHEW_ETIMEDOUT if it
  * did not. */
 cachew_err cwi_worker_wait_drained(cwi_worker *w, int64_t timeout_ms);
 /* Stops at once (undelivered leases are re-leased by the dispatcher). */
 void cwi_worker_stop(cwi_worker *w);
+/* Heartbeats now instead of at the end of the interval (a job was just
+ * created in this process: its tasks start without waiting for it). */
+void cwi_worker_poke(cwi_worker *w);
 
 /* The process's embedded service for `service=embedded` or `embedded:N`:
  * starts (once) a dispatcher and N workers (default 1) on inproc and
  * writes the dispatcher's URL. More workers are added when a later spec
  * asks for more. */
 cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
+/* When url is the embedded service's: has its workers heartbeat now, so a
+ * job just created starts at once rather than at their next heartbeat. */
+void cwi_embedded_poke(const char *url);
 
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);

@@ -94,8 +94,23 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 			goto done;
 		emb_nworkers++;
 	}
+	/* A job created before its workers registered would wait a client
+	 * heartbeat to learn of its tasks. In-process, registering takes
+	 * microseconds. */
+	for (size_t i = 0; i < emb_nworkers; i++)
+		(void)cwi_worker_wait_registered(emb_workers[i], 2000);
 	snprintf(url, urllen, "%s", emb_url);
 done:
 	pthread_mutex_unlock(&emb_lock);
 	return rv;
+}
+
+void
+cwi_embedded_poke(const char *url)
+{
+	pthread_mutex_lock(&emb_lock);
+	if (emb_dispatcher != NULL && url != NULL && strcmp(url, emb_url) == 0)
+		for (size_t i = 0; i < emb_nworkers; i++)
+			cwi_worker_poke(emb_workers[i]);
+	pthread_mutex_unlock(&emb_lock);
 }

@@ -36,6 +36,7 @@
 #include "client.h"
 #include "client_coord.h"
 
+#include "../service.h"
 #include "../service_rpc.h"
 #include "../worker/payload_zstd.h"
 #include "../../exec/exec_split.h"
@@ -1192,6 +1193,8 @@ join_job(session *s)
 	s->heartbeat_ms = rep.u.job_get_or_create_reply.heartbeat_interval_ms;
 	if (s->heartbeat_ms == 0 || s->heartbeat_ms > 10000)
 		s->heartbeat_ms = 500;
+	if (rep.u.job_get_or_create_reply.created)
+		cwi_embedded_poke(ctx->url);
 	cwi_pmsg_free(&rep);
 	if (rv != CACHEW_OK)
 		return rv;

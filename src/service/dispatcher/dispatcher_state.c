@@ -1896,7 +1896,13 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 		return CACHEW_OK;
 	}
 	if (t->state == CWI_TASK_STARTING || j->npending == 0) {
-		rep->retry_ms = d->cfg.lease_retry_ms;
+		/* Everything is leased: the epoch ends as soon as the last
+		 * acks arrive, and the task learns it by asking again, so it
+		 * asks often (an epoch's tail would otherwise wait a whole
+		 * retry interval). */
+		rep->retry_ms = t->state == CWI_TASK_STARTING
+		    ? d->cfg.lease_retry_ms
+		    : (d->cfg.lease_retry_ms + 4) / 5;
 		return CACHEW_OK;
 	}
 	/* Several splits per round trip, but no more than a fair share of

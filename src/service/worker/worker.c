@@ -15,6 +15,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/resource.h>
 
 struct cwi_worker {
@@ -29,6 +30,7 @@ struct cwi_worker {
 	bool heartbeat_started;
 	atomic_bool stop;
 	atomic_bool draining;
+	bool poked; /* heartbeat now (lock) */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond; /* drained, registered */
@@ -144,6 +146,7 @@ do_register(cwi_worker *w)
 	pthread_mutex_lock(&w->lock);
 	w->worker_id = rep.u.worker_register_reply.worker_id;
 	w->env.worker_id = w->worker_id;
+	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	cwi_log(CACHEW_LOG_INFO, "worker", "event=registered worker=%llu "
 	    "dispatcher=%s url=%s", (unsigned long long)w->worker_id,
@@ -290,12 +293,34 @@ sleep_interval(cwi_worker *w)
 {
 	uint64_t end = cwi_now_ns() + (uint64_t)w->cfg.heartbeat_ms * 1000000u;
 
-	/* Short naps: stop and drain are noticed within 20 ms. */
-	while (!atomic_load(&w->stop) && cwi_now_ns() < end) {
-		cwi_sleep_ns(20 * 1000000u);
-		if (atomic_load(&w->draining))
+	/* Naps of at most 20 ms: stop and drain are noticed within them; a
+	 * poke ends the wait at once. */
+	pthread_mutex_lock(&w->lock);
+	while (!atomic_load(&w->stop) && !atomic_load(&w->draining) &&
+	       !w->poked) {
+		uint64_t now = cwi_now_ns(), until;
+		struct timespec ts;
+
+		if (now >= end)
 			break;
+		until = end - now < 20 * 1000000u ? end - now : 20 * 1000000u;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)until;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		(void)pthread_cond_timedwait(&w->cond, &w->lock, &ts);
 	}
+	w->poked = false;
+	pthread_mutex_unlock(&w->lock);
+}
+
+void
+cwi_worker_poke(cwi_worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	w->poked = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
 }
 
 static void *
@@ -402,6 +427,32 @@ void
 cwi_worker_drain(cwi_worker *w)
 {
 	atomic_store(&w->draining, true);
+}
+
+cachew_err
+cwi_worker_wait_registered(cwi_worker *w, int64_t timeout_ms)
+{
+	uint64_t deadline = cwi_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	bool registered;
+
+	pthread_mutex_lock(&w->lock);
+	while (w->worker_id == 0 && !atomic_load(&w->stop) &&
+	       cwi_now_ns() < deadline) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 10 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+	}
+	registered = w->worker_id != 0;
+	pthread_mutex_unlock(&w->lock);
+	return registered ? CACHEW_OK
+			  : cwi_fail(CACHEW_ETIMEDOUT,
+				"worker: not registered within %lld ms",
+				(long long)timeout_ms);
 }
 
 cachew_err
