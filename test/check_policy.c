@@ -101,6 +101,9 @@ START_TEST(test_config_defaults_are_cachews_numbers)
 	ck_assert_uint_eq(c.window_max_ns, 60000000000ull);
 	ck_assert_uint_eq(c.min_window_batches, 50);
 	ck_assert_uint_eq(c.discard_max_ns, 30000000000ull);
+	ck_assert_uint_eq(c.probe_min_ns, 10000000000ull);
+	ck_assert_uint_eq(c.probe_max_ns, 300000000000ull);
+	ck_assert_uint_eq(c.probe_watch_ns, 120000000000ull);
 	ck_assert_uint_eq(c.min_workers, 1);
 	ck_assert_uint_eq(c.max_workers, UINT32_MAX);
 }
@@ -334,9 +337,12 @@ START_TEST(test_model_jumps_to_the_computed_count_then_probes_once)
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	ck_assert_uint_eq(dec.workers, 5);
 	ck_assert(dec.settled);
-	ck_assert_str_eq(dec.reason,
-	    "model: probe kept 5 workers: batch time +0.0% <= 7%");
-	ck_assert_uint_eq(cwi_scaler_windows(s), 3);
+	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
+				     "+0.0% of a batch <= 7% (batch time "
+				     "+0.0%)");
+	/* The jump, the confirmation, the probe, and one more window of
+	 * the probe's 120 s watch. */
+	ck_assert_uint_eq(cwi_scaler_windows(s), 4);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -356,8 +362,9 @@ START_TEST(test_model_probe_rejected_goes_back)
 	ck_assert_int_eq(until_change(s, &w, 500, &dec), 38);
 	ck_assert_uint_eq(dec.workers, 6);
 	ck_assert(dec.settled);
-	ck_assert_str_eq(dec.reason, "model: probe rejected: batch time "
-				     "+20.0% > 7% -> back to 6");
+	ck_assert_str_eq(dec.reason, "model: probe rejected: waits +20.0% "
+				     "of a batch > 7% (batch time +20.0%) "
+				     "-> back to 6");
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	cwi_scaler_destroy(s);
 }
@@ -504,6 +511,351 @@ START_TEST(test_samples_without_time_are_ignored)
 		ck_assert(!dec.changed);
 	}
 	ck_assert_uint_eq(cwi_scaler_windows(s), 0);
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+/* ---- the probe against a client buffer ---------------------------------------
+ * The real client buffers what the workers deliver ahead of the consumer
+ * (64 MiB: thousands of small elements), so after a step down it consumes
+ * the backlog built at the larger count and the batch time hides a
+ * shortfall. Here: a buffer of `cap` batches; workers deliver n * rate
+ * batches/s into it (times `factor` at exactly `short_n` workers: the
+ * count the model trusts too much) while it has room; the consumer takes
+ * `step` s per batch and waits only when it is empty. No busy figure (the
+ * real workers never stall on such a buffer). Every sample is 10
+ * batches. */
+typedef struct bworld {
+	double rate;
+	double step;
+	double cap;
+	uint32_t short_n;
+	double factor;
+	double level; /* batches buffered */
+	uint64_t now;
+	uint64_t lag_until; /* until then one more worker delivers */
+} bworld;
+
+static void
+bworld_sample(bworld *w, uint32_t n, cwi_scale_sample *smp)
+{
+	double supply = n * w->rate * (n == w->short_n ? w->factor : 1.0);
+
+	if (w->now < w->lag_until)
+		supply += w->rate; /* a removed worker's leased splits */
+	double demand = 1.0 / w->step;
+	double t = 10 * w->step, wait = 0;
+
+	if (supply >= demand) {
+		w->level += (supply - demand) * t;
+		if (w->level > w->cap)
+			w->level = w->cap;
+	} else if (w->level >= (demand - supply) * t) {
+		w->level -= (demand - supply) * t;
+	} else {
+		/* The buffer runs dry part way: the rest at the workers'
+		 * pace. */
+		double dry = w->level / (demand - supply);
+
+		t = dry + (10 - dry * demand) / supply;
+		wait = t - 10 * w->step;
+		w->level = 0;
+	}
+	memset(smp, 0, sizeof(*smp));
+	smp->batches = 10;
+	smp->elapsed_ns = (uint64_t)llround(t * 1e9);
+	smp->wait_ns = (uint64_t)llround(wait * 1e9);
+	w->now += smp->elapsed_ns;
+	smp->now_ns = w->now;
+	smp->buffer_fill = w->level / w->cap;
+	smp->workers = n;
+	smp->worker_busy = -1;
+	smp->worker_cpu = -1;
+}
+
+/* Feeds buffered samples at the scaler's target until the decision moves
+ * or settles (or max samples); returns how many were fed. */
+static int
+bworld_until_decided(cwi_scaler *s, bworld *w, int max,
+    cwi_scale_decision *dec)
+{
+	for (int i = 1; i <= max; i++) {
+		cwi_scale_sample smp;
+
+		bworld_sample(w, cwi_scaler_target(s), &smp);
+		cwi_scaler_observe(s, &smp, dec);
+		if (dec->changed || dec->settled)
+			return i;
+	}
+	return max;
+}
+
+/* One worker (the client waits: 1 b/s per worker, demand 5 b/s) -> 6;
+ * at 6 the backlog grows by 1 b/s for 90 s; the probe tries 5. */
+static cwi_scaler *
+bworld_to_probe(bworld *w, cwi_scale_config *c)
+{
+	cwi_scaler *s = NULL;
+	cwi_scale_decision dec;
+
+	ck_assert_int_eq(cwi_scaler_create(&s, c, 1), CACHEW_OK);
+	ck_assert_int_eq(bworld_until_decided(s, w, 500, &dec), 9);
+	ck_assert_uint_eq(dec.workers, 6);
+	ck_assert_int_eq(bworld_until_decided(s, w, 500, &dec), 45);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert_str_eq(dec.reason, "model: probe 5 workers (5.0 b/s at "
+				     "1.00 per worker; 6 with headroom: "
+				     "200.0 ms)");
+	return s;
+}
+
+/* Feeds n buffered samples at the scaler's target; the last decision. */
+static void
+bworld_feed(cwi_scaler *s, bworld *w, int n, cwi_scale_decision *dec)
+{
+	for (int i = 0; i < n; i++) {
+		cwi_scale_sample smp;
+
+		bworld_sample(w, cwi_scaler_target(s), &smp);
+		cwi_scaler_observe(s, &smp, dec);
+	}
+}
+
+START_TEST(test_model_probe_hidden_by_the_buffer_goes_back_up)
+{
+	/* Five workers deliver 4.4 b/s, 12 % short: the 90 batches built
+	 * at 6 feed the client through the whole probe window, so it never
+	 * waits there (the old rule kept 5). The fill falls, so the probe
+	 * goes on until the client waits, and then sees the shortfall. */
+	bworld w = {.rate = 1.0, .step = 0.2, .cap = 1000, .short_n = 5,
+	    .factor = 0.88};
+	cwi_scale_config c;
+	cwi_scaler *s;
+	cwi_scale_decision dec;
+
+	cwi_scale_config_default(&c);
+	s = bworld_to_probe(&w, &c);
+	/* 15 discarded, then a 60 s window of 30 without a wait. */
+	bworld_feed(s, &w, 45, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(!dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe 5 workers: buffer drains "
+				     "(fill 0.0714 -> 0.0354), waits +0.0% "
+				     "-> until the client waits");
+	ck_assert_int_eq(bworld_until_decided(s, &w, 1000, &dec), 57);
+	ck_assert_uint_eq(dec.workers, 6);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe rejected once the buffer "
+				     "ran dry: waits +13.6% of a batch > 7% "
+				     "(batch time +13.6%) -> back to 6");
+	for (int i = 0; i < 1000; i++) {
+		bworld_feed(s, &w, 1, &dec);
+		ck_assert_uint_eq(dec.workers, 6);
+	}
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_watch_catches_a_late_shortfall)
+{
+	/* The worker removed for the probe delivers 80 s more (the splits
+	 * it leased): the probe's first window sees six workers and keeps
+	 * five, watching; the shortfall shows in the watch, and the probe
+	 * goes back up. */
+	bworld w = {.rate = 1.0, .step = 0.2, .cap = 1000, .short_n = 5,
+	    .factor = 0.88};
+	cwi_scale_config c;
+	cwi_scaler *s;
+	cwi_scale_decision dec;
+
+	cwi_scale_config_default(&c);
+	s = bworld_to_probe(&w, &c);
+	w.lag_until = w.now + 80000000000ull;
+	ck_assert_int_eq(bworld_until_decided(s, &w, 1000, &dec), 45);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
+				     "+0.0% of a batch <= 7% (batch time "
+				     "+0.0%), watching");
+	for (int i = 0; i < 1000 && cwi_scaler_target(s) == 5; i++)
+		bworld_feed(s, &w, 1, &dec);
+	ck_assert_uint_eq(dec.workers, 6);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe rejected once the buffer "
+				     "ran dry: waits +13.3% of a batch > 7% "
+				     "(batch time +13.3%) -> back to 6");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_short_within_improve_is_kept_once_dry)
+{
+	/* A small buffer (20 batches, full at 6) and five workers 3 % short:
+	 * the fill falls through the window, the client then waits 3 % of
+	 * a batch: within the 7 %, 5 stays. */
+	bworld w = {.rate = 1.0, .step = 0.2, .cap = 20, .short_n = 5,
+	    .factor = 0.97};
+	cwi_scale_config c;
+	cwi_scaler *s;
+	cwi_scale_decision dec;
+
+	cwi_scale_config_default(&c);
+	s = bworld_to_probe(&w, &c);
+	ck_assert_int_eq(bworld_until_decided(s, &w, 1000, &dec), 96);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers once the "
+				     "buffer ran dry: waits +3.0% of a batch "
+				     "<= 7% (batch time +3.0%)");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_draining_without_a_wait_is_ambiguous)
+{
+	/* As in the hidden case, but the probe may drain for 100 s only:
+	 * the client has not waited by then, and the larger count wins. */
+	bworld w = {.rate = 1.0, .step = 0.2, .cap = 1000, .short_n = 5,
+	    .factor = 0.88};
+	cwi_scale_config c;
+	cwi_scaler *s;
+	cwi_scale_decision dec;
+
+	cwi_scale_config_default(&c);
+	c.probe_max_ns = 100000000000ull;
+	s = bworld_to_probe(&w, &c);
+	ck_assert_int_eq(bworld_until_decided(s, &w, 1000, &dec), 65);
+	ck_assert_uint_eq(dec.workers, 6);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe ambiguous: buffer drained "
+				     "100 s and the client never waited -> "
+				     "back to 6");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_ignores_a_slower_consumer)
+{
+	/* The consumer slows by 20 % during the probe (a shared machine)
+	 * but never waits: the workers keep up, 5 stays. */
+	world w = {.rate = 1.0, .step = 0.2, .busy_known = true,
+	    .epoch_start = true};
+	cwi_scaler *s = make("model", 1, 64);
+	cwi_scale_decision dec;
+
+	until_change(s, &w, 500, &dec);
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	w.step = 0.24;
+	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
+				     "+0.0% of a batch <= 7% (batch time "
+				     "+20.0%)");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_granted_fewer_settles)
+{
+	/* Fair share gives the probe 4 of its 5: that window measures 4,
+	 * not the probe, which ends asking 5. */
+	world w = {.rate = 1.0, .step = 0.2, .busy_known = true,
+	    .epoch_start = true};
+	cwi_scaler *s = make("model", 1, 64);
+	cwi_scale_decision dec;
+	int fed = 0;
+
+	until_change(s, &w, 500, &dec);
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	cwi_scaler_granted(s, 4);
+	while (!dec.settled && fed < 1000) {
+		cwi_scale_sample smp;
+
+		world_sample(&w, 4, &smp);
+		cwi_scaler_observe(s, &smp, &dec);
+		fed++;
+	}
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason,
+	    "model: probe of 5 workers granted 4 -> settle");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_uses_the_larger_demand)
+{
+	/* The consumer is slower in the confirmation window (3.7 b/s
+	 * against the jump's 5; within one worker of 6, so no second
+	 * jump): the probe still tries 5, one fewer than 6, not the 4 the
+	 * low demand alone would give. */
+	world w = {.rate = 1.0, .step = 0.2, .busy_known = true,
+	    .epoch_start = true};
+	cwi_scaler *s = make("model", 1, 64);
+	cwi_scale_decision dec;
+
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 6);
+	w.step = 1.0 / 3.7;
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert_str_eq(dec.reason, "model: probe 5 workers (5.0 b/s at "
+				     "1.00 per worker; 6 with headroom: "
+				     "270.3 ms)");
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_probe_lasts_probe_min)
+{
+	/* 100 b/s per worker, demand 500 b/s: 10 batches take 20 ms, so
+	 * the window's 500 batches would pass in 1 s; the probe still
+	 * lasts 10 s (500 samples) after its 15-sample discard. */
+	world w = {.rate = 100.0, .step = 0.002, .busy_known = true,
+	    .epoch_start = true};
+	cwi_scaler *s = make("model", 1, 64);
+	cwi_scale_decision dec;
+	int fed = 0;
+
+	until_change(s, &w, 5000, &dec);
+	ck_assert_uint_eq(dec.workers, 6);
+	until_change(s, &w, 5000, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	while (!dec.settled && fed < 5000) {
+		cwi_scale_sample smp;
+
+		world_sample(&w, 5, &smp);
+		cwi_scaler_observe(s, &smp, &dec);
+		fed++;
+	}
+	ck_assert_int_eq(fed, 515);
+	ck_assert_uint_eq(dec.workers, 5);
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+START_TEST(test_model_confirm_short_by_more_than_improve_goes_up)
+{
+	/* Demand 3.5 b/s at one worker: 4 (ceil 3.85). The consumer then
+	 * speeds up to 4.4 b/s: at 4 workers the client waits, 4 workers
+	 * are 9 % short even at the jump's rate, and nothing holds the job
+	 * at 4: up to 5 rather than settling short. */
+	world w = {.rate = 1.0, .step = 1.0 / 3.5, .busy_known = true,
+	    .epoch_start = true};
+	cwi_scaler *s = make("model", 1, 64);
+	cwi_scale_decision dec;
+
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 4);
+	w.step = 1.0 / 4.4;
+	until_change(s, &w, 500, &dec);
+	ck_assert_uint_eq(dec.workers, 5);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: confirm: demand 4.4 b/s needs 5 "
+				     "workers at 1.00 per worker -> 5");
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -775,6 +1127,19 @@ cwt_policy_suite(void)
 	tcase_add_test(mo, test_model_granted_less_keeps_asking);
 	tcase_add_test(mo, test_cooldown_holds_a_change);
 	tcase_add_test(mo, test_samples_without_time_are_ignored);
+	tcase_add_test(mo,
+	    test_model_probe_hidden_by_the_buffer_goes_back_up);
+	tcase_add_test(mo, test_model_probe_watch_catches_a_late_shortfall);
+	tcase_add_test(mo,
+	    test_model_probe_short_within_improve_is_kept_once_dry);
+	tcase_add_test(mo,
+	    test_model_probe_draining_without_a_wait_is_ambiguous);
+	tcase_add_test(mo, test_model_probe_ignores_a_slower_consumer);
+	tcase_add_test(mo, test_model_probe_granted_fewer_settles);
+	tcase_add_test(mo, test_model_probe_uses_the_larger_demand);
+	tcase_add_test(mo, test_model_probe_lasts_probe_min);
+	tcase_add_test(mo,
+	    test_model_confirm_short_by_more_than_improve_goes_up);
 	tcase_add_test(fh, test_fixed_never_moves);
 	tcase_add_test(fh, test_fixed_is_bounded);
 	tcase_add_test(fh, test_hpa_scales_by_utilisation_over_target);

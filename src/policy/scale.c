@@ -42,6 +42,7 @@ typedef enum phase {
 	PH_SEARCH,  /* cachew: adding one worker per window */
 	PH_MEASURE, /* model: a window for the jump */
 	PH_PROBE,   /* model: a window at one fewer worker */
+	PH_DRAIN,   /* model: the probe's buffer drains; wait it out */
 	PH_REF,     /* a window at the settled count, the drift reference */
 	PH_SETTLED  /* drift re-check every drift_every samples */
 } phase;
@@ -58,6 +59,12 @@ typedef struct window {
 	double busy_s;      /* elapsed (s) of samples with a known busy */
 	double cpu_sum;
 	double cpu_s;
+	/* For the least-squares line of the fill over the window's time
+	 * (t: seconds from the window's start to a sample's middle; all
+	 * weighted by the sample's elapsed time, like fill_sum). */
+	double t_sum;
+	double tt_sum;
+	double tf_sum;
 } window;
 
 struct cwi_scaler {
@@ -80,14 +87,19 @@ struct cwi_scaler {
 	bool have_prev;
 	uint32_t prev_n;
 	double prev_t;
+	double prev_wait; /* model: the client's wait per batch (s) at prev_n */
 	uint32_t jumps; /* model: jumps since the last reset */
 	double p_jump;  /* model: per-worker rate the last jump used */
+	double d_jump;  /* model: demand the last jump used */
 	bool redo;      /* model: re-estimating after drift */
+	uint64_t drain_ns; /* model: time the probe's buffer has drained */
+	uint64_t probe_ns; /* model: time since the probe's step down */
 
 	/* drift reference: the settled count's batch time and queue */
 	double ref_t;
 	double ref_fill;
 	window drift; /* samples since the last drift check */
+	window recent; /* model: the probe window's latest quarter to half */
 
 	/* hpa */
 	uint64_t hpa_last_ns;
@@ -120,6 +132,9 @@ cwi_scale_config_default(cwi_scale_config *c)
 	c->window_max_ns = 60000000000ull;
 	c->min_window_batches = 50;
 	c->discard_max_ns = 30000000000ull;
+	c->probe_min_ns = 10000000000ull;
+	c->probe_max_ns = 300000000000ull;
+	c->probe_watch_ns = 120000000000ull;
 }
 
 /* A decimal in [lo, hi] spelled with digits only. */
@@ -241,6 +256,7 @@ static void
 window_add(window *w, const cwi_scale_sample *smp, uint32_t workers)
 {
 	double e = (double)smp->elapsed_ns / 1e9;
+	double mid = (double)w->elapsed_ns / 1e9 + e / 2;
 
 	w->batches += smp->batches;
 	w->elapsed_ns += smp->elapsed_ns;
@@ -248,6 +264,9 @@ window_add(window *w, const cwi_scale_sample *smp, uint32_t workers)
 						     : smp->elapsed_ns;
 	w->samples++;
 	w->fill_sum += smp->buffer_fill * e;
+	w->t_sum += mid * e;
+	w->tt_sum += mid * mid * e;
+	w->tf_sum += mid * smp->buffer_fill * e;
 	w->workers_sum += (double)workers * e;
 	if (smp->worker_busy >= 0) {
 		w->busy_sum += (smp->worker_busy > 1 ? 1 : smp->worker_busy) * e;
@@ -271,6 +290,30 @@ static double
 window_fill(const window *w)
 {
 	return w->elapsed_ns ? w->fill_sum / ((double)w->elapsed_ns / 1e9) : 0;
+}
+
+/* The client's buffer drained over the window: the least-squares line of
+ * its fill falls from *from to *to with *to below *from / factor. Only the
+ * trend says so: a single heartbeat's fill jumps with every reply that
+ * arrives. Needs three samples and a fill that was above zero. */
+static bool
+window_drains(const window *w, double factor, double *from, double *to)
+{
+	double sw = (double)w->elapsed_ns / 1e9;
+	double mt, mf, var, slope;
+
+	*from = *to = 0;
+	if (w->samples < 3 || sw <= 0)
+		return false;
+	mt = w->t_sum / sw;
+	mf = w->fill_sum / sw;
+	var = w->tt_sum / sw - mt * mt;
+	if (var <= 0)
+		return false;
+	slope = (w->tf_sum / sw - mt * mf) / var;
+	*from = mf - slope * mt;
+	*to = mf + slope * (sw - mt);
+	return *from > 0 && *to * factor < *from;
 }
 
 static double
@@ -403,6 +446,11 @@ model_estimate(const cwi_scaler *s, const window *w, uint32_t n,
 
 	if (nw <= 0)
 		nw = n;
+	/* Consuming without waiting, the client would take `work` for
+	 * these batches: its demand (the probe needs it even when the
+	 * workers' capacity is unknown). */
+	*demand = work > 0 ? (double)w->batches / work : INFINITY;
+	*per_worker = 0;
 	if (w->busy_s > 0)
 		busy = w->busy_sum / w->busy_s;
 	else if (w->wait_ns * 20 >= w->elapsed_ns)
@@ -412,9 +460,6 @@ model_estimate(const cwi_scaler *s, const window *w, uint32_t n,
 	if (busy < 0.01)
 		busy = 0.01;
 	*per_worker = rate / (nw * busy);
-	/* Consuming without waiting, the client would take `work` for
-	 * these batches: its demand. */
-	*demand = work > 0 ? (double)w->batches / work : INFINITY;
 	if (!isfinite(*demand))
 		return s->cfg.max_workers;
 	need = ceil(*demand * (1.0 + s->cfg.headroom) / *per_worker - 1e-9);
@@ -444,15 +489,39 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	/* Right after a jump up the workers also refill the client's
 	 * buffer, so the window at n underrates them; the rate the jump
 	 * measured is the better of the two. Too high a rate is what the
-	 * probe's batch-time check is for. */
+	 * probe's check is for. */
 	if (s->p_jump > per_worker)
 		per_worker = s->p_jump;
+	/* A demand that fell a lot since the jump is more likely a window
+	 * the consumer spent elsewhere (a loaded machine: 429 b/s against
+	 * 864 once, which sent a probe from 5 to 2 workers) than a new
+	 * demand; drift re-estimates a real one. The larger is safer. */
+	if (s->d_jump > demand)
+		demand = s->d_jump;
 	if (per_worker > 0 && isfinite(demand)) {
 		double bare = ceil(demand / per_worker - 1e-9);
 
+		if (bare > (double)n && s->target == n &&
+		    n < s->cfg.max_workers &&
+		    (double)n * per_worker * (1.0 + s->cfg.improve) <
+			demand) {
+			/* Nothing holds the job at n, and even the better
+			 * rate says n is short by more than the probe's
+			 * tolerance: too few is the costly mistake. */
+			if (!change_to(s, now, (uint64_t)bare))
+				return;
+			set_reason(s, "model: confirm: demand %.1f b/s needs "
+				      "%.0f workers at %.2f per worker -> "
+				      "%" PRIu32,
+			    demand, bare, per_worker, s->target);
+			s->settled = true;
+			s->ph = PH_REF;
+			return;
+		}
 		if (bare > (double)n) {
-			/* Held below the demand (bounds or fair share):
-			 * fewer cannot do. */
+			/* Held below the demand (bounds or fair share), or
+			 * n supplies it within the probe's tolerance: fewer
+			 * cannot do. */
 			set_reason(s, "model: demand needs %.0f workers, has "
 				      "%" PRIu32 ", asks %" PRIu32 " -> settle",
 			    bare, n, s->target);
@@ -466,6 +535,10 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 		return;
 	s->prev_n = n;
 	s->prev_t = t;
+	s->probe_ns = 0;
+	s->prev_wait = s->win.batches
+	    ? (double)s->win.wait_ns / 1e9 / (double)s->win.batches
+	    : 0;
 	s->ph = PH_PROBE;
 	set_reason(s, "model: probe %" PRIu32 " workers (%.1f b/s at %.2f "
 		      "per worker; %" PRIu32 " with headroom: %.1f ms)",
@@ -532,6 +605,7 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 			return; /* cooldown: the next window retries */
 		s->jumps++;
 		s->p_jump = per_worker;
+		s->d_jump = demand;
 		set_reason(s, "model: demand %.1f b/s, %.2f b/s per worker "
 			      "-> %" PRIu32 " (+%.0f%% headroom)",
 		    demand, per_worker, s->target, s->cfg.headroom * 100);
@@ -541,26 +615,155 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	model_start_probe(s, now, n, t, fill, demand, per_worker);
 }
 
+/* The probe failed: back to the count it was tried against; false when
+ * the cooldown holds the change (the next window retries). */
+static bool
+model_probe_back(cwi_scaler *s, uint64_t now)
+{
+	if (!change_to(s, now, s->prev_n))
+		return false;
+	/* The queue measured here was the probe's: unknown at the count
+	 * settled on until the first drift check measures it. */
+	settle(s, s->prev_t, -1);
+	return true;
+}
+
+/* A probe window measured at fewer workers than the probe's count (fair
+ * share granted less): it says nothing about the probe, which ends. */
+static bool
+probe_held(cwi_scaler *s, uint32_t n, double t, double fill)
+{
+	if (n >= s->target)
+		return false;
+	set_reason(s, "model: probe of %" PRIu32 " workers granted %" PRIu32
+		      " -> settle",
+	    s->target, n);
+	settle(s, t, fill);
+	return true;
+}
+
+/* How much the probe slowed the client because of the workers: the
+ * extra time per batch it waited, over the batch time at the count tried
+ * against. Waiting is the workers' share of a batch time; the rest is the
+ * consumer's own step, which on a shared machine varies by more than
+ * `improve` and says nothing about the worker count. */
+static double
+probe_slowdown(const cwi_scaler *s, const window *w)
+{
+	double wait_b = w->batches
+	    ? (double)w->wait_ns / 1e9 / (double)w->batches
+	    : 0;
+
+	return s->prev_t > 0 ? (wait_b - s->prev_wait) / s->prev_t : 0;
+}
+
+/* The probe's count kept up for one more window: settled on it once
+ * probe_watch_ns have passed since the step down; until then every window
+ * is judged again (a removed worker delivers the splits it leased first,
+ * and the buffer it filled lasts after it: the shortfall can show late). */
+static void
+model_probe_keep(cwi_scaler *s, uint32_t n, double t, double fill,
+    double slow, double worse, const char *when)
+{
+	if (s->probe_ns < s->cfg.probe_watch_ns) {
+		s->settled = true;
+		s->ph = PH_PROBE;
+		set_reason(s, "model: probe kept %" PRIu32 " workers%s: waits "
+			      "%+.1f%% of a batch <= %.0f%% (batch time "
+			      "%+.1f%%), watching",
+		    n, when, slow * 100, s->cfg.improve * 100, worse * 100);
+		return;
+	}
+	set_reason(s, "model: probe kept %" PRIu32 " workers%s: waits "
+		      "%+.1f%% of a batch <= %.0f%% (batch time %+.1f%%)",
+	    n, when, slow * 100, s->cfg.improve * 100, worse * 100);
+	settle(s, t, fill);
+}
+
+/* The probe's window at n. Elements buffered at the larger count feed
+ * the client for a while whatever the probe's workers deliver, so a
+ * client that did not wait more only says the probe's count keeps up
+ * when the buffer held: when it drained, the probe goes on until the
+ * client has waited (PH_DRAIN). */
 static void
 model_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 {
 	double worse = t / s->prev_t - 1.0;
+	double slow = probe_slowdown(s, &s->win);
+	double from, to;
 
-	if (worse <= s->cfg.improve) {
-		set_reason(s, "model: probe kept %" PRIu32 " workers: batch "
-			      "time %+.1f%% <= %.0f%%",
-		    n, worse * 100, s->cfg.improve * 100);
-		settle(s, t, fill);
+	if (probe_held(s, n, t, fill))
+		return;
+	if (slow > s->cfg.improve) {
+		if (!model_probe_back(s, now))
+			return;
+		set_reason(s, "model: probe rejected: waits %+.1f%% of a batch "
+			      "> %.0f%% (batch time %+.1f%%) -> back to "
+			      "%" PRIu32,
+		    slow * 100, s->cfg.improve * 100, worse * 100, s->target);
 		return;
 	}
-	if (!change_to(s, now, s->prev_n))
+	/* The recent part too: a removed worker that still delivers its
+	 * leased splits fills the buffer early in the window, and the fall
+	 * after it stops would not tilt the whole window's line. */
+	if (window_drains(&s->win, s->cfg.drift_factor, &from, &to) ||
+	    window_drains(&s->recent, s->cfg.drift_factor, &from, &to)) {
+		s->ph = PH_DRAIN;
+		s->drain_ns = s->win.elapsed_ns;
+		set_reason(s, "model: probe %" PRIu32 " workers: buffer "
+			      "drains (fill %.3g -> %.3g), waits %+.1f%% "
+			      "-> until the client waits",
+		    n, from, to, slow * 100);
 		return;
-	set_reason(s, "model: probe rejected: batch time %+.1f%% > %.0f%% "
-		      "-> back to %" PRIu32,
-	    worse * 100, s->cfg.improve * 100, s->target);
-	/* The queue measured here was the probe's: unknown at the count
-	 * settled on until the first drift check measures it. */
-	settle(s, s->prev_t, -1);
+	}
+	model_probe_keep(s, n, t, fill, slow, worse, "");
+}
+
+/* The probe's window after its buffer ran dry: how the probe's workers
+ * keep up on their own. */
+static void
+model_probe_dry(cwi_scaler *s, uint64_t now, uint32_t n, double t,
+    double fill)
+{
+	double worse = t / s->prev_t - 1.0;
+	double slow = probe_slowdown(s, &s->win);
+
+	if (probe_held(s, n, t, fill))
+		return;
+	if (slow > s->cfg.improve) {
+		if (!model_probe_back(s, now))
+			return;
+		set_reason(s, "model: probe rejected once the buffer ran dry: "
+			      "waits %+.1f%% of a batch > %.0f%% (batch time "
+			      "%+.1f%%) -> back to %" PRIu32,
+		    slow * 100, s->cfg.improve * 100, worse * 100, s->target);
+		return;
+	}
+	model_probe_keep(s, n, t, fill, slow, worse,
+	    " once the buffer ran dry");
+}
+
+/* A sample while the probe's buffer drains: the window (the dry part)
+ * starts with the first sample in which the client waited. Without one
+ * after probe_max_ns the evidence is ambiguous, and one worker too many
+ * costs less than a slower training: back to the larger count. */
+static void
+model_drain_observe(cwi_scaler *s, const cwi_scale_sample *smp, uint32_t n)
+{
+	s->drain_ns += smp->elapsed_ns;
+	if (s->win.samples == 0 && smp->wait_ns == 0) {
+		if (s->cfg.probe_max_ns == 0 ||
+		    s->drain_ns < s->cfg.probe_max_ns)
+			return;
+		if (!model_probe_back(s, smp->now_ns))
+			return;
+		s->windows++;
+		set_reason(s, "model: probe ambiguous: buffer drained %.0f s "
+			      "and the client never waited -> back to %" PRIu32,
+		    (double)s->drain_ns / 1e9, s->target);
+		return;
+	}
+	window_add(&s->win, smp, n);
 }
 
 /* ---- drift (cachew and model) -------------------------------------------- */
@@ -783,8 +986,12 @@ cwi_scaler_reset(cwi_scaler *s, uint32_t workers)
 	s->have_prev = false;
 	s->jumps = 0;
 	s->p_jump = 0;
+	s->d_jump = 0;
 	s->redo = false;
+	s->drain_ns = 0;
+	s->probe_ns = 0;
 	s->prev_t = 0;
+	s->prev_wait = 0;
 	s->ref_t = 0;
 	s->ref_fill = 0;
 	s->discard_left = 0;
@@ -843,6 +1050,9 @@ window_done(cwi_scaler *s, uint64_t now, uint32_t n)
 	case PH_PROBE:
 		model_probe(s, now, n, t, fill);
 		break;
+	case PH_DRAIN:
+		model_probe_dry(s, now, n, t, fill);
+		break;
 	case PH_REF:
 		s->ref_t = t;
 		s->ref_fill = fill;
@@ -856,13 +1066,17 @@ window_done(cwi_scaler *s, uint64_t now, uint32_t n)
 }
 
 /* A window ends at window_batches batches once the step has lasted
- * min_step_batches; the model's also after window_max_ns. */
+ * min_step_batches; the model's also after window_max_ns. A probe's
+ * window also lasts probe_min_ns. */
 static bool
 window_complete(const cwi_scaler *s)
 {
 	const window *w = &s->win;
 
 	if (w->batches == 0)
+		return false;
+	if ((s->ph == PH_PROBE || s->ph == PH_DRAIN) &&
+	    w->elapsed_ns < s->cfg.probe_min_ns)
 		return false;
 	if (w->batches >= s->cfg.window_batches &&
 	    s->step_batches >= s->cfg.min_step_batches)
@@ -886,6 +1100,8 @@ windowed_observe(cwi_scaler *s, const cwi_scale_sample *smp, uint32_t n)
 			s->discard_left = s->cfg.discard_epoch;
 	}
 	s->step_batches += smp->batches;
+	if (s->ph == PH_PROBE || s->ph == PH_DRAIN)
+		s->probe_ns += smp->elapsed_ns;
 	if (discarding(s, smp))
 		return;
 	if (s->ph == PH_SETTLED) {
@@ -893,7 +1109,19 @@ windowed_observe(cwi_scaler *s, const cwi_scale_sample *smp, uint32_t n)
 		drift_check(s, smp->now_ns);
 		return;
 	}
-	window_add(&s->win, smp, n);
+	if (s->ph == PH_DRAIN) {
+		model_drain_observe(s, smp, n);
+	} else {
+		window_add(&s->win, smp, n);
+		if (s->ph == PH_PROBE) {
+			/* Restarted with the window; then keeps its latest
+			 * quarter to half. */
+			if (s->win.samples == 1 ||
+			    s->recent.elapsed_ns * 2 > s->win.elapsed_ns)
+				window_clear(&s->recent);
+			window_add(&s->recent, smp, n);
+		}
+	}
 	if (window_complete(s))
 		window_done(s, smp->now_ns, n);
 }

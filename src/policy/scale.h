@@ -10,8 +10,10 @@
  * Policies (cwi_scale_parse spellings):
  * - "model" (the default): estimates each worker's throughput and the
  *   consumer's demand (its rate when it never waits), jumps to the smallest
- *   count that meets demand with headroom, confirms with one probe step,
- *   then keeps Cachew's drift re-check.
+ *   count that meets demand with headroom, confirms with one probe step
+ *   (judged by the client's extra waiting, not its batch time, and only
+ *   once the client's buffer has stopped hiding a shortfall; watched for
+ *   probe_watch_ns), then keeps Cachew's drift re-check.
  * - "cachew": Cachew's published rule, faithfully: windows of
  *   window_batches batches (discarding discard_epoch at an epoch start and
  *   discard_change after each change); with r = 1 - T_new/T_prev add one
@@ -64,6 +66,19 @@ typedef struct cwi_scale_config {
 	uint64_t window_max_ns;      /* 60 s */
 	uint32_t min_window_batches; /* 50 */
 	uint64_t discard_max_ns;     /* 30 s */
+	/* "model" only: the probe at fewer workers lasts at least
+	 * probe_min_ns (besides the window's batches), so a handful of
+	 * heartbeats cannot decide it. When the client's buffer drains
+	 * during the probe (elements buffered at the larger count hide a
+	 * shortfall), the probe is judged on the batches after the client
+	 * first waits; if it has not waited after probe_max_ns of draining
+	 * the evidence is ambiguous and the larger count wins. A kept probe
+	 * is judged again every window until probe_watch_ns have passed
+	 * since the step down (a removed worker first delivers the splits
+	 * it leased). */
+	uint64_t probe_min_ns;       /* 10 s */
+	uint64_t probe_max_ns;       /* 300 s */
+	uint64_t probe_watch_ns;     /* 120 s */
 } cwi_scale_config;
 
 /* Fills c with the defaults above for the "model" policy. */
