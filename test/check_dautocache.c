@@ -272,6 +272,45 @@ START_TEST(storage_slower_than_assumed_turns_back_to_compute)
 }
 END_TEST
 
+START_TEST(compute_that_got_expensive_is_cached_after_all)
+{
+	char *dir = cwt_tmpdir();
+	char *root = cwi_asprintf("%s/cache", dir);
+	char *state = cwi_asprintf("%s/autocache.state", dir);
+	ds_graph g = graph_of(SLOW);
+	cachew_dataset *ds = NULL;
+	cachew_fingerprint fp;
+	char hex[33], event[768];
+	cwi_dcache *dc;
+	FILE *f;
+
+	/* Decided to compute when a row took 1 ns; now it takes 2 ms. */
+	ck_assert_int_eq(cachew_dataset_parse(&ds, SLOW), CACHEW_OK);
+	cachew_dataset_fingerprint(ds, &fp);
+	cachew_fingerprint_hex(&fp, hex);
+	cachew_dataset_release(ds);
+	f = fopen(state, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "storage read_mb_per_s=100 read_rows_per_s=1000000 "
+		   "write_mb_per_s=100\n"
+		   "dataset fp=%s decided=1 choice=compute candidate=-1 "
+		   "failed=0 epochs=10 n=1 p0=300,8,1,0 reason=cheap then\n",
+	    hex);
+	fclose(f);
+	dc = dcache(root, "default", state);
+	(void)one_pass(dc, &g, CWI_AC_COMPUTE, event, sizeof(event));
+	ck_assert_msg(strstr(event, "decided again full"), "%s", event);
+	(void)one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
+	(void)one_pass(dc, &g, CWI_AC_GET, event, sizeof(event));
+	cwi_dcache_destroy(dc);
+	cachew_free(g.buf);
+	cwt_rmtree(dir);
+	free(root);
+	free(state);
+	free(dir);
+}
+END_TEST
+
 START_TEST(decision_persists_without_the_cache)
 {
 	char *dir = cwt_tmpdir();
@@ -516,6 +555,7 @@ cwt_dautocache_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, profile_put_get_across_passes);
 	tcase_add_test(tc, decision_persists_without_the_cache);
+	tcase_add_test(tc, compute_that_got_expensive_is_cached_after_all);
 	tcase_add_test(tc, storage_slower_than_assumed_turns_back_to_compute);
 	tcase_add_test(tc, mode_change_scales_the_worker_count);
 	tcase_add_test(tc, marker_cache_is_read_by_another_pipeline_through_it);

@@ -672,6 +672,35 @@ used_bytes(cwi_dcache *dc)
 	return sum;
 }
 
+/* What a decision needs besides the profile: the storage, its capacity,
+ * the parallelism and the passes left. */
+static void
+set_context(cwi_dcache *dc, const dc_entry *e, cwi_ac_inputs *in,
+    double parallelism)
+{
+	in->storage = dc->storage;
+	in->storage.capacity_bytes = dc->capacity;
+	in->storage.used_bytes = used_bytes(dc);
+	in->parallelism = parallelism > 0 ? parallelism : 1;
+	in->epochs_after = e->epochs > 1 ? e->epochs - 1 : 0;
+	in->current_left = 0;
+}
+
+/* A decision taken: what the next passes do and what it assumed. */
+static void
+record(dc_entry *e, const cwi_ac_inputs *in, const cwi_ac_decision *d)
+{
+	e->decided = true;
+	e->choice = d->choice;
+	e->candidate = d->candidate;
+	e->compute_s = d->compute.epoch_s;
+	e->cache_s = d->candidate >= 0 && (size_t)d->candidate < d->n
+	    ? d->cache[d->candidate].epoch_s
+	    : 0;
+	e->npoints = in->n;
+	memcpy(e->points, in->point, in->n * sizeof(in->point[0]));
+}
+
 static void
 decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
     const cwi_ac_counter *ops, size_t nops, double parallelism, char *event,
@@ -722,28 +751,51 @@ decide_profile(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 		dc->storage.write_mb_per_s = pr.write_mb_per_s;
 		dc->probed = true;
 	}
-	in.storage = dc->storage;
-	in.storage.capacity_bytes = dc->capacity;
-	in.storage.used_bytes = used_bytes(dc);
-	in.parallelism = parallelism > 0 ? parallelism : 1;
-	in.epochs_after = e->epochs > 1 ? e->epochs - 1 : 0;
-	in.current_left = 0;
+	set_context(dc, e, &in, parallelism);
 	if (dc->ac.kind == CWI_AC_CACHEW)
 		cwi_autocache_decide_cachew(&dc->ac, &in, &d);
 	else
 		cwi_autocache_decide(&dc->ac, &in, &d);
-	e->decided = true;
-	e->choice = d.choice;
-	e->candidate = d.candidate;
-	e->compute_s = d.compute.epoch_s;
-	e->cache_s = d.candidate >= 0 && (size_t)d.candidate < d.n
-	    ? d.cache[d.candidate].epoch_s
-	    : 0;
-	e->npoints = in.n;
-	memcpy(e->points, in.point, in.n * sizeof(in.point[0]));
+	record(e, &in, &d);
 	snprintf(e->reason, sizeof(e->reason), "%s", d.reason);
 	snprintf(event, size, "decided %s: %s", cwi_ac_choice_name(d.choice),
 	    d.reason);
+}
+
+/* After a COMPUTE pass (which runs the registered pipeline, so its
+ * counters map onto the plan): when what computing costs moved more than
+ * `drift` from what the decision assumed (the input got larger or
+ * slower), the policy decides again on the new profile. Our policy only. */
+static void
+revisit_compute(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
+    const cwi_ac_counter *ops, size_t nops, double parallelism, char *event,
+    size_t size)
+{
+	cwi_ac_inputs now, assumed;
+	cwi_ac_decision d;
+	char why[160];
+
+	if (dc->ac.kind != CWI_AC_DEFAULT || !dc->probed ||
+	    e->npoints != plan->ncand)
+		return;
+	memset(&now, 0, sizeof(now));
+	now.n = plan->ncand;
+	now.cand = plan->cand;
+	if (cwi_autocache_measure(plan, ops, nops, 1.0, &now) != CACHEW_OK) {
+		cwi_clear_errmsg();
+		return;
+	}
+	set_context(dc, e, &now, parallelism);
+	assumed = now;
+	memcpy(assumed.point, e->points, e->npoints * sizeof(e->points[0]));
+	if (!cwi_autocache_drifted(&dc->ac, &assumed, &now, why, sizeof(why)))
+		return;
+	cwi_autocache_decide(&dc->ac, &now, &d);
+	snprintf(event, size, "compute: %s: %s %s: %s", why,
+	    d.choice == e->choice ? "decision stands" : "decided again",
+	    cwi_ac_choice_name(d.choice), d.reason);
+	record(e, &now, &d);
+	snprintf(e->reason, sizeof(e->reason), "revisited: %.600s", d.reason);
 }
 
 /* The per-row read time (ns) the storage rates imply for rows of
@@ -803,11 +855,7 @@ revisit(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan, int k,
 	in.cand = plan->cand;
 	memcpy(in.point, e->points, e->npoints * sizeof(e->points[0]));
 	in.point[k].cached = true;
-	in.storage = dc->storage;
-	in.storage.capacity_bytes = dc->capacity;
-	in.storage.used_bytes = used_bytes(dc);
-	in.parallelism = parallelism > 0 ? parallelism : 1;
-	in.epochs_after = e->epochs > 1 ? e->epochs - 1 : 0;
+	set_context(dc, e, &in, parallelism);
 	cwi_autocache_decide(&dc->ac, &in, &d);
 	snprintf(event, size,
 	    "get: reading took %.0f ns per row, the decision assumed %.0f "
@@ -819,12 +867,8 @@ revisit(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan, int k,
 	    d.reason);
 	if (d.choice == e->choice && d.candidate == e->candidate)
 		return;
-	e->choice = d.choice;
-	e->candidate = d.candidate;
-	e->compute_s = d.compute.epoch_s;
-	e->cache_s = d.candidate >= 0 && (size_t)d.candidate < d.n
-	    ? d.cache[d.candidate].epoch_s
-	    : 0;
+	in.point[k].cached = false; /* the profile, as assumed */
+	record(e, &in, &d);
 	snprintf(e->reason, sizeof(e->reason), "revisited: %.600s", d.reason);
 }
 
@@ -862,6 +906,10 @@ cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 	else if (pass->mode == CWI_AC_GET && complete && e->decided)
 		revisit(dc, e, plan, pass->candidate, ops, nops, parallelism,
 		    event, event_size);
+	else if (pass->mode == CWI_AC_COMPUTE && complete && e->decided &&
+		 e->choice == CWI_AC_CHOICE_COMPUTE && !e->failed)
+		revisit_compute(dc, e, plan, ops, nops, parallelism, event,
+		    event_size);
 	(void)state_save(dc);
 done:
 	pthread_mutex_unlock(&dc->lock);

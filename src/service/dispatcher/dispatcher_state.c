@@ -1196,7 +1196,11 @@ job_sample(cwi_dispatcher *d, job *j, uint64_t now, cwi_scale_sample *smp)
 		run += t->acc_run_ns;
 		stall += t->acc_stall_ns;
 		t->acc_run_ns = t->acc_stall_ns = 0;
-		if (t->state != CWI_TASK_REMOVING)
+		/* A removing task delivers the splits it leased until they
+		 * are acknowledged: it serves the job until then, and the
+		 * scaler must see the count drop when it really does (a
+		 * probe's window restarts on it). */
+		if (t->state != CWI_TASK_REMOVING || t->nleased > 0)
 			ntasks++;
 		if (t->w->cores > 0) {
 			double u = t->w->cpu_use / t->w->cores;
