@@ -1802,6 +1802,17 @@ START_TEST(test_parts_commit_rejects_damaged_or_foreign_parts)
 	    CACHEW_EINVAL);
 	ck_assert_msg(strstr(cachew_errmsg(), "up to 120, the source has 100"),
 	    "%s", cachew_errmsg());
+	/* A part that claims a unit twice is damaged. */
+	{
+		cwi_unit_range twice[] = {{0, 10}, {5, 20}};
+		write_part(r, &fp, 0x13, twice, 2, true);
+		ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "p", 0x13, 20,
+				     NULL),
+		    CACHEW_ECORRUPT);
+		ck_assert_msg(strstr(cachew_errmsg(), "overlap at unit 5"), "%s",
+		    cachew_errmsg());
+		ck_assert_int_eq(cwi_cache_parts_abort(r, &fp, 0x13), CACHEW_OK);
+	}
 	write_part(r, &fp, 0x12, all, 1, true);
 	cachew_fingerprint_hex(&fp, hex);
 	cdir = cwi_asprintf("%s/%s", dir, hex);

@@ -75,6 +75,30 @@ is_part_file(const char *name, const char *prefix)
 	       strcmp(name + n - ls, CWI_CACHE_PART_SUFFIX) == 0;
 }
 
+static int range_cmp(const void *a, const void *b);
+
+/* A part's own ranges must not overlap: a lease reads each unit once. */
+static cachew_err
+units_disjoint(const cwi_cache_manifest *m, const char *name)
+{
+	cwi_unit_range *v = malloc(m->nunits * sizeof(*v));
+	cachew_err rv = CACHEW_OK;
+
+	if (v == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	memcpy(v, m->units, m->nunits * sizeof(*v));
+	qsort(v, m->nunits, sizeof(*v), range_cmp);
+	for (size_t i = 1; i < m->nunits; i++)
+		if (v[i].begin < v[i - 1].end) {
+			rv = cwi_fail(CACHEW_ECORRUPT,
+			    "%s: its unit ranges overlap at unit %llu", name,
+			    (unsigned long long)v[i].begin);
+			break;
+		}
+	free(v);
+	return rv;
+}
+
 /* Reads and checks every part file of the write. */
 static cachew_err
 load_parts(const cwi_cache_root *r, const cachew_fingerprint *fp,
@@ -111,6 +135,9 @@ load_parts(const cwi_cache_root *r, const cachew_fingerprint *fp,
 			    "%s: not a part of this cache (%s)", names[i],
 			    pt->m->nunits == 0 ? "no units"
 					       : "another fingerprint");
+		rv = units_disjoint(pt->m, names[i]);
+		if (rv != CACHEW_OK)
+			return rv;
 	}
 	(void)r;
 	return CACHEW_OK;
@@ -141,17 +168,38 @@ range_cmp(const void *a, const void *b)
 	return 0;
 }
 
+/* The index of the first picked range (picked is kept sorted by begin,
+ * and disjoint) whose begin is >= b. */
+static size_t
+picked_lower(const parts *p, uint64_t b)
+{
+	size_t lo = 0, hi = p->npicked;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (p->picked[mid].begin < b)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Logarithmic per range: a write of many leases has many parts. */
 static bool
 overlaps_picked(const parts *p, const cwi_cache_manifest *m)
 {
-	for (size_t i = 0; i < m->nunits; i++)
-		for (size_t j = 0; j < p->npicked; j++)
-			if (m->units[i].begin < p->picked[j].end &&
-			    p->picked[j].begin < m->units[i].end)
-				return true;
+	for (size_t i = 0; i < m->nunits; i++) {
+		const cwi_unit_range *r = &m->units[i];
+		size_t k = picked_lower(p, r->end);
+		/* picked[k-1] is the last range beginning before r ends. */
+		if (k > 0 && p->picked[k - 1].end > r->begin)
+			return true;
+	}
 	return false;
 }
 
+/* Adds the part's ranges to the sorted picked ranges. */
 static cachew_err
 pick(parts *p, part *pt)
 {
@@ -165,8 +213,13 @@ pick(parts *p, part *pt)
 		p->picked = v;
 		p->cap = cap;
 	}
-	memcpy(p->picked + p->npicked, m->units, m->nunits * sizeof(*m->units));
-	p->npicked += m->nunits;
+	for (size_t i = 0; i < m->nunits; i++) {
+		size_t k = picked_lower(p, m->units[i].begin);
+		memmove(p->picked + k + 1, p->picked + k,
+		    (p->npicked - k) * sizeof(*p->picked));
+		p->picked[k] = m->units[i];
+		p->npicked++;
+	}
 	pt->picked = true;
 	return CACHEW_OK;
 }
@@ -187,7 +240,6 @@ pick_cover(parts *p, uint64_t units_total, const char *dir)
 		if (rv != CACHEW_OK)
 			return rv;
 	}
-	qsort(p->picked, p->npicked, sizeof(*p->picked), range_cmp);
 	for (size_t i = 0; i < p->npicked; i++) {
 		if (p->picked[i].begin != next)
 			break;
