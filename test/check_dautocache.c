@@ -113,6 +113,28 @@ graph_of(const char *pipeline)
 	return g;
 }
 
+/* Writes a state file holding the storage line `storage` and one dataset
+ * line for `pipeline`'s fingerprint with the fields `fields`: a decision
+ * as a dispatcher would have persisted it. */
+static void
+write_state(const char *state, const char *storage, const char *pipeline,
+    const char *fields)
+{
+	cachew_dataset *ds = NULL;
+	cachew_fingerprint fp;
+	char hex[33];
+	FILE *f;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	cachew_dataset_fingerprint(ds, &fp);
+	cachew_fingerprint_hex(&fp, hex);
+	cachew_dataset_release(ds);
+	f = fopen(state, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "storage %s\ndataset fp=%s %s\n", storage, hex, fields);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
 static cwi_dcache *
 dcache(const char *root, const char *policy, const char *state)
 {
@@ -232,26 +254,16 @@ START_TEST(storage_slower_than_assumed_turns_back_to_compute)
 	char *root = cwi_asprintf("%s/cache", dir);
 	char *state = cwi_asprintf("%s/autocache.state", dir);
 	ds_graph g = graph_of(pipeline);
-	cachew_dataset *ds = NULL;
-	cachew_fingerprint fp;
-	char hex[33], event[768];
+	char event[768];
 	cwi_dcache *dc;
-	FILE *f;
 
 	/* A decision taken on storage that claimed to read 1e12 bytes/s,
 	 * for a pipeline that computes a row in 1 ns. */
-	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
-	cachew_dataset_fingerprint(ds, &fp);
-	cachew_fingerprint_hex(&fp, hex);
-	cachew_dataset_release(ds);
-	f = fopen(state, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "storage read_mb_per_s=1e12 read_rows_per_s=1e15 "
-		   "write_mb_per_s=1e12\n"
-		   "dataset fp=%s decided=1 choice=full candidate=0 failed=0 "
-		   "epochs=10 n=1 p0=3000,8,1,0 reason=on paper\n",
-	    hex);
-	fclose(f);
+	write_state(state,
+	    "read_mb_per_s=1e12 read_rows_per_s=1e15 write_mb_per_s=1e12",
+	    pipeline,
+	    "decided=1 choice=full candidate=0 failed=0 epochs=10 n=1 "
+	    "p0=3000,8,1,0 reason=on paper");
 	dc = dcache(root, "default", state);
 	(void)one_pass(dc, &g, CWI_AC_PUT, event, sizeof(event));
 	ck_assert_msg(strstr(event, "committed"), "%s", event);
@@ -278,25 +290,15 @@ START_TEST(compute_that_got_expensive_is_cached_after_all)
 	char *root = cwi_asprintf("%s/cache", dir);
 	char *state = cwi_asprintf("%s/autocache.state", dir);
 	ds_graph g = graph_of(SLOW);
-	cachew_dataset *ds = NULL;
-	cachew_fingerprint fp;
-	char hex[33], event[768];
+	char event[768];
 	cwi_dcache *dc;
-	FILE *f;
 
 	/* Decided to compute when a row took 1 ns; now it takes 2 ms. */
-	ck_assert_int_eq(cachew_dataset_parse(&ds, SLOW), CACHEW_OK);
-	cachew_dataset_fingerprint(ds, &fp);
-	cachew_fingerprint_hex(&fp, hex);
-	cachew_dataset_release(ds);
-	f = fopen(state, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "storage read_mb_per_s=100 read_rows_per_s=1000000 "
-		   "write_mb_per_s=100\n"
-		   "dataset fp=%s decided=1 choice=compute candidate=-1 "
-		   "failed=0 epochs=10 n=1 p0=300,8,1,0 reason=cheap then\n",
-	    hex);
-	fclose(f);
+	write_state(state,
+	    "read_mb_per_s=100 read_rows_per_s=1000000 write_mb_per_s=100",
+	    SLOW,
+	    "decided=1 choice=compute candidate=-1 failed=0 epochs=10 n=1 "
+	    "p0=300,8,1,0 reason=cheap then");
 	dc = dcache(root, "default", state);
 	(void)one_pass(dc, &g, CWI_AC_COMPUTE, event, sizeof(event));
 	ck_assert_msg(strstr(event, "decided again full"), "%s", event);

@@ -733,6 +733,23 @@ manifest_present(const cwi_cache_root *r, const cachew_fingerprint *fp)
 	return bad == NULL;
 }
 
+/* Creates the cache directory and takes its lock (op LOCK_EX or
+ * LOCK_SH) into w->lockfd. */
+static cachew_err
+lock_dir(cwi_cache_writer *w, int op)
+{
+	cachew_err rv;
+
+	for (int round = 0;; round++) {
+		rv = cwi_cache_mkdirs(w->dir);
+		if (rv == CACHEW_OK)
+			rv = cwi_cache_lock(w->dir, op, true, &w->lockfd);
+		/* A remover took the directory away between the two. */
+		if (rv != CACHEW_ENOENT || round == 8)
+			return rv;
+	}
+}
+
 /* Local: creates the directory and takes its lock, then clears what a
  * dead writer or a bad cache left. */
 static cachew_err
@@ -744,14 +761,7 @@ take_dir(cwi_cache_writer *w)
 		w->owns_dir = true;
 		return cwi_cache_clear_dir(w->root, w->dir, true);
 	}
-	for (int round = 0;; round++) {
-		rv = cwi_cache_mkdirs(w->dir);
-		if (rv == CACHEW_OK)
-			rv = cwi_cache_lock(w->dir, LOCK_EX, true, &w->lockfd);
-		/* A remover took the directory away between the two. */
-		if (rv != CACHEW_ENOENT || round == 8)
-			break;
-	}
+	rv = lock_dir(w, LOCK_EX);
 	if (rv == CACHEW_EEXIST)
 		return cwi_fail(CACHEW_EEXIST,
 		    "cache %s is being written, read or removed by another "
@@ -779,13 +789,7 @@ take_dir_part(cwi_cache_writer *w)
 
 	if (w->root->s3)
 		return CACHEW_OK;
-	for (int round = 0;; round++) {
-		rv = cwi_cache_mkdirs(w->dir);
-		if (rv == CACHEW_OK)
-			rv = cwi_cache_lock(w->dir, LOCK_SH, true, &w->lockfd);
-		if (rv != CACHEW_ENOENT || round == 8)
-			break;
-	}
+	rv = lock_dir(w, LOCK_SH);
 	if (rv == CACHEW_EEXIST)
 		return cwi_fail(CACHEW_EEXIST,
 		    "cache %s is being written or removed by a single writer",

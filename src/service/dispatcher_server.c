@@ -167,8 +167,6 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
 		/* Not taken: another client created the job meanwhile. */
 		free(jp.graph);
 		srv_pass_free(jp.ctx);
-	} else if (sp != NULL && jp.graph != NULL) {
-		free(jp.graph);
 	}
 }
 

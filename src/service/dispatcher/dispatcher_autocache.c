@@ -470,13 +470,16 @@ choose(cwi_dcache *dc, dc_entry *e, const cwi_ac_plan *plan,
 	}
 	/* A cache that exists is read at once: the decided point, or else
 	 * the eligible cached point nearest the end (least compute after). */
-	for (size_t k = 0; k < plan->ncand; k++)
-		if (eligible(dc, &plan->cand[k]) &&
-		    is_cached(dc, plan->cand[k].node))
+	bool cached[CWI_AC_MAX_CANDIDATES] = {false};
+
+	for (size_t k = 0; k < plan->ncand; k++) {
+		cached[k] = eligible(dc, &plan->cand[k]) &&
+			    is_cached(dc, plan->cand[k].node);
+		if (cached[k])
 			nearest = (int)k;
+	}
 	if (e->decided && e->candidate >= 0 &&
-	    (size_t)e->candidate < plan->ncand &&
-	    is_cached(dc, plan->cand[e->candidate].node))
+	    (size_t)e->candidate < plan->ncand && cached[e->candidate])
 		nearest = e->candidate;
 	if (nearest >= 0) {
 		pass->mode = CWI_AC_GET;
