@@ -1062,7 +1062,7 @@ static void
 ack(harness *h, uint64_t job, uint64_t client, const uint64_t *ids, size_t n)
 {
 	cwi_msg_split_ack req = {job, client, (uint64_t *)ids, n, NULL, 0};
-	ck_assert_msg(cwi_dispatcher_split_ack(h->d, h->now, &req) == CACHEW_OK,
+	ck_assert_msg(cwi_dispatcher_split_ack(h->d, h->now, &req, NULL) == CACHEW_OK,
 	    "%s", cachew_errmsg());
 }
 
@@ -1196,6 +1196,43 @@ START_TEST(test_dispatcher_split_size_targets_splits_per_worker)
 	ck_assert_uint_eq(js.splits_total, 15);
 	ck_assert_uint_eq(js.splits_pending, 15);
 	ck_assert_uint_eq(js.tasks, 2);
+	harness_free(h);
+}
+END_TEST
+
+START_TEST(test_dispatcher_ack_reply_says_when_every_split_is_acked)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 100, NULL), job, c, w, t;
+	cwi_msg_split_lease_reply l;
+	uint64_t ids[64];
+	size_t n = 0;
+
+	w = add_worker(h, "tcp://w0:1");
+	join(h, ds, NULL, &job, &c);
+	t = task_of(h, w, job, NULL);
+	ck_assert_uint_ne(t, 0);
+	for (int r = 0; r < 100; r++) {
+		bool last;
+		ck_assert_int_eq(lease(h, w, t, 8, &l), CACHEW_OK);
+		for (size_t i = 0; i < l.nsplits && n < 64; i++)
+			ids[n++] = l.splits[i].split_id;
+		last = l.nsplits == 0;
+		cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+		if (last)
+			break;
+	}
+	ck_assert_uint_gt(n, 1);
+	for (size_t i = 0; i < n; i++) {
+		cwi_msg_split_ack req = {job, c, &ids[i], 1, NULL, 0};
+		cwi_msg_ok ok = {true};
+		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
+				     &ok), CACHEW_OK);
+		/* Only the ack that completes the epoch says so. */
+		ck_assert_msg(ok.job_finished == (i + 1 == n),
+		    "ack %zu of %zu: job_finished=%d", i + 1, n,
+		    (int)ok.job_finished);
+	}
 	harness_free(h);
 }
 END_TEST
@@ -2326,6 +2363,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_job_request_checked);
 	tcase_add_test(disp, test_dispatcher_split_size_targets_splits_per_worker);
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);
+	tcase_add_test(disp, test_dispatcher_ack_reply_says_when_every_split_is_acked);
 	tcase_add_test(disp, test_dispatcher_lease_is_capped_by_fair_share);
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);
 	tcase_add_test(disp, test_dispatcher_removed_task_finishes_leased_splits);

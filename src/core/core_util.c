@@ -290,6 +290,19 @@ cwi_sleep_ns(uint64_t ns)
 }
 
 int
+cwi_cond_wait_ns(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
+{
+	struct timespec ts;
+	uint64_t nsec;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	nsec = (uint64_t)ts.tv_nsec + ns % 1000000000ULL;
+	ts.tv_sec += (time_t)(ns / 1000000000ULL + nsec / 1000000000ULL);
+	ts.tv_nsec = (long)(nsec % 1000000000ULL);
+	return pthread_cond_timedwait(c, m, &ts);
+}
+
+int
 cwi_online_cpus(void)
 {
 	long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -40,6 +40,10 @@ struct cwi_dispatcher_server {
 	pthread_t ticker;
 	bool ticker_started;
 	atomic_bool stop;
+	/* The ticker naps on tick_cond (with tick_lock) so a stop ends its
+	 * nap at once: an embedded service stops at exit. */
+	pthread_mutex_t tick_lock;
+	pthread_cond_t tick_cond;
 	cwi_provisioner *prov;
 	pthread_mutex_t prov_lock; /* status calls vs destroy */
 	uint32_t prov_sent; /* last target handed to prov */
@@ -226,7 +230,13 @@ ticker_main(void *arg)
 	while (!atomic_load(&d->stop)) {
 		uint32_t target;
 
-		cwi_sleep_ns(50 * 1000000u);
+		pthread_mutex_lock(&d->tick_lock);
+		if (!atomic_load(&d->stop))
+			(void)cwi_cond_wait_ns(&d->tick_cond, &d->tick_lock,
+			    50 * 1000000u);
+		pthread_mutex_unlock(&d->tick_lock);
+		if (atomic_load(&d->stop))
+			break;
 		pthread_mutex_lock(&d->lock);
 		cwi_dispatcher_tick(d->state, cwi_now_ns());
 		target = cwi_dispatcher_pool_target(d->state);
@@ -404,6 +414,8 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->prov_lock, NULL);
 	pthread_mutex_init(&d->pass_lock, NULL);
+	pthread_mutex_init(&d->tick_lock, NULL);
+	pthread_cond_init(&d->tick_cond, NULL);
 	rv = open_events(d);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -478,7 +490,10 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 {
 	if (d == NULL)
 		return;
+	pthread_mutex_lock(&d->tick_lock);
 	atomic_store(&d->stop, true);
+	pthread_cond_broadcast(&d->tick_cond);
+	pthread_mutex_unlock(&d->tick_lock);
 	if (d->ticker_started)
 		pthread_join(d->ticker, NULL);
 	/* The workers it started drain and deregister while the listener
@@ -497,5 +512,7 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	pthread_mutex_destroy(&d->lock);
 	pthread_mutex_destroy(&d->prov_lock);
 	pthread_mutex_destroy(&d->pass_lock);
+	pthread_mutex_destroy(&d->tick_lock);
+	pthread_cond_destroy(&d->tick_cond);
 	free(d);
 }

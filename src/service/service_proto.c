@@ -99,6 +99,10 @@ static const field f_error[] = {
     STR(cwi_msg_error, message, F_REQ, CWI_PROTO_MAX_ERRMSG),
 };
 
+static const field f_ok[] = {
+    BOOL(cwi_msg_ok, job_finished),
+};
+
 static const field f_worker_register[] = {
     STR(cwi_msg_worker_register, address, F_REQ, CWI_PROTO_MAX_NAME),
     U32(cwi_msg_worker_register, cores, F_REQ),
@@ -390,7 +394,7 @@ static const field f_get_elements_reply[] = {
 static const schema msg_schemas[CWI_MSG_NTYPES] = {
     [CWI_MSG_NONE] = {"none", 0, NULL, 0},
     [CWI_MSG_ERROR] = SCHEMA("error", cwi_msg_error, f_error),
-    [CWI_MSG_OK] = {"ok", 0, NULL, 0},
+    [CWI_MSG_OK] = SCHEMA("ok", cwi_msg_ok, f_ok),
     [CWI_MSG_WORKER_REGISTER] = SCHEMA("worker_register",
 	cwi_msg_worker_register, f_worker_register),
     [CWI_MSG_WORKER_REGISTER_REPLY] = SCHEMA("worker_register_reply",

@@ -111,6 +111,13 @@ typedef enum cwi_task_state {
 
 /* ---- control messages ---------------------------------------------------- */
 
+/* The reply to a request that succeeded without a reply of its own. A
+ * split_ack's says whether the job's data is all acknowledged (so the
+ * client may end the epoch without waiting for its tasks' ends). */
+typedef struct cwi_msg_ok {
+	bool job_finished;
+} cwi_msg_ok;
+
 /* The reply to any request that failed. code is a cachew_err value. */
 typedef struct cwi_msg_error {
 	int64_t code;
@@ -438,6 +445,7 @@ typedef struct cwi_pmsg {
 	cwi_msg_type type;
 	union {
 		cwi_msg_error error;
+		cwi_msg_ok ok;
 		cwi_msg_worker_register worker_register;
 		cwi_msg_worker_register_reply worker_register_reply;
 		cwi_msg_worker_heartbeat worker_heartbeat;

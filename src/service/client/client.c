@@ -92,6 +92,7 @@ typedef struct ctask {
 	bool ended;         /* end_of_task processed */
 	bool gone;          /* no longer listed, or its worker failed */
 	uint64_t retry_at_ns; /* after a failure: when to ask again */
+	uint32_t unknown_ms; /* its worker did not have it yet: next wait */
 } ctask;
 
 typedef struct conn_ent {
@@ -150,8 +151,17 @@ typedef struct session {
 	size_t nsent;
 	bool ack_inflight, hb_inflight;
 	uint64_t next_hb_ns;
+	/* Until the job has a task, heartbeats go after this many ms (from
+	 * 1, doubling up to the interval): a new job's task starts moments
+	 * after the join, and a short job would otherwise wait a whole
+	 * interval to learn of it. */
+	uint64_t early_hb_ms;
 	uint64_t last_hb_ok_ns;
 	bool job_finished;
+	/* An ack's reply said every split of the job is acknowledged: every
+	 * element reached a client, so the tasks' ends need not be waited
+	 * for (what they still send can only repeat acknowledged splits). */
+	bool data_acked;
 	cwi_coord *coord;   /* coordinated reads; NULL otherwise */
 	bool coord_eof;     /* no task can serve a round any more */
 	uint64_t coord_elements, coord_bytes; /* received, for the budget */
@@ -348,7 +358,7 @@ send_heartbeat(session *s)
 {
 	cwi_pmsg m;
 	cwi_msg *msg;
-	uint64_t batches, wait, sum, qb;
+	uint64_t batches, wait, sum, qb, gap;
 
 	pthread_mutex_lock(&s->lock);
 	batches = s->batches;
@@ -375,7 +385,13 @@ send_heartbeat(session *s)
 			cwi_msg_destroy(msg);
 	}
 	cwi_pmsg_free(&m);
-	s->next_hb_ns = cwi_now_ns() + (uint64_t)s->heartbeat_ms * 1000000u;
+	gap = (uint64_t)s->heartbeat_ms;
+	if (s->ntasks == 0) {
+		s->early_hb_ms = s->early_hb_ms == 0 ? 1 : s->early_hb_ms * 2;
+		if (s->early_hb_ms < gap)
+			gap = s->early_hb_ms;
+	}
+	s->next_hb_ns = cwi_now_ns() + gap * 1000000u;
 }
 
 static void
@@ -421,6 +437,19 @@ static void
 on_ack(session *s, cwi_completion *c)
 {
 	s->ack_inflight = false;
+	if (c->err == CACHEW_OK && c->reply != NULL) {
+		cwi_pmsg rep;
+		if (cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
+			if (rep.type == CWI_MSG_OK && rep.u.ok.job_finished) {
+				s->data_acked = true;
+				/* In-process workers end their tasks now, so
+				 * the requests still held there come back at
+				 * once (drain_requests waits for them). */
+				cwi_embedded_poke(s->ctx->url);
+			}
+			cwi_pmsg_free(&rep);
+		}
+	}
 	if (c->reply != NULL)
 		cwi_msg_destroy(c->reply);
 	if (c->err != CACHEW_OK) {
@@ -738,13 +767,18 @@ data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 		return false;
 	if (hdr->type == CWI_MSG_ERROR && hdr->u.error.code == CACHEW_ENOENT) {
 		/* The worker has not started the task yet (it learns of it
-		 * at its next heartbeat) or has dropped it; the job's task
-		 * list tells which. Ask again soon. */
+		 * at its next heartbeat, or at once when in this process) or
+		 * has dropped it; the job's task list tells which. Ask again
+		 * soon: after 1 ms, doubling up to 20. */
+		uint64_t gap;
+		t->unknown_ms = t->unknown_ms == 0 ? 1
+			      : t->unknown_ms < 20 ? t->unknown_ms * 2 : 20;
+		gap = (uint64_t)t->unknown_ms * 1000000u;
 		if (s->coord != NULL)
 			cwi_coord_failed(s->coord, t->task_id, task_round,
-			    now + 20000000u);
+			    now + gap);
 		else
-			t->retry_at_ns = now + 20000000u;
+			t->retry_at_ns = now + gap;
 	} else if (hdr->type == CWI_MSG_ERROR) {
 		session_fail(s, (cachew_err)hdr->u.error.code > CACHEW_OK
 			? (cachew_err)hdr->u.error.code : CACHEW_EOP,
@@ -1041,8 +1075,9 @@ all_tasks_done(const session *s)
 	return true;
 }
 
-/* The epoch is over for this client: uncoordinated, the dispatcher says
- * the job finished and every task was read to its end; coordinated, no
+/* The epoch is over for this client: uncoordinated, an ack's reply said
+ * every split is acknowledged, or the dispatcher says the job finished and
+ * every task was read to its end; coordinated, no
  * task can serve a round any more (a job whose last rounds were dropped
  * may never see every split acknowledged). Every ack went out first. */
 static bool
@@ -1052,7 +1087,7 @@ session_done(const session *s)
 		return false;
 	if (s->coord != NULL)
 		return s->coord_eof;
-	return s->job_finished && all_tasks_done(s);
+	return s->data_acked || (s->job_finished && all_tasks_done(s));
 }
 
 static void
@@ -1083,6 +1118,23 @@ on_completion(session *s, cwi_completion *c)
 	}
 }
 
+/* How long the fetch thread may wait for a completion: until the next
+ * heartbeat or the next retry of a task, at most 50 ms. */
+static int
+fetch_wait_ms(const session *s, uint64_t now)
+{
+	uint64_t until = now + 50 * UINT64_C(1000000);
+
+	if (!s->hb_inflight && s->next_hb_ns < until)
+		until = s->next_hb_ns;
+	for (size_t i = 0; i < s->ntasks; i++) {
+		const ctask *t = &s->tasks[i];
+		if (!t->ended && t->retry_at_ns > now && t->retry_at_ns < until)
+			until = t->retry_at_ns;
+	}
+	return until > now ? (int)((until - now + 999999u) / 1000000u) : 0;
+}
+
 static void *
 fetch_main(void *arg)
 {
@@ -1094,6 +1146,7 @@ fetch_main(void *arg)
 		cwi_completion c;
 		uint64_t now = cwi_now_ns();
 		bool soon;
+		int wait_ms;
 
 		pthread_mutex_lock(&s->lock);
 		bool stop = s->err != CACHEW_OK || s->eof;
@@ -1123,7 +1176,8 @@ fetch_main(void *arg)
 		send_acks(s);
 		send_requests(s);
 		auto_tick(s, now);
-		if (cwi_cq_wait(s->cq, 50, &c) != CACHEW_OK)
+		wait_ms = fetch_wait_ms(s, now);
+		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK)
 			continue;
 		on_completion(s, &c);
 		/* Take whatever else completed before going round again. */

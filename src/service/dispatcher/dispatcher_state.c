@@ -2022,7 +2022,7 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 
 cachew_err
 cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
-    const cwi_msg_split_ack *req)
+    const cwi_msg_split_ack *req, cwi_msg_ok *rep)
 {
 	job *j;
 	client *c;
@@ -2040,6 +2040,9 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 		    "splits", req->nparts, req->nsplit_ids);
 	acks_apply(d, j, c, req->split_ids,
 	    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
+	if (rep != NULL)
+		rep->job_finished = j->data_done &&
+				    j->mode == CWI_MODE_DISTRIBUTED_EPOCH;
 	return CACHEW_OK;
 }
 
@@ -2729,7 +2732,8 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 		    &rep->u.split_lease_reply);
 		break;
 	case CWI_MSG_SPLIT_ACK:
-		rv = cwi_dispatcher_split_ack(d, now_ns, &req->u.split_ack);
+		rv = cwi_dispatcher_split_ack(d, now_ns, &req->u.split_ack,
+		    &rep->u.ok);
 		break;
 	case CWI_MSG_JOB_RELEASE:
 		rv = cwi_dispatcher_job_release(d, now_ns, &req->u.job_release);

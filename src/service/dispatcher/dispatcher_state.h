@@ -157,8 +157,9 @@ cachew_err cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_client_heartbeat *req, cwi_msg_client_heartbeat_reply *rep);
 cachew_err cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_lease *req, cwi_msg_split_lease_reply *rep);
+/* rep (may be NULL) says whether the job's data is now all acknowledged. */
 cachew_err cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
-    const cwi_msg_split_ack *req);
+    const cwi_msg_split_ack *req, cwi_msg_ok *rep);
 cachew_err cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_job_release *req);
 /* A snapshot of everything, in id order. */

@@ -320,6 +320,8 @@ cwi_worker_poke(cwi_worker *w)
 	pthread_mutex_lock(&w->lock);
 	w->poked = true;
 	pthread_cond_broadcast(&w->cond);
+	for (size_t i = 0; i < w->ntasks; i++)
+		cwi_wtask_poke(w->tasks[i]);
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -485,7 +487,11 @@ cwi_worker_stop(cwi_worker *w)
 {
 	if (w == NULL)
 		return;
+	/* Under the lock: the heartbeat thread's nap ends at once. */
+	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->stop, true);
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
 	if (w->dispatcher != NULL)
 		cwi_conn_close(w->dispatcher);
 	if (w->heartbeat_started)

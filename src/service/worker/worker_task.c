@@ -86,6 +86,7 @@ struct cwi_wtask {
 	pthread_t runner;
 	bool runner_started;
 	atomic_bool stop;
+	bool poked; /* cwi_wtask_poke since the runner last waited */
 
 	pthread_mutex_t lock;
 	pthread_cond_t space; /* the runner waits for queue room */
@@ -287,6 +288,15 @@ cwi_wtask_stop(cwi_wtask *t)
 		(void)cwi_request_fail(held[i].r, CACHEW_ECLOSED,
 		    "task %llu was stopped", (unsigned long long)t->id);
 	free(held);
+}
+
+void
+cwi_wtask_poke(cwi_wtask *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->poked = true;
+	pthread_cond_broadcast(&t->space);
+	pthread_mutex_unlock(&t->lock);
 }
 
 /* ---- replies --------------------------------------------------------------- */
@@ -1236,7 +1246,13 @@ run_distributed(cwi_wtask *t)
 			cwi_pmsg_free(&rep);
 			if (end)
 				return CACHEW_OK;
-			cwi_sleep_ns((uint64_t)retry * 1000000u);
+			/* On t->space: a stop ends the wait at once. */
+			pthread_mutex_lock(&t->lock);
+			if (!atomic_load(&t->stop) && !t->poked)
+				(void)cwi_cond_wait_ns(&t->space, &t->lock,
+				    (uint64_t)retry * 1000000u);
+			t->poked = false;
+			pthread_mutex_unlock(&t->lock);
 			continue;
 		}
 		ranges = malloc(lr->nsplits * sizeof(*ranges));

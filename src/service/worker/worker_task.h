@@ -66,6 +66,10 @@ void cwi_wtask_unref(cwi_wtask *t);
  * queue. Idempotent. */
 void cwi_wtask_stop(cwi_wtask *t);
 
+/* Ends the runner's wait for splits at once (it asks the dispatcher
+ * again): an in-process client just saw the job's data all acknowledged. */
+void cwi_wtask_poke(cwi_wtask *t);
+
 /* Handles a get_elements request (decoded in m; r consumed). */
 void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
     const cwi_msg_get_elements *m);
