@@ -212,6 +212,61 @@ START_TEST(embedded_service_equals_in_process)
 }
 END_TEST
 
+/* embedded:2 runs two worker threads (no inline task): the same multiset. */
+START_TEST(embedded_worker_threads_equal_in_process)
+{
+	const char *p = "range(20000) | map(add, value=3)";
+	run_sum local = run_digest(p, NULL, NULL);
+	run_sum emb = run_digest(p, "embedded:2", NULL);
+
+	ck_assert_uint_eq(emb.n, local.n);
+	ck_assert_uint_eq(emb.digest, local.digest);
+}
+END_TEST
+
+/* A pipeline error on a worker ends the client's epoch with that error
+ * (it would recur wherever its split is leased), never a retry loop. */
+static void
+assert_pipeline_error(const char *url)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char err[512];
+	cachew_err rv;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	rv = cwt_run("from_list([\"abc\", \"def\"]) | decode_jpeg(channels=3)",
+	    o, &v, &n, err, sizeof(err));
+	ck_assert_msg(rv != CACHEW_OK, "%s: a corrupt JPEG gave no error", url);
+	ck_assert_msg(strstr(err, "Not a JPEG file") != NULL, "%s: %s", url,
+	    err);
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+}
+
+START_TEST(embedded_pipeline_error_reaches_the_client)
+{
+	assert_pipeline_error("embedded");
+}
+END_TEST
+
+START_TEST(embedded_threads_pipeline_error_reaches_the_client)
+{
+	assert_pipeline_error("embedded:2");
+}
+END_TEST
+
+START_TEST(cluster_pipeline_error_reaches_the_client)
+{
+	cluster c;
+
+	cluster_start(&c, 1);
+	assert_pipeline_error(c.dispatcher.url);
+	cluster_stop(&c);
+}
+END_TEST
+
 /* ---- two clients sharing a job ----------------------------------------------- */
 
 typedef struct share_arg {
@@ -247,6 +302,27 @@ START_TEST(cluster_two_clients_share_a_named_job)
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
 	cluster_stop(&c);
+}
+END_TEST
+
+/* Two in-process clients of one named job on the embedded service: both
+ * pull from its one inline task; each element reaches one of them. */
+START_TEST(embedded_two_clients_share_a_named_job)
+{
+	pthread_t th[2];
+	share_arg a[2];
+	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
+	    NULL);
+
+	for (int i = 0; i < 2; i++) {
+		a[i].url = "embedded";
+		ck_assert_int_eq(pthread_create(&th[i], NULL, share_main, &a[i]),
+		    0);
+	}
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
+	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
 }
 END_TEST
 
@@ -581,6 +657,11 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, embedded_service_equals_in_process);
+	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
+	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
+	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
+	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);
+	tcase_add_test(tc, embedded_two_clients_share_a_named_job);
 	tcase_add_test(tc, cluster_two_clients_share_a_named_job);
 	tcase_add_test(tc, cluster_worker_killed_mid_epoch_loses_nothing);
 	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);

@@ -27,6 +27,12 @@ void cwi_dispatcher_server_stop(cwi_dispatcher_server *d);
 /* Starts a worker: listens for clients on cfg->listen and registers with
  * cfg->dispatcher (retrying until it answers). */
 cachew_err cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg);
+/* The same, on inproc only, with its uncoordinated distributed_epoch tasks
+ * run inline: by the threads of the in-process clients that read them
+ * (cwi_wtask_pull), with no runner thread and no hand-off. The embedded
+ * service's first worker. */
+cachew_err cwi_worker_start_inline(cwi_worker **out,
+    const cwi_service_config *cfg);
 const char *cwi_worker_url(const cwi_worker *w);
 /* Begins a drain: take no new splits, deliver the leased ones, deregister.
  * Returns at once; cwi_worker_wait_drained() waits for the end. */
@@ -42,6 +48,8 @@ void cwi_worker_stop(cwi_worker *w);
 /* Heartbeats now instead of at the end of the interval (a job was just
  * created in this process: its tasks start without waiting for it). */
 void cwi_worker_poke(cwi_worker *w);
+/* Task task_id of w, referenced (cwi_wtask_unref), or NULL. */
+struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
 
 /* The process's embedded service for `service=embedded` or `embedded:N`:
  * starts (once) a dispatcher and N workers (default 1) on inproc and
@@ -51,6 +59,13 @@ cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
 /* When url is the embedded service's: has its workers heartbeat now, so a
  * job just created starts at once rather than at their next heartbeat. */
 void cwi_embedded_poke(const char *url);
+/* The task task_id of the embedded worker listening at address when that
+ * worker runs its tasks inline, referenced (cwi_wtask_unref); else NULL
+ * (another worker, a remote one, a task with a runner, or one the worker
+ * has not started yet). *inline_worker says whether address is an inline
+ * worker's. */
+struct cwi_wtask *cwi_embedded_inline_task(const char *address,
+    uint64_t task_id, bool *inline_worker);
 
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);

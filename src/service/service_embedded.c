@@ -9,6 +9,7 @@
  * exit (atexit), after every iterator using it should be gone.
  */
 #include "service.h"
+#include "worker/worker_task.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ static cwi_dispatcher_server *emb_dispatcher;
 static cwi_worker *emb_workers[EMBEDDED_MAX_WORKERS];
 static size_t emb_nworkers;
 static char emb_url[64];
+static bool emb_inline; /* emb_workers[0] runs its tasks inline */
 static bool emb_atexit;
 
 static void
@@ -89,7 +91,15 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 		snprintf(cfg.listen, sizeof(cfg.listen), "%s-w%zu", emb_url,
 		    emb_nworkers);
 		cfg.heartbeat_ms = 100;
-		rv = cwi_worker_start(&emb_workers[emb_nworkers], &cfg);
+		/* `embedded` (one worker): its tasks run in the clients'
+		 * threads, so the service costs what the plain executor
+		 * does; embedded:N runs N worker threads. */
+		if (emb_nworkers == 0)
+			emb_inline = want == 1;
+		if (emb_nworkers == 0 && emb_inline)
+			rv = cwi_worker_start_inline(&emb_workers[0], &cfg);
+		else
+			rv = cwi_worker_start(&emb_workers[emb_nworkers], &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
 		emb_nworkers++;
@@ -113,4 +123,28 @@ cwi_embedded_poke(const char *url)
 		for (size_t i = 0; i < emb_nworkers; i++)
 			cwi_worker_poke(emb_workers[i]);
 	pthread_mutex_unlock(&emb_lock);
+}
+
+struct cwi_wtask *
+cwi_embedded_inline_task(const char *address, uint64_t task_id,
+    bool *inline_worker)
+{
+	struct cwi_wtask *t = NULL;
+
+	*inline_worker = false;
+	if (address == NULL || strncmp(address, "inproc://", 9) != 0)
+		return NULL;
+	pthread_mutex_lock(&emb_lock);
+	for (size_t i = 0; i < emb_nworkers && t == NULL; i++) {
+		if (strcmp(cwi_worker_url(emb_workers[i]), address) != 0)
+			continue;
+		*inline_worker = emb_inline && i == 0;
+		t = cwi_worker_task(emb_workers[i], task_id);
+		if (t != NULL && !cwi_wtask_is_inline(t)) {
+			cwi_wtask_unref(t);
+			t = NULL;
+		}
+	}
+	pthread_mutex_unlock(&emb_lock);
+	return t;
 }

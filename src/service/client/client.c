@@ -39,6 +39,7 @@
 #include "../service.h"
 #include "../service_rpc.h"
 #include "../worker/payload_zstd.h"
+#include "../worker/worker_task.h"
 #include "../../exec/exec_split.h"
 #include "../../core/options.h"
 
@@ -91,6 +92,7 @@ typedef struct ctask {
 	size_t nheld, capheld;
 	bool ended;         /* end_of_task processed */
 	bool gone;          /* no longer listed, or its worker failed */
+	bool inline_;       /* read by the consumer (s->inl), not by requests */
 	uint64_t retry_at_ns; /* after a failure: when to ask again */
 	uint32_t unknown_ms; /* its worker did not have it yet: next wait */
 } ctask;
@@ -182,6 +184,11 @@ typedef struct session {
 	/* consumer timing since the last heartbeat */
 	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
 	uint64_t last_chunk_n; /* elements handed over at last_next_ns */
+	/* The job's inline task (an embedded worker's, cwi_wtask_pull): the
+	 * consumer runs it in stream_next; inl_done once it has nothing
+	 * more. Set by the fetch thread, used by the consumer (s->lock). */
+	struct cwi_wtask *inl;
+	bool inl_done;
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
 } session;
@@ -304,12 +311,43 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 				t->gone = false;
 			continue;
 		}
-		if (s->ntasks >= MAX_TASK_SLOTS ||
-		    !CWI_GROW(s->tasks, s->captasks, s->ntasks + 1))
+		bool inline_worker = false;
+		struct cwi_wtask *inl = s->coord == NULL
+		    ? cwi_embedded_inline_task(ti->address, ti->task_id,
+			  &inline_worker)
+		    : NULL;
+		/* An inline worker that has not started the task yet: it
+		 * is listed again at the next (early) heartbeat. */
+		if (inline_worker && inl == NULL)
 			continue;
+		if (s->ntasks >= MAX_TASK_SLOTS ||
+		    !CWI_GROW(s->tasks, s->captasks, s->ntasks + 1)) {
+			cwi_wtask_unref(inl);
+			continue;
+		}
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
 		t->task_id = ti->task_id;
+		if (inl != NULL) {
+			pthread_mutex_lock(&s->lock);
+			if (s->inl == NULL) {
+				s->inl = inl;
+				inl = NULL;
+				t->inline_ = true;
+			}
+			pthread_cond_broadcast(&s->cond);
+			pthread_mutex_unlock(&s->lock);
+			if (inl != NULL) {
+				/* One worker runs inline, and a job has one
+				 * task per worker. */
+				cwi_wtask_unref(inl);
+				session_fail(s, CACHEW_EINVAL, "job %llu: a "
+				    "second inline task (%llu)",
+				    (unsigned long long)s->job_id,
+				    (unsigned long long)ti->task_id);
+				continue;
+			}
+		}
 		t->address = cwi_strdup(ti->address);
 		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
 		if (t->conn == NULL) {
@@ -572,7 +610,8 @@ send_requests(session *s)
 			ctask *t = &s->tasks[i];
 			uint64_t outstanding = 0;
 
-			if (t->ended || t->gone || now < t->retry_at_ns ||
+			if (t->ended || t->gone || t->inline_ ||
+			    now < t->retry_at_ns ||
 			    t->inflight >= depth)
 				continue;
 			for (size_t k = 0; k < n; k++)
@@ -1333,6 +1372,7 @@ session_free(session *s)
 	free(s->sent_acks);
 	free(s->sent_parts);
 	cwi_coord_destroy(s->coord);
+	cwi_wtask_unref(s->inl);
 	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
@@ -1381,6 +1421,74 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	return CACHEW_OK;
 }
 
+/* Acknowledges the splits of an inline lease that ended (the consumer
+ * holds their elements): a direct call, in-process. */
+static void
+ack_inline(session *s, const uint64_t *ids, size_t n)
+{
+	cwi_pmsg req, rep;
+
+	cwi_pmsg_init(&req, CWI_MSG_SPLIT_ACK);
+	req.u.split_ack.job_id = s->job_id;
+	req.u.split_ack.client_id = s->client_id;
+	req.u.split_ack.split_ids = (uint64_t *)ids;
+	req.u.split_ack.nsplit_ids = n;
+	if (cwi_rpc_call_retry(s->dispatcher, &req, CWI_MSG_OK,
+		s->ctx->opts.service_timeout_ms, &s->closing, &rep) !=
+	    CACHEW_OK) {
+		session_fail(s, CACHEW_EIO, "dispatcher %s: acknowledging %zu "
+		    "splits: %s", s->ctx->url, n, cwi_errmsg_get());
+		return;
+	}
+	if (rep.u.ok.job_finished) {
+		pthread_mutex_lock(&s->lock);
+		s->inl_done = true;
+		s->eof = true; /* every element reached a client */
+		pthread_mutex_unlock(&s->lock);
+	}
+	cwi_pmsg_free(&rep);
+}
+
+/*
+ * Pulls up to max elements from the inline task into out on this thread.
+ * Called and returns with s->lock held (released while pulling). Returns
+ * how many elements came; 0 means look at the session again (it may have
+ * ended, failed, or be waiting for splits leased elsewhere).
+ */
+static size_t
+pull_inline(session *s, cwi_chunk *out, size_t max)
+{
+	struct cwi_wtask *t = s->inl;
+	cwi_wtask_pulled r;
+	size_t n0 = out->n, got;
+	cachew_err rv;
+
+	cwi_wtask_ref(t);
+	pthread_mutex_unlock(&s->lock);
+	rv = cwi_wtask_pull(t, out, max, &r);
+	got = out->n - n0;
+	if (rv != CACHEW_OK)
+		session_fail(s, rv, "%s", cwi_errmsg_get());
+	if (r.nsplits > 0)
+		ack_inline(s, r.split_ids, r.nsplits);
+	free(r.split_ids);
+	cwi_wtask_unref(t);
+	pthread_mutex_lock(&s->lock);
+	if (r.end_of_task) {
+		/* end_of_splits: the dispatcher has every split acked. */
+		s->inl_done = true;
+		s->eof = true;
+	}
+	if (s->eof || s->err != CACHEW_OK)
+		pthread_cond_broadcast(&s->cond);
+	if (got == 0 && r.retry_ms > 0 && !s->eof && s->err == CACHEW_OK)
+		/* Every split is leased (to another puller or worker): ask
+		 * again after the dispatcher's retry interval. */
+		(void)cwi_cond_wait_ns(&s->cond, &s->lock,
+		    (uint64_t)r.retry_ms * 1000000u);
+	return got;
+}
+
 static cachew_err
 stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 {
@@ -1390,8 +1498,18 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	size_t n = 0;
 
 	pthread_mutex_lock(&s->lock);
-	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK)
+	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
+		if (s->inl != NULL && !s->inl_done) {
+			/* The inline task runs here, on this thread. */
+			size_t got = pull_inline(s, out, max);
+			if (got > 0) {
+				n = got;
+				goto taken;
+			}
+			continue;
+		}
 		pthread_cond_wait(&s->cond, &s->lock);
+	}
 	if (s->qlen > 0) {
 		n = s->qlen < max ? s->qlen : max;
 		for (size_t i = 0; i < n; i++) {
@@ -1407,6 +1525,7 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	} else {
 		rv = CACHEW_EOF;
 	}
+taken:;
 	uint64_t now = cwi_now_ns();
 	s->wait_ns += now - t0;
 	s->auto_wait_ns += now - t0;

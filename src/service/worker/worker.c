@@ -364,8 +364,29 @@ heartbeat_main(void *arg)
 
 /* ---- lifecycle --------------------------------------------------------------------- */
 
+cwi_wtask *
+cwi_worker_task(cwi_worker *w, uint64_t task_id)
+{
+	return task_find(w, task_id);
+}
+
+static cachew_err worker_start(cwi_worker **out,
+    const cwi_service_config *cfg, bool inline_run);
+
 cachew_err
 cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg)
+{
+	return worker_start(out, cfg, false);
+}
+
+cachew_err
+cwi_worker_start_inline(cwi_worker **out, const cwi_service_config *cfg)
+{
+	return worker_start(out, cfg, true);
+}
+
+static cachew_err
+worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 {
 	cwi_worker *w = calloc(1, sizeof(*w));
 	cwi_transport_opts topts;
@@ -407,6 +428,7 @@ cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg)
 	w->env.draining = &w->draining;
 	/* inproc clients take element pointers: compressing saves nothing. */
 	w->env.inproc = strncmp(w->url, "inproc://", 9) == 0;
+	w->env.inline_run = inline_run && w->env.inproc;
 	if (pthread_create(&w->heartbeat, NULL, heartbeat_main, w) != 0) {
 		rv = cwi_fail(CACHEW_ENOMEM, "worker: cannot start a thread");
 		goto fail;

@@ -136,6 +136,14 @@ struct cwi_wtask {
 	cachew_op_stats *ops;
 	char (*op_names)[96];
 	size_t nops;
+
+	/* Inline (cwi_wtask_pull): no runner; the pulling thread runs the
+	 * lease pipelines, one puller at a time (pull_lock). */
+	bool inline_run;
+	pthread_mutex_t pull_lock;
+	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
+	uint64_t *pull_splits;    /* its splits */
+	size_t pull_nsplits;
 };
 
 /* ---- creation ------------------------------------------------------------ */
@@ -156,6 +164,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	atomic_init(&t->stop, false);
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->space, NULL);
+	pthread_mutex_init(&t->pull_lock, NULL);
 	t->id = def->task_id;
 	t->job_id = def->job_id;
 	t->mode = def->processing_mode;
@@ -189,6 +198,12 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		rv = cwi_fail(rv, "task %llu: %s", (unsigned long long)t->id,
 		    cwi_errmsg_get());
 		goto fail;
+	}
+	if (env->inline_run && t->ncons == 0 &&
+	    t->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
+		t->inline_run = true;
+		*out = t;
+		return CACHEW_OK;
 	}
 	if (pthread_create(&t->runner, NULL, runner_main, t) != 0) {
 		rv = cwi_fail(CACHEW_ENOMEM, "task %llu: cannot start a thread",
@@ -243,6 +258,9 @@ cwi_wtask_unref(cwi_wtask *t)
 	cwi_wtask_stop(t);
 	if (t->runner_started)
 		pthread_join(t->runner, NULL);
+	if (t->pull_it != NULL)
+		cachew_iterator_destroy(t->pull_it);
+	free(t->pull_splits);
 	free_queue(t);
 	free(t->q);
 	for (size_t i = 0; i < t->nleases; i++) {
@@ -267,6 +285,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	cachew_dataset_release(t->root);
 	pthread_cond_destroy(&t->space);
 	pthread_mutex_destroy(&t->lock);
+	pthread_mutex_destroy(&t->pull_lock);
 	free(t);
 }
 
@@ -797,7 +816,11 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 {
 	memset(st, 0, sizeof(*st));
 	if (t->failed != CACHEW_OK) {
-		st->err = t->failed;
+		/* An error reply, not a failed request: the client ends
+		 * the epoch with the pipeline's error (a corrupt file gives
+		 * the same error again wherever its split is leased). */
+		status_fail(st, t->failed, "%s", t->errmsg[0] != '\0'
+		    ? t->errmsg : cachew_strerror(t->failed));
 		return NULL;
 	}
 	if (t->ncons == 0 && m->consumer_index >= 0) {
@@ -963,6 +986,14 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 
 	memset(&one, 0, sizeof(one));
 	one.r = r;
+	if (t->inline_run) {
+		/* Its clients share the process and pull (cwi_wtask_pull):
+		 * nothing would ever answer a request. */
+		cwi_rpc_reply_error(r, CACHEW_EINVAL, "task %llu runs inline "
+		    "in its clients' threads: it takes no get_elements",
+		    (unsigned long long)t->id);
+		return;
+	}
 	pthread_mutex_lock(&t->lock);
 	if (atomic_load(&t->stop)) {
 		pthread_mutex_unlock(&t->lock);
@@ -1308,6 +1339,135 @@ runner_main(void *arg)
 		runner_fail(t, rv, cwi_errmsg_get());
 	}
 	return NULL;
+}
+
+/* ---- inline tasks -------------------------------------------------------------- */
+
+bool
+cwi_wtask_is_inline(const cwi_wtask *t)
+{
+	return t->inline_run;
+}
+
+/* Leases the next splits and opens their pipeline; sets r->end_of_task or
+ * r->retry_ms when there are none. Called with pull_lock held. */
+static cachew_err
+pull_lease(cwi_wtask *t, cwi_wtask_pulled *r)
+{
+	cwi_pmsg rep;
+	cwi_msg_split_lease_reply *lr;
+	cwi_unit_range *ranges;
+	cachew_err rv;
+
+	rv = lease_splits(t, &rep);
+	if (rv != CACHEW_OK)
+		return rv;
+	lr = &rep.u.split_lease_reply;
+	if (lr->nsplits == 0) {
+		if (lr->end_of_splits) {
+			pthread_mutex_lock(&t->lock);
+			t->produced_all = true;
+			t->end_ns = cwi_now_ns();
+			pthread_mutex_unlock(&t->lock);
+			r->end_of_task = true;
+		} else {
+			r->retry_ms = lr->retry_ms > 0 ? lr->retry_ms : 20;
+		}
+		cwi_pmsg_free(&rep);
+		return CACHEW_OK;
+	}
+	ranges = malloc(lr->nsplits * sizeof(*ranges));
+	t->pull_splits = malloc(lr->nsplits * sizeof(*t->pull_splits));
+	if (ranges == NULL || t->pull_splits == NULL) {
+		free(ranges);
+		cwi_pmsg_free(&rep);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < lr->nsplits; i++) {
+		ranges[i].begin = lr->splits[i].begin;
+		ranges[i].end = lr->splits[i].end;
+		t->pull_splits[i] = lr->splits[i].split_id;
+	}
+	t->pull_nsplits = lr->nsplits;
+	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root,
+	    t->env->opts, t->plan->source, ranges, lr->nsplits, t->seed);
+	free(ranges);
+	cwi_pmsg_free(&rep);
+	return rv;
+}
+
+cachew_err
+cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max, cwi_wtask_pulled *r)
+{
+	uint64_t bytes = 0;
+	size_t n0 = out->n;
+	cachew_err rv = CACHEW_OK;
+
+	memset(r, 0, sizeof(*r));
+	if (!t->inline_run)
+		return cwi_fail(CACHEW_EINVAL, "task %llu is not inline",
+		    (unsigned long long)t->id);
+	pthread_mutex_lock(&t->pull_lock);
+	if (t->failed != CACHEW_OK) {
+		rv = cwi_fail(t->failed, "%s", t->errmsg);
+		goto done;
+	}
+	if (t->pull_it == NULL) {
+		if (t->produced_all) {
+			r->end_of_task = true;
+			goto done;
+		}
+		free(t->pull_splits);
+		t->pull_splits = NULL;
+		t->pull_nsplits = 0;
+		rv = pull_lease(t, r);
+		if (rv != CACHEW_OK || t->pull_it == NULL)
+			goto done;
+	}
+	while (out->n - n0 < max) {
+		cachew_element *e;
+		if (atomic_load(&t->stop)) {
+			rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
+			    (unsigned long long)t->id);
+			break;
+		}
+		rv = cachew_iterator_next(t->pull_it, &e);
+		if (rv == CACHEW_OK) {
+			bytes += cwi_element_nbytes(e);
+			cwi_chunk_push(out, e);
+			continue;
+		}
+		if (rv == CACHEW_EOF) {
+			/* The lease is over: its splits go to this puller,
+			 * who acknowledges them (it holds every element of
+			 * them that was not handed to an earlier puller). */
+			add_stats(t, t->pull_it);
+			cachew_iterator_destroy(t->pull_it);
+			t->pull_it = NULL;
+			r->split_ids = t->pull_splits;
+			r->nsplits = t->pull_nsplits;
+			t->pull_splits = NULL;
+			t->pull_nsplits = 0;
+			rv = CACHEW_OK;
+		} else {
+			rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(t->pull_it));
+		}
+		break;
+	}
+	pthread_mutex_lock(&t->lock);
+	t->elements += out->n - n0;
+	t->bytes += bytes;
+	for (size_t i = 0; i < r->nsplits; i++)
+		(void)add_delivered(t, r->split_ids[i]);
+	if (rv != CACHEW_OK && rv != CACHEW_ECLOSED && t->failed == CACHEW_OK) {
+		t->failed = rv;
+		snprintf(t->errmsg, sizeof(t->errmsg), "%s", cwi_errmsg_get());
+		t->produced_all = true;
+	}
+	pthread_mutex_unlock(&t->lock);
+done:
+	pthread_mutex_unlock(&t->pull_lock);
+	return rv;
 }
 
 /* ---- reports ----------------------------------------------------------------- */

@@ -52,6 +52,11 @@ typedef struct cwi_wtask_env {
 	uint64_t queue_bytes;  /* output queue bound */
 	const atomic_bool *draining; /* stop leasing when set */
 	bool inproc; /* clients share the process: never compress */
+	/* Its uncoordinated distributed_epoch tasks run inline: no runner
+	 * thread, the clients' threads run the pipeline in cwi_wtask_pull
+	 * (an embedded worker's, so that the embedded service costs what
+	 * the plain executor does). */
+	bool inline_run;
 } cwi_wtask_env;
 
 /* Creates a task from its definition (graph decoded and planned) and
@@ -69,6 +74,27 @@ void cwi_wtask_stop(cwi_wtask *t);
 /* Ends the runner's wait for splits at once (it asks the dispatcher
  * again): an in-process client just saw the job's data all acknowledged. */
 void cwi_wtask_poke(cwi_wtask *t);
+
+/* What one cwi_wtask_pull gave besides elements. */
+typedef struct cwi_wtask_pulled {
+	/* The lease ended in this pull: its splits (malloc'd; the caller
+	 * frees them), to be acknowledged by the caller. */
+	uint64_t *split_ids;
+	size_t nsplits;
+	bool end_of_task;  /* every split is acknowledged: nothing more */
+	uint32_t retry_ms; /* nothing now: every split is leased; ask again */
+} cwi_wtask_pulled;
+
+/* Inline tasks: runs the task's lease pipeline on the calling thread,
+ * appending up to max elements to out (which has room for them), leasing
+ * splits from the dispatcher as needed. Stops at a lease's end (so its
+ * splits are acknowledged at once). One puller at a time; any number of
+ * clients may pull (each element goes to one). Errors: the pipeline's
+ * (the task has then failed for every puller), CACHEW_ECLOSED once
+ * stopped, CACHEW_EINVAL for a task that is not inline. */
+bool cwi_wtask_is_inline(const cwi_wtask *t);
+cachew_err cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max,
+    cwi_wtask_pulled *r);
 
 /* Handles a get_elements request (decoded in m; r consumed). */
 void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
