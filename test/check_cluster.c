@@ -193,13 +193,17 @@ START_TEST(cluster_client_part_runs_after_the_service)
 }
 END_TEST
 
-/* service=embedded: the dispatcher and workers inside this process on the
- * inproc transport (nothing serialized) give the same multiset. */
+/* service=embedded: the dispatcher and a worker inside this process on
+ * the inproc transport (nothing serialized) give the same multiset; its
+ * inline worker takes the whole epoch in one lease, so even batches across
+ * split boundaries and seeded shuffles come out as in-process. */
 START_TEST(embedded_service_equals_in_process)
 {
 	static const char *const pipelines[] = {
 	    "range(20000) | map(add, value=3) | batch(100)",
 	    "from_list([1, 2, 3, 4, 5]) | map(mul, value=2) | take(3)",
+	    "range(300) | batch(64)",
+	    "range(5000) | shuffle(100) | map(mul, value=2) | batch(7)",
 	};
 
 	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {

@@ -427,6 +427,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.client_timeout_ns = (uint64_t)cfg->client_timeout_ms * 1000000u;
 	dc.worker_heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
 	dc.client_heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
+	dc.max_lease = (uint32_t)cfg->max_lease;
 	dc.event_file = d->events;
 	dc.pass_free = srv_pass_free;
 	dc.autoscale = true;

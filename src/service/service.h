@@ -48,6 +48,9 @@ void cwi_worker_stop(cwi_worker *w);
 /* Heartbeats now instead of at the end of the interval (a job was just
  * created in this process: its tasks start without waiting for it). */
 void cwi_worker_poke(cwi_worker *w);
+/* The same, then waits (up to timeout_ms) until a heartbeat that began
+ * after the poke has ended: the tasks it was given have started. */
+void cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms);
 /* Task task_id of w, referenced (cwi_wtask_unref), or NULL. */
 struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
 
@@ -56,9 +59,11 @@ struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
  * writes the dispatcher's URL. More workers are added when a later spec
  * asks for more. */
 cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
-/* When url is the embedded service's: has its workers heartbeat now, so a
- * job just created starts at once rather than at their next heartbeat. */
-void cwi_embedded_poke(const char *url);
+/* When url is the embedded service's: has its workers heartbeat now, and
+ * with `wait` waits for those heartbeats (at most 100 ms each), so a job
+ * just created has its tasks started when this returns. Without, it also
+ * ends their runners' waits for splits. */
+void cwi_embedded_poke(const char *url, bool wait);
 /* The task task_id of the embedded worker listening at address when that
  * worker runs its tasks inline, referenced (cwi_wtask_unref); else NULL
  * (another worker, a remote one, a task with a runner, or one the worker

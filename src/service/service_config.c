@@ -68,6 +68,9 @@ static const cfg_spec table[] = {
 	"largest message any socket accepts; larger ones close the peer"},
     {"max_connections", INT(max_connections), "1024", 1, 1000000, NULL,
 	"connections a listener accepts before refusing new ones"},
+    {"max_lease", INT(max_lease), "4", 1, 1048576, NULL,
+	"dispatcher: most splits one lease request takes (fewer when less "
+	"than a fair share is left)"},
     {"drain_timeout_ms", INT(drain_timeout_ms), "60000", 0, 86400000, NULL,
 	"worker: on SIGTERM, how long to finish leased splits before exiting"},
     {"scale_policy", STR(scale_policy), "model", 0, 0, NULL,

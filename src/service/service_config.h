@@ -30,6 +30,7 @@ typedef struct cwi_service_config {
 	int64_t max_message_bytes;     /* receive limit of every socket */
 	int64_t max_connections;       /* per listener */
 	int64_t drain_timeout_ms;      /* worker: SIGTERM drain bound */
+	int64_t max_lease;             /* dispatcher: splits per lease */
 	/* dispatcher: the policy engine and the provisioner */
 	char scale_policy[64];         /* jobs' default scale policy */
 	int64_t decision_interval_ms;  /* 0 = heartbeat_ms */

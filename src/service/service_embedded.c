@@ -76,6 +76,8 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 		snprintf(cfg.role, sizeof(cfg.role), "dispatcher");
 		snprintf(cfg.listen, sizeof(cfg.listen), "%s", emb_url);
 		cfg.heartbeat_ms = 100;
+		/* The inline worker takes a whole epoch in one lease. */
+		cfg.max_lease = CWI_PROTO_MAX_SPLITS;
 		rv = cwi_dispatcher_server_start(&emb_dispatcher, &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
@@ -116,12 +118,16 @@ done:
 }
 
 void
-cwi_embedded_poke(const char *url)
+cwi_embedded_poke(const char *url, bool wait)
 {
 	pthread_mutex_lock(&emb_lock);
 	if (emb_dispatcher != NULL && url != NULL && strcmp(url, emb_url) == 0)
-		for (size_t i = 0; i < emb_nworkers; i++)
-			cwi_worker_poke(emb_workers[i]);
+		for (size_t i = 0; i < emb_nworkers; i++) {
+			if (wait)
+				cwi_worker_poke_wait(emb_workers[i], 100);
+			else
+				cwi_worker_poke(emb_workers[i]);
+		}
 	pthread_mutex_unlock(&emb_lock);
 }
 

@@ -31,6 +31,9 @@ struct cwi_worker {
 	atomic_bool stop;
 	atomic_bool draining;
 	bool poked; /* heartbeat now (lock) */
+	/* Heartbeats begun and finished (lock): cwi_worker_poke_wait waits
+	 * for one that began after its poke. */
+	uint64_t hb_begun, hb_done;
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond; /* drained, registered */
@@ -325,6 +328,23 @@ cwi_worker_poke(cwi_worker *w)
 	pthread_mutex_unlock(&w->lock);
 }
 
+void
+cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms)
+{
+	uint64_t deadline = cwi_now_ns() + (uint64_t)timeout_ms * 1000000u;
+	uint64_t want;
+
+	pthread_mutex_lock(&w->lock);
+	want = w->hb_begun + 1;
+	w->poked = true;
+	pthread_cond_broadcast(&w->cond);
+	for (uint64_t now = cwi_now_ns();
+	     w->hb_done < want && !atomic_load(&w->stop) && now < deadline;
+	     now = cwi_now_ns())
+		(void)cwi_cond_wait_ns(&w->cond, &w->lock, deadline - now);
+	pthread_mutex_unlock(&w->lock);
+}
+
 static void *
 heartbeat_main(void *arg)
 {
@@ -337,7 +357,14 @@ heartbeat_main(void *arg)
 				break; /* stopped */
 			registered = true;
 		}
+		pthread_mutex_lock(&w->lock);
+		uint64_t hb = ++w->hb_begun;
+		pthread_mutex_unlock(&w->lock);
 		cachew_err rv = do_heartbeat(w, &drained);
+		pthread_mutex_lock(&w->lock);
+		w->hb_done = hb;
+		pthread_cond_broadcast(&w->cond);
+		pthread_mutex_unlock(&w->lock);
 		if (rv == CACHEW_ENOENT) {
 			/* The dispatcher forgot us (restart, or we were
 			 * declared dead): register again. */
