@@ -22,6 +22,10 @@ splits (files) from the page cache and streams the records to the client
 reference, the same pipeline in-process (how fast the source alone is).
 Unit: GB/s (1e9 bytes of element payload per second), at the receiver.
 
+Each ratio line also gives the CPU seconds per GB of payload: raw nng
+(its one process, both ends) and the service's client and workers apart,
+so that a change can be judged by the side it costs (medians per run).
+
 Target (issue 5): the service's 1 MiB transfer >= 80% of raw nng
 push/pull in the same run. The last line gives the tcp:// 1 MiB ratio with
 1 worker (one sender and one receiver, as in nng_raw).
@@ -212,6 +216,17 @@ def gbps(c):
     return statistics.median(r), min(r), max(r)
 
 
+def cpu_per_gb(c, key=None):
+    """Median CPU seconds per GB of payload: one side of a service run
+    (key "client" or "workers") or, key None, the whole process."""
+    vals = []
+    for run in c.runs:
+        x = run["cpu"].get(key) if key else w5.cpu_total(run["cpu"])
+        if x is not None:
+            vals.append(x / (c.units / 1e9))
+    return w5.med(vals)
+
+
 def rows_for(configs):
     rows = []
     for c in configs:
@@ -289,10 +304,14 @@ def main():
                        else " (no target)")
                 cr = w5.cpu_ratio(by_size[s][("raw", tr)],
                                   by_size[s][("svc", tr, nw)])
+                svc = by_size[s][("svc", tr, nw)]
                 ratio_lines.append(
                     f"{size_label(s)} {tr}://, service {nw} worker"
                     f"{'s' if nw > 1 else ''} / raw nng = {r:.0%}{tgt}; CPU "
-                    f"per byte raw / service = {cr:.0%}")
+                    f"per byte raw / service = {cr:.0%}; CPU s/GB raw "
+                    f"{w5.fmt_s(cpu_per_gb(by_size[s][('raw', tr)]))}, "
+                    f"service client {w5.fmt_s(cpu_per_gb(svc, 'client'))}"
+                    f" + workers {w5.fmt_s(cpu_per_gb(svc, 'workers'))}")
             ratio_lines.append(
                 f"{size_label(s)} {tr}://, transport API / raw nng = "
                 f"{api / raw:.0%}")

@@ -551,6 +551,50 @@ START_TEST(test_elements_round_trip)
 }
 END_TEST
 
+/* Received payloads are views into the received frame (nng) or the sent
+ * elements themselves (inproc): elements taken out of a reply must stay
+ * valid, with their data, after the reply is destroyed, each in any
+ * order, until the last one is released. */
+START_TEST(test_received_elements_outlive_their_message)
+{
+	cwi_element *sent[16], *got[16];
+	cwi_msg *req, *reply;
+	cwi_conn *c;
+	size_t n;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	c = dial(&s);
+	n = mk_elements(sent);
+	req = mk("echo elements");
+	for (size_t i = 0; i < n; i++) {
+		cwi_element_retain(sent[i]);
+		ck_assert_int_eq(cwi_msg_push(req, sent[i]), CACHEW_OK);
+	}
+	ck_assert_int_eq(cwi_conn_call(c, req, WAIT_MS, &reply), CACHEW_OK);
+	ck_assert_uint_eq(cwi_msg_count(reply), n);
+	for (size_t i = 0; i < n; i++)
+		got[i] = cwi_msg_take(reply, i);
+	cwi_msg_destroy(reply);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+	/* The frame now lives only through the elements: release them one
+	 * at a time, starting in the middle, checking the rest each time. */
+	for (size_t k = 0; k < n; k++) {
+		size_t i = (k + n / 2) % n;
+		for (size_t j = 0; j < n; j++) {
+			if (got[j] != NULL)
+				ck_assert_msg(cwi_element_equal(got[j], sent[j]),
+				    "element %zu after %zu released", j, k);
+		}
+		cwi_element_release(got[i]);
+		got[i] = NULL;
+	}
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(sent[i]);
+}
+END_TEST
+
 START_TEST(test_header_only_and_empty_messages)
 {
 	cwi_msg *reply;
@@ -1172,6 +1216,8 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(conf, test_requests_in_flight_answered_out_of_order,
 	    0, NTRANSPORTS);
 	tcase_add_loop_test(conf, test_elements_round_trip, 0, NTRANSPORTS);
+	tcase_add_loop_test(conf, test_received_elements_outlive_their_message,
+	    0, NTRANSPORTS);
 	tcase_add_loop_test(conf, test_header_only_and_empty_messages, 0,
 	    NTRANSPORTS);
 	tcase_add_loop_test(conf, test_handler_error_reaches_client, 0,
