@@ -216,6 +216,46 @@ START_TEST(embedded_service_equals_in_process)
 }
 END_TEST
 
+/* The embedded iterator's stats show the worker part's operators (run
+ * inline) before the client part's own rows, as the plain executor's
+ * would, and keep them after the epoch. */
+START_TEST(embedded_stats_show_the_worker_part)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_op_stats rows[16];
+	size_t n = 0, got = 0;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(1000) | map(add, value=1) | batch(10)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		cachew_element_release(e);
+		got++;
+	}
+	ck_assert_uint_eq(got, 100);
+	ck_assert_int_eq(cachew_iterator_stats(it, rows, 16, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 4);
+	ck_assert_str_eq(rows[0].name, "range");
+	ck_assert_uint_eq(rows[0].elements, 1000);
+	ck_assert_str_eq(rows[1].name, "map");
+	ck_assert_str_eq(rows[1].detail, "add");
+	ck_assert_str_eq(rows[2].name, "batch");
+	ck_assert_uint_eq(rows[2].elements, 100);
+	ck_assert_str_eq(rows[3].name, "service_stream");
+	ck_assert_uint_eq(rows[3].elements, 100);
+	ck_assert_int_eq(rows[3].node, 3);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+END_TEST
+
 /* embedded:2 runs two worker threads (no inline task): the same multiset. */
 START_TEST(embedded_worker_threads_equal_in_process)
 {
@@ -662,6 +702,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
+	tcase_add_test(tc, embedded_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);

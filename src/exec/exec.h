@@ -227,5 +227,13 @@ uint64_t cwi_fresh_seed(void);
 cachew_err cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
     const cachew_options *opts, uint64_t seed, void (*release)(void *arg),
     void *arg);
+/* Rows of a part of the pipeline that runs elsewhere (a service client's
+ * worker part), shown by cachew_iterator_stats before the iterator's own
+ * rows (whose node indexes then follow theirs). fn copies up to cap rows
+ * (strings it owns, valid while the iterator lives) and returns how many
+ * there are; called with the release arg of cwi_iterator_create_owned. */
+typedef size_t (*cwi_part_stats_fn)(void *arg, cachew_op_stats *out,
+    size_t cap);
+void cwi_iterator_set_part_stats(cachew_iterator *it, cwi_part_stats_fn fn);
 
 #endif /* CWI_EXEC_H */

@@ -396,6 +396,7 @@ struct cachew_iterator {
 	cwi_unit_range *lease; /* a lease iterator's copy of its ranges */
 	void (*release)(void *arg); /* called last by destroy (owned) */
 	void *release_arg;
+	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
 };
 
 #define WANT_MAX 256
@@ -601,15 +602,30 @@ cachew_iterator_destroy(cachew_iterator *it)
 	free(it);
 }
 
+void
+cwi_iterator_set_part_stats(cachew_iterator *it, cwi_part_stats_fn fn)
+{
+	it->part_stats = fn;
+}
+
 cachew_err
 cachew_iterator_stats(
     cachew_iterator *it, cachew_op_stats *out, size_t cap, size_t *n)
 {
+	size_t k = it->part_stats != NULL
+	    ? it->part_stats(it->release_arg, out, cap) : 0;
+
+	if (k >= cap) {
+		cap = 0;
+	} else {
+		out += k;
+		cap -= k;
+	}
 	for (size_t i = 0; i < it->pl.nstats && i < cap; i++) {
 		cwi_stats *s = &it->pl.stats[i];
 		out[i].name = s->name;
 		out[i].detail = s->detail;
-		out[i].node = s->index;
+		out[i].node = s->index + (int)k;
 		out[i].elements = atomic_load_explicit(&s->elements, memory_order_relaxed);
 		out[i].bytes = atomic_load_explicit(&s->bytes, memory_order_relaxed);
 		out[i].busy_ns = atomic_load_explicit(&s->busy_ns, memory_order_relaxed);
@@ -619,6 +635,6 @@ cachew_iterator_stats(
 		out[i].buffered = atomic_load_explicit(&s->buffered, memory_order_relaxed);
 	}
 	if (n != NULL)
-		*n = it->pl.nstats;
+		*n = k + it->pl.nstats;
 	return CACHEW_OK;
 }

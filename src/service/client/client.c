@@ -127,9 +127,17 @@ typedef struct client_ctx {
 	cwi_stream_source src;
 	cachew_dataset *client_graph;
 	uint64_t seed;
+	/* The worker part's operator rows (an inline task's, read from it
+	 * while an epoch runs, kept after): cachew_iterator_stats shows
+	 * them before the client part's. rows_lock guards them and cur. */
+	pthread_mutex_t rows_lock;
+	struct session *cur; /* the open session, or NULL */
+	cwi_wtask_row rows[64];
+	size_t nrows;
 } client_ctx;
 
-typedef struct session {
+typedef struct session session;
+struct session {
 	client_ctx *ctx;
 	uint64_t epoch;
 	cwi_conn *dispatcher;
@@ -192,7 +200,7 @@ typedef struct session {
 	bool inl_done;
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
-} session;
+};
 
 /* ---- session state shared with the consumer ------------------------------- */
 
@@ -1327,11 +1335,58 @@ drain_requests(session *s)
 	}
 }
 
+/* Copies the inline task's operator rows into the context. Called with
+ * ctx->rows_lock held. */
+static void
+rows_refresh(client_ctx *ctx, session *s)
+{
+	struct cwi_wtask *t = NULL;
+	size_t n;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->inl != NULL) {
+		t = s->inl;
+		cwi_wtask_ref(t);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (t == NULL)
+		return;
+	n = cwi_wtask_rows(t, ctx->rows, 64);
+	ctx->nrows = n < 64 ? n : 64;
+	cwi_wtask_unref(t);
+}
+
+static size_t
+ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap)
+{
+	client_ctx *ctx = arg;
+	size_t n;
+
+	pthread_mutex_lock(&ctx->rows_lock);
+	if (ctx->cur != NULL)
+		rows_refresh(ctx, ctx->cur);
+	n = ctx->nrows;
+	for (size_t i = 0; i < n && i < cap; i++) {
+		out[i] = ctx->rows[i].s;
+		out[i].name = ctx->rows[i].name;
+		out[i].detail = ctx->rows[i].detail;
+	}
+	pthread_mutex_unlock(&ctx->rows_lock);
+	return n;
+}
+
 static void
 session_free(session *s)
 {
 	if (s == NULL)
 		return;
+	/* The epoch's last rows stay with the iterator. */
+	pthread_mutex_lock(&s->ctx->rows_lock);
+	if (s->ctx->cur == s) {
+		rows_refresh(s->ctx, s);
+		s->ctx->cur = NULL;
+	}
+	pthread_mutex_unlock(&s->ctx->rows_lock);
 	atomic_store(&s->closing, true);
 	if (s->job_id != 0 && s->dispatcher != NULL) {
 		/* Released through the fetch thread's queue: its reply
@@ -1430,6 +1485,9 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 		session_free(s);
 		return rv;
 	}
+	pthread_mutex_lock(&ctx->rows_lock);
+	ctx->cur = s;
+	pthread_mutex_unlock(&ctx->rows_lock);
 	*out = s;
 	return CACHEW_OK;
 }
@@ -1579,6 +1637,7 @@ ctx_free(void *arg)
 	cachew_dataset_release(ctx->client_graph);
 	cwi_split_plan_destroy(ctx->plan);
 	cachew_free(ctx->graph);
+	pthread_mutex_destroy(&ctx->rows_lock);
 	free(ctx);
 }
 
@@ -1592,6 +1651,7 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	*out = NULL;
 	if (ctx == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_mutex_init(&ctx->rows_lock, NULL);
 	if (opts != NULL)
 		ctx->opts = *cwi_options_values(opts);
 	else
@@ -1615,8 +1675,11 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 		goto fail;
 	/* The client part runs locally with the job's seed, so that a
 	 * client-side shuffle replays like the in-process run. */
-	return cwi_iterator_create_owned(out, ctx->client_graph, opts,
+	rv = cwi_iterator_create_owned(out, ctx->client_graph, opts,
 	    ctx->seed, ctx_free, ctx);
+	if (rv == CACHEW_OK)
+		cwi_iterator_set_part_stats(*out, ctx_part_stats);
+	return rv;
 fail:
 	ctx_free(ctx);
 	return rv;

@@ -144,6 +144,8 @@ struct cwi_wtask {
 	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
 	uint64_t *pull_splits;    /* its splits */
 	size_t pull_nsplits;
+	cwi_wtask_row *last_rows; /* of the last lease pulled to its end */
+	size_t nlast_rows;
 };
 
 /* ---- creation ------------------------------------------------------------ */
@@ -261,6 +263,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	if (t->pull_it != NULL)
 		cachew_iterator_destroy(t->pull_it);
 	free(t->pull_splits);
+	free(t->last_rows);
 	free_queue(t);
 	free(t->q);
 	for (size_t i = 0; i < t->nleases; i++) {
@@ -1353,6 +1356,48 @@ cwi_wtask_is_inline(const cwi_wtask *t)
 	return t->inline_run;
 }
 
+#define MAX_ROWS 64
+
+/* Copies it's rows, strings included; returns how many there are. */
+static size_t
+copy_rows(cachew_iterator *it, cwi_wtask_row *rows, size_t cap)
+{
+	cachew_op_stats s[MAX_ROWS];
+	size_t n = 0;
+
+	if (cachew_iterator_stats(it, s, MAX_ROWS, &n) != CACHEW_OK)
+		return 0;
+	if (n > MAX_ROWS)
+		n = MAX_ROWS;
+	for (size_t i = 0; i < n && i < cap; i++) {
+		rows[i].s = s[i];
+		snprintf(rows[i].name, sizeof(rows[i].name), "%s",
+		    s[i].name != NULL ? s[i].name : "");
+		snprintf(rows[i].detail, sizeof(rows[i].detail), "%s",
+		    s[i].detail != NULL ? s[i].detail : "");
+		rows[i].s.name = NULL;
+		rows[i].s.detail = NULL;
+	}
+	return n;
+}
+
+size_t
+cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap)
+{
+	size_t n;
+
+	pthread_mutex_lock(&t->pull_lock);
+	if (t->pull_it != NULL) {
+		n = copy_rows(t->pull_it, rows, cap);
+	} else {
+		n = t->nlast_rows;
+		for (size_t i = 0; i < n && i < cap; i++)
+			rows[i] = t->last_rows[i];
+	}
+	pthread_mutex_unlock(&t->pull_lock);
+	return n;
+}
+
 /* Leases the next splits and opens their pipeline; sets r->end_of_task or
  * r->retry_ms when there are none. Called with pull_lock held. */
 static cachew_err
@@ -1446,6 +1491,12 @@ cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max, cwi_wtask_pulled *r)
 			 * who acknowledges them (it holds every element of
 			 * them that was not handed to an earlier puller). */
 			add_stats(t, t->pull_it);
+			if (t->last_rows == NULL)
+				t->last_rows = calloc(MAX_ROWS,
+				    sizeof(*t->last_rows));
+			if (t->last_rows != NULL)
+				t->nlast_rows = copy_rows(t->pull_it,
+				    t->last_rows, MAX_ROWS);
 			cachew_iterator_destroy(t->pull_it);
 			t->pull_it = NULL;
 			r->split_ids = t->pull_splits;

@@ -93,6 +93,17 @@ typedef struct cwi_wtask_pulled {
  * (the task has then failed for every puller), CACHEW_ECLOSED once
  * stopped, CACHEW_EINVAL for a task that is not inline. */
 bool cwi_wtask_is_inline(const cwi_wtask *t);
+
+/* One operator row of an inline task's pipeline, with its own strings. */
+typedef struct cwi_wtask_row {
+	char name[48];
+	char detail[80];
+	cachew_op_stats s; /* name and detail unset */
+} cwi_wtask_row;
+
+/* Inline tasks: the operator rows of the lease being pulled, or of the
+ * last one finished. Copies up to cap rows; returns how many there are. */
+size_t cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap);
 cachew_err cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max,
     cwi_wtask_pulled *r);
 
