@@ -121,9 +121,14 @@ CACHEW_API void cachew_free(void *p);
  *                        (default true)
  *   epoch          int   epoch number handed to shuffle(reshuffle=true)
  *                        (default 0)
- *   service        str   dispatcher address (tcp://host:port, ipc://path);
- *                        empty = embedded unless the environment variable
- *                        CACHEW_SERVICE names one (default "")
+ *   service        str   where the pipeline runs: a dispatcher address
+ *                        (tcp://host:port, ipc://path); "embedded" (a
+ *                        dispatcher and a worker in this process, run
+ *                        inline), "embedded:N" (N worker threads);
+ *                        "local" (the plain executor alone). Empty (the
+ *                        default) = CACHEW_SERVICE if set, else embedded,
+ *                        falling back to local for a pipeline the service
+ *                        cannot split or that holds a cache operator
  * Service options (used when a dispatcher is named):
  *   job_name          str  clients naming the same job share it (default
  *                          "": a private job)

@@ -218,7 +218,8 @@ END_TEST
 
 /* The embedded iterator's stats show the worker part's operators (run
  * inline) before the client part's own rows, as the plain executor's
- * would, and keep them after the epoch. */
+ * would (no row for the stream between them), and keep them after the
+ * epoch. */
 START_TEST(embedded_stats_show_the_worker_part)
 {
 	cachew_options *o = cwt_opts(7, 1);
@@ -231,28 +232,66 @@ START_TEST(embedded_stats_show_the_worker_part)
 	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "range(1000) | map(add, value=1) | batch(10)"),
+			     "range(1000) | map(add, value=1) | batch(10) | "
+			     "take(50)"),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
 	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
 		cachew_element_release(e);
 		got++;
 	}
-	ck_assert_uint_eq(got, 100);
+	ck_assert_uint_eq(got, 50);
 	ck_assert_int_eq(cachew_iterator_stats(it, rows, 16, &n), CACHEW_OK);
 	ck_assert_uint_eq(n, 4);
 	ck_assert_str_eq(rows[0].name, "range");
-	ck_assert_uint_eq(rows[0].elements, 1000);
+	ck_assert_uint_eq(rows[0].elements, 500);
 	ck_assert_str_eq(rows[1].name, "map");
 	ck_assert_str_eq(rows[1].detail, "add");
 	ck_assert_str_eq(rows[2].name, "batch");
-	ck_assert_uint_eq(rows[2].elements, 100);
-	ck_assert_str_eq(rows[3].name, "service_stream");
-	ck_assert_uint_eq(rows[3].elements, 100);
+	ck_assert_uint_eq(rows[2].elements, 50);
+	ck_assert_str_eq(rows[3].name, "take");
+	ck_assert_uint_eq(rows[3].elements, 50);
 	ck_assert_int_eq(rows[3].node, 3);
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(ds);
 	cachew_options_destroy(o);
+}
+END_TEST
+
+/* The default (no service named) is the embedded service, and a process
+ * that forks after using it (a DataLoader's workers, the process
+ * provisioner) gets its own in the child: the parent's threads are not
+ * there. The child is bounded by alarm() and judged by its exit code. */
+START_TEST(embedded_default_survives_fork)
+{
+	const char *p = "range(5000) | map(add, value=1) | batch(10)";
+	run_sum before = run_digest(p, NULL, NULL);
+	run_sum local = run_digest(p, "local", NULL);
+	int status = 0;
+	pid_t pid;
+
+	ck_assert_uint_eq(before.n, 500);
+	ck_assert_uint_eq(before.digest, local.digest);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		cachew_options *o = cwt_opts(7, 1);
+		cachew_element **v = NULL;
+		size_t n = 0;
+		uint64_t d = 0;
+		char err[256];
+		alarm(20);
+		if (cwt_run(p, o, &v, &n, err, sizeof(err)) != CACHEW_OK)
+			_exit(2);
+		for (size_t i = 0; i < n; i++)
+			d += cachew_element_hash(v[i]);
+		_exit(n == 500 && d == local.digest ? 0 : 3);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	    "child: status %d", status);
+	/* And the parent's service still runs. */
+	ck_assert_uint_eq(run_digest(p, NULL, NULL).digest, local.digest);
 }
 END_TEST
 
@@ -703,6 +742,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);
+	tcase_add_test(tc, embedded_default_survives_fork);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);

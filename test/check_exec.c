@@ -853,6 +853,10 @@ END_TEST
 START_TEST(test_stats_map_parallel_3_reports_3)
 {
 	cachew_options *o = cwt_opts(1, 0);
+	/* The plain executor: its rows exist from create on (an embedded
+	 * iterator's worker rows appear with its first lease). */
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "local"),
+	    CACHEW_OK);
 	/* A function worth its threads (a cheap one runs inline: 1). */
 	cachew_dataset *ds = map_ds(range_ds(6000), "spin_us", 3, 1, "us", 20);
 	cachew_iterator *it;

@@ -1269,7 +1269,7 @@ START_TEST(client_stream_error_ends_the_iterator_with_its_reason)
 	cachew_element_release(e);
 	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EIO);
 	ck_assert_str_eq(cachew_iterator_errmsg(it),
-	    "service_stream: worker 127.0.0.1:7071 went away");
+	    "worker 127.0.0.1:7071 went away");
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(client);
 	elems_free(&stream);

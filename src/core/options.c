@@ -44,8 +44,9 @@ static const opt_spec table[] = {
 	"epoch number handed to shuffle(reshuffle_each_iteration=true)", "0",
 	NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
-	"dispatcher address (tcp://host:port); empty = embedded, unless the "
-	"environment sets CACHEW_SERVICE", "\"\"", NULL},
+	"where the pipeline runs: a dispatcher (tcp://host:port), embedded, "
+	"embedded:N or local; empty = CACHEW_SERVICE, else embedded",
+	"\"\"", NULL},
     {"job_name", OPT_STR, 0, "", 0, 0, OFF(job_name),
 	"service: clients naming the same job share it (each element goes to "
 	"one of them); empty = a private job", "\"\"", NULL},
@@ -327,4 +328,14 @@ const cwi_opts *
 cwi_options_values(const cachew_options *o)
 {
 	return &o->v;
+}
+
+cachew_options *
+cwi_options_from_values(const cwi_opts *v)
+{
+	cachew_options *o = calloc(1, sizeof(*o));
+
+	if (o != NULL)
+		o->v = *v;
+	return o;
 }

@@ -34,5 +34,7 @@ typedef struct cwi_opts {
 
 void cwi_opts_defaults(cwi_opts *o);
 const cwi_opts *cwi_options_values(const cachew_options *o);
+/* A new options object holding v (cachew_options_destroy); NULL on ENOMEM. */
+cachew_options *cwi_options_from_values(const cwi_opts *v);
 
 #endif /* CWI_OPTIONS_H */

@@ -231,9 +231,17 @@ cachew_err cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
  * worker part), shown by cachew_iterator_stats before the iterator's own
  * rows (whose node indexes then follow theirs). fn copies up to cap rows
  * (strings it owns, valid while the iterator lives) and returns how many
- * there are; called with the release arg of cwi_iterator_create_owned. */
+ * there are, and sets *hide to how many of the iterator's own first rows
+ * to leave out (a hand-off row that is no operator of the user's); called
+ * with the release arg of cwi_iterator_create_owned. */
 typedef size_t (*cwi_part_stats_fn)(void *arg, cachew_op_stats *out,
-    size_t cap);
+    size_t cap, size_t *hide);
 void cwi_iterator_set_part_stats(cachew_iterator *it, cwi_part_stats_fn fn);
+/* Appends up to max elements of it to out (room for them reserved by the
+ * caller), pulling no more than that from its pipeline: what an inline
+ * worker task hands a client whose take() wants exactly max. CACHEW_EOF
+ * or the pipeline's error once nothing is left before it. */
+cachew_err cwi_iterator_next_chunk(cachew_iterator *it, cwi_chunk *out,
+    size_t max);
 
 #endif /* CWI_EXEC_H */

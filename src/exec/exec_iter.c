@@ -454,12 +454,30 @@ iterator_start(cachew_iterator **out, cachew_iterator *it)
 	return CACHEW_OK;
 }
 
+/* Whether the graph holds a cache operator. Their in-process semantics
+ * (the first full pass fills the cache, a corrupt chunk is recomputed, the
+ * manifest names the cached pipeline) are the plain executor's, so the
+ * embedded default leaves such pipelines to it. */
+static bool
+has_cache_op(const cwi_node *n)
+{
+	if (strcmp(n->op->name, "cache") == 0 ||
+	    strcmp(n->op->name, "cache_put") == 0 ||
+	    strcmp(n->op->name, "cache_get") == 0)
+		return true;
+	for (size_t i = 0; i < n->ninputs; i++)
+		if (has_cache_op(n->inputs[i]))
+			return true;
+	return false;
+}
+
 cachew_err
 cachew_iterator_create(
     cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
 {
 	cachew_iterator *it;
 	const char *service, *env;
+	bool implicit;
 
 	cwi_clear_errmsg();
 	if (out == NULL || ds == NULL)
@@ -467,16 +485,27 @@ cachew_iterator_create(
 	service = opts != NULL ? cwi_options_values(opts)->service : "";
 	if (service[0] == '\0' && (env = getenv("CACHEW_SERVICE")) != NULL)
 		service = env;
-	if (service[0] != '\0') {
+	/* The default is the embedded service; `local` is the plain
+	 * executor alone (no dispatcher, no worker, no splits). A pipeline
+	 * the service cannot split (several sources, a source that is not
+	 * splittable) runs on the plain executor by default; named
+	 * explicitly, the service says why it cannot. */
+	implicit = service[0] == '\0';
+	if (implicit)
+		service = has_cache_op(ds) ? "local" : "embedded";
+	if (strcmp(service, "local") != 0) {
 		char url[CWI_OPT_STR_MAX];
+		cachew_err rv;
 		if (strncmp(service, "embedded", 8) == 0) {
-			cachew_err rv = cwi_embedded_service(service, url,
-			    sizeof(url));
+			rv = cwi_embedded_service(service, url, sizeof(url));
 			if (rv != CACHEW_OK)
 				return rv;
 			service = url;
 		}
-		return cwi_client_iterator_create(out, ds, opts, service);
+		rv = cwi_client_iterator_create(out, ds, opts, service);
+		if (rv != CACHEW_ENOTSUP || !implicit)
+			return rv;
+		cwi_clear_errmsg();
 	}
 	it = iterator_alloc(ds, opts);
 	if (it == NULL)
@@ -575,6 +604,30 @@ cachew_iterator_next(cachew_iterator *it, cachew_element **out)
 	return CACHEW_OK;
 }
 
+cachew_err
+cwi_iterator_next_chunk(cachew_iterator *it, cwi_chunk *out, size_t max)
+{
+	size_t n0 = out->n;
+	cachew_err rv;
+
+	while (out->n - n0 < max && it->pos < it->ready.n)
+		cwi_chunk_push(out, it->ready.v[it->pos++]);
+	if (out->n > n0)
+		return CACHEW_OK;
+	if (it->done != CACHEW_OK)
+		return it->done;
+	it->ready.n = 0;
+	it->pos = 0;
+	rv = cwi_iter_next(it->root, &it->ready, max);
+	if (rv != CACHEW_OK) {
+		it->done = rv;
+		return rv;
+	}
+	while (it->pos < it->ready.n)
+		cwi_chunk_push(out, it->ready.v[it->pos++]);
+	return CACHEW_OK;
+}
+
 const char *
 cachew_iterator_errmsg(const cachew_iterator *it)
 {
@@ -612,20 +665,24 @@ cachew_err
 cachew_iterator_stats(
     cachew_iterator *it, cachew_op_stats *out, size_t cap, size_t *n)
 {
+	size_t hide = 0, own;
 	size_t k = it->part_stats != NULL
-	    ? it->part_stats(it->release_arg, out, cap) : 0;
+	    ? it->part_stats(it->release_arg, out, cap, &hide) : 0;
 
+	if (hide > it->pl.nstats)
+		hide = it->pl.nstats;
+	own = it->pl.nstats - hide;
 	if (k >= cap) {
 		cap = 0;
 	} else {
 		out += k;
 		cap -= k;
 	}
-	for (size_t i = 0; i < it->pl.nstats && i < cap; i++) {
-		cwi_stats *s = &it->pl.stats[i];
+	for (size_t i = 0; i < own && i < cap; i++) {
+		cwi_stats *s = &it->pl.stats[i + hide];
 		out[i].name = s->name;
 		out[i].detail = s->detail;
-		out[i].node = s->index + (int)k;
+		out[i].node = s->index - (int)hide + (int)k;
 		out[i].elements = atomic_load_explicit(&s->elements, memory_order_relaxed);
 		out[i].bytes = atomic_load_explicit(&s->bytes, memory_order_relaxed);
 		out[i].busy_ns = atomic_load_explicit(&s->busy_ns, memory_order_relaxed);
@@ -635,6 +692,6 @@ cachew_iterator_stats(
 		out[i].buffered = atomic_load_explicit(&s->buffered, memory_order_relaxed);
 	}
 	if (n != NULL)
-		*n = k + it->pl.nstats;
+		*n = k + own;
 	return CACHEW_OK;
 }

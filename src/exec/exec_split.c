@@ -367,7 +367,9 @@ stream_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	rv = s->src->ops->next(s->stream, out, max, err, sizeof(err));
 	if (rv == CACHEW_OK || rv == CACHEW_EOF)
 		return rv;
-	return cwi_pipeline_fail(it->pl, rv, "service_stream: %s",
+	/* As the stream gives it: a worker's pipeline error names its
+	 * operator as in-process, the client's own errors the service. */
+	return cwi_pipeline_fail(it->pl, rv, "%s",
 	    err[0] != '\0' ? err : cachew_strerror(rv));
 }
 

@@ -24,6 +24,40 @@ static size_t emb_nworkers;
 static char emb_url[64];
 static bool emb_inline; /* emb_workers[0] runs its tasks inline */
 static bool emb_atexit;
+static pthread_once_t emb_fork_once = PTHREAD_ONCE_INIT;
+
+/* fork(): the child has none of the parent's threads, so the instance it
+ * inherits cannot run, and stopping it would wait for threads that do not
+ * exist. The child forgets it (its memory stays, unused) and starts its
+ * own on first use, under a name with its own pid. emb_lock is held
+ * across the fork so that the child's copy is consistent. */
+static void
+emb_fork_prepare(void)
+{
+	pthread_mutex_lock(&emb_lock);
+}
+
+static void
+emb_fork_parent(void)
+{
+	pthread_mutex_unlock(&emb_lock);
+}
+
+static void
+emb_fork_child(void)
+{
+	emb_dispatcher = NULL;
+	emb_nworkers = 0;
+	emb_inline = false;
+	pthread_mutex_unlock(&emb_lock);
+}
+
+static void
+emb_fork_register(void)
+{
+	(void)pthread_atfork(emb_fork_prepare, emb_fork_parent,
+	    emb_fork_child);
+}
 
 static void
 embedded_stop(void)
@@ -68,6 +102,7 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 	rv = parse_spec(spec, &want);
 	if (rv != CACHEW_OK)
 		return rv;
+	pthread_once(&emb_fork_once, emb_fork_register);
 	pthread_mutex_lock(&emb_lock);
 	if (emb_dispatcher == NULL) {
 		snprintf(emb_url, sizeof(emb_url), "inproc://cachew-embedded-%ld",

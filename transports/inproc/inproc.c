@@ -69,6 +69,30 @@ static _Thread_local ip_listener *in_handler;
 
 #define SCHEME "inproc://"
 
+/* fork(): the registry lock is held across it, so that a child never
+ * inherits it locked by a thread it does not have. The child keeps the
+ * parent's listeners listed but never reaches them: their threads are
+ * gone, and the embedded service names its own with the child's pid. */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_prepare(void)
+{
+	pthread_mutex_lock(&lock);
+}
+
+static void
+fork_release(void)
+{
+	pthread_mutex_unlock(&lock);
+}
+
+static void
+fork_register(void)
+{
+	(void)pthread_atfork(fork_prepare, fork_release, fork_release);
+}
+
 static const char *
 url_name(const char *url)
 {
@@ -463,6 +487,7 @@ ip_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	ip_conn *c;
 	ip_listener *l;
 
+	pthread_once(&fork_once, fork_register);
 	if (url_name(url)[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "'%s': inproc URL without a name", url);
@@ -569,6 +594,7 @@ ip_listen(cwi_listener **out, const char *url, const cwi_transport_opts *opts,
 {
 	ip_listener *l;
 
+	pthread_once(&fork_once, fork_register);
 	if (url_name(url)[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "'%s': inproc URL without a name", url);

@@ -132,8 +132,11 @@ typedef struct client_ctx {
 	 * them before the client part's. rows_lock guards them and cur. */
 	pthread_mutex_t rows_lock;
 	struct session *cur; /* the open session, or NULL */
-	cwi_wtask_row rows[64];
+	cwi_wtask_row rows[64]; /* the open session's (names kept after) */
 	size_t nrows;
+	cachew_op_stats done[64]; /* counters of the sessions that ended */
+	size_t ndone;
+	bool inline_seen; /* a session read an inline task */
 } client_ctx;
 
 typedef struct session session;
@@ -198,6 +201,7 @@ struct session {
 	 * more. Set by the fetch thread, used by the consumer (s->lock). */
 	struct cwi_wtask *inl;
 	bool inl_done;
+	cachew_options *inl_opts; /* the client's, with this epoch */
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
 };
@@ -1353,11 +1357,43 @@ rows_refresh(client_ctx *ctx, session *s)
 		return;
 	n = cwi_wtask_rows(t, ctx->rows, 64);
 	ctx->nrows = n < 64 ? n : 64;
+	ctx->inline_seen = true;
 	cwi_wtask_unref(t);
 }
 
+/* A session ended: its counters join those of the earlier epochs (the
+ * plain executor's counters run over all of an iterator's epochs). */
+static void
+rows_retire(client_ctx *ctx)
+{
+	for (size_t i = 0; i < ctx->nrows; i++) {
+		cachew_op_stats *d = &ctx->done[i];
+		const cachew_op_stats *r = &ctx->rows[i].s;
+		if (i >= ctx->ndone)
+			memset(d, 0, sizeof(*d));
+		d->node = r->node;
+		d->elements += r->elements;
+		d->bytes += r->bytes;
+		d->busy_ns += r->busy_ns;
+		d->wait_ns += r->wait_ns;
+		d->parallelism = r->parallelism;
+		d->buffer_limit = r->buffer_limit;
+		d->buffered = 0;
+	}
+	if (ctx->nrows > ctx->ndone)
+		ctx->ndone = ctx->nrows;
+	/* The names stay in rows[]; their counters now live in done[]. */
+	for (size_t i = 0; i < ctx->nrows; i++) {
+		cachew_op_stats keep = ctx->rows[i].s;
+		memset(&ctx->rows[i].s, 0, sizeof(ctx->rows[i].s));
+		ctx->rows[i].s.node = keep.node;
+		ctx->rows[i].s.parallelism = keep.parallelism;
+		ctx->rows[i].s.buffer_limit = keep.buffer_limit;
+	}
+}
+
 static size_t
-ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap)
+ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap, size_t *hide)
 {
 	client_ctx *ctx = arg;
 	size_t n;
@@ -1365,11 +1401,20 @@ ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap)
 	pthread_mutex_lock(&ctx->rows_lock);
 	if (ctx->cur != NULL)
 		rows_refresh(ctx, ctx->cur);
+	/* Inline, the stream is no hand-off: its row would only repeat the
+	 * worker part's last one. */
+	*hide = ctx->inline_seen ? 1 : 0;
 	n = ctx->nrows;
 	for (size_t i = 0; i < n && i < cap; i++) {
 		out[i] = ctx->rows[i].s;
 		out[i].name = ctx->rows[i].name;
 		out[i].detail = ctx->rows[i].detail;
+		if (i < ctx->ndone) {
+			out[i].elements += ctx->done[i].elements;
+			out[i].bytes += ctx->done[i].bytes;
+			out[i].busy_ns += ctx->done[i].busy_ns;
+			out[i].wait_ns += ctx->done[i].wait_ns;
+		}
 	}
 	pthread_mutex_unlock(&ctx->rows_lock);
 	return n;
@@ -1384,6 +1429,7 @@ session_free(session *s)
 	pthread_mutex_lock(&s->ctx->rows_lock);
 	if (s->ctx->cur == s) {
 		rows_refresh(s->ctx, s);
+		rows_retire(s->ctx);
 		s->ctx->cur = NULL;
 	}
 	pthread_mutex_unlock(&s->ctx->rows_lock);
@@ -1441,6 +1487,7 @@ session_free(session *s)
 	free(s->sent_parts);
 	cwi_coord_destroy(s->coord);
 	cwi_wtask_unref(s->inl);
+	cachew_options_destroy(s->inl_opts);
 	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
@@ -1461,7 +1508,19 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 		return CACHEW_ENOMEM;
 	}
 	s->ctx = ctx;
-	s->epoch = ctx->opts.epoch + epoch;
+	/* `epoch` already counts the epoch option (the client part's
+	 * iterator runs with it) plus the repetitions before this one. */
+	s->epoch = epoch;
+	/* An inline task runs with this client's executor options and
+	 * reshuffles by this epoch, as the plain executor would. */
+	cwi_opts io = ctx->opts;
+	io.epoch = (int64_t)s->epoch;
+	s->inl_opts = cwi_options_from_values(&io);
+	if (s->inl_opts == NULL) {
+		free(s);
+		snprintf(err, errlen, "out of memory");
+		return CACHEW_ENOMEM;
+	}
 	atomic_init(&s->closing, false);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
@@ -1536,7 +1595,7 @@ pull_inline(session *s, cwi_chunk *out, size_t max)
 
 	cwi_wtask_ref(t);
 	pthread_mutex_unlock(&s->lock);
-	rv = cwi_wtask_pull(t, out, max, &r);
+	rv = cwi_wtask_pull(t, s->inl_opts, out, max, &r);
 	got = out->n - n0;
 	if (rv != CACHEW_OK)
 		session_fail(s, rv, "%s", cwi_errmsg_get());

@@ -1401,7 +1401,7 @@ cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap)
 /* Leases the next splits and opens their pipeline; sets r->end_of_task or
  * r->retry_ms when there are none. Called with pull_lock held. */
 static cachew_err
-pull_lease(cwi_wtask *t, cwi_wtask_pulled *r)
+pull_lease(cwi_wtask *t, const cachew_options *opts, cwi_wtask_pulled *r)
 {
 	cwi_pmsg rep;
 	cwi_msg_split_lease_reply *lr;
@@ -1439,14 +1439,16 @@ pull_lease(cwi_wtask *t, cwi_wtask_pulled *r)
 	}
 	t->pull_nsplits = lr->nsplits;
 	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root,
-	    t->env->opts, t->plan->source, ranges, lr->nsplits, t->seed);
+	    opts != NULL ? opts : t->env->opts, t->plan->source, ranges,
+	    lr->nsplits, t->seed);
 	free(ranges);
 	cwi_pmsg_free(&rep);
 	return rv;
 }
 
 cachew_err
-cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max, cwi_wtask_pulled *r)
+cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts, cwi_chunk *out,
+    size_t max, cwi_wtask_pulled *r)
 {
 	uint64_t bytes = 0;
 	size_t n0 = out->n;
@@ -1469,22 +1471,26 @@ cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max, cwi_wtask_pulled *r)
 		free(t->pull_splits);
 		t->pull_splits = NULL;
 		t->pull_nsplits = 0;
-		rv = pull_lease(t, r);
+		rv = pull_lease(t, opts, r);
 		if (rv != CACHEW_OK || t->pull_it == NULL)
 			goto done;
 	}
 	while (out->n - n0 < max) {
-		cachew_element *e;
+		size_t before = out->n;
 		if (atomic_load(&t->stop)) {
 			rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
 			    (unsigned long long)t->id);
 			break;
 		}
-		rv = cachew_iterator_next(t->pull_it, &e);
+		rv = cwi_iterator_next_chunk(t->pull_it, out,
+		    max - (out->n - n0));
 		if (rv == CACHEW_OK) {
-			bytes += cwi_element_nbytes(e);
-			cwi_chunk_push(out, e);
-			continue;
+			for (size_t i = before; i < out->n; i++)
+				bytes += cwi_element_nbytes(out->v[i]);
+			/* What came is handed over at once: the client
+			 * asked for at most max, and a slow pipeline's first
+			 * elements should not wait for the rest. */
+			break;
 		}
 		if (rv == CACHEW_EOF) {
 			/* The lease is over: its splits go to this puller,

@@ -85,7 +85,9 @@ typedef struct cwi_wtask_pulled {
 	uint32_t retry_ms; /* nothing now: every split is leased; ask again */
 } cwi_wtask_pulled;
 
-/* Inline tasks: runs the task's lease pipeline on the calling thread,
+/* Inline tasks: runs the task's lease pipeline on the calling thread
+ * (with the puller's executor options opts, NULL = the worker's: threads,
+ * determinism, the epoch a shuffle reshuffles by),
  * appending up to max elements to out (which has room for them), leasing
  * splits from the dispatcher as needed. Stops at a lease's end (so its
  * splits are acknowledged at once). One puller at a time; any number of
@@ -104,8 +106,8 @@ typedef struct cwi_wtask_row {
 /* Inline tasks: the operator rows of the lease being pulled, or of the
  * last one finished. Copies up to cap rows; returns how many there are. */
 size_t cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap);
-cachew_err cwi_wtask_pull(cwi_wtask *t, cwi_chunk *out, size_t max,
-    cwi_wtask_pulled *r);
+cachew_err cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts,
+    cwi_chunk *out, size_t max, cwi_wtask_pulled *r);
 
 /* Handles a get_elements request (decoded in m; r consumed). */
 void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
