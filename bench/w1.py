@@ -2,7 +2,10 @@
 """W1 - per-element overhead: range(N) | map(add 1) | batch(64).
 
 cachew: the in-process iterator through `cachew run --json`, threads 1
-(sequential map) and threads 2 (map parallel=2).
+(sequential map) and threads 2 (map parallel=2): the default, which is the
+embedded service (a dispatcher and an inline worker in the process), and
+`--set service=local` (the plain executor alone); issue 5 wants the
+default within 5% of the plain executor (ratio >= 0.95).
 peer: torch.utils.data.DataLoader over an IterableDataset yielding x + 1,
 batch_size 64, default collate, num_workers 0 and 2 (bench/peers/w1_torch.py).
 Unit: input elements (N) per second on both sides.
@@ -37,7 +40,7 @@ def pipeline(n, parallel):
     return f"range({n}) | map(add, value=1) | batch({BATCH})"
 
 
-def cachew_config(binary, n, threads, seed):
+def cachew_config(binary, n, threads, seed, local=False):
     batches = -(-n // BATCH)
 
     def check(obj):
@@ -49,10 +52,13 @@ def cachew_config(binary, n, threads, seed):
                                f" bytes, expected {8 * n} for N={n}")
 
     label = "map sequential" if threads == 1 else f"map parallel={threads}"
+    if local:
+        label += ", service=local"
     # --stats only prints the counters the iterator always keeps.
     argv = [binary, "run", "--json", "--stats", "--quiet",
             "--threads", str(threads),
-            "--seed", str(seed), pipeline(n, threads)]
+            "--seed", str(seed)] + (["--set", "service=local"] if local
+                                    else []) + [pipeline(n, threads)]
     return h.Config("cachew", label, threads, argv, n, check=check)
 
 
@@ -117,9 +123,11 @@ def main():
 
     seq = cachew_config(binary, sizes["cachew"], 1, args.seed)
     par = cachew_config(binary, sizes["cachew"], 2, args.seed)
+    seq_local = cachew_config(binary, sizes["cachew"], 1, args.seed, True)
+    par_local = cachew_config(binary, sizes["cachew"], 2, args.seed, True)
     peer0 = peer_config(sizes["peer0"], 0)
     peer2 = peer_config(sizes["peer2"], 2)
-    configs = [seq, peer0, par, peer2]
+    configs = [seq, seq_local, peer0, par, par_local, peer2]
     h.run_interleaved(configs, args.reps)
     info["loadavg_end"] = h.loadavg()
 
@@ -142,10 +150,18 @@ def main():
         f"cachew peak RSS: {rss:.1f} MiB (target < {TARGETS['rss_mib']:.0f} "
         f"MiB: {verdict(rss, TARGETS['rss_mib'], higher=False)})",
     ]
+    for c, loc in ((seq, seq_local), (par, par_local)):
+        r = c.median() / loc.median()
+        ratio_lines.append(
+            f"{c.label}: the embedded default / the plain executor "
+            f"(service=local) = {r:.3f} (target >= 0.95: "
+            f"{verdict(r, 0.95)})")
 
     raw = {"workload": WID, "mode": mode, "reps": args.reps,
            "machine": info, "targets": TARGETS,
-           "ratios": {"seq": seq_ratio, "par": par_ratio},
+           "ratios": {"seq": seq_ratio, "par": par_ratio,
+                      "embedded_seq": seq.median() / seq_local.median(),
+                      "embedded_par": par.median() / par_local.median()},
            "configs": [{"side": c.side, "label": c.label,
                         "parallelism": c.parallelism, "argv": c.argv,
                         "units": c.units, "runs": c.runs}

@@ -3,7 +3,8 @@
 over ipc:// and over tcp://127.0.0.1, against cachew in-process on the same
 cores.
 
-cachew in-process (the reference): `cachew run --json`, threads 2, the
+cachew in-process (the reference): `cachew run --json --set service=local`
+(the plain executor; the default is the embedded service), threads 2, the
 pipelines of bench/w2.py and bench/w1.py with parallel=2.
 cachew service: `cachewd --role=dispatcher` and 2 `cachewd --role=worker
 --threads 1` (so the pipeline has the same 2 cores: one thread per worker
@@ -470,6 +471,7 @@ def w2_configs(cachew, cachewd, d, passes, n, seed, limit_s):
     out.append(InProcess(
         "in-process", "W2 threads 2", 2,
         [cachew, "run", "--json", "--no-digest", "--quiet", "--threads", "2",
+         "--set", "service=local",
          "--seed", str(seed), w2_pipeline(d, passes, 2)], n, check=check))
     for tr in TRANSPORTS:
         check, check_splits = counts_check(f"W2 {tr}", n, W2_UNIT_BYTES,
@@ -490,6 +492,7 @@ def w1_configs(cachew, cachewd, n, seed, limit_s):
     out.append(InProcess(
         "in-process", "W1 threads 2", 2,
         [cachew, "run", "--json", "--no-digest", "--quiet", "--threads", "2",
+         "--set", "service=local",
          "--seed", str(seed), w1_pipeline(n, 2)], n, check=check))
     for tr in TRANSPORTS:
         check, check_splits = counts_check(f"W1 {tr}", n, 8, False)
