@@ -147,13 +147,17 @@ bench: deps
 	@bench/run all
 
 # W6: raw nng push/pull and the same transfer through our transports.
-bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench
+bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost
 
 $(BUILD)/nng_raw: bench/nng_raw.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $< -lnng -lpthread
 
 $(BUILD)/transport_bench: bench/transport_bench.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# The fixed cost of an iterator (docs/performance.md, the embedded default).
+$(BUILD)/iter_cost: bench/iter_cost.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 deps:
