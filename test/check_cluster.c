@@ -350,6 +350,49 @@ START_TEST(cluster_pipeline_error_reaches_the_client)
 }
 END_TEST
 
+/* Through a remote service, the iterator's stats show the worker part's
+ * operators as the dispatcher last heard them from the workers (here at
+ * least one lease's worth: leases end every ~0.2 s, heartbeats come every
+ * 50 ms), then the client's stream row. */
+START_TEST(cluster_stats_show_the_worker_part)
+{
+	cluster c;
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_op_stats rows[16];
+	size_t n = 0, got = 0;
+
+	cluster_start(&c, 1);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", c.dispatcher.url),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(400) | map(sleep_us, us=2000)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		cachew_element_release(e);
+		got++;
+	}
+	ck_assert_uint_eq(got, 400);
+	ck_assert_int_eq(cachew_iterator_stats(it, rows, 16, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(rows[0].name, "range");
+	ck_assert_str_eq(rows[1].name, "map");
+	ck_assert_str_eq(rows[1].detail, "sleep_us");
+	ck_assert_uint_gt(rows[1].elements, 0);
+	ck_assert_uint_le(rows[1].elements, 400);
+	ck_assert_str_eq(rows[2].name, "service_stream");
+	ck_assert_uint_eq(rows[2].elements, 400);
+	ck_assert_int_eq(rows[2].node, 2);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	cluster_stop(&c);
+}
+END_TEST
+
 /* ---- two clients sharing a job ----------------------------------------------- */
 
 typedef struct share_arg {
@@ -743,6 +786,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_default_survives_fork);
+	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);

@@ -241,6 +241,8 @@ static const field f_client_heartbeat_reply[] = {
     U64D(cwi_msg_client_heartbeat_reply, block_round, CWI_ROUND_NONE),
     U64(cwi_msg_client_heartbeat_reply, splits_total, 0),
     U64(cwi_msg_client_heartbeat_reply, splits_acked, 0),
+    OBJS(cwi_msg_client_heartbeat_reply, ops, 0, CWI_PROTO_MAX_OPS,
+	s_op_counters),
 };
 
 static const field f_split_lease[] = {

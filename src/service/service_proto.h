@@ -272,6 +272,10 @@ typedef struct cwi_msg_client_heartbeat_reply {
 	uint64_t block_round; /* coordinated: read no round >= this yet */
 	uint64_t splits_total;
 	uint64_t splits_acked;
+	/* The worker part's operator counters summed over the job's tasks
+	 * (as their workers last reported them), in pipeline order. */
+	cwi_op_counters *ops;
+	size_t nops;
 } cwi_msg_client_heartbeat_reply;
 
 typedef struct cwi_msg_split_lease {

@@ -1088,6 +1088,45 @@ auto_tick(session *s, uint64_t now)
 	a->replies = a->backlogged = a->raw_bytes = a->zraw = a->zwire = 0;
 }
 
+/* Remote workers: the job's operator counters, as the dispatcher last
+ * heard them ("<node>:<name>[/<detail>]"), become the worker part's rows
+ * (an inline task's are read from it directly). */
+static void
+rows_from_reply(session *s, const cwi_msg_client_heartbeat_reply *r)
+{
+	client_ctx *ctx = s->ctx;
+	size_t n = r->nops < 64 ? r->nops : 64;
+
+	if (n == 0)
+		return;
+	pthread_mutex_lock(&ctx->rows_lock);
+	if (ctx->cur == s && !ctx->inline_seen) {
+		for (size_t i = 0; i < n; i++) {
+			const cwi_op_counters *c = &r->ops[i];
+			cwi_wtask_row *w = &ctx->rows[i];
+			const char *colon = strchr(c->name, ':');
+			const char *name = colon != NULL ? colon + 1 : c->name;
+			const char *slash = strchr(name, '/');
+			int len = slash != NULL ? (int)(slash - name)
+						: (int)strlen(name);
+
+			memset(w, 0, sizeof(*w));
+			snprintf(w->name, sizeof(w->name), "%.*s", len, name);
+			snprintf(w->detail, sizeof(w->detail), "%s",
+			    slash != NULL ? slash + 1 : "");
+			w->s.node = (int)i;
+			w->s.elements = c->elements;
+			w->s.bytes = c->bytes;
+			w->s.busy_ns = c->busy_ns;
+			w->s.wait_ns = c->wait_ns;
+			w->s.parallelism = 1;
+			w->s.buffered = (int64_t)c->buffered;
+		}
+		ctx->nrows = n;
+	}
+	pthread_mutex_unlock(&ctx->rows_lock);
+}
+
 static void
 on_heartbeat(session *s, cwi_completion *c)
 {
@@ -1099,6 +1138,7 @@ on_heartbeat(session *s, cwi_completion *c)
 	    cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
 		if (rep.type == CWI_MSG_CLIENT_HEARTBEAT_REPLY) {
 			update_tasks(s, &rep.u.client_heartbeat_reply);
+			rows_from_reply(s, &rep.u.client_heartbeat_reply);
 			s->last_hb_ok_ns = now;
 		} else if (rep.type == CWI_MSG_ERROR) {
 			session_fail(s, CACHEW_EIO, "dispatcher %s: %s",

@@ -2048,6 +2048,54 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 
 /* ---- clients ------------------------------------------------------------- */
 
+/* The job's operator counters: its tasks' (as their workers last
+ * reported them) summed by operator, in the order first met. */
+static cachew_err
+fill_job_ops(const cwi_dispatcher *d, const job *j,
+    cwi_msg_client_heartbeat_reply *rep)
+{
+	size_t cap = 0;
+
+	for (size_t i = 0; i < d->tasks.n; i++)
+		if (TASK(d, i)->job == j)
+			cap += TASK(d, i)->nops;
+	if (cap == 0)
+		return CACHEW_OK;
+	if (cap > CWI_PROTO_MAX_OPS)
+		cap = CWI_PROTO_MAX_OPS;
+	rep->ops = calloc(cap, sizeof(*rep->ops));
+	if (rep->ops == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < d->tasks.n; i++) {
+		const task *t = TASK(d, i);
+		if (t->job != j)
+			continue;
+		for (size_t k = 0; k < t->nops; k++) {
+			const cwi_op_counters *c = &t->ops[k];
+			cwi_op_counters *o = NULL;
+			for (size_t m = 0; m < rep->nops; m++)
+				if (strcmp(rep->ops[m].name, c->name) == 0)
+					o = &rep->ops[m];
+			if (o == NULL) {
+				if (rep->nops == cap)
+					continue;
+				o = &rep->ops[rep->nops];
+				o->name = cwi_strdup(c->name);
+				if (o->name == NULL)
+					return cwi_fail(CACHEW_ENOMEM,
+					    "out of memory");
+				rep->nops++;
+			}
+			o->elements += c->elements;
+			o->bytes += c->bytes;
+			o->busy_ns += c->busy_ns;
+			o->wait_ns += c->wait_ns;
+			o->buffered += c->buffered;
+		}
+	}
+	return CACHEW_OK;
+}
+
 /* The reply's task list: every task of the job, in id order. */
 static cachew_err
 fill_task_list(const cwi_dispatcher *d, const job *j,
@@ -2147,6 +2195,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	rv = fill_task_list(d, j, rep);
 	if (rep->ntasks > 0)
 		j->published = true;
+	if (rv == CACHEW_OK)
+		(void)fill_job_ops(d, j, rep); /* metrics only */
 	return rv;
 }
 
