@@ -155,7 +155,7 @@ daemon_url() {
 
 service_demo() {
 	echo
-	echo "== 4/5 the C training loop (fake 20 ms model step per batch), in-process, then through the service"
+	echo "== 4/5 the C training loop (fake 20 ms model step per batch), in-process (the embedded service, the default), then through the service"
 	logs=$DATA/service-logs
 	mkdir -p "$logs"
 	dpid= w1pid= w2pid=

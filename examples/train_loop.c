@@ -19,7 +19,10 @@
  * The same binary reads from a cachew service when the environment names a
  * dispatcher -- CACHEW_SERVICE=tcp://host:7070 ./train_loop -- and the
  * workers of that service run the pipeline: the loop does not change and
- * is not recompiled (`make demo` runs it both ways).
+ * is not recompiled (`make demo` runs it both ways). Without it, the same
+ * service runs inside the process: a dispatcher and a worker whose
+ * pipeline runs on this thread, at the plain executor's speed
+ * (CACHEW_SERVICE=local: the plain executor alone).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 
@@ -138,7 +141,7 @@ main(int argc, char **argv)
 	}
 	printf("input      %s\n", service != NULL && service[0] != '\0'
 					  ? service
-					  : "in-process");
+					  : "in-process (the embedded service)");
 	t0 = seconds_now();
 	rv = cachew_iterator_create(&it, ds, opts);
 	if (rv != CACHEW_OK) {
