@@ -115,8 +115,11 @@ asan: deps
 		SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 		check
 
+# die_after_fork=0: a test forks a process that has used the embedded
+# service (its threads) and runs the service again in the child.
 tsan: deps
-	@$(MAKE) --no-print-directory BUILD=build/tsan OPT="-O1 -g" \
+	@TSAN_OPTIONS="die_after_fork=0 $$TSAN_OPTIONS" \
+		$(MAKE) --no-print-directory BUILD=build/tsan OPT="-O1 -g" \
 		SAN="-fsanitize=thread" check
 
 # No fork: every test's leaks count. ASan builds disable the element cache,

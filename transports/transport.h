@@ -368,4 +368,13 @@ extern const cwi_transport cwi_transport_nng;
 /* The transport serving url's scheme, or NULL (errmsg set, EINVAL). */
 const cwi_transport *cwi_transport_find(const char *url);
 
+/* Registers (once) the inproc registry's fork handlers, which hold its
+ * lock across fork(). A module whose own fork handlers take a lock that it
+ * holds while calling inproc (the embedded service's emb_lock, held while
+ * it listens and dials) calls this before registering them: prepare
+ * handlers run in the reverse order of registration, so fork() then takes
+ * that lock before the registry's, in the order the rest of the process
+ * takes them. */
+void cwi_inproc_fork_init(void);
+
 #endif /* CWI_TRANSPORT_H */

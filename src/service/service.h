@@ -56,8 +56,9 @@ struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
 
 /* The process's embedded service for `service=embedded` or `embedded:N`:
  * starts (once) a dispatcher and N workers (default 1) on inproc and
- * writes the dispatcher's URL. More workers are added when a later spec
- * asks for more. */
+ * writes the dispatcher's URL. `embedded` (one inline worker) and
+ * `embedded:N` are separate instances; more workers are added to the
+ * latter when a later spec asks for more. */
 cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
 /* When url is the embedded service's: has its workers heartbeat now, and
  * with `wait` waits for those heartbeats (at most 100 ms each), so a job

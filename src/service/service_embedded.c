@@ -5,11 +5,13 @@
  * later the policies run exactly as with remote workers, without sockets
  * or serialization (element buffers move as pointers).
  *
- * Locking: emb_lock guards the process-wide instance. It is stopped at
- * exit (atexit), after every iterator using it should be gone.
+ * Locking: emb_lock guards the process-wide instances (one for
+ * `embedded`, one for `embedded:N`). They are stopped at exit (atexit),
+ * after every iterator using them should be gone.
  */
 #include "service.h"
 #include "worker/worker_task.h"
+#include "../../transports/transport.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,20 +19,29 @@
 
 #define EMBEDDED_MAX_WORKERS 64
 
+/* One instance: a dispatcher and its workers. `embedded` (one worker)
+ * and `embedded:N` get separate instances: were they one, a process that
+ * once asked for embedded:2 would have every later default iterator's job
+ * split over a threaded worker too (batches cut at more split boundaries,
+ * operator rows of half the data), unlike the plain executor. */
+typedef struct emb_instance {
+	cwi_dispatcher_server *dispatcher;
+	cwi_worker *workers[EMBEDDED_MAX_WORKERS];
+	size_t nworkers;
+	char url[64];
+	bool inline_; /* workers[0] runs its tasks inline */
+} emb_instance;
+
 static pthread_mutex_t emb_lock = PTHREAD_MUTEX_INITIALIZER;
-static cwi_dispatcher_server *emb_dispatcher;
-static cwi_worker *emb_workers[EMBEDDED_MAX_WORKERS];
-static size_t emb_nworkers;
-static char emb_url[64];
-static bool emb_inline; /* emb_workers[0] runs its tasks inline */
+static emb_instance emb_inst[2]; /* [0]: `embedded`, [1]: `embedded:N` */
 static bool emb_atexit;
 static pthread_once_t emb_fork_once = PTHREAD_ONCE_INIT;
 
-/* fork(): the child has none of the parent's threads, so the instance it
- * inherits cannot run, and stopping it would wait for threads that do not
- * exist. The child forgets it (its memory stays, unused) and starts its
- * own on first use, under a name with its own pid. emb_lock is held
- * across the fork so that the child's copy is consistent. */
+/* fork(): the child has none of the parent's threads, so the instances it
+ * inherits cannot run, and stopping them would wait for threads that do
+ * not exist. The child forgets them (their memory stays, unused) and
+ * starts its own on first use, under names with its own pid. emb_lock is
+ * held across the fork so that the child's copy is consistent. */
 static void
 emb_fork_prepare(void)
 {
@@ -46,15 +57,21 @@ emb_fork_parent(void)
 static void
 emb_fork_child(void)
 {
-	emb_dispatcher = NULL;
-	emb_nworkers = 0;
-	emb_inline = false;
+	for (size_t k = 0; k < 2; k++) {
+		emb_inst[k].dispatcher = NULL;
+		emb_inst[k].nworkers = 0;
+		emb_inst[k].inline_ = false;
+	}
 	pthread_mutex_unlock(&emb_lock);
 }
 
 static void
 emb_fork_register(void)
 {
+	/* emb_lock is held while listening and dialing on inproc, so fork()
+	 * must take it before the inproc registry's lock: prepare handlers
+	 * run last-registered first, so the registry's go in first. */
+	cwi_inproc_fork_init();
 	(void)pthread_atfork(emb_fork_prepare, emb_fork_parent,
 	    emb_fork_child);
 }
@@ -63,11 +80,14 @@ static void
 embedded_stop(void)
 {
 	pthread_mutex_lock(&emb_lock);
-	for (size_t i = 0; i < emb_nworkers; i++)
-		cwi_worker_stop(emb_workers[i]);
-	emb_nworkers = 0;
-	cwi_dispatcher_server_stop(emb_dispatcher);
-	emb_dispatcher = NULL;
+	for (size_t k = 0; k < 2; k++) {
+		emb_instance *in = &emb_inst[k];
+		for (size_t i = 0; i < in->nworkers; i++)
+			cwi_worker_stop(in->workers[i]);
+		in->nworkers = 0;
+		cwi_dispatcher_server_stop(in->dispatcher);
+		in->dispatcher = NULL;
+	}
 	pthread_mutex_unlock(&emb_lock);
 }
 
@@ -96,6 +116,7 @@ cachew_err
 cwi_embedded_service(const char *spec, char *url, size_t urllen)
 {
 	cwi_service_config cfg;
+	emb_instance *in;
 	size_t want;
 	cachew_err rv;
 
@@ -104,16 +125,19 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 		return rv;
 	pthread_once(&emb_fork_once, emb_fork_register);
 	pthread_mutex_lock(&emb_lock);
-	if (emb_dispatcher == NULL) {
-		snprintf(emb_url, sizeof(emb_url), "inproc://cachew-embedded-%ld",
-		    (long)getpid());
+	/* One worker: the inline instance; N: the threaded one, grown to
+	 * the largest N asked for. */
+	in = &emb_inst[want == 1 ? 0 : 1];
+	if (in->dispatcher == NULL) {
+		snprintf(in->url, sizeof(in->url), "inproc://cachew-embedded-%ld%s",
+		    (long)getpid(), want == 1 ? "" : "-threads");
 		cwi_service_config_defaults(&cfg);
 		snprintf(cfg.role, sizeof(cfg.role), "dispatcher");
-		snprintf(cfg.listen, sizeof(cfg.listen), "%s", emb_url);
+		snprintf(cfg.listen, sizeof(cfg.listen), "%s", in->url);
 		cfg.heartbeat_ms = 100;
 		/* The inline worker takes a whole epoch in one lease. */
 		cfg.max_lease = CWI_PROTO_MAX_SPLITS;
-		rv = cwi_dispatcher_server_start(&emb_dispatcher, &cfg);
+		rv = cwi_dispatcher_server_start(&in->dispatcher, &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
 		if (!emb_atexit) {
@@ -121,32 +145,32 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 			emb_atexit = true;
 		}
 	}
-	while (emb_nworkers < want) {
+	while (in->nworkers < want) {
 		cwi_service_config_defaults(&cfg);
 		snprintf(cfg.role, sizeof(cfg.role), "worker");
-		snprintf(cfg.dispatcher, sizeof(cfg.dispatcher), "%s", emb_url);
-		snprintf(cfg.listen, sizeof(cfg.listen), "%s-w%zu", emb_url,
-		    emb_nworkers);
+		snprintf(cfg.dispatcher, sizeof(cfg.dispatcher), "%s", in->url);
+		snprintf(cfg.listen, sizeof(cfg.listen), "%s-w%zu", in->url,
+		    in->nworkers);
 		cfg.heartbeat_ms = 100;
 		/* `embedded` (one worker): its tasks run in the clients'
 		 * threads, so the service costs what the plain executor
 		 * does; embedded:N runs N worker threads. */
-		if (emb_nworkers == 0)
-			emb_inline = want == 1;
-		if (emb_nworkers == 0 && emb_inline)
-			rv = cwi_worker_start_inline(&emb_workers[0], &cfg);
+		if (in->nworkers == 0)
+			in->inline_ = want == 1;
+		if (in->nworkers == 0 && in->inline_)
+			rv = cwi_worker_start_inline(&in->workers[0], &cfg);
 		else
-			rv = cwi_worker_start(&emb_workers[emb_nworkers], &cfg);
+			rv = cwi_worker_start(&in->workers[in->nworkers], &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
-		emb_nworkers++;
+		in->nworkers++;
 	}
 	/* A job created before its workers registered would wait a client
 	 * heartbeat to learn of its tasks. In-process, registering takes
 	 * microseconds. */
-	for (size_t i = 0; i < emb_nworkers; i++)
-		(void)cwi_worker_wait_registered(emb_workers[i], 2000);
-	snprintf(url, urllen, "%s", emb_url);
+	for (size_t i = 0; i < in->nworkers; i++)
+		(void)cwi_worker_wait_registered(in->workers[i], 2000);
+	snprintf(url, urllen, "%s", in->url);
 done:
 	pthread_mutex_unlock(&emb_lock);
 	return rv;
@@ -156,13 +180,17 @@ void
 cwi_embedded_poke(const char *url, bool wait)
 {
 	pthread_mutex_lock(&emb_lock);
-	if (emb_dispatcher != NULL && url != NULL && strcmp(url, emb_url) == 0)
-		for (size_t i = 0; i < emb_nworkers; i++) {
+	for (size_t k = 0; k < 2 && url != NULL; k++) {
+		emb_instance *in = &emb_inst[k];
+		if (in->dispatcher == NULL || strcmp(url, in->url) != 0)
+			continue;
+		for (size_t i = 0; i < in->nworkers; i++) {
 			if (wait)
-				cwi_worker_poke_wait(emb_workers[i], 100);
+				cwi_worker_poke_wait(in->workers[i], 100);
 			else
-				cwi_worker_poke(emb_workers[i]);
+				cwi_worker_poke(in->workers[i]);
 		}
+	}
 	pthread_mutex_unlock(&emb_lock);
 }
 
@@ -176,14 +204,17 @@ cwi_embedded_inline_task(const char *address, uint64_t task_id,
 	if (address == NULL || strncmp(address, "inproc://", 9) != 0)
 		return NULL;
 	pthread_mutex_lock(&emb_lock);
-	for (size_t i = 0; i < emb_nworkers && t == NULL; i++) {
-		if (strcmp(cwi_worker_url(emb_workers[i]), address) != 0)
-			continue;
-		*inline_worker = emb_inline && i == 0;
-		t = cwi_worker_task(emb_workers[i], task_id);
-		if (t != NULL && !cwi_wtask_is_inline(t)) {
-			cwi_wtask_unref(t);
-			t = NULL;
+	for (size_t k = 0; k < 2 && t == NULL; k++) {
+		emb_instance *in = &emb_inst[k];
+		for (size_t i = 0; i < in->nworkers && t == NULL; i++) {
+			if (strcmp(cwi_worker_url(in->workers[i]), address) != 0)
+				continue;
+			*inline_worker = in->inline_ && i == 0;
+			t = cwi_worker_task(in->workers[i], task_id);
+			if (t != NULL && !cwi_wtask_is_inline(t)) {
+				cwi_wtask_unref(t);
+				t = NULL;
+			}
 		}
 	}
 	pthread_mutex_unlock(&emb_lock);

@@ -93,6 +93,12 @@ fork_register(void)
 	(void)pthread_atfork(fork_prepare, fork_release, fork_release);
 }
 
+void
+cwi_inproc_fork_init(void)
+{
+	pthread_once(&fork_once, fork_register);
+}
+
 static const char *
 url_name(const char *url)
 {
@@ -487,7 +493,7 @@ ip_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	ip_conn *c;
 	ip_listener *l;
 
-	pthread_once(&fork_once, fork_register);
+	cwi_inproc_fork_init();
 	if (url_name(url)[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "'%s': inproc URL without a name", url);
@@ -594,7 +600,7 @@ ip_listen(cwi_listener **out, const char *url, const cwi_transport_opts *opts,
 {
 	ip_listener *l;
 
-	pthread_once(&fork_once, fork_register);
+	cwi_inproc_fork_init();
 	if (url_name(url)[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL,
 		    "'%s': inproc URL without a name", url);
