@@ -1533,6 +1533,50 @@ START_TEST(test_dispatcher_job_ends_when_clients_release)
 }
 END_TEST
 
+/* A dataset no job refers to any more is dropped once it has not been
+ * used for a client timeout (a long-running process building many
+ * pipelines keeps only those in use); one in use stays. */
+START_TEST(test_dispatcher_unused_datasets_are_dropped)
+{
+	harness *h = harness_new();
+	uint64_t a = add_dataset(h, 1, 64, NULL), b = add_dataset(h, 2, 64,
+	    NULL), job, c, jb, cb, w;
+	cwi_msg_job_release rel;
+	cwi_msg_job_get_or_create_reply rep;
+	cwi_msg_client_heartbeat_reply cr;
+	bool created = false;
+
+	w = add_worker(h, "tcp://w1:1");
+	(void)w;
+	join(h, a, NULL, &job, &c);
+	join(h, b, NULL, &jb, &cb);
+	rel = (cwi_msg_job_release){job, c};
+	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+	    CACHEW_OK);
+	/* Past the timeout, with more finished jobs than are kept: job 1
+	 * goes, then its dataset; b's job (its client heartbeats) stays. */
+	for (int i = 0; i < 20; i++) {
+		uint64_t jx, cx;
+		uint64_t x = add_dataset(h, 100 + (uint64_t)i, 64, NULL);
+		join(h, x, NULL, &jx, &cx);
+		rel = (cwi_msg_job_release){jx, cx};
+		ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+		    CACHEW_OK);
+	}
+	h->now += 11 * SEC;
+	client_hb(h, jb, cb, 0, &cr);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &cr);
+	cwi_dispatcher_tick(h->d, h->now);
+	ck_assert(has_event(h, "\"event\":\"dataset_dropped\",\"dataset_id\":1}"));
+	ck_assert(!has_event(h, "\"event\":\"dataset_dropped\",\"dataset_id\":2}"));
+	ck_assert_int_eq(try_join(h, a, NULL, &rep), CACHEW_ENOENT);
+	/* Registering it again works (a new id). */
+	ck_assert_uint_ne(add_dataset(h, 1, 64, &created), a);
+	ck_assert(created);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_job_ends_when_clients_time_out)
 {
 	harness *h = harness_new();
@@ -2363,6 +2407,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_job_request_checked);
 	tcase_add_test(disp, test_dispatcher_split_size_targets_splits_per_worker);
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);
+	tcase_add_test(disp, test_dispatcher_unused_datasets_are_dropped);
 	tcase_add_test(disp, test_dispatcher_ack_reply_says_when_every_split_is_acked);
 	tcase_add_test(disp, test_dispatcher_lease_is_capped_by_fair_share);
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);

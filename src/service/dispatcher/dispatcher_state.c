@@ -53,6 +53,7 @@ typedef struct dataset {
 	uint8_t *graph;
 	size_t graph_len;
 	int64_t split_units;
+	uint64_t last_used_ns; /* registered or given a job */
 } dataset;
 
 enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED };
@@ -1448,7 +1449,35 @@ job_scale_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 
 /* ---- jobs ---------------------------------------------------------------- */
 
-/* Keeps at most max_finished_jobs finished jobs (for the status). */
+/* Drops the datasets no job refers to that nobody registered or used for
+ * a client timeout: a long-running process (the embedded service) that
+ * builds many pipelines keeps only those in use. A client between its
+ * register and its job request is far quicker than that. */
+static void
+gc_datasets(cwi_dispatcher *d)
+{
+	for (size_t i = 0; i < d->datasets.n;) {
+		dataset *ds = DATASET(d, i);
+		bool used = ds->last_used_ns >= d->now ||
+			    d->now - ds->last_used_ns <= d->cfg.client_timeout_ns;
+
+		for (size_t k = 0; k < d->jobs.n && !used; k++)
+			used = JOB(d, k)->ds == ds;
+		if (used) {
+			i++;
+			continue;
+		}
+		ev_begin(d, "dataset_dropped");
+		ev_u64(d, "dataset_id", ds->id);
+		ev_end(d);
+		vec_remove(&d->datasets, ds);
+		free(ds->graph);
+		free(ds);
+	}
+}
+
+/* Keeps at most max_finished_jobs finished jobs (for the status), and the
+ * datasets in use. */
 static void
 gc_finished(cwi_dispatcher *d)
 {
@@ -1468,6 +1497,7 @@ gc_finished(cwi_dispatcher *d)
 		}
 		i++;
 	}
+	gc_datasets(d);
 }
 
 static void
@@ -1626,6 +1656,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (j == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	j->ds = ds;
+	ds->last_used_ns = d->now;
 	j->iteration = r->iteration;
 	j->mode = r->processing_mode;
 	j->compression = r->compression;
@@ -2516,6 +2547,7 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 		ds = DATASET(d, i);
 		if (ds->fp.hi == req->fingerprint.hi &&
 		    ds->fp.lo == req->fingerprint.lo) {
+			ds->last_used_ns = now_ns;
 			rep->dataset_id = ds->id;
 			return CACHEW_OK;
 		}
@@ -2532,6 +2564,7 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	ds->graph_len = req->graph_len;
 	ds->fp = req->fingerprint;
 	ds->split_units = req->split_units;
+	ds->last_used_ns = now_ns;
 	ds->id = d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
 	ev_begin(d, "dataset_registered");
