@@ -295,6 +295,32 @@ START_TEST(embedded_default_survives_fork)
 }
 END_TEST
 
+/* parallel_epochs on the embedded default: its one worker's task has a
+ * runner (it is not inline) and is read by requests; every element once. */
+START_TEST(embedded_parallel_epochs_reads_its_input)
+{
+	static const char *const services[] = {"", "embedded"};
+
+	for (size_t i = 0; i < 2; i++) {
+		cachew_options *o = cwt_opts(7, 1);
+		cachew_element **v = NULL;
+		size_t n = 0;
+		char err[256];
+
+		ck_assert_int_eq(cachew_options_set_str(o, "service",
+				     services[i]), CACHEW_OK);
+		ck_assert_int_eq(cachew_options_set_str(o, "processing_mode",
+				     "parallel_epochs"), CACHEW_OK);
+		ck_assert_msg(cwt_run("range(10) | map(add, value=1)", o, &v,
+				  &n, err, sizeof(err)) == CACHEW_OK,
+		    "service '%s': %s", services[i], err);
+		ck_assert_uint_eq(n, 10);
+		cwt_free(v, n);
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
 /* embedded:2 runs two worker threads (no inline task): the same multiset. */
 START_TEST(embedded_worker_threads_equal_in_process)
 {
@@ -786,6 +812,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_default_survives_fork);
+	tcase_add_test(tc, embedded_parallel_epochs_reads_its_input);
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);

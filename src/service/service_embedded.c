@@ -209,8 +209,12 @@ cwi_embedded_inline_task(const char *address, uint64_t task_id,
 		for (size_t i = 0; i < in->nworkers && t == NULL; i++) {
 			if (strcmp(cwi_worker_url(in->workers[i]), address) != 0)
 				continue;
-			*inline_worker = in->inline_ && i == 0;
 			t = cwi_worker_task(in->workers[i], task_id);
+			/* Only a task not started yet may turn out inline: a
+			 * started runner task (parallel_epochs, coordinated)
+			 * is read by requests like any other. */
+			*inline_worker = in->inline_ && i == 0 &&
+			    (t == NULL || cwi_wtask_is_inline(t));
 			if (t != NULL && !cwi_wtask_is_inline(t)) {
 				cwi_wtask_unref(t);
 				t = NULL;

@@ -164,6 +164,7 @@ struct session {
 	uint64_t *sent_parts;
 	size_t nsent;
 	bool ack_inflight, hb_inflight;
+	bool release_sent, release_done; /* TAG_RELEASE */
 	uint64_t next_hb_ns;
 	/* Until the job has a task, heartbeats go after this many ms (from
 	 * 1, doubling up to the interval): a new job's task starts moments
@@ -439,8 +440,9 @@ send_heartbeat(session *s)
 	gap = (uint64_t)s->heartbeat_ms;
 	if (s->ntasks == 0) {
 		s->early_hb_ms = s->early_hb_ms == 0 ? 1 : s->early_hb_ms * 2;
-		if (s->early_hb_ms < gap)
-			gap = s->early_hb_ms;
+		if (s->early_hb_ms > gap)
+			s->early_hb_ms = gap; /* doubling stops at the interval */
+		gap = s->early_hb_ms;
 	}
 	s->next_hb_ns = cwi_now_ns() + gap * 1000000u;
 }
@@ -491,7 +493,13 @@ on_ack(session *s, cwi_completion *c)
 	if (c->err == CACHEW_OK && c->reply != NULL) {
 		cwi_pmsg rep;
 		if (cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
-			if (rep.type == CWI_MSG_OK && rep.u.ok.job_finished) {
+			/* A shared job's split needs every client's part; a
+			 * part acked twice (an ack resent after a timeout that
+			 * had been applied) could complete it before another
+			 * client took its part: shared jobs read their tasks
+			 * to the end as before. */
+			if (rep.type == CWI_MSG_OK && rep.u.ok.job_finished &&
+			    s->ctx->opts.job_name[0] == '\0') {
 				s->data_acked = true;
 				/* In-process workers end their tasks now, so
 				 * the requests still held there come back at
@@ -1195,6 +1203,12 @@ on_completion(session *s, cwi_completion *c)
 		on_ack(s, c);
 		return;
 	}
+	if (c->tag == TAG_RELEASE) {
+		s->release_done = true;
+		if (c->reply != NULL)
+			cwi_msg_destroy(c->reply);
+		return;
+	}
 	x = c->tag - TAG_DATA_BASE;
 	slot = x & (MAX_TASK_SLOTS - 1);
 	if (c->tag < TAG_DATA_BASE || slot >= s->ntasks) {
@@ -1396,7 +1410,8 @@ rows_refresh(client_ctx *ctx, session *s)
 	if (t == NULL)
 		return;
 	n = cwi_wtask_rows(t, ctx->rows, 64);
-	ctx->nrows = n < 64 ? n : 64;
+	if (n != SIZE_MAX) /* else a pull is running: keep the last rows */
+		ctx->nrows = n < 64 ? n : 64;
 	ctx->inline_seen = true;
 	cwi_wtask_unref(t);
 }
@@ -1489,15 +1504,32 @@ session_free(session *s)
 			if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
 				&rep) == CACHEW_OK)
 				cwi_pmsg_free(&rep);
-		} else if (cwi_rpc_pack(&req, &msg) == CACHEW_OK &&
-			   cwi_conn_send(s->dispatcher, msg, 2000, s->cq,
-			       TAG_RELEASE) != CACHEW_OK) {
-			cwi_msg_destroy(msg);
+		} else if (cwi_rpc_pack(&req, &msg) == CACHEW_OK) {
+			if (cwi_conn_send(s->dispatcher, msg, 2000, s->cq,
+				TAG_RELEASE) == CACHEW_OK)
+				s->release_sent = true;
+			else
+				cwi_msg_destroy(msg);
 		}
 		cwi_pmsg_free(&req);
 	}
 	if (s->fetcher_started)
 		pthread_join(s->fetcher, NULL);
+	/* The release must reach the dispatcher before the connection
+	 * closes (closing cancels what is still queued): wait for its
+	 * reply (2 s at most) if the fetch thread did not take it. */
+	if (s->release_sent) {
+		uint64_t deadline = cwi_now_ns() + 2000 * UINT64_C(1000000);
+		while (!s->release_done) {
+			cwi_completion c;
+			uint64_t now = cwi_now_ns();
+			if (now >= deadline ||
+			    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) +
+				    1, &c) != CACHEW_OK)
+				break;
+			on_completion(s, &c);
+		}
+	}
 	drain_requests(s);
 	for (size_t i = 0; i < s->nconns; i++)
 		cwi_conn_close(s->conns[i].conn);

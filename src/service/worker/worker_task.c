@@ -101,6 +101,11 @@ struct cwi_wtask {
 	size_t nclients, capclients;
 	bool produced_all; /* the runner finished (or failed) */
 	cachew_err failed;
+	/* failed came from the lease pipeline itself (a corrupt file): it
+	 * fails wherever its split goes, so clients get it as an error;
+	 * other failures (the dispatcher unreachable) look like a worker
+	 * gone, and the splits go elsewhere. */
+	bool failed_pipeline;
 	char errmsg[512];
 	size_t qelems; /* elements (not lease ends) in the queue */
 
@@ -818,12 +823,16 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
     reply_status *st)
 {
 	memset(st, 0, sizeof(*st));
-	if (t->failed != CACHEW_OK) {
+	if (t->failed != CACHEW_OK && t->failed_pipeline) {
 		/* An error reply, not a failed request: the client ends
 		 * the epoch with the pipeline's error (a corrupt file gives
 		 * the same error again wherever its split is leased). */
 		status_fail(st, t->failed, "%s", t->errmsg[0] != '\0'
 		    ? t->errmsg : cachew_strerror(t->failed));
+		return NULL;
+	}
+	if (t->failed != CACHEW_OK) {
+		st->err = t->failed; /* the task is gone: splits go elsewhere */
 		return NULL;
 	}
 	if (t->ncons == 0 && m->consumer_index >= 0) {
@@ -1156,6 +1165,14 @@ add_stats(cwi_wtask *t, cachew_iterator *it)
 	pthread_mutex_unlock(&t->lock);
 }
 
+static void
+mark_pipeline_failure(cwi_wtask *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->failed_pipeline = true;
+	pthread_mutex_unlock(&t->lock);
+}
+
 /* Runs one lease to its end, queueing its elements then its end marker. */
 static cachew_err
 run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
@@ -1170,8 +1187,10 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 
 	rv = cwi_iterator_create_lease(&it, t->plan->root, t->env->opts,
 	    t->plan->source, ranges, nranges, t->seed);
-	if (rv != CACHEW_OK)
+	if (rv != CACHEW_OK) {
+		mark_pipeline_failure(t);
 		return rv;
+	}
 	while (!atomic_load(&t->stop) &&
 	       (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
 		if (n == 0)
@@ -1204,6 +1223,7 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 		n = 0;
 	} else if (rv != CACHEW_ECANCELED && rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(it));
+		mark_pipeline_failure(t);
 	} else if (rv == CACHEW_OK) {
 		rv = CACHEW_ECANCELED; /* stopped */
 	}
@@ -1386,7 +1406,10 @@ cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap)
 {
 	size_t n;
 
-	pthread_mutex_lock(&t->pull_lock);
+	/* A pull may take long (a slow pipeline): a stats call does not
+	 * wait for it. */
+	if (pthread_mutex_trylock(&t->pull_lock) != 0)
+		return SIZE_MAX;
 	if (t->pull_it != NULL) {
 		n = copy_rows(t->pull_it, rows, cap);
 	} else {

@@ -104,7 +104,8 @@ typedef struct cwi_wtask_row {
 } cwi_wtask_row;
 
 /* Inline tasks: the operator rows of the lease being pulled, or of the
- * last one finished. Copies up to cap rows; returns how many there are. */
+ * last one finished. Copies up to cap rows; returns how many there are,
+ * or SIZE_MAX (nothing copied) while a pull is running. */
 size_t cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap);
 cachew_err cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts,
     cwi_chunk *out, size_t max, cwi_wtask_pulled *r);
