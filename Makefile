@@ -125,7 +125,7 @@ tsan: deps
 # No fork: every test's leaks count. ASan builds disable the element cache,
 # so this is where the cache's own bookkeeping is checked.
 valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so
-	CK_FORK=no CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
+	CK_FORK=no CWT_VALGRIND=1 CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \
 		$(BUILD)/check_cachew
 

@@ -272,6 +272,11 @@ START_TEST(embedded_default_survives_fork)
 
 	ck_assert_uint_eq(before.n, 500);
 	ck_assert_uint_eq(before.digest, local.digest);
+	/* Under valgrind (make valgrind) the child's own leak check counts
+	 * what the parent's threads hold (they are not in the child) as
+	 * lost: the forked half runs in the other builds. */
+	if (getenv("CWT_VALGRIND") != NULL)
+		return;
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
