@@ -1280,6 +1280,21 @@ lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	return rv;
 }
 
+/* The unit ranges of a lease reply's splits (malloc'd), or NULL. */
+static cwi_unit_range *
+lease_ranges(const cwi_msg_split_lease_reply *lr)
+{
+	cwi_unit_range *ranges = malloc(lr->nsplits * sizeof(*ranges));
+
+	if (ranges == NULL)
+		return NULL;
+	for (size_t i = 0; i < lr->nsplits; i++) {
+		ranges[i].begin = lr->splits[i].begin;
+		ranges[i].end = lr->splits[i].end;
+	}
+	return ranges;
+}
+
 static cachew_err
 run_distributed(cwi_wtask *t)
 {
@@ -1313,16 +1328,12 @@ run_distributed(cwi_wtask *t)
 			pthread_mutex_unlock(&t->lock);
 			continue;
 		}
-		ranges = malloc(lr->nsplits * sizeof(*ranges));
+		ranges = lease_ranges(lr);
 		lease = new_lease(t, lr->splits, lr->nsplits);
 		if (ranges == NULL || lease == UINT32_MAX) {
 			free(ranges);
 			cwi_pmsg_free(&rep);
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		}
-		for (size_t i = 0; i < lr->nsplits; i++) {
-			ranges[i].begin = lr->splits[i].begin;
-			ranges[i].end = lr->splits[i].end;
 		}
 		rv = run_lease(t, lease, ranges, lr->nsplits);
 		free(ranges);
@@ -1448,18 +1459,15 @@ pull_lease(cwi_wtask *t, const cachew_options *opts, cwi_wtask_pulled *r)
 		cwi_pmsg_free(&rep);
 		return CACHEW_OK;
 	}
-	ranges = malloc(lr->nsplits * sizeof(*ranges));
+	ranges = lease_ranges(lr);
 	t->pull_splits = malloc(lr->nsplits * sizeof(*t->pull_splits));
 	if (ranges == NULL || t->pull_splits == NULL) {
 		free(ranges);
 		cwi_pmsg_free(&rep);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
-	for (size_t i = 0; i < lr->nsplits; i++) {
-		ranges[i].begin = lr->splits[i].begin;
-		ranges[i].end = lr->splits[i].end;
+	for (size_t i = 0; i < lr->nsplits; i++)
 		t->pull_splits[i] = lr->splits[i].split_id;
-	}
 	t->pull_nsplits = lr->nsplits;
 	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root,
 	    opts != NULL ? opts : t->env->opts, t->plan->source, ranges,
