@@ -185,6 +185,19 @@ def loadavg():
         return None
 
 
+def load_warning(info):
+    """A ratio line warning that the machine was busier than its CPUs
+    during the run (info from machine_info, with loadavg_end), or None."""
+    load = [x for x in (info["loadavg_start"], info["loadavg_end"])
+            if x is not None]
+    if not load or max(load) <= info["cpus"]:
+        return None
+    return (f"load average {max(load):.1f} over the {info['cpus']} CPUs: "
+            "other processes took CPU from the rows unevenly, so the "
+            "throughput ratios are unreliable; the CPU-per-unit ratios "
+            "are the better guide (docs/performance.md)")
+
+
 def machine_info():
     cpu = platform.processor() or platform.machine()
     try:

@@ -663,14 +663,9 @@ def main():
             f"{verdict(w1_rate[tr] >= TARGETS['w1_rate'])}); "
             f"{w1_ratio[tr]:.2f}x in-process; CPU per element in-process / "
             f"service = {cpu_ratio(w1c[0], served):.2f}x")
-    load = [x for x in (info["loadavg_start"], info["loadavg_end"])
-            if x is not None]
-    if load and max(load) > info["cpus"]:
-        ratio_lines.append(
-            f"load average {max(load):.1f} over the {info['cpus']} CPUs: "
-            "other processes took CPU from the rows unevenly, so the "
-            "throughput ratios are unreliable; the CPU-per-unit ratios "
-            "are the better guide (docs/performance.md)")
+    warning = h.load_warning(info)
+    if warning is not None:
+        ratio_lines.append(warning)
     for c in w2c + w1c:
         if c.side != "service":
             continue

@@ -315,14 +315,9 @@ def main():
             ratio_lines.append(
                 f"{size_label(s)} {tr}://, transport API / raw nng = "
                 f"{api / raw:.0%}")
-    load = [x for x in (info["loadavg_start"], info["loadavg_end"])
-            if x is not None]
-    if load and max(load) > info["cpus"]:
-        ratio_lines.append(
-            f"load average {max(load):.1f} over the {info['cpus']} CPUs: "
-            "other processes took CPU from the rows unevenly, so the "
-            "throughput ratios are unreliable; the CPU-per-unit ratios "
-            "are the better guide (docs/performance.md)")
+    warning = h.load_warning(info)
+    if warning is not None:
+        ratio_lines.append(warning)
     nhang = len(verify_hangs) + sum(len(c.hangs) for c in configs
                                     if isinstance(c, w5.Served))
     ratio_lines.append(

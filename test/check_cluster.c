@@ -216,45 +216,69 @@ START_TEST(embedded_service_equals_in_process)
 }
 END_TEST
 
+/* Reads pipeline to its end through `service` and copies the iterator's
+ * stats rows (up to cap; *n gets how many there are); returns the number
+ * of elements read. The rows keep copies of their strings. */
+typedef struct stat_row {
+	cachew_op_stats s;
+	char name[48], detail[80];
+} stat_row;
+
+static size_t
+read_with_stats(const char *pipeline, const char *service, stat_row *rows,
+    size_t cap, size_t *n)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_op_stats st[16];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	size_t got = 0;
+
+	ck_assert_uint_le(cap, 16);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		cachew_element_release(e);
+		got++;
+	}
+	ck_assert_int_eq(cachew_iterator_stats(it, st, cap, n), CACHEW_OK);
+	for (size_t i = 0; i < *n && i < cap; i++) {
+		rows[i].s = st[i];
+		snprintf(rows[i].name, sizeof(rows[i].name), "%s", st[i].name);
+		snprintf(rows[i].detail, sizeof(rows[i].detail), "%s",
+		    st[i].detail != NULL ? st[i].detail : "");
+	}
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return got;
+}
+
 /* The embedded iterator's stats show the worker part's operators (run
  * inline) before the client part's own rows, as the plain executor's
  * would (no row for the stream between them), and keep them after the
  * epoch. */
 START_TEST(embedded_stats_show_the_worker_part)
 {
-	cachew_options *o = cwt_opts(7, 1);
-	cachew_dataset *ds;
-	cachew_iterator *it;
-	cachew_element *e;
-	cachew_op_stats rows[16];
-	size_t n = 0, got = 0;
+	stat_row rows[16];
+	size_t n = 0;
 
-	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
-	    CACHEW_OK);
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "range(1000) | map(add, value=1) | batch(10) | "
-			     "take(50)"),
-	    CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
-		cachew_element_release(e);
-		got++;
-	}
-	ck_assert_uint_eq(got, 50);
-	ck_assert_int_eq(cachew_iterator_stats(it, rows, 16, &n), CACHEW_OK);
+	ck_assert_uint_eq(read_with_stats("range(1000) | map(add, value=1) | "
+			      "batch(10) | take(50)", "embedded", rows, 16, &n),
+	    50);
 	ck_assert_uint_eq(n, 4);
 	ck_assert_str_eq(rows[0].name, "range");
-	ck_assert_uint_eq(rows[0].elements, 500);
+	ck_assert_uint_eq(rows[0].s.elements, 500);
 	ck_assert_str_eq(rows[1].name, "map");
 	ck_assert_str_eq(rows[1].detail, "add");
 	ck_assert_str_eq(rows[2].name, "batch");
-	ck_assert_uint_eq(rows[2].elements, 50);
+	ck_assert_uint_eq(rows[2].s.elements, 50);
 	ck_assert_str_eq(rows[3].name, "take");
-	ck_assert_uint_eq(rows[3].elements, 50);
-	ck_assert_int_eq(rows[3].node, 3);
-	cachew_iterator_destroy(it);
-	cachew_dataset_release(ds);
-	cachew_options_destroy(o);
+	ck_assert_uint_eq(rows[3].s.elements, 50);
+	ck_assert_int_eq(rows[3].s.node, 3);
 }
 END_TEST
 
@@ -388,38 +412,22 @@ END_TEST
 START_TEST(cluster_stats_show_the_worker_part)
 {
 	cluster c;
-	cachew_options *o = cwt_opts(7, 1);
-	cachew_dataset *ds;
-	cachew_iterator *it;
-	cachew_element *e;
-	cachew_op_stats rows[16];
-	size_t n = 0, got = 0;
+	stat_row rows[16];
+	size_t n = 0;
 
 	cluster_start(&c, 1);
-	ck_assert_int_eq(cachew_options_set_str(o, "service", c.dispatcher.url),
-	    CACHEW_OK);
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "range(400) | map(sleep_us, us=2000)"),
-	    CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
-		cachew_element_release(e);
-		got++;
-	}
-	ck_assert_uint_eq(got, 400);
-	ck_assert_int_eq(cachew_iterator_stats(it, rows, 16, &n), CACHEW_OK);
+	ck_assert_uint_eq(read_with_stats("range(400) | map(sleep_us, us=2000)",
+			      c.dispatcher.url, rows, 16, &n),
+	    400);
 	ck_assert_uint_eq(n, 3);
 	ck_assert_str_eq(rows[0].name, "range");
 	ck_assert_str_eq(rows[1].name, "map");
 	ck_assert_str_eq(rows[1].detail, "sleep_us");
-	ck_assert_uint_gt(rows[1].elements, 0);
-	ck_assert_uint_le(rows[1].elements, 400);
+	ck_assert_uint_gt(rows[1].s.elements, 0);
+	ck_assert_uint_le(rows[1].s.elements, 400);
 	ck_assert_str_eq(rows[2].name, "service_stream");
-	ck_assert_uint_eq(rows[2].elements, 400);
-	ck_assert_int_eq(rows[2].node, 2);
-	cachew_iterator_destroy(it);
-	cachew_dataset_release(ds);
-	cachew_options_destroy(o);
+	ck_assert_uint_eq(rows[2].s.elements, 400);
+	ck_assert_int_eq(rows[2].s.node, 2);
 	cluster_stop(&c);
 }
 END_TEST

@@ -1660,12 +1660,13 @@ ack_inline(session *s, const uint64_t *ids, size_t n)
 static size_t
 pull_inline(session *s, cwi_chunk *out, size_t max)
 {
+	/* s->inl is set once and dropped by session_free, which runs on
+	 * this (the consumer's) thread: no reference per pull. */
 	struct cwi_wtask *t = s->inl;
 	cwi_wtask_pulled r;
 	size_t n0 = out->n, got;
 	cachew_err rv;
 
-	cwi_wtask_ref(t);
 	pthread_mutex_unlock(&s->lock);
 	rv = cwi_wtask_pull(t, s->inl_opts, out, max, &r);
 	got = out->n - n0;
@@ -1674,7 +1675,6 @@ pull_inline(session *s, cwi_chunk *out, size_t max)
 	if (r.nsplits > 0)
 		ack_inline(s, r.split_ids, r.nsplits);
 	free(r.split_ids);
-	cwi_wtask_unref(t);
 	pthread_mutex_lock(&s->lock);
 	if (r.end_of_task) {
 		/* end_of_splits: the dispatcher has every split acked. */
