@@ -539,7 +539,8 @@ START_TEST(test_elements_round_trip)
 		cwi_element *big = cwi_msg_element(reply, n - 1);
 		ck_assert_ptr_nonnull(big->comp[0].buf);
 		ck_assert_ptr_eq(big->comp[0].buf, a->comp[0].buf);
-		ck_assert_ptr_nonnull(big->comp[0].buf->free_fn);
+		ck_assert_uint_gt(big->comp[0].buf->size,
+		    cwi_tensor_nbytes(&big->comp[0]));
 		ck_assert_uint_eq((uintptr_t)cwi_tensor_data(&big->comp[0]) % 16,
 		    0);
 	}
@@ -764,13 +765,17 @@ START_TEST(test_conn_close_wakes_blocked_call)
 		    CACHEW_ECLOSED);
 	}
 	/* The server's held request can no longer be answered: inproc
-	 * knows at once; nng hands the reply to a pipe that is gone. */
+	 * knows at once; nng knows once it has seen the connection end,
+	 * and until then writes the reply to a socket nobody reads. */
 	{
 		cwi_msg *x = mk("x");
 		cachew_err rv = cwi_request_reply(take_held(&s, 0), x);
 		if (rv != CACHEW_OK)
 			cwi_msg_destroy(x);
-		ck_assert_int_eq(rv, _i == 0 ? CACHEW_ECLOSED : CACHEW_OK);
+		if (_i == 0)
+			ck_assert_int_eq(rv, CACHEW_ECLOSED);
+		else
+			ck_assert(rv == CACHEW_OK || rv == CACHEW_ECLOSED);
 	}
 	s.nheld = 0;
 	cwi_conn_destroy(b.c);

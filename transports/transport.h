@@ -6,9 +6,11 @@
  *                          handler runs on the sending thread and the
  *                          message moves as a pointer: nothing is copied
  *                          or serialized (elements keep their refcounts)
- *   tcp://host:port        transports/nng/nng_transport.c: nng 1.5
- *   ipc:///path            req/rep sockets with contexts; elements are
- *                          serialized with the element codec
+ *   tcp://host:port        transports/nng/nng_transport.c: nng 1.5's
+ *   ipc:///path            byte streams carrying nng's req/rep wire
+ *                          protocol; elements are serialized with the
+ *                          element codec, payloads written from and read
+ *                          into place (no copy besides the kernel's)
  *
  * The model is request/reply. A client dials a URL and gets a connection
  * (cwi_conn); it sends a request message and gets exactly one completion
@@ -40,12 +42,13 @@
  * resets a connection (a listener closing, a request rejected as malformed
  * or oversized) completes that connection's requests in flight with
  * CACHEW_ECLOSED too; the connection itself stays usable and reconnects by
- * itself (nng redials; inproc finds the listener of that name again).
+ * itself (nng redials at once, then with backoff; inproc finds the
+ * listener of that name again).
  *
  * Limits: every receiver has a size limit (cwi_transport_opts
  * .max_msg_size). A message over it resets the sender's connection with a
- * logged reason; the process stays up. nng refuses a length field far
- * over the limit (an 8 GiB claim) before allocating anything. inproc
+ * logged reason; the process stays up. nng refuses a length field over
+ * the limit (an 8 GiB claim) before allocating anything. inproc
  * applies the same limit to the header plus the elements' byte sizes.
  *
  * Errors: dialing with no listener is CACHEW_EIO ("connection refused");
@@ -76,11 +79,11 @@ typedef struct cwi_transport_opts {
 	/* Largest message accepted from a peer, in bytes (header plus
 	 * elements as framed on nng). Default 256 MiB. */
 	size_t max_msg_size;
-	/* Listener: requests held at once (nng contexts). Past it, nng
-	 * stops reading from peers until one is answered. Default 4096. */
+	/* Listener: requests held at once. Past it, nng stops reading from
+	 * peers until one is answered. Default 4096. */
 	unsigned max_inflight;
-	/* nng: bound on handing a reply or request to a slow peer before it
-	 * is dropped, in ms. Default 30000. */
+	/* nng: how long a peer may read nothing of a message waiting to be
+	 * written before its connection is reset, in ms. Default 30000. */
 	int send_timeout_ms;
 	/* nng dialers: redial delays after a lost or refused connection,
 	 * doubling from min to max, in ms. Defaults 100 and 2000. */
@@ -251,8 +254,9 @@ cwi_msg *cwi_request_msg(cwi_request *r);
 const char *cwi_request_peer(cwi_request *r);
 /* Sends the reply and consumes r. Takes `reply` on success; on failure
  * the caller still owns it: CACHEW_ECLOSED when the client's connection or
- * the listener is gone or the reply is over the client's limit (nng only
- * knows of a local close: a reply to a vanished peer is dropped silently);
+ * the listener is gone or the reply is over the client's limit (nng
+ * knows a peer is gone once it has seen its connection end: a reply
+ * before that is written to a socket nobody reads, and dropped);
  * CACHEW_EINVAL (an element was taken out of it), CACHEW_ERANGE or
  * CACHEW_ENOMEM when it cannot be framed, in which case the client's
  * request completes with that error. */

@@ -31,8 +31,46 @@
 #define PAYLOAD_ALIGN 16
 #define MAX_PAD 63
 
+/* Where the encoding goes: all of it into sb, or, with g, the small bytes
+ * into g->sb and the large payloads by reference (g->refs). */
+typedef struct enc_out {
+	cwi_strbuf *sb;
+	cwi_gather *g; /* NULL: everything is copied into sb */
+} enc_out;
+
+/* The offset the alignment is reckoned from: bytes so far in the stream
+ * the receiver will see. */
+static size_t
+enc_pos(const enc_out *o)
+{
+	return o->g == NULL ? o->sb->len
+			    : o->sb->len - o->g->skew + o->g->ref_bytes;
+}
+
+/* A payload of len bytes: appended, or referenced when g takes it. */
+static void
+enc_payload(enc_out *o, const void *data, size_t len)
+{
+	cwi_gather *g = o->g;
+
+	if (g == NULL || len < g->ref_min || len == 0) {
+		if (len > 0)
+			cwi_strbuf_append(o->sb, data, len);
+		return;
+	}
+	if (!CWI_GROW(g->refs, g->cap, g->nrefs + 1)) {
+		o->sb->oom = true;
+		return;
+	}
+	g->refs[g->nrefs].at = o->sb->len;
+	g->refs[g->nrefs].data = data;
+	g->refs[g->nrefs].len = len;
+	g->nrefs++;
+	g->ref_bytes += len;
+}
+
 static cachew_err
-encode_fixed(const cwi_tensor *t, cwi_strbuf *sb)
+encode_fixed(const cwi_tensor *t, enc_out *o)
 {
 	size_t nbytes = cwi_tensor_nbytes(t);
 	size_t pad = 0;
@@ -40,40 +78,42 @@ encode_fixed(const cwi_tensor *t, cwi_strbuf *sb)
 	if (nbytes > CWI_INLINE_BYTES) {
 		/* Payload offset = here + pad bin header (2) + pad + the data
 		 * bin header. */
-		size_t at = sb->len + 2 + cwi_msgpack_bin_header_size(nbytes);
+		size_t at = enc_pos(o) + 2 + cwi_msgpack_bin_header_size(nbytes);
 		pad = (PAYLOAD_ALIGN - at % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
 	}
-	cwi_msgpack_put_bin_header(sb, pad);
+	cwi_msgpack_put_bin_header(o->sb, pad);
 	if (pad > 0) {
 		static const uint8_t zeros[PAYLOAD_ALIGN];
-		cwi_strbuf_append(sb, zeros, pad);
+		cwi_strbuf_append(o->sb, zeros, pad);
 	}
-	cwi_msgpack_put_bin(sb, cwi_tensor_data(t), nbytes);
+	cwi_msgpack_put_bin_header(o->sb, nbytes);
+	enc_payload(o, cwi_tensor_data(t), nbytes);
 	return CACHEW_OK;
 }
 
 static cachew_err
-encode_bytes(const cwi_tensor *t, cwi_strbuf *sb)
+encode_bytes(const cwi_tensor *t, enc_out *o)
 {
 	int64_t n = cwi_tensor_numel(t);
-	const uint64_t *o = cwi_tensor_offsets(t);
-	size_t total = (size_t)(o[n] - o[0]);
+	const uint64_t *off = cwi_tensor_offsets(t);
+	size_t total = (size_t)(off[n] - off[0]);
 
 	if ((uint64_t)n > 0xffffffffu || total > 0xffffffffu)
 		return cwi_fail(CACHEW_ERANGE,
 		    "element: bytes tensor of %lld strings, %zu bytes is too "
 		    "large to encode",
 		    (long long)n, total);
-	cwi_msgpack_put_array(sb, (size_t)n);
+	cwi_msgpack_put_array(o->sb, (size_t)n);
 	for (int64_t i = 0; i < n; i++)
-		cwi_msgpack_put_uint(sb, o[i + 1] - o[i]);
-	cwi_msgpack_put_bin(sb, t->buf != NULL ? t->buf->data + o[0] : NULL,
-	    t->buf != NULL ? total : 0);
+		cwi_msgpack_put_uint(o->sb, off[i + 1] - off[i]);
+	cwi_msgpack_put_bin_header(o->sb, t->buf != NULL ? total : 0);
+	if (t->buf != NULL)
+		enc_payload(o, t->buf->data + off[0], total);
 	return CACHEW_OK;
 }
 
-cachew_err
-cwi_element_encode(const cwi_element *e, cwi_strbuf *sb)
+static cachew_err
+encode_element(const cwi_element *e, enc_out *o)
 {
 	cachew_err rv;
 
@@ -81,30 +121,46 @@ cwi_element_encode(const cwi_element *e, cwi_strbuf *sb)
 		return cwi_fail(CACHEW_EINVAL,
 		    "element: %u components (expected 1 to %d)", e->n,
 		    CACHEW_MAX_COMPONENTS);
-	cwi_msgpack_put_array(sb, e->n);
+	cwi_msgpack_put_array(o->sb, e->n);
 	for (uint32_t i = 0; i < e->n; i++) {
 		const cwi_tensor *t = &e->comp[i];
-		cwi_msgpack_put_array(sb, 4);
-		cwi_msgpack_put_uint(sb, t->dtype);
-		cwi_msgpack_put_array(sb, t->rank);
+		cwi_msgpack_put_array(o->sb, 4);
+		cwi_msgpack_put_uint(o->sb, t->dtype);
+		cwi_msgpack_put_array(o->sb, t->rank);
 		for (unsigned d = 0; d < t->rank; d++)
-			cwi_msgpack_put_uint(sb, (uint64_t)t->shape[d]);
+			cwi_msgpack_put_uint(o->sb, (uint64_t)t->shape[d]);
 		if (t->dtype == CACHEW_BYTES) {
-			rv = encode_bytes(t, sb);
+			rv = encode_bytes(t, o);
 		} else {
 			if (cwi_tensor_nbytes(t) > 0xffffffffu)
 				return cwi_fail(CACHEW_ERANGE,
 				    "element: component %u of %zu bytes is too "
 				    "large to encode",
 				    i, cwi_tensor_nbytes(t));
-			rv = encode_fixed(t, sb);
+			rv = encode_fixed(t, o);
 		}
 		if (rv != CACHEW_OK)
 			return rv;
 	}
-	if (sb->oom)
+	if (o->sb->oom)
 		return cwi_fail(CACHEW_ENOMEM, "element: out of memory encoding");
 	return CACHEW_OK;
+}
+
+cachew_err
+cwi_element_encode(const cwi_element *e, cwi_strbuf *sb)
+{
+	enc_out o = {sb, NULL};
+
+	return encode_element(e, &o);
+}
+
+cachew_err
+cwi_element_encode_gather(const cwi_element *e, cwi_gather *g)
+{
+	enc_out o = {&g->sb, g};
+
+	return encode_element(e, &o);
 }
 
 /* ---- decoder ------------------------------------------------------------ */

@@ -1,48 +1,52 @@
 /*
  * nng_transport.c - the network transport: tcp://host:port and
- * ipc:///path over nng 1.5 (v1 API) req/rep sockets with contexts.
+ * ipc:///path. nng 1.5 provides the byte streams (nng_stream dialers and
+ * listeners: address parsing, connect, accept, readv/writev on its I/O
+ * threads); request/reply is implemented here, on the wire format of
+ * nng's req0/rep0 protocols (docs/protocol.md, "Transport framing"), so
+ * plain nng req and rep sockets interoperate with it.
  *
- * Client: one nng_req0 socket and dialer per connection, and one nng_ctx +
- * nng_aio per request in flight (kept on a free list for reuse), so any
- * number of requests share the connection and complete in any order. nng's
- * own resend is disabled: a request whose pipe drops completes with
- * CACHEW_ECLOSED (nng reports NNG_ECONNRESET) and the caller retries.
+ * Why not nng's req/rep sockets: nng 1.5 sends only a contiguous nng_msg
+ * that it allocated and zeroed, and receives only into one it zeroed. A
+ * worker then copies every payload into a zeroed message, and W6 (1 MiB
+ * elements) lost a third of raw nng's throughput to it
+ * (docs/performance.md, W6). Here a message is sent with writev straight
+ * from the element buffers (cwi_element_encode_gather) and received into
+ * an unzeroed buffer whose payloads the received tensors view.
  *
- * Server: one nng_rep0 socket and listener, and a pool of contexts, each
- * with an aio whose callback calls the handler. A context stays with its
- * request until the request is consumed, so held requests do not stop the
- * others: the pool grows by one whenever no context is left receiving, up
- * to max_inflight; past that nng stops reading from peers.
+ * Structure:
+ * - A link is one connected stream: the SP handshake, a send queue
+ *   written with writev (up to 8 iovecs a call, across messages), and a
+ *   receive loop that reads each message whole into one buffer and hands
+ *   it to the link's owner. A link's death is reported to its owner once
+ *   (on_down), always from the receive path.
+ * - A client connection (sconn) owns at most one link at a time, gives
+ *   each request a 32-bit id (high bit set, as req0 does), matches
+ *   replies by id, fails the requests of a link that dies with
+ *   CACHEW_ECLOSED, and redials by itself (reconnect_min_ms doubling to
+ *   reconnect_max_ms while it fails). Requests sent while no link is up
+ *   wait for the next one within their deadline.
+ * - A listener (slistener) accepts links and calls the handler once per
+ *   request; the request keeps its link (and the request id and
+ *   backtrace) to send the reply on. Past max_inflight held requests, a
+ *   link stops reading until one is consumed (back-pressure).
  *
- * Framing (docs/protocol.md, "Transport framing"): the body of every SP
- * message is a 16-byte head, the header bytes, then the elements in the
- * element codec's form (src/core/element_codec.h). Received elements are
- * zero-copy views into the received nng_msg, which a cwi_buffer wraps and
- * frees with its last reference. Sending copies each payload once, into
- * the nng_msg it is encoded in (nng 1.5 cannot send caller memory);
- * bench/transport_bench.c measures what that costs.
+ * Limits: a length field is checked against max_msg_size (plus room for
+ * the request id or backtrace) before anything is allocated; a longer
+ * claim resets the connection with a logged reason. The body is then
+ * checked as before (frame_decode).
  *
- * Limits: NNG_OPT_RECVMAXSZ on every socket is max_msg_size plus an
- * eighth (nng_recv_max), so nng refuses a frame claiming more before
- * allocating (it closes the pipe); a frame within it but over
- * max_msg_size, or malformed, is refused here: the pipe is closed with a
- * WARN line naming the peer and the reason.
+ * Locking: listener or connection mutex, then a link's mutex, then
+ * cq->mtx (transport.c). The owner callbacks (on_msg, on_down) run with
+ * no lock held. nng runs an aio callback on its own task threads, never
+ * on the thread that starts the operation, so operations are started
+ * with the link's mutex held.
  *
- * Locking: one mutex per listener and per connection (mtx), then cq->mtx
- * (transport.c). Operations are started (nng_ctx_send/recv) and canceled
- * with mtx held, so that close sees every one of them: nng never runs an
- * aio callback on the thread that starts or cancels the operation, so the
- * callbacks, which take mtx, cannot deadlock with that. `armed` counts aio
- * operations in flight (a receive being handled counts until its handler
- * returns).
- *
- * Closing (nng 1.5.2): nng_close frees the contexts while its timer
- * thread may still be expiring an operation on one of them (a
- * use-after-free seen under valgrind). So close first cancels every
- * armed operation, waits for their callbacks, stops every aio, and only
- * then closes the socket, when no aio refers to a context any more.
- * nng_close itself runs with a time limit (close_bounded): nng 1.5 can
- * deadlock there.
+ * Lifetime: links are reference counted (their owner holds one, each
+ * server request one). The last reference hands the link to the
+ * janitor, a thread that stops its aios and frees the stream: nng_aio_stop
+ * may not run on the aio's own callback, where the last reference often
+ * goes.
  *
  * Process-wide: the first listen or dial tunes glibc's malloc for large
  * messages (heap_tune_once; CACHEW_MALLOPT=0 opts out).
@@ -51,8 +55,6 @@
 #include "../../src/core/element_codec.h"
 
 #include <nng/nng.h>
-#include <nng/protocol/reqrep0/rep.h>
-#include <nng/protocol/reqrep0/req.h>
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -61,7 +63,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---- framing ------------------------------------------------------------ */
@@ -72,25 +73,34 @@
 #define FRAME_HEAD 16
 #define FRAME_KIND_MSG 0
 #define FRAME_KIND_ERROR 1
-/* The 4-byte request ID that req/rep put before the body: the element
- * codec pads payloads to 16 bytes from the start of the SP message, so
- * that they are aligned where nng reads them (it allocates the ID and the
- * body together). */
-#define SP_ID_BYTES 4
-/* RECVMAXSZ room over max_msg_size for the SP backtrace (one 4-byte ID
- * here, up to 8 hops through devices). */
-#define SP_SLACK 64
-
-/* nng's own guard: frames up to an eighth over the limit are read and
- * refused here, with a logged reason; nng closes the pipe of a larger
- * claim (an 8 GiB length field) before allocating anything, silently. */
-static size_t
-nng_recv_max(size_t max_msg)
-{
-	return max_msg + max_msg / 8 + SP_SLACK;
-}
 /* Error frames carry a short message. */
 #define FRAME_ERRMSG_MAX 1024
+
+/* SP (nng's scalability protocols) on a stream. */
+#define SP_HANDSHAKE 8
+#define SP_PROTO_REQ0 0x30
+#define SP_PROTO_REP0 0x31
+/* The request id: 4 bytes, high bit set. A request that went through
+ * devices carries one 4-byte word per hop before it (its backtrace); a
+ * reply echoes the whole backtrace. */
+#define SP_ID_BYTES 4
+#define SP_ID_FLAG 0x80000000u
+#define SP_MAX_HOPS 8
+#define SP_BT_MAX (SP_ID_BYTES * SP_MAX_HOPS)
+/* TCP: 64-bit length; IPC: a type byte (1: message), then the length. */
+#define SP_TCP_PREFIX 8
+#define SP_IPC_PREFIX 9
+#define SP_IPC_MSG 1
+
+/* Payloads of at least this many bytes are sent from where they lie;
+ * smaller ones are copied next to their headers (an iovec costs more). */
+#define SEND_REF_MIN 4096
+/* nng 1.5 takes at most 8 iovecs per operation. */
+#define TX_IOV 8
+/* A peer that does not finish its handshake in this time is dropped. */
+#define HANDSHAKE_TIMEOUT_MS 10000
+/* A blocking dial gives up after this. */
+#define DIAL_TIMEOUT_MS 10000
 
 static void
 put_u32(uint8_t *p, uint32_t v)
@@ -109,6 +119,19 @@ get_u32(const uint8_t *p)
 }
 
 static void
+put_u64(uint8_t *p, uint64_t v)
+{
+	put_u32(p, (uint32_t)(v >> 32));
+	put_u32(p + 4, (uint32_t)v);
+}
+
+static uint64_t
+get_u64(const uint8_t *p)
+{
+	return (uint64_t)get_u32(p) << 32 | get_u32(p + 4);
+}
+
+static void
 put_head(uint8_t *h, int kind, size_t hdr_len, uint32_t count)
 {
 	h[0] = FRAME_MAGIC0;
@@ -120,131 +143,173 @@ put_head(uint8_t *h, int kind, size_t hdr_len, uint32_t count)
 	put_u32(h + 12, 0); /* flags: none defined */
 }
 
-/* Bytes of the msgpack form of unsigned integer u. */
-static size_t
-mp_uint_size(uint64_t u)
-{
-	return u <= 0x7f ? 1 : u <= 0xff ? 2 : u <= 0xffff ? 3
-	    : u <= 0xffffffffu ? 5 : 9;
-}
-
 /*
- * The most bytes cwi_element_encode can write for e, from the element
- * form (src/core/element_codec.c): array headers of at most 5 bytes,
- * unsigned integers of at most 9, the padding bin of at most 2 + 15
- * bytes and bin headers of at most 5 around each payload. The lengths
- * list of a BYTES component is sized exactly, so that a batch of short
- * strings is not framed in up to 9 times its size. frame_encode relies
- * on this being a true bound: it encodes into memory nng allocated.
+ * A message ready to send: g.sb holds the stream prefix, the request id
+ * (or backtrace), the frame head, the header and every small part of the
+ * elements; the large payloads are referenced in place (g.refs) and the
+ * message (msg) is kept until the bytes are written, which keeps them
+ * alive. iov is the whole message in order; cur/off is how far it has
+ * been written.
  */
-static size_t
-element_encoded_max(const cwi_element *e)
+typedef struct txmsg {
+	struct txmsg *next;
+	cwi_msg *msg; /* NULL until the sender hands it over */
+	cwi_gather g;
+	nng_iov *iov;
+	unsigned niov, cur;
+	size_t off;
+} txmsg;
+
+static void
+tx_free(txmsg *t)
 {
-	size_t n = 5;
+	if (t == NULL)
+		return;
+	cwi_msg_destroy(t->msg);
+	cwi_strbuf_free(&t->g.sb);
+	free(t->g.refs);
+	free(t->iov);
+	free(t);
+}
 
-	for (uint32_t i = 0; i < e->n; i++) {
-		const cwi_tensor *t = &e->comp[i];
-
-		n += 1 + 9 + 5 + 9 * (size_t)t->rank;
-		if (t->dtype == CACHEW_BYTES) {
-			int64_t k = cwi_tensor_numel(t);
-			const uint64_t *o = cwi_tensor_offsets(t);
-
-			n += 5 + 5 + (size_t)(o[k] - o[0]);
-			for (int64_t j = 0; j < k; j++)
-				n += mp_uint_size(o[j + 1] - o[j]);
-		} else {
-			n += 2 + 15 + 5 + cwi_tensor_nbytes(t);
-		}
+static void
+tx_free_list(txmsg *t)
+{
+	while (t != NULL) {
+		txmsg *nx = t->next;
+		tx_free(t);
+		t = nx;
 	}
-	return n;
+}
+
+static size_t
+sp_prefix(bool ipc)
+{
+	return ipc ? SP_IPC_PREFIX : SP_TCP_PREFIX;
+}
+
+/* Writes the length prefix and lays out the iovecs of t (whose bytes are
+ * all in place). */
+static cachew_err
+tx_finish(txmsg *t, bool ipc)
+{
+	cwi_gather *g = &t->g;
+	size_t pre = sp_prefix(ipc), prev = 0;
+	unsigned n = 0;
+
+	if (g->sb.oom)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory framing a "
+					       "message");
+	t->iov = malloc((2 * g->nrefs + 1) * sizeof(*t->iov));
+	if (t->iov == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (ipc)
+		g->sb.data[0] = SP_IPC_MSG;
+	put_u64((uint8_t *)g->sb.data + (ipc ? 1 : 0),
+	    (uint64_t)(g->sb.len - pre + g->ref_bytes));
+	for (size_t i = 0; i < g->nrefs; i++) {
+		if (g->refs[i].at > prev) {
+			t->iov[n].iov_buf = g->sb.data + prev;
+			t->iov[n++].iov_len = g->refs[i].at - prev;
+		}
+		t->iov[n].iov_buf = (void *)g->refs[i].data;
+		t->iov[n++].iov_len = g->refs[i].len;
+		prev = g->refs[i].at;
+	}
+	if (g->sb.len > prev) {
+		t->iov[n].iov_buf = g->sb.data + prev;
+		t->iov[n++].iov_len = g->sb.len - prev;
+	}
+	t->niov = n;
+	return CACHEW_OK;
+}
+
+static cachew_err
+tx_start(txmsg **out, bool ipc, const uint8_t *id, size_t idlen)
+{
+	static const uint8_t zeros[SP_IPC_PREFIX];
+	txmsg *t = calloc(1, sizeof(*t));
+
+	if (t == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	cwi_strbuf_init(&t->g.sb);
+	t->g.skew = sp_prefix(ipc);
+	t->g.ref_min = SEND_REF_MIN;
+	cwi_strbuf_append(&t->g.sb, zeros, sp_prefix(ipc));
+	cwi_strbuf_append(&t->g.sb, id, idlen);
+	*out = t;
+	return CACHEW_OK;
 }
 
 /*
- * Encodes m into a new nng_msg; m is not consumed. The elements are
- * encoded straight into the message's body (nng 1.5 cannot send memory
- * it did not allocate, so this one copy of each payload is the least
- * there is): the body is allocated at the bound of the encoding, then
- * its unused tail is chopped off. The encoding starts SP_ID_BYTES before
- * the frame head, where the request ID will be on the receiving side, so
- * that the codec's payload padding is reckoned from the start of the SP
- * message as the receiver sees it; those bytes are trimmed before
- * sending (nng sends the ID from the message header).
+ * Frames m behind the id bytes; m is not consumed, but t refers to its
+ * payloads: the caller hands m to t (t->msg) or frees t before m. The
+ * padding of the element encoding is reckoned from the id, where the
+ * receiver's buffer starts, so that payloads land aligned there.
  */
 static cachew_err
-frame_encode(const cwi_msg *m, nng_msg **out)
+tx_build(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
+    const cwi_msg *m)
 {
-	/* + 1: cwi_strbuf keeps a NUL after its bytes. */
-	size_t cap = SP_ID_BYTES + FRAME_HEAD + m->hdr_len + 1;
-	cwi_strbuf sb;
-	nng_msg *nm;
+	uint8_t head[FRAME_HEAD];
+	txmsg *t;
 	cachew_err rv;
-	int nrv;
 
 	if (m->hdr_len > UINT32_MAX)
 		return cwi_fail(CACHEW_ERANGE, "message header of %zu bytes is "
 					       "too large to frame",
 		    m->hdr_len);
-	for (uint32_t i = 0; i < m->n; i++) {
+	for (uint32_t i = 0; i < m->n; i++)
 		if (m->elems[i] == NULL)
 			return cwi_fail(CACHEW_EINVAL,
 			    "message element %u was taken", i);
-		cap += element_encoded_max(m->elems[i]);
-	}
-	nrv = nng_msg_alloc(&nm, cap);
-	if (nrv != 0)
-		return cwi_fail(CACHEW_ENOMEM, "nng_msg_alloc(%zu): %s", cap,
-		    nng_strerror(nrv));
-	/* A strbuf over the body that never needs to grow (the bound
-	 * above): it must never realloc memory nng owns. */
-	sb.data = nng_msg_body(nm);
-	sb.cap = cap;
-	sb.len = SP_ID_BYTES + FRAME_HEAD;
-	sb.oom = false;
-	put_head((uint8_t *)sb.data + SP_ID_BYTES, FRAME_KIND_MSG,
-	    m->hdr_len, m->n);
+	rv = tx_start(&t, ipc, id, idlen);
+	if (rv != CACHEW_OK)
+		return rv;
+	put_head(head, FRAME_KIND_MSG, m->hdr_len, m->n);
+	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
 	if (m->hdr_len > 0)
-		cwi_strbuf_append(&sb, m->hdr, m->hdr_len);
+		cwi_strbuf_append(&t->g.sb, m->hdr, m->hdr_len);
 	for (uint32_t i = 0; i < m->n; i++) {
-		rv = cwi_element_encode(m->elems[i], &sb);
+		rv = cwi_element_encode_gather(m->elems[i], &t->g);
 		if (rv != CACHEW_OK) {
-			nng_msg_free(nm);
+			tx_free(t);
 			return rv;
 		}
 	}
-	assert(sb.data == nng_msg_body(nm) && sb.len < cap && !sb.oom);
-	if (nng_msg_chop(nm, cap - sb.len) != 0 ||
-	    nng_msg_trim(nm, SP_ID_BYTES) != 0) {
-		nng_msg_free(nm);
-		return cwi_fail(CACHEW_EINTERNAL, "framing a message of %zu "
-						  "bytes",
-		    sb.len);
+	rv = tx_finish(t, ipc);
+	if (rv != CACHEW_OK) {
+		tx_free(t);
+		return rv;
 	}
-	*out = nm;
+	*out = t;
 	return CACHEW_OK;
 }
 
 static cachew_err
-frame_encode_error(cachew_err err, const char *msg, nng_msg **out)
+tx_build_error(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
+    cachew_err err, const char *msg)
 {
 	size_t len = strlen(msg);
-	nng_msg *nm;
+	uint8_t head[FRAME_HEAD];
+	txmsg *t;
+	cachew_err rv;
 
 	if (len > FRAME_ERRMSG_MAX)
 		len = FRAME_ERRMSG_MAX;
-	if (nng_msg_alloc(&nm, FRAME_HEAD + len) != 0)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	put_head(nng_msg_body(nm), FRAME_KIND_ERROR, len, (uint32_t)err);
-	memcpy((uint8_t *)nng_msg_body(nm) + FRAME_HEAD, msg, len);
-	*out = nm;
+	rv = tx_start(&t, ipc, id, idlen);
+	if (rv != CACHEW_OK)
+		return rv;
+	put_head(head, FRAME_KIND_ERROR, len, (uint32_t)err);
+	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
+	cwi_strbuf_append(&t->g.sb, msg, len);
+	rv = tx_finish(t, ipc);
+	if (rv != CACHEW_OK) {
+		tx_free(t);
+		return rv;
+	}
+	*out = t;
 	return CACHEW_OK;
-}
-
-static void
-free_nng_msg(void *ctx, void *data)
-{
-	(void)data;
-	nng_msg_free(ctx);
 }
 
 /* What a received frame turned out to be. */
@@ -254,16 +319,19 @@ typedef struct frame_in {
 	char peer_msg[FRAME_ERRMSG_MAX + 1];
 } frame_in;
 
-/* Decodes a received frame, consuming nm. CACHEW_EPROTO with the reason
- * in this thread's errmsg when it breaks the framing or exceeds max_msg
- * (the caller closes the pipe); CACHEW_ENOMEM. */
+/*
+ * Decodes the frame that starts at body_off in a received message (buf,
+ * taken: the received tensors and header are views into it).
+ * CACHEW_EPROTO with the reason in this thread's errmsg when it breaks
+ * the framing or exceeds max_msg (the caller resets the connection);
+ * CACHEW_ENOMEM.
+ */
 static cachew_err
-frame_decode(nng_msg *nm, size_t max_msg, frame_in *fi)
+frame_decode(cwi_buffer *buf, size_t body_off, size_t max_msg, frame_in *fi)
 {
-	const uint8_t *body = nng_msg_body(nm);
-	size_t len = nng_msg_len(nm), off;
+	const uint8_t *body = buf->data + body_off;
+	size_t len = buf->size - body_off, off;
 	uint32_t hlen, count, flags;
-	cwi_buffer *buf = NULL;
 	cwi_msg *m = NULL;
 	cachew_err rv;
 
@@ -274,33 +342,33 @@ frame_decode(nng_msg *nm, size_t max_msg, frame_in *fi)
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "message of %zu bytes exceeds the limit of %zu", len,
 		    max_msg);
-		goto fail_nm;
+		goto fail;
 	}
 	if (len < FRAME_HEAD) {
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "frame of %zu bytes is shorter than its %d-byte head", len,
 		    FRAME_HEAD);
-		goto fail_nm;
+		goto fail;
 	}
 	if (body[0] != FRAME_MAGIC0 || body[1] != FRAME_MAGIC1 ||
 	    body[2] != FRAME_VERSION) {
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "bad frame magic or version (%02x %02x %02x)", body[0],
 		    body[1], body[2]);
-		goto fail_nm;
+		goto fail;
 	}
 	hlen = get_u32(body + 4);
 	count = get_u32(body + 8);
 	flags = get_u32(body + 12);
 	if (flags != 0) {
 		rv = cwi_fail(CACHEW_EPROTO, "unknown frame flags 0x%x", flags);
-		goto fail_nm;
+		goto fail;
 	}
 	if (hlen > len - FRAME_HEAD) {
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "header length %u exceeds the %zu bytes after the head",
 		    hlen, len - FRAME_HEAD);
-		goto fail_nm;
+		goto fail;
 	}
 	off = FRAME_HEAD + hlen;
 	if (body[3] == FRAME_KIND_ERROR) {
@@ -310,17 +378,17 @@ frame_decode(nng_msg *nm, size_t max_msg, frame_in *fi)
 			rv = cwi_fail(CACHEW_EPROTO,
 			    "error frame with code %u and %zu trailing bytes",
 			    count, len - off);
-			goto fail_nm;
+			goto fail;
 		}
 		fi->peer_err = (cachew_err)count;
 		memcpy(fi->peer_msg, body + FRAME_HEAD, n);
 		fi->peer_msg[n] = '\0';
-		nng_msg_free(nm);
+		cwi_buffer_unref(buf);
 		return CACHEW_OK;
 	}
 	if (body[3] != FRAME_KIND_MSG) {
 		rv = cwi_fail(CACHEW_EPROTO, "unknown frame kind %u", body[3]);
-		goto fail_nm;
+		goto fail;
 	}
 	/* No element takes fewer than 8 bytes (array, component array,
 	 * dtype, shape, two bins): the count is checked before the array of
@@ -329,50 +397,47 @@ frame_decode(nng_msg *nm, size_t max_msg, frame_in *fi)
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "element count %u does not fit the %zu bytes present",
 		    count, len - off);
-		goto fail_nm;
+		goto fail;
 	}
 	rv = cwi_msg_create(&m);
 	if (rv != CACHEW_OK)
-		goto fail_nm;
+		goto fail;
 	if (count > 0) {
 		m->elems = malloc(count * sizeof(*m->elems));
 		if (m->elems == NULL) {
 			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
-			goto fail_nm;
+			goto fail;
 		}
 		m->cap = count;
 	}
-	/* From here the buffer owns nm. */
-	rv = cwi_buffer_wrap(&buf, (void *)body, len, free_nng_msg, nm);
-	if (rv != CACHEW_OK)
-		goto fail_nm;
 	if (hlen > 0)
 		cwi_msg_set_header_view(m, buf, body + FRAME_HEAD, hlen);
+	/* Offsets from the buffer's start, where the sender reckoned the
+	 * payloads' alignment from. */
+	off += body_off;
 	for (uint32_t i = 0; i < count; i++) {
-		rv = cwi_element_decode(buf, body, len, &off, &m->elems[i]);
+		rv = cwi_element_decode(buf, buf->data, buf->size, &off,
+		    &m->elems[i]);
 		if (rv != CACHEW_OK) {
 			rv = rv == CACHEW_ENOMEM
 			    ? rv
 			    : cwi_fail(CACHEW_EPROTO, "element %u: %s", i,
 				  cwi_errmsg_get());
-			goto fail_buf;
+			goto fail;
 		}
 		m->n++;
 	}
-	if (off != len) {
+	if (off != buf->size) {
 		rv = cwi_fail(CACHEW_EPROTO,
-		    "%zu bytes after the last of %u elements", len - off, count);
-		goto fail_buf;
+		    "%zu bytes after the last of %u elements", buf->size - off,
+		    count);
+		goto fail;
 	}
 	cwi_buffer_unref(buf);
 	fi->msg = m;
 	return CACHEW_OK;
 
-fail_nm:
-	cwi_msg_destroy(m);
-	nng_msg_free(nm);
-	return rv;
-fail_buf:
+fail:
 	cwi_msg_destroy(m);
 	cwi_buffer_unref(buf);
 	return rv;
@@ -408,25 +473,19 @@ nng_err(int rv, const char *url, const char *what)
 }
 
 /*
- * The heap of a process that uses nng. nng 1.5 allocates every message
- * it receives with calloc on its I/O threads, and frame_encode's messages
- * come from calloc too. glibc gives each thread an arena of its own; a
- * thread arena's heaps are at most 64 MiB and a heap that becomes free is
- * unmapped at once, whatever the trim threshold, and above the mmap
- * threshold (adaptive, at most 32 MiB) every block is a fresh mapping.
- * Either way a large message page-faults in, zero-filled page by page by
- * the kernel: for W2's batches of 38.5 MB, clear_page and the faults were
- * half of the client's CPU and part of the workers'
- * (docs/performance.md, W5); 1 MiB messages met the same in madvise'd
- * arena tops. So, once per process, at its first nng socket: one arena
- * (M_ARENA_MAX 1: nng's threads, which attach to an arena on their first
- * malloc, then share the main heap), blocks up to 64 MiB in the heap,
- * and a free top kept up to 64 MiB. Reused heap memory costs calloc a
- * memset, a fraction of the faults. Measured on W2 through the service
- * (2000 images, docs/performance.md): the client's CPU 0.88-0.92 ->
- * 0.39-0.45 s against glibc's defaults, and 0.62-0.74 -> 0.37-0.40 s
- * against the thresholds alone (which left its peak RSS at 267 MiB
- * instead of 121); the workers' CPU 6-12 % lower. The price: threads
+ * The heap of a process that moves large messages. glibc gives each
+ * thread an arena of its own; a thread arena's heaps are at most 64 MiB
+ * and a heap that becomes free is unmapped at once, whatever the trim
+ * threshold, and above the mmap threshold (adaptive, at most 32 MiB)
+ * every block is a fresh mapping. Either way a large block page-faults
+ * in, zero-filled page by page by the kernel: for W2's batches of 38.5
+ * MB, clear_page and the faults were half of the client's CPU and part of
+ * the workers' (docs/performance.md, W5). So, once per process, at its
+ * first listen or dial: one arena (M_ARENA_MAX 1: nng's threads, which
+ * attach to an arena on their first malloc, then share the main heap),
+ * blocks up to 64 MiB in the heap, and a free top kept up to 64 MiB.
+ * Measured on W2 through the service (2000 images): the client's CPU
+ * 0.88-0.92 -> 0.39-0.45 s against glibc's defaults. The price: threads
  * that start after this share one arena's lock (tcache still serves
  * small blocks without it), and freed memory stays resident up to the
  * trim threshold. CACHEW_MALLOPT=0 in the environment leaves malloc
@@ -449,115 +508,15 @@ heap_tune_once(void)
 	mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES);
 }
 
-/*
- * Closing a socket, with a bound. nng 1.5.2's nng_close can wait forever
- * (nanomsg/nng#1543 and #1813, fixed upstream in 1.8's nanomsg/nng#1824):
- * its reaper thread gets stuck on a pipe's teardown and nng_close waits
- * for that pipe. A client seen stuck there never exited. So nng_close
- * runs on a thread of its own, and a close that has not returned within
- * CLOSE_TIMEOUT_MS is logged and abandoned: the caller goes on, and
- * whatever the socket's operations refer to (aios, contexts) is leaked
- * rather than freed under nng's feet. Every aio of the socket is stopped
- * before this is called, so no callback of ours can run afterwards.
- */
-#define CLOSE_TIMEOUT_MS 10000
-
-typedef struct sock_closer {
-	nng_socket sock;
-	pthread_mutex_t mtx;
-	pthread_cond_t cv;
-	bool done;
-	bool abandoned; /* the closing thread frees this */
-} sock_closer;
-
+/* The remote address of a stream, for logs. */
 static void
-closer_free(sock_closer *k)
-{
-	pthread_cond_destroy(&k->cv);
-	pthread_mutex_destroy(&k->mtx);
-	free(k);
-}
-
-static void *
-closer_main(void *arg)
-{
-	sock_closer *k = arg;
-	bool abandoned;
-
-	nng_close(k->sock);
-	pthread_mutex_lock(&k->mtx);
-	k->done = true;
-	abandoned = k->abandoned;
-	pthread_cond_signal(&k->cv);
-	pthread_mutex_unlock(&k->mtx);
-	if (abandoned)
-		closer_free(k);
-	return NULL;
-}
-
-/* nng_close(sock) within CLOSE_TIMEOUT_MS: true when it returned, false
- * when it was abandoned (logged). */
-static bool
-close_bounded(nng_socket sock, const char *url)
-{
-	pthread_condattr_t ca;
-	struct timespec until;
-	sock_closer *k = calloc(1, sizeof(*k));
-	pthread_t th;
-	bool done;
-
-	if (k == NULL) {
-		nng_close(sock); /* no memory for the bound: unbounded */
-		return true;
-	}
-	k->sock = sock;
-	pthread_mutex_init(&k->mtx, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&k->cv, &ca);
-	pthread_condattr_destroy(&ca);
-	if (pthread_create(&th, NULL, closer_main, k) != 0) {
-		closer_free(k);
-		nng_close(sock);
-		return true;
-	}
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_sec += CLOSE_TIMEOUT_MS / 1000;
-	until.tv_nsec += (long)(CLOSE_TIMEOUT_MS % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
-	pthread_mutex_lock(&k->mtx);
-	while (!k->done &&
-	       pthread_cond_timedwait(&k->cv, &k->mtx, &until) != ETIMEDOUT)
-		;
-	done = k->done;
-	if (!done)
-		k->abandoned = true;
-	pthread_mutex_unlock(&k->mtx);
-	if (done) {
-		pthread_join(th, NULL);
-		closer_free(k);
-		return true;
-	}
-	pthread_detach(th);
-	cwi_log(CACHEW_LOG_WARN, "transport",
-	    "url=%s reason=\"nng_close did not return within %d ms (nng 1.5 "
-	    "close deadlock, nanomsg/nng#1543)\" action=abandoned",
-	    url, CLOSE_TIMEOUT_MS);
-	return false;
-}
-
-/* The remote address of a pipe, for logs. */
-static void
-pipe_peer(nng_pipe p, char *buf, size_t len)
+stream_peer(nng_stream *s, bool ipc, char *buf, size_t len)
 {
 	nng_sockaddr sa;
 	char ip[INET6_ADDRSTRLEN];
 
-	if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0) {
-		snprintf(buf, len, "pipe#%d", nng_pipe_id(p));
+	if (nng_stream_get_addr(s, NNG_OPT_REMADDR, &sa) != 0) {
+		snprintf(buf, len, "%s://?", ipc ? "ipc" : "tcp");
 		return;
 	}
 	switch (sa.s_family) {
@@ -573,74 +532,643 @@ pipe_peer(nng_pipe p, char *buf, size_t len)
 		snprintf(buf, len, "ipc://%s", sa.s_ipc.sa_path);
 		break;
 	default:
-		snprintf(buf, len, "pipe#%d", nng_pipe_id(p));
+		snprintf(buf, len, "%s://?", ipc ? "ipc" : "tcp");
 		break;
 	}
 }
 
-/* Closes the pipe of a peer that broke the framing, with a WARN line. */
-static void
-peer_reset(nng_pipe p, const char *url, const char *reason)
-{
-	char peer[160];
+/* ---- links -------------------------------------------------------------- */
 
-	pipe_peer(p, peer, sizeof(peer));
+typedef struct slink slink;
+
+typedef struct link_ops {
+	/* A whole message (buf, taken) arrived. Returns false to stop
+	 * reading until link_resume (back-pressure). No lock held. */
+	bool (*on_msg)(void *owner, slink *lk, cwi_buffer *buf);
+	/* The link is dead: called once, after the last on_msg. */
+	void (*on_down)(void *owner, slink *lk, const char *why);
+	/* The link is being freed: drops its reference on the owner. */
+	void (*release)(void *owner);
+} link_ops;
+
+typedef enum rx_state {
+	RX_HANDSHAKE, /* reading the peer's 8 bytes */
+	RX_HEAD,      /* reading a message's length prefix */
+	RX_BODY,      /* reading a message into rxbuf */
+	RX_DELIVER,   /* the callback is handing a message to the owner */
+	RX_PARKED,    /* stopped by the owner until link_resume */
+	RX_DOWN,      /* on_down delivered: nothing more */
+} rx_state;
+
+struct slink {
+	pthread_mutex_t mtx;
+	unsigned refs;
+	nng_stream *s;
+	nng_aio *txa, *rxa;
+	bool ipc;
+	uint16_t peer_proto; /* what the peer must announce */
+	const link_ops *ops;
+	void *owner;
+	const char *url; /* the owner's, for logs */
+	char peer[160];
+	size_t max_len; /* largest length field accepted */
+	size_t id_room; /* of which the request id (or backtrace) */
+	int send_timeout_ms;
+	bool dead;
+	char why[256];
+	/* send */
+	txmsg *txq, *txtail;
+	bool txbusy;
+	nng_iov txv[TX_IOV];
+	/* receive */
+	rx_state rx;
+	bool rx_armed;      /* an operation of rxa is in nng */
+	bool resume_wanted; /* link_resume came while delivering */
+	uint8_t rxhead[SP_IPC_PREFIX];
+	size_t got, need;
+	cwi_buffer *rxbuf;
+	struct slink *next, *prev; /* the owner's list of links */
+	struct slink *pnext;       /* a listener's parked links */
+	bool parked;              /* on that list (listener's lock) */
+	struct slink *jnext;       /* the janitor's queue */
+};
+
+/* ---- the janitor: frees links off the aio threads ----------------------- */
+
+static pthread_mutex_t jan_mtx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t jan_cv = PTHREAD_COND_INITIALIZER;
+static slink *jan_q;
+static bool jan_running;
+static pthread_once_t jan_once = PTHREAD_ONCE_INIT;
+
+static void
+link_destroy(slink *lk)
+{
+	void *owner = lk->owner;
+	const link_ops *ops = lk->ops;
+
+	nng_aio_stop(lk->txa);
+	nng_aio_stop(lk->rxa);
+	nng_stream_free(lk->s);
+	nng_aio_free(lk->txa);
+	nng_aio_free(lk->rxa);
+	tx_free_list(lk->txq);
+	cwi_buffer_unref(lk->rxbuf);
+	pthread_mutex_destroy(&lk->mtx);
+	free(lk);
+	ops->release(owner);
+}
+
+static void *
+jan_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&jan_mtx);
+	for (;;) {
+		slink *q;
+
+		while (jan_q == NULL)
+			pthread_cond_wait(&jan_cv, &jan_mtx);
+		q = jan_q;
+		jan_q = NULL;
+		pthread_mutex_unlock(&jan_mtx);
+		while (q != NULL) {
+			slink *nx = q->jnext;
+			link_destroy(q);
+			q = nx;
+		}
+		pthread_mutex_lock(&jan_mtx);
+	}
+	return NULL;
+}
+
+/* A child of fork() has no janitor thread: it starts its own. The links
+ * queued in the parent are left (their aio threads are gone too). */
+static void
+jan_atfork_child(void)
+{
+	pthread_mutex_init(&jan_mtx, NULL);
+	pthread_cond_init(&jan_cv, NULL);
+	jan_q = NULL;
+	jan_running = false;
+}
+
+static void
+jan_init(void)
+{
+	pthread_atfork(NULL, NULL, jan_atfork_child);
+}
+
+static void
+jan_push(slink *lk)
+{
+	pthread_once(&jan_once, jan_init);
+	pthread_mutex_lock(&jan_mtx);
+	if (!jan_running) {
+		pthread_attr_t a;
+		pthread_t th;
+
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		jan_running = pthread_create(&th, &a, jan_main, NULL) == 0;
+		pthread_attr_destroy(&a);
+		if (!jan_running) {
+			pthread_mutex_unlock(&jan_mtx);
+			cwi_log(CACHEW_LOG_ERROR, "transport",
+			    "url=%s reason=\"cannot start the janitor thread: "
+			    "%s\" action=leak",
+			    lk->url, strerror(errno));
+			return;
+		}
+	}
+	lk->jnext = jan_q;
+	jan_q = lk;
+	pthread_cond_signal(&jan_cv);
+	pthread_mutex_unlock(&jan_mtx);
+}
+
+static void
+link_ref(slink *lk)
+{
+	pthread_mutex_lock(&lk->mtx);
+	lk->refs++;
+	pthread_mutex_unlock(&lk->mtx);
+}
+
+static void
+link_unref(slink *lk)
+{
+	bool last;
+
+	pthread_mutex_lock(&lk->mtx);
+	last = --lk->refs == 0;
+	pthread_mutex_unlock(&lk->mtx);
+	if (last)
+		jan_push(lk);
+}
+
+/* ---- link: sending ------------------------------------------------------ */
+
+/* Writes what the queue holds, up to TX_IOV iovecs across messages. */
+static void
+tx_arm_locked(slink *lk)
+{
+	unsigned n = 0;
+
+	for (txmsg *t = lk->txq; t != NULL && n < TX_IOV; t = t->next) {
+		for (unsigned i = t == lk->txq ? t->cur : 0;
+		     i < t->niov && n < TX_IOV; i++) {
+			size_t off = t == lk->txq && i == t->cur ? t->off : 0;
+			lk->txv[n].iov_buf = (uint8_t *)t->iov[i].iov_buf + off;
+			lk->txv[n].iov_len = t->iov[i].iov_len - off;
+			n++;
+		}
+	}
+	(void)nng_aio_set_iov(lk->txa, n, lk->txv);
+	nng_aio_set_timeout(lk->txa, lk->send_timeout_ms);
+	lk->txbusy = true;
+	nng_stream_send(lk->s, lk->txa);
+}
+
+/* Marks lk dead and closes its stream (the pending operations then end
+ * with an error). The receive path reports the death; a parked one is
+ * woken for that. Returns the send queue to free when no send is in
+ * nng (else the send callback frees it). */
+static txmsg *
+link_kill_locked(slink *lk, const char *why)
+{
+	txmsg *q = NULL;
+
+	if (!lk->dead) {
+		lk->dead = true;
+		snprintf(lk->why, sizeof(lk->why), "%s", why);
+		nng_stream_close(lk->s);
+	}
+	if (!lk->txbusy) {
+		q = lk->txq;
+		lk->txq = lk->txtail = NULL;
+	}
+	if (lk->rx == RX_PARKED && !lk->rx_armed) {
+		/* Nothing would call the receive callback: a zero sleep
+		 * does, and it reports the death. */
+		lk->rx_armed = true;
+		nng_sleep_aio(0, lk->rxa);
+	}
+	return q;
+}
+
+static void
+link_kill(slink *lk, const char *why)
+{
+	txmsg *q;
+
+	pthread_mutex_lock(&lk->mtx);
+	q = link_kill_locked(lk, why);
+	pthread_mutex_unlock(&lk->mtx);
+	tx_free_list(q);
+}
+
+/* Logs a WARN line for a peer that broke the protocol and kills lk. */
+static void
+link_reset(slink *lk, const char *reason)
+{
 	cwi_log(CACHEW_LOG_WARN, "transport",
-	    "peer=%s url=%s reason=\"%s\" action=reset", peer, url, reason);
-	nng_pipe_close(p);
+	    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer, lk->url,
+	    reason);
+	link_kill(lk, reason);
+}
+
+/* Queues t; on CACHEW_ECLOSED (the link is dead) the caller keeps it. */
+static cachew_err
+link_send(slink *lk, txmsg *t)
+{
+	pthread_mutex_lock(&lk->mtx);
+	if (lk->dead) {
+		pthread_mutex_unlock(&lk->mtx);
+		return CACHEW_ECLOSED;
+	}
+	t->next = NULL;
+	if (lk->txtail != NULL)
+		lk->txtail->next = t;
+	else
+		lk->txq = t;
+	lk->txtail = t;
+	if (!lk->txbusy)
+		tx_arm_locked(lk);
+	pthread_mutex_unlock(&lk->mtx);
+	return CACHEW_OK;
+}
+
+static void
+link_tx_cb(void *arg)
+{
+	slink *lk = arg;
+	int rv = nng_aio_result(lk->txa);
+	size_t n = nng_aio_count(lk->txa);
+	txmsg *done = NULL, **tail = &done;
+
+	pthread_mutex_lock(&lk->mtx);
+	lk->txbusy = false;
+	if (rv != 0 || lk->dead) {
+		char why[200];
+
+		if (rv == NNG_ETIMEDOUT)
+			snprintf(why, sizeof(why),
+			    "the peer read nothing for %d ms",
+			    lk->send_timeout_ms);
+		else
+			snprintf(why, sizeof(why), "send failed: %s",
+			    rv != 0 ? nng_strerror(rv) : "closed");
+		if (rv == NNG_ETIMEDOUT && !lk->dead)
+			cwi_log(CACHEW_LOG_WARN, "transport",
+			    "peer=%s url=%s reason=\"%s\" action=reset",
+			    lk->peer, lk->url, why);
+		done = link_kill_locked(lk, why);
+		pthread_mutex_unlock(&lk->mtx);
+		tx_free_list(done);
+		return;
+	}
+	/* Consume n bytes from the head of the queue. */
+	while (lk->txq != NULL) {
+		txmsg *t = lk->txq;
+
+		while (t->cur < t->niov) {
+			size_t left = t->iov[t->cur].iov_len - t->off;
+			if (n < left) {
+				t->off += n;
+				n = 0;
+				break;
+			}
+			n -= left;
+			t->cur++;
+			t->off = 0;
+		}
+		if (t->cur < t->niov)
+			break;
+		lk->txq = t->next;
+		if (lk->txq == NULL)
+			lk->txtail = NULL;
+		t->next = NULL;
+		*tail = t;
+		tail = &t->next;
+	}
+	if (lk->txq != NULL)
+		tx_arm_locked(lk);
+	pthread_mutex_unlock(&lk->mtx);
+	/* The messages (and their elements) go outside the lock. */
+	tx_free_list(done);
+}
+
+/* ---- link: receiving ---------------------------------------------------- */
+
+static void
+rx_arm_locked(slink *lk)
+{
+	nng_iov v;
+
+	if (lk->rx == RX_BODY)
+		v.iov_buf = lk->rxbuf->data + lk->got;
+	else
+		v.iov_buf = lk->rxhead + lk->got;
+	v.iov_len = lk->need - lk->got;
+	(void)nng_aio_set_iov(lk->rxa, 1, &v);
+	nng_aio_set_timeout(lk->rxa, lk->rx == RX_HANDSHAKE
+					 ? HANDSHAKE_TIMEOUT_MS
+					 : NNG_DURATION_INFINITE);
+	lk->rx_armed = true;
+	nng_stream_recv(lk->s, lk->rxa);
+}
+
+static void
+rx_expect_head_locked(slink *lk)
+{
+	lk->rx = RX_HEAD;
+	lk->got = 0;
+	lk->need = sp_prefix(lk->ipc);
+}
+
+/* Checks the peer's handshake; NULL when good, else the reason. */
+static const char *
+handshake_check(const slink *lk, char *buf, size_t len)
+{
+	const uint8_t *h = lk->rxhead;
+	unsigned proto = (unsigned)h[4] << 8 | h[5];
+
+	if (h[0] != 0 || h[1] != 'S' || h[2] != 'P' || h[3] != 0 ||
+	    h[6] != 0 || h[7] != 0) {
+		snprintf(buf, len, "not an SP handshake (%02x %02x %02x %02x)",
+		    h[0], h[1], h[2], h[3]);
+		return buf;
+	}
+	if (proto != lk->peer_proto) {
+		snprintf(buf, len,
+		    "peer speaks SP protocol 0x%x, expected 0x%x (%s)", proto,
+		    lk->peer_proto,
+		    lk->peer_proto == SP_PROTO_REQ0 ? "req0" : "rep0");
+		return buf;
+	}
+	return NULL;
+}
+
+/* The length prefix is in: checks it and sets up the body's read.
+ * NULL when good, else the reason. */
+static const char *
+head_check_locked(slink *lk, char *buf, size_t len)
+{
+	const uint8_t *h = lk->rxhead;
+	uint64_t n;
+	cachew_err rv;
+
+	if (lk->ipc && h[0] != SP_IPC_MSG) {
+		snprintf(buf, len, "unknown ipc message type %u", h[0]);
+		return buf;
+	}
+	n = get_u64(h + (lk->ipc ? 1 : 0));
+	if (n > lk->max_len) {
+		snprintf(buf, len,
+		    "message of %llu bytes (with %zu for its request id) "
+		    "exceeds the limit of %zu",
+		    (unsigned long long)n, lk->id_room, lk->max_len - lk->id_room);
+		return buf;
+	}
+	if (n < SP_ID_BYTES) {
+		snprintf(buf, len,
+		    "message of %llu bytes is shorter than a request id",
+		    (unsigned long long)n);
+		return buf;
+	}
+	rv = cwi_buffer_alloc(&lk->rxbuf, (size_t)n, false);
+	if (rv != CACHEW_OK) {
+		snprintf(buf, len, "%s", cwi_errmsg_get());
+		return buf;
+	}
+	lk->rx = RX_BODY;
+	lk->got = 0;
+	lk->need = (size_t)n;
+	return NULL;
+}
+
+static void
+link_rx_cb(void *arg)
+{
+	slink *lk = arg;
+	int rv = nng_aio_result(lk->rxa);
+	size_t n = nng_aio_count(lk->rxa);
+	char why[300];
+	const char *bad = NULL;
+	txmsg *q = NULL;
+	cwi_buffer *msg;
+	bool more;
+
+	pthread_mutex_lock(&lk->mtx);
+	lk->rx_armed = false;
+	if (!lk->dead && rv != 0) {
+		if (rv == NNG_ETIMEDOUT && lk->rx == RX_HANDSHAKE) {
+			snprintf(why, sizeof(why),
+			    "no handshake within %d ms", HANDSHAKE_TIMEOUT_MS);
+			bad = why;
+		} else {
+			q = link_kill_locked(lk,
+			    rv == NNG_ECLOSED || rv == NNG_ECONNSHUT ||
+				    rv == NNG_ECONNRESET
+				? "connection reset by peer"
+				: nng_strerror(rv));
+		}
+	}
+	if (!lk->dead && bad == NULL) {
+		lk->got += n;
+		if (lk->got < lk->need) {
+			rx_arm_locked(lk);
+			pthread_mutex_unlock(&lk->mtx);
+			return;
+		}
+		switch (lk->rx) {
+		case RX_HANDSHAKE:
+			bad = handshake_check(lk, why, sizeof(why));
+			if (bad == NULL) {
+				rx_expect_head_locked(lk);
+				rx_arm_locked(lk);
+				pthread_mutex_unlock(&lk->mtx);
+				return;
+			}
+			break;
+		case RX_HEAD:
+			bad = head_check_locked(lk, why, sizeof(why));
+			if (bad == NULL) {
+				rx_arm_locked(lk);
+				pthread_mutex_unlock(&lk->mtx);
+				return;
+			}
+			break;
+		case RX_BODY:
+			msg = lk->rxbuf;
+			lk->rxbuf = NULL;
+			lk->rx = RX_DELIVER;
+			pthread_mutex_unlock(&lk->mtx);
+			more = lk->ops->on_msg(lk->owner, lk, msg);
+			pthread_mutex_lock(&lk->mtx);
+			if (lk->dead)
+				break;
+			rx_expect_head_locked(lk);
+			if (more || lk->resume_wanted) {
+				lk->resume_wanted = false;
+				rx_arm_locked(lk);
+			} else {
+				lk->rx = RX_PARKED;
+			}
+			pthread_mutex_unlock(&lk->mtx);
+			return;
+		default:
+			break;
+		}
+	}
+	if (bad != NULL) {
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer,
+		    lk->url, bad);
+		q = link_kill_locked(lk, bad);
+	}
+	/* Dead: report it once. */
+	if (lk->rx == RX_DOWN) {
+		pthread_mutex_unlock(&lk->mtx);
+		tx_free_list(q);
+		return;
+	}
+	lk->rx = RX_DOWN;
+	snprintf(why, sizeof(why), "%s", lk->why);
+	pthread_mutex_unlock(&lk->mtx);
+	tx_free_list(q);
+	lk->ops->on_down(lk->owner, lk, why);
+}
+
+/* Reading again after on_msg returned false. */
+static void
+link_resume(slink *lk)
+{
+	pthread_mutex_lock(&lk->mtx);
+	if (lk->rx == RX_PARKED && !lk->dead) {
+		rx_expect_head_locked(lk);
+		rx_arm_locked(lk);
+	} else if (lk->rx == RX_DELIVER) {
+		lk->resume_wanted = true;
+	}
+	pthread_mutex_unlock(&lk->mtx);
+}
+
+/*
+ * A link over a connected stream s (taken, even on failure), with one
+ * reference for the owner. It sends its handshake (my_proto) and starts
+ * reading; the caller adds it to its lists before anything can arrive
+ * (the first callback needs the peer's handshake first).
+ */
+static cachew_err
+link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
+    uint16_t peer_proto, const link_ops *ops, void *owner, const char *url,
+    size_t max_len, int send_timeout_ms)
+{
+	slink *lk = calloc(1, sizeof(*lk));
+	txmsg *hs;
+	int rv;
+
+	if (lk == NULL) {
+		nng_stream_free(s);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	if ((rv = nng_aio_alloc(&lk->txa, link_tx_cb, lk)) != 0 ||
+	    (rv = nng_aio_alloc(&lk->rxa, link_rx_cb, lk)) != 0) {
+		nng_aio_free(lk->txa);
+		nng_stream_free(s);
+		free(lk);
+		return nng_err(rv, url, "nng_aio_alloc");
+	}
+	pthread_mutex_init(&lk->mtx, NULL);
+	lk->refs = 1;
+	lk->s = s;
+	lk->ipc = ipc;
+	lk->peer_proto = peer_proto;
+	lk->ops = ops;
+	lk->owner = owner;
+	lk->url = url;
+	lk->max_len = max_len;
+	lk->id_room = peer_proto == SP_PROTO_REQ0 ? SP_BT_MAX : SP_ID_BYTES;
+	lk->send_timeout_ms = send_timeout_ms;
+	stream_peer(s, ipc, lk->peer, sizeof(lk->peer));
+	if (!ipc)
+		(void)nng_stream_set_bool(s, NNG_OPT_TCP_NODELAY, true);
+	/* The handshake is the first thing sent: a message of its own. */
+	hs = calloc(1, sizeof(*hs));
+	if (hs != NULL) {
+		cwi_strbuf_init(&hs->g.sb);
+		cwi_strbuf_append(&hs->g.sb, "\0SP\0", 4);
+		cwi_strbuf_append(&hs->g.sb, (uint8_t[]){(uint8_t)(my_proto >> 8),
+					  (uint8_t)my_proto, 0, 0},
+		    4);
+		hs->iov = malloc(sizeof(*hs->iov));
+	}
+	if (hs == NULL || hs->iov == NULL || hs->g.sb.oom) {
+		tx_free(hs);
+		nng_aio_free(lk->txa);
+		nng_aio_free(lk->rxa);
+		nng_stream_free(s);
+		pthread_mutex_destroy(&lk->mtx);
+		free(lk);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	hs->iov[0].iov_buf = hs->g.sb.data;
+	hs->iov[0].iov_len = SP_HANDSHAKE;
+	hs->niov = 1;
+	lk->txq = lk->txtail = hs;
+	*out = lk;
+	return CACHEW_OK;
+}
+
+/* Starts the handshake: sends ours, reads theirs. */
+static void
+link_start(slink *lk)
+{
+	pthread_mutex_lock(&lk->mtx);
+	lk->rx = RX_HANDSHAKE;
+	lk->got = 0;
+	lk->need = SP_HANDSHAKE;
+	rx_arm_locked(lk);
+	if (lk->txq != NULL && !lk->txbusy)
+		tx_arm_locked(lk);
+	pthread_mutex_unlock(&lk->mtx);
 }
 
 /* ---- server ------------------------------------------------------------- */
 
-typedef struct nt_listener nt_listener;
-
-typedef enum sctx_state { SC_IDLE, SC_RECV, SC_HELD, SC_SEND } sctx_state;
-
-typedef struct nt_sctx {
-	nt_listener *l;
-	nng_ctx ctx;
-	nng_aio *aio;
-	sctx_state state;
-	struct nt_sctx *next; /* on l->all */
-} nt_sctx;
-
-struct nt_listener {
+typedef struct slistener {
 	cwi_listener base;
-	nng_socket sock;
-	nng_listener lst;
 	pthread_mutex_t mtx;
 	pthread_cond_t cv;
+	unsigned refs; /* the owner's + one per slink */
 	bool closed;
-	unsigned armed;     /* aio operations in flight (see the top) */
-	unsigned receiving; /* contexts with a receive armed */
-	unsigned nctx, max_ctx;
-	unsigned refs; /* the owner's + one per request held */
-	bool abandoned; /* nng_close timed out: leak the aios */
-	nt_sctx *all;
+	bool ipc;
+	nng_stream_listener *sl;
+	nng_aio *acc;
+	bool acc_sleep; /* acc is a pause after a failed accept */
+	slink *links;    /* live links: on_down not yet delivered */
+	slink *parked, *parked_tail;
+	unsigned held, max_held; /* requests handed out, not consumed */
+	unsigned in_handler;
 	size_t max_msg;
 	int send_timeout_ms;
-};
+} slistener;
 
-typedef struct nt_req {
+typedef struct sreq {
 	cwi_request base;
-	nt_sctx *sc;
-	nng_pipe pipe;
-	char peer[160];
-} nt_req;
-
-static void srv_cb(void *arg);
+	slistener *l;
+	slink *lk; /* a reference: the reply goes there */
+	uint8_t bt[SP_BT_MAX];
+	size_t btlen;
+} sreq;
 
 static void
-listener_free(nt_listener *l)
+listener_free(slistener *l)
 {
-	nt_sctx *sc, *nx;
-
-	for (sc = l->all; sc != NULL; sc = nx) {
-		nx = sc->next;
-		if (!l->abandoned)
-			nng_aio_free(sc->aio);
-		free(sc);
-	}
+	nng_stream_listener_free(l->sl);
+	nng_aio_free(l->acc);
 	pthread_cond_destroy(&l->cv);
 	pthread_mutex_destroy(&l->mtx);
 	free(l->base.url);
@@ -648,7 +1176,7 @@ listener_free(nt_listener *l)
 }
 
 static void
-listener_unref(nt_listener *l)
+listener_unref(slistener *l)
 {
 	bool last;
 
@@ -659,291 +1187,270 @@ listener_unref(nt_listener *l)
 		listener_free(l);
 }
 
-/* Puts sc back to receiving (or idle once closed). `done_op` also ends
- * the operation whose callback is calling. */
 static void
-sctx_rearm(nt_sctx *sc, bool done_op)
+srv_link_release(void *owner)
 {
-	nt_listener *l = sc->l;
-	bool arm;
-
-	pthread_mutex_lock(&l->mtx);
-	if (done_op)
-		l->armed--;
-	arm = !l->closed;
-	if (arm) {
-		sc->state = SC_RECV;
-		l->armed++;
-		l->receiving++;
-		nng_ctx_recv(sc->ctx, sc->aio);
-	} else {
-		sc->state = SC_IDLE;
-		if (l->armed == 0)
-			pthread_cond_broadcast(&l->cv);
-	}
-	pthread_mutex_unlock(&l->mtx);
+	listener_unref(owner);
 }
 
-static cachew_err
-sctx_open(nt_listener *l, nt_sctx **out)
-{
-	nt_sctx *sc = calloc(1, sizeof(*sc));
-	int rv;
-
-	if (sc == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	sc->l = l;
-	if ((rv = nng_aio_alloc(&sc->aio, srv_cb, sc)) != 0) {
-		free(sc);
-		return nng_err(rv, l->base.url, "nng_aio_alloc");
-	}
-	if ((rv = nng_ctx_open(&sc->ctx, l->sock)) != 0) {
-		nng_aio_free(sc->aio);
-		free(sc);
-		return nng_err(rv, l->base.url, "nng_ctx_open");
-	}
-	pthread_mutex_lock(&l->mtx);
-	sc->next = l->all;
-	l->all = sc;
-	pthread_mutex_unlock(&l->mtx);
-	*out = sc;
-	return CACHEW_OK;
-}
-
-/* One more receiving context (l->nctx was already counted). */
 static void
-listener_grow(nt_listener *l)
+unpark_locked(slistener *l, slink *lk)
 {
-	nt_sctx *sc;
+	slink **pp = &l->parked;
 
-	if (sctx_open(l, &sc) != CACHEW_OK) {
-		pthread_mutex_lock(&l->mtx);
-		l->nctx--;
-		pthread_mutex_unlock(&l->mtx);
-		cwi_log(CACHEW_LOG_WARN, "transport",
-		    "url=%s reason=\"cannot add a context: %s\"", l->base.url,
-		    cwi_errmsg_get());
+	if (!lk->parked)
 		return;
+	while (*pp != lk)
+		pp = &(*pp)->pnext;
+	*pp = lk->pnext;
+	if (l->parked_tail == lk) {
+		l->parked_tail = NULL;
+		for (slink *x = l->parked; x != NULL; x = x->pnext)
+			l->parked_tail = x;
 	}
-	sctx_rearm(sc, false);
+	lk->pnext = NULL;
+	lk->parked = false;
+}
+
+/* A request was consumed: room for one more, maybe for a parked link. */
+static void
+srv_consumed(slistener *l)
+{
+	slink *wake = NULL;
+
+	pthread_mutex_lock(&l->mtx);
+	l->held--;
+	if (l->parked != NULL && l->held < l->max_held) {
+		wake = l->parked;
+		unpark_locked(l, wake);
+		link_ref(wake);
+	}
+	pthread_mutex_unlock(&l->mtx);
+	if (wake != NULL) {
+		link_resume(wake);
+		link_unref(wake);
+	}
 }
 
 static const cwi_request_ops nt_request_ops;
 
-/* A request arrived on sc: decode it and call the handler (the callback's
- * operation stays counted in armed until srv_cb returns). */
-static void
-srv_recv_done(nt_sctx *sc)
+static bool
+srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
-	nt_listener *l = sc->l;
-	nng_msg *nm = nng_aio_get_msg(sc->aio);
-	nng_pipe pipe = nng_msg_get_pipe(nm);
-	nt_req *r = NULL;
+	slistener *l = owner;
+	size_t btlen = 0;
+	sreq *r = NULL;
 	frame_in fi;
 	cachew_err rv;
-	bool grow;
+	bool more;
 
-	nng_aio_set_msg(sc->aio, NULL);
 	pthread_mutex_lock(&l->mtx);
-	l->receiving--;
 	if (l->closed) {
 		/* Arrived while closing: no handler starts any more. */
-		sc->state = SC_IDLE;
 		pthread_mutex_unlock(&l->mtx);
-		nng_msg_free(nm);
-		return;
+		cwi_buffer_unref(buf);
+		return true;
 	}
-	sc->state = SC_HELD;
-	grow = l->receiving == 0 && l->nctx < l->max_ctx;
-	if (grow)
-		l->nctx++;
+	l->in_handler++;
+	l->held++;
 	pthread_mutex_unlock(&l->mtx);
-	if (grow)
-		listener_grow(l);
 
-	rv = frame_decode(nm, l->max_msg, &fi);
-	if (rv == CACHEW_OK && fi.msg == NULL)
-		rv = cwi_fail(CACHEW_EPROTO, "a request may not be an error "
-					     "frame");
-	if (rv == CACHEW_OK && (r = calloc(1, sizeof(*r))) == NULL) {
-		cwi_msg_destroy(fi.msg);
+	/* The backtrace ends at the request id, the word with the high
+	 * bit set. */
+	for (size_t i = 0; i < SP_MAX_HOPS; i++) {
+		if (SP_ID_BYTES * (i + 1) > buf->size)
+			break;
+		if (get_u32(buf->data + SP_ID_BYTES * i) & SP_ID_FLAG) {
+			btlen = SP_ID_BYTES * (i + 1);
+			break;
+		}
+	}
+	if (btlen == 0) {
+		rv = cwi_fail(CACHEW_EPROTO,
+		    "request of %zu bytes has no request id in its first %d "
+		    "words",
+		    buf->size, SP_MAX_HOPS);
+		cwi_buffer_unref(buf);
+	} else if ((r = calloc(1, sizeof(*r))) == NULL) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		cwi_buffer_unref(buf);
+	} else {
+		memcpy(r->bt, buf->data, btlen);
+		r->btlen = btlen;
+		rv = frame_decode(buf, btlen, l->max_msg, &fi);
+		if (rv == CACHEW_OK && fi.msg == NULL)
+			rv = cwi_fail(CACHEW_EPROTO, "a request may not be an "
+						     "error frame");
 	}
 	if (rv != CACHEW_OK) {
+		free(r);
 		if (rv == CACHEW_EPROTO)
-			peer_reset(pipe, l->base.url, cwi_errmsg_get());
+			link_reset(lk, cwi_errmsg_get());
 		else
 			cwi_log(CACHEW_LOG_WARN, "transport",
-			    "url=%s reason=\"request dropped: %s\"",
-			    l->base.url, cwi_errmsg_get());
-		sctx_rearm(sc, false);
-		return;
+			    "peer=%s url=%s reason=\"request dropped: %s\"",
+			    lk->peer, l->base.url, cwi_errmsg_get());
+		srv_consumed(l);
+	} else {
+		r->base.ops = &nt_request_ops;
+		r->base.msg = fi.msg;
+		r->l = l;
+		r->lk = lk;
+		link_ref(lk);
+		l->base.handler(l->base.arg, &r->base);
 	}
-	r->base.ops = &nt_request_ops;
-	r->base.msg = fi.msg;
-	r->sc = sc;
-	r->pipe = pipe;
+
 	pthread_mutex_lock(&l->mtx);
-	l->refs++;
+	if (--l->in_handler == 0 && l->closed)
+		pthread_cond_broadcast(&l->cv);
+	more = l->closed || l->held < l->max_held;
+	if (!more && !lk->parked) {
+		lk->parked = true;
+		lk->pnext = NULL;
+		if (l->parked_tail != NULL)
+			l->parked_tail->pnext = lk;
+		else
+			l->parked = lk;
+		l->parked_tail = lk;
+	}
 	pthread_mutex_unlock(&l->mtx);
-	l->base.handler(l->base.arg, &r->base);
+	return more;
 }
 
 static void
-srv_cb(void *arg)
+srv_on_down(void *owner, slink *lk, const char *why)
 {
-	nt_sctx *sc = arg;
-	nt_listener *l = sc->l;
-	int rv = nng_aio_result(sc->aio);
+	slistener *l = owner;
 
-	if (sc->state == SC_SEND) {
-		if (rv != 0) {
-			nng_msg *nm = nng_aio_get_msg(sc->aio);
-			nng_aio_set_msg(sc->aio, NULL);
-			nng_msg_free(nm);
-			if (rv != NNG_ECLOSED && rv != NNG_ECANCELED)
-				cwi_log(CACHEW_LOG_DEBUG, "transport",
-				    "url=%s reason=\"reply not sent: %s\"",
-				    l->base.url, nng_strerror(rv));
-		}
-		sctx_rearm(sc, true);
-		return;
-	}
-	if (rv != 0) {
-		pthread_mutex_lock(&l->mtx);
-		l->receiving--;
-		pthread_mutex_unlock(&l->mtx);
-		if (rv != NNG_ECLOSED && rv != NNG_ECANCELED)
-			cwi_log(CACHEW_LOG_WARN, "transport",
-			    "url=%s reason=\"receive failed: %s\"", l->base.url,
-			    nng_strerror(rv));
-		if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
-			pthread_mutex_lock(&l->mtx);
-			sc->state = SC_IDLE;
-			if (--l->armed == 0)
-				pthread_cond_broadcast(&l->cv);
-			pthread_mutex_unlock(&l->mtx);
-			return;
-		}
-		sctx_rearm(sc, true);
-		return;
-	}
-	srv_recv_done(sc);
-	/* The handler has returned: l may go once armed reaches zero. */
 	pthread_mutex_lock(&l->mtx);
-	if (--l->armed == 0 && l->closed)
-		pthread_cond_broadcast(&l->cv);
+	unpark_locked(l, lk);
+	if (lk->prev != NULL)
+		lk->prev->next = lk->next;
+	else
+		l->links = lk->next;
+	if (lk->next != NULL)
+		lk->next->prev = lk->prev;
+	lk->next = lk->prev = NULL;
 	pthread_mutex_unlock(&l->mtx);
+	cwi_log(CACHEW_LOG_DEBUG, "transport",
+	    "peer=%s url=%s event=disconnected reason=\"%s\"", lk->peer,
+	    l->base.url, why);
+	link_unref(lk);
 }
 
-/* Sends a framed reply on r's context and consumes r. */
-static cachew_err
-srv_send(nt_req *r, nng_msg *nm)
+static const link_ops srv_link_ops = {
+    .on_msg = srv_on_msg,
+    .on_down = srv_on_down,
+    .release = srv_link_release,
+};
+
+/* Ends r: its message, its place among the held requests, its link. */
+static void
+srv_release(sreq *r)
 {
-	nt_sctx *sc = r->sc;
-	nt_listener *l = sc->l;
-	bool closed;
+	slistener *l = r->l;
+	slink *lk = r->lk;
 
 	cwi_msg_destroy(r->base.msg);
 	free(r);
+	srv_consumed(l);
+	link_unref(lk);
+}
+
+/* Sends t as the answer to r and consumes r. On failure the caller still
+ * owns t. */
+static cachew_err
+srv_send(sreq *r, txmsg *t)
+{
+	slistener *l = r->l;
+	cachew_err rv;
+	bool closed;
+
 	pthread_mutex_lock(&l->mtx);
 	closed = l->closed;
-	if (closed) {
-		sc->state = SC_IDLE;
-	} else {
-		sc->state = SC_SEND;
-		l->armed++;
-		nng_aio_set_msg(sc->aio, nm);
-		nng_aio_set_timeout(sc->aio, l->send_timeout_ms);
-		nng_ctx_send(sc->ctx, sc->aio);
-	}
 	pthread_mutex_unlock(&l->mtx);
-	if (closed) {
-		cwi_fail(CACHEW_ECLOSED, "%s: listener is closed", l->base.url);
-		nng_msg_free(nm);
-		listener_unref(l);
-		return CACHEW_ECLOSED;
-	}
-	listener_unref(l);
-	return CACHEW_OK;
+	if (closed)
+		rv = cwi_fail(CACHEW_ECLOSED, "%s: listener is closed",
+		    l->base.url);
+	else if ((rv = link_send(r->lk, t)) != CACHEW_OK)
+		rv = cwi_fail(CACHEW_ECLOSED, "%s: the connection of %s is gone",
+		    l->base.url, r->lk->peer);
+	srv_release(r);
+	return rv;
 }
 
 static cachew_err
 nt_reply(cwi_request *rq, cwi_msg *reply)
 {
-	nt_req *r = (nt_req *)rq;
-	nng_msg *nm;
-	cachew_err rv, rv2;
+	sreq *r = (sreq *)rq;
+	slistener *l = r->l;
+	txmsg *t;
+	cachew_err rv;
 
-	rv = frame_encode(reply, &nm);
+	rv = tx_build(&t, l->ipc, r->bt, r->btlen, reply);
 	if (rv != CACHEW_OK) {
 		/* Tell the client why instead of leaving it to time out. */
 		char why[512];
 		snprintf(why, sizeof(why), "%s: reply not sent: %s",
-		    r->sc->l->base.url, cwi_errmsg_get());
-		if (frame_encode_error(rv, why, &nm) == CACHEW_OK)
-			srv_send(r, nm);
-		else
-			cwi_request_drop(rq);
+		    l->base.url, cwi_errmsg_get());
+		if (tx_build_error(&t, l->ipc, r->bt, r->btlen, rv, why) ==
+		    CACHEW_OK) {
+			if (srv_send(r, t) != CACHEW_OK)
+				tx_free(t);
+		} else {
+			srv_release(r);
+		}
 		return cwi_fail(rv, "%s", why);
 	}
-	rv2 = srv_send(r, nm);
-	if (rv2 == CACHEW_OK)
-		cwi_msg_destroy(reply);
-	return rv2;
+	/* The reply's elements must live until their bytes are written. */
+	t->msg = reply;
+	rv = srv_send(r, t);
+	if (rv != CACHEW_OK) {
+		t->msg = NULL;
+		tx_free(t);
+	}
+	return rv;
 }
 
 static cachew_err
 nt_fail(cwi_request *rq, cachew_err err, const char *msg)
 {
-	nt_req *r = (nt_req *)rq;
+	sreq *r = (sreq *)rq;
 	char full[FRAME_ERRMSG_MAX];
-	nng_msg *nm;
+	txmsg *t;
+	cachew_err rv;
 
-	snprintf(full, sizeof(full), "%s: %s", r->sc->l->base.url, msg);
-	if (frame_encode_error(err, full, &nm) != CACHEW_OK) {
-		cwi_request_drop(rq);
+	snprintf(full, sizeof(full), "%s: %s", r->l->base.url, msg);
+	if (tx_build_error(&t, r->l->ipc, r->bt, r->btlen, err, full) !=
+	    CACHEW_OK) {
+		srv_release(r);
 		return CACHEW_ENOMEM;
 	}
-	return srv_send(r, nm);
-}
-
-/* Consumes r without a reply: its context receives again. */
-static void
-srv_release(nt_req *r)
-{
-	nt_sctx *sc = r->sc;
-	nt_listener *l = sc->l;
-
-	cwi_msg_destroy(r->base.msg);
-	free(r);
-	sctx_rearm(sc, false);
-	listener_unref(l);
+	rv = srv_send(r, t);
+	if (rv != CACHEW_OK)
+		tx_free(t);
+	return rv;
 }
 
 static void
 nt_drop(cwi_request *rq)
 {
-	srv_release((nt_req *)rq);
+	srv_release((sreq *)rq);
 }
 
 static void
 nt_reject(cwi_request *rq, const char *reason)
 {
-	nt_req *r = (nt_req *)rq;
+	sreq *r = (sreq *)rq;
 
-	peer_reset(r->pipe, r->sc->l->base.url, reason);
+	link_reset(r->lk, reason);
 	srv_release(r);
 }
 
 static const char *
 nt_peer(cwi_request *rq)
 {
-	nt_req *r = (nt_req *)rq;
-
-	if (r->peer[0] == '\0')
-		pipe_peer(r->pipe, r->peer, sizeof(r->peer));
-	return r->peer;
+	return ((sreq *)rq)->lk->peer;
 }
 
 static const cwi_request_ops nt_request_ops = {
@@ -954,37 +1461,103 @@ static const cwi_request_ops nt_request_ops = {
     .peer = nt_peer,
 };
 
+/* A failed accept (out of descriptors, say) is retried after this. */
+#define ACCEPT_RETRY_MS 100
+
+static void
+srv_accept_cb(void *arg)
+{
+	slistener *l = arg;
+	int rv = nng_aio_result(l->acc);
+	nng_stream *s = NULL;
+	slink *lk = NULL;
+	cachew_err err;
+
+	pthread_mutex_lock(&l->mtx);
+	if (!l->acc_sleep && rv == 0)
+		s = nng_aio_get_output(l->acc, 0);
+	if (l->closed) {
+		pthread_mutex_unlock(&l->mtx);
+		if (s != NULL) {
+			nng_stream_close(s);
+			nng_stream_free(s);
+		}
+		return;
+	}
+	if (l->acc_sleep) {
+		l->acc_sleep = false;
+		nng_stream_listener_accept(l->sl, l->acc);
+		pthread_mutex_unlock(&l->mtx);
+		return;
+	}
+	if (rv != 0) {
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "url=%s reason=\"accept failed: %s\" action=retry",
+		    l->base.url, nng_strerror(rv));
+		l->acc_sleep = true;
+		nng_sleep_aio(ACCEPT_RETRY_MS, l->acc);
+		pthread_mutex_unlock(&l->mtx);
+		return;
+	}
+	l->refs++; /* the link's */
+	pthread_mutex_unlock(&l->mtx);
+
+	err = link_create(&lk, s, l->ipc, SP_PROTO_REP0, SP_PROTO_REQ0,
+	    &srv_link_ops, l, l->base.url, l->max_msg + SP_BT_MAX,
+	    l->send_timeout_ms);
+	pthread_mutex_lock(&l->mtx);
+	if (err != CACHEW_OK) {
+		l->refs--;
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "url=%s reason=\"connection dropped: %s\"", l->base.url,
+		    cwi_errmsg_get());
+	} else if (!l->closed) {
+		lk->next = l->links;
+		if (l->links != NULL)
+			l->links->prev = lk;
+		l->links = lk;
+		link_start(lk);
+		lk = NULL;
+	}
+	if (!l->closed)
+		nng_stream_listener_accept(l->sl, l->acc);
+	pthread_mutex_unlock(&l->mtx);
+	if (lk != NULL) {
+		/* Closed meanwhile: never started, nothing reports it. */
+		link_kill(lk, "listener closed");
+		link_unref(lk);
+	}
+}
+
 static void
 nt_listener_close(cwi_listener *ll)
 {
-	nt_listener *l = (nt_listener *)ll;
+	slistener *l = (slistener *)ll;
 	bool first;
 
 	pthread_mutex_lock(&l->mtx);
 	first = !l->closed;
 	l->closed = true;
-	for (nt_sctx *sc = l->all; sc != NULL; sc = sc->next)
-		if (sc->state == SC_RECV || sc->state == SC_SEND)
-			nng_aio_cancel(sc->aio);
-	while (l->armed > 0)
+	for (slink *lk = l->links; lk != NULL; lk = lk->next)
+		link_kill(lk, "listener closed");
+	pthread_mutex_unlock(&l->mtx);
+	if (first) {
+		nng_stream_listener_close(l->sl);
+		nng_aio_stop(l->acc);
+	}
+	pthread_mutex_lock(&l->mtx);
+	while (l->in_handler > 0)
 		pthread_cond_wait(&l->cv, &l->mtx);
 	pthread_mutex_unlock(&l->mtx);
-	/* See the top: no aio may be in nng's hands when the socket goes.
-	 * The list is stable: contexts are only added while not closed. */
-	if (first) {
-		for (nt_sctx *sc = l->all; sc != NULL; sc = sc->next)
-			nng_aio_stop(sc->aio);
-		l->abandoned = !close_bounded(l->sock, l->base.url);
-		/* nng 1.5 leaves the socket file of an ipc listener. */
-		if (strncmp(l->base.url, "ipc://", 6) == 0)
-			unlink(l->base.url + 6);
-	}
+	/* An ipc listener's socket file goes with it. */
+	if (first && l->ipc)
+		unlink(l->base.url + 6);
 }
 
 static void
 nt_listener_free(cwi_listener *ll)
 {
-	listener_unref((nt_listener *)ll);
+	listener_unref((slistener *)ll);
 }
 
 static const cwi_listener_ops nt_listener_ops = {
@@ -992,30 +1565,26 @@ static const cwi_listener_ops nt_listener_ops = {
     .free = nt_listener_free,
 };
 
-/* "tcp://host:0" with the port nng bound; other URLs unchanged. */
+/* "tcp://host:0" with the port bound; other URLs unchanged. */
 static char *
-bound_url(const char *url, nng_listener lst)
+bound_url(const char *url, nng_stream_listener *sl)
 {
 	const char *colon;
 	int port;
 
 	if (strncmp(url, "tcp", 3) != 0 ||
-	    nng_listener_get_int(lst, NNG_OPT_TCP_BOUND_PORT, &port) != 0 ||
+	    nng_stream_listener_get_int(sl, NNG_OPT_TCP_BOUND_PORT, &port) !=
+		0 ||
 	    (colon = strrchr(url, ':')) == NULL || colon < url + 6)
 		return cwi_strdup(url);
 	return cwi_asprintf("%.*s:%d", (int)(colon - url), url, port);
 }
 
-/* Initial receiving contexts; more are added as requests are held. */
-#define LISTEN_CTX_INITIAL 4u
-
 static cachew_err
 nt_listen(cwi_listener **out, const char *url, const cwi_transport_opts *opts,
     cwi_handler_fn handler, void *arg)
 {
-	nt_listener *l = calloc(1, sizeof(*l));
-	nt_sctx *initial[LISTEN_CTX_INITIAL];
-	unsigned n0;
+	slistener *l = calloc(1, sizeof(*l));
 	cachew_err rv;
 	int nrv;
 
@@ -1026,352 +1595,441 @@ nt_listen(cwi_listener **out, const char *url, const cwi_transport_opts *opts,
 	l->base.ops = &nt_listener_ops;
 	l->base.handler = handler;
 	l->base.arg = arg;
-	l->max_msg = opts->max_msg_size;
-	l->max_ctx = opts->max_inflight;
-	l->send_timeout_ms = opts->send_timeout_ms;
 	l->refs = 1;
+	l->ipc = strncmp(url, "ipc://", 6) == 0;
+	l->max_msg = opts->max_msg_size;
+	l->max_held = opts->max_inflight;
+	l->send_timeout_ms = opts->send_timeout_ms;
 	pthread_once(&heap_once, heap_tune_once);
-	if ((nrv = nng_rep0_open(&l->sock)) != 0) {
-		rv = nng_err(nrv, url, "nng_rep0_open");
-		goto fail_nosock;
-	}
-	if ((nrv = nng_socket_set_size(l->sock, NNG_OPT_RECVMAXSZ,
-		 nng_recv_max(opts->max_msg_size))) != 0 ||
-	    (nrv = nng_listener_create(&l->lst, l->sock, url)) != 0 ||
-	    (nrv = nng_listener_set_size(l->lst, NNG_OPT_RECVMAXSZ,
-		 nng_recv_max(opts->max_msg_size))) != 0 ||
-	    (nrv = nng_listener_start(l->lst, 0)) != 0) {
+	if ((nrv = nng_stream_listener_alloc(&l->sl, url)) != 0) {
 		rv = nng_err(nrv, url, "listen");
 		goto fail;
 	}
-	l->base.url = bound_url(url, l->lst);
+	if ((nrv = nng_stream_listener_listen(l->sl)) != 0) {
+		rv = nng_err(nrv, url, "listen");
+		goto fail;
+	}
+	l->base.url = bound_url(url, l->sl);
 	if (l->base.url == NULL) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	n0 = l->max_ctx < LISTEN_CTX_INITIAL ? l->max_ctx : LISTEN_CTX_INITIAL;
-	for (unsigned i = 0; i < n0; i++) {
-		rv = sctx_open(l, &initial[i]);
-		if (rv != CACHEW_OK)
-			goto fail;
-		l->nctx++;
+	if ((nrv = nng_aio_alloc(&l->acc, srv_accept_cb, l)) != 0) {
+		rv = nng_err(nrv, url, "nng_aio_alloc");
+		goto fail;
 	}
-	for (unsigned i = 0; i < n0; i++)
-		sctx_rearm(initial[i], false);
+	nng_stream_listener_accept(l->sl, l->acc);
 	*out = &l->base;
 	return CACHEW_OK;
 
 fail:
-	nng_close(l->sock);
-fail_nosock:
-	l->refs = 1;
+	if (l->sl != NULL)
+		nng_stream_listener_close(l->sl);
 	listener_free(l);
 	return rv;
 }
 
 /* ---- client ------------------------------------------------------------- */
 
-/*
- * Deadlines: a request's operations run without an nng timeout. nng
- * 1.5.2's timer thread can expire an operation at the moment its reply
- * completes it and then cancel whatever the context does next (the next
- * request on a reused context failed with a timeout) or touch a context
- * that close freed. Instead the completion queue tells us when a deadline
- * passes (cwi_pending_set_cancel) and cli_cancel cancels the operation
- * under the connection lock, where nothing can reuse the context.
- */
+typedef struct sconn sconn;
 
-typedef struct nt_conn nt_conn;
+/* One request in flight on a connection. */
+typedef struct creq {
+	cwi_pending *p;
+	sconn *c;
+	uint32_t id;
+	txmsg *tx;    /* the framed request, until a link takes it */
+	slink *lk;     /* the link it went out on; NULL: waiting for one */
+	bool listed;  /* on c->reqs (the connection's lock) */
+	bool expired; /* the deadline passed before it was listed */
+	struct creq *next, *prev;
+} creq;
 
-typedef enum cctx_state { CC_IDLE, CC_SEND, CC_RECV } cctx_state;
-
-typedef struct nt_cctx {
-	nt_conn *c;
-	nng_ctx ctx;
-	nng_aio *aio;
-	cwi_pending *p;  /* the request this context carries */
-	cctx_state state;
-	bool in_nng;     /* an operation is armed */
-	bool expired;    /* the deadline passed before it was armed */
-	struct nt_cctx *next_all, *next_free;
-} nt_cctx;
-
-struct nt_conn {
+struct sconn {
 	cwi_conn base;
-	nng_socket sock;
-	nng_dialer dialer;
 	pthread_mutex_t mtx;
-	pthread_cond_t cv;
+	unsigned refs; /* the owner's + one per slink */
 	bool closed;
-	unsigned armed; /* contexts with an operation in nng */
-	bool abandoned; /* nng_close timed out: leak the aios */
-	nt_cctx *all, *free;
+	bool ipc;
+	nng_stream_dialer *d;
+	nng_aio *dial; /* dials, and waits between failed dials */
+	bool dial_armed, dial_sleeping;
+	int backoff_ms, rmin_ms, rmax_ms;
+	slink *lk; /* the current link, with a reference */
+	creq *reqs, *reqs_tail;
+	uint32_t next_id;
+	creq *reap; /* expired requests to complete (on reap_aio) */
+	nng_aio *reap_aio;
+	bool reap_armed;
 	size_t max_msg;
+	int send_timeout_ms;
 };
 
-static void cli_cb(void *arg);
-
-static cachew_err
-cctx_open(nt_conn *c, nt_cctx **out)
-{
-	nt_cctx *x = calloc(1, sizeof(*x));
-	int rv;
-
-	if (x == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	x->c = c;
-	if ((rv = nng_aio_alloc(&x->aio, cli_cb, x)) != 0) {
-		free(x);
-		return nng_err(rv, c->base.url, "nng_aio_alloc");
-	}
-	nng_aio_set_timeout(x->aio, NNG_DURATION_INFINITE);
-	if ((rv = nng_ctx_open(&x->ctx, c->sock)) != 0) {
-		nng_aio_free(x->aio);
-		free(x);
-		return nng_err(rv, c->base.url, "nng_ctx_open");
-	}
-	*out = x;
-	return CACHEW_OK;
-}
-
-/* The outcome of a failed operation, as the waiting client sees it. */
-static cachew_err
-cli_error(nt_conn *c, int rv, char *msg, size_t len)
-{
-	switch (rv) {
-	case NNG_ETIMEDOUT:
-		snprintf(msg, len, "%s: no reply in time", c->base.url);
-		return CACHEW_ETIMEDOUT;
-	case NNG_ECLOSED:
-		snprintf(msg, len, "%s: connection closed", c->base.url);
-		return CACHEW_ECLOSED;
-	case NNG_ECONNRESET:
-	case NNG_ECONNSHUT:
-		snprintf(msg, len, "%s: connection reset by peer", c->base.url);
-		return CACHEW_ECLOSED;
-	default:
-		snprintf(msg, len, "%s: %s", c->base.url, nng_strerror(rv));
-		return CACHEW_EIO;
-	}
-}
-
-/* Returns x to the free list (x->p already completed). */
 static void
-cctx_done_locked(nt_conn *c, nt_cctx *x)
+conn_free(sconn *c)
 {
-	x->p = NULL;
-	x->state = CC_IDLE;
-	x->expired = false;
-	x->next_free = c->free;
-	c->free = x;
-}
-
-/* The deadline of x's request passed (see the top of this section). */
-static void
-cli_cancel(void *arg, cwi_pending *p)
-{
-	nt_cctx *x = arg;
-	nt_conn *c = x->c;
-
-	pthread_mutex_lock(&c->mtx);
-	if (x->p == p) {
-		if (x->in_nng)
-			nng_aio_cancel(x->aio);
-		else
-			x->expired = true;
-	}
-	pthread_mutex_unlock(&c->mtx);
-}
-
-static void
-cli_cb(void *arg)
-{
-	nt_cctx *x = arg;
-	nt_conn *c = x->c;
-	int rv = nng_aio_result(x->aio);
-	cwi_pending *p = x->p;
-	cachew_err err = CACHEW_OK;
-	cwi_msg *reply = NULL;
-	char msg[FRAME_ERRMSG_MAX + 160];
-	bool closed;
-
-	pthread_mutex_lock(&c->mtx);
-	x->in_nng = false;
-	closed = c->closed;
-	if (x->state == CC_SEND && rv == 0 && !closed) {
-		/* Sent: now wait for the reply. */
-		x->state = CC_RECV;
-		x->in_nng = true;
-		nng_ctx_recv(x->ctx, x->aio);
-		pthread_mutex_unlock(&c->mtx);
-		return;
-	}
-	pthread_mutex_unlock(&c->mtx);
-	if (rv == NNG_ECANCELED || (rv == 0 && closed && x->state == CC_SEND))
-		rv = closed ? NNG_ECLOSED : NNG_ETIMEDOUT;
-	msg[0] = '\0';
-	if (rv != 0) {
-		if (x->state == CC_SEND) {
-			nng_msg *nm = nng_aio_get_msg(x->aio);
-			nng_aio_set_msg(x->aio, NULL);
-			nng_msg_free(nm);
-		}
-		err = cli_error(c, rv, msg, sizeof(msg));
-	} else {
-		nng_msg *nm = nng_aio_get_msg(x->aio);
-		nng_pipe pipe = nng_msg_get_pipe(nm);
-		frame_in fi;
-
-		nng_aio_set_msg(x->aio, NULL);
-		err = frame_decode(nm, c->max_msg, &fi);
-		if (err == CACHEW_EPROTO) {
-			peer_reset(pipe, c->base.url, cwi_errmsg_get());
-			snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
-			    c->base.url, cwi_errmsg_get());
-		} else if (err != CACHEW_OK) {
-			snprintf(msg, sizeof(msg), "%s: %s", c->base.url,
-			    cwi_errmsg_get());
-		} else if (fi.msg == NULL) {
-			err = fi.peer_err;
-			snprintf(msg, sizeof(msg), "%s", fi.peer_msg);
-		} else {
-			reply = fi.msg;
-		}
-	}
-	/* No connection lock here: the queue's lock comes first. */
-	cwi_pending_complete(p, err, reply, msg);
-
-	pthread_mutex_lock(&c->mtx);
-	cctx_done_locked(c, x);
-	if (--c->armed == 0 && c->closed)
-		pthread_cond_broadcast(&c->cv);
-	pthread_mutex_unlock(&c->mtx);
-}
-
-static cachew_err
-nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
-{
-	nt_conn *c = (nt_conn *)cc;
-	nt_cctx *x = NULL, *fresh = NULL;
-	cachew_err err = CACHEW_OK;
-	nng_msg *nm;
-	cachew_err rv;
-
-	pthread_mutex_lock(&c->mtx);
-	if (!c->closed && (x = c->free) != NULL)
-		c->free = x->next_free;
-	pthread_mutex_unlock(&c->mtx);
-	if (x == NULL) {
-		rv = cctx_open(c, &fresh);
-		if (rv != CACHEW_OK)
-			return rv;
-		x = fresh;
-	}
-	rv = frame_encode(req, &nm);
-	pthread_mutex_lock(&c->mtx);
-	if (fresh != NULL && !c->closed) {
-		/* Only while open: close walks the list unlocked once
-		 * closed. */
-		fresh->next_all = c->all;
-		c->all = fresh;
-		fresh = NULL;
-	}
-	if (rv != CACHEW_OK || c->closed) {
-		if (fresh == NULL) {
-			x->next_free = c->free;
-			c->free = x;
-		}
-		pthread_mutex_unlock(&c->mtx);
-		if (fresh != NULL) {
-			/* Never armed; its context goes with the socket. */
-			nng_aio_free(fresh->aio);
-			free(fresh);
-		}
-		if (rv != CACHEW_OK)
-			return rv;
-		nng_msg_free(nm);
-		return cwi_fail(CACHEW_ECLOSED, "%s: connection is closed",
-		    c->base.url);
-	}
-	/* x is reserved for p; the queue's lock may not be taken under
-	 * ours, so the hook is set in between. */
-	x->p = p;
-	x->state = CC_SEND;
-	pthread_mutex_unlock(&c->mtx);
-	cwi_pending_set_cancel(p, cli_cancel, x);
-
-	pthread_mutex_lock(&c->mtx);
-	if (c->closed || x->expired) {
-		err = c->closed ? CACHEW_ECLOSED : CACHEW_ETIMEDOUT;
-		cctx_done_locked(c, x);
-	} else {
-		c->armed++;
-		x->in_nng = true;
-		nng_aio_set_msg(x->aio, nm);
-		nng_ctx_send(x->ctx, x->aio);
-		nm = NULL;
-	}
-	pthread_mutex_unlock(&c->mtx);
-	cwi_msg_destroy(req);
-	if (nm != NULL) {
-		/* Accepted, then ended before it left: complete it here. */
-		nng_msg_free(nm);
-		cwi_pending_complete(p, err, NULL,
-		    err == CACHEW_ECLOSED ? "connection closed"
-					  : "request timed out");
-	}
-	return CACHEW_OK;
-}
-
-static void
-nt_conn_close(cwi_conn *cc)
-{
-	nt_conn *c = (nt_conn *)cc;
-	bool first;
-
-	pthread_mutex_lock(&c->mtx);
-	first = !c->closed;
-	c->closed = true;
-	for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
-		if (x->in_nng)
-			nng_aio_cancel(x->aio);
-	while (c->armed > 0)
-		pthread_cond_wait(&c->cv, &c->mtx);
-	pthread_mutex_unlock(&c->mtx);
-	/* See the top of the file: stop every aio before the socket goes. */
-	if (first) {
-		for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
-			nng_aio_stop(x->aio);
-		/* Each context explicitly: nng 1.5's nng_close() waits for
-		 * every context of the socket to go, and was seen to wait
-		 * forever on a req context whose request had been canceled. */
-		for (nt_cctx *x = c->all; x != NULL; x = x->next_all)
-			(void)nng_ctx_close(x->ctx);
-		c->abandoned = !close_bounded(c->sock, c->base.url);
-	}
-}
-
-static void
-conn_free(nt_conn *c)
-{
-	nt_cctx *x, *nx;
-
-	for (x = c->all; x != NULL; x = nx) {
-		nx = x->next_all;
-		if (!c->abandoned)
-			nng_aio_free(x->aio);
-		free(x);
-	}
-	pthread_cond_destroy(&c->cv);
+	nng_stream_dialer_free(c->d);
+	nng_aio_free(c->dial);
+	nng_aio_free(c->reap_aio);
 	pthread_mutex_destroy(&c->mtx);
 	free(c->base.url);
 	free(c);
 }
 
 static void
+conn_unref(sconn *c)
+{
+	bool last;
+
+	pthread_mutex_lock(&c->mtx);
+	last = --c->refs == 0;
+	pthread_mutex_unlock(&c->mtx);
+	if (last)
+		conn_free(c);
+}
+
+static void
+cli_link_release(void *owner)
+{
+	conn_unref(owner);
+}
+
+static void
+req_unlist_locked(sconn *c, creq *x)
+{
+	if (x->prev != NULL)
+		x->prev->next = x->next;
+	else
+		c->reqs = x->next;
+	if (x->next != NULL)
+		x->next->prev = x->prev;
+	else
+		c->reqs_tail = x->prev;
+	x->next = x->prev = NULL;
+	x->listed = false;
+}
+
+/* Completes and frees every request of the list linked by next. */
+static void
+req_complete_all(creq *x, cachew_err err, const char *msg)
+{
+	while (x != NULL) {
+		creq *nx = x->next;
+		cwi_pending_complete(x->p, err, NULL, msg);
+		tx_free(x->tx);
+		free(x);
+		x = nx;
+	}
+}
+
+static void
+dial_arm_locked(sconn *c, int delay_ms)
+{
+	c->dial_armed = true;
+	c->dial_sleeping = delay_ms > 0;
+	if (delay_ms > 0)
+		nng_sleep_aio(delay_ms, c->dial);
+	else
+		nng_stream_dialer_dial(c->d, c->dial);
+}
+
+static bool
+cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
+{
+	sconn *c = owner;
+	uint32_t id = get_u32(buf->data);
+	char msg[FRAME_ERRMSG_MAX + 200];
+	cachew_err err;
+	cwi_msg *reply = NULL;
+	frame_in fi;
+	creq *x;
+
+	pthread_mutex_lock(&c->mtx);
+	for (x = c->reqs; x != NULL; x = x->next)
+		if (x->id == id && x->lk == lk)
+			break;
+	if (x != NULL)
+		req_unlist_locked(c, x);
+	pthread_mutex_unlock(&c->mtx);
+	if (x == NULL) {
+		/* The reply to a request that timed out: nobody waits. */
+		cwi_buffer_unref(buf);
+		return true;
+	}
+	msg[0] = '\0';
+	err = frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
+	if (err == CACHEW_EPROTO) {
+		snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
+		    c->base.url, cwi_errmsg_get());
+		link_reset(lk, cwi_errmsg_get());
+	} else if (err != CACHEW_OK) {
+		snprintf(msg, sizeof(msg), "%s: %s", c->base.url,
+		    cwi_errmsg_get());
+	} else if (fi.msg == NULL) {
+		err = fi.peer_err;
+		snprintf(msg, sizeof(msg), "%s", fi.peer_msg);
+	} else {
+		reply = fi.msg;
+	}
+	cwi_pending_complete(x->p, err, reply, msg);
+	free(x);
+	return true;
+}
+
+static void
+cli_on_down(void *owner, slink *lk, const char *why)
+{
+	sconn *c = owner;
+	creq *lost = NULL, **tail = &lost;
+	char msg[400];
+	bool drop = false;
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->lk == lk) {
+		c->lk = NULL;
+		drop = true;
+	}
+	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
+		nx = x->next;
+		if (x->lk != lk)
+			continue;
+		req_unlist_locked(c, x);
+		*tail = x;
+		tail = &x->next;
+	}
+	/* Redial at once; waits come in only if that fails. */
+	if (drop && !c->closed && !c->dial_armed)
+		dial_arm_locked(c, 0);
+	pthread_mutex_unlock(&c->mtx);
+	snprintf(msg, sizeof(msg), "%s: %s", c->base.url, why);
+	req_complete_all(lost, CACHEW_ECLOSED, msg);
+	if (drop)
+		link_unref(lk);
+}
+
+static const link_ops cli_link_ops = {
+    .on_msg = cli_on_msg,
+    .on_down = cli_on_down,
+    .release = cli_link_release,
+};
+
+/* Makes s the connection's link and sends the waiting requests on it.
+ * With c->mtx held. */
+static void
+conn_attach_locked(sconn *c, slink *lk)
+{
+	c->lk = lk;
+	c->backoff_ms = 0;
+	link_start(lk);
+	for (creq *x = c->reqs; x != NULL; x = x->next) {
+		if (x->lk != NULL)
+			continue;
+		if (link_send(lk, x->tx) != CACHEW_OK)
+			break;
+		x->tx = NULL;
+		x->lk = lk;
+	}
+}
+
+static void
+cli_dial_cb(void *arg)
+{
+	sconn *c = arg;
+	int rv = nng_aio_result(c->dial);
+	nng_stream *s = NULL;
+	slink *lk = NULL;
+	cachew_err err;
+
+	pthread_mutex_lock(&c->mtx);
+	c->dial_armed = false;
+	if (!c->dial_sleeping && rv == 0)
+		s = nng_aio_get_output(c->dial, 0);
+	if (c->closed) {
+		pthread_mutex_unlock(&c->mtx);
+		if (s != NULL) {
+			nng_stream_close(s);
+			nng_stream_free(s);
+		}
+		return;
+	}
+	if (c->dial_sleeping) {
+		dial_arm_locked(c, 0);
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	if (rv != 0) {
+		c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
+		    : c->backoff_ms >= c->rmax_ms / 2 ? c->rmax_ms
+						      : c->backoff_ms * 2;
+		dial_arm_locked(c, c->backoff_ms);
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	c->refs++; /* the link's */
+	pthread_mutex_unlock(&c->mtx);
+
+	err = link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
+	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
+	    c->send_timeout_ms);
+	pthread_mutex_lock(&c->mtx);
+	if (err != CACHEW_OK) {
+		c->refs--;
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "url=%s reason=\"connection dropped: %s\"", c->base.url,
+		    cwi_errmsg_get());
+		c->backoff_ms = c->rmin_ms;
+		dial_arm_locked(c, c->backoff_ms);
+	} else if (!c->closed) {
+		conn_attach_locked(c, lk);
+		lk = NULL;
+	}
+	pthread_mutex_unlock(&c->mtx);
+	if (lk != NULL) {
+		link_kill(lk, "connection closed");
+		link_unref(lk);
+	}
+}
+
+static void
+cli_reap_cb(void *arg)
+{
+	sconn *c = arg;
+	creq *q;
+
+	pthread_mutex_lock(&c->mtx);
+	q = c->reap;
+	c->reap = NULL;
+	c->reap_armed = false;
+	pthread_mutex_unlock(&c->mtx);
+	req_complete_all(q, CACHEW_ETIMEDOUT, "request timed out");
+}
+
+/* The deadline of x's request passed (see cwi_pending_set_cancel): its
+ * completion goes to the reaper, off the queue's lock. */
+static void
+cli_cancel(void *arg, cwi_pending *p)
+{
+	creq *x = arg;
+	sconn *c = x->c;
+
+	(void)p;
+	pthread_mutex_lock(&c->mtx);
+	if (x->listed) {
+		req_unlist_locked(c, x);
+		x->next = c->reap;
+		c->reap = x;
+		if (!c->reap_armed && !c->closed) {
+			c->reap_armed = true;
+			nng_sleep_aio(0, c->reap_aio);
+		}
+	} else {
+		x->expired = true;
+	}
+	pthread_mutex_unlock(&c->mtx);
+}
+
+static cachew_err
+nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
+{
+	sconn *c = (sconn *)cc;
+	creq *x = calloc(1, sizeof(*x));
+	uint8_t id[SP_ID_BYTES];
+	cachew_err rv, err;
+	bool closed;
+
+	if (x == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_mutex_lock(&c->mtx);
+	closed = c->closed;
+	x->id = SP_ID_FLAG | c->next_id++;
+	pthread_mutex_unlock(&c->mtx);
+	if (closed) {
+		free(x);
+		return cwi_fail(CACHEW_ECLOSED, "%s: connection is closed",
+		    c->base.url);
+	}
+	put_u32(id, x->id);
+	rv = tx_build(&x->tx, c->ipc, id, sizeof(id), req);
+	if (rv != CACHEW_OK) {
+		free(x);
+		return rv;
+	}
+	x->c = c;
+	x->p = p;
+	/* The queue's lock may not be taken under ours: the hook is set
+	 * before x is listed, and a deadline passing in between marks x. */
+	cwi_pending_set_cancel(p, cli_cancel, x);
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->closed || x->expired) {
+		err = c->closed ? CACHEW_ECLOSED : CACHEW_ETIMEDOUT;
+		pthread_mutex_unlock(&c->mtx);
+		/* Accepted, then ended before it left: complete it here. */
+		tx_free(x->tx);
+		free(x);
+		cwi_msg_destroy(req);
+		cwi_pending_complete(p, err, NULL,
+		    err == CACHEW_ECLOSED ? "connection closed"
+					  : "request timed out");
+		return CACHEW_OK;
+	}
+	x->tx->msg = req;
+	x->listed = true;
+	x->prev = c->reqs_tail;
+	if (c->reqs_tail != NULL)
+		c->reqs_tail->next = x;
+	else
+		c->reqs = x;
+	c->reqs_tail = x;
+	if (c->lk != NULL && link_send(c->lk, x->tx) == CACHEW_OK) {
+		x->tx = NULL;
+		x->lk = c->lk;
+	}
+	pthread_mutex_unlock(&c->mtx);
+	return CACHEW_OK;
+}
+
+static void
+nt_conn_close(cwi_conn *cc)
+{
+	sconn *c = (sconn *)cc;
+	creq *all, *reaped;
+	slink *lk;
+	char msg[300];
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->closed) {
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	c->closed = true;
+	lk = c->lk;
+	c->lk = NULL;
+	all = c->reqs;
+	for (creq *x = all; x != NULL; x = x->next)
+		x->listed = false;
+	c->reqs = c->reqs_tail = NULL;
+	pthread_mutex_unlock(&c->mtx);
+	if (lk != NULL) {
+		link_kill(lk, "connection closed");
+		link_unref(lk);
+	}
+	snprintf(msg, sizeof(msg), "%s: connection closed", c->base.url);
+	req_complete_all(all, CACHEW_ECLOSED, msg);
+	nng_stream_dialer_close(c->d);
+	nng_aio_stop(c->dial);
+	nng_aio_stop(c->reap_aio);
+	pthread_mutex_lock(&c->mtx);
+	reaped = c->reap;
+	c->reap = NULL;
+	pthread_mutex_unlock(&c->mtx);
+	req_complete_all(reaped, CACHEW_ETIMEDOUT, "request timed out");
+}
+
+static void
 nt_conn_free(cwi_conn *cc)
 {
-	conn_free((nt_conn *)cc);
+	conn_unref((sconn *)cc);
 }
 
 static const cwi_conn_ops nt_conn_ops = {
@@ -1383,51 +2041,71 @@ static const cwi_conn_ops nt_conn_ops = {
 static cachew_err
 nt_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 {
-	nt_conn *c = calloc(1, sizeof(*c));
-	size_t rmax = nng_recv_max(opts->max_msg_size);
+	sconn *c = calloc(1, sizeof(*c));
+	nng_aio *a = NULL;
+	nng_stream *s;
+	slink *lk;
 	cachew_err rv;
 	int nrv;
 
 	if (c == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	pthread_mutex_init(&c->mtx, NULL);
-	pthread_cond_init(&c->cv, NULL);
 	c->base.ops = &nt_conn_ops;
+	c->refs = 1;
+	c->ipc = strncmp(url, "ipc://", 6) == 0;
 	c->max_msg = opts->max_msg_size;
+	c->send_timeout_ms = opts->send_timeout_ms;
+	c->rmin_ms = opts->reconnect_min_ms;
+	c->rmax_ms = opts->reconnect_max_ms;
+	c->next_id = (uint32_t)cwi_now_ns() & 0x7fffffffu;
 	c->base.url = cwi_strdup(url);
 	if (c->base.url == NULL) {
 		conn_free(c);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	pthread_once(&heap_once, heap_tune_once);
-	if ((nrv = nng_req0_open(&c->sock)) != 0) {
-		rv = nng_err(nrv, url, "nng_req0_open");
-		conn_free(c);
-		return rv;
-	}
-	/* We retry ourselves, with our own timeouts: a resend would reach a
-	 * server that may already be working on the first copy. */
-	if ((nrv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME,
-		 NNG_DURATION_INFINITE)) != 0 ||
-	    (nrv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, rmax)) != 0 ||
-	    (nrv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT,
-		 opts->reconnect_min_ms)) != 0 ||
-	    (nrv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT,
-		 opts->reconnect_max_ms)) != 0 ||
-	    (nrv = nng_dialer_create(&c->dialer, c->sock, url)) != 0 ||
-	    (nrv = nng_dialer_set_size(c->dialer, NNG_OPT_RECVMAXSZ, rmax)) !=
-		0 ||
-	    (nrv = nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMINT,
-		 opts->reconnect_min_ms)) != 0 ||
-	    (nrv = nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMAXT,
-		 opts->reconnect_max_ms)) != 0 ||
-	    (nrv = nng_dialer_start(c->dialer,
-		 opts->dial_async ? NNG_FLAG_NONBLOCK : 0)) != 0) {
+	if ((nrv = nng_stream_dialer_alloc(&c->d, url)) != 0 ||
+	    (nrv = nng_aio_alloc(&c->dial, cli_dial_cb, c)) != 0 ||
+	    (nrv = nng_aio_alloc(&c->reap_aio, cli_reap_cb, c)) != 0) {
 		rv = nng_err(nrv, url, "dial");
-		nng_close(c->sock);
 		conn_free(c);
 		return rv;
 	}
+	if (opts->dial_async) {
+		pthread_mutex_lock(&c->mtx);
+		dial_arm_locked(c, 0);
+		pthread_mutex_unlock(&c->mtx);
+		*out = &c->base;
+		return CACHEW_OK;
+	}
+	if ((nrv = nng_aio_alloc(&a, NULL, NULL)) != 0) {
+		rv = nng_err(nrv, url, "nng_aio_alloc");
+		conn_free(c);
+		return rv;
+	}
+	nng_aio_set_timeout(a, DIAL_TIMEOUT_MS);
+	nng_stream_dialer_dial(c->d, a);
+	nng_aio_wait(a);
+	if ((nrv = nng_aio_result(a)) != 0) {
+		nng_aio_free(a);
+		rv = nng_err(nrv, url, "dial");
+		conn_free(c);
+		return rv;
+	}
+	s = nng_aio_get_output(a, 0);
+	nng_aio_free(a);
+	rv = link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
+	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
+	    c->send_timeout_ms);
+	if (rv != CACHEW_OK) {
+		conn_free(c);
+		return rv;
+	}
+	pthread_mutex_lock(&c->mtx);
+	c->refs++; /* the link's */
+	conn_attach_locked(c, lk);
+	pthread_mutex_unlock(&c->mtx);
 	*out = &c->base;
 	return CACHEW_OK;
 }
