@@ -1,9 +1,13 @@
 /*
  * check_transport.c - the transport conformance suite: the same tests run
  * on inproc://, tcp://127.0.0.1:0 and ipc:// (loop index = transport),
- * then nng-only tests with hostile raw TCP peers (garbage, a frame header
- * claiming 8 GiB, a frame whose element count lies, 100 idle connections)
- * that must leave the server up, serving, and its memory bounded.
+ * then nng-only tests with hostile raw TCP and IPC peers (garbage, a
+ * frame header claiming 8 GiB, a frame whose element count lies, a wrong
+ * protocol id, a request id without its high bit, 100 idle connections,
+ * a server whose reply claims 8 GiB) that must leave the server up,
+ * serving, and its memory bounded, and wire tests that pin the bytes of
+ * docs/protocol.md, "Transport framing", against plain nng req0/rep0
+ * sockets and raw peers, whatever implements tcp:// and ipc://.
  *
  * The test server's handler acts on the request header, a plain string
  * here (the transport never interprets headers): "echo..." replies with
@@ -14,7 +18,12 @@
  */
 #include "cwt.h"
 
+#include "../src/core/element_codec.h"
 #include "../transports/transport.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -206,6 +216,24 @@ wait_held(tsrv *s, int n)
 		pthread_mutex_lock(&s->mtx);
 	}
 	ck_assert_int_eq(s->nheld, n);
+	pthread_mutex_unlock(&s->mtx);
+}
+
+/* Waits until the handler has finished n requests (it counts each
+ * after answering it, so a reply can reach the client first), then
+ * checks that it was exactly n. Bounded by WAIT_MS. */
+static void
+wait_handled(tsrv *s, int n)
+{
+	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+
+	pthread_mutex_lock(&s->mtx);
+	while (s->handled < n && cwi_now_ns() < until) {
+		pthread_mutex_unlock(&s->mtx);
+		cwi_sleep_ns(1000000);
+		pthread_mutex_lock(&s->mtx);
+	}
+	ck_assert_int_eq(s->handled, n);
 	pthread_mutex_unlock(&s->mtx);
 }
 
@@ -446,7 +474,7 @@ START_TEST(test_many_concurrent_clients)
 		pthread_join(t[i], NULL);
 		ck_assert_int_eq(a[i].ok, 40);
 	}
-	ck_assert_int_eq(s.handled, NC * 40);
+	wait_handled(&s, NC * 40);
 	srv_stop(&s);
 }
 END_TEST
@@ -1206,6 +1234,1261 @@ START_TEST(test_hostile_100_idle_connections)
 }
 END_TEST
 
+/* ---- wire: the SP framing on tcp:// and ipc:// ---------------------------
+ *
+ * These pin docs/protocol.md, "Transport framing", from outside the
+ * transport: real nng req0/rep0 sockets talk to cwi_listen/cwi_dial, and
+ * raw POSIX sockets play hostile peers on both stream transports, so that
+ * any implementation of tcp:// and ipc:// (nng sockets or nng streams)
+ * must speak the same bytes. Loop index 1 is tcp, 2 is ipc.
+ */
+
+#define FRAME_HEAD_BYTES 16
+
+static void
+put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+/*
+ * Builds a body by hand as the framing table says: 'C' 'W' 1 kind, H, N
+ * (or the error code), flags 0, then H header bytes, then the elements.
+ * The encoding starts 4 bytes before the body, where the request ID goes
+ * (docs: the element padding is reckoned from there), so the body is
+ * sb->data + 4, sb->len - 4 bytes long. cwi_strbuf_free when done.
+ */
+static void
+body_build(cwi_strbuf *sb, uint8_t kind, const void *hdr, size_t hlen,
+    uint32_t n_or_code, cwi_element *const *elems, size_t ne)
+{
+	uint8_t head[FRAME_HEAD_BYTES] = {'C', 'W', 1, kind};
+
+	put_be32(head + 4, (uint32_t)hlen);
+	put_be32(head + 8, n_or_code);
+	put_be32(head + 12, 0);
+	cwi_strbuf_init(sb);
+	cwi_strbuf_append(sb, "\x80\0\0\0", 4);
+	cwi_strbuf_append(sb, head, sizeof(head));
+	if (hlen > 0)
+		cwi_strbuf_append(sb, hdr, hlen);
+	for (size_t i = 0; i < ne; i++)
+		ck_assert_int_eq(cwi_element_encode(elems[i], sb), CACHEW_OK);
+	ck_assert(!sb->oom);
+}
+
+static const uint8_t *
+body_of(const cwi_strbuf *sb, size_t *len)
+{
+	*len = sb->len - 4;
+	return (const uint8_t *)sb->data + 4;
+}
+
+/* An nng message holding sb's body. */
+static nng_msg *
+nng_body_msg(const cwi_strbuf *sb)
+{
+	size_t len;
+	const uint8_t *b = body_of(sb, &len);
+	nng_msg *m;
+
+	ck_assert_int_eq(nng_msg_alloc(&m, 0), 0);
+	ck_assert_int_eq(nng_msg_append(m, b, len), 0);
+	return m;
+}
+
+/* Fails the test unless m's body is exactly sb's body. */
+static void
+assert_body_eq(nng_msg *m, const cwi_strbuf *sb, const char *what)
+{
+	size_t len;
+	const uint8_t *b = body_of(sb, &len);
+
+	ck_assert_msg(nng_msg_len(m) == len, "%s: body of %zu bytes, want %zu",
+	    what, nng_msg_len(m), len);
+	for (size_t i = 0; i < len; i++)
+		ck_assert_msg(((const uint8_t *)nng_msg_body(m))[i] == b[i],
+		    "%s: byte %zu is %02x, want %02x", what, i,
+		    ((const uint8_t *)nng_msg_body(m))[i], b[i]);
+}
+
+/* Socket options every test's nng socket gets: bounded waits. */
+static void
+nng_sock_bound(nng_socket sock)
+{
+	ck_assert_int_eq(nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, WAIT_MS),
+	    0);
+	ck_assert_int_eq(nng_socket_set_ms(sock, NNG_OPT_SENDTIMEO, WAIT_MS),
+	    0);
+}
+
+/* Elements whose fixed payloads are over 16 bytes (so they are padded),
+ * plus strings and an inline scalar. */
+static size_t
+mk_wire_elements(cwi_element **v)
+{
+	int64_t s2[2] = {3, 5}, s1[1] = {1000};
+
+	v[0] = mk_fixed(CACHEW_F32, 2, s2, 1);
+	v[1] = mk_bytes(8);
+	v[2] = mk_fixed(CACHEW_U8, 1, s1, 2);
+	v[3] = mk_fixed(CACHEW_I64, 0, NULL, 3);
+	return 4;
+}
+
+START_TEST(test_wire_nng_req_socket_calls_listener)
+{
+	cwi_element *elems[4];
+	size_t ne = mk_wire_elements(elems);
+	char text[256];
+	cwi_strbuf sb;
+	nng_socket sock;
+	nng_msg *rm;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	ck_assert_int_eq(nng_req0_open(&sock), 0);
+	nng_sock_bound(sock);
+	ck_assert_int_eq(nng_dial(sock, cwi_listener_url(s.l), NULL, 0), 0);
+
+	/* A header-only request: the echo is the same body. */
+	body_build(&sb, 0, "echo interop", 12, 0, NULL, 0);
+	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
+	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
+	assert_body_eq(rm, &sb, "header-only echo");
+	nng_msg_free(rm);
+	cwi_strbuf_free(&sb);
+
+	/* With elements: the listener decodes them, the echo re-encodes
+	 * them, padding included, into the very same bytes. */
+	body_build(&sb, 0, "echo elements", 13, (uint32_t)ne, elems, ne);
+	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
+	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
+	assert_body_eq(rm, &sb, "echo with elements");
+	nng_msg_free(rm);
+	cwi_strbuf_free(&sb);
+
+	/* A handler's error comes back as an error frame: kind 1, the code
+	 * where N was, the text prefixed with the listener's URL. */
+	body_build(&sb, 0, "fail", 4, 0, NULL, 0);
+	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
+	cwi_strbuf_free(&sb);
+	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
+	snprintf(text, sizeof(text), "%s: bad split 7", cwi_listener_url(s.l));
+	body_build(&sb, 1, text, strlen(text), CACHEW_EINVAL, NULL, 0);
+	assert_body_eq(rm, &sb, "error frame");
+	nng_msg_free(rm);
+	cwi_strbuf_free(&sb);
+
+	wait_handled(&s, 3);
+	ck_assert_int_eq(nng_close(sock), 0);
+	for (size_t i = 0; i < ne; i++)
+		cwi_element_release(elems[i]);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A plain nng rep0 server: answers each request it receives with the
+ * next prepared body, keeping what it received. */
+typedef struct rep_peer {
+	nng_socket sock;
+	nng_msg *replies[4];
+	nng_msg *got[4];
+	int n;
+	int served;
+} rep_peer;
+
+static void *
+rep_main(void *arg)
+{
+	rep_peer *p = arg;
+
+	for (int k = 0; k < p->n; k++) {
+		if (nng_recvmsg(p->sock, &p->got[k], 0) != 0)
+			break;
+		if (nng_sendmsg(p->sock, p->replies[k], 0) != 0)
+			break;
+		p->replies[k] = NULL;
+		p->served++;
+	}
+	return NULL;
+}
+
+/* An nng rep0 socket listening on transport ti's fresh URL; *url gets
+ * the URL to dial (the bound port for tcp). */
+static nng_socket
+rep_listen(int ti, char *url, size_t len)
+{
+	char *want = test_url(ti);
+	nng_listener lst;
+	nng_socket sock;
+
+	ck_assert_int_eq(nng_rep0_open(&sock), 0);
+	nng_sock_bound(sock);
+	ck_assert_int_eq(nng_listener_create(&lst, sock, want), 0);
+	ck_assert_int_eq(nng_listener_start(lst, 0), 0);
+	if (ti == 1) {
+		int port;
+		ck_assert_int_eq(nng_listener_get_int(lst,
+				     NNG_OPT_TCP_BOUND_PORT, &port),
+		    0);
+		snprintf(url, len, "tcp://127.0.0.1:%d", port);
+	} else {
+		snprintf(url, len, "%s", want);
+	}
+	free(want);
+	return sock;
+}
+
+START_TEST(test_wire_conn_calls_nng_rep_socket)
+{
+	static const char errtext[] = "tcp://10.0.0.5:7071: no split 9";
+	cwi_element *elems[4], *answer;
+	size_t ne = mk_wire_elements(elems);
+	cwi_strbuf want_req, sb;
+	cwi_msg *req, *reply = NULL;
+	char url[256], *h;
+	rep_peer p = {.n = 2};
+	pthread_t t;
+	cwi_conn *c;
+
+	p.sock = rep_listen(_i, url, sizeof(url));
+	/* Reply 0: a header and one element; reply 1: an error frame. */
+	answer = mk_fixed(CACHEW_F64, 1, (int64_t[]){6}, 5);
+	body_build(&sb, 0, "reply hdr", 9, 1, &answer, 1);
+	p.replies[0] = nng_body_msg(&sb);
+	cwi_strbuf_free(&sb);
+	body_build(&sb, 1, errtext, strlen(errtext), CACHEW_ENOENT, NULL, 0);
+	p.replies[1] = nng_body_msg(&sb);
+	cwi_strbuf_free(&sb);
+	ck_assert_int_eq(pthread_create(&t, NULL, rep_main, &p), 0);
+
+	ck_assert_msg(cwi_dial(&c, url, NULL) == CACHEW_OK, "dial %s: %s", url,
+	    cachew_errmsg());
+	req = mk("get elements");
+	for (size_t i = 0; i < ne; i++) {
+		cwi_element_retain(elems[i]);
+		ck_assert_int_eq(cwi_msg_push(req, elems[i]), CACHEW_OK);
+	}
+	ck_assert_msg(cwi_conn_call(c, req, WAIT_MS, &reply) == CACHEW_OK,
+	    "call: %s", cachew_errmsg());
+	h = hdr_str(reply);
+	ck_assert_str_eq(h, "reply hdr");
+	free(h);
+	ck_assert_uint_eq(cwi_msg_count(reply), 1);
+	ck_assert(cwi_element_equal(cwi_msg_element(reply, 0), answer));
+	cwi_msg_destroy(reply);
+
+	ck_assert_int_eq(cwi_conn_call(c, mk("x"), WAIT_MS, &reply),
+	    CACHEW_ENOENT);
+	ck_assert_ptr_null(reply);
+	ck_assert_str_eq(cachew_errmsg(), errtext);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(p.served, 2);
+
+	/* What the client sent, byte for byte. */
+	body_build(&want_req, 0, "get elements", 12, (uint32_t)ne, elems, ne);
+	assert_body_eq(p.got[0], &want_req, "request with elements");
+	cwi_strbuf_free(&want_req);
+	body_build(&want_req, 0, "x", 1, 0, NULL, 0);
+	assert_body_eq(p.got[1], &want_req, "header-only request");
+	cwi_strbuf_free(&want_req);
+
+	cwi_conn_destroy(c);
+	for (int k = 0; k < 2; k++)
+		nng_msg_free(p.got[k]);
+	ck_assert_int_eq(nng_close(p.sock), 0);
+	if (_i == 2)
+		unlink(url + 6);
+	cwi_element_release(answer);
+	for (size_t i = 0; i < ne; i++)
+		cwi_element_release(elems[i]);
+}
+END_TEST
+
+/* ---- conformance: pipelining and back-pressure ---------------------------- */
+
+/* The replies of test_pipelined_replies_of_very_different_sizes. */
+enum { PIPE_N = 4, PIPE_MANY = 10000, PIPE_STRINGS = 50000 };
+
+static cwi_element *
+mk_short_strings(int n)
+{
+	cwi_element *e = cwi_element_new(1);
+	const void **items = malloc((size_t)n * sizeof(*items));
+	size_t *lens = malloc((size_t)n * sizeof(*lens));
+	uint8_t *pool = malloc((size_t)n * 13);
+	int64_t shape[1] = {n};
+
+	ck_assert_ptr_nonnull(e);
+	ck_assert(items != NULL && lens != NULL && pool != NULL);
+	for (int k = 0; k < n; k++) {
+		lens[k] = (size_t)(k % 13);
+		for (size_t j = 0; j < lens[k]; j++)
+			pool[(size_t)k * 13 + j] = (uint8_t)(k * 7 + (int)j);
+		items[k] = pool + (size_t)k * 13;
+	}
+	ck_assert_int_eq(
+	    cwi_tensor_init_bytes_list(&e->comp[0], 1, shape, items, lens),
+	    CACHEW_OK);
+	free(items);
+	free(lens);
+	free(pool);
+	return e;
+}
+
+/* Takes the held request whose header is `name`: held requests arrive
+ * in any order. Fails the test when none is. */
+static cwi_request *
+take_held_named(tsrv *s, const char *name)
+{
+	for (int i = 0; i < s->nheld; i++) {
+		cwi_request *r;
+		char *h;
+
+		pthread_mutex_lock(&s->mtx);
+		r = s->held[i];
+		pthread_mutex_unlock(&s->mtx);
+		if (r == NULL)
+			continue;
+		h = hdr_str(cwi_request_msg(r));
+		if (strcmp(h, name) == 0) {
+			free(h);
+			return take_held(s, i);
+		}
+		free(h);
+	}
+	ck_abort_msg("no held request named \"%s\"", name);
+	return NULL;
+}
+
+/* Reply k's header and elements (new references in out, *n of them). */
+static const char *
+pipe_reply(int k, cwi_element **out, size_t *n)
+{
+	*n = 0;
+	switch (k) {
+	case 0:
+		return "a";
+	case 1:
+		out[(*n)++] = mk_fixed(CACHEW_U8, 1, (int64_t[]){20 << 20}, 11);
+		return "twenty MiB";
+	case 2:
+		for (int i = 0; i < PIPE_MANY; i++)
+			out[(*n)++] =
+			    mk_fixed(CACHEW_U8, 1, (int64_t[]){100}, i);
+		return "many small";
+	default:
+		out[(*n)++] = mk_short_strings(PIPE_STRINGS);
+		return "short strings";
+	}
+}
+
+START_TEST(test_pipelined_replies_of_very_different_sizes)
+{
+	static const int order[PIPE_N] = {3, 1, 0, 2};
+	cwi_element **want[PIPE_N];
+	size_t nwant[PIPE_N];
+	const char *hwant[PIPE_N];
+	bool got[PIPE_N] = {false};
+	cwi_completion comp;
+	cwi_conn *c;
+	cwi_cq *q;
+	tsrv s;
+
+	for (int k = 0; k < PIPE_N; k++) {
+		want[k] = malloc(PIPE_MANY * sizeof(cwi_element *));
+		ck_assert_ptr_nonnull(want[k]);
+		hwant[k] = pipe_reply(k, want[k], &nwant[k]);
+	}
+	srv_start(&s, _i, NULL);
+	c = dial(&s);
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	for (int k = 0; k < PIPE_N; k++) {
+		char req[32];
+		snprintf(req, sizeof(req), "hold %d", k);
+		ck_assert_int_eq(
+		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)k),
+		    CACHEW_OK);
+	}
+	wait_held(&s, PIPE_N);
+	for (int j = 0; j < PIPE_N; j++) {
+		int k = order[j];
+		char name[32];
+		cwi_request *r;
+		cwi_msg *out = mk(hwant[k]);
+
+		snprintf(name, sizeof(name), "hold %d", k);
+		r = take_held_named(&s, name);
+		for (size_t i = 0; i < nwant[k]; i++) {
+			cwi_element_retain(want[k][i]);
+			ck_assert_int_eq(cwi_msg_push(out, want[k][i]),
+			    CACHEW_OK);
+		}
+		ck_assert_msg(cwi_request_reply(r, out) == CACHEW_OK,
+		    "reply %d: %s", k, cachew_errmsg());
+	}
+	s.nheld = 0;
+	for (int j = 0; j < PIPE_N; j++) {
+		char *h;
+		int k;
+
+		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+		ck_assert_msg(comp.err == CACHEW_OK, "completion %d: %s", j,
+		    cachew_errmsg());
+		ck_assert_uint_lt(comp.tag, PIPE_N);
+		k = (int)comp.tag;
+		ck_assert(!got[k]);
+		got[k] = true;
+		h = hdr_str(comp.reply);
+		ck_assert_str_eq(h, hwant[k]);
+		free(h);
+		ck_assert_uint_eq(cwi_msg_count(comp.reply), nwant[k]);
+		for (size_t i = 0; i < nwant[k]; i++)
+			ck_assert_msg(cwi_element_equal(
+					  cwi_msg_element(comp.reply, i),
+					  want[k][i]),
+			    "reply %d element %zu", k, i);
+		cwi_msg_destroy(comp.reply);
+	}
+	ck_assert_uint_eq(cwi_cq_outstanding(q), 0);
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+	for (int k = 0; k < PIPE_N; k++) {
+		for (size_t i = 0; i < nwant[k]; i++)
+			cwi_element_release(want[k][i]);
+		free(want[k]);
+	}
+}
+END_TEST
+
+/* The number of requests that reached the handler so far. */
+static int
+held_count(tsrv *s)
+{
+	int n;
+
+	pthread_mutex_lock(&s->mtx);
+	n = s->nheld;
+	pthread_mutex_unlock(&s->mtx);
+	return n;
+}
+
+/* The window in which a request past max_inflight would have shown up
+ * if back-pressure failed. Its length only makes a broken transport
+ * likelier to be caught; a working one passes whatever it is. */
+#define NO_MORE_MS 300
+
+START_TEST(test_max_inflight_holds_back_further_requests)
+{
+	enum { N = 5 };
+	cwi_transport_opts o;
+	bool got[N] = {false};
+	cwi_completion comp;
+	cwi_conn *c;
+	cwi_cq *q;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.max_inflight = 2;
+	srv_start(&s, _i, &o);
+	c = dial(&s);
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	for (int i = 0; i < N; i++) {
+		char req[32];
+		snprintf(req, sizeof(req), "hold %d", i);
+		ck_assert_int_eq(
+		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)i),
+		    CACHEW_OK);
+	}
+	wait_held(&s, 2);
+	cwi_sleep_ns((uint64_t)NO_MORE_MS * 1000000u);
+	ck_assert_int_eq(held_count(&s), 2);
+	/* Each answer lets exactly one more in. */
+	for (int i = 0; i < N; i++) {
+		cwi_request *r = take_held(&s, i);
+		char *h = hdr_str(cwi_request_msg(r));
+		ck_assert_int_eq(cwi_request_reply(r, mk(h)), CACHEW_OK);
+		free(h);
+		if (i + 2 < N) {
+			wait_held(&s, i + 3);
+			if (i == 0) {
+				cwi_sleep_ns((uint64_t)NO_MORE_MS * 1000000u);
+				ck_assert_int_eq(held_count(&s), 3);
+			}
+		}
+	}
+	s.nheld = 0;
+	for (int k = 0; k < N; k++) {
+		char expect[32];
+		char *h;
+		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+		ck_assert_int_eq(comp.err, CACHEW_OK);
+		ck_assert_uint_lt(comp.tag, N);
+		ck_assert(!got[comp.tag]);
+		got[comp.tag] = true;
+		snprintf(expect, sizeof(expect), "hold %d", (int)comp.tag);
+		h = hdr_str(comp.reply);
+		ck_assert_str_eq(h, expect);
+		free(h);
+		cwi_msg_destroy(comp.reply);
+	}
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
+/* ---- conformance: closing during a large reply ---------------------------- */
+
+typedef struct big_call {
+	cwi_conn *c;
+	cachew_err rv;
+	cwi_msg *reply;
+} big_call;
+
+static void *
+big_call_main(void *arg)
+{
+	big_call *b = arg;
+
+	b->rv = cwi_conn_call(b->c, mk("hold big"), 60000, &b->reply);
+	return NULL;
+}
+
+/* A bound on closing a connection or a listener, which takes
+ * microseconds when it works: generous, but short of the 10 s after
+ * which the nng 1.5 transport gives up on a stuck nng_close (and leaks
+ * the socket, nanomsg/nng#1543). */
+#define CLOSE_BOUND_MS 5000
+
+static uint64_t
+ms_since(uint64_t t0_ns)
+{
+	return (cwi_now_ns() - t0_ns) / 1000000u;
+}
+
+/*
+ * The client closes its connection from another thread right after the
+ * server handed a 64 MiB reply to the transport, while it is on its way.
+ * The call completes with CACHEW_ECLOSED, or, if the whole reply beat the
+ * close, with that reply intact: which one depends on the scheduler, and
+ * both are correct. What must not happen: a crash, a leak (valgrind), a
+ * close that hangs, or a server that stops serving.
+ */
+START_TEST(test_conn_close_while_large_reply_in_transit)
+{
+	int64_t shape[1] = {(int64_t)64 << 20};
+	cwi_transport_opts o;
+	cwi_element *big = mk_fixed(CACHEW_U8, 1, shape, 5);
+	cwi_request *r;
+	cwi_msg *out;
+	big_call b = {0};
+	uint64_t t0;
+	pthread_t t;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = (size_t)80 << 20;
+	srv_start(&s, _i, &o);
+	ck_assert_int_eq(cwi_dial(&b.c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	ck_assert_int_eq(pthread_create(&t, NULL, big_call_main, &b), 0);
+	wait_held(&s, 1);
+	r = take_held(&s, 0);
+	s.nheld = 0;
+	out = mk("big reply");
+	cwi_element_retain(big);
+	ck_assert_int_eq(cwi_msg_push(out, big), CACHEW_OK);
+	ck_assert_msg(cwi_request_reply(r, out) == CACHEW_OK, "reply: %s",
+	    cachew_errmsg());
+	t0 = cwi_now_ns();
+	cwi_conn_close(b.c);
+	ck_assert_msg(ms_since(t0) < CLOSE_BOUND_MS,
+	    "cwi_conn_close took %llu ms", (unsigned long long)ms_since(t0));
+	pthread_join(t, NULL);
+	ck_assert_msg(b.rv == CACHEW_ECLOSED || b.rv == CACHEW_OK, "call: %d",
+	    (int)b.rv);
+	if (b.rv == CACHEW_OK) {
+		ck_assert_uint_eq(cwi_msg_count(b.reply), 1);
+		ck_assert(cwi_element_equal(cwi_msg_element(b.reply, 0), big));
+		cwi_msg_destroy(b.reply);
+	} else {
+		ck_assert_ptr_null(b.reply);
+	}
+	cwi_conn_destroy(b.c);
+	/* The server serves the next client, and both close promptly. */
+	t0 = cwi_now_ns();
+	{
+		cwi_conn *c = dial(&s);
+		call_ok(c, "echo next", "echo next");
+		cwi_conn_destroy(c);
+	}
+	srv_stop(&s);
+	ck_assert_msg(ms_since(t0) < CLOSE_BOUND_MS,
+	    "next client and listener close took %llu ms",
+	    (unsigned long long)ms_since(t0));
+	cwi_element_release(big);
+}
+END_TEST
+
+/* ---- hostile raw peers on tcp:// and ipc:// -------------------------------- */
+
+/* A raw stream socket connected to a tcp:// or ipc:// listener. */
+static int
+raw_connect_url(const char *url)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd;
+
+	if (strncmp(url, "ipc://", 6) != 0)
+		return raw_connect(url);
+	fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_lt(strlen(url + 6), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, url + 6, strlen(url + 6) + 1);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* write_all without SIGPIPE: a server that closes early is what some of
+ * these tests expect. */
+static void
+send_all(int fd, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+
+	while (len > 0) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return;
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+/* Sends one SP message, `bytes` (request ID then body), with the
+ * stream's framing: TCP a 64-bit big-endian length, IPC the byte 0x01
+ * and then the length. */
+static void
+raw_send_sp(int fd, bool ipc, const uint8_t *bytes, size_t len)
+{
+	uint8_t head[9];
+	size_t n = 0;
+
+	if (ipc)
+		head[n++] = 1;
+	put_be64(head + n, len);
+	send_all(fd, head, n + 8);
+	send_all(fd, bytes, len);
+}
+
+/* Reads exactly len bytes within WAIT_MS; false on EOF, reset or time. */
+static bool
+read_exact(int fd, void *buf, size_t len)
+{
+	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+	uint8_t *p = buf;
+
+	while (len > 0 && cwi_now_ns() < until) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		n = read(fd, p, len);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t)n;
+	}
+	return len == 0;
+}
+
+/* The SP header a listener sends first: rep0, protocol 0x31. */
+static void
+raw_expect_rep_header(int fd)
+{
+	static const uint8_t want[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0, 0};
+	uint8_t got[8];
+
+	ck_assert(read_exact(fd, got, sizeof(got)));
+	ck_assert_int_eq(memcmp(got, want, sizeof(want)), 0);
+}
+
+/* Reads one SP message (after the peer's header was read); returns its
+ * bytes (free()) and length, or NULL once the server closed. */
+static uint8_t *
+raw_recv_sp(int fd, bool ipc, size_t *len)
+{
+	uint8_t head[9];
+	uint8_t *msg;
+	uint64_t n = 0;
+	size_t off = ipc ? 1 : 0;
+
+	if (!read_exact(fd, head, off + 8))
+		return NULL;
+	if (ipc)
+		ck_assert_uint_eq(head[0], 1);
+	for (int i = 0; i < 8; i++)
+		n = n << 8 | head[off + (size_t)i];
+	ck_assert_uint_lt(n, 1u << 20);
+	msg = malloc(n > 0 ? n : 1);
+	ck_assert_ptr_nonnull(msg);
+	if (!read_exact(fd, msg, n)) {
+		free(msg);
+		return NULL;
+	}
+	*len = n;
+	return msg;
+}
+
+/* A request as a raw peer sends it: the 4-byte ID, then a body with
+ * `hdr` as its header and no elements. */
+static size_t
+raw_request(uint8_t *out, size_t cap, uint32_t id, const char *hdr)
+{
+	size_t hlen = strlen(hdr);
+
+	ck_assert_uint_le(4 + FRAME_HEAD_BYTES + hlen, cap);
+	put_be32(out, id);
+	memset(out + 4, 0, FRAME_HEAD_BYTES);
+	out[4] = 'C', out[5] = 'W', out[6] = 1, out[7] = 0;
+	put_be32(out + 8, (uint32_t)hlen);
+	memcpy(out + 4 + FRAME_HEAD_BYTES, hdr, hlen);
+	return 4 + FRAME_HEAD_BYTES + hlen;
+}
+
+/* A raw peer that speaks the protocol right: handshake as req0, one echo
+ * request, its reply checked byte for byte. Proves the raw helpers and
+ * the framing (the hostile tests below only differ in one thing). */
+START_TEST(test_wire_raw_peer_echo_matches_framing)
+{
+	bool ipc = _i == 2;
+	uint8_t req[64], *got;
+	size_t len, glen;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	raw_expect_rep_header(fd);
+	len = raw_request(req, sizeof(req), 0x80000007u, "echo raw");
+	raw_send_sp(fd, ipc, req, len);
+	got = raw_recv_sp(fd, ipc, &glen);
+	ck_assert_ptr_nonnull(got);
+	/* The reply carries the request's ID, then the same body. */
+	ck_assert_uint_eq(glen, len);
+	ck_assert_int_eq(memcmp(got, req, len), 0);
+	free(got);
+	close(fd);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A request that came through an SP device carries one word per hop
+ * before its request id (the backtrace; the id is the first word with the
+ * high bit set). The reply must carry the whole backtrace back, as rep0
+ * does, so that the devices can route it. */
+START_TEST(test_wire_backtrace_of_2_hops_is_echoed)
+{
+	bool ipc = _i == 2;
+	uint8_t req[64], *got;
+	size_t len, glen;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	raw_expect_rep_header(fd);
+	put_be32(req, 0x00000005u); /* the device's pipe id */
+	len = 4 + raw_request(req + 4, sizeof(req) - 4, 0x80000009u, "echo hop");
+	raw_send_sp(fd, ipc, req, len);
+	got = raw_recv_sp(fd, ipc, &glen);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(glen, len);
+	ck_assert_int_eq(memcmp(got, req, len), 0);
+	free(got);
+	close(fd);
+	wait_handled(&s, 1);
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_hostile_wrong_protocol_id_is_closed)
+{
+	/* A pair0 peer (0x10), a pub0 peer (0x20) and a second rep0
+	 * (0x31): none may talk to a rep listener. */
+	static const uint8_t ids[3] = {0x10, 0x20, 0x31};
+	cwi_conn *good;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	good = dial(&s);
+	call_ok(good, "echo before", "echo before");
+	for (int k = 0; k < 3; k++) {
+		uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, ids[k], 0, 0};
+		uint8_t req[64];
+		size_t len = raw_request(req, sizeof(req), 0x80000001u, "echo");
+		int fd = raw_connect_url(cwi_listener_url(s.l));
+		send_all(fd, hs, sizeof(hs));
+		raw_send_sp(fd, _i == 2, req, len);
+		ck_assert_msg(closed_by_server(fd), "protocol 0x%02x", ids[k]);
+		close(fd);
+	}
+	wait_handled(&s, 1);
+	call_ok(good, "echo after", "echo after");
+	cwi_conn_destroy(good);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A body one byte over max_msg_size, sent in full: refused (at the
+ * length or after the bytes), the handler never sees it, the server
+ * keeps serving. */
+START_TEST(test_hostile_body_over_max_msg_size_is_closed)
+{
+	const size_t max = (size_t)1 << 20;
+	size_t len = 4 + max + 1;
+	uint8_t *msg = calloc(1, len);
+	cwi_transport_opts o;
+	long before, after;
+	cwi_conn *good;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = max;
+	srv_start(&s, _i, &o);
+	ck_assert_ptr_nonnull(msg);
+	/* A well-formed echo request but for its size: header fills it. */
+	put_be32(msg, 0x80000001u);
+	msg[4] = 'C', msg[5] = 'W', msg[6] = 1, msg[7] = 0;
+	put_be32(msg + 8, (uint32_t)(max + 1 - FRAME_HEAD_BYTES));
+	memcpy(msg + 4 + FRAME_HEAD_BYTES, "echo", 4);
+	good = dial(&s);
+	before = rss_kib();
+	for (int k = 0; k < 4; k++) {
+		int fd = raw_connect_url(cwi_listener_url(s.l));
+		send_all(fd, sp_req_header, sizeof(sp_req_header));
+		raw_send_sp(fd, _i == 2, msg, len);
+		ck_assert_msg(closed_by_server(fd), "attempt %d", k);
+		close(fd);
+	}
+	after = rss_kib();
+	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
+	    after - before);
+	ck_assert_int_eq(s.handled, 0);
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+	free(msg);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A length field past the receive bound of docs/protocol.md (limits,
+ * step 1: max_msg_size + max_msg_size/8 + 64) with no bytes after it: the
+ * server closes at once, without waiting for (or allocating) the body. */
+START_TEST(test_hostile_length_past_bound_closed_before_body)
+{
+	const size_t max = (size_t)1 << 20;
+	cwi_transport_opts o;
+	long before, after;
+	cwi_conn *good;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = max;
+	srv_start(&s, _i, &o);
+	good = dial(&s);
+	before = rss_kib();
+	for (int k = 0; k < 8; k++) {
+		uint8_t head[9];
+		size_t n = 0;
+		int fd = raw_connect_url(cwi_listener_url(s.l));
+		send_all(fd, sp_req_header, sizeof(sp_req_header));
+		if (_i == 2)
+			head[n++] = 1;
+		/* k = 0: just past the bound; then ever larger claims. */
+		put_be64(head + n, (uint64_t)(max + max / 8 + 64 + 1) << (4 * k));
+		send_all(fd, head, n + 8);
+		ck_assert_msg(closed_by_server(fd), "attempt %d", k);
+		close(fd);
+	}
+	after = rss_kib();
+	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
+	    after - before);
+	ck_assert_int_eq(s.handled, 0);
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A request whose 4-byte ID lacks the high bit and whose body has none
+ * either (no word could end a backtrace): the peer is closed, the
+ * handler never sees it. */
+START_TEST(test_hostile_request_id_without_high_bit_is_closed)
+{
+	uint8_t req[64];
+	size_t len;
+	cwi_conn *good;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	good = dial(&s);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	len = raw_request(req, sizeof(req), 0x00000001u, "echo");
+	raw_send_sp(fd, _i == 2, req, len);
+	ck_assert(closed_by_server(fd));
+	close(fd);
+	ck_assert_int_eq(s.handled, 0);
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A backtrace of 9 hops (IDs without the high bit) before a proper ID
+ * and body: more than the 8 hops SP allows, and more than the one ID a
+ * cachew client sends. The request is never handled. */
+START_TEST(test_hostile_backtrace_of_9_hops_is_closed)
+{
+	uint8_t msg[128], good_req[64], *got;
+	size_t len = 0, glen;
+	bool answered;
+	cwi_conn *good;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	good = dial(&s);
+	for (uint32_t hop = 0; hop < 9; hop++) {
+		put_be32(msg + len, hop + 1);
+		len += 4;
+	}
+	len += raw_request(msg + len, sizeof(msg) - len, 0x80000001u, "echo");
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	raw_expect_rep_header(fd);
+	raw_send_sp(fd, _i == 2, msg, len);
+	/* Then a proper request on the same connection: the server must
+	 * close the connection instead of answering it. */
+	glen = raw_request(good_req, sizeof(good_req), 0x80000002u, "echo ok");
+	raw_send_sp(fd, _i == 2, good_req, glen);
+	got = raw_recv_sp(fd, _i == 2, &len);
+	answered = got != NULL;
+	free(got);
+	close(fd);
+	ck_assert_msg(!answered, "the connection stayed open (%zu-byte "
+				 "reply)",
+	    len);
+	ck_assert_int_eq(s.handled, 0);
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A peer that sends a request and goes away before the reply: answering
+ * it later is CACHEW_OK (sent into the void) or CACHEW_ECLOSED (the
+ * transport knew), as transport.h allows, and nothing else breaks. */
+START_TEST(test_hostile_peer_gone_before_reply)
+{
+	uint8_t req[64];
+	size_t len;
+	cwi_conn *good;
+	cwi_msg *out;
+	cachew_err rv;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	good = dial(&s);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	len = raw_request(req, sizeof(req), 0x80000001u, "hold raw");
+	raw_send_sp(fd, _i == 2, req, len);
+	wait_held(&s, 1);
+	close(fd);
+	/* The server keeps serving while it holds the orphan. */
+	ck_assert_int_eq(cwi_conn_call(good, mk("echo between"), WAIT_MS, &out),
+	    CACHEW_OK);
+	cwi_msg_destroy(out);
+	out = mk("late");
+	rv = cwi_request_reply(take_held(&s, 0), out);
+	s.nheld = 0;
+	ck_assert_msg(rv == CACHEW_OK || rv == CACHEW_ECLOSED, "reply: %d %s",
+	    (int)rv, cachew_errmsg());
+	if (rv != CACHEW_OK)
+		cwi_msg_destroy(out);
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A handshake whose reserved bytes (6 and 7) are not zero: closed. */
+START_TEST(test_hostile_handshake_reserved_bytes_is_closed)
+{
+	static const uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 1};
+	uint8_t req[64];
+	size_t len;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, _i, NULL);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, hs, sizeof(hs));
+	len = raw_request(req, sizeof(req), 0x80000001u, "echo");
+	raw_send_sp(fd, _i == 2, req, len);
+	ck_assert(closed_by_server(fd));
+	close(fd);
+	ck_assert_int_eq(s.handled, 0);
+	{
+		cwi_conn *c = dial(&s);
+		call_ok(c, "echo still here", "echo still here");
+		cwi_conn_destroy(c);
+	}
+	srv_stop(&s);
+}
+END_TEST
+
+/* IPC frames start with the message type 1; any other is closed. */
+START_TEST(test_hostile_ipc_message_type_not_1_is_closed)
+{
+	uint8_t req[64], head[9];
+	size_t len;
+	tsrv s;
+	int fd;
+
+	srv_start(&s, 2, NULL);
+	fd = raw_connect_url(cwi_listener_url(s.l));
+	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	len = raw_request(req, sizeof(req), 0x80000001u, "echo");
+	head[0] = 2;
+	put_be64(head + 1, len);
+	send_all(fd, head, sizeof(head));
+	send_all(fd, req, len);
+	ck_assert(closed_by_server(fd));
+	close(fd);
+	ck_assert_int_eq(s.handled, 0);
+	{
+		cwi_conn *c = dial(&s);
+		call_ok(c, "echo still here", "echo still here");
+		cwi_conn_destroy(c);
+	}
+	srv_stop(&s);
+}
+END_TEST
+
+/* ---- a raw server: what cwi_dial's side sends and accepts ---------------- */
+
+/* A raw stream listener on transport ti (loopback tcp, ephemeral port,
+ * or a fresh ipc path); *url gets the URL to dial. */
+static int
+raw_listen(int ti, char *url, size_t len)
+{
+	int fd;
+
+	if (ti == 1) {
+		struct sockaddr_in sa = {.sin_family = AF_INET};
+		socklen_t sl = sizeof(sa);
+
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+		snprintf(url, len, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+	} else {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		char *u = test_url(2);
+
+		ck_assert_uint_lt(strlen(u + 6), sizeof(sa.sun_path));
+		memcpy(sa.sun_path, u + 6, strlen(u + 6) + 1);
+		fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		snprintf(url, len, "%s", u);
+		free(u);
+	}
+	ck_assert_int_eq(listen(fd, 8), 0);
+	return fd;
+}
+
+static void
+raw_unlisten(int lfd, const char *url)
+{
+	close(lfd);
+	if (strncmp(url, "ipc://", 6) == 0)
+		unlink(url + 6);
+}
+
+/* Accepts the client's connection (bounded) and does the rep side of
+ * the handshake, checking that the client announced req0 (0x30). */
+static int
+raw_accept_req(int lfd)
+{
+	static const uint8_t rep_header[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0,
+	    0};
+	struct pollfd pf = {.fd = lfd, .events = POLLIN};
+	uint8_t got[8];
+	int fd;
+
+	ck_assert_int_eq(poll(&pf, 1, WAIT_MS), 1);
+	fd = accept(lfd, NULL, NULL);
+	ck_assert_int_ge(fd, 0);
+	send_all(fd, rep_header, sizeof(rep_header));
+	ck_assert(read_exact(fd, got, sizeof(got)));
+	ck_assert_int_eq(memcmp(got, sp_req_header, sizeof(got)), 0);
+	return fd;
+}
+
+/* Reads one request on a raw server connection and checks that it is
+ * a request ID with the high bit set, then the body of a header-only
+ * message with header `hdr`; returns the ID. */
+static uint32_t
+raw_read_request(int fd, bool ipc, const char *hdr)
+{
+	uint8_t want[64], *got;
+	size_t len, wlen;
+	uint32_t id;
+
+	got = raw_recv_sp(fd, ipc, &len);
+	ck_assert_ptr_nonnull(got);
+	wlen = raw_request(want, sizeof(want), 0, hdr);
+	ck_assert_uint_eq(len, wlen);
+	id = (uint32_t)got[0] << 24 | (uint32_t)got[1] << 16 |
+	     (uint32_t)got[2] << 8 | got[3];
+	ck_assert_msg(id & 0x80000000u, "request id %08x", id);
+	ck_assert_int_eq(memcmp(got + 4, want + 4, len - 4), 0);
+	free(got);
+	return id;
+}
+
+/* A reply carrying the ID of no request in flight (a late reply to one
+ * that timed out looks like that) is dropped; the connection stays and
+ * the right reply completes the request. */
+START_TEST(test_wire_reply_with_unknown_id_is_dropped)
+{
+	bool ipc = _i == 2;
+	cwi_transport_opts o;
+	cwi_completion comp;
+	uint8_t rep[64];
+	char url[256], *h;
+	uint32_t id;
+	size_t len;
+	cwi_conn *c;
+	cwi_cq *q;
+	int lfd, fd;
+
+	lfd = raw_listen(_i, url, sizeof(url));
+	cwi_transport_opts_init(&o);
+	o.dial_async = true; /* the raw server answers after cwi_dial */
+	ck_assert_int_eq(cwi_dial(&c, url, &o), CACHEW_OK);
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1), CACHEW_OK);
+	fd = raw_accept_req(lfd);
+	id = raw_read_request(fd, ipc, "ask");
+	len = raw_request(rep, sizeof(rep), id ^ 0x1234u, "wrong");
+	raw_send_sp(fd, ipc, rep, len);
+	len = raw_request(rep, sizeof(rep), id, "right");
+	raw_send_sp(fd, ipc, rep, len);
+	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
+	ck_assert_uint_eq(comp.tag, 1);
+	h = hdr_str(comp.reply);
+	ck_assert_str_eq(h, "right");
+	free(h);
+	cwi_msg_destroy(comp.reply);
+	/* The same connection carries the next request. */
+	ck_assert_int_eq(cwi_conn_send(c, mk("again"), WAIT_MS, q, 2),
+	    CACHEW_OK);
+	id = raw_read_request(fd, ipc, "again");
+	len = raw_request(rep, sizeof(rep), id, "fine");
+	raw_send_sp(fd, ipc, rep, len);
+	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
+	ck_assert_uint_eq(comp.tag, 2);
+	cwi_msg_destroy(comp.reply);
+	ck_assert_uint_eq(cwi_cq_outstanding(q), 0);
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(c);
+	close(fd);
+	raw_unlisten(lfd, url);
+}
+END_TEST
+
+/* A server that answers with a length field claiming 8 GiB: the client
+ * closes that connection without allocating, the request completes with
+ * CACHEW_ECLOSED, and the connection redials by itself and serves the
+ * next request. */
+START_TEST(test_hostile_server_8gib_reply_length_resets_client)
+{
+	bool ipc = _i == 2;
+	cwi_transport_opts o;
+	cwi_completion comp;
+	uint8_t head[9], rep[64];
+	char url[256];
+	long before, after;
+	uint32_t id;
+	size_t n = 0, len;
+	cwi_conn *c;
+	cwi_cq *q;
+	int lfd, fd;
+
+	lfd = raw_listen(_i, url, sizeof(url));
+	cwi_transport_opts_init(&o);
+	o.dial_async = true;
+	o.max_msg_size = (size_t)1 << 20;
+	o.reconnect_min_ms = 10;
+	o.reconnect_max_ms = 100;
+	ck_assert_int_eq(cwi_dial(&c, url, &o), CACHEW_OK);
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	before = rss_kib();
+	ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1), CACHEW_OK);
+	fd = raw_accept_req(lfd);
+	(void)raw_read_request(fd, ipc, "ask");
+	if (ipc)
+		head[n++] = 1;
+	put_be64(head + n, (uint64_t)8 << 30);
+	send_all(fd, head, n + 8);
+	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+	ck_assert_uint_eq(comp.tag, 1);
+	ck_assert_int_eq(comp.err, CACHEW_ECLOSED);
+	ck_assert(closed_by_server(fd)); /* here: by the client */
+	close(fd);
+	after = rss_kib();
+	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
+	    after - before);
+	/* Redialed: the next request arrives on a new connection. */
+	ck_assert_int_eq(cwi_conn_send(c, mk("again"), WAIT_MS, q, 2),
+	    CACHEW_OK);
+	fd = raw_accept_req(lfd);
+	id = raw_read_request(fd, ipc, "again");
+	len = raw_request(rep, sizeof(rep), id, "fine");
+	raw_send_sp(fd, ipc, rep, len);
+	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
+	ck_assert_uint_eq(comp.tag, 2);
+	cwi_msg_destroy(comp.reply);
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(c);
+	close(fd);
+	raw_unlisten(lfd, url);
+}
+END_TEST
+
 Suite *
 cwt_transport_suite(void)
 {
@@ -1213,6 +2496,7 @@ cwt_transport_suite(void)
 	TCase *conf = tcase_create("conformance");
 	TCase *msg = tcase_create("message");
 	TCase *hostile = tcase_create("hostile");
+	TCase *wire = tcase_create("wire");
 
 	(void)tnames;
 	tcase_set_timeout(conf, 60);
@@ -1248,6 +2532,14 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(conf, test_listener_reopened_is_found_again, 0,
 	    NTRANSPORTS);
 	tcase_add_loop_test(conf, test_bad_urls, 0, 1);
+	tcase_add_loop_test(conf, test_pipelined_replies_of_very_different_sizes,
+	    0, NTRANSPORTS);
+	/* inproc ignores max_inflight: its handler runs on the sender's
+	 * thread, and nothing queues. */
+	tcase_add_loop_test(conf, test_max_inflight_holds_back_further_requests,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(conf, test_conn_close_while_large_reply_in_transit,
+	    1, NTRANSPORTS);
 	suite_add_tcase(s, conf);
 
 	tcase_add_test(msg, test_msg_ownership_and_size);
@@ -1258,6 +2550,39 @@ cwt_transport_suite(void)
 	tcase_add_test(hostile, test_hostile_8gib_length_header);
 	tcase_add_test(hostile, test_hostile_frame_with_lying_counts);
 	tcase_add_test(hostile, test_hostile_100_idle_connections);
+	/* The stream transports (1 tcp, 2 ipc) with raw peers. */
+	tcase_add_loop_test(hostile, test_hostile_wrong_protocol_id_is_closed,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(hostile,
+	    test_hostile_body_over_max_msg_size_is_closed, 1, NTRANSPORTS);
+	tcase_add_loop_test(hostile,
+	    test_hostile_length_past_bound_closed_before_body, 1, NTRANSPORTS);
+	tcase_add_loop_test(hostile,
+	    test_hostile_request_id_without_high_bit_is_closed, 1, NTRANSPORTS);
+	tcase_add_loop_test(hostile, test_hostile_backtrace_of_9_hops_is_closed,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(hostile, test_hostile_peer_gone_before_reply, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(hostile,
+	    test_hostile_handshake_reserved_bytes_is_closed, 1, NTRANSPORTS);
+	tcase_add_test(hostile, test_hostile_ipc_message_type_not_1_is_closed);
+	tcase_add_loop_test(hostile,
+	    test_hostile_server_8gib_reply_length_resets_client, 1,
+	    NTRANSPORTS);
 	suite_add_tcase(s, hostile);
+
+	/* Wire compatibility with plain nng sockets and raw SP peers. */
+	tcase_set_timeout(wire, 60);
+	tcase_add_loop_test(wire, test_wire_nng_req_socket_calls_listener, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(wire, test_wire_conn_calls_nng_rep_socket, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(wire, test_wire_raw_peer_echo_matches_framing, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(wire, test_wire_backtrace_of_2_hops_is_echoed, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(wire, test_wire_reply_with_unknown_id_is_dropped, 1,
+	    NTRANSPORTS);
+	suite_add_tcase(s, wire);
 	return s;
 }

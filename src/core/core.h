@@ -69,9 +69,13 @@ bool cwi_grow(void **v, size_t *cap, size_t need, size_t size);
 
 uint64_t cwi_now_ns(void); /* CLOCK_MONOTONIC */
 void cwi_sleep_ns(uint64_t ns);
+/* Initialises a condition variable whose timed waits run on
+ * CLOCK_MONOTONIC, so that a step of the wall clock (NTP, a resumed VM)
+ * neither stretches nor cuts them. */
+void cwi_cond_init_monotonic(pthread_cond_t *c);
 /* pthread_cond_timedwait for at most ns from now, on a condition variable
- * using the default (realtime) clock; m is held. Returns as it does
- * (0, or ETIMEDOUT). */
+ * made by cwi_cond_init_monotonic; m is held. Returns as it does (0, or
+ * ETIMEDOUT). */
 int cwi_cond_wait_ns(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns);
 int cwi_online_cpus(void);
 uint64_t cwi_available_ram(void); /* MemAvailable, bytes */

@@ -289,13 +289,24 @@ cwi_sleep_ns(uint64_t ns)
 	}
 }
 
+void
+cwi_cond_init_monotonic(pthread_cond_t *c)
+{
+	pthread_condattr_t ca;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(c, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
 int
 cwi_cond_wait_ns(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 {
 	struct timespec ts;
 	uint64_t nsec;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
 	nsec = (uint64_t)ts.tv_nsec + ns % 1000000000ULL;
 	ts.tv_sec += (time_t)(ns / 1000000000ULL + nsec / 1000000000ULL);
 	ts.tv_nsec = (long)(nsec % 1000000000ULL);

@@ -488,16 +488,27 @@ cachew_iterator_create(
 	/* The default is the embedded service; `local` is the plain
 	 * executor alone (no dispatcher, no worker, no splits). A pipeline
 	 * the service cannot split (several sources, a source that is not
-	 * splittable) runs on the plain executor by default; named
-	 * explicitly, the service says why it cannot. */
+	 * splittable) runs on the plain executor by default, and the
+	 * embedded service is not even started for it; named explicitly,
+	 * the service says why it cannot. */
 	implicit = service[0] == '\0';
 	if (implicit)
-		service = has_cache_op(ds) ? "local" : "embedded";
+		service = has_cache_op(ds) || !cwi_split_possible(ds) ? "local"
+								    : "embedded";
 	if (strcmp(service, "local") != 0) {
 		char url[CWI_OPT_STR_MAX];
 		cachew_err rv;
 		if (strncmp(service, "embedded", 8) == 0) {
 			rv = cwi_embedded_service(service, url, sizeof(url));
+			if (rv != CACHEW_OK && implicit) {
+				/* The plain executor still works. */
+				cwi_log(CACHEW_LOG_WARN, "iterator",
+				    "event=embedded_service_failed error=\"%s\" "
+				    "action=in_process",
+				    cwi_errmsg_get());
+				service = "local";
+				goto local;
+			}
 			if (rv != CACHEW_OK)
 				return rv;
 			service = url;
@@ -507,6 +518,7 @@ cachew_iterator_create(
 			return rv;
 		cwi_clear_errmsg();
 	}
+local:
 	it = iterator_alloc(ds, opts);
 	if (it == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");

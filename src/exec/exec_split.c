@@ -187,6 +187,16 @@ unit_kind(const cwi_node *source)
 	return "elements";
 }
 
+bool
+cwi_split_possible(const cwi_node *root)
+{
+	const cwi_node *c = root;
+
+	while (c->ninputs == 1)
+		c = c->inputs[0];
+	return c->ninputs == 0 && c->op->split_units != NULL;
+}
+
 cachew_err
 cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 {

@@ -68,6 +68,9 @@ typedef struct cwi_split_plan {
  * listings (errors of the source, e.g. CACHEW_ENOENT for a pattern that
  * matches nothing). Takes a reference on root. */
 cachew_err cwi_split_plan_create(cwi_split_plan **out, cwi_node *root);
+/* Whether cwi_split_plan_create can plan root at all (a chain over one
+ * splittable source), from the graph's shape alone: nothing is read. */
+bool cwi_split_possible(const cwi_node *root);
 /* NULL is a no-op. */
 void cwi_split_plan_destroy(cwi_split_plan *p);
 

@@ -415,7 +415,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_init(&d->prov_lock, NULL);
 	pthread_mutex_init(&d->pass_lock, NULL);
 	pthread_mutex_init(&d->tick_lock, NULL);
-	pthread_cond_init(&d->tick_cond, NULL);
+	cwi_cond_init_monotonic(&d->tick_cond);
 	rv = open_events(d);
 	if (rv != CACHEW_OK)
 		goto fail;

@@ -1595,7 +1595,7 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	}
 	atomic_init(&s->closing, false);
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
+	cwi_cond_init_monotonic(&s->cond);
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	o.dial_async = true;

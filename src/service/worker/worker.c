@@ -301,17 +301,12 @@ sleep_interval(cwi_worker *w)
 	pthread_mutex_lock(&w->lock);
 	while (!atomic_load(&w->stop) && !atomic_load(&w->draining) &&
 	       !w->poked) {
-		uint64_t now = cwi_now_ns(), until;
-		struct timespec ts;
+		uint64_t now = cwi_now_ns();
 
 		if (now >= end)
 			break;
-		until = end - now < 20 * 1000000u ? end - now : 20 * 1000000u;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += (long)until;
-		ts.tv_sec += ts.tv_nsec / 1000000000L;
-		ts.tv_nsec %= 1000000000L;
-		(void)pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+		(void)cwi_cond_wait_ns(&w->cond, &w->lock,
+		    end - now < 20 * 1000000u ? end - now : 20 * 1000000u);
 	}
 	w->poked = false;
 	pthread_mutex_unlock(&w->lock);
@@ -427,7 +422,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	atomic_init(&w->stop, false);
 	atomic_init(&w->draining, false);
 	pthread_mutex_init(&w->lock, NULL);
-	pthread_cond_init(&w->cond, NULL);
+	cwi_cond_init_monotonic(&w->cond);
 	rv = cachew_options_create(&w->opts);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -489,14 +484,7 @@ cwi_worker_wait_registered(cwi_worker *w, int64_t timeout_ms)
 	pthread_mutex_lock(&w->lock);
 	while (w->worker_id == 0 && !atomic_load(&w->stop) &&
 	       cwi_now_ns() < deadline) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 10 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+		(void)cwi_cond_wait_ns(&w->cond, &w->lock, 10 * 1000000u);
 	}
 	registered = w->worker_id != 0;
 	pthread_mutex_unlock(&w->lock);
@@ -514,14 +502,7 @@ cwi_worker_wait_drained(cwi_worker *w, int64_t timeout_ms)
 
 	pthread_mutex_lock(&w->lock);
 	while (!w->drained && cwi_now_ns() < deadline) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 50 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+		(void)cwi_cond_wait_ns(&w->cond, &w->lock, 50 * 1000000u);
 	}
 	drained = w->drained;
 	pthread_mutex_unlock(&w->lock);
@@ -547,6 +528,12 @@ cwi_worker_stop(cwi_worker *w)
 		pthread_join(w->heartbeat, NULL);
 	for (size_t i = 0; i < w->ntasks; i++)
 		cwi_wtask_stop(w->tasks[i]);
+	/* Inline tasks live on in the sessions that pull them, and their
+	 * pulls use this worker's connection and settings: wait for a pull
+	 * in progress (its lease call ends: the connection is closed) and
+	 * keep later ones out. */
+	for (size_t i = 0; i < w->ntasks; i++)
+		cwi_wtask_detach(w->tasks[i]);
 	cwi_listener_close(w->listener);
 	for (size_t i = 0; i < w->ntasks; i++)
 		cwi_wtask_unref(w->tasks[i]);

@@ -146,6 +146,7 @@ struct cwi_wtask {
 	 * lease pipelines, one puller at a time (pull_lock). */
 	bool inline_run;
 	pthread_mutex_t pull_lock;
+	bool detached; /* the worker is gone (pull_lock) */
 	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
 	uint64_t *pull_splits;    /* its splits */
 	size_t pull_nsplits;
@@ -170,7 +171,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	atomic_init(&t->refs, 1);
 	atomic_init(&t->stop, false);
 	pthread_mutex_init(&t->lock, NULL);
-	pthread_cond_init(&t->space, NULL);
+	cwi_cond_init_monotonic(&t->space);
 	pthread_mutex_init(&t->pull_lock, NULL);
 	t->id = def->task_id;
 	t->job_id = def->job_id;
@@ -315,6 +316,15 @@ cwi_wtask_stop(cwi_wtask *t)
 		(void)cwi_request_fail(held[i].r, CACHEW_ECLOSED,
 		    "task %llu was stopped", (unsigned long long)t->id);
 	free(held);
+}
+
+void
+cwi_wtask_detach(cwi_wtask *t)
+{
+	atomic_store(&t->stop, true);
+	pthread_mutex_lock(&t->pull_lock);
+	t->detached = true;
+	pthread_mutex_unlock(&t->pull_lock);
 }
 
 void
@@ -1490,6 +1500,13 @@ cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts, cwi_chunk *out,
 		return cwi_fail(CACHEW_EINVAL, "task %llu is not inline",
 		    (unsigned long long)t->id);
 	pthread_mutex_lock(&t->pull_lock);
+	/* A stopped task may outlive its worker: no lease call then. */
+	if (t->detached || (t->pull_it == NULL && !t->produced_all &&
+				atomic_load(&t->stop))) {
+		rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
+		    (unsigned long long)t->id);
+		goto done;
+	}
 	if (t->failed != CACHEW_OK) {
 		rv = cwi_fail(t->failed, "%s", t->errmsg);
 		goto done;

@@ -70,6 +70,11 @@ void cwi_wtask_unref(cwi_wtask *t);
 /* Stops the runner, fails held requests with CACHEW_ECLOSED, drops the
  * queue. Idempotent. */
 void cwi_wtask_stop(cwi_wtask *t);
+/* After cwi_wtask_stop, when the worker goes: waits for a pull in
+ * progress to return, and makes later pulls fail with CACHEW_ECLOSED
+ * without touching the worker (an inline task outlives it, referenced by
+ * the sessions that pull it). */
+void cwi_wtask_detach(cwi_wtask *t);
 
 /* Ends the runner's wait for splits at once (it asks the dispatcher
  * again): an in-process client just saw the job's data all acknowledged. */
