@@ -9,6 +9,7 @@
 #include "cwt.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -321,6 +322,57 @@ START_TEST(embedded_default_survives_fork)
 	    "child: status %d", status);
 	/* And the parent's service still runs. */
 	ck_assert_uint_eq(run_digest(p, NULL, NULL).digest, local.digest);
+}
+END_TEST
+
+/* Threads of this process, from /proc/self/task. */
+static int
+thread_count(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* A pipeline the service cannot split (zip of two sources) runs on the
+ * plain executor by default, and the embedded service is not started for
+ * it: no dispatcher ticker, no worker heartbeat for the process's life. A
+ * fresh child process, so that no earlier test has started it; its exit
+ * code says what it found. */
+START_TEST(embedded_default_not_started_for_unsplittable)
+{
+	int status = 0;
+	pid_t pid;
+
+	if (getenv("CWT_VALGRIND") != NULL)
+		return; /* the forked half: see embedded_default_survives_fork */
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		cachew_options *o = cwt_opts(7, 1);
+		cachew_element **v = NULL;
+		size_t n = 0;
+		char err[256];
+		int before;
+		alarm(20);
+		before = thread_count();
+		if (cwt_run("zip(range(50), range(50))", o, &v, &n, err,
+			sizeof(err)) != CACHEW_OK)
+			_exit(2);
+		if (n != 50)
+			_exit(3);
+		_exit(thread_count() == before ? 0 : 4);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	    "child: status %d (4: threads were started)", status);
 }
 END_TEST
 
@@ -825,6 +877,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_default_survives_fork);
+	tcase_add_test(tc, embedded_default_not_started_for_unsplittable);
 	tcase_add_test(tc, embedded_parallel_epochs_reads_its_input);
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);

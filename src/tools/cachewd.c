@@ -12,6 +12,7 @@
 
 #include "../service/service.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,18 +128,35 @@ parse_flags(int argc, char **argv, cwi_service_config *cfg)
 	return 0;
 }
 
+/*
+ * Signals: main blocks SIGTERM and SIGINT before the role starts, so every
+ * thread of the library inherits the mask, and the first signal can only
+ * be taken here, by sigwait. (Unblocked in every thread, a process signal
+ * goes to whichever thread takes it first: an nng thread ran the handler
+ * while main slept on in sigsuspend, and the worker never drained.) Once
+ * the first has come this thread unblocks them, so a second one runs
+ * on_signal, which exits at once.
+ */
+static sigset_t stop_signals;
+
+static void
+block_stop_signals(void)
+{
+	sigemptyset(&stop_signals);
+	sigaddset(&stop_signals, SIGTERM);
+	sigaddset(&stop_signals, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+}
+
 static int
 wait_for_signals(void)
 {
-	sigset_t block, old;
+	int sig = 0;
 
-	sigemptyset(&block);
-	sigaddset(&block, SIGTERM);
-	sigaddset(&block, SIGINT);
-	sigprocmask(SIG_BLOCK, &block, &old);
-	while (signals_seen == 0)
-		sigsuspend(&old);
-	sigprocmask(SIG_SETMASK, &old, NULL);
+	while (sigwait(&stop_signals, &sig) != 0)
+		;
+	signals_seen = 1;
+	pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL);
 	return (int)signals_seen;
 }
 
@@ -233,6 +251,7 @@ main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	block_stop_signals();
 	if (strcmp(cfg.role, "dispatcher") == 0)
 		return run_dispatcher(&cfg);
 	return run_worker(&cfg);

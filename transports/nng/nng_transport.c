@@ -36,11 +36,12 @@
  * claim resets the connection with a logged reason. The body is then
  * checked as before (frame_decode).
  *
- * Locking: listener or connection mutex, then a link's mutex, then
- * cq->mtx (transport.c). The owner callbacks (on_msg, on_down) run with
- * no lock held. nng runs an aio callback on its own task threads, never
- * on the thread that starts the operation, so operations are started
- * with the link's mutex held.
+ * Locking: cq->mtx (transport.c; held only around a pending's cancel
+ * hook, cli_cancel), then the listener or connection mutex, then a
+ * link's mutex; requests are completed with none of these held. The
+ * owner callbacks (on_msg, on_down) run with no lock held. nng runs an
+ * aio callback on its own task threads, never on the thread that starts
+ * the operation, so operations are started with the link's mutex held.
  *
  * Lifetime: links are reference counted (their owner holds one, each
  * server request one). The last reference hands the link to the
@@ -1216,19 +1217,31 @@ unpark_locked(slistener *l, slink *lk)
 static void
 srv_consumed(slistener *l)
 {
-	slink *wake = NULL;
+	slink *wake[16];
+	unsigned n;
 
 	pthread_mutex_lock(&l->mtx);
 	l->held--;
-	if (l->parked != NULL && l->held < l->max_held) {
-		wake = l->parked;
-		unpark_locked(l, wake);
-		link_ref(wake);
-	}
-	pthread_mutex_unlock(&l->mtx);
-	if (wake != NULL) {
-		link_resume(wake);
-		link_unref(wake);
+	for (;;) {
+		/* Every parked link reads again once there is room: a woken
+		 * link may have nothing more to send, so waking one link per
+		 * consumed request can leave another parked with nothing
+		 * held. Each woken link reads at most one message before it
+		 * checks again. */
+		n = 0;
+		while (n < 16 && l->parked != NULL && l->held < l->max_held) {
+			wake[n] = l->parked;
+			unpark_locked(l, wake[n]);
+			link_ref(wake[n++]);
+		}
+		pthread_mutex_unlock(&l->mtx);
+		for (unsigned i = 0; i < n; i++) {
+			link_resume(wake[i]);
+			link_unref(wake[i]);
+		}
+		if (n < 16)
+			return;
+		pthread_mutex_lock(&l->mtx);
 	}
 }
 
@@ -1656,6 +1669,7 @@ struct sconn {
 	bool dial_armed, dial_sleeping;
 	int backoff_ms, rmin_ms, rmax_ms;
 	slink *lk; /* the current link, with a reference */
+	uint64_t attached_ns; /* when lk was attached (cwi_now_ns) */
 	creq *reqs, *reqs_tail;
 	uint32_t next_id;
 	creq *reap; /* expired requests to complete (on reap_aio) */
@@ -1797,9 +1811,22 @@ cli_on_down(void *owner, slink *lk, const char *why)
 		*tail = x;
 		tail = &x->next;
 	}
-	/* Redial at once; waits come in only if that fails. */
-	if (drop && !c->closed && !c->dial_armed)
-		dial_arm_locked(c, 0);
+	/* Redial at once after a link that lived; one that died young (a
+	 * peer that hangs up at once or speaks another protocol) counts
+	 * as a failed dial and backs off, as nng's dialer does. */
+	if (drop && !c->closed && !c->dial_armed) {
+		if (cwi_now_ns() - c->attached_ns >=
+		    (uint64_t)c->rmax_ms * 1000000u) {
+			c->backoff_ms = 0;
+			dial_arm_locked(c, 0);
+		} else {
+			c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
+			    : c->backoff_ms >= c->rmax_ms / 2
+			    ? c->rmax_ms
+			    : c->backoff_ms * 2;
+			dial_arm_locked(c, c->backoff_ms);
+		}
+	}
 	pthread_mutex_unlock(&c->mtx);
 	snprintf(msg, sizeof(msg), "%s: %s", c->base.url, why);
 	req_complete_all(lost, CACHEW_ECLOSED, msg);
@@ -1819,7 +1846,7 @@ static void
 conn_attach_locked(sconn *c, slink *lk)
 {
 	c->lk = lk;
-	c->backoff_ms = 0;
+	c->attached_ns = cwi_now_ns();
 	link_start(lk);
 	for (creq *x = c->reqs; x != NULL; x = x->next) {
 		if (x->lk != NULL)
@@ -1964,13 +1991,16 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 	if (c->closed || x->expired) {
 		err = c->closed ? CACHEW_ECLOSED : CACHEW_ETIMEDOUT;
 		pthread_mutex_unlock(&c->mtx);
-		/* Accepted, then ended before it left: complete it here. */
+		/* Accepted, then ended before it left: complete it here,
+		 * and free x only then: until p completes, its cancel hook
+		 * may still run with x (cwi_pending_set_cancel). */
 		tx_free(x->tx);
-		free(x);
+		x->tx = NULL;
 		cwi_msg_destroy(req);
 		cwi_pending_complete(p, err, NULL,
 		    err == CACHEW_ECLOSED ? "connection closed"
 					  : "request timed out");
+		free(x);
 		return CACHEW_OK;
 	}
 	x->tx->msg = req;

@@ -1120,6 +1120,7 @@ runner_fail(cwi_wtask *t, cachew_err rv, const char *msg)
 {
 	ready_reply *ready = NULL;
 	size_t nready;
+	bool pipeline;
 
 	pthread_mutex_lock(&t->lock);
 	if (t->failed == CACHEW_OK) {
@@ -1127,12 +1128,20 @@ runner_fail(cwi_wtask *t, cachew_err rv, const char *msg)
 		snprintf(t->errmsg, sizeof(t->errmsg), "%s", msg);
 	}
 	t->produced_all = true;
+	pipeline = t->failed_pipeline;
 	nready = serve_held(t, &ready);
 	pthread_mutex_unlock(&t->lock);
 	send_ready(t, ready, nready);
 	free(ready);
-	cwi_log(CACHEW_LOG_WARN, "worker", "event=task_failed task=%llu "
-	    "error=\"%s\"", (unsigned long long)t->id, msg);
+	/* ENOENT from the lease: the dispatcher no longer has the task (its
+	 * job ended a moment ago, or this worker was declared dead), which
+	 * is no fault of the task's. */
+	if (rv == CACHEW_ENOENT && !pipeline)
+		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_gone task=%llu "
+		    "reason=\"%s\"", (unsigned long long)t->id, msg);
+	else
+		cwi_log(CACHEW_LOG_WARN, "worker", "event=task_failed "
+		    "task=%llu error=\"%s\"", (unsigned long long)t->id, msg);
 }
 
 /* Adds a finished lease's operator counters to the task's. */
