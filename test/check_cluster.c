@@ -664,6 +664,64 @@ START_TEST(cluster_worker_added_mid_epoch_takes_splits)
 }
 END_TEST
 
+/* A dispatcher that did not run for a while (its process and its
+ * worker's stopped together, as a Ctrl-Z stops an embedded service) does
+ * not declare the worker dead the moment it runs again: it heard from
+ * nobody meanwhile, so its timeouts are extended by the pause. */
+START_TEST(cluster_paused_dispatcher_keeps_its_workers)
+{
+	char work[600], path[700], *ev = NULL, *log = NULL;
+	uint64_t deadline;
+	cluster c;
+
+	memset(&c, 0, sizeof(c));
+	c.dir = cwt_tmpdir();
+	snprintf(work, sizeof(work), "%s/work", c.dir);
+	cwt_daemon_start(&c.dispatcher, c.dir, "dispatcher", "--role=dispatcher",
+	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "1000",
+	    (char *)NULL);
+	worker_start(&c, 0);
+	snprintf(path, sizeof(path), "%s/events.jsonl", work);
+	deadline = cwt_now_ms() + 10000;
+	while (cwt_now_ms() < deadline &&
+	       (ev == NULL || strstr(ev, "\"worker_registered\"") == NULL)) {
+		free(ev);
+		cwt_nap_ms(10);
+		ev = cwt_slurp(path);
+	}
+	ck_assert_msg(ev != NULL && strstr(ev, "\"worker_registered\""),
+	    "the worker never registered");
+	free(ev);
+	ck_assert_int_eq(kill(c.dispatcher.pid, SIGSTOP), 0);
+	ck_assert_int_eq(kill(c.workers[0].pid, SIGSTOP), 0);
+	cwt_nap_ms(3000);
+	ck_assert_int_eq(kill(c.dispatcher.pid, SIGCONT), 0);
+	ck_assert_int_eq(kill(c.workers[0].pid, SIGCONT), 0);
+	/* The first tick after the pause notices it; wait for its line. */
+	deadline = cwt_now_ms() + 10000;
+	while (cwt_now_ms() < deadline &&
+	       (log == NULL || strstr(log, "event=paused") == NULL)) {
+		free(log);
+		cwt_nap_ms(10);
+		log = cwt_slurp(c.dispatcher.log);
+	}
+	ck_assert_msg(log != NULL && strstr(log, "event=paused"), "log: %s",
+	    log != NULL ? log : "(none)");
+	free(log);
+	/* More than a worker timeout later, the worker is still there and
+	 * serves a job. */
+	cwt_nap_ms(1500);
+	ck_assert_uint_eq(run_digest("range(100)", c.dispatcher.url, NULL).n,
+	    100);
+	ev = cwt_slurp(path);
+	ck_assert_ptr_nonnull(ev);
+	ck_assert_msg(strstr(ev, "\"worker_dead\"") == NULL, "events: %s", ev);
+	free(ev);
+	cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(cluster_sigterm_drains_a_worker)
 {
 	cluster c;
@@ -888,6 +946,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_worker_killed_mid_epoch_loses_nothing);
 	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);
 	tcase_add_test(tc, cluster_sigterm_drains_a_worker);
+	tcase_add_test(tc, cluster_paused_dispatcher_keeps_its_workers);
 	tcase_add_test(tc, cluster_dispatcher_gone_is_a_clear_error);
 	tcase_add_test(tc, cluster_hostile_peers_leave_the_dispatcher_up);
 	tcase_add_test(tc, cluster_status_lists_workers_and_jobs);

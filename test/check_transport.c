@@ -177,16 +177,24 @@ handler(void *arg, cwi_request *r)
 	pthread_mutex_unlock(&s->mtx);
 }
 
+/* A test server listening on url. */
 static void
-srv_start(tsrv *s, int ti, const cwi_transport_opts *opts)
+srv_start_at(tsrv *s, const char *url, const cwi_transport_opts *opts)
 {
-	char *url = test_url(ti);
-
 	memset(s, 0, sizeof(*s));
 	pthread_mutex_init(&s->mtx, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	ck_assert_msg(cwi_listen(&s->l, url, opts, handler, s) == CACHEW_OK,
 	    "listen %s: %s", url, cachew_errmsg());
+}
+
+/* A test server on a fresh URL of transport ti. */
+static void
+srv_start(tsrv *s, int ti, const cwi_transport_opts *opts)
+{
+	char *url = test_url(ti);
+
+	srv_start_at(s, url, opts);
 	free(url);
 }
 
@@ -202,21 +210,41 @@ srv_stop(tsrv *s)
 	pthread_mutex_destroy(&s->mtx);
 }
 
+/* A test server on transport ti whose messages may be max_msg bytes
+ * long at most (max_msg_size): the limit the oversized tests cross. */
+static void
+srv_start_limited(tsrv *s, int ti, size_t max_msg)
+{
+	cwi_transport_opts o;
+
+	cwi_transport_opts_init(&o);
+	o.max_msg_size = max_msg;
+	srv_start(s, ti, &o);
+}
+
+/* Waits until *count, one of s's counters (read under s->mtx), reaches
+ * n, then checks that it is exactly n. Bounded by WAIT_MS. */
+static void
+wait_count(tsrv *s, const int *count, int n)
+{
+	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+
+	pthread_mutex_lock(&s->mtx);
+	while (*count < n && cwi_now_ns() < until) {
+		pthread_mutex_unlock(&s->mtx);
+		cwi_sleep_ns(1000000);
+		pthread_mutex_lock(&s->mtx);
+	}
+	ck_assert_int_eq(*count, n);
+	pthread_mutex_unlock(&s->mtx);
+}
+
 /* Waits until the server holds n requests; fails the test after
  * WAIT_MS. */
 static void
 wait_held(tsrv *s, int n)
 {
-	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
-
-	pthread_mutex_lock(&s->mtx);
-	while (s->nheld < n && cwi_now_ns() < until) {
-		pthread_mutex_unlock(&s->mtx);
-		cwi_sleep_ns(1000000);
-		pthread_mutex_lock(&s->mtx);
-	}
-	ck_assert_int_eq(s->nheld, n);
-	pthread_mutex_unlock(&s->mtx);
+	wait_count(s, &s->nheld, n);
 }
 
 /* Waits until the handler has finished n requests (it counts each
@@ -225,16 +253,7 @@ wait_held(tsrv *s, int n)
 static void
 wait_handled(tsrv *s, int n)
 {
-	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
-
-	pthread_mutex_lock(&s->mtx);
-	while (s->handled < n && cwi_now_ns() < until) {
-		pthread_mutex_unlock(&s->mtx);
-		cwi_sleep_ns(1000000);
-		pthread_mutex_lock(&s->mtx);
-	}
-	ck_assert_int_eq(s->handled, n);
-	pthread_mutex_unlock(&s->mtx);
+	wait_count(s, &s->handled, n);
 }
 
 static cwi_request *
@@ -259,19 +278,51 @@ dial(const tsrv *s)
 	return c;
 }
 
+/* Fails the test unless m's header is `want`. */
+static void
+assert_hdr(const cwi_msg *m, const char *want)
+{
+	char *h = hdr_str(m);
+
+	ck_assert_str_eq(h, want);
+	free(h);
+}
+
+/* A message with header s carrying new references to v[0..n): the
+ * caller keeps its own. */
+static cwi_msg *
+mk_elems(const char *s, cwi_element *const *v, size_t n)
+{
+	cwi_msg *m = mk(s);
+
+	for (size_t i = 0; i < n; i++) {
+		cwi_element_retain(v[i]);
+		ck_assert_int_eq(cwi_msg_push(m, v[i]), CACHEW_OK);
+	}
+	return m;
+}
+
 /* A call whose reply header must be `expect`. */
 static void
 call_ok(cwi_conn *c, const char *req, const char *expect)
 {
 	cwi_msg *reply;
-	char *h;
 
 	ck_assert_msg(cwi_conn_call(c, mk(req), WAIT_MS, &reply) == CACHEW_OK,
 	    "call %s: %s", req, cachew_errmsg());
-	h = hdr_str(reply);
-	ck_assert_str_eq(h, expect);
-	free(h);
+	assert_hdr(reply, expect);
 	cwi_msg_destroy(reply);
+}
+
+/* The server still serves: a new client's echo `req` comes back. The
+ * tests that abuse a server end with this. */
+static void
+assert_served(const tsrv *s, const char *req)
+{
+	cwi_conn *c = dial(s);
+
+	call_ok(c, req, req);
+	cwi_conn_destroy(c);
 }
 
 /* Calls until one succeeds: after a reset an nng connection redials,
@@ -287,6 +338,57 @@ call_ok_after_reset(cwi_conn *c, const char *req)
 		rv = cwi_conn_call(c, mk(req), WAIT_MS, &reply);
 	ck_assert_msg(rv == CACHEW_OK, "%s", cachew_errmsg());
 	cwi_msg_destroy(reply);
+}
+
+/* ---- pipelined "hold" requests ------------------------------------------- */
+
+/* Sends "hold 0" .. "hold n-1" on c without waiting, request k tagged k
+ * on q: all n are in flight at once. */
+static void
+send_holds(cwi_conn *c, cwi_cq *q, int n)
+{
+	for (int k = 0; k < n; k++) {
+		char req[32];
+		snprintf(req, sizeof(req), "hold %d", k);
+		ck_assert_int_eq(
+		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)k),
+		    CACHEW_OK);
+	}
+}
+
+/* Answers held request i with its own header, so that the client can
+ * tell which request a reply belongs to. */
+static void
+reply_held_with_its_header(tsrv *s, int i)
+{
+	cwi_request *r = take_held(s, i);
+	char *h = hdr_str(cwi_request_msg(r));
+
+	ck_assert_int_eq(cwi_request_reply(r, mk(h)), CACHEW_OK);
+	free(h);
+}
+
+/* Waits for the n completions of send_holds's requests on q, answered
+ * by reply_held_with_its_header: each tag once, in any order, each
+ * reply naming its own request. */
+static void
+collect_hold_replies(cwi_cq *q, int n)
+{
+	bool got[MAX_HELD] = {false};
+	cwi_completion comp;
+
+	ck_assert_int_le(n, MAX_HELD);
+	for (int k = 0; k < n; k++) {
+		char expect[32];
+		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+		ck_assert_int_eq(comp.err, CACHEW_OK);
+		ck_assert_uint_lt(comp.tag, (uint64_t)n);
+		ck_assert(!got[comp.tag]);
+		got[comp.tag] = true;
+		snprintf(expect, sizeof(expect), "hold %d", (int)comp.tag);
+		assert_hdr(comp.reply, expect);
+		cwi_msg_destroy(comp.reply);
+	}
 }
 
 /* ---- log capture -------------------------------------------------------- */
@@ -400,6 +502,22 @@ mk_elements(cwi_element **v)
 
 /* ---- conformance: request/reply ------------------------------------------ */
 
+/* Calls "echo elements" on c with mk_elements's elements (in sent, *n
+ * of them, the caller's references); returns the reply, which must hold
+ * as many. */
+static cwi_msg *
+call_echo_elements(cwi_conn *c, cwi_element **sent, size_t *n)
+{
+	cwi_msg *reply;
+
+	*n = mk_elements(sent);
+	ck_assert_int_eq(cwi_conn_call(c, mk_elems("echo elements", sent, *n),
+			     WAIT_MS, &reply),
+	    CACHEW_OK);
+	ck_assert_uint_eq(cwi_msg_count(reply), *n);
+	return reply;
+}
+
 START_TEST(test_roundtrip)
 {
 	tsrv s;
@@ -482,7 +600,6 @@ END_TEST
 START_TEST(test_requests_in_flight_answered_out_of_order)
 {
 	enum { N = 16 };
-	bool got[N] = {false};
 	cwi_completion comp;
 	cwi_conn *c;
 	cwi_cq *q;
@@ -491,39 +608,15 @@ START_TEST(test_requests_in_flight_answered_out_of_order)
 	srv_start(&s, _i, NULL);
 	c = dial(&s);
 	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
-	for (int i = 0; i < N; i++) {
-		char req[32];
-		snprintf(req, sizeof(req), "hold %d", i);
-		ck_assert_int_eq(
-		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)i),
-		    CACHEW_OK);
-	}
+	send_holds(c, q, N);
 	ck_assert_uint_eq(cwi_cq_outstanding(q), N);
 	/* All N reach the server before any is answered: pipelined. */
 	wait_held(&s, N);
 	/* Answer in reverse order; each reply names its request. */
-	for (int i = N - 1; i >= 0; i--) {
-		cwi_request *r = take_held(&s, i);
-		char *h = hdr_str(cwi_request_msg(r));
-		cwi_msg *out = mk(h);
-		ck_assert_int_eq(cwi_request_reply(r, out), CACHEW_OK);
-		free(h);
-	}
+	for (int i = N - 1; i >= 0; i--)
+		reply_held_with_its_header(&s, i);
 	s.nheld = 0;
-	for (int k = 0; k < N; k++) {
-		char expect[32];
-		char *h;
-		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
-		ck_assert_int_eq(comp.err, CACHEW_OK);
-		ck_assert_uint_lt(comp.tag, N);
-		ck_assert(!got[comp.tag]);
-		got[comp.tag] = true;
-		snprintf(expect, sizeof(expect), "hold %d", (int)comp.tag);
-		h = hdr_str(comp.reply);
-		ck_assert_str_eq(h, expect);
-		free(h);
-		cwi_msg_destroy(comp.reply);
-	}
+	collect_hold_replies(q, N);
 	ck_assert_uint_eq(cwi_cq_outstanding(q), 0);
 	/* Nothing more: the wait times out. */
 	ck_assert_int_eq(cwi_cq_wait(q, 10, &comp), CACHEW_ETIMEDOUT);
@@ -535,30 +628,22 @@ END_TEST
 
 START_TEST(test_elements_round_trip)
 {
-	cwi_element *sent[16], *keep[16];
-	cwi_msg *req, *reply;
+	cwi_element *sent[16];
+	cwi_msg *reply;
 	cwi_conn *c;
 	size_t n;
 	tsrv s;
 
 	srv_start(&s, _i, NULL);
 	c = dial(&s);
-	n = mk_elements(sent);
-	req = mk("echo elements");
-	for (size_t i = 0; i < n; i++) {
-		keep[i] = sent[i];
-		cwi_element_retain(sent[i]);
-		ck_assert_int_eq(cwi_msg_push(req, sent[i]), CACHEW_OK);
-	}
-	ck_assert_int_eq(cwi_conn_call(c, req, WAIT_MS, &reply), CACHEW_OK);
-	ck_assert_uint_eq(cwi_msg_count(reply), n);
+	reply = call_echo_elements(c, sent, &n);
 	for (size_t i = 0; i < n; i++) {
 		cwi_element *e = cwi_msg_element(reply, i);
-		ck_assert_msg(cwi_element_equal(e, keep[i]), "element %zu", i);
+		ck_assert_msg(cwi_element_equal(e, sent[i]), "element %zu", i);
 		if (_i == 0) {
 			/* inproc: the very same elements, both ways. */
-			ck_assert_ptr_eq(s.seen[i], keep[i]);
-			ck_assert_ptr_eq(e, keep[i]);
+			ck_assert_ptr_eq(s.seen[i], sent[i]);
+			ck_assert_ptr_eq(e, sent[i]);
 		}
 	}
 	if (_i != 0) {
@@ -574,7 +659,7 @@ START_TEST(test_elements_round_trip)
 	}
 	cwi_msg_destroy(reply);
 	for (size_t i = 0; i < n; i++)
-		cwi_element_release(keep[i]);
+		cwi_element_release(sent[i]);
 	cwi_conn_destroy(c);
 	srv_stop(&s);
 }
@@ -587,21 +672,14 @@ END_TEST
 START_TEST(test_received_elements_outlive_their_message)
 {
 	cwi_element *sent[16], *got[16];
-	cwi_msg *req, *reply;
+	cwi_msg *reply;
 	cwi_conn *c;
 	size_t n;
 	tsrv s;
 
 	srv_start(&s, _i, NULL);
 	c = dial(&s);
-	n = mk_elements(sent);
-	req = mk("echo elements");
-	for (size_t i = 0; i < n; i++) {
-		cwi_element_retain(sent[i]);
-		ck_assert_int_eq(cwi_msg_push(req, sent[i]), CACHEW_OK);
-	}
-	ck_assert_int_eq(cwi_conn_call(c, req, WAIT_MS, &reply), CACHEW_OK);
-	ck_assert_uint_eq(cwi_msg_count(reply), n);
+	reply = call_echo_elements(c, sent, &n);
 	for (size_t i = 0; i < n; i++)
 		got[i] = cwi_msg_take(reply, i);
 	cwi_msg_destroy(reply);
@@ -773,6 +851,16 @@ blocked_main(void *arg)
 	return NULL;
 }
 
+/* A new connection to s whose call of "hold me", made in thread *t,
+ * has reached the server and blocks there, unanswered. */
+static void
+blocked_call_start(tsrv *s, blocked_call *b, pthread_t *t)
+{
+	*b = (blocked_call){.c = dial(s), .req = "hold me"};
+	ck_assert_int_eq(pthread_create(t, NULL, blocked_main, b), 0);
+	wait_held(s, 1);
+}
+
 START_TEST(test_conn_close_wakes_blocked_call)
 {
 	blocked_call b;
@@ -780,9 +868,7 @@ START_TEST(test_conn_close_wakes_blocked_call)
 	tsrv s;
 
 	srv_start(&s, _i, NULL);
-	b = (blocked_call){.c = dial(&s), .req = "hold me"};
-	ck_assert_int_eq(pthread_create(&t, NULL, blocked_main, &b), 0);
-	wait_held(&s, 1);
+	blocked_call_start(&s, &b, &t);
 	cwi_conn_close(b.c);
 	pthread_join(t, NULL);
 	ck_assert_int_eq(b.rv, CACHEW_ECLOSED);
@@ -820,9 +906,7 @@ START_TEST(test_listener_close_wakes_blocked_call)
 	cwi_msg *late;
 
 	srv_start(&s, _i, NULL);
-	b = (blocked_call){.c = dial(&s), .req = "hold me"};
-	ck_assert_int_eq(pthread_create(&t, NULL, blocked_main, &b), 0);
-	wait_held(&s, 1);
+	blocked_call_start(&s, &b, &t);
 	cwi_listener_close(s.l);
 	pthread_join(t, NULL);
 	ck_assert_int_eq(b.rv, CACHEW_ECLOSED);
@@ -868,16 +952,13 @@ END_TEST
 
 START_TEST(test_oversized_request_resets_sender_only)
 {
-	cwi_transport_opts o;
 	cwi_conn *big, *other;
 	cwi_msg *m, *reply;
 	char *h = malloc(70000);
 	tsrv s;
 
-	cwi_transport_opts_init(&o);
-	o.max_msg_size = 65536;
 	log_start();
-	srv_start(&s, _i, &o);
+	srv_start_limited(&s, _i, 65536);
 	big = dial(&s);
 	other = dial(&s);
 	call_ok(other, "echo before", "echo before");
@@ -965,10 +1046,7 @@ START_TEST(test_listener_reopened_is_found_again)
 	srv_stop(&s);
 	/* Same address, new listener: the connection finds it. */
 	cwi_transport_opts_init(&o);
-	memset(&s, 0, sizeof(s));
-	pthread_mutex_init(&s.mtx, NULL);
-	pthread_cond_init(&s.cv, NULL);
-	ck_assert_int_eq(cwi_listen(&s.l, url, &o, handler, &s), CACHEW_OK);
+	srv_start_at(&s, url, &o);
 	call_ok_after_reset(c, "echo two");
 	cwi_conn_destroy(c);
 	srv_stop(&s);
@@ -1022,7 +1100,11 @@ START_TEST(test_msg_ownership_and_size)
 }
 END_TEST
 
-/* ---- nng only: hostile raw TCP peers ------------------------------------- */
+/* ---- raw peers: fixtures of the hostile and wire tests --------------------
+ *
+ * Raw POSIX stream sockets speak SP by hand, right or wrong: as clients of
+ * a listener on tcp:// or ipc://, or as a server that cwi_dial reaches.
+ */
 
 static long
 rss_kib(void)
@@ -1039,31 +1121,67 @@ rss_kib(void)
 	return kib;
 }
 
+/* Fails the test unless the resident set grew by less than 64 MiB since
+ * rss_kib() said `before`: a length a peer claims must not be allocated
+ * before its bytes are there. */
+static void
+assert_rss_bounded(long before)
+{
+	long after = rss_kib();
+
+	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
+	    after - before);
+}
+
+/* The address of a tcp:// URL (on loopback) or an ipc:// one; returns
+ * its length. */
+static socklen_t
+raw_addr(const char *url, struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (strncmp(url, "ipc://", 6) == 0) {
+		struct sockaddr_un *un = (struct sockaddr_un *)ss;
+
+		un->sun_family = AF_UNIX;
+		ck_assert_uint_lt(strlen(url + 6), sizeof(un->sun_path));
+		memcpy(un->sun_path, url + 6, strlen(url + 6) + 1);
+		return sizeof(*un);
+	} else {
+		struct sockaddr_in *in = (struct sockaddr_in *)ss;
+
+		in->sin_family = AF_INET;
+		in->sin_port = htons((uint16_t)atoi(strrchr(url, ':') + 1));
+		in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		return sizeof(*in);
+	}
+}
+
+/* A raw stream socket connected to a tcp:// or ipc:// listener. */
 static int
 raw_connect(const char *url)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	const char *colon = strrchr(url, ':');
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_storage ss;
+	socklen_t sl = raw_addr(url, &ss);
+	int fd = socket(ss.ss_family, SOCK_STREAM, 0);
 
 	ck_assert_int_ge(fd, 0);
-	sa.sin_port = htons((uint16_t)atoi(colon + 1));
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&ss, sl), 0);
 	return fd;
 }
 
+/* write() of all len bytes, without SIGPIPE: a server that closes early
+ * is what most of these tests expect, so a short send just stops. */
 static void
-write_all(int fd, const void *data, size_t len)
+send_all(int fd, const void *data, size_t len)
 {
 	const uint8_t *p = data;
 
 	while (len > 0) {
-		ssize_t n = write(fd, p, len);
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			return; /* the server may already have closed */
+			return;
 		p += n;
 		len -= (size_t)n;
 	}
@@ -1088,9 +1206,78 @@ closed_by_server(int fd)
 	return false;
 }
 
-/* The SP-over-TCP connection header of a REQ peer (protocol 0x30):
- * 0x00 'S' 'P' 0x00, protocol id (16 bits, big-endian), reserved. */
-static const uint8_t sp_req_header[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
+/* Reads exactly len bytes within WAIT_MS; false on EOF, reset or time. */
+static bool
+read_exact(int fd, void *buf, size_t len)
+{
+	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
+	uint8_t *p = buf;
+
+	while (len > 0 && cwi_now_ns() < until) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		ssize_t n;
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		n = read(fd, p, len);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t)n;
+	}
+	return len == 0;
+}
+
+/* SP protocol ids: a cachew client is a req0 peer, a listener rep0. */
+#define SP_REQ0 0x30
+#define SP_REP0 0x31
+
+/* The SP connection header of protocol `proto`: 0x00 'S' 'P' 0x00, the
+ * protocol id (16 bits, big-endian), two reserved zero bytes. */
+static void
+sp_header(uint8_t out[8], uint8_t proto)
+{
+	static const uint8_t h[8] = {0, 'S', 'P', 0, 0x00, 0x00, 0, 0};
+
+	memcpy(out, h, sizeof(h));
+	out[5] = proto;
+}
+
+/* A raw connection to url that has sent the SP header of `proto`; the
+ * listener's own header is left unread. */
+static int
+raw_connect_sp(const char *url, uint8_t proto)
+{
+	uint8_t hs[8];
+	int fd = raw_connect(url);
+
+	sp_header(hs, proto);
+	send_all(fd, hs, sizeof(hs));
+	return fd;
+}
+
+/* Reads the SP header the other side sends first and fails the test
+ * unless it is that of `proto`. */
+static void
+raw_expect_sp_header(int fd, uint8_t proto)
+{
+	uint8_t want[8], got[8];
+
+	sp_header(want, proto);
+	ck_assert(read_exact(fd, got, sizeof(got)));
+	ck_assert_int_eq(memcmp(got, want, sizeof(want)), 0);
+}
+
+/* A raw req0 peer past the handshake: both SP headers exchanged. */
+static int
+raw_connect_req(const char *url)
+{
+	int fd = raw_connect_sp(url, SP_REQ0);
+
+	raw_expect_sp_header(fd, SP_REP0);
+	return fd;
+}
 
 static void
 put_be64(uint8_t *p, uint64_t v)
@@ -1101,6 +1288,133 @@ put_be64(uint8_t *p, uint64_t v)
 	}
 }
 
+static void
+put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+/* Sends the head of one SP message of len bytes (request ID and body)
+ * with the stream's framing: TCP a 64-bit big-endian length, IPC the
+ * message type 1 and then the length. */
+static void
+raw_send_length(int fd, bool ipc, uint64_t len)
+{
+	uint8_t head[9];
+	size_t n = 0;
+
+	if (ipc)
+		head[n++] = 1;
+	put_be64(head + n, len);
+	send_all(fd, head, n + 8);
+}
+
+/* Sends one SP message, `bytes` (request ID then body), framed. */
+static void
+raw_send_sp(int fd, bool ipc, const uint8_t *bytes, size_t len)
+{
+	raw_send_length(fd, ipc, len);
+	send_all(fd, bytes, len);
+}
+
+/* Reads one SP message (after the peer's header was read); returns its
+ * bytes (free()) and length, or NULL once the server closed. */
+static uint8_t *
+raw_recv_sp(int fd, bool ipc, size_t *len)
+{
+	uint8_t head[9];
+	uint8_t *msg;
+	uint64_t n = 0;
+	size_t off = ipc ? 1 : 0;
+
+	if (!read_exact(fd, head, off + 8))
+		return NULL;
+	if (ipc)
+		ck_assert_uint_eq(head[0], 1);
+	for (int i = 0; i < 8; i++)
+		n = n << 8 | head[off + (size_t)i];
+	ck_assert_uint_lt(n, 1u << 20);
+	msg = malloc(n > 0 ? n : 1);
+	ck_assert_ptr_nonnull(msg);
+	if (!read_exact(fd, msg, n)) {
+		free(msg);
+		return NULL;
+	}
+	*len = n;
+	return msg;
+}
+
+/* A body's fixed head: 'C' 'W' 1 kind, H, N (or an error code), flags. */
+#define FRAME_HEAD_BYTES 16
+
+/* A request as a raw peer sends it: the 4-byte ID, then a body with
+ * `hdr` as its header and no elements. */
+static size_t
+raw_request(uint8_t *out, size_t cap, uint32_t id, const char *hdr)
+{
+	size_t hlen = strlen(hdr);
+
+	ck_assert_uint_le(4 + FRAME_HEAD_BYTES + hlen, cap);
+	put_be32(out, id);
+	memset(out + 4, 0, FRAME_HEAD_BYTES);
+	out[4] = 'C', out[5] = 'W', out[6] = 1, out[7] = 0;
+	put_be32(out + 8, (uint32_t)hlen);
+	memcpy(out + 4 + FRAME_HEAD_BYTES, hdr, hlen);
+	return 4 + FRAME_HEAD_BYTES + hlen;
+}
+
+/* Sends raw_request(id, hdr): a request from a raw peer, or from a raw
+ * server the reply to request `id`. */
+static void
+raw_send_msg(int fd, bool ipc, uint32_t id, const char *hdr)
+{
+	uint8_t msg[64];
+	size_t len = raw_request(msg, sizeof(msg), id, hdr);
+
+	raw_send_sp(fd, ipc, msg, len);
+}
+
+/* A raw req0 peer of the listener at url sends `msg` (len bytes:
+ * backtrace, request ID, body), and the reply must be the very same
+ * bytes: the ID and backtrace come back, and the echo's body is the
+ * request's. */
+static void
+raw_assert_echoed(const char *url, const uint8_t *msg, size_t len)
+{
+	bool ipc = strncmp(url, "ipc://", 6) == 0;
+	int fd = raw_connect_req(url);
+	uint8_t *got;
+	size_t glen;
+
+	raw_send_sp(fd, ipc, msg, len);
+	got = raw_recv_sp(fd, ipc, &glen);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(glen, len);
+	ck_assert_int_eq(memcmp(got, msg, len), 0);
+	free(got);
+	close(fd);
+}
+
+/* After a hostile peer: the handler saw none of its requests, and the
+ * server still serves `good`, a client connected before the peer
+ * (destroyed here), or, when good is NULL, a new client. */
+static void
+assert_unharmed(tsrv *s, cwi_conn *good)
+{
+	ck_assert_int_eq(s->handled, 0);
+	if (good == NULL) {
+		assert_served(s, "echo still here");
+		return;
+	}
+	call_ok(good, "echo still here", "echo still here");
+	cwi_conn_destroy(good);
+}
+
+/* ---- nng only: hostile raw TCP peers ------------------------------------- */
+
 START_TEST(test_hostile_garbage_bytes)
 {
 	static const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -1110,58 +1424,33 @@ START_TEST(test_hostile_garbage_bytes)
 
 	srv_start(&s, 1, NULL);
 	fd = raw_connect(cwi_listener_url(s.l));
-	write_all(fd, garbage, sizeof(garbage));
+	send_all(fd, garbage, sizeof(garbage));
 	ck_assert(closed_by_server(fd));
 	close(fd);
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
+	assert_served(&s, "echo still here");
 	srv_stop(&s);
 }
 END_TEST
 
 START_TEST(test_hostile_8gib_length_header)
 {
-	uint8_t frame[8];
-	long before, after;
+	long before;
 	tsrv s;
 	int fd;
 
 	srv_start(&s, 1, NULL);
 	before = rss_kib();
 	for (int k = 0; k < 4; k++) {
-		fd = raw_connect(cwi_listener_url(s.l));
-		write_all(fd, sp_req_header, sizeof(sp_req_header));
-		put_be64(frame, (uint64_t)8 << 30);
-		write_all(fd, frame, sizeof(frame));
+		fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
+		raw_send_length(fd, false, (uint64_t)8 << 30);
 		ck_assert(closed_by_server(fd));
 		close(fd);
 	}
-	after = rss_kib();
-	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
-	    after - before);
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
+	assert_rss_bounded(before);
+	assert_served(&s, "echo still here");
 	srv_stop(&s);
 }
 END_TEST
-
-/* Sends one SP message (request ID + body) on a raw connection. */
-static void
-raw_send_frame(int fd, const uint8_t *body, size_t len)
-{
-	uint8_t head[12];
-
-	put_be64(head, len + 4);
-	head[8] = 0x80, head[9] = 0, head[10] = 0, head[11] = 1; /* req id */
-	write_all(fd, head, sizeof(head));
-	write_all(fd, body, len);
-}
 
 START_TEST(test_hostile_frame_with_lying_counts)
 {
@@ -1185,20 +1474,18 @@ START_TEST(test_hostile_frame_with_lying_counts)
 	log_start();
 	srv_start(&s, 1, NULL);
 	for (int k = 0; k < 3; k++) {
-		int fd = raw_connect(cwi_listener_url(s.l));
-		write_all(fd, sp_req_header, sizeof(sp_req_header));
-		raw_send_frame(fd, frames[k], lens[k]);
+		uint8_t msg[64];
+		int fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
+		/* A request ID, then the frame as its body. */
+		put_be32(msg, 0x80000001u);
+		memcpy(msg + 4, frames[k], lens[k]);
+		raw_send_sp(fd, false, msg, 4 + lens[k]);
 		ck_assert(closed_by_server(fd));
 		close(fd);
 		ck_assert_msg(log_wait(reasons[k]), "frame %d: log: %s", k,
 		    log_buf);
 	}
-	ck_assert_int_eq(s.handled, 0);
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
+	assert_unharmed(&s, NULL);
 	log_stop();
 	srv_stop(&s);
 }
@@ -1208,26 +1495,19 @@ START_TEST(test_hostile_100_idle_connections)
 {
 	enum { N = 100 };
 	int fds[N];
-	long before, after;
+	long before;
 	tsrv s;
 
 	srv_start(&s, 1, NULL);
 	before = rss_kib();
-	for (int k = 0; k < N; k++) {
-		fds[k] = raw_connect(cwi_listener_url(s.l));
-		/* Half complete the SP handshake and then idle; half never
-		 * say anything. */
-		if (k % 2 == 0)
-			write_all(fds[k], sp_req_header, sizeof(sp_req_header));
-	}
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
-	after = rss_kib();
-	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
-	    after - before);
+	/* Half complete the SP handshake and then idle; half never say
+	 * anything. */
+	for (int k = 0; k < N; k++)
+		fds[k] = k % 2 == 0
+		    ? raw_connect_sp(cwi_listener_url(s.l), SP_REQ0)
+		    : raw_connect(cwi_listener_url(s.l));
+	assert_served(&s, "echo still here");
+	assert_rss_bounded(before);
 	for (int k = 0; k < N; k++)
 		close(fds[k]);
 	srv_stop(&s);
@@ -1242,17 +1522,6 @@ END_TEST
  * any implementation of tcp:// and ipc:// (nng sockets or nng streams)
  * must speak the same bytes. Loop index 1 is tcp, 2 is ipc.
  */
-
-#define FRAME_HEAD_BYTES 16
-
-static void
-put_be32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
 
 /*
  * Builds a body by hand as the framing table says: 'C' 'W' 1 kind, H, N
@@ -1315,6 +1584,20 @@ assert_body_eq(nng_msg *m, const cwi_strbuf *sb, const char *what)
 		    ((const uint8_t *)nng_msg_body(m))[i], b[i]);
 }
 
+/* Sends req's body on an nng req0 socket and fails the test unless the
+ * reply's body is exactly want's. */
+static void
+nng_exchange(nng_socket sock, const cwi_strbuf *req, const cwi_strbuf *want,
+    const char *what)
+{
+	nng_msg *rm;
+
+	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(req), 0), 0);
+	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
+	assert_body_eq(rm, want, what);
+	nng_msg_free(rm);
+}
+
 /* Socket options every test's nng socket gets: bounded waits. */
 static void
 nng_sock_bound(nng_socket sock)
@@ -1344,9 +1627,8 @@ START_TEST(test_wire_nng_req_socket_calls_listener)
 	cwi_element *elems[4];
 	size_t ne = mk_wire_elements(elems);
 	char text[256];
-	cwi_strbuf sb;
+	cwi_strbuf sb, want;
 	nng_socket sock;
-	nng_msg *rm;
 	tsrv s;
 
 	srv_start(&s, _i, NULL);
@@ -1356,32 +1638,23 @@ START_TEST(test_wire_nng_req_socket_calls_listener)
 
 	/* A header-only request: the echo is the same body. */
 	body_build(&sb, 0, "echo interop", 12, 0, NULL, 0);
-	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
-	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
-	assert_body_eq(rm, &sb, "header-only echo");
-	nng_msg_free(rm);
+	nng_exchange(sock, &sb, &sb, "header-only echo");
 	cwi_strbuf_free(&sb);
 
 	/* With elements: the listener decodes them, the echo re-encodes
 	 * them, padding included, into the very same bytes. */
 	body_build(&sb, 0, "echo elements", 13, (uint32_t)ne, elems, ne);
-	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
-	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
-	assert_body_eq(rm, &sb, "echo with elements");
-	nng_msg_free(rm);
+	nng_exchange(sock, &sb, &sb, "echo with elements");
 	cwi_strbuf_free(&sb);
 
 	/* A handler's error comes back as an error frame: kind 1, the code
 	 * where N was, the text prefixed with the listener's URL. */
 	body_build(&sb, 0, "fail", 4, 0, NULL, 0);
-	ck_assert_int_eq(nng_sendmsg(sock, nng_body_msg(&sb), 0), 0);
-	cwi_strbuf_free(&sb);
-	ck_assert_int_eq(nng_recvmsg(sock, &rm, 0), 0);
 	snprintf(text, sizeof(text), "%s: bad split 7", cwi_listener_url(s.l));
-	body_build(&sb, 1, text, strlen(text), CACHEW_EINVAL, NULL, 0);
-	assert_body_eq(rm, &sb, "error frame");
-	nng_msg_free(rm);
+	body_build(&want, 1, text, strlen(text), CACHEW_EINVAL, NULL, 0);
+	nng_exchange(sock, &sb, &want, "error frame");
 	cwi_strbuf_free(&sb);
+	cwi_strbuf_free(&want);
 
 	wait_handled(&s, 3);
 	ck_assert_int_eq(nng_close(sock), 0);
@@ -1449,8 +1722,8 @@ START_TEST(test_wire_conn_calls_nng_rep_socket)
 	cwi_element *elems[4], *answer;
 	size_t ne = mk_wire_elements(elems);
 	cwi_strbuf want_req, sb;
-	cwi_msg *req, *reply = NULL;
-	char url[256], *h;
+	cwi_msg *reply = NULL;
+	char url[256];
 	rep_peer p = {.n = 2};
 	pthread_t t;
 	cwi_conn *c;
@@ -1468,16 +1741,10 @@ START_TEST(test_wire_conn_calls_nng_rep_socket)
 
 	ck_assert_msg(cwi_dial(&c, url, NULL) == CACHEW_OK, "dial %s: %s", url,
 	    cachew_errmsg());
-	req = mk("get elements");
-	for (size_t i = 0; i < ne; i++) {
-		cwi_element_retain(elems[i]);
-		ck_assert_int_eq(cwi_msg_push(req, elems[i]), CACHEW_OK);
-	}
-	ck_assert_msg(cwi_conn_call(c, req, WAIT_MS, &reply) == CACHEW_OK,
+	ck_assert_msg(cwi_conn_call(c, mk_elems("get elements", elems, ne),
+			  WAIT_MS, &reply) == CACHEW_OK,
 	    "call: %s", cachew_errmsg());
-	h = hdr_str(reply);
-	ck_assert_str_eq(h, "reply hdr");
-	free(h);
+	assert_hdr(reply, "reply hdr");
 	ck_assert_uint_eq(cwi_msg_count(reply), 1);
 	ck_assert(cwi_element_equal(cwi_msg_element(reply, 0), answer));
 	cwi_msg_destroy(reply);
@@ -1607,33 +1874,21 @@ START_TEST(test_pipelined_replies_of_very_different_sizes)
 	srv_start(&s, _i, NULL);
 	c = dial(&s);
 	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
-	for (int k = 0; k < PIPE_N; k++) {
-		char req[32];
-		snprintf(req, sizeof(req), "hold %d", k);
-		ck_assert_int_eq(
-		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)k),
-		    CACHEW_OK);
-	}
+	send_holds(c, q, PIPE_N);
 	wait_held(&s, PIPE_N);
 	for (int j = 0; j < PIPE_N; j++) {
 		int k = order[j];
 		char name[32];
 		cwi_request *r;
-		cwi_msg *out = mk(hwant[k]);
 
 		snprintf(name, sizeof(name), "hold %d", k);
 		r = take_held_named(&s, name);
-		for (size_t i = 0; i < nwant[k]; i++) {
-			cwi_element_retain(want[k][i]);
-			ck_assert_int_eq(cwi_msg_push(out, want[k][i]),
-			    CACHEW_OK);
-		}
-		ck_assert_msg(cwi_request_reply(r, out) == CACHEW_OK,
+		ck_assert_msg(cwi_request_reply(r, mk_elems(hwant[k], want[k],
+						       nwant[k])) == CACHEW_OK,
 		    "reply %d: %s", k, cachew_errmsg());
 	}
 	s.nheld = 0;
 	for (int j = 0; j < PIPE_N; j++) {
-		char *h;
 		int k;
 
 		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
@@ -1643,9 +1898,7 @@ START_TEST(test_pipelined_replies_of_very_different_sizes)
 		k = (int)comp.tag;
 		ck_assert(!got[k]);
 		got[k] = true;
-		h = hdr_str(comp.reply);
-		ck_assert_str_eq(h, hwant[k]);
-		free(h);
+		assert_hdr(comp.reply, hwant[k]);
 		ck_assert_uint_eq(cwi_msg_count(comp.reply), nwant[k]);
 		for (size_t i = 0; i < nwant[k]; i++)
 			ck_assert_msg(cwi_element_equal(
@@ -1687,8 +1940,6 @@ START_TEST(test_max_inflight_holds_back_further_requests)
 {
 	enum { N = 5 };
 	cwi_transport_opts o;
-	bool got[N] = {false};
-	cwi_completion comp;
 	cwi_conn *c;
 	cwi_cq *q;
 	tsrv s;
@@ -1698,22 +1949,13 @@ START_TEST(test_max_inflight_holds_back_further_requests)
 	srv_start(&s, _i, &o);
 	c = dial(&s);
 	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
-	for (int i = 0; i < N; i++) {
-		char req[32];
-		snprintf(req, sizeof(req), "hold %d", i);
-		ck_assert_int_eq(
-		    cwi_conn_send(c, mk(req), WAIT_MS, q, (uint64_t)i),
-		    CACHEW_OK);
-	}
+	send_holds(c, q, N);
 	wait_held(&s, 2);
 	cwi_sleep_ns((uint64_t)NO_MORE_MS * 1000000u);
 	ck_assert_int_eq(held_count(&s), 2);
 	/* Each answer lets exactly one more in. */
 	for (int i = 0; i < N; i++) {
-		cwi_request *r = take_held(&s, i);
-		char *h = hdr_str(cwi_request_msg(r));
-		ck_assert_int_eq(cwi_request_reply(r, mk(h)), CACHEW_OK);
-		free(h);
+		reply_held_with_its_header(&s, i);
 		if (i + 2 < N) {
 			wait_held(&s, i + 3);
 			if (i == 0) {
@@ -1723,20 +1965,7 @@ START_TEST(test_max_inflight_holds_back_further_requests)
 		}
 	}
 	s.nheld = 0;
-	for (int k = 0; k < N; k++) {
-		char expect[32];
-		char *h;
-		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
-		ck_assert_int_eq(comp.err, CACHEW_OK);
-		ck_assert_uint_lt(comp.tag, N);
-		ck_assert(!got[comp.tag]);
-		got[comp.tag] = true;
-		snprintf(expect, sizeof(expect), "hold %d", (int)comp.tag);
-		h = hdr_str(comp.reply);
-		ck_assert_str_eq(h, expect);
-		free(h);
-		cwi_msg_destroy(comp.reply);
-	}
+	collect_hold_replies(q, N);
 	cwi_cq_destroy(q);
 	cwi_conn_destroy(c);
 	srv_stop(&s);
@@ -1786,7 +2015,6 @@ START_TEST(test_conn_close_while_large_reply_in_transit)
 	cwi_transport_opts o;
 	cwi_element *big = mk_fixed(CACHEW_U8, 1, shape, 5);
 	cwi_request *r;
-	cwi_msg *out;
 	big_call b = {0};
 	uint64_t t0;
 	pthread_t t;
@@ -1800,11 +2028,9 @@ START_TEST(test_conn_close_while_large_reply_in_transit)
 	wait_held(&s, 1);
 	r = take_held(&s, 0);
 	s.nheld = 0;
-	out = mk("big reply");
-	cwi_element_retain(big);
-	ck_assert_int_eq(cwi_msg_push(out, big), CACHEW_OK);
-	ck_assert_msg(cwi_request_reply(r, out) == CACHEW_OK, "reply: %s",
-	    cachew_errmsg());
+	ck_assert_msg(cwi_request_reply(r, mk_elems("big reply", &big, 1)) ==
+		CACHEW_OK,
+	    "reply: %s", cachew_errmsg());
 	t0 = cwi_now_ns();
 	cwi_conn_close(b.c);
 	ck_assert_msg(ms_since(t0) < CLOSE_BOUND_MS,
@@ -1822,11 +2048,7 @@ START_TEST(test_conn_close_while_large_reply_in_transit)
 	cwi_conn_destroy(b.c);
 	/* The server serves the next client, and both close promptly. */
 	t0 = cwi_now_ns();
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo next", "echo next");
-		cwi_conn_destroy(c);
-	}
+	assert_served(&s, "echo next");
 	srv_stop(&s);
 	ck_assert_msg(ms_since(t0) < CLOSE_BOUND_MS,
 	    "next client and listener close took %llu ms",
@@ -1837,158 +2059,19 @@ END_TEST
 
 /* ---- hostile raw peers on tcp:// and ipc:// -------------------------------- */
 
-/* A raw stream socket connected to a tcp:// or ipc:// listener. */
-static int
-raw_connect_url(const char *url)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd;
-
-	if (strncmp(url, "ipc://", 6) != 0)
-		return raw_connect(url);
-	fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_uint_lt(strlen(url + 6), sizeof(sa.sun_path));
-	memcpy(sa.sun_path, url + 6, strlen(url + 6) + 1);
-	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	return fd;
-}
-
-/* write_all without SIGPIPE: a server that closes early is what some of
- * these tests expect. */
-static void
-send_all(int fd, const void *data, size_t len)
-{
-	const uint8_t *p = data;
-
-	while (len > 0) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return;
-		p += n;
-		len -= (size_t)n;
-	}
-}
-
-/* Sends one SP message, `bytes` (request ID then body), with the
- * stream's framing: TCP a 64-bit big-endian length, IPC the byte 0x01
- * and then the length. */
-static void
-raw_send_sp(int fd, bool ipc, const uint8_t *bytes, size_t len)
-{
-	uint8_t head[9];
-	size_t n = 0;
-
-	if (ipc)
-		head[n++] = 1;
-	put_be64(head + n, len);
-	send_all(fd, head, n + 8);
-	send_all(fd, bytes, len);
-}
-
-/* Reads exactly len bytes within WAIT_MS; false on EOF, reset or time. */
-static bool
-read_exact(int fd, void *buf, size_t len)
-{
-	uint64_t until = cwi_now_ns() + (uint64_t)WAIT_MS * 1000000u;
-	uint8_t *p = buf;
-
-	while (len > 0 && cwi_now_ns() < until) {
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		ssize_t n;
-		if (poll(&pf, 1, 100) <= 0)
-			continue;
-		n = read(fd, p, len);
-		if (n < 0 && (errno == EINTR || errno == EAGAIN))
-			continue;
-		if (n <= 0)
-			return false;
-		p += n;
-		len -= (size_t)n;
-	}
-	return len == 0;
-}
-
-/* The SP header a listener sends first: rep0, protocol 0x31. */
-static void
-raw_expect_rep_header(int fd)
-{
-	static const uint8_t want[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0, 0};
-	uint8_t got[8];
-
-	ck_assert(read_exact(fd, got, sizeof(got)));
-	ck_assert_int_eq(memcmp(got, want, sizeof(want)), 0);
-}
-
-/* Reads one SP message (after the peer's header was read); returns its
- * bytes (free()) and length, or NULL once the server closed. */
-static uint8_t *
-raw_recv_sp(int fd, bool ipc, size_t *len)
-{
-	uint8_t head[9];
-	uint8_t *msg;
-	uint64_t n = 0;
-	size_t off = ipc ? 1 : 0;
-
-	if (!read_exact(fd, head, off + 8))
-		return NULL;
-	if (ipc)
-		ck_assert_uint_eq(head[0], 1);
-	for (int i = 0; i < 8; i++)
-		n = n << 8 | head[off + (size_t)i];
-	ck_assert_uint_lt(n, 1u << 20);
-	msg = malloc(n > 0 ? n : 1);
-	ck_assert_ptr_nonnull(msg);
-	if (!read_exact(fd, msg, n)) {
-		free(msg);
-		return NULL;
-	}
-	*len = n;
-	return msg;
-}
-
-/* A request as a raw peer sends it: the 4-byte ID, then a body with
- * `hdr` as its header and no elements. */
-static size_t
-raw_request(uint8_t *out, size_t cap, uint32_t id, const char *hdr)
-{
-	size_t hlen = strlen(hdr);
-
-	ck_assert_uint_le(4 + FRAME_HEAD_BYTES + hlen, cap);
-	put_be32(out, id);
-	memset(out + 4, 0, FRAME_HEAD_BYTES);
-	out[4] = 'C', out[5] = 'W', out[6] = 1, out[7] = 0;
-	put_be32(out + 8, (uint32_t)hlen);
-	memcpy(out + 4 + FRAME_HEAD_BYTES, hdr, hlen);
-	return 4 + FRAME_HEAD_BYTES + hlen;
-}
-
 /* A raw peer that speaks the protocol right: handshake as req0, one echo
  * request, its reply checked byte for byte. Proves the raw helpers and
  * the framing (the hostile tests below only differ in one thing). */
 START_TEST(test_wire_raw_peer_echo_matches_framing)
 {
-	bool ipc = _i == 2;
-	uint8_t req[64], *got;
-	size_t len, glen;
+	uint8_t req[64];
+	size_t len;
 	tsrv s;
-	int fd;
 
 	srv_start(&s, _i, NULL);
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
-	raw_expect_rep_header(fd);
 	len = raw_request(req, sizeof(req), 0x80000007u, "echo raw");
-	raw_send_sp(fd, ipc, req, len);
-	got = raw_recv_sp(fd, ipc, &glen);
-	ck_assert_ptr_nonnull(got);
 	/* The reply carries the request's ID, then the same body. */
-	ck_assert_uint_eq(glen, len);
-	ck_assert_int_eq(memcmp(got, req, len), 0);
-	free(got);
-	close(fd);
+	raw_assert_echoed(cwi_listener_url(s.l), req, len);
 	srv_stop(&s);
 }
 END_TEST
@@ -1999,25 +2082,14 @@ END_TEST
  * does, so that the devices can route it. */
 START_TEST(test_wire_backtrace_of_2_hops_is_echoed)
 {
-	bool ipc = _i == 2;
-	uint8_t req[64], *got;
-	size_t len, glen;
+	uint8_t req[64];
+	size_t len;
 	tsrv s;
-	int fd;
 
 	srv_start(&s, _i, NULL);
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
-	raw_expect_rep_header(fd);
 	put_be32(req, 0x00000005u); /* the device's pipe id */
 	len = 4 + raw_request(req + 4, sizeof(req) - 4, 0x80000009u, "echo hop");
-	raw_send_sp(fd, ipc, req, len);
-	got = raw_recv_sp(fd, ipc, &glen);
-	ck_assert_ptr_nonnull(got);
-	ck_assert_uint_eq(glen, len);
-	ck_assert_int_eq(memcmp(got, req, len), 0);
-	free(got);
-	close(fd);
+	raw_assert_echoed(cwi_listener_url(s.l), req, len);
 	wait_handled(&s, 1);
 	srv_stop(&s);
 }
@@ -2027,7 +2099,7 @@ START_TEST(test_hostile_wrong_protocol_id_is_closed)
 {
 	/* A pair0 peer (0x10), a pub0 peer (0x20) and a second rep0
 	 * (0x31): none may talk to a rep listener. */
-	static const uint8_t ids[3] = {0x10, 0x20, 0x31};
+	static const uint8_t ids[3] = {0x10, 0x20, SP_REP0};
 	cwi_conn *good;
 	tsrv s;
 
@@ -2035,12 +2107,8 @@ START_TEST(test_hostile_wrong_protocol_id_is_closed)
 	good = dial(&s);
 	call_ok(good, "echo before", "echo before");
 	for (int k = 0; k < 3; k++) {
-		uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, ids[k], 0, 0};
-		uint8_t req[64];
-		size_t len = raw_request(req, sizeof(req), 0x80000001u, "echo");
-		int fd = raw_connect_url(cwi_listener_url(s.l));
-		send_all(fd, hs, sizeof(hs));
-		raw_send_sp(fd, _i == 2, req, len);
+		int fd = raw_connect_sp(cwi_listener_url(s.l), ids[k]);
+		raw_send_msg(fd, _i == 2, 0x80000001u, "echo");
 		ck_assert_msg(closed_by_server(fd), "protocol 0x%02x", ids[k]);
 		close(fd);
 	}
@@ -2059,14 +2127,11 @@ START_TEST(test_hostile_body_over_max_msg_size_is_closed)
 	const size_t max = (size_t)1 << 20;
 	size_t len = 4 + max + 1;
 	uint8_t *msg = calloc(1, len);
-	cwi_transport_opts o;
-	long before, after;
 	cwi_conn *good;
+	long before;
 	tsrv s;
 
-	cwi_transport_opts_init(&o);
-	o.max_msg_size = max;
-	srv_start(&s, _i, &o);
+	srv_start_limited(&s, _i, max);
 	ck_assert_ptr_nonnull(msg);
 	/* A well-formed echo request but for its size: header fills it. */
 	put_be32(msg, 0x80000001u);
@@ -2076,18 +2141,13 @@ START_TEST(test_hostile_body_over_max_msg_size_is_closed)
 	good = dial(&s);
 	before = rss_kib();
 	for (int k = 0; k < 4; k++) {
-		int fd = raw_connect_url(cwi_listener_url(s.l));
-		send_all(fd, sp_req_header, sizeof(sp_req_header));
+		int fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
 		raw_send_sp(fd, _i == 2, msg, len);
 		ck_assert_msg(closed_by_server(fd), "attempt %d", k);
 		close(fd);
 	}
-	after = rss_kib();
-	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
-	    after - before);
-	ck_assert_int_eq(s.handled, 0);
-	call_ok(good, "echo still here", "echo still here");
-	cwi_conn_destroy(good);
+	assert_rss_bounded(before);
+	assert_unharmed(&s, good);
 	free(msg);
 	srv_stop(&s);
 }
@@ -2099,35 +2159,23 @@ END_TEST
 START_TEST(test_hostile_length_past_bound_closed_before_body)
 {
 	const size_t max = (size_t)1 << 20;
-	cwi_transport_opts o;
-	long before, after;
 	cwi_conn *good;
+	long before;
 	tsrv s;
 
-	cwi_transport_opts_init(&o);
-	o.max_msg_size = max;
-	srv_start(&s, _i, &o);
+	srv_start_limited(&s, _i, max);
 	good = dial(&s);
 	before = rss_kib();
 	for (int k = 0; k < 8; k++) {
-		uint8_t head[9];
-		size_t n = 0;
-		int fd = raw_connect_url(cwi_listener_url(s.l));
-		send_all(fd, sp_req_header, sizeof(sp_req_header));
-		if (_i == 2)
-			head[n++] = 1;
+		int fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
 		/* k = 0: just past the bound; then ever larger claims. */
-		put_be64(head + n, (uint64_t)(max + max / 8 + 64 + 1) << (4 * k));
-		send_all(fd, head, n + 8);
+		raw_send_length(fd, _i == 2,
+		    (uint64_t)(max + max / 8 + 64 + 1) << (4 * k));
 		ck_assert_msg(closed_by_server(fd), "attempt %d", k);
 		close(fd);
 	}
-	after = rss_kib();
-	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
-	    after - before);
-	ck_assert_int_eq(s.handled, 0);
-	call_ok(good, "echo still here", "echo still here");
-	cwi_conn_destroy(good);
+	assert_rss_bounded(before);
+	assert_unharmed(&s, good);
 	srv_stop(&s);
 }
 END_TEST
@@ -2137,23 +2185,17 @@ END_TEST
  * handler never sees it. */
 START_TEST(test_hostile_request_id_without_high_bit_is_closed)
 {
-	uint8_t req[64];
-	size_t len;
 	cwi_conn *good;
 	tsrv s;
 	int fd;
 
 	srv_start(&s, _i, NULL);
 	good = dial(&s);
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
-	len = raw_request(req, sizeof(req), 0x00000001u, "echo");
-	raw_send_sp(fd, _i == 2, req, len);
+	fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
+	raw_send_msg(fd, _i == 2, 0x00000001u, "echo");
 	ck_assert(closed_by_server(fd));
 	close(fd);
-	ck_assert_int_eq(s.handled, 0);
-	call_ok(good, "echo still here", "echo still here");
-	cwi_conn_destroy(good);
+	assert_unharmed(&s, good);
 	srv_stop(&s);
 }
 END_TEST
@@ -2163,8 +2205,8 @@ END_TEST
  * cachew client sends. The request is never handled. */
 START_TEST(test_hostile_backtrace_of_9_hops_is_closed)
 {
-	uint8_t msg[128], good_req[64], *got;
-	size_t len = 0, glen;
+	uint8_t msg[128], *got;
+	size_t len = 0;
 	bool answered;
 	cwi_conn *good;
 	tsrv s;
@@ -2177,14 +2219,11 @@ START_TEST(test_hostile_backtrace_of_9_hops_is_closed)
 		len += 4;
 	}
 	len += raw_request(msg + len, sizeof(msg) - len, 0x80000001u, "echo");
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
-	raw_expect_rep_header(fd);
+	fd = raw_connect_req(cwi_listener_url(s.l));
 	raw_send_sp(fd, _i == 2, msg, len);
 	/* Then a proper request on the same connection: the server must
 	 * close the connection instead of answering it. */
-	glen = raw_request(good_req, sizeof(good_req), 0x80000002u, "echo ok");
-	raw_send_sp(fd, _i == 2, good_req, glen);
+	raw_send_msg(fd, _i == 2, 0x80000002u, "echo ok");
 	got = raw_recv_sp(fd, _i == 2, &len);
 	answered = got != NULL;
 	free(got);
@@ -2192,9 +2231,7 @@ START_TEST(test_hostile_backtrace_of_9_hops_is_closed)
 	ck_assert_msg(!answered, "the connection stayed open (%zu-byte "
 				 "reply)",
 	    len);
-	ck_assert_int_eq(s.handled, 0);
-	call_ok(good, "echo still here", "echo still here");
-	cwi_conn_destroy(good);
+	assert_unharmed(&s, good);
 	srv_stop(&s);
 }
 END_TEST
@@ -2204,8 +2241,6 @@ END_TEST
  * transport knew), as transport.h allows, and nothing else breaks. */
 START_TEST(test_hostile_peer_gone_before_reply)
 {
-	uint8_t req[64];
-	size_t len;
 	cwi_conn *good;
 	cwi_msg *out;
 	cachew_err rv;
@@ -2214,10 +2249,8 @@ START_TEST(test_hostile_peer_gone_before_reply)
 
 	srv_start(&s, _i, NULL);
 	good = dial(&s);
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
-	len = raw_request(req, sizeof(req), 0x80000001u, "hold raw");
-	raw_send_sp(fd, _i == 2, req, len);
+	fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
+	raw_send_msg(fd, _i == 2, 0x80000001u, "hold raw");
 	wait_held(&s, 1);
 	close(fd);
 	/* The server keeps serving while it holds the orphan. */
@@ -2240,25 +2273,17 @@ END_TEST
 /* A handshake whose reserved bytes (6 and 7) are not zero: closed. */
 START_TEST(test_hostile_handshake_reserved_bytes_is_closed)
 {
-	static const uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 1};
-	uint8_t req[64];
-	size_t len;
+	static const uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, SP_REQ0, 0, 1};
 	tsrv s;
 	int fd;
 
 	srv_start(&s, _i, NULL);
-	fd = raw_connect_url(cwi_listener_url(s.l));
+	fd = raw_connect(cwi_listener_url(s.l));
 	send_all(fd, hs, sizeof(hs));
-	len = raw_request(req, sizeof(req), 0x80000001u, "echo");
-	raw_send_sp(fd, _i == 2, req, len);
+	raw_send_msg(fd, _i == 2, 0x80000001u, "echo");
 	ck_assert(closed_by_server(fd));
 	close(fd);
-	ck_assert_int_eq(s.handled, 0);
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
+	assert_unharmed(&s, NULL);
 	srv_stop(&s);
 }
 END_TEST
@@ -2272,8 +2297,7 @@ START_TEST(test_hostile_ipc_message_type_not_1_is_closed)
 	int fd;
 
 	srv_start(&s, 2, NULL);
-	fd = raw_connect_url(cwi_listener_url(s.l));
-	send_all(fd, sp_req_header, sizeof(sp_req_header));
+	fd = raw_connect_sp(cwi_listener_url(s.l), SP_REQ0);
 	len = raw_request(req, sizeof(req), 0x80000001u, "echo");
 	head[0] = 2;
 	put_be64(head + 1, len);
@@ -2281,12 +2305,7 @@ START_TEST(test_hostile_ipc_message_type_not_1_is_closed)
 	send_all(fd, req, len);
 	ck_assert(closed_by_server(fd));
 	close(fd);
-	ck_assert_int_eq(s.handled, 0);
-	{
-		cwi_conn *c = dial(&s);
-		call_ok(c, "echo still here", "echo still here");
-		cwi_conn_destroy(c);
-	}
+	assert_unharmed(&s, NULL);
 	srv_stop(&s);
 }
 END_TEST
@@ -2298,30 +2317,21 @@ END_TEST
 static int
 raw_listen(int ti, char *url, size_t len)
 {
-	int fd;
+	char *want = test_url(ti);
+	struct sockaddr_storage ss;
+	socklen_t sl = raw_addr(want, &ss);
+	int fd = socket(ss.ss_family, SOCK_STREAM, 0);
 
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&ss, sl), 0);
 	if (ti == 1) {
-		struct sockaddr_in sa = {.sin_family = AF_INET};
-		socklen_t sl = sizeof(sa);
-
-		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-		ck_assert_int_ge(fd, 0);
-		ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-		ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-		snprintf(url, len, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+		ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&ss, &sl), 0);
+		snprintf(url, len, "tcp://127.0.0.1:%u",
+		    ntohs(((struct sockaddr_in *)&ss)->sin_port));
 	} else {
-		struct sockaddr_un sa = {.sun_family = AF_UNIX};
-		char *u = test_url(2);
-
-		ck_assert_uint_lt(strlen(u + 6), sizeof(sa.sun_path));
-		memcpy(sa.sun_path, u + 6, strlen(u + 6) + 1);
-		fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		ck_assert_int_ge(fd, 0);
-		ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-		snprintf(url, len, "%s", u);
-		free(u);
+		snprintf(url, len, "%s", want);
 	}
+	free(want);
 	ck_assert_int_eq(listen(fd, 8), 0);
 	return fd;
 }
@@ -2335,22 +2345,20 @@ raw_unlisten(int lfd, const char *url)
 }
 
 /* Accepts the client's connection (bounded) and does the rep side of
- * the handshake, checking that the client announced req0 (0x30). */
+ * the handshake, checking that the client announced req0. */
 static int
 raw_accept_req(int lfd)
 {
-	static const uint8_t rep_header[8] = {0, 'S', 'P', 0, 0x00, 0x31, 0,
-	    0};
 	struct pollfd pf = {.fd = lfd, .events = POLLIN};
-	uint8_t got[8];
+	uint8_t hs[8];
 	int fd;
 
 	ck_assert_int_eq(poll(&pf, 1, WAIT_MS), 1);
 	fd = accept(lfd, NULL, NULL);
 	ck_assert_int_ge(fd, 0);
-	send_all(fd, rep_header, sizeof(rep_header));
-	ck_assert(read_exact(fd, got, sizeof(got)));
-	ck_assert_int_eq(memcmp(got, sp_req_header, sizeof(got)), 0);
+	sp_header(hs, SP_REP0);
+	send_all(fd, hs, sizeof(hs));
+	raw_expect_sp_header(fd, SP_REQ0);
 	return fd;
 }
 
@@ -2376,6 +2384,27 @@ raw_read_request(int fd, bool ipc, const char *hdr)
 	return id;
 }
 
+/* The raw server's side of one exchange: reads the header-only request
+ * `hdr` and answers it with header `reply`. */
+static void
+raw_answer(int fd, bool ipc, const char *hdr, const char *reply)
+{
+	raw_send_msg(fd, ipc, raw_read_request(fd, ipc, hdr), reply);
+}
+
+/* Waits for the next completion on q, which must be request `tag`'s and
+ * a success; returns its reply (cwi_msg_destroy). */
+static cwi_msg *
+cq_wait_ok(cwi_cq *q, uint64_t tag)
+{
+	cwi_completion comp;
+
+	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
+	ck_assert_uint_eq(comp.tag, tag);
+	return comp.reply;
+}
+
 /* A reply carrying the ID of no request in flight (a late reply to one
  * that timed out looks like that) is dropped; the connection stays and
  * the right reply completes the request. */
@@ -2383,11 +2412,9 @@ START_TEST(test_wire_reply_with_unknown_id_is_dropped)
 {
 	bool ipc = _i == 2;
 	cwi_transport_opts o;
-	cwi_completion comp;
-	uint8_t rep[64];
-	char url[256], *h;
+	cwi_msg *reply;
+	char url[256];
 	uint32_t id;
-	size_t len;
 	cwi_conn *c;
 	cwi_cq *q;
 	int lfd, fd;
@@ -2400,27 +2427,16 @@ START_TEST(test_wire_reply_with_unknown_id_is_dropped)
 	ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1), CACHEW_OK);
 	fd = raw_accept_req(lfd);
 	id = raw_read_request(fd, ipc, "ask");
-	len = raw_request(rep, sizeof(rep), id ^ 0x1234u, "wrong");
-	raw_send_sp(fd, ipc, rep, len);
-	len = raw_request(rep, sizeof(rep), id, "right");
-	raw_send_sp(fd, ipc, rep, len);
-	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
-	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
-	ck_assert_uint_eq(comp.tag, 1);
-	h = hdr_str(comp.reply);
-	ck_assert_str_eq(h, "right");
-	free(h);
-	cwi_msg_destroy(comp.reply);
+	raw_send_msg(fd, ipc, id ^ 0x1234u, "wrong");
+	raw_send_msg(fd, ipc, id, "right");
+	reply = cq_wait_ok(q, 1);
+	assert_hdr(reply, "right");
+	cwi_msg_destroy(reply);
 	/* The same connection carries the next request. */
 	ck_assert_int_eq(cwi_conn_send(c, mk("again"), WAIT_MS, q, 2),
 	    CACHEW_OK);
-	id = raw_read_request(fd, ipc, "again");
-	len = raw_request(rep, sizeof(rep), id, "fine");
-	raw_send_sp(fd, ipc, rep, len);
-	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
-	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
-	ck_assert_uint_eq(comp.tag, 2);
-	cwi_msg_destroy(comp.reply);
+	raw_answer(fd, ipc, "again", "fine");
+	cwi_msg_destroy(cq_wait_ok(q, 2));
 	ck_assert_uint_eq(cwi_cq_outstanding(q), 0);
 	cwi_cq_destroy(q);
 	cwi_conn_destroy(c);
@@ -2438,11 +2454,8 @@ START_TEST(test_hostile_server_8gib_reply_length_resets_client)
 	bool ipc = _i == 2;
 	cwi_transport_opts o;
 	cwi_completion comp;
-	uint8_t head[9], rep[64];
 	char url[256];
-	long before, after;
-	uint32_t id;
-	size_t n = 0, len;
+	long before;
 	cwi_conn *c;
 	cwi_cq *q;
 	int lfd, fd;
@@ -2459,29 +2472,19 @@ START_TEST(test_hostile_server_8gib_reply_length_resets_client)
 	ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1), CACHEW_OK);
 	fd = raw_accept_req(lfd);
 	(void)raw_read_request(fd, ipc, "ask");
-	if (ipc)
-		head[n++] = 1;
-	put_be64(head + n, (uint64_t)8 << 30);
-	send_all(fd, head, n + 8);
+	raw_send_length(fd, ipc, (uint64_t)8 << 30);
 	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
 	ck_assert_uint_eq(comp.tag, 1);
 	ck_assert_int_eq(comp.err, CACHEW_ECLOSED);
 	ck_assert(closed_by_server(fd)); /* here: by the client */
 	close(fd);
-	after = rss_kib();
-	ck_assert_msg(after - before < 64 * 1024, "RSS grew %ld KiB",
-	    after - before);
+	assert_rss_bounded(before);
 	/* Redialed: the next request arrives on a new connection. */
 	ck_assert_int_eq(cwi_conn_send(c, mk("again"), WAIT_MS, q, 2),
 	    CACHEW_OK);
 	fd = raw_accept_req(lfd);
-	id = raw_read_request(fd, ipc, "again");
-	len = raw_request(rep, sizeof(rep), id, "fine");
-	raw_send_sp(fd, ipc, rep, len);
-	ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
-	ck_assert_msg(comp.err == CACHEW_OK, "%s", cachew_errmsg());
-	ck_assert_uint_eq(comp.tag, 2);
-	cwi_msg_destroy(comp.reply);
+	raw_answer(fd, ipc, "again", "fine");
+	cwi_msg_destroy(cq_wait_ok(q, 2));
 	cwi_cq_destroy(q);
 	cwi_conn_destroy(c);
 	close(fd);

@@ -6,6 +6,7 @@
  */
 #include "cwt.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -30,7 +31,11 @@ void
 cwt_nap_ms(unsigned ms)
 {
 	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
+
+	/* The whole time, even when a signal (a child stopping: SIGCHLD)
+	 * interrupts the sleep. */
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
 }
 
 char *

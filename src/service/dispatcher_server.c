@@ -53,7 +53,46 @@ struct cwi_dispatcher_server {
 	 * taken first. */
 	cwi_dcache *dcache;
 	pthread_mutex_t pass_lock;
+	/* Time the dispatcher itself did not run (see disp_now). */
+	_Atomic uint64_t paused_ns;
+	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
 };
+
+/*
+ * The dispatcher's clock: cwi_now_ns() less the time the process was not
+ * running (SIGSTOP, a debugger, a suspended VM) or its ticker was starved
+ * for long. While the dispatcher does not run it hears from nobody, so
+ * without this every worker and client would be declared dead the moment
+ * it runs again. The embedded service met it on every Ctrl-Z of a
+ * training program longer than the worker timeout: its only worker was
+ * dropped, and the iterator failed with "task 1 was stopped".
+ */
+static uint64_t
+disp_now(cwi_dispatcher_server *d)
+{
+	return cwi_now_ns() - atomic_load(&d->paused_ns);
+}
+
+/* Ticks come every TICK_MS; a gap longer than PAUSE_MIN_MS between two
+ * is counted as a pause (beyond one tick). */
+#define TICK_MS 50
+#define PAUSE_MIN_MS 1000
+
+static void
+note_pause(cwi_dispatcher_server *d)
+{
+	uint64_t now = cwi_now_ns(), gap;
+
+	if (now - d->last_tick_ns > (uint64_t)PAUSE_MIN_MS * 1000000u) {
+		gap = now - d->last_tick_ns - (uint64_t)TICK_MS * 1000000u;
+		atomic_fetch_add(&d->paused_ns, gap);
+		cwi_log(CACHEW_LOG_WARN, "dispatcher",
+		    "event=paused gap_ms=%llu action=\"timeouts extended by "
+		    "the gap\"",
+		    (unsigned long long)(gap / 1000000u));
+	}
+	d->last_tick_ns = now;
+}
 
 /* The server's state of one autocaching pass (a job's cwi_job_pass ctx). */
 typedef struct srv_pass {
@@ -105,7 +144,7 @@ finish_passes(cwi_dispatcher_server *d)
 			    "event=autocache job=%llu %s",
 			    (unsigned long long)v[i].job_id, event);
 			pthread_mutex_lock(&d->lock);
-			cwi_dispatcher_autocache_event(d->state, cwi_now_ns(),
+			cwi_dispatcher_autocache_event(d->state, disp_now(d),
 			    v[i].job_id, NULL, event);
 			pthread_mutex_unlock(&d->lock);
 		}
@@ -163,7 +202,7 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
 	pthread_mutex_lock(&d->lock);
 	if (jp.ctx != NULL)
 		cwi_dispatcher_offer_pass(d->state, &jp);
-	(void)cwi_dispatcher_handle(d->state, cwi_now_ns(), req, rep);
+	(void)cwi_dispatcher_handle(d->state, disp_now(d), req, rep);
 	cwi_dispatcher_offer_pass(d->state, NULL);
 	pthread_mutex_unlock(&d->lock);
 	pthread_mutex_unlock(&d->pass_lock);
@@ -212,7 +251,7 @@ on_request(void *arg, cwi_request *r)
 		handle_job_request(d, &req, &rep);
 	} else {
 		pthread_mutex_lock(&d->lock);
-		(void)cwi_dispatcher_handle(d->state, cwi_now_ns(), &req, &rep);
+		(void)cwi_dispatcher_handle(d->state, disp_now(d), &req, &rep);
 		pthread_mutex_unlock(&d->lock);
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY)
@@ -227,18 +266,21 @@ ticker_main(void *arg)
 {
 	cwi_dispatcher_server *d = arg;
 
+	/* From the start: a pause before the first tick counts too. */
+	d->last_tick_ns = cwi_now_ns();
 	while (!atomic_load(&d->stop)) {
 		uint32_t target;
 
 		pthread_mutex_lock(&d->tick_lock);
 		if (!atomic_load(&d->stop))
 			(void)cwi_cond_wait_ns(&d->tick_cond, &d->tick_lock,
-			    50 * 1000000u);
+			    (uint64_t)TICK_MS * 1000000u);
 		pthread_mutex_unlock(&d->tick_lock);
 		if (atomic_load(&d->stop))
 			break;
+		note_pause(d);
 		pthread_mutex_lock(&d->lock);
-		cwi_dispatcher_tick(d->state, cwi_now_ns());
+		cwi_dispatcher_tick(d->state, disp_now(d));
 		target = cwi_dispatcher_pool_target(d->state);
 		pthread_mutex_unlock(&d->lock);
 		if (d->dcache != NULL) {
