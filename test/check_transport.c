@@ -1972,6 +1972,44 @@ START_TEST(test_max_inflight_holds_back_further_requests)
 }
 END_TEST
 
+/* Room freed by one connection's request reaches another that waits:
+ * with max_inflight 1, A's request and B's first are held and both
+ * links stop reading; answering them must let B's second request in,
+ * although A, woken first, has nothing more to send. */
+START_TEST(test_max_inflight_room_reaches_every_waiting_connection)
+{
+	cwi_transport_opts o;
+	cwi_conn *a, *b;
+	cwi_cq *q;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.max_inflight = 1;
+	srv_start(&s, _i, &o);
+	a = dial(&s);
+	b = dial(&s);
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	ck_assert_int_eq(cwi_conn_send(a, mk("hold 0"), WAIT_MS, q, 0),
+	    CACHEW_OK);
+	wait_held(&s, 1);
+	ck_assert_int_eq(cwi_conn_send(b, mk("hold 1"), WAIT_MS, q, 1),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_conn_send(b, mk("hold 2"), WAIT_MS, q, 2),
+	    CACHEW_OK);
+	wait_held(&s, 2);
+	reply_held_with_its_header(&s, 0);
+	reply_held_with_its_header(&s, 1);
+	wait_held(&s, 3);
+	reply_held_with_its_header(&s, 2);
+	s.nheld = 0;
+	collect_hold_replies(q, 3);
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(a);
+	cwi_conn_destroy(b);
+	srv_stop(&s);
+}
+END_TEST
+
 /* ---- conformance: closing during a large reply ---------------------------- */
 
 typedef struct big_call {
@@ -2344,6 +2382,42 @@ raw_unlisten(int lfd, const char *url)
 		unlink(url + 6);
 }
 
+/* A peer that accepts and hangs up at once (or speaks another protocol)
+ * is redialed with backoff, as a refused dial is, not in a tight loop:
+ * reconnect_min_ms 100 doubling to 400 allows about 5 connections in a
+ * second; without backoff there were thousands. */
+START_TEST(test_peer_hanging_up_at_once_is_redialed_with_backoff)
+{
+	cwi_transport_opts o;
+	char url[256];
+	uint64_t end;
+	int lfd, accepted = 0;
+	cwi_conn *c;
+
+	lfd = raw_listen(_i, url, sizeof(url));
+	cwi_transport_opts_init(&o);
+	o.dial_async = true;
+	o.reconnect_min_ms = 100;
+	o.reconnect_max_ms = 400;
+	ck_assert_int_eq(cwi_dial(&c, url, &o), CACHEW_OK);
+	end = cwi_now_ns() + 1000000000u;
+	while (cwi_now_ns() < end) {
+		struct pollfd pf = {.fd = lfd, .events = POLLIN};
+		if (poll(&pf, 1, 50) == 1) {
+			int fd = accept(lfd, NULL, NULL);
+			if (fd >= 0) {
+				accepted++;
+				close(fd);
+			}
+		}
+	}
+	cwi_conn_destroy(c);
+	raw_unlisten(lfd, url);
+	ck_assert_int_ge(accepted, 1);
+	ck_assert_msg(accepted <= 12, "%d connections in 1 s", accepted);
+}
+END_TEST
+
 /* Accepts the client's connection (bounded) and does the rep side of
  * the handshake, checking that the client announced req0. */
 static int
@@ -2541,6 +2615,9 @@ cwt_transport_suite(void)
 	 * thread, and nothing queues. */
 	tcase_add_loop_test(conf, test_max_inflight_holds_back_further_requests,
 	    1, NTRANSPORTS);
+	tcase_add_loop_test(conf,
+	    test_max_inflight_room_reaches_every_waiting_connection, 1,
+	    NTRANSPORTS);
 	tcase_add_loop_test(conf, test_conn_close_while_large_reply_in_transit,
 	    1, NTRANSPORTS);
 	suite_add_tcase(s, conf);
@@ -2585,6 +2662,9 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(wire, test_wire_backtrace_of_2_hops_is_echoed, 1,
 	    NTRANSPORTS);
 	tcase_add_loop_test(wire, test_wire_reply_with_unknown_id_is_dropped, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(wire,
+	    test_peer_hanging_up_at_once_is_redialed_with_backoff, 1,
 	    NTRANSPORTS);
 	suite_add_tcase(s, wire);
 	return s;
