@@ -488,34 +488,76 @@ END_TEST
 
 typedef struct share_arg {
 	const char *url;
+	pthread_barrier_t *joined; /* both clients are in the job */
 	run_sum sum;
 } share_arg;
 
+/* One client of the named job "shared": it joins (creates its iterator),
+ * waits until the other has joined too, then reads to the end. Without
+ * the wait a slow machine (valgrind) let the first client finish and end
+ * the job before the second joined, which then read a new job of the
+ * same name from the start. */
 static void *
 share_main(void *arg)
 {
 	share_arg *a = arg;
-	a->sum = run_digest("range(30000) | map(add, value=1)", a->url,
-	    "shared");
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", a->url),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(o, "job_name", "shared"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(30000) | map(add, value=1)"),
+	    CACHEW_OK);
+	ck_assert_msg(cachew_iterator_create(&it, ds, o) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	pthread_barrier_wait(a->joined);
+	memset(&a->sum, 0, sizeof(a->sum));
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		a->sum.n++;
+		a->sum.digest += cachew_element_hash(e);
+		cachew_element_release(e);
+	}
+	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(it));
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
 	return NULL;
 }
 
-START_TEST(cluster_two_clients_share_a_named_job)
+/* Runs two clients of one named job through url. */
+static void
+share_run(const char *url, share_arg a[2])
 {
-	cluster c;
+	pthread_barrier_t joined;
 	pthread_t th[2];
-	share_arg a[2];
 
-	cluster_start(&c, 2);
-	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
-	    NULL);
+	ck_assert_int_eq(pthread_barrier_init(&joined, NULL, 2), 0);
 	for (int i = 0; i < 2; i++) {
-		a[i].url = c.dispatcher.url;
+		a[i].url = url;
+		a[i].joined = &joined;
 		ck_assert_int_eq(pthread_create(&th[i], NULL, share_main, &a[i]),
 		    0);
 	}
 	for (int i = 0; i < 2; i++)
 		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&joined);
+}
+
+START_TEST(cluster_two_clients_share_a_named_job)
+{
+	cluster c;
+	share_arg a[2];
+
+	cluster_start(&c, 2);
+	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
+	    NULL);
+	share_run(c.dispatcher.url, a);
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
 	cluster_stop(&c);
@@ -526,18 +568,11 @@ END_TEST
  * pull from its one inline task; each element reaches one of them. */
 START_TEST(embedded_two_clients_share_a_named_job)
 {
-	pthread_t th[2];
 	share_arg a[2];
 	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
 	    NULL);
 
-	for (int i = 0; i < 2; i++) {
-		a[i].url = "embedded";
-		ck_assert_int_eq(pthread_create(&th[i], NULL, share_main, &a[i]),
-		    0);
-	}
-	for (int i = 0; i < 2; i++)
-		pthread_join(th[i], NULL);
+	share_run("embedded", a);
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
 }
