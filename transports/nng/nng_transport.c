@@ -583,7 +583,6 @@ struct slink {
 	nng_iov txv[TX_IOV];
 	/* receive */
 	rx_state rx;
-	bool rx_armed;      /* an operation of rxa is in nng */
 	bool resume_wanted; /* link_resume came while delivering */
 	uint8_t rxhead[SP_IPC_PREFIX];
 	size_t got, need;
@@ -744,16 +743,15 @@ link_kill_locked(slink *lk, const char *why)
 		lk->dead = true;
 		snprintf(lk->why, sizeof(lk->why), "%s", why);
 		nng_stream_close(lk->s);
+		/* A link parks only while alive, so this is the one moment
+		 * it can be parked and dying: nothing would call the receive
+		 * callback, so a zero sleep does, and it reports the death. */
+		if (lk->rx == RX_PARKED)
+			nng_sleep_aio(0, lk->rxa);
 	}
 	if (!lk->txbusy) {
 		q = lk->txq;
 		lk->txq = lk->txtail = NULL;
-	}
-	if (lk->rx == RX_PARKED && !lk->rx_armed) {
-		/* Nothing would call the receive callback: a zero sleep
-		 * does, and it reports the death. */
-		lk->rx_armed = true;
-		nng_sleep_aio(0, lk->rxa);
 	}
 	return q;
 }
@@ -876,7 +874,6 @@ rx_arm_locked(slink *lk)
 	nng_aio_set_timeout(lk->rxa, lk->rx == RX_HANDSHAKE
 					 ? HANDSHAKE_TIMEOUT_MS
 					 : NNG_DURATION_INFINITE);
-	lk->rx_armed = true;
 	nng_stream_recv(lk->s, lk->rxa);
 }
 
@@ -962,7 +959,6 @@ link_rx_cb(void *arg)
 	bool more;
 
 	pthread_mutex_lock(&lk->mtx);
-	lk->rx_armed = false;
 	if (!lk->dead && rv != 0) {
 		if (rv == NNG_ETIMEDOUT && lk->rx == RX_HANDSHAKE) {
 			snprintf(why, sizeof(why),
