@@ -348,25 +348,52 @@ proc_teardown(proc_fixture *f)
 	free(f->dir);
 }
 
+/* `cachew status --json` of the dispatcher, or NULL. */
+static char *
+dispatcher_status(const proc_fixture *f)
+{
+	char *out = fmt("%s/status.json", f->dir);
+	char *cmd = fmt("%s/cachew status %s --json > %s 2>/dev/null",
+	    cwt_build_dir(), f->dispatcher.url, out);
+	char *json = system(cmd) == 0 ? cwt_slurp(out) : NULL;
+
+	free(cmd);
+	free(out);
+	return json;
+}
+
 /* The pid of the latest `cachewd` started in slot (from its log's last
- * "event=listening role=worker ... pid=" line) once it registered: waits
- * (bounded) until that process, not an earlier one, registered. `not`
- * excludes an earlier pid of the same slot. */
+ * "event=listening role=worker url=... pid=..." line) once the dispatcher
+ * lists that worker's url: waits (bounded) until that process, not an
+ * earlier one, registered. `not` excludes an earlier pid of the same slot.
+ * The worker registers from its heartbeat thread, so its "registered" log
+ * line may come before or after main's "listening" line: the dispatcher's
+ * list is what says it registered. */
 static pid_t
 slot_pid(const proc_fixture *f, unsigned slot, pid_t not)
 {
 	char *path = fmt("%s/worker-%u.log", f->logs, slot);
 	uint64_t deadline = cwt_now_ms() + WAIT_MS;
-	pid_t pid = 0;
 
 	while (cwt_now_ms() < deadline) {
-		char *log = cwt_slurp(path), *p, *last = NULL;
+		char *log = cwt_slurp(path), *p, *last = NULL, *url, *status;
+		pid_t pid = 0;
 		for (p = log; p != NULL &&
 		     (p = strstr(p, "event=listening role=worker")) != NULL; p++)
 			last = p;
-		if (last != NULL && (p = strstr(last, " pid=")) != NULL) {
+		if (last != NULL && (p = strstr(last, " pid=")) != NULL)
 			pid = (pid_t)atoi(p + 5);
-			if (pid != not && strstr(last, "event=registered") != NULL) {
+		if (pid != 0 && pid != not &&
+		    (url = strstr(last, " url=")) != NULL) {
+			url += 5;
+			char *want = fmt("\"address\":\"%.*s\"",
+			    (int)strcspn(url, " \n"), url);
+			status = dispatcher_status(f);
+			int registered = status != NULL &&
+			    strstr(status, want) != NULL;
+			free(status);
+			free(want);
+			if (registered) {
 				free(log);
 				free(path);
 				return pid;
@@ -384,23 +411,15 @@ slot_pid(const proc_fixture *f, unsigned slot, pid_t not)
 static int
 registered_workers(const proc_fixture *f)
 {
-	char *out = fmt("%s/status.json", f->dir);
-	char *cmd = fmt("%s/cachew status %s --json > %s 2>/dev/null",
-	    cwt_build_dir(), f->dispatcher.url, out);
-	int n = -1;
+	char *json = dispatcher_status(f);
+	const char *w = json != NULL ? strstr(json, "\"workers\":[") : NULL;
+	const char *end = w != NULL ? strchr(w, ']') : NULL;
+	int n = json != NULL ? 0 : -1;
 
-	if (system(cmd) == 0) {
-		char *json = cwt_slurp(out);
-		const char *w = json != NULL ? strstr(json, "\"workers\":[") : NULL;
-		const char *end = w != NULL ? strchr(w, ']') : NULL;
-		n = 0;
-		for (const char *p = w; p != NULL && p < end &&
-		     (p = strstr(p, "\"address\":")) != NULL && p < end; p++)
-			n++;
-		free(json);
-	}
-	free(cmd);
-	free(out);
+	for (const char *p = w; p != NULL && p < end &&
+	     (p = strstr(p, "\"address\":")) != NULL && p < end; p++)
+		n++;
+	free(json);
 	return n;
 }
 
