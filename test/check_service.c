@@ -1237,6 +1237,50 @@ START_TEST(test_dispatcher_ack_reply_says_when_every_split_is_acked)
 }
 END_TEST
 
+/* A split read by two clients of a shared job is done when both have
+ * acknowledged their part: one client's ack sent twice (a resend after a
+ * lost reply) counts once, or the job would end while the other client's
+ * part is still on its way. */
+START_TEST(test_dispatcher_part_acks_count_each_client_once)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 8, NULL), job, a, b, w, t, id, two = 2;
+	job_opts named = {.name = "shared"};
+	cwi_msg_split_lease_reply l;
+	cwi_msg_ok ok = {true};
+
+	w = add_worker(h, "tcp://w0:1");
+	join(h, ds, &named, &job, &a);
+	join(h, ds, &named, &job, &b);
+	t = task_of(h, w, job, NULL);
+	ck_assert_int_eq(lease(h, w, t, 1, &l), CACHEW_OK);
+	ck_assert_uint_eq(l.nsplits, 1);
+	id = l.splits[0].split_id;
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	/* Every other split acknowledged whole. */
+	for (uint64_t k = 0; k < job_status(h, job).splits_total; k++)
+		if (k != id)
+			ack(h, job, a, &k, 1);
+	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1};
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
+				     &ok), CACHEW_OK);
+		ck_assert(!ok.job_finished);
+		ck_assert_uint_eq(job_status(h, job).splits_leased, 1);
+	}
+	req.client_id = b;
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	ck_assert(ok.job_finished);
+	ck_assert_uint_eq(job_status(h, job).splits_leased, 0);
+	/* Late copies change nothing. */
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	ck_assert(ok.job_finished);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_epoch_leases_every_unit_once)
 {
 	harness *h = harness_new();
@@ -2409,6 +2453,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);
 	tcase_add_test(disp, test_dispatcher_unused_datasets_are_dropped);
 	tcase_add_test(disp, test_dispatcher_ack_reply_says_when_every_split_is_acked);
+	tcase_add_test(disp, test_dispatcher_part_acks_count_each_client_once);
 	tcase_add_test(disp, test_dispatcher_lease_is_capped_by_fair_share);
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);
 	tcase_add_test(disp, test_dispatcher_removed_task_finishes_leased_splits);

@@ -62,7 +62,12 @@ typedef struct split {
 	uint8_t state;
 	bool delivered;     /* the lessee sent its last element */
 	uint32_t acks;      /* acknowledgements, duplicates included */
-	uint32_t part_acks; /* acks towards `parts` before it is acked */
+	uint32_t part_acks; /* clients in `ackers` */
+	uint32_t ackers_cap;
+	/* Clients that acknowledged their part of this lease, when it was
+	 * read by several (parts > 1): each counts once, so that an ack
+	 * resent after a lost reply cannot complete the split early. */
+	uint64_t *ackers;
 	uint64_t orphan_ns; /* when its lessee went, delivered but unacked */
 	uint64_t task_id;   /* lessee; 0 once the task is gone */
 	uint64_t worker_id; /* lessee's worker */
@@ -366,6 +371,8 @@ task_free(task *t)
 static void
 job_free_splits(job *j)
 {
+	for (uint64_t i = 0; j->splits != NULL && i < j->nsplits; i++)
+		free(j->splits[i].ackers);
 	free(j->splits);
 	free(j->ring);
 	j->splits = NULL;
@@ -1983,16 +1990,54 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 	return CACHEW_OK;
 }
 
+/* The split's room for one more client acknowledging its part. */
 static cachew_err
-acks_check(const job *j, const uint64_t *ids, size_t n)
+ackers_reserve(split *s)
 {
-	for (size_t i = 0; i < n; i++)
+	uint32_t cap;
+	uint64_t *a;
+
+	if (s->part_acks < s->ackers_cap)
+		return CACHEW_OK;
+	cap = s->ackers_cap < 4 ? 4 : s->ackers_cap * 2;
+	if (cap <= s->ackers_cap ||
+	    (a = realloc(s->ackers, cap * sizeof(*a))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	s->ackers = a;
+	s->ackers_cap = cap;
+	return CACHEW_OK;
+}
+
+/* Checks acknowledgements before any is applied: split ids in range, and
+ * room to record each client's part of a split read by several. */
+static cachew_err
+acks_check(job *j, const uint64_t *ids, const uint64_t *parts, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		cachew_err rv;
 		if (ids[i] >= j->nsplits)
 			return cwi_fail(CACHEW_EINVAL,
 			    "split %" PRIu64 " is out of range: job %" PRIu64
 			    " has %" PRIu64 " splits",
 			    ids[i], j->id, j->nsplits);
+		if (parts != NULL && parts[i] > 1 &&
+		    j->splits[ids[i]].state != SPLIT_ACKED &&
+		    (rv = ackers_reserve(&j->splits[ids[i]])) != CACHEW_OK)
+			return rv;
+	}
 	return CACHEW_OK;
+}
+
+/* Whether client_id's part of s is new (and records it); room was
+ * reserved by acks_check. */
+static bool
+part_ack_new(split *s, uint64_t client_id)
+{
+	for (uint32_t k = 0; k < s->part_acks; k++)
+		if (s->ackers[k] == client_id)
+			return false;
+	s->ackers[s->part_acks++] = client_id;
+	return true;
 }
 
 /* Applies acknowledgements (checked by acks_check). */
@@ -2015,9 +2060,15 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 			continue;
 		}
 		/* A lease read by several clients of a shared job: each
-		 * acknowledges its part. */
-		if (++s->part_acks < need)
-			continue;
+		 * acknowledges its part, once. */
+		if (need > 1) {
+			if (!part_ack_new(s, c->id)) {
+				dups++;
+				continue;
+			}
+			if (s->part_acks < need)
+				continue;
+		}
 		if (s->state == SPLIT_LEASED) {
 			task *t = s->task_id != 0 ? find_task(d, s->task_id)
 						  : NULL;
@@ -2031,6 +2082,9 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 		}
 		s->state = SPLIT_ACKED;
 		s->task_id = 0;
+		free(s->ackers);
+		s->ackers = NULL;
+		s->ackers_cap = 0;
 		j->nacked++;
 		if (fresh != NULL)
 			fresh[nfresh] = ids[i];
@@ -2061,14 +2115,16 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 
 	d->now = now_ns;
 	rv = job_client(d, req->job_id, req->client_id, &j, &c);
+	if (rv == CACHEW_OK && req->nparts != 0 &&
+	    req->nparts != req->nsplit_ids)
+		rv = cwi_fail(CACHEW_EINVAL, "split_ack: %zu parts for %zu "
+		    "splits", req->nparts, req->nsplit_ids);
 	if (rv == CACHEW_OK)
-		rv = acks_check(j, req->split_ids, req->nsplit_ids);
+		rv = acks_check(j, req->split_ids,
+		    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
 	if (rv != CACHEW_OK)
 		return rv;
 	c->last_seen_ns = now_ns;
-	if (req->nparts != 0 && req->nparts != req->nsplit_ids)
-		return cwi_fail(CACHEW_EINVAL, "split_ack: %zu parts for %zu "
-		    "splits", req->nparts, req->nsplit_ids);
 	acks_apply(d, j, c, req->split_ids,
 	    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
 	if (rep != NULL)
@@ -2192,7 +2248,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	d->now = now_ns;
 	rv = job_client(d, req->job_id, req->client_id, &j, &c);
 	if (rv == CACHEW_OK)
-		rv = acks_check(j, req->acked_splits, req->nacked_splits);
+		rv = acks_check(j, req->acked_splits, NULL,
+		    req->nacked_splits);
 	if (rv != CACHEW_OK)
 		return rv;
 	c->last_seen_ns = now_ns;
