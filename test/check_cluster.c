@@ -7,6 +7,7 @@
  * is stopped by its pid.
  */
 #include "cwt.h"
+#include "../src/service/service_rpc.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -434,6 +435,120 @@ assert_pipeline_error(const char *url)
 	cwt_free(v, n);
 	cachew_options_destroy(o);
 }
+
+/* The status of the dispatcher at url (free with cwi_pmsg_free). */
+static void
+dispatcher_status(cwi_conn *c, cwi_pmsg *rep)
+{
+	cwi_pmsg req;
+
+	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	ck_assert_int_eq(cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, rep),
+	    CACHEW_OK);
+	cwi_pmsg_free(&req);
+}
+
+/* The id of the dispatcher's newest active task, 0 if there is none. */
+static uint64_t
+active_task(cwi_conn *c)
+{
+	cwi_pmsg rep;
+	uint64_t id = 0;
+
+	dispatcher_status(c, &rep);
+	for (size_t i = 0; i < rep.u.status_reply.ntasks; i++)
+		if (rep.u.status_reply.tasks[i].state == CWI_TASK_ACTIVE &&
+		    rep.u.status_reply.tasks[i].task_id > id)
+			id = rep.u.status_reply.tasks[i].task_id;
+	cwi_pmsg_free(&rep);
+	return id;
+}
+
+/* Deregisters every worker of the dispatcher, as a dispatcher that
+ * declared them dead would have dropped them: each registers again at
+ * its next heartbeat, and its jobs get new tasks. Returns how many. */
+static size_t
+drop_workers(cwi_conn *c)
+{
+	cwi_pmsg rep;
+	size_t n;
+
+	dispatcher_status(c, &rep);
+	n = rep.u.status_reply.nworkers;
+	for (size_t i = 0; i < n; i++) {
+		cwi_pmsg req, ok;
+		cwi_pmsg_init(&req, CWI_MSG_WORKER_DEREGISTER);
+		req.u.worker_deregister.worker_id =
+		    rep.u.status_reply.workers[i].worker_id;
+		ck_assert_int_eq(cwi_rpc_call(c, &req, CWI_MSG_OK, 5000, &ok),
+		    CACHEW_OK);
+		cwi_pmsg_free(&req);
+		cwi_pmsg_free(&ok);
+	}
+	cwi_pmsg_free(&rep);
+	return n;
+}
+
+/* The embedded dispatcher drops its worker mid-epoch (as when it declares
+ * it dead: a starved heartbeat thread). The worker registers again, stops
+ * its old task and starts a new one for the job: the iterator moves to it
+ * and delivers every element (what the old task had delivered
+ * unacknowledged comes again: duplicates, no loss), instead of failing
+ * with "task was stopped". */
+START_TEST(embedded_worker_dropped_mid_epoch_loses_nothing)
+{
+	enum { N = 20000 };
+	cachew_options *o = cwt_opts(7, 1);
+	static uint32_t seen[N];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+	cwi_conn *c = NULL;
+	char url[64];
+	size_t got = 0;
+
+	memset(seen, 0, sizeof(seen));
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(20000) | "
+						   "map(add, value=0)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		int64_t x = *(const int64_t *)cachew_tensor_data(
+		    cachew_element_component(e, 0));
+		ck_assert(x >= 0 && x < N);
+		seen[x]++;
+		cachew_element_release(e);
+		if (++got != 1000)
+			continue;
+		snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld",
+		    (long)getpid());
+		ck_assert_int_eq(cwi_dial(&c, url, NULL), CACHEW_OK);
+		uint64_t old = active_task(c), now = old;
+		ck_assert_uint_ne(old, 0);
+		ck_assert_uint_eq(drop_workers(c), 1);
+		/* Until the new task runs: the worker stopped the old one
+		 * in the same heartbeat that started it. */
+		for (uint64_t end = cwt_now_ms() + 20000;
+		     now <= old && cwt_now_ms() < end;
+		     cwt_nap_ms(10))
+			now = active_task(c);
+		ck_assert_msg(now > old, "no new task after "
+		    "task %" PRIu64 " was dropped", old);
+	}
+	ck_assert_msg(rv == CACHEW_EOF, "after %zu elements: %s (%s)", got,
+	    cachew_strerror(rv), cachew_iterator_errmsg(it));
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(seen[i] >= 1, "element %d never came", i);
+	ck_assert_uint_ge(got, N);
+	cwi_conn_destroy(c);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+END_TEST
 
 START_TEST(embedded_pipeline_error_reaches_the_client)
 {
@@ -974,6 +1089,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_parallel_epochs_reads_its_input);
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
+	tcase_add_test(tc, embedded_worker_dropped_mid_epoch_loses_nothing);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_two_clients_share_a_named_job);

@@ -199,9 +199,15 @@ struct session {
 	uint64_t last_chunk_n; /* elements handed over at last_next_ns */
 	/* The job's inline task (an embedded worker's, cwi_wtask_pull): the
 	 * consumer runs it in stream_next; inl_done once it has nothing
-	 * more. Set by the fetch thread, used by the consumer (s->lock). */
-	struct cwi_wtask *inl;
+	 * more. Set by the fetch thread, used by the consumer (s->lock).
+	 * inl_next: the task that replaces it after the dispatcher dropped
+	 * the worker (it re-registered), taken by the consumer between
+	 * pulls; inl_stopped_ns: when a pull found inl stopped (0: not),
+	 * after which the consumer waits (bounded) for inl_next. */
+	struct cwi_wtask *inl, *inl_next;
 	bool inl_done;
+	uint64_t inl_stopped_ns;
+	char inl_errmsg[256];
 	cachew_options *inl_opts; /* the client's, with this epoch */
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
@@ -304,6 +310,17 @@ task_by_id(session *s, uint64_t id)
 	return NULL;
 }
 
+/* Whether every inline task the session knows is gone from the
+ * dispatcher's list (the fetch thread's view; s->lock held). */
+static bool
+inline_gone(const session *s)
+{
+	for (size_t i = 0; i < s->ntasks; i++)
+		if (s->tasks[i].inline_ && !s->tasks[i].gone)
+			return false;
+	return true;
+}
+
 static void
 update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 {
@@ -346,6 +363,16 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 			pthread_mutex_lock(&s->lock);
 			if (s->inl == NULL) {
 				s->inl = inl;
+				inl = NULL;
+				t->inline_ = true;
+			} else if (inline_gone(s)) {
+				/* The dispatcher dropped the worker (declared
+				 * dead, it registered again) and gave the job
+				 * a new task: the consumer moves to it. What
+				 * the old one delivered unacknowledged is
+				 * leased again (duplicates, no loss). */
+				cwi_wtask_unref(s->inl_next);
+				s->inl_next = inl;
 				inl = NULL;
 				t->inline_ = true;
 			}
@@ -1559,6 +1586,7 @@ session_free(session *s)
 	free(s->sent_parts);
 	cwi_coord_destroy(s->coord);
 	cwi_wtask_unref(s->inl);
+	cwi_wtask_unref(s->inl_next);
 	cachew_options_destroy(s->inl_opts);
 	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
@@ -1660,8 +1688,9 @@ ack_inline(session *s, const uint64_t *ids, size_t n)
 static size_t
 pull_inline(session *s, cwi_chunk *out, size_t max)
 {
-	/* s->inl is set once and dropped by session_free, which runs on
-	 * this (the consumer's) thread: no reference per pull. */
+	/* s->inl is set by the fetch thread once, then changed (swapped,
+	 * dropped by session_free) only on this, the consumer's, thread: no
+	 * reference per pull. */
 	struct cwi_wtask *t = s->inl;
 	cwi_wtask_pulled r;
 	size_t n0 = out->n, got;
@@ -1670,8 +1699,19 @@ pull_inline(session *s, cwi_chunk *out, size_t max)
 	pthread_mutex_unlock(&s->lock);
 	rv = cwi_wtask_pull(t, s->inl_opts, out, max, &r);
 	got = out->n - n0;
-	if (rv != CACHEW_OK)
+	if (rv == CACHEW_ECLOSED && !atomic_load(&s->closing)) {
+		/* Stopped by its worker: the job ended, or the worker was
+		 * dropped and a new task comes (stream_next waits). */
+		pthread_mutex_lock(&s->lock);
+		if (s->inl_stopped_ns == 0) {
+			s->inl_stopped_ns = cwi_now_ns();
+			snprintf(s->inl_errmsg, sizeof(s->inl_errmsg), "%s",
+			    cwi_errmsg_get());
+		}
+		pthread_mutex_unlock(&s->lock);
+	} else if (rv != CACHEW_OK) {
 		session_fail(s, rv, "%s", cwi_errmsg_get());
+	}
 	if (r.nsplits > 0)
 		ack_inline(s, r.split_ids, r.nsplits);
 	free(r.split_ids);
@@ -1691,6 +1731,40 @@ pull_inline(session *s, cwi_chunk *out, size_t max)
 	return got;
 }
 
+/* Moves the consumer to the inline task that replaced a dropped one
+ * (s->lock held; on the consumer's thread, between pulls). */
+static void
+inline_swap(session *s)
+{
+	cwi_wtask_unref(s->inl);
+	s->inl = s->inl_next;
+	s->inl_next = NULL;
+	s->inl_done = false;
+	s->inl_stopped_ns = 0;
+	cwi_log(CACHEW_LOG_WARN, "client", "event=inline_task_replaced "
+	    "job=%llu", (unsigned long long)s->job_id);
+}
+
+/* The inline task was stopped: waits for its replacement or the job's
+ * end, at most service_timeout_ms from the stop, then fails with the
+ * stop's message (s->lock held). */
+static void
+inline_wait_replacement(session *s)
+{
+	uint64_t limit = (uint64_t)s->ctx->opts.service_timeout_ms * 1000000u,
+		 waited = cwi_now_ns() - s->inl_stopped_ns;
+
+	if (waited >= limit) {
+		s->err = CACHEW_ECLOSED;
+		snprintf(s->errmsg, sizeof(s->errmsg), "%s, and no task "
+		    "replaced it within %lld ms", s->inl_errmsg,
+		    (long long)s->ctx->opts.service_timeout_ms);
+		pthread_cond_broadcast(&s->cond);
+		return;
+	}
+	(void)cwi_cond_wait_ns(&s->cond, &s->lock, limit - waited);
+}
+
 static cachew_err
 stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 {
@@ -1701,6 +1775,14 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 
 	pthread_mutex_lock(&s->lock);
 	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
+		if (s->inl_next != NULL) {
+			inline_swap(s);
+			continue;
+		}
+		if (s->inl_stopped_ns != 0) {
+			inline_wait_replacement(s);
+			continue;
+		}
 		if (s->inl != NULL && !s->inl_done) {
 			/* The inline task runs here, on this thread. */
 			size_t got = pull_inline(s, out, max);

@@ -1462,6 +1462,14 @@ pull_lease(cwi_wtask *t, const cachew_options *opts, cwi_wtask_pulled *r)
 	cachew_err rv;
 
 	rv = lease_splits(t, &rep);
+	if (rv == CACHEW_ENOENT) {
+		/* The dispatcher dropped the task (its worker was declared
+		 * dead): stopped, as far as the puller is concerned. */
+		char why[256];
+		snprintf(why, sizeof(why), "%s", cwi_errmsg_get());
+		return cwi_fail(CACHEW_ECLOSED, "task %llu was stopped: %s",
+		    (unsigned long long)t->id, why);
+	}
 	if (rv != CACHEW_OK)
 		return rv;
 	lr = &rep.u.split_lease_reply;
