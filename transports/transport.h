@@ -85,8 +85,10 @@ typedef struct cwi_transport_opts {
 	/* nng: how long a peer may read nothing of a message waiting to be
 	 * written before its connection is reset, in ms. Default 30000. */
 	int send_timeout_ms;
-	/* nng dialers: redial delays after a lost or refused connection,
-	 * doubling from min to max, in ms. Defaults 100 and 2000. */
+	/* nng dialers: redial delays after a refused connection (or one
+	 * that died young), doubling from min to max, in ms, each wait drawn
+	 * from the upper half of the current delay (jitter). A connection
+	 * that lived is redialed at once. Defaults 100 and 2000. */
 	int reconnect_min_ms;
 	int reconnect_max_ms;
 	/* Dial: return at once and connect in the background (requests wait

@@ -24,7 +24,8 @@
  *   each request a 32-bit id (high bit set, as req0 does), matches
  *   replies by id, fails the requests of a link that dies with
  *   CACHEW_ECLOSED, and redials by itself (reconnect_min_ms doubling to
- *   reconnect_max_ms while it fails). Requests sent while no link is up
+ *   reconnect_max_ms while it fails, each wait drawn from the upper half
+ *   of the backoff). Requests sent while no link is up
  *   wait for the next one within their deadline.
  * - A listener (slistener) accepts links and calls the handler once per
  *   request; the request keeps its link (and the request id and
@@ -1664,6 +1665,7 @@ struct sconn {
 	nng_aio *dial; /* dials, and waits between failed dials */
 	bool dial_armed, dial_sleeping;
 	int backoff_ms, rmin_ms, rmax_ms;
+	cwi_rng jitter; /* spreads the redials of many clients */
 	slink *lk; /* the current link, with a reference */
 	uint64_t attached_ns; /* when lk was attached (cwi_now_ns) */
 	creq *reqs, *reqs_tail;
@@ -1730,6 +1732,20 @@ req_complete_all(creq *x, cachew_err err, const char *msg)
 		free(x);
 		x = nx;
 	}
+}
+
+/* After a failed dial (or a link that died young): the backoff doubles
+ * from reconnect_min_ms to reconnect_max_ms, and the wait is drawn from
+ * its upper half, so that the clients of a peer that came back do not
+ * all redial in the same millisecond. With c->mtx held. */
+static int
+backoff_next_locked(sconn *c)
+{
+	c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
+	    : c->backoff_ms >= c->rmax_ms / 2 ? c->rmax_ms
+					      : c->backoff_ms * 2;
+	return c->backoff_ms - (int)cwi_rng_below(&c->jitter,
+				   (uint64_t)(c->backoff_ms / 2) + 1);
 }
 
 static void
@@ -1816,11 +1832,7 @@ cli_on_down(void *owner, slink *lk, const char *why)
 			c->backoff_ms = 0;
 			dial_arm_locked(c, 0);
 		} else {
-			c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
-			    : c->backoff_ms >= c->rmax_ms / 2
-			    ? c->rmax_ms
-			    : c->backoff_ms * 2;
-			dial_arm_locked(c, c->backoff_ms);
+			dial_arm_locked(c, backoff_next_locked(c));
 		}
 	}
 	pthread_mutex_unlock(&c->mtx);
@@ -1881,10 +1893,7 @@ cli_dial_cb(void *arg)
 		return;
 	}
 	if (rv != 0) {
-		c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
-		    : c->backoff_ms >= c->rmax_ms / 2 ? c->rmax_ms
-						      : c->backoff_ms * 2;
-		dial_arm_locked(c, c->backoff_ms);
+		dial_arm_locked(c, backoff_next_locked(c));
 		pthread_mutex_unlock(&c->mtx);
 		return;
 	}
@@ -1900,8 +1909,8 @@ cli_dial_cb(void *arg)
 		cwi_log(CACHEW_LOG_WARN, "transport",
 		    "url=%s reason=\"connection dropped: %s\"", c->base.url,
 		    cwi_errmsg_get());
-		c->backoff_ms = c->rmin_ms;
-		dial_arm_locked(c, c->backoff_ms);
+		c->backoff_ms = 0;
+		dial_arm_locked(c, backoff_next_locked(c));
 	} else if (!c->closed) {
 		conn_attach_locked(c, lk);
 		lk = NULL;
@@ -2085,6 +2094,7 @@ nt_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	c->rmin_ms = opts->reconnect_min_ms;
 	c->rmax_ms = opts->reconnect_max_ms;
 	c->next_id = (uint32_t)cwi_now_ns() & 0x7fffffffu;
+	c->jitter.state = cwi_now_ns() ^ (uint64_t)(uintptr_t)c;
 	c->base.url = cwi_strdup(url);
 	if (c->base.url == NULL) {
 		conn_free(c);
