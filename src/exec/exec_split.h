@@ -15,7 +15,7 @@
  *     drop_remainder=true drops each lease's remainder (as tf.data service
  *     does at each worker's end);
  *   - shuffle's buffer holds elements of one lease only (the dispatcher
- *     may shuffle the order of splits to mix across leases);
+ *     hands splits out in source order);
  *   - interleave cycles through the files of one lease;
  *   - list_files(shuffle=true) shuffles the lease's files among
  *     themselves;
