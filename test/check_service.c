@@ -184,8 +184,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		cwi_msg_split_lease_reply *r = &m->u.split_lease_reply;
 		r->nsplits = 2;
 		r->splits = xcalloc(2, sizeof(*r->splits));
-		r->splits[0] = (cwi_split){0, 0, 7};
-		r->splits[1] = (cwi_split){9, 63, 70};
+		r->splits[0] = (cwi_split){0, 0, 7, 1};
+		r->splits[1] = (cwi_split){9, 63, 70, 0};
 		r->end_of_splits = true;
 		r->retry_ms = 100;
 		break;
@@ -195,6 +195,10 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.split_ack.client_id = 77;
 		m->u.split_ack.nsplit_ids = 3;
 		m->u.split_ack.split_ids = ids_of(3, 1u << 20);
+		m->u.split_ack.nparts = 3;
+		m->u.split_ack.parts = ids_of(3, 1);
+		m->u.split_ack.nleases = 3;
+		m->u.split_ack.leases = ids_of(3, 4);
 		break;
 	case CWI_MSG_JOB_RELEASE:
 		m->u.job_release = (cwi_msg_job_release){8, 77};
@@ -256,8 +260,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		g->elements = 64;
 		g->nsplit_ends = 2;
 		g->split_ends = xcalloc(2, sizeof(*g->split_ends));
-		g->split_ends[0] = (cwi_split_end){3, 10, 2};
-		g->split_ends[1] = (cwi_split_end){4, 64, 0};
+		g->split_ends[0] = (cwi_split_end){3, 10, 2, 5};
+		g->split_ends[1] = (cwi_split_end){4, 64, 0, 0};
 		g->end_of_task = true;
 		g->round = 12;
 		g->compression = CWI_COMPRESSION_ZSTD;
@@ -1061,7 +1065,7 @@ lease(harness *h, uint64_t wid, uint64_t tid, uint32_t max,
 static void
 ack(harness *h, uint64_t job, uint64_t client, const uint64_t *ids, size_t n)
 {
-	cwi_msg_split_ack req = {job, client, (uint64_t *)ids, n, NULL, 0};
+	cwi_msg_split_ack req = {job, client, (uint64_t *)ids, n, NULL, 0, NULL, 0};
 	ck_assert_msg(cwi_dispatcher_split_ack(h->d, h->now, &req, NULL) == CACHEW_OK,
 	    "%s", cachew_errmsg());
 }
@@ -1224,7 +1228,7 @@ START_TEST(test_dispatcher_ack_reply_says_when_every_split_is_acked)
 	}
 	ck_assert_uint_gt(n, 1);
 	for (size_t i = 0; i < n; i++) {
-		cwi_msg_split_ack req = {job, c, &ids[i], 1, NULL, 0};
+		cwi_msg_split_ack req = {job, c, &ids[i], 1, NULL, 0, NULL, 0};
 		cwi_msg_ok ok = {true};
 		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
 				     &ok), CACHEW_OK);
@@ -1261,7 +1265,7 @@ START_TEST(test_dispatcher_part_acks_count_each_client_once)
 	for (uint64_t k = 0; k < job_status(h, job).splits_total; k++)
 		if (k != id)
 			ack(h, job, a, &k, 1);
-	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1};
+	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, NULL, 0};
 	for (int i = 0; i < 2; i++) {
 		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
 				     &ok), CACHEW_OK);
@@ -1274,6 +1278,79 @@ START_TEST(test_dispatcher_part_acks_count_each_client_once)
 	ck_assert(ok.job_finished);
 	ck_assert_uint_eq(job_status(h, job).splits_leased, 0);
 	/* Late copies change nothing. */
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	ck_assert(ok.job_finished);
+	harness_free(h);
+}
+END_TEST
+
+/* A part acknowledged for a split's first lease (resent after a lost
+ * reply) that arrives after the split was released with its dead lessee
+ * and leased again is not that client's part of the new lease: the other
+ * client's ack alone does not complete the split while the first client's
+ * new part is still on its way. */
+START_TEST(test_dispatcher_part_ack_of_an_earlier_lease_is_a_duplicate)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 8, NULL), job, a, b, w1, w2, t1, t2, id,
+		 two = 2, lease1, lease2;
+	job_opts named = {.name = "shared"};
+	cwi_msg_split_lease_reply l;
+	cwi_msg_worker_heartbeat_reply wr;
+	cwi_msg_ok ok = {false};
+
+	w1 = add_worker(h, "tcp://w1:1");
+	w2 = add_worker(h, "tcp://w2:1");
+	join(h, ds, &named, &job, &a);
+	join(h, ds, &named, &job, &b);
+	t1 = task_of(h, w1, job, NULL);
+	t2 = task_of(h, w2, job, NULL);
+	ck_assert_int_eq(lease(h, w1, t1, 1, &l), CACHEW_OK);
+	ck_assert_uint_eq(l.nsplits, 1);
+	id = l.splits[0].split_id;
+	lease1 = l.splits[0].lease;
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	for (uint64_t k = 0; k < job_status(h, job).splits_total; k++)
+		if (k != id)
+			ack(h, job, a, &k, 1);
+	/* Lease 1 (w1): a's part arrives, its ack is applied, the reply is
+	 * lost; b's part dies with w1. */
+	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, &lease1, 1};
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	ck_assert(!ok.job_finished);
+	for (int i = 0; i < 2; i++) {
+		cwi_msg_client_heartbeat_reply cr;
+		h->now += 6 * SEC;
+		worker_hb(h, w2, &t2, 1, NULL, 0, &wr);
+		cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+		client_hb(h, job, a, 0, &cr);
+		cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &cr);
+		client_hb(h, job, b, 0, &cr);
+		cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &cr);
+	}
+	cwi_dispatcher_tick(h->d, h->now);
+	ck_assert_uint_eq(job_status(h, job).splits_pending, 1);
+	/* Lease 2 (w2): read by a and b again (parts = 2). */
+	ck_assert_int_eq(lease(h, w2, t2, 1, &l), CACHEW_OK);
+	ck_assert_uint_eq(l.nsplits, 1);
+	ck_assert_uint_eq(l.splits[0].split_id, id);
+	lease2 = l.splits[0].lease;
+	ck_assert_uint_ne(lease2, lease1);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	/* a's resend of its lease-1 ack arrives now. */
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	/* b acknowledges its lease-2 part: a's lease-2 part has not come. */
+	req.client_id = b;
+	req.leases = &lease2;
+	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
+	    CACHEW_OK);
+	ck_assert_msg(!ok.job_finished, "job finished while a's part of "
+	    "lease 2 is still on its way");
+	/* a's own part of lease 2 completes it. */
+	req.client_id = a;
 	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
 	    CACHEW_OK);
 	ck_assert(ok.job_finished);
@@ -2454,6 +2531,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_unused_datasets_are_dropped);
 	tcase_add_test(disp, test_dispatcher_ack_reply_says_when_every_split_is_acked);
 	tcase_add_test(disp, test_dispatcher_part_acks_count_each_client_once);
+	tcase_add_test(disp, test_dispatcher_part_ack_of_an_earlier_lease_is_a_duplicate);
 	tcase_add_test(disp, test_dispatcher_lease_is_capped_by_fair_share);
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);
 	tcase_add_test(disp, test_dispatcher_removed_task_finishes_leased_splits);

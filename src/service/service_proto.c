@@ -255,6 +255,7 @@ static const field f_split[] = {
     U64(cwi_split, split_id, F_REQ),
     U64(cwi_split, begin, F_REQ),
     U64(cwi_split, end, F_REQ),
+    U32(cwi_split, lease, 0),
 };
 static const schema s_split = SCHEMA("split", cwi_split, f_split);
 
@@ -269,6 +270,7 @@ static const field f_split_ack[] = {
     U64(cwi_msg_split_ack, client_id, F_REQ),
     U64S(cwi_msg_split_ack, split_ids, F_REQ, CWI_PROTO_MAX_SPLITS),
     U64S(cwi_msg_split_ack, parts, 0, CWI_PROTO_MAX_SPLITS),
+    U64S(cwi_msg_split_ack, leases, 0, CWI_PROTO_MAX_SPLITS),
 };
 
 static const field f_job_release[] = {
@@ -375,6 +377,7 @@ static const field f_split_end[] = {
     U64(cwi_split_end, split_id, F_REQ),
     U32(cwi_split_end, after, F_REQ),
     U32(cwi_split_end, parts, 0),
+    U32(cwi_split_end, lease, 0),
 };
 static const schema s_split_end = SCHEMA("split_end", cwi_split_end,
     f_split_end);

@@ -289,6 +289,10 @@ typedef struct cwi_split {
 	uint64_t split_id;
 	uint64_t begin;
 	uint64_t end;
+	/* Which lease of the split this is (1, 2, ...; 0: not told): its
+	 * split ends and acks carry it back, so that a part acknowledged for
+	 * an earlier lease does not count for this one. */
+	uint32_t lease;
 } cwi_split;
 
 typedef struct cwi_msg_split_lease_reply {
@@ -307,6 +311,11 @@ typedef struct cwi_msg_split_ack {
 	 * parts); absent or 0 means 1. Either empty or nsplit_ids long. */
 	uint64_t *parts;
 	size_t nparts;
+	/* leases[i]: the lease of split_ids[i] the part belongs to (the
+	 * split end's lease); absent or 0: not told. Either empty or
+	 * nsplit_ids long. */
+	uint64_t *leases;
+	size_t nleases;
 } cwi_msg_split_ack;
 
 typedef struct cwi_msg_job_release {
@@ -423,6 +432,7 @@ typedef struct cwi_split_end {
 	/* How many clients received elements of the split's lease (each gets
 	 * this end); the split is done when that many acks came. 0 means 1. */
 	uint32_t parts;
+	uint32_t lease; /* the split's lease (cwi_split.lease), 0: not told */
 } cwi_split_end;
 
 typedef struct cwi_msg_get_elements_reply {

@@ -158,10 +158,10 @@ struct session {
 	conn_ent *conns;
 	size_t nconns, capconns;
 	uint64_t *acks; /* split ends queued, not yet sent */
-	uint64_t *ack_parts;
+	uint64_t *ack_parts, *ack_leases;
 	size_t nacks, capacks;
 	uint64_t *sent_acks; /* the ack message in flight */
-	uint64_t *sent_parts;
+	uint64_t *sent_parts, *sent_leases;
 	size_t nsent;
 	bool ack_inflight, hb_inflight;
 	bool release_sent, release_done; /* TAG_RELEASE */
@@ -415,17 +415,22 @@ task_drop_held(ctask *t)
 }
 
 static bool
-add_ack(session *s, uint64_t split_id, uint64_t parts)
+add_ack(session *s, uint64_t split_id, uint64_t parts, uint64_t lease)
 {
 	if (!CWI_GROW(s->acks, s->capacks, s->nacks + 1))
 		return false;
-	/* capacks counts acks; ack_parts grows alongside. */
+	/* capacks counts acks; ack_parts and ack_leases grow alongside. */
 	uint64_t *p = realloc(s->ack_parts, s->capacks * sizeof(*p));
 	if (p == NULL)
 		return false;
 	s->ack_parts = p;
+	p = realloc(s->ack_leases, s->capacks * sizeof(*p));
+	if (p == NULL)
+		return false;
+	s->ack_leases = p;
 	s->acks[s->nacks] = split_id;
 	s->ack_parts[s->nacks] = parts;
+	s->ack_leases[s->nacks] = lease;
 	s->nacks++;
 	return true;
 }
@@ -488,11 +493,14 @@ send_acks(session *s)
 	m.u.split_ack.client_id = s->client_id;
 	m.u.split_ack.split_ids = s->acks; /* borrowed for the encoding */
 	m.u.split_ack.parts = s->ack_parts;
+	m.u.split_ack.leases = s->ack_leases;
 	m.u.split_ack.nsplit_ids = s->nacks;
 	m.u.split_ack.nparts = s->nacks;
+	m.u.split_ack.nleases = s->nacks;
 	rv = cwi_rpc_pack(&m, &msg);
 	m.u.split_ack.split_ids = NULL;
 	m.u.split_ack.parts = NULL;
+	m.u.split_ack.leases = NULL;
 	cwi_pmsg_free(&m);
 	if (rv != CACHEW_OK)
 		return;
@@ -507,9 +515,11 @@ send_acks(session *s)
 	s->ack_inflight = true;
 	s->sent_acks = s->acks;
 	s->sent_parts = s->ack_parts;
+	s->sent_leases = s->ack_leases;
 	s->nsent = s->nacks;
 	s->acks = NULL;
 	s->ack_parts = NULL;
+	s->ack_leases = NULL;
 	s->nacks = s->capacks = 0;
 }
 
@@ -540,12 +550,15 @@ on_ack(session *s, cwi_completion *c)
 		cwi_msg_destroy(c->reply);
 	if (c->err != CACHEW_OK) {
 		for (size_t i = 0; i < s->nsent; i++)
-			(void)add_ack(s, s->sent_acks[i], s->sent_parts[i]);
+			(void)add_ack(s, s->sent_acks[i], s->sent_parts[i],
+			    s->sent_leases[i]);
 	}
 	free(s->sent_acks);
 	free(s->sent_parts);
+	free(s->sent_leases);
 	s->sent_acks = NULL;
 	s->sent_parts = NULL;
+	s->sent_leases = NULL;
 	s->nsent = 0;
 }
 
@@ -787,7 +800,8 @@ process_reply(session *s, ctask *t, cwi_element **v, size_t n,
 		}
 		if (k < r->nsplit_ends &&
 		    !add_ack(s, r->split_ends[k].split_id,
-			r->split_ends[k].parts > 0 ? r->split_ends[k].parts : 1)) {
+			r->split_ends[k].parts > 0 ? r->split_ends[k].parts : 1,
+			r->split_ends[k].lease)) {
 			session_fail(s, CACHEW_ENOMEM, "out of memory");
 			goto done;
 		}
@@ -1004,7 +1018,8 @@ deliver_rounds(session *s)
 			break;
 		for (size_t i = 0; i < cr.nends; i++) {
 			if (!add_ack(s, cr.ends[i].split_id,
-				cr.ends[i].parts > 0 ? cr.ends[i].parts : 1))
+				cr.ends[i].parts > 0 ? cr.ends[i].parts : 1,
+				cr.ends[i].lease))
 				session_fail(s, CACHEW_ENOMEM, "out of memory");
 		}
 		free(cr.ends);
@@ -1582,8 +1597,10 @@ session_free(session *s)
 	free(s->q);
 	free(s->acks);
 	free(s->ack_parts);
+	free(s->ack_leases);
 	free(s->sent_acks);
 	free(s->sent_parts);
+	free(s->sent_leases);
 	cwi_coord_destroy(s->coord);
 	cwi_wtask_unref(s->inl);
 	cwi_wtask_unref(s->inl_next);
@@ -1732,17 +1749,25 @@ pull_inline(session *s, cwi_chunk *out, size_t max)
 }
 
 /* Moves the consumer to the inline task that replaced a dropped one
- * (s->lock held; on the consumer's thread, between pulls). */
+ * (s->lock held, released for a while; on the consumer's thread, between
+ * pulls). */
 static void
 inline_swap(session *s)
 {
-	cwi_wtask_unref(s->inl);
+	struct cwi_wtask *old = s->inl;
+
 	s->inl = s->inl_next;
 	s->inl_next = NULL;
 	s->inl_done = false;
 	s->inl_stopped_ns = 0;
 	cwi_log(CACHEW_LOG_WARN, "client", "event=inline_task_replaced "
 	    "job=%llu", (unsigned long long)s->job_id);
+	/* The last reference to the old task destroys the lease pipeline it
+	 * was in the middle of (joining its threads): not under the lock
+	 * the fetch thread and the stats need. */
+	pthread_mutex_unlock(&s->lock);
+	cwi_wtask_unref(old);
+	pthread_mutex_lock(&s->lock);
 }
 
 /* The inline task was stopped: waits for its replacement or the job's

@@ -64,6 +64,7 @@ typedef struct split {
 	uint32_t acks;      /* acknowledgements, duplicates included */
 	uint32_t part_acks; /* clients in `ackers` */
 	uint32_t ackers_cap;
+	uint32_t lease;     /* leases so far: the current one's number */
 	/* Clients that acknowledged their part of this lease, when it was
 	 * read by several (parts > 1): each counts once, so that an ack
 	 * resent after a lost reply cannot complete the split early. */
@@ -1971,13 +1972,15 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 		s = &j->splits[id];
 		s->state = SPLIT_LEASED;
 		s->part_acks = 0;
+		s->lease++;
 		s->task_id = t->id;
 		s->worker_id = w->id;
 		s->delivered = false;
 		j->npending--;
 		j->nleased++;
 		t->nleased++;
-		split_range(j, id, &rep->splits[rep->nsplits++]);
+		split_range(j, id, &rep->splits[rep->nsplits]);
+		rep->splits[rep->nsplits++].lease = s->lease;
 		if (ids != NULL)
 			ids[ids_n++] = id;
 	}
@@ -2043,7 +2046,7 @@ part_ack_new(split *s, uint64_t client_id)
 /* Applies acknowledgements (checked by acks_check). */
 static void
 acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
-    const uint64_t *parts, size_t n)
+    const uint64_t *parts, const uint64_t *leases, size_t n)
 {
 	uint64_t *fresh = NULL, nfresh = 0, dups = 0;
 
@@ -2060,9 +2063,13 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 			continue;
 		}
 		/* A lease read by several clients of a shared job: each
-		 * acknowledges its part, once. */
+		 * acknowledges its part, once. A part of an earlier lease
+		 * (an ack resent after the split was released and leased
+		 * again) is not a part of this one. */
 		if (need > 1) {
-			if (!part_ack_new(s, c->id)) {
+			if ((leases != NULL && leases[i] != 0 &&
+				leases[i] != s->lease) ||
+			    !part_ack_new(s, c->id)) {
 				dups++;
 				continue;
 			}
@@ -2119,6 +2126,10 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 	    req->nparts != req->nsplit_ids)
 		rv = cwi_fail(CACHEW_EINVAL, "split_ack: %zu parts for %zu "
 		    "splits", req->nparts, req->nsplit_ids);
+	if (rv == CACHEW_OK && req->nleases != 0 &&
+	    req->nleases != req->nsplit_ids)
+		rv = cwi_fail(CACHEW_EINVAL, "split_ack: %zu leases for %zu "
+		    "splits", req->nleases, req->nsplit_ids);
 	if (rv == CACHEW_OK)
 		rv = acks_check(j, req->split_ids,
 		    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
@@ -2126,7 +2137,8 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 		return rv;
 	c->last_seen_ns = now_ns;
 	acks_apply(d, j, c, req->split_ids,
-	    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
+	    req->nparts != 0 ? req->parts : NULL,
+	    req->nleases != 0 ? req->leases : NULL, req->nsplit_ids);
 	if (rep != NULL)
 		rep->job_finished = j->data_done &&
 				    j->mode == CWI_MODE_DISTRIBUTED_EPOCH;
@@ -2268,7 +2280,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	c->acc_fill += req->buffer_fill >= 0 && req->buffer_fill <= 1
 	    ? req->buffer_fill : 0;
 	c->acc_reports++;
-	acks_apply(d, j, c, req->acked_splits, NULL, req->nacked_splits);
+	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
+	    req->nacked_splits);
 	if (coordinated(j)) {
 		coord_heartbeat(d, j, c);
 		coord_update(d, j);

@@ -33,6 +33,7 @@ typedef struct q_entry {
 
 typedef struct lease_rec {
 	uint64_t *split_ids;
+	uint32_t *split_leases; /* each split's lease number (cwi_split) */
 	size_t nsplits;
 	uint64_t *clients; /* clients that received elements of it */
 	size_t nclients, capclients;
@@ -41,6 +42,7 @@ typedef struct lease_rec {
 typedef struct pending_end {
 	uint64_t split_id;
 	uint32_t parts;
+	uint32_t lease;
 } pending_end;
 
 typedef struct client_rec {
@@ -61,6 +63,7 @@ typedef struct held_req {
 typedef struct coord_end {
 	uint64_t split_id;
 	uint32_t pos;
+	uint32_t lease;
 } coord_end;
 
 /* One round of a coordinated task: element i goes to consumer i. */
@@ -274,6 +277,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	free(t->q);
 	for (size_t i = 0; i < t->nleases; i++) {
 		free(t->leases[i].split_ids);
+		free(t->leases[i].split_leases);
 		free(t->leases[i].clients);
 	}
 	free(t->leases);
@@ -365,12 +369,14 @@ lease_add_client(lease_rec *l, uint64_t client)
 }
 
 static bool
-client_add_end(client_rec *c, uint64_t split_id, uint32_t parts)
+client_add_end(client_rec *c, uint64_t split_id, uint32_t parts,
+    uint32_t lease)
 {
 	if (!CWI_GROW(c->ends, c->capends, c->nends + 1))
 		return false;
 	c->ends[c->nends].split_id = split_id;
 	c->ends[c->nends].parts = parts;
+	c->ends[c->nends].lease = lease;
 	c->nends++;
 	return true;
 }
@@ -393,12 +399,14 @@ lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
 
 	for (size_t s = 0; s < l->nsplits; s++) {
 		if (l->nclients == 0) {
-			if (!client_add_end(who, l->split_ids[s], 1))
+			if (!client_add_end(who, l->split_ids[s], 1,
+				l->split_leases[s]))
 				return false;
 		}
 		for (size_t k = 0; k < l->nclients; k++) {
 			client_rec *c = client_get(t, l->clients[k]);
-			if (c == NULL || !client_add_end(c, l->split_ids[s], parts))
+			if (c == NULL || !client_add_end(c, l->split_ids[s],
+					     parts, l->split_leases[s]))
 				return false;
 		}
 		if (!add_delivered(t, l->split_ids[s]))
@@ -491,6 +499,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			goto nomem;
 		ends[nends].split_id = c->ends[i].split_id;
 		ends[nends].parts = c->ends[i].parts;
+		ends[nends].lease = c->ends[i].lease;
 		ends[nends].after = 0;
 		nends++;
 	}
@@ -519,6 +528,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 					goto nomem;
 				ends[nends].split_id = c->ends[i].split_id;
 				ends[nends].parts = c->ends[i].parts;
+				ends[nends].lease = c->ends[i].lease;
 				ends[nends].after = count;
 				nends++;
 			}
@@ -609,12 +619,13 @@ slots_grow(cwi_wtask *t)
 
 static bool
 add_coord_end(coord_end **v, size_t *n, size_t *cap, uint64_t split_id,
-    uint32_t pos)
+    uint32_t pos, uint32_t lease)
 {
 	if (!cwi_grow((void **)v, cap, *n + 1, sizeof(**v)))
 		return false;
 	(*v)[*n].split_id = split_id;
 	(*v)[*n].pos = pos;
+	(*v)[*n].lease = lease;
 	(*n)++;
 	return true;
 }
@@ -640,7 +651,8 @@ end_rounds(cwi_wtask *t)
 			lease_rec *l = &t->leases[q->lease];
 			for (size_t i = 0; i < l->nsplits; i++) {
 				if (!add_coord_end(&t->end_ends, &t->nend_ends,
-					&t->capend_ends, l->split_ids[i], 0) ||
+					&t->capend_ends, l->split_ids[i], 0,
+					l->split_leases[i]) ||
 				    !add_delivered(t, l->split_ids[i]))
 					return false;
 			}
@@ -694,7 +706,8 @@ form_round(cwi_wtask *t)
 			size_t cap = s->nends;
 			for (size_t i = 0; i < l->nsplits; i++) {
 				if (!add_coord_end(&s->ends, &s->nends, &cap,
-					l->split_ids[i], cnt)) {
+					l->split_ids[i], cnt,
+					l->split_leases[i])) {
 					slot_free(s, cnt);
 					return -1;
 				}
@@ -794,6 +807,7 @@ build_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			ends[i].split_id = src[i].split_id;
 			ends[i].after = src[i].pos > (uint64_t)ci ? 1u : 0u;
 			ends[i].parts = t->ncons;
+			ends[i].lease = src[i].lease;
 		}
 	}
 	st->compress = want_compress(m, remote, count);
@@ -1266,12 +1280,17 @@ new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
 	memset(l, 0, sizeof(*l));
 	if (n > 0) {
 		l->split_ids = malloc(n * sizeof(*l->split_ids));
-		if (l->split_ids == NULL) {
+		l->split_leases = malloc(n * sizeof(*l->split_leases));
+		if (l->split_ids == NULL || l->split_leases == NULL) {
+			free(l->split_ids);
+			free(l->split_leases);
 			pthread_mutex_unlock(&t->lock);
 			return UINT32_MAX;
 		}
-		for (size_t i = 0; i < n; i++)
+		for (size_t i = 0; i < n; i++) {
 			l->split_ids[i] = splits[i].split_id;
+			l->split_leases[i] = splits[i].lease;
+		}
 	}
 	l->nsplits = n;
 	id = (uint32_t)t->nleases++;
@@ -1462,9 +1481,11 @@ pull_lease(cwi_wtask *t, const cachew_options *opts, cwi_wtask_pulled *r)
 	cachew_err rv;
 
 	rv = lease_splits(t, &rep);
-	if (rv == CACHEW_ENOENT) {
+	if (rv == CACHEW_ENOENT ||
+	    (rv == CACHEW_ECANCELED && atomic_load(&t->stop))) {
 		/* The dispatcher dropped the task (its worker was declared
-		 * dead): stopped, as far as the puller is concerned. */
+		 * dead), or the worker stopped it while the lease call was
+		 * retrying: stopped, as far as the puller is concerned. */
 		char why[256];
 		snprintf(why, sizeof(why), "%s", cwi_errmsg_get());
 		return cwi_fail(CACHEW_ECLOSED, "task %llu was stopped: %s",
