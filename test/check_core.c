@@ -410,7 +410,10 @@ capture_log(void *ctx, cachew_log_level level, const char *module,
 {
 	(void)ctx;
 	(void)level;
-	snprintf(log_seen, sizeof(log_seen), "%s: %s", module, msg);
+	/* The registry's lines only: in one process (make valgrind) the
+	 * threads of an embedded service an earlier test started log too. */
+	if (strcmp(module, "registry") == 0)
+		snprintf(log_seen, sizeof(log_seen), "%s: %s", module, msg);
 }
 
 /* ---- registry ------------------------------------------------------------------- */

@@ -1825,6 +1825,61 @@ START_TEST(test_dispatcher_draining_worker_finishes_then_goes)
 }
 END_TEST
 
+/* A draining worker sends its last splits, reports them delivered and its
+ * task done, and deregisters before the client's acknowledgements arrive
+ * (a slow client): the splits are not leased again, or their elements
+ * would come twice; the acknowledgements then complete them. */
+START_TEST(test_dispatcher_deregistered_worker_leaves_delivered_splits_to_acks)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c, w1, w2, t1, t2;
+	uint64_t ids[2];
+	cwi_msg_worker_heartbeat req = {0};
+	cwi_msg_worker_heartbeat_reply wr;
+	cwi_task_report tr = {0};
+	cwi_msg_split_lease_reply l;
+	cwi_msg_worker_deregister dr;
+
+	w1 = add_worker(h, "tcp://w1:1");
+	join(h, ds, NULL, &job, &c);
+	t1 = task_of(h, w1, job, NULL);
+	ck_assert_int_eq(lease(h, w1, t1, 2, &l), CACHEW_OK);
+	ck_assert_uint_eq(l.nsplits, 2);
+	ids[0] = l.splits[0].split_id;
+	ids[1] = l.splits[1].split_id;
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	w2 = add_worker(h, "tcp://w2:1");
+	tr.task_id = t1;
+	tr.done = true;
+	tr.splits_delivered = ids;
+	tr.nsplits_delivered = 2;
+	req.worker_id = w1;
+	req.draining = true;
+	req.tasks = &tr;
+	req.ntasks = 1;
+	ck_assert_int_eq(cwi_dispatcher_worker_heartbeat(h->d, h->now, &req,
+			     &wr),
+	    CACHEW_OK);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	dr.worker_id = w1;
+	ck_assert_int_eq(cwi_dispatcher_worker_deregister(h->d, h->now, &dr),
+	    CACHEW_OK);
+	ck_assert(!has_event(h, "\"event\":\"split_released\""));
+	ck_assert_uint_eq(job_status(h, job).splits_leased, 2);
+	/* The other worker's task leases everything else, not those two. */
+	t2 = task_of(h, w2, job, NULL);
+	ck_assert_uint_ne(t2, 0);
+	ck_assert_int_eq(lease(h, w2, t2, 64, &l), CACHEW_OK);
+	for (size_t i = 0; i < l.nsplits; i++)
+		ck_assert(l.splits[i].split_id != ids[0] &&
+		    l.splits[i].split_id != ids[1]);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	ack(h, job, c, ids, 2);
+	ck_assert_uint_eq(job_status(h, job).splits_acked, 2);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_restarted_worker_replaces_old_one)
 {
 	harness *h = harness_new();
@@ -2541,6 +2596,8 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_shared_job_client_leaving_returns_delivered_splits);
 	tcase_add_test(disp, test_dispatcher_draining_worker_finishes_then_goes);
+	tcase_add_test(disp,
+	    test_dispatcher_deregistered_worker_leaves_delivered_splits_to_acks);
 	tcase_add_test(disp, test_dispatcher_restarted_worker_replaces_old_one);
 	tcase_add_test(disp, test_dispatcher_parallel_epochs_tasks_read_everything);
 	tcase_add_test(disp, test_dispatcher_fixed_worker_count);

@@ -624,6 +624,18 @@ match_worker(const split *s, uint64_t worker_id)
 	return s->worker_id == worker_id;
 }
 
+/* A worker that deregistered drained first: the splits it delivered are
+ * on their way to clients, whose acknowledgements can trail its goodbye
+ * (a slow client: autoscale_process_provisioner_scales_a_job got 500
+ * elements twice). Leased again they would come twice; uncoordinated,
+ * they stay delivered and unacked, and the orphan rule (match_orphaned)
+ * leases them again only if no acknowledgement comes within its grace. */
+static bool
+match_worker_undelivered(const split *s, uint64_t worker_id)
+{
+	return s->worker_id == worker_id && !s->delivered;
+}
+
 static bool
 match_task(const split *s, uint64_t task_id)
 {
@@ -2304,7 +2316,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 /* ---- workers ------------------------------------------------------------- */
 
 /* A worker is gone: what it leased and nobody acknowledged is pending
- * again, its tasks go, and the jobs get tasks elsewhere. */
+ * again (after a deregistration from an uncoordinated job, what it had
+ * not delivered), its tasks go, and the jobs get tasks elsewhere. */
 static void
 worker_remove(cwi_dispatcher *d, worker *w, const char *event,
     const char *reason)
@@ -2317,7 +2330,11 @@ worker_remove(cwi_dispatcher *d, worker *w, const char *event,
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
 		if (!j->finished)
-			release_splits(d, j, match_worker, w->id,
+			release_splits(d, j,
+			    reason == NULL && !coordinated(j)
+				? match_worker_undelivered
+				: match_worker,
+			    w->id,
 			    reason != NULL ? reason : "worker_deregistered",
 			    w->id);
 	}

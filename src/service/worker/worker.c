@@ -368,7 +368,11 @@ heartbeat_main(void *arg)
 			registered = false;
 			continue;
 		}
-		if (rv != CACHEW_OK)
+		/* A call that cwi_worker_stop cut short (it sets stop, then
+		 * closes the connection) is the stop, not a failure: `cachew
+		 * run` printed this warning on stderr when it exited while
+		 * the embedded worker's heartbeat was in flight. */
+		if (rv != CACHEW_OK && !atomic_load(&w->stop))
 			cwi_log(CACHEW_LOG_WARN, "worker", "event=heartbeat_failed "
 			    "error=\"%s\"", cwi_errmsg_get());
 		if (rv == CACHEW_OK && atomic_load(&w->draining) && drained) {
