@@ -550,6 +550,66 @@ START_TEST(embedded_worker_dropped_mid_epoch_loses_nothing)
 }
 END_TEST
 
+/* Three iterators of the embedded service alive at once and read in turn
+ * by one thread (a train and an eval loop, Python's zip of two loaders):
+ * each job runs on the embedded worker, none waits for another's end
+ * (with the policy engine's fair share the one worker went to the oldest
+ * job and the others waited for it: forever, since it was not read). */
+static void
+assert_read_in_turn(const char *service)
+{
+	enum { K = 3, N = 20000 };
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it[K];
+	uint64_t sum[K] = {0};
+	size_t n[K] = {0};
+	bool done[K] = {false};
+	int left = K;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(20000)"), CACHEW_OK);
+	for (int k = 0; k < K; k++)
+		ck_assert_int_eq(cachew_iterator_create(&it[k], ds, o),
+		    CACHEW_OK);
+	while (left > 0) {
+		for (int k = 0; k < K; k++) {
+			for (int r = 0; r < 1000 && !done[k]; r++) {
+				cachew_element *e;
+				cachew_err rv = cachew_iterator_next(it[k], &e);
+				if (rv != CACHEW_OK) {
+					ck_assert_msg(rv == CACHEW_EOF, "%s: "
+					    "iterator %d: %s", service, k,
+					    cachew_iterator_errmsg(it[k]));
+					done[k] = true;
+					left--;
+					break;
+				}
+				sum[k] += (uint64_t)*(const int64_t *)
+				    cachew_tensor_data(
+					cachew_element_component(e, 0));
+				n[k]++;
+				cachew_element_release(e);
+			}
+		}
+	}
+	for (int k = 0; k < K; k++) {
+		ck_assert_uint_eq(n[k], N);
+		ck_assert_uint_eq(sum[k], (uint64_t)N * (N - 1) / 2);
+		cachew_iterator_destroy(it[k]);
+	}
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+
+START_TEST(embedded_iterators_read_in_turn)
+{
+	assert_read_in_turn("embedded");
+	assert_read_in_turn("embedded:2");
+}
+END_TEST
+
 START_TEST(embedded_pipeline_error_reaches_the_client)
 {
 	assert_pipeline_error("embedded");
@@ -1090,6 +1150,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_worker_dropped_mid_epoch_loses_nothing);
+	tcase_add_test(tc, embedded_iterators_read_in_turn);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_two_clients_share_a_named_job);

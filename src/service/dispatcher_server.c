@@ -472,7 +472,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.max_lease = (uint32_t)cfg->max_lease;
 	dc.event_file = d->events;
 	dc.pass_free = srv_pass_free;
-	dc.autoscale = true;
+	dc.autoscale = cfg->policy_engine;
 	rv = cwi_scale_parse(&dc.scale, cfg->scale_policy[0] != '\0'
 					    ? cfg->scale_policy : "model");
 	if (rv != CACHEW_OK) {

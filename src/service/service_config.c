@@ -163,6 +163,7 @@ cwi_service_config_defaults(cwi_service_config *c)
 	for (size_t i = 0; i < NCFG; i++)
 		(void)cwi_service_config_set(c, table[i].name, table[i].def,
 		    "default");
+	c->policy_engine = true;
 	cwi_clear_errmsg();
 }
 

@@ -56,6 +56,10 @@ typedef struct cwi_service_config {
 	int64_t cache_capacity;        /* bytes; 0 = unbounded */
 	int64_t allow_frozen_random;   /* 1: cache after random operators */
 	int64_t expected_epochs;       /* passes a pipeline is expected to run */
+	/* Not in the table. Dispatcher: the policy engine sizes jobs and
+	 * shares the workers among them (true by default). The embedded
+	 * service turns it off: every job then runs on every worker. */
+	bool policy_engine;
 } cwi_service_config;
 
 void cwi_service_config_defaults(cwi_service_config *c);

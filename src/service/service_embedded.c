@@ -137,6 +137,13 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 		cfg.heartbeat_ms = 100;
 		/* The inline worker takes a whole epoch in one lease. */
 		cfg.max_lease = CWI_PROTO_MAX_SPLITS;
+		/* Every job on every worker: the inline worker's tasks run
+		 * on their own consumers' threads, so jobs do not compete
+		 * for it, and a policy that granted the one worker to the
+		 * oldest job would leave the others waiting for its end:
+		 * forever for a program that reads its train and eval
+		 * iterators in turn. */
+		cfg.policy_engine = false;
 		rv = cwi_dispatcher_server_start(&in->dispatcher, &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
