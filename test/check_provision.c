@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define WAIT_MS 20000 /* bound of every wait on a condition */
+#define WAIT_MS cwt_bound_ms(20000) /* bound of every wait on a condition */
 
 static char *
 fmt(const char *f, ...)

@@ -40,7 +40,7 @@
 
 /* A bound for waits on readiness: generous, never reached when the code
  * works (tests must not depend on timing). */
-#define WAIT_MS 10000
+#define WAIT_MS cwt_bound_ms(10000)
 #define NTRANSPORTS 3
 
 /* ---- fixtures ----------------------------------------------------------- */

@@ -80,6 +80,10 @@ typedef struct cwt_daemon {
 } cwt_daemon;
 
 uint64_t cwt_now_ms(void); /* CLOCK_MONOTONIC */
+/* A bound of a wait for something expected to happen: ms, or 6 times ms
+ * under valgrind (make valgrind sets CWT_VALGRIND), which runs the code
+ * tens of times slower. Only ever makes a failing test slower to fail. */
+int cwt_bound_ms(int ms);
 void cwt_nap_ms(unsigned ms);
 /* A whole file as a NUL-terminated heap string, or NULL. */
 char *cwt_slurp(const char *path);

@@ -27,6 +27,12 @@ cwt_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+int
+cwt_bound_ms(int ms)
+{
+	return getenv("CWT_VALGRIND") != NULL ? ms * 6 : ms;
+}
+
 void
 cwt_nap_ms(unsigned ms)
 {
