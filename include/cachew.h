@@ -542,7 +542,11 @@ CACHEW_API void cachew_fingerprint_hex(
 /* ------------------------------------------------------------------------ */
 
 /* Runs a dataset. One thread at a time; its worker threads are internal.
- * Destroying an iterator mid-stream stops its threads and frees all. */
+ * Destroying an iterator mid-stream stops its threads and frees all.
+ * An iterator does not cross fork(): its threads stay in the parent. A
+ * child creates its own iterators (datasets and options cross fine); an
+ * inherited iterator is left alone by cachew_iterator_destroy in the
+ * child, and must not be read there. */
 typedef struct cachew_iterator cachew_iterator;
 
 /* opts may be NULL (the embedded default) and is copied. */

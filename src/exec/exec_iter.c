@@ -397,6 +397,7 @@ struct cachew_iterator {
 	void (*release)(void *arg); /* called last by destroy (owned) */
 	void *release_arg;
 	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
+	pid_t pid; /* the process that created it (fork: see destroy) */
 };
 
 #define WANT_MAX 256
@@ -422,6 +423,7 @@ iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 	pthread_mutex_init(&it->pl.lock, NULL);
 	it->ds = cachew_dataset_retain(ds);
 	it->want = 1;
+	it->pid = getpid();
 	return it;
 }
 
@@ -650,6 +652,14 @@ void
 cachew_iterator_destroy(cachew_iterator *it)
 {
 	if (it == NULL)
+		return;
+	/* Inherited through fork(): its threads (a prefetch's, the
+	 * service client's fetch thread) stayed in the parent, so joining
+	 * them or destroying a condition variable they waited on would
+	 * crash or wait forever. The child leaves it be (its memory stays,
+	 * unused), as it does the embedded service's instances; the
+	 * parent's copy is unaffected. */
+	if (it->pid != getpid())
 		return;
 	atomic_store(&it->pl.cancelled, true);
 	/* Wake every blocked thread first, then join them top-down. */
