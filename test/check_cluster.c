@@ -610,6 +610,49 @@ START_TEST(embedded_iterators_read_in_turn)
 }
 END_TEST
 
+/* The newest job id the dispatcher at c lists (0: none). */
+static uint64_t
+newest_job(cwi_conn *c)
+{
+	cwi_pmsg rep;
+	uint64_t id = 0;
+
+	dispatcher_status(c, &rep);
+	for (size_t i = 0; i < rep.u.status_reply.njobs; i++)
+		if (rep.u.status_reply.jobs[i].job_id > id)
+			id = rep.u.status_reply.jobs[i].job_id;
+	cwi_pmsg_free(&rep);
+	return id;
+}
+
+/* A repeat runs on the client, and through a service each pass opens the
+ * stream again: a new job per pass (0.3 ms each; range(10) | repeat() |
+ * batch(4) ran 440 times slower than the plain executor). The implicit
+ * default leaves such pipelines to the plain executor: reading 100 passes
+ * makes no job; the same elements come. */
+START_TEST(embedded_default_leaves_repeat_to_the_plain_executor)
+{
+	const char *p = "range(10) | repeat(100) | batch(4)";
+	run_sum first = run_digest("range(3)", "embedded", NULL);
+	run_sum def = {0}, local = run_digest(p, "local", NULL);
+	cwi_conn *c;
+	char url[64];
+	uint64_t before;
+
+	ck_assert_uint_eq(first.n, 3);
+	snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld",
+	    (long)getpid());
+	ck_assert_int_eq(cwi_dial(&c, url, NULL), CACHEW_OK);
+	before = newest_job(c);
+	ck_assert_uint_ne(before, 0);
+	def = run_digest(p, NULL, NULL);
+	ck_assert_uint_eq(def.n, 250);
+	ck_assert_uint_eq(def.digest, local.digest);
+	ck_assert_uint_eq(newest_job(c), before);
+	cwi_conn_destroy(c);
+}
+END_TEST
+
 START_TEST(embedded_pipeline_error_reaches_the_client)
 {
 	assert_pipeline_error("embedded");
@@ -1151,6 +1194,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_worker_dropped_mid_epoch_loses_nothing);
 	tcase_add_test(tc, embedded_iterators_read_in_turn);
+	tcase_add_test(tc, embedded_default_leaves_repeat_to_the_plain_executor);
 	tcase_add_test(tc, embedded_threads_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_two_clients_share_a_named_job);

@@ -456,23 +456,6 @@ iterator_start(cachew_iterator **out, cachew_iterator *it)
 	return CACHEW_OK;
 }
 
-/* Whether the graph holds a cache operator. Their in-process semantics
- * (the first full pass fills the cache, a corrupt chunk is recomputed, the
- * manifest names the cached pipeline) are the plain executor's, so the
- * embedded default leaves such pipelines to it. */
-static bool
-has_cache_op(const cwi_node *n)
-{
-	if (strcmp(n->op->name, "cache") == 0 ||
-	    strcmp(n->op->name, "cache_put") == 0 ||
-	    strcmp(n->op->name, "cache_get") == 0)
-		return true;
-	for (size_t i = 0; i < n->ninputs; i++)
-		if (has_cache_op(n->inputs[i]))
-			return true;
-	return false;
-}
-
 cachew_err
 cachew_iterator_create(
     cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
@@ -490,13 +473,14 @@ cachew_iterator_create(
 	/* The default is the embedded service; `local` is the plain
 	 * executor alone (no dispatcher, no worker, no splits). A pipeline
 	 * the service cannot split (several sources, a source that is not
-	 * splittable) runs on the plain executor by default, and the
-	 * embedded service is not even started for it; named explicitly,
-	 * the service says why it cannot. */
+	 * splittable), or would run worse (cwi_split_local_reason), runs on
+	 * the plain executor by default, and the embedded service is not
+	 * even started for it; named explicitly, the service says why it
+	 * cannot. */
 	implicit = service[0] == '\0';
 	if (implicit)
-		service = has_cache_op(ds) || !cwi_split_possible(ds) ? "local"
-								    : "embedded";
+		service = cwi_split_local_reason(ds) != NULL ? "local"
+							     : "embedded";
 	if (strcmp(service, "local") != 0) {
 		char url[CWI_OPT_STR_MAX];
 		cachew_err rv;
@@ -516,7 +500,11 @@ cachew_iterator_create(
 			service = url;
 		}
 		rv = cwi_client_iterator_create(out, ds, opts, service);
-		if (rv != CACHEW_ENOTSUP || !implicit)
+		/* The implicit default cannot take the pipeline (ENOTSUP), or
+		 * its source fails already (a pattern that matches no file):
+		 * the plain executor runs it, and says so in its own words,
+		 * not in those of a service the user did not ask for. */
+		if (rv == CACHEW_OK || !implicit)
 			return rv;
 		cwi_clear_errmsg();
 	}

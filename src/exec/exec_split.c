@@ -197,6 +197,34 @@ cwi_split_possible(const cwi_node *root)
 	return c->ninputs == 0 && c->op->split_units != NULL;
 }
 
+static bool
+holds_op(const cwi_node *n, const char *const *names, size_t nnames)
+{
+	for (size_t i = 0; i < nnames; i++)
+		if (strcmp(n->op->name, names[i]) == 0)
+			return true;
+	for (size_t i = 0; i < n->ninputs; i++)
+		if (holds_op(n->inputs[i], names, nnames))
+			return true;
+	return false;
+}
+
+const char *
+cwi_split_local_reason(const cwi_node *root)
+{
+	static const char *const cache_ops[] = {"cache", "cache_put",
+	    "cache_get"};
+	static const char *const repeat_op[] = {"repeat"};
+
+	if (!cwi_split_possible(root))
+		return "it cannot be split";
+	if (holds_op(root, cache_ops, sizeof(cache_ops) / sizeof(*cache_ops)))
+		return "it holds a cache operator";
+	if (holds_op(root, repeat_op, 1))
+		return "it repeats on the client";
+	return NULL;
+}
+
 cachew_err
 cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 {
