@@ -448,20 +448,47 @@ dispatcher_status(cwi_conn *c, cwi_pmsg *rep)
 	cwi_pmsg_free(&req);
 }
 
-/* The id of the dispatcher's newest active task, 0 if there is none. */
+/* The ids of the dispatcher's newest active task and newest job (0:
+ * none); either pointer may be NULL. */
+static void
+newest_ids(cwi_conn *c, uint64_t *task, uint64_t *job)
+{
+	const cwi_msg_status_reply *st;
+	cwi_pmsg rep;
+	uint64_t t = 0, j = 0;
+
+	dispatcher_status(c, &rep);
+	st = &rep.u.status_reply;
+	for (size_t i = 0; i < st->ntasks; i++)
+		if (st->tasks[i].state == CWI_TASK_ACTIVE &&
+		    st->tasks[i].task_id > t)
+			t = st->tasks[i].task_id;
+	for (size_t i = 0; i < st->njobs; i++)
+		if (st->jobs[i].job_id > j)
+			j = st->jobs[i].job_id;
+	cwi_pmsg_free(&rep);
+	if (task != NULL)
+		*task = t;
+	if (job != NULL)
+		*job = j;
+}
+
 static uint64_t
 active_task(cwi_conn *c)
 {
-	cwi_pmsg rep;
-	uint64_t id = 0;
+	uint64_t t;
 
-	dispatcher_status(c, &rep);
-	for (size_t i = 0; i < rep.u.status_reply.ntasks; i++)
-		if (rep.u.status_reply.tasks[i].state == CWI_TASK_ACTIVE &&
-		    rep.u.status_reply.tasks[i].task_id > id)
-			id = rep.u.status_reply.tasks[i].task_id;
-	cwi_pmsg_free(&rep);
-	return id;
+	newest_ids(c, &t, NULL);
+	return t;
+}
+
+static uint64_t
+newest_job(cwi_conn *c)
+{
+	uint64_t j;
+
+	newest_ids(c, NULL, &j);
+	return j;
 }
 
 /* Deregisters every worker of the dispatcher, as a dispatcher that
@@ -609,21 +636,6 @@ START_TEST(embedded_iterators_read_in_turn)
 	assert_read_in_turn("embedded:2");
 }
 END_TEST
-
-/* The newest job id the dispatcher at c lists (0: none). */
-static uint64_t
-newest_job(cwi_conn *c)
-{
-	cwi_pmsg rep;
-	uint64_t id = 0;
-
-	dispatcher_status(c, &rep);
-	for (size_t i = 0; i < rep.u.status_reply.njobs; i++)
-		if (rep.u.status_reply.jobs[i].job_id > id)
-			id = rep.u.status_reply.jobs[i].job_id;
-	cwi_pmsg_free(&rep);
-	return id;
-}
 
 /* A repeat runs on the client, and through a service each pass opens the
  * stream again: a new job per pass (0.3 ms each; range(10) | repeat() |
