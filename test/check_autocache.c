@@ -13,7 +13,7 @@
 #include "cwt.h"
 
 #include "../src/policy/autocache.h"
-#include "../src/policy/sim.h"
+#include "../src/tools/sim.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
 #include "../src/cache/cache.h"
 #include "../src/exec/exec_split.h"
 #include "../src/exec/exec_tune.h"
-#include "../src/gen/gen.h"
+#include "../src/tools/gen.h"
 
 #include <dirent.h>
 #include <fcntl.h>

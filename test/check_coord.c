@@ -1,7 +1,7 @@
 /*
  * check_coord.c - coordinated reads and compressed payloads of the service:
  * the client's round schedule (client_coord.h) and the payload codec
- * (payload_zstd.h) as units, then end to end with real processes on
+ * (service_payload.h) as units, then end to end with real processes on
  * loopback like check_cluster.c (a `cachewd --role=dispatcher`, `cachewd
  * --role=worker`s, and consumers in this process). Ports are ephemeral;
  * every wait is bounded and waits on readiness; every process started is
@@ -10,7 +10,7 @@
 #include "cwt.h"
 
 #include "../src/service/client/client_coord.h"
-#include "../src/service/worker/payload_zstd.h"
+#include "../src/service/service_payload.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -639,7 +639,7 @@ START_TEST(coord_reader_asks_again_after_a_failure)
 }
 END_TEST
 
-/* ---- compressed payloads (payload_zstd.h) ------------------------------------------ */
+/* ---- compressed payloads (service_payload.h) ------------------------------------------ */
 
 /* Three elements: a scalar, an i64 batch, a bytes string. */
 static void

@@ -6,7 +6,7 @@
 #include "cwt.h"
 
 #include "../src/core/crc32c.h"
-#include "../src/gen/gen.h"
+#include "../src/tools/gen.h"
 #include "../src/ops/ops.h"
 #include "../src/sources/sources.h"
 

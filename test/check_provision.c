@@ -10,7 +10,7 @@
  */
 #include "cwt.h"
 
-#include "../src/policy/provision.h"
+#include "../src/provision/provision.h"
 
 #include <errno.h>
 #include <signal.h>

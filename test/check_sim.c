@@ -5,7 +5,7 @@
  */
 #include "cwt.h"
 
-#include "../src/policy/sim.h"
+#include "../src/tools/sim.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -9,7 +9,7 @@
 #include "cwt.h"
 
 #include "../src/exec/exec_split.h"
-#include "../src/gen/gen.h"
+#include "../src/tools/gen.h"
 #include "../src/sources/sources.h"
 
 #include <pthread.h>

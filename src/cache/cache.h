@@ -281,7 +281,4 @@ extern const cwi_dataset_op cwi_op_cache_put;
 extern const cwi_dataset_op cwi_op_cache_get;
 extern const cwi_dataset_op cwi_op_cache;
 
-/* `cachew cache ls|verify|rm|gc|probe ...`; returns the exit code. */
-int cwi_cache_cli(int argc, char **argv);
-
 #endif /* CWI_CACHE_H */

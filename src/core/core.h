@@ -521,4 +521,25 @@ struct cachew_params {
  * only) or NULL on ENOMEM/ETYPE (errmsg set). */
 const char **cwi_value_str_list(const cwi_value *v, size_t *n);
 
+/* ---- chunks: the unit of hand-off between iterators, threads and transports ---- */
+
+typedef struct cwi_chunk {
+	cwi_element **v;
+	size_t n;
+	size_t cap;
+} cwi_chunk;
+
+/* Ensures room for `extra` more elements. */
+cachew_err cwi_chunk_reserve(cwi_chunk *c, size_t extra);
+/* Releases the elements; keeps the storage. */
+void cwi_chunk_clear(cwi_chunk *c);
+/* Releases elements and storage. */
+void cwi_chunk_free(cwi_chunk *c);
+
+static inline void
+cwi_chunk_push(cwi_chunk *c, cwi_element *e)
+{
+	c->v[c->n++] = e;
+}
+
 #endif /* CWI_CORE_H */

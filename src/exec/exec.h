@@ -27,27 +27,6 @@
 
 #include <pthread.h>
 
-/* ---- chunks ---------------------------------------------------------- */
-
-typedef struct cwi_chunk {
-	cwi_element **v;
-	size_t n;
-	size_t cap;
-} cwi_chunk;
-
-/* Ensures room for `extra` more elements. */
-cachew_err cwi_chunk_reserve(cwi_chunk *c, size_t extra);
-/* Releases the elements; keeps the storage. */
-void cwi_chunk_clear(cwi_chunk *c);
-/* Releases elements and storage. */
-void cwi_chunk_free(cwi_chunk *c);
-
-static inline void
-cwi_chunk_push(cwi_chunk *c, cwi_element *e)
-{
-	c->v[c->n++] = e;
-}
-
 /* ---- statistics -------------------------------------------------------- */
 
 typedef struct cwi_stats {
@@ -217,6 +196,12 @@ cachew_err cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 void cwi_seq_close(cwi_seq *s);
 
 /* ---- iterators for the service ----------------------------------------- */
+
+/* The plain executor's iterator of ds: what cachew_iterator_create runs
+ * for `service=local` (src/front decides). The caller's cwi_clear_errmsg
+ * and argument checks are done; errors are the pipeline's own. */
+cachew_err cwi_exec_iterator_create(
+    cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts);
 
 /* A fresh random pipeline seed (getrandom, else clock and pid). */
 uint64_t cwi_fresh_seed(void);

@@ -1,6 +1,7 @@
 /*
  * exec_iter.c - the iterator wrapper (sticky end, counters), the pipeline
- * context, operator-function contexts and the public cachew_iterator.
+ * context, operator-function contexts and the public cachew_iterator's
+ * plain-executor form (the front door, src/front, decides which form runs).
  *
  * Locking: pl->lock protects the pipeline's first error. Counters are
  * relaxed atomics. Lock order: an op's own locks are never held while
@@ -9,51 +10,11 @@
 #include "exec.h"
 #include "exec_split.h"
 #include "exec_tune.h"
-#include "../service/client/client.h"
-#include "../service/service.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <unistd.h>
-
-/* ---- chunks ---------------------------------------------------------------- */
-
-cachew_err
-cwi_chunk_reserve(cwi_chunk *c, size_t extra)
-{
-	size_t need = c->n + extra, cap;
-	cwi_element **v;
-
-	if (need <= c->cap)
-		return CACHEW_OK;
-	cap = c->cap != 0 ? c->cap : 16;
-	while (cap < need)
-		cap *= 2;
-	v = realloc(c->v, cap * sizeof(*v));
-	if (v == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	c->v = v;
-	c->cap = cap;
-	return CACHEW_OK;
-}
-
-void
-cwi_chunk_clear(cwi_chunk *c)
-{
-	for (size_t i = 0; i < c->n; i++)
-		cwi_element_release(c->v[i]);
-	c->n = 0;
-}
-
-void
-cwi_chunk_free(cwi_chunk *c)
-{
-	cwi_chunk_clear(c);
-	free(c->v);
-	c->v = NULL;
-	c->cap = 0;
-}
 
 /* ---- pipeline ----------------------------------------------------------------- */
 
@@ -457,58 +418,11 @@ iterator_start(cachew_iterator **out, cachew_iterator *it)
 }
 
 cachew_err
-cachew_iterator_create(
+cwi_exec_iterator_create(
     cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts)
 {
 	cachew_iterator *it;
-	const char *service, *env;
-	bool implicit;
 
-	cwi_clear_errmsg();
-	if (out == NULL || ds == NULL)
-		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
-	service = opts != NULL ? cwi_options_values(opts)->service : "";
-	if (service[0] == '\0' && (env = getenv("CACHEW_SERVICE")) != NULL)
-		service = env;
-	/* The default is the embedded service; `local` is the plain
-	 * executor alone (no dispatcher, no worker, no splits). A pipeline
-	 * the service cannot split (several sources, a source that is not
-	 * splittable), or would run worse (cwi_split_local_reason), runs on
-	 * the plain executor by default, and the embedded service is not
-	 * even started for it; named explicitly, the service says why it
-	 * cannot. */
-	implicit = service[0] == '\0';
-	if (implicit)
-		service = cwi_split_local_reason(ds) != NULL ? "local"
-							     : "embedded";
-	if (strcmp(service, "local") != 0) {
-		char url[CWI_OPT_STR_MAX];
-		cachew_err rv;
-		if (strncmp(service, "embedded", 8) == 0) {
-			rv = cwi_embedded_service(service, url, sizeof(url));
-			if (rv != CACHEW_OK && implicit) {
-				/* The plain executor still works. */
-				cwi_log(CACHEW_LOG_WARN, "iterator",
-				    "event=embedded_service_failed error=\"%s\" "
-				    "action=in_process",
-				    cwi_errmsg_get());
-				service = "local";
-				goto local;
-			}
-			if (rv != CACHEW_OK)
-				return rv;
-			service = url;
-		}
-		rv = cwi_client_iterator_create(out, ds, opts, service);
-		/* The implicit default cannot take the pipeline (ENOTSUP), or
-		 * its source fails already (a pattern that matches no file):
-		 * the plain executor runs it, and says so in its own words,
-		 * not in those of a service the user did not ask for. */
-		if (rv == CACHEW_OK || !implicit)
-			return rv;
-		cwi_clear_errmsg();
-	}
-local:
 	it = iterator_alloc(ds, opts);
 	if (it == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");

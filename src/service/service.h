@@ -54,26 +54,4 @@ void cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms);
 /* Task task_id of w, referenced (cwi_wtask_unref), or NULL. */
 struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
 
-/* The process's embedded service for `service=embedded` or `embedded:N`:
- * starts (once) a dispatcher and N workers (default 1) on inproc and
- * writes the dispatcher's URL. `embedded` (one inline worker) and
- * `embedded:N` are separate instances; more workers are added to the
- * latter when a later spec asks for more. */
-cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
-/* When url is the embedded service's: has its workers heartbeat now, and
- * with `wait` waits for those heartbeats (at most 100 ms each), so a job
- * just created has its tasks started when this returns. Without, it also
- * ends their runners' waits for splits. */
-void cwi_embedded_poke(const char *url, bool wait);
-/* The task task_id of the embedded worker listening at address when that
- * worker runs its tasks inline, referenced (cwi_wtask_unref); else NULL
- * (another worker, a remote one, a task with a runner, or one the worker
- * has not started yet). *inline_worker says whether address is an inline
- * worker's. */
-struct cwi_wtask *cwi_embedded_inline_task(const char *address,
-    uint64_t task_id, bool *inline_worker);
-
-/* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
-int cwi_status_cli(int argc, char **argv);
-
 #endif /* CWI_SERVICE_H */

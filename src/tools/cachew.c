@@ -16,8 +16,9 @@
 #include "../exec/exec_split.h"
 #include "../service/service.h"
 #include "../graph/graph.h"
-#include "../policy/sim.h"
-#include "../gen/gen.h"
+#include "sim.h"
+#include "tools.h"
+#include "gen.h"
 
 #include <ctype.h>
 #include <errno.h>

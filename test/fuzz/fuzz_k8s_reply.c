@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/policy/provision.h"
+#include "../../src/provision/provision.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -24,7 +24,7 @@
  * order, acknowledging each round's split ends as it goes.
  *
  * Compression (the job's `compression`): the fetch thread asks workers in
- * other processes for zstd payloads (payload_zstd.h) when the job says
+ * other processes for zstd payloads (service_payload.h) when the job says
  * zstd, or, with auto, while its measurements say the link is the
  * bottleneck (auto_tick below states the rule); it decompresses them
  * before queueing.
@@ -38,7 +38,11 @@
 
 #include "../service.h"
 #include "../service_rpc.h"
-#include "../worker/payload_zstd.h"
+/* Until the embedded worker serves its inline tasks through its own
+ * get_elements handler (issue 13, item 2): the client asks the embedded
+ * service for them, an upward call that the layer check lists. */
+#include "../../front/front.h"
+#include "../service_payload.h"
 #include "../worker/worker_task.h"
 #include "../../exec/exec_split.h"
 #include "../../core/options.h"
@@ -733,7 +737,7 @@ reply_elements(session *s, ctask *t, cwi_msg *msg,
 		}
 		*n = count;
 	} else {
-		/* One scalar BYTES element: the frame (payload_zstd.h). */
+		/* One scalar BYTES element: the frame (service_payload.h). */
 		const cwi_element *fe = count == 1 ? cwi_msg_element(msg, 0)
 						   : NULL;
 		const uint8_t *frame;

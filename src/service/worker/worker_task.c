@@ -2,7 +2,7 @@
  * worker_task.c - a task on a worker (worker_task.h explains the model).
  */
 #include "worker_task.h"
-#include "payload_zstd.h"
+#include "../service_payload.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -901,7 +901,7 @@ zstd_result(cwi_wtask *t, int level, size_t content, size_t wire)
 					      : CWI_PAYLOAD_ZSTD_LEVEL);
 }
 
-/* Replaces msg's elements by their compressed form (payload_zstd.h). */
+/* Replaces msg's elements by their compressed form (service_payload.h). */
 static cachew_err
 compress_msg(cwi_wtask *t, cwi_msg **msg, const char *peer)
 {

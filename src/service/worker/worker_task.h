@@ -29,7 +29,7 @@
  *
  * Compression: a reply to a request that asks for zstd, from a client in
  * another process, carries its elements as one zstd frame
- * (payload_zstd.h), compressed after the lock is released.
+ * (service_payload.h), compressed after the lock is released.
  *
  * Locking: task->lock protects the queue, the leases, the held requests and
  * the per-client state. Replies are built under the lock and sent after it

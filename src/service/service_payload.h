@@ -1,5 +1,5 @@
 /*
- * payload_zstd.h - the compressed form of a get_elements reply's element
+ * service_payload.h - the compressed form of a get_elements reply's element
  * payloads (docs/protocol.md, "Compressed payloads"): workers write it,
  * clients read it.
  *
@@ -25,7 +25,7 @@
 #ifndef CWI_PAYLOAD_ZSTD_H
 #define CWI_PAYLOAD_ZSTD_H
 
-#include "../../core/core.h"
+#include "../core/core.h"
 
 #include <zstd.h>
 

@@ -3,7 +3,8 @@
  * under a cache root (docs/cache.md). Exit status: 0 ok, 1 runtime failure
  * (including a verify that found corruption), 2 usage error.
  */
-#include "cache.h"
+#include "tools.h"
+#include "../cache/cache.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,11 +1,11 @@
 /*
- * payload_zstd.c - compressed element payloads (payload_zstd.h).
+ * service_payload.c - compressed element payloads (service_payload.h).
  *
  * Locking: pool->lock guards the free list only; it is a leaf lock, held
  * for a push or a pop, never across compression.
  */
-#include "payload_zstd.h"
-#include "../../core/element_codec.h"
+#include "service_payload.h"
+#include "../core/element_codec.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * with the current time, and answered after the lock is released. A ticker
  * thread times out silent workers and clients every 50 ms, which also runs
  * the policy engine's decision interval; the pool target that follows goes
- * to the provisioner (src/policy/provision.h) after the lock is released.
+ * to the provisioner (src/provision/provision.h) after the lock is released.
  * Malformed requests reset the peer's connection (cwi_request_reject) with
  * a logged reason; the process stays up.
  *
@@ -17,12 +17,12 @@
  * by status requests under d->prov_lock, which its destroy also takes so
  * that no status call runs into it. The two locks are never nested.
  */
-#include "service.h"
+#include "../service.h"
 
-#include "dispatcher/dispatcher_autocache.h"
-#include "dispatcher/dispatcher_state.h"
-#include "service_rpc.h"
-#include "../policy/provision.h"
+#include "dispatcher_autocache.h"
+#include "dispatcher_state.h"
+#include "../service_rpc.h"
+#include "../../provision/provision.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /*
- * service_embedded.c - the service inside the process: `service=embedded`
+ * front_embedded.c - the service inside the process: `service=embedded`
  * (or `embedded:N`) starts, once per process, a dispatcher and N workers
  * (default 1) on the inproc transport, so jobs, splits, leases, metrics and
  * later the policies run exactly as with remote workers, without sockets
@@ -9,8 +9,9 @@
  * `embedded`, one for `embedded:N`). They are stopped at exit (atexit),
  * after every iterator using them should be gone.
  */
-#include "service.h"
-#include "worker/worker_task.h"
+#include "front.h"
+#include "../service/service.h"
+#include "../service/worker/worker_task.h"
 #include "../../transports/transport.h"
 
 #include <stdio.h>

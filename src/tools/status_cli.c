@@ -1,9 +1,10 @@
 /*
- * service_status.c - `cachew status URL [--json]`: what a dispatcher knows
+ * status_cli.c - `cachew status URL [--json]`: what a dispatcher knows
  * (workers, datasets, jobs, tasks, split progress, throughput).
  */
-#include "service.h"
-#include "service_rpc.h"
+#include "tools.h"
+#include "../service/service.h"
+#include "../service/service_rpc.h"
 
 #include <inttypes.h>
 #include <stdio.h>

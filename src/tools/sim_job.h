@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "scale.h"
+#include "../policy/scale.h"
 
 #define CWI_SIM_DT_NS 50000000ull        /* 50 ms per step */
 #define CWI_SIM_HEARTBEAT_STEPS 10u      /* 500 ms heartbeats */

@@ -17,7 +17,7 @@
  * seeded jitter of +-JITTER (profiling and the probe are not exact), drawn
  * afresh for each decision. The outcome (time) always uses the truth.
  */
-#include "autocache.h"
+#include "../policy/autocache.h"
 #include "sim.h"
 
 #include "../core/core.h"
