@@ -55,6 +55,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 	case CWI_MSG_ERROR:
 		m->u.error.code = CACHEW_ENOENT;
 		m->u.error.message = xstrdup("worker 7 is not registered");
+		m->u.error.pipeline = true;
 		break;
 	case CWI_MSG_OK:
 	case CWI_MSG_STATUS:
@@ -64,6 +65,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.worker_register.cores = 16;
 		m->u.worker_register.memory_bytes = 64ull << 30;
 		m->u.worker_register.build = xstrdup("cachew 0.5.0");
+		m->u.worker_register.direct = true;
 		break;
 	case CWI_MSG_WORKER_REGISTER_REPLY:
 		m->u.worker_register_reply.worker_id = 3;
@@ -86,9 +88,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		h->tasks[0].nops = 2;
 		h->tasks[0].ops = xcalloc(2, sizeof(cwi_op_counters));
 		h->tasks[0].ops[0] = (cwi_op_counters){xstrdup("range#0"), 1000,
-		    8000, 5000, 0, 0};
+		    8000, 5000, 0, 0, NULL, 0, 0, 0};
 		h->tasks[0].ops[1] = (cwi_op_counters){xstrdup("map#1"), 999,
-		    7992, 123456789, 42, 17};
+		    7992, 123456789, 42, 17, NULL, 0, 0, 0};
 		h->tasks[1].task_id = 12;
 		break;
 	}
@@ -169,9 +171,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		c->ntasks = 2;
 		c->tasks = xcalloc(2, sizeof(*c->tasks));
 		c->tasks[0] = (cwi_task_info){5, 1, xstrdup("tcp://a:1"),
-		    CWI_TASK_ACTIVE, 0, 100};
+		    CWI_TASK_ACTIVE, 0, 100, false};
 		c->tasks[1] = (cwi_task_info){6, 2, xstrdup("ipc:///tmp/w2"),
-		    CWI_TASK_REMOVING, 16, CWI_ROUND_NONE};
+		    CWI_TASK_REMOVING, 16, CWI_ROUND_NONE, true};
 		c->block_round = 132;
 		c->splits_total = 64;
 		c->splits_acked = 63;
@@ -251,6 +253,12 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		g->max_elements = 64;
 		g->max_bytes = 8u << 20;
 		g->compression = CWI_COMPRESSION_ZSTD;
+		g->exec = true;
+		g->epoch = 3;
+		g->threads = 2;
+		g->ram_budget = INT64_C(1) << 33;
+		g->deterministic = true;
+		g->autotune = true;
 		break;
 	}
 	case CWI_MSG_GET_ELEMENTS_REPLY: {
@@ -265,6 +273,21 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		g->end_of_task = true;
 		g->round = 12;
 		g->compression = CWI_COMPRESSION_ZSTD;
+		g->retry_ms = 20;
+		break;
+	}
+	case CWI_MSG_TASK_STATS:
+		m->u.task_stats.task_id = 9;
+		break;
+	case CWI_MSG_TASK_STATS_REPLY: {
+		cwi_msg_task_stats_reply *t = &m->u.task_stats_reply;
+		t->nops = 2;
+		t->ops = xcalloc(2, sizeof(*t->ops));
+		t->ops[0] = (cwi_op_counters){xstrdup("range"), 100, 800, 5000,
+		    0, 0, xstrdup(""), 0, 1, 0};
+		t->ops[1] = (cwi_op_counters){xstrdup("map"), 100, 800, 9000,
+		    300, 4, xstrdup("add"), 1, 2, 16};
+		t->busy = false;
 		break;
 	}
 	default:
@@ -852,9 +875,9 @@ START_TEST(test_coord_round_task_rotates_over_serving_tasks)
 {
 	/* Listed out of order: selection is by task id. */
 	cwi_task_info t[3] = {
-	    {7, 1, NULL, CWI_TASK_ACTIVE, 0, CWI_ROUND_NONE},
-	    {3, 2, NULL, CWI_TASK_ACTIVE, 0, 10},
-	    {9, 3, NULL, CWI_TASK_ACTIVE, 6, CWI_ROUND_NONE},
+	    {7, 1, NULL, CWI_TASK_ACTIVE, 0, CWI_ROUND_NONE, false},
+	    {3, 2, NULL, CWI_TASK_ACTIVE, 0, 10, false},
+	    {9, 3, NULL, CWI_TASK_ACTIVE, 6, CWI_ROUND_NONE, false},
 	};
 	uint64_t id, want[14] = {3, 7, 3, 7, 3, 7, 3, 7, 9, 3, 7, 9, 7, 9};
 
@@ -2053,7 +2076,7 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c, w1, t1;
 	cwi_msg_worker_heartbeat req = {0};
 	cwi_msg_worker_heartbeat_reply wr;
-	cwi_op_counters op = {"map#1", 1000, 8000, 5 * MS, MS, 12};
+	cwi_op_counters op = {"map#1", 1000, 8000, 5 * MS, MS, 12, NULL, 0, 0, 0};
 	cwi_task_report tr = {0};
 	cwi_msg_status_reply st;
 	const cwi_op_counters *ops;

@@ -17,17 +17,5 @@
  * `embedded:N` are separate instances; more workers are added to the
  * latter when a later spec asks for more. */
 cachew_err cwi_embedded_service(const char *spec, char *url, size_t urllen);
-/* When url is the embedded service's: has its workers heartbeat now, and
- * with `wait` waits for those heartbeats (at most 100 ms each), so a job
- * just created has its tasks started when this returns. Without, it also
- * ends their runners' waits for splits. */
-void cwi_embedded_poke(const char *url, bool wait);
-/* The task task_id of the embedded worker listening at address when that
- * worker runs its tasks inline, referenced (cwi_wtask_unref); else NULL
- * (another worker, a remote one, a task with a runner, or one the worker
- * has not started yet). *inline_worker says whether address is an inline
- * worker's. */
-struct cwi_wtask *cwi_embedded_inline_task(const char *address,
-    uint64_t task_id, bool *inline_worker);
 
 #endif /* CWI_FRONT_H */

@@ -11,7 +11,7 @@
  */
 #include "front.h"
 #include "../service/service.h"
-#include "../service/worker/worker_task.h"
+#include "../service/service_proto.h"
 #include "../../transports/transport.h"
 
 #include <stdio.h>
@@ -30,7 +30,7 @@ typedef struct emb_instance {
 	cwi_worker *workers[EMBEDDED_MAX_WORKERS];
 	size_t nworkers;
 	char url[64];
-	bool inline_; /* workers[0] runs its tasks inline */
+	bool inline_; /* workers[0] serves its tasks directly */
 } emb_instance;
 
 static pthread_mutex_t emb_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -75,6 +75,26 @@ emb_fork_register(void)
 	cwi_inproc_fork_init();
 	(void)pthread_atfork(emb_fork_prepare, emb_fork_parent,
 	    emb_fork_child);
+}
+
+/* The dispatcher answered a job's creation or its last acknowledgement:
+ * its workers heartbeat now. After a creation this waits for those
+ * heartbeats (at most 100 ms each), so the job's tasks have started when
+ * its client reads the reply; after the last acknowledgement it does not
+ * wait, and their runners' waits for splits end at once. */
+static void
+emb_job_hook(void *arg, bool created)
+{
+	emb_instance *in = arg;
+
+	pthread_mutex_lock(&emb_lock);
+	for (size_t i = 0; i < in->nworkers; i++) {
+		if (created)
+			cwi_worker_poke_wait(in->workers[i], 100);
+		else
+			cwi_worker_poke(in->workers[i]);
+	}
+	pthread_mutex_unlock(&emb_lock);
 }
 
 static void
@@ -148,6 +168,8 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 		rv = cwi_dispatcher_server_start(&in->dispatcher, &cfg);
 		if (rv != CACHEW_OK)
 			goto done;
+		cwi_dispatcher_server_set_job_hook(in->dispatcher,
+		    emb_job_hook, in);
 		if (!emb_atexit) {
 			atexit(embedded_stop);
 			emb_atexit = true;
@@ -182,53 +204,4 @@ cwi_embedded_service(const char *spec, char *url, size_t urllen)
 done:
 	pthread_mutex_unlock(&emb_lock);
 	return rv;
-}
-
-void
-cwi_embedded_poke(const char *url, bool wait)
-{
-	pthread_mutex_lock(&emb_lock);
-	for (size_t k = 0; k < 2 && url != NULL; k++) {
-		emb_instance *in = &emb_inst[k];
-		if (in->dispatcher == NULL || strcmp(url, in->url) != 0)
-			continue;
-		for (size_t i = 0; i < in->nworkers; i++) {
-			if (wait)
-				cwi_worker_poke_wait(in->workers[i], 100);
-			else
-				cwi_worker_poke(in->workers[i]);
-		}
-	}
-	pthread_mutex_unlock(&emb_lock);
-}
-
-struct cwi_wtask *
-cwi_embedded_inline_task(const char *address, uint64_t task_id,
-    bool *inline_worker)
-{
-	struct cwi_wtask *t = NULL;
-
-	*inline_worker = false;
-	if (address == NULL || strncmp(address, "inproc://", 9) != 0)
-		return NULL;
-	pthread_mutex_lock(&emb_lock);
-	for (size_t k = 0; k < 2 && t == NULL; k++) {
-		emb_instance *in = &emb_inst[k];
-		for (size_t i = 0; i < in->nworkers && t == NULL; i++) {
-			if (strcmp(cwi_worker_url(in->workers[i]), address) != 0)
-				continue;
-			t = cwi_worker_task(in->workers[i], task_id);
-			/* Only a task not started yet may turn out inline: a
-			 * started runner task (parallel_epochs, coordinated)
-			 * is read by requests like any other. */
-			*inline_worker = in->inline_ && i == 0 &&
-			    (t == NULL || cwi_wtask_is_inline(t));
-			if (t != NULL && !cwi_wtask_is_inline(t)) {
-				cwi_wtask_unref(t);
-				t = NULL;
-			}
-		}
-	}
-	pthread_mutex_unlock(&emb_lock);
-	return t;
 }

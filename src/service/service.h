@@ -23,14 +23,24 @@ cachew_err cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 /* The bound address (port 0 resolved), borrowed from d. */
 const char *cwi_dispatcher_server_url(const cwi_dispatcher_server *d);
 void cwi_dispatcher_server_stop(cwi_dispatcher_server *d);
+/* Called after the dispatcher answered a request that created a job
+ * (created) or that acknowledged the last of a job's splits (!created), on
+ * the thread that handled it, with no lock held. The embedded service wakes
+ * its workers with it, so that they start a new job's tasks, or end a
+ * finished job's, now rather than at their next heartbeat; over inproc the
+ * handler runs on the client's thread, so a new job's tasks have started
+ * when the client reads the reply. Set before any client has the URL. */
+typedef void (*cwi_dispatcher_job_hook)(void *arg, bool created);
+void cwi_dispatcher_server_set_job_hook(cwi_dispatcher_server *d,
+    cwi_dispatcher_job_hook fn, void *arg);
 
 /* Starts a worker: listens for clients on cfg->listen and registers with
  * cfg->dispatcher (retrying until it answers). */
 cachew_err cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg);
 /* The same, on inproc only, with its uncoordinated distributed_epoch tasks
- * run inline: by the threads of the in-process clients that read them
- * (cwi_wtask_pull), with no runner thread and no hand-off. The embedded
- * service's first worker. */
+ * direct (it registers `direct`): a client's get_elements runs the task's
+ * pipeline on the sending thread, the client's own over inproc, with no
+ * runner thread and no hand-off. The embedded service's first worker. */
 cachew_err cwi_worker_start_inline(cwi_worker **out,
     const cwi_service_config *cfg);
 const char *cwi_worker_url(const cwi_worker *w);
@@ -51,7 +61,5 @@ void cwi_worker_poke(cwi_worker *w);
 /* The same, then waits (up to timeout_ms) until a heartbeat that began
  * after the poke has ended: the tasks it was given have started. */
 void cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms);
-/* Task task_id of w, referenced (cwi_wtask_unref), or NULL. */
-struct cwi_wtask *cwi_worker_task(cwi_worker *w, uint64_t task_id);
 
 #endif /* CWI_SERVICE_H */

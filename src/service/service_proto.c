@@ -97,6 +97,7 @@ static const char *const task_state_names[] = {"active", "starting",
 static const field f_error[] = {
     {"code", F_I64, F_REQ, OFF(cwi_msg_error, code), 0, 0, 0, NULL, NULL, 0},
     STR(cwi_msg_error, message, F_REQ, CWI_PROTO_MAX_ERRMSG),
+    BOOL(cwi_msg_error, pipeline),
 };
 
 static const field f_ok[] = {
@@ -108,6 +109,7 @@ static const field f_worker_register[] = {
     U32(cwi_msg_worker_register, cores, F_REQ),
     U64(cwi_msg_worker_register, memory_bytes, 0),
     STR(cwi_msg_worker_register, build, 0, CWI_PROTO_MAX_NAME),
+    BOOL(cwi_msg_worker_register, direct),
 };
 
 static const field f_worker_register_reply[] = {
@@ -123,6 +125,10 @@ static const field f_op_counters[] = {
     U64(cwi_op_counters, busy_ns, 0),
     U64(cwi_op_counters, wait_ns, 0),
     U64(cwi_op_counters, buffered, 0),
+    STR(cwi_op_counters, detail, 0, CWI_PROTO_MAX_NAME),
+    I64D(cwi_op_counters, node, 0),
+    I64D(cwi_op_counters, parallelism, 0),
+    I64D(cwi_op_counters, buffer_limit, 0),
 };
 static const schema s_op_counters = SCHEMA("op_counters", cwi_op_counters,
     f_op_counters);
@@ -230,6 +236,7 @@ static const field f_task_info[] = {
     ENUM(cwi_task_info, state, task_state_names),
     U64(cwi_task_info, start_round, 0),
     U64D(cwi_task_info, end_round, CWI_ROUND_NONE),
+    BOOL(cwi_task_info, direct),
 };
 static const schema s_task_info = SCHEMA("task_info", cwi_task_info,
     f_task_info);
@@ -243,6 +250,15 @@ static const field f_client_heartbeat_reply[] = {
     U64(cwi_msg_client_heartbeat_reply, splits_acked, 0),
     OBJS(cwi_msg_client_heartbeat_reply, ops, 0, CWI_PROTO_MAX_OPS,
 	s_op_counters),
+};
+
+static const field f_task_stats[] = {
+    U64(cwi_msg_task_stats, task_id, F_REQ),
+};
+
+static const field f_task_stats_reply[] = {
+    OBJS(cwi_msg_task_stats_reply, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
+    BOOL(cwi_msg_task_stats_reply, busy),
 };
 
 static const field f_split_lease[] = {
@@ -371,6 +387,12 @@ static const field f_get_elements[] = {
     U64(cwi_msg_get_elements, max_bytes, 0),
     ENUM(cwi_msg_get_elements, compression, compression_names),
     U64(cwi_msg_get_elements, task_round, 0),
+    BOOL(cwi_msg_get_elements, exec),
+    U64(cwi_msg_get_elements, epoch, 0),
+    I64D(cwi_msg_get_elements, threads, 0),
+    I64D(cwi_msg_get_elements, ram_budget, 0),
+    BOOL(cwi_msg_get_elements, deterministic),
+    BOOL(cwi_msg_get_elements, autotune),
 };
 
 static const field f_split_end[] = {
@@ -393,6 +415,7 @@ static const field f_get_elements_reply[] = {
     ENUM(cwi_msg_get_elements_reply, compression, compression_names),
     U64(cwi_msg_get_elements_reply, task_round, 0),
     U64(cwi_msg_get_elements_reply, queued_bytes, 0),
+    U32(cwi_msg_get_elements_reply, retry_ms, 0),
 };
 
 /* Indexed by cwi_msg_type. A body without fields has nfields 0. */
@@ -437,6 +460,10 @@ static const schema msg_schemas[CWI_MSG_NTYPES] = {
 	f_get_elements),
     [CWI_MSG_GET_ELEMENTS_REPLY] = SCHEMA("get_elements_reply",
 	cwi_msg_get_elements_reply, f_get_elements_reply),
+    [CWI_MSG_TASK_STATS] = SCHEMA("task_stats", cwi_msg_task_stats,
+	f_task_stats),
+    [CWI_MSG_TASK_STATS_REPLY] = SCHEMA("task_stats_reply",
+	cwi_msg_task_stats_reply, f_task_stats_reply),
 };
 
 static const schema *

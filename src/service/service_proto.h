@@ -83,6 +83,8 @@ typedef enum cwi_msg_type {
 	CWI_MSG_STATUS_REPLY,
 	CWI_MSG_GET_ELEMENTS,          /* client -> worker (data path) */
 	CWI_MSG_GET_ELEMENTS_REPLY,    /* header; elements ride alongside */
+	CWI_MSG_TASK_STATS,            /* client -> worker: a task's rows */
+	CWI_MSG_TASK_STATS_REPLY,
 	CWI_MSG_NTYPES
 } cwi_msg_type;
 
@@ -122,6 +124,10 @@ typedef struct cwi_msg_ok {
 typedef struct cwi_msg_error {
 	int64_t code;
 	char *message;
+	/* The code and message are a task's pipeline's own, as the plain
+	 * executor gives them (a direct task's get_elements); otherwise the
+	 * error is the request's or the server's. */
+	bool pipeline;
 } cwi_msg_error;
 
 typedef struct cwi_msg_worker_register {
@@ -129,6 +135,10 @@ typedef struct cwi_msg_worker_register {
 	uint32_t cores;        /* CPU cores it may use */
 	uint64_t memory_bytes; /* RAM it may use; 0 = unknown */
 	char *build;           /* software version, for the status; optional */
+	/* The worker serves its uncoordinated distributed_epoch tasks
+	 * directly: a get_elements runs the task's pipeline on the thread
+	 * that sends it (an in-process worker on the inproc transport). */
+	bool direct;
 } cwi_msg_worker_register;
 
 typedef struct cwi_msg_worker_register_reply {
@@ -145,6 +155,11 @@ typedef struct cwi_op_counters {
 	uint64_t busy_ns;  /* time spent computing */
 	uint64_t wait_ns;  /* time spent waiting for input */
 	uint64_t buffered; /* elements in its output buffer now */
+	/* task_stats rows only (absent in heartbeats): */
+	char *detail;      /* e.g. the map function; optional */
+	int64_t node;      /* index in the task's pipeline order */
+	int64_t parallelism;
+	int64_t buffer_limit;
 } cwi_op_counters;
 
 typedef struct cwi_task_report {
@@ -263,6 +278,10 @@ typedef struct cwi_task_info {
 	cwi_task_state state; /* removing: read it to its end, expect no more */
 	uint64_t start_round; /* coordinated: first round it serves */
 	uint64_t end_round;   /* coordinated: first round it does not serve */
+	/* Served directly (its worker registered `direct`): read it by
+	 * get_elements calls from the consuming thread, one at a time, with
+	 * the client's executor settings; keep no requests in flight. */
+	bool direct;
 } cwi_task_info;
 
 typedef struct cwi_msg_client_heartbeat_reply {
@@ -423,6 +442,14 @@ typedef struct cwi_msg_get_elements {
 	 * order every consumer reads them from this task (the worker forms
 	 * its rounds by this index; `round` is informative). */
 	uint64_t task_round;
+	/* A direct task's lease pipeline runs with the client's executor
+	 * settings, as it would in the client's process (exec set): */
+	bool exec;
+	uint64_t epoch;
+	int64_t threads;
+	int64_t ram_budget;
+	bool deterministic;
+	bool autotune;
 } cwi_msg_get_elements;
 
 /* "Split split_id ended after the first `after` elements of this reply." */
@@ -451,7 +478,22 @@ typedef struct cwi_msg_get_elements_reply {
 	 * and, coordinated, in rounds not yet taken by every consumer): the
 	 * client's sign that the worker is ahead of the link. */
 	uint64_t queued_bytes;
+	/* A direct task with nothing to deliver yet (every split is leased
+	 * elsewhere): ask again after this many ms. */
+	uint32_t retry_ms;
 } cwi_msg_get_elements_reply;
+
+/* A task's operator rows, live (the lease pipeline being read) or of its
+ * last lease; busy: a get_elements is running it, no rows were taken. */
+typedef struct cwi_msg_task_stats {
+	uint64_t task_id;
+} cwi_msg_task_stats;
+
+typedef struct cwi_msg_task_stats_reply {
+	cwi_op_counters *ops;
+	size_t nops;
+	bool busy;
+} cwi_msg_task_stats_reply;
 
 /* ---- the envelope -------------------------------------------------------- */
 
@@ -479,6 +521,8 @@ typedef struct cwi_pmsg {
 		cwi_msg_status_reply status_reply;
 		cwi_msg_get_elements get_elements;
 		cwi_msg_get_elements_reply get_elements_reply;
+		cwi_msg_task_stats task_stats;
+		cwi_msg_task_stats_reply task_stats_reply;
 	} u;
 } cwi_pmsg;
 

@@ -38,12 +38,7 @@
 
 #include "../service.h"
 #include "../service_rpc.h"
-/* Until the embedded worker serves its inline tasks through its own
- * get_elements handler (issue 13, item 2): the client asks the embedded
- * service for them, an upward call that the layer check lists. */
-#include "../../front/front.h"
 #include "../service_payload.h"
-#include "../worker/worker_task.h"
 #include "../../exec/exec_split.h"
 #include "../../core/options.h"
 
@@ -97,10 +92,24 @@ typedef struct ctask {
 	size_t nheld, capheld;
 	bool ended;         /* end_of_task processed */
 	bool gone;          /* no longer listed, or its worker failed */
-	bool inline_;       /* read by the consumer (s->inl), not by requests */
+	bool direct;        /* read by the consumer (s->inl), not by requests */
 	uint64_t retry_at_ns; /* after a failure: when to ask again */
 	uint32_t unknown_ms; /* its worker did not have it yet: next wait */
 } ctask;
+
+/* One operator row of the worker part, with its own strings. */
+typedef struct op_row {
+	char name[48];
+	char detail[80];
+	cachew_op_stats s; /* name and detail unset */
+} op_row;
+
+/* A direct task (cwi_task_info.direct): read by calls from the consumer's
+ * thread. */
+typedef struct direct_task {
+	uint64_t id;
+	cwi_conn *conn; /* the session's (its connection table) */
+} direct_task;
 
 typedef struct conn_ent {
 	char *address;
@@ -131,16 +140,16 @@ typedef struct client_ctx {
 	cwi_stream_source src;
 	cachew_dataset *client_graph;
 	uint64_t seed;
-	/* The worker part's operator rows (an inline task's, read from it
+	/* The worker part's operator rows (a direct task's, asked of it
 	 * while an epoch runs, kept after): cachew_iterator_stats shows
 	 * them before the client part's. rows_lock guards them and cur. */
 	pthread_mutex_t rows_lock;
 	struct session *cur; /* the open session, or NULL */
-	cwi_wtask_row rows[64]; /* the open session's (names kept after) */
+	op_row rows[64]; /* the open session's (names kept after) */
 	size_t nrows;
 	cachew_op_stats done[64]; /* counters of the sessions that ended */
 	size_t ndone;
-	bool inline_seen; /* a session read an inline task */
+	bool inline_seen; /* a session read a direct task */
 } client_ctx;
 
 typedef struct session session;
@@ -201,18 +210,21 @@ struct session {
 	/* consumer timing since the last heartbeat */
 	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
 	uint64_t last_chunk_n; /* elements handed over at last_next_ns */
-	/* The job's inline task (an embedded worker's, cwi_wtask_pull): the
-	 * consumer runs it in stream_next; inl_done once it has nothing
-	 * more. Set by the fetch thread, used by the consumer (s->lock).
-	 * inl_next: the task that replaces it after the dispatcher dropped
-	 * the worker (it re-registered), taken by the consumer between
-	 * pulls; inl_stopped_ns: when a pull found inl stopped (0: not),
-	 * after which the consumer waits (bounded) for inl_next. */
-	struct cwi_wtask *inl, *inl_next;
+	/* The job's direct task (an embedded worker's): the consumer calls
+	 * it in stream_next, so its pipeline runs on the consumer's thread;
+	 * inl_done once it has nothing more. Set by the fetch thread, used
+	 * by the consumer (s->lock). inl_next: the task that replaces it
+	 * after the dispatcher dropped the worker (it re-registered), taken
+	 * by the consumer between calls; inl_stopped_ns: when a call found
+	 * inl stopped (0: not), after which the consumer waits (bounded)
+	 * for inl_next; inl_unknown_ns: since when its worker does not know
+	 * the task yet (it starts it at its next heartbeat). */
+	direct_task inl, inl_next;
 	bool inl_done;
-	uint64_t inl_stopped_ns;
+	uint64_t inl_stopped_ns, inl_unknown_ns;
+	uint32_t inl_unknown_ms;
 	char inl_errmsg[256];
-	cachew_options *inl_opts; /* the client's, with this epoch */
+	cwi_cq *inl_cq; /* the consumer's calls */
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
 };
@@ -314,15 +326,46 @@ task_by_id(session *s, uint64_t id)
 	return NULL;
 }
 
-/* Whether every inline task the session knows is gone from the
+/* Whether every direct task the session knows is gone from the
  * dispatcher's list (the fetch thread's view; s->lock held). */
 static bool
-inline_gone(const session *s)
+direct_gone(const session *s)
 {
 	for (size_t i = 0; i < s->ntasks; i++)
-		if (s->tasks[i].inline_ && !s->tasks[i].gone)
+		if (s->tasks[i].direct && !s->tasks[i].gone)
 			return false;
 	return true;
+}
+
+/* A direct task was listed: the consumer reads it (t->conn is open). The
+ * first is the job's; after the dispatcher dropped its worker (declared
+ * dead, it registered again), the job's new task replaces it: what the
+ * old one delivered unacknowledged is leased again (duplicates, no loss).
+ * false: a second direct task while the first lives, an error (one
+ * worker serves directly, and a job has one task per worker). */
+static bool
+take_direct(session *s, ctask *t)
+{
+	bool ok = true;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->inl.conn == NULL) {
+		s->inl.id = t->task_id;
+		s->inl.conn = t->conn;
+	} else if (direct_gone(s)) {
+		s->inl_next.id = t->task_id;
+		s->inl_next.conn = t->conn;
+	} else {
+		ok = false;
+	}
+	t->direct = ok;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (!ok)
+		session_fail(s, CACHEW_EINVAL, "job %llu: a second direct task "
+		    "(%llu)", (unsigned long long)s->job_id,
+		    (unsigned long long)t->task_id);
+	return ok;
 }
 
 static void
@@ -346,56 +389,19 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 				t->gone = false;
 			continue;
 		}
-		bool inline_worker = false;
-		struct cwi_wtask *inl = s->coord == NULL
-		    ? cwi_embedded_inline_task(ti->address, ti->task_id,
-			  &inline_worker)
-		    : NULL;
-		/* An inline worker that has not started the task yet: it
-		 * is listed again at the next (early) heartbeat. */
-		if (inline_worker && inl == NULL)
-			continue;
 		if (s->ntasks >= MAX_TASK_SLOTS ||
-		    !CWI_GROW(s->tasks, s->captasks, s->ntasks + 1)) {
-			cwi_wtask_unref(inl);
+		    !CWI_GROW(s->tasks, s->captasks, s->ntasks + 1))
 			continue;
-		}
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
 		t->task_id = ti->task_id;
-		if (inl != NULL) {
-			pthread_mutex_lock(&s->lock);
-			if (s->inl == NULL) {
-				s->inl = inl;
-				inl = NULL;
-				t->inline_ = true;
-			} else if (inline_gone(s)) {
-				/* The dispatcher dropped the worker (declared
-				 * dead, it registered again) and gave the job
-				 * a new task: the consumer moves to it. What
-				 * the old one delivered unacknowledged is
-				 * leased again (duplicates, no loss). */
-				cwi_wtask_unref(s->inl_next);
-				s->inl_next = inl;
-				inl = NULL;
-				t->inline_ = true;
-			}
-			pthread_cond_broadcast(&s->cond);
-			pthread_mutex_unlock(&s->lock);
-			if (inl != NULL) {
-				/* One worker runs inline, and a job has one
-				 * task per worker. */
-				cwi_wtask_unref(inl);
-				session_fail(s, CACHEW_EINVAL, "job %llu: a "
-				    "second inline task (%llu)",
-				    (unsigned long long)s->job_id,
-				    (unsigned long long)ti->task_id);
-				continue;
-			}
-		}
 		t->address = cwi_strdup(ti->address);
 		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
 		if (t->conn == NULL) {
+			free(t->address);
+			continue;
+		}
+		if (ti->direct && s->coord == NULL && !take_direct(s, t)) {
 			free(t->address);
 			continue;
 		}
@@ -540,13 +546,8 @@ on_ack(session *s, cwi_completion *c)
 			 * client took its part: shared jobs read their tasks
 			 * to the end as before. */
 			if (rep.type == CWI_MSG_OK && rep.u.ok.job_finished &&
-			    s->ctx->opts.job_name[0] == '\0') {
+			    s->ctx->opts.job_name[0] == '\0')
 				s->data_acked = true;
-				/* In-process workers end their tasks now, so
-				 * the requests still held there come back at
-				 * once (drain_requests waits for them). */
-				cwi_embedded_poke(s->ctx->url, false);
-			}
 			cwi_pmsg_free(&rep);
 		}
 	}
@@ -675,7 +676,7 @@ send_requests(session *s)
 			ctask *t = &s->tasks[i];
 			uint64_t outstanding = 0;
 
-			if (t->ended || t->gone || t->inline_ ||
+			if (t->ended || t->gone || t->direct ||
 			    now < t->retry_at_ns ||
 			    t->inflight >= depth)
 				continue;
@@ -1144,7 +1145,7 @@ auto_tick(session *s, uint64_t now)
 
 /* Remote workers: the job's operator counters, as the dispatcher last
  * heard them ("<node>:<name>[/<detail>]"), become the worker part's rows
- * (an inline task's are read from it directly). */
+ * (a direct task's are asked of it, rows_refresh). */
 static void
 rows_from_reply(session *s, const cwi_msg_client_heartbeat_reply *r)
 {
@@ -1157,7 +1158,7 @@ rows_from_reply(session *s, const cwi_msg_client_heartbeat_reply *r)
 	if (ctx->cur == s && !ctx->inline_seen) {
 		for (size_t i = 0; i < n; i++) {
 			const cwi_op_counters *c = &r->ops[i];
-			cwi_wtask_row *w = &ctx->rows[i];
+			op_row *w = &ctx->rows[i];
 			const char *colon = strchr(c->name, ':');
 			const char *name = colon != NULL ? colon + 1 : c->name;
 			const char *slash = strchr(name, '/');
@@ -1399,8 +1400,6 @@ join_job(session *s)
 	s->heartbeat_ms = rep.u.job_get_or_create_reply.heartbeat_interval_ms;
 	if (s->heartbeat_ms == 0 || s->heartbeat_ms > 10000)
 		s->heartbeat_ms = 500;
-	if (rep.u.job_get_or_create_reply.created)
-		cwi_embedded_poke(ctx->url, true);
 	cwi_pmsg_free(&rep);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -1439,27 +1438,55 @@ drain_requests(session *s)
 	}
 }
 
-/* Copies the inline task's operator rows into the context. Called with
- * ctx->rows_lock held. */
+/* Copies a task_stats reply's rows into the context (rows_lock held). */
+static void
+rows_take(client_ctx *ctx, const cwi_msg_task_stats_reply *r)
+{
+	size_t n = r->nops < 64 ? r->nops : 64;
+
+	for (size_t i = 0; i < n; i++) {
+		const cwi_op_counters *c = &r->ops[i];
+		op_row *w = &ctx->rows[i];
+
+		memset(w, 0, sizeof(*w));
+		snprintf(w->name, sizeof(w->name), "%s", c->name);
+		snprintf(w->detail, sizeof(w->detail), "%s",
+		    c->detail != NULL ? c->detail : "");
+		w->s.node = (int)c->node;
+		w->s.elements = c->elements;
+		w->s.bytes = c->bytes;
+		w->s.busy_ns = c->busy_ns;
+		w->s.wait_ns = c->wait_ns;
+		w->s.parallelism = (int)c->parallelism;
+		w->s.buffer_limit = c->buffer_limit;
+		w->s.buffered = (int64_t)c->buffered;
+	}
+	ctx->nrows = n;
+}
+
+/* Asks the direct task for its operator rows, live, and copies them into
+ * the context. Called with ctx->rows_lock held. A task whose pipeline is
+ * running a call at this moment says busy: the last rows stay. */
 static void
 rows_refresh(client_ctx *ctx, session *s)
 {
-	struct cwi_wtask *t = NULL;
-	size_t n;
+	direct_task t;
+	cwi_pmsg req, rep;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->inl != NULL) {
-		t = s->inl;
-		cwi_wtask_ref(t);
-	}
+	t = s->inl;
 	pthread_mutex_unlock(&s->lock);
-	if (t == NULL)
+	if (t.conn == NULL)
 		return;
-	n = cwi_wtask_rows(t, ctx->rows, 64);
-	if (n != SIZE_MAX) /* else a pull is running: keep the last rows */
-		ctx->nrows = n < 64 ? n : 64;
 	ctx->inline_seen = true;
-	cwi_wtask_unref(t);
+	cwi_pmsg_init(&req, CWI_MSG_TASK_STATS);
+	req.u.task_stats.task_id = t.id;
+	if (cwi_rpc_call(t.conn, &req, CWI_MSG_TASK_STATS_REPLY,
+		(int)ctx->opts.service_timeout_ms, &rep) != CACHEW_OK)
+		return; /* the task is gone: the last rows stay */
+	if (!rep.u.task_stats_reply.busy)
+		rows_take(ctx, &rep.u.task_stats_reply);
+	cwi_pmsg_free(&rep);
 }
 
 /* A session ended: its counters join those of the earlier epochs (the
@@ -1606,9 +1633,7 @@ session_free(session *s)
 	free(s->sent_parts);
 	free(s->sent_leases);
 	cwi_coord_destroy(s->coord);
-	cwi_wtask_unref(s->inl);
-	cwi_wtask_unref(s->inl_next);
-	cachew_options_destroy(s->inl_opts);
+	cwi_cq_destroy(s->inl_cq);
 	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
@@ -1632,16 +1657,6 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	/* `epoch` already counts the epoch option (the client part's
 	 * iterator runs with it) plus the repetitions before this one. */
 	s->epoch = epoch;
-	/* An inline task runs with this client's executor options and
-	 * reshuffles by this epoch, as the plain executor would. */
-	cwi_opts io = ctx->opts;
-	io.epoch = (int64_t)s->epoch;
-	s->inl_opts = cwi_options_from_values(&io);
-	if (s->inl_opts == NULL) {
-		free(s);
-		snprintf(err, errlen, "out of memory");
-		return CACHEW_ENOMEM;
-	}
 	atomic_init(&s->closing, false);
 	pthread_mutex_init(&s->lock, NULL);
 	cwi_cond_init_monotonic(&s->cond);
@@ -1651,6 +1666,8 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	rv = cwi_dial(&s->dispatcher, ctx->url, &o);
 	if (rv == CACHEW_OK)
 		rv = cwi_cq_create(&s->cq);
+	if (rv == CACHEW_OK)
+		rv = cwi_cq_create(&s->inl_cq);
 	if (rv == CACHEW_OK)
 		rv = join_job(s);
 	if (rv == CACHEW_OK) {
@@ -1672,25 +1689,34 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	return CACHEW_OK;
 }
 
-/* Acknowledges the splits of an inline lease that ended (the consumer
- * holds their elements): a direct call, in-process. */
+/* Acknowledges the splits of a direct task's lease that ended (the
+ * consumer holds their elements), from the consumer's thread. */
 static void
-ack_inline(session *s, const uint64_t *ids, size_t n)
+ack_direct(session *s, const cwi_split_end *ends, size_t n)
 {
 	cwi_pmsg req, rep;
+	uint64_t *ids = malloc(n * sizeof(*ids));
 
+	if (ids == NULL) {
+		session_fail(s, CACHEW_ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		ids[i] = ends[i].split_id;
 	cwi_pmsg_init(&req, CWI_MSG_SPLIT_ACK);
 	req.u.split_ack.job_id = s->job_id;
 	req.u.split_ack.client_id = s->client_id;
-	req.u.split_ack.split_ids = (uint64_t *)ids;
+	req.u.split_ack.split_ids = ids;
 	req.u.split_ack.nsplit_ids = n;
 	if (cwi_rpc_call_retry(s->dispatcher, &req, CWI_MSG_OK,
 		s->ctx->opts.service_timeout_ms, &s->closing, &rep) !=
 	    CACHEW_OK) {
 		session_fail(s, CACHEW_EIO, "dispatcher %s: acknowledging %zu "
 		    "splits: %s", s->ctx->url, n, cwi_errmsg_get());
+		cwi_pmsg_free(&req);
 		return;
 	}
+	cwi_pmsg_free(&req);
 	if (rep.u.ok.job_finished) {
 		pthread_mutex_lock(&s->lock);
 		s->inl_done = true;
@@ -1700,78 +1726,207 @@ ack_inline(session *s, const uint64_t *ids, size_t n)
 	cwi_pmsg_free(&rep);
 }
 
-/*
- * Pulls up to max elements from the inline task into out on this thread.
- * Called and returns with s->lock held (released while pulling). Returns
- * how many elements came; 0 means look at the session again (it may have
- * ended, failed, or be waiting for splits leased elsewhere).
- */
-static size_t
-pull_inline(session *s, cwi_chunk *out, size_t max)
+/* A call found the direct task stopped (the job ended, or the worker was
+ * dropped and a new task comes: stream_next waits). s->lock held. */
+static void
+direct_stopped(session *s, const char *why)
 {
-	/* s->inl is set by the fetch thread once, then changed (swapped,
-	 * dropped by session_free) only on this, the consumer's, thread: no
-	 * reference per pull. */
-	struct cwi_wtask *t = s->inl;
-	cwi_wtask_pulled r;
-	size_t n0 = out->n, got;
+	if (s->inl_stopped_ns == 0) {
+		s->inl_stopped_ns = cwi_now_ns();
+		snprintf(s->inl_errmsg, sizeof(s->inl_errmsg), "%s", why);
+	}
+}
+
+/* Its worker does not know the task yet (it starts it at its next
+ * heartbeat; a job just created has its tasks started before its client
+ * reads the reply, a second client's or a replacement's may not): wait a
+ * little, doubling, and call again; past service_timeout_ms it fails.
+ * s->lock held. */
+static void
+direct_unknown(session *s, const char *why)
+{
+	uint64_t now = cwi_now_ns(),
+		 limit = (uint64_t)s->ctx->opts.service_timeout_ms * 1000000u;
+
+	if (s->inl_unknown_ns == 0) {
+		s->inl_unknown_ns = now;
+		s->inl_unknown_ms = 1;
+	}
+	if (now - s->inl_unknown_ns >= limit) {
+		s->err = CACHEW_ENOENT;
+		snprintf(s->errmsg, sizeof(s->errmsg), "%s, for %lld ms", why,
+		    (long long)s->ctx->opts.service_timeout_ms);
+		pthread_cond_broadcast(&s->cond);
+		return;
+	}
+	(void)cwi_cond_wait_ns(&s->cond, &s->lock,
+	    (uint64_t)s->inl_unknown_ms * 1000000u);
+	if (s->inl_unknown_ms < 64)
+		s->inl_unknown_ms *= 2;
+}
+
+/* Sends one get_elements to the direct task and waits for its reply: over
+ * inproc the worker runs the task's pipeline on this thread, and the reply
+ * is there when the send returns. The request carries the client's
+ * executor settings and this epoch, so that the lease pipeline runs as
+ * the plain executor would run it here. */
+static cachew_err
+direct_call(session *s, direct_task t, size_t max, cwi_completion *c)
+{
+	const cwi_opts *o = &s->ctx->opts;
+	cwi_pmsg req;
+	cwi_msg *msg;
 	cachew_err rv;
 
-	pthread_mutex_unlock(&s->lock);
-	rv = cwi_wtask_pull(t, s->inl_opts, out, max, &r);
-	got = out->n - n0;
-	if (rv == CACHEW_ECLOSED && !atomic_load(&s->closing)) {
-		/* Stopped by its worker: the job ended, or the worker was
-		 * dropped and a new task comes (stream_next waits). */
-		pthread_mutex_lock(&s->lock);
-		if (s->inl_stopped_ns == 0) {
-			s->inl_stopped_ns = cwi_now_ns();
-			snprintf(s->inl_errmsg, sizeof(s->inl_errmsg), "%s",
-			    cwi_errmsg_get());
-		}
-		pthread_mutex_unlock(&s->lock);
-	} else if (rv != CACHEW_OK) {
-		session_fail(s, rv, "%s", cwi_errmsg_get());
+	cwi_pmsg_init(&req, CWI_MSG_GET_ELEMENTS);
+	req.u.get_elements.task_id = t.id;
+	req.u.get_elements.client_id = s->client_id;
+	req.u.get_elements.max_elements =
+	    max < UINT32_MAX ? (uint32_t)max : UINT32_MAX;
+	req.u.get_elements.exec = true;
+	req.u.get_elements.epoch = s->epoch;
+	req.u.get_elements.threads = o->threads;
+	req.u.get_elements.ram_budget = o->ram_budget;
+	req.u.get_elements.deterministic = o->deterministic != 0;
+	req.u.get_elements.autotune = o->autotune != 0;
+	rv = cwi_rpc_pack(&req, &msg);
+	cwi_pmsg_free(&req);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_conn_send(t.conn, msg, (int)o->service_timeout_ms,
+	    s->inl_cq, 0);
+	if (rv != CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return rv;
 	}
-	if (r.nsplits > 0)
-		ack_inline(s, r.split_ids, r.nsplits);
-	free(r.split_ids);
+	return cwi_cq_wait(s->inl_cq, -1, c);
+}
+
+/* An error reply to a direct call: the pipeline's failure reads as the
+ * plain executor's; a stopped task waits for its replacement; an unknown
+ * one for its worker to start it. s->lock not held. */
+static void
+direct_error(session *s, const cwi_msg_error *e)
+{
+	cachew_err code = (cachew_err)e->code;
+
+	if (e->pipeline) {
+		session_fail(s, code, "%s", e->message);
+		return;
+	}
+	if (code != CACHEW_ECLOSED && code != CACHEW_ENOENT) {
+		session_fail(s, code, "worker: %s", e->message);
+		return;
+	}
 	pthread_mutex_lock(&s->lock);
-	if (r.end_of_task) {
+	if (code == CACHEW_ECLOSED)
+		direct_stopped(s, e->message);
+	else
+		direct_unknown(s, e->message);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* Takes a direct reply's elements into out and acts on the rest of it;
+ * returns how many elements came. s->lock not held. */
+static size_t
+direct_take(session *s, cwi_msg *msg, cwi_chunk *out, size_t max)
+{
+	cwi_pmsg rep;
+	cwi_msg_get_elements_reply *g;
+	size_t n;
+
+	if (cwi_rpc_unpack(msg, s->ctx->url, &rep) != CACHEW_OK) {
+		session_fail(s, CACHEW_EPROTO, "%s", cwi_errmsg_get());
+		return 0;
+	}
+	if (rep.type == CWI_MSG_ERROR) {
+		direct_error(s, &rep.u.error);
+		cwi_pmsg_free(&rep);
+		return 0;
+	}
+	if (rep.type != CWI_MSG_GET_ELEMENTS_REPLY) {
+		session_fail(s, CACHEW_EPROTO, "worker: a %s reply to "
+		    "get_elements", cwi_msg_type_name(rep.type));
+		cwi_pmsg_free(&rep);
+		return 0;
+	}
+	g = &rep.u.get_elements_reply;
+	n = cwi_msg_count(msg);
+	if (n > max)
+		n = max; /* never: the worker sends at most max */
+	for (size_t i = 0; i < n; i++)
+		cwi_chunk_push(out, cwi_msg_take(msg, i));
+	if (g->nsplit_ends > 0)
+		ack_direct(s, g->split_ends, g->nsplit_ends);
+	pthread_mutex_lock(&s->lock);
+	s->inl_unknown_ns = 0;
+	if (g->end_of_task) {
 		/* end_of_splits: the dispatcher has every split acked. */
 		s->inl_done = true;
 		s->eof = true;
 	}
 	if (s->eof || s->err != CACHEW_OK)
 		pthread_cond_broadcast(&s->cond);
-	if (got == 0 && r.retry_ms > 0 && !s->eof && s->err == CACHEW_OK)
-		/* Every split is leased (to another puller or worker): ask
+	if (n == 0 && g->retry_ms > 0 && !s->eof && s->err == CACHEW_OK)
+		/* Every split is leased (to another reader or worker): ask
 		 * again after the dispatcher's retry interval. */
 		(void)cwi_cond_wait_ns(&s->cond, &s->lock,
-		    (uint64_t)r.retry_ms * 1000000u);
+		    (uint64_t)g->retry_ms * 1000000u);
+	pthread_mutex_unlock(&s->lock);
+	cwi_pmsg_free(&rep);
+	return n;
+}
+
+/*
+ * Reads up to max elements of the direct task into out, on this thread.
+ * Called and returns with s->lock held (released while calling). Returns
+ * how many elements came; 0 means look at the session again (it may have
+ * ended, failed, or be waiting for splits leased elsewhere).
+ */
+static size_t
+pull_direct(session *s, cwi_chunk *out, size_t max)
+{
+	/* s->inl is set by the fetch thread once, then changed (swapped)
+	 * only on this, the consumer's, thread. */
+	direct_task t = s->inl;
+	cwi_completion c;
+	size_t got = 0;
+	cachew_err rv;
+
+	pthread_mutex_unlock(&s->lock);
+	rv = direct_call(s, t, max, &c);
+	if (rv == CACHEW_OK && c.err == CACHEW_OK) {
+		got = direct_take(s, c.reply, out, max);
+		cwi_msg_destroy(c.reply);
+	} else {
+		if (rv == CACHEW_OK)
+			rv = c.err;
+		if (rv == CACHEW_ECLOSED && !atomic_load(&s->closing)) {
+			/* Its worker's listener closed: it was stopped. */
+			pthread_mutex_lock(&s->lock);
+			direct_stopped(s, cwi_errmsg_get());
+			pthread_mutex_unlock(&s->lock);
+		} else {
+			session_fail(s, rv, "worker %s: %s",
+			    cwi_conn_url(t.conn), cwi_errmsg_get());
+		}
+	}
+	pthread_mutex_lock(&s->lock);
 	return got;
 }
 
-/* Moves the consumer to the inline task that replaced a dropped one
- * (s->lock held, released for a while; on the consumer's thread, between
- * pulls). */
+/* Moves the consumer to the direct task that replaced a dropped one
+ * (s->lock held; on the consumer's thread, between calls). */
 static void
 inline_swap(session *s)
 {
-	struct cwi_wtask *old = s->inl;
-
 	s->inl = s->inl_next;
-	s->inl_next = NULL;
+	memset(&s->inl_next, 0, sizeof(s->inl_next));
 	s->inl_done = false;
 	s->inl_stopped_ns = 0;
+	s->inl_unknown_ns = 0;
 	cwi_log(CACHEW_LOG_WARN, "client", "event=inline_task_replaced "
 	    "job=%llu", (unsigned long long)s->job_id);
-	/* The last reference to the old task destroys the lease pipeline it
-	 * was in the middle of (joining its threads): not under the lock
-	 * the fetch thread and the stats need. */
-	pthread_mutex_unlock(&s->lock);
-	cwi_wtask_unref(old);
-	pthread_mutex_lock(&s->lock);
 }
 
 /* The inline task was stopped: waits for its replacement or the job's
@@ -1804,7 +1959,7 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 
 	pthread_mutex_lock(&s->lock);
 	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
-		if (s->inl_next != NULL) {
+		if (s->inl_next.conn != NULL) {
 			inline_swap(s);
 			continue;
 		}
@@ -1812,9 +1967,9 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 			inline_wait_replacement(s);
 			continue;
 		}
-		if (s->inl != NULL && !s->inl_done) {
-			/* The inline task runs here, on this thread. */
-			size_t got = pull_inline(s, out, max);
+		if (s->inl.conn != NULL && !s->inl_done) {
+			/* The direct task runs here, on this thread. */
+			size_t got = pull_direct(s, out, max);
 			if (got > 0) {
 				n = got;
 				goto taken;

@@ -56,6 +56,8 @@ struct cwi_dispatcher_server {
 	/* Time the dispatcher itself did not run (see disp_now). */
 	_Atomic uint64_t paused_ns;
 	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
+	cwi_dispatcher_job_hook job_hook; /* set before clients come */
+	void *job_hook_arg;
 };
 
 /*
@@ -241,6 +243,7 @@ on_request(void *arg, cwi_request *r)
 {
 	cwi_dispatcher_server *d = arg;
 	cwi_pmsg req, rep;
+	bool created, finished;
 
 	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &req) !=
 	    CACHEW_OK) {
@@ -256,9 +259,22 @@ on_request(void *arg, cwi_request *r)
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY)
 		status_provisioner(d, &rep.u.status_reply);
+	created = rep.type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
+		  rep.u.job_get_or_create_reply.created;
+	finished = rep.type == CWI_MSG_OK && rep.u.ok.job_finished;
 	cwi_rpc_reply(r, &rep);
 	cwi_pmsg_free(&rep);
 	cwi_pmsg_free(&req);
+	if (d->job_hook != NULL && (created || finished))
+		d->job_hook(d->job_hook_arg, created);
+}
+
+void
+cwi_dispatcher_server_set_job_hook(cwi_dispatcher_server *d,
+    cwi_dispatcher_job_hook fn, void *arg)
+{
+	d->job_hook = fn;
+	d->job_hook_arg = arg;
 }
 
 static void *

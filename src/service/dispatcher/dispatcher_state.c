@@ -44,6 +44,8 @@ typedef struct worker {
 	uint64_t last_seen_ns;
 	double cpu_use;
 	bool draining;
+	bool direct; /* serves its uncoordinated distributed_epoch tasks
+		      * on the requester's thread (worker_register) */
 	uint32_t ntasks;
 } worker;
 
@@ -2233,6 +2235,8 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 		ti->state = t->state;
 		ti->start_round = t->start_round;
 		ti->end_round = t->end_round;
+		ti->direct = t->w->direct && j->num_consumers == 0 &&
+			     j->mode == CWI_MODE_DISTRIBUTED_EPOCH;
 		ti->address = cwi_strdup(t->w->address);
 		if (ti->address == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -2377,6 +2381,7 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 		free(w);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
+	w->direct = req->direct;
 	/* A worker restarted faster than its timeout: the old incarnation
 	 * is gone, and so is what it held. */
 	for (size_t i = 0; i < d->workers.n; i++) {

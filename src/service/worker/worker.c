@@ -70,27 +70,33 @@ on_request(void *arg, cwi_request *r)
 	cwi_worker *w = arg;
 	cwi_pmsg m;
 	cwi_wtask *t;
+	uint64_t id;
 
 	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &m) !=
 	    CACHEW_OK) {
 		cwi_request_reject(r, cwi_errmsg_get());
 		return;
 	}
-	if (m.type != CWI_MSG_GET_ELEMENTS) {
+	if (m.type != CWI_MSG_GET_ELEMENTS && m.type != CWI_MSG_TASK_STATS) {
 		cwi_rpc_reply_error(r, CACHEW_EPROTO,
-		    "a worker serves get_elements, not %s",
+		    "a worker serves get_elements and task_stats, not %s",
 		    cwi_msg_type_name(m.type));
 		cwi_pmsg_free(&m);
 		return;
 	}
-	t = task_find(w, m.u.get_elements.task_id);
+	id = m.type == CWI_MSG_GET_ELEMENTS ? m.u.get_elements.task_id
+					    : m.u.task_stats.task_id;
+	t = task_find(w, id);
 	if (t == NULL) {
 		cwi_rpc_reply_error(r, CACHEW_ENOENT, "no task %llu on worker %s",
-		    (unsigned long long)m.u.get_elements.task_id, w->url);
+		    (unsigned long long)id, w->url);
 		cwi_pmsg_free(&m);
 		return;
 	}
-	cwi_wtask_get_elements(t, r, &m.u.get_elements);
+	if (m.type == CWI_MSG_GET_ELEMENTS)
+		cwi_wtask_get_elements(t, r, &m.u.get_elements);
+	else
+		cwi_wtask_task_stats(t, r);
 	cwi_wtask_unref(t);
 	cwi_pmsg_free(&m);
 }
@@ -129,6 +135,7 @@ do_register(cwi_worker *w)
 	req.u.worker_register.cores = (uint32_t)(
 	    w->cfg.threads > 0 ? w->cfg.threads : cwi_online_cpus());
 	req.u.worker_register.build = cwi_strdup(cachew_version());
+	req.u.worker_register.direct = w->env.inline_run;
 	/* Until it works or the worker stops. Each round of retries is
 	 * bounded (the retry's per-call timeout is what is left of it, an
 	 * int of milliseconds) and long enough for a slow dispatcher: a
@@ -389,12 +396,6 @@ heartbeat_main(void *arg)
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
-
-cwi_wtask *
-cwi_worker_task(cwi_worker *w, uint64_t task_id)
-{
-	return task_find(w, task_id);
-}
 
 static cachew_err worker_start(cwi_worker **out,
     const cwi_service_config *cfg, bool inline_run);

@@ -1,15 +1,11 @@
 /*
  * worker_task.c - a task on a worker (worker_task.h explains the model).
  */
-#include "worker_task.h"
-#include "../service_payload.h"
+#include "worker_task_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Defaults of a get_elements reply when the client leaves them open. */
-#define REPLY_MAX_ELEMENTS 1024u
-#define REPLY_MAX_BYTES ((uint64_t)8 << 20)
 /* The runner hands elements to the queue in groups (one lock, one wake-up
  * of held requests per group): up to 1024 elements or 1 MiB, so that
  * small elements travel hundreds per reply (W1's 512-byte batches cost
@@ -25,137 +21,6 @@
 #define ZSTD_POOR_RATIO 0.9
 #define ZSTD_RETRY 32u
 
-typedef struct q_entry {
-	cwi_element *e; /* NULL: the end of lease `lease` */
-	uint32_t lease;
-	uint64_t bytes;
-} q_entry;
-
-typedef struct lease_rec {
-	uint64_t *split_ids;
-	uint32_t *split_leases; /* each split's lease number (cwi_split) */
-	size_t nsplits;
-	uint64_t *clients; /* clients that received elements of it */
-	size_t nclients, capclients;
-} lease_rec;
-
-typedef struct pending_end {
-	uint64_t split_id;
-	uint32_t parts;
-	uint32_t lease;
-} pending_end;
-
-typedef struct client_rec {
-	uint64_t id;
-	uint64_t seq; /* next reply number */
-	pending_end *ends;
-	size_t nends, capends;
-} client_rec;
-
-typedef struct held_req {
-	cwi_request *r;
-	cwi_msg_get_elements m;
-	bool remote; /* the client is in another process: may compress */
-} held_req;
-
-/* Coordinated reads: a split whose end marker was met while a round was
- * formed, after `pos` of the round's elements. */
-typedef struct coord_end {
-	uint64_t split_id;
-	uint32_t pos;
-	uint32_t lease;
-} coord_end;
-
-/* One round of a coordinated task: element i goes to consumer i. */
-typedef struct round_slot {
-	cwi_element **e; /* ncons elements, then ncons taken flags */
-	uint8_t *taken;
-	uint32_t ntaken;
-	uint64_t bytes; /* payload plus bookkeeping, for the queue bound */
-	coord_end *ends;
-	size_t nends;
-} round_slot;
-
-struct cwi_wtask {
-	atomic_uint refs;
-	uint64_t id, job_id;
-	cwi_processing_mode mode;
-	uint32_t lease_size;
-	uint64_t seed;
-	const cwi_wtask_env *env;
-	cachew_dataset *root;
-	cwi_split_plan *plan;
-
-	pthread_t runner;
-	bool runner_started;
-	atomic_bool stop;
-	bool poked; /* cwi_wtask_poke since the runner last waited */
-
-	pthread_mutex_t lock;
-	pthread_cond_t space; /* the runner waits for queue room */
-	q_entry *q;
-	size_t qhead, qlen, qcap;
-	uint64_t qbytes;
-	lease_rec *leases; /* indexed by lease number */
-	size_t nleases, capleases;
-	held_req *held;
-	size_t nheld, capheld;
-	client_rec *clients;
-	size_t nclients, capclients;
-	bool produced_all; /* the runner finished (or failed) */
-	cachew_err failed;
-	/* failed came from the lease pipeline itself (a corrupt file): it
-	 * fails wherever its split goes, so clients get it as an error;
-	 * other failures (the dispatcher unreachable) look like a worker
-	 * gone, and the splits go elsewhere. */
-	bool failed_pipeline;
-	char errmsg[512];
-	size_t qelems; /* elements (not lease ends) in the queue */
-
-	/* Coordinated reads (ncons > 0): rounds formed from the queue, the
-	 * oldest one not yet taken by every consumer first. */
-	uint32_t ncons;
-	round_slot *slots;
-	size_t shead, nslots, capslots;
-	uint64_t slot_base;  /* task_round of slots[shead] */
-	uint64_t slot_bytes; /* held in formed rounds */
-	uint64_t end_slot;   /* the first round that could not be formed */
-	coord_end *end_ends; /* the splits that end with the end round */
-	size_t nend_ends, capend_ends;
-	uint8_t *end_served; /* per consumer: got the end round */
-	uint32_t nend_served;
-	uint64_t dropped;    /* elements of the incomplete last round */
-
-	cwi_zstd_pool *zstd;
-	atomic_bool compress_logged;
-	/* zstd level: CWI_PAYLOAD_ZSTD_LEVEL, or the fastest level while the
-	 * payloads do not compress (re-tried every ZSTD_RETRY frames). */
-	atomic_int zlevel;
-	atomic_uint zframes;
-	/* delivered, cumulative */
-	uint64_t elements, bytes;
-	/* splits whose ends were handed out since the last report */
-	uint64_t *delivered;
-	size_t ndelivered, capdelivered;
-	/* The autoscaler's busy signal: when the runner started and ended,
-	 * and how long it waited for queue room (under lock). */
-	uint64_t start_ns, end_ns, stall_ns;
-	/* operator counters summed over finished leases */
-	cachew_op_stats *ops;
-	char (*op_names)[96];
-	size_t nops;
-
-	/* Inline (cwi_wtask_pull): no runner; the pulling thread runs the
-	 * lease pipelines, one puller at a time (pull_lock). */
-	bool inline_run;
-	pthread_mutex_t pull_lock;
-	bool detached; /* the worker is gone (pull_lock) */
-	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
-	uint64_t *pull_splits;    /* its splits */
-	size_t pull_nsplits;
-	cwi_wtask_row *last_rows; /* of the last lease pulled to its end */
-	size_t nlast_rows;
-};
 
 /* ---- creation ------------------------------------------------------------ */
 
@@ -273,6 +138,7 @@ cwi_wtask_unref(cwi_wtask *t)
 		cachew_iterator_destroy(t->pull_it);
 	free(t->pull_splits);
 	free(t->last_rows);
+	free(t->last_names);
 	free_queue(t);
 	free(t->q);
 	for (size_t i = 0; i < t->nleases; i++) {
@@ -381,8 +247,8 @@ client_add_end(client_rec *c, uint64_t split_id, uint32_t parts,
 	return true;
 }
 
-static bool
-add_delivered(cwi_wtask *t, uint64_t split_id)
+bool
+cwi_wtask_add_delivered(cwi_wtask *t, uint64_t split_id)
 {
 	if (!CWI_GROW(t->delivered, t->capdelivered, t->ndelivered + 1))
 		return false;
@@ -409,7 +275,7 @@ lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
 					     parts, l->split_leases[s]))
 				return false;
 		}
-		if (!add_delivered(t, l->split_ids[s]))
+		if (!cwi_wtask_add_delivered(t, l->split_ids[s]))
 			return false;
 	}
 	return true;
@@ -443,8 +309,8 @@ status_fail(reply_status *st, cachew_err err, const char *fmt, ...)
 }
 
 /* Encodes rep as msg's header (rep is freed). */
-static cachew_err
-set_header(cwi_msg *msg, cwi_pmsg *rep)
+cachew_err
+cwi_wtask_set_header(cwi_msg *msg, cwi_pmsg *rep)
 {
 	cwi_strbuf sb;
 	cachew_err rv;
@@ -553,7 +419,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	rep.u.get_elements_reply.queued_bytes = t->qbytes;
 	rep.u.get_elements_reply.compression =
 	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
-	st->err = set_header(msg, &rep); /* frees ends */
+	st->err = cwi_wtask_set_header(msg, &rep); /* frees ends */
 	if (st->err != CACHEW_OK) {
 		cwi_msg_destroy(msg);
 		return NULL;
@@ -584,7 +450,7 @@ free_taken_rounds(cwi_wtask *t)
 		/* Metrics only (a client leaving re-leases delivered splits
 		 * nobody acknowledged): a lost entry costs a duplicate. */
 		for (size_t i = 0; i < s->nends; i++)
-			(void)add_delivered(t, s->ends[i].split_id);
+			(void)cwi_wtask_add_delivered(t, s->ends[i].split_id);
 		t->slot_bytes -= s->bytes;
 		slot_free(s, t->ncons);
 		t->shead = (t->shead + 1) % t->capslots;
@@ -653,7 +519,7 @@ end_rounds(cwi_wtask *t)
 				if (!add_coord_end(&t->end_ends, &t->nend_ends,
 					&t->capend_ends, l->split_ids[i], 0,
 					l->split_leases[i]) ||
-				    !add_delivered(t, l->split_ids[i]))
+				    !cwi_wtask_add_delivered(t, l->split_ids[i]))
 					return false;
 			}
 		}
@@ -824,7 +690,7 @@ build_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	rep.u.get_elements_reply.compression =
 	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
 	free_taken_rounds(t);
-	st->err = set_header(msg, &rep); /* frees ends */
+	st->err = cwi_wtask_set_header(msg, &rep); /* frees ends */
 	if (st->err != CACHEW_OK) {
 		cwi_msg_destroy(msg);
 		return NULL;
@@ -1023,11 +889,7 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 	memset(&one, 0, sizeof(one));
 	one.r = r;
 	if (t->inline_run) {
-		/* Its clients share the process and pull (cwi_wtask_pull):
-		 * nothing would ever answer a request. */
-		cwi_rpc_reply_error(r, CACHEW_EINVAL, "task %llu runs inline "
-		    "in its clients' threads: it takes no get_elements",
-		    (unsigned long long)t->id);
+		cwi_wtask_get_elements_direct(t, r, m);
 		return;
 	}
 	pthread_mutex_lock(&t->lock);
@@ -1159,8 +1021,8 @@ runner_fail(cwi_wtask *t, cachew_err rv, const char *msg)
 }
 
 /* Adds a finished lease's operator counters to the task's. */
-static void
-add_stats(cwi_wtask *t, cachew_iterator *it)
+void
+cwi_wtask_add_stats(cwi_wtask *t, cachew_iterator *it)
 {
 	cachew_op_stats rows[64];
 	size_t n = 0;
@@ -1248,7 +1110,7 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 		}
 	}
 	if (rv == CACHEW_EOF) {
-		add_stats(t, it);
+		cwi_wtask_add_stats(t, it);
 		if (!push_group(t, group, n, bytes, lease, true))
 			rv = CACHEW_ECANCELED;
 		else
@@ -1298,8 +1160,8 @@ new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
 	return id;
 }
 
-static cachew_err
-lease_splits(cwi_wtask *t, cwi_pmsg *rep)
+cachew_err
+cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 {
 	cwi_pmsg req;
 	cachew_err rv;
@@ -1319,8 +1181,8 @@ lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 }
 
 /* The unit ranges of a lease reply's splits (malloc'd), or NULL. */
-static cwi_unit_range *
-lease_ranges(const cwi_msg_split_lease_reply *lr)
+cwi_unit_range *
+cwi_wtask_lease_ranges(const cwi_msg_split_lease_reply *lr)
 {
 	cwi_unit_range *ranges = malloc(lr->nsplits * sizeof(*ranges));
 
@@ -1347,7 +1209,7 @@ run_distributed(cwi_wtask *t)
 			return CACHEW_ECANCELED;
 		if (atomic_load(t->env->draining))
 			return CACHEW_OK;
-		rv = lease_splits(t, &rep);
+		rv = cwi_wtask_lease_splits(t, &rep);
 		if (rv != CACHEW_OK)
 			return rv;
 		lr = &rep.u.split_lease_reply;
@@ -1366,7 +1228,7 @@ run_distributed(cwi_wtask *t)
 			pthread_mutex_unlock(&t->lock);
 			continue;
 		}
-		ranges = lease_ranges(lr);
+		ranges = cwi_wtask_lease_ranges(lr);
 		lease = new_lease(t, lr->splits, lr->nsplits);
 		if (ranges == NULL || lease == UINT32_MAX) {
 			free(ranges);
@@ -1415,206 +1277,6 @@ runner_main(void *arg)
 		runner_fail(t, rv, cwi_errmsg_get());
 	}
 	return NULL;
-}
-
-/* ---- inline tasks -------------------------------------------------------------- */
-
-bool
-cwi_wtask_is_inline(const cwi_wtask *t)
-{
-	return t->inline_run;
-}
-
-#define MAX_ROWS 64
-
-/* Copies it's rows, strings included; returns how many there are. */
-static size_t
-copy_rows(cachew_iterator *it, cwi_wtask_row *rows, size_t cap)
-{
-	cachew_op_stats s[MAX_ROWS];
-	size_t n = 0;
-
-	if (cachew_iterator_stats(it, s, MAX_ROWS, &n) != CACHEW_OK)
-		return 0;
-	if (n > MAX_ROWS)
-		n = MAX_ROWS;
-	for (size_t i = 0; i < n && i < cap; i++) {
-		rows[i].s = s[i];
-		snprintf(rows[i].name, sizeof(rows[i].name), "%s",
-		    s[i].name != NULL ? s[i].name : "");
-		snprintf(rows[i].detail, sizeof(rows[i].detail), "%s",
-		    s[i].detail != NULL ? s[i].detail : "");
-		rows[i].s.name = NULL;
-		rows[i].s.detail = NULL;
-	}
-	return n;
-}
-
-size_t
-cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap)
-{
-	size_t n;
-
-	/* A pull may take long (a slow pipeline): a stats call does not
-	 * wait for it. */
-	if (pthread_mutex_trylock(&t->pull_lock) != 0)
-		return SIZE_MAX;
-	if (t->pull_it != NULL) {
-		n = copy_rows(t->pull_it, rows, cap);
-	} else {
-		n = t->nlast_rows;
-		for (size_t i = 0; i < n && i < cap; i++)
-			rows[i] = t->last_rows[i];
-	}
-	pthread_mutex_unlock(&t->pull_lock);
-	return n;
-}
-
-/* Leases the next splits and opens their pipeline; sets r->end_of_task or
- * r->retry_ms when there are none. Called with pull_lock held. */
-static cachew_err
-pull_lease(cwi_wtask *t, const cachew_options *opts, cwi_wtask_pulled *r)
-{
-	cwi_pmsg rep;
-	cwi_msg_split_lease_reply *lr;
-	cwi_unit_range *ranges;
-	cachew_err rv;
-
-	rv = lease_splits(t, &rep);
-	if (rv == CACHEW_ENOENT ||
-	    (rv == CACHEW_ECANCELED && atomic_load(&t->stop))) {
-		/* The dispatcher dropped the task (its worker was declared
-		 * dead), or the worker stopped it while the lease call was
-		 * retrying: stopped, as far as the puller is concerned. */
-		char why[256];
-		snprintf(why, sizeof(why), "%s", cwi_errmsg_get());
-		return cwi_fail(CACHEW_ECLOSED, "task %llu was stopped: %s",
-		    (unsigned long long)t->id, why);
-	}
-	if (rv != CACHEW_OK)
-		return rv;
-	lr = &rep.u.split_lease_reply;
-	if (lr->nsplits == 0) {
-		if (lr->end_of_splits) {
-			pthread_mutex_lock(&t->lock);
-			t->produced_all = true;
-			t->end_ns = cwi_now_ns();
-			pthread_mutex_unlock(&t->lock);
-			r->end_of_task = true;
-		} else {
-			r->retry_ms = lr->retry_ms > 0 ? lr->retry_ms : 20;
-		}
-		cwi_pmsg_free(&rep);
-		return CACHEW_OK;
-	}
-	ranges = lease_ranges(lr);
-	t->pull_splits = malloc(lr->nsplits * sizeof(*t->pull_splits));
-	if (ranges == NULL || t->pull_splits == NULL) {
-		free(ranges);
-		cwi_pmsg_free(&rep);
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < lr->nsplits; i++)
-		t->pull_splits[i] = lr->splits[i].split_id;
-	t->pull_nsplits = lr->nsplits;
-	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root,
-	    opts != NULL ? opts : t->env->opts, t->plan->source, ranges,
-	    lr->nsplits, t->seed);
-	free(ranges);
-	cwi_pmsg_free(&rep);
-	return rv;
-}
-
-cachew_err
-cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts, cwi_chunk *out,
-    size_t max, cwi_wtask_pulled *r)
-{
-	uint64_t bytes = 0;
-	size_t n0 = out->n;
-	cachew_err rv = CACHEW_OK;
-
-	memset(r, 0, sizeof(*r));
-	if (!t->inline_run)
-		return cwi_fail(CACHEW_EINVAL, "task %llu is not inline",
-		    (unsigned long long)t->id);
-	pthread_mutex_lock(&t->pull_lock);
-	/* A stopped task may outlive its worker: no lease call then. */
-	if (t->detached || (t->pull_it == NULL && !t->produced_all &&
-				atomic_load(&t->stop))) {
-		rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
-		    (unsigned long long)t->id);
-		goto done;
-	}
-	if (t->failed != CACHEW_OK) {
-		rv = cwi_fail(t->failed, "%s", t->errmsg);
-		goto done;
-	}
-	if (t->pull_it == NULL) {
-		if (t->produced_all) {
-			r->end_of_task = true;
-			goto done;
-		}
-		free(t->pull_splits);
-		t->pull_splits = NULL;
-		t->pull_nsplits = 0;
-		rv = pull_lease(t, opts, r);
-		if (rv != CACHEW_OK || t->pull_it == NULL)
-			goto done;
-	}
-	while (out->n - n0 < max) {
-		size_t before = out->n;
-		if (atomic_load(&t->stop)) {
-			rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
-			    (unsigned long long)t->id);
-			break;
-		}
-		rv = cwi_iterator_next_chunk(t->pull_it, out,
-		    max - (out->n - n0));
-		if (rv == CACHEW_OK) {
-			for (size_t i = before; i < out->n; i++)
-				bytes += cwi_element_nbytes(out->v[i]);
-			/* What came is handed over at once: the client
-			 * asked for at most max, and a slow pipeline's first
-			 * elements should not wait for the rest. */
-			break;
-		}
-		if (rv == CACHEW_EOF) {
-			/* The lease is over: its splits go to this puller,
-			 * who acknowledges them (it holds every element of
-			 * them that was not handed to an earlier puller). */
-			add_stats(t, t->pull_it);
-			if (t->last_rows == NULL)
-				t->last_rows = calloc(MAX_ROWS,
-				    sizeof(*t->last_rows));
-			if (t->last_rows != NULL)
-				t->nlast_rows = copy_rows(t->pull_it,
-				    t->last_rows, MAX_ROWS);
-			cachew_iterator_destroy(t->pull_it);
-			t->pull_it = NULL;
-			r->split_ids = t->pull_splits;
-			r->nsplits = t->pull_nsplits;
-			t->pull_splits = NULL;
-			t->pull_nsplits = 0;
-			rv = CACHEW_OK;
-		} else {
-			rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(t->pull_it));
-		}
-		break;
-	}
-	pthread_mutex_lock(&t->lock);
-	t->elements += out->n - n0;
-	t->bytes += bytes;
-	for (size_t i = 0; i < r->nsplits; i++)
-		(void)add_delivered(t, r->split_ids[i]);
-	if (rv != CACHEW_OK && rv != CACHEW_ECLOSED && t->failed == CACHEW_OK) {
-		t->failed = rv;
-		snprintf(t->errmsg, sizeof(t->errmsg), "%s", cwi_errmsg_get());
-		t->produced_all = true;
-	}
-	pthread_mutex_unlock(&t->lock);
-done:
-	pthread_mutex_unlock(&t->pull_lock);
-	return rv;
 }
 
 /* ---- reports ----------------------------------------------------------------- */

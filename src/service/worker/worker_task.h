@@ -52,10 +52,10 @@ typedef struct cwi_wtask_env {
 	uint64_t queue_bytes;  /* output queue bound */
 	const atomic_bool *draining; /* stop leasing when set */
 	bool inproc; /* clients share the process: never compress */
-	/* Its uncoordinated distributed_epoch tasks run inline: no runner
-	 * thread, the clients' threads run the pipeline in cwi_wtask_pull
-	 * (an embedded worker's, so that the embedded service costs what
-	 * the plain executor does). */
+	/* Its uncoordinated distributed_epoch tasks are direct: no runner
+	 * thread; a client's get_elements runs the pipeline on the sending
+	 * thread, which inproc makes the client's own (an embedded worker's,
+	 * so that the embedded service costs what the plain executor does). */
 	bool inline_run;
 } cwi_wtask_env;
 
@@ -80,44 +80,27 @@ void cwi_wtask_detach(cwi_wtask *t);
  * again): an in-process client just saw the job's data all acknowledged. */
 void cwi_wtask_poke(cwi_wtask *t);
 
-/* What one cwi_wtask_pull gave besides elements. */
-typedef struct cwi_wtask_pulled {
-	/* The lease ended in this pull: its splits (malloc'd; the caller
-	 * frees them), to be acknowledged by the caller. */
-	uint64_t *split_ids;
-	size_t nsplits;
-	bool end_of_task;  /* every split is acknowledged: nothing more */
-	uint32_t retry_ms; /* nothing now: every split is leased; ask again */
-} cwi_wtask_pulled;
-
-/* Inline tasks: runs the task's lease pipeline on the calling thread
- * (with the puller's executor options opts, NULL = the worker's: threads,
- * determinism, the epoch a shuffle reshuffles by),
- * appending up to max elements to out (which has room for them), leasing
- * splits from the dispatcher as needed. Stops at a lease's end (so its
- * splits are acknowledged at once). One puller at a time; any number of
- * clients may pull (each element goes to one). Errors: the pipeline's
- * (the task has then failed for every puller), CACHEW_ECLOSED once
- * stopped, CACHEW_EINVAL for a task that is not inline. */
-bool cwi_wtask_is_inline(const cwi_wtask *t);
-
-/* One operator row of an inline task's pipeline, with its own strings. */
-typedef struct cwi_wtask_row {
-	char name[48];
-	char detail[80];
-	cachew_op_stats s; /* name and detail unset */
-} cwi_wtask_row;
-
-/* Inline tasks: the operator rows of the lease being pulled, or of the
- * last one finished. Copies up to cap rows; returns how many there are,
- * or SIZE_MAX (nothing copied) while a pull is running. */
-size_t cwi_wtask_rows(cwi_wtask *t, cwi_wtask_row *rows, size_t cap);
-cachew_err cwi_wtask_pull(cwi_wtask *t, const cachew_options *opts,
-    cwi_chunk *out, size_t max, cwi_wtask_pulled *r);
-
 /* Handles a get_elements request (decoded in m; r consumed). */
 void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
     const cwi_msg_get_elements *m);
+/* Whether the task is direct: its get_elements run its lease pipeline on
+ * the sending thread (worker_direct.c). */
+bool cwi_wtask_is_direct(const cwi_wtask *t);
+/* A direct task's get_elements (r consumed): runs the lease pipeline on
+ * this thread, with the request's executor settings (m->exec), leasing
+ * splits from the dispatcher as needed, and replies with up to
+ * max_elements elements, the splits whose lease ended in this call (the
+ * client acknowledges them), end_of_task once every split is acknowledged
+ * or retry_ms when every split is leased elsewhere for now. One call at a
+ * time runs a task's pipeline; a failure of the pipeline is an error reply
+ * with its code and message marked `pipeline`, to this and every later
+ * call; a stopped task's is CACHEW_ECLOSED. */
+void cwi_wtask_get_elements_direct(cwi_wtask *t, cwi_request *r,
+    const cwi_msg_get_elements *m);
+/* Handles a task_stats request (r consumed): a direct task's operator
+ * rows, live or of its last lease; busy when a get_elements is running its
+ * pipeline at that moment. */
+void cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r);
 
 /* Fills a heartbeat report (allocations owned by the report: free with
  * cwi_pmsg_body_free-compatible free() of its arrays). */

@@ -1,0 +1,406 @@
+/*
+ * worker_direct.c - direct tasks: the lease pipeline runs on the thread
+ * that sends the get_elements.
+ *
+ * An embedded worker (service=embedded) serves its uncoordinated
+ * distributed_epoch tasks this way. Over inproc the transport runs the
+ * handler on the sender's thread, so a client that calls from the thread
+ * that consumes runs the pipeline where the plain executor would: no
+ * runner thread, no queue, no hand-off, and a take(5) pulls 5 elements.
+ * Nothing here knows who the client is or how it got here; the client
+ * knows only that the dispatcher listed the task as direct.
+ *
+ * One call at a time runs a task's pipeline (pull_lock): the lease being
+ * read (pull_it), its splits, and the rows of the last lease finished.
+ * A lease ends inside a call: its splits go back in that reply, to be
+ * acknowledged by the client that holds every element of them not handed
+ * to an earlier caller.
+ */
+#include "worker_task_int.h"
+#include "../../core/options.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+bool
+cwi_wtask_is_direct(const cwi_wtask *t)
+{
+	return t->inline_run;
+}
+
+/* ---- operator rows ------------------------------------------------------------ */
+
+/* Fills c from s (strings copied; false on ENOMEM). */
+static bool
+row_to_counters(cwi_op_counters *c, const cachew_op_stats *s,
+    const char *name, const char *detail)
+{
+	c->name = cwi_strdup(name != NULL ? name : "");
+	c->detail = cwi_strdup(detail != NULL ? detail : "");
+	c->node = s->node;
+	c->elements = s->elements;
+	c->bytes = s->bytes;
+	c->busy_ns = s->busy_ns;
+	c->wait_ns = s->wait_ns;
+	c->parallelism = s->parallelism;
+	c->buffer_limit = s->buffer_limit;
+	c->buffered = s->buffered > 0 ? (uint64_t)s->buffered : 0;
+	return c->name != NULL && c->detail != NULL;
+}
+
+/* Keeps a copy of the rows of a lease that ended (pull_lock held). */
+static void
+keep_last_rows(cwi_wtask *t, cachew_iterator *it)
+{
+	cachew_op_stats s[MAX_ROWS];
+	size_t n = 0;
+
+	if (t->last_rows == NULL) {
+		t->last_rows = calloc(MAX_ROWS, sizeof(*t->last_rows));
+		t->last_names = calloc(MAX_ROWS, sizeof(*t->last_names));
+	}
+	if (t->last_rows == NULL || t->last_names == NULL ||
+	    cachew_iterator_stats(it, s, MAX_ROWS, &n) != CACHEW_OK)
+		return;
+	if (n > MAX_ROWS)
+		n = MAX_ROWS;
+	for (size_t i = 0; i < n; i++) {
+		t->last_rows[i] = s[i];
+		snprintf(t->last_names[i][0], sizeof(t->last_names[i][0]), "%s",
+		    s[i].name != NULL ? s[i].name : "");
+		snprintf(t->last_names[i][1], sizeof(t->last_names[i][1]), "%s",
+		    s[i].detail != NULL ? s[i].detail : "");
+		t->last_rows[i].name = NULL;
+		t->last_rows[i].detail = NULL;
+	}
+	t->nlast_rows = n;
+}
+
+/* The rows of the lease being read, else of the last one (pull_lock
+ * held); false on ENOMEM. */
+static bool
+rows_reply(cwi_wtask *t, cwi_msg_task_stats_reply *rep)
+{
+	cachew_op_stats live[MAX_ROWS];
+	size_t n = 0;
+
+	if (t->pull_it != NULL) {
+		if (cachew_iterator_stats(t->pull_it, live, MAX_ROWS, &n) !=
+		    CACHEW_OK)
+			n = 0;
+		if (n > MAX_ROWS)
+			n = MAX_ROWS;
+	} else {
+		n = t->nlast_rows;
+	}
+	if (n == 0)
+		return true;
+	rep->ops = calloc(n, sizeof(*rep->ops));
+	if (rep->ops == NULL)
+		return false;
+	rep->nops = n;
+	for (size_t i = 0; i < n; i++) {
+		bool ok = t->pull_it != NULL
+		    ? row_to_counters(&rep->ops[i], &live[i], live[i].name,
+			  live[i].detail)
+		    : row_to_counters(&rep->ops[i], &t->last_rows[i],
+			  t->last_names[i][0], t->last_names[i][1]);
+		if (!ok)
+			return false;
+	}
+	return true;
+}
+
+void
+cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r)
+{
+	cwi_pmsg rep;
+
+	cwi_pmsg_init(&rep, CWI_MSG_TASK_STATS_REPLY);
+	/* A call may run long (a slow pipeline): stats do not wait for it. */
+	if (pthread_mutex_trylock(&t->pull_lock) != 0) {
+		rep.u.task_stats_reply.busy = true;
+	} else {
+		bool ok = rows_reply(t, &rep.u.task_stats_reply);
+		pthread_mutex_unlock(&t->pull_lock);
+		if (!ok) {
+			cwi_pmsg_free(&rep);
+			cwi_rpc_reply_error(r, CACHEW_ENOMEM,
+			    "task %llu: out of memory",
+			    (unsigned long long)t->id);
+			return;
+		}
+	}
+	cwi_rpc_reply(r, &rep);
+	cwi_pmsg_free(&rep);
+}
+
+/* ---- pulling ------------------------------------------------------------------ */
+
+/* What one pull gave besides elements. */
+typedef struct pulled {
+	uint64_t *split_ids; /* the lease that ended in this pull (malloc'd) */
+	size_t nsplits;
+	bool end_of_task;    /* every split is acknowledged: nothing more */
+	uint32_t retry_ms;   /* nothing now: every split is leased elsewhere */
+} pulled;
+
+/* The executor settings of the lease pipeline: the worker's, or the
+ * client's when the request carries them. A new options object
+ * (cachew_options_destroy), or NULL on ENOMEM. */
+static cachew_options *
+lease_options(const cwi_wtask *t, const cwi_msg_get_elements *m)
+{
+	cwi_opts v = *cwi_options_values(t->env->opts);
+
+	if (m->exec) {
+		v.epoch = (int64_t)m->epoch;
+		v.threads = m->threads;
+		v.ram_budget = m->ram_budget;
+		v.deterministic = m->deterministic;
+		v.autotune = m->autotune;
+	}
+	return cwi_options_from_values(&v);
+}
+
+/* Leases the next splits and opens their pipeline; sets r->end_of_task or
+ * r->retry_ms when there are none. Called with pull_lock held. */
+static cachew_err
+pull_lease(cwi_wtask *t, const cwi_msg_get_elements *m, pulled *r)
+{
+	cwi_pmsg rep;
+	cwi_msg_split_lease_reply *lr;
+	cwi_unit_range *ranges;
+	cachew_options *opts;
+	cachew_err rv;
+
+	rv = cwi_wtask_lease_splits(t, &rep);
+	if (rv == CACHEW_ENOENT ||
+	    (rv == CACHEW_ECANCELED && atomic_load(&t->stop))) {
+		/* The dispatcher dropped the task (its worker was declared
+		 * dead), or the worker stopped it while the lease call was
+		 * retrying: stopped, as far as the caller is concerned. */
+		char why[256];
+		snprintf(why, sizeof(why), "%s", cwi_errmsg_get());
+		return cwi_fail(CACHEW_ECLOSED, "task %llu was stopped: %s",
+		    (unsigned long long)t->id, why);
+	}
+	if (rv != CACHEW_OK)
+		return rv;
+	lr = &rep.u.split_lease_reply;
+	if (lr->nsplits == 0) {
+		if (lr->end_of_splits) {
+			pthread_mutex_lock(&t->lock);
+			t->produced_all = true;
+			t->end_ns = cwi_now_ns();
+			pthread_mutex_unlock(&t->lock);
+			r->end_of_task = true;
+		} else {
+			r->retry_ms = lr->retry_ms > 0 ? lr->retry_ms : 20;
+		}
+		cwi_pmsg_free(&rep);
+		return CACHEW_OK;
+	}
+	ranges = cwi_wtask_lease_ranges(lr);
+	opts = lease_options(t, m);
+	t->pull_splits = malloc(lr->nsplits * sizeof(*t->pull_splits));
+	if (ranges == NULL || opts == NULL || t->pull_splits == NULL) {
+		free(ranges);
+		cachew_options_destroy(opts);
+		cwi_pmsg_free(&rep);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < lr->nsplits; i++)
+		t->pull_splits[i] = lr->splits[i].split_id;
+	t->pull_nsplits = lr->nsplits;
+	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root, opts,
+	    t->plan->source, ranges, lr->nsplits, t->seed);
+	free(ranges);
+	cachew_options_destroy(opts);
+	cwi_pmsg_free(&rep);
+	return rv;
+}
+
+/* The lease being read ended: its rows are kept and its splits go to the
+ * caller (pull_lock held). */
+static void
+lease_done(cwi_wtask *t, pulled *r)
+{
+	cwi_wtask_add_stats(t, t->pull_it);
+	keep_last_rows(t, t->pull_it);
+	cachew_iterator_destroy(t->pull_it);
+	t->pull_it = NULL;
+	r->split_ids = t->pull_splits;
+	r->nsplits = t->pull_nsplits;
+	t->pull_splits = NULL;
+	t->pull_nsplits = 0;
+}
+
+/* Reads up to max elements into out (room reserved) from the lease being
+ * read, opening the next lease first when there is none (pull_lock held).
+ * What came is handed over at once: the client asked for at most max, and
+ * a slow pipeline's first elements should not wait for the rest. */
+static cachew_err
+pull_elements(cwi_wtask *t, const cwi_msg_get_elements *m, cwi_chunk *out,
+    size_t max, pulled *r)
+{
+	cachew_err rv;
+
+	if (t->pull_it == NULL) {
+		if (t->produced_all) {
+			r->end_of_task = true;
+			return CACHEW_OK;
+		}
+		free(t->pull_splits);
+		t->pull_splits = NULL;
+		t->pull_nsplits = 0;
+		rv = pull_lease(t, m, r);
+		if (rv != CACHEW_OK || t->pull_it == NULL)
+			return rv;
+	}
+	if (atomic_load(&t->stop))
+		return cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
+		    (unsigned long long)t->id);
+	rv = cwi_iterator_next_chunk(t->pull_it, out, max);
+	if (rv == CACHEW_EOF) {
+		lease_done(t, r);
+		return CACHEW_OK;
+	}
+	if (rv != CACHEW_OK)
+		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(t->pull_it));
+	return rv;
+}
+
+/* One pull with the task's bookkeeping: counters, delivered splits, and a
+ * pipeline failure that stays (every later call gets it). */
+static cachew_err
+pull(cwi_wtask *t, const cwi_msg_get_elements *m, cwi_chunk *out,
+    size_t max, pulled *r)
+{
+	uint64_t bytes = 0;
+	cachew_err rv;
+
+	pthread_mutex_lock(&t->pull_lock);
+	/* A stopped task may outlive its worker: no lease call then. */
+	if (t->detached || (t->pull_it == NULL && !t->produced_all &&
+				atomic_load(&t->stop))) {
+		rv = cwi_fail(CACHEW_ECLOSED, "task %llu was stopped",
+		    (unsigned long long)t->id);
+		goto done;
+	}
+	if (t->failed != CACHEW_OK) {
+		rv = cwi_fail(t->failed, "%s", t->errmsg);
+		goto done;
+	}
+	rv = pull_elements(t, m, out, max, r);
+	for (size_t i = 0; i < out->n; i++)
+		bytes += cwi_element_nbytes(out->v[i]);
+	pthread_mutex_lock(&t->lock);
+	t->elements += out->n;
+	t->bytes += bytes;
+	for (size_t i = 0; i < r->nsplits; i++)
+		(void)cwi_wtask_add_delivered(t, r->split_ids[i]);
+	if (rv != CACHEW_OK && rv != CACHEW_ECLOSED && t->failed == CACHEW_OK) {
+		t->failed = rv;
+		snprintf(t->errmsg, sizeof(t->errmsg), "%s", cwi_errmsg_get());
+		t->produced_all = true;
+	}
+	pthread_mutex_unlock(&t->lock);
+done:
+	pthread_mutex_unlock(&t->pull_lock);
+	return rv;
+}
+
+/* ---- the reply ------------------------------------------------------------------ */
+
+/* The reply to a pull: its elements ride alongside (their references move
+ * to the message), the ended lease's splits end after the last of them. */
+static cachew_err
+direct_reply(cwi_wtask *t, cwi_chunk *out, pulled *r, cwi_msg **msg)
+{
+	cwi_split_end *ends = NULL;
+	cwi_pmsg rep;
+	cachew_err rv;
+
+	rv = cwi_msg_create(msg);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (r->nsplits > 0 &&
+	    (ends = calloc(r->nsplits, sizeof(*ends))) == NULL) {
+		cwi_msg_destroy(*msg);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < r->nsplits; i++) {
+		ends[i].split_id = r->split_ids[i];
+		ends[i].after = (uint32_t)out->n;
+	}
+	for (size_t i = 0; i < out->n; i++) {
+		rv = cwi_msg_push(*msg, out->v[i]);
+		if (rv != CACHEW_OK)
+			break;
+		out->v[i] = NULL;
+	}
+	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
+	rep.u.get_elements_reply.task_id = t->id;
+	rep.u.get_elements_reply.elements = (uint32_t)out->n;
+	rep.u.get_elements_reply.split_ends = ends;
+	rep.u.get_elements_reply.nsplit_ends = r->nsplits;
+	rep.u.get_elements_reply.end_of_task = r->end_of_task;
+	rep.u.get_elements_reply.retry_ms = r->retry_ms;
+	if (rv == CACHEW_OK)
+		rv = cwi_wtask_set_header(*msg, &rep); /* frees ends */
+	else
+		cwi_pmsg_free(&rep);
+	if (rv != CACHEW_OK) {
+		cwi_msg_destroy(*msg);
+		*msg = NULL;
+	}
+	return rv;
+}
+
+/* A failed call's error reply: a stopped task's (CACHEW_ECLOSED), or the
+ * pipeline's own code and message, marked as such, so that the client
+ * tells them from its request's faults (ENOENT: an unknown task). */
+static void
+direct_fail(cwi_request *r, cachew_err rv)
+{
+	cwi_pmsg m;
+
+	cwi_pmsg_init(&m, CWI_MSG_ERROR);
+	m.u.error.code = rv;
+	m.u.error.message = (char *)cwi_errmsg_get();
+	m.u.error.pipeline = rv != CACHEW_ECLOSED;
+	cwi_rpc_reply(r, &m);
+	m.u.error.message = NULL;
+	cwi_pmsg_free(&m);
+}
+
+void
+cwi_wtask_get_elements_direct(cwi_wtask *t, cwi_request *r,
+    const cwi_msg_get_elements *m)
+{
+	size_t max = m->max_elements > 0 ? m->max_elements : REPLY_MAX_ELEMENTS;
+	cwi_chunk out = {0};
+	cwi_msg *msg = NULL;
+	pulled got;
+	cachew_err rv;
+
+	memset(&got, 0, sizeof(got));
+	rv = cwi_chunk_reserve(&out, max);
+	if (rv == CACHEW_OK)
+		rv = pull(t, m, &out, max, &got);
+	if (rv == CACHEW_OK)
+		rv = direct_reply(t, &out, &got, &msg);
+	/* Elements not moved into the reply (none, unless it failed). */
+	for (size_t i = 0; i < out.n; i++)
+		if (out.v[i] != NULL)
+			cwi_element_release(out.v[i]);
+	free(out.v);
+	free(got.split_ids);
+	if (rv != CACHEW_OK) {
+		direct_fail(r, rv);
+		return;
+	}
+	if (cwi_request_reply(r, msg) != CACHEW_OK)
+		cwi_msg_destroy(msg);
+}

@@ -1,0 +1,173 @@
+/*
+ * worker_task_int.h - what the parts of a worker task share (internal to
+ * src/service/worker). A task delivers in one of three ways, each in its
+ * own file around this struct, as libuv keeps one file per handle type
+ * beside a shared base:
+ *   - worker_task.c: the base (creation, references, stop, reports), the
+ *     runner thread that leases splits and queues their elements, and the
+ *     stream delivery of queued elements to get_elements requests;
+ *   - worker_coord.c: coordinated rounds (num_consumers > 0);
+ *   - worker_direct.c: direct tasks, whose lease pipeline runs on the
+ *     thread that sends the get_elements (the embedded worker's).
+ * worker_task.h explains the model and the locking.
+ */
+#ifndef CWI_WORKER_TASK_INT_H
+#define CWI_WORKER_TASK_INT_H
+
+#include "worker_task.h"
+#include "../service_payload.h"
+
+/* Defaults of a get_elements reply when the client leaves them open. */
+#define REPLY_MAX_ELEMENTS 1024u
+#define REPLY_MAX_BYTES ((uint64_t)8 << 20)
+/* Operator rows a task keeps of its pipeline. */
+#define MAX_ROWS 64
+
+typedef struct q_entry {
+	cwi_element *e; /* NULL: the end of lease `lease` */
+	uint32_t lease;
+	uint64_t bytes;
+} q_entry;
+
+typedef struct lease_rec {
+	uint64_t *split_ids;
+	uint32_t *split_leases; /* each split's lease number (cwi_split) */
+	size_t nsplits;
+	uint64_t *clients; /* clients that received elements of it */
+	size_t nclients, capclients;
+} lease_rec;
+
+typedef struct pending_end {
+	uint64_t split_id;
+	uint32_t parts;
+	uint32_t lease;
+} pending_end;
+
+typedef struct client_rec {
+	uint64_t id;
+	uint64_t seq; /* next reply number */
+	pending_end *ends;
+	size_t nends, capends;
+} client_rec;
+
+typedef struct held_req {
+	cwi_request *r;
+	cwi_msg_get_elements m;
+	bool remote; /* the client is in another process: may compress */
+} held_req;
+
+/* Coordinated reads: a split whose end marker was met while a round was
+ * formed, after `pos` of the round's elements. */
+typedef struct coord_end {
+	uint64_t split_id;
+	uint32_t pos;
+	uint32_t lease;
+} coord_end;
+
+/* One round of a coordinated task: element i goes to consumer i. */
+typedef struct round_slot {
+	cwi_element **e; /* ncons elements, then ncons taken flags */
+	uint8_t *taken;
+	uint32_t ntaken;
+	uint64_t bytes; /* payload plus bookkeeping, for the queue bound */
+	coord_end *ends;
+	size_t nends;
+} round_slot;
+
+struct cwi_wtask {
+	atomic_uint refs;
+	uint64_t id, job_id;
+	cwi_processing_mode mode;
+	uint32_t lease_size;
+	uint64_t seed;
+	const cwi_wtask_env *env;
+	cachew_dataset *root;
+	cwi_split_plan *plan;
+
+	pthread_t runner;
+	bool runner_started;
+	atomic_bool stop;
+	bool poked; /* cwi_wtask_poke since the runner last waited */
+
+	pthread_mutex_t lock;
+	pthread_cond_t space; /* the runner waits for queue room */
+	q_entry *q;
+	size_t qhead, qlen, qcap;
+	uint64_t qbytes;
+	lease_rec *leases; /* indexed by lease number */
+	size_t nleases, capleases;
+	held_req *held;
+	size_t nheld, capheld;
+	client_rec *clients;
+	size_t nclients, capclients;
+	bool produced_all; /* the runner finished (or failed) */
+	cachew_err failed;
+	/* failed came from the lease pipeline itself (a corrupt file): it
+	 * fails wherever its split goes, so clients get it as an error;
+	 * other failures (the dispatcher unreachable) look like a worker
+	 * gone, and the splits go elsewhere. */
+	bool failed_pipeline;
+	char errmsg[512];
+	size_t qelems; /* elements (not lease ends) in the queue */
+
+	/* Coordinated reads (ncons > 0): rounds formed from the queue, the
+	 * oldest one not yet taken by every consumer first. */
+	uint32_t ncons;
+	round_slot *slots;
+	size_t shead, nslots, capslots;
+	uint64_t slot_base;  /* task_round of slots[shead] */
+	uint64_t slot_bytes; /* held in formed rounds */
+	uint64_t end_slot;   /* the first round that could not be formed */
+	coord_end *end_ends; /* the splits that end with the end round */
+	size_t nend_ends, capend_ends;
+	uint8_t *end_served; /* per consumer: got the end round */
+	uint32_t nend_served;
+	uint64_t dropped;    /* elements of the incomplete last round */
+
+	cwi_zstd_pool *zstd;
+	atomic_bool compress_logged;
+	/* zstd level: CWI_PAYLOAD_ZSTD_LEVEL, or the fastest level while the
+	 * payloads do not compress (re-tried every ZSTD_RETRY frames). */
+	atomic_int zlevel;
+	atomic_uint zframes;
+	/* delivered, cumulative */
+	uint64_t elements, bytes;
+	/* splits whose ends were handed out since the last report */
+	uint64_t *delivered;
+	size_t ndelivered, capdelivered;
+	/* The autoscaler's busy signal: when the runner started and ended,
+	 * and how long it waited for queue room (under lock). */
+	uint64_t start_ns, end_ns, stall_ns;
+	/* operator counters summed over finished leases */
+	cachew_op_stats *ops;
+	char (*op_names)[96];
+	size_t nops;
+
+	/* Direct (worker_direct.c): no runner; the thread that sends a
+	 * get_elements runs the lease pipeline, one at a time (pull_lock). */
+	bool inline_run;
+	pthread_mutex_t pull_lock;
+	bool detached; /* the worker is gone (pull_lock) */
+	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
+	uint64_t *pull_splits;    /* its splits */
+	size_t pull_nsplits;
+	cachew_op_stats *last_rows; /* of the last lease pulled to its end */
+	char (*last_names)[2][96]; /* their name and detail */
+	size_t nlast_rows;
+};
+
+
+/* Adds a finished lease's operator counters to the task's (t->lock). */
+void cwi_wtask_add_stats(cwi_wtask *t, cachew_iterator *it);
+/* Records that a split's end was handed out (t->lock held); false on
+ * ENOMEM. */
+bool cwi_wtask_add_delivered(cwi_wtask *t, uint64_t split_id);
+/* Leases the task's next splits from the dispatcher (retrying while the
+ * task runs); *rep is the split_lease_reply. */
+cachew_err cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep);
+/* The unit ranges of a lease reply's splits (malloc'd), or NULL. */
+cwi_unit_range *cwi_wtask_lease_ranges(const cwi_msg_split_lease_reply *lr);
+/* Encodes rep as msg's header (rep is freed). */
+cachew_err cwi_wtask_set_header(cwi_msg *msg, cwi_pmsg *rep);
+
+#endif /* CWI_WORKER_TASK_INT_H */
