@@ -49,25 +49,33 @@ CACHEW_API unsigned cachew_version_number(void);
 /* Errors and logging                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* Error codes. The values are part of the ABI and of the wire protocol:
+ * they travel in error frames and `error` messages (docs/protocol.md,
+ * "Error codes"), so every enumerator is pinned. The list is append-only:
+ * a new code takes the next free number, and a number is never reused or
+ * renumbered, even if its code is retired. A caller should treat a value it
+ * does not know as a failure (cachew_strerror() names it "unknown error").
+ * Since 0.1. */
 typedef enum cachew_err {
 	CACHEW_OK = 0,
-	CACHEW_EOF,       /* end of sequence: not a failure */
-	CACHEW_EINVAL,    /* invalid argument, parameter or option */
-	CACHEW_ENOMEM,    /* out of memory, or over a memory limit */
-	CACHEW_ERANGE,    /* a value is outside its allowed range */
-	CACHEW_ENOENT,    /* no such operator, option, file or symbol */
-	CACHEW_EPARSE,    /* malformed pipeline string or serialized graph */
-	CACHEW_ETYPE,     /* dtype or shape mismatch */
-	CACHEW_EIO,       /* an I/O operation failed */
-	CACHEW_ECORRUPT,  /* input data is corrupt */
-	CACHEW_EOP,       /* an operator failed (see the errmsg) */
-	CACHEW_ECANCELED, /* the operation was canceled */
-	CACHEW_ETIMEDOUT, /* a deadline passed */
-	CACHEW_ECLOSED,   /* the object or connection is closed */
-	CACHEW_EEXIST,    /* the name is already taken */
-	CACHEW_ENOTSUP,   /* not supported by this build or object */
-	CACHEW_EPROTO,    /* a peer violated the protocol */
-	CACHEW_EINTERNAL  /* an internal invariant failed: a bug */
+	CACHEW_EOF = 1,        /* end of sequence: not a failure */
+	CACHEW_EINVAL = 2,     /* invalid argument, parameter or option */
+	CACHEW_ENOMEM = 3,     /* out of memory, or over a memory limit */
+	CACHEW_ERANGE = 4,     /* a value is outside its allowed range */
+	CACHEW_ENOENT = 5,     /* no such operator, option, file or symbol */
+	CACHEW_EPARSE = 6,     /* bad pipeline string or serialized graph */
+	CACHEW_ETYPE = 7,      /* dtype or shape mismatch */
+	CACHEW_EIO = 8,        /* an I/O operation failed */
+	CACHEW_ECORRUPT = 9,   /* input data is corrupt */
+	CACHEW_EOP = 10,       /* an operator failed (see the errmsg) */
+	CACHEW_ECANCELED = 11, /* the operation was canceled */
+	CACHEW_ETIMEDOUT = 12, /* a deadline passed */
+	CACHEW_ECLOSED = 13,   /* the object or connection is closed */
+	CACHEW_EEXIST = 14,    /* the name is already taken */
+	CACHEW_ENOTSUP = 15,   /* not supported by this build or object */
+	CACHEW_EPROTO = 16,    /* a peer violated the protocol */
+	CACHEW_EINTERNAL = 17  /* an internal invariant failed: a bug */
+	/* Next free value: 18. */
 } cachew_err;
 
 /* A static, human readable description of an error code. Never NULL. */
