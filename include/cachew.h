@@ -379,7 +379,34 @@ typedef cachew_err (*cachew_map_fn)(
 typedef cachew_err (*cachew_filter_fn)(
     cachew_op_ctx *ctx, const cachew_element *in, int *keep);
 
+/* The layout version of cachew_op_def this header declares. A definition
+ * states the version it was written for in its first field, as SQLite's
+ * extension structs do with iVersion, so the library knows which fields it
+ * may read: a definition from an older version registers and the fields
+ * added after its version read as absent; a newer or unknown version is
+ * refused. Versions only grow, fields are only appended, and `version` and
+ * `name` keep their place in every version.
+ *   1  version, name, kind, flags, cost_ns, init, fini, map, filter,
+ *      flat_open, flat_next, flat_close
+ *   2  adds doc
+ * Since 0.1. */
+#define CACHEW_OP_DEF_VERSION 2
+
+/* A function operator's definition: what a plugin or a C program fills in
+ * (designated initialisers, `.version = CACHEW_OP_DEF_VERSION` first) and
+ * hands to cachew_op_register(), which copies the struct and the name. The
+ * doc string, the functions and the code behind them must stay valid for
+ * the life of the process (plugins are never unloaded). init runs on the
+ * thread that builds a dataset naming the operator, fini on the thread that
+ * releases that dataset's last reference; map, filter and flat_open may run
+ * on several executor threads at once (parallel map, interleave), sharing
+ * init's state read-only, so they must be thread safe; one sequence's
+ * flat_next and flat_close are called by one thread at a time. The struct
+ * itself is read only during cachew_op_register(). */
 typedef struct cachew_op_def {
+	/* CACHEW_OP_DEF_VERSION of the header the definition was written
+	 * against. 0 (unset) is refused. Version 1 and later. */
+	unsigned version;
 	const char *name; /* [a-z_][a-z0-9_]*, at most 63 characters */
 	cachew_op_kind kind;
 	unsigned flags;   /* CACHEW_OP_* */
@@ -400,15 +427,21 @@ typedef struct cachew_op_def {
 	cachew_err (*flat_next)(
 	    cachew_op_ctx *ctx, void *seq, cachew_element **out);
 	void (*flat_close)(void *seq);
-	/* Optional: one line for `cachew ops`, naming the parameters, e.g.
-	 * "add(value=1): adds value to every numeric component". */
+	/* Version 2. Optional: one line for `cachew ops`, naming the
+	 * parameters, e.g. "add(value=1): adds value to every numeric
+	 * component". */
 	const char *doc;
 } cachew_op_def;
 
-/* Registers a function operator under def->name; the definition is copied.
+/* Registers a function operator under def->name; the definition is copied
+ * (def is only read during the call and stays the caller's). Returns
  * CACHEW_EEXIST when the name is taken (built-ins included), CACHEW_EINVAL
- * for a malformed definition. Thread safe; pipelines built earlier keep the
- * definitions they resolved. */
+ * for a malformed definition or a version of 0 (unset), and CACHEW_ENOTSUP
+ * for a def->version newer than CACHEW_OP_DEF_VERSION of this library:
+ * cachew_errmsg() then names the operator, the plugin being loaded (if any)
+ * and both versions. A definition of an older version registers; the
+ * fields its version lacks read as absent. Thread safe; pipelines built
+ * earlier keep the definitions they resolved. Since 0.1. */
 CACHEW_API cachew_err cachew_op_register(const cachew_op_def *def);
 
 /* The symbol a plugin exports, and its signature. The plugin registers its

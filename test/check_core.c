@@ -4,6 +4,7 @@
  */
 #include "cwt.h"
 #include "../src/core/core.h"
+#include "../src/graph/graph.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -469,15 +470,19 @@ core_filter_fail(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
 static void
 register_core_ops(void)
 {
-	static const cachew_op_def null_map = {.name = "core_test_null",
+	static const cachew_op_def null_map = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_null",
 	    .kind = CACHEW_OP_MAP, .map = core_null_map};
-	static const cachew_op_def filter_fail = {.name = "core_test_ffail",
+	static const cachew_op_def filter_fail = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_ffail",
 	    .kind = CACHEW_OP_FILTER, .filter = core_filter_fail};
 	ck_assert_int_eq(cachew_op_register(&null_map), CACHEW_OK);
 	ck_assert_int_eq(cachew_op_register(&filter_fail), CACHEW_OK);
 	static const cachew_op_def fail = {
-	    .name = "core_test_fail", .kind = CACHEW_OP_MAP, .map = core_fail_map};
-	static const cachew_op_def seed = {.name = "core_test_seed",
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_fail",
+	    .kind = CACHEW_OP_MAP, .map = core_fail_map};
+	static const cachew_op_def seed = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_seed",
 	    .kind = CACHEW_OP_MAP,
 	    .flags = CACHEW_OP_RANDOM,
 	    .map = core_seed_map};
@@ -495,7 +500,8 @@ core_setup(void)
 
 START_TEST(register_rejects_bad_definitions)
 {
-	cachew_op_def d = {.name = "Bad-Name", .kind = CACHEW_OP_MAP,
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "Bad-Name", .kind = CACHEW_OP_MAP,
 	    .map = core_fail_map};
 	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
 	d.name = "core_test_fail";
@@ -511,9 +517,137 @@ START_TEST(register_rejects_bad_definitions)
 }
 END_TEST
 
+/* A definition written against version 1 of cachew_op_def (cachew.h): the
+ * fields up to flat_close, without doc. Built the way an old plugin's
+ * static definition is laid out, so the registry must read no further. */
+typedef struct op_def_v1 {
+	unsigned version;
+	const char *name;
+	cachew_op_kind kind;
+	unsigned flags;
+	double cost_ns;
+	cachew_err (*init)(const cachew_params *params, void **state,
+	    char *err, size_t errlen);
+	void (*fini)(void *state);
+	cachew_map_fn map;
+	cachew_filter_fn filter;
+	cachew_err (*flat_open)(
+	    cachew_op_ctx *ctx, const cachew_element *in, void **seq);
+	cachew_err (*flat_next)(
+	    cachew_op_ctx *ctx, void *seq, cachew_element **out);
+	void (*flat_close)(void *seq);
+} op_def_v1;
+_Static_assert(sizeof(op_def_v1) == offsetof(cachew_op_def, doc),
+    "version 1 of cachew_op_def ends where doc begins");
+
+START_TEST(register_takes_the_current_op_def_version)
+{
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "core_test_current", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map, .doc = "core_test_current(): passes"};
+	const cwi_fn *fn;
+
+	ck_assert_msg(cachew_op_register(&d) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	fn = cwi_fn_lookup("core_test_current");
+	ck_assert_ptr_nonnull(fn);
+	ck_assert_str_eq(fn->def.doc, "core_test_current(): passes");
+}
+END_TEST
+
+START_TEST(register_takes_a_version_1_op_def_without_doc)
+{
+	/* Exactly the bytes of a version 1 definition on the heap: a read of
+	 * the doc field it lacks is an overflow under make asan. */
+	op_def_v1 *v1 = malloc(sizeof(*v1));
+	cachew_element **out = NULL;
+	const cwi_fn *fn;
+	char *got;
+	size_t n = 0;
+
+	ck_assert_ptr_nonnull(v1);
+	memset(v1, 0, sizeof(*v1));
+	v1->version = 1;
+	v1->name = "core_test_v1";
+	v1->kind = CACHEW_OP_MAP;
+	v1->map = core_fail_map;
+	ck_assert_msg(cachew_op_register((const cachew_op_def *)v1) ==
+		CACHEW_OK, "%s", cachew_errmsg());
+	free(v1); /* the registry keeps its own copy */
+	fn = cwi_fn_lookup("core_test_v1");
+	ck_assert_ptr_nonnull(fn);
+	ck_assert_ptr_null(fn->def.doc);
+	ck_assert_int_eq(cwt_run("range(4) | map(core_test_v1)", NULL, &out,
+			     &n, NULL, 0), CACHEW_OK);
+	got = cwt_join_i64(out, n, 0);
+	ck_assert_str_eq(got, "0,1,2,3");
+	free(got);
+	cwt_free(out, n);
+}
+END_TEST
+
+START_TEST(register_refuses_a_newer_op_def_version_naming_both)
+{
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION + 1,
+	    .name = "core_test_future", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	char want[256];
+
+	snprintf(want, sizeof(want),
+	    "operator 'core_test_future' (not from a plugin): cachew_op_def "
+	    "version %d is newer than this library's %d: build it against "
+	    "this library's cachew.h or upgrade cachew",
+	    CACHEW_OP_DEF_VERSION + 1, CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_ENOTSUP);
+	ck_assert_str_eq(cachew_errmsg(), want);
+	ck_assert_ptr_null(cwi_fn_lookup("core_test_future"));
+}
+END_TEST
+
+START_TEST(register_refuses_an_unset_op_def_version)
+{
+	cachew_op_def d = {.name = "core_test_unset", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	char want[256];
+
+	snprintf(want, sizeof(want),
+	    "operator 'core_test_unset' (not from a plugin): cachew_op_def "
+	    "version 0: set .version = CACHEW_OP_DEF_VERSION (this library "
+	    "reads versions 1 to %d)", CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
+	ck_assert_str_eq(cachew_errmsg(), want);
+	ck_assert_ptr_null(cwi_fn_lookup("core_test_unset"));
+}
+END_TEST
+
+START_TEST(register_refuses_a_garbage_version_without_reading_on)
+{
+	/* What a definition built before the version field looks like from
+	 * here: the name pointer's low word where the version is, and the
+	 * kind and flags where the name pointer is. Reading that "name"
+	 * would crash. */
+	cachew_op_def d;
+	uintptr_t kind_and_flags = 0x1;
+	char want[256];
+
+	memset(&d, 0, sizeof(d));
+	d.version = 0x5566aa10u;
+	memcpy((char *)&d + offsetof(cachew_op_def, name), &kind_and_flags,
+	    sizeof(kind_and_flags));
+	snprintf(want, sizeof(want),
+	    "an operator (not from a plugin): cachew_op_def version "
+	    "1432791568 is not a version (this library reads 1 to %d): was it "
+	    "built against a cachew.h without the version field?",
+	    CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_ENOTSUP);
+	ck_assert_str_eq(cachew_errmsg(), want);
+}
+END_TEST
+
 START_TEST(registration_is_logged_to_the_sink)
 {
-	cachew_op_def d = {.name = "core_test_logged", .kind = CACHEW_OP_MAP,
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "core_test_logged", .kind = CACHEW_OP_MAP,
 	    .map = core_fail_map};
 	log_seen[0] = '\0';
 	cachew_log_set(capture_log, NULL, CACHEW_LOG_DEBUG);
@@ -981,6 +1115,11 @@ cwt_core_suite(void)
 	tcase_add_test(tc, option_table_is_described);
 	tcase_add_test(tc, register_rejects_bad_definitions);
 	tcase_add_test(tc, registration_is_logged_to_the_sink);
+	tcase_add_test(tc, register_takes_the_current_op_def_version);
+	tcase_add_test(tc, register_takes_a_version_1_op_def_without_doc);
+	tcase_add_test(tc, register_refuses_a_newer_op_def_version_naming_both);
+	tcase_add_test(tc, register_refuses_an_unset_op_def_version);
+	tcase_add_test(tc, register_refuses_a_garbage_version_without_reading_on);
 	tcase_add_test(tc, apply_reports_bad_graphs);
 	tcase_add_test(tc, fingerprint_covers_data_not_speed);
 	tcase_add_test(tc, map_error_stops_iterator_with_message);

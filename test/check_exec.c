@@ -119,12 +119,16 @@ count_close(void *seq)
 }
 
 static const cachew_op_def test_fns[] = {
-    {.name = "exec_test_fail", .kind = CACHEW_OP_MAP, .map = fail_map},
-    {.name = "exec_test_perm", .kind = CACHEW_OP_MAP, .map = perm_map},
-    {.name = "exec_test_count", .kind = CACHEW_OP_FLAT_MAP,
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_fail",
+	.kind = CACHEW_OP_MAP, .map = fail_map},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_perm",
+	.kind = CACHEW_OP_MAP, .map = perm_map},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_count",
+	.kind = CACHEW_OP_FLAT_MAP,
 	.flat_open = count_open, .flat_next = count_next,
 	.flat_close = count_close},
-    {.name = "exec_test_count_fail", .kind = CACHEW_OP_FLAT_MAP,
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_count_fail",
+	.kind = CACHEW_OP_FLAT_MAP,
 	.flat_open = count_fail_open, .flat_next = count_next,
 	.flat_close = count_close},
 };
