@@ -28,6 +28,16 @@ extern "C" {
 #define CACHEW_PRINTF(f, a)
 #endif
 
+/* Marks a deprecated name: it keeps working (and stays exported, so
+ * programs linked against it keep running), and the compiler points to its
+ * replacement. Define CACHEW_NO_DEPRECATION_WARNINGS before including this
+ * header to silence the warnings. */
+#if defined(__GNUC__) && !defined(CACHEW_NO_DEPRECATION_WARNINGS)
+#define CACHEW_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define CACHEW_DEPRECATED(msg)
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Version                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -209,7 +219,7 @@ CACHEW_API cachew_err cachew_dtype_from_name(
 /* A tensor: a dtype, a shape (rank <= 8) and a view of a refcounted,
  * immutable buffer. Fixed-width tensors are dense, row-major. BYTES tensors
  * hold numel variable-length strings (Arrow-style offsets + data).
- * Tensors are values: copying one shares its buffer and never copies data.
+ * Tensors are values: retaining one shares its buffer and never copies data.
  * A tensor handle is used by one thread at a time; the buffers it shares are
  * immutable and may be read from any thread. */
 typedef struct cachew_tensor cachew_tensor;
@@ -230,7 +240,7 @@ CACHEW_API cachew_err cachew_tensor_bytes_at(
 
 /* Creates a fixed-width tensor over a new zeroed buffer and returns a
  * writable pointer to it in *data. The pointer may be written until the
- * tensor is first shared (copied, sliced or put into an element). */
+ * tensor is first shared (retained, sliced or put into an element). */
 CACHEW_API cachew_err cachew_tensor_create(cachew_tensor **out,
     cachew_dtype dtype, unsigned rank, const int64_t *shape, void **data);
 /* Wraps caller memory without copying. On success the tensor owns `data` and
@@ -251,10 +261,31 @@ CACHEW_API cachew_err cachew_tensor_create_scalar(
 /* A zero-copy view of rows [start, start + count) along dimension 0. */
 CACHEW_API cachew_err cachew_tensor_slice(cachew_tensor **out,
     const cachew_tensor *t, int64_t start, int64_t count);
-/* A new handle sharing t's buffer. */
-CACHEW_API cachew_err cachew_tensor_copy(
+/* Takes another reference to t's buffer as a new handle in *out: the
+ * values are shared, not copied (a tensor of at most 16 bytes keeps its
+ * values in the handle, and they come along). Unlike
+ * cachew_element_retain, the reference is a second handle: release each
+ * handle once with cachew_tensor_release(). CACHEW_ENOMEM if the handle
+ * cannot be allocated (*out untouched). t is only read, and after this
+ * call neither handle's values may be written. The new handle may be
+ * passed to another thread. Since 0.1 (formerly cachew_tensor_copy). */
+CACHEW_API cachew_err cachew_tensor_retain(
     cachew_tensor **out, const cachew_tensor *t);
-CACHEW_API void cachew_tensor_destroy(cachew_tensor *t);
+/* Frees the handle t and drops its reference to the buffer, which is freed
+ * (or handed to cachew_tensor_wrap's free_fn) when its last view, in a
+ * handle or an element, is gone. NULL is a no-op. Tensors share
+ * refcounted buffers, so they are released like elements and datasets.
+ * Since 0.1 (formerly cachew_tensor_destroy). */
+CACHEW_API void cachew_tensor_release(cachew_tensor *t);
+/* Deprecated: the former name of cachew_tensor_retain, which it calls. It
+ * never copied the values, despite its name. Kept, and exported, so
+ * existing programs and plugins build and run. */
+CACHEW_API CACHEW_DEPRECATED("use cachew_tensor_retain: it shares the buffer")
+cachew_err cachew_tensor_copy(cachew_tensor **out, const cachew_tensor *t);
+/* Deprecated: the former name of cachew_tensor_release, which it calls.
+ * Kept, and exported, so existing programs and plugins build and run. */
+CACHEW_API CACHEW_DEPRECATED("use cachew_tensor_release")
+void cachew_tensor_destroy(cachew_tensor *t);
 
 /* An element: an ordered tuple of 1..64 tensors (its components), the unit
  * a pipeline yields. Refcounted; an element is immutable once shared

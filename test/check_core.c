@@ -70,10 +70,47 @@ START_TEST(tensor_create_is_zeroed_and_shaped)
 		ck_assert(((float *)data)[i] == 0.0f);
 	((float *)data)[5] = 2.5f;
 	ck_assert(((const float *)cachew_tensor_data(t))[5] == 2.5f);
+	cachew_tensor_release(t);
+	cachew_tensor_release(NULL);
+}
+END_TEST
+
+START_TEST(tensor_retain_shares_the_buffer)
+{
+	int64_t shape[1] = {64};
+	cachew_tensor *t, *r;
+	void *data;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 1, shape, &data),
+	    CACHEW_OK);
+	((int64_t *)data)[63] = 42;
+	ck_assert_int_eq(cachew_tensor_retain(&r, t), CACHEW_OK);
+	ck_assert_ptr_ne(r, t);
+	ck_assert_ptr_eq(cachew_tensor_data(r), cachew_tensor_data(t));
+	cachew_tensor_release(t);
+	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(r))[63], 42);
+	cachew_tensor_release(r);
+}
+END_TEST
+
+/* The names before the ABI review stay usable: same functions. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+START_TEST(tensor_copy_and_destroy_still_retain_and_release)
+{
+	int64_t shape[1] = {64};
+	cachew_tensor *t, *c;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 1, shape, NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_copy(&c, t), CACHEW_OK);
+	ck_assert_ptr_eq(cachew_tensor_data(c), cachew_tensor_data(t));
 	cachew_tensor_destroy(t);
+	cachew_tensor_destroy(c);
 	cachew_tensor_destroy(NULL);
 }
 END_TEST
+#pragma GCC diagnostic pop
 
 START_TEST(tensor_rejects_bad_shapes)
 {
@@ -120,10 +157,10 @@ START_TEST(tensor_wrap_frees_after_last_view)
 	ck_assert_int_eq(cachew_tensor_slice(&s, t, 100, 50), CACHEW_OK);
 	/* Zero copy: the slice points into the wrapped memory. */
 	ck_assert_ptr_eq(cachew_tensor_data(s), mem + 100);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_int_eq(wrap_frees, 0);
 	ck_assert_int_eq(((const int32_t *)cachew_tensor_data(s))[49], 149);
-	cachew_tensor_destroy(s);
+	cachew_tensor_release(s);
 	ck_assert_int_eq(wrap_frees, 1);
 	ck_assert_int_eq(cachew_tensor_wrap(&t, CACHEW_I32, 1, shape, mem,
 			     3999, count_free, NULL),
@@ -148,8 +185,8 @@ START_TEST(tensor_slice_checks_bounds)
 	ck_assert_int_eq(cachew_tensor_shape(s)[1], 2);
 	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[0], 2);
 	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[3], 5);
-	cachew_tensor_destroy(s);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(s);
+	cachew_tensor_release(t);
 }
 END_TEST
 
@@ -178,12 +215,12 @@ START_TEST(bytes_tensor_holds_strings_and_slices)
 	ck_assert_int_eq(cachew_tensor_slice(&one, s, 1, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
 	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
-	cachew_tensor_destroy(t);
-	cachew_tensor_destroy(s);
+	cachew_tensor_release(t);
+	cachew_tensor_release(s);
 	/* The view outlives the tensors it came from. */
 	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
 	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
-	cachew_tensor_destroy(one);
+	cachew_tensor_release(one);
 }
 END_TEST
 
@@ -202,12 +239,12 @@ START_TEST(element_set_and_read_components)
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_I64, &v),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_F64, &f),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 1, t), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 2, t), CACHEW_ERANGE);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_uint_eq(cachew_element_size(e), 2);
 	ck_assert_int_eq(cwt_i64(e, 0), 42);
 	ck_assert(cwt_f64(e, 1) == 0.5);
@@ -279,7 +316,7 @@ START_TEST(compact_copies_small_views_of_big_blocks)
 	ck_assert_int_eq(cachew_tensor_slice(&line, block, 5000, 100), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
-	cachew_tensor_destroy(line);
+	cachew_tensor_release(line);
 	e = cwi_element_compact(e);
 	ck_assert_ptr_nonnull(e);
 	const cachew_tensor *t = cachew_element_component(e, 0);
@@ -292,11 +329,11 @@ START_TEST(compact_copies_small_views_of_big_blocks)
 	ck_assert_int_eq(cachew_tensor_slice(&line, block, 0, 900000), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
-	cachew_tensor_destroy(line);
+	cachew_tensor_release(line);
 	e = cwi_element_compact(e);
 	ck_assert_ptr_eq(cachew_tensor_data(cachew_element_component(e, 0)), d);
 	cachew_element_release(e);
-	cachew_tensor_destroy(block);
+	cachew_tensor_release(block);
 }
 END_TEST
 
@@ -444,7 +481,7 @@ core_seed_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	    cachew_tensor_create_scalar(&t, CACHEW_I64, &v) != CACHEW_OK)
 		return cachew_op_ctx_fail(ctx, "out of memory");
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -1102,6 +1139,8 @@ cwt_core_suite(void)
 	tcase_add_test(tc, strerror_names_every_code);
 	tcase_add_test(tc, dtype_names_round_trip);
 	tcase_add_test(tc, tensor_create_is_zeroed_and_shaped);
+	tcase_add_test(tc, tensor_retain_shares_the_buffer);
+	tcase_add_test(tc, tensor_copy_and_destroy_still_retain_and_release);
 	tcase_add_test(tc, tensor_rejects_bad_shapes);
 	tcase_add_test(tc, tensor_wrap_frees_after_last_view);
 	tcase_add_test(tc, tensor_slice_checks_bounds);

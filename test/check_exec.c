@@ -51,7 +51,7 @@ perm_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	cachew_tensor *t;
 	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -107,7 +107,7 @@ count_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
 		return CACHEW_ENOMEM;
 	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }

@@ -79,7 +79,7 @@ dup_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_I64, &s->x),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -194,7 +194,7 @@ set_strings(cachew_element *e, size_t c, unsigned rank, const int64_t *shape,
 	ck_assert_int_eq(cachew_tensor_create_bytes(&t, rank, shape, items, lens),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, c, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 }
 
 /* str: x -> the bytes scalar "s<x>" */
@@ -213,7 +213,7 @@ str_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	ck_assert_int_eq(cachew_tensor_create_bytes(&t, 0, NULL, items, lens),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	cachew_element_release(in);
 	*out = e;
 	return CACHEW_OK;
