@@ -731,8 +731,9 @@ CACHEW_API cachew_err cachew_dataset_from_tensors(
 /* One element per item of the literal list ("[1, 2, 3]"). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_from_list(
     cachew_dataset **out, const char *values);
-/* The paths matching glob, as bytes scalars; shuffled (with seed, -1 =
- * derived from the pipeline seed) when shuffle is nonzero. Since 0.1. */
+/* The paths matching glob, as bytes scalars: sorted, or when shuffle is
+ * nonzero shuffled anew each epoch (seed -1: derived from the pipeline
+ * seed). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_list_files(
     cachew_dataset **out, const char *glob, int shuffle, int64_t seed);
 /* The lines of nfiles text files, without their line ends, as bytes
@@ -782,7 +783,8 @@ CACHEW_API cachew_err cachew_dataset_padded_batch(cachew_dataset **out,
 CACHEW_API cachew_err cachew_dataset_unbatch(
     cachew_dataset **out, cachew_dataset *in);
 /* Shuffles through a buffer of `buffer` elements. seed -1: derived from
- * the pipeline seed; reshuffle: a new order each epoch. Since 0.1. */
+ * the pipeline seed; reshuffle: a new order each epoch (each repetition
+ * under repeat). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_shuffle(cachew_dataset **out,
     cachew_dataset *in, int64_t buffer, int64_t seed, int reshuffle);
 /* Repeats the input count times; count -1: forever. Since 0.1. */
