@@ -232,9 +232,9 @@ CACHEW_API cachew_err cachew_options_get_bool(
 CACHEW_API cachew_err cachew_options_get_str(
     const cachew_options *opts, const char *name, const char **out);
 /* The detail of the last failed call on opts ("option 'threads' must be in
- * [0, 1024], not -3"); successful calls leave it alone. Owned by opts and
- * valid until its next failing call or its destruction. Empty, never NULL,
- * before any failure. Since 0.1. */
+ * [0, 1024], not -3"); successful calls leave it alone. Owned by opts: the
+ * pointer is valid until opts is destroyed, the text is replaced by the
+ * next failing call. Empty, never NULL, before any failure. Since 0.1. */
 CACHEW_API const char *cachew_options_errmsg(const cachew_options *opts);
 
 /* Describes option i of the table (0-based) for help output: its name,
