@@ -90,6 +90,12 @@ $(BUILD)/plugin_example.so: examples/plugin/plugin_example.c include/cachew.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -shared -o $@ $<
 
+# A plugin whose definition claims a newer cachew_op_def version: the
+# registry tests load it to see it refused.
+$(BUILD)/plugin_newer_def.so: test/plugin/plugin_newer_def.c include/cachew.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -shared -o $@ $<
+
 $(BUILD)/train_loop: examples/train_loop.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(DEP_LIBS)
 
@@ -112,7 +118,8 @@ check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 check-layers: $(BUILD)/libcachew.a
 	@python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
 
-check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so $(FUZZ_REPLAY) check-symbols check-layers
+check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
+	$(BUILD)/plugin_newer_def.so $(FUZZ_REPLAY) check-symbols check-layers
 	@for f in $(FUZZ_REPLAY); do \
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
@@ -141,7 +148,8 @@ tsan: deps
 # a test that exits without exec (a provisioner's failed exec) is a copy of
 # the whole test process: its leak report is not the suite's, so children
 # stay silent.
-valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so
+valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
+	$(BUILD)/plugin_newer_def.so
 	CK_FORK=no CWT_VALGRIND=1 CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
 		--child-silent-after-fork=yes \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \

@@ -643,12 +643,51 @@ dummy_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 
 START_TEST(plugin_duplicate_name_is_eexist)
 {
-	cachew_op_def def = {.name = "square", .kind = CACHEW_OP_MAP,
+	cachew_op_def def = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "square", .kind = CACHEW_OP_MAP,
 	    .map = dummy_map};
 
 	load_example_plugin();
 	ck_assert_int_eq(cachew_op_register(&def), CACHEW_EEXIST);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "square"));
+}
+END_TEST
+
+static char registry_warning[1024];
+
+static void
+capture_registry_warning(void *ctx, cachew_log_level level,
+    const char *module, const char *msg)
+{
+	(void)ctx;
+	if (level == CACHEW_LOG_WARN && strcmp(module, "registry") == 0)
+		snprintf(registry_warning, sizeof(registry_warning), "%s", msg);
+}
+
+/* A plugin built against a newer cachew.h: its definition is refused, the
+ * load fails, and both the error and a WARN line (for a plugin that would
+ * carry on regardless) name the operator, the file and both versions. */
+START_TEST(plugin_with_a_newer_op_def_is_refused_naming_it)
+{
+	char so[512], why[1024], want[2048];
+	cachew_dataset *ds = NULL;
+
+	snprintf(so, sizeof(so), "%s/plugin_newer_def.so", cwt_build_dir());
+	snprintf(why, sizeof(why),
+	    "operator 'future_pass' (plugin '%s'): cachew_op_def version %d "
+	    "is newer than this library's %d: build it against this "
+	    "library's cachew.h or upgrade cachew",
+	    so, CACHEW_OP_DEF_VERSION + 1, CACHEW_OP_DEF_VERSION);
+	snprintf(want, sizeof(want), "plugin '%s' failed to initialise: %s",
+	    so, why);
+	registry_warning[0] = '\0';
+	cachew_log_set(capture_registry_warning, NULL, CACHEW_LOG_WARN);
+	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_ENOTSUP);
+	cachew_log_set(NULL, NULL, CACHEW_LOG_WARN);
+	ck_assert_str_eq(cachew_errmsg(), want);
+	ck_assert_str_eq(registry_warning, why);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(3) | map(future_pass)"),
+	    CACHEW_ENOENT);
 }
 END_TEST
 
@@ -699,6 +738,7 @@ cwt_cli_suite(void)
 	tcase_add_test(plugin, plugin_load_twice_is_ok);
 	tcase_add_test(plugin, plugin_load_missing_path_is_enoent);
 	tcase_add_test(plugin, plugin_duplicate_name_is_eexist);
+	tcase_add_test(plugin, plugin_with_a_newer_op_def_is_refused_naming_it);
 	suite_add_tcase(s, plugin);
 	return s;
 }

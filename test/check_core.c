@@ -4,6 +4,7 @@
  */
 #include "cwt.h"
 #include "../src/core/core.h"
+#include "../src/graph/graph.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -69,10 +70,47 @@ START_TEST(tensor_create_is_zeroed_and_shaped)
 		ck_assert(((float *)data)[i] == 0.0f);
 	((float *)data)[5] = 2.5f;
 	ck_assert(((const float *)cachew_tensor_data(t))[5] == 2.5f);
+	cachew_tensor_release(t);
+	cachew_tensor_release(NULL);
+}
+END_TEST
+
+START_TEST(tensor_retain_shares_the_buffer)
+{
+	int64_t shape[1] = {64};
+	cachew_tensor *t, *r;
+	void *data;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 1, shape, &data),
+	    CACHEW_OK);
+	((int64_t *)data)[63] = 42;
+	ck_assert_int_eq(cachew_tensor_retain(&r, t), CACHEW_OK);
+	ck_assert_ptr_ne(r, t);
+	ck_assert_ptr_eq(cachew_tensor_data(r), cachew_tensor_data(t));
+	cachew_tensor_release(t);
+	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(r))[63], 42);
+	cachew_tensor_release(r);
+}
+END_TEST
+
+/* The names before the ABI review stay usable: same functions. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+START_TEST(tensor_copy_and_destroy_still_retain_and_release)
+{
+	int64_t shape[1] = {64};
+	cachew_tensor *t, *c;
+
+	ck_assert_int_eq(cachew_tensor_create(&t, CACHEW_I64, 1, shape, NULL),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_tensor_copy(&c, t), CACHEW_OK);
+	ck_assert_ptr_eq(cachew_tensor_data(c), cachew_tensor_data(t));
 	cachew_tensor_destroy(t);
+	cachew_tensor_destroy(c);
 	cachew_tensor_destroy(NULL);
 }
 END_TEST
+#pragma GCC diagnostic pop
 
 START_TEST(tensor_rejects_bad_shapes)
 {
@@ -119,10 +157,10 @@ START_TEST(tensor_wrap_frees_after_last_view)
 	ck_assert_int_eq(cachew_tensor_slice(&s, t, 100, 50), CACHEW_OK);
 	/* Zero copy: the slice points into the wrapped memory. */
 	ck_assert_ptr_eq(cachew_tensor_data(s), mem + 100);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_int_eq(wrap_frees, 0);
 	ck_assert_int_eq(((const int32_t *)cachew_tensor_data(s))[49], 149);
-	cachew_tensor_destroy(s);
+	cachew_tensor_release(s);
 	ck_assert_int_eq(wrap_frees, 1);
 	ck_assert_int_eq(cachew_tensor_wrap(&t, CACHEW_I32, 1, shape, mem,
 			     3999, count_free, NULL),
@@ -147,8 +185,8 @@ START_TEST(tensor_slice_checks_bounds)
 	ck_assert_int_eq(cachew_tensor_shape(s)[1], 2);
 	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[0], 2);
 	ck_assert_int_eq(((const int64_t *)cachew_tensor_data(s))[3], 5);
-	cachew_tensor_destroy(s);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(s);
+	cachew_tensor_release(t);
 }
 END_TEST
 
@@ -177,12 +215,12 @@ START_TEST(bytes_tensor_holds_strings_and_slices)
 	ck_assert_int_eq(cachew_tensor_slice(&one, s, 1, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
 	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
-	cachew_tensor_destroy(t);
-	cachew_tensor_destroy(s);
+	cachew_tensor_release(t);
+	cachew_tensor_release(s);
 	/* The view outlives the tensors it came from. */
 	ck_assert_int_eq(cachew_tensor_bytes_at(one, 0, &p, &len), CACHEW_OK);
 	ck_assert_int_eq(memcmp(p, "gamma ray", 9), 0);
-	cachew_tensor_destroy(one);
+	cachew_tensor_release(one);
 }
 END_TEST
 
@@ -201,12 +239,12 @@ START_TEST(element_set_and_read_components)
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_I64, &v),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_F64, &f),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 1, t), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 2, t), CACHEW_ERANGE);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	ck_assert_uint_eq(cachew_element_size(e), 2);
 	ck_assert_int_eq(cwt_i64(e, 0), 42);
 	ck_assert(cwt_f64(e, 1) == 0.5);
@@ -278,7 +316,7 @@ START_TEST(compact_copies_small_views_of_big_blocks)
 	ck_assert_int_eq(cachew_tensor_slice(&line, block, 5000, 100), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
-	cachew_tensor_destroy(line);
+	cachew_tensor_release(line);
 	e = cwi_element_compact(e);
 	ck_assert_ptr_nonnull(e);
 	const cachew_tensor *t = cachew_element_component(e, 0);
@@ -291,11 +329,11 @@ START_TEST(compact_copies_small_views_of_big_blocks)
 	ck_assert_int_eq(cachew_tensor_slice(&line, block, 0, 900000), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_create(&e, 1), CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, line), CACHEW_OK);
-	cachew_tensor_destroy(line);
+	cachew_tensor_release(line);
 	e = cwi_element_compact(e);
 	ck_assert_ptr_eq(cachew_tensor_data(cachew_element_component(e, 0)), d);
 	cachew_element_release(e);
-	cachew_tensor_destroy(block);
+	cachew_tensor_release(block);
 }
 END_TEST
 
@@ -443,7 +481,7 @@ core_seed_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	    cachew_tensor_create_scalar(&t, CACHEW_I64, &v) != CACHEW_OK)
 		return cachew_op_ctx_fail(ctx, "out of memory");
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -469,15 +507,19 @@ core_filter_fail(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
 static void
 register_core_ops(void)
 {
-	static const cachew_op_def null_map = {.name = "core_test_null",
+	static const cachew_op_def null_map = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_null",
 	    .kind = CACHEW_OP_MAP, .map = core_null_map};
-	static const cachew_op_def filter_fail = {.name = "core_test_ffail",
+	static const cachew_op_def filter_fail = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_ffail",
 	    .kind = CACHEW_OP_FILTER, .filter = core_filter_fail};
 	ck_assert_int_eq(cachew_op_register(&null_map), CACHEW_OK);
 	ck_assert_int_eq(cachew_op_register(&filter_fail), CACHEW_OK);
 	static const cachew_op_def fail = {
-	    .name = "core_test_fail", .kind = CACHEW_OP_MAP, .map = core_fail_map};
-	static const cachew_op_def seed = {.name = "core_test_seed",
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_fail",
+	    .kind = CACHEW_OP_MAP, .map = core_fail_map};
+	static const cachew_op_def seed = {
+	    .version = CACHEW_OP_DEF_VERSION, .name = "core_test_seed",
 	    .kind = CACHEW_OP_MAP,
 	    .flags = CACHEW_OP_RANDOM,
 	    .map = core_seed_map};
@@ -495,7 +537,8 @@ core_setup(void)
 
 START_TEST(register_rejects_bad_definitions)
 {
-	cachew_op_def d = {.name = "Bad-Name", .kind = CACHEW_OP_MAP,
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "Bad-Name", .kind = CACHEW_OP_MAP,
 	    .map = core_fail_map};
 	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
 	d.name = "core_test_fail";
@@ -511,9 +554,137 @@ START_TEST(register_rejects_bad_definitions)
 }
 END_TEST
 
+/* A definition written against version 1 of cachew_op_def (cachew.h): the
+ * fields up to flat_close, without doc. Built the way an old plugin's
+ * static definition is laid out, so the registry must read no further. */
+typedef struct op_def_v1 {
+	unsigned version;
+	const char *name;
+	cachew_op_kind kind;
+	unsigned flags;
+	double cost_ns;
+	cachew_err (*init)(const cachew_params *params, void **state,
+	    char *err, size_t errlen);
+	void (*fini)(void *state);
+	cachew_map_fn map;
+	cachew_filter_fn filter;
+	cachew_err (*flat_open)(
+	    cachew_op_ctx *ctx, const cachew_element *in, void **seq);
+	cachew_err (*flat_next)(
+	    cachew_op_ctx *ctx, void *seq, cachew_element **out);
+	void (*flat_close)(void *seq);
+} op_def_v1;
+_Static_assert(sizeof(op_def_v1) == offsetof(cachew_op_def, doc),
+    "version 1 of cachew_op_def ends where doc begins");
+
+START_TEST(register_takes_the_current_op_def_version)
+{
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "core_test_current", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map, .doc = "core_test_current(): passes"};
+	const cwi_fn *fn;
+
+	ck_assert_msg(cachew_op_register(&d) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	fn = cwi_fn_lookup("core_test_current");
+	ck_assert_ptr_nonnull(fn);
+	ck_assert_str_eq(fn->def.doc, "core_test_current(): passes");
+}
+END_TEST
+
+START_TEST(register_takes_a_version_1_op_def_without_doc)
+{
+	/* Exactly the bytes of a version 1 definition on the heap: a read of
+	 * the doc field it lacks is an overflow under make asan. */
+	op_def_v1 *v1 = malloc(sizeof(*v1));
+	cachew_element **out = NULL;
+	const cwi_fn *fn;
+	char *got;
+	size_t n = 0;
+
+	ck_assert_ptr_nonnull(v1);
+	memset(v1, 0, sizeof(*v1));
+	v1->version = 1;
+	v1->name = "core_test_v1";
+	v1->kind = CACHEW_OP_MAP;
+	v1->map = core_fail_map;
+	ck_assert_msg(cachew_op_register((const cachew_op_def *)v1) ==
+		CACHEW_OK, "%s", cachew_errmsg());
+	free(v1); /* the registry keeps its own copy */
+	fn = cwi_fn_lookup("core_test_v1");
+	ck_assert_ptr_nonnull(fn);
+	ck_assert_ptr_null(fn->def.doc);
+	ck_assert_int_eq(cwt_run("range(4) | map(core_test_v1)", NULL, &out,
+			     &n, NULL, 0), CACHEW_OK);
+	got = cwt_join_i64(out, n, 0);
+	ck_assert_str_eq(got, "0,1,2,3");
+	free(got);
+	cwt_free(out, n);
+}
+END_TEST
+
+START_TEST(register_refuses_a_newer_op_def_version_naming_both)
+{
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION + 1,
+	    .name = "core_test_future", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	char want[256];
+
+	snprintf(want, sizeof(want),
+	    "operator 'core_test_future' (not from a plugin): cachew_op_def "
+	    "version %d is newer than this library's %d: build it against "
+	    "this library's cachew.h or upgrade cachew",
+	    CACHEW_OP_DEF_VERSION + 1, CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_ENOTSUP);
+	ck_assert_str_eq(cachew_errmsg(), want);
+	ck_assert_ptr_null(cwi_fn_lookup("core_test_future"));
+}
+END_TEST
+
+START_TEST(register_refuses_an_unset_op_def_version)
+{
+	cachew_op_def d = {.name = "core_test_unset", .kind = CACHEW_OP_MAP,
+	    .map = core_fail_map};
+	char want[256];
+
+	snprintf(want, sizeof(want),
+	    "operator 'core_test_unset' (not from a plugin): cachew_op_def "
+	    "version 0: set .version = CACHEW_OP_DEF_VERSION (this library "
+	    "reads versions 1 to %d)", CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_EINVAL);
+	ck_assert_str_eq(cachew_errmsg(), want);
+	ck_assert_ptr_null(cwi_fn_lookup("core_test_unset"));
+}
+END_TEST
+
+START_TEST(register_refuses_a_garbage_version_without_reading_on)
+{
+	/* What a definition built before the version field looks like from
+	 * here: the name pointer's low word where the version is, and the
+	 * kind and flags where the name pointer is. Reading that "name"
+	 * would crash. */
+	cachew_op_def d;
+	uintptr_t kind_and_flags = 0x1;
+	char want[256];
+
+	memset(&d, 0, sizeof(d));
+	d.version = 0x5566aa10u;
+	memcpy((char *)&d + offsetof(cachew_op_def, name), &kind_and_flags,
+	    sizeof(kind_and_flags));
+	snprintf(want, sizeof(want),
+	    "an operator (not from a plugin): cachew_op_def version "
+	    "1432791568 is not a version (this library reads 1 to %d): was it "
+	    "built against a cachew.h without the version field?",
+	    CACHEW_OP_DEF_VERSION);
+	ck_assert_int_eq(cachew_op_register(&d), CACHEW_ENOTSUP);
+	ck_assert_str_eq(cachew_errmsg(), want);
+}
+END_TEST
+
 START_TEST(registration_is_logged_to_the_sink)
 {
-	cachew_op_def d = {.name = "core_test_logged", .kind = CACHEW_OP_MAP,
+	cachew_op_def d = {.version = CACHEW_OP_DEF_VERSION,
+	    .name = "core_test_logged", .kind = CACHEW_OP_MAP,
 	    .map = core_fail_map};
 	log_seen[0] = '\0';
 	cachew_log_set(capture_log, NULL, CACHEW_LOG_DEBUG);
@@ -968,6 +1139,8 @@ cwt_core_suite(void)
 	tcase_add_test(tc, strerror_names_every_code);
 	tcase_add_test(tc, dtype_names_round_trip);
 	tcase_add_test(tc, tensor_create_is_zeroed_and_shaped);
+	tcase_add_test(tc, tensor_retain_shares_the_buffer);
+	tcase_add_test(tc, tensor_copy_and_destroy_still_retain_and_release);
 	tcase_add_test(tc, tensor_rejects_bad_shapes);
 	tcase_add_test(tc, tensor_wrap_frees_after_last_view);
 	tcase_add_test(tc, tensor_slice_checks_bounds);
@@ -981,6 +1154,11 @@ cwt_core_suite(void)
 	tcase_add_test(tc, option_table_is_described);
 	tcase_add_test(tc, register_rejects_bad_definitions);
 	tcase_add_test(tc, registration_is_logged_to_the_sink);
+	tcase_add_test(tc, register_takes_the_current_op_def_version);
+	tcase_add_test(tc, register_takes_a_version_1_op_def_without_doc);
+	tcase_add_test(tc, register_refuses_a_newer_op_def_version_naming_both);
+	tcase_add_test(tc, register_refuses_an_unset_op_def_version);
+	tcase_add_test(tc, register_refuses_a_garbage_version_without_reading_on);
 	tcase_add_test(tc, apply_reports_bad_graphs);
 	tcase_add_test(tc, fingerprint_covers_data_not_speed);
 	tcase_add_test(tc, map_error_stops_iterator_with_message);

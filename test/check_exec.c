@@ -51,7 +51,7 @@ perm_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	cachew_tensor *t;
 	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -107,7 +107,7 @@ count_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
 		return CACHEW_ENOMEM;
 	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
 	cachew_element_set(e, 0, t);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -119,12 +119,16 @@ count_close(void *seq)
 }
 
 static const cachew_op_def test_fns[] = {
-    {.name = "exec_test_fail", .kind = CACHEW_OP_MAP, .map = fail_map},
-    {.name = "exec_test_perm", .kind = CACHEW_OP_MAP, .map = perm_map},
-    {.name = "exec_test_count", .kind = CACHEW_OP_FLAT_MAP,
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_fail",
+	.kind = CACHEW_OP_MAP, .map = fail_map},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_perm",
+	.kind = CACHEW_OP_MAP, .map = perm_map},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_count",
+	.kind = CACHEW_OP_FLAT_MAP,
 	.flat_open = count_open, .flat_next = count_next,
 	.flat_close = count_close},
-    {.name = "exec_test_count_fail", .kind = CACHEW_OP_FLAT_MAP,
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_count_fail",
+	.kind = CACHEW_OP_FLAT_MAP,
 	.flat_open = count_fail_open, .flat_next = count_next,
 	.flat_close = count_close},
 };

@@ -150,10 +150,13 @@ static void
 register_test_fns(void)
 {
 	static const cachew_op_def defs[] = {
-	    {.name = "cwt_any", .kind = CACHEW_OP_MAP, .init = any_init,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "cwt_any",
+		.kind = CACHEW_OP_MAP, .init = any_init,
 		.map = pass_map},
-	    {.name = "cwt_keep", .kind = CACHEW_OP_FILTER, .filter = keep_all},
-	    {.name = "cwt_flat", .kind = CACHEW_OP_FLAT_MAP,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "cwt_keep",
+		.kind = CACHEW_OP_FILTER, .filter = keep_all},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "cwt_flat",
+		.kind = CACHEW_OP_FLAT_MAP,
 		.flat_open = flat_open, .flat_next = flat_next,
 		.flat_close = flat_close},
 	};

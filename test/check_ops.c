@@ -79,7 +79,7 @@ dup_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
 	ck_assert_int_eq(cachew_tensor_create_scalar(&t, CACHEW_I64, &s->x),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	*out = e;
 	return CACHEW_OK;
 }
@@ -194,7 +194,7 @@ set_strings(cachew_element *e, size_t c, unsigned rank, const int64_t *shape,
 	ck_assert_int_eq(cachew_tensor_create_bytes(&t, rank, shape, items, lens),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, c, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 }
 
 /* str: x -> the bytes scalar "s<x>" */
@@ -213,7 +213,7 @@ str_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	ck_assert_int_eq(cachew_tensor_create_bytes(&t, 0, NULL, items, lens),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(e, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	cachew_element_release(in);
 	*out = e;
 	return CACHEW_OK;
@@ -349,23 +349,34 @@ static void
 register_all(void)
 {
 	static const cachew_op_def defs[] = {
-	    {.name = "ops_test_is_even", .kind = CACHEW_OP_FILTER,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_is_even",
+		.kind = CACHEW_OP_FILTER,
 		.filter = is_even},
-	    {.name = "ops_test_fail_at_5", .kind = CACHEW_OP_FILTER,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_fail_at_5",
+		.kind = CACHEW_OP_FILTER,
 		.filter = fail_at_5},
-	    {.name = "ops_test_dup_n", .kind = CACHEW_OP_FLAT_MAP,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_dup_n",
+		.kind = CACHEW_OP_FLAT_MAP,
 		.flat_open = dup_open, .flat_next = dup_next,
 		.flat_close = dup_close},
-	    {.name = "ops_test_iota", .kind = CACHEW_OP_MAP, .map = iota_map},
-	    {.name = "ops_test_mat", .kind = CACHEW_OP_MAP, .map = mat_map},
-	    {.name = "ops_test_pair", .kind = CACHEW_OP_MAP, .map = pair_map},
-	    {.name = "ops_test_ragged", .kind = CACHEW_OP_MAP,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_iota",
+		.kind = CACHEW_OP_MAP, .map = iota_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_mat",
+		.kind = CACHEW_OP_MAP, .map = mat_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_pair",
+		.kind = CACHEW_OP_MAP, .map = pair_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_ragged",
+		.kind = CACHEW_OP_MAP,
 		.map = ragged_map},
-	    {.name = "ops_test_str", .kind = CACHEW_OP_MAP, .map = str_map},
-	    {.name = "ops_test_strs", .kind = CACHEW_OP_MAP, .map = strs_map},
-	    {.name = "ops_test_wide", .kind = CACHEW_OP_MAP, .map = wide_map,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_str",
+		.kind = CACHEW_OP_MAP, .map = str_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_strs",
+		.kind = CACHEW_OP_MAP, .map = strs_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_wide",
+		.kind = CACHEW_OP_MAP, .map = wide_map,
 		.init = wide_init, .fini = free_state},
-	    {.name = "ops_test_iota_as", .kind = CACHEW_OP_MAP,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "ops_test_iota_as",
+		.kind = CACHEW_OP_MAP,
 		.map = iota_as_map, .init = dtype_init, .fini = free_state},
 	};
 	for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)

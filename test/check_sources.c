@@ -968,7 +968,7 @@ flat_fn_run(const char *fn, const char *params_text, const char *path,
 	ck_assert_int_eq(cachew_tensor_create_bytes(&t, 0, NULL, items, lens),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_element_set(in, 0, t), CACHEW_OK);
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	rv = def->flat_open(&ctx, in, &seq);
 	cachew_element_release(in); /* the sequence keeps what it needs */
 	while (rv == CACHEW_OK) {

@@ -85,9 +85,11 @@ static void
 register_fns(void)
 {
 	static const cachew_op_def defs[] = {
-	    {.name = "split_test_not3", .kind = CACHEW_OP_FILTER,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "split_test_not3",
+		.kind = CACHEW_OP_FILTER,
 		.filter = not3_filter},
-	    {.name = "split_test_twice", .kind = CACHEW_OP_FLAT_MAP,
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "split_test_twice",
+		.kind = CACHEW_OP_FLAT_MAP,
 		.flat_open = twice_open, .flat_next = twice_next,
 		.flat_close = twice_close},
 	};

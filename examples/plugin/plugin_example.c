@@ -102,7 +102,11 @@ is_even_filter(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
 	return CACHEW_OK;
 }
 
+/* .version comes first: it tells the loading library which fields this
+ * definition has, so a newer library keeps loading the plugin and an older
+ * one refuses it with a message instead of misreading it. */
 static const cachew_op_def square_def = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "square",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 5,
@@ -111,6 +115,7 @@ static const cachew_op_def square_def = {
 };
 
 static const cachew_op_def is_even_def = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "is_even",
     .kind = CACHEW_OP_FILTER,
     .cost_ns = 2,

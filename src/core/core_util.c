@@ -32,6 +32,20 @@ cachew_free(void *p)
 	free(p);
 }
 
+/* The error numbers are ABI and wire format: they travel in error frames
+ * and `error` messages, and docs/protocol.md ("Error codes") lists them.
+ * The enumeration pins each value; these checks make a renumbering, or a
+ * table that drifts from the documented one, fail the build. */
+_Static_assert(CACHEW_OK == 0 && CACHEW_EOF == 1 && CACHEW_EINVAL == 2 &&
+	CACHEW_ENOMEM == 3 && CACHEW_ERANGE == 4 && CACHEW_ENOENT == 5 &&
+	CACHEW_EPARSE == 6 && CACHEW_ETYPE == 7 && CACHEW_EIO == 8 &&
+	CACHEW_ECORRUPT == 9 && CACHEW_EOP == 10 && CACHEW_ECANCELED == 11 &&
+	CACHEW_ETIMEDOUT == 12 && CACHEW_ECLOSED == 13 &&
+	CACHEW_EEXIST == 14 && CACHEW_ENOTSUP == 15 && CACHEW_EPROTO == 16 &&
+	CACHEW_EINTERNAL == 17,
+    "cachew_err values differ from docs/protocol.md (Error codes): "
+    "the list is append-only and values are never renumbered");
+
 static const char *const err_names[] = {
 	[CACHEW_OK] = "success",
 	[CACHEW_EOF] = "end of sequence",
@@ -52,6 +66,9 @@ static const char *const err_names[] = {
 	[CACHEW_EPROTO] = "protocol error",
 	[CACHEW_EINTERNAL] = "internal error",
 };
+_Static_assert(sizeof(err_names) / sizeof(err_names[0]) == CACHEW_EINTERNAL + 1,
+    "err_names must name every cachew_err up to the last, "
+    "CACHEW_EINTERNAL; a code appended later moves this check to it");
 
 const char *
 cachew_strerror(cachew_err err)

@@ -694,7 +694,7 @@ cachew_tensor_slice(cachew_tensor **out, const cachew_tensor *t,
 }
 
 cachew_err
-cachew_tensor_copy(cachew_tensor **out, const cachew_tensor *t)
+cachew_tensor_retain(cachew_tensor **out, const cachew_tensor *t)
 {
 	cwi_tensor v;
 	cwi_tensor_copy(&v, t);
@@ -702,10 +702,24 @@ cachew_tensor_copy(cachew_tensor **out, const cachew_tensor *t)
 }
 
 void
-cachew_tensor_destroy(cachew_tensor *t)
+cachew_tensor_release(cachew_tensor *t)
 {
 	if (t == NULL)
 		return;
 	cwi_tensor_clear(t);
 	free(t);
+}
+
+/* The names before 0.1's ABI review; exported for programs built against
+ * them. */
+cachew_err
+cachew_tensor_copy(cachew_tensor **out, const cachew_tensor *t)
+{
+	return cachew_tensor_retain(out, t);
+}
+
+void
+cachew_tensor_destroy(cachew_tensor *t)
+{
+	cachew_tensor_release(t);
 }

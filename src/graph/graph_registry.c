@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -51,6 +52,65 @@ valid_name(const char *name)
 	return true;
 }
 
+/* The bytes of cachew_op_def each layout version has (cachew.h lists the
+ * fields of each); a definition is read no further than its version. */
+static const size_t op_def_sizes[] = {
+    [1] = offsetof(cachew_op_def, doc),
+    [2] = sizeof(cachew_op_def),
+};
+_Static_assert(sizeof(op_def_sizes) / sizeof(op_def_sizes[0]) ==
+	CACHEW_OP_DEF_VERSION + 1,
+    "a new cachew_op_def version needs its size in op_def_sizes");
+
+/* Larger "versions" are not versions: most likely the first word of a
+ * definition built against a cachew.h without the version field (its name
+ * pointer), so its other fields are not read either. */
+#define OP_DEF_VERSION_PLAUSIBLE 0xffffu
+
+/* The file of the plugin whose init runs on this thread, if any: what a
+ * refused definition is blamed on. */
+static _Thread_local const char *tls_plugin;
+
+/* Copies the fields def's version has into *out, the later ones zero
+ * (absent), or refuses a version this library cannot read: 0 (unset) is
+ * CACHEW_EINVAL, a newer one CACHEW_ENOTSUP. */
+static cachew_err
+op_def_read(const cachew_op_def *def, cachew_op_def *out)
+{
+	char from[PATH_MAX + 16];
+
+	if (def == NULL)
+		return cwi_fail(CACHEW_EINVAL, "operator definition is NULL");
+	memset(out, 0, sizeof(*out));
+	if (def->version >= 1 && def->version <= CACHEW_OP_DEF_VERSION) {
+		memcpy(out, def, op_def_sizes[def->version]);
+		return CACHEW_OK;
+	}
+	if (tls_plugin != NULL)
+		snprintf(from, sizeof(from), "plugin '%s'", tls_plugin);
+	else
+		snprintf(from, sizeof(from), "not from a plugin");
+	if (def->version == 0)
+		return cwi_fail(CACHEW_EINVAL,
+		    "operator '%.63s' (%s): cachew_op_def version 0: set "
+		    ".version = CACHEW_OP_DEF_VERSION (this library reads "
+		    "versions 1 to %d)",
+		    def->name != NULL ? def->name : "(null)", from,
+		    CACHEW_OP_DEF_VERSION);
+	if (def->version > OP_DEF_VERSION_PLAUSIBLE)
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "an operator (%s): cachew_op_def version %u is not a "
+		    "version (this library reads 1 to %d): was it built "
+		    "against a cachew.h without the version field?",
+		    from, def->version, CACHEW_OP_DEF_VERSION);
+	return cwi_fail(CACHEW_ENOTSUP,
+	    "operator '%.63s' (%s): cachew_op_def version %u is newer than "
+	    "this library's %d: build it against this library's cachew.h or "
+	    "upgrade cachew",
+	    def->name != NULL ? def->name : "(null)", from, def->version,
+	    CACHEW_OP_DEF_VERSION);
+}
+
 /* Lookup without pthread_once: reg_init itself calls it. */
 static const cwi_dataset_op *
 op_find(const char *name)
@@ -73,12 +133,19 @@ fn_find_locked(const char *name)
 static cachew_err
 fn_add_locked(const cachew_op_def *def, bool builtin)
 {
+	cachew_op_def known;
+	cachew_err rv;
 	cwi_fn *fn;
 
-	if (def == NULL || !valid_name(def->name))
+	/* From here on only the fields def's version has are read. */
+	rv = op_def_read(def, &known);
+	if (rv != CACHEW_OK)
+		return rv;
+	def = &known;
+	if (!valid_name(def->name))
 		return cwi_fail(CACHEW_EINVAL,
 		    "operator name '%s' must match [a-z_][a-z0-9_]{0,62}",
-		    def != NULL && def->name != NULL ? def->name : "(null)");
+		    def->name != NULL ? def->name : "(null)");
 	/* Function names are their own namespace: `interleave(text_lines)`
 	 * names the function, `text_lines(...)` the source. */
 	if (fn_find_locked(def->name) != NULL)
@@ -213,6 +280,8 @@ cachew_op_register(const cachew_op_def *def)
 	if (rv == CACHEW_OK)
 		cwi_log(CACHEW_LOG_DEBUG, "registry", "registered operator '%s'",
 		    def->name);
+	else if (tls_plugin != NULL) /* its init may go on regardless */
+		cwi_log(CACHEW_LOG_WARN, "registry", "%s", cwi_errmsg_get());
 	return rv;
 }
 
@@ -278,7 +347,9 @@ cachew_plugin_load(const char *path)
 		return cwi_fail(CACHEW_ENOENT, "plugin '%s' has no symbol %s",
 		    path, CACHEW_PLUGIN_INIT_SYMBOL);
 	}
+	tls_plugin = path;
 	rv = init(CACHEW_VERSION_NUMBER);
+	tls_plugin = NULL;
 	if (rv != CACHEW_OK)
 		rv = cwi_fail(rv, "plugin '%s' failed to initialise: %s", path,
 		    cwi_errmsg_get()[0] != '\0' ? cwi_errmsg_get()

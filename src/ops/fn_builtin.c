@@ -282,6 +282,7 @@ mul_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 static const cachew_op_def fn_add = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "add",
     .doc = "add(value=1): adds value to every numeric component, in place",
     .kind = CACHEW_OP_MAP,
@@ -292,6 +293,7 @@ static const cachew_op_def fn_add = {
 };
 
 static const cachew_op_def fn_mul = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "mul",
     .doc = "mul(value): multiplies every numeric component by value, in place",
     .kind = CACHEW_OP_MAP,
@@ -545,6 +547,7 @@ cast_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 static const cachew_op_def fn_cast = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "cast",
     .doc = "cast(dtype): converts every component to dtype (float to int truncates and saturates)",
     .kind = CACHEW_OP_MAP,
@@ -573,6 +576,7 @@ identity_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 static const cachew_op_def fn_identity = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "identity",
     .doc = "identity(): returns the element unchanged",
     .kind = CACHEW_OP_MAP,
@@ -647,6 +651,7 @@ spin_us_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 static const cachew_op_def fn_sleep_us = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "sleep_us",
     .doc = "sleep_us(us): sleeps us microseconds without using CPU (simulates I/O)",
     .kind = CACHEW_OP_MAP,
@@ -656,6 +661,7 @@ static const cachew_op_def fn_sleep_us = {
 };
 
 static const cachew_op_def fn_spin_us = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "spin_us",
     .doc = "spin_us(us): burns us microseconds of CPU (simulates compute)",
     .kind = CACHEW_OP_MAP,
@@ -732,6 +738,7 @@ uniform_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 static const cachew_op_def fn_uniform = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "uniform",
     .doc = "uniform(lo=0.0, hi=1.0): appends an f64 drawn uniformly from [lo, hi), seeded per element",
     .kind = CACHEW_OP_MAP,

@@ -855,6 +855,7 @@ parse_example_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 }
 
 const cachew_op_def cwi_fn_parse_example = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "parse_example",
     .doc = "parse_example(<name>=\"<key>:<bytes|i64|f32>[:[shape]][:default=V]\", ...): decodes the tf.train.Example in component 0 into one component per name, in name order",
     .kind = CACHEW_OP_MAP,

@@ -827,6 +827,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_decode_jpeg = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "decode_jpeg",
     .doc = "decode_jpeg(channels=3, component=0): decodes JPEG bytes to u8 [H, W, C] (channels 0 = as stored); corrupt data is ECORRUPT",
     .kind = CACHEW_OP_MAP,
@@ -908,6 +909,7 @@ is_valid_jpeg_init(const cachew_params *params, void **state, char *err,
 }
 
 const cachew_op_def cwi_fn_is_valid_jpeg = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "is_valid_jpeg",
     .doc = "is_valid_jpeg(component=0): filter keeping JPEG bytes whose header parses and that end in EOI (drops truncated files)",
     .kind = CACHEW_OP_FILTER,
@@ -1264,6 +1266,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_random_resized_crop = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "random_resized_crop",
     .doc = "random_resized_crop(size=224, scale=[0.08, 1.0], ratio=[0.75, 1.3333], channels=3, component=0): torchvision's random crop + bilinear resize; on JPEG bytes fused with decoding (decodes only the crop, DCT-scaled)",
     .kind = CACHEW_OP_MAP,
@@ -1354,6 +1357,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_resize = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "resize",
     .doc = "resize(h, w, component=0): bilinear resize of a u8/f32 [H, W(, C)] image, half-pixel centers, no antialiasing",
     .kind = CACHEW_OP_MAP,
@@ -1411,6 +1415,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_center_crop = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "center_crop",
     .doc = "center_crop(h, w, component=0): the central h x w of a [H, W(, C)] image (torchvision's rounding); larger than the image is ERANGE",
     .kind = CACHEW_OP_MAP,
@@ -1529,6 +1534,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_flip_left_right = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "flip_left_right",
     .doc = "flip_left_right(p=0.5, component=0): mirrors a [H, W(, C)] image along W with probability p, seeded per element",
     .kind = CACHEW_OP_MAP,
@@ -1787,6 +1793,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_normalize = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "normalize",
     .doc = "normalize(mean, std, axis=-1, channels_first=false, component=0): f32 (x/255 - mean)/std for u8, (x - mean)/std for f32, per channel along axis; channels_first also moves [.., H, W, C] to [.., C, H, W]",
     .kind = CACHEW_OP_MAP,
@@ -1945,6 +1952,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_transpose = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "transpose",
     .doc = "transpose(perm=[2, 0, 1], component=0): permutes the axes of a tensor (HWC -> CHW by default), any rank up to 8",
     .kind = CACHEW_OP_MAP,

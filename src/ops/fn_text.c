@@ -196,6 +196,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_tokenize = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "tokenize",
     .doc = "tokenize(lowercase=true, vocab=262144, component=0): text bytes -> i64 [n] ids, XXH3_64 of each whitespace-separated word mod vocab",
     .kind = CACHEW_OP_MAP,
@@ -311,6 +312,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_pad_truncate = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "pad_truncate",
     .doc = "pad_truncate(len=128, pad=0, component=0): i64/i32 [n] -> [len]: the first len values, then pad",
     .kind = CACHEW_OP_MAP,

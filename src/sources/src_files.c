@@ -236,6 +236,7 @@ fail:
 }
 
 const cachew_op_def cwi_fn_read_file = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "read_file",
     .doc = "read_file(): replaces the path in component 0 with the file's contents",
     .kind = CACHEW_OP_MAP,

@@ -295,6 +295,7 @@ records_fn_close(void *seq)
 }
 
 const cachew_op_def cwi_fn_text_lines = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "text_lines",
     .doc = "text_lines(buffer_size=1048576): the lines of the file named by component 0, without line ends",
     .kind = CACHEW_OP_FLAT_MAP,
@@ -307,6 +308,7 @@ const cachew_op_def cwi_fn_text_lines = {
 };
 
 const cachew_op_def cwi_fn_fixed_length_records = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "fixed_length_records",
     .doc = "fixed_length_records(record_bytes, header_bytes=0, footer_bytes=0, buffer_size=1048576): the records of the file named by component 0",
     .kind = CACHEW_OP_FLAT_MAP,

@@ -1060,6 +1060,7 @@ tfrecord_fn_close(void *seq)
 }
 
 const cachew_op_def cwi_fn_tfrecord = {
+    .version = CACHEW_OP_DEF_VERSION,
     .name = "tfrecord",
     .doc = "tfrecord(compression=none, verify=true, skip_corrupt=false, buffer_size=1048576, records=[start, stop]): the records of the TFRecord file named by component 0",
     .kind = CACHEW_OP_FLAT_MAP,

@@ -150,7 +150,7 @@ bytes_element(const uint8_t *data, size_t size)
 		cachew_element_release(e);
 		e = NULL;
 	}
-	cachew_tensor_destroy(t);
+	cachew_tensor_release(t);
 	return e;
 }
 
