@@ -850,7 +850,8 @@ START_TEST(plan_everything_after_a_client_op_runs_on_the_client)
 	ck_assert_uint_eq(p->nclient, 4);
 	ck_assert_int_eq(cwi_split_client_graph(p, NULL, &client), CACHEW_OK);
 	ck_assert_int_eq(cachew_dataset_to_string(client, &s), CACHEW_OK);
-	ck_assert_ptr_nonnull(strstr(s, "\") | skip(n=2) | map(add, "));
+	/* The fingerprint prints quoted or not (it may start with a digit). */
+	ck_assert_ptr_nonnull(strstr(s, ") | skip(n=2) | map(add, "));
 	ck_assert_ptr_nonnull(strstr(s, ") | batch(n=2, drop_remainder=false) "
 					 "| repeat(count=2)"));
 	ck_assert(client->fp.hi == p->root->fp.hi &&
