@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -294,6 +295,11 @@ resolve_fn(cwi_node *node, cwi_value *fn_params)
  */
 #define CWI_FP_VERSION "cachew-fp-2"
 
+/* fp_state: fp_value is valid (0, so a node made by calloc with its fp set
+ * is ready), still to be computed, or being stored by the thread that
+ * computed it first. */
+enum { FP_READY = 0, FP_PENDING, FP_STORING };
+
 static void
 le64(uint8_t out[8], uint64_t v)
 {
@@ -383,6 +389,24 @@ is_remote_glob(const char *pat)
 		return false;
 	key = strchr(pat + 5, '/');
 	return key != NULL && strpbrk(key, "*?[") != NULL;
+}
+
+/* Whether a file-reading node's patterns include a bucket listing: the
+ * one kind of file identity that costs network I/O. */
+static bool
+lists_a_bucket(const cwi_node *node)
+{
+	const char **pats;
+	size_t npat = 0;
+	bool remote = false;
+
+	if (!(node->op->flags & CWI_OPF_FILES))
+		return false;
+	pats = cwi_value_str_list(cwi_node_value(node, "files"), &npat);
+	for (size_t k = 0; pats != NULL && k < npat && !remote; k++)
+		remote = is_remote_glob(pats[k]);
+	free(pats);
+	return remote;
 }
 
 /* One s3:// or gs:// glob's objects: URL, ETag when the store gives one,
@@ -495,8 +519,9 @@ hash_node(const cwi_node *node, bool files)
 		hash_value(&st, &kv->val);
 	}
 	for (size_t i = 0; i < node->ninputs; i++) {
-		const cachew_fingerprint *in = files ? &node->inputs[i]->fp
-						     : &node->inputs[i]->seed_fp;
+		const cachew_fingerprint *in = files
+		    ? cwi_node_fp(node->inputs[i])
+		    : &node->inputs[i]->seed_fp;
 		uint64_t fp[2] = {in->hi, in->lo};
 		hash_words(&st, 'I', fp, 2);
 	}
@@ -527,24 +552,81 @@ fingerprint_param(cwi_node *node)
 		return cwi_fail(CACHEW_EINVAL,
 		    "%s: fingerprint '%s' is not 32 hex digits", node->op->name,
 		    hex);
-	node->fp.hi = w[0];
-	node->fp.lo = w[1];
-	node->seed_fp = node->fp;
+	node->fp_value.hi = w[0];
+	node->fp_value.lo = w[1];
+	node->seed_fp = node->fp_value;
 	return CACHEW_OK;
 }
 
+static bool
+passes_through(const cwi_node *node)
+{
+	return (node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1;
+}
+
+/* Computes a pending fingerprint, its inputs' first. Two threads may both
+ * compute it (a bucket listed twice); the first to finish stores its value
+ * and the other takes that one, so a node never shows two fingerprints.
+ * Recursion is one small frame per pending node on the input chain. */
+static void
+fp_settle(cwi_node *node)
+{
+	cachew_fingerprint fp;
+	int expect = FP_PENDING;
+
+	for (size_t i = 0; i < node->ninputs; i++)
+		(void)cwi_node_fp(node->inputs[i]);
+	fp = passes_through(node) ? *cwi_node_fp(node->inputs[0])
+				  : hash_node(node, true);
+	if (atomic_compare_exchange_strong_explicit(&node->fp_state, &expect,
+		FP_STORING, memory_order_acquire, memory_order_acquire)) {
+		node->fp_value = fp;
+		atomic_store_explicit(&node->fp_state, FP_READY,
+		    memory_order_release);
+		return;
+	}
+	/* Another thread is storing: two 8-byte stores away. */
+	while (atomic_load_explicit(&node->fp_state, memory_order_acquire) !=
+	    FP_READY)
+		sched_yield();
+}
+
+const cachew_fingerprint *
+cwi_node_fp(const cwi_node *node)
+{
+	/* The lazily filled fingerprint is not part of the node's value:
+	 * every node is allocated writable. */
+	cwi_node *n = (cwi_node *)node;
+
+	if (atomic_load_explicit(&n->fp_state, memory_order_acquire) !=
+	    FP_READY)
+		fp_settle(n);
+	return &n->fp_value;
+}
+
+/* The seed fingerprint now; the fingerprint now too, unless it needs a
+ * bucket listing (here or upstream): building never does network I/O, so
+ * that waits for the first cwi_node_fp(). */
 static cachew_err
 fingerprint(cwi_node *node)
 {
+	bool later = lists_a_bucket(node);
+
 	if (node->op->flags & CWI_OPF_FP_PARAM)
 		return fingerprint_param(node);
-	if ((node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
-		node->fp = node->inputs[0]->fp;
+	for (size_t i = 0; i < node->ninputs; i++)
+		later = later || atomic_load_explicit(&node->inputs[i]->fp_state,
+				     memory_order_acquire) != FP_READY;
+	if (passes_through(node)) {
 		node->seed_fp = node->inputs[0]->seed_fp;
-		return CACHEW_OK;
+		if (!later)
+			node->fp_value = *cwi_node_fp(node->inputs[0]);
+	} else {
+		node->seed_fp = hash_node(node, false);
+		if (!later)
+			node->fp_value = hash_node(node, true);
 	}
-	node->fp = hash_node(node, true);
-	node->seed_fp = hash_node(node, false);
+	atomic_init(&node->fp_state, later ? FP_PENDING : FP_READY);
 	return CACHEW_OK;
 }
 
@@ -746,7 +828,7 @@ cachew_dataset_fingerprint(const cachew_dataset *ds, cachew_fingerprint *out)
 {
 	if (ds == NULL || out == NULL)
 		return cwi_fail(CACHEW_EINVAL, "fingerprint: NULL argument");
-	*out = ds->fp;
+	*out = *cwi_node_fp(ds);
 	return CACHEW_OK;
 }
 
