@@ -116,7 +116,7 @@ check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 # (test/module_graph.py says which edges are registrations, and which
 # known cycles are still to be removed): a new cycle fails the build.
 check-layers: $(BUILD)/libcachew.a
-	@python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
+	@/usr/bin/python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
 
 check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
 	$(BUILD)/plugin_newer_def.so $(FUZZ_REPLAY) check-symbols check-layers

@@ -1905,7 +1905,7 @@ START_TEST(plans_write_then_read_the_cache_at_the_marker)
 	got = run_ds(put);
 	assert_same(&want, &got, "PUT plan");
 	run_free(&got);
-	ck_assert_int_eq(lookup(root, &marker->fp), CACHEW_OK);
+	ck_assert_int_eq(lookup(root, cwi_node_fp(marker)), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_plan_get(ds, marker, root, &get), CACHEW_OK);
 	cachew_dataset_fingerprint(get, &f2);
 	ck_assert(memcmp(&f0, &f2, sizeof(f0)) == 0);

@@ -973,6 +973,56 @@ START_TEST(test_s3_list_follows_continuation_tokens)
 }
 END_TEST
 
+static void
+fp_hex_of(const cachew_dataset *ds, char out[33])
+{
+	cachew_fingerprint fp;
+
+	ck_assert_int_eq(cachew_dataset_fingerprint(ds, &fp), CACHEW_OK);
+	cachew_fingerprint_hex(&fp, out);
+}
+
+START_TEST(test_s3_glob_is_listed_for_the_fingerprint_on_first_use_not_when_built)
+{
+	const char *text = "list_files(\"s3://bkt/d/*.txt\") | batch(2)";
+	cachew_dataset *ds = NULL, *changed = NULL;
+	char a[33], again[33], b[33];
+	void *buf = NULL;
+	size_t len = 0;
+	server s;
+
+	srv_start(&s, NULL);
+	put_text(&s, "bkt/d/a.txt", "x");
+	put_text(&s, "bkt/d/b.txt", "yy");
+	setenv("AWS_ACCESS_KEY_ID", "id", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+	setenv("AWS_ENDPOINT_URL", s.base, 1);
+	/* Building and serialising do no network I/O. */
+	ck_assert_int_eq(cachew_dataset_parse(&ds, text), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_msgpack(ds, &buf, &len), CACHEW_OK);
+	cachew_free(buf);
+	ck_assert_int_eq(log_count(&s, "list-type=2"), 0);
+	/* The fingerprint lists the bucket once, and keeps what it saw. */
+	fp_hex_of(ds, a);
+	ck_assert_int_eq(log_count(&s, "list-type=2"), 1);
+	put_text(&s, "bkt/d/b.txt", "yyy");
+	fp_hex_of(ds, again);
+	ck_assert_str_eq(again, a);
+	ck_assert_int_eq(log_count(&s, "list-type=2"), 1);
+	/* A pipeline built after the object changed sees its new size and
+	 * ETag. */
+	ck_assert_int_eq(cachew_dataset_parse(&changed, text), CACHEW_OK);
+	ck_assert_int_eq(log_count(&s, "list-type=2"), 1);
+	fp_hex_of(changed, b);
+	ck_assert_int_eq(log_count(&s, "list-type=2"), 2);
+	ck_assert_str_ne(a, b);
+	cachew_dataset_release(changed);
+	cachew_dataset_release(ds);
+	srv_stop(&s);
+	env_clear();
+}
+END_TEST
+
 static const char *
 s3rver_bin(void)
 {
@@ -1147,6 +1197,8 @@ cwt_io_suite(void)
 	tcase_add_test(tc, test_s3_missing_credentials_is_einval);
 	tcase_add_test(tc, test_s3_list_follows_continuation_tokens);
 	tcase_add_test(tc, test_s3_glob_matching_nothing_is_enoent);
+	tcase_add_test(tc,
+	    test_s3_glob_is_listed_for_the_fingerprint_on_first_use_not_when_built);
 	tcase_add_test(tc, test_s3rver_text_lines_and_list_files_end_to_end);
 	tcase_add_test(tc, test_gcs_bearer_token_listing_and_read);
 	suite_add_tcase(s, tc);

@@ -829,8 +829,8 @@ START_TEST(plan_take_runs_on_the_client)
 	    "take(n=5)", hex[0] > '9' ? "" : "\"", hex,
 	    hex[0] > '9' ? "" : "\"");
 	ck_assert_str_eq(s, want);
-	ck_assert(client->fp.hi == p->root->fp.hi &&
-	    client->fp.lo == p->root->fp.lo);
+	ck_assert(cwi_node_fp(client)->hi == cwi_node_fp(p->root)->hi &&
+	    cwi_node_fp(client)->lo == cwi_node_fp(p->root)->lo);
 	ck_assert(client->seed_fp.hi == p->root->seed_fp.hi &&
 	    client->seed_fp.lo == p->root->seed_fp.lo);
 	cachew_free(s);
@@ -852,11 +852,12 @@ START_TEST(plan_everything_after_a_client_op_runs_on_the_client)
 	ck_assert_uint_eq(p->nclient, 4);
 	ck_assert_int_eq(cwi_split_client_graph(p, NULL, &client), CACHEW_OK);
 	ck_assert_int_eq(cachew_dataset_to_string(client, &s), CACHEW_OK);
-	ck_assert_ptr_nonnull(strstr(s, "\") | skip(n=2) | map(add, "));
+	/* The fingerprint prints quoted or not (it may start with a digit). */
+	ck_assert_ptr_nonnull(strstr(s, ") | skip(n=2) | map(add, "));
 	ck_assert_ptr_nonnull(strstr(s, ") | batch(n=2, drop_remainder=false) "
 					 "| repeat(count=2)"));
-	ck_assert(client->fp.hi == p->root->fp.hi &&
-	    client->fp.lo == p->root->fp.lo);
+	ck_assert(cwi_node_fp(client)->hi == cwi_node_fp(p->root)->hi &&
+	    cwi_node_fp(client)->lo == cwi_node_fp(p->root)->lo);
 	cachew_free(s);
 	cachew_dataset_release(client);
 	cwi_split_plan_destroy(p);

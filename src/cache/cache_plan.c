@@ -97,7 +97,7 @@ cwi_cache_plan_get(cwi_node *top, const cwi_node *at, const char *root,
 	if (!reaches(top, at))
 		return cwi_fail(CACHEW_EINVAL,
 		    "cache plan: the cache point is not in the pipeline");
-	cachew_fingerprint_hex(&at->fp, hex);
+	cachew_fingerprint_hex(cwi_node_fp(at), hex);
 	rv = cachew_params_create(&p);
 	if (rv == CACHEW_OK)
 		rv = cachew_params_set_str(p, "root", root);

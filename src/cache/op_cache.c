@@ -175,7 +175,7 @@ put_warn(put_pass *p, const char *what, cachew_err rv)
 	char hex[33];
 	const char *msg = cwi_errmsg_get();
 
-	cachew_fingerprint_hex(&p->node->fp, hex);
+	cachew_fingerprint_hex(cwi_node_fp(p->node), hex);
 	cwi_log(CACHEW_LOG_WARN, "cache",
 	    "%s: not caching %s under %s: %s: %s; passing the data through "
 	    "uncached", p->node->op->name, hex,
@@ -223,11 +223,11 @@ put_begin(put_pass *p, const cwi_chunk *v, size_t first)
 		cwi_strbuf_free(&sb);
 	if (rv == CACHEW_OK)
 		rv = cwi_cache_writer_create(
-		    &p->w, p->root, &node->fp, pipeline, &o);
+		    &p->w, p->root, cwi_node_fp(node), pipeline, &o);
 	cachew_free(pipeline);
 	if (rv == CACHEW_EEXIST) {
 		char hex[33];
-		cachew_fingerprint_hex(&node->fp, hex);
+		cachew_fingerprint_hex(cwi_node_fp(node), hex);
 		cwi_log(CACHEW_LOG_INFO, "cache",
 		    "%s: %s under %s is complete or being written: passing "
 		    "through", node->op->name, hex, cwi_cache_root_path(p->root));
@@ -276,7 +276,7 @@ put_finish(put_pass *p, cachew_err end)
 		return;
 	if (end == CACHEW_EOF) {
 		rv = cwi_cache_writer_commit(p->w);
-		cachew_fingerprint_hex(&p->node->fp, hex);
+		cachew_fingerprint_hex(cwi_node_fp(p->node), hex);
 		if (rv != CACHEW_OK)
 			put_warn(p, "commit failed", rv);
 		else
@@ -301,7 +301,7 @@ put_root_open(const cwi_node *node)
 
 	if (rv == CACHEW_OK)
 		return r;
-	cachew_fingerprint_hex(&node->fp, hex);
+	cachew_fingerprint_hex(cwi_node_fp(node), hex);
 	cwi_log(CACHEW_LOG_WARN, "cache",
 	    "%s: not caching %s: cannot open the cache root %s: %s; passing "
 	    "the data through uncached", node->op->name, hex,
@@ -1012,7 +1012,7 @@ cache_recompute(cache_iter *c, cachew_err why)
 	char hex[33];
 	cachew_err rv;
 
-	cachew_fingerprint_hex(&node->fp, hex);
+	cachew_fingerprint_hex(cwi_node_fp(node), hex);
 	cwi_log(CACHEW_LOG_WARN, "cache",
 	    "cache: reading %s under %s failed after %llu elements (%s%s); "
 	    "recomputing from the input", hex, cwi_cache_root_path(c->root),
@@ -1126,10 +1126,10 @@ cache_find(cache_iter *c, const cwi_node *node, cwi_cache_manifest **m)
 
 	if (c->root == NULL)
 		return false;
-	rv = cwi_cache_lookup(c->root, &node->fp, m);
+	rv = cwi_cache_lookup(c->root, cwi_node_fp(node), m);
 	if (rv == CACHEW_OK)
 		return true;
-	cachew_fingerprint_hex(&node->fp, hex);
+	cachew_fingerprint_hex(cwi_node_fp(node), hex);
 	if (rv != CACHEW_ENOENT)
 		cwi_log(CACHEW_LOG_WARN, "cache",
 		    "cache: cannot use the cache %s under %s (%s): computing",

@@ -275,7 +275,7 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 	p->nclient = len - p->nworker;
 	p->boundary = w + 1 < len ? chain[w + 1] : NULL;
 	p->unit_kind = unit_kind(p->source);
-	p->worker_fp = p->worker->fp;
+	p->worker_fp = *cwi_node_fp(p->worker);
 	if (p->boundary != NULL)
 		snprintf(p->why, sizeof(p->why), "%s",
 		    client_reason(p->boundary));
@@ -500,7 +500,7 @@ placeholder_new(const cwi_split_plan *p, const cwi_stream_source *src,
 		return rv;
 	}
 	n->fn_state = (void *)src;
-	n->fp = p->worker->fp;
+	n->fp_value = p->worker_fp;
 	n->seed_fp = p->worker->seed_fp;
 	*out = n;
 	return CACHEW_OK;

@@ -115,7 +115,10 @@ struct cachew_dataset {
 	cachew_params *fn_params; /* view of params["fn_params"] (or empty) */
 	size_t ninputs;
 	cwi_node **inputs;
-	cachew_fingerprint fp;
+	/* Read through cwi_node_fp(): set when the node is built, or on
+	 * first use when it needs a bucket listing (fp_state). */
+	cachew_fingerprint fp_value;
+	atomic_int fp_state;
 	/* The structure alone, without the identity (size, mtime, ETag) of
 	 * input files: what seeds derive from, so touching or copying a file
 	 * does not change a seeded shuffle's order or an augmentation. */
@@ -130,6 +133,15 @@ double cwi_node_float(const cwi_node *n, const char *key);
 bool cwi_node_bool(const cwi_node *n, const char *key);
 const char *cwi_node_str(const cwi_node *n, const char *key);
 const cwi_value *cwi_node_value(const cwi_node *n, const char *key);
+
+/* The node's fingerprint (docs/graph-format.md, section 5), valid as long
+ * as the node. Building a node computes it, except where the node or one
+ * upstream of it reads s3:// or gs:// globs: listing the bucket for the
+ * objects' identity is network I/O, which building never does, so the
+ * first call lists it (and may then block for as long as that takes).
+ * Cannot fail: a listing that fails hashes the pattern's text instead.
+ * Thread-safe. */
+const cachew_fingerprint *cwi_node_fp(const cwi_node *n);
 
 /* Builds a node: looks up `op` (expanding map aliases), binds positional
  * values (list `pos`, may be NULL) and named ones (map `named`, may be NULL;

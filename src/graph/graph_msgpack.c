@@ -72,7 +72,9 @@ seen_get(const enc_graph *g, const cwi_node *n, bool *found)
 static uint64_t
 shape_hash(const cwi_node *n, const size_t *in)
 {
-	uint64_t h = n->fp.hi ^ cwi_mix64(n->fp.lo ^ ptr_hash(n->op));
+	/* The seed fingerprint: equal nodes have equal ones, and it is
+	 * there without I/O (the fingerprint may need a bucket listing). */
+	uint64_t h = n->seed_fp.hi ^ cwi_mix64(n->seed_fp.lo ^ ptr_hash(n->op));
 
 	for (size_t i = 0; i < n->ninputs; i++)
 		h = cwi_mix64(h ^ (in[i] + 1));

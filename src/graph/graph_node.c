@@ -6,13 +6,16 @@
 
 #include "../io/io.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 /* ---- parameter binding ---------------------------------------------------- */
@@ -282,19 +285,56 @@ resolve_fn(cwi_node *node, cwi_value *fn_params)
 
 /* ---- fingerprint ---------------------------------------------------------- */
 
+/*
+ * The recipe is docs/graph-format.md, section 5, precisely enough for a
+ * second implementation (test/data/fingerprint_ref.py is one): XXH3-128,
+ * seed 0, over a stream of items tag (1 byte), length (8 bytes), bytes.
+ * Every integer in the stream is little-endian whatever the host, so a
+ * fingerprint is the same on every machine. CWI_FP_VERSION is the first
+ * item: change it whenever the stream changes for an unchanged graph.
+ */
+#define CWI_FP_VERSION "cachew-fp-2"
+
+/* fp_state: fp_value is valid (0, so a node made by calloc with its fp set
+ * is ready), still to be computed, or being stored by the thread that
+ * computed it first. */
+enum { FP_READY = 0, FP_PENDING, FP_STORING };
+
+static void
+le64(uint8_t out[8], uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		out[i] = (uint8_t)(v >> (8 * i));
+}
+
 static void
 hash_bytes(XXH3_state_t *st, char tag, const void *p, size_t len)
 {
-	uint64_t n = len;
-	XXH3_128bits_update(st, &tag, 1);
-	XXH3_128bits_update(st, &n, sizeof(n));
+	uint8_t head[9];
+
+	head[0] = (uint8_t)tag;
+	le64(head + 1, len);
+	XXH3_128bits_update(st, head, sizeof(head));
 	XXH3_128bits_update(st, p, len);
+}
+
+/* An item whose bytes are n 64-bit words, each little-endian. */
+static void
+hash_words(XXH3_state_t *st, char tag, const uint64_t *w, size_t n)
+{
+	uint8_t buf[3 * 8];
+
+	assert(n <= 3);
+	for (size_t i = 0; i < n; i++)
+		le64(buf + 8 * i, w[i]);
+	hash_bytes(st, tag, buf, 8 * n);
 }
 
 static void
 hash_value(XXH3_state_t *st, const cwi_value *v)
 {
-	uint64_t n;
+	uint64_t w;
+	double f;
 	uint8_t b;
 
 	switch (v->type) {
@@ -302,30 +342,34 @@ hash_value(XXH3_state_t *st, const cwi_value *v)
 		hash_bytes(st, 'n', "", 0);
 		break;
 	case CWI_V_BOOL:
-		b = v->u.b;
+		b = v->u.b ? 1 : 0;
 		hash_bytes(st, 'b', &b, 1);
 		break;
 	case CWI_V_INT:
-		hash_bytes(st, 'i', &v->u.i, sizeof(v->u.i));
+		w = (uint64_t)v->u.i;
+		hash_words(st, 'i', &w, 1);
 		break;
-	case CWI_V_FLOAT: {
+	case CWI_V_FLOAT:
 		/* Every NaN prints as `nan`: hash them all as one. */
-		double f = isnan(v->u.f) ? NAN : v->u.f;
-		hash_bytes(st, 'f', &f, sizeof(f));
+		f = v->u.f;
+		if (isnan(f))
+			w = UINT64_C(0x7ff8000000000000);
+		else
+			memcpy(&w, &f, sizeof(w));
+		hash_words(st, 'f', &w, 1);
 		break;
-	}
 	case CWI_V_STR:
 		hash_bytes(st, 's', v->u.s.ptr, v->u.s.len);
 		break;
 	case CWI_V_LIST:
-		n = v->u.list.n;
-		hash_bytes(st, v->tuple ? 't' : 'l', &n, sizeof(n));
+		w = v->u.list.n;
+		hash_words(st, v->tuple ? 't' : 'l', &w, 1);
 		for (size_t i = 0; i < v->u.list.n; i++)
 			hash_value(st, &v->u.list.items[i]);
 		break;
 	case CWI_V_MAP:
-		n = v->u.map.n;
-		hash_bytes(st, 'm', &n, sizeof(n));
+		w = v->u.map.n;
+		hash_words(st, 'm', &w, 1);
 		for (size_t i = 0; i < v->u.map.n; i++) {
 			const cwi_kv *kv = &v->u.map.items[i];
 			hash_bytes(st, 'k', kv->key, strlen(kv->key));
@@ -347,123 +391,142 @@ is_remote_glob(const char *pat)
 	return key != NULL && strpbrk(key, "*?[") != NULL;
 }
 
-/* The identity of input files: path, size and modification time; for
- * s3:// and gs:// globs the listing's size and ETag, which come with the
- * expansion at no extra cost. Other URLs and patterns that match nothing
- * are hashed as text. */
+/* Whether a file-reading node's patterns include a bucket listing: the
+ * one kind of file identity that costs network I/O. */
+static bool
+lists_a_bucket(const cwi_node *node)
+{
+	const char **pats;
+	size_t npat = 0;
+	bool remote = false;
+
+	if (!(node->op->flags & CWI_OPF_FILES))
+		return false;
+	pats = cwi_value_str_list(cwi_node_value(node, "files"), &npat);
+	for (size_t k = 0; pats != NULL && k < npat && !remote; k++)
+		remote = is_remote_glob(pats[k]);
+	free(pats);
+	return remote;
+}
+
+/* One s3:// or gs:// glob's objects: URL, ETag when the store gives one,
+ * size. False if the listing fails. */
+static bool
+hash_listing(XXH3_state_t *st, const char *pat)
+{
+	cwi_io_entry *ents = NULL;
+	size_t n = 0;
+
+	if (cwi_io_list(pat, NULL, &ents, &n) != CACHEW_OK || n == 0) {
+		cwi_io_entries_free(ents, n);
+		cwi_clear_errmsg();
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint64_t meta[3] = {(uint64_t)ents[i].size, 0, 0};
+		hash_bytes(st, 'p', ents[i].url, strlen(ents[i].url));
+		if (ents[i].etag != NULL)
+			hash_bytes(st, 'E', ents[i].etag, strlen(ents[i].etag));
+		hash_words(st, 'F', meta, 3);
+	}
+	cwi_io_entries_free(ents, n);
+	return true;
+}
+
+/* One local pattern's files (real path, size, mtime) or a URL that is not
+ * a listing (its text, no metadata). False if nothing matches. */
+static bool
+hash_paths(XXH3_state_t *st, const char *pat)
+{
+	char **paths = NULL;
+	struct stat sb;
+	size_t n = 0;
+
+	if (cwi_paths_expand(&pat, 1, &paths, &n) != CACHEW_OK) {
+		cwi_clear_errmsg();
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint64_t meta[3] = {0, 0, 0};
+		char real[PATH_MAX];
+		const char *id = paths[i];
+		bool local = strstr(paths[i], "://") == NULL;
+		/* "f.txt" and "./f.txt" are the same data. */
+		if (local && realpath(paths[i], real) != NULL)
+			id = real;
+		hash_bytes(st, 'p', id, strlen(id));
+		if (local && stat(paths[i], &sb) == 0) {
+			meta[0] = (uint64_t)sb.st_size;
+			meta[1] = (uint64_t)sb.st_mtim.tv_sec;
+			meta[2] = (uint64_t)sb.st_mtim.tv_nsec;
+		}
+		hash_words(st, 'F', meta, 3);
+	}
+	cwi_paths_free(paths);
+	return true;
+}
+
+/* The identity of input files, pattern after pattern; false (and st is
+ * then to be discarded) unless every pattern resolves. */
 static bool
 hash_files(XXH3_state_t *st, const cwi_value *files)
 {
 	size_t npat = 0;
 	const char **pats = cwi_value_str_list(files, &npat);
-	struct stat sb;
-	bool all = true;
+	bool all = pats != NULL;
 
-	if (pats == NULL)
-		return false;
-	for (size_t k = 0; k < npat; k++) {
-		cwi_io_entry *ents = NULL;
-		char **paths = NULL;
-		size_t n = 0;
-
-		if (is_remote_glob(pats[k])) {
-			if (cwi_io_list(pats[k], NULL, &ents, &n) != CACHEW_OK) {
-				hash_bytes(st, 'M', "missing", 7);
-				cwi_clear_errmsg();
-				all = false;
-				continue;
-			}
-			for (size_t i = 0; i < n; i++) {
-				int64_t meta[3] = {ents[i].size, 0, 0};
-				hash_bytes(st, 'p', ents[i].url, strlen(ents[i].url));
-				if (ents[i].etag != NULL)
-					hash_bytes(st, 'E', ents[i].etag,
-					    strlen(ents[i].etag));
-				hash_bytes(st, 'F', meta, sizeof(meta));
-			}
-			cwi_io_entries_free(ents, n);
-			continue;
-		}
-		if (cwi_paths_expand(&pats[k], 1, &paths, &n) != CACHEW_OK) {
-			hash_bytes(st, 'M', "missing", 7);
-			cwi_clear_errmsg();
-			all = false;
-			continue;
-		}
-		for (size_t i = 0; i < n; i++) {
-			int64_t meta[3] = {0, 0, 0};
-			char real[PATH_MAX];
-			const char *id = paths[i];
-			/* "f.txt" and "./f.txt" are the same data. */
-			if (strstr(paths[i], "://") == NULL &&
-			    realpath(paths[i], real) != NULL)
-				id = real;
-			hash_bytes(st, 'p', id, strlen(id));
-			if (strstr(paths[i], "://") == NULL &&
-			    stat(paths[i], &sb) == 0) {
-				meta[0] = (int64_t)sb.st_size;
-				meta[1] = (int64_t)sb.st_mtim.tv_sec;
-				meta[2] = (int64_t)sb.st_mtim.tv_nsec;
-			}
-			hash_bytes(st, 'F', meta, sizeof(meta));
-		}
-		cwi_paths_free(paths);
-	}
+	for (size_t k = 0; all && k < npat; k++)
+		all = is_remote_glob(pats[k]) ? hash_listing(st, pats[k])
+					      : hash_paths(st, pats[k]);
 	free(pats);
 	return all;
 }
 
 /* XXH3-128 of a node's structure. With `files`, the parameters that name
  * input files are hashed by what they resolve to (real path, size, mtime,
- * ETag) instead of their text, when every pattern resolves. */
-static cachew_err
-hash_node(const cwi_node *node, bool files, cachew_fingerprint *out)
+ * ETag) instead of their text, when every pattern resolves; the inputs
+ * count by their fingerprints, else by their seed fingerprints. Cannot
+ * fail: the states live on the stack. */
+static cachew_fingerprint
+hash_node(const cwi_node *node, bool files)
 {
 	const cwi_dataset_op *op = node->op;
 	const cwi_value *params = &node->params.map;
-	XXH3_state_t *st, *probe;
+	XXH3_state_t st, probe;
 	XXH128_hash_t h;
 
-	st = XXH3_createState();
-	probe = files ? XXH3_createState() : NULL;
-	if (st == NULL || (files && probe == NULL)) {
-		XXH3_freeState(st);
-		XXH3_freeState(probe);
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	}
-	XXH3_128bits_reset(st);
-	hash_bytes(st, 'V', "cachew-fp-1", 11);
-	hash_bytes(st, 'O', op->name, strlen(op->name));
+	XXH3_INITSTATE(&st);
+	XXH3_INITSTATE(&probe);
+	XXH3_128bits_reset(&st);
+	hash_bytes(&st, 'V', CWI_FP_VERSION, strlen(CWI_FP_VERSION));
+	hash_bytes(&st, 'O', op->name, strlen(op->name));
 	for (size_t i = 0; i < params->u.map.n; i++) {
 		const cwi_kv *kv = &params->u.map.items[i];
 		const cwi_param_spec *s = spec_find(op, kv->key);
 		if (s != NULL && (s->flags & CWI_PF_PERF))
 			continue;
-		hash_bytes(st, 'k', kv->key, strlen(kv->key));
+		hash_bytes(&st, 'k', kv->key, strlen(kv->key));
 		if (files && s != NULL && s->type == CWI_P_STRS &&
 		    (op->flags & CWI_OPF_FILES)) {
 			/* Try the files on a copy of the state: keep it only
 			 * if every pattern resolved. */
-			XXH3_copyState(probe, st);
-			if (hash_files(probe, &kv->val)) {
-				XXH3_copyState(st, probe);
+			XXH3_copyState(&probe, &st);
+			if (hash_files(&probe, &kv->val)) {
+				XXH3_copyState(&st, &probe);
 				continue;
 			}
 		}
-		hash_value(st, &kv->val);
+		hash_value(&st, &kv->val);
 	}
 	for (size_t i = 0; i < node->ninputs; i++) {
-		const cachew_fingerprint *in = files ? &node->inputs[i]->fp
-						     : &node->inputs[i]->seed_fp;
+		const cachew_fingerprint *in = files
+		    ? cwi_node_fp(node->inputs[i])
+		    : &node->inputs[i]->seed_fp;
 		uint64_t fp[2] = {in->hi, in->lo};
-		hash_bytes(st, 'I', fp, sizeof(fp));
+		hash_words(&st, 'I', fp, 2);
 	}
-	h = XXH3_128bits_digest(st);
-	XXH3_freeState(st);
-	XXH3_freeState(probe);
-	out->hi = h.high64;
-	out->lo = h.low64;
-	return CACHEW_OK;
+	h = XXH3_128bits_digest(&st);
+	return (cachew_fingerprint){.hi = h.high64, .lo = h.low64};
 }
 
 /* A CWI_OPF_FP_PARAM node's fingerprint: its "fingerprint" parameter. */
@@ -489,28 +552,82 @@ fingerprint_param(cwi_node *node)
 		return cwi_fail(CACHEW_EINVAL,
 		    "%s: fingerprint '%s' is not 32 hex digits", node->op->name,
 		    hex);
-	node->fp.hi = w[0];
-	node->fp.lo = w[1];
-	node->seed_fp = node->fp;
+	node->fp_value.hi = w[0];
+	node->fp_value.lo = w[1];
+	node->seed_fp = node->fp_value;
 	return CACHEW_OK;
 }
 
+static bool
+passes_through(const cwi_node *node)
+{
+	return (node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1;
+}
+
+/* Computes a pending fingerprint, its inputs' first. Two threads may both
+ * compute it (a bucket listed twice); the first to finish stores its value
+ * and the other takes that one, so a node never shows two fingerprints.
+ * Recursion is one small frame per pending node on the input chain. */
+static void
+fp_settle(cwi_node *node)
+{
+	cachew_fingerprint fp;
+	int expect = FP_PENDING;
+
+	for (size_t i = 0; i < node->ninputs; i++)
+		(void)cwi_node_fp(node->inputs[i]);
+	fp = passes_through(node) ? *cwi_node_fp(node->inputs[0])
+				  : hash_node(node, true);
+	if (atomic_compare_exchange_strong_explicit(&node->fp_state, &expect,
+		FP_STORING, memory_order_acquire, memory_order_acquire)) {
+		node->fp_value = fp;
+		atomic_store_explicit(&node->fp_state, FP_READY,
+		    memory_order_release);
+		return;
+	}
+	/* Another thread is storing: two 8-byte stores away. */
+	while (atomic_load_explicit(&node->fp_state, memory_order_acquire) !=
+	    FP_READY)
+		sched_yield();
+}
+
+const cachew_fingerprint *
+cwi_node_fp(const cwi_node *node)
+{
+	/* The lazily filled fingerprint is not part of the node's value:
+	 * every node is allocated writable. */
+	cwi_node *n = (cwi_node *)node;
+
+	if (atomic_load_explicit(&n->fp_state, memory_order_acquire) !=
+	    FP_READY)
+		fp_settle(n);
+	return &n->fp_value;
+}
+
+/* The seed fingerprint now; the fingerprint now too, unless it needs a
+ * bucket listing (here or upstream): building never does network I/O, so
+ * that waits for the first cwi_node_fp(). */
 static cachew_err
 fingerprint(cwi_node *node)
 {
-	cachew_err rv;
+	bool later = lists_a_bucket(node);
 
 	if (node->op->flags & CWI_OPF_FP_PARAM)
 		return fingerprint_param(node);
-	if ((node->op->flags & CWI_OPF_PASSTHROUGH) && node->ninputs == 1) {
-		node->fp = node->inputs[0]->fp;
+	for (size_t i = 0; i < node->ninputs; i++)
+		later = later || atomic_load_explicit(&node->inputs[i]->fp_state,
+				     memory_order_acquire) != FP_READY;
+	if (passes_through(node)) {
 		node->seed_fp = node->inputs[0]->seed_fp;
-		return CACHEW_OK;
+		if (!later)
+			node->fp_value = *cwi_node_fp(node->inputs[0]);
+	} else {
+		node->seed_fp = hash_node(node, false);
+		if (!later)
+			node->fp_value = hash_node(node, true);
 	}
-	rv = hash_node(node, true, &node->fp);
-	if (rv == CACHEW_OK)
-		rv = hash_node(node, false, &node->seed_fp);
-	return rv;
+	atomic_init(&node->fp_state, later ? FP_PENDING : FP_READY);
+	return CACHEW_OK;
 }
 
 /* ---- building --------------------------------------------------------------- */
@@ -711,7 +828,7 @@ cachew_dataset_fingerprint(const cachew_dataset *ds, cachew_fingerprint *out)
 {
 	if (ds == NULL || out == NULL)
 		return cwi_fail(CACHEW_EINVAL, "fingerprint: NULL argument");
-	*out = ds->fp;
+	*out = *cwi_node_fp(ds);
 	return CACHEW_OK;
 }
 

@@ -398,7 +398,7 @@ static bool
 is_cached(cwi_dcache *dc, const cwi_node *n)
 {
 	cwi_cache_manifest *m = NULL;
-	bool yes = cwi_cache_lookup(dc->root, &n->fp, &m) == CACHEW_OK;
+	bool yes = cwi_cache_lookup(dc->root, cwi_node_fp(n), &m) == CACHEW_OK;
 
 	cwi_cache_manifest_free(m);
 	cwi_clear_errmsg();
@@ -569,7 +569,7 @@ cwi_dcache_pass_start(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 	if (rv != CACHEW_OK)
 		return rv;
 	pthread_mutex_lock(&dc->lock);
-	e = entry_get(dc, &top->fp);
+	e = entry_get(dc, cwi_node_fp(top));
 	if (e == NULL) {
 		rv = cwi_fail(CACHEW_ENOMEM, "autocache: too many datasets");
 		goto done;
@@ -634,8 +634,8 @@ commit_put(cwi_dcache *dc, dc_entry *e, cwi_node *top, const cwi_ac_plan *plan,
 		else
 			cwi_strbuf_free(&sb);
 		if (rv == CACHEW_OK)
-			rv = cwi_cache_parts_commit(dc->root, &at->fp, pipeline,
-			    pass->write_id, pass->units, &n);
+			rv = cwi_cache_parts_commit(dc->root, cwi_node_fp(at),
+			    pipeline, pass->write_id, pass->units, &n);
 		cachew_free(pipeline);
 	}
 	if (rv == CACHEW_OK || rv == CACHEW_EEXIST) {
@@ -644,7 +644,7 @@ commit_put(cwi_dcache *dc, dc_entry *e, cwi_node *top, const cwi_ac_plan *plan,
 		    (unsigned long long)n);
 		return;
 	}
-	(void)cwi_cache_parts_abort(dc->root, &at->fp, pass->write_id);
+	(void)cwi_cache_parts_abort(dc->root, cwi_node_fp(at), pass->write_id);
 	if (!complete) {
 		snprintf(event, size, "put: the pass ended early; its parts are "
 				      "removed and the next pass writes again");
@@ -897,7 +897,7 @@ cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 		return;
 	}
 	pthread_mutex_lock(&dc->lock);
-	e = entry_get(dc, &top->fp);
+	e = entry_get(dc, cwi_node_fp(top));
 	if (e == NULL)
 		goto done;
 	if (pass->mode == CWI_AC_PUT && pass->candidate >= 0 &&
