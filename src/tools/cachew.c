@@ -864,7 +864,7 @@ op_props(const cwi_dataset_op *op, char *buf, size_t len)
 	    {CWI_OPF_FN_MAP, "takes a map function"},
 	    {CWI_OPF_FN_FILTER, "takes a filter function"},
 	    {CWI_OPF_FN_FLAT, "takes a flat_map function"},
-	    {CWI_OPF_FILES, "reads files (fingerprint covers size and mtime)"},
+	    {CWI_OPF_FILES, "reads files (fingerprint covers each file's size and mtime, or an object's ETag and size)"},
 	    {CWI_OPF_ASYNC, "runs on its own threads"},
 	};
 	size_t k = 0;
