@@ -14,6 +14,8 @@ printing each cycle's modules and one symbol per edge as evidence.
           the knot, for notes; never fails)
 --report  print the module graph's edges, the largest files and the
           longest functions (the note's before/after table); never fails
+--all     count registration edges too (REGISTRATION below), as the
+          measure before the layering did
 """
 import os
 import re
@@ -131,6 +133,7 @@ def longest_functions(srcs, count):
 def main(argv):
     files = "--files" in argv
     report = "--report" in argv
+    registration = set() if "--all" in argv else REGISTRATION
     args = [a for a in argv if not a.startswith("--")]
     root, objs = args[0], args[1:]
     defined, used = read_symbols(objs)
@@ -138,7 +141,7 @@ def main(argv):
     for obj, syms in used.items():
         for sym in syms:
             target = defined.get(sym)
-            if target is None or target == obj or sym in REGISTRATION:
+            if target is None or target == obj or sym in registration:
                 continue
             fedges.setdefault(obj, set()).add(target)
             a, b = module_of(obj, root), module_of(target, root)
