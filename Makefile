@@ -26,7 +26,7 @@ BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden \
 SAN     :=
 ALL_CFLAGS = $(BASE_CFLAGS) $(SAN) $(CFLAGS)
 
-LIB_SRC  := $(wildcard src/core/*.c src/graph/*.c src/exec/*.c src/front/*.c \
+LIB_SRC  := $(wildcard src/core/*.c src/graph/*.c src/exec/*.c src/pipeline/*.c src/front/*.c \
 	src/ops/*.c src/sources/*.c src/io/*.c src/cache/*.c \
 	src/policy/*.c src/provision/*.c src/service/*.c src/service/*/*.c \
 	transports/*.c transports/*/*.c)

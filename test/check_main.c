@@ -4,14 +4,20 @@
  * test, not the run.
  */
 #include "cwt.h"
+#include "../src/pipeline/pipeline.h"
 
 #include <stdlib.h>
 
 int
 main(void)
 {
-	SRunner *sr = srunner_create(cwt_core_suite());
+	SRunner *sr;
 	int failed;
+
+	/* Tests look operators up directly, not only through the public
+	 * calls that give the registry its built-ins. */
+	cwi_builtins_ready();
+	sr = srunner_create(cwt_core_suite());
 
 	srunner_add_suite(sr, cwt_graph_suite());
 	srunner_add_suite(sr, cwt_ops_suite());

@@ -8,6 +8,7 @@
 
 /* The file functions are also driven directly, without flat_map. */
 #include "../src/sources/sources.h"
+#include "../src/pipeline/pipeline.h"
 
 #include <fcntl.h>
 #include <math.h>

@@ -14,27 +14,11 @@ printing each cycle's modules and one symbol per edge as evidence.
           the knot, for notes; never fails)
 --report  print the module graph's edges, the largest files and the
           longest functions (the note's before/after table); never fails
---all     count registration edges too (REGISTRATION below), as the
-          measure before the layering did
 """
 import os
 import re
 import subprocess
 import sys
-
-# Registration edges: a registry names the built-in tables of the modules
-# above it (graph's operator registry its operator, source, cache and
-# executor tables; the transport registry its transports), as nng's
-# nni_init names its transports. A table is data: the registry never calls
-# into the module that defines it, the executor does through the table's
-# pointers. In a static library the list cannot move above the tables
-# without the link dropping them (nothing else references a table object),
-# so these symbols, and only these, are not dependencies.
-REGISTRATION = {
-    "cwi_exec_ops", "cwi_transform_ops", "cwi_builtin_fns",
-    "cwi_source_ops", "cwi_source_fns", "cwi_cache_ops",
-    "cwi_transport_inproc", "cwi_transport_nng",
-}
 
 # Cycles known when the check was added, each with the work that removes
 # it. A cycle not listed fails the check; a listed one that is gone fails
@@ -133,7 +117,6 @@ def longest_functions(srcs, count):
 def main(argv):
     files = "--files" in argv
     report = "--report" in argv
-    registration = set() if "--all" in argv else REGISTRATION
     args = [a for a in argv if not a.startswith("--")]
     root, objs = args[0], args[1:]
     defined, used = read_symbols(objs)
@@ -141,7 +124,7 @@ def main(argv):
     for obj, syms in used.items():
         for sym in syms:
             target = defined.get(sym)
-            if target is None or target == obj or sym in registration:
+            if target is None or target == obj:
                 continue
             fedges.setdefault(obj, set()).add(target)
             a, b = module_of(obj, root), module_of(target, root)

@@ -36,8 +36,8 @@ replace(cwi_node *n, const cwi_node *at, cwi_node *repl, cwi_node **out)
 	if (rv == CACHEW_OK && !changed)
 		*out = cachew_dataset_retain(n);
 	else if (rv == CACHEW_OK)
-		rv = cachew_dataset_apply(out, n->op->name, inputs, n->ninputs,
-		    &n->params);
+		rv = cwi_node_build(out, n->op->name, inputs, n->ninputs, NULL,
+		    &n->params.map);
 	for (size_t i = 0; i < n->ninputs; i++)
 		cachew_dataset_release(inputs[i]);
 	return rv;
@@ -76,7 +76,7 @@ cwi_cache_plan_put(cwi_node *top, const cwi_node *at, const char *root,
 	if (rv == CACHEW_OK && write_id != 0)
 		rv = cachew_params_set_int(p, "write_id", (int64_t)write_id);
 	if (rv == CACHEW_OK)
-		rv = cachew_dataset_apply(&put, "cache_put", &in, 1, p);
+		rv = cwi_node_build(&put, "cache_put", &in, 1, NULL, &p->map);
 	if (rv == CACHEW_OK)
 		rv = replace(top, at, put, out);
 	cachew_dataset_release(put);
@@ -104,7 +104,7 @@ cwi_cache_plan_get(cwi_node *top, const cwi_node *at, const char *root,
 	if (rv == CACHEW_OK)
 		rv = cachew_params_set_str(p, "fingerprint", hex);
 	if (rv == CACHEW_OK)
-		rv = cachew_dataset_apply(&get, "cache_get", NULL, 0, p);
+		rv = cwi_node_build(&get, "cache_get", NULL, 0, NULL, &p->map);
 	if (rv == CACHEW_OK)
 		rv = replace(top, at, get, out);
 	cachew_dataset_release(get);

@@ -154,20 +154,33 @@ cachew_err cwi_node_build(cwi_node **out, const char *op,
 
 /* ---- registry ------------------------------------------------------------ */
 
+/* The registry knows no operator until cwi_registry_init gives it the
+ * built-in tables, which live in the modules above it (the list of them is
+ * src/pipeline/pipeline_builtins.c's). Every public call that names an
+ * operator passes through src/pipeline, which makes sure of that first
+ * (cwi_builtins_ready); code below it only looks up names of nodes built
+ * that way. Before that, lookups find nothing. */
+typedef struct cwi_builtins {
+	/* NULL-terminated tables of dataset operators and of functions */
+	const cwi_dataset_op *const *const *op_tables;
+	size_t nop_tables;
+	const cachew_op_def *const *const *fn_tables;
+	size_t nfn_tables;
+} cwi_builtins;
+
+/* Fills the registry with b's tables, once per process (later calls do
+ * nothing); b must live as long as the process. Thread safe. */
+void cwi_registry_init(const cwi_builtins *b);
 const cwi_dataset_op *cwi_dataset_op_lookup(const char *name);
 size_t cwi_dataset_op_count(void);
 const cwi_dataset_op *cwi_dataset_op_at(size_t i);
 const cwi_fn *cwi_fn_lookup(const char *name);
 size_t cwi_fn_count(void);
 const cwi_fn *cwi_fn_at(size_t i);
-
-/* Built-in tables, NULL-terminated, one per module. */
-extern const cwi_dataset_op *const cwi_source_ops[];    /* src/sources */
-extern const cwi_dataset_op *const cwi_transform_ops[]; /* src/ops */
-extern const cwi_dataset_op *const cwi_exec_ops[];      /* src/exec */
-extern const cwi_dataset_op *const cwi_cache_ops[];     /* src/cache */
-extern const cachew_op_def *const cwi_builtin_fns[];    /* src/ops */
-extern const cachew_op_def *const cwi_source_fns[];     /* src/sources */
+/* cachew_op_register and cachew_plugin_load (cachew.h), once the registry
+ * has its built-ins. */
+cachew_err cwi_registry_register(const cachew_op_def *def);
+cachew_err cwi_registry_plugin_load(const char *path);
 
 /* ---- parsing, printing, serialisation (graph_parse.c etc.) --------------- */
 

@@ -784,21 +784,6 @@ cachew_dataset_release(cachew_dataset *ds)
 		node_free(ds);
 }
 
-cachew_err
-cachew_dataset_apply(cachew_dataset **out, const char *op,
-    cachew_dataset *const *inputs, size_t ninputs, const cachew_params *params)
-{
-	if (out == NULL || op == NULL || (ninputs > 0 && inputs == NULL))
-		return cwi_fail(CACHEW_EINVAL, "apply: NULL argument");
-	for (size_t i = 0; i < ninputs; i++)
-		if (inputs[i] == NULL)
-			return cwi_fail(CACHEW_EINVAL, "apply: input %zu is NULL",
-			    i);
-	cwi_clear_errmsg();
-	return cwi_node_build(out, op, inputs, ninputs, NULL,
-	    params != NULL ? &params->map : NULL);
-}
-
 const char *
 cachew_dataset_op(const cachew_dataset *ds)
 {

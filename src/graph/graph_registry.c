@@ -1,6 +1,9 @@
 /*
  * graph_registry.c - the operator registry: built-in dataset operators, and
  * function operators (built-in, registered from C, loaded from plugins).
+ * The built-in tables come from cwi_registry_init (the list of them sits
+ * above the modules that define them, in src/pipeline): the registry
+ * names none of them, so no module below it depends on one above.
  *
  * Locking: reg_lock protects the function table and the list of loaded
  * plugins; load_lock serialises plugin loads (taken before reg_lock). Built-in tables are read-only. Function entries are never freed
@@ -21,8 +24,7 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
  * threads loading one path run its init once. Order: load_lock, reg_lock. */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static const cwi_dataset_op *const *const op_tables[] = {
-    cwi_source_ops, cwi_transform_ops, cwi_exec_ops, cwi_cache_ops};
+static const cwi_builtins *_Atomic reg_builtins; /* cwi_registry_init's */
 static const cwi_dataset_op **dataset_ops;
 static size_t ndataset_ops;
 
@@ -193,42 +195,59 @@ missing:
 static void
 reg_init(void)
 {
+	const cwi_builtins *b = atomic_load(&reg_builtins);
 	size_t n = 0;
 
-	for (size_t t = 0; t < sizeof(op_tables) / sizeof(op_tables[0]); t++)
-		for (size_t i = 0; op_tables[t][i] != NULL; i++)
+	for (size_t t = 0; t < b->nop_tables; t++)
+		for (size_t i = 0; b->op_tables[t][i] != NULL; i++)
 			n++;
 	dataset_ops = calloc(n, sizeof(*dataset_ops));
 	if (dataset_ops == NULL)
 		return;
-	for (size_t t = 0; t < sizeof(op_tables) / sizeof(op_tables[0]); t++)
-		for (size_t i = 0; op_tables[t][i] != NULL; i++)
-			dataset_ops[ndataset_ops++] = op_tables[t][i];
-	for (size_t i = 0; cwi_builtin_fns[i] != NULL; i++)
-		(void)fn_add_locked(cwi_builtin_fns[i], true);
-	for (size_t i = 0; cwi_source_fns[i] != NULL; i++)
-		(void)fn_add_locked(cwi_source_fns[i], true);
+	for (size_t t = 0; t < b->nop_tables; t++)
+		for (size_t i = 0; b->op_tables[t][i] != NULL; i++)
+			dataset_ops[ndataset_ops++] = b->op_tables[t][i];
+	for (size_t t = 0; t < b->nfn_tables; t++)
+		for (size_t i = 0; b->fn_tables[t][i] != NULL; i++)
+			(void)fn_add_locked(b->fn_tables[t][i], true);
+}
+
+void
+cwi_registry_init(const cwi_builtins *b)
+{
+	const cwi_builtins *none = NULL;
+
+	(void)atomic_compare_exchange_strong(&reg_builtins, &none, b);
+	pthread_once(&reg_once, reg_init);
+}
+
+/* Whether the registry has its built-ins (it is filled, and this thread
+ * sees it filled); before cwi_registry_init it knows nothing. */
+static bool
+reg_ready(void)
+{
+	if (atomic_load(&reg_builtins) == NULL)
+		return false;
+	pthread_once(&reg_once, reg_init);
+	return true;
 }
 
 const cwi_dataset_op *
 cwi_dataset_op_lookup(const char *name)
 {
-	pthread_once(&reg_once, reg_init);
-	return op_find(name);
+	return reg_ready() ? op_find(name) : NULL;
 }
 
 size_t
 cwi_dataset_op_count(void)
 {
-	pthread_once(&reg_once, reg_init);
-	return ndataset_ops;
+	return reg_ready() ? ndataset_ops : 0;
 }
 
 const cwi_dataset_op *
 cwi_dataset_op_at(size_t i)
 {
-	pthread_once(&reg_once, reg_init);
-	return i < ndataset_ops ? dataset_ops[i] : NULL;
+	return reg_ready() && i < ndataset_ops ? dataset_ops[i] : NULL;
 }
 
 const cwi_fn *
@@ -236,7 +255,7 @@ cwi_fn_lookup(const char *name)
 {
 	const cwi_fn *fn;
 
-	pthread_once(&reg_once, reg_init);
+	(void)reg_ready();
 	pthread_mutex_lock(&reg_lock);
 	fn = fn_find_locked(name);
 	pthread_mutex_unlock(&reg_lock);
@@ -248,7 +267,7 @@ cwi_fn_count(void)
 {
 	size_t n;
 
-	pthread_once(&reg_once, reg_init);
+	(void)reg_ready();
 	pthread_mutex_lock(&reg_lock);
 	n = nfns;
 	pthread_mutex_unlock(&reg_lock);
@@ -260,7 +279,7 @@ cwi_fn_at(size_t i)
 {
 	const cwi_fn *fn;
 
-	pthread_once(&reg_once, reg_init);
+	(void)reg_ready();
 	pthread_mutex_lock(&reg_lock);
 	fn = i < nfns ? fns[i] : NULL;
 	pthread_mutex_unlock(&reg_lock);
@@ -268,11 +287,11 @@ cwi_fn_at(size_t i)
 }
 
 cachew_err
-cachew_op_register(const cachew_op_def *def)
+cwi_registry_register(const cachew_op_def *def)
 {
 	cachew_err rv;
 
-	pthread_once(&reg_once, reg_init);
+	(void)reg_ready();
 	cwi_clear_errmsg();
 	pthread_mutex_lock(&reg_lock);
 	rv = fn_add_locked(def, false);
@@ -302,7 +321,7 @@ plugin_record(const char *real, cachew_err rv)
 }
 
 cachew_err
-cachew_plugin_load(const char *path)
+cwi_registry_plugin_load(const char *path)
 {
 	char real[PATH_MAX];
 	cachew_plugin_init_fn init;
@@ -310,7 +329,7 @@ cachew_plugin_load(const char *path)
 	cachew_err rv = CACHEW_OK;
 	bool seen = false;
 
-	pthread_once(&reg_once, reg_init);
+	(void)reg_ready();
 	cwi_clear_errmsg();
 	if (path == NULL || realpath(path, real) == NULL)
 		return cwi_fail(CACHEW_ENOENT, "plugin '%s' not found",

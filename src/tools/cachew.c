@@ -16,6 +16,7 @@
 #include "../exec/exec_split.h"
 #include "../service/service.h"
 #include "../graph/graph.h"
+#include "../pipeline/pipeline.h"
 #include "sim.h"
 #include "tools.h"
 #include "gen.h"
@@ -1208,6 +1209,8 @@ main(int argc, char **argv)
 {
 	int rc;
 
+	/* `cachew ops` lists the registry directly. */
+	cwi_builtins_ready();
 	if (argc < 2) {
 		fputs(usage_text, stderr);
 		return EXIT_USAGE;

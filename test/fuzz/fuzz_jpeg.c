@@ -24,6 +24,7 @@
 #include <turbojpeg.h>
 
 #include "../../src/exec/exec.h"
+#include "../../src/pipeline/pipeline.h"
 
 #define MAX_PIXELS (1 << 20)
 
@@ -49,6 +50,7 @@ enum { FN_DECODE3, FN_DECODE0, FN_RRC, FN_COUNT };
 static void
 fns_init(void)
 {
+	cwi_builtins_ready(); /* the functions are looked up directly */
 	for (size_t i = 0; i < FN_COUNT; i++) {
 		cachew_params *p = NULL;
 		char err[256] = "";

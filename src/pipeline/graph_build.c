@@ -2,7 +2,7 @@
  * graph_build.c - the per-operator builders of the public API: each one
  * packs its arguments into named values and calls cwi_node_build.
  */
-#include "graph.h"
+#include "pipeline.h"
 
 #include <stdlib.h>
 
@@ -112,6 +112,7 @@ kv_build(kv_builder *b, cachew_dataset **out, const char *op,
 {
 	cachew_err rv = b->rv;
 
+	cwi_builtins_ready();
 	if (rv == CACHEW_OK && out == NULL)
 		rv = cwi_fail(CACHEW_EINVAL, "%s: out is NULL", op);
 	for (size_t i = 0; rv == CACHEW_OK && i < ninputs; i++)

@@ -9,7 +9,7 @@
  * the parameters and recomputes fingerprints: nothing in the input is
  * trusted.
  */
-#include "graph.h"
+#include "pipeline.h"
 
 #include "../core/value_msgpack.h"
 
@@ -484,6 +484,7 @@ cachew_dataset_from_msgpack(cachew_dataset **out, const void *buf, size_t len)
 	const cwi_value *nodes, *root;
 	cachew_err rv;
 
+	cwi_builtins_ready();
 	cwi_clear_errmsg();
 	if (out == NULL || (buf == NULL && len > 0))
 		return cwi_fail(CACHEW_EINVAL, "from_msgpack: NULL argument");

@@ -8,7 +8,7 @@
  * error. Each stage is built with cwi_node_build as soon as its arguments
  * are read, so the operator's own checks report at the stage's column.
  */
-#include "graph.h"
+#include "pipeline.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -987,6 +987,7 @@ cachew_dataset_parse(cachew_dataset **out, const char *pipeline)
 	char fb[64];
 	cachew_err rv;
 
+	cwi_builtins_ready();
 	cwi_clear_errmsg();
 	if (out == NULL)
 		return cwi_fail(CACHEW_EINVAL, "dataset_parse: out is NULL");
