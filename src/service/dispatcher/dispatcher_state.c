@@ -113,6 +113,56 @@ typedef struct task {
 	uint64_t acc_run_ns, acc_stall_ns;
 } task;
 
+/* The split ledger of a distributed_epoch job: its invariant is that every
+ * split unit is delivered once per epoch (see the top of this file). splits
+ * NULL: no ledger (parallel_epochs, an empty dataset, a finished job). */
+struct split_ledger {
+	split *splits;         /* indexed by split id */
+	uint64_t nsplits, nunits, units_per_split;
+	uint64_t *ring;        /* the pending pool */
+	uint64_t ring_head, ring_len;
+	uint64_t npending, nleased, nacked;
+};
+
+/* How many workers a job gets: its worker count decision (count_fn), or
+ * with the policy engine (autoscale) its scaler's want and fair share's
+ * grant. */
+struct job_sizing {
+	cwi_worker_count_fn count_fn; /* NULL: the policy engine decides */
+	void *count_ctx;
+	uint32_t target;       /* the decision last applied */
+	bool target_set;
+	/* Policy engine (autoscale): NULL scaler = not autoscaled. */
+	cwi_scaler *scaler;
+	char scale_name[32];   /* the policy's canonical spelling */
+	double weight;
+	uint32_t want;         /* the scaler's decision */
+	uint32_t granted;      /* fair share's answer */
+	bool settled;
+	bool epoch_start;      /* the next sample starts an epoch */
+	uint64_t sample_ns;    /* the current sample began */
+	char reason[192];
+};
+
+/* Coordinated reads (num_consumers > 0): the job's round schedule. */
+struct coord_schedule {
+	uint64_t target;       /* pending schedule change, or NONE */
+	bool published;        /* a client has been sent the task list */
+};
+
+/* Autocaching: the pass this job runs (graph NULL: the dataset's graph, no
+ * planner). */
+struct job_pass {
+	uint8_t *graph;
+	size_t graph_len;
+	uint64_t units;
+	double worker_scale;   /* > 0: scale a carried-over count */
+	void *ctx;             /* the planner's until the end is queued */
+	bool ended;
+	char cache_mode[12];
+	char cache_reason[512];
+};
+
 struct job {
 	uint64_t id;
 	char *name;
@@ -124,44 +174,16 @@ struct job {
 	cwi_worker_policy policy;
 	uint32_t num_workers;
 	uint32_t num_consumers;
-	cwi_worker_count_fn count_fn;
-	void *count_ctx;
-	uint32_t target;
-	bool target_set;
 	client *clients;
 	size_t nclients, capclients;
-	/* distributed_epoch */
-	split *splits;
-	uint64_t nsplits, nunits, units_per_split;
-	uint64_t *ring;
-	uint64_t ring_head, ring_len;
-	uint64_t npending, nleased, nacked;
 	bool data_done;
 	bool any_task_done; /* parallel_epochs: the pass is ending */
 	bool finished;
 	uint64_t elements, bytes;
-	uint64_t coord_target; /* pending schedule change, or NONE */
-	bool published;        /* a client has been sent the task list */
-	/* Policy engine (autoscale): NULL scaler = not autoscaled. */
-	cwi_scaler *scaler;
-	char scale_name[32];   /* the policy's canonical spelling */
-	double weight;
-	uint32_t want;         /* the scaler's decision */
-	uint32_t granted;      /* fair share's answer */
-	bool settled;
-	bool epoch_start;      /* the next sample starts an epoch */
-	uint64_t sample_ns;    /* the current sample began */
-	char reason[192];
-	/* Autocaching: the pass this job runs (pass_graph NULL: the
-	 * dataset's graph, no planner). */
-	uint8_t *pass_graph;
-	size_t pass_graph_len;
-	uint64_t pass_units;
-	double pass_worker_scale; /* > 0: scale a carried-over count */
-	void *pass_ctx;        /* the planner's until the end is queued */
-	bool pass_ended;
-	char cache_mode[12];
-	char cache_reason[512];
+	struct split_ledger ledger; /* distributed_epoch */
+	struct job_sizing sizing;
+	struct coord_schedule coord;
+	struct job_pass pass;
 };
 
 struct cwi_dispatcher {
@@ -372,12 +394,14 @@ task_free(task *t)
 static void
 job_free_splits(job *j)
 {
-	for (uint64_t i = 0; j->splits != NULL && i < j->nsplits; i++)
-		free(j->splits[i].ackers);
-	free(j->splits);
-	free(j->ring);
-	j->splits = NULL;
-	j->ring = NULL;
+	struct split_ledger *l = &j->ledger;
+
+	for (uint64_t i = 0; l->splits != NULL && i < l->nsplits; i++)
+		free(l->splits[i].ackers);
+	free(l->splits);
+	free(l->ring);
+	l->splits = NULL;
+	l->ring = NULL;
 }
 
 static void
@@ -386,12 +410,12 @@ job_free(const cwi_dispatcher *d, job *j)
 	if (j == NULL)
 		return;
 	job_free_splits(j);
-	cwi_scaler_destroy(j->scaler);
+	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
-	free(j->pass_graph);
-	if (j->pass_ctx != NULL && d->cfg.pass_free != NULL)
-		d->cfg.pass_free(j->pass_ctx);
+	free(j->pass.graph);
+	if (j->pass.ctx != NULL && d->cfg.pass_free != NULL)
+		d->cfg.pass_free(j->pass.ctx);
 	free(j);
 }
 
@@ -511,27 +535,27 @@ coordinated(const job *j)
 /* ---- splits -------------------------------------------------------------- */
 
 static void
-ring_push(job *j, uint64_t id, bool front)
+ring_push(struct split_ledger *l, uint64_t id, bool front)
 {
 	if (front) {
-		j->ring_head = (j->ring_head + j->nsplits - 1) % j->nsplits;
-		j->ring[j->ring_head] = id;
+		l->ring_head = (l->ring_head + l->nsplits - 1) % l->nsplits;
+		l->ring[l->ring_head] = id;
 	} else {
-		j->ring[(j->ring_head + j->ring_len) % j->nsplits] = id;
+		l->ring[(l->ring_head + l->ring_len) % l->nsplits] = id;
 	}
-	j->ring_len++;
+	l->ring_len++;
 }
 
 /* The next pending split; stale entries (acknowledged while pending) are
  * dropped on the way. false when none is pending. */
 static bool
-ring_pop(job *j, uint64_t *id)
+ring_pop(struct split_ledger *l, uint64_t *id)
 {
-	while (j->ring_len > 0) {
-		uint64_t s = j->ring[j->ring_head];
-		j->ring_head = (j->ring_head + 1) % j->nsplits;
-		j->ring_len--;
-		if (j->splits[s].state == SPLIT_PENDING) {
+	while (l->ring_len > 0) {
+		uint64_t s = l->ring[l->ring_head];
+		l->ring_head = (l->ring_head + 1) % l->nsplits;
+		l->ring_len--;
+		if (l->splits[s].state == SPLIT_PENDING) {
 			*id = s;
 			return true;
 		}
@@ -540,20 +564,20 @@ ring_pop(job *j, uint64_t *id)
 }
 
 static void
-split_range(const job *j, uint64_t id, cwi_split *out)
+split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
 {
 	out->split_id = id;
-	out->begin = id * j->units_per_split;
-	out->end = out->begin + j->units_per_split;
-	if (out->end > j->nunits)
-		out->end = j->nunits;
+	out->begin = id * l->units_per_split;
+	out->end = out->begin + l->units_per_split;
+	if (out->end > l->nunits)
+		out->end = l->nunits;
 }
 
 /* LEASED -> PENDING, at the front of the pool. */
 static void
 split_release(cwi_dispatcher *d, job *j, uint64_t id)
 {
-	split *s = &j->splits[id];
+	split *s = &j->ledger.splits[id];
 	task *t = s->task_id != 0 ? find_task(d, s->task_id) : NULL;
 
 	if (t != NULL && t->nleased > 0)
@@ -562,9 +586,9 @@ split_release(cwi_dispatcher *d, job *j, uint64_t id)
 	s->task_id = 0;
 	s->worker_id = 0;
 	s->delivered = false;
-	j->nleased--;
-	j->npending++;
-	ring_push(j, id, true);
+	j->ledger.nleased--;
+	j->ledger.npending++;
+	ring_push(&j->ledger, id, true);
 }
 
 /* Releases the leased, unacknowledged splits of job j that `match`
@@ -576,14 +600,14 @@ release_splits(cwi_dispatcher *d, job *j, bool (*match)(const split *,
 	uint64_t *ids = NULL;
 	size_t n = 0;
 
-	if (j->splits == NULL || j->nleased == 0)
+	if (j->ledger.splits == NULL || j->ledger.nleased == 0)
 		return;
 	if (events_on(d))
-		ids = malloc(j->nleased * sizeof(*ids));
+		ids = malloc(j->ledger.nleased * sizeof(*ids));
 	/* Backwards, so the front of the pool ends up in ascending order. */
-	for (uint64_t k = j->nsplits; k-- > 0;) {
-		if (j->splits[k].state != SPLIT_LEASED ||
-		    !match(&j->splits[k], arg))
+	for (uint64_t k = j->ledger.nsplits; k-- > 0;) {
+		if (j->ledger.splits[k].state != SPLIT_LEASED ||
+		    !match(&j->ledger.splits[k], arg))
 			continue;
 		split_release(d, j, k);
 		if (ids != NULL)
@@ -658,9 +682,9 @@ pass_end(cwi_dispatcher *d, job *j, bool complete)
 	cwi_pass_end *pe;
 	size_t nops = 0;
 
-	if (j->pass_ctx == NULL || j->pass_ended)
+	if (j->pass.ctx == NULL || j->pass.ended)
 		return;
-	j->pass_ended = true;
+	j->pass.ended = true;
 	if (d->npass_ends == d->cappass_ends) {
 		size_t cap = d->cappass_ends ? 2 * d->cappass_ends : 4;
 		cwi_pass_end *v = realloc(d->pass_ends, cap * sizeof(*v));
@@ -697,26 +721,26 @@ pass_end(cwi_dispatcher *d, job *j, bool complete)
 			pe->nops++;
 		}
 	}
-	pe->ctx = j->pass_ctx;
-	j->pass_ctx = NULL;
+	pe->ctx = j->pass.ctx;
+	j->pass.ctx = NULL;
 	d->npass_ends++;
 	return;
 oom:
 	if (d->cfg.pass_free != NULL)
-		d->cfg.pass_free(j->pass_ctx);
-	j->pass_ctx = NULL;
+		d->cfg.pass_free(j->pass.ctx);
+	j->pass.ctx = NULL;
 }
 
 static void
 epoch_check(cwi_dispatcher *d, job *j)
 {
 	if (j->data_done || j->mode != CWI_MODE_DISTRIBUTED_EPOCH ||
-	    j->nacked < j->nsplits)
+	    j->ledger.nacked < j->ledger.nsplits)
 		return;
 	j->data_done = true;
 	ev_begin(d, "epoch_done");
 	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "splits", j->nsplits);
+	ev_u64(d, "splits", j->ledger.nsplits);
 	ev_end(d);
 	pass_end(d, j, true);
 }
@@ -739,9 +763,9 @@ task_drop(cwi_dispatcher *d, task *t, const char *reason)
 {
 	job *j = t->job;
 
-	if (t->nleased > 0 && j->splits != NULL) {
-		for (uint64_t k = 0; k < j->nsplits; k++) {
-			split *s = &j->splits[k];
+	if (t->nleased > 0 && j->ledger.splits != NULL) {
+		for (uint64_t k = 0; k < j->ledger.nsplits; k++) {
+			split *s = &j->ledger.splits[k];
 			if (s->state == SPLIT_LEASED && s->task_id == t->id) {
 				s->task_id = 0;
 				s->delivered = true;
@@ -763,7 +787,7 @@ task_drop(cwi_dispatcher *d, task *t, const char *reason)
 static bool
 schedule_empty(const cwi_dispatcher *d, const job *j)
 {
-	if (!j->published)
+	if (!j->coord.published)
 		return true;
 	for (size_t i = 0; i < d->tasks.n; i++) {
 		const task *t = TASK(d, i);
@@ -792,14 +816,14 @@ consumer_round(const job *j, bool max)
 static void
 coord_open(cwi_dispatcher *d, job *j)
 {
-	if (j->coord_target != CWI_ROUND_NONE)
+	if (j->coord.target != CWI_ROUND_NONE)
 		return;
-	j->coord_target = consumer_round(j, true) + d->cfg.coord_round_margin;
+	j->coord.target = consumer_round(j, true) + d->cfg.coord_round_margin;
 	for (size_t i = 0; i < j->nclients; i++)
 		j->clients[i].ready = false;
 	ev_begin(d, "schedule_change_announced");
 	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "round", j->coord_target);
+	ev_u64(d, "round", j->coord.target);
 	ev_end(d);
 }
 
@@ -938,7 +962,7 @@ coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
 			ne++;
 		}
 	}
-	j->coord_target = CWI_ROUND_NONE;
+	j->coord.target = CWI_ROUND_NONE;
 	if (started != NULL && ended != NULL) {
 		ev_begin(d, "schedule_changed");
 		ev_u64(d, "job_id", j->id);
@@ -959,14 +983,14 @@ coord_update(cwi_dispatcher *d, job *j)
 {
 	if (!coordinated(j) || j->finished)
 		return;
-	if (j->coord_target != CWI_ROUND_NONE) {
+	if (j->coord.target != CWI_ROUND_NONE) {
 		bool all = true;
 		for (size_t i = 0; i < j->nclients; i++)
 			all = all && j->clients[i].ready;
 		if (j->nclients == 0 || schedule_empty(d, j))
 			coord_commit(d, j, consumer_round(j, false));
 		else if (all)
-			coord_commit(d, j, j->coord_target);
+			coord_commit(d, j, j->coord.target);
 	}
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
@@ -1083,15 +1107,15 @@ reconcile_job(cwi_dispatcher *d, job *j)
 	if (j->finished || j->data_done || j->any_task_done)
 		return;
 	job_view(d, j, &v);
-	if (j->count_fn == NULL)
-		target = j->granted; /* the policy engine's */
+	if (j->sizing.count_fn == NULL)
+		target = j->sizing.granted; /* the policy engine's */
 	else
-		target = j->count_fn(j->count_ctx, &v);
+		target = j->sizing.count_fn(j->sizing.count_ctx, &v);
 	if (target > v.workers_available)
 		target = v.workers_available;
-	if (!j->target_set || target != j->target) {
-		j->target = target;
-		j->target_set = true;
+	if (!j->sizing.target_set || target != j->sizing.target) {
+		j->sizing.target = target;
+		j->sizing.target_set = true;
 		ev_begin(d, "job_target");
 		ev_u64(d, "job_id", j->id);
 		ev_u64(d, "workers", target);
@@ -1102,7 +1126,7 @@ reconcile_job(cwi_dispatcher *d, job *j)
 	 * change. */
 	while (v.tasks < target &&
 	       !(coordinated(j) && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
-		   j->splits != NULL && j->npending == 0)) {
+		   j->ledger.splits != NULL && j->ledger.npending == 0)) {
 		worker *w = pick_worker(d, j);
 		if (w == NULL || task_add(d, j, w) == NULL)
 			break;
@@ -1137,8 +1161,8 @@ reconcile(cwi_dispatcher *d)
 static bool
 scaled(const job *j)
 {
-	return j->scaler != NULL && j->count_fn == NULL && !j->finished &&
-	       !j->data_done && !j->any_task_done;
+	return j->sizing.scaler != NULL && j->sizing.count_fn == NULL &&
+	       !j->finished && !j->data_done && !j->any_task_done;
 }
 
 /* Weighted fair share of the available workers over the scaled jobs, in
@@ -1160,15 +1184,15 @@ share(cwi_dispatcher *d, bool tell)
 		goto out; /* the grants stay as they were */
 	for (size_t i = 0; i < n; i++) {
 		const job *j = JOB(d, i);
-		want[i] = scaled(j) ? j->want : 0;
-		weight[i] = j->weight > 0 ? j->weight : 1.0;
+		want[i] = scaled(j) ? j->sizing.want : 0;
+		weight[i] = j->sizing.weight > 0 ? j->sizing.weight : 1.0;
 	}
 	cwi_fair_share(want, weight, n, workers_available(d), got);
 	for (size_t i = 0; i < n; i++) {
 		job *j = JOB(d, i);
 		if (!scaled(j))
 			continue;
-		if (got[i] != j->granted) {
+		if (got[i] != j->sizing.granted) {
 			ev_begin(d, "job_share");
 			ev_u64(d, "job_id", j->id);
 			ev_u64(d, "want", want[i]);
@@ -1176,9 +1200,9 @@ share(cwi_dispatcher *d, bool tell)
 			ev_u64(d, "available", workers_available(d));
 			ev_end(d);
 		}
-		j->granted = got[i];
+		j->sizing.granted = got[i];
 		if (tell && got[i] >= 1 && got[i] < want[i])
-			cwi_scaler_granted(j->scaler, got[i]);
+			cwi_scaler_granted(j->sizing.scaler, got[i]);
 	}
 out:
 	free(want);
@@ -1240,12 +1264,12 @@ job_sample(cwi_dispatcher *d, job *j, uint64_t now, cwi_scale_sample *smp)
 			smp->elapsed_ns = smp->wait_ns;
 		smp->buffer_fill = fill / nrep;
 	}
-	smp->epoch_start = j->epoch_start;
+	smp->epoch_start = j->sizing.epoch_start;
 	smp->workers = ntasks;
 	smp->worker_busy = run > 0 ? 1.0 - (double)stall / (double)run : -1.0;
 	smp->worker_cpu = ncpu > 0 ? cpu / ncpu : -1.0;
-	j->epoch_start = false;
-	j->sample_ns = now;
+	j->sizing.epoch_start = false;
+	j->sizing.sample_ns = now;
 }
 
 /* Feeds job j's sample to its scaler; an event when the decision moved. */
@@ -1257,24 +1281,24 @@ job_decide(cwi_dispatcher *d, job *j, uint64_t now)
 
 	job_sample(d, j, now, &smp);
 	memset(&dec, 0, sizeof(dec));
-	cwi_scaler_observe(j->scaler, &smp, &dec);
+	cwi_scaler_observe(j->sizing.scaler, &smp, &dec);
 	dec.reason[sizeof(dec.reason) - 1] = '\0';
-	if (dec.workers == j->want && dec.settled == j->settled)
+	if (dec.workers == j->sizing.want && dec.settled == j->sizing.settled)
 		return;
-	j->want = dec.workers;
-	j->settled = dec.settled;
-	snprintf(j->reason, sizeof(j->reason), "%s", dec.reason);
+	j->sizing.want = dec.workers;
+	j->sizing.settled = dec.settled;
+	snprintf(j->sizing.reason, sizeof(j->sizing.reason), "%s", dec.reason);
 	ev_begin(d, "scale_decision");
 	ev_u64(d, "job_id", j->id);
-	ev_str(d, "policy", j->scale_name);
-	ev_u64(d, "want", j->want);
+	ev_str(d, "policy", j->sizing.scale_name);
+	ev_u64(d, "want", j->sizing.want);
 	cwi_strbuf_printf(&d->ev, ",\"settled\":%s",
-	    j->settled ? "true" : "false");
+	    j->sizing.settled ? "true" : "false");
 	ev_u64(d, "batches", smp.batches);
 	ev_u64(d, "elapsed_ns", smp.elapsed_ns);
 	ev_u64(d, "wait_ns", smp.wait_ns);
 	ev_u64(d, "workers", smp.workers);
-	ev_str(d, "reason", j->reason);
+	ev_str(d, "reason", j->sizing.reason);
 	ev_end(d);
 }
 
@@ -1289,7 +1313,7 @@ pool_update(cwi_dispatcher *d)
 
 	for (size_t i = 0; i < d->jobs.n; i++)
 		if (scaled(JOB(d, i)))
-			sum += JOB(d, i)->want;
+			sum += JOB(d, i)->sizing.want;
 	if (d->cfg.max_workers > 0 && sum > d->cfg.max_workers)
 		sum = d->cfg.max_workers;
 	if (sum < d->cfg.min_workers)
@@ -1323,8 +1347,8 @@ cwi_dispatcher_decide(cwi_dispatcher *d, uint64_t now_ns)
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
 		/* A job younger than half an interval keeps measuring. */
-		if (scaled(j) &&
-		    now_ns - j->sample_ns >= d->cfg.decision_interval_ns / 2)
+		if (scaled(j) && now_ns - j->sizing.sample_ns >=
+			d->cfg.decision_interval_ns / 2)
 			job_decide(d, j, now_ns);
 	}
 	share(d, true);
@@ -1383,10 +1407,10 @@ previous_pass(const cwi_dispatcher *d, const job *j)
 		return NULL;
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *p = JOB(d, i);
-		if (p != j && p->finished && p->scaler != NULL &&
+		if (p != j && p->finished && p->sizing.scaler != NULL &&
 		    p->name != NULL && strcmp(p->name, j->name) == 0 &&
 		    p->iteration < j->iteration &&
-		    strcmp(p->scale_name, j->scale_name) == 0)
+		    strcmp(p->sizing.scale_name, j->sizing.scale_name) == 0)
 			best = p; /* the newest */
 	}
 	return best;
@@ -1421,14 +1445,15 @@ initial_workers(const cwi_dispatcher *d, const cwi_scale_config *c)
 static void
 carry_scaled(job *j)
 {
-	double n = ceil((double)cwi_scaler_target(j->scaler) *
-	    j->pass_worker_scale);
+	double n = ceil((double)cwi_scaler_target(j->sizing.scaler) *
+	    j->pass.worker_scale);
 	uint32_t workers = n < 1 ? 1 : n > 65536 ? 65536 : (uint32_t)n;
 
-	cwi_scaler_reset(j->scaler, workers);
-	snprintf(j->reason, sizeof(j->reason),
-	    "cache mode %s: %u workers carried over (x%.2f)", j->cache_mode,
-	    cwi_scaler_target(j->scaler), j->pass_worker_scale);
+	cwi_scaler_reset(j->sizing.scaler, workers);
+	snprintf(j->sizing.reason, sizeof(j->sizing.reason),
+	    "cache mode %s: %u workers carried over (x%.2f)",
+	    j->pass.cache_mode, cwi_scaler_target(j->sizing.scaler),
+	    j->pass.worker_scale);
 }
 
 /* Gives a new job its scaler (autoscale on). */
@@ -1442,28 +1467,30 @@ job_scale_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 	rv = job_scale_config(d, r, &c);
 	if (rv != CACHEW_OK)
 		return rv;
-	cwi_scale_name(&c, j->scale_name, sizeof(j->scale_name));
-	j->weight = r->weight > 0 ? r->weight : 1.0;
-	j->epoch_start = true;
-	j->sample_ns = d->now;
+	cwi_scale_name(&c, j->sizing.scale_name, sizeof(j->sizing.scale_name));
+	j->sizing.weight = r->weight > 0 ? r->weight : 1.0;
+	j->sizing.epoch_start = true;
+	j->sizing.sample_ns = d->now;
 	prev = previous_pass(d, j);
 	if (prev != NULL) {
-		j->scaler = prev->scaler;
-		prev->scaler = NULL;
-		j->settled = prev->settled;
-		snprintf(j->reason, sizeof(j->reason), "%s", prev->reason);
-		if (j->pass_worker_scale > 0 &&
-		    strcmp(j->cache_mode, prev->cache_mode) != 0)
+		j->sizing.scaler = prev->sizing.scaler;
+		prev->sizing.scaler = NULL;
+		j->sizing.settled = prev->sizing.settled;
+		snprintf(j->sizing.reason, sizeof(j->sizing.reason), "%s",
+		    prev->sizing.reason);
+		if (j->pass.worker_scale > 0 &&
+		    strcmp(j->pass.cache_mode, prev->pass.cache_mode) != 0)
 			carry_scaled(j);
 	} else {
-		rv = cwi_scaler_create(&j->scaler, &c, initial_workers(d, &c));
+		rv = cwi_scaler_create(&j->sizing.scaler, &c,
+		    initial_workers(d, &c));
 		if (rv != CACHEW_OK)
 			return rv;
-		snprintf(j->reason, sizeof(j->reason), "new job");
+		snprintf(j->sizing.reason, sizeof(j->sizing.reason), "new job");
 	}
-	j->want = cwi_scaler_target(j->scaler);
-	j->count_fn = NULL;
-	j->count_ctx = NULL;
+	j->sizing.want = cwi_scaler_target(j->sizing.scaler);
+	j->sizing.count_fn = NULL;
+	j->sizing.count_ctx = NULL;
 	return CACHEW_OK;
 }
 
@@ -1533,7 +1560,7 @@ job_finish(cwi_dispatcher *d, job *j, const char *reason)
 		i++;
 	}
 	j->finished = true;
-	j->coord_target = CWI_ROUND_NONE;
+	j->coord.target = CWI_ROUND_NONE;
 	job_free_splits(j);
 	ev_begin(d, "job_finished");
 	ev_u64(d, "job_id", j->id);
@@ -1644,25 +1671,26 @@ job_make_splits(cwi_dispatcher *d, job *j)
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
 
-	j->nunits = j->pass_graph != NULL ? j->pass_units
+	j->ledger.nunits = j->pass.graph != NULL ? j->pass.units
 					  : (uint64_t)j->ds->split_units;
 	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
 	if (want > CWI_PROTO_MAX_SPLITS)
 		want = CWI_PROTO_MAX_SPLITS;
-	j->units_per_split = j->nunits / want + (j->nunits % want != 0);
-	if (j->units_per_split == 0)
-		j->units_per_split = 1;
-	j->nsplits = j->nunits / j->units_per_split +
-	    (j->nunits % j->units_per_split != 0);
-	if (j->nsplits == 0)
+	j->ledger.units_per_split = j->ledger.nunits / want +
+	    (j->ledger.nunits % want != 0);
+	if (j->ledger.units_per_split == 0)
+		j->ledger.units_per_split = 1;
+	j->ledger.nsplits = j->ledger.nunits / j->ledger.units_per_split +
+	    (j->ledger.nunits % j->ledger.units_per_split != 0);
+	if (j->ledger.nsplits == 0)
 		return CACHEW_OK;
-	j->splits = calloc(j->nsplits, sizeof(*j->splits));
-	j->ring = malloc(j->nsplits * sizeof(*j->ring));
-	if (j->splits == NULL || j->ring == NULL)
+	j->ledger.splits = calloc(j->ledger.nsplits, sizeof(*j->ledger.splits));
+	j->ledger.ring = malloc(j->ledger.nsplits * sizeof(*j->ledger.ring));
+	if (j->ledger.splits == NULL || j->ledger.ring == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (uint64_t k = 0; k < j->nsplits; k++)
-		ring_push(j, k, false);
-	j->npending = j->nsplits;
+	for (uint64_t k = 0; k < j->ledger.nsplits; k++)
+		ring_push(&j->ledger, k, false);
+	j->ledger.npending = j->ledger.nsplits;
 	return CACHEW_OK;
 }
 
@@ -1684,9 +1712,9 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	j->policy = r->worker_policy;
 	j->num_workers = r->num_workers;
 	j->num_consumers = r->num_consumers;
-	j->count_fn = d->cfg.worker_count;
-	j->count_ctx = d->cfg.worker_count_ctx;
-	j->coord_target = CWI_ROUND_NONE;
+	j->sizing.count_fn = d->cfg.worker_count;
+	j->sizing.count_ctx = d->cfg.worker_count_ctx;
+	j->coord.target = CWI_ROUND_NONE;
 	if (r->job_name != NULL &&
 	    (j->name = cwi_strdup(r->job_name)) == NULL) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1695,14 +1723,15 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (d->offered != NULL && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
 	    d->offered->graph != NULL) {
 		cwi_job_pass *p = d->offered;
-		j->pass_graph = p->graph;
-		j->pass_graph_len = p->graph_len;
-		j->pass_units = p->units;
-		j->pass_worker_scale = p->worker_scale;
-		j->pass_ctx = p->ctx;
-		snprintf(j->cache_mode, sizeof(j->cache_mode), "%s", p->mode);
-		snprintf(j->cache_reason, sizeof(j->cache_reason), "%s",
-		    p->event);
+		j->pass.graph = p->graph;
+		j->pass.graph_len = p->graph_len;
+		j->pass.units = p->units;
+		j->pass.worker_scale = p->worker_scale;
+		j->pass.ctx = p->ctx;
+		snprintf(j->pass.cache_mode, sizeof(j->pass.cache_mode), "%s",
+		    p->mode);
+		snprintf(j->pass.cache_reason, sizeof(j->pass.cache_reason),
+		    "%s", p->event);
 		p->graph = NULL;
 		p->ctx = NULL;
 		d->offered = NULL;
@@ -1732,16 +1761,16 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	ev_str(d, "processing_mode", cwi_processing_mode_name(j->mode));
 	ev_u64(d, "num_consumers", j->num_consumers);
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
-		ev_u64(d, "splits", j->nsplits);
-		ev_u64(d, "units_per_split", j->units_per_split);
+		ev_u64(d, "splits", j->ledger.nsplits);
+		ev_u64(d, "units_per_split", j->ledger.units_per_split);
 	}
-	if (j->scaler != NULL) {
-		ev_str(d, "policy", j->scale_name);
-		ev_u64(d, "want", j->want);
+	if (j->sizing.scaler != NULL) {
+		ev_str(d, "policy", j->sizing.scale_name);
+		ev_u64(d, "want", j->sizing.want);
 	}
-	if (j->cache_mode[0] != '\0') {
-		ev_str(d, "cache_mode", j->cache_mode);
-		ev_str(d, "cache", j->cache_reason);
+	if (j->pass.cache_mode[0] != '\0') {
+		ev_str(d, "cache_mode", j->pass.cache_mode);
+		ev_str(d, "cache", j->pass.cache_reason);
 	}
 	ev_end(d);
 	*out = j;
@@ -1889,10 +1918,10 @@ cwi_dispatcher_set_worker_count(cwi_dispatcher *d, uint64_t now_ns,
 	if (j == NULL || j->finished)
 		return cwi_fail(CACHEW_ENOENT, "job %" PRIu64 " is not running",
 		    job_id);
-	j->count_fn = fn != NULL ? fn : cwi_worker_count_default;
-	j->count_ctx = fn != NULL ? ctx : NULL;
-	if (fn == NULL && j->scaler != NULL)
-		j->count_fn = NULL; /* back to the policy engine */
+	j->sizing.count_fn = fn != NULL ? fn : cwi_worker_count_default;
+	j->sizing.count_ctx = fn != NULL ? ctx : NULL;
+	if (fn == NULL && j->sizing.scaler != NULL)
+		j->sizing.count_fn = NULL; /* back to the policy engine */
 	reconcile(d);
 	return CACHEW_OK;
 }
@@ -1946,11 +1975,11 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 	 * input is over. */
 	if (t->state == CWI_TASK_REMOVING || w->draining || j->data_done ||
 	    (coordinated(j) && t->state == CWI_TASK_ACTIVE &&
-		j->npending == 0)) {
+		j->ledger.npending == 0)) {
 		rep->end_of_splits = true;
 		return CACHEW_OK;
 	}
-	if (t->state == CWI_TASK_STARTING || j->npending == 0) {
+	if (t->state == CWI_TASK_STARTING || j->ledger.npending == 0) {
 		/* Everything is leased: the epoch ends as soon as the last
 		 * acks arrive, and the task learns it by asking again, so it
 		 * asks often (an epoch's tail would otherwise wait a whole
@@ -1963,7 +1992,7 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 	/* Several splits per round trip, but no more than a fair share of
 	 * what is left, so the last splits do not queue behind one worker. */
 	nactive = active_tasks(d, j);
-	fair = (j->npending + nactive - 1) / (nactive > 0 ? nactive : 1);
+	fair = (j->ledger.npending + nactive - 1) / (nactive > 0 ? nactive : 1);
 	want = req->max_splits;
 	if (want == 0 || want > d->cfg.max_lease)
 		want = d->cfg.max_lease;
@@ -1979,19 +2008,19 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 	while (rep->nsplits < want) {
 		uint64_t id;
 		split *s;
-		if (!ring_pop(j, &id))
+		if (!ring_pop(&j->ledger, &id))
 			break;
-		s = &j->splits[id];
+		s = &j->ledger.splits[id];
 		s->state = SPLIT_LEASED;
 		s->part_acks = 0;
 		s->lease++;
 		s->task_id = t->id;
 		s->worker_id = w->id;
 		s->delivered = false;
-		j->npending--;
-		j->nleased++;
+		j->ledger.npending--;
+		j->ledger.nleased++;
 		t->nleased++;
-		split_range(j, id, &rep->splits[rep->nsplits]);
+		split_range(&j->ledger, id, &rep->splits[rep->nsplits]);
 		rep->splits[rep->nsplits++].lease = s->lease;
 		if (ids != NULL)
 			ids[ids_n++] = id;
@@ -2030,14 +2059,15 @@ acks_check(job *j, const uint64_t *ids, const uint64_t *parts, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		cachew_err rv;
-		if (ids[i] >= j->nsplits)
+		if (ids[i] >= j->ledger.nsplits)
 			return cwi_fail(CACHEW_EINVAL,
 			    "split %" PRIu64 " is out of range: job %" PRIu64
 			    " has %" PRIu64 " splits",
-			    ids[i], j->id, j->nsplits);
+			    ids[i], j->id, j->ledger.nsplits);
+		split *s = &j->ledger.splits[ids[i]];
 		if (parts != NULL && parts[i] > 1 &&
-		    j->splits[ids[i]].state != SPLIT_ACKED &&
-		    (rv = ackers_reserve(&j->splits[ids[i]])) != CACHEW_OK)
+		    s->state != SPLIT_ACKED &&
+		    (rv = ackers_reserve(s)) != CACHEW_OK)
 			return rv;
 	}
 	return CACHEW_OK;
@@ -2067,7 +2097,7 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 	if (events_on(d))
 		fresh = malloc(n * sizeof(*fresh));
 	for (size_t i = 0; i < n; i++) {
-		split *s = &j->splits[ids[i]];
+		split *s = &j->ledger.splits[ids[i]];
 		uint64_t need = parts != NULL && parts[i] > 0 ? parts[i] : 1;
 		s->acks++;
 		if (s->state == SPLIT_ACKED) {
@@ -2093,18 +2123,18 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 						  : NULL;
 			if (t != NULL && t->nleased > 0)
 				t->nleased--;
-			j->nleased--;
+			j->ledger.nleased--;
 		} else {
 			/* Released after a death, yet it did arrive: its
 			 * ring entry goes stale. */
-			j->npending--;
+			j->ledger.npending--;
 		}
 		s->state = SPLIT_ACKED;
 		s->task_id = 0;
 		free(s->ackers);
 		s->ackers = NULL;
 		s->ackers_cap = 0;
-		j->nacked++;
+		j->ledger.nacked++;
 		if (fresh != NULL)
 			fresh[nfresh] = ids[i];
 		nfresh++;
@@ -2249,14 +2279,14 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 static void
 coord_heartbeat(cwi_dispatcher *d, job *j, client *c)
 {
-	if (j->coord_target == CWI_ROUND_NONE)
+	if (j->coord.target == CWI_ROUND_NONE)
 		return;
-	if (c->round > j->coord_target) {
-		j->coord_target = CWI_ROUND_NONE;
+	if (c->round > j->coord.target) {
+		j->coord.target = CWI_ROUND_NONE;
 		coord_open(d, j);
 		return;
 	}
-	if (c->told_target == j->coord_target)
+	if (c->told_target == j->coord.target)
 		c->ready = true;
 }
 
@@ -2299,15 +2329,15 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		coord_update(d, j);
 	}
 	rep->job_finished = j->data_done;
-	rep->splits_total = j->nsplits;
-	rep->splits_acked = j->nacked;
-	if (j->coord_target != CWI_ROUND_NONE) {
-		rep->block_round = j->coord_target;
-		c->told_target = j->coord_target;
+	rep->splits_total = j->ledger.nsplits;
+	rep->splits_acked = j->ledger.nacked;
+	if (j->coord.target != CWI_ROUND_NONE) {
+		rep->block_round = j->coord.target;
+		c->told_target = j->coord.target;
 	}
 	rv = fill_task_list(d, j, rep);
 	if (rep->ntasks > 0)
-		j->published = true;
+		j->coord.published = true;
 	if (rv == CACHEW_OK)
 		(void)fill_job_ops(d, j, rep); /* metrics only */
 	return rv;
@@ -2472,6 +2502,7 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
     uint64_t now)
 {
 	job *j = t->job;
+	struct split_ledger *l = &j->ledger;
 	uint64_t de, db;
 
 	/* Counters only grow; smaller ones mean the worker started over. */
@@ -2490,11 +2521,11 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	t->bytes = r->bytes;
 	task_busy(t, r);
 	(void)copy_ops(t, r); /* metrics only: keep the old ones on ENOMEM */
-	for (size_t k = 0; k < r->nsplits_delivered && j->splits != NULL; k++) {
+	for (size_t k = 0; k < r->nsplits_delivered && l->splits != NULL; k++) {
 		uint64_t id = r->splits_delivered[k];
-		if (id < j->nsplits && j->splits[id].state == SPLIT_LEASED &&
-		    j->splits[id].task_id == t->id)
-			j->splits[id].delivered = true;
+		if (id < l->nsplits && l->splits[id].state == SPLIT_LEASED &&
+		    l->splits[id].task_id == t->id)
+			l->splits[id].delivered = true;
 	}
 	if (r->done)
 		task_done(d, t);
@@ -2513,9 +2544,9 @@ static cachew_err
 fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 {
 	const dataset *ds = t->job->ds;
-	const uint8_t *graph = t->job->pass_graph != NULL ? t->job->pass_graph
+	const uint8_t *graph = t->job->pass.graph != NULL ? t->job->pass.graph
 							  : ds->graph;
-	size_t len = t->job->pass_graph != NULL ? t->job->pass_graph_len
+	size_t len = t->job->pass.graph != NULL ? t->job->pass.graph_len
 						: ds->graph_len;
 
 	td->task_id = t->id;
@@ -2759,12 +2790,12 @@ status_jobs(const cwi_dispatcher *d, cwi_msg_status_reply *rep)
 		js->num_consumers = j->num_consumers;
 		js->clients = (uint32_t)j->nclients;
 		js->tasks = v.tasks;
-		js->target_workers = j->target;
-		js->units_per_split = j->units_per_split;
-		js->splits_total = j->nsplits;
-		js->splits_pending = j->npending;
-		js->splits_leased = j->nleased;
-		js->splits_acked = j->nacked;
+		js->target_workers = j->sizing.target;
+		js->units_per_split = j->ledger.units_per_split;
+		js->splits_total = j->ledger.nsplits;
+		js->splits_pending = j->ledger.npending;
+		js->splits_leased = j->ledger.nleased;
+		js->splits_acked = j->ledger.nacked;
 		js->elements = j->elements;
 		js->bytes = j->bytes;
 		js->elements_per_s = v.elements_per_s;
@@ -2774,19 +2805,19 @@ status_jobs(const cwi_dispatcher *d, cwi_msg_status_reply *rep)
 		js->batch_time_ns = v.batch_time_ns;
 		js->data_done = j->data_done;
 		js->finished = j->finished;
-		if (j->scale_name[0] != '\0') {
-			js->weight = j->weight;
-			js->want = j->want;
-			js->granted = j->granted;
-			js->settled = j->settled;
-			js->scale_policy = cwi_strdup(j->scale_name);
-			js->reason = cwi_strdup(j->reason);
+		if (j->sizing.scale_name[0] != '\0') {
+			js->weight = j->sizing.weight;
+			js->want = j->sizing.want;
+			js->granted = j->sizing.granted;
+			js->settled = j->sizing.settled;
+			js->scale_policy = cwi_strdup(j->sizing.scale_name);
+			js->reason = cwi_strdup(j->sizing.reason);
 			if (js->scale_policy == NULL || js->reason == NULL)
 				return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
-		if (j->cache_mode[0] != '\0') {
-			js->cache_mode = cwi_strdup(j->cache_mode);
-			js->cache_reason = cwi_strdup(j->cache_reason);
+		if (j->pass.cache_mode[0] != '\0') {
+			js->cache_mode = cwi_strdup(j->pass.cache_mode);
+			js->cache_reason = cwi_strdup(j->pass.cache_reason);
 			if (js->cache_mode == NULL || js->cache_reason == NULL)
 				return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
@@ -2997,11 +3028,13 @@ cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
 	if (j == NULL)
 		return;
 	if (mode != NULL)
-		snprintf(j->cache_mode, sizeof(j->cache_mode), "%s", mode);
-	snprintf(j->cache_reason, sizeof(j->cache_reason), "%s", text);
+		snprintf(j->pass.cache_mode, sizeof(j->pass.cache_mode), "%s",
+		    mode);
+	snprintf(j->pass.cache_reason, sizeof(j->pass.cache_reason), "%s",
+	    text);
 	ev_begin(d, "autocache");
 	ev_u64(d, "job_id", j->id);
-	ev_str(d, "cache_mode", j->cache_mode);
+	ev_str(d, "cache_mode", j->pass.cache_mode);
 	ev_str(d, "cache", text);
 	ev_end(d);
 }
