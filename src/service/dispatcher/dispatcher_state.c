@@ -1,213 +1,15 @@
 /*
  * dispatcher_state.c - the dispatcher's state machine (see
- * dispatcher_state.h; docs/protocol.md, "Dispatcher rules").
- *
- * Layout: workers, datasets, jobs and tasks live in vectors of pointers
- * kept in id order (ids only grow, new entries are appended, removal keeps
- * the order), so every scan, reply and event comes out in a reproducible
- * order. Sizes are small (hundreds of workers, thousands of tasks), so
- * lookups scan; the one large table, a job's splits, is indexed by split
- * id.
- *
- * A job's splits move PENDING -> LEASED -> ACKED, and LEASED -> PENDING
- * when their worker dies (or a shared job's client leaves with them).
- * ACKED is final. The pending pool is a ring of split ids: a split is in
- * the ring at most once, a split acknowledged while pending leaves a
- * stale entry that popping skips, so the ring never needs more than
- * nsplits slots. Released splits go to the front, so lost data is
- * produced again first.
- *
- * Invariant (checked by the tests): npending + nleased + nacked ==
- * nsplits, and every split is in exactly one of those states.
+ * dispatcher_state.h; docs/protocol.md, "Dispatcher rules"): the registry
+ * of workers, datasets, jobs, clients and tasks, the events log, and the
+ * entry point of every message. The structs and the parts kept in other
+ * files are in dispatcher_int.h.
  */
-#include "dispatcher_state.h"
+#include "dispatcher_int.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
-
-#define NS_PER_MS 1000000ull
-
-/* ---- the state ----------------------------------------------------------- */
-
-typedef struct vec {
-	void **v;
-	size_t n, cap;
-} vec;
-
-typedef struct worker {
-	uint64_t id;
-	char *address;
-	char *build;
-	uint32_t cores;
-	uint64_t memory_bytes;
-	uint64_t last_seen_ns;
-	double cpu_use;
-	bool draining;
-	uint32_t ntasks;
-} worker;
-
-typedef struct dataset {
-	uint64_t id;
-	cachew_fingerprint fp;
-	uint8_t *graph;
-	size_t graph_len;
-	int64_t split_units;
-	uint64_t last_used_ns; /* registered or given a job */
-} dataset;
-
-enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED };
-
-typedef struct split {
-	uint8_t state;
-	bool delivered;     /* the lessee sent its last element */
-	uint32_t acks;      /* acknowledgements, duplicates included */
-	uint32_t part_acks; /* clients in `ackers` */
-	uint32_t ackers_cap;
-	uint32_t lease;     /* leases so far: the current one's number */
-	/* Clients that acknowledged their part of this lease, when it was
-	 * read by several (parts > 1): each counts once, so that an ack
-	 * resent after a lost reply cannot complete the split early. */
-	uint64_t *ackers;
-	uint64_t orphan_ns; /* when its lessee went, delivered but unacked */
-	uint64_t task_id;   /* lessee; 0 once the task is gone */
-	uint64_t worker_id; /* lessee's worker */
-} split;
-
-typedef struct client {
-	uint64_t id;
-	int64_t consumer_index;
-	uint64_t last_seen_ns;
-	uint64_t batch_time_ns;
-	uint64_t wait_time_ns;
-	double buffer_fill;
-	uint64_t round;
-	uint64_t told_target; /* block_round in its last reply */
-	bool ready;           /* acknowledged the pending change's round */
-	/* heartbeats since the job's last scale sample */
-	uint64_t acc_batches, acc_elapsed_ns, acc_wait_ns;
-	double acc_fill;
-	uint32_t acc_reports;
-} client;
-
-typedef struct job job;
-
-typedef struct task {
-	uint64_t id;
-	job *job;
-	worker *w;
-	cwi_task_state state;
-	uint64_t start_round;
-	uint64_t end_round;
-	uint64_t nleased;
-	uint64_t elements;
-	uint64_t bytes;
-	uint64_t rate_at_ns;
-	double elements_per_s;
-	double bytes_per_s;
-	cwi_op_counters *ops;
-	size_t nops;
-	/* run and stall time: last reported, and growth since the job's
-	 * last scale sample */
-	uint64_t run_ns, stall_ns;
-	uint64_t acc_run_ns, acc_stall_ns;
-} task;
-
-/* The split ledger of a distributed_epoch job: its invariant is that every
- * split unit is delivered once per epoch (see the top of this file). splits
- * NULL: no ledger (parallel_epochs, an empty dataset, a finished job). */
-struct split_ledger {
-	split *splits;         /* indexed by split id */
-	uint64_t nsplits, nunits, units_per_split;
-	uint64_t *ring;        /* the pending pool */
-	uint64_t ring_head, ring_len;
-	uint64_t npending, nleased, nacked;
-};
-
-/* How many workers a job gets: its worker count decision (count_fn), or
- * with the policy engine (autoscale) its scaler's want and fair share's
- * grant. */
-struct job_sizing {
-	cwi_worker_count_fn count_fn; /* NULL: the policy engine decides */
-	void *count_ctx;
-	uint32_t target;       /* the decision last applied */
-	bool target_set;
-	/* Policy engine (autoscale): NULL scaler = not autoscaled. */
-	cwi_scaler *scaler;
-	char scale_name[32];   /* the policy's canonical spelling */
-	double weight;
-	uint32_t want;         /* the scaler's decision */
-	uint32_t granted;      /* fair share's answer */
-	bool settled;
-	bool epoch_start;      /* the next sample starts an epoch */
-	uint64_t sample_ns;    /* the current sample began */
-	char reason[192];
-};
-
-/* Coordinated reads (num_consumers > 0): the job's round schedule. */
-struct coord_schedule {
-	uint64_t target;       /* pending schedule change, or NONE */
-	bool published;        /* a client has been sent the task list */
-};
-
-/* Autocaching: the pass this job runs (graph NULL: the dataset's graph, no
- * planner). */
-struct job_pass {
-	uint8_t *graph;
-	size_t graph_len;
-	uint64_t units;
-	double worker_scale;   /* > 0: scale a carried-over count */
-	void *ctx;             /* the planner's until the end is queued */
-	bool ended;
-	char cache_mode[12];
-	char cache_reason[512];
-};
-
-struct job {
-	uint64_t id;
-	char *name;
-	uint64_t iteration;
-	dataset *ds;
-	cwi_processing_mode mode;
-	cwi_compression compression;
-	uint64_t seed;
-	cwi_worker_policy policy;
-	uint32_t num_workers;
-	uint32_t num_consumers;
-	client *clients;
-	size_t nclients, capclients;
-	bool data_done;
-	bool any_task_done; /* parallel_epochs: the pass is ending */
-	bool finished;
-	uint64_t elements, bytes;
-	struct split_ledger ledger; /* distributed_epoch */
-	struct job_sizing sizing;
-	struct coord_schedule coord;
-	struct job_pass pass;
-};
-
-struct cwi_dispatcher {
-	cwi_dispatcher_config cfg;
-	vec workers, datasets, jobs, tasks;
-	uint64_t next_worker_id, next_dataset_id, next_job_id;
-	uint64_t next_client_id, next_task_id;
-	uint64_t now; /* the current call's clock, for events */
-	cwi_strbuf ev;
-	/* policy engine */
-	uint64_t next_decision_ns;
-	uint32_t pool_target;
-	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
-	uint32_t npool_recent;
-	/* autocaching */
-	cwi_job_pass *offered;  /* the next job created takes it */
-	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
-	size_t npass_ends, cappass_ends;
-};
-
-#define WORKER(d, i) ((worker *)(d)->workers.v[i])
-#define DATASET(d, i) ((dataset *)(d)->datasets.v[i])
-#define JOB(d, i) ((job *)(d)->jobs.v[i])
-#define TASK(d, i) ((task *)(d)->tasks.v[i])
 
 static bool
 vec_push(vec *v, void *p)
@@ -239,8 +41,8 @@ vec_remove(vec *v, void *p)
 
 /* ---- events -------------------------------------------------------------- */
 
-static void
-ev_begin(cwi_dispatcher *d, const char *name)
+void
+cwi_disp_ev_begin(cwi_dispatcher *d, const char *name)
 {
 	d->ev.len = 0;
 	d->ev.oom = false;
@@ -248,22 +50,22 @@ ev_begin(cwi_dispatcher *d, const char *name)
 	    d->now, name);
 }
 
-static void
-ev_u64(cwi_dispatcher *d, const char *key, uint64_t v)
+void
+cwi_disp_ev_u64(cwi_dispatcher *d, const char *key, uint64_t v)
 {
 	cwi_strbuf_printf(&d->ev, ",\"%s\":%" PRIu64, key, v);
 }
 
-static void
-ev_i64(cwi_dispatcher *d, const char *key, int64_t v)
+void
+cwi_disp_ev_i64(cwi_dispatcher *d, const char *key, int64_t v)
 {
 	cwi_strbuf_printf(&d->ev, ",\"%s\":%" PRId64, key, v);
 }
 
 /* A JSON string: quotes, backslashes and control bytes escaped; other
  * bytes (UTF-8 included) as they are. */
-static void
-ev_str(cwi_dispatcher *d, const char *key, const char *s)
+void
+cwi_disp_ev_str(cwi_dispatcher *d, const char *key, const char *s)
 {
 	cwi_strbuf_printf(&d->ev, ",\"%s\":\"", key);
 	for (const unsigned char *p = (const unsigned char *)s; *p != 0; p++) {
@@ -277,8 +79,9 @@ ev_str(cwi_dispatcher *d, const char *key, const char *s)
 	cwi_strbuf_puts(&d->ev, "\"");
 }
 
-static void
-ev_ids(cwi_dispatcher *d, const char *key, const uint64_t *ids, size_t n)
+void
+cwi_disp_ev_ids(cwi_dispatcher *d, const char *key, const uint64_t *ids,
+    size_t n)
 {
 	cwi_strbuf_printf(&d->ev, ",\"%s\":[", key);
 	for (size_t i = 0; i < n; i++)
@@ -287,8 +90,8 @@ ev_ids(cwi_dispatcher *d, const char *key, const uint64_t *ids, size_t n)
 	cwi_strbuf_puts(&d->ev, "]");
 }
 
-static void
-ev_end(cwi_dispatcher *d)
+void
+cwi_disp_ev_end(cwi_dispatcher *d)
 {
 	cwi_strbuf_puts(&d->ev, "}");
 	/* An event that ran out of memory is dropped, not half written. */
@@ -303,8 +106,8 @@ ev_end(cwi_dispatcher *d)
 	}
 }
 
-static bool
-events_on(const cwi_dispatcher *d)
+bool
+cwi_disp_events_on(const cwi_dispatcher *d)
 {
 	return d->cfg.event_fn != NULL || d->cfg.event_file != NULL;
 }
@@ -392,24 +195,11 @@ task_free(task *t)
 }
 
 static void
-job_free_splits(job *j)
-{
-	struct split_ledger *l = &j->ledger;
-
-	for (uint64_t i = 0; l->splits != NULL && i < l->nsplits; i++)
-		free(l->splits[i].ackers);
-	free(l->splits);
-	free(l->ring);
-	l->splits = NULL;
-	l->ring = NULL;
-}
-
-static void
 job_free(const cwi_dispatcher *d, job *j)
 {
 	if (j == NULL)
 		return;
-	job_free_splits(j);
+	cwi_ledger_free(&j->ledger);
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
@@ -450,8 +240,8 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	free(d);
 }
 
-static worker *
-find_worker(const cwi_dispatcher *d, uint64_t id)
+worker *
+cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id)
 {
 	for (size_t i = 0; i < d->workers.n; i++)
 		if (WORKER(d, i)->id == id)
@@ -459,8 +249,8 @@ find_worker(const cwi_dispatcher *d, uint64_t id)
 	return NULL;
 }
 
-static task *
-find_task(const cwi_dispatcher *d, uint64_t id)
+task *
+cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id)
 {
 	for (size_t i = 0; i < d->tasks.n; i++)
 		if (TASK(d, i)->id == id)
@@ -469,7 +259,7 @@ find_task(const cwi_dispatcher *d, uint64_t id)
 }
 
 static job *
-find_job(const cwi_dispatcher *d, uint64_t id)
+cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id)
 {
 	for (size_t i = 0; i < d->jobs.n; i++)
 		if (JOB(d, i)->id == id)
@@ -478,7 +268,7 @@ find_job(const cwi_dispatcher *d, uint64_t id)
 }
 
 static dataset *
-find_dataset(const cwi_dispatcher *d, uint64_t id)
+cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id)
 {
 	for (size_t i = 0; i < d->datasets.n; i++)
 		if (DATASET(d, i)->id == id)
@@ -500,7 +290,7 @@ static cachew_err
 job_client(cwi_dispatcher *d, uint64_t job_id, uint64_t client_id, job **jp,
     client **cp)
 {
-	job *j = find_job(d, job_id);
+	job *j = cwi_disp_find_job(d, job_id);
 
 	if (j == NULL || j->finished)
 		return cwi_fail(CACHEW_ENOENT, "job %" PRIu64 " is not running",
@@ -515,8 +305,8 @@ job_client(cwi_dispatcher *d, uint64_t job_id, uint64_t client_id, job **jp,
 	return CACHEW_OK;
 }
 
-static uint32_t
-workers_available(const cwi_dispatcher *d)
+uint32_t
+cwi_disp_workers_available(const cwi_dispatcher *d)
 {
 	uint32_t n = 0;
 
@@ -526,152 +316,7 @@ workers_available(const cwi_dispatcher *d)
 	return n;
 }
 
-static bool
-coordinated(const job *j)
-{
-	return j->num_consumers > 0;
-}
-
-/* ---- splits -------------------------------------------------------------- */
-
-static void
-ring_push(struct split_ledger *l, uint64_t id, bool front)
-{
-	if (front) {
-		l->ring_head = (l->ring_head + l->nsplits - 1) % l->nsplits;
-		l->ring[l->ring_head] = id;
-	} else {
-		l->ring[(l->ring_head + l->ring_len) % l->nsplits] = id;
-	}
-	l->ring_len++;
-}
-
-/* The next pending split; stale entries (acknowledged while pending) are
- * dropped on the way. false when none is pending. */
-static bool
-ring_pop(struct split_ledger *l, uint64_t *id)
-{
-	while (l->ring_len > 0) {
-		uint64_t s = l->ring[l->ring_head];
-		l->ring_head = (l->ring_head + 1) % l->nsplits;
-		l->ring_len--;
-		if (l->splits[s].state == SPLIT_PENDING) {
-			*id = s;
-			return true;
-		}
-	}
-	return false;
-}
-
-static void
-split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
-{
-	out->split_id = id;
-	out->begin = id * l->units_per_split;
-	out->end = out->begin + l->units_per_split;
-	if (out->end > l->nunits)
-		out->end = l->nunits;
-}
-
-/* LEASED -> PENDING, at the front of the pool. */
-static void
-split_release(cwi_dispatcher *d, job *j, uint64_t id)
-{
-	split *s = &j->ledger.splits[id];
-	task *t = s->task_id != 0 ? find_task(d, s->task_id) : NULL;
-
-	if (t != NULL && t->nleased > 0)
-		t->nleased--;
-	s->state = SPLIT_PENDING;
-	s->task_id = 0;
-	s->worker_id = 0;
-	s->delivered = false;
-	j->ledger.nleased--;
-	j->ledger.npending++;
-	ring_push(&j->ledger, id, true);
-}
-
-/* Releases the leased, unacknowledged splits of job j that `match`
- * selects; one split_released event lists them. */
-static void
-release_splits(cwi_dispatcher *d, job *j, bool (*match)(const split *,
-    uint64_t), uint64_t arg, const char *reason, uint64_t worker_id)
-{
-	uint64_t *ids = NULL;
-	size_t n = 0;
-
-	if (j->ledger.splits == NULL || j->ledger.nleased == 0)
-		return;
-	if (events_on(d))
-		ids = malloc(j->ledger.nleased * sizeof(*ids));
-	/* Backwards, so the front of the pool ends up in ascending order. */
-	for (uint64_t k = j->ledger.nsplits; k-- > 0;) {
-		if (j->ledger.splits[k].state != SPLIT_LEASED ||
-		    !match(&j->ledger.splits[k], arg))
-			continue;
-		split_release(d, j, k);
-		if (ids != NULL)
-			ids[n] = k;
-		n++;
-	}
-	if (n > 0 && ids != NULL) {
-		for (size_t a = 0, b = n - 1; a < b; a++, b--) {
-			uint64_t x = ids[a];
-			ids[a] = ids[b];
-			ids[b] = x;
-		}
-		ev_begin(d, "split_released");
-		ev_u64(d, "job_id", j->id);
-		if (worker_id != 0)
-			ev_u64(d, "worker_id", worker_id);
-		ev_str(d, "reason", reason);
-		ev_ids(d, "splits", ids, n);
-		ev_end(d);
-	}
-	free(ids);
-}
-
-/* A split whose task ended (its data delivered) that no client has
- * acknowledged within the grace period: the acknowledgement was lost (a
- * reply lost in a reset connection, a client that gave up on a worker).
- * Leasing it again may repeat elements; keeping it would end the epoch
- * never. `arg` is the cutoff time. */
-static bool
-match_orphaned(const split *s, uint64_t cutoff)
-{
-	return s->task_id == 0 && s->delivered && s->orphan_ns < cutoff;
-}
-
-static bool
-match_worker(const split *s, uint64_t worker_id)
-{
-	return s->worker_id == worker_id;
-}
-
-/* A worker that deregistered drained first: the splits it delivered are
- * on their way to clients, whose acknowledgements can trail its goodbye
- * (a slow client: autoscale_process_provisioner_scales_a_job got 500
- * elements twice). Leased again they would come twice; uncoordinated,
- * they stay delivered and unacked, and the orphan rule (match_orphaned)
- * leases them again only if no acknowledgement comes within its grace. */
-static bool
-match_worker_undelivered(const split *s, uint64_t worker_id)
-{
-	return s->worker_id == worker_id && !s->delivered;
-}
-
-static bool
-match_task(const split *s, uint64_t task_id)
-{
-	return s->task_id == task_id;
-}
-
-static bool
-match_delivered(const split *s, uint64_t unused)
-{
-	(void)unused;
-	return s->delivered;
-}
+/* ---- the end of a job's data --------------------------------------------- */
 
 /* Queues the end of a job's autocaching pass with its tasks' counters.
  * Out of memory: the planner never hears of it (its ctx is freed), which
@@ -738,44 +383,33 @@ epoch_check(cwi_dispatcher *d, job *j)
 	    j->ledger.nacked < j->ledger.nsplits)
 		return;
 	j->data_done = true;
-	ev_begin(d, "epoch_done");
-	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "splits", j->ledger.nsplits);
-	ev_end(d);
+	cwi_disp_ev_begin(d, "epoch_done");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
+	cwi_disp_ev_end(d);
 	pass_end(d, j, true);
 }
 
 /* ---- tasks --------------------------------------------------------------- */
 
-static void
-task_event(cwi_dispatcher *d, const char *name, const task *t)
+void
+cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t)
 {
-	ev_begin(d, name);
-	ev_u64(d, "task_id", t->id);
-	ev_u64(d, "job_id", t->job->id);
-	ev_u64(d, "worker_id", t->w->id);
+	cwi_disp_ev_begin(d, name);
+	cwi_disp_ev_u64(d, "task_id", t->id);
+	cwi_disp_ev_u64(d, "job_id", t->job->id);
+	cwi_disp_ev_u64(d, "worker_id", t->w->id);
 }
 
 /* Forgets a task. Splits it still holds stay leased to its worker (which
  * delivered them, or they are released with it when it dies). */
 static void
-task_drop(cwi_dispatcher *d, task *t, const char *reason)
+cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 {
-	job *j = t->job;
-
-	if (t->nleased > 0 && j->ledger.splits != NULL) {
-		for (uint64_t k = 0; k < j->ledger.nsplits; k++) {
-			split *s = &j->ledger.splits[k];
-			if (s->state == SPLIT_LEASED && s->task_id == t->id) {
-				s->task_id = 0;
-				s->delivered = true;
-				s->orphan_ns = d->now;
-			}
-		}
-	}
-	task_event(d, "task_removed", t);
-	ev_str(d, "reason", reason);
-	ev_end(d);
+	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
+	cwi_disp_task_event(d, "task_removed", t);
+	cwi_disp_ev_str(d, "reason", reason);
+	cwi_disp_ev_end(d);
 	t->w->ntasks--;
 	vec_remove(&d->tasks, t);
 	task_free(t);
@@ -821,10 +455,10 @@ coord_open(cwi_dispatcher *d, job *j)
 	j->coord.target = consumer_round(j, true) + d->cfg.coord_round_margin;
 	for (size_t i = 0; i < j->nclients; i++)
 		j->clients[i].ready = false;
-	ev_begin(d, "schedule_change_announced");
-	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "round", j->coord.target);
-	ev_end(d);
+	cwi_disp_ev_begin(d, "schedule_change_announced");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_u64(d, "round", j->coord.target);
+	cwi_disp_ev_end(d);
 }
 
 static task *
@@ -846,16 +480,16 @@ task_add(cwi_dispatcher *d, job *j, worker *w)
 	/* Coordinated: nobody can be reading from an empty schedule, so a
 	 * task joins it at once, at the round the slowest consumer waits
 	 * for; otherwise at a round announced to every consumer first. */
-	if (coordinated(j) && schedule_empty(d, j)) {
+	if (job_coordinated(j) && schedule_empty(d, j)) {
 		t->start_round = consumer_round(j, false);
-	} else if (coordinated(j)) {
+	} else if (job_coordinated(j)) {
 		t->state = CWI_TASK_STARTING;
 		t->start_round = CWI_ROUND_NONE;
 	}
-	task_event(d, "task_added", t);
-	if (coordinated(j) && t->start_round != CWI_ROUND_NONE)
-		ev_u64(d, "start_round", t->start_round);
-	ev_end(d);
+	cwi_disp_task_event(d, "task_added", t);
+	if (job_coordinated(j) && t->start_round != CWI_ROUND_NONE)
+		cwi_disp_ev_u64(d, "start_round", t->start_round);
+	cwi_disp_ev_end(d);
 	if (t->state == CWI_TASK_STARTING)
 		coord_open(d, j);
 	return t;
@@ -870,24 +504,24 @@ task_begin_remove(cwi_dispatcher *d, task *t, const char *reason)
 
 	if (t->state == CWI_TASK_REMOVING)
 		return false;
-	if (coordinated(j)) {
+	if (job_coordinated(j)) {
 		if (t->state == CWI_TASK_STARTING) {
-			task_drop(d, t, reason);
+			cwi_disp_task_drop(d, t, reason);
 			return true;
 		}
 		/* Consumers keep reading it until the announced round. */
 		t->state = CWI_TASK_REMOVING;
 		coord_open(d, j);
 	} else if (j->mode == CWI_MODE_PARALLEL_EPOCHS || t->nleased == 0) {
-		task_drop(d, t, reason);
+		cwi_disp_task_drop(d, t, reason);
 		return true;
 	} else {
 		t->state = CWI_TASK_REMOVING;
 	}
-	task_event(d, "task_removing", t);
-	ev_u64(d, "leased", t->nleased);
-	ev_str(d, "reason", reason);
-	ev_end(d);
+	cwi_disp_task_event(d, "task_removing", t);
+	cwi_disp_ev_u64(d, "leased", t->nleased);
+	cwi_disp_ev_str(d, "reason", reason);
+	cwi_disp_ev_end(d);
 	return false;
 }
 
@@ -899,15 +533,15 @@ task_done(cwi_dispatcher *d, task *t)
 
 	if (j->mode == CWI_MODE_PARALLEL_EPOCHS)
 		j->any_task_done = true;
-	task_drop(d, t, "done");
+	cwi_disp_task_drop(d, t, "done");
 	if (j->mode == CWI_MODE_PARALLEL_EPOCHS && !j->data_done) {
 		for (size_t i = 0; i < d->tasks.n; i++)
 			if (TASK(d, i)->job == j)
 				return;
 		j->data_done = true;
-		ev_begin(d, "epoch_done");
-		ev_u64(d, "job_id", j->id);
-		ev_end(d);
+		cwi_disp_ev_begin(d, "epoch_done");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_end(d);
 	}
 }
 
@@ -922,8 +556,8 @@ drop_finished_removals(cwi_dispatcher *d, job *j)
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
 		if (t->job == j && t->state == CWI_TASK_REMOVING &&
-		    !coordinated(j) && t->nleased == 0) {
-			task_drop(d, t, "removed");
+		    !job_coordinated(j) && t->nleased == 0) {
+			cwi_disp_task_drop(d, t, "removed");
 			dropped = true;
 			continue;
 		}
@@ -940,7 +574,7 @@ coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
 	uint64_t *started = NULL, *ended = NULL;
 	size_t ns = 0, ne = 0;
 
-	if (events_on(d)) {
+	if (cwi_disp_events_on(d)) {
 		started = malloc((d->tasks.n + 1) * sizeof(*started));
 		ended = malloc((d->tasks.n + 1) * sizeof(*ended));
 	}
@@ -964,12 +598,12 @@ coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
 	}
 	j->coord.target = CWI_ROUND_NONE;
 	if (started != NULL && ended != NULL) {
-		ev_begin(d, "schedule_changed");
-		ev_u64(d, "job_id", j->id);
-		ev_u64(d, "round", round);
-		ev_ids(d, "started", started, ns);
-		ev_ids(d, "ended", ended, ne);
-		ev_end(d);
+		cwi_disp_ev_begin(d, "schedule_changed");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "round", round);
+		cwi_disp_ev_ids(d, "started", started, ns);
+		cwi_disp_ev_ids(d, "ended", ended, ne);
+		cwi_disp_ev_end(d);
 	}
 	free(started);
 	free(ended);
@@ -981,7 +615,7 @@ coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
 static void
 coord_update(cwi_dispatcher *d, job *j)
 {
-	if (!coordinated(j) || j->finished)
+	if (!job_coordinated(j) || j->finished)
 		return;
 	if (j->coord.target != CWI_ROUND_NONE) {
 		bool all = true;
@@ -1000,9 +634,8 @@ coord_update(cwi_dispatcher *d, job *j)
 			consumer_round(j, false) >= t->end_round)) {
 			/* Its rounds are read: what it leased and nobody
 			 * acknowledged will never be read from it. */
-			release_splits(d, j, match_task, t->id, "task_ended",
-			    t->w->id);
-			task_drop(d, t, "removed");
+			cwi_ledger_release_task(d, j, t);
+			cwi_disp_task_drop(d, t, "removed");
 			continue;
 		}
 		i++;
@@ -1033,7 +666,7 @@ job_view(const cwi_dispatcher *d, const job *j, cwi_job_view *v)
 	v->num_workers = j->num_workers;
 	v->num_consumers = j->num_consumers;
 	v->clients = (uint32_t)j->nclients;
-	v->workers_available = workers_available(d);
+	v->workers_available = cwi_disp_workers_available(d);
 	for (size_t i = 0; i < d->tasks.n; i++) {
 		const task *t = TASK(d, i);
 		if (t->job != j)
@@ -1116,16 +749,16 @@ reconcile_job(cwi_dispatcher *d, job *j)
 	if (!j->sizing.target_set || target != j->sizing.target) {
 		j->sizing.target = target;
 		j->sizing.target_set = true;
-		ev_begin(d, "job_target");
-		ev_u64(d, "job_id", j->id);
-		ev_u64(d, "workers", target);
-		ev_end(d);
+		cwi_disp_ev_begin(d, "job_target");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "workers", target);
+		cwi_disp_ev_end(d);
 	}
 	/* Coordinated, once every split is leased: a new task could only
 	 * end at once, after making every consumer wait for a schedule
 	 * change. */
 	while (v.tasks < target &&
-	       !(coordinated(j) && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
+	       !(job_coordinated(j) && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
 		   j->ledger.splits != NULL && j->ledger.npending == 0)) {
 		worker *w = pick_worker(d, j);
 		if (w == NULL || task_add(d, j, w) == NULL)
@@ -1148,7 +781,7 @@ static void share(cwi_dispatcher *d, bool tell);
  * share first, so workers that came or went, and jobs that started or
  * ended, move workers at once. */
 static void
-reconcile(cwi_dispatcher *d)
+cwi_disp_reconcile(cwi_dispatcher *d)
 {
 	share(d, false);
 	for (size_t i = 0; i < d->jobs.n; i++)
@@ -1187,18 +820,19 @@ share(cwi_dispatcher *d, bool tell)
 		want[i] = scaled(j) ? j->sizing.want : 0;
 		weight[i] = j->sizing.weight > 0 ? j->sizing.weight : 1.0;
 	}
-	cwi_fair_share(want, weight, n, workers_available(d), got);
+	cwi_fair_share(want, weight, n, cwi_disp_workers_available(d), got);
 	for (size_t i = 0; i < n; i++) {
 		job *j = JOB(d, i);
 		if (!scaled(j))
 			continue;
 		if (got[i] != j->sizing.granted) {
-			ev_begin(d, "job_share");
-			ev_u64(d, "job_id", j->id);
-			ev_u64(d, "want", want[i]);
-			ev_u64(d, "granted", got[i]);
-			ev_u64(d, "available", workers_available(d));
-			ev_end(d);
+			cwi_disp_ev_begin(d, "job_share");
+			cwi_disp_ev_u64(d, "job_id", j->id);
+			cwi_disp_ev_u64(d, "want", want[i]);
+			cwi_disp_ev_u64(d, "granted", got[i]);
+			cwi_disp_ev_u64(d, "available",
+			    cwi_disp_workers_available(d));
+			cwi_disp_ev_end(d);
 		}
 		j->sizing.granted = got[i];
 		if (tell && got[i] >= 1 && got[i] < want[i])
@@ -1288,18 +922,18 @@ job_decide(cwi_dispatcher *d, job *j, uint64_t now)
 	j->sizing.want = dec.workers;
 	j->sizing.settled = dec.settled;
 	snprintf(j->sizing.reason, sizeof(j->sizing.reason), "%s", dec.reason);
-	ev_begin(d, "scale_decision");
-	ev_u64(d, "job_id", j->id);
-	ev_str(d, "policy", j->sizing.scale_name);
-	ev_u64(d, "want", j->sizing.want);
+	cwi_disp_ev_begin(d, "scale_decision");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_str(d, "policy", j->sizing.scale_name);
+	cwi_disp_ev_u64(d, "want", j->sizing.want);
 	cwi_strbuf_printf(&d->ev, ",\"settled\":%s",
 	    j->sizing.settled ? "true" : "false");
-	ev_u64(d, "batches", smp.batches);
-	ev_u64(d, "elapsed_ns", smp.elapsed_ns);
-	ev_u64(d, "wait_ns", smp.wait_ns);
-	ev_u64(d, "workers", smp.workers);
-	ev_str(d, "reason", j->sizing.reason);
-	ev_end(d);
+	cwi_disp_ev_u64(d, "batches", smp.batches);
+	cwi_disp_ev_u64(d, "elapsed_ns", smp.elapsed_ns);
+	cwi_disp_ev_u64(d, "wait_ns", smp.wait_ns);
+	cwi_disp_ev_u64(d, "workers", smp.workers);
+	cwi_disp_ev_str(d, "reason", j->sizing.reason);
+	cwi_disp_ev_end(d);
 }
 
 /* The pool target: the sum of what the scaled jobs want, within the
@@ -1330,11 +964,11 @@ pool_update(cwi_dispatcher *d)
 			target = d->pool_recent[i];
 	if (target == d->pool_target)
 		return;
-	ev_begin(d, "pool_target");
-	ev_u64(d, "workers", target);
-	ev_u64(d, "wanted", raw);
-	ev_u64(d, "available", workers_available(d));
-	ev_end(d);
+	cwi_disp_ev_begin(d, "pool_target");
+	cwi_disp_ev_u64(d, "workers", target);
+	cwi_disp_ev_u64(d, "wanted", raw);
+	cwi_disp_ev_u64(d, "available", cwi_disp_workers_available(d));
+	cwi_disp_ev_end(d);
 	d->pool_target = target;
 }
 
@@ -1353,7 +987,7 @@ cwi_dispatcher_decide(cwi_dispatcher *d, uint64_t now_ns)
 	}
 	share(d, true);
 	pool_update(d);
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	d->next_decision_ns = now_ns + d->cfg.decision_interval_ns;
 }
 
@@ -1425,7 +1059,7 @@ previous_pass(const cwi_dispatcher *d, const job *j)
 static uint32_t
 initial_workers(const cwi_dispatcher *d, const cwi_scale_config *c)
 {
-	uint32_t n = workers_available(d);
+	uint32_t n = cwi_disp_workers_available(d);
 
 	switch (c->kind) {
 	case CWI_SCALE_FIXED:
@@ -1514,9 +1148,9 @@ gc_datasets(cwi_dispatcher *d)
 			i++;
 			continue;
 		}
-		ev_begin(d, "dataset_dropped");
-		ev_u64(d, "dataset_id", ds->id);
-		ev_end(d);
+		cwi_disp_ev_begin(d, "dataset_dropped");
+		cwi_disp_ev_u64(d, "dataset_id", ds->id);
+		cwi_disp_ev_end(d);
 		vec_remove(&d->datasets, ds);
 		free(ds->graph);
 		free(ds);
@@ -1554,18 +1188,18 @@ job_finish(cwi_dispatcher *d, job *j, const char *reason)
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
 		if (t->job == j) {
-			task_drop(d, t, "job_finished");
+			cwi_disp_task_drop(d, t, "job_finished");
 			continue;
 		}
 		i++;
 	}
 	j->finished = true;
 	j->coord.target = CWI_ROUND_NONE;
-	job_free_splits(j);
-	ev_begin(d, "job_finished");
-	ev_u64(d, "job_id", j->id);
-	ev_str(d, "reason", reason);
-	ev_end(d);
+	cwi_ledger_free(&j->ledger);
+	cwi_disp_ev_begin(d, "job_finished");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_str(d, "reason", reason);
+	cwi_disp_ev_end(d);
 }
 
 /* A client leaves (released or timed out). A shared job that goes on gets
@@ -1576,10 +1210,10 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 {
 	size_t idx = (size_t)(c - j->clients);
 
-	ev_begin(d, event);
-	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "client_id", c->id);
-	ev_end(d);
+	cwi_disp_ev_begin(d, event);
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_u64(d, "client_id", c->id);
+	cwi_disp_ev_end(d);
 	memmove(&j->clients[idx], &j->clients[idx + 1],
 	    (j->nclients - idx - 1) * sizeof(*c));
 	j->nclients--;
@@ -1593,8 +1227,8 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 	 * (parts = num_consumers): one that leaves took nothing the others
 	 * will miss, and releasing would give the others rounds again. */
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH && !j->data_done &&
-	    !coordinated(j)) {
-		release_splits(d, j, match_delivered, 0, "client_left", 0);
+	    !job_coordinated(j)) {
+		cwi_ledger_release_delivered(d, j);
 		drop_finished_removals(d, j);
 	}
 	coord_update(d, j);
@@ -1657,43 +1291,6 @@ job_check_shared(const job *j, const cwi_msg_job_get_or_create *r)
 	return CACHEW_OK;
 }
 
-/* Groups the dataset's units into about splits_per_worker splits per
- * available worker (at least one unit each). */
-static cachew_err
-job_make_splits(cwi_dispatcher *d, job *j)
-{
-	uint64_t want, w = workers_available(d);
-
-	/* An autoscaled pool grows after the job starts (a provisioner may
-	 * not have started any worker yet): size for the most it may have,
-	 * so the epoch's last splits do not leave one worker busy while
-	 * the others idle. */
-	if (d->cfg.autoscale && d->cfg.max_workers > w)
-		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
-
-	j->ledger.nunits = j->pass.graph != NULL ? j->pass.units
-					  : (uint64_t)j->ds->split_units;
-	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
-	if (want > CWI_PROTO_MAX_SPLITS)
-		want = CWI_PROTO_MAX_SPLITS;
-	j->ledger.units_per_split = j->ledger.nunits / want +
-	    (j->ledger.nunits % want != 0);
-	if (j->ledger.units_per_split == 0)
-		j->ledger.units_per_split = 1;
-	j->ledger.nsplits = j->ledger.nunits / j->ledger.units_per_split +
-	    (j->ledger.nunits % j->ledger.units_per_split != 0);
-	if (j->ledger.nsplits == 0)
-		return CACHEW_OK;
-	j->ledger.splits = calloc(j->ledger.nsplits, sizeof(*j->ledger.splits));
-	j->ledger.ring = malloc(j->ledger.nsplits * sizeof(*j->ledger.ring));
-	if (j->ledger.splits == NULL || j->ledger.ring == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (uint64_t k = 0; k < j->ledger.nsplits; k++)
-		ring_push(&j->ledger, k, false);
-	j->ledger.npending = j->ledger.nsplits;
-	return CACHEW_OK;
-}
-
 static cachew_err
 job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
     dataset *ds, job **out)
@@ -1737,7 +1334,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		d->offered = NULL;
 	}
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
-		rv = job_make_splits(d, j);
+		rv = cwi_ledger_init(d, j);
 		if (rv != CACHEW_OK)
 			goto fail;
 	}
@@ -1751,28 +1348,30 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		goto fail;
 	}
 	j->id = d->next_job_id++;
-	ev_begin(d, "job_created");
-	ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_begin(d, "job_created");
+	cwi_disp_ev_u64(d, "job_id", j->id);
 	if (j->name != NULL) {
-		ev_str(d, "name", j->name);
-		ev_u64(d, "iteration", j->iteration);
+		cwi_disp_ev_str(d, "name", j->name);
+		cwi_disp_ev_u64(d, "iteration", j->iteration);
 	}
-	ev_u64(d, "dataset_id", ds->id);
-	ev_str(d, "processing_mode", cwi_processing_mode_name(j->mode));
-	ev_u64(d, "num_consumers", j->num_consumers);
+	cwi_disp_ev_u64(d, "dataset_id", ds->id);
+	cwi_disp_ev_str(d, "processing_mode",
+	    cwi_processing_mode_name(j->mode));
+	cwi_disp_ev_u64(d, "num_consumers", j->num_consumers);
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
-		ev_u64(d, "splits", j->ledger.nsplits);
-		ev_u64(d, "units_per_split", j->ledger.units_per_split);
+		cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
+		cwi_disp_ev_u64(d, "units_per_split",
+		    j->ledger.units_per_split);
 	}
 	if (j->sizing.scaler != NULL) {
-		ev_str(d, "policy", j->sizing.scale_name);
-		ev_u64(d, "want", j->sizing.want);
+		cwi_disp_ev_str(d, "policy", j->sizing.scale_name);
+		cwi_disp_ev_u64(d, "want", j->sizing.want);
 	}
 	if (j->pass.cache_mode[0] != '\0') {
-		ev_str(d, "cache_mode", j->pass.cache_mode);
-		ev_str(d, "cache", j->pass.cache_reason);
+		cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
+		cwi_disp_ev_str(d, "cache", j->pass.cache_reason);
 	}
-	ev_end(d);
+	cwi_disp_ev_end(d);
 	*out = j;
 	return CACHEW_OK;
 fail:
@@ -1799,17 +1398,18 @@ client_add(cwi_dispatcher *d, job *j, int64_t consumer_index, uint64_t now)
 	c->consumer_index = consumer_index;
 	c->last_seen_ns = now;
 	c->told_target = CWI_ROUND_NONE;
-	ev_begin(d, "client_joined");
-	ev_u64(d, "job_id", j->id);
-	ev_u64(d, "client_id", c->id);
+	cwi_disp_ev_begin(d, "client_joined");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_u64(d, "client_id", c->id);
 	if (consumer_index >= 0)
-		ev_i64(d, "consumer_index", consumer_index);
-	ev_end(d);
+		cwi_disp_ev_i64(d, "consumer_index", consumer_index);
+	cwi_disp_ev_end(d);
 	return c;
 }
 
 static job *
-find_named_job(const cwi_dispatcher *d, const char *name, uint64_t iteration)
+cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,
+    uint64_t iteration)
 {
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
@@ -1825,7 +1425,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_job_get_or_create *req,
     cwi_msg_job_get_or_create_reply *rep)
 {
-	dataset *ds = find_dataset(d, req->dataset_id);
+	dataset *ds = cwi_disp_find_dataset(d, req->dataset_id);
 	job *j = NULL;
 	client *c = NULL;
 	bool created = false;
@@ -1841,7 +1441,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	if (rv != CACHEW_OK)
 		return rv;
 	if (req->job_name != NULL)
-		j = find_named_job(d, req->job_name, req->iteration);
+		j = cwi_disp_find_named_job(d, req->job_name, req->iteration);
 	if (j != NULL) {
 		rv = job_check_shared(j, req);
 		if (rv != CACHEW_OK)
@@ -1885,7 +1485,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	if (created) {
 		if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH)
 			epoch_check(d, j); /* an empty dataset */
-		reconcile(d);
+		cwi_disp_reconcile(d);
 	}
 	return CACHEW_OK;
 }
@@ -1903,7 +1503,7 @@ cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
 	if (rv != CACHEW_OK)
 		return rv;
 	client_leave(d, j, c, "client_released");
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	gc_finished(d);
 	return CACHEW_OK;
 }
@@ -1912,7 +1512,7 @@ cachew_err
 cwi_dispatcher_set_worker_count(cwi_dispatcher *d, uint64_t now_ns,
     uint64_t job_id, cwi_worker_count_fn fn, void *ctx)
 {
-	job *j = find_job(d, job_id);
+	job *j = cwi_disp_find_job(d, job_id);
 
 	d->now = now_ns;
 	if (j == NULL || j->finished)
@@ -1922,33 +1522,18 @@ cwi_dispatcher_set_worker_count(cwi_dispatcher *d, uint64_t now_ns,
 	j->sizing.count_ctx = fn != NULL ? ctx : NULL;
 	if (fn == NULL && j->sizing.scaler != NULL)
 		j->sizing.count_fn = NULL; /* back to the policy engine */
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	return CACHEW_OK;
 }
 
 /* ---- splits: lease and acknowledge --------------------------------------- */
 
-static uint32_t
-active_tasks(const cwi_dispatcher *d, const job *j)
-{
-	uint32_t n = 0;
-
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j &&
-		    TASK(d, i)->state == CWI_TASK_ACTIVE)
-			n++;
-	return n;
-}
-
 cachew_err
 cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_lease *req, cwi_msg_split_lease_reply *rep)
 {
-	worker *w = find_worker(d, req->worker_id);
-	task *t = find_task(d, req->task_id);
-	uint64_t want, fair, ids_n = 0, *ids = NULL;
-	uint32_t nactive;
-	job *j;
+	worker *w = cwi_disp_find_worker(d, req->worker_id);
+	task *t = cwi_disp_find_task(d, req->task_id);
 
 	cwi_pmsg_body_init(CWI_MSG_SPLIT_LEASE_REPLY, rep);
 	d->now = now_ns;
@@ -1960,198 +1545,29 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 		return cwi_fail(CACHEW_ENOENT, "task %" PRIu64 " is not "
 					       "assigned to worker %" PRIu64,
 		    req->task_id, req->worker_id);
-	j = t->job;
-	if (j->mode != CWI_MODE_DISTRIBUTED_EPOCH)
+	if (t->job->mode != CWI_MODE_DISTRIBUTED_EPOCH)
 		return cwi_fail(CACHEW_EINVAL, "task %" PRIu64 " belongs to a "
 					       "parallel_epochs job: it reads "
 					       "its whole input, without "
 					       "splits",
 		    t->id);
 	w->last_seen_ns = now_ns;
-	/* Coordinated: a task ends with an incomplete last round that it
-	 * can only drop once it knows no split will come, and the splits
-	 * leased elsewhere may be waiting in exactly such rounds: waiting
-	 * for them would wait forever. So once nothing is pending, its
-	 * input is over. */
-	if (t->state == CWI_TASK_REMOVING || w->draining || j->data_done ||
-	    (coordinated(j) && t->state == CWI_TASK_ACTIVE &&
-		j->ledger.npending == 0)) {
-		rep->end_of_splits = true;
-		return CACHEW_OK;
-	}
-	if (t->state == CWI_TASK_STARTING || j->ledger.npending == 0) {
-		/* Everything is leased: the epoch ends as soon as the last
-		 * acks arrive, and the task learns it by asking again, so it
-		 * asks often (an epoch's tail would otherwise wait a whole
-		 * retry interval). */
-		rep->retry_ms = t->state == CWI_TASK_STARTING
-		    ? d->cfg.lease_retry_ms
-		    : (d->cfg.lease_retry_ms + 4) / 5;
-		return CACHEW_OK;
-	}
-	/* Several splits per round trip, but no more than a fair share of
-	 * what is left, so the last splits do not queue behind one worker. */
-	nactive = active_tasks(d, j);
-	fair = (j->ledger.npending + nactive - 1) / (nactive > 0 ? nactive : 1);
-	want = req->max_splits;
-	if (want == 0 || want > d->cfg.max_lease)
-		want = d->cfg.max_lease;
-	if (want > fair)
-		want = fair;
-	if (want == 0)
-		want = 1;
-	rep->splits = calloc((size_t)want, sizeof(*rep->splits));
-	if (events_on(d))
-		ids = malloc((size_t)want * sizeof(*ids));
-	if (rep->splits == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	while (rep->nsplits < want) {
-		uint64_t id;
-		split *s;
-		if (!ring_pop(&j->ledger, &id))
-			break;
-		s = &j->ledger.splits[id];
-		s->state = SPLIT_LEASED;
-		s->part_acks = 0;
-		s->lease++;
-		s->task_id = t->id;
-		s->worker_id = w->id;
-		s->delivered = false;
-		j->ledger.npending--;
-		j->ledger.nleased++;
-		t->nleased++;
-		split_range(&j->ledger, id, &rep->splits[rep->nsplits]);
-		rep->splits[rep->nsplits++].lease = s->lease;
-		if (ids != NULL)
-			ids[ids_n++] = id;
-	}
-	if (ids != NULL) {
-		task_event(d, "split_leased", t);
-		ev_ids(d, "splits", ids, ids_n);
-		ev_end(d);
-	}
-	free(ids);
-	return CACHEW_OK;
+	return cwi_ledger_lease(d, t, req->max_splits, rep);
 }
 
-/* The split's room for one more client acknowledging its part. */
-static cachew_err
-ackers_reserve(split *s)
-{
-	uint32_t cap;
-	uint64_t *a;
-
-	if (s->part_acks < s->ackers_cap)
-		return CACHEW_OK;
-	cap = s->ackers_cap < 4 ? 4 : s->ackers_cap * 2;
-	if (cap <= s->ackers_cap ||
-	    (a = realloc(s->ackers, cap * sizeof(*a))) == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	s->ackers = a;
-	s->ackers_cap = cap;
-	return CACHEW_OK;
-}
-
-/* Checks acknowledgements before any is applied: split ids in range, and
- * room to record each client's part of a split read by several. */
-static cachew_err
-acks_check(job *j, const uint64_t *ids, const uint64_t *parts, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		cachew_err rv;
-		if (ids[i] >= j->ledger.nsplits)
-			return cwi_fail(CACHEW_EINVAL,
-			    "split %" PRIu64 " is out of range: job %" PRIu64
-			    " has %" PRIu64 " splits",
-			    ids[i], j->id, j->ledger.nsplits);
-		split *s = &j->ledger.splits[ids[i]];
-		if (parts != NULL && parts[i] > 1 &&
-		    s->state != SPLIT_ACKED &&
-		    (rv = ackers_reserve(s)) != CACHEW_OK)
-			return rv;
-	}
-	return CACHEW_OK;
-}
-
-/* Whether client_id's part of s is new (and records it); room was
- * reserved by acks_check. */
-static bool
-part_ack_new(split *s, uint64_t client_id)
-{
-	for (uint32_t k = 0; k < s->part_acks; k++)
-		if (s->ackers[k] == client_id)
-			return false;
-	s->ackers[s->part_acks++] = client_id;
-	return true;
-}
-
-/* Applies acknowledgements (checked by acks_check). */
+/* Applies acknowledgements (checked by cwi_ledger_acks_check), then what
+ * follows from them: the end of the epoch, removing tasks that hold no
+ * split any more. */
 static void
 acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
     const uint64_t *parts, const uint64_t *leases, size_t n)
 {
-	uint64_t *fresh = NULL, nfresh = 0, dups = 0;
-
 	if (n == 0)
 		return;
-	if (events_on(d))
-		fresh = malloc(n * sizeof(*fresh));
-	for (size_t i = 0; i < n; i++) {
-		split *s = &j->ledger.splits[ids[i]];
-		uint64_t need = parts != NULL && parts[i] > 0 ? parts[i] : 1;
-		s->acks++;
-		if (s->state == SPLIT_ACKED) {
-			dups++;
-			continue;
-		}
-		/* A lease read by several clients of a shared job: each
-		 * acknowledges its part, once. A part of an earlier lease
-		 * (an ack resent after the split was released and leased
-		 * again) is not a part of this one. */
-		if (need > 1) {
-			if ((leases != NULL && leases[i] != 0 &&
-				leases[i] != s->lease) ||
-			    !part_ack_new(s, c->id)) {
-				dups++;
-				continue;
-			}
-			if (s->part_acks < need)
-				continue;
-		}
-		if (s->state == SPLIT_LEASED) {
-			task *t = s->task_id != 0 ? find_task(d, s->task_id)
-						  : NULL;
-			if (t != NULL && t->nleased > 0)
-				t->nleased--;
-			j->ledger.nleased--;
-		} else {
-			/* Released after a death, yet it did arrive: its
-			 * ring entry goes stale. */
-			j->ledger.npending--;
-		}
-		s->state = SPLIT_ACKED;
-		s->task_id = 0;
-		free(s->ackers);
-		s->ackers = NULL;
-		s->ackers_cap = 0;
-		j->ledger.nacked++;
-		if (fresh != NULL)
-			fresh[nfresh] = ids[i];
-		nfresh++;
-	}
-	if (fresh != NULL && (nfresh > 0 || dups > 0)) {
-		ev_begin(d, "split_acked");
-		ev_u64(d, "job_id", j->id);
-		ev_u64(d, "client_id", c->id);
-		ev_ids(d, "splits", fresh, (size_t)nfresh);
-		if (dups > 0)
-			ev_u64(d, "duplicates", dups);
-		ev_end(d);
-	}
-	free(fresh);
+	cwi_ledger_ack(d, j, c->id, ids, parts, leases, n);
 	epoch_check(d, j);
 	if (drop_finished_removals(d, j))
-		reconcile(d);
+		cwi_disp_reconcile(d);
 }
 
 cachew_err
@@ -2173,7 +1589,7 @@ cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
 		rv = cwi_fail(CACHEW_EINVAL, "split_ack: %zu leases for %zu "
 		    "splits", req->nleases, req->nsplit_ids);
 	if (rv == CACHEW_OK)
-		rv = acks_check(j, req->split_ids,
+		rv = cwi_ledger_acks_check(j, req->split_ids,
 		    req->nparts != 0 ? req->parts : NULL, req->nsplit_ids);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -2302,7 +1718,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	d->now = now_ns;
 	rv = job_client(d, req->job_id, req->client_id, &j, &c);
 	if (rv == CACHEW_OK)
-		rv = acks_check(j, req->acked_splits, NULL,
+		rv = cwi_ledger_acks_check(j, req->acked_splits, NULL,
 		    req->nacked_splits);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -2324,7 +1740,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	c->acc_reports++;
 	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
 	    req->nacked_splits);
-	if (coordinated(j)) {
+	if (job_coordinated(j)) {
 		coord_heartbeat(d, j, c);
 		coord_update(d, j);
 	}
@@ -2352,26 +1768,20 @@ static void
 worker_remove(cwi_dispatcher *d, worker *w, const char *event,
     const char *reason)
 {
-	ev_begin(d, event);
-	ev_u64(d, "worker_id", w->id);
+	cwi_disp_ev_begin(d, event);
+	cwi_disp_ev_u64(d, "worker_id", w->id);
 	if (reason != NULL)
-		ev_str(d, "reason", reason);
-	ev_end(d);
+		cwi_disp_ev_str(d, "reason", reason);
+	cwi_disp_ev_end(d);
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
 		if (!j->finished)
-			release_splits(d, j,
-			    reason == NULL && !coordinated(j)
-				? match_worker_undelivered
-				: match_worker,
-			    w->id,
-			    reason != NULL ? reason : "worker_deregistered",
-			    w->id);
+			cwi_ledger_release_worker(d, j, w->id, reason);
 	}
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
 		if (t->w == w) {
-			task_drop(d, t, "worker_gone");
+			cwi_disp_task_drop(d, t, "worker_gone");
 			continue;
 		}
 		i++;
@@ -2420,16 +1830,16 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 	w->cores = req->cores;
 	w->memory_bytes = req->memory_bytes;
 	w->last_seen_ns = now_ns;
-	ev_begin(d, "worker_registered");
-	ev_u64(d, "worker_id", w->id);
-	ev_str(d, "address", w->address);
-	ev_u64(d, "cores", w->cores);
-	ev_end(d);
+	cwi_disp_ev_begin(d, "worker_registered");
+	cwi_disp_ev_u64(d, "worker_id", w->id);
+	cwi_disp_ev_str(d, "address", w->address);
+	cwi_disp_ev_u64(d, "cores", w->cores);
+	cwi_disp_ev_end(d);
 	rep->worker_id = w->id;
 	rep->heartbeat_interval_ms = d->cfg.worker_heartbeat_ms;
 	rep->worker_timeout_ms =
 	    (uint32_t)(d->cfg.worker_timeout_ns / NS_PER_MS);
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	return CACHEW_OK;
 }
 
@@ -2437,7 +1847,7 @@ cachew_err
 cwi_dispatcher_worker_deregister(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_deregister *req)
 {
-	worker *w = find_worker(d, req->worker_id);
+	worker *w = cwi_disp_find_worker(d, req->worker_id);
 
 	d->now = now_ns;
 	if (w == NULL)
@@ -2445,7 +1855,7 @@ cwi_dispatcher_worker_deregister(cwi_dispatcher *d, uint64_t now_ns,
 					       "registered",
 		    req->worker_id);
 	worker_remove(d, w, "worker_deregistered", NULL);
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	return CACHEW_OK;
 }
 
@@ -2502,7 +1912,6 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
     uint64_t now)
 {
 	job *j = t->job;
-	struct split_ledger *l = &j->ledger;
 	uint64_t de, db;
 
 	/* Counters only grow; smaller ones mean the worker started over. */
@@ -2521,12 +1930,8 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	t->bytes = r->bytes;
 	task_busy(t, r);
 	(void)copy_ops(t, r); /* metrics only: keep the old ones on ENOMEM */
-	for (size_t k = 0; k < r->nsplits_delivered && l->splits != NULL; k++) {
-		uint64_t id = r->splits_delivered[k];
-		if (id < l->nsplits && l->splits[id].state == SPLIT_LEASED &&
-		    l->splits[id].task_id == t->id)
-			l->splits[id].delivered = true;
-	}
+	cwi_ledger_delivered(&j->ledger, t, r->splits_delivered,
+	    r->nsplits_delivered);
 	if (r->done)
 		task_done(d, t);
 }
@@ -2579,7 +1984,7 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 		if (TASK(d, i)->w == w && !reported(req, TASK(d, i)->id))
 			nstart++;
 	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = find_task(d, req->tasks[i].task_id);
+		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
 		if (t == NULL || t->w != w)
 			nstop++;
 	}
@@ -2600,7 +2005,7 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 			return rv;
 	}
 	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = find_task(d, req->tasks[i].task_id);
+		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
 		if (t == NULL || t->w != w)
 			rep->stop[rep->nstop++] = req->tasks[i].task_id;
 	}
@@ -2611,7 +2016,7 @@ cachew_err
 cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_heartbeat *req, cwi_msg_worker_heartbeat_reply *rep)
 {
-	worker *w = find_worker(d, req->worker_id);
+	worker *w = cwi_disp_find_worker(d, req->worker_id);
 
 	cwi_pmsg_body_init(CWI_MSG_WORKER_HEARTBEAT_REPLY, rep);
 	d->now = now_ns;
@@ -2625,9 +2030,9 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	w->cpu_use = req->cpu_use;
 	if (req->draining && !w->draining) {
 		w->draining = true;
-		ev_begin(d, "worker_draining");
-		ev_u64(d, "worker_id", w->id);
-		ev_end(d);
+		cwi_disp_ev_begin(d, "worker_draining");
+		cwi_disp_ev_u64(d, "worker_id", w->id);
+		cwi_disp_ev_end(d);
 		for (size_t i = 0; i < d->tasks.n;) {
 			task *t = TASK(d, i);
 			if (t->w == w && task_begin_remove(d, t, "draining"))
@@ -2636,11 +2041,11 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		}
 	}
 	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = find_task(d, req->tasks[i].task_id);
+		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
 		if (t != NULL && t->w == w)
 			task_report(d, t, &req->tasks[i], now_ns);
 	}
-	reconcile(d);
+	cwi_disp_reconcile(d);
 	return fill_worker_reply(d, w, req, rep);
 }
 
@@ -2685,11 +2090,11 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	ds->last_used_ns = now_ns;
 	ds->id = d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
-	ev_begin(d, "dataset_registered");
-	ev_u64(d, "dataset_id", ds->id);
-	ev_str(d, "fingerprint", hex);
-	ev_i64(d, "split_units", ds->split_units);
-	ev_end(d);
+	cwi_disp_ev_begin(d, "dataset_registered");
+	cwi_disp_ev_u64(d, "dataset_id", ds->id);
+	cwi_disp_ev_str(d, "fingerprint", hex);
+	cwi_disp_ev_i64(d, "split_units", ds->split_units);
+	cwi_disp_ev_end(d);
 	rep->dataset_id = ds->id;
 	rep->created = true;
 	return CACHEW_OK;
@@ -2716,16 +2121,10 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 		}
 		i++;
 	}
-	/* Ten client heartbeats, at least 2 s: an ack is sent the moment
-	 * the split's end arrives, so this only catches lost ones. */
-	uint64_t grace = (uint64_t)d->cfg.client_heartbeat_ms * 10000000u;
-	if (grace < 2000000000u)
-		grace = 2000000000u;
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		job *j = JOB(d, i);
-		if (!j->finished && !coordinated(j) && now_ns > grace)
-			release_splits(d, j, match_orphaned, now_ns - grace,
-			    "unacknowledged", 0);
+		if (!j->finished && !job_coordinated(j))
+			cwi_ledger_release_orphans(d, j, now_ns);
 		for (size_t k = 0; !j->finished && k < j->nclients;) {
 			client *c = &j->clients[k];
 			if (expired(now_ns, c->last_seen_ns,
@@ -2739,7 +2138,7 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 	if (d->cfg.autoscale && now_ns >= d->next_decision_ns)
 		cwi_dispatcher_decide(d, now_ns);
 	else
-		reconcile(d);
+		cwi_disp_reconcile(d);
 	gc_finished(d);
 }
 
@@ -2877,7 +2276,7 @@ cachew_err
 cwi_dispatcher_task_ops(const cwi_dispatcher *d, uint64_t task_id,
     const cwi_op_counters **ops, size_t *nops)
 {
-	const task *t = find_task(d, task_id);
+	const task *t = cwi_disp_find_task(d, task_id);
 
 	if (t == NULL)
 		return cwi_fail(CACHEW_ENOENT,
@@ -2963,14 +2362,14 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	return rv;
 }
 
-/* ---- autocaching passes --------------------------------------------------- */
+/* ---- autocaching passes -------------------------------------------------- */
 
 bool
 cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
     const cwi_msg_job_get_or_create *req, uint8_t **graph, size_t *len,
     uint64_t *units)
 {
-	const dataset *ds = find_dataset(d, req->dataset_id);
+	const dataset *ds = cwi_disp_find_dataset(d, req->dataset_id);
 
 	*graph = NULL;
 	*len = 0;
@@ -2979,7 +2378,7 @@ cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
 	    ds->split_units < 0 || ds->graph_len == 0)
 		return false;
 	if (req->job_name != NULL &&
-	    find_named_job(d, req->job_name, req->iteration) != NULL)
+	    cwi_disp_find_named_job(d, req->job_name, req->iteration) != NULL)
 		return false;
 	*graph = malloc(ds->graph_len);
 	if (*graph == NULL)
@@ -3022,7 +2421,7 @@ void
 cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
     uint64_t job_id, const char *mode, const char *text)
 {
-	job *j = find_job(d, job_id);
+	job *j = cwi_disp_find_job(d, job_id);
 
 	d->now = now_ns;
 	if (j == NULL)
@@ -3032,9 +2431,9 @@ cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
 		    mode);
 	snprintf(j->pass.cache_reason, sizeof(j->pass.cache_reason), "%s",
 	    text);
-	ev_begin(d, "autocache");
-	ev_u64(d, "job_id", j->id);
-	ev_str(d, "cache_mode", j->pass.cache_mode);
-	ev_str(d, "cache", text);
-	ev_end(d);
+	cwi_disp_ev_begin(d, "autocache");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
+	cwi_disp_ev_str(d, "cache", text);
+	cwi_disp_ev_end(d);
 }
