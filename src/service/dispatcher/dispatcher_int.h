@@ -9,7 +9,10 @@
  *                        registry), the events log, and the entry point
  *                        of every message;
  *   dispatcher_ledger.c  a distributed_epoch job's splits: every unit is
- *                        delivered once per epoch (struct split_ledger).
+ *                        delivered once per epoch (struct split_ledger);
+ *   dispatcher_policy.c  how many workers each job gets: what feeds the
+ *                        pure policies of src/policy/ and what applies
+ *                        their decisions (struct job_sizing).
  *
  * Layout: workers, datasets, jobs and tasks live in vectors of pointers
  * kept in id order (ids only grow, new entries are appended, removal keeps
@@ -220,6 +223,7 @@ job_coordinated(const job *j)
 
 worker *cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id);
 task *cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id);
+job *cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id);
 /* Live workers that are not draining. */
 uint32_t cwi_disp_workers_available(const cwi_dispatcher *d);
 
@@ -235,6 +239,8 @@ void cwi_disp_ev_end(cwi_dispatcher *d);
 bool cwi_disp_events_on(const cwi_dispatcher *d);
 /* Begins an event about task t (task, job and worker ids). */
 void cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t);
+/* Every job's task count to its decision (fair share first). */
+void cwi_disp_reconcile(cwi_dispatcher *d);
 
 /* ---- the split ledger (dispatcher_ledger.c) ------------------------------ */
 
@@ -275,5 +281,29 @@ cachew_err cwi_ledger_acks_check(const job *j, const uint64_t *ids,
 void cwi_ledger_ack(cwi_dispatcher *d, job *j, uint64_t client_id,
     const uint64_t *ids, const uint64_t *parts, const uint64_t *leases,
     size_t n);
+
+/* ---- how many workers a job gets (dispatcher_policy.c) ------------------- */
+
+/* What a worker count decision sees of job j. */
+void cwi_sizing_job_view(const cwi_dispatcher *d, const job *j,
+    cwi_job_view *v);
+/* Job j's target now (its count function's, or fair share's grant),
+ * capped at the available workers, with a job_target event when it
+ * changed; *v is the view it was decided on. */
+uint32_t cwi_sizing_target(cwi_dispatcher *d, job *j, cwi_job_view *v);
+/* Weighted fair share of the available workers over the autoscaled jobs
+ * (no-op when autoscale is off); `tell`: a job granted less than it wants
+ * tells its scaler (once per decision interval). */
+void cwi_sizing_share(cwi_dispatcher *d, bool tell);
+/* What a client's heartbeat and a task's report add to the next sample. */
+void cwi_sizing_client_report(client *c, const cwi_msg_client_heartbeat *req);
+void cwi_sizing_task_busy(task *t, const cwi_task_report *r);
+/* The scale configuration a job request asks for, checked (EINVAL). */
+cachew_err cwi_sizing_check(const cwi_dispatcher *d,
+    const cwi_msg_job_get_or_create *r, cwi_scale_config *c);
+/* Gives a new job its scaler (autoscale on): carried over from the
+ * previous pass of a named job, or new. EINVAL, ENOMEM. */
+cachew_err cwi_sizing_init(cwi_dispatcher *d, job *j,
+    const cwi_msg_job_get_or_create *r);
 
 #endif /* CWI_DISPATCHER_INT_H */
