@@ -12,7 +12,9 @@
  *                        delivered once per epoch (struct split_ledger);
  *   dispatcher_policy.c  how many workers each job gets: what feeds the
  *                        pure policies of src/policy/ and what applies
- *                        their decisions (struct job_sizing).
+ *                        their decisions (struct job_sizing);
+ *   dispatcher_status.c  snapshots: the status reply and the counters
+ *                        replies carry (reads only).
  *
  * Layout: workers, datasets, jobs and tasks live in vectors of pointers
  * kept in id order (ids only grow, new entries are appended, removal keeps
@@ -305,5 +307,12 @@ cachew_err cwi_sizing_check(const cwi_dispatcher *d,
  * previous pass of a named job, or new. EINVAL, ENOMEM. */
 cachew_err cwi_sizing_init(cwi_dispatcher *d, job *j,
     const cwi_msg_job_get_or_create *r);
+
+/* ---- snapshots (dispatcher_status.c) ------------------------------------- */
+
+/* Job j's operator counters into a client heartbeat reply: its tasks' (as
+ * their workers last reported them) summed by operator. ENOMEM. */
+cachew_err cwi_status_job_ops(const cwi_dispatcher *d, const job *j,
+    cwi_msg_client_heartbeat_reply *rep);
 
 #endif /* CWI_DISPATCHER_INT_H */
