@@ -13,6 +13,9 @@
  *   dispatcher_policy.c  how many workers each job gets: what feeds the
  *                        pure policies of src/policy/ and what applies
  *                        their decisions (struct job_sizing);
+ *   dispatcher_coord.c   coordinated reads: a job's round schedule, which
+ *                        every consumer must agree on at every round
+ *                        (struct coord_schedule);
  *   dispatcher_status.c  snapshots: the status reply and the counters
  *                        replies carry (reads only).
  *
@@ -241,6 +244,8 @@ void cwi_disp_ev_end(cwi_dispatcher *d);
 bool cwi_disp_events_on(const cwi_dispatcher *d);
 /* Begins an event about task t (task, job and worker ids). */
 void cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t);
+/* Forgets a task (its splits stay with its worker: cwi_ledger_task_gone). */
+void cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason);
 /* Every job's task count to its decision (fair share first). */
 void cwi_disp_reconcile(cwi_dispatcher *d);
 
@@ -307,6 +312,21 @@ cachew_err cwi_sizing_check(const cwi_dispatcher *d,
  * previous pass of a named job, or new. EINVAL, ENOMEM. */
 cachew_err cwi_sizing_init(cwi_dispatcher *d, job *j,
     const cwi_msg_job_get_or_create *r);
+
+/* ---- coordinated reads (dispatcher_coord.c) ------------------------------ */
+
+/* A new task's place in its coordinated job's schedule: at once, or
+ * STARTING until an announced round. */
+void cwi_sched_place(const cwi_dispatcher *d, task *t);
+/* Announces a schedule change (a task starting or removing) at a round
+ * every consumer is told; no-op when one is pending. */
+void cwi_sched_open(cwi_dispatcher *d, job *j);
+/* A consumer's heartbeat: acknowledges the announced round, or moves the
+ * change further out when it read past it. */
+void cwi_sched_heartbeat(cwi_dispatcher *d, job *j, client *c);
+/* Commits the pending change once every consumer is ready, and drops the
+ * ended tasks every consumer has read past (releasing what they held). */
+void cwi_sched_update(cwi_dispatcher *d, job *j);
 
 /* ---- snapshots (dispatcher_status.c) ------------------------------------- */
 

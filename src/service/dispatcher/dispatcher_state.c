@@ -403,7 +403,7 @@ cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t)
 
 /* Forgets a task. Splits it still holds stay leased to its worker (which
  * delivered them, or they are released with it when it dies). */
-static void
+void
 cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 {
 	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
@@ -413,52 +413,6 @@ cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 	t->w->ntasks--;
 	vec_remove(&d->tasks, t);
 	task_free(t);
-}
-
-/* Whether a change to the job's schedule can take effect at once because
- * nobody can be reading from it: no client has seen a task list yet, or
- * no task serves now or later (changes still pending do not count). */
-static bool
-schedule_empty(const cwi_dispatcher *d, const job *j)
-{
-	if (!j->coord.published)
-		return true;
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job == j && t->start_round != CWI_ROUND_NONE &&
-		    t->end_round == CWI_ROUND_NONE)
-			return false;
-	}
-	return true;
-}
-
-static uint64_t
-consumer_round(const job *j, bool max)
-{
-	uint64_t r = max ? 0 : UINT64_MAX;
-
-	for (size_t i = 0; i < j->nclients; i++) {
-		uint64_t c = j->clients[i].round;
-		if (max ? c > r : c < r)
-			r = c;
-	}
-	return j->nclients == 0 ? 0 : r;
-}
-
-/* Announces a schedule change: it will happen at coord_target, which every
- * consumer is told (block_round) and must acknowledge first. */
-static void
-coord_open(cwi_dispatcher *d, job *j)
-{
-	if (j->coord.target != CWI_ROUND_NONE)
-		return;
-	j->coord.target = consumer_round(j, true) + d->cfg.coord_round_margin;
-	for (size_t i = 0; i < j->nclients; i++)
-		j->clients[i].ready = false;
-	cwi_disp_ev_begin(d, "schedule_change_announced");
-	cwi_disp_ev_u64(d, "job_id", j->id);
-	cwi_disp_ev_u64(d, "round", j->coord.target);
-	cwi_disp_ev_end(d);
 }
 
 static task *
@@ -477,21 +431,14 @@ task_add(cwi_dispatcher *d, job *j, worker *w)
 	t->start_round = 0;
 	t->end_round = CWI_ROUND_NONE;
 	w->ntasks++;
-	/* Coordinated: nobody can be reading from an empty schedule, so a
-	 * task joins it at once, at the round the slowest consumer waits
-	 * for; otherwise at a round announced to every consumer first. */
-	if (job_coordinated(j) && schedule_empty(d, j)) {
-		t->start_round = consumer_round(j, false);
-	} else if (job_coordinated(j)) {
-		t->state = CWI_TASK_STARTING;
-		t->start_round = CWI_ROUND_NONE;
-	}
+	if (job_coordinated(j))
+		cwi_sched_place(d, t);
 	cwi_disp_task_event(d, "task_added", t);
 	if (job_coordinated(j) && t->start_round != CWI_ROUND_NONE)
 		cwi_disp_ev_u64(d, "start_round", t->start_round);
 	cwi_disp_ev_end(d);
 	if (t->state == CWI_TASK_STARTING)
-		coord_open(d, j);
+		cwi_sched_open(d, j);
 	return t;
 }
 
@@ -511,7 +458,7 @@ task_begin_remove(cwi_dispatcher *d, task *t, const char *reason)
 		}
 		/* Consumers keep reading it until the announced round. */
 		t->state = CWI_TASK_REMOVING;
-		coord_open(d, j);
+		cwi_sched_open(d, j);
 	} else if (j->mode == CWI_MODE_PARALLEL_EPOCHS || t->nleased == 0) {
 		cwi_disp_task_drop(d, t, reason);
 		return true;
@@ -564,82 +511,6 @@ drop_finished_removals(cwi_dispatcher *d, job *j)
 		i++;
 	}
 	return dropped;
-}
-
-/* ---- coordinated reads --------------------------------------------------- */
-
-static void
-coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
-{
-	uint64_t *started = NULL, *ended = NULL;
-	size_t ns = 0, ne = 0;
-
-	if (cwi_disp_events_on(d)) {
-		started = malloc((d->tasks.n + 1) * sizeof(*started));
-		ended = malloc((d->tasks.n + 1) * sizeof(*ended));
-	}
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
-		if (t->state == CWI_TASK_STARTING) {
-			t->state = CWI_TASK_ACTIVE;
-			t->start_round = round;
-			if (started != NULL)
-				started[ns] = t->id;
-			ns++;
-		} else if (t->state == CWI_TASK_REMOVING &&
-		    t->end_round == CWI_ROUND_NONE) {
-			t->end_round = round;
-			if (ended != NULL)
-				ended[ne] = t->id;
-			ne++;
-		}
-	}
-	j->coord.target = CWI_ROUND_NONE;
-	if (started != NULL && ended != NULL) {
-		cwi_disp_ev_begin(d, "schedule_changed");
-		cwi_disp_ev_u64(d, "job_id", j->id);
-		cwi_disp_ev_u64(d, "round", round);
-		cwi_disp_ev_ids(d, "started", started, ns);
-		cwi_disp_ev_ids(d, "ended", ended, ne);
-		cwi_disp_ev_end(d);
-	}
-	free(started);
-	free(ended);
-}
-
-/* Commits the pending change once every consumer acknowledged its round;
- * at once when nobody can be reading (no consumers, or an empty
- * schedule). Then drops ended tasks every consumer has read past. */
-static void
-coord_update(cwi_dispatcher *d, job *j)
-{
-	if (!job_coordinated(j) || j->finished)
-		return;
-	if (j->coord.target != CWI_ROUND_NONE) {
-		bool all = true;
-		for (size_t i = 0; i < j->nclients; i++)
-			all = all && j->clients[i].ready;
-		if (j->nclients == 0 || schedule_empty(d, j))
-			coord_commit(d, j, consumer_round(j, false));
-		else if (all)
-			coord_commit(d, j, j->coord.target);
-	}
-	for (size_t i = 0; i < d->tasks.n;) {
-		task *t = TASK(d, i);
-		if (t->job == j && t->state == CWI_TASK_REMOVING &&
-		    t->end_round != CWI_ROUND_NONE &&
-		    (j->nclients == 0 ||
-			consumer_round(j, false) >= t->end_round)) {
-			/* Its rounds are read: what it leased and nobody
-			 * acknowledged will never be read from it. */
-			cwi_ledger_release_task(d, j, t);
-			cwi_disp_task_drop(d, t, "removed");
-			continue;
-		}
-		i++;
-	}
 }
 
 /* ---- a job's tasks to its target ----------------------------------------- */
@@ -714,7 +585,7 @@ reconcile_job(cwi_dispatcher *d, job *j)
 		task_begin_remove(d, t, "scaled_down");
 		v.tasks--;
 	}
-	coord_update(d, j);
+	cwi_sched_update(d, j);
 }
 
 
@@ -832,7 +703,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 		cwi_ledger_release_delivered(d, j);
 		drop_finished_removals(d, j);
 	}
-	coord_update(d, j);
+	cwi_sched_update(d, j);
 }
 
 static cachew_err
@@ -1221,26 +1092,6 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 	return CACHEW_OK;
 }
 
-/* Coordinated reads: a consumer reporting its round either acknowledges
- * the announced change (it was told the round and has not read it: the
- * next round it reads is at most that one) or has already read past it,
- * which moves the change further out. A consumer waiting at the round
- * itself reports exactly it: that is an acknowledgement, or the change
- * would move away from every consumer that keeps up. */
-static void
-coord_heartbeat(cwi_dispatcher *d, job *j, client *c)
-{
-	if (j->coord.target == CWI_ROUND_NONE)
-		return;
-	if (c->round > j->coord.target) {
-		j->coord.target = CWI_ROUND_NONE;
-		coord_open(d, j);
-		return;
-	}
-	if (c->told_target == j->coord.target)
-		c->ready = true;
-}
-
 cachew_err
 cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_client_heartbeat *req, cwi_msg_client_heartbeat_reply *rep)
@@ -1263,8 +1114,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
 	    req->nacked_splits);
 	if (job_coordinated(j)) {
-		coord_heartbeat(d, j, c);
-		coord_update(d, j);
+		cwi_sched_heartbeat(d, j, c);
+		cwi_sched_update(d, j);
 	}
 	rep->job_finished = j->data_done;
 	rep->splits_total = j->ledger.nsplits;
@@ -1313,7 +1164,7 @@ worker_remove(cwi_dispatcher *d, worker *w, const char *event,
 	free(w->build);
 	free(w);
 	for (size_t i = 0; i < d->jobs.n; i++)
-		coord_update(d, JOB(d, i));
+		cwi_sched_update(d, JOB(d, i));
 }
 
 cachew_err
