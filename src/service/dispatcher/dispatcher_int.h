@@ -16,6 +16,8 @@
  *   dispatcher_coord.c   coordinated reads: a job's round schedule, which
  *                        every consumer must agree on at every round
  *                        (struct coord_schedule);
+ *   dispatcher_pass.c    autocaching passes: a plan goes to one job, its
+ *                        end is queued once (struct job_pass);
  *   dispatcher_status.c  snapshots: the status reply and the counters
  *                        replies carry (reads only).
  *
@@ -229,6 +231,10 @@ job_coordinated(const job *j)
 worker *cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id);
 task *cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id);
 job *cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id);
+dataset *cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id);
+/* The running job of that name and iteration, or NULL. */
+job *cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,
+    uint64_t iteration);
 /* Live workers that are not draining. */
 uint32_t cwi_disp_workers_available(const cwi_dispatcher *d);
 
@@ -327,6 +333,17 @@ void cwi_sched_heartbeat(cwi_dispatcher *d, job *j, client *c);
 /* Commits the pending change once every consumer is ready, and drops the
  * ended tasks every consumer has read past (releasing what they held). */
 void cwi_sched_update(cwi_dispatcher *d, job *j);
+
+/* ---- autocaching passes (dispatcher_pass.c) ------------------------------ */
+
+/* A new distributed_epoch job j takes the pass on offer (if any). */
+void cwi_pass_take(cwi_dispatcher *d, job *j);
+/* Queues the end of j's pass (once; complete: every split acknowledged). */
+void cwi_pass_finish(cwi_dispatcher *d, job *j, bool complete);
+/* Frees what job j holds of its pass (the planner's ctx included). */
+void cwi_pass_free(const cwi_dispatcher *d, job *j);
+/* Frees the pass ends nobody took (the planner's ctx included). */
+void cwi_pass_ends_drop(cwi_dispatcher *d);
 
 /* ---- snapshots (dispatcher_status.c) ------------------------------------- */
 

@@ -203,9 +203,7 @@ job_free(const cwi_dispatcher *d, job *j)
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
-	free(j->pass.graph);
-	if (j->pass.ctx != NULL && d->cfg.pass_free != NULL)
-		d->cfg.pass_free(j->pass.ctx);
+	cwi_pass_free(d, j);
 	free(j);
 }
 
@@ -218,10 +216,7 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 		task_free(TASK(d, i));
 	for (size_t i = 0; i < d->jobs.n; i++)
 		job_free(d, JOB(d, i));
-	for (size_t i = 0; i < d->npass_ends; i++)
-		if (d->pass_ends[i].ctx != NULL && d->cfg.pass_free != NULL)
-			d->cfg.pass_free(d->pass_ends[i].ctx);
-	cwi_dispatcher_pass_ends_free(d->pass_ends, d->npass_ends);
+	cwi_pass_ends_drop(d);
 	for (size_t i = 0; i < d->datasets.n; i++) {
 		free(DATASET(d, i)->graph);
 		free(DATASET(d, i));
@@ -267,7 +262,7 @@ cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id)
 	return NULL;
 }
 
-static dataset *
+dataset *
 cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id)
 {
 	for (size_t i = 0; i < d->datasets.n; i++)
@@ -318,64 +313,6 @@ cwi_disp_workers_available(const cwi_dispatcher *d)
 
 /* ---- the end of a job's data --------------------------------------------- */
 
-/* Queues the end of a job's autocaching pass with its tasks' counters.
- * Out of memory: the planner never hears of it (its ctx is freed), which
- * only costs what the pass would have taught it. */
-static void
-pass_end(cwi_dispatcher *d, job *j, bool complete)
-{
-	cwi_pass_end *pe;
-	size_t nops = 0;
-
-	if (j->pass.ctx == NULL || j->pass.ended)
-		return;
-	j->pass.ended = true;
-	if (d->npass_ends == d->cappass_ends) {
-		size_t cap = d->cappass_ends ? 2 * d->cappass_ends : 4;
-		cwi_pass_end *v = realloc(d->pass_ends, cap * sizeof(*v));
-		if (v == NULL)
-			goto oom;
-		d->pass_ends = v;
-		d->cappass_ends = cap;
-	}
-	pe = &d->pass_ends[d->npass_ends];
-	memset(pe, 0, sizeof(*pe));
-	pe->job_id = j->id;
-	pe->complete = complete;
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j)
-			nops += TASK(d, i)->nops;
-	pe->ops = calloc(nops + 1, sizeof(*pe->ops));
-	if (pe->ops == NULL)
-		goto oom;
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
-		pe->workers++;
-		for (size_t k = 0; k < t->nops; k++) {
-			cwi_op_counters *c = &pe->ops[pe->nops];
-			*c = t->ops[k];
-			c->name = cwi_strdup(t->ops[k].name);
-			if (c->name == NULL) {
-				for (size_t m = 0; m < pe->nops; m++)
-					free(pe->ops[m].name);
-				free(pe->ops);
-				goto oom;
-			}
-			pe->nops++;
-		}
-	}
-	pe->ctx = j->pass.ctx;
-	j->pass.ctx = NULL;
-	d->npass_ends++;
-	return;
-oom:
-	if (d->cfg.pass_free != NULL)
-		d->cfg.pass_free(j->pass.ctx);
-	j->pass.ctx = NULL;
-}
-
 static void
 epoch_check(cwi_dispatcher *d, job *j)
 {
@@ -387,7 +324,7 @@ epoch_check(cwi_dispatcher *d, job *j)
 	cwi_disp_ev_u64(d, "job_id", j->id);
 	cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
 	cwi_disp_ev_end(d);
-	pass_end(d, j, true);
+	cwi_pass_finish(d, j, true);
 }
 
 /* ---- tasks --------------------------------------------------------------- */
@@ -656,7 +593,7 @@ gc_finished(cwi_dispatcher *d)
 static void
 job_finish(cwi_dispatcher *d, job *j, const char *reason)
 {
-	pass_end(d, j, false); /* no-op when the data was done */
+	cwi_pass_finish(d, j, false); /* no-op when the data was done */
 	for (size_t i = 0; i < d->tasks.n;) {
 		task *t = TASK(d, i);
 		if (t->job == j) {
@@ -763,6 +700,35 @@ job_check_shared(const job *j, const cwi_msg_job_get_or_create *r)
 	return CACHEW_OK;
 }
 
+static void
+job_created_event(cwi_dispatcher *d, const job *j)
+{
+	cwi_disp_ev_begin(d, "job_created");
+	cwi_disp_ev_u64(d, "job_id", j->id);
+	if (j->name != NULL) {
+		cwi_disp_ev_str(d, "name", j->name);
+		cwi_disp_ev_u64(d, "iteration", j->iteration);
+	}
+	cwi_disp_ev_u64(d, "dataset_id", j->ds->id);
+	cwi_disp_ev_str(d, "processing_mode",
+	    cwi_processing_mode_name(j->mode));
+	cwi_disp_ev_u64(d, "num_consumers", j->num_consumers);
+	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
+		cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
+		cwi_disp_ev_u64(d, "units_per_split",
+		    j->ledger.units_per_split);
+	}
+	if (j->sizing.scaler != NULL) {
+		cwi_disp_ev_str(d, "policy", j->sizing.scale_name);
+		cwi_disp_ev_u64(d, "want", j->sizing.want);
+	}
+	if (j->pass.cache_mode[0] != '\0') {
+		cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
+		cwi_disp_ev_str(d, "cache", j->pass.cache_reason);
+	}
+	cwi_disp_ev_end(d);
+}
+
 static cachew_err
 job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
     dataset *ds, job **out)
@@ -789,23 +755,8 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	if (d->offered != NULL && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
-	    d->offered->graph != NULL) {
-		cwi_job_pass *p = d->offered;
-		j->pass.graph = p->graph;
-		j->pass.graph_len = p->graph_len;
-		j->pass.units = p->units;
-		j->pass.worker_scale = p->worker_scale;
-		j->pass.ctx = p->ctx;
-		snprintf(j->pass.cache_mode, sizeof(j->pass.cache_mode), "%s",
-		    p->mode);
-		snprintf(j->pass.cache_reason, sizeof(j->pass.cache_reason),
-		    "%s", p->event);
-		p->graph = NULL;
-		p->ctx = NULL;
-		d->offered = NULL;
-	}
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
+		cwi_pass_take(d, j);
 		rv = cwi_ledger_init(d, j);
 		if (rv != CACHEW_OK)
 			goto fail;
@@ -820,30 +771,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		goto fail;
 	}
 	j->id = d->next_job_id++;
-	cwi_disp_ev_begin(d, "job_created");
-	cwi_disp_ev_u64(d, "job_id", j->id);
-	if (j->name != NULL) {
-		cwi_disp_ev_str(d, "name", j->name);
-		cwi_disp_ev_u64(d, "iteration", j->iteration);
-	}
-	cwi_disp_ev_u64(d, "dataset_id", ds->id);
-	cwi_disp_ev_str(d, "processing_mode",
-	    cwi_processing_mode_name(j->mode));
-	cwi_disp_ev_u64(d, "num_consumers", j->num_consumers);
-	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
-		cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
-		cwi_disp_ev_u64(d, "units_per_split",
-		    j->ledger.units_per_split);
-	}
-	if (j->sizing.scaler != NULL) {
-		cwi_disp_ev_str(d, "policy", j->sizing.scale_name);
-		cwi_disp_ev_u64(d, "want", j->sizing.want);
-	}
-	if (j->pass.cache_mode[0] != '\0') {
-		cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
-		cwi_disp_ev_str(d, "cache", j->pass.cache_reason);
-	}
-	cwi_disp_ev_end(d);
+	job_created_event(d, j);
 	*out = j;
 	return CACHEW_OK;
 fail:
@@ -879,7 +807,7 @@ client_add(cwi_dispatcher *d, job *j, int64_t consumer_index, uint64_t now)
 	return c;
 }
 
-static job *
+job *
 cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,
     uint64_t iteration)
 {
@@ -1573,78 +1501,3 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	return rv;
 }
 
-/* ---- autocaching passes -------------------------------------------------- */
-
-bool
-cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
-    const cwi_msg_job_get_or_create *req, uint8_t **graph, size_t *len,
-    uint64_t *units)
-{
-	const dataset *ds = cwi_disp_find_dataset(d, req->dataset_id);
-
-	*graph = NULL;
-	*len = 0;
-	*units = 0;
-	if (ds == NULL || req->processing_mode != CWI_MODE_DISTRIBUTED_EPOCH ||
-	    ds->split_units < 0 || ds->graph_len == 0)
-		return false;
-	if (req->job_name != NULL &&
-	    cwi_disp_find_named_job(d, req->job_name, req->iteration) != NULL)
-		return false;
-	*graph = malloc(ds->graph_len);
-	if (*graph == NULL)
-		return false;
-	memcpy(*graph, ds->graph, ds->graph_len);
-	*len = ds->graph_len;
-	*units = (uint64_t)ds->split_units;
-	return true;
-}
-
-void
-cwi_dispatcher_offer_pass(cwi_dispatcher *d, cwi_job_pass *p)
-{
-	d->offered = p;
-}
-
-size_t
-cwi_dispatcher_take_pass_ends(cwi_dispatcher *d, cwi_pass_end **out)
-{
-	size_t n = d->npass_ends;
-
-	*out = d->pass_ends;
-	d->pass_ends = NULL;
-	d->npass_ends = d->cappass_ends = 0;
-	return n;
-}
-
-void
-cwi_dispatcher_pass_ends_free(cwi_pass_end *v, size_t n)
-{
-	for (size_t i = 0; v != NULL && i < n; i++) {
-		for (size_t k = 0; k < v[i].nops; k++)
-			free(v[i].ops[k].name);
-		free(v[i].ops);
-	}
-	free(v);
-}
-
-void
-cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
-    uint64_t job_id, const char *mode, const char *text)
-{
-	job *j = cwi_disp_find_job(d, job_id);
-
-	d->now = now_ns;
-	if (j == NULL)
-		return;
-	if (mode != NULL)
-		snprintf(j->pass.cache_mode, sizeof(j->pass.cache_mode), "%s",
-		    mode);
-	snprintf(j->pass.cache_reason, sizeof(j->pass.cache_reason), "%s",
-	    text);
-	cwi_disp_ev_begin(d, "autocache");
-	cwi_disp_ev_u64(d, "job_id", j->id);
-	cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
-	cwi_disp_ev_str(d, "cache", text);
-	cwi_disp_ev_end(d);
-}
