@@ -1,0 +1,357 @@
+/*
+ * dispatcher_int.h - internals shared by the files of the dispatcher's
+ * state machine; dispatcher_state.h stays its interface to
+ * dispatcher_server.c and the tests.
+ *
+ * The state is split by the invariant each part keeps, around the structs
+ * below (zstd's zstd_compress_*.c around zstd_compress_internal.h):
+ *   dispatcher_state.c   workers, datasets, jobs, clients and tasks (the
+ *                        registry), the events log, and the entry point
+ *                        of every message;
+ *   dispatcher_ledger.c  a distributed_epoch job's splits: every unit is
+ *                        delivered once per epoch (struct split_ledger);
+ *   dispatcher_policy.c  how many workers each job gets: what feeds the
+ *                        pure policies of src/policy/ and what applies
+ *                        their decisions (struct job_sizing);
+ *   dispatcher_coord.c   coordinated reads: a job's round schedule, which
+ *                        every consumer must agree on at every round
+ *                        (struct coord_schedule);
+ *   dispatcher_pass.c    autocaching passes: a plan goes to one job, its
+ *                        end is queued once (struct job_pass);
+ *   dispatcher_status.c  snapshots: the status reply and the counters
+ *                        replies carry (reads only).
+ *
+ * Layout: workers, datasets, jobs and tasks live in vectors of pointers
+ * kept in id order (ids only grow, new entries are appended, removal keeps
+ * the order), so every scan, reply and event comes out in a reproducible
+ * order. Sizes are small (hundreds of workers, thousands of tasks), so
+ * lookups scan; the one large table, a job's splits, is indexed by split
+ * id.
+ *
+ * Thread safety: none, as dispatcher_state.h says: every function here runs
+ * inside one call on the dispatcher, under the caller's lock.
+ */
+#ifndef CWI_DISPATCHER_INT_H
+#define CWI_DISPATCHER_INT_H
+
+#include "dispatcher_state.h"
+
+#define NS_PER_MS 1000000ull
+
+/* ---- the state ----------------------------------------------------------- */
+
+typedef struct vec {
+	void **v;
+	size_t n, cap;
+} vec;
+
+typedef struct worker {
+	uint64_t id;
+	char *address;
+	char *build;
+	uint32_t cores;
+	uint64_t memory_bytes;
+	uint64_t last_seen_ns;
+	double cpu_use;
+	bool draining;
+	bool direct; /* serves its uncoordinated distributed_epoch tasks
+		      * on the requester's thread (worker_register) */
+	uint32_t ntasks;
+} worker;
+
+typedef struct dataset {
+	uint64_t id;
+	cachew_fingerprint fp;
+	uint8_t *graph;
+	size_t graph_len;
+	int64_t split_units;
+	uint64_t last_used_ns; /* registered or given a job */
+} dataset;
+
+enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED };
+
+/* One split of a job's ledger (dispatcher_ledger.c). */
+typedef struct split {
+	uint8_t state;
+	bool delivered;     /* the lessee sent its last element */
+	uint32_t acks;      /* acknowledgements, duplicates included */
+	uint32_t part_acks; /* clients in `ackers` */
+	uint32_t ackers_cap;
+	uint32_t lease;     /* leases so far: the current one's number */
+	/* Clients that acknowledged their part of this lease, when it was
+	 * read by several (parts > 1): each counts once, so that an ack
+	 * resent after a lost reply cannot complete the split early. */
+	uint64_t *ackers;
+	uint64_t orphan_ns; /* when its lessee went, delivered but unacked */
+	uint64_t task_id;   /* lessee; 0 once the task is gone */
+	uint64_t worker_id; /* lessee's worker */
+} split;
+
+typedef struct client {
+	uint64_t id;
+	int64_t consumer_index;
+	uint64_t last_seen_ns;
+	uint64_t batch_time_ns;
+	uint64_t wait_time_ns;
+	double buffer_fill;
+	uint64_t round;
+	uint64_t told_target; /* block_round in its last reply */
+	bool ready;           /* acknowledged the pending change's round */
+	/* heartbeats since the job's last scale sample */
+	uint64_t acc_batches, acc_elapsed_ns, acc_wait_ns;
+	double acc_fill;
+	uint32_t acc_reports;
+} client;
+
+typedef struct job job;
+
+typedef struct task {
+	uint64_t id;
+	job *job;
+	worker *w;
+	cwi_task_state state;
+	uint64_t start_round;
+	uint64_t end_round;
+	uint64_t nleased;   /* its splits not acknowledged (the ledger's) */
+	uint64_t elements;
+	uint64_t bytes;
+	uint64_t rate_at_ns;
+	double elements_per_s;
+	double bytes_per_s;
+	cwi_op_counters *ops;
+	size_t nops;
+	/* run and stall time: last reported, and growth since the job's
+	 * last scale sample */
+	uint64_t run_ns, stall_ns;
+	uint64_t acc_run_ns, acc_stall_ns;
+} task;
+
+/* The split ledger of a distributed_epoch job: its invariant is that every
+ * split unit is delivered once per epoch (see the top of this file). splits
+ * NULL: no ledger (parallel_epochs, an empty dataset, a finished job). */
+struct split_ledger {
+	split *splits;         /* indexed by split id */
+	uint64_t nsplits, nunits, units_per_split;
+	uint64_t *ring;        /* the pending pool */
+	uint64_t ring_head, ring_len;
+	uint64_t npending, nleased, nacked;
+};
+
+/* How many workers a job gets: its worker count decision (count_fn), or
+ * with the policy engine (autoscale) its scaler's want and fair share's
+ * grant. */
+struct job_sizing {
+	cwi_worker_count_fn count_fn; /* NULL: the policy engine decides */
+	void *count_ctx;
+	uint32_t target;       /* the decision last applied */
+	bool target_set;
+	/* Policy engine (autoscale): NULL scaler = not autoscaled. */
+	cwi_scaler *scaler;
+	char scale_name[32];   /* the policy's canonical spelling */
+	double weight;
+	uint32_t want;         /* the scaler's decision */
+	uint32_t granted;      /* fair share's answer */
+	bool settled;
+	bool epoch_start;      /* the next sample starts an epoch */
+	uint64_t sample_ns;    /* the current sample began */
+	char reason[192];
+};
+
+/* Coordinated reads (num_consumers > 0): the job's round schedule. */
+struct coord_schedule {
+	uint64_t target;       /* pending schedule change, or NONE */
+	bool published;        /* a client has been sent the task list */
+};
+
+/* Autocaching: the pass this job runs (graph NULL: the dataset's graph, no
+ * planner). */
+struct job_pass {
+	uint8_t *graph;
+	size_t graph_len;
+	uint64_t units;
+	double worker_scale;   /* > 0: scale a carried-over count */
+	void *ctx;             /* the planner's until the end is queued */
+	bool ended;
+	char cache_mode[12];
+	char cache_reason[512];
+};
+
+struct job {
+	uint64_t id;
+	char *name;
+	uint64_t iteration;
+	dataset *ds;
+	cwi_processing_mode mode;
+	cwi_compression compression;
+	uint64_t seed;
+	cwi_worker_policy policy;
+	uint32_t num_workers;
+	uint32_t num_consumers;
+	client *clients;
+	size_t nclients, capclients;
+	bool data_done;
+	bool any_task_done; /* parallel_epochs: the pass is ending */
+	bool finished;
+	uint64_t elements, bytes;
+	struct split_ledger ledger; /* distributed_epoch */
+	struct job_sizing sizing;
+	struct coord_schedule coord;
+	struct job_pass pass;
+};
+
+struct cwi_dispatcher {
+	cwi_dispatcher_config cfg;
+	vec workers, datasets, jobs, tasks;
+	uint64_t next_worker_id, next_dataset_id, next_job_id;
+	uint64_t next_client_id, next_task_id;
+	uint64_t now; /* the current call's clock, for events */
+	cwi_strbuf ev;
+	/* policy engine */
+	uint64_t next_decision_ns;
+	uint32_t pool_target;
+	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
+	uint32_t npool_recent;
+	/* autocaching */
+	cwi_job_pass *offered;  /* the next job created takes it */
+	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
+	size_t npass_ends, cappass_ends;
+};
+
+#define WORKER(d, i) ((worker *)(d)->workers.v[i])
+#define DATASET(d, i) ((dataset *)(d)->datasets.v[i])
+#define JOB(d, i) ((job *)(d)->jobs.v[i])
+#define TASK(d, i) ((task *)(d)->tasks.v[i])
+
+static inline bool
+job_coordinated(const job *j)
+{
+	return j->num_consumers > 0;
+}
+
+/* ---- the registry and the events log (dispatcher_state.c) ---------------- */
+
+worker *cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id);
+task *cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id);
+job *cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id);
+dataset *cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id);
+/* The running job of that name and iteration, or NULL. */
+job *cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,
+    uint64_t iteration);
+/* Live workers that are not draining. */
+uint32_t cwi_disp_workers_available(const cwi_dispatcher *d);
+
+/* One event line: begin, fields, end (which writes it). */
+void cwi_disp_ev_begin(cwi_dispatcher *d, const char *name);
+void cwi_disp_ev_u64(cwi_dispatcher *d, const char *key, uint64_t v);
+void cwi_disp_ev_i64(cwi_dispatcher *d, const char *key, int64_t v);
+void cwi_disp_ev_str(cwi_dispatcher *d, const char *key, const char *s);
+void cwi_disp_ev_ids(cwi_dispatcher *d, const char *key, const uint64_t *ids,
+    size_t n);
+void cwi_disp_ev_end(cwi_dispatcher *d);
+/* Whether anyone reads events (else lists for them are not built). */
+bool cwi_disp_events_on(const cwi_dispatcher *d);
+/* Begins an event about task t (task, job and worker ids). */
+void cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t);
+/* Forgets a task (its splits stay with its worker: cwi_ledger_task_gone). */
+void cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason);
+/* Every job's task count to its decision (fair share first). */
+void cwi_disp_reconcile(cwi_dispatcher *d);
+
+/* ---- the split ledger (dispatcher_ledger.c) ------------------------------ */
+
+/* Splits job j's units (the pass's, or the dataset's) into its ledger, all
+ * pending. CACHEW_ENOMEM (the caller frees what was made). */
+cachew_err cwi_ledger_init(cwi_dispatcher *d, job *j);
+/* Frees the splits and the pool; the counts stay for status. */
+void cwi_ledger_free(struct split_ledger *l);
+
+/* Fills a lease reply for task t (of a distributed_epoch job, max_splits 0:
+ * the most): splits, or end_of_splits, or retry_ms. CACHEW_ENOMEM. */
+cachew_err cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
+    cwi_msg_split_lease_reply *rep);
+/* Task t's worker says it sent the last element of these splits. */
+void cwi_ledger_delivered(struct split_ledger *l, const task *t,
+    const uint64_t *ids, size_t n);
+/* Task t is forgotten: the splits it holds become orphans at `now`. */
+void cwi_ledger_task_gone(struct split_ledger *l, const task *t,
+    uint64_t now);
+
+/* Releases (back to the front of the pool, one split_released event)
+ * the leased, unacknowledged splits: of a worker that is gone (reason
+ * NULL: it deregistered, and a job that is not coordinated keeps what it
+ * delivered), of a coordinated task whose rounds are read, delivered ones
+ * when a client of a shared job leaves, and orphans past their grace. */
+void cwi_ledger_release_worker(cwi_dispatcher *d, job *j, uint64_t worker_id,
+    const char *reason);
+void cwi_ledger_release_task(cwi_dispatcher *d, job *j, const task *t);
+void cwi_ledger_release_delivered(cwi_dispatcher *d, job *j);
+void cwi_ledger_release_orphans(cwi_dispatcher *d, job *j, uint64_t now);
+
+/* Checks acknowledgements before any is applied (split ids in range, room
+ * for each client's part): EINVAL, ENOMEM; then cwi_ledger_ack cannot
+ * fail. ids[n]; parts (clients that read each split) and leases (the
+ * lease each was read under, 0 unknown) may be NULL. */
+cachew_err cwi_ledger_acks_check(const job *j, const uint64_t *ids,
+    const uint64_t *parts, size_t n);
+void cwi_ledger_ack(cwi_dispatcher *d, job *j, uint64_t client_id,
+    const uint64_t *ids, const uint64_t *parts, const uint64_t *leases,
+    size_t n);
+
+/* ---- how many workers a job gets (dispatcher_policy.c) ------------------- */
+
+/* What a worker count decision sees of job j. */
+void cwi_sizing_job_view(const cwi_dispatcher *d, const job *j,
+    cwi_job_view *v);
+/* Job j's target now (its count function's, or fair share's grant),
+ * capped at the available workers, with a job_target event when it
+ * changed; *v is the view it was decided on. */
+uint32_t cwi_sizing_target(cwi_dispatcher *d, job *j, cwi_job_view *v);
+/* Weighted fair share of the available workers over the autoscaled jobs
+ * (no-op when autoscale is off); `tell`: a job granted less than it wants
+ * tells its scaler (once per decision interval). */
+void cwi_sizing_share(cwi_dispatcher *d, bool tell);
+/* What a client's heartbeat and a task's report add to the next sample. */
+void cwi_sizing_client_report(client *c, const cwi_msg_client_heartbeat *req);
+void cwi_sizing_task_busy(task *t, const cwi_task_report *r);
+/* The scale configuration a job request asks for, checked (EINVAL). */
+cachew_err cwi_sizing_check(const cwi_dispatcher *d,
+    const cwi_msg_job_get_or_create *r, cwi_scale_config *c);
+/* Gives a new job its scaler (autoscale on): carried over from the
+ * previous pass of a named job, or new. EINVAL, ENOMEM. */
+cachew_err cwi_sizing_init(cwi_dispatcher *d, job *j,
+    const cwi_msg_job_get_or_create *r);
+
+/* ---- coordinated reads (dispatcher_coord.c) ------------------------------ */
+
+/* A new task's place in its coordinated job's schedule: at once, or
+ * STARTING until an announced round. */
+void cwi_sched_place(const cwi_dispatcher *d, task *t);
+/* Announces a schedule change (a task starting or removing) at a round
+ * every consumer is told; no-op when one is pending. */
+void cwi_sched_open(cwi_dispatcher *d, job *j);
+/* A consumer's heartbeat: acknowledges the announced round, or moves the
+ * change further out when it read past it. */
+void cwi_sched_heartbeat(cwi_dispatcher *d, job *j, client *c);
+/* Commits the pending change once every consumer is ready, and drops the
+ * ended tasks every consumer has read past (releasing what they held). */
+void cwi_sched_update(cwi_dispatcher *d, job *j);
+
+/* ---- autocaching passes (dispatcher_pass.c) ------------------------------ */
+
+/* A new distributed_epoch job j takes the pass on offer (if any). */
+void cwi_pass_take(cwi_dispatcher *d, job *j);
+/* Queues the end of j's pass (once; complete: every split acknowledged). */
+void cwi_pass_finish(cwi_dispatcher *d, job *j, bool complete);
+/* Frees what job j holds of its pass (the planner's ctx included). */
+void cwi_pass_free(const cwi_dispatcher *d, job *j);
+/* Frees the pass ends nobody took (the planner's ctx included). */
+void cwi_pass_ends_drop(cwi_dispatcher *d);
+
+/* ---- snapshots (dispatcher_status.c) ------------------------------------- */
+
+/* Job j's operator counters into a client heartbeat reply: its tasks' (as
+ * their workers last reported them) summed by operator. ENOMEM. */
+cachew_err cwi_status_job_ops(const cwi_dispatcher *d, const job *j,
+    cwi_msg_client_heartbeat_reply *rep);
+
+#endif /* CWI_DISPATCHER_INT_H */

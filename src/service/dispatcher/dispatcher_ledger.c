@@ -1,0 +1,542 @@
+/*
+ * dispatcher_ledger.c - the split ledger of a distributed_epoch job
+ * (struct split_ledger, dispatcher_int.h). Its one invariant: every split
+ * unit is delivered once per epoch. Lease, acknowledgement, release,
+ * re-lease after a death, the orphan grace, part-acks of a split read by
+ * several clients and lease numbers all serve it, so they live here
+ * together, and the rest of the dispatcher changes the ledger only through
+ * the functions below (it reads the counts).
+ *
+ * A job's splits move PENDING -> LEASED -> ACKED, and LEASED -> PENDING
+ * when their worker dies (or a shared job's client leaves with them).
+ * ACKED is final. The pending pool is a ring of split ids: a split is in
+ * the ring at most once, a split acknowledged while pending leaves a
+ * stale entry that popping skips, so the ring never needs more than
+ * nsplits slots. Released splits go to the front, so lost data is
+ * produced again first.
+ *
+ * Invariant (checked by the tests): npending + nleased + nacked ==
+ * nsplits, and every split is in exactly one of those states. A task's
+ * nleased counts the splits leased to it that are not acknowledged.
+ */
+#include "dispatcher_int.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+
+/* ---- the ledger's own state ---------------------------------------------- */
+
+static void
+ring_push(struct split_ledger *l, uint64_t id, bool front)
+{
+	if (front) {
+		l->ring_head = (l->ring_head + l->nsplits - 1) % l->nsplits;
+		l->ring[l->ring_head] = id;
+	} else {
+		l->ring[(l->ring_head + l->ring_len) % l->nsplits] = id;
+	}
+	l->ring_len++;
+}
+
+/* The next pending split; stale entries (acknowledged while pending) are
+ * dropped on the way. false when none is pending. */
+static bool
+ring_pop(struct split_ledger *l, uint64_t *id)
+{
+	while (l->ring_len > 0) {
+		uint64_t s = l->ring[l->ring_head];
+		l->ring_head = (l->ring_head + 1) % l->nsplits;
+		l->ring_len--;
+		if (l->splits[s].state == SPLIT_PENDING) {
+			*id = s;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void
+split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
+{
+	out->split_id = id;
+	out->begin = id * l->units_per_split;
+	out->end = out->begin + l->units_per_split;
+	if (out->end > l->nunits)
+		out->end = l->nunits;
+}
+
+/* Groups the dataset's units into about splits_per_worker splits per
+ * available worker (at least one unit each). */
+cachew_err
+cwi_ledger_init(cwi_dispatcher *d, job *j)
+{
+	struct split_ledger *l = &j->ledger;
+	uint64_t want, w = cwi_disp_workers_available(d);
+
+	/* An autoscaled pool grows after the job starts (a provisioner may
+	 * not have started any worker yet): size for the most it may have,
+	 * so the epoch's last splits do not leave one worker busy while
+	 * the others idle. */
+	if (d->cfg.autoscale && d->cfg.max_workers > w)
+		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
+
+	l->nunits = j->pass.graph != NULL ? j->pass.units
+					  : (uint64_t)j->ds->split_units;
+	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
+	if (want > CWI_PROTO_MAX_SPLITS)
+		want = CWI_PROTO_MAX_SPLITS;
+	l->units_per_split = l->nunits / want + (l->nunits % want != 0);
+	if (l->units_per_split == 0)
+		l->units_per_split = 1;
+	l->nsplits = l->nunits / l->units_per_split +
+	    (l->nunits % l->units_per_split != 0);
+	if (l->nsplits == 0)
+		return CACHEW_OK;
+	l->splits = calloc(l->nsplits, sizeof(*l->splits));
+	l->ring = malloc(l->nsplits * sizeof(*l->ring));
+	if (l->splits == NULL || l->ring == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (uint64_t k = 0; k < l->nsplits; k++)
+		ring_push(l, k, false);
+	l->npending = l->nsplits;
+	return CACHEW_OK;
+}
+
+void
+cwi_ledger_free(struct split_ledger *l)
+{
+	for (uint64_t i = 0; l->splits != NULL && i < l->nsplits; i++)
+		free(l->splits[i].ackers);
+	free(l->splits);
+	free(l->ring);
+	l->splits = NULL;
+	l->ring = NULL;
+}
+
+/* ---- lease --------------------------------------------------------------- */
+
+/* Whether task t gets no split now; then rep says why: its input is over
+ * (end_of_splits), or when to ask again (retry_ms). */
+static bool
+lease_none(const cwi_dispatcher *d, const task *t,
+    cwi_msg_split_lease_reply *rep)
+{
+	const job *j = t->job;
+
+	/* Coordinated: a task ends with an incomplete last round that it
+	 * can only drop once it knows no split will come, and the splits
+	 * leased elsewhere may be waiting in exactly such rounds: waiting
+	 * for them would wait forever. So once nothing is pending, its
+	 * input is over. */
+	if (t->state == CWI_TASK_REMOVING || t->w->draining || j->data_done ||
+	    (job_coordinated(j) && t->state == CWI_TASK_ACTIVE &&
+		j->ledger.npending == 0)) {
+		rep->end_of_splits = true;
+		return true;
+	}
+	if (t->state == CWI_TASK_STARTING || j->ledger.npending == 0) {
+		/* Everything is leased: the epoch ends as soon as the last
+		 * acks arrive, and the task learns it by asking again, so it
+		 * asks often (an epoch's tail would otherwise wait a whole
+		 * retry interval). */
+		rep->retry_ms = t->state == CWI_TASK_STARTING
+		    ? d->cfg.lease_retry_ms
+		    : (d->cfg.lease_retry_ms + 4) / 5;
+		return true;
+	}
+	return false;
+}
+
+static uint32_t
+active_tasks(const cwi_dispatcher *d, const job *j)
+{
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < d->tasks.n; i++)
+		if (TASK(d, i)->job == j &&
+		    TASK(d, i)->state == CWI_TASK_ACTIVE)
+			n++;
+	return n;
+}
+
+/* How many splits one lease hands out: what the task asks for (0: the
+ * most), at most max_lease. Several splits per round trip, but no more
+ * than a fair share of what is left, so the last splits do not queue
+ * behind one worker. */
+static uint64_t
+lease_count(const cwi_dispatcher *d, const job *j, uint32_t max_splits)
+{
+	uint32_t nactive = active_tasks(d, j);
+	uint64_t want = max_splits, fair;
+
+	fair = (j->ledger.npending + nactive - 1) / (nactive > 0 ? nactive : 1);
+	if (want == 0 || want > d->cfg.max_lease)
+		want = d->cfg.max_lease;
+	if (want > fair)
+		want = fair;
+	if (want == 0)
+		want = 1;
+	return want;
+}
+
+/* PENDING -> LEASED: the next pending split goes to task t under a new
+ * lease number. false when none is pending. */
+static bool
+split_take(struct split_ledger *l, task *t, cwi_split *out)
+{
+	uint64_t id;
+	split *s;
+
+	if (!ring_pop(l, &id))
+		return false;
+	s = &l->splits[id];
+	s->state = SPLIT_LEASED;
+	s->part_acks = 0;
+	s->lease++;
+	s->task_id = t->id;
+	s->worker_id = t->w->id;
+	s->delivered = false;
+	l->npending--;
+	l->nleased++;
+	t->nleased++;
+	split_range(l, id, out);
+	out->lease = s->lease;
+	return true;
+}
+
+cachew_err
+cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
+    cwi_msg_split_lease_reply *rep)
+{
+	uint64_t want, ids_n = 0, *ids = NULL;
+
+	if (lease_none(d, t, rep))
+		return CACHEW_OK;
+	want = lease_count(d, t->job, max_splits);
+	rep->splits = calloc((size_t)want, sizeof(*rep->splits));
+	if (cwi_disp_events_on(d))
+		ids = malloc((size_t)want * sizeof(*ids));
+	if (rep->splits == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	while (rep->nsplits < want &&
+	       split_take(&t->job->ledger, t, &rep->splits[rep->nsplits])) {
+		if (ids != NULL)
+			ids[ids_n++] = rep->splits[rep->nsplits].split_id;
+		rep->nsplits++;
+	}
+	if (ids != NULL) {
+		cwi_disp_task_event(d, "split_leased", t);
+		cwi_disp_ev_ids(d, "splits", ids, ids_n);
+		cwi_disp_ev_end(d);
+	}
+	free(ids);
+	return CACHEW_OK;
+}
+
+/* ---- delivery and release ------------------------------------------------ */
+
+void
+cwi_ledger_delivered(struct split_ledger *l, const task *t,
+    const uint64_t *ids, size_t n)
+{
+	for (size_t k = 0; k < n && l->splits != NULL; k++) {
+		uint64_t id = ids[k];
+		if (id < l->nsplits && l->splits[id].state == SPLIT_LEASED &&
+		    l->splits[id].task_id == t->id)
+			l->splits[id].delivered = true;
+	}
+}
+
+/* Splits a forgotten task still holds stay leased to its worker (which
+ * delivered them, or they are released with it when it dies); the orphan
+ * grace starts now. */
+void
+cwi_ledger_task_gone(struct split_ledger *l, const task *t, uint64_t now)
+{
+	if (t->nleased == 0 || l->splits == NULL)
+		return;
+	for (uint64_t k = 0; k < l->nsplits; k++) {
+		split *s = &l->splits[k];
+		if (s->state == SPLIT_LEASED && s->task_id == t->id) {
+			s->task_id = 0;
+			s->delivered = true;
+			s->orphan_ns = now;
+		}
+	}
+}
+
+/* LEASED -> PENDING, at the front of the pool. */
+static void
+split_release(cwi_dispatcher *d, struct split_ledger *l, uint64_t id)
+{
+	split *s = &l->splits[id];
+	task *t = s->task_id != 0 ? cwi_disp_find_task(d, s->task_id) : NULL;
+
+	if (t != NULL && t->nleased > 0)
+		t->nleased--;
+	s->state = SPLIT_PENDING;
+	s->task_id = 0;
+	s->worker_id = 0;
+	s->delivered = false;
+	l->nleased--;
+	l->npending++;
+	ring_push(l, id, true);
+}
+
+/* Releases the leased, unacknowledged splits of job j that `match`
+ * selects; one split_released event lists them. */
+static void
+release_splits(cwi_dispatcher *d, job *j, bool (*match)(const split *,
+    uint64_t), uint64_t arg, const char *reason, uint64_t worker_id)
+{
+	struct split_ledger *l = &j->ledger;
+	uint64_t *ids = NULL;
+	size_t n = 0;
+
+	if (l->splits == NULL || l->nleased == 0)
+		return;
+	if (cwi_disp_events_on(d))
+		ids = malloc(l->nleased * sizeof(*ids));
+	/* Backwards, so the front of the pool ends up in ascending order. */
+	for (uint64_t k = l->nsplits; k-- > 0;) {
+		if (l->splits[k].state != SPLIT_LEASED ||
+		    !match(&l->splits[k], arg))
+			continue;
+		split_release(d, l, k);
+		if (ids != NULL)
+			ids[n] = k;
+		n++;
+	}
+	if (n > 0 && ids != NULL) {
+		for (size_t a = 0, b = n - 1; a < b; a++, b--) {
+			uint64_t x = ids[a];
+			ids[a] = ids[b];
+			ids[b] = x;
+		}
+		cwi_disp_ev_begin(d, "split_released");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		if (worker_id != 0)
+			cwi_disp_ev_u64(d, "worker_id", worker_id);
+		cwi_disp_ev_str(d, "reason", reason);
+		cwi_disp_ev_ids(d, "splits", ids, n);
+		cwi_disp_ev_end(d);
+	}
+	free(ids);
+}
+
+/* A split whose task ended (its data delivered) that no client has
+ * acknowledged within the grace period: the acknowledgement was lost (a
+ * reply lost in a reset connection, a client that gave up on a worker).
+ * Leasing it again may repeat elements; keeping it would end the epoch
+ * never. `arg` is the cutoff time. */
+static bool
+match_orphaned(const split *s, uint64_t cutoff)
+{
+	return s->task_id == 0 && s->delivered && s->orphan_ns < cutoff;
+}
+
+static bool
+match_worker(const split *s, uint64_t worker_id)
+{
+	return s->worker_id == worker_id;
+}
+
+/* A worker that deregistered drained first: the splits it delivered are
+ * on their way to clients, whose acknowledgements can trail its goodbye
+ * (a slow client: autoscale_process_provisioner_scales_a_job got 500
+ * elements twice). Leased again they would come twice; uncoordinated,
+ * they stay delivered and unacked, and the orphan rule (match_orphaned)
+ * leases them again only if no acknowledgement comes within its grace. */
+static bool
+match_worker_undelivered(const split *s, uint64_t worker_id)
+{
+	return s->worker_id == worker_id && !s->delivered;
+}
+
+static bool
+match_task(const split *s, uint64_t task_id)
+{
+	return s->task_id == task_id;
+}
+
+static bool
+match_delivered(const split *s, uint64_t unused)
+{
+	(void)unused;
+	return s->delivered;
+}
+
+void
+cwi_ledger_release_worker(cwi_dispatcher *d, job *j, uint64_t worker_id,
+    const char *reason)
+{
+	release_splits(d, j,
+	    reason == NULL && !job_coordinated(j) ? match_worker_undelivered
+						  : match_worker,
+	    worker_id, reason != NULL ? reason : "worker_deregistered",
+	    worker_id);
+}
+
+void
+cwi_ledger_release_task(cwi_dispatcher *d, job *j, const task *t)
+{
+	release_splits(d, j, match_task, t->id, "task_ended", t->w->id);
+}
+
+void
+cwi_ledger_release_delivered(cwi_dispatcher *d, job *j)
+{
+	release_splits(d, j, match_delivered, 0, "client_left", 0);
+}
+
+void
+cwi_ledger_release_orphans(cwi_dispatcher *d, job *j, uint64_t now)
+{
+	/* Ten client heartbeats, at least 2 s: an ack is sent the moment
+	 * the split's end arrives, so this only catches lost ones. */
+	uint64_t grace = (uint64_t)d->cfg.client_heartbeat_ms * 10000000u;
+
+	if (grace < 2000000000u)
+		grace = 2000000000u;
+	if (now > grace)
+		release_splits(d, j, match_orphaned, now - grace,
+		    "unacknowledged", 0);
+}
+
+/* ---- acknowledgement ----------------------------------------------------- */
+
+/* The split's room for one more client acknowledging its part. */
+static cachew_err
+ackers_reserve(split *s)
+{
+	uint32_t cap;
+	uint64_t *a;
+
+	if (s->part_acks < s->ackers_cap)
+		return CACHEW_OK;
+	cap = s->ackers_cap < 4 ? 4 : s->ackers_cap * 2;
+	if (cap <= s->ackers_cap ||
+	    (a = realloc(s->ackers, cap * sizeof(*a))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	s->ackers = a;
+	s->ackers_cap = cap;
+	return CACHEW_OK;
+}
+
+/* Checks acknowledgements before any is applied: split ids in range, and
+ * room to record each client's part of a split read by several. */
+cachew_err
+cwi_ledger_acks_check(const job *j, const uint64_t *ids,
+    const uint64_t *parts, size_t n)
+{
+	const struct split_ledger *l = &j->ledger;
+
+	for (size_t i = 0; i < n; i++) {
+		split *s;
+		cachew_err rv;
+
+		if (ids[i] >= l->nsplits)
+			return cwi_fail(CACHEW_EINVAL,
+			    "split %" PRIu64 " is out of range: job %" PRIu64
+			    " has %" PRIu64 " splits",
+			    ids[i], j->id, l->nsplits);
+		s = &l->splits[ids[i]];
+		if (parts != NULL && parts[i] > 1 &&
+		    s->state != SPLIT_ACKED &&
+		    (rv = ackers_reserve(s)) != CACHEW_OK)
+			return rv;
+	}
+	return CACHEW_OK;
+}
+
+/* Whether client_id's part of s is new (and records it); room was
+ * reserved by cwi_ledger_acks_check. */
+static bool
+part_ack_new(split *s, uint64_t client_id)
+{
+	for (uint32_t k = 0; k < s->part_acks; k++)
+		if (s->ackers[k] == client_id)
+			return false;
+	s->ackers[s->part_acks++] = client_id;
+	return true;
+}
+
+enum { ACK_DONE, ACK_DUPLICATE, ACK_PART };
+
+/* One client's acknowledgement of split s (`parts`: how many clients read
+ * it, 0 or 1 for one; `lease`: the lease it read, 0 unknown). */
+static int
+ack_one(cwi_dispatcher *d, struct split_ledger *l, split *s,
+    uint64_t client_id, uint64_t parts, uint64_t lease)
+{
+	uint64_t need = parts > 0 ? parts : 1;
+
+	s->acks++;
+	if (s->state == SPLIT_ACKED)
+		return ACK_DUPLICATE;
+	/* A lease read by several clients of a shared job: each
+	 * acknowledges its part, once. A part of an earlier lease (an ack
+	 * resent after the split was released and leased again) is not a
+	 * part of this one. */
+	if (need > 1) {
+		if ((lease != 0 && lease != s->lease) ||
+		    !part_ack_new(s, client_id))
+			return ACK_DUPLICATE;
+		if (s->part_acks < need)
+			return ACK_PART;
+	}
+	if (s->state == SPLIT_LEASED) {
+		task *t = s->task_id != 0 ? cwi_disp_find_task(d, s->task_id)
+					  : NULL;
+		if (t != NULL && t->nleased > 0)
+			t->nleased--;
+		l->nleased--;
+	} else {
+		/* Released after a death, yet it did arrive: its ring
+		 * entry goes stale. */
+		l->npending--;
+	}
+	s->state = SPLIT_ACKED;
+	s->task_id = 0;
+	free(s->ackers);
+	s->ackers = NULL;
+	s->ackers_cap = 0;
+	l->nacked++;
+	return ACK_DONE;
+}
+
+void
+cwi_ledger_ack(cwi_dispatcher *d, job *j, uint64_t client_id,
+    const uint64_t *ids, const uint64_t *parts, const uint64_t *leases,
+    size_t n)
+{
+	uint64_t *fresh = NULL, nfresh = 0, dups = 0;
+
+	if (n == 0)
+		return;
+	if (cwi_disp_events_on(d))
+		fresh = malloc(n * sizeof(*fresh));
+	for (size_t i = 0; i < n; i++) {
+		int r = ack_one(d, &j->ledger, &j->ledger.splits[ids[i]],
+		    client_id, parts != NULL ? parts[i] : 0,
+		    leases != NULL ? leases[i] : 0);
+		if (r == ACK_DUPLICATE)
+			dups++;
+		if (r != ACK_DONE)
+			continue;
+		if (fresh != NULL)
+			fresh[nfresh] = ids[i];
+		nfresh++;
+	}
+	if (fresh != NULL && (nfresh > 0 || dups > 0)) {
+		cwi_disp_ev_begin(d, "split_acked");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "client_id", client_id);
+		cwi_disp_ev_ids(d, "splits", fresh, (size_t)nfresh);
+		if (dups > 0)
+			cwi_disp_ev_u64(d, "duplicates", dups);
+		cwi_disp_ev_end(d);
+	}
+	free(fresh);
+}
