@@ -881,14 +881,23 @@ cwi_pmsg_encode(const cwi_pmsg *m, cwi_strbuf *out)
 
 /* ---- decoder ------------------------------------------------------------- */
 
+#define PATH_DEPTH 32 /* deeper fields are named by their ancestors */
+
 typedef struct reader {
 	const uint8_t *buf;
 	size_t len;
 	size_t pos;
 	size_t budget;    /* bytes the decoded structs may still take */
 	const char *msg;  /* the message type's name, for errors */
-	char path[256];   /* the field being decoded: "tasks[2].ops[0].name" */
-	size_t pathlen;
+	/* The field being decoded ("tasks[2].ops[0].name"), as keys and
+	 * indexes: written out only when a message fails, since formatting
+	 * it for every field cost more than decoding it (the embedded
+	 * service decodes two headers per call of a direct task). */
+	struct {
+		const char *key; /* NULL: an index */
+		size_t index;
+	} path[PATH_DEPTH];
+	size_t depth;
 } reader;
 
 static cachew_err
@@ -900,13 +909,28 @@ rd_fail(reader *r, const char *fmt, ...)
 	char what[256];
 	va_list ap;
 
+	char path[256];
+	size_t n = 0;
+
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	if (r->pathlen > 0)
+	path[0] = '\0';
+	for (size_t i = 0; i < r->depth && n < sizeof(path) - 1; i++) {
+		int k = r->path[i].key != NULL
+		    ? snprintf(path + n, sizeof(path) - n, "%s%s",
+			  n > 0 ? "." : "", r->path[i].key)
+		    : snprintf(path + n, sizeof(path) - n, "[%zu]",
+			  r->path[i].index);
+		if (k < 0)
+			break;
+		n += (size_t)k < sizeof(path) - n ? (size_t)k
+						  : sizeof(path) - n - 1;
+	}
+	if (n > 0)
 		return cwi_fail(CACHEW_EPROTO, "service message %s: %s: %s "
 					       "(at byte %zu)",
-		    r->msg, r->path, what, r->pos);
+		    r->msg, path, what, r->pos);
 	return cwi_fail(CACHEW_EPROTO, "service message %s: %s (at byte %zu)",
 	    r->msg, what, r->pos);
 }
@@ -917,35 +941,25 @@ remain(const reader *r)
 	return r->len - r->pos;
 }
 
-/* Appends ".key" or "[i]" to the path; returns the length to restore. */
+/* Enters field `key` (or item `index` when key is NULL); returns the
+ * depth to restore. */
 static size_t
-path_push(reader *r, const char *fmt, ...) CACHEW_PRINTF(2, 3);
-
-static size_t
-path_push(reader *r, const char *fmt, ...)
+path_push(reader *r, const char *key, size_t index)
 {
-	size_t saved = r->pathlen;
-	va_list ap;
-	int n;
+	size_t saved = r->depth;
 
-	if (r->pathlen >= sizeof(r->path) - 1)
-		return saved;
-	va_start(ap, fmt);
-	n = vsnprintf(r->path + r->pathlen, sizeof(r->path) - r->pathlen, fmt,
-	    ap);
-	va_end(ap);
-	if (n > 0)
-		r->pathlen += (size_t)n < sizeof(r->path) - r->pathlen
-		    ? (size_t)n
-		    : sizeof(r->path) - r->pathlen - 1;
+	if (r->depth < PATH_DEPTH) {
+		r->path[r->depth].key = key;
+		r->path[r->depth].index = index;
+		r->depth++;
+	}
 	return saved;
 }
 
 static void
 path_pop(reader *r, size_t saved)
 {
-	r->pathlen = saved;
-	r->path[saved] = '\0';
+	r->depth = saved;
 }
 
 static void *
@@ -1293,7 +1307,7 @@ rd_u64s(reader *r, const field *f, void *body)
 	*AT(body, f->off, uint64_t *) = v;
 	*AT(body, f->off_n, size_t) = n;
 	for (size_t k = 0; k < n; k++) {
-		size_t saved = path_push(r, "[%zu]", k);
+		size_t saved = path_push(r, NULL, k);
 		rv = rd_uint_field(r, UINT64_MAX, &v[k]);
 		if (rv != CACHEW_OK)
 			return rv;
@@ -1318,7 +1332,7 @@ rd_objs(reader *r, const field *f, void *body, unsigned depth)
 		return rd_alloc_fail(r, n, f->sub->size);
 	*AT(body, f->off, char *) = items;
 	for (size_t k = 0; k < n; k++) {
-		size_t saved = path_push(r, "[%zu]", k);
+		size_t saved = path_push(r, NULL, k);
 		void *item = items + k * f->sub->size;
 		obj_init(f->sub, item);
 		/* Counted first, so a failure frees what the item holds. */
@@ -1501,7 +1515,7 @@ rd_entries(reader *r, const schema *s, void *body, unsigned depth, bool top,
 				return rv;
 			continue;
 		}
-		saved = path_push(r, "%s%s", r->pathlen > 0 ? "." : "", f->key);
+		saved = path_push(r, f->key, 0);
 		if ((seen >> fi & 1) != 0)
 			return rd_fail(r, "field appears twice");
 		seen |= (uint64_t)1 << fi;
@@ -1517,8 +1531,7 @@ rd_entries(reader *r, const schema *s, void *body, unsigned depth, bool top,
 	for (size_t fi = 0; fi < s->nfields; fi++) {
 		if ((s->fields[fi].flags & F_REQ) != 0 &&
 		    (seen >> fi & 1) == 0) {
-			size_t saved = path_push(r, "%s%s",
-			    r->pathlen > 0 ? "." : "", s->fields[fi].key);
+			size_t saved = path_push(r, s->fields[fi].key, 0);
 			rv = rd_fail(r, "missing required field");
 			path_pop(r, saved);
 			return rv;
