@@ -53,10 +53,7 @@
  * Process-wide: the first listen or dial tunes glibc's malloc for large
  * messages (heap_tune_once; CACHEW_MALLOPT=0 opts out).
  */
-#include "../transport.h"
-#include "../../src/core/element_codec.h"
-
-#include <nng/nng.h>
+#include "nng_int.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -67,383 +64,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* ---- framing ------------------------------------------------------------ */
-
-#define FRAME_MAGIC0 'C'
-#define FRAME_MAGIC1 'W'
-#define FRAME_VERSION 1
-#define FRAME_HEAD 16
-#define FRAME_KIND_MSG 0
-#define FRAME_KIND_ERROR 1
-/* Error frames carry a short message. */
-#define FRAME_ERRMSG_MAX 1024
-
-/* SP (nng's scalability protocols) on a stream. */
-#define SP_HANDSHAKE 8
-#define SP_PROTO_REQ0 0x30
-#define SP_PROTO_REP0 0x31
-/* The request id: 4 bytes, high bit set. A request that went through
- * devices carries one 4-byte word per hop before it (its backtrace); a
- * reply echoes the whole backtrace. */
-#define SP_ID_BYTES 4
-#define SP_ID_FLAG 0x80000000u
-#define SP_MAX_HOPS 8
-#define SP_BT_MAX (SP_ID_BYTES * SP_MAX_HOPS)
-/* TCP: 64-bit length; IPC: a type byte (1: message), then the length. */
-#define SP_TCP_PREFIX 8
-#define SP_IPC_PREFIX 9
-#define SP_IPC_MSG 1
-
-/* Payloads of at least this many bytes are sent from where they lie;
- * smaller ones are copied next to their headers (an iovec costs more). */
-#define SEND_REF_MIN 4096
 /* nng 1.5 takes at most 8 iovecs per operation. */
 #define TX_IOV 8
 /* A peer that does not finish its handshake in this time is dropped. */
 #define HANDSHAKE_TIMEOUT_MS 10000
 /* A blocking dial gives up after this. */
 #define DIAL_TIMEOUT_MS 10000
-
-static void
-put_u32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static uint32_t
-get_u32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-	       (uint32_t)p[2] << 8 | (uint32_t)p[3];
-}
-
-static void
-put_u64(uint8_t *p, uint64_t v)
-{
-	put_u32(p, (uint32_t)(v >> 32));
-	put_u32(p + 4, (uint32_t)v);
-}
-
-static uint64_t
-get_u64(const uint8_t *p)
-{
-	return (uint64_t)get_u32(p) << 32 | get_u32(p + 4);
-}
-
-static void
-put_head(uint8_t *h, int kind, size_t hdr_len, uint32_t count)
-{
-	h[0] = FRAME_MAGIC0;
-	h[1] = FRAME_MAGIC1;
-	h[2] = FRAME_VERSION;
-	h[3] = (uint8_t)kind;
-	put_u32(h + 4, (uint32_t)hdr_len);
-	put_u32(h + 8, count);
-	put_u32(h + 12, 0); /* flags: none defined */
-}
-
-/*
- * A message ready to send: g.sb holds the stream prefix, the request id
- * (or backtrace), the frame head, the header and every small part of the
- * elements; the large payloads are referenced in place (g.refs) and the
- * message (msg) is kept until the bytes are written, which keeps them
- * alive. iov is the whole message in order; cur/off is how far it has
- * been written.
- */
-typedef struct txmsg {
-	struct txmsg *next;
-	cwi_msg *msg; /* NULL until the sender hands it over */
-	cwi_gather g;
-	nng_iov *iov;
-	unsigned niov, cur;
-	size_t off;
-} txmsg;
-
-static void
-tx_free(txmsg *t)
-{
-	if (t == NULL)
-		return;
-	cwi_msg_destroy(t->msg);
-	cwi_strbuf_free(&t->g.sb);
-	free(t->g.refs);
-	free(t->iov);
-	free(t);
-}
-
-static void
-tx_free_list(txmsg *t)
-{
-	while (t != NULL) {
-		txmsg *nx = t->next;
-		tx_free(t);
-		t = nx;
-	}
-}
-
-static size_t
-sp_prefix(bool ipc)
-{
-	return ipc ? SP_IPC_PREFIX : SP_TCP_PREFIX;
-}
-
-/* Writes the length prefix and lays out the iovecs of t (whose bytes are
- * all in place). */
-static cachew_err
-tx_finish(txmsg *t, bool ipc)
-{
-	cwi_gather *g = &t->g;
-	size_t pre = sp_prefix(ipc), prev = 0;
-	unsigned n = 0;
-
-	if (g->sb.oom)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory framing a "
-					       "message");
-	t->iov = malloc((2 * g->nrefs + 1) * sizeof(*t->iov));
-	if (t->iov == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	if (ipc)
-		g->sb.data[0] = SP_IPC_MSG;
-	put_u64((uint8_t *)g->sb.data + (ipc ? 1 : 0),
-	    (uint64_t)(g->sb.len - pre + g->ref_bytes));
-	for (size_t i = 0; i < g->nrefs; i++) {
-		if (g->refs[i].at > prev) {
-			t->iov[n].iov_buf = g->sb.data + prev;
-			t->iov[n++].iov_len = g->refs[i].at - prev;
-		}
-		t->iov[n].iov_buf = (void *)g->refs[i].data;
-		t->iov[n++].iov_len = g->refs[i].len;
-		prev = g->refs[i].at;
-	}
-	if (g->sb.len > prev) {
-		t->iov[n].iov_buf = g->sb.data + prev;
-		t->iov[n++].iov_len = g->sb.len - prev;
-	}
-	t->niov = n;
-	return CACHEW_OK;
-}
-
-static cachew_err
-tx_start(txmsg **out, bool ipc, const uint8_t *id, size_t idlen)
-{
-	static const uint8_t zeros[SP_IPC_PREFIX];
-	txmsg *t = calloc(1, sizeof(*t));
-
-	if (t == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	cwi_strbuf_init(&t->g.sb);
-	t->g.skew = sp_prefix(ipc);
-	t->g.ref_min = SEND_REF_MIN;
-	cwi_strbuf_append(&t->g.sb, zeros, sp_prefix(ipc));
-	cwi_strbuf_append(&t->g.sb, id, idlen);
-	*out = t;
-	return CACHEW_OK;
-}
-
-/*
- * Frames m behind the id bytes; m is not consumed, but t refers to its
- * payloads: the caller hands m to t (t->msg) or frees t before m. The
- * padding of the element encoding is reckoned from the id, where the
- * receiver's buffer starts, so that payloads land aligned there.
- */
-static cachew_err
-tx_build(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
-    const cwi_msg *m)
-{
-	uint8_t head[FRAME_HEAD];
-	txmsg *t;
-	cachew_err rv;
-
-	if (m->hdr_len > UINT32_MAX)
-		return cwi_fail(CACHEW_ERANGE, "message header of %zu bytes is "
-					       "too large to frame",
-		    m->hdr_len);
-	for (uint32_t i = 0; i < m->n; i++)
-		if (m->elems[i] == NULL)
-			return cwi_fail(CACHEW_EINVAL,
-			    "message element %u was taken", i);
-	rv = tx_start(&t, ipc, id, idlen);
-	if (rv != CACHEW_OK)
-		return rv;
-	put_head(head, FRAME_KIND_MSG, m->hdr_len, m->n);
-	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
-	if (m->hdr_len > 0)
-		cwi_strbuf_append(&t->g.sb, m->hdr, m->hdr_len);
-	for (uint32_t i = 0; i < m->n; i++) {
-		rv = cwi_element_encode_gather(m->elems[i], &t->g);
-		if (rv != CACHEW_OK) {
-			tx_free(t);
-			return rv;
-		}
-	}
-	rv = tx_finish(t, ipc);
-	if (rv != CACHEW_OK) {
-		tx_free(t);
-		return rv;
-	}
-	*out = t;
-	return CACHEW_OK;
-}
-
-static cachew_err
-tx_build_error(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
-    cachew_err err, const char *msg)
-{
-	size_t len = strlen(msg);
-	uint8_t head[FRAME_HEAD];
-	txmsg *t;
-	cachew_err rv;
-
-	if (len > FRAME_ERRMSG_MAX)
-		len = FRAME_ERRMSG_MAX;
-	rv = tx_start(&t, ipc, id, idlen);
-	if (rv != CACHEW_OK)
-		return rv;
-	put_head(head, FRAME_KIND_ERROR, len, (uint32_t)err);
-	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
-	cwi_strbuf_append(&t->g.sb, msg, len);
-	rv = tx_finish(t, ipc);
-	if (rv != CACHEW_OK) {
-		tx_free(t);
-		return rv;
-	}
-	*out = t;
-	return CACHEW_OK;
-}
-
-/* What a received frame turned out to be. */
-typedef struct frame_in {
-	cwi_msg *msg;        /* kind message */
-	cachew_err peer_err; /* kind error: the code, msg == NULL */
-	char peer_msg[FRAME_ERRMSG_MAX + 1];
-} frame_in;
-
-/*
- * Decodes the frame that starts at body_off in a received message (buf,
- * taken: the received tensors and header are views into it).
- * CACHEW_EPROTO with the reason in this thread's errmsg when it breaks
- * the framing or exceeds max_msg (the caller resets the connection);
- * CACHEW_ENOMEM.
- */
-static cachew_err
-frame_decode(cwi_buffer *buf, size_t body_off, size_t max_msg, frame_in *fi)
-{
-	const uint8_t *body = buf->data + body_off;
-	size_t len = buf->size - body_off, off;
-	uint32_t hlen, count, flags;
-	cwi_msg *m = NULL;
-	cachew_err rv;
-
-	fi->msg = NULL;
-	fi->peer_err = CACHEW_OK;
-	fi->peer_msg[0] = '\0';
-	if (len > max_msg) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "message of %zu bytes exceeds the limit of %zu", len,
-		    max_msg);
-		goto fail;
-	}
-	if (len < FRAME_HEAD) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "frame of %zu bytes is shorter than its %d-byte head", len,
-		    FRAME_HEAD);
-		goto fail;
-	}
-	if (body[0] != FRAME_MAGIC0 || body[1] != FRAME_MAGIC1 ||
-	    body[2] != FRAME_VERSION) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "bad frame magic or version (%02x %02x %02x)", body[0],
-		    body[1], body[2]);
-		goto fail;
-	}
-	hlen = get_u32(body + 4);
-	count = get_u32(body + 8);
-	flags = get_u32(body + 12);
-	if (flags != 0) {
-		rv = cwi_fail(CACHEW_EPROTO, "unknown frame flags 0x%x", flags);
-		goto fail;
-	}
-	if (hlen > len - FRAME_HEAD) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "header length %u exceeds the %zu bytes after the head",
-		    hlen, len - FRAME_HEAD);
-		goto fail;
-	}
-	off = FRAME_HEAD + hlen;
-	if (body[3] == FRAME_KIND_ERROR) {
-		size_t n = hlen < FRAME_ERRMSG_MAX ? hlen : FRAME_ERRMSG_MAX;
-		if (count == CACHEW_OK || count > CACHEW_EINTERNAL ||
-		    off != len) {
-			rv = cwi_fail(CACHEW_EPROTO,
-			    "error frame with code %u and %zu trailing bytes",
-			    count, len - off);
-			goto fail;
-		}
-		fi->peer_err = (cachew_err)count;
-		memcpy(fi->peer_msg, body + FRAME_HEAD, n);
-		fi->peer_msg[n] = '\0';
-		cwi_buffer_unref(buf);
-		return CACHEW_OK;
-	}
-	if (body[3] != FRAME_KIND_MSG) {
-		rv = cwi_fail(CACHEW_EPROTO, "unknown frame kind %u", body[3]);
-		goto fail;
-	}
-	/* No element takes fewer than 8 bytes (array, component array,
-	 * dtype, shape, two bins): the count is checked before the array of
-	 * pointers is allocated. */
-	if (count > CWI_MSG_MAX_ELEMENTS || count > (len - off) / 8) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "element count %u does not fit the %zu bytes present",
-		    count, len - off);
-		goto fail;
-	}
-	rv = cwi_msg_create(&m);
-	if (rv != CACHEW_OK)
-		goto fail;
-	if (count > 0) {
-		m->elems = malloc(count * sizeof(*m->elems));
-		if (m->elems == NULL) {
-			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
-			goto fail;
-		}
-		m->cap = count;
-	}
-	if (hlen > 0)
-		cwi_msg_set_header_view(m, buf, body + FRAME_HEAD, hlen);
-	/* Offsets from the buffer's start, where the sender reckoned the
-	 * payloads' alignment from. */
-	off += body_off;
-	for (uint32_t i = 0; i < count; i++) {
-		rv = cwi_element_decode(buf, buf->data, buf->size, &off,
-		    &m->elems[i]);
-		if (rv != CACHEW_OK) {
-			rv = rv == CACHEW_ENOMEM
-			    ? rv
-			    : cwi_fail(CACHEW_EPROTO, "element %u: %s", i,
-				  cwi_errmsg_get());
-			goto fail;
-		}
-		m->n++;
-	}
-	if (off != buf->size) {
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "%zu bytes after the last of %u elements", buf->size - off,
-		    count);
-		goto fail;
-	}
-	cwi_buffer_unref(buf);
-	fi->msg = m;
-	return CACHEW_OK;
-
-fail:
-	cwi_msg_destroy(m);
-	cwi_buffer_unref(buf);
-	return rv;
-}
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -613,7 +239,7 @@ link_destroy(slink *lk)
 	nng_stream_free(lk->s);
 	nng_aio_free(lk->txa);
 	nng_aio_free(lk->rxa);
-	tx_free_list(lk->txq);
+	cwi_nng_tx_free_list(lk->txq);
 	cwi_buffer_unref(lk->rxbuf);
 	pthread_mutex_destroy(&lk->mtx);
 	free(lk);
@@ -765,7 +391,7 @@ link_kill(slink *lk, const char *why)
 	pthread_mutex_lock(&lk->mtx);
 	q = link_kill_locked(lk, why);
 	pthread_mutex_unlock(&lk->mtx);
-	tx_free_list(q);
+	cwi_nng_tx_free_list(q);
 }
 
 /* Logs a WARN line for a peer that broke the protocol and kills lk. */
@@ -825,7 +451,7 @@ link_tx_cb(void *arg)
 			    lk->peer, lk->url, why);
 		done = link_kill_locked(lk, why);
 		pthread_mutex_unlock(&lk->mtx);
-		tx_free_list(done);
+		cwi_nng_tx_free_list(done);
 		return;
 	}
 	/* Consume n bytes from the head of the queue. */
@@ -856,7 +482,7 @@ link_tx_cb(void *arg)
 		tx_arm_locked(lk);
 	pthread_mutex_unlock(&lk->mtx);
 	/* The messages (and their elements) go outside the lock. */
-	tx_free_list(done);
+	cwi_nng_tx_free_list(done);
 }
 
 /* ---- link: receiving ---------------------------------------------------- */
@@ -883,30 +509,7 @@ rx_expect_head_locked(slink *lk)
 {
 	lk->rx = RX_HEAD;
 	lk->got = 0;
-	lk->need = sp_prefix(lk->ipc);
-}
-
-/* Checks the peer's handshake; NULL when good, else the reason. */
-static const char *
-handshake_check(const slink *lk, char *buf, size_t len)
-{
-	const uint8_t *h = lk->rxhead;
-	unsigned proto = (unsigned)h[4] << 8 | h[5];
-
-	if (h[0] != 0 || h[1] != 'S' || h[2] != 'P' || h[3] != 0 ||
-	    h[6] != 0 || h[7] != 0) {
-		snprintf(buf, len, "not an SP handshake (%02x %02x %02x %02x)",
-		    h[0], h[1], h[2], h[3]);
-		return buf;
-	}
-	if (proto != lk->peer_proto) {
-		snprintf(buf, len,
-		    "peer speaks SP protocol 0x%x, expected 0x%x (%s)", proto,
-		    lk->peer_proto,
-		    lk->peer_proto == SP_PROTO_REQ0 ? "req0" : "rep0");
-		return buf;
-	}
-	return NULL;
+	lk->need = cwi_nng_sp_prefix(lk->ipc);
 }
 
 /* The length prefix is in: checks it and sets up the body's read.
@@ -914,36 +517,20 @@ handshake_check(const slink *lk, char *buf, size_t len)
 static const char *
 head_check_locked(slink *lk, char *buf, size_t len)
 {
-	const uint8_t *h = lk->rxhead;
-	uint64_t n;
-	cachew_err rv;
+	const char *bad;
+	size_t n;
 
-	if (lk->ipc && h[0] != SP_IPC_MSG) {
-		snprintf(buf, len, "unknown ipc message type %u", h[0]);
-		return buf;
-	}
-	n = get_u64(h + (lk->ipc ? 1 : 0));
-	if (n > lk->max_len) {
-		snprintf(buf, len,
-		    "message of %llu bytes (with %zu for its request id) "
-		    "exceeds the limit of %zu",
-		    (unsigned long long)n, lk->id_room, lk->max_len - lk->id_room);
-		return buf;
-	}
-	if (n < SP_ID_BYTES) {
-		snprintf(buf, len,
-		    "message of %llu bytes is shorter than a request id",
-		    (unsigned long long)n);
-		return buf;
-	}
-	rv = cwi_buffer_alloc(&lk->rxbuf, (size_t)n, false);
-	if (rv != CACHEW_OK) {
+	bad = cwi_nng_prefix_decode(lk->rxhead, lk->ipc, lk->max_len,
+	    lk->id_room, &n, buf, len);
+	if (bad != NULL)
+		return bad;
+	if (cwi_buffer_alloc(&lk->rxbuf, n, false) != CACHEW_OK) {
 		snprintf(buf, len, "%s", cwi_errmsg_get());
 		return buf;
 	}
 	lk->rx = RX_BODY;
 	lk->got = 0;
-	lk->need = (size_t)n;
+	lk->need = n;
 	return NULL;
 }
 
@@ -982,7 +569,8 @@ link_rx_cb(void *arg)
 		}
 		switch (lk->rx) {
 		case RX_HANDSHAKE:
-			bad = handshake_check(lk, why, sizeof(why));
+			bad = cwi_nng_handshake_check(lk->rxhead,
+			    lk->peer_proto, why, sizeof(why));
 			if (bad == NULL) {
 				rx_expect_head_locked(lk);
 				rx_arm_locked(lk);
@@ -1029,13 +617,13 @@ link_rx_cb(void *arg)
 	/* Dead: report it once. */
 	if (lk->rx == RX_DOWN) {
 		pthread_mutex_unlock(&lk->mtx);
-		tx_free_list(q);
+		cwi_nng_tx_free_list(q);
 		return;
 	}
 	lk->rx = RX_DOWN;
 	snprintf(why, sizeof(why), "%s", lk->why);
 	pthread_mutex_unlock(&lk->mtx);
-	tx_free_list(q);
+	cwi_nng_tx_free_list(q);
 	lk->ops->on_down(lk->owner, lk, why);
 }
 
@@ -1094,27 +682,14 @@ link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
 	if (!ipc)
 		(void)nng_stream_set_bool(s, NNG_OPT_TCP_NODELAY, true);
 	/* The handshake is the first thing sent: a message of its own. */
-	hs = calloc(1, sizeof(*hs));
-	if (hs != NULL) {
-		cwi_strbuf_init(&hs->g.sb);
-		cwi_strbuf_append(&hs->g.sb, "\0SP\0", 4);
-		cwi_strbuf_append(&hs->g.sb, (uint8_t[]){(uint8_t)(my_proto >> 8),
-					  (uint8_t)my_proto, 0, 0},
-		    4);
-		hs->iov = malloc(sizeof(*hs->iov));
-	}
-	if (hs == NULL || hs->iov == NULL || hs->g.sb.oom) {
-		tx_free(hs);
+	if (cwi_nng_tx_handshake(&hs, my_proto) != CACHEW_OK) {
 		nng_aio_free(lk->txa);
 		nng_aio_free(lk->rxa);
 		nng_stream_free(s);
 		pthread_mutex_destroy(&lk->mtx);
 		free(lk);
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		return CACHEW_ENOMEM;
 	}
-	hs->iov[0].iov_buf = hs->g.sb.data;
-	hs->iov[0].iov_len = SP_HANDSHAKE;
-	hs->niov = 1;
 	lk->txq = lk->txtail = hs;
 	*out = lk;
 	return CACHEW_OK;
@@ -1248,9 +823,9 @@ static bool
 srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
 	slistener *l = owner;
-	size_t btlen = 0;
+	size_t btlen;
 	sreq *r = NULL;
-	frame_in fi;
+	cwi_nng_frame_in fi;
 	cachew_err rv;
 	bool more;
 
@@ -1267,14 +842,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 
 	/* The backtrace ends at the request id, the word with the high
 	 * bit set. */
-	for (size_t i = 0; i < SP_MAX_HOPS; i++) {
-		if (SP_ID_BYTES * (i + 1) > buf->size)
-			break;
-		if (get_u32(buf->data + SP_ID_BYTES * i) & SP_ID_FLAG) {
-			btlen = SP_ID_BYTES * (i + 1);
-			break;
-		}
-	}
+	btlen = cwi_nng_backtrace_len(buf->data, buf->size);
 	if (btlen == 0) {
 		rv = cwi_fail(CACHEW_EPROTO,
 		    "request of %zu bytes has no request id in its first %d "
@@ -1287,7 +855,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	} else {
 		memcpy(r->bt, buf->data, btlen);
 		r->btlen = btlen;
-		rv = frame_decode(buf, btlen, l->max_msg, &fi);
+		rv = cwi_nng_frame_decode(buf, btlen, l->max_msg, &fi);
 		if (rv == CACHEW_OK && fi.msg == NULL)
 			rv = cwi_fail(CACHEW_EPROTO, "a request may not be an "
 						     "error frame");
@@ -1397,16 +965,16 @@ nt_reply(cwi_request *rq, cwi_msg *reply)
 	txmsg *t;
 	cachew_err rv;
 
-	rv = tx_build(&t, l->ipc, r->bt, r->btlen, reply);
+	rv = cwi_nng_tx_build(&t, l->ipc, r->bt, r->btlen, reply);
 	if (rv != CACHEW_OK) {
 		/* Tell the client why instead of leaving it to time out. */
 		char why[512];
 		snprintf(why, sizeof(why), "%s: reply not sent: %s",
 		    l->base.url, cwi_errmsg_get());
-		if (tx_build_error(&t, l->ipc, r->bt, r->btlen, rv, why) ==
+		if (cwi_nng_tx_build_error(&t, l->ipc, r->bt, r->btlen, rv, why) ==
 		    CACHEW_OK) {
 			if (srv_send(r, t) != CACHEW_OK)
-				tx_free(t);
+				cwi_nng_tx_free(t);
 		} else {
 			srv_release(r);
 		}
@@ -1417,7 +985,7 @@ nt_reply(cwi_request *rq, cwi_msg *reply)
 	rv = srv_send(r, t);
 	if (rv != CACHEW_OK) {
 		t->msg = NULL;
-		tx_free(t);
+		cwi_nng_tx_free(t);
 	}
 	return rv;
 }
@@ -1431,14 +999,14 @@ nt_fail(cwi_request *rq, cachew_err err, const char *msg)
 	cachew_err rv;
 
 	snprintf(full, sizeof(full), "%s: %s", r->l->base.url, msg);
-	if (tx_build_error(&t, r->l->ipc, r->bt, r->btlen, err, full) !=
+	if (cwi_nng_tx_build_error(&t, r->l->ipc, r->bt, r->btlen, err, full) !=
 	    CACHEW_OK) {
 		srv_release(r);
 		return CACHEW_ENOMEM;
 	}
 	rv = srv_send(r, t);
 	if (rv != CACHEW_OK)
-		tx_free(t);
+		cwi_nng_tx_free(t);
 	return rv;
 }
 
@@ -1728,7 +1296,7 @@ req_complete_all(creq *x, cachew_err err, const char *msg)
 	while (x != NULL) {
 		creq *nx = x->next;
 		cwi_pending_complete(x->p, err, NULL, msg);
-		tx_free(x->tx);
+		cwi_nng_tx_free(x->tx);
 		free(x);
 		x = nx;
 	}
@@ -1763,11 +1331,11 @@ static bool
 cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
 	sconn *c = owner;
-	uint32_t id = get_u32(buf->data);
+	uint32_t id = cwi_nng_get_u32(buf->data);
 	char msg[FRAME_ERRMSG_MAX + 200];
 	cachew_err err;
 	cwi_msg *reply = NULL;
-	frame_in fi;
+	cwi_nng_frame_in fi;
 	creq *x;
 
 	pthread_mutex_lock(&c->mtx);
@@ -1783,7 +1351,7 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 		return true;
 	}
 	msg[0] = '\0';
-	err = frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
+	err = cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
 	if (err == CACHEW_EPROTO) {
 		snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
 		    c->base.url, cwi_errmsg_get());
@@ -1980,8 +1548,8 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 		return cwi_fail(CACHEW_ECLOSED, "%s: connection is closed",
 		    c->base.url);
 	}
-	put_u32(id, x->id);
-	rv = tx_build(&x->tx, c->ipc, id, sizeof(id), req);
+	cwi_nng_put_u32(id, x->id);
+	rv = cwi_nng_tx_build(&x->tx, c->ipc, id, sizeof(id), req);
 	if (rv != CACHEW_OK) {
 		free(x);
 		return rv;
@@ -1999,7 +1567,7 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 		/* Accepted, then ended before it left: complete it here,
 		 * and free x only then: until p completes, its cancel hook
 		 * may still run with x (cwi_pending_set_cancel). */
-		tx_free(x->tx);
+		cwi_nng_tx_free(x->tx);
 		x->tx = NULL;
 		cwi_msg_destroy(req);
 		cwi_pending_complete(p, err, NULL,
