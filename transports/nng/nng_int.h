@@ -8,8 +8,18 @@
  *                    Pure functions over buffers: no sockets, no locks,
  *                    no clock; the fuzz target fuzz_nng_frame drives the
  *                    decoder directly.
+ *   nng_link.c       a link: one connected stream; its send queue, its
+ *                    receive loop, its death, its lifetime (references
+ *                    and the janitor that frees it off nng's threads).
+ *   nng_listen.c     the server: a listener's links, the requests it
+ *                    hands out and the back-pressure past max_inflight.
+ *   nng_dial.c       the client: a connection's link, request ids, the
+ *                    replies matched to them, redial with backoff.
  *   nng_transport.c  the transport's table and what is process-wide (the
  *                    heap tuning, nng's error codes).
+ *
+ * Lock order across the files: cq->mtx (transport.c), then a listener's
+ * or a connection's mutex, then a link's mutex; the janitor's is a leaf.
  *
  * docs/protocol.md, "Transport framing", is the format these implement.
  */
@@ -20,6 +30,8 @@
 #include "../../src/core/element_codec.h"
 
 #include <nng/nng.h>
+
+#include <pthread.h>
 
 /* ---- framing (nng_frame.c) ---------------------------------------------- */
 
@@ -147,5 +159,109 @@ typedef struct cwi_nng_frame_in {
  */
 cachew_err cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off,
     size_t max_msg, cwi_nng_frame_in *fi);
+
+/* ---- links (nng_link.c) ------------------------------------------------- */
+
+/* nng 1.5 takes at most 8 iovecs per operation. */
+#define TX_IOV 8
+
+typedef struct slink slink;
+
+/* What a link's owner (a listener or a connection) is told. */
+typedef struct link_ops {
+	/* A whole message (buf, taken) arrived. Returns false to stop
+	 * reading until cwi_nng_link_resume (back-pressure). No lock held. */
+	bool (*on_msg)(void *owner, slink *lk, cwi_buffer *buf);
+	/* The link is dead: called once, after the last on_msg. */
+	void (*on_down)(void *owner, slink *lk, const char *why);
+	/* The link is being freed: drops its reference on the owner. */
+	void (*release)(void *owner);
+} link_ops;
+
+typedef enum rx_state {
+	RX_HANDSHAKE, /* reading the peer's 8 bytes */
+	RX_HEAD,      /* reading a message's length prefix */
+	RX_BODY,      /* reading a message into rxbuf */
+	RX_DELIVER,   /* the callback is handing a message to the owner */
+	RX_PARKED,    /* stopped by the owner until cwi_nng_link_resume */
+	RX_DOWN,      /* on_down delivered: nothing more */
+} rx_state;
+
+/* One connected stream. mtx guards the fields, except the owner's (next,
+ * prev, pnext, parked: the owner's lock) and jnext (the janitor's). */
+struct slink {
+	pthread_mutex_t mtx;
+	unsigned refs;
+	nng_stream *s;
+	nng_aio *txa, *rxa;
+	bool ipc;
+	uint16_t peer_proto; /* what the peer must announce */
+	const link_ops *ops;
+	void *owner;
+	const char *url; /* the owner's, for logs */
+	char peer[160];
+	size_t max_len; /* largest length field accepted */
+	size_t id_room; /* of which the request id (or backtrace) */
+	int send_timeout_ms;
+	bool dead;
+	char why[256];
+	/* send */
+	txmsg *txq, *txtail;
+	bool txbusy;
+	nng_iov txv[TX_IOV];
+	/* receive */
+	rx_state rx;
+	bool resume_wanted; /* cwi_nng_link_resume came while delivering */
+	uint8_t rxhead[SP_IPC_PREFIX];
+	size_t got, need;
+	cwi_buffer *rxbuf;
+	struct slink *next, *prev; /* the owner's list of links */
+	struct slink *pnext;       /* a listener's parked links */
+	bool parked;              /* on that list (listener's lock) */
+	struct slink *jnext;       /* the janitor's queue */
+};
+
+/*
+ * A link over a connected stream s (taken, even on failure), with one
+ * reference for the owner. It sends its handshake (my_proto) and, once
+ * started, reads; the caller adds it to its lists before it starts it
+ * (the first callback needs the peer's handshake first). max_len is the
+ * largest length prefix accepted (the receive limit plus the room of the
+ * request id or backtrace). CACHEW_ENOMEM, nng's errors (cwi_nng_err).
+ */
+cachew_err cwi_nng_link_create(slink **out, nng_stream *s, bool ipc,
+    uint16_t my_proto, uint16_t peer_proto, const link_ops *ops, void *owner,
+    const char *url, size_t max_len, int send_timeout_ms);
+/* Starts the handshake: sends ours, reads theirs. */
+void cwi_nng_link_start(slink *lk);
+/* Queues t; on CACHEW_ECLOSED (the link is dead) the caller keeps it. */
+cachew_err cwi_nng_link_send(slink *lk, txmsg *t);
+/* Marks lk dead and closes its stream; its receive path reports the
+ * death to the owner (on_down). */
+void cwi_nng_link_kill(slink *lk, const char *why);
+/* Logs a WARN line for a peer that broke the protocol and kills lk. */
+void cwi_nng_link_reset(slink *lk, const char *reason);
+/* Reading again after on_msg returned false. */
+void cwi_nng_link_resume(slink *lk);
+void cwi_nng_link_ref(slink *lk);
+/* The last reference hands lk to the janitor, which frees it and then
+ * calls its owner's release. */
+void cwi_nng_link_unref(slink *lk);
+
+/* ---- the two sides and the process (nng_listen.c, nng_dial.c,
+ * nng_transport.c) ---------------------------------------------------- */
+
+/* The transport's listen and dial (cwi_transport_nng). */
+cachew_err cwi_nng_listen(cwi_listener **out, const char *url,
+    const cwi_transport_opts *opts, cwi_handler_fn handler, void *arg);
+cachew_err cwi_nng_dial(cwi_conn **out, const char *url,
+    const cwi_transport_opts *opts);
+
+/* Maps an nng error to a cachew_err with a message naming url and what
+ * failed. */
+cachew_err cwi_nng_err(int rv, const char *url, const char *what);
+/* Tunes glibc's malloc for large messages, once per process (at the
+ * first listen or dial); CACHEW_MALLOPT=0 opts out. */
+void cwi_nng_heap_tune(void);
 
 #endif /* CWI_NNG_INT_H */
