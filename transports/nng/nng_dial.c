@@ -1,0 +1,525 @@
+/*
+ * nng_dial.c - the client side of the nng transport. A connection
+ * (sconn) owns at most one link at a time, gives each request a 32-bit
+ * id (high bit set, as req0 does), matches replies by id, fails the
+ * requests of a link that dies with CACHEW_ECLOSED, and redials by itself
+ * (reconnect_min_ms doubling to reconnect_max_ms while it fails, each
+ * wait drawn from the upper half of the backoff). Requests sent while no
+ * link is up wait for the next one within their deadline.
+ *
+ * Locking: cq->mtx (transport.c; held only around a pending's cancel
+ * hook, cli_cancel), then the connection's mutex, then a link's mutex
+ * (nng_link.c); requests are completed with none of these held.
+ */
+#include "nng_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* A blocking dial gives up after this. */
+#define DIAL_TIMEOUT_MS 10000
+
+typedef struct sconn sconn;
+
+/* One request in flight on a connection. */
+typedef struct creq {
+	cwi_pending *p;
+	sconn *c;
+	uint32_t id;
+	txmsg *tx;    /* the framed request, until a link takes it */
+	slink *lk;     /* the link it went out on; NULL: waiting for one */
+	bool listed;  /* on c->reqs (the connection's lock) */
+	bool expired; /* the deadline passed before it was listed */
+	struct creq *next, *prev;
+} creq;
+
+struct sconn {
+	cwi_conn base;
+	pthread_mutex_t mtx;
+	unsigned refs; /* the owner's + one per slink */
+	bool closed;
+	bool ipc;
+	nng_stream_dialer *d;
+	nng_aio *dial; /* dials, and waits between failed dials */
+	bool dial_armed, dial_sleeping;
+	int backoff_ms, rmin_ms, rmax_ms;
+	cwi_rng jitter; /* spreads the redials of many clients */
+	slink *lk; /* the current link, with a reference */
+	uint64_t attached_ns; /* when lk was attached (cwi_now_ns) */
+	creq *reqs, *reqs_tail;
+	uint32_t next_id;
+	creq *reap; /* expired requests to complete (on reap_aio) */
+	nng_aio *reap_aio;
+	bool reap_armed;
+	size_t max_msg;
+	int send_timeout_ms;
+};
+
+static void
+conn_free(sconn *c)
+{
+	nng_stream_dialer_free(c->d);
+	nng_aio_free(c->dial);
+	nng_aio_free(c->reap_aio);
+	pthread_mutex_destroy(&c->mtx);
+	free(c->base.url);
+	free(c);
+}
+
+static void
+conn_unref(sconn *c)
+{
+	bool last;
+
+	pthread_mutex_lock(&c->mtx);
+	last = --c->refs == 0;
+	pthread_mutex_unlock(&c->mtx);
+	if (last)
+		conn_free(c);
+}
+
+static void
+cli_link_release(void *owner)
+{
+	conn_unref(owner);
+}
+
+static void
+req_unlist_locked(sconn *c, creq *x)
+{
+	if (x->prev != NULL)
+		x->prev->next = x->next;
+	else
+		c->reqs = x->next;
+	if (x->next != NULL)
+		x->next->prev = x->prev;
+	else
+		c->reqs_tail = x->prev;
+	x->next = x->prev = NULL;
+	x->listed = false;
+}
+
+/* Completes and frees every request of the list linked by next. */
+static void
+req_complete_all(creq *x, cachew_err err, const char *msg)
+{
+	while (x != NULL) {
+		creq *nx = x->next;
+		cwi_pending_complete(x->p, err, NULL, msg);
+		cwi_nng_tx_free(x->tx);
+		free(x);
+		x = nx;
+	}
+}
+
+/* After a failed dial (or a link that died young): the backoff doubles
+ * from reconnect_min_ms to reconnect_max_ms, and the wait is drawn from
+ * its upper half, so that the clients of a peer that came back do not
+ * all redial in the same millisecond. With c->mtx held. */
+static int
+backoff_next_locked(sconn *c)
+{
+	c->backoff_ms = c->backoff_ms == 0 ? c->rmin_ms
+	    : c->backoff_ms >= c->rmax_ms / 2 ? c->rmax_ms
+					      : c->backoff_ms * 2;
+	return c->backoff_ms - (int)cwi_rng_below(&c->jitter,
+				   (uint64_t)(c->backoff_ms / 2) + 1);
+}
+
+static void
+dial_arm_locked(sconn *c, int delay_ms)
+{
+	c->dial_armed = true;
+	c->dial_sleeping = delay_ms > 0;
+	if (delay_ms > 0)
+		nng_sleep_aio(delay_ms, c->dial);
+	else
+		nng_stream_dialer_dial(c->d, c->dial);
+}
+
+static bool
+cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
+{
+	sconn *c = owner;
+	uint32_t id = cwi_nng_get_u32(buf->data);
+	char msg[FRAME_ERRMSG_MAX + 200];
+	cachew_err err;
+	cwi_msg *reply = NULL;
+	cwi_nng_frame_in fi;
+	creq *x;
+
+	pthread_mutex_lock(&c->mtx);
+	for (x = c->reqs; x != NULL; x = x->next)
+		if (x->id == id && x->lk == lk)
+			break;
+	if (x != NULL)
+		req_unlist_locked(c, x);
+	pthread_mutex_unlock(&c->mtx);
+	if (x == NULL) {
+		/* The reply to a request that timed out: nobody waits. */
+		cwi_buffer_unref(buf);
+		return true;
+	}
+	msg[0] = '\0';
+	err = cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
+	if (err == CACHEW_EPROTO) {
+		snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
+		    c->base.url, cwi_errmsg_get());
+		cwi_nng_link_reset(lk, cwi_errmsg_get());
+	} else if (err != CACHEW_OK) {
+		snprintf(msg, sizeof(msg), "%s: %s", c->base.url,
+		    cwi_errmsg_get());
+	} else if (fi.msg == NULL) {
+		err = fi.peer_err;
+		snprintf(msg, sizeof(msg), "%s", fi.peer_msg);
+	} else {
+		reply = fi.msg;
+	}
+	cwi_pending_complete(x->p, err, reply, msg);
+	free(x);
+	return true;
+}
+
+static void
+cli_on_down(void *owner, slink *lk, const char *why)
+{
+	sconn *c = owner;
+	creq *lost = NULL, **tail = &lost;
+	char msg[400];
+	bool drop = false;
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->lk == lk) {
+		c->lk = NULL;
+		drop = true;
+	}
+	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
+		nx = x->next;
+		if (x->lk != lk)
+			continue;
+		req_unlist_locked(c, x);
+		*tail = x;
+		tail = &x->next;
+	}
+	/* Redial at once after a link that lived; one that died young (a
+	 * peer that hangs up at once or speaks another protocol) counts
+	 * as a failed dial and backs off, as nng's dialer does. */
+	if (drop && !c->closed && !c->dial_armed) {
+		if (cwi_now_ns() - c->attached_ns >=
+		    (uint64_t)c->rmax_ms * 1000000u) {
+			c->backoff_ms = 0;
+			dial_arm_locked(c, 0);
+		} else {
+			dial_arm_locked(c, backoff_next_locked(c));
+		}
+	}
+	pthread_mutex_unlock(&c->mtx);
+	snprintf(msg, sizeof(msg), "%s: %s", c->base.url, why);
+	req_complete_all(lost, CACHEW_ECLOSED, msg);
+	if (drop)
+		cwi_nng_link_unref(lk);
+}
+
+static const link_ops cli_link_ops = {
+    .on_msg = cli_on_msg,
+    .on_down = cli_on_down,
+    .release = cli_link_release,
+};
+
+/* Makes s the connection's link and sends the waiting requests on it.
+ * With c->mtx held. */
+static void
+conn_attach_locked(sconn *c, slink *lk)
+{
+	c->lk = lk;
+	c->attached_ns = cwi_now_ns();
+	cwi_nng_link_start(lk);
+	for (creq *x = c->reqs; x != NULL; x = x->next) {
+		if (x->lk != NULL)
+			continue;
+		if (cwi_nng_link_send(lk, x->tx) != CACHEW_OK)
+			break;
+		x->tx = NULL;
+		x->lk = lk;
+	}
+}
+
+static void
+cli_dial_cb(void *arg)
+{
+	sconn *c = arg;
+	int rv = nng_aio_result(c->dial);
+	nng_stream *s = NULL;
+	slink *lk = NULL;
+	cachew_err err;
+
+	pthread_mutex_lock(&c->mtx);
+	c->dial_armed = false;
+	if (!c->dial_sleeping && rv == 0)
+		s = nng_aio_get_output(c->dial, 0);
+	if (c->closed) {
+		pthread_mutex_unlock(&c->mtx);
+		if (s != NULL) {
+			nng_stream_close(s);
+			nng_stream_free(s);
+		}
+		return;
+	}
+	if (c->dial_sleeping) {
+		dial_arm_locked(c, 0);
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	if (rv != 0) {
+		dial_arm_locked(c, backoff_next_locked(c));
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	c->refs++; /* the link's */
+	pthread_mutex_unlock(&c->mtx);
+
+	err = cwi_nng_link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
+	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
+	    c->send_timeout_ms);
+	pthread_mutex_lock(&c->mtx);
+	if (err != CACHEW_OK) {
+		c->refs--;
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "url=%s reason=\"connection dropped: %s\"", c->base.url,
+		    cwi_errmsg_get());
+		c->backoff_ms = 0;
+		dial_arm_locked(c, backoff_next_locked(c));
+	} else if (!c->closed) {
+		conn_attach_locked(c, lk);
+		lk = NULL;
+	}
+	pthread_mutex_unlock(&c->mtx);
+	if (lk != NULL) {
+		cwi_nng_link_kill(lk, "connection closed");
+		cwi_nng_link_unref(lk);
+	}
+}
+
+static void
+cli_reap_cb(void *arg)
+{
+	sconn *c = arg;
+	creq *q;
+
+	pthread_mutex_lock(&c->mtx);
+	q = c->reap;
+	c->reap = NULL;
+	c->reap_armed = false;
+	pthread_mutex_unlock(&c->mtx);
+	req_complete_all(q, CACHEW_ETIMEDOUT, "request timed out");
+}
+
+/* The deadline of x's request passed (see cwi_pending_set_cancel): its
+ * completion goes to the reaper, off the queue's lock. */
+static void
+cli_cancel(void *arg, cwi_pending *p)
+{
+	creq *x = arg;
+	sconn *c = x->c;
+
+	(void)p;
+	pthread_mutex_lock(&c->mtx);
+	if (x->listed) {
+		req_unlist_locked(c, x);
+		x->next = c->reap;
+		c->reap = x;
+		if (!c->reap_armed && !c->closed) {
+			c->reap_armed = true;
+			nng_sleep_aio(0, c->reap_aio);
+		}
+	} else {
+		x->expired = true;
+	}
+	pthread_mutex_unlock(&c->mtx);
+}
+
+static cachew_err
+nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
+{
+	sconn *c = (sconn *)cc;
+	creq *x = calloc(1, sizeof(*x));
+	uint8_t id[SP_ID_BYTES];
+	cachew_err rv, err;
+	bool closed;
+
+	if (x == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_mutex_lock(&c->mtx);
+	closed = c->closed;
+	x->id = SP_ID_FLAG | c->next_id++;
+	pthread_mutex_unlock(&c->mtx);
+	if (closed) {
+		free(x);
+		return cwi_fail(CACHEW_ECLOSED, "%s: connection is closed",
+		    c->base.url);
+	}
+	cwi_nng_put_u32(id, x->id);
+	rv = cwi_nng_tx_build(&x->tx, c->ipc, id, sizeof(id), req);
+	if (rv != CACHEW_OK) {
+		free(x);
+		return rv;
+	}
+	x->c = c;
+	x->p = p;
+	/* The queue's lock may not be taken under ours: the hook is set
+	 * before x is listed, and a deadline passing in between marks x. */
+	cwi_pending_set_cancel(p, cli_cancel, x);
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->closed || x->expired) {
+		err = c->closed ? CACHEW_ECLOSED : CACHEW_ETIMEDOUT;
+		pthread_mutex_unlock(&c->mtx);
+		/* Accepted, then ended before it left: complete it here,
+		 * and free x only then: until p completes, its cancel hook
+		 * may still run with x (cwi_pending_set_cancel). */
+		cwi_nng_tx_free(x->tx);
+		x->tx = NULL;
+		cwi_msg_destroy(req);
+		cwi_pending_complete(p, err, NULL,
+		    err == CACHEW_ECLOSED ? "connection closed"
+					  : "request timed out");
+		free(x);
+		return CACHEW_OK;
+	}
+	x->tx->msg = req;
+	x->listed = true;
+	x->prev = c->reqs_tail;
+	if (c->reqs_tail != NULL)
+		c->reqs_tail->next = x;
+	else
+		c->reqs = x;
+	c->reqs_tail = x;
+	if (c->lk != NULL && cwi_nng_link_send(c->lk, x->tx) == CACHEW_OK) {
+		x->tx = NULL;
+		x->lk = c->lk;
+	}
+	pthread_mutex_unlock(&c->mtx);
+	return CACHEW_OK;
+}
+
+static void
+nt_conn_close(cwi_conn *cc)
+{
+	sconn *c = (sconn *)cc;
+	creq *all, *reaped;
+	slink *lk;
+	char msg[300];
+
+	pthread_mutex_lock(&c->mtx);
+	if (c->closed) {
+		pthread_mutex_unlock(&c->mtx);
+		return;
+	}
+	c->closed = true;
+	lk = c->lk;
+	c->lk = NULL;
+	all = c->reqs;
+	for (creq *x = all; x != NULL; x = x->next)
+		x->listed = false;
+	c->reqs = c->reqs_tail = NULL;
+	pthread_mutex_unlock(&c->mtx);
+	if (lk != NULL) {
+		cwi_nng_link_kill(lk, "connection closed");
+		cwi_nng_link_unref(lk);
+	}
+	snprintf(msg, sizeof(msg), "%s: connection closed", c->base.url);
+	req_complete_all(all, CACHEW_ECLOSED, msg);
+	nng_stream_dialer_close(c->d);
+	nng_aio_stop(c->dial);
+	nng_aio_stop(c->reap_aio);
+	pthread_mutex_lock(&c->mtx);
+	reaped = c->reap;
+	c->reap = NULL;
+	pthread_mutex_unlock(&c->mtx);
+	req_complete_all(reaped, CACHEW_ETIMEDOUT, "request timed out");
+}
+
+static void
+nt_conn_free(cwi_conn *cc)
+{
+	conn_unref((sconn *)cc);
+}
+
+static const cwi_conn_ops nt_conn_ops = {
+    .send = nt_send,
+    .close = nt_conn_close,
+    .free = nt_conn_free,
+};
+
+cachew_err
+cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
+{
+	sconn *c = calloc(1, sizeof(*c));
+	nng_aio *a = NULL;
+	nng_stream *s;
+	slink *lk;
+	cachew_err rv;
+	int nrv;
+
+	if (c == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_mutex_init(&c->mtx, NULL);
+	c->base.ops = &nt_conn_ops;
+	c->refs = 1;
+	c->ipc = strncmp(url, "ipc://", 6) == 0;
+	c->max_msg = opts->max_msg_size;
+	c->send_timeout_ms = opts->send_timeout_ms;
+	c->rmin_ms = opts->reconnect_min_ms;
+	c->rmax_ms = opts->reconnect_max_ms;
+	c->next_id = (uint32_t)cwi_now_ns() & 0x7fffffffu;
+	c->jitter.state = cwi_now_ns() ^ (uint64_t)(uintptr_t)c;
+	c->base.url = cwi_strdup(url);
+	if (c->base.url == NULL) {
+		conn_free(c);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	cwi_nng_heap_tune();
+	if ((nrv = nng_stream_dialer_alloc(&c->d, url)) != 0 ||
+	    (nrv = nng_aio_alloc(&c->dial, cli_dial_cb, c)) != 0 ||
+	    (nrv = nng_aio_alloc(&c->reap_aio, cli_reap_cb, c)) != 0) {
+		rv = cwi_nng_err(nrv, url, "dial");
+		conn_free(c);
+		return rv;
+	}
+	if (opts->dial_async) {
+		pthread_mutex_lock(&c->mtx);
+		dial_arm_locked(c, 0);
+		pthread_mutex_unlock(&c->mtx);
+		*out = &c->base;
+		return CACHEW_OK;
+	}
+	if ((nrv = nng_aio_alloc(&a, NULL, NULL)) != 0) {
+		rv = cwi_nng_err(nrv, url, "nng_aio_alloc");
+		conn_free(c);
+		return rv;
+	}
+	nng_aio_set_timeout(a, DIAL_TIMEOUT_MS);
+	nng_stream_dialer_dial(c->d, a);
+	nng_aio_wait(a);
+	if ((nrv = nng_aio_result(a)) != 0) {
+		nng_aio_free(a);
+		rv = cwi_nng_err(nrv, url, "dial");
+		conn_free(c);
+		return rv;
+	}
+	s = nng_aio_get_output(a, 0);
+	nng_aio_free(a);
+	rv = cwi_nng_link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
+	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
+	    c->send_timeout_ms);
+	if (rv != CACHEW_OK) {
+		conn_free(c);
+		return rv;
+	}
+	pthread_mutex_lock(&c->mtx);
+	c->refs++; /* the link's */
+	conn_attach_locked(c, lk);
+	pthread_mutex_unlock(&c->mtx);
+	*out = &c->base;
+	return CACHEW_OK;
+}

@@ -1,0 +1,267 @@
+/*
+ * nng_int.h - the internals the nng transport's files share; never
+ * installed. The transport is split by what each part owns:
+ *
+ *   nng_frame.c      the bytes of the wire: the SP handshake, the length
+ *                    prefix, request ids and backtraces, the frame head,
+ *                    the encoder (txmsg) and the decoder (frame_decode).
+ *                    Pure functions over buffers: no sockets, no locks,
+ *                    no clock; the fuzz target fuzz_nng_frame drives the
+ *                    decoder directly.
+ *   nng_link.c       a link: one connected stream; its send queue, its
+ *                    receive loop, its death, its lifetime (references
+ *                    and the janitor that frees it off nng's threads).
+ *   nng_listen.c     the server: a listener's links, the requests it
+ *                    hands out and the back-pressure past max_inflight.
+ *   nng_dial.c       the client: a connection's link, request ids, the
+ *                    replies matched to them, redial with backoff.
+ *   nng_transport.c  the transport's table and what is process-wide (the
+ *                    heap tuning, nng's error codes).
+ *
+ * Lock order across the files: cq->mtx (transport.c), then a listener's
+ * or a connection's mutex, then a link's mutex; the janitor's is a leaf.
+ *
+ * docs/protocol.md, "Transport framing", is the format these implement.
+ */
+#ifndef CWI_NNG_INT_H
+#define CWI_NNG_INT_H
+
+#include "../transport.h"
+#include "../../src/core/element_codec.h"
+
+#include <nng/nng.h>
+
+#include <pthread.h>
+
+/* ---- framing (nng_frame.c) ---------------------------------------------- */
+
+#define FRAME_MAGIC0 'C'
+#define FRAME_MAGIC1 'W'
+#define FRAME_VERSION 1
+#define FRAME_HEAD 16
+#define FRAME_KIND_MSG 0
+#define FRAME_KIND_ERROR 1
+/* Error frames carry a short message. */
+#define FRAME_ERRMSG_MAX 1024
+
+/* SP (nng's scalability protocols) on a stream. */
+#define SP_HANDSHAKE 8
+#define SP_PROTO_REQ0 0x30
+#define SP_PROTO_REP0 0x31
+/* The request id: 4 bytes, high bit set. A request that went through
+ * devices carries one 4-byte word per hop before it (its backtrace); a
+ * reply echoes the whole backtrace. */
+#define SP_ID_BYTES 4
+#define SP_ID_FLAG 0x80000000u
+#define SP_MAX_HOPS 8
+#define SP_BT_MAX (SP_ID_BYTES * SP_MAX_HOPS)
+/* TCP: 64-bit length; IPC: a type byte (1: message), then the length. */
+#define SP_TCP_PREFIX 8
+#define SP_IPC_PREFIX 9
+#define SP_IPC_MSG 1
+
+static inline void
+cwi_nng_put_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static inline uint32_t
+cwi_nng_get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+	       (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* The bytes of a message's length prefix. */
+static inline size_t
+cwi_nng_sp_prefix(bool ipc)
+{
+	return ipc ? SP_IPC_PREFIX : SP_TCP_PREFIX;
+}
+
+/*
+ * A message ready to send: g.sb holds the stream prefix, the request id
+ * (or backtrace), the frame head, the header and every small part of the
+ * elements; the large payloads are referenced in place (g.refs) and the
+ * message (msg) is kept until the bytes are written, which keeps them
+ * alive. iov is the whole message in order; cur/off is how far it has
+ * been written (by the link that sends it; the encoder leaves them 0).
+ */
+typedef struct txmsg {
+	struct txmsg *next;
+	cwi_msg *msg; /* NULL until the sender hands it over */
+	cwi_gather g;
+	nng_iov *iov;
+	unsigned niov, cur;
+	size_t off;
+} txmsg;
+
+/* Frees t and its message; NULL is a no-op. */
+void cwi_nng_tx_free(txmsg *t);
+/* Frees every message of the list linked by next. */
+void cwi_nng_tx_free_list(txmsg *t);
+
+/*
+ * Frames m behind the id bytes (the request id, or a request's backtrace
+ * for its reply) for a tcp or an ipc stream. m is not consumed, but *out
+ * refers to its payloads: the caller hands m to it ((*out)->msg) or frees
+ * *out before m. CACHEW_ERANGE for a header over 4 GiB, CACHEW_EINVAL for
+ * an element already taken, the element encoder's errors, CACHEW_ENOMEM.
+ */
+cachew_err cwi_nng_tx_build(txmsg **out, bool ipc, const uint8_t *id,
+    size_t idlen, const cwi_msg *m);
+/* An error frame carrying err and msg (cut to FRAME_ERRMSG_MAX bytes).
+ * CACHEW_ENOMEM. */
+cachew_err cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
+    size_t idlen, cachew_err err, const char *msg);
+/* Our SP handshake, announcing my_proto: the first message a link sends.
+ * CACHEW_ENOMEM. */
+cachew_err cwi_nng_tx_handshake(txmsg **out, uint16_t my_proto);
+
+/* Checks the peer's 8-byte handshake h against the protocol it must
+ * speak. NULL when good, else the reason, written into buf. */
+const char *cwi_nng_handshake_check(const uint8_t *h, uint16_t peer_proto,
+    char *buf, size_t len);
+
+/*
+ * Reads a message's length prefix (cwi_nng_sp_prefix(ipc) bytes at h)
+ * into *msg_len. NULL when good, else the reason, written into buf: an
+ * unknown ipc message type, a length over max_len (the receive limit plus
+ * id_room, the room of the request id or backtrace) or one shorter than a
+ * request id. Nothing may be allocated for a length before this passes.
+ */
+const char *cwi_nng_prefix_decode(const uint8_t *h, bool ipc,
+    size_t max_len, size_t id_room, size_t *msg_len, char *buf, size_t len);
+
+/* The bytes of a request's backtrace, up to and with its request id (the
+ * first word with the high bit set among the first SP_MAX_HOPS words of
+ * data, size bytes); 0 when there is none. */
+size_t cwi_nng_backtrace_len(const uint8_t *data, size_t size);
+
+/* What a received frame turned out to be. */
+typedef struct cwi_nng_frame_in {
+	cwi_msg *msg;        /* kind message */
+	cachew_err peer_err; /* kind error: the code, msg == NULL */
+	char peer_msg[FRAME_ERRMSG_MAX + 1];
+} cwi_nng_frame_in;
+
+/*
+ * Decodes the frame that starts at body_off in a received message (buf,
+ * taken even on failure: the received tensors and header are views into
+ * it). CACHEW_EPROTO with the reason in this thread's errmsg when it
+ * breaks the framing or its body exceeds max_msg (the caller resets the
+ * connection); CACHEW_ENOMEM. Every length and count is checked against
+ * the bytes present before it is used.
+ */
+cachew_err cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off,
+    size_t max_msg, cwi_nng_frame_in *fi);
+
+/* ---- links (nng_link.c) ------------------------------------------------- */
+
+/* nng 1.5 takes at most 8 iovecs per operation. */
+#define TX_IOV 8
+
+typedef struct slink slink;
+
+/* What a link's owner (a listener or a connection) is told. */
+typedef struct link_ops {
+	/* A whole message (buf, taken) arrived. Returns false to stop
+	 * reading until cwi_nng_link_resume (back-pressure). No lock held. */
+	bool (*on_msg)(void *owner, slink *lk, cwi_buffer *buf);
+	/* The link is dead: called once, after the last on_msg. */
+	void (*on_down)(void *owner, slink *lk, const char *why);
+	/* The link is being freed: drops its reference on the owner. */
+	void (*release)(void *owner);
+} link_ops;
+
+typedef enum rx_state {
+	RX_HANDSHAKE, /* reading the peer's 8 bytes */
+	RX_HEAD,      /* reading a message's length prefix */
+	RX_BODY,      /* reading a message into rxbuf */
+	RX_DELIVER,   /* the callback is handing a message to the owner */
+	RX_PARKED,    /* stopped by the owner until cwi_nng_link_resume */
+	RX_DOWN,      /* on_down delivered: nothing more */
+} rx_state;
+
+/* One connected stream. mtx guards the fields, except the owner's (next,
+ * prev, pnext, parked: the owner's lock) and jnext (the janitor's). */
+struct slink {
+	pthread_mutex_t mtx;
+	unsigned refs;
+	nng_stream *s;
+	nng_aio *txa, *rxa;
+	bool ipc;
+	uint16_t peer_proto; /* what the peer must announce */
+	const link_ops *ops;
+	void *owner;
+	const char *url; /* the owner's, for logs */
+	char peer[160];
+	size_t max_len; /* largest length field accepted */
+	size_t id_room; /* of which the request id (or backtrace) */
+	int send_timeout_ms;
+	bool dead;
+	char why[256];
+	/* send */
+	txmsg *txq, *txtail;
+	bool txbusy;
+	nng_iov txv[TX_IOV];
+	/* receive */
+	rx_state rx;
+	bool resume_wanted; /* cwi_nng_link_resume came while delivering */
+	uint8_t rxhead[SP_IPC_PREFIX];
+	size_t got, need;
+	cwi_buffer *rxbuf;
+	struct slink *next, *prev; /* the owner's list of links */
+	struct slink *pnext;       /* a listener's parked links */
+	bool parked;              /* on that list (listener's lock) */
+	struct slink *jnext;       /* the janitor's queue */
+};
+
+/*
+ * A link over a connected stream s (taken, even on failure), with one
+ * reference for the owner. It sends its handshake (my_proto) and, once
+ * started, reads; the caller adds it to its lists before it starts it
+ * (the first callback needs the peer's handshake first). max_len is the
+ * largest length prefix accepted (the receive limit plus the room of the
+ * request id or backtrace). CACHEW_ENOMEM, nng's errors (cwi_nng_err).
+ */
+cachew_err cwi_nng_link_create(slink **out, nng_stream *s, bool ipc,
+    uint16_t my_proto, uint16_t peer_proto, const link_ops *ops, void *owner,
+    const char *url, size_t max_len, int send_timeout_ms);
+/* Starts the handshake: sends ours, reads theirs. */
+void cwi_nng_link_start(slink *lk);
+/* Queues t; on CACHEW_ECLOSED (the link is dead) the caller keeps it. */
+cachew_err cwi_nng_link_send(slink *lk, txmsg *t);
+/* Marks lk dead and closes its stream; its receive path reports the
+ * death to the owner (on_down). */
+void cwi_nng_link_kill(slink *lk, const char *why);
+/* Logs a WARN line for a peer that broke the protocol and kills lk. */
+void cwi_nng_link_reset(slink *lk, const char *reason);
+/* Reading again after on_msg returned false. */
+void cwi_nng_link_resume(slink *lk);
+void cwi_nng_link_ref(slink *lk);
+/* The last reference hands lk to the janitor, which frees it and then
+ * calls its owner's release. */
+void cwi_nng_link_unref(slink *lk);
+
+/* ---- the two sides and the process (nng_listen.c, nng_dial.c,
+ * nng_transport.c) ---------------------------------------------------- */
+
+/* The transport's listen and dial (cwi_transport_nng). */
+cachew_err cwi_nng_listen(cwi_listener **out, const char *url,
+    const cwi_transport_opts *opts, cwi_handler_fn handler, void *arg);
+cachew_err cwi_nng_dial(cwi_conn **out, const char *url,
+    const cwi_transport_opts *opts);
+
+/* Maps an nng error to a cachew_err with a message naming url and what
+ * failed. */
+cachew_err cwi_nng_err(int rv, const char *url, const char *what);
+/* Tunes glibc's malloc for large messages, once per process (at the
+ * first listen or dial); CACHEW_MALLOPT=0 opts out. */
+void cwi_nng_heap_tune(void);
+
+#endif /* CWI_NNG_INT_H */
