@@ -875,6 +875,18 @@ join_job(session *s)
 	return CACHEW_OK;
 }
 
+/* The next completion on the session's queue, waiting until deadline (a
+ * cwi_now_ns time) at most; false when none came. */
+static bool
+cq_wait_until(session *s, uint64_t deadline, cwi_completion *c)
+{
+	uint64_t now = cwi_now_ns();
+
+	return now < deadline &&
+	    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) + 1, c) ==
+		CACHEW_OK;
+}
+
 /* At the end of the epoch, the requests still in flight (coordinated:
  * rounds asked for beyond a task's end) are answered at once: wait for
  * them (2 s at most) rather than cancel them. nng 1.5's nng_close() was
@@ -891,10 +903,7 @@ drain_requests(session *s)
 	pthread_mutex_unlock(&s->lock);
 	while (eof && s->cq != NULL && cwi_cq_outstanding(s->cq) > 0) {
 		cwi_completion c;
-		uint64_t now = cwi_now_ns();
-		if (now >= deadline ||
-		    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) + 1,
-			&c) != CACHEW_OK)
+		if (!cq_wait_until(s, deadline, &c))
 			break;
 		if (c.reply != NULL)
 			cwi_msg_destroy(c.reply);
@@ -960,12 +969,10 @@ ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap, size_t *hide)
 	return n;
 }
 
+/* The epoch's last rows stay with the iterator. */
 static void
-session_free(session *s)
+session_retire_rows(session *s)
 {
-	if (s == NULL)
-		return;
-	/* The epoch's last rows stay with the iterator. */
 	pthread_mutex_lock(&s->ctx->rows_lock);
 	if (s->ctx->cur == s) {
 		cwi_client_rows_refresh(s->ctx, s);
@@ -973,55 +980,70 @@ session_free(session *s)
 		s->ctx->cur = NULL;
 	}
 	pthread_mutex_unlock(&s->ctx->rows_lock);
-	atomic_store(&s->closing, true);
-	if (s->job_id != 0 && s->dispatcher != NULL) {
-		/* Released through the fetch thread's queue: its reply
-		 * also ends the fetch thread's wait at once (it would
-		 * otherwise sleep out its timeout before noticing
-		 * `closing`, up to 50 ms per iterator). Without a fetch
-		 * thread, a plain call. */
-		cwi_pmsg req, rep;
-		cwi_msg *msg;
-		cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
-		req.u.job_release.job_id = s->job_id;
-		req.u.job_release.client_id = s->client_id;
-		if (!s->fetcher_started) {
-			if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
-				&rep) == CACHEW_OK)
-				cwi_pmsg_free(&rep);
-		} else if (cwi_rpc_pack(&req, &msg) == CACHEW_OK) {
-			if (cwi_conn_send(s->dispatcher, msg, 2000, s->cq,
-				TAG_RELEASE) == CACHEW_OK)
-				s->release_sent = true;
-			else
-				cwi_msg_destroy(msg);
-		}
-		cwi_pmsg_free(&req);
+}
+
+/* Releases the session's part of the job. Through the fetch thread's
+ * queue: its reply also ends the fetch thread's wait at once (it would
+ * otherwise sleep out its timeout before noticing `closing`, up to 50 ms
+ * per iterator). Without a fetch thread, a plain call. */
+static void
+release_job(session *s)
+{
+	cwi_pmsg req, rep;
+	cwi_msg *msg;
+
+	cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
+	req.u.job_release.job_id = s->job_id;
+	req.u.job_release.client_id = s->client_id;
+	if (!s->fetcher_started) {
+		if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
+			&rep) == CACHEW_OK)
+			cwi_pmsg_free(&rep);
+	} else if (cwi_rpc_pack(&req, &msg) == CACHEW_OK) {
+		if (cwi_conn_send(s->dispatcher, msg, 2000, s->cq,
+			TAG_RELEASE) == CACHEW_OK)
+			s->release_sent = true;
+		else
+			cwi_msg_destroy(msg);
 	}
-	if (s->fetcher_started)
-		pthread_join(s->fetcher, NULL);
-	/* The release must reach the dispatcher before the connection
-	 * closes (closing cancels what is still queued): wait for its
-	 * reply (2 s at most) if the fetch thread did not take it. */
-	if (s->release_sent) {
-		uint64_t deadline = cwi_now_ns() + 2000 * UINT64_C(1000000);
-		while (!s->release_done) {
-			cwi_completion c;
-			uint64_t now = cwi_now_ns();
-			if (now >= deadline ||
-			    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) +
-				    1, &c) != CACHEW_OK)
-				break;
-			on_completion(s, &c);
-		}
+	cwi_pmsg_free(&req);
+}
+
+/* The release must reach the dispatcher before the connection closes
+ * (closing cancels what is still queued): waits for its reply (2 s at
+ * most) if the fetch thread did not take it. */
+static void
+await_release(session *s)
+{
+	uint64_t deadline = cwi_now_ns() + 2000 * UINT64_C(1000000);
+
+	if (!s->release_sent)
+		return;
+	while (!s->release_done) {
+		cwi_completion c;
+		if (!cq_wait_until(s, deadline, &c))
+			break;
+		on_completion(s, &c);
 	}
-	drain_requests(s);
+}
+
+/* Closes every connection and the completion queue (what is still in
+ * flight is canceled). */
+static void
+session_close_conns(session *s)
+{
 	for (size_t i = 0; i < s->nconns; i++)
 		cwi_conn_close(s->conns[i].conn);
 	if (s->dispatcher != NULL)
 		cwi_conn_close(s->dispatcher);
 	if (s->cq != NULL)
 		cwi_cq_close(s->cq);
+}
+
+/* Frees what the session holds, once nothing runs on it any more. */
+static void
+session_destroy(session *s)
+{
 	for (size_t i = 0; i < s->ntasks; i++) {
 		task_drop_held(&s->tasks[i]);
 		free(s->tasks[i].held);
@@ -1050,6 +1072,23 @@ session_free(session *s)
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
+}
+
+static void
+session_free(session *s)
+{
+	if (s == NULL)
+		return;
+	session_retire_rows(s);
+	atomic_store(&s->closing, true);
+	if (s->job_id != 0 && s->dispatcher != NULL)
+		release_job(s);
+	if (s->fetcher_started)
+		pthread_join(s->fetcher, NULL);
+	await_release(s);
+	drain_requests(s);
+	session_close_conns(s);
+	session_destroy(s);
 }
 
 static cachew_err
