@@ -196,8 +196,8 @@ coord_request_ok(const cwi_wtask *t, const cwi_msg_get_elements *m,
 		return false;
 	}
 	if (k < t->slot_base) {
-		cwi_wtask_status_fail(st, CACHEW_EINVAL, "task %llu: round %llu "
-		    "(the task's %llu-th) went to every consumer already",
+		cwi_wtask_status_fail(st, CACHEW_EINVAL, "task %llu: round "
+		    "%llu (the task's %llu-th) went to every consumer already",
 		    (unsigned long long)t->id, (unsigned long long)m->round,
 		    (unsigned long long)k);
 		return false;
