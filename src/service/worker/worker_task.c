@@ -1,5 +1,15 @@
 /*
- * worker_task.c - a task on a worker (worker_task.h explains the model).
+ * worker_task.c - a task on a worker (worker_task.h explains the model):
+ * the base every delivery mode shares (creation, references, stop,
+ * reports), the runner thread that leases splits and queues their
+ * elements, and the stream delivery of queued elements to get_elements
+ * requests. Coordinated rounds are formed in worker_coord.c, direct tasks
+ * run in worker_direct.c (worker_task_int.h lists the parts).
+ *
+ * Locking: t->lock guards the queue, the leases, the held requests, the
+ * clients and the rounds; replies are built under it and sent after it is
+ * released. A direct task's pull_lock is taken before t->lock, never
+ * after (worker_direct.c).
  */
 #include "worker_task_int.h"
 
@@ -116,16 +126,6 @@ free_queue(cwi_wtask *t)
 	t->qelems = 0;
 }
 
-static void
-slot_free(round_slot *s, uint32_t ncons)
-{
-	for (uint32_t i = 0; i < ncons; i++)
-		cwi_element_release(s->e[i]);
-	free(s->e);
-	free(s->ends);
-	memset(s, 0, sizeof(*s));
-}
-
 void
 cwi_wtask_unref(cwi_wtask *t)
 {
@@ -154,11 +154,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	free(t->delivered);
 	free(t->ops);
 	free(t->op_names);
-	for (size_t i = 0; i < t->nslots; i++)
-		slot_free(&t->slots[(t->shead + i) % t->capslots], t->ncons);
-	free(t->slots);
-	free(t->end_ends);
-	free(t->end_served);
+	cwi_wtask_rounds_free(t);
 	cwi_zstd_pool_destroy(t->zstd);
 	cwi_split_plan_destroy(t->plan);
 	cachew_dataset_release(t->root);
@@ -208,8 +204,8 @@ cwi_wtask_poke(cwi_wtask *t)
 
 /* ---- replies --------------------------------------------------------------- */
 
-static client_rec *
-client_get(cwi_wtask *t, uint64_t id)
+client_rec *
+cwi_wtask_client_get(cwi_wtask *t, uint64_t id)
 {
 	for (size_t i = 0; i < t->nclients; i++)
 		if (t->clients[i].id == id)
@@ -270,7 +266,7 @@ lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
 				return false;
 		}
 		for (size_t k = 0; k < l->nclients; k++) {
-			client_rec *c = client_get(t, l->clients[k]);
+			client_rec *c = cwi_wtask_client_get(t, l->clients[k]);
 			if (c == NULL || !client_add_end(c, l->split_ids[s],
 					     parts, l->split_leases[s]))
 				return false;
@@ -281,23 +277,9 @@ lease_ended(cwi_wtask *t, lease_rec *l, client_rec *who)
 	return true;
 }
 
-/* Why a request got no reply: *err is CACHEW_OK when it must wait; else
- * the error, with `proto` set when it is the request's own fault (a
- * protocol error reply with msg) rather than the task's (a failure with
- * the task's message). */
-typedef struct reply_status {
-	cachew_err err;
-	bool proto;
-	bool compress; /* the reply's elements are to be compressed */
-	char msg[256];
-} reply_status;
-
-static void
-status_fail(reply_status *st, cachew_err err, const char *fmt, ...)
-    CACHEW_PRINTF(3, 4);
-
-static void
-status_fail(reply_status *st, cachew_err err, const char *fmt, ...)
+void
+cwi_wtask_status_fail(reply_status *st, cachew_err err, const char *fmt,
+    ...)
 {
 	va_list ap;
 
@@ -333,6 +315,32 @@ want_compress(const cwi_msg_get_elements *m, bool remote, uint32_t count)
 	return m->compression == CWI_COMPRESSION_ZSTD && remote && count > 0;
 }
 
+void
+cwi_wtask_reply_init(cwi_pmsg *rep, const cwi_wtask *t, client_rec *c,
+    const cwi_msg_get_elements *m, bool remote, uint32_t count,
+    reply_status *st)
+{
+	st->compress = want_compress(m, remote, count);
+	cwi_pmsg_init(rep, CWI_MSG_GET_ELEMENTS_REPLY);
+	rep->u.get_elements_reply.task_id = t->id;
+	rep->u.get_elements_reply.seq = c->seq++;
+	rep->u.get_elements_reply.elements = count;
+	rep->u.get_elements_reply.round = m->round;
+	rep->u.get_elements_reply.compression =
+	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
+}
+
+cwi_msg *
+cwi_wtask_reply_finish(cwi_msg *msg, cwi_pmsg *rep, reply_status *st)
+{
+	st->err = cwi_wtask_set_header(msg, rep);
+	if (st->err != CACHEW_OK) {
+		cwi_msg_destroy(msg);
+		return NULL;
+	}
+	return msg;
+}
+
 /*
  * Builds the reply to m if one can be given now: elements are queued, this
  * client has split ends pending, or the task has ended. Returns NULL with
@@ -345,7 +353,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	uint32_t max_e = m->max_elements > 0 ? m->max_elements
 					      : REPLY_MAX_ELEMENTS;
 	uint64_t max_b = m->max_bytes > 0 ? m->max_bytes : REPLY_MAX_BYTES;
-	client_rec *c = client_get(t, m->client_id);
+	client_rec *c = cwi_wtask_client_get(t, m->client_id);
 	cwi_pmsg rep;
 	cwi_msg *msg = NULL;
 	cwi_split_end *ends = NULL;
@@ -406,305 +414,19 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	pthread_cond_broadcast(&t->space);
 	t->elements += count;
 	t->bytes += bytes;
-	st->compress = want_compress(m, remote, count);
-	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
-	rep.u.get_elements_reply.task_id = t->id;
-	rep.u.get_elements_reply.seq = c->seq++;
-	rep.u.get_elements_reply.elements = count;
+	cwi_wtask_reply_init(&rep, t, c, m, remote, count, st);
 	rep.u.get_elements_reply.split_ends = ends;
 	rep.u.get_elements_reply.nsplit_ends = nends;
 	rep.u.get_elements_reply.end_of_task =
 	    t->produced_all && t->qlen == 0;
-	rep.u.get_elements_reply.round = m->round;
 	rep.u.get_elements_reply.queued_bytes = t->qbytes;
-	rep.u.get_elements_reply.compression =
-	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
-	st->err = cwi_wtask_set_header(msg, &rep); /* frees ends */
-	if (st->err != CACHEW_OK) {
-		cwi_msg_destroy(msg);
-		return NULL;
-	}
-	return msg;
+	return cwi_wtask_reply_finish(msg, &rep, st); /* frees ends */
 nomem:
 	free(ends);
 	cwi_msg_destroy(msg);
-	status_fail(st, CACHEW_ENOMEM, "task %llu: out of memory",
-	    (unsigned long long)t->id);
+	cwi_wtask_status_fail(st, CACHEW_ENOMEM, "task %llu: out of "
+	    "memory", (unsigned long long)t->id);
 	st->proto = false;
-	return NULL;
-}
-
-/* ---- coordinated rounds ------------------------------------------------------ */
-
-/* Rounds go as soon as every consumer took its element, oldest first;
- * their splits then count as delivered. */
-static void
-free_taken_rounds(cwi_wtask *t)
-{
-	bool freed = false;
-
-	while (t->nslots > 0) {
-		round_slot *s = &t->slots[t->shead];
-		if (s->ntaken < t->ncons)
-			break;
-		/* Metrics only (a client leaving re-leases delivered splits
-		 * nobody acknowledged): a lost entry costs a duplicate. */
-		for (size_t i = 0; i < s->nends; i++)
-			(void)cwi_wtask_add_delivered(t, s->ends[i].split_id);
-		t->slot_bytes -= s->bytes;
-		slot_free(s, t->ncons);
-		t->shead = (t->shead + 1) % t->capslots;
-		t->nslots--;
-		t->slot_base++;
-		freed = true;
-	}
-	if (freed)
-		pthread_cond_broadcast(&t->space);
-}
-
-static bool
-slots_grow(cwi_wtask *t)
-{
-	size_t cap;
-	round_slot *ns;
-
-	if (t->nslots < t->capslots)
-		return true;
-	cap = t->capslots != 0 ? t->capslots * 2 : 16;
-	ns = calloc(cap, sizeof(*ns));
-	if (ns == NULL)
-		return false;
-	for (size_t i = 0; i < t->nslots; i++)
-		ns[i] = t->slots[(t->shead + i) % t->capslots];
-	free(t->slots);
-	t->slots = ns;
-	t->capslots = cap;
-	t->shead = 0;
-	return true;
-}
-
-static bool
-add_coord_end(coord_end **v, size_t *n, size_t *cap, uint64_t split_id,
-    uint32_t pos, uint32_t lease)
-{
-	if (!cwi_grow((void **)v, cap, *n + 1, sizeof(**v)))
-		return false;
-	(*v)[*n].split_id = split_id;
-	(*v)[*n].pos = pos;
-	(*v)[*n].lease = lease;
-	(*n)++;
-	return true;
-}
-
-/* The runner is done and fewer than ncons elements are left: no consumer
- * gets a partial round. They are dropped, and the splits still ending in
- * the queue end with the end round (every consumer acknowledges them
- * there, so the epoch completes). */
-static bool
-end_rounds(cwi_wtask *t)
-{
-	uint64_t dropped = 0;
-
-	t->end_slot = t->slot_base + t->nslots;
-	while (t->qlen > 0) {
-		q_entry *q = &t->q[t->qhead];
-		if (q->e != NULL) {
-			cwi_element_release(q->e);
-			t->qbytes -= q->bytes;
-			t->qelems--;
-			dropped++;
-		} else {
-			lease_rec *l = &t->leases[q->lease];
-			for (size_t i = 0; i < l->nsplits; i++) {
-				if (!add_coord_end(&t->end_ends, &t->nend_ends,
-					&t->capend_ends, l->split_ids[i], 0,
-					l->split_leases[i]) ||
-				    !cwi_wtask_add_delivered(t, l->split_ids[i]))
-					return false;
-			}
-		}
-		t->qhead = (t->qhead + 1) % t->qcap;
-		t->qlen--;
-	}
-	t->dropped = dropped;
-	pthread_cond_broadcast(&t->space);
-	cwi_log(CACHEW_LOG_INFO, "worker", "event=rounds_ended task=%llu "
-	    "rounds=%llu dropped=%llu", (unsigned long long)t->id,
-	    (unsigned long long)t->end_slot, (unsigned long long)dropped);
-	return true;
-}
-
-/* Forms the next round: the next ncons queued elements, and the ends of
- * the leases met before the last of them. Returns 1 when a round (or the
- * end) was formed, 0 when the queue does not hold enough yet, -1 when
- * memory ran out. */
-static int
-form_round(cwi_wtask *t)
-{
-	uint32_t n = t->ncons, cnt = 0;
-	round_slot *s;
-
-	if (t->qelems < n) {
-		if (!t->produced_all)
-			return 0;
-		return end_rounds(t) ? 1 : -1;
-	}
-	if (!slots_grow(t))
-		return -1;
-	s = &t->slots[(t->shead + t->nslots) % t->capslots];
-	memset(s, 0, sizeof(*s));
-	s->e = calloc(n, sizeof(*s->e) + 1);
-	if (s->e == NULL)
-		return -1;
-	s->taken = (uint8_t *)(s->e + n);
-	/* Bookkeeping counts against the queue bound too: with scalar
-	 * elements it outweighs the payload. */
-	s->bytes = sizeof(*s) + (uint64_t)n * (sizeof(*s->e) + 1 + 64);
-	while (cnt < n) {
-		q_entry *q = &t->q[t->qhead];
-		if (q->e != NULL) {
-			s->e[cnt++] = q->e;
-			s->bytes += q->bytes;
-			t->qbytes -= q->bytes;
-			t->qelems--;
-		} else {
-			lease_rec *l = &t->leases[q->lease];
-			size_t cap = s->nends;
-			for (size_t i = 0; i < l->nsplits; i++) {
-				if (!add_coord_end(&s->ends, &s->nends, &cap,
-					l->split_ids[i], cnt,
-					l->split_leases[i])) {
-					slot_free(s, cnt);
-					return -1;
-				}
-			}
-		}
-		t->qhead = (t->qhead + 1) % t->qcap;
-		t->qlen--;
-	}
-	t->slot_bytes += s->bytes;
-	t->nslots++;
-	return 1;
-}
-
-/*
- * The reply to a coordinated request: consumer i's element of the task's
- * round m->task_round, formed first if needed; end_of_task from the first
- * round that could not be formed on. Returns NULL with st->err ==
- * CACHEW_OK when the round needs elements that are not queued yet. Called
- * with t->lock held.
- */
-static cwi_msg *
-build_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
-    reply_status *st)
-{
-	uint64_t k = m->task_round;
-	int64_t ci = m->consumer_index;
-	client_rec *c;
-	cwi_pmsg rep;
-	cwi_msg *msg = NULL;
-	cwi_split_end *ends = NULL;
-	const coord_end *src = NULL;
-	size_t nsrc = 0;
-	uint32_t count = 0;
-	int formed;
-
-	if (ci < 0 || ci >= (int64_t)t->ncons) {
-		status_fail(st, CACHEW_EINVAL, "task %llu is read by %u "
-		    "coordinated consumers: consumer_index %lld is not in "
-		    "0..%u", (unsigned long long)t->id, t->ncons,
-		    (long long)ci, t->ncons - 1);
-		return NULL;
-	}
-	if (k < t->slot_base) {
-		status_fail(st, CACHEW_EINVAL, "task %llu: round %llu (the "
-		    "task's %llu-th) went to every consumer already",
-		    (unsigned long long)t->id, (unsigned long long)m->round,
-		    (unsigned long long)k);
-		return NULL;
-	}
-	while (t->end_slot == UINT64_MAX && k >= t->slot_base + t->nslots) {
-		formed = form_round(t);
-		if (formed == 0)
-			return NULL;
-		if (formed < 0)
-			goto nomem;
-	}
-	c = client_get(t, m->client_id);
-	if (c == NULL || cwi_msg_create(&msg) != CACHEW_OK)
-		goto nomem;
-	if (k >= t->end_slot) {
-		/* The end round carries the last splits' ends; later ones
-		 * (asked ahead) carry nothing. */
-		if (k == t->end_slot) {
-			src = t->end_ends;
-			nsrc = t->nend_ends;
-			if (!t->end_served[ci]) {
-				t->end_served[ci] = 1;
-				t->nend_served++;
-			}
-		}
-	} else {
-		round_slot *s = &t->slots[(t->shead + (k - t->slot_base)) %
-					  t->capslots];
-		cwi_element *e = s->e[ci];
-		cwi_element_retain(e);
-		if (cwi_msg_push(msg, e) != CACHEW_OK) {
-			cwi_element_release(e);
-			goto nomem;
-		}
-		count = 1;
-		src = s->ends;
-		nsrc = s->nends;
-		if (!s->taken[ci]) {
-			s->taken[ci] = 1;
-			s->ntaken++;
-			t->elements++;
-			t->bytes += cwi_element_nbytes(e);
-		}
-	}
-	if (nsrc > 0) {
-		ends = calloc(nsrc, sizeof(*ends));
-		if (ends == NULL)
-			goto nomem;
-		/* Every consumer reads every round: each acknowledges its
-		 * part of every split. */
-		for (size_t i = 0; i < nsrc; i++) {
-			ends[i].split_id = src[i].split_id;
-			ends[i].after = src[i].pos > (uint64_t)ci ? 1u : 0u;
-			ends[i].parts = t->ncons;
-			ends[i].lease = src[i].lease;
-		}
-	}
-	st->compress = want_compress(m, remote, count);
-	cwi_pmsg_init(&rep, CWI_MSG_GET_ELEMENTS_REPLY);
-	rep.u.get_elements_reply.task_id = t->id;
-	rep.u.get_elements_reply.seq = c->seq++;
-	rep.u.get_elements_reply.elements = count;
-	rep.u.get_elements_reply.split_ends = ends;
-	rep.u.get_elements_reply.nsplit_ends = nsrc;
-	rep.u.get_elements_reply.end_of_task = count == 0;
-	rep.u.get_elements_reply.round = m->round;
-	rep.u.get_elements_reply.task_round = k;
-	rep.u.get_elements_reply.queued_bytes = t->qbytes + t->slot_bytes;
-	rep.u.get_elements_reply.compression =
-	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
-	free_taken_rounds(t);
-	st->err = cwi_wtask_set_header(msg, &rep); /* frees ends */
-	if (st->err != CACHEW_OK) {
-		cwi_msg_destroy(msg);
-		return NULL;
-	}
-	return msg;
-nomem:
-	cwi_msg_destroy(msg);
-	/* A round half formed cannot be repaired: the task fails. */
-	if (t->failed == CACHEW_OK) {
-		t->failed = CACHEW_ENOMEM;
-		snprintf(t->errmsg, sizeof(t->errmsg), "out of memory forming "
-		    "rounds");
-	}
-	st->err = CACHEW_ENOMEM;
 	return NULL;
 }
 
@@ -717,7 +439,7 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 		/* An error reply, not a failed request: the client ends
 		 * the epoch with the pipeline's error (a corrupt file gives
 		 * the same error again wherever its split is leased). */
-		status_fail(st, t->failed, "%s", t->errmsg[0] != '\0'
+		cwi_wtask_status_fail(st, t->failed, "%s", t->errmsg[0] != '\0'
 		    ? t->errmsg : cachew_strerror(t->failed));
 		return NULL;
 	}
@@ -726,11 +448,12 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 		return NULL;
 	}
 	if (t->ncons == 0 && m->consumer_index >= 0) {
-		status_fail(st, CACHEW_EINVAL, "task %llu is not coordinated: "
-		    "no consumer_index expected", (unsigned long long)t->id);
+		cwi_wtask_status_fail(st, CACHEW_EINVAL, "task %llu is not "
+		    "coordinated: no consumer_index expected",
+		    (unsigned long long)t->id);
 		return NULL;
 	}
-	return t->ncons > 0 ? build_coord_reply(t, m, remote, st)
+	return t->ncons > 0 ? cwi_wtask_coord_reply(t, m, remote, st)
 			    : build_stream_reply(t, m, remote, st);
 }
 

@@ -6,7 +6,8 @@
  *   - worker_task.c: the base (creation, references, stop, reports), the
  *     runner thread that leases splits and queues their elements, and the
  *     stream delivery of queued elements to get_elements requests;
- *   - worker_coord.c: coordinated rounds (num_consumers > 0);
+ *   - worker_coord.c: coordinated rounds (num_consumers > 0): the ring of
+ *     rounds formed from the queue and the end round;
  *   - worker_direct.c: direct tasks, whose lease pipeline runs on the
  *     thread that sends the get_elements (the embedded worker's).
  * worker_task.h explains the model and the locking.
@@ -73,6 +74,17 @@ typedef struct round_slot {
 	coord_end *ends;
 	size_t nends;
 } round_slot;
+
+/* Why a request got no reply: *err is CACHEW_OK when it must wait; else
+ * the error, with `proto` set when it is the request's own fault (a
+ * protocol error reply with msg) rather than the task's (a failure with
+ * the task's message). */
+typedef struct reply_status {
+	cachew_err err;
+	bool proto;
+	bool compress; /* the reply's elements are to be compressed */
+	char msg[256];
+} reply_status;
 
 struct cwi_wtask {
 	atomic_uint refs;
@@ -169,5 +181,34 @@ cachew_err cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep);
 cwi_unit_range *cwi_wtask_lease_ranges(const cwi_msg_split_lease_reply *lr);
 /* Encodes rep as msg's header (rep is freed). */
 cachew_err cwi_wtask_set_header(cwi_msg *msg, cwi_pmsg *rep);
+/* A client's record, created on first use (t->lock held); NULL on
+ * ENOMEM. */
+client_rec *cwi_wtask_client_get(cwi_wtask *t, uint64_t id);
+/* Sets st to the request's own error (proto), with a message. */
+void cwi_wtask_status_fail(reply_status *st, cachew_err err,
+    const char *fmt, ...) CACHEW_PRINTF(3, 4);
+/* Starts rep, the reply to m carrying count elements for client c: the
+ * fields every delivery mode sets (task, c's next seq, round, and
+ * compression, which st->compress records: zstd when m asks for it, the
+ * client is remote and there is a payload). */
+void cwi_wtask_reply_init(cwi_pmsg *rep, const cwi_wtask *t, client_rec *c,
+    const cwi_msg_get_elements *m, bool remote, uint32_t count,
+    reply_status *st);
+/* Encodes rep as msg's header (rep is freed, its split ends with it) and
+ * returns msg; NULL with st->err set (msg destroyed) on failure. */
+cwi_msg *cwi_wtask_reply_finish(cwi_msg *msg, cwi_pmsg *rep,
+    reply_status *st);
+
+/* Coordinated (worker_coord.c), t->lock held. The reply to a coordinated
+ * request: consumer i's element of the task's round m->task_round, formed
+ * first if needed; end_of_task from the first round that could not be
+ * formed on. NULL with st->err == CACHEW_OK when the round needs elements
+ * that are not queued yet; CACHEW_ENOMEM fails the task (a round half
+ * formed cannot be repaired). */
+cwi_msg *cwi_wtask_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m,
+    bool remote, reply_status *st);
+/* Frees the rounds still held and the end round's records (at the task's
+ * end). */
+void cwi_wtask_rounds_free(cwi_wtask *t);
 
 #endif /* CWI_WORKER_TASK_INT_H */

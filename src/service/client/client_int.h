@@ -1,0 +1,264 @@
+/*
+ * client_int.h - what the parts of the service's client share (internal
+ * to src/service/client): the iterator's context, a session (one epoch of
+ * the stream) and its tasks. Each part owns one ledger of the session, as
+ * zstd splits its compressor around one internal header:
+ *   - client.c: the iterator, sessions' lifecycle, the fetch thread's
+ *     loop, the element queue, acks, stream requests and their replies;
+ *   - client_rounds.c: coordinated reads on the session's side (sending
+ *     a round's requests, receiving its replies, delivering rounds in
+ *     order; the round bookkeeping itself is client_coord.c's);
+ *   - client_zstd.c: compression: what to ask workers for, auto
+ *     compression's decision, and decoding replies (decompressed first);
+ *   - client_direct.c: a direct task, read by the consumer's own calls,
+ *     and its live operator rows (task_stats).
+ *
+ * Lock order: ctx->rows_lock, then s->lock. rows_lock guards the
+ * context's operator rows and ctx->cur; s->lock guards the element queue,
+ * the error, the consumer's timing counters (auto_wait_ns among them) and
+ * the direct task fields (inl*); the fetch thread owns everything else of
+ * a session.
+ */
+#ifndef CWI_CLIENT_INT_H
+#define CWI_CLIENT_INT_H
+
+#include "client.h"
+#include "client_coord.h"
+
+#include "../service.h"
+#include "../service_rpc.h"
+#include "../service_payload.h"
+#include "../../exec/exec_split.h"
+#include "../../core/options.h"
+
+#define TAG_HEARTBEAT UINT64_C(1)
+#define TAG_ACK UINT64_C(2)
+#define TAG_RELEASE UINT64_C(3)
+/* Data requests: TAG_DATA_BASE + (task round << 16 | task slot). */
+#define TAG_DATA_BASE UINT64_C(16)
+#define TAG_SLOT_BITS 16
+#define MAX_TASK_SLOTS ((size_t)1 << TAG_SLOT_BITS)
+
+typedef struct held_reply {
+	uint64_t seq;
+	cwi_msg *msg;
+	cwi_pmsg hdr;
+} held_reply;
+
+typedef struct ctask {
+	uint64_t task_id;
+	char *address;
+	cwi_conn *conn;     /* borrowed from the session's connection table */
+	unsigned inflight;
+	uint64_t next_seq;  /* next reply to process */
+	held_reply *held;   /* replies that came early */
+	size_t nheld, capheld;
+	bool ended;         /* end_of_task processed */
+	bool gone;          /* no longer listed, or its worker failed */
+	bool direct;        /* read by the consumer (s->inl), not by requests */
+	uint64_t retry_at_ns; /* after a failure: when to ask again */
+	uint32_t unknown_ms; /* its worker did not have it yet: next wait */
+} ctask;
+
+/* One operator row of the worker part, with its own strings. */
+typedef struct op_row {
+	char name[48];
+	char detail[80];
+	cachew_op_stats s; /* name and detail unset */
+} op_row;
+
+/* A direct task (cwi_task_info.direct): read by calls from the consumer's
+ * thread. */
+typedef struct direct_task {
+	uint64_t id;
+	cwi_conn *conn; /* the session's (its connection table) */
+} direct_task;
+
+typedef struct conn_ent {
+	char *address;
+	cwi_conn *conn;
+} conn_ent;
+
+/* What auto compression measures over one window. */
+typedef struct auto_state {
+	uint64_t window_start_ns;
+	uint64_t replies;    /* data replies */
+	uint64_t backlogged; /* ... whose worker still held data */
+	uint64_t raw_bytes;  /* payload bytes received (decoded) */
+	uint64_t zraw, zwire; /* compressed replies: content and frame */
+	double rate_off;     /* raw bytes/s before zstd went on */
+	unsigned on_windows; /* full windows since it went on */
+	unsigned backoff;    /* windows left before it may go on again */
+	unsigned backoff_len;
+} auto_state;
+
+/* What every session of one iterator shares (lives as long as the
+ * iterator). */
+typedef struct client_ctx {
+	char url[CWI_OPT_STR_MAX];
+	cwi_opts opts;
+	cwi_split_plan *plan;
+	uint8_t *graph;
+	size_t graph_len;
+	cwi_stream_source src;
+	cachew_dataset *client_graph;
+	uint64_t seed;
+	/* The worker part's operator rows (a direct task's, asked of it
+	 * while an epoch runs, kept after): cachew_iterator_stats shows
+	 * them before the client part's. rows_lock guards them and cur. */
+	pthread_mutex_t rows_lock;
+	struct session *cur; /* the open session, or NULL */
+	op_row rows[64]; /* the open session's (names kept after) */
+	size_t nrows;
+	cachew_op_stats done[64]; /* counters of the sessions that ended */
+	size_t ndone;
+	bool inline_seen; /* a session read a direct task */
+} client_ctx;
+
+typedef struct session session;
+struct session {
+	client_ctx *ctx;
+	uint64_t epoch;
+	cwi_conn *dispatcher;
+	cwi_cq *cq;
+	uint64_t dataset_id, job_id, client_id;
+	uint32_t heartbeat_ms;
+
+	pthread_t fetcher;
+	bool fetcher_started;
+	atomic_bool closing;
+
+	/* fetch thread only */
+	ctask *tasks;
+	size_t ntasks, captasks;
+	conn_ent *conns;
+	size_t nconns, capconns;
+	uint64_t *acks; /* split ends queued, not yet sent */
+	uint64_t *ack_parts, *ack_leases;
+	size_t nacks, capacks;
+	uint64_t *sent_acks; /* the ack message in flight */
+	uint64_t *sent_parts, *sent_leases;
+	size_t nsent;
+	bool ack_inflight, hb_inflight;
+	bool release_sent, release_done; /* TAG_RELEASE */
+	uint64_t next_hb_ns;
+	/* Until the job has a task, heartbeats go after this many ms (from
+	 * 1, doubling up to the interval): a new job's task starts moments
+	 * after the join, and a short job would otherwise wait a whole
+	 * interval to learn of it. */
+	uint64_t early_hb_ms;
+	uint64_t last_hb_ok_ns;
+	bool job_finished;
+	/* An ack's reply said every split of the job is acknowledged: every
+	 * element reached a client, so the tasks' ends need not be waited
+	 * for (what they still send can only repeat acknowledged splits). */
+	bool data_acked;
+	cwi_coord *coord;   /* coordinated reads; NULL otherwise */
+	bool coord_eof;     /* no task can serve a round any more */
+	uint64_t coord_elements, coord_bytes; /* received, for the budget */
+	cwi_compression compression; /* the job's */
+	bool zstd_on;       /* ask remote workers for zstd payloads */
+	ZSTD_DCtx *dctx;
+	size_t data_limit;  /* data connections' max_msg_size */
+	auto_state auto_;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	cwi_element **q; /* ring */
+	size_t qhead, qlen, qcap;
+	uint64_t qbytes;
+	bool eof;
+	cachew_err err;
+	char errmsg[768];
+	/* consumer timing since the last heartbeat */
+	uint64_t batches, wait_ns, last_next_ns, batch_ns_sum;
+	uint64_t last_chunk_n; /* elements handed over at last_next_ns */
+	/* The job's direct task (an embedded worker's): the consumer calls
+	 * it in stream_next, so its pipeline runs on the consumer's thread;
+	 * inl_done once it has nothing more. Set by the fetch thread, used
+	 * by the consumer (s->lock). inl_next: the task that replaces it
+	 * after the dispatcher dropped the worker (it re-registered), taken
+	 * by the consumer between calls; inl_stopped_ns: when a call found
+	 * inl stopped (0: not), after which the consumer waits (bounded)
+	 * for inl_next; inl_unknown_ns: since when its worker does not know
+	 * the task yet (it starts it at its next heartbeat). */
+	direct_task inl, inl_next;
+	bool inl_done;
+	uint64_t inl_stopped_ns, inl_unknown_ns;
+	uint32_t inl_unknown_ms;
+	char inl_errmsg[256];
+	cwi_cq *inl_cq; /* the consumer's calls */
+	size_t rr_next; /* fetch thread: where send_requests starts */
+	uint64_t auto_wait_ns; /* since the last auto window */
+};
+
+/* ---- client.c: the session's shared state -------------------------------- */
+
+/* Records the session's first failure and wakes the consumer. */
+void cwi_client_fail(session *s, cachew_err err, const char *fmt, ...)
+    CACHEW_PRINTF(3, 4);
+/* Queues an element for the consumer (takes e on success); false on
+ * ENOMEM. */
+bool cwi_client_queue_push(session *s, cwi_element *e);
+/* Bytes queued for the consumer. */
+uint64_t cwi_client_queue_bytes(session *s);
+/* Wakes the consumer (elements were queued). */
+void cwi_client_wake(session *s);
+/* Records a split end to acknowledge; false on ENOMEM. */
+bool cwi_client_add_ack(session *s, uint64_t split_id, uint64_t parts,
+    uint64_t lease);
+/* The session's task with this id, or NULL. */
+ctask *cwi_client_task_by_id(session *s, uint64_t id);
+/* Sends g to the task in slot `slot` on the fetch thread's queue. */
+cachew_err cwi_client_send_get(session *s, size_t slot,
+    const cwi_msg_get_elements *g, uint64_t tag);
+/* A failed data request or an error reply: true when it was handled (the
+ * request is to be retried or the session failed); false: *hdr holds the
+ * get_elements_reply (the caller frees it and c->reply). */
+bool cwi_client_data_failed(session *s, ctask *t, cwi_completion *c,
+    cwi_pmsg *hdr, uint64_t task_round);
+/* Releases n elements and frees the array. */
+void cwi_client_release_all(cwi_element **v, size_t n);
+
+/* ---- client_rounds.c: coordinated reads ---------------------------------- */
+
+/* Creates the session's round bookkeeping (s->coord). */
+cachew_err cwi_client_rounds_start(session *s);
+/* Sends the requests the next rounds need, within the client buffer. */
+void cwi_client_rounds_send(session *s);
+/* A reply to a coordinated request (t->inflight already counted down). */
+void cwi_client_rounds_reply(session *s, ctask *t, cwi_completion *c,
+    uint64_t task_round);
+/* Moves the rounds that are ready into the queue, in round order. */
+void cwi_client_rounds_deliver(session *s);
+
+/* ---- client_zstd.c: compression ------------------------------------------ */
+
+/* What to ask a task's worker for. */
+cwi_compression cwi_client_ask_compression(const session *s,
+    const ctask *t);
+/* The elements of a reply as an array of *n references the caller owns
+ * (release them, free the array), decompressed first when they travel
+ * compressed; records what auto compression measures. CACHEW_EPROTO (a
+ * reply that breaks the protocol, naming the worker), CACHEW_ENOMEM. */
+cachew_err cwi_client_reply_elements(session *s, ctask *t, cwi_msg *msg,
+    const cwi_msg_get_elements_reply *r, cwi_element ***out, size_t *n);
+/* Auto compression's decision, once per window (fetch thread). */
+void cwi_client_auto_tick(session *s, uint64_t now);
+
+/* ---- client_direct.c: the direct task ------------------------------------ */
+
+/* A direct task was listed (fetch thread): the consumer reads it. false
+ * (the session failed) for a second one while the first lives. */
+bool cwi_client_take_direct(session *s, ctask *t);
+/* The consumer's turn at the direct task (s->lock held; released while a
+ * call runs): true when it acted, with *got elements put in out, and the
+ * caller looks at the session again; false when there is no direct task
+ * to read (the caller waits for the fetch thread). */
+bool cwi_client_direct_turn(session *s, cwi_chunk *out, size_t max,
+    size_t *got);
+/* Asks the direct task for its operator rows, live, into the context
+ * (ctx->rows_lock held). */
+void cwi_client_rows_refresh(client_ctx *ctx, session *s);
+
+#endif /* CWI_CLIENT_INT_H */
