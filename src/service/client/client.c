@@ -135,9 +135,13 @@ conn_for(session *s, const char *address)
 	o.dial_async = true;
 	if (!CWI_GROW(s->conns, s->capconns, s->nconns + 1))
 		return NULL;
-	if (cwi_dial(&c, address, &o) != CACHEW_OK)
-		return NULL;
 	s->conns[s->nconns].address = cwi_strdup(address);
+	if (s->conns[s->nconns].address == NULL)
+		return NULL; /* a NULL address would crash the lookup above */
+	if (cwi_dial(&c, address, &o) != CACHEW_OK) {
+		free(s->conns[s->nconns].address);
+		return NULL;
+	}
 	s->conns[s->nconns].conn = c;
 	s->nconns++;
 	return c;

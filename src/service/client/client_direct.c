@@ -134,9 +134,13 @@ direct_unknown(session *s, const char *why)
 		s->inl_unknown_ms = 1;
 	}
 	if (now - s->inl_unknown_ns >= limit) {
-		s->err = CACHEW_ENOENT;
-		snprintf(s->errmsg, sizeof(s->errmsg), "%s, for %lld ms", why,
-		    (long long)s->ctx->opts.service_timeout_ms);
+		/* The first failure wins (the fetch thread's may have come
+		 * while this call ran unlocked). */
+		if (s->err == CACHEW_OK) {
+			s->err = CACHEW_ENOENT;
+			snprintf(s->errmsg, sizeof(s->errmsg), "%s, for %lld ms",
+			    why, (long long)s->ctx->opts.service_timeout_ms);
+		}
 		pthread_cond_broadcast(&s->cond);
 		return;
 	}
