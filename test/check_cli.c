@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -691,6 +692,74 @@ START_TEST(plugin_with_a_newer_op_def_is_refused_naming_it)
 }
 END_TEST
 
+/* ---- the layer check (test/module_graph.py, make check-layers) ---------- */
+
+/* Compiles `src` into dir/module/name.o (a module is a folder). */
+static void
+layer_obj(const char *dir, const char *module, const char *name,
+    const char *src)
+{
+	char path[512], cmd[1400];
+
+	snprintf(path, sizeof(path), "%s/%s", dir, module);
+	(void)mkdir(path, 0700);
+	snprintf(path, sizeof(path), "%s/%s/%s.c", dir, module, name);
+	cwt_write_file(path, src, strlen(src));
+	snprintf(cmd, sizeof(cmd), "cc -c -o %s/%s/%s.o %s", dir, module,
+	    name, path);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Runs the layer check over dir's objects a and b; returns its exit
+ * status, its output in out. */
+static int
+layer_check(const char *dir, const char *a, const char *b, char *out,
+    size_t cap)
+{
+	char cmd[1400];
+	size_t n;
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 test/module_graph.py %s "
+	    "%s/%s %s/%s 2>&1", dir, dir, a, dir, b);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	n = fread(out, 1, cap - 1, p);
+	out[n] = '\0';
+	return WEXITSTATUS(pclose(p));
+}
+
+START_TEST(layer_check_fails_on_a_cycle_across_folders)
+{
+	char *dir = cwt_tmpdir(), out[4096];
+
+	if (access("/usr/bin/python3", X_OK) != 0) {
+		printf("cli: skipping the layer check test: no /usr/bin/python3\n");
+		cwt_rmtree(dir);
+		return;
+	}
+	/* upper uses lower: a DAG. */
+	layer_obj(dir, "lower", "lo", "int cwi_lo(void) { return 1; }\n");
+	layer_obj(dir, "upper", "up",
+	    "int cwi_lo(void);\nint cwi_up(void) { return cwi_lo(); }\n");
+	ck_assert_int_eq(layer_check(dir, "lower/lo.o", "upper/up.o", out,
+			     sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "2 modules, no new cycle") != NULL, "%s",
+	    out);
+	/* lower calls back up: a cycle, named with the symbol that makes
+	 * it. */
+	layer_obj(dir, "lower", "lo2",
+	    "int cwi_up(void);\nint cwi_lo(void) { return cwi_up(); }\n");
+	ck_assert_int_eq(layer_check(dir, "lower/lo2.o", "upper/up.o", out,
+			     sizeof(out)), 1);
+	ck_assert_msg(strstr(out, "a cycle across folders: lower upper") !=
+			  NULL, "%s", out);
+	ck_assert_msg(strstr(out, "lower -> upper: lower/lo2.o uses cwi_up "
+				  "from upper/up.o") != NULL, "%s", out);
+	cwt_rmtree(dir);
+}
+END_TEST
+
 Suite *
 cwt_cli_suite(void)
 {
@@ -727,6 +796,7 @@ cwt_cli_suite(void)
 	tcase_add_test(other, unknown_command_exits_2_naming_it);
 	tcase_add_test(other, help_lists_every_command);
 	tcase_add_test(other, version_prints_library_version);
+	tcase_add_test(other, layer_check_fails_on_a_cycle_across_folders);
 	suite_add_tcase(s, other);
 
 	tcase_add_test(plugin, plugin_square_maps_values);
