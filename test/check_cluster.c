@@ -156,6 +156,50 @@ START_TEST(cluster_distributed_epoch_equals_in_process)
 }
 END_TEST
 
+/* The sequence of a pipeline through the service at url, at an epoch. */
+static char *
+seq_at_epoch(const char *pipeline, const char *url, int64_t epoch)
+{
+	cachew_options *o;
+	char *s;
+
+	ck_assert_int_eq(cachew_options_create(&o), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "seed", 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "epoch", epoch), CACHEW_OK);
+	s = cwt_seq(pipeline, o);
+	cachew_options_destroy(o);
+	return s;
+}
+
+/* Reshuffles draw from the epoch on the workers as in-process (issue 20,
+ * item 2): the same seed and epoch give the same data, another epoch
+ * another order, and each pass of a client-side repeat is an epoch. */
+START_TEST(cluster_reshuffle_draws_from_the_epoch)
+{
+	static const char *const p =
+	    "range(10) | shuffle(10, seed=7, reshuffle_each_iteration=true)";
+	char rep[200], both[200];
+	cluster c;
+
+	cluster_start(&c, 1);
+	char *e0 = seq_at_epoch(p, c.dispatcher.url, 0);
+	char *again = seq_at_epoch(p, c.dispatcher.url, 0);
+	char *e1 = seq_at_epoch(p, c.dispatcher.url, 1);
+	ck_assert_str_eq(e0, again);
+	ck_assert_str_ne(e0, e1);
+	snprintf(rep, sizeof(rep), "%s | repeat(2)", p);
+	char *twice = seq_at_epoch(rep, c.dispatcher.url, 0);
+	snprintf(both, sizeof(both), "%s,%s", e0, e1);
+	ck_assert_str_eq(twice, both);
+	free(e0);
+	free(again);
+	free(e1);
+	free(twice);
+	cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(cluster_text_files_equal_in_process)
 {
 	cluster c;
@@ -1195,6 +1239,7 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, cluster_reshuffle_draws_from_the_epoch);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);

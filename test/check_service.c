@@ -111,6 +111,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		r->start[0].compression = CWI_COMPRESSION_ZSTD;
 		r->start[0].num_consumers = 4;
 		r->start[0].lease_size = 8;
+		r->start[0].seed = 42;
+		r->start[0].epoch = 3;
 		r->nstop = 2;
 		r->stop = ids_of(2, 9);
 		break;
@@ -140,6 +142,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		j->num_workers = 3;
 		j->compression = CWI_COMPRESSION_AUTO;
 		j->client_id = 77;
+		j->seed = 42;
+		j->epoch = 3;
 		break;
 	}
 	case CWI_MSG_JOB_GET_OR_CREATE_REPLY: {

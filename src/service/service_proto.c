@@ -165,6 +165,7 @@ static const field f_task_def[] = {
     U32(cwi_task_def, num_consumers, 0),
     U32(cwi_task_def, lease_size, 0),
     U64(cwi_task_def, seed, 0),
+    U64(cwi_task_def, epoch, 0),
 };
 static const schema s_task_def = SCHEMA("task_def", cwi_task_def,
     f_task_def);
@@ -202,6 +203,7 @@ static const field f_job_get_or_create[] = {
     ENUM(cwi_msg_job_get_or_create, compression, compression_names),
     U64(cwi_msg_job_get_or_create, client_id, 0),
     U64(cwi_msg_job_get_or_create, seed, 0),
+    U64(cwi_msg_job_get_or_create, epoch, 0),
     STR(cwi_msg_job_get_or_create, scale_policy, 0, CWI_PROTO_MAX_POLICY),
     F64(cwi_msg_job_get_or_create, weight),
     U32(cwi_msg_job_get_or_create, min_workers, 0),

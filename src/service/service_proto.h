@@ -202,6 +202,8 @@ typedef struct cwi_task_def {
 	uint32_t lease_size;    /* splits to ask for per lease request */
 	uint64_t seed;          /* the job's pipeline seed (leases derive
 				 * theirs from it) */
+	uint64_t epoch;         /* the job's epoch (lease pipelines run
+				 * with it, as the `epoch` option) */
 } cwi_task_def;
 
 typedef struct cwi_msg_worker_heartbeat_reply {
@@ -239,6 +241,10 @@ typedef struct cwi_msg_job_get_or_create {
 	cwi_compression compression;
 	uint64_t client_id; /* a retry: the id a previous reply gave; else 0 */
 	uint64_t seed;      /* pipeline seed; the job's first client sets it */
+	/* The epoch its data is for (the client's `epoch` option plus the
+	 * repetitions before this pass): reshuffles and per-epoch file
+	 * orders draw from it as in-process; the first client sets it. */
+	uint64_t epoch;
 	/* Autoscaling (the job's first client sets them): the policy
 	 * ("model", "cachew", "fixed:N", "hpa:P"; NULL: the dispatcher's),
 	 * the fair-share weight (0: 1) and bounds (0: none). */

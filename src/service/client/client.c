@@ -847,6 +847,7 @@ join_job(session *s)
 	j->num_workers = (uint32_t)ctx->opts.workers;
 	(void)cwi_compression_parse(ctx->opts.compression, &j->compression);
 	j->seed = ctx->seed;
+	j->epoch = s->epoch;
 	if (ctx->opts.scale_policy[0] != '\0')
 		j->scale_policy = cwi_strdup(ctx->opts.scale_policy);
 	j->weight = (double)ctx->opts.job_weight;

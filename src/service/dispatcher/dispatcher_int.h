@@ -184,6 +184,7 @@ struct job {
 	cwi_processing_mode mode;
 	cwi_compression compression;
 	uint64_t seed;
+	uint64_t epoch; /* its first client's (job_get_or_create) */
 	cwi_worker_policy policy;
 	uint32_t num_workers;
 	uint32_t num_consumers;

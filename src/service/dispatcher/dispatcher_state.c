@@ -744,6 +744,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	j->mode = r->processing_mode;
 	j->compression = r->compression;
 	j->seed = r->seed;
+	j->epoch = r->epoch;
 	j->policy = r->worker_policy;
 	j->num_workers = r->num_workers;
 	j->num_consumers = r->num_consumers;
@@ -1247,6 +1248,7 @@ fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 	td->processing_mode = t->job->mode;
 	td->compression = t->job->compression;
 	td->seed = t->job->seed;
+	td->epoch = t->job->epoch;
 	td->num_consumers = t->job->num_consumers;
 	td->lease_size = lease_size;
 	td->graph = malloc(len);

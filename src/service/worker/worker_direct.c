@@ -154,7 +154,7 @@ typedef struct pulled {
 static cachew_options *
 lease_options(const cwi_wtask *t, const cwi_msg_get_elements *m)
 {
-	cwi_opts v = *cwi_options_values(t->env->opts);
+	cwi_opts v = *cwi_options_values(t->lease_opts);
 
 	if (m->exec) {
 		v.epoch = (int64_t)m->epoch;

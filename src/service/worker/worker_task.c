@@ -36,6 +36,20 @@
 
 static void *runner_main(void *arg);
 
+/* The worker's executor options with the job's epoch: a reshuffle, a
+ * per-epoch file order and random functions draw from it, as they would
+ * in the client's process for this epoch. */
+static cachew_err
+lease_options(cwi_wtask *t)
+{
+	cwi_opts v = *cwi_options_values(t->env->opts);
+
+	v.epoch = (int64_t)t->epoch;
+	t->lease_opts = cwi_options_from_values(&v);
+	return t->lease_opts != NULL ? CACHEW_OK
+				     : cwi_fail(CACHEW_ENOMEM, "out of memory");
+}
+
 cachew_err
 cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
     const cwi_wtask_env *env)
@@ -56,6 +70,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	t->mode = def->processing_mode;
 	t->lease_size = def->lease_size > 0 ? def->lease_size : 4;
 	t->seed = def->seed;
+	t->epoch = def->epoch;
 	t->env = env;
 	t->ncons = def->num_consumers;
 	t->end_slot = UINT64_MAX;
@@ -71,6 +86,9 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		}
 	}
 	rv = cwi_zstd_pool_create(&t->zstd);
+	if (rv != CACHEW_OK)
+		goto fail;
+	rv = lease_options(t);
 	if (rv != CACHEW_OK)
 		goto fail;
 	rv = cachew_dataset_from_msgpack(&t->root, def->graph, def->graph_len);
@@ -158,6 +176,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	cwi_zstd_pool_destroy(t->zstd);
 	cwi_split_plan_destroy(t->plan);
 	cachew_dataset_release(t->root);
+	cachew_options_destroy(t->lease_opts);
 	pthread_cond_destroy(&t->space);
 	pthread_mutex_destroy(&t->lock);
 	pthread_mutex_destroy(&t->pull_lock);
@@ -803,7 +822,7 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 	cachew_element *e;
 	cachew_err rv;
 
-	rv = cwi_iterator_create_lease(&it, t->plan->root, t->env->opts,
+	rv = cwi_iterator_create_lease(&it, t->plan->root, t->lease_opts,
 	    t->plan->source, ranges, nranges, t->seed);
 	if (rv != CACHEW_OK) {
 		mark_pipeline_failure(t);

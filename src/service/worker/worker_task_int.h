@@ -92,6 +92,8 @@ struct cwi_wtask {
 	cwi_processing_mode mode;
 	uint32_t lease_size;
 	uint64_t seed;
+	uint64_t epoch; /* the job's: lease pipelines run with it */
+	cachew_options *lease_opts; /* the worker's, with this epoch */
 	const cwi_wtask_env *env;
 	cachew_dataset *root;
 	cwi_split_plan *plan;
