@@ -736,6 +736,7 @@ START_TEST(layer_check_fails_on_a_cycle_across_folders)
 	if (access("/usr/bin/python3", X_OK) != 0) {
 		printf("cli: skipping the layer check test: no /usr/bin/python3\n");
 		cwt_rmtree(dir);
+		free(dir);
 		return;
 	}
 	/* upper uses lower: a DAG. */
@@ -757,6 +758,7 @@ START_TEST(layer_check_fails_on_a_cycle_across_folders)
 	ck_assert_msg(strstr(out, "lower -> upper: lower/lo2.o uses cwi_up "
 				  "from upper/up.o") != NULL, "%s", out);
 	cwt_rmtree(dir);
+	free(dir);
 }
 END_TEST
 

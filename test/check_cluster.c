@@ -200,6 +200,43 @@ START_TEST(cluster_reshuffle_draws_from_the_epoch)
 }
 END_TEST
 
+/* Workers load operator plug-ins at start (--plugin, CACHEW_PLUGINS): a
+ * pipeline with a user function runs on them and gives what it gives
+ * in-process (issue 20, item 4); a plug-in that does not load stops the
+ * worker at start with an error naming it. */
+START_TEST(cluster_workers_run_plugin_functions)
+{
+	static const char *const p = "range(300) | map(square) | filter(is_even)";
+	char so[600], cmd[1600], log[700];
+	cluster c;
+
+	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
+	cluster_start(&c, 0);
+	cwt_daemon_start(&c.workers[0], c.dir, "worker0", "--role=worker",
+	    "--dispatcher", c.dispatcher.url, "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", "--plugin", so,
+	    (char *)NULL);
+	c.nworkers = 1;
+	run_sum local = run_digest(p, NULL, NULL);
+	run_sum remote = run_digest(p, c.dispatcher.url, NULL);
+	ck_assert_uint_eq(local.n, 150);
+	ck_assert_uint_eq(remote.n, local.n);
+	ck_assert_uint_eq(remote.digest, local.digest);
+	snprintf(log, sizeof(log), "%s/bad-plugin.log", c.dir);
+	snprintf(cmd, sizeof(cmd), "%s/cachewd --role=worker --dispatcher %s "
+	    "--plugin %s/missing.so 2>%s", cwt_build_dir(), c.dispatcher.url,
+	    c.dir, log);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 1);
+	char *text = cwt_slurp(log);
+	ck_assert_msg(strstr(text, "event=start_failed role=worker error=\""
+			  "plugin ") != NULL && strstr(text, "missing.so' not "
+			  "found") != NULL, "%s", text);
+	free(text);
+	cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(cluster_text_files_equal_in_process)
 {
 	cluster c;
@@ -1239,6 +1276,7 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_reshuffle_draws_from_the_epoch);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, embedded_service_equals_in_process);

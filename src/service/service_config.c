@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum cfg_type { CFG_STR, CFG_INT } cfg_type;
+/* CFG_LIST: a string to which every setting appends one item (':'
+ * separated); its environment variable is its plural. */
+typedef enum cfg_type { CFG_STR, CFG_INT, CFG_LIST } cfg_type;
 
 typedef struct cfg_spec {
 	const char *name;
@@ -27,6 +29,8 @@ typedef struct cfg_spec {
 #define STR(f) CFG_STR, offsetof(cwi_service_config, f), \
 	sizeof(((cwi_service_config *)0)->f)
 #define INT(f) CFG_INT, offsetof(cwi_service_config, f), 0
+#define LIST(f) CFG_LIST, offsetof(cwi_service_config, f), \
+	sizeof(((cwi_service_config *)0)->f)
 
 static const char *const roles[] = {"dispatcher", "worker", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
@@ -38,6 +42,10 @@ static const char *const autocache_policies[] = {"default", "cachew",
 static const cfg_spec table[] = {
     {"role", STR(role), "", 0, 0, roles,
 	"dispatcher or worker (required)"},
+    {"plugin", LIST(plugin), "", 0, 0, NULL,
+	"an operator plug-in (.so) to load at start, so that pipelines "
+	"using its functions run here; repeatable (CACHEW_PLUGINS: several, "
+	"':'-separated). Clients load the same file"},
     {"listen", STR(listen), "", 0, 0, NULL,
 	"address to listen on: tcp://host:port (port 0 = any), ipc:///path; "
 	"default tcp://0.0.0.0:7070 for a dispatcher, tcp://127.0.0.1:0 for "
@@ -213,6 +221,25 @@ set_int(cwi_service_config *c, const cfg_spec *s, const char *text,
 	return CACHEW_OK;
 }
 
+/* Appends text to a list option (':' between items). */
+static cachew_err
+add_item(cwi_service_config *c, const cfg_spec *s, const char *text,
+    const char *origin)
+{
+	char *list = (char *)c + s->offset;
+	size_t len = strlen(list);
+
+	if (text[0] == '\0')
+		return CACHEW_OK;
+	if (len + (len > 0) + strlen(text) >= s->size)
+		return cwi_fail(CACHEW_EINVAL, "%s: %s: the list is longer than "
+		    "%zu bytes", origin, s->name, s->size - 1);
+	if (len > 0)
+		list[len++] = ':';
+	memcpy(list + len, text, strlen(text) + 1);
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_service_config_set(cwi_service_config *c, const char *name,
     const char *text, const char *origin)
@@ -222,8 +249,27 @@ cwi_service_config_set(cwi_service_config *c, const char *name,
 	if (s == NULL)
 		return cwi_fail(CACHEW_ENOENT, "%s: unknown option '%s'", origin,
 		    name);
+	if (s->type == CFG_LIST)
+		return add_item(c, s, text, origin);
 	return s->type == CFG_STR ? set_str(c, s, text, origin)
 				  : set_int(c, s, text, origin);
+}
+
+cachew_err
+cwi_service_config_load_plugins(const cwi_service_config *c)
+{
+	char list[sizeof(c->plugin)], *save = NULL;
+
+	memcpy(list, c->plugin, sizeof(list));
+	for (char *p = strtok_r(list, ":", &save); p != NULL;
+	     p = strtok_r(NULL, ":", &save)) {
+		cachew_err rv = cachew_plugin_load(p);
+		if (rv != CACHEW_OK)
+			return cwi_fail(rv, "plugin %s: %s", p, cwi_errmsg_get());
+		cwi_log(CACHEW_LOG_INFO, c->role, "event=plugin_loaded "
+		    "path=%s", p);
+	}
+	return CACHEW_OK;
 }
 
 static char *
@@ -295,6 +341,8 @@ cwi_service_config_env(cwi_service_config *c)
 		for (const char *p = table[i].name;
 		     *p != '\0' && k + 1 < sizeof(var); p++)
 			var[k++] = (char)toupper((unsigned char)*p);
+		if (table[i].type == CFG_LIST && k + 1 < sizeof(var))
+			var[k++] = 'S';
 		var[k] = '\0';
 		if ((v = getenv(var)) == NULL)
 			continue;
@@ -347,6 +395,8 @@ cwi_service_config_print(FILE *out)
 		for (const char *p = s->name; *p != '\0' && k + 1 < sizeof(var);
 		     p++)
 			var[k++] = (char)toupper((unsigned char)*p);
+		if (s->type == CFG_LIST && k + 1 < sizeof(var))
+			var[k++] = 'S';
 		var[k] = '\0';
 		fprintf(out, "  %-22s %-26s %s%s%s\n      %s\n", flag, var,
 		    s->def[0] != '\0' ? "default " : "", s->def,

@@ -17,6 +17,9 @@
 
 typedef struct cwi_service_config {
 	char role[16];                 /* dispatcher | worker */
+	/* Operator plug-ins loaded at start, ':'-separated (each setting of
+	 * `plugin` appends one; CACHEW_PLUGINS holds several). */
+	char plugin[4 * CWI_CFG_STR_MAX];
 	char listen[CWI_CFG_STR_MAX];  /* our address */
 	char advertise[CWI_CFG_STR_MAX]; /* worker: address clients dial */
 	char dispatcher[CWI_CFG_STR_MAX]; /* worker: the dispatcher */
@@ -75,6 +78,9 @@ cachew_err cwi_service_config_file(cwi_service_config *c, const char *path);
 cachew_err cwi_service_config_env(cwi_service_config *c);
 /* Checks cross-option rules for the role (a worker needs a dispatcher). */
 cachew_err cwi_service_config_check(const cwi_service_config *c);
+/* Loads the operator plug-ins of c->plugin (cachew_plugin_load), in order;
+ * the first that fails is the error, naming its path. */
+cachew_err cwi_service_config_load_plugins(const cwi_service_config *c);
 /* Prints the table (flag, environment variable, default, meaning). */
 void cwi_service_config_print(FILE *out);
 

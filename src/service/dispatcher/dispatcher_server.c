@@ -337,7 +337,7 @@ start_provisioner(cwi_dispatcher_server *d)
 	const cwi_service_config *c = &d->cfg;
 	char url[CWI_CFG_STR_MAX], bin[CWI_CFG_STR_MAX], logs[CWI_CFG_STR_MAX + 16];
 	char hb[24], threads[24];
-	const char *args[5];
+	const char *args[7];
 	size_t nargs = 0;
 	cwi_prov_config pc;
 	cachew_err rv;
@@ -369,6 +369,11 @@ start_provisioner(cwi_dispatcher_server *d)
 			    (long long)c->worker_threads);
 			args[nargs++] = "--threads";
 			args[nargs++] = threads;
+		}
+		/* The workers it starts load the dispatcher's plug-ins. */
+		if (c->plugin[0] != '\0') {
+			args[nargs++] = "--plugin";
+			args[nargs++] = c->plugin;
 		}
 		args[nargs] = NULL;
 		pc.worker_args = args;
@@ -467,6 +472,12 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	*out = NULL;
 	if (d == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	/* Autocaching plans decode graphs, which name their functions. */
+	rv = cwi_service_config_load_plugins(cfg);
+	if (rv != CACHEW_OK) {
+		free(d);
+		return rv;
+	}
 	d->cfg = *cfg;
 	atomic_init(&d->stop, false);
 	pthread_mutex_init(&d->lock, NULL);

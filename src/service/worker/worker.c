@@ -423,6 +423,11 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	*out = NULL;
 	if (w == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_service_config_load_plugins(cfg);
+	if (rv != CACHEW_OK) {
+		free(w);
+		return rv;
+	}
 	w->cfg = *cfg;
 	atomic_init(&w->stop, false);
 	atomic_init(&w->draining, false);
