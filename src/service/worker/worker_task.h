@@ -70,10 +70,10 @@ void cwi_wtask_unref(cwi_wtask *t);
 /* Stops the runner, fails held requests with CACHEW_ECLOSED, drops the
  * queue. Idempotent. */
 void cwi_wtask_stop(cwi_wtask *t);
-/* After cwi_wtask_stop, when the worker goes: waits for a pull in
- * progress to return, and makes later pulls fail with CACHEW_ECLOSED
- * without touching the worker (an inline task outlives it, referenced by
- * the sessions that pull it). */
+/* After cwi_wtask_stop, when the worker goes: waits for a direct task's
+ * call in progress (running on a client's thread, which holds a reference)
+ * to return, and makes later calls fail with CACHEW_ECLOSED without
+ * touching the worker's dispatcher connection. */
 void cwi_wtask_detach(cwi_wtask *t);
 
 /* Ends the runner's wait for splits at once (it asks the dispatcher
