@@ -876,8 +876,8 @@ START_TEST(plan_zip_of_two_sources_is_enotsup)
 	ck_assert_ptr_null(p);
 	ck_assert_str_eq(cachew_errmsg(),
 	    "split: the pipeline has 2 sources (range, range) joined by zip: "
-	    "only a chain over one source can be split; run it in-process or "
-	    "with parallel_epochs");
+	    "only a chain over one source can be split; run it in-process "
+	    "(service=local)");
 	cachew_dataset_release(ds);
 	ck_assert_int_eq(cachew_dataset_parse(&ds,
 			     "range(3) | concatenate(from_list([1]))"),
@@ -886,7 +886,7 @@ START_TEST(plan_zip_of_two_sources_is_enotsup)
 	ck_assert_str_eq(cachew_errmsg(),
 	    "split: the pipeline has 2 sources (range, from_list) joined by "
 	    "concatenate: only a chain over one source can be split; run it "
-	    "in-process or with parallel_epochs");
+	    "in-process (service=local)");
 	cachew_dataset_release(ds);
 }
 END_TEST
@@ -903,8 +903,8 @@ START_TEST(plan_source_read_twice_is_enotsup)
 	ck_assert_int_eq(cwi_split_plan_create(&p, z), CACHEW_ENOTSUP);
 	ck_assert_str_eq(cachew_errmsg(),
 	    "split: zip reads the source range through several inputs: only "
-	    "a chain over one source can be split; run it in-process or with "
-	    "parallel_epochs");
+	    "a chain over one source can be split; run it in-process "
+	    "(service=local)");
 	cachew_dataset_release(z);
 	cachew_dataset_release(r);
 }
@@ -920,7 +920,7 @@ START_TEST(plan_of_a_client_part_is_not_splittable)
 	ck_assert_int_eq(cwi_split_plan_create(&q, client), CACHEW_ENOTSUP);
 	ck_assert_str_eq(cachew_errmsg(),
 	    "split: the source service_stream is not splittable; run the "
-	    "pipeline in-process or with parallel_epochs");
+	    "pipeline in-process (service=local)");
 	cachew_dataset_release(client);
 	cwi_split_plan_destroy(p);
 }
@@ -1008,8 +1008,8 @@ START_TEST(split_explain_says_why_a_pipeline_cannot_be_split)
 	ck_assert_int_eq(cwi_split_explain(ds, &sb), CACHEW_OK);
 	ck_assert_str_eq(sb.data,
 	    "split: the pipeline has 2 sources (range, range) joined by zip: "
-	    "only a chain over one source can be split; run it in-process or "
-	    "with parallel_epochs\n");
+	    "only a chain over one source can be split; run it in-process "
+	    "(service=local)\n");
 	cwi_strbuf_free(&sb);
 	cachew_dataset_release(ds);
 }

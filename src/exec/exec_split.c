@@ -161,13 +161,13 @@ not_a_chain(const cwi_node *root)
 		rv = cwi_fail(CACHEW_ENOTSUP,
 		    "split: the pipeline has %zu sources (%s) joined by %s: only "
 		    "a chain over one source can be split; run it in-process "
-		    "or with parallel_epochs",
+		    "(service=local)",
 		    nsrc, src.data, join.data);
 	else
 		rv = cwi_fail(CACHEW_ENOTSUP,
 		    "split: %s reads the source %s through several inputs: only "
 		    "a chain over one source can be split; run it in-process "
-		    "or with parallel_epochs",
+		    "(service=local)",
 		    join.data, src.data);
 	cwi_strbuf_free(&src);
 	cwi_strbuf_free(&join);
@@ -244,7 +244,7 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 	if (c->op->split_units == NULL)
 		return cwi_fail(CACHEW_ENOTSUP,
 		    "split: the source %s is not splittable; run the pipeline "
-		    "in-process or with parallel_epochs",
+		    "in-process (service=local)",
 		    c->op->name);
 	p = calloc(1, sizeof(*p));
 	chain = malloc(len * sizeof(*chain));
