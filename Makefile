@@ -201,7 +201,7 @@ $(BUILD)/cachew.pc: Makefile
 		'Version: $(VERSION)' 'Libs: -L$${libdir} -lcachew' \
 		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' > $@
 
-install: lib $(BUILD)/cachew $(BUILD)/cachew.pc
+install: lib $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/cachew.pc
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR)
 	install -m 644 $(BUILD)/libcachew.a $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(BUILD)/libcachew.so $(DESTDIR)$(LIBDIR)/libcachew.so.$(VERSION)
@@ -209,11 +209,12 @@ install: lib $(BUILD)/cachew $(BUILD)/cachew.pc
 	ln -sf libcachew.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libcachew.so
 	install -m 644 include/cachew.h $(DESTDIR)$(INCDIR)/
 	install -m 644 $(BUILD)/cachew.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
-	install -m 755 $(BUILD)/cachew $(DESTDIR)$(BINDIR)/
+	install -m 755 $(BUILD)/cachew $(BUILD)/cachewd $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcachew.* $(DESTDIR)$(INCDIR)/cachew.h \
-		$(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc $(DESTDIR)$(BINDIR)/cachew
+		$(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc $(DESTDIR)$(BINDIR)/cachew \
+		$(DESTDIR)$(BINDIR)/cachewd
 
 clean:
 	rm -rf build

@@ -237,6 +237,24 @@ START_TEST(cluster_workers_run_plugin_functions)
 }
 END_TEST
 
+/* --work-dir is created with its parents, as docs/cachewd.md says (issue
+ * 17: a nested one failed the start with "No such file or directory"). */
+START_TEST(dispatcher_creates_its_work_dir_with_parents)
+{
+	char *dir = cwt_tmpdir(), work[600], events[700];
+	cwt_daemon d;
+
+	snprintf(work, sizeof(work), "%s/a/b/c", dir);
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--work-dir", work, (char *)NULL);
+	snprintf(events, sizeof(events), "%s/events.jsonl", work);
+	ck_assert_msg(access(events, F_OK) == 0, "%s was not created", events);
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(cluster_text_files_equal_in_process)
 {
 	cluster c;
@@ -1262,6 +1280,14 @@ START_TEST(cachewd_config_file_and_environment)
 	err = cwt_slurp(cmd);
 	ck_assert_msg(strstr(err, "CACHEW_HEARTBEAT_MS") != NULL, "%s", err);
 	free(err);
+	/* A directory is no config file (it read as an empty one). */
+	snprintf(cmd, sizeof(cmd), "%s --config=%s --role=worker "
+	    "--dispatcher tcp://x:1 2> %s/err", bin, dir, dir);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	snprintf(cmd, sizeof(cmd), "%s/err", dir);
+	err = cwt_slurp(cmd);
+	ck_assert_msg(strstr(err, ": is a directory") != NULL, "%s", err);
+	free(err);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -1276,6 +1302,7 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_reshuffle_draws_from_the_epoch);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);

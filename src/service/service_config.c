@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* CFG_LIST: a string to which every setting appends one item (':'
  * separated); its environment variable is its plural. */
@@ -292,10 +293,18 @@ cwi_service_config_file(cwi_service_config *c, const char *path)
 	cachew_err rv = CACHEW_OK;
 	int lineno = 0;
 	FILE *f = fopen(path, "r");
+	struct stat st;
 
 	if (f == NULL)
 		return cwi_fail(CACHEW_ENOENT, "config file %s: %s", path,
 		    strerror(errno));
+	/* A directory opens for reading and reads as nothing: an empty
+	 * configuration the user did not mean. */
+	if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+		fclose(f);
+		return cwi_fail(CACHEW_EINVAL, "config file %s: is a directory",
+		    path);
+	}
 	while (rv == CACHEW_OK && fgets(line, sizeof(line), f) != NULL) {
 		char *p, *eq, *name, *value;
 
