@@ -1245,6 +1245,25 @@ START_TEST(test_read_file_empty_file)
 }
 END_TEST
 
+/* A pattern like train-* also matches the record indexes that cachew gen
+ * writes beside its shards: reading one says what it is and how to list
+ * the data only (issue 17: it said only "length checksum mismatch"). */
+START_TEST(test_tfrecord_of_a_record_index_says_so)
+{
+	char *dir = cwt_tmpdir(), path[600], pipeline[800];
+	const char *idx = "0 120\n120 98\n";
+
+	snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord.idx",
+	    dir);
+	cwt_write_file(path, idx, strlen(idx));
+	snprintf(pipeline, sizeof(pipeline), "tfrecord(\"%s\")", path);
+	run_fails(pipeline, CACHEW_ECORRUPT, "this is a record index "
+	    "(<file>.idx), not a TFRecord file; list the data files only");
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(test_read_file_missing_fails_naming_path)
 {
 	char *d = cwt_tmpdir();
@@ -1689,6 +1708,7 @@ cwt_sources_suite(void)
 	suite_add_tcase(s, lit);
 
 	tcase_add_test(files, test_list_files_sorted_without_shuffle);
+	tcase_add_test(files, test_tfrecord_of_a_record_index_says_so);
 	tcase_add_test(files, test_list_files_patterns_sorted_together);
 	tcase_add_test(files, test_list_files_shuffle_reproducible_with_seed);
 	tcase_add_test(files, test_list_files_reshuffles_per_epoch);

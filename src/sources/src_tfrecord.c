@@ -268,6 +268,15 @@ tfr_resync(cwi_tfr_reader *r)
 	}
 }
 
+/* Whether path names a record index: "<file>.idx". */
+static bool
+is_index_path(const char *path)
+{
+	size_t n = path != NULL ? strlen(path) : 0;
+
+	return n > 4 && strcmp(path + n - 4, ".idx") == 0;
+}
+
 static cachew_err
 tfr_corrupt(cwi_tfr_reader *r, uint64_t at, size_t whole, const char *fmt,
     ...) CACHEW_PRINTF(4, 5);
@@ -285,6 +294,13 @@ tfr_corrupt(cwi_tfr_reader *r, uint64_t at, size_t whole, const char *fmt,
 	va_start(ap, fmt);
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
+	/* A pattern such as train-* also matches the record indexes beside
+	 * the shards (cachew gen and tfrecord_write(index=true) write
+	 * <shard>.idx): say so rather than only that the bytes are wrong. */
+	if (!r->cfg.skip_corrupt && at == 0 && is_index_path(r->path))
+		return tfr_fail(r, CACHEW_ECORRUPT, "record at byte 0: %s: this "
+		    "is a record index (<file>.idx), not a TFRecord file; list "
+		    "the data files only, e.g. train-*.tfrecord", reason);
 	if (!r->cfg.skip_corrupt)
 		return tfr_fail(r, CACHEW_ECORRUPT, "record at byte %llu: %s",
 		    (unsigned long long)at, reason);
