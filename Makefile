@@ -113,8 +113,7 @@ check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 	@echo "symbols: only cachew_ and cwi_ globals"
 
 # The module graph, read off the library's objects, is a DAG of folders
-# (test/module_graph.py says which edges are registrations, and which
-# known cycles are still to be removed): a new cycle fails the build.
+# (test/module_graph.py): a cycle across folders fails the build.
 check-layers: $(BUILD)/libcachew.a
 	@/usr/bin/python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
 

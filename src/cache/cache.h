@@ -281,4 +281,8 @@ extern const cwi_dataset_op cwi_op_cache_put;
 extern const cwi_dataset_op cwi_op_cache_get;
 extern const cwi_dataset_op cwi_op_cache;
 
+/* Creates a local directory and its parents (mkdir -p); errors name the
+ * directory that could not be made. The dispatcher's work dir uses it too. */
+cachew_err cwi_cache_mkdirs(const char *dir);
+
 #endif /* CWI_CACHE_H */

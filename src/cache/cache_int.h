@@ -114,8 +114,6 @@ cachew_err cwi_cache_put_file(const cwi_cache_root *r, const char *dir,
 cachew_err cwi_cache_unlink(const cwi_cache_root *r, const char *path);
 /* fsyncs a local directory. */
 cachew_err cwi_cache_fsync_dir(const char *dir);
-/* Creates a local directory and its parents. */
-cachew_err cwi_cache_mkdirs(const char *dir);
 
 /* A random 64-bit id (getrandom, falling back to time and pid). */
 uint64_t cwi_cache_random64(void);

@@ -22,6 +22,7 @@
 #include "dispatcher_autocache.h"
 #include "dispatcher_state.h"
 #include "../service_rpc.h"
+#include "../../cache/cache.h"
 #include "../../provision/provision.h"
 
 #include <errno.h>
@@ -401,30 +402,6 @@ start_provisioner(cwi_dispatcher_server *d)
 	return rv;
 }
 
-/* mkdir -p: the work dir is created with its parents (docs/cachewd.md);
- * 0, or -1 with errno set. */
-static int
-mkdirs(const char *dir)
-{
-	char path[CWI_CFG_STR_MAX];
-	size_t n = strlen(dir);
-
-	if (n >= sizeof(path)) {
-		errno = ENAMETOOLONG;
-		return -1;
-	}
-	memcpy(path, dir, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		if (path[i] != '/' && path[i] != '\0')
-			continue;
-		path[i] = '\0';
-		if (mkdir(path, 0755) != 0 && errno != EEXIST)
-			return -1;
-		path[i] = dir[i];
-	}
-	return 0;
-}
-
 static cachew_err
 open_events(cwi_dispatcher_server *d)
 {
@@ -434,9 +411,11 @@ open_events(cwi_dispatcher_server *d)
 		d->events = stderr;
 		return CACHEW_OK;
 	}
-	if (d->cfg.work_dir[0] != '\0' && mkdirs(d->cfg.work_dir) != 0)
+	/* Created with its parents, as docs/cachewd.md says. */
+	if (d->cfg.work_dir[0] != '\0' &&
+	    cwi_cache_mkdirs(d->cfg.work_dir) != CACHEW_OK)
 		return cwi_fail(CACHEW_EIO, "work dir %s: %s", d->cfg.work_dir,
-		    strerror(errno));
+		    cwi_errmsg_get());
 	if (d->cfg.events_log[0] != '\0')
 		snprintf(path, sizeof(path), "%s", d->cfg.events_log);
 	else if (d->cfg.work_dir[0] != '\0')

@@ -25,12 +25,6 @@
 /* A call goes on pulling for this long at most (pull_elements). */
 #define FILL_NS (UINT64_C(500) * 1000)
 
-bool
-cwi_wtask_is_direct(const cwi_wtask *t)
-{
-	return t->inline_run;
-}
-
 /* ---- operator rows ------------------------------------------------------------ */
 
 /* Fills c from s (strings copied; false on ENOMEM). */

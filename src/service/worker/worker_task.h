@@ -83,9 +83,6 @@ void cwi_wtask_poke(cwi_wtask *t);
 /* Handles a get_elements request (decoded in m; r consumed). */
 void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
     const cwi_msg_get_elements *m);
-/* Whether the task is direct: its get_elements run its lease pipeline on
- * the sending thread (worker_direct.c). */
-bool cwi_wtask_is_direct(const cwi_wtask *t);
 /* A direct task's get_elements (r consumed): runs the lease pipeline on
  * this thread, with the request's executor settings (m->exec), leasing
  * splits from the dispatcher as needed, and replies with up to
