@@ -42,54 +42,6 @@ rss_kb(pid_t pid)
 	return kb;
 }
 
-/* A dispatcher and nworkers workers, fast heartbeats. */
-typedef struct cluster {
-	char *dir;
-	cwt_daemon dispatcher;
-	cwt_daemon workers[4];
-	int nworkers;
-} cluster;
-
-static void
-worker_start(cluster *c, int i)
-{
-	char name[32];
-
-	snprintf(name, sizeof(name), "worker%d", i);
-	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
-	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
-	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
-}
-
-static void
-cluster_start(cluster *c, int nworkers)
-{
-	char work[600];
-
-	memset(c, 0, sizeof(*c));
-	c->dir = cwt_tmpdir();
-	snprintf(work, sizeof(work), "%s/work", c->dir);
-	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
-	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
-	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    "--client-timeout-ms", "20000", (char *)NULL);
-	for (int i = 0; i < nworkers; i++)
-		worker_start(c, i);
-	c->nworkers = nworkers;
-}
-
-static void
-cluster_stop(cluster *c)
-{
-	for (int i = 0; i < 4; i++)
-		if (c->workers[i].pid > 0)
-			cwt_daemon_stop(&c->workers[i], SIGKILL);
-	if (c->dispatcher.pid > 0)
-		cwt_daemon_stop(&c->dispatcher, SIGTERM);
-	cwt_rmtree(c->dir);
-	free(c->dir);
-}
-
 /* The order-independent digest and count of a run (in-process when url is
  * NULL, else through the service), with extra options "name=value". */
 typedef struct run_sum {
@@ -141,9 +93,9 @@ START_TEST(cluster_distributed_epoch_equals_in_process)
 	    "range(5000) | shuffle(100) | map(mul, value=2)",
 	    "from_list([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])",
 	};
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 2);
+	cwt_cluster_start(&c, 2);
 	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {
 		run_sum local = run_digest(pipelines[i], NULL, NULL);
 		run_sum remote = run_digest(pipelines[i], c.dispatcher.url, NULL);
@@ -152,7 +104,7 @@ START_TEST(cluster_distributed_epoch_equals_in_process)
 		    ", service %" PRIu64 " digest %016" PRIx64,
 		    pipelines[i], local.n, local.digest, remote.n, remote.digest);
 	}
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -180,9 +132,9 @@ START_TEST(cluster_reshuffle_draws_from_the_epoch)
 	static const char *const p =
 	    "range(10) | shuffle(10, seed=7, reshuffle_each_iteration=true)";
 	char rep[200], both[200];
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	char *e0 = seq_at_epoch(p, c.dispatcher.url, 0);
 	char *again = seq_at_epoch(p, c.dispatcher.url, 0);
 	char *e1 = seq_at_epoch(p, c.dispatcher.url, 1);
@@ -196,7 +148,7 @@ START_TEST(cluster_reshuffle_draws_from_the_epoch)
 	free(again);
 	free(e1);
 	free(twice);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -208,11 +160,11 @@ START_TEST(cluster_workers_run_plugin_functions)
 {
 	static const char *const p = "range(300) | map(square) | filter(is_even)";
 	char so[600], cmd[1600], log[700];
-	cluster c;
+	cwt_cluster c;
 
 	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
 	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
-	cluster_start(&c, 0);
+	cwt_cluster_start(&c, 0);
 	cwt_daemon_start(&c.workers[0], c.dir, "worker0", "--role=worker",
 	    "--dispatcher", c.dispatcher.url, "--listen", "tcp://127.0.0.1:0",
 	    "--heartbeat-ms", "50", "--threads", "1", "--plugin", so,
@@ -233,7 +185,7 @@ START_TEST(cluster_workers_run_plugin_functions)
 			  "plugin ") != NULL && strstr(text, "missing.so' not "
 			  "found") != NULL, "%s", text);
 	free(text);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -257,10 +209,10 @@ END_TEST
 
 START_TEST(cluster_text_files_equal_in_process)
 {
-	cluster c;
+	cwt_cluster c;
 	char pat[700], pipeline[900];
 
-	cluster_start(&c, 2);
+	cwt_cluster_start(&c, 2);
 	for (int f = 0; f < 6; f++) {
 		char path[700], text[4096];
 		size_t k = 0;
@@ -277,20 +229,20 @@ START_TEST(cluster_text_files_equal_in_process)
 	ck_assert_uint_eq(local.n, 600);
 	ck_assert_uint_eq(remote.n, 600);
 	ck_assert_uint_eq(local.digest, remote.digest);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
 /* A client-side tail (take) runs after the service. */
 START_TEST(cluster_client_part_runs_after_the_service)
 {
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	run_sum s = run_digest("range(1000) | map(add, value=1) | take(10)",
 	    c.dispatcher.url, NULL);
 	ck_assert_uint_eq(s.n, 10);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -778,11 +730,11 @@ END_TEST
 
 START_TEST(cluster_pipeline_error_reaches_the_client)
 {
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	assert_pipeline_error(c.dispatcher.url);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -792,11 +744,11 @@ END_TEST
  * 50 ms), then the client's stream row. */
 START_TEST(cluster_stats_show_the_worker_part)
 {
-	cluster c;
+	cwt_cluster c;
 	stat_row rows[16];
 	size_t n = 0;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	ck_assert_uint_eq(read_with_stats("range(400) | map(sleep_us, us=2000)",
 			      c.dispatcher.url, rows, 16, &n),
 	    400);
@@ -809,7 +761,7 @@ START_TEST(cluster_stats_show_the_worker_part)
 	ck_assert_str_eq(rows[2].name, "service_stream");
 	ck_assert_uint_eq(rows[2].s.elements, 400);
 	ck_assert_int_eq(rows[2].s.node, 2);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -880,16 +832,16 @@ share_run(const char *url, share_arg a[2])
 
 START_TEST(cluster_two_clients_share_a_named_job)
 {
-	cluster c;
+	cwt_cluster c;
 	share_arg a[2];
 
-	cluster_start(&c, 2);
+	cwt_cluster_start(&c, 2);
 	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
 	    NULL);
 	share_run(c.dispatcher.url, a);
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -964,11 +916,11 @@ wait_received(slow_arg *a, int n)
 
 START_TEST(cluster_worker_killed_mid_epoch_loses_nothing)
 {
-	cluster c;
+	cwt_cluster c;
 	slow_arg a = {0};
 	pthread_t th;
 
-	cluster_start(&c, 2);
+	cwt_cluster_start(&c, 2);
 	a.url = c.dispatcher.url;
 	a.n = 3000;
 	a.seen = calloc((size_t)a.n, 1);
@@ -980,7 +932,7 @@ START_TEST(cluster_worker_killed_mid_epoch_loses_nothing)
 	for (int v = 0; v < a.n; v++)
 		ck_assert_msg(a.seen[v] >= 1, "element %d was lost", v);
 	free(a.seen);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -989,20 +941,20 @@ END_TEST
  * worker 1 was declared dead meanwhile, the ones it held). */
 START_TEST(cluster_worker_added_mid_epoch_takes_splits)
 {
-	cluster c;
+	cwt_cluster c;
 	slow_arg a = {0};
 	pthread_t th;
 	char *events = NULL, path[700];
 	uint64_t deadline;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	a.url = c.dispatcher.url;
 	a.n = 3000;
 	a.seen = calloc((size_t)a.n, 1);
 	ck_assert_int_eq(pthread_create(&th, NULL, slow_main, &a), 0);
 	wait_received(&a, 200);
 	ck_assert_int_eq(kill(c.workers[0].pid, SIGSTOP), 0);
-	worker_start(&c, 1);
+	cwt_cluster_worker_start(&c, 1);
 	/* The events log shows the second worker's task (id 2) leasing. */
 	snprintf(path, sizeof(path), "%s/work/events.jsonl", c.dir);
 	deadline = cwt_now_ms() + 20000;
@@ -1024,7 +976,7 @@ START_TEST(cluster_worker_added_mid_epoch_takes_splits)
 	for (int v = 0; v < a.n; v++)
 		ck_assert_msg(a.seen[v] >= 1, "element %d was lost", v);
 	free(a.seen);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -1036,7 +988,7 @@ START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 {
 	char work[600], path[700], *ev = NULL, *log = NULL;
 	uint64_t deadline;
-	cluster c;
+	cwt_cluster c;
 
 	memset(&c, 0, sizeof(c));
 	c.dir = cwt_tmpdir();
@@ -1045,7 +997,7 @@ START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
 	    "--heartbeat-ms", "50", "--worker-timeout-ms", "1000",
 	    (char *)NULL);
-	worker_start(&c, 0);
+	cwt_cluster_worker_start(&c, 0);
 	snprintf(path, sizeof(path), "%s/events.jsonl", work);
 	deadline = cwt_now_ms() + 10000;
 	while (cwt_now_ms() < deadline &&
@@ -1082,15 +1034,15 @@ START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 	ck_assert_ptr_nonnull(ev);
 	ck_assert_msg(strstr(ev, "\"worker_dead\"") == NULL, "events: %s", ev);
 	free(ev);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
 START_TEST(cluster_sigterm_drains_a_worker)
 {
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	run_sum s = run_digest("range(100)", c.dispatcher.url, NULL);
 	ck_assert_uint_eq(s.n, 100);
 	ck_assert_int_eq(cwt_daemon_stop(&c.workers[0], SIGTERM), 0);
@@ -1098,19 +1050,19 @@ START_TEST(cluster_sigterm_drains_a_worker)
 	ck_assert_ptr_nonnull(strstr(log, "event=draining"));
 	ck_assert_ptr_nonnull(strstr(log, "event=stopped"));
 	free(log);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
 START_TEST(cluster_dispatcher_gone_is_a_clear_error)
 {
-	cluster c;
+	cwt_cluster c;
 	cachew_options *o = cwt_opts(1, 1);
 	cachew_element **v;
 	size_t n;
 	char err[512];
 
-	cluster_start(&c, 0);
+	cwt_cluster_start(&c, 0);
 	char url[256];
 	snprintf(url, sizeof(url), "%s", c.dispatcher.url);
 	cwt_daemon_stop(&c.dispatcher, SIGKILL);
@@ -1124,7 +1076,7 @@ START_TEST(cluster_dispatcher_gone_is_a_clear_error)
 	    err);
 	ck_assert_uint_lt(cwt_now_ms() - t0, 10000);
 	cachew_options_destroy(o);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -1168,12 +1120,12 @@ status_answers(const char *url)
 
 START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
 {
-	cluster c;
+	cwt_cluster c;
 	uint8_t junk[256];
 	int idle[100];
 	long rss0, rss1;
 
-	cluster_start(&c, 0);
+	cwt_cluster_start(&c, 0);
 	status_answers(c.dispatcher.url);
 	rss0 = rss_kb(c.dispatcher.pid);
 	/* Garbage bytes. */
@@ -1209,16 +1161,16 @@ START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
 	ck_assert_msg(rss1 - rss0 < 64 * 1024, "RSS grew from %ld to %ld kB",
 	    rss0, rss1);
 	ck_assert_int_eq(kill(c.dispatcher.pid, 0), 0);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
 START_TEST(cluster_status_lists_workers_and_jobs)
 {
-	cluster c;
+	cwt_cluster c;
 	char bin[512], cmd[2000], out[700];
 
-	cluster_start(&c, 2);
+	cwt_cluster_start(&c, 2);
 	run_sum s = run_digest("range(100)", c.dispatcher.url, NULL);
 	ck_assert_uint_eq(s.n, 100);
 	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
@@ -1231,7 +1183,7 @@ START_TEST(cluster_status_lists_workers_and_jobs)
 	ck_assert_ptr_nonnull(strstr(json, "\"jobs\":[{"));
 	ck_assert_ptr_nonnull(strstr(json, "\"splits_acked\":"));
 	free(json);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 

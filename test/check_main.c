@@ -33,6 +33,7 @@ main(void)
 	srunner_add_suite(sr, cwt_service_suite());
 	srunner_add_suite(sr, cwt_split_suite());
 	srunner_add_suite(sr, cwt_cluster_suite());
+	srunner_add_suite(sr, cwt_exact_suite());
 	srunner_add_suite(sr, cwt_coord_suite());
 	srunner_add_suite(sr, cwt_policy_suite());
 	srunner_add_suite(sr, cwt_sim_suite());

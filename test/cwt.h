@@ -26,6 +26,7 @@ Suite *cwt_transport_suite(void); /* check_transport.c: conformance, inproc+nng 
 Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
 Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 Suite *cwt_cluster_suite(void);   /* check_cluster.c: cachewd processes */
+Suite *cwt_exact_suite(void);     /* check_exact.c: service fidelity */
 Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
 Suite *cwt_policy_suite(void);    /* check_policy.c: scalers, fair share */
 Suite *cwt_sim_suite(void);       /* check_sim.c: cachew sim */
@@ -94,5 +95,22 @@ void cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...);
 /* Sends sig and waits (10 s, then SIGKILL); the exit code, 128 + signal
  * when killed, -1 when it was not running. */
 int cwt_daemon_stop(cwt_daemon *d, int sig);
+
+/* A dispatcher and workers on loopback, with fast heartbeats (50 ms), a
+ * 2 s worker timeout and a 20 s client timeout; the workers run with one
+ * thread. */
+#define CWT_CLUSTER_MAX_WORKERS 16
+typedef struct cwt_cluster {
+	char *dir;
+	cwt_daemon dispatcher;
+	cwt_daemon workers[CWT_CLUSTER_MAX_WORKERS];
+	int nworkers; /* started so far */
+} cwt_cluster;
+
+void cwt_cluster_start(cwt_cluster *c, int nworkers);
+/* Starts worker i (its log is <dir>/worker<i>.log). */
+void cwt_cluster_worker_start(cwt_cluster *c, int i);
+/* Kills the workers, stops the dispatcher, removes the directory. */
+void cwt_cluster_stop(cwt_cluster *c);
 
 #endif /* CWT_H */

@@ -192,3 +192,46 @@ cwt_daemon_stop(cwt_daemon *d, int sig)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+
+/* ---- a cluster ---------------------------------------------------------- */
+
+void
+cwt_cluster_worker_start(cwt_cluster *c, int i)
+{
+	char name[32];
+
+	ck_assert_int_lt(i, CWT_CLUSTER_MAX_WORKERS);
+	snprintf(name, sizeof(name), "worker%d", i);
+	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
+}
+
+void
+cwt_cluster_start(cwt_cluster *c, int nworkers)
+{
+	char work[600];
+
+	memset(c, 0, sizeof(*c));
+	c->dir = cwt_tmpdir();
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher",
+	    "--role=dispatcher", "--listen", "tcp://127.0.0.1:0", "--work-dir",
+	    work, "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--client-timeout-ms", "20000", (char *)NULL);
+	for (int i = 0; i < nworkers; i++)
+		cwt_cluster_worker_start(c, i);
+	c->nworkers = nworkers;
+}
+
+void
+cwt_cluster_stop(cwt_cluster *c)
+{
+	for (int i = 0; i < CWT_CLUSTER_MAX_WORKERS; i++)
+		if (c->workers[i].pid > 0)
+			cwt_daemon_stop(&c->workers[i], SIGKILL);
+	if (c->dispatcher.pid > 0)
+		cwt_daemon_stop(&c->dispatcher, SIGTERM);
+	cwt_rmtree(c->dir);
+	free(c->dir);
+}

@@ -42,3 +42,14 @@ cwi_chunk_free(cwi_chunk *c)
 	c->cap = 0;
 }
 
+
+bool
+cwi_chunk_move_all(cwi_chunk *dst, cwi_chunk *src)
+{
+	if (cwi_chunk_reserve(dst, src->n) != CACHEW_OK)
+		return false;
+	for (size_t i = 0; i < src->n; i++)
+		dst->v[dst->n++] = src->v[i];
+	src->n = 0;
+	return true;
+}

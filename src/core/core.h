@@ -535,11 +535,45 @@ cachew_err cwi_chunk_reserve(cwi_chunk *c, size_t extra);
 void cwi_chunk_clear(cwi_chunk *c);
 /* Releases elements and storage. */
 void cwi_chunk_free(cwi_chunk *c);
+/* Moves every element of src to the end of dst (src is left empty, its
+ * storage kept); false on ENOMEM, with nothing moved. */
+bool cwi_chunk_move_all(cwi_chunk *dst, cwi_chunk *src);
 
 static inline void
 cwi_chunk_push(cwi_chunk *c, cwi_element *e)
 {
 	c->v[c->n++] = e;
 }
+
+/* ---- range sets: which element indices of a group were delivered ------------- */
+
+/*
+ * A set of uint64 indices kept as ascending, disjoint, non-adjacent
+ * half-open ranges: v[2i] <= x < v[2i+1]. What a client received of a
+ * lease's elements and what a replay leaves out (docs/protocol.md,
+ * "Exactly once"). Adding to it merges; a stream received in order stays
+ * one range.
+ */
+typedef struct cwi_rset {
+	uint64_t *v;
+	size_t n; /* entries of v: twice the ranges */
+	size_t cap;
+} cwi_rset;
+
+/* Adds [from, to) (nothing when from >= to). false on ENOMEM, with the
+ * set unchanged. */
+bool cwi_rset_add(cwi_rset *s, uint64_t from, uint64_t to);
+/* Adds every range of a flat list (pairs as in cwi_rset.v); the list is
+ * trusted to hold an even count (check it first). false on ENOMEM. */
+bool cwi_rset_add_list(cwi_rset *s, const uint64_t *pairs, size_t n);
+bool cwi_rset_has(const cwi_rset *s, uint64_t x);
+/* Whether [from, to) is wholly in the set. */
+bool cwi_rset_covers(const cwi_rset *s, uint64_t from, uint64_t to);
+/* The number of indices in the set (saturating). */
+uint64_t cwi_rset_count(const cwi_rset *s);
+/* A flat list (pairs) is well formed: even length, each range non-empty,
+ * ascending and disjoint. */
+bool cwi_rset_list_ok(const uint64_t *pairs, size_t n);
+void cwi_rset_free(cwi_rset *s);
 
 #endif /* CWI_CORE_H */

@@ -71,6 +71,11 @@ static const opt_spec table[] = {
 	OFF(client_buffer),
 	"service: bytes of elements the client buffers ahead", "67108864",
 	NULL},
+    {"exactly_once", OPT_BOOL, 1, NULL, 0, 1, OFF(exactly_once),
+	"service: each element exactly once, even when workers die, and "
+	"batches full across leases as in-process; false = the at-least-once "
+	"bookkeeping, batches cut where leases end (a debug switch)", "true",
+	NULL},
     {"service_timeout_ms", OPT_INT, 30000, NULL, 100, 86400000,
 	OFF(service_timeout_ms),
 	"service: how long a call to the dispatcher or a worker may take, "

@@ -78,7 +78,19 @@ typedef struct cwi_pipeline {
 	/* Thread and RAM budgets of the threaded operators (exec_tune.c),
 	 * created by the first of them; guarded by exec_tune.c's lock. */
 	struct cwi_tuner *tuner;
+
+	/* A lease that keeps its tails (cwi_iterator_create_lease_tails):
+	 * the grouping operators named here (batch, padded_batch) hold the
+	 * partial group at the end of their input instead of emitting or
+	 * dropping it; NULL otherwise. */
+	struct cwi_tails *tails;
 } cwi_pipeline;
+
+/* Where a grouping operator puts the partial group it holds at the end of
+ * its input: the pipeline's slot for node, or NULL when the pipeline keeps
+ * no tails for it (then it emits or drops the group as always). Locks
+ * nothing: the slot belongs to the node's iterator until EOF. */
+cwi_chunk *cwi_pipeline_tail_slot(cwi_pipeline *pl, const cwi_node *node);
 
 /* Records the first failure of the pipeline (later ones are ignored) and
  * returns err. The message should start with the operator's name. */
@@ -222,6 +234,25 @@ cachew_err cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 typedef size_t (*cwi_part_stats_fn)(void *arg, cachew_op_stats *out,
     size_t cap, size_t *hide);
 void cwi_iterator_set_part_stats(cachew_iterator *it, cwi_part_stats_fn fn);
+/*
+ * A lease iterator (cwi_iterator_create_lease) that keeps its tails: the
+ * grouping nodes groups[0..ngroups) (batch or padded_batch nodes of root's
+ * chain, normally a split plan's, exec_split.h) hold the elements of their
+ * last, partial group when their input ends, whatever their
+ * drop_remainder, instead of emitting a short group. After the iterator
+ * returned CACHEW_EOF, cwi_iterator_take_tails hands them out: what the
+ * service's client stitches across leases, so that every batch is full but
+ * one per epoch, as in-process (docs/protocol.md, "Exactly once").
+ */
+cachew_err cwi_iterator_create_lease_tails(cachew_iterator **out,
+    cwi_node *root, const cachew_options *opts, const cwi_node *split_node,
+    const cwi_unit_range *ranges, size_t nranges, uint64_t seed,
+    const cwi_node *const *groups, size_t ngroups);
+/* Moves the tail held for groups[k] (its elements in input order) to the
+ * end of out; none when the node's input ended on a group boundary, or
+ * the iterator keeps no tails. CACHEW_ENOMEM. */
+cachew_err cwi_iterator_take_tails(cachew_iterator *it, size_t k,
+    cwi_chunk *out);
 /* Appends up to max elements of it to out (room for them reserved by the
  * caller), pulling no more than that from its pipeline: what an inline
  * worker task hands a client whose take() wants exactly max. CACHEW_EOF

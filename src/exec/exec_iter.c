@@ -346,6 +346,37 @@ cwi_seq_close(cwi_seq *s)
 
 /* ---- public iterator ---------------------------------------------------------------------- */
 
+/* The tails a lease keeps (cwi_iterator_create_lease_tails): one slot per
+ * grouping node. */
+struct cwi_tails {
+	const cwi_node **nodes;
+	cwi_chunk *held;
+	size_t n;
+};
+
+cwi_chunk *
+cwi_pipeline_tail_slot(cwi_pipeline *pl, const cwi_node *node)
+{
+	if (pl->tails == NULL)
+		return NULL;
+	for (size_t i = 0; i < pl->tails->n; i++)
+		if (pl->tails->nodes[i] == node)
+			return &pl->tails->held[i];
+	return NULL;
+}
+
+static void
+tails_free(struct cwi_tails *t)
+{
+	if (t == NULL)
+		return;
+	for (size_t i = 0; i < t->n; i++)
+		cwi_chunk_free(&t->held[i]);
+	free(t->held);
+	free(t->nodes);
+	free(t);
+}
+
 struct cachew_iterator {
 	cwi_pipeline pl;
 	cachew_dataset *ds;
@@ -436,6 +467,44 @@ cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
     const cachew_options *opts, const cwi_node *split_node,
     const cwi_unit_range *ranges, size_t nranges, uint64_t seed)
 {
+	return cwi_iterator_create_lease_tails(out, root, opts, split_node,
+	    ranges, nranges, seed, NULL, 0);
+}
+
+cachew_err
+cwi_iterator_take_tails(cachew_iterator *it, size_t k, cwi_chunk *out)
+{
+	if (it->pl.tails == NULL || k >= it->pl.tails->n)
+		return CACHEW_OK;
+	if (!cwi_chunk_move_all(out, &it->pl.tails->held[k]))
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return CACHEW_OK;
+}
+
+static struct cwi_tails *
+tails_new(const cwi_node *const *groups, size_t ngroups)
+{
+	struct cwi_tails *t = calloc(1, sizeof(*t));
+
+	if (t == NULL)
+		return NULL;
+	t->nodes = calloc(ngroups, sizeof(*t->nodes));
+	t->held = calloc(ngroups, sizeof(*t->held));
+	if (t->nodes == NULL || t->held == NULL) {
+		tails_free(t);
+		return NULL;
+	}
+	memcpy(t->nodes, groups, ngroups * sizeof(*groups));
+	t->n = ngroups;
+	return t;
+}
+
+cachew_err
+cwi_iterator_create_lease_tails(cachew_iterator **out, cwi_node *root,
+    const cachew_options *opts, const cwi_node *split_node,
+    const cwi_unit_range *ranges, size_t nranges, uint64_t seed,
+    const cwi_node *const *groups, size_t ngroups)
+{
 	cachew_iterator *it;
 
 	cwi_clear_errmsg();
@@ -462,6 +531,11 @@ cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
 		memcpy(it->lease, ranges, nranges * sizeof(*ranges));
+	}
+	if (ngroups > 0 && (it->pl.tails = tails_new(groups, ngroups)) ==
+	    NULL) {
+		cachew_iterator_destroy(it);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	it->pl.split_node = split_node;
 	it->pl.split_ranges = it->lease;
@@ -572,6 +646,7 @@ cachew_iterator_destroy(cachew_iterator *it)
 	free(it->ready.v);
 	free(it->pl.stats);
 	free(it->lease);
+	tails_free(it->pl.tails);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
 	if (it->release != NULL)

@@ -198,11 +198,19 @@ cwi_split_possible(const cwi_node *root)
 }
 
 static bool
-holds_op(const cwi_node *n, const char *const *names, size_t nnames)
+op_is(const cwi_node *n, const char *const *names, size_t nnames)
 {
 	for (size_t i = 0; i < nnames; i++)
 		if (strcmp(n->op->name, names[i]) == 0)
 			return true;
+	return false;
+}
+
+static bool
+holds_op(const cwi_node *n, const char *const *names, size_t nnames)
+{
+	if (op_is(n, names, nnames))
+		return true;
 	for (size_t i = 0; i < n->ninputs; i++)
 		if (holds_op(n->inputs[i], names, nnames))
 			return true;
@@ -223,6 +231,34 @@ cwi_split_local_reason(const cwi_node *root)
 	if (holds_op(root, repeat_op, 1))
 		return "it repeats on the client";
 	return NULL;
+}
+
+/* The grouping operators of the worker part chain[0..nworker) whose tails
+ * the client stitches: only when every operator from the first of them up
+ * can run on the client as well (no per-lease cache write). */
+static void
+plan_groups(cwi_split_plan *p, const cwi_node *const *chain, size_t nworker)
+{
+	static const char *const grouping[] = {"batch", "padded_batch"};
+	static const char *const stitchable[] = {"batch", "padded_batch",
+	    "map", "filter", "flat_map", "unbatch", "shuffle", "prefetch",
+	    "interleave"};
+	size_t n = 0;
+	bool seen = false;
+
+	for (size_t i = 1; i < nworker; i++) {
+		if (op_is(chain[i], grouping, 2)) {
+			if (n == CWI_SPLIT_MAX_GROUPS)
+				return;
+			p->groups[n++] = chain[i];
+			seen = true;
+		} else if (seen && !op_is(chain[i], stitchable,
+				       sizeof(stitchable) /
+					   sizeof(stitchable[0]))) {
+			return;
+		}
+	}
+	p->ngroups = n;
 }
 
 cachew_err
@@ -276,6 +312,7 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 	p->boundary = w + 1 < len ? chain[w + 1] : NULL;
 	p->unit_kind = unit_kind(p->source);
 	p->worker_fp = *cwi_node_fp(p->worker);
+	plan_groups(p, chain, p->nworker);
 	if (p->boundary != NULL)
 		snprintf(p->why, sizeof(p->why), "%s",
 		    client_reason(p->boundary));
@@ -539,6 +576,59 @@ cwi_split_client_graph(const cwi_split_plan *p, const cwi_stream_source *src,
 	}
 	free(chain);
 done:
+	if (rv != CACHEW_OK) {
+		cachew_dataset_release(cur);
+		return rv;
+	}
+	*out = cur;
+	return CACHEW_OK;
+}
+
+/* ---- stitching -------------------------------------------------------------- */
+
+uint64_t
+cwi_split_group_n(const cwi_split_plan *p, size_t k)
+{
+	return k < p->ngroups ? (uint64_t)cwi_node_int(p->groups[k], "n") : 1;
+}
+
+cachew_err
+cwi_split_stitch_graph(const cwi_split_plan *p, size_t k,
+    const cwi_stream_source *src, cwi_node **out)
+{
+	const cwi_node *chain[64];
+	const cwi_node *stop = k + 1 < p->ngroups ? p->groups[k + 1] : NULL;
+	const cwi_node *c;
+	size_t len = 0;
+	cwi_node *cur = NULL, *next;
+	cachew_err rv;
+
+	if (k >= p->ngroups)
+		return cwi_fail(CACHEW_EINVAL, "stitch: no grouping operator "
+		    "%zu", k);
+	/* From the top of the worker part down to groups[k]. */
+	c = p->worker;
+	if (stop != NULL)
+		while (c != stop)
+			c = c->inputs[0];
+	if (stop != NULL)
+		c = c->inputs[0];
+	for (;; c = c->inputs[0]) {
+		if (len == sizeof(chain) / sizeof(chain[0]))
+			return cwi_fail(CACHEW_ENOTSUP, "stitch: more than %zu "
+			    "operators between two batches", len);
+		chain[len++] = c;
+		if (c == p->groups[k])
+			break;
+	}
+	rv = placeholder_new(p, src, &cur);
+	/* Same operators and parameters, source first. */
+	for (size_t i = len; i > 0 && rv == CACHEW_OK; i--) {
+		rv = cwi_node_build(&next, chain[i - 1]->op->name, &cur, 1,
+		    NULL, &chain[i - 1]->params.map);
+		cachew_dataset_release(cur);
+		cur = rv == CACHEW_OK ? next : NULL;
+	}
 	if (rv != CACHEW_OK) {
 		cachew_dataset_release(cur);
 		return rv;

@@ -36,6 +36,10 @@
 
 /* ---- the plan --------------------------------------------------------- */
 
+/* Grouping operators of a worker part whose tails are stitched; a chain
+ * with more keeps its leases' partial groups. */
+#define CWI_SPLIT_MAX_GROUPS 8
+
 /*
  * A pipeline cut in two. The pipeline must be a chain over one splittable
  * source (every operator has one input). The worker part is the longest
@@ -59,6 +63,13 @@ typedef struct cwi_split_plan {
 	const char *unit_kind;  /* "elements", "files" or "chunks" */
 	cachew_fingerprint worker_fp; /* == worker->fp */
 	char why[192];          /* why the boundary runs on the client */
+	/* The grouping operators of the worker part (batch, padded_batch),
+	 * source first: the ones whose last, partial group of a lease the
+	 * client stitches (cwi_split_stitch_graph). None when an operator
+	 * above the first one cannot run on the client (a per-lease cache
+	 * write): then every lease ends with its own partial groups. */
+	const cwi_node *groups[CWI_SPLIT_MAX_GROUPS];
+	size_t ngroups;
 } cwi_split_plan;
 
 /* Plans the split of root. CACHEW_ENOTSUP (with a cwi_fail message naming
@@ -146,6 +157,24 @@ typedef struct cwi_stream_source {
  */
 cachew_err cwi_split_client_graph(const cwi_split_plan *p,
     const cwi_stream_source *src, cwi_node **out);
+
+/* ---- stitching the tails of leases -------------------------------------- */
+
+/*
+ * The stitch graph of grouping operator k of a plan (k < p->ngroups): the
+ * worker part's operators from p->groups[k] up to, not including,
+ * p->groups[k + 1] (for the last one: up to the top of the worker part),
+ * the same operators with the same parameters, over a placeholder that
+ * reads `src`. Run over tail elements of groups[k] (and the stitched
+ * output of the segment below, which are that operator's input too), it
+ * yields what the worker part would have made of them in one lease; its
+ * output is groups[k + 1]'s input (or the worker part's output). `src` is
+ * borrowed as in cwi_split_client_graph. *out is a new reference.
+ */
+cachew_err cwi_split_stitch_graph(const cwi_split_plan *p, size_t k,
+    const cwi_stream_source *src, cwi_node **out);
+/* The group size of p->groups[k] (its `n`). */
+uint64_t cwi_split_group_n(const cwi_split_plan *p, size_t k);
 
 /* ---- leases ------------------------------------------------------------- */
 

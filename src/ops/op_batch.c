@@ -223,6 +223,19 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			else if (rv != CACHEW_OK)
 				return rv;
 		}
+		if (b->pending.n > 0 && b->pending.n < b->n) {
+			/* The last, partial group of a lease that keeps its
+			 * tails: the client stitches it with other leases'. */
+			cwi_chunk *tail = cwi_pipeline_tail_slot(it->pl,
+			    it->node);
+			if (tail != NULL) {
+				if (!cwi_chunk_move_all(tail, &b->pending))
+					return cwi_pipeline_fail(it->pl,
+					    CACHEW_ENOMEM, "%s: out of memory",
+					    name);
+				break;
+			}
+		}
 		if (b->pending.n == 0 ||
 		    (b->pending.n < b->n && b->drop_remainder)) {
 			cwi_chunk_clear(&b->pending);

@@ -166,6 +166,7 @@ static const field f_task_def[] = {
     U32(cwi_task_def, lease_size, 0),
     U64(cwi_task_def, seed, 0),
     U64(cwi_task_def, epoch, 0),
+    BOOL(cwi_task_def, exactly_once),
 };
 static const schema s_task_def = SCHEMA("task_def", cwi_task_def,
     f_task_def);
@@ -208,6 +209,7 @@ static const field f_job_get_or_create[] = {
     F64(cwi_msg_job_get_or_create, weight),
     U32(cwi_msg_job_get_or_create, min_workers, 0),
     U32(cwi_msg_job_get_or_create, max_workers, 0),
+    BOOL(cwi_msg_job_get_or_create, exactly_once),
 };
 
 static const field f_job_get_or_create_reply[] = {
@@ -220,6 +222,15 @@ static const field f_job_get_or_create_reply[] = {
     U32(cwi_msg_job_get_or_create_reply, heartbeat_interval_ms, 0),
 };
 
+static const field f_progress[] = {
+    U64(cwi_progress, group, F_REQ),
+    U64S(cwi_progress, ranges, 0, CWI_PROTO_MAX_SPLITS),
+    BOOL(cwi_progress, ended),
+    U64(cwi_progress, total, 0),
+};
+static const schema s_progress = SCHEMA("progress", cwi_progress,
+    f_progress);
+
 static const field f_client_heartbeat[] = {
     U64(cwi_msg_client_heartbeat, job_id, F_REQ),
     U64(cwi_msg_client_heartbeat, client_id, F_REQ),
@@ -229,6 +240,10 @@ static const field f_client_heartbeat[] = {
     F64(cwi_msg_client_heartbeat, buffer_fill),
     U64(cwi_msg_client_heartbeat, round, 0),
     U64S(cwi_msg_client_heartbeat, acked_splits, 0, CWI_PROTO_MAX_SPLITS),
+    U64S(cwi_msg_client_heartbeat, stopped_tasks, 0, CWI_PROTO_MAX_TASKS),
+    U64S(cwi_msg_client_heartbeat, failed_tasks, 0, CWI_PROTO_MAX_TASKS),
+    OBJS(cwi_msg_client_heartbeat, progress, 0, CWI_PROTO_MAX_SPLITS,
+	s_progress),
 };
 
 static const field f_task_info[] = {
@@ -252,6 +267,7 @@ static const field f_client_heartbeat_reply[] = {
     U64(cwi_msg_client_heartbeat_reply, splits_acked, 0),
     OBJS(cwi_msg_client_heartbeat_reply, ops, 0, CWI_PROTO_MAX_OPS,
 	s_op_counters),
+    U64S(cwi_msg_client_heartbeat_reply, stop_tasks, 0, CWI_PROTO_MAX_TASKS),
 };
 
 static const field f_task_stats[] = {
@@ -281,6 +297,8 @@ static const field f_split_lease_reply[] = {
     OBJS(cwi_msg_split_lease_reply, splits, 0, CWI_PROTO_MAX_SPLITS, s_split),
     BOOL(cwi_msg_split_lease_reply, end_of_splits),
     U32(cwi_msg_split_lease_reply, retry_ms, 0),
+    U64(cwi_msg_split_lease_reply, group, 0),
+    U64S(cwi_msg_split_lease_reply, skip, 0, CWI_PROTO_MAX_SPLITS),
 };
 
 static const field f_split_ack[] = {
@@ -406,6 +424,15 @@ static const field f_split_end[] = {
 static const schema s_split_end = SCHEMA("split_end", cwi_split_end,
     f_split_end);
 
+static const field f_run[] = {
+    U64(cwi_run, group, F_REQ),
+    U64(cwi_run, from, F_REQ),
+    U32(cwi_run, n, F_REQ),
+    U32(cwi_run, tail, 0),
+    BOOL(cwi_run, end),
+};
+static const schema s_run = SCHEMA("run", cwi_run, f_run);
+
 static const field f_get_elements_reply[] = {
     U64(cwi_msg_get_elements_reply, task_id, F_REQ),
     U64(cwi_msg_get_elements_reply, seq, F_REQ),
@@ -418,6 +445,7 @@ static const field f_get_elements_reply[] = {
     U64(cwi_msg_get_elements_reply, task_round, 0),
     U64(cwi_msg_get_elements_reply, queued_bytes, 0),
     U32(cwi_msg_get_elements_reply, retry_ms, 0),
+    OBJS(cwi_msg_get_elements_reply, runs, 0, CWI_PROTO_MAX_SPLITS, s_run),
 };
 
 /* Indexed by cwi_msg_type. A body without fields has nfields 0. */

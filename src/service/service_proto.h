@@ -204,6 +204,10 @@ typedef struct cwi_task_def {
 				 * theirs from it) */
 	uint64_t epoch;         /* the job's epoch (lease pipelines run
 				 * with it, as the `epoch` option) */
+	/* Exactly-once delivery (distributed_epoch): number each lease's
+	 * elements, keep its tails for the client to stitch, leave out the
+	 * lease's `skip` ranges, and describe replies with `runs`. */
+	bool exactly_once;
 } cwi_task_def;
 
 typedef struct cwi_msg_worker_heartbeat_reply {
@@ -252,6 +256,10 @@ typedef struct cwi_msg_job_get_or_create {
 	double weight;
 	uint32_t min_workers;
 	uint32_t max_workers;
+	/* Exactly-once delivery and batches stitched across leases (the
+	 * job's first client sets it; false: the at-least-once bookkeeping
+	 * of older clients, or the `exactly_once=false` debug option). */
+	bool exactly_once;
 } cwi_msg_job_get_or_create;
 
 typedef struct cwi_msg_job_get_or_create_reply {
@@ -274,7 +282,28 @@ typedef struct cwi_msg_client_heartbeat {
 	uint64_t round;         /* coordinated: the next round it will read */
 	uint64_t *acked_splits; /* splits received completely since then */
 	size_t nacked_splits;
+	/* Exactly once: tasks this client stopped reading since its last
+	 * heartbeat (stop_tasks, or failed_tasks), and what it received of
+	 * the groups they served it; tasks whose data requests failed (the
+	 * dispatcher takes them from the job and replays their groups). */
+	uint64_t *stopped_tasks;
+	size_t nstopped_tasks;
+	uint64_t *failed_tasks;
+	size_t nfailed_tasks;
+	struct cwi_progress *progress;
+	size_t nprogress;
 } cwi_msg_client_heartbeat;
+
+/* What one client received of a group (a lease's elements, numbered from
+ * 0): ranges[2i] <= index < ranges[2i+1], ascending and disjoint; `ended`
+ * when it received the group's end, after `total` elements in all. */
+typedef struct cwi_progress {
+	uint64_t group;
+	uint64_t *ranges;
+	size_t nranges;
+	bool ended;
+	uint64_t total;
+} cwi_progress;
 
 /* A task a client reads from. */
 typedef struct cwi_task_info {
@@ -301,6 +330,11 @@ typedef struct cwi_msg_client_heartbeat_reply {
 	 * (as their workers last reported them), in pipeline order. */
 	cwi_op_counters *ops;
 	size_t nops;
+	/* Exactly once: tasks gone from the job (their worker died or was
+	 * slow, or a client could not read them): stop reading them, then
+	 * name them in the next heartbeat's stopped_tasks with progress. */
+	uint64_t *stop_tasks;
+	size_t nstop_tasks;
 } cwi_msg_client_heartbeat_reply;
 
 typedef struct cwi_msg_split_lease {
@@ -325,6 +359,13 @@ typedef struct cwi_msg_split_lease_reply {
 	size_t nsplits;
 	bool end_of_splits; /* no more for this task, ever */
 	uint32_t retry_ms;  /* none now: ask again after this long */
+	/* Exactly once: the group these splits form (the id of its first
+	 * split; a group is always leased whole, with the same ranges), and
+	 * the element ranges of it already delivered, to leave out:
+	 * skip[2i] <= index < skip[2i+1]. */
+	uint64_t group;
+	uint64_t *skip;
+	size_t nskip;
 } cwi_msg_split_lease_reply;
 
 typedef struct cwi_msg_split_ack {
@@ -468,6 +509,20 @@ typedef struct cwi_split_end {
 	uint32_t lease; /* the split's lease (cwi_split.lease), 0: not told */
 } cwi_split_end;
 
+/* Exactly once: `n` consecutive elements of a reply are elements from..
+ * from+n-1 of group `group`; tail > 0: they are the partial group that
+ * grouping operator tail-1 of the pipeline held at the lease's end (the
+ * client stitches them), else the pipeline's output. */
+typedef struct cwi_run {
+	uint64_t group;
+	uint64_t from;
+	uint32_t n;
+	uint32_t tail;
+	/* The group ends with this run: it has from + n elements in all
+	 * (n may be 0: the end alone). */
+	bool end;
+} cwi_run;
+
 typedef struct cwi_msg_get_elements_reply {
 	uint64_t task_id;
 	uint64_t seq;      /* this reply's number in the task's stream to the
@@ -487,6 +542,10 @@ typedef struct cwi_msg_get_elements_reply {
 	/* A direct task with nothing to deliver yet (every split is leased
 	 * elsewhere): ask again after this many ms. */
 	uint32_t retry_ms;
+	/* Exactly once: what the elements are, in order (they add up to
+	 * `elements`). */
+	cwi_run *runs;
+	size_t nruns;
 } cwi_msg_get_elements_reply;
 
 /* A task's operator rows, live (the lease pipeline being read) or of its

@@ -166,8 +166,13 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		for (size_t k = 0; k < r->ntasks; k++)
 			if (r->tasks[k].task_id == s->tasks[i].task_id)
 				listed = true;
-		if (!listed)
+		if (!listed) {
 			s->tasks[i].gone = true;
+			/* Exactly once: a task gone from the job is read no
+			 * more (what it held is replayed, stop_tasks). */
+			if (s->exact && !s->tasks[i].direct)
+				s->tasks[i].stopped = true;
+		}
 	}
 	for (size_t k = 0; k < r->ntasks; k++) {
 		const cwi_task_info *ti = &r->tasks[k];
@@ -175,7 +180,8 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 
 		if (t != NULL) {
 			/* Listed again (a worker came back): try it again. */
-			if (t->gone && !t->ended && t->inflight == 0)
+			if (t->gone && !t->ended && !t->stopped &&
+			    t->inflight == 0)
 				t->gone = false;
 			continue;
 		}
@@ -263,6 +269,7 @@ send_heartbeat(session *s)
 	    (double)qb / (double)s->ctx->opts.client_buffer;
 	if (s->coord != NULL)
 		m.u.client_heartbeat.round = cwi_coord_next_round(s->coord);
+	cwi_client_exact_fill(s, &m.u.client_heartbeat);
 	if (cwi_rpc_pack(&m, &msg) == CACHEW_OK) {
 		if (cwi_conn_send(s->dispatcher, msg, (int)s->heartbeat_ms * 4,
 			s->cq, TAG_HEARTBEAT) == CACHEW_OK)
@@ -270,6 +277,8 @@ send_heartbeat(session *s)
 		else
 			cwi_msg_destroy(msg);
 	}
+	if (!s->hb_inflight)
+		cwi_client_exact_sent(s, false);
 	cwi_pmsg_free(&m);
 	gap = (uint64_t)s->heartbeat_ms;
 	if (s->ntasks == 0) {
@@ -451,6 +460,22 @@ process_reply(session *s, ctask *t, cwi_element **v, size_t n,
     const cwi_msg_get_elements_reply *r)
 {
 	size_t e = 0;
+	cwi_chunk stitched = {0};
+	char err[512];
+	cachew_err rv;
+
+	rv = cwi_client_exact_reply(s, t->address, r, v, n, &stitched, err,
+	    sizeof(err));
+	if (rv != CACHEW_OK) {
+		cwi_client_fail(s, rv, "%s", err);
+		cwi_chunk_free(&stitched);
+		goto done;
+	}
+	if (stitched.n > 0 && !cwi_client_queue_chunk(s, &stitched)) {
+		cwi_chunk_free(&stitched);
+		goto done;
+	}
+	cwi_chunk_free(&stitched);
 
 	for (size_t k = 0; k <= r->nsplit_ends; k++) {
 		size_t upto = k < r->nsplit_ends ? r->split_ends[k].after : n;
@@ -511,7 +536,16 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 	uint64_t now = cwi_now_ns();
 
 	if (c->err != CACHEW_OK) {
-		if (c->err == CACHEW_ENOENT && s->coord == NULL) {
+		if (s->exact && !t->ended) {
+			/* Exactly once: whatever the failure lost, the
+			 * dispatcher replays from what this client reports. */
+			cwi_log(CACHEW_LOG_INFO, "client", "event=task_failed "
+			    "task=%llu worker=%s error=\"%s\"",
+			    (unsigned long long)t->task_id, t->address,
+			    cwi_errmsg_get());
+			cwi_client_exact_failed(s, t);
+			s->next_hb_ns = 0;
+		} else if (c->err == CACHEW_ENOENT && s->coord == NULL) {
 			t->gone = true; /* the worker no longer has it */
 		} else if (!t->ended) {
 			/* A worker that died or stalls: its unacknowledged
@@ -569,6 +603,12 @@ on_data(session *s, ctask *t, cwi_completion *c)
 	cwi_pmsg hdr;
 
 	t->inflight--;
+	if (t->stopped) {
+		/* Exactly once: read no more; its groups are replayed. */
+		if (c->reply != NULL)
+			cwi_msg_destroy(c->reply);
+		return;
+	}
 	if (cwi_client_data_failed(s, t, c, &hdr, 0))
 		return;
 	if (hdr.u.get_elements_reply.seq != t->next_seq) {
@@ -653,11 +693,16 @@ on_heartbeat(session *s, cwi_completion *c)
 {
 	cwi_pmsg rep;
 	uint64_t now = cwi_now_ns();
+	bool hb_ok = false;
 
 	s->hb_inflight = false;
 	if (c->err == CACHEW_OK &&
 	    cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
 		if (rep.type == CWI_MSG_CLIENT_HEARTBEAT_REPLY) {
+			hb_ok = true;
+			cwi_client_exact_stop(s,
+			    rep.u.client_heartbeat_reply.stop_tasks,
+			    rep.u.client_heartbeat_reply.nstop_tasks);
 			update_tasks(s, &rep.u.client_heartbeat_reply);
 			rows_from_reply(s, &rep.u.client_heartbeat_reply);
 			s->last_hb_ok_ns = now;
@@ -670,6 +715,7 @@ on_heartbeat(session *s, cwi_completion *c)
 	}
 	if (c->reply != NULL)
 		cwi_msg_destroy(c->reply);
+	cwi_client_exact_sent(s, hb_ok);
 	if (now - s->last_hb_ok_ns >
 	    (uint64_t)s->ctx->opts.service_timeout_ms * 1000000u)
 		cwi_client_fail(s, CACHEW_ETIMEDOUT, "dispatcher %s did not "
@@ -776,12 +822,12 @@ fetch_main(void *arg)
 		if (s->coord != NULL)
 			cwi_client_rounds_deliver(s);
 		if (session_done(s)) {
-			pthread_mutex_lock(&s->lock);
-			s->eof = true;
-			pthread_cond_broadcast(&s->cond);
-			pthread_mutex_unlock(&s->lock);
+			cwi_client_end_epoch(s);
 			break;
 		}
+		cwi_client_exact_poll(s);
+		if (cwi_client_exact_due(s) && !s->hb_inflight)
+			s->next_hb_ns = 0; /* a report: at once */
 		/* Near the end (every task ended, every ack confirmed), ask
 		 * every 20 ms whether the job finished; coordinated, the same
 		 * while a schedule change holds the rounds back. */
@@ -808,6 +854,27 @@ fetch_main(void *arg)
 }
 
 /* ---- session lifecycle ----------------------------------------------------------- */
+
+void
+cwi_client_end_epoch(session *s)
+{
+	cwi_chunk last = {0};
+	char err[512];
+	cachew_err rv;
+
+	/* The tails left over: the epoch's last partial batches, before the
+	 * consumer sees the end. */
+	rv = cwi_client_exact_finish(s, &last, err, sizeof(err));
+	if (rv != CACHEW_OK)
+		cwi_client_fail(s, rv, "%s", err);
+	else if (last.n > 0)
+		(void)cwi_client_queue_chunk(s, &last);
+	cwi_chunk_free(&last);
+	pthread_mutex_lock(&s->lock);
+	s->eof = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
 
 static cachew_err
 join_job(session *s)
@@ -853,6 +920,7 @@ join_job(session *s)
 	j->weight = (double)ctx->opts.job_weight;
 	j->min_workers = (uint32_t)ctx->opts.min_workers;
 	j->max_workers = (uint32_t)ctx->opts.max_workers;
+	j->exactly_once = ctx->opts.exactly_once != 0;
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
@@ -865,6 +933,13 @@ join_job(session *s)
 	s->zstd_on = s->compression == CWI_COMPRESSION_ZSTD;
 	if (rep.u.job_get_or_create_reply.num_consumers > 0)
 		rv = cwi_client_rounds_start(s);
+	/* The dispatcher refuses to mix exactly-once clients with others
+	 * in a job; it applies to uncoordinated distributed_epoch jobs. */
+	s->exact = ctx->opts.exactly_once != 0 && s->coord == NULL &&
+	    rep.u.job_get_or_create_reply.processing_mode ==
+		CWI_MODE_DISTRIBUTED_EPOCH;
+	if (rv == CACHEW_OK)
+		rv = cwi_client_exact_init(s);
 	s->heartbeat_ms = rep.u.job_get_or_create_reply.heartbeat_interval_ms;
 	if (s->heartbeat_ms == 0 || s->heartbeat_ms > 10000)
 		s->heartbeat_ms = 500;
@@ -1072,6 +1147,7 @@ session_destroy(session *s)
 	free(s->sent_parts);
 	free(s->sent_leases);
 	cwi_coord_destroy(s->coord);
+	cwi_client_exact_free(s);
 	cwi_cq_destroy(s->inl_cq);
 	ZSTD_freeDCtx(s->dctx);
 	pthread_cond_destroy(&s->cond);
@@ -1115,6 +1191,7 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	s->epoch = epoch;
 	atomic_init(&s->closing, false);
 	pthread_mutex_init(&s->lock, NULL);
+	pthread_mutex_init(&s->exact_lock, NULL);
 	cwi_cond_init_monotonic(&s->cond);
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;

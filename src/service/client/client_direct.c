@@ -100,8 +100,8 @@ ack_direct(session *s, const cwi_split_end *ends, size_t n)
 	if (rep.u.ok.job_finished) {
 		pthread_mutex_lock(&s->lock);
 		s->inl_done = true;
-		s->eof = true; /* every element reached a client */
 		pthread_mutex_unlock(&s->lock);
+		cwi_client_end_epoch(s); /* every element reached a client */
 	}
 	cwi_pmsg_free(&rep);
 }
@@ -211,6 +211,61 @@ direct_error(session *s, const cwi_msg_error *e)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* Moves a direct reply's *n elements into out (at most max: the worker
+ * sends no more); exactly once, those the client already has are
+ * dropped, tails go to the stitcher and the batches they complete to the
+ * queue. *n: how many went to out. false when the session failed. */
+static bool
+direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
+    cwi_chunk *out, size_t max, size_t *n)
+{
+	cwi_chunk stitched = {0};
+	cwi_element **v;
+	size_t count = *n, k = 0;
+	char err[512];
+	cachew_err rv;
+
+	if (!s->exact) {
+		if (count > max)
+			count = max;
+		for (size_t i = 0; i < count; i++)
+			cwi_chunk_push(out, cwi_msg_take(msg, i));
+		*n = count;
+		return true;
+	}
+	v = count > 0 ? malloc(count * sizeof(*v)) : NULL;
+	if (count > 0 && v == NULL) {
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+		return false;
+	}
+	for (size_t i = 0; i < count; i++)
+		v[i] = cwi_msg_take(msg, i);
+	rv = cwi_client_exact_reply(s, cwi_conn_url(s->inl.conn), g, v, count,
+	    &stitched, err, sizeof(err));
+	if (rv == CACHEW_OK && cwi_chunk_reserve(out, count) != CACHEW_OK)
+		rv = CACHEW_ENOMEM;
+	for (size_t i = 0; i < count; i++) {
+		if (v[i] == NULL)
+			continue;
+		if (rv == CACHEW_OK)
+			cwi_chunk_push(out, v[i]), k++;
+		else
+			cwi_element_release(v[i]);
+	}
+	free(v);
+	if (rv != CACHEW_OK) {
+		cwi_chunk_free(&stitched);
+		cwi_client_fail(s, rv, "%s", rv == CACHEW_ENOMEM
+		    ? "out of memory" : err);
+		return false;
+	}
+	if (stitched.n > 0)
+		(void)cwi_client_queue_chunk(s, &stitched);
+	cwi_chunk_free(&stitched);
+	*n = k;
+	return true;
+}
+
 /* Takes a direct reply's elements into out and acts on the rest of it;
  * returns how many elements came. s->lock not held. */
 static size_t
@@ -237,19 +292,21 @@ direct_take(session *s, cwi_msg *msg, cwi_chunk *out, size_t max)
 	}
 	g = &rep.u.get_elements_reply;
 	n = cwi_msg_count(msg);
-	if (n > max)
-		n = max; /* never: the worker sends at most max */
-	for (size_t i = 0; i < n; i++)
-		cwi_chunk_push(out, cwi_msg_take(msg, i));
+	if (!direct_elements(s, msg, g, out, max, &n)) {
+		cwi_pmsg_free(&rep);
+		return 0;
+	}
 	if (g->nsplit_ends > 0)
 		ack_direct(s, g->split_ends, g->nsplit_ends);
-	pthread_mutex_lock(&s->lock);
-	s->inl_unknown_ns = 0;
 	if (g->end_of_task) {
 		/* end_of_splits: the dispatcher has every split acked. */
+		pthread_mutex_lock(&s->lock);
 		s->inl_done = true;
-		s->eof = true;
+		pthread_mutex_unlock(&s->lock);
+		cwi_client_end_epoch(s);
 	}
+	pthread_mutex_lock(&s->lock);
+	s->inl_unknown_ns = 0;
 	if (s->eof || s->err != CACHEW_OK)
 		pthread_cond_broadcast(&s->cond);
 	if (n == 0 && g->retry_ms > 0 && !s->eof && s->err == CACHEW_OK)
@@ -278,6 +335,12 @@ pull_direct(session *s, cwi_chunk *out, size_t max)
 	size_t got = 0;
 	cachew_err rv;
 
+	if (s->exact && t.id == s->inl_blocked) {
+		/* Exactly once: the dispatcher replays what it held. */
+		direct_stopped(s, "the dispatcher stopped the task");
+		return 0;
+	}
+	s->inl_calling = true;
 	pthread_mutex_unlock(&s->lock);
 	rv = direct_call(s, t, max, &c);
 	if (rv == CACHEW_OK && c.err == CACHEW_OK) {
@@ -297,6 +360,7 @@ pull_direct(session *s, cwi_chunk *out, size_t max)
 		}
 	}
 	pthread_mutex_lock(&s->lock);
+	s->inl_calling = false;
 	return got;
 }
 

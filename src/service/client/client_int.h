@@ -55,6 +55,9 @@ typedef struct ctask {
 	size_t nheld, capheld;
 	bool ended;         /* end_of_task processed */
 	bool gone;          /* no longer listed, or its worker failed */
+	bool stopped;       /* exactly once: never read again (its replies,
+			     * late ones too, are dropped; its groups are
+			     * replayed elsewhere) */
 	bool direct;        /* read by the consumer (s->inl), not by requests */
 	uint64_t retry_at_ns; /* after a failure: when to ask again */
 	uint32_t unknown_ms; /* its worker did not have it yet: next wait */
@@ -188,8 +191,30 @@ struct session {
 	uint32_t inl_unknown_ms;
 	char inl_errmsg[256];
 	cwi_cq *inl_cq; /* the consumer's calls */
+	/* Exactly once, the direct task: a call is running (s->lock
+	 * released for it), and the task the consumer may no longer call
+	 * (the dispatcher asked to stop it). */
+	bool inl_calling;
+	uint64_t inl_blocked;
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
+
+	/* Exactly once (client_exact.c), under exact_lock: what this client
+	 * received of each group, the tails being stitched, and the tasks to
+	 * report as stopped or failed in the next heartbeat (sent_*: in the
+	 * heartbeat in flight). The fetch thread and a direct task's
+	 * consumer both take replies. */
+	bool exact;
+	pthread_mutex_t exact_lock;
+	struct cgroup *groups;
+	size_t ngroups, capgroups, lastgroup;
+	struct cwi_stitch *stitch;
+	uint64_t dups; /* elements received twice, dropped */
+	uint64_t *stopped, *failed, *stop_direct;
+	size_t nstopped, capstopped, nfailed, capfailed, nstop_direct,
+	    capstop_direct;
+	uint64_t *sent_stopped, *sent_failed;
+	size_t nsent_stopped, nsent_failed;
 };
 
 /* ---- client.c: the session's shared state -------------------------------- */
@@ -217,6 +242,9 @@ cachew_err cwi_client_send_get(session *s, size_t slot,
  * get_elements_reply (the caller frees it and c->reply). */
 bool cwi_client_data_failed(session *s, ctask *t, cwi_completion *c,
     cwi_pmsg *hdr, uint64_t task_round);
+/* The epoch ended for this client: the stitched last batches are queued,
+ * then the end (wakes the consumer). Either thread; s->lock not held. */
+void cwi_client_end_epoch(session *s);
 /* Releases n elements and frees the array. */
 void cwi_client_release_all(cwi_element **v, size_t n);
 
@@ -245,6 +273,45 @@ cachew_err cwi_client_reply_elements(session *s, ctask *t, cwi_msg *msg,
     const cwi_msg_get_elements_reply *r, cwi_element ***out, size_t *n);
 /* Auto compression's decision, once per window (fetch thread). */
 void cwi_client_auto_tick(session *s, uint64_t now);
+
+/* ---- client_exact.c: exactly once ---------------------------------------- */
+
+/* Sets up the session's exactly-once state (s->exact set by the join;
+ * exact_lock made with the session). */
+cachew_err cwi_client_exact_init(session *s);
+void cwi_client_exact_free(session *s);
+/* The runs of an in-order reply whose elements are v[0..n): drops the
+ * elements this client already has (v[i] = NULL), takes the tails to the
+ * stitcher (v[i] = NULL), records the rest as received, then appends to
+ * `stitched` the batches the tails completed. CACHEW_EPROTO names the
+ * worker (runs that do not add up); a stitching failure is the pipeline's,
+ * with its message in err. */
+cachew_err cwi_client_exact_reply(session *s, const char *worker,
+    const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
+    cwi_chunk *stitched, char *err, size_t errlen);
+/* The epoch ended: the last partial batches, appended to out. */
+cachew_err cwi_client_exact_finish(session *s, cwi_chunk *out, char *err,
+    size_t errlen);
+/* Queues the elements of a chunk for the consumer (takes them); false on
+ * ENOMEM (the rest released). */
+bool cwi_client_queue_chunk(session *s, cwi_chunk *c);
+/* The dispatcher asked to stop these tasks (heartbeat reply): each is
+ * read no more and reported stopped (a direct task once no call to it
+ * runs). Fetch thread. */
+void cwi_client_exact_stop(session *s, const uint64_t *ids, size_t n);
+/* A task's data request failed: it is read no more and reported failed
+ * (and stopped). Fetch thread. */
+void cwi_client_exact_failed(session *s, ctask *t);
+/* Stops the direct tasks the dispatcher asked to stop whose calls are
+ * over (fetch thread, each round). */
+void cwi_client_exact_poll(session *s);
+/* Whether a heartbeat should go at once (a report is due). */
+bool cwi_client_exact_due(session *s);
+/* Fills a heartbeat's exactly-once fields (copies it owns). */
+void cwi_client_exact_fill(session *s, cwi_msg_client_heartbeat *m);
+/* The heartbeat that carried them completed (ok) or failed (they go
+ * again with the next). */
+void cwi_client_exact_sent(session *s, bool ok);
 
 /* ---- client_direct.c: the direct task ------------------------------------ */
 

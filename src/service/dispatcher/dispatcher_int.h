@@ -68,7 +68,10 @@ typedef struct dataset {
 	uint64_t last_used_ns; /* registered or given a job */
 } dataset;
 
-enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED };
+enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED, SPLIT_RECOVERING };
+
+/* split.group of a split never leased in an exactly-once job. */
+#define NO_GROUP UINT64_MAX
 
 /* One split of a job's ledger (dispatcher_ledger.c). */
 typedef struct split {
@@ -85,7 +88,34 @@ typedef struct split {
 	uint64_t orphan_ns; /* when its lessee went, delivered but unacked */
 	uint64_t task_id;   /* lessee; 0 once the task is gone */
 	uint64_t worker_id; /* lessee's worker */
+	/* Exactly once (dispatcher_recover.c): the group the split was first
+	 * leased in, by its first split's id (NO_GROUP: not leased yet); a
+	 * group is leased whole, always with the same ranges, so a replay
+	 * yields the same elements. On the group's first split: its size,
+	 * the element ranges clients reported received (a replay leaves
+	 * them out), and the element count when a client saw its end. */
+	uint64_t group;
+	uint32_t gsize;
+	bool total_known;
+	uint64_t total;
+	cwi_rset skip;
+	uint64_t recov_task; /* RECOVERING: the task that went */
+	/* Parts of a split read by several clients: how many the first
+	 * part ack said, and parts credited to clients that left the job
+	 * while it was leased (their acknowledgements will not come). */
+	uint32_t parts_need;
+	uint32_t credits;
 } split;
+
+/* Exactly once: a task that went with groups leased (its worker died or
+ * was slow, it ended, a client could not read it). Its groups wait in
+ * RECOVERING until every client that was in the job then has stopped
+ * reading it and said what it received of them. */
+typedef struct recovery {
+	uint64_t task_id;
+	uint64_t *await; /* client ids yet to report */
+	size_t nawait;
+} recovery;
 
 typedef struct client {
 	uint64_t id;
@@ -135,6 +165,7 @@ struct split_ledger {
 	uint64_t *ring;        /* the pending pool */
 	uint64_t ring_head, ring_len;
 	uint64_t npending, nleased, nacked;
+	uint64_t nrecovering; /* exactly once: waiting for clients' reports */
 };
 
 /* How many workers a job gets: its worker count decision (count_fn), or
@@ -198,6 +229,11 @@ struct job {
 	struct job_sizing sizing;
 	struct coord_schedule coord;
 	struct job_pass pass;
+	/* Exactly once (uncoordinated distributed_epoch): groups, replays
+	 * without repeats, tails stitched by the clients. */
+	bool exactly_once;
+	recovery *recovs;
+	size_t nrecovs, caprecovs;
 };
 
 struct cwi_dispatcher {
@@ -257,6 +293,34 @@ void cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t);
 void cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason);
 /* Every job's task count to its decision (fair share first). */
 void cwi_disp_reconcile(cwi_dispatcher *d);
+
+/* Ends j's epoch if every split is acknowledged (dispatcher_state.c). */
+void cwi_disp_epoch_check(cwi_dispatcher *d, job *j);
+
+/* ---- exactly once (dispatcher_recover.c) --------------------------------- */
+
+/* Task t of an exactly-once job goes: its leased groups wait for the job's
+ * clients' reports (RECOVERING). CACHEW_ENOMEM leaves them leased to a
+ * task that is gone: they are released at once, as before exactly once. */
+void cwi_recover_task_gone(cwi_dispatcher *d, job *j, const task *t);
+/* A client left the job: no report will come from it. */
+void cwi_recover_client_gone(cwi_dispatcher *d, job *j, uint64_t client_id);
+/* Splits credited to departed clients that nobody acknowledged within
+ * `grace` of the departure (the leaver read them whole) are done. */
+void cwi_recover_tick(cwi_dispatcher *d, job *j, uint64_t grace);
+/* Checks a heartbeat's exactly-once fields before any is applied. */
+cachew_err cwi_recover_check(const job *j,
+    const cwi_msg_client_heartbeat *req);
+/* Applies them: tasks the client could not read go (their groups into
+ * recovery), its progress merges into recovering groups, and each task it
+ * stopped reading stops waiting for it. */
+void cwi_recover_report(cwi_dispatcher *d, job *j, const client *c,
+    const cwi_msg_client_heartbeat *req);
+/* The tasks client c must stop reading and report on. */
+cachew_err cwi_recover_stop_list(const job *j, const client *c,
+    cwi_msg_client_heartbeat_reply *rep);
+/* Frees a job's recoveries and its groups' skip sets. */
+void cwi_recover_free(job *j);
 
 /* ---- the split ledger (dispatcher_ledger.c) ------------------------------ */
 

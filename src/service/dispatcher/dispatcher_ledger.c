@@ -15,9 +15,14 @@
  * nsplits slots. Released splits go to the front, so lost data is
  * produced again first.
  *
- * Invariant (checked by the tests): npending + nleased + nacked ==
- * nsplits, and every split is in exactly one of those states. A task's
- * nleased counts the splits leased to it that are not acknowledged.
+ * An exactly-once job adds RECOVERING (LEASED -> RECOVERING when the task
+ * goes, -> PENDING or ACKED once its clients reported: dispatcher_recover.c)
+ * and leases groups, not single splits (lease_group).
+ *
+ * Invariant (checked by the tests): npending + nleased + nacked +
+ * nrecovering == nsplits, and every split is in exactly one of those
+ * states. A task's nleased counts the splits leased to it that are not
+ * acknowledged.
  */
 #include "dispatcher_int.h"
 
@@ -97,8 +102,10 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	l->ring = malloc(l->nsplits * sizeof(*l->ring));
 	if (l->splits == NULL || l->ring == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (uint64_t k = 0; k < l->nsplits; k++)
+	for (uint64_t k = 0; k < l->nsplits; k++) {
+		l->splits[k].group = NO_GROUP;
 		ring_push(l, k, false);
+	}
 	l->npending = l->nsplits;
 	return CACHEW_OK;
 }
@@ -106,8 +113,10 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 void
 cwi_ledger_free(struct split_ledger *l)
 {
-	for (uint64_t i = 0; l->splits != NULL && i < l->nsplits; i++)
+	for (uint64_t i = 0; l->splits != NULL && i < l->nsplits; i++) {
 		free(l->splits[i].ackers);
+		cwi_rset_free(&l->splits[i].skip);
+	}
 	free(l->splits);
 	free(l->ring);
 	l->splits = NULL;
@@ -180,19 +189,16 @@ lease_count(const cwi_dispatcher *d, const job *j, uint32_t max_splits)
 	return want;
 }
 
-/* PENDING -> LEASED: the next pending split goes to task t under a new
- * lease number. false when none is pending. */
-static bool
-split_take(struct split_ledger *l, task *t, cwi_split *out)
+/* PENDING -> LEASED: split id goes to task t under a new lease number. */
+static void
+take_id(struct split_ledger *l, task *t, uint64_t id, cwi_split *out)
 {
-	uint64_t id;
-	split *s;
+	split *s = &l->splits[id];
 
-	if (!ring_pop(l, &id))
-		return false;
-	s = &l->splits[id];
 	s->state = SPLIT_LEASED;
 	s->part_acks = 0;
+	s->parts_need = 0;
+	s->credits = 0;
 	s->lease++;
 	s->task_id = t->id;
 	s->worker_id = t->w->id;
@@ -202,7 +208,105 @@ split_take(struct split_ledger *l, task *t, cwi_split *out)
 	t->nleased++;
 	split_range(l, id, out);
 	out->lease = s->lease;
+}
+
+/* The next pending split goes to task t; false when none is pending. */
+static bool
+split_take(struct split_ledger *l, task *t, cwi_split *out)
+{
+	uint64_t id;
+
+	if (!ring_pop(l, &id))
+		return false;
+	take_id(l, t, id, out);
 	return true;
+}
+
+/* The pending split at the head of the pool, stale entries dropped. */
+static bool
+ring_peek(struct split_ledger *l, uint64_t *id)
+{
+	while (l->ring_len > 0) {
+		uint64_t s = l->ring[l->ring_head];
+		if (l->splits[s].state == SPLIT_PENDING) {
+			*id = s;
+			return true;
+		}
+		l->ring_head = (l->ring_head + 1) % l->nsplits;
+		l->ring_len--;
+	}
+	return false;
+}
+
+/* Exactly once: a lease is one group. A group leased before comes back
+ * whole, with its ranges and the elements its clients already have
+ * (skip); a new one takes up to `want` consecutive splits never leased. */
+static cachew_err
+lease_group(cwi_dispatcher *d, task *t, uint64_t want,
+    cwi_msg_split_lease_reply *rep)
+{
+	struct split_ledger *l = &t->job->ledger;
+	uint64_t id, first, n = 1;
+	split *g;
+
+	if (!ring_pop(l, &id))
+		return CACHEW_OK;
+	first = l->splits[id].group != NO_GROUP ? l->splits[id].group : id;
+	g = &l->splits[first];
+	if (l->splits[id].group != NO_GROUP) {
+		n = g->gsize;
+	} else {
+		uint64_t next;
+		while (n < want && ring_peek(l, &next) && next == first + n &&
+		       l->splits[next].group == NO_GROUP) {
+			l->ring_head = (l->ring_head + 1) % l->nsplits;
+			l->ring_len--;
+			n++;
+		}
+		g->gsize = (uint32_t)n;
+	}
+	rep->splits = calloc((size_t)n, sizeof(*rep->splits));
+	if (g->skip.n > 0)
+		rep->skip = malloc(g->skip.n * sizeof(*rep->skip));
+	if (rep->splits == NULL || (g->skip.n > 0 && rep->skip == NULL)) {
+		/* Back to the front of the pool, as they were. */
+		for (uint64_t k = n; k-- > 0;)
+			if (l->splits[first + k].state == SPLIT_PENDING)
+				ring_push(l, first + k, true);
+		if (l->splits[id].group == NO_GROUP)
+			g->gsize = 0;
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (uint64_t k = 0; k < n; k++) {
+		split *s = &l->splits[first + k];
+		s->group = first;
+		/* A member acknowledged while pending (a late ack) is
+		 * leased again with the rest: the ranges make the group. */
+		if (s->state == SPLIT_PENDING) {
+			take_id(l, t, first + k, &rep->splits[rep->nsplits]);
+		} else {
+			split_range(l, first + k, &rep->splits[rep->nsplits]);
+			rep->splits[rep->nsplits].lease = s->lease;
+		}
+		rep->nsplits++;
+	}
+	rep->group = first;
+	if (g->skip.n > 0)
+		memcpy(rep->skip, g->skip.v, g->skip.n * sizeof(*rep->skip));
+	rep->nskip = g->skip.n;
+	if (cwi_disp_events_on(d)) {
+		uint64_t ids[64];
+		size_t m = n < 64 ? (size_t)n : 64;
+		for (size_t k = 0; k < m; k++)
+			ids[k] = first + k;
+		cwi_disp_task_event(d, "split_leased", t);
+		cwi_disp_ev_ids(d, "splits", ids, m);
+		cwi_disp_ev_u64(d, "group", first);
+		if (g->skip.n > 0)
+			cwi_disp_ev_u64(d, "skip", cwi_rset_count(&g->skip));
+		cwi_disp_ev_end(d);
+	}
+	return CACHEW_OK;
 }
 
 cachew_err
@@ -214,6 +318,8 @@ cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
 	if (lease_none(d, t, rep))
 		return CACHEW_OK;
 	want = lease_count(d, t->job, max_splits);
+	if (t->job->exactly_once)
+		return lease_group(d, t, want, rep);
 	rep->splits = calloc((size_t)want, sizeof(*rep->splits));
 	if (cwi_disp_events_on(d))
 		ids = malloc((size_t)want * sizeof(*ids));
@@ -371,6 +477,10 @@ void
 cwi_ledger_release_worker(cwi_dispatcher *d, job *j, uint64_t worker_id,
     const char *reason)
 {
+	/* Exactly once: dropping the worker's tasks recovers their groups
+	 * (cwi_recover_task_gone). */
+	if (j->exactly_once)
+		return;
 	release_splits(d, j,
 	    reason == NULL && !job_coordinated(j) ? match_worker_undelivered
 						  : match_worker,
@@ -387,6 +497,8 @@ cwi_ledger_release_task(cwi_dispatcher *d, job *j, const task *t)
 void
 cwi_ledger_release_delivered(cwi_dispatcher *d, job *j)
 {
+	if (j->exactly_once)
+		return;
 	release_splits(d, j, match_delivered, 0, "client_left", 0);
 }
 
@@ -399,7 +511,9 @@ cwi_ledger_release_orphans(cwi_dispatcher *d, job *j, uint64_t now)
 
 	if (grace < 2000000000u)
 		grace = 2000000000u;
-	if (now > grace)
+	if (j->exactly_once)
+		cwi_recover_tick(d, j, grace);
+	else if (now > grace)
 		release_splits(d, j, match_orphaned, now - grace,
 		    "unacknowledged", 0);
 }
@@ -483,7 +597,9 @@ ack_one(cwi_dispatcher *d, struct split_ledger *l, split *s,
 		if ((lease != 0 && lease != s->lease) ||
 		    !part_ack_new(s, client_id))
 			return ACK_DUPLICATE;
-		if (s->part_acks < need)
+		s->parts_need = (uint32_t)need;
+		/* credits: parts of clients that left (exactly once). */
+		if (s->part_acks + s->credits < need)
 			return ACK_PART;
 	}
 	if (s->state == SPLIT_LEASED) {
@@ -492,6 +608,9 @@ ack_one(cwi_dispatcher *d, struct split_ledger *l, split *s,
 		if (t != NULL && t->nleased > 0)
 			t->nleased--;
 		l->nleased--;
+	} else if (s->state == SPLIT_RECOVERING) {
+		/* Its task went, but every part of it did arrive. */
+		l->nrecovering--;
 	} else {
 		/* Released after a death, yet it did arrive: its ring
 		 * entry goes stale. */

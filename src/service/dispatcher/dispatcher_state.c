@@ -200,6 +200,7 @@ job_free(const cwi_dispatcher *d, job *j)
 	if (j == NULL)
 		return;
 	cwi_ledger_free(&j->ledger);
+	cwi_recover_free(j);
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
@@ -313,8 +314,8 @@ cwi_disp_workers_available(const cwi_dispatcher *d)
 
 /* ---- the end of a job's data --------------------------------------------- */
 
-static void
-epoch_check(cwi_dispatcher *d, job *j)
+void
+cwi_disp_epoch_check(cwi_dispatcher *d, job *j)
 {
 	if (j->data_done || j->mode != CWI_MODE_DISTRIBUTED_EPOCH ||
 	    j->ledger.nacked < j->ledger.nsplits)
@@ -343,10 +344,11 @@ cwi_disp_task_event(cwi_dispatcher *d, const char *name, const task *t)
 void
 cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 {
-	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
 	cwi_disp_task_event(d, "task_removed", t);
 	cwi_disp_ev_str(d, "reason", reason);
 	cwi_disp_ev_end(d);
+	cwi_recover_task_gone(d, t->job, t);
+	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
 	t->w->ntasks--;
 	vec_remove(&d->tasks, t);
 	task_free(t);
@@ -618,6 +620,7 @@ static void
 client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 {
 	size_t idx = (size_t)(c - j->clients);
+	uint64_t id = c->id;
 
 	cwi_disp_ev_begin(d, event);
 	cwi_disp_ev_u64(d, "job_id", j->id);
@@ -637,6 +640,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 	 * will miss, and releasing would give the others rounds again. */
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH && !j->data_done &&
 	    !job_coordinated(j)) {
+		cwi_recover_client_gone(d, j, id);
 		cwi_ledger_release_delivered(d, j);
 		drop_finished_removals(d, j);
 	}
@@ -681,6 +685,14 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	return CACHEW_OK;
 }
 
+/* Exactly once applies to uncoordinated distributed_epoch jobs. */
+static bool
+job_wants_exactly_once(const cwi_msg_job_get_or_create *r)
+{
+	return r->exactly_once && r->num_consumers == 0 &&
+	       r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH;
+}
+
 /* A named job that asks the same as r, or EINVAL naming the difference. */
 static cachew_err
 job_check_shared(const job *j, const cwi_msg_job_get_or_create *r)
@@ -697,6 +709,12 @@ job_check_shared(const job *j, const cwi_msg_job_get_or_create *r)
 		return cwi_fail(CACHEW_EINVAL, "job '%s' has num_consumers "
 					       "%" PRIu32 ", not %" PRIu32,
 		    j->name, j->num_consumers, r->num_consumers);
+	if (j->exactly_once != job_wants_exactly_once(r))
+		return cwi_fail(CACHEW_EINVAL, "job '%s' is %s, this client "
+		    "asks for %s (a client built before exactly-once "
+		    "delivery, or exactly_once=false, cannot share its job)",
+		    j->name, j->exactly_once ? "exactly-once" : "at-least-once",
+		    j->exactly_once ? "at-least-once" : "exactly-once");
 	return CACHEW_OK;
 }
 
@@ -748,6 +766,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	j->policy = r->worker_policy;
 	j->num_workers = r->num_workers;
 	j->num_consumers = r->num_consumers;
+	j->exactly_once = job_wants_exactly_once(r);
 	j->sizing.count_fn = d->cfg.worker_count;
 	j->sizing.count_ctx = d->cfg.worker_count_ctx;
 	j->coord.target = CWI_ROUND_NONE;
@@ -885,7 +904,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	rep->heartbeat_interval_ms = d->cfg.client_heartbeat_ms;
 	if (created) {
 		if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH)
-			epoch_check(d, j); /* an empty dataset */
+			cwi_disp_epoch_check(d, j); /* an empty dataset */
 		cwi_disp_reconcile(d);
 	}
 	return CACHEW_OK;
@@ -948,7 +967,7 @@ acks_apply(cwi_dispatcher *d, job *j, const client *c, const uint64_t *ids,
 	if (n == 0)
 		return;
 	cwi_ledger_ack(d, j, c->id, ids, parts, leases, n);
-	epoch_check(d, j);
+	cwi_disp_epoch_check(d, j);
 	if (drop_finished_removals(d, j))
 		cwi_disp_reconcile(d);
 }
@@ -1037,6 +1056,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	if (rv == CACHEW_OK)
 		rv = cwi_ledger_acks_check(j, req->acked_splits, NULL,
 		    req->nacked_splits);
+	if (rv == CACHEW_OK)
+		rv = cwi_recover_check(j, req);
 	if (rv != CACHEW_OK)
 		return rv;
 	c->last_seen_ns = now_ns;
@@ -1044,6 +1065,14 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	cwi_sizing_client_report(c, req);
 	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
 	    req->nacked_splits);
+	/* After the acks: a group they complete needs no replay. */
+	cwi_recover_report(d, j, c, req);
+	if (j->finished)
+		return cwi_fail(CACHEW_ENOENT, "job %" PRIu64 " is not "
+		    "running", j->id);
+	rv = cwi_recover_stop_list(j, c, rep);
+	if (rv != CACHEW_OK)
+		return rv;
 	if (job_coordinated(j)) {
 		cwi_sched_heartbeat(d, j, c);
 		cwi_sched_update(d, j);
@@ -1249,6 +1278,7 @@ fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 	td->compression = t->job->compression;
 	td->seed = t->job->seed;
 	td->epoch = t->job->epoch;
+	td->exactly_once = t->job->exactly_once;
 	td->num_consumers = t->job->num_consumers;
 	td->lease_size = lease_size;
 	td->graph = malloc(len);

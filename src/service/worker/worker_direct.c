@@ -138,6 +138,8 @@ cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r)
 typedef struct pulled {
 	uint64_t *split_ids; /* the lease that ended in this pull (malloc'd) */
 	size_t nsplits;
+	cwi_run *runs;       /* exactly once: what the elements are */
+	size_t nruns, capruns;
 	bool end_of_task;    /* every split is acknowledged: nothing more */
 	uint32_t retry_ms;   /* nothing now: every split is leased elsewhere */
 } pulled;
@@ -210,11 +212,72 @@ pull_lease(cwi_wtask *t, const cwi_msg_get_elements *m, pulled *r)
 	for (size_t i = 0; i < lr->nsplits; i++)
 		t->pull_splits[i] = lr->splits[i].split_id;
 	t->pull_nsplits = lr->nsplits;
-	rv = cwi_iterator_create_lease(&t->pull_it, t->plan->root, opts,
-	    t->plan->source, ranges, lr->nsplits, t->seed);
+	t->pull_group = lr->group;
+	t->pull_next = 0;
+	cwi_rset_free(&t->pull_skip);
+	if (!cwi_rset_list_ok(lr->skip, lr->nskip))
+		rv = cwi_fail(CACHEW_EPROTO, "split_lease_reply: skip is not "
+		    "ascending [from, to) pairs");
+	else if (!cwi_rset_add_list(&t->pull_skip, lr->skip, lr->nskip))
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	else
+		rv = cwi_wtask_lease_open(t, &t->pull_it, opts, ranges,
+		    lr->nsplits);
 	free(ranges);
 	cachew_options_destroy(opts);
 	cwi_pmsg_free(&rep);
+	return rv;
+}
+
+/* Exactly once: numbers the elements out->v[n0..] of the lease being
+ * read (tail: 0, or the grouping operator's number), drops those the lease
+ * leaves out and records runs (pull_lock held). */
+static cachew_err
+number_new(cwi_wtask *t, cwi_chunk *out, size_t n0, uint32_t tail,
+    pulled *r)
+{
+	size_t w = n0;
+
+	if (!t->exactly_once)
+		return CACHEW_OK;
+	for (size_t i = n0; i < out->n; i++) {
+		uint64_t idx = t->pull_next++;
+		if (cwi_rset_has(&t->pull_skip, idx)) {
+			cwi_element_release(out->v[i]);
+			continue;
+		}
+		out->v[w++] = out->v[i];
+		if (!cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
+			t->pull_group, idx, tail, false)) {
+			for (size_t k = i + 1; k < out->n; k++)
+				cwi_element_release(out->v[k]);
+			out->n = w;
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+	}
+	out->n = w;
+	return CACHEW_OK;
+}
+
+/* Exactly once, at the lease's end: its tails go after its elements, then
+ * the group's end (pull_lock held). */
+static cachew_err
+take_tails(cwi_wtask *t, cwi_chunk *out, pulled *r)
+{
+	cachew_err rv = CACHEW_OK;
+
+	if (!t->exactly_once)
+		return CACHEW_OK;
+	for (size_t k = 0; k < t->plan->ngroups && rv == CACHEW_OK; k++) {
+		size_t n0 = out->n;
+		rv = cwi_iterator_take_tails(t->pull_it, k, out);
+		if (rv == CACHEW_OK)
+			rv = number_new(t, out, n0, (uint32_t)(k + 1), r);
+	}
+	if (rv == CACHEW_OK &&
+	    !cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
+		t->pull_group, t->pull_next, 0, true))
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	return rv;
 }
 
@@ -266,11 +329,15 @@ pull_elements(cwi_wtask *t, const cwi_msg_get_elements *m, cwi_chunk *out,
 					  : cwi_fail(CACHEW_ECLOSED,
 						"task %llu was stopped",
 						(unsigned long long)t->id);
+		size_t n0 = out->n;
 		rv = cwi_iterator_next_chunk(t->pull_it, out, max - out->n);
 		if (rv == CACHEW_EOF) {
+			rv = take_tails(t, out, r);
 			lease_done(t, r);
-			return CACHEW_OK;
+			return rv;
 		}
+		if (rv == CACHEW_OK)
+			rv = number_new(t, out, n0, 0, r);
 		if (rv != CACHEW_OK) {
 			/* Elements already pulled go first; the failure stays
 			 * with the lease iterator for the next call. */
@@ -359,6 +426,10 @@ direct_reply(cwi_wtask *t, cwi_chunk *out, pulled *r, cwi_msg **msg)
 	rep.u.get_elements_reply.elements = (uint32_t)out->n;
 	rep.u.get_elements_reply.split_ends = ends;
 	rep.u.get_elements_reply.nsplit_ends = r->nsplits;
+	rep.u.get_elements_reply.runs = r->runs;
+	rep.u.get_elements_reply.nruns = r->nruns;
+	r->runs = NULL; /* the reply frees them */
+	r->nruns = 0;
 	rep.u.get_elements_reply.end_of_task = r->end_of_task;
 	rep.u.get_elements_reply.retry_ms = r->retry_ms;
 	if (rv == CACHEW_OK)
@@ -411,6 +482,7 @@ cwi_wtask_get_elements_direct(cwi_wtask *t, cwi_request *r,
 			cwi_element_release(out.v[i]);
 	free(out.v);
 	free(got.split_ids);
+	free(got.runs);
 	if (rv != CACHEW_OK) {
 		direct_fail(r, rv);
 		return;

@@ -71,6 +71,8 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	t->lease_size = def->lease_size > 0 ? def->lease_size : 4;
 	t->seed = def->seed;
 	t->epoch = def->epoch;
+	t->exactly_once = def->exactly_once && def->num_consumers == 0 &&
+	    def->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH;
 	t->env = env;
 	t->ncons = def->num_consumers;
 	t->end_slot = UINT64_MAX;
@@ -155,6 +157,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	if (t->pull_it != NULL)
 		cachew_iterator_destroy(t->pull_it);
 	free(t->pull_splits);
+	cwi_rset_free(&t->pull_skip);
 	free(t->last_rows);
 	free(t->last_names);
 	free_queue(t);
@@ -377,6 +380,8 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	cwi_msg *msg = NULL;
 	cwi_split_end *ends = NULL;
 	size_t nends = 0, capends = 0;
+	cwi_run *runs = NULL;
+	size_t nruns = 0, capruns = 0;
 	uint32_t count = 0;
 	uint64_t bytes = 0;
 
@@ -406,6 +411,10 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 				break;
 			if (!lease_add_client(l, m->client_id))
 				goto nomem;
+			if (t->exactly_once &&
+			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
+				l->group, q->index, q->tail, false))
+				goto nomem;
 			if (cwi_msg_push(msg, q->e) != CACHEW_OK)
 				goto nomem;
 			count++;
@@ -414,6 +423,10 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			t->qelems--;
 		} else {
 			size_t before = c->nends;
+			if (t->exactly_once &&
+			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
+				l->group, q->index, 0, true))
+				goto nomem;
 			if (!lease_ended(t, l, c))
 				goto nomem;
 			for (size_t i = before; i < c->nends; i++) {
@@ -436,12 +449,15 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	cwi_wtask_reply_init(&rep, t, c, m, remote, count, st);
 	rep.u.get_elements_reply.split_ends = ends;
 	rep.u.get_elements_reply.nsplit_ends = nends;
+	rep.u.get_elements_reply.runs = runs;
+	rep.u.get_elements_reply.nruns = nruns;
 	rep.u.get_elements_reply.end_of_task =
 	    t->produced_all && t->qlen == 0;
 	rep.u.get_elements_reply.queued_bytes = t->qbytes;
-	return cwi_wtask_reply_finish(msg, &rep, st); /* frees ends */
+	return cwi_wtask_reply_finish(msg, &rep, st); /* frees ends, runs */
 nomem:
 	free(ends);
+	free(runs);
 	cwi_msg_destroy(msg);
 	cwi_wtask_status_fail(st, CACHEW_ENOMEM, "task %llu: out of "
 	    "memory", (unsigned long long)t->id);
@@ -670,8 +686,9 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 /* Queues a group of elements (or a lease end when e == NULL). Waits for
  * room; false when the task stops. */
 static bool
-push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
-    uint32_t lease, bool lease_end)
+push_group(cwi_wtask *t, cwi_element **v, const uint64_t *idx,
+    const uint32_t *tails, size_t n, uint64_t bytes, uint32_t lease,
+    bool lease_end, uint64_t total)
 {
 	ready_reply *ready = NULL;
 	size_t nready, need = n + (lease_end ? 1 : 0);
@@ -717,6 +734,8 @@ push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
 		q->e = v[i];
 		q->lease = lease;
 		q->bytes = cwi_element_nbytes(v[i]);
+		q->index = idx[i];
+		q->tail = tails[i];
 		t->qbytes += q->bytes;
 	}
 	t->qelems += n;
@@ -725,6 +744,9 @@ push_group(cwi_wtask *t, cwi_element **v, size_t n, uint64_t bytes,
 		q->e = NULL;
 		q->lease = lease;
 		q->bytes = 0;
+		q->index = total;
+		q->tail = 0;
+		t->leases[lease].total = total;
 	}
 	nready = serve_held(t, &ready);
 	pthread_mutex_unlock(&t->lock);
@@ -810,37 +832,133 @@ mark_pipeline_failure(cwi_wtask *t)
 	pthread_mutex_unlock(&t->lock);
 }
 
+/* ---- a lease's elements, numbered (exactly once) ------------------------------ */
+
+cachew_err
+cwi_wtask_lease_open(cwi_wtask *t, cachew_iterator **it,
+    const cachew_options *opts, const cwi_unit_range *ranges, size_t n)
+{
+	return cwi_iterator_create_lease_tails(it, t->plan->root, opts,
+	    t->plan->source, ranges, n, t->seed, t->plan->groups,
+	    t->exactly_once ? t->plan->ngroups : 0);
+}
+
+cachew_err
+cwi_wtask_feed_next(cwi_wtask *t, lease_feed *f, cwi_element **e,
+    uint64_t *index, uint32_t *tail)
+{
+	cachew_element *x;
+	cachew_err rv;
+
+	for (;;) {
+		if (f->tails_of == 0) {
+			rv = cachew_iterator_next(f->it, &x);
+			if (rv == CACHEW_EOF && t->plan->ngroups > 0 &&
+			    t->exactly_once) {
+				f->tails_of = 1;
+				f->tail_k = 0;
+				continue;
+			}
+			if (rv != CACHEW_OK)
+				return rv;
+			*tail = 0;
+		} else {
+			/* The tails, grouping operator by operator. */
+			while (f->tails_pos == f->tails.n) {
+				f->tails.n = 0;
+				f->tails_pos = 0;
+				if (f->tail_k == t->plan->ngroups)
+					return CACHEW_EOF;
+				rv = cwi_iterator_take_tails(f->it, f->tail_k,
+				    &f->tails);
+				if (rv != CACHEW_OK)
+					return rv;
+				f->tails_of = (uint32_t)++f->tail_k;
+			}
+			x = f->tails.v[f->tails_pos];
+			f->tails.v[f->tails_pos++] = NULL;
+			*tail = f->tails_of;
+		}
+		*index = f->next++;
+		if (f->skip != NULL && cwi_rset_has(f->skip, *index)) {
+			cwi_element_release(x);
+			continue;
+		}
+		*e = x;
+		return CACHEW_OK;
+	}
+}
+
+void
+cwi_wtask_feed_free(lease_feed *f)
+{
+	for (size_t i = f->tails_pos; i < f->tails.n; i++)
+		cwi_element_release(f->tails.v[i]);
+	free(f->tails.v);
+	cachew_iterator_destroy(f->it);
+	memset(f, 0, sizeof(*f));
+}
+
+bool
+cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
+    uint64_t index, uint32_t tail, bool end)
+{
+	cwi_run *r = *n > 0 ? &(*runs)[*n - 1] : NULL;
+
+	if (r != NULL && r->group == group && !r->end &&
+	    r->from + r->n == index && (end || (r->tail == tail &&
+						   r->n < UINT32_MAX))) {
+		if (end)
+			r->end = true;
+		else
+			r->n++;
+		return true;
+	}
+	if (!CWI_GROW(*runs, *cap, *n + 1))
+		return false;
+	r = &(*runs)[(*n)++];
+	r->group = group;
+	r->from = index;
+	r->n = end ? 0 : 1;
+	r->tail = end ? 0 : tail;
+	r->end = end;
+	return true;
+}
+
 /* Runs one lease to its end, queueing its elements then its end marker. */
 static cachew_err
 run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
-    size_t nranges)
+    size_t nranges, const cwi_rset *skip)
 {
-	cachew_iterator *it;
+	lease_feed f = {0};
 	cwi_element *group[PUSH_GROUP_ELEMENTS];
+	uint64_t idx[PUSH_GROUP_ELEMENTS];
+	uint32_t tails[PUSH_GROUP_ELEMENTS];
 	size_t n = 0;
 	uint64_t bytes = 0, first_ns = 0;
-	cachew_element *e;
 	cachew_err rv;
 
-	rv = cwi_iterator_create_lease(&it, t->plan->root, t->lease_opts,
-	    t->plan->source, ranges, nranges, t->seed);
+	rv = cwi_wtask_lease_open(t, &f.it, t->lease_opts, ranges, nranges);
 	if (rv != CACHEW_OK) {
 		mark_pipeline_failure(t);
 		return rv;
 	}
+	f.skip = skip;
 	while (!atomic_load(&t->stop) &&
-	       (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+	       (rv = cwi_wtask_feed_next(t, &f, &group[n], &idx[n],
+		    &tails[n])) == CACHEW_OK) {
 		if (n == 0)
 			first_ns = cwi_now_ns();
-		group[n++] = e;
-		bytes += cwi_element_nbytes(e);
+		bytes += cwi_element_nbytes(group[n]);
+		n++;
 		/* The clock is read at group sizes 2, 4, 8, ...: a group of
 		 * slow elements still goes within about twice the wait, and
 		 * one of fast elements costs 10 clock reads, not 1024. */
 		if (n == PUSH_GROUP_ELEMENTS || bytes >= PUSH_GROUP_BYTES ||
 		    ((n & (n - 1)) == 0 && n > 1 &&
 			cwi_now_ns() - first_ns >= PUSH_GROUP_WAIT_NS)) {
-			if (!push_group(t, group, n, bytes, lease, false)) {
+			if (!push_group(t, group, idx, tails, n, bytes, lease,
+				false, 0)) {
 				for (size_t i = 0; i < n; i++)
 					cwi_element_release(group[i]);
 				n = 0;
@@ -852,26 +970,27 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 		}
 	}
 	if (rv == CACHEW_EOF) {
-		cwi_wtask_add_stats(t, it);
-		if (!push_group(t, group, n, bytes, lease, true))
+		cwi_wtask_add_stats(t, f.it);
+		if (!push_group(t, group, idx, tails, n, bytes, lease, true,
+			f.next))
 			rv = CACHEW_ECANCELED;
 		else
 			rv = CACHEW_OK;
 		n = 0;
 	} else if (rv != CACHEW_ECANCELED && rv != CACHEW_OK) {
-		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(it));
+		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(f.it));
 		mark_pipeline_failure(t);
 	} else if (rv == CACHEW_OK) {
 		rv = CACHEW_ECANCELED; /* stopped */
 	}
 	for (size_t i = 0; i < n; i++)
 		cwi_element_release(group[i]);
-	cachew_iterator_destroy(it);
+	cwi_wtask_feed_free(&f);
 	return rv;
 }
 
 static uint32_t
-new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
+new_lease(cwi_wtask *t, const cwi_split *splits, size_t n, uint64_t group)
 {
 	uint32_t id;
 
@@ -897,6 +1016,7 @@ new_lease(cwi_wtask *t, const cwi_split *splits, size_t n)
 		}
 	}
 	l->nsplits = n;
+	l->group = group;
 	id = (uint32_t)t->nleases++;
 	pthread_mutex_unlock(&t->lock);
 	return id;
@@ -970,14 +1090,24 @@ run_distributed(cwi_wtask *t)
 			pthread_mutex_unlock(&t->lock);
 			continue;
 		}
+		cwi_rset skip = {0};
 		ranges = cwi_wtask_lease_ranges(lr);
-		lease = new_lease(t, lr->splits, lr->nsplits);
-		if (ranges == NULL || lease == UINT32_MAX) {
+		lease = new_lease(t, lr->splits, lr->nsplits, lr->group);
+		if (ranges == NULL || lease == UINT32_MAX ||
+		    !cwi_rset_list_ok(lr->skip, lr->nskip) ||
+		    !cwi_rset_add_list(&skip, lr->skip, lr->nskip)) {
+			bool bad = !cwi_rset_list_ok(lr->skip, lr->nskip);
 			free(ranges);
+			cwi_rset_free(&skip);
 			cwi_pmsg_free(&rep);
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+			return bad ? cwi_fail(CACHEW_EPROTO, "split_lease_reply: "
+					 "skip is not ascending [from, to) "
+					 "pairs")
+				   : cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
-		rv = run_lease(t, lease, ranges, lr->nsplits);
+		rv = run_lease(t, lease, ranges, lr->nsplits,
+		    skip.n > 0 ? &skip : NULL);
+		cwi_rset_free(&skip);
 		free(ranges);
 		cwi_pmsg_free(&rep);
 		if (rv != CACHEW_OK)
@@ -989,11 +1119,11 @@ static cachew_err
 run_parallel_epochs(cwi_wtask *t)
 {
 	cwi_unit_range all = {0, t->plan->units};
-	uint32_t lease = new_lease(t, NULL, 0);
+	uint32_t lease = new_lease(t, NULL, 0, 0);
 
 	if (lease == UINT32_MAX)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	return run_lease(t, lease, &all, 1);
+	return run_lease(t, lease, &all, 1, NULL);
 }
 
 static void *

@@ -27,7 +27,9 @@
 typedef struct q_entry {
 	cwi_element *e; /* NULL: the end of lease `lease` */
 	uint32_t lease;
+	uint32_t tail;  /* exactly once: 0, or grouping operator tail-1's */
 	uint64_t bytes;
+	uint64_t index; /* exactly once: the element's number in its group */
 } q_entry;
 
 typedef struct lease_rec {
@@ -36,6 +38,8 @@ typedef struct lease_rec {
 	size_t nsplits;
 	uint64_t *clients; /* clients that received elements of it */
 	size_t nclients, capclients;
+	uint64_t group; /* exactly once: the group it is (split_lease_reply) */
+	uint64_t total; /* ... and its elements, skipped ones included */
 } lease_rec;
 
 typedef struct pending_end {
@@ -97,6 +101,10 @@ struct cwi_wtask {
 	const cwi_wtask_env *env;
 	cachew_dataset *root;
 	cwi_split_plan *plan;
+	/* Exactly once (task_def.exactly_once): leases are numbered groups
+	 * that keep their tails and leave out their `skip` ranges; replies
+	 * carry runs. */
+	bool exactly_once;
 
 	pthread_t runner;
 	bool runner_started;
@@ -165,11 +173,40 @@ struct cwi_wtask {
 	cachew_iterator *pull_it; /* the lease being pulled, or NULL */
 	uint64_t *pull_splits;    /* its splits */
 	size_t pull_nsplits;
+	uint64_t pull_group;      /* exactly once: its group, */
+	uint64_t pull_next;       /* the next element's number, */
+	cwi_rset pull_skip;       /* and what it leaves out */
 	cachew_op_stats *last_rows; /* of the last lease pulled to its end */
 	char (*last_names)[2][96]; /* their name and detail */
 	size_t nlast_rows;
 };
 
+
+/* Exactly once: numbers a lease's elements, leaves out its skip ranges
+ * and, after its pipeline ended, hands out the tails it kept. */
+typedef struct lease_feed {
+	cachew_iterator *it;
+	const cwi_rset *skip; /* NULL: none */
+	uint64_t next;        /* the next element's number in the group */
+	size_t tail_k;        /* next grouping operator to take tails of */
+	cwi_chunk tails;      /* taken, not yet handed out */
+	size_t tails_pos;
+	uint32_t tails_of;    /* their tail number (k + 1) */
+} lease_feed;
+
+/* Opens the lease iterator for t (tails kept when exactly once). */
+cachew_err cwi_wtask_lease_open(cwi_wtask *t, cachew_iterator **it,
+    const cachew_options *opts, const cwi_unit_range *ranges, size_t n);
+/* The next element of the lease with its number and tail, skipping what
+ * the lease leaves out: CACHEW_OK, CACHEW_EOF after the last tail, or the
+ * pipeline's error. */
+cachew_err cwi_wtask_feed_next(cwi_wtask *t, lease_feed *f, cwi_element **e,
+    uint64_t *index, uint32_t *tail);
+void cwi_wtask_feed_free(lease_feed *f);
+/* Appends a run for an element (or the group's end, e == NULL) to a
+ * reply's run list; false on ENOMEM. */
+bool cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap,
+    uint64_t group, uint64_t index, uint32_t tail, bool end);
 
 /* Adds a finished lease's operator counters to the task's (t->lock). */
 void cwi_wtask_add_stats(cwi_wtask *t, cachew_iterator *it);

@@ -1,0 +1,388 @@
+/*
+ * client_exact.c - exactly-once delivery on the client's side
+ * (docs/protocol.md, "Exactly once").
+ *
+ * Every element a worker sends in an exactly-once job is numbered within
+ * its group (a lease's splits, replayed whole with the same ranges and
+ * seed): the reply's runs say which. The client keeps, per group, the set
+ * of numbers it received; an element it already has is dropped (a replay
+ * the dispatcher could not fully trim), and the set is what it reports
+ * when the dispatcher asks it to stop reading a task that went (the
+ * dispatcher then replays the group leaving those out). Tail elements (a
+ * lease's last partial batch, before batching) go to the stitcher
+ * (client_stitch.c), which makes full batches of them across leases.
+ *
+ * exact_lock guards all of it: the fetch thread takes remote replies, the
+ * consumer a direct task's.
+ */
+#include "client_int.h"
+#include "client_stitch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct cgroup {
+	uint64_t id;
+	cwi_rset got;
+	bool ended;
+	uint64_t total;
+} cgroup;
+
+cachew_err
+cwi_client_exact_init(session *s)
+{
+	if (!s->exact || s->ctx->plan->ngroups == 0)
+		return CACHEW_OK;
+	return cwi_stitch_create(&s->stitch, s->ctx->plan, &s->ctx->opts,
+	    s->ctx->seed, s->epoch);
+}
+
+void
+cwi_client_exact_free(session *s)
+{
+	for (size_t i = 0; i < s->ngroups; i++)
+		cwi_rset_free(&s->groups[i].got);
+	free(s->groups);
+	cwi_stitch_destroy(s->stitch);
+	free(s->stopped);
+	free(s->failed);
+	free(s->stop_direct);
+	free(s->sent_stopped);
+	free(s->sent_failed);
+	pthread_mutex_destroy(&s->exact_lock);
+}
+
+/* The group's record, made on first use (exact_lock held). */
+static cgroup *
+group_get(session *s, uint64_t id)
+{
+	cgroup *g;
+
+	if (s->lastgroup < s->ngroups && s->groups[s->lastgroup].id == id)
+		return &s->groups[s->lastgroup];
+	for (size_t i = s->ngroups; i-- > 0;) {
+		if (s->groups[i].id == id) {
+			s->lastgroup = i;
+			return &s->groups[i];
+		}
+	}
+	if (!CWI_GROW(s->groups, s->capgroups, s->ngroups + 1))
+		return NULL;
+	g = &s->groups[s->ngroups];
+	memset(g, 0, sizeof(*g));
+	g->id = id;
+	s->lastgroup = s->ngroups++;
+	return g;
+}
+
+cachew_err
+cwi_client_exact_reply(session *s, const char *worker,
+    const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
+    cwi_chunk *stitched, char *err, size_t errlen)
+{
+	size_t e = 0;
+	cachew_err rv = CACHEW_OK;
+
+	if (!s->exact)
+		return CACHEW_OK;
+	for (size_t i = 0; i < r->nruns; i++) {
+		if (r->runs[i].n > n - e) {
+			snprintf(err, errlen, "%s: the runs of reply %llu name "
+			    "more than its %zu elements", worker,
+			    (unsigned long long)r->seq, n);
+			return CACHEW_EPROTO;
+		}
+		e += r->runs[i].n;
+	}
+	if (e != n) {
+		snprintf(err, errlen, "%s: the runs of reply %llu name %zu of "
+		    "its %zu elements", worker, (unsigned long long)r->seq, e,
+		    n);
+		return CACHEW_EPROTO;
+	}
+	pthread_mutex_lock(&s->exact_lock);
+	e = 0;
+	for (size_t i = 0; i < r->nruns && rv == CACHEW_OK; i++) {
+		const cwi_run *run = &r->runs[i];
+		cgroup *g = group_get(s, run->group);
+		if (g == NULL) {
+			rv = CACHEW_ENOMEM;
+			break;
+		}
+		for (uint32_t k = 0; k < run->n; k++, e++) {
+			uint64_t idx = run->from + k;
+			if (cwi_rset_has(&g->got, idx)) {
+				cwi_element_release(v[e]);
+				v[e] = NULL;
+				s->dups++;
+				continue;
+			}
+			if (!cwi_rset_add(&g->got, idx, idx + 1)) {
+				rv = CACHEW_ENOMEM;
+				break;
+			}
+			if (run->tail == 0)
+				continue;
+			if (s->stitch == NULL) {
+				snprintf(err, errlen, "%s: a tail element, but "
+				    "the pipeline has no batch to stitch",
+				    worker);
+				rv = CACHEW_EPROTO;
+				break;
+			}
+			cwi_element *x = v[e];
+			v[e] = NULL;
+			rv = cwi_stitch_add(s->stitch, run->tail - 1, x);
+			if (rv != CACHEW_OK) {
+				snprintf(err, errlen, "%s: %s", worker,
+				    cwi_errmsg_get());
+				break;
+			}
+		}
+		if (run->end) {
+			g->ended = true;
+			g->total = run->from + run->n;
+		}
+	}
+	if (rv == CACHEW_ENOMEM)
+		snprintf(err, errlen, "out of memory");
+	if (rv == CACHEW_OK && s->stitch != NULL)
+		rv = cwi_stitch_drain(s->stitch, false, stitched, err, errlen);
+	pthread_mutex_unlock(&s->exact_lock);
+	return rv;
+}
+
+cachew_err
+cwi_client_exact_finish(session *s, cwi_chunk *out, char *err, size_t errlen)
+{
+	cachew_err rv = CACHEW_OK;
+
+	if (s->stitch == NULL)
+		return CACHEW_OK;
+	pthread_mutex_lock(&s->exact_lock);
+	if (cwi_stitch_held(s->stitch) > 0)
+		rv = cwi_stitch_drain(s->stitch, true, out, err, errlen);
+	pthread_mutex_unlock(&s->exact_lock);
+	return rv;
+}
+
+bool
+cwi_client_queue_chunk(session *s, cwi_chunk *c)
+{
+	bool ok = true;
+
+	for (size_t i = 0; i < c->n; i++) {
+		if (ok && cwi_client_queue_push(s, c->v[i]))
+			continue;
+		ok = false;
+		cwi_element_release(c->v[i]);
+	}
+	c->n = 0;
+	if (!ok)
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+	else
+		cwi_client_wake(s);
+	return ok;
+}
+
+/* ---- stopping tasks and reporting ------------------------------------------ */
+
+static bool
+ids_add(uint64_t **v, size_t *n, size_t *cap, uint64_t id)
+{
+	for (size_t i = 0; i < *n; i++)
+		if ((*v)[i] == id)
+			return true;
+	if (!CWI_GROW(*v, *cap, *n + 1))
+		return false;
+	(*v)[(*n)++] = id;
+	return true;
+}
+
+/* A remote task is read no more (fetch thread). */
+static void
+task_stop(ctask *t)
+{
+	for (size_t i = 0; i < t->nheld; i++) {
+		cwi_msg_destroy(t->held[i].msg);
+		cwi_pmsg_free(&t->held[i].hdr);
+	}
+	t->nheld = 0;
+	t->gone = true;
+	t->stopped = true;
+}
+
+void
+cwi_client_exact_stop(session *s, const uint64_t *ids, size_t n)
+{
+	bool ok = true;
+
+	for (size_t i = 0; i < n; i++) {
+		ctask *t = cwi_client_task_by_id(s, ids[i]);
+		if (t != NULL && t->direct) {
+			pthread_mutex_lock(&s->exact_lock);
+			ok &= ids_add(&s->stop_direct, &s->nstop_direct,
+			    &s->capstop_direct, ids[i]);
+			pthread_mutex_unlock(&s->exact_lock);
+			continue;
+		}
+		if (t != NULL)
+			task_stop(t);
+		pthread_mutex_lock(&s->exact_lock);
+		ok &= ids_add(&s->stopped, &s->nstopped, &s->capstopped,
+		    ids[i]);
+		pthread_mutex_unlock(&s->exact_lock);
+	}
+	cwi_client_exact_poll(s);
+	if (!ok)
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+}
+
+void
+cwi_client_exact_failed(session *s, ctask *t)
+{
+	bool ok;
+
+	task_stop(t);
+	pthread_mutex_lock(&s->exact_lock);
+	ok = ids_add(&s->failed, &s->nfailed, &s->capfailed, t->task_id) &&
+	     ids_add(&s->stopped, &s->nstopped, &s->capstopped, t->task_id);
+	pthread_mutex_unlock(&s->exact_lock);
+	if (!ok)
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+}
+
+void
+cwi_client_exact_poll(session *s)
+{
+	bool ok = true;
+
+	pthread_mutex_lock(&s->exact_lock);
+	for (size_t i = 0; i < s->nstop_direct;) {
+		uint64_t id = s->stop_direct[i];
+		bool idle;
+
+		/* The consumer calls the task with s->lock released: once
+		 * it is blocked while no call runs, nothing more of it can
+		 * arrive. */
+		pthread_mutex_lock(&s->lock);
+		idle = !s->inl_calling || s->inl.id != id;
+		if (idle)
+			s->inl_blocked = id;
+		pthread_mutex_unlock(&s->lock);
+		if (!idle) {
+			i++;
+			continue;
+		}
+		ok &= ids_add(&s->stopped, &s->nstopped, &s->capstopped, id);
+		s->stop_direct[i] = s->stop_direct[--s->nstop_direct];
+		ctask *t = cwi_client_task_by_id(s, id);
+		if (t != NULL) {
+			t->gone = true;
+			t->stopped = true;
+		}
+	}
+	pthread_mutex_unlock(&s->exact_lock);
+	if (!ok)
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+}
+
+bool
+cwi_client_exact_due(session *s)
+{
+	bool due;
+
+	if (!s->exact)
+		return false;
+	pthread_mutex_lock(&s->exact_lock);
+	due = s->nstopped > 0 || s->nfailed > 0;
+	pthread_mutex_unlock(&s->exact_lock);
+	return due;
+}
+
+static uint64_t *
+ids_copy(const uint64_t *v, size_t n)
+{
+	uint64_t *c = n > 0 ? malloc(n * sizeof(*c)) : NULL;
+
+	if (c != NULL)
+		memcpy(c, v, n * sizeof(*c));
+	return c;
+}
+
+void
+cwi_client_exact_fill(session *s, cwi_msg_client_heartbeat *m)
+{
+	if (!s->exact)
+		return;
+	pthread_mutex_lock(&s->exact_lock);
+	if (s->nstopped == 0 && s->nfailed == 0) {
+		pthread_mutex_unlock(&s->exact_lock);
+		return;
+	}
+	/* Every group this client has data of: the dispatcher takes the
+	 * ones it is recovering (a complete one included: its ack may still
+	 * be on its way). */
+	m->progress = calloc(s->ngroups > 0 ? s->ngroups : 1,
+	    sizeof(*m->progress));
+	m->stopped_tasks = ids_copy(s->stopped, s->nstopped);
+	m->failed_tasks = ids_copy(s->failed, s->nfailed);
+	if (m->progress == NULL || (s->nstopped > 0 && m->stopped_tasks ==
+	    NULL) || (s->nfailed > 0 && m->failed_tasks == NULL)) {
+		/* Nothing reported this time; the next heartbeat tries. */
+		free(m->progress);
+		free(m->stopped_tasks);
+		free(m->failed_tasks);
+		m->progress = NULL;
+		m->stopped_tasks = m->failed_tasks = NULL;
+		pthread_mutex_unlock(&s->exact_lock);
+		return;
+	}
+	m->nstopped_tasks = s->nstopped;
+	m->nfailed_tasks = s->nfailed;
+	for (size_t i = 0; i < s->ngroups; i++) {
+		const cgroup *g = &s->groups[i];
+		cwi_progress *p = &m->progress[m->nprogress];
+		p->group = g->id;
+		p->ended = g->ended;
+		p->total = g->total;
+		p->ranges = ids_copy(g->got.v, g->got.n);
+		if (g->got.n > 0 && p->ranges == NULL)
+			continue;
+		p->nranges = g->got.n;
+		m->nprogress++;
+	}
+	/* In flight now; back to the lists if the heartbeat fails. */
+	free(s->sent_stopped);
+	free(s->sent_failed);
+	s->sent_stopped = s->stopped;
+	s->nsent_stopped = s->nstopped;
+	s->sent_failed = s->failed;
+	s->nsent_failed = s->nfailed;
+	s->stopped = s->failed = NULL;
+	s->nstopped = s->capstopped = s->nfailed = s->capfailed = 0;
+	pthread_mutex_unlock(&s->exact_lock);
+}
+
+void
+cwi_client_exact_sent(session *s, bool ok)
+{
+	bool mem = true;
+
+	if (!s->exact)
+		return;
+	pthread_mutex_lock(&s->exact_lock);
+	for (size_t i = 0; !ok && i < s->nsent_stopped; i++)
+		mem &= ids_add(&s->stopped, &s->nstopped, &s->capstopped,
+		    s->sent_stopped[i]);
+	for (size_t i = 0; !ok && i < s->nsent_failed; i++)
+		mem &= ids_add(&s->failed, &s->nfailed, &s->capfailed,
+		    s->sent_failed[i]);
+	free(s->sent_stopped);
+	free(s->sent_failed);
+	s->sent_stopped = s->sent_failed = NULL;
+	s->nsent_stopped = s->nsent_failed = 0;
+	pthread_mutex_unlock(&s->exact_lock);
+	if (!mem)
+		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+}

@@ -1,0 +1,42 @@
+/*
+ * client_stitch.h - stitching the tails of leases (exactly once).
+ *
+ * A worker runs each lease of a job as its own pipeline, so a batch (or
+ * padded_batch) of the worker part would end every lease with a short
+ * batch, or drop one with drop_remainder. Instead the worker keeps each
+ * grouping operator's last, partial group and sends its elements as tails
+ * (cwi_run.tail); the client gathers them here and runs the part of the
+ * worker pipeline from that operator up (cwi_split_stitch_graph) over them
+ * as soon as they fill whole groups, and once more over what is left when
+ * the epoch ends. So every batch is full but at most one per grouping
+ * operator per epoch (per client of a shared job), and drop_remainder
+ * drops fewer than n elements per epoch, as in-process.
+ *
+ * Thread safety: none; the session serialises its calls.
+ */
+#ifndef CWI_CLIENT_STITCH_H
+#define CWI_CLIENT_STITCH_H
+
+#include "../../exec/exec_split.h"
+#include "../../core/options.h"
+
+typedef struct cwi_stitch cwi_stitch;
+
+/* A stitcher for plan p (p->ngroups > 0; p must outlive it), whose runs
+ * use the client's options with the job's seed. */
+cachew_err cwi_stitch_create(cwi_stitch **out, const cwi_split_plan *p,
+    const cwi_opts *opts, uint64_t seed, uint64_t epoch);
+/* Takes a tail element of grouping operator k (cwi_run.tail - 1). */
+cachew_err cwi_stitch_add(cwi_stitch *st, uint32_t k, cwi_element *e);
+/* Runs what is ready: whole groups of every operator, or (final)
+ * everything held, the epoch's last partial groups included. Appends the
+ * worker part's output elements so made to out (room reserved here).
+ * Errors (the stitched pipeline's own: a batch of mismatched shapes) carry
+ * their message in err. */
+cachew_err cwi_stitch_drain(cwi_stitch *st, bool final, cwi_chunk *out,
+    char *err, size_t errlen);
+/* Elements held (0: nothing to stitch at the end). */
+size_t cwi_stitch_held(const cwi_stitch *st);
+void cwi_stitch_destroy(cwi_stitch *st);
+
+#endif /* CWI_CLIENT_STITCH_H */
