@@ -98,7 +98,9 @@ cwi_stats *cwi_pipeline_stats(cwi_pipeline *pl, const cwi_node *node);
 
 struct cwi_iter_args {
 	cwi_pipeline *pl;
-	uint64_t epoch; /* repeat passes its count; shuffle reshuffles by it */
+	uint64_t epoch; /* the epoch option, or what repeat passes for each
+			 * repetition; reshuffles, per-epoch file orders
+			 * and random functions draw from it */
 };
 
 typedef struct cwi_iter_ops {
@@ -134,15 +136,18 @@ void cwi_iter_destroy(cwi_iter *it);
 struct cachew_op_ctx {
 	const cwi_fn *fn;
 	void *state;
-	uint64_t base_seed; /* derived from (pipeline seed, node) */
+	uint64_t base_seed; /* derived from (pipeline seed, node, epoch) */
 	uint64_t index;     /* element index at the op's input */
 	cwi_rng rng;
 	bool rng_started;
 	char errmsg[512];
 };
 
-/* Prepares a context for calls of node->fn. */
-void cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl);
+/* Prepares a context for calls of node->fn in an iterator created at
+ * `epoch` (its cwi_iter_args.epoch): the function's random streams are
+ * those of (pipeline seed, node, epoch, element index). */
+void cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node,
+    cwi_pipeline *pl, uint64_t epoch);
 
 static inline void
 cwi_op_ctx_at(cachew_op_ctx *ctx, uint64_t index)
@@ -189,7 +194,7 @@ typedef struct cwi_seq {
 } cwi_seq;
 
 cachew_err cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
-    const cwi_element *in, uint64_t index);
+    uint64_t epoch, const cwi_element *in, uint64_t index);
 /* Appends up to max elements; CACHEW_EOF when the sequence ends. */
 cachew_err cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
     cwi_chunk *out, size_t max);
