@@ -59,6 +59,9 @@ typedef struct cwi_unit_range {
 typedef struct cwi_pipeline {
 	cwi_opts opts;        /* resolved: threads >= 1, ram_budget > 0 */
 	uint64_t seed;        /* resolved pipeline seed */
+	uint64_t job_seed;    /* the seed of the whole run: == seed, except in
+			       * a lease, whose seed derives from it
+			       * (cwi_split_lease_seed) */
 	atomic_bool cancelled; /* set when the iterator is destroyed */
 
 	pthread_mutex_t lock; /* protects err, errmsg */

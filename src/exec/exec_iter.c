@@ -440,6 +440,7 @@ cwi_exec_iterator_create(
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
 					    : cwi_fresh_seed();
+	it->pl.job_seed = it->pl.seed;
 	return iterator_start(out, it);
 }
 
@@ -479,6 +480,7 @@ cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,
 	it->pl.split_ranges = it->lease;
 	it->pl.nsplit_ranges = nranges;
 	it->pl.seed = cwi_split_lease_seed(seed, ranges, nranges);
+	it->pl.job_seed = seed;
 	return iterator_start(out, it);
 }
 
@@ -496,6 +498,7 @@ cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	it->pl.seed = seed;
+	it->pl.job_seed = seed;
 	it->release = release;
 	it->release_arg = arg;
 	return iterator_start(out, it);
