@@ -162,8 +162,9 @@ CACHEW_API void cachew_free(void *p);
  *   deterministic  bool  keep element order under parallelism (default true)
  *   autotune       bool  tune parallel=auto and prefetch(auto) online
  *                        (default true)
- *   epoch          int   epoch number handed to shuffle(reshuffle=true)
- *                        (default 0)
+ *   epoch          int   the epoch: shuffle(reshuffle=true),
+ *                        list_files(shuffle=true) and random functions
+ *                        draw anew for each (default 0)
  *   service        str   where the pipeline runs: a dispatcher address
  *                        (tcp://host:port, ipc://path); "embedded" (a
  *                        dispatcher and a worker in this process, run
@@ -557,9 +558,10 @@ typedef struct cachew_op_ctx cachew_op_ctx;
 /* The state returned by the op's init, shared read-only by all threads;
  * the operator owns it and its fini frees it. Since 0.1. */
 CACHEW_API void *cachew_op_ctx_state(cachew_op_ctx *ctx);
-/* A 64-bit seed derived from (pipeline seed, node, element index): the same
- * element gets the same seed in every run with the same pipeline seed, at
- * any parallelism. Since 0.1. */
+/* A 64-bit seed derived from (pipeline seed, node, epoch, element index):
+ * the same element gets the same seed in every run with the same pipeline
+ * seed and epoch, at any parallelism, and another in each epoch (the
+ * `epoch` option, or each repetition under repeat). Since 0.1. */
 CACHEW_API uint64_t cachew_op_ctx_seed(cachew_op_ctx *ctx);
 /* The next value of a random stream started from cachew_op_ctx_seed; the
  * stream restarts for each element, so it is as reproducible as the seed.

@@ -749,6 +749,7 @@ run_split(cachew_dataset *ds, const cwi_unit_range *ranges, size_t nranges)
 	pl.opts.threads = 2;
 	pl.opts.ram_budget = 1 << 30;
 	pl.seed = SEED;
+	pl.job_seed = SEED;
 	atomic_init(&pl.cancelled, false);
 	pthread_mutex_init(&pl.lock, NULL);
 	pl.split_node = ds;

@@ -279,6 +279,49 @@ START_TEST(run_epochs_multiply_the_count)
 }
 END_TEST
 
+/* The digest (the sum mod 2^64 of every element's hash) that `cachew run
+ * --json --seed 7` prints for `epochs` epochs from the epoch option
+ * `epoch` on `service`. */
+static uint64_t
+run_digest(const char *service, const char *epochs, const char *epoch,
+    const char *pipeline)
+{
+	char set_service[64], set_epoch[64], buf[64];
+	uint64_t d;
+	cli_result r;
+
+	snprintf(set_service, sizeof(set_service), "service=%s", service);
+	snprintf(set_epoch, sizeof(set_epoch), "epoch=%s", epoch);
+	r = cli("run", "--json", "--seed", "7", "--epochs", epochs, "--set",
+	    set_service, "--set", set_epoch, pipeline);
+	ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+	d = strtoull(json_get(last_line(r.out), "digest", buf, sizeof(buf)),
+	    NULL, 16);
+	cli_free(&r);
+	return d;
+}
+
+/* --epochs N runs epochs base..base+N-1, each drawing its own random
+ * functions' values (issue 20, item 2), on the plain executor and on the
+ * embedded service alike: two epochs are the sum of each run alone. */
+START_TEST(run_epochs_draw_anew_each_epoch)
+{
+	static const char *const p = "range(500) | map(uniform) | batch(10)";
+	static const char *const services[] = {"local", "embedded"};
+	uint64_t d[2][3];
+
+	for (int i = 0; i < 2; i++) {
+		d[i][0] = run_digest(services[i], "1", "0", p);
+		d[i][1] = run_digest(services[i], "1", "1", p);
+		d[i][2] = run_digest(services[i], "2", "0", p);
+		ck_assert_uint_ne(d[i][0], d[i][1]);
+		ck_assert_uint_eq(d[i][2], d[i][0] + d[i][1]);
+	}
+	for (int k = 0; k < 3; k++)
+		ck_assert_uint_eq(d[1][k], d[0][k]);
+}
+END_TEST
+
 START_TEST(run_prints_human_summary)
 {
 	cli_result r = cli("run", "range(100) | batch(10)");
@@ -773,6 +816,7 @@ cwt_cli_suite(void)
 	tcase_set_timeout(run, 30);
 	tcase_add_test(run, run_json_reports_exact_elements_and_fingerprint);
 	tcase_add_test(run, run_epochs_multiply_the_count);
+	tcase_add_test(run, run_epochs_draw_anew_each_epoch);
 	tcase_add_test(run, run_prints_human_summary);
 	tcase_add_test(run, run_stats_prints_a_row_per_operator);
 	tcase_add_test(run, run_parse_error_exits_2_naming_the_column);

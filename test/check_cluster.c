@@ -50,7 +50,8 @@ typedef struct run_sum {
 } run_sum;
 
 static run_sum
-run_digest(const char *pipeline, const char *url, const char *job_name)
+run_digest_at(const char *pipeline, const char *url, const char *job_name,
+    int64_t epoch)
 {
 	cachew_options *o = cwt_opts(7, 1);
 	cachew_element **v;
@@ -64,6 +65,7 @@ run_digest(const char *pipeline, const char *url, const char *job_name)
 	if (job_name != NULL)
 		ck_assert_int_eq(cachew_options_set_str(o, "job_name", job_name),
 		    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "epoch", epoch), CACHEW_OK);
 	cachew_err rv = cwt_run(pipeline, o, &v, &n, err, sizeof(err));
 	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, err);
 	for (size_t i = 0; i < n; i++) {
@@ -82,6 +84,12 @@ run_digest(const char *pipeline, const char *url, const char *job_name)
 	cwt_free(v, n);
 	cachew_options_destroy(o);
 	return s;
+}
+
+static run_sum
+run_digest(const char *pipeline, const char *url, const char *job_name)
+{
+	return run_digest_at(pipeline, url, job_name, 0);
 }
 
 /* ---- the same multiset in-process and through the service ------------------ */
@@ -149,6 +157,101 @@ START_TEST(cluster_reshuffle_draws_from_the_epoch)
 	free(e1);
 	free(twice);
 	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* Twelve files <dir>/f<i>.txt holding "file <i>". */
+static void
+write_numbered_files(const char *dir)
+{
+	for (int i = 0; i < 12; i++) {
+		char path[700], text[32];
+		int len = snprintf(text, sizeof(text), "file %d", i);
+		snprintf(path, sizeof(path), "%s/f%02d.txt", dir, i);
+		cwt_write_file(path, text, (size_t)len);
+	}
+}
+
+/* The digest `cachew run --json --seed 7 --epochs N` prints for a pipeline
+ * through the service at url. */
+static uint64_t
+cli_digest(const char *dir, const char *url, int epochs, const char *pipeline)
+{
+	char cmd[2048], out[700], *text, *d;
+	uint64_t digest;
+
+	snprintf(out, sizeof(out), "%s/run.json", dir);
+	snprintf(cmd, sizeof(cmd), "%s/cachew run --json --quiet --seed 7 "
+	    "--epochs %d --set service=%s '%s' > %s", cwt_build_dir(), epochs,
+	    url, pipeline, out);
+	ck_assert_int_eq(system(cmd), 0);
+	text = cwt_slurp(out);
+	ck_assert_ptr_nonnull(text);
+	d = strstr(text, "\"digest\":\"");
+	ck_assert_msg(d != NULL, "%s", text);
+	digest = strtoull(d + 10, NULL, 16);
+	free(text);
+	return digest;
+}
+
+/* Random functions and list_files(shuffle=true) draw from the epoch on
+ * real workers (issue 20, item 2), by each route that sets it: the epoch
+ * option, each pass of a client-side repeat, cachew run --epochs. One
+ * worker takes the splits in order, in the same leases every time: the
+ * same seed and epoch give the same sequence, another epoch another, and
+ * the files come in the in-process order of the epoch. */
+START_TEST(cluster_random_functions_and_file_orders_draw_from_the_epoch)
+{
+	static const char *const rnd = "range(3000) | map(uniform) | batch(10)";
+	char files[900], rep[200];
+	char *seq[2][3]; /* [pipeline][epoch 0, epoch 1, epoch 0 again] */
+	cluster c;
+
+	cluster_start(&c, 1);
+	write_numbered_files(c.dir);
+	snprintf(files, sizeof(files), "list_files(\"%s/f*.txt\") | read_file",
+	    c.dir);
+	for (int k = 0; k < 3; k++) {
+		cachew_options *o = cwt_opts_at(7, k % 2, c.dispatcher.url);
+		seq[0][k] = cwt_hash_seq(rnd, o, 0);
+		seq[1][k] = cwt_hash_seq(files, o, 0);
+		cachew_options_destroy(o);
+	}
+	for (int i = 0; i < 2; i++) {
+		ck_assert_msg(strcmp(seq[i][0], seq[i][2]) == 0,
+		    "pipeline %d: epoch 0 twice differs", i);
+		ck_assert_msg(strcmp(seq[i][0], seq[i][1]) != 0,
+		    "pipeline %d: epochs 0 and 1 are the same", i);
+	}
+	/* The files in the in-process order of each epoch. */
+	for (int e = 0; e < 2; e++) {
+		cachew_options *o = cwt_opts_at(7, e, "local");
+		char *plain = cwt_hash_seq(files, o, 0);
+		ck_assert_msg(strcmp(plain, seq[1][e]) == 0,
+		    "epoch %d: the service's file order is not in-process's", e);
+		free(plain);
+		cachew_options_destroy(o);
+	}
+	/* A client-side repeat: its passes are epochs 0 and 1. */
+	snprintf(rep, sizeof(rep), "%s | repeat(2)", rnd);
+	cachew_options *o0 = cwt_opts_at(7, 0, c.dispatcher.url);
+	char *twice = cwt_hash_seq(rep, o0, 0);
+	char *both = malloc(strlen(seq[0][0]) + strlen(seq[0][1]) + 2);
+	sprintf(both, "%s,%s", seq[0][0], seq[0][1]);
+	ck_assert_msg(strcmp(twice, both) == 0,
+	    "repeat(2) through the service is not epoch 0 then epoch 1");
+	/* cachew run --epochs 2: epochs 0 and 1. */
+	uint64_t d0 = run_digest_at(rnd, c.dispatcher.url, NULL, 0).digest;
+	uint64_t d1 = run_digest_at(rnd, c.dispatcher.url, NULL, 1).digest;
+	ck_assert_uint_ne(d0, d1);
+	ck_assert_uint_eq(cli_digest(c.dir, c.dispatcher.url, 2, rnd), d0 + d1);
+	free(twice);
+	free(both);
+	cachew_options_destroy(o0);
+	for (int i = 0; i < 2; i++)
+		for (int k = 0; k < 3; k++)
+			free(seq[i][k]);
+	cluster_stop(&c);
 }
 END_TEST
 
@@ -266,6 +369,69 @@ START_TEST(embedded_service_equals_in_process)
 		    "%s: in-process %" PRIu64 " elements, embedded %" PRIu64,
 		    pipelines[i], local.n, emb.n);
 	}
+}
+END_TEST
+
+/* On the embedded service, named and the default, one lease covers each
+ * epoch: a reshuffle, random functions and list_files(shuffle=true) give
+ * in-process's data at every epoch, by the epoch option and by each pass
+ * of a repeat (issue 20, item 2). embedded:2 leases in pieces: another
+ * epoch still draws anew. */
+START_TEST(embedded_draws_from_the_epoch_as_in_process)
+{
+	static const char *const services[] = {"embedded", NULL};
+	char *dir = cwt_tmpdir(), files[900], rep[1000];
+	const char *pipelines[] = {
+	    "range(300) | map(uniform) | batch(7)",
+	    "range(200) | shuffle(50) | map(uniform, parallel=2)",
+	    files,
+	    "range(60) | map(uniform) | take(40)",
+	};
+
+	write_numbered_files(dir);
+	snprintf(files, sizeof(files),
+	    "list_files(\"%s/f*.txt\") | read_file | map(uniform)", dir);
+	for (size_t i = 0; i < sizeof(pipelines) / sizeof(pipelines[0]); i++) {
+		const char *p = pipelines[i];
+		char *local[3];
+		snprintf(rep, sizeof(rep), "%s | repeat(2)", p);
+		for (int e = 0; e < 3; e++) {
+			cachew_options *o = cwt_opts_at(7, e % 2, "local");
+			local[e] = cwt_hash_seq(e < 2 ? p : rep, o, 0);
+			cachew_options_destroy(o);
+		}
+		ck_assert_msg(strcmp(local[0], local[1]) != 0,
+		    "%s: epochs 0 and 1 are the same", p);
+		for (size_t k = 0; k < 2; k++)
+			for (int e = 0; e < 3; e++) {
+				cachew_options *o =
+				    cwt_opts_at(7, e % 2, services[k]);
+				char *got = cwt_hash_seq(e < 2 ? p : rep, o, 0);
+				ck_assert_msg(strcmp(got, local[e]) == 0,
+				    "%s%s on service '%s' at epoch %d differs "
+				    "from in-process", p,
+				    e < 2 ? "" : " | repeat(2)",
+				    services[k] != NULL ? services[k] : "",
+				    e % 2);
+				free(got);
+				cachew_options_destroy(o);
+			}
+		for (int e = 0; e < 3; e++)
+			free(local[e]);
+	}
+	cachew_options *t0 = cwt_opts_at(7, 0, "embedded:2");
+	cachew_options *t1 = cwt_opts_at(7, 1, "embedded:2");
+	char *m0 = cwt_hash_seq("range(2000) | map(uniform)", t0, 1);
+	char *m1 = cwt_hash_seq("range(2000) | map(uniform)", t1, 1);
+	ck_assert_uint_eq(strlen(m0), 2000 * 17 - 1);
+	ck_assert_msg(strcmp(m0, m1) != 0, "embedded:2: epochs 0 and 1 drew "
+					    "the same");
+	free(m0);
+	free(m1);
+	cachew_options_destroy(t0);
+	cachew_options_destroy(t1);
+	cwt_rmtree(dir);
+	free(dir);
 }
 END_TEST
 
@@ -769,6 +935,8 @@ END_TEST
 
 typedef struct share_arg {
 	const char *url;
+	const char *pipeline;
+	int64_t epoch;
 	pthread_barrier_t *joined; /* both clients are in the job */
 	run_sum sum;
 } share_arg;
@@ -792,9 +960,9 @@ share_main(void *arg)
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_options_set_str(o, "job_name", "shared"),
 	    CACHEW_OK);
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "range(30000) | map(add, value=1)"),
+	ck_assert_int_eq(cachew_options_set_int(o, "epoch", a->epoch),
 	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, a->pipeline), CACHEW_OK);
 	ck_assert_msg(cachew_iterator_create(&it, ds, o) == CACHEW_OK, "%s",
 	    cachew_errmsg());
 	pthread_barrier_wait(a->joined);
@@ -811,9 +979,10 @@ share_main(void *arg)
 	return NULL;
 }
 
-/* Runs two clients of one named job through url. */
+/* Runs two clients of one named job of pipeline at an epoch through url. */
 static void
-share_run(const char *url, share_arg a[2])
+share_run(const char *url, const char *pipeline, int64_t epoch,
+    share_arg a[2])
 {
 	pthread_barrier_t joined;
 	pthread_t th[2];
@@ -821,6 +990,8 @@ share_run(const char *url, share_arg a[2])
 	ck_assert_int_eq(pthread_barrier_init(&joined, NULL, 2), 0);
 	for (int i = 0; i < 2; i++) {
 		a[i].url = url;
+		a[i].pipeline = pipeline;
+		a[i].epoch = epoch;
 		a[i].joined = &joined;
 		ck_assert_int_eq(pthread_create(&th[i], NULL, share_main, &a[i]),
 		    0);
@@ -838,7 +1009,7 @@ START_TEST(cluster_two_clients_share_a_named_job)
 	cwt_cluster_start(&c, 2);
 	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
 	    NULL);
-	share_run(c.dispatcher.url, a);
+	share_run(c.dispatcher.url, "range(30000) | map(add, value=1)", 0, a);
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
 	cwt_cluster_stop(&c);
@@ -853,9 +1024,44 @@ START_TEST(embedded_two_clients_share_a_named_job)
 	run_sum local = run_digest("range(30000) | map(add, value=1)", NULL,
 	    NULL);
 
-	share_run("embedded", a);
+	share_run("embedded", "range(30000) | map(add, value=1)", 0, a);
 	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, local.n);
 	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, local.digest);
+}
+END_TEST
+
+/* Every client of a named job reads the job of its epoch, whose workers
+ * draw from that epoch (issue 20, item 2): two clients of "shared" at
+ * epoch 1 read together what one private client reads at epoch 1, not
+ * what it reads at epoch 0. On the embedded service (one lease) that is
+ * the in-process run; on one worker process, the same leases. */
+static void
+check_named_job_epoch(const char *url, const char *reference)
+{
+	static const char *const p = "range(3000) | map(uniform)";
+	run_sum e0 = run_digest_at(p, reference, NULL, 0);
+	run_sum e1 = run_digest_at(p, reference, NULL, 1);
+	share_arg a[2];
+
+	share_run(url, p, 1, a);
+	ck_assert_uint_eq(a[0].sum.n + a[1].sum.n, 3000);
+	ck_assert_uint_ne(e0.digest, e1.digest);
+	ck_assert_uint_eq(a[0].sum.digest + a[1].sum.digest, e1.digest);
+}
+
+START_TEST(embedded_named_job_reads_its_epoch)
+{
+	check_named_job_epoch("embedded", "local");
+}
+END_TEST
+
+START_TEST(cluster_named_job_reads_its_epoch)
+{
+	cluster c;
+
+	cluster_start(&c, 1);
+	check_named_job_epoch(c.dispatcher.url, c.dispatcher.url);
+	cluster_stop(&c);
 }
 END_TEST
 
@@ -1257,8 +1463,11 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_reshuffle_draws_from_the_epoch);
+	tcase_add_test(tc,
+	    cluster_random_functions_and_file_orders_draw_from_the_epoch);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, embedded_service_equals_in_process);
+	tcase_add_test(tc, embedded_draws_from_the_epoch_as_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);
 	tcase_add_test(tc, embedded_default_survives_fork);
@@ -1273,6 +1482,8 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_two_clients_share_a_named_job);
 	tcase_add_test(tc, cluster_two_clients_share_a_named_job);
+	tcase_add_test(tc, embedded_named_job_reads_its_epoch);
+	tcase_add_test(tc, cluster_named_job_reads_its_epoch);
 	tcase_add_test(tc, cluster_worker_killed_mid_epoch_loses_nothing);
 	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);
 	tcase_add_test(tc, cluster_sigterm_drains_a_worker);

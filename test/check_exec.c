@@ -24,6 +24,25 @@ scalar_i64(const cachew_element *e)
 	return *(const int64_t *)cachew_tensor_data(t);
 }
 
+/* A new element holding the scalar v. */
+static cachew_err
+scalar_element(int64_t v, cachew_element **out)
+{
+	cachew_tensor *t;
+	cachew_element *e;
+
+	if (cachew_element_create(&e, 1) != CACHEW_OK)
+		return CACHEW_ENOMEM;
+	if (cachew_tensor_create_scalar(&t, CACHEW_I64, &v) != CACHEW_OK) {
+		cachew_element_release(e);
+		return CACHEW_ENOMEM;
+	}
+	cachew_element_set(e, 0, t);
+	cachew_tensor_release(t);
+	*out = e;
+	return CACHEW_OK;
+}
+
 /* Passes elements through, failing on the value 1234. */
 static cachew_err
 fail_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
@@ -43,17 +62,9 @@ perm_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 {
 	static const int64_t table[8] = {3, 1, 4, 0, 2, 5, 1, 3};
 	int64_t v = table[scalar_i64(in) & 7];
-	cachew_element *e;
 	(void)ctx;
 	cachew_element_release(in);
-	if (cachew_element_create(&e, 1) != CACHEW_OK)
-		return CACHEW_ENOMEM;
-	cachew_tensor *t;
-	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
-	cachew_element_set(e, 0, t);
-	cachew_tensor_release(t);
-	*out = e;
-	return CACHEW_OK;
+	return scalar_element(v, out);
 }
 
 /* Flat map: x -> x*100, x*100+1, ..., x*100+x-1. With fail_at >= 0 the
@@ -95,27 +106,55 @@ count_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
 {
 	count_seq *s = seq;
 	int64_t v;
-	cachew_tensor *t;
-	cachew_element *e;
 
 	if (s->i >= s->x)
 		return CACHEW_EOF;
 	v = s->x * 100 + s->i++;
 	if (v == s->fail_at)
 		return cachew_op_ctx_fail(ctx, "bad element %lld", (long long)v);
-	if (cachew_element_create(&e, 1) != CACHEW_OK)
-		return CACHEW_ENOMEM;
-	cachew_tensor_create_scalar(&t, CACHEW_I64, &v);
-	cachew_element_set(e, 0, t);
-	cachew_tensor_release(t);
-	*out = e;
-	return CACHEW_OK;
+	return scalar_element(v, out);
 }
 
 static void
 count_close(void *seq)
 {
 	free(seq);
+}
+
+/* Flat map: two elements per input, each a draw of the sequence's random
+ * stream (>> 1: a non-negative i64). */
+static cachew_err
+rand_seq_open(cachew_op_ctx *ctx, const cachew_element *in, void **seq)
+{
+	int *left = malloc(sizeof(*left));
+
+	(void)ctx;
+	(void)in;
+	if (left == NULL)
+		return CACHEW_ENOMEM;
+	*left = 2;
+	*seq = left;
+	return CACHEW_OK;
+}
+
+static cachew_err
+rand_seq_next(cachew_op_ctx *ctx, void *seq, cachew_element **out)
+{
+	int *left = seq;
+
+	if (*left == 0)
+		return CACHEW_EOF;
+	(*left)--;
+	return scalar_element((int64_t)(cachew_op_ctx_random(ctx) >> 1), out);
+}
+
+/* Filter: keeps an element when its draw is odd. */
+static cachew_err
+rand_keep(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	(void)in;
+	*keep = (int)(cachew_op_ctx_random(ctx) & 1);
+	return CACHEW_OK;
 }
 
 static const cachew_op_def test_fns[] = {
@@ -131,6 +170,13 @@ static const cachew_op_def test_fns[] = {
 	.kind = CACHEW_OP_FLAT_MAP,
 	.flat_open = count_fail_open, .flat_next = count_next,
 	.flat_close = count_close},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_rand_seq",
+	.kind = CACHEW_OP_FLAT_MAP, .flags = CACHEW_OP_RANDOM,
+	.flat_open = rand_seq_open, .flat_next = rand_seq_next,
+	.flat_close = count_close},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_rand_keep",
+	.kind = CACHEW_OP_FILTER, .flags = CACHEW_OP_RANDOM,
+	.filter = rand_keep},
 };
 
 static void
@@ -417,6 +463,58 @@ START_TEST(test_map_random_same_at_any_parallelism)
 	free(b);
 	free(c);
 	free(d);
+}
+END_TEST
+
+/* Random functions draw from the epoch, as a reshuffling shuffle orders
+ * (issue 20, item 2): a new epoch draws anew, the same seed and epoch draw
+ * the same, and repetition r of a repeat draws what epoch r draws; a
+ * parallel map or interleave draws what the inline one draws. */
+START_TEST(test_random_functions_draw_anew_each_epoch)
+{
+	static const char *const pipelines[] = {
+	    "range(500) | map(uniform)",
+	    "range(500) | map(uniform, parallel=3)",
+	    "range(100) | interleave(exec_test_rand_seq, cycle=3)",
+	    "range(100) | interleave(exec_test_rand_seq, cycle=3, parallel=2)",
+	    "range(100) | flat_map(exec_test_rand_seq)",
+	    "range(300) | filter(exec_test_rand_keep)",
+	};
+	enum { NP = sizeof(pipelines) / sizeof(pipelines[0]) };
+	cachew_options *o0 = cwt_opts_at(7, 0, "local");
+	cachew_options *o1 = cwt_opts_at(7, 1, "local");
+	char *e1[NP];
+
+	register_fns();
+	for (size_t i = 0; i < NP; i++) {
+		const char *p = pipelines[i];
+		char rep[200];
+		char *e0 = cwt_hash_seq(p, o0, 0);
+		char *again = cwt_hash_seq(p, o1, 0);
+		char *twice, *both;
+
+		e1[i] = cwt_hash_seq(p, o1, 0);
+		snprintf(rep, sizeof(rep), "%s | repeat(2)", p);
+		twice = cwt_hash_seq(rep, o0, 0);
+		both = malloc(strlen(e0) + strlen(e1[i]) + 2);
+		sprintf(both, "%s,%s", e0, e1[i]);
+		ck_assert_msg(strcmp(e0, e1[i]) != 0,
+		    "%s: epochs 0 and 1 drew the same", p);
+		ck_assert_msg(strcmp(e1[i], again) == 0,
+		    "%s: epoch 1 drew differently twice", p);
+		ck_assert_msg(strcmp(twice, both) == 0,
+		    "%s: repeat(2) is not epoch 0 then epoch 1", p);
+		free(e0);
+		free(again);
+		free(twice);
+		free(both);
+	}
+	ck_assert_str_eq(e1[0], e1[1]);
+	ck_assert_str_eq(e1[2], e1[3]);
+	for (size_t i = 0; i < NP; i++)
+		free(e1[i]);
+	cachew_options_destroy(o0);
+	cachew_options_destroy(o1);
 }
 END_TEST
 
@@ -1088,6 +1186,7 @@ cwt_exec_suite(void)
 	tcase_add_test(tc, test_map_parallel_same_order_as_inline);
 	tcase_add_test(tc, test_map_nondeterministic_same_multiset);
 	tcase_add_test(tc, test_map_random_same_at_any_parallelism);
+	tcase_add_test(tc, test_random_functions_draw_anew_each_epoch);
 	tcase_add_test(tc, test_map_error_delivers_prefix_then_error);
 	tcase_add_test(tc, test_map_parallel_empty_input);
 	tcase_add_test(tc, test_prefetch_preserves_order);

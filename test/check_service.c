@@ -979,6 +979,8 @@ typedef struct job_opts {
 	uint32_t num_consumers;
 	int64_t consumer_index;
 	uint32_t fixed_workers;
+	uint64_t epoch; /* the client's (its iteration too, as clients send) */
+	uint64_t seed;
 } job_opts;
 
 static cachew_err
@@ -998,6 +1000,9 @@ try_join(harness *h, uint64_t ds, const job_opts *o,
 			req.worker_policy = CWI_WORKERS_FIXED;
 			req.num_workers = o->fixed_workers;
 		}
+		req.iteration = o->epoch;
+		req.epoch = o->epoch;
+		req.seed = o->seed;
 	}
 	return cwi_dispatcher_job_get_or_create(h->d, h->now, &req, rep);
 }
@@ -1177,6 +1182,37 @@ START_TEST(test_dispatcher_named_job_shared_unnamed_private)
 	join(h, ds, NULL, &p2, &c);
 	ck_assert_uint_ne(p1, p2);
 	ck_assert_uint_ne(p1, r1.job_id);
+	harness_free(h);
+}
+END_TEST
+
+/* A named job is one per epoch (issue 20, item 2): the clients of an
+ * epoch share the job, whose tasks run at that epoch with the seed of the
+ * client that created it, so every client of the job reads the same
+ * epoch's data; a client at the next epoch reads the next job. */
+START_TEST(test_dispatcher_named_job_tasks_carry_its_epoch)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), w, j1, j2, c;
+	job_opts a = {.name = "train", .epoch = 1, .seed = 42};
+	job_opts b = {.name = "train", .epoch = 1, .seed = 43};
+	job_opts next = {.name = "train", .epoch = 2, .seed = 42};
+	cwi_msg_worker_heartbeat_reply wr;
+
+	w = add_worker(h, "tcp://w1:1");
+	join(h, ds, &a, &j1, &c);
+	join(h, ds, &b, &j2, &c);
+	ck_assert_uint_eq(j2, j1);
+	join(h, ds, &next, &j2, &c);
+	ck_assert_uint_ne(j2, j1);
+	worker_hb(h, w, NULL, 0, NULL, 0, &wr);
+	ck_assert_uint_eq(wr.nstart, 2);
+	for (size_t i = 0; i < 2; i++) {
+		const cwi_task_def *td = &wr.start[i];
+		ck_assert_uint_eq(td->epoch, td->job_id == j1 ? 1 : 2);
+		ck_assert_uint_eq(td->seed, 42);
+	}
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
 	harness_free(h);
 }
 END_TEST
@@ -2607,6 +2643,7 @@ cwt_service_suite(void)
 
 	tcase_add_test(disp, test_dispatcher_same_fingerprint_same_dataset);
 	tcase_add_test(disp, test_dispatcher_named_job_shared_unnamed_private);
+	tcase_add_test(disp, test_dispatcher_named_job_tasks_carry_its_epoch);
 	tcase_add_test(disp, test_dispatcher_job_request_checked);
 	tcase_add_test(disp, test_dispatcher_split_size_targets_splits_per_worker);
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);

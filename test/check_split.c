@@ -190,25 +190,47 @@ assert_same_sequence(const elems *a, const elems *b, const char *what)
 		    "%s: element %zu differs", what, i);
 }
 
+/* Whether two runs hold the same elements in the same order. */
+static bool
+same_sequence(const elems *a, const elems *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (size_t i = 0; i < a->n; i++)
+		if (cachew_element_hash(a->v[i]) != cachew_element_hash(b->v[i]))
+			return false;
+	return true;
+}
+
 /* ---- running plans and leases --------------------------------------------------- */
 
 #define SEED 7
 
+/* The plain run at an epoch (the "epoch" option). */
 static void
-run_plain(const char *pipeline, int threads, elems *out)
+run_plain_at(const char *pipeline, int threads, uint64_t epoch, elems *out)
 {
-	cachew_options *o = cwt_opts(SEED, threads);
+	cachew_options *o = cwt_opts_at(SEED, (int64_t)epoch, NULL);
 	cachew_element **v = NULL;
 	size_t n = 0;
 	char err[1024] = "";
-	cachew_err rv = cwt_run(pipeline, o, &v, &n, err, sizeof(err));
+	cachew_err rv;
 
+	ck_assert_int_eq(cachew_options_set_int(o, "threads", threads),
+	    CACHEW_OK);
+	rv = cwt_run(pipeline, o, &v, &n, err, sizeof(err));
 	ck_assert_msg(rv == CACHEW_OK, "'%s' failed: %s: %s", pipeline,
 	    cachew_strerror(rv), err);
 	for (size_t i = 0; i < n; i++)
 		elems_push(out, v[i]);
 	free(v);
 	cachew_options_destroy(o);
+}
+
+static void
+run_plain(const char *pipeline, int threads, elems *out)
+{
+	run_plain_at(pipeline, threads, 0, out);
 }
 
 static cwi_split_plan *
@@ -228,13 +250,18 @@ plan_of(const char *pipeline)
 	return p;
 }
 
+/* One lease of the job seeded SEED at an epoch (the worker runs it with
+ * the job's epoch as its "epoch" option). */
 static void
-run_lease(const cwi_split_plan *p, const cwi_unit_range *r, size_t n,
-    int threads, elems *out)
+run_lease_at(const cwi_split_plan *p, const cwi_unit_range *r, size_t n,
+    int threads, uint64_t epoch, elems *out)
 {
-	cachew_options *o = cwt_opts(SEED, threads);
+	cachew_options *o = cwt_opts_at(SEED, (int64_t)epoch, NULL);
 	cachew_iterator *it = NULL;
 	cachew_err rv;
+
+	ck_assert_int_eq(cachew_options_set_int(o, "threads", threads),
+	    CACHEW_OK);
 
 	rv = cwi_iterator_create_lease(&it, p->worker, o, p->source, r, n,
 	    SEED);
@@ -243,6 +270,13 @@ run_lease(const cwi_split_plan *p, const cwi_unit_range *r, size_t n,
 	drain(it, out);
 	cachew_iterator_destroy(it);
 	cachew_options_destroy(o);
+}
+
+static void
+run_lease(const cwi_split_plan *p, const cwi_unit_range *r, size_t n,
+    int threads, elems *out)
+{
+	run_lease_at(p, r, n, threads, 0, out);
 }
 
 /* A lease: unit ranges in the order they are read. */
@@ -438,18 +472,76 @@ START_TEST(from_list_and_from_tensors_split_by_item)
 }
 END_TEST
 
-START_TEST(list_files_splits_by_sorted_file)
+START_TEST(list_files_splits_by_file)
 {
 	char *dir = cwt_tmpdir(), pipeline[1024];
 
 	write_text_files(dir);
 	/* shuffle=true (the default): one lease of everything reshuffles
-	 * exactly as the plain run; leases shuffle their own files. */
+	 * exactly as the plain run; leases read their units of the epoch's
+	 * one file order. */
 	snprintf(pipeline, sizeof(pipeline), "list_files(\"%s/t*.txt\")", dir);
 	check_splits(pipeline, 5);
 	snprintf(pipeline, sizeof(pipeline),
 	    "list_files(\"%s/t*.txt\", shuffle=false) | read_file", dir);
 	check_splits(pipeline, 5);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* list_files(shuffle=true) in leases (issue 20, item 2): split unit i is
+ * the i-th file of the epoch's order, drawn from the job's seed (not the
+ * lease's), so the leases of an epoch read in unit order are the plain
+ * run's order at that epoch, whatever their grouping, and another epoch
+ * reads another order; with an explicit seed as with the pipeline's. */
+static void
+check_file_order_by_epoch(const char *pipeline)
+{
+	cwi_split_plan *p = plan_of(pipeline);
+	elems plain[2] = {{0}, {0}};
+
+	for (uint64_t e = 0; e < 2; e++) {
+		elems ones = {0}, pairs = {0};
+		cwi_unit_range r[2];
+		run_plain_at(pipeline, 1, e, &plain[e]);
+		for (uint64_t u = 0; u < p->units; u++) {
+			r[0] = (cwi_unit_range){u, u + 1};
+			run_lease_at(p, r, 1, 1, e, &ones);
+		}
+		/* [2, 4) with [0, 2) after it, then the rest. */
+		r[0] = (cwi_unit_range){2, 4};
+		r[1] = (cwi_unit_range){0, 2};
+		run_lease_at(p, r, 2, 1, e, &pairs);
+		r[0] = (cwi_unit_range){4, p->units};
+		run_lease_at(p, r, 1, 1, e, &pairs);
+		assert_same_sequence(&ones, &plain[e], pipeline);
+		ck_assert_uint_eq(pairs.n, plain[e].n);
+		for (size_t i = 0; i < pairs.n; i++) {
+			size_t at = i < 2 ? i + 2 : i < 4 ? i - 2 : i;
+			ck_assert(cachew_element_hash(pairs.v[i]) ==
+			    cachew_element_hash(plain[e].v[at]));
+		}
+		elems_free(&ones);
+		elems_free(&pairs);
+	}
+	ck_assert_msg(!same_sequence(&plain[0], &plain[1]),
+	    "%s: epochs 0 and 1 list the files in one order", pipeline);
+	elems_free(&plain[0]);
+	elems_free(&plain[1]);
+	cwi_split_plan_destroy(p);
+}
+
+START_TEST(list_files_leases_walk_the_epochs_file_order)
+{
+	char *dir = cwt_tmpdir(), pipeline[1024];
+
+	write_text_files(dir);
+	snprintf(pipeline, sizeof(pipeline), "list_files(\"%s/t*.txt\")", dir);
+	check_file_order_by_epoch(pipeline);
+	snprintf(pipeline, sizeof(pipeline),
+	    "list_files(\"%s/t*.txt\", seed=3) | read_file", dir);
+	check_file_order_by_epoch(pipeline);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -685,27 +777,39 @@ START_TEST(lease_seed_is_the_job_seed_from_unit_zero)
 }
 END_TEST
 
-/* Runs a lease twice (1 and 4 threads) and checks the same elements come
- * in the same order; also that one lease of everything is the plain run. */
+/* Runs a lease twice at an epoch (1 and 4 threads) and checks the same
+ * elements come in the same order; also that one lease of everything is
+ * the plain run at that epoch. The lease's elements stay in *out when it
+ * is not NULL. */
 static void
-check_replay(const char *pipeline, const cwi_unit_range *r, size_t n)
+check_replay_at(const char *pipeline, const cwi_unit_range *r, size_t n,
+    uint64_t epoch, elems *out)
 {
 	cwi_split_plan *p = plan_of(pipeline);
 	cwi_unit_range all = {0, p->units};
 	elems a = {0}, b = {0}, plain = {0}, one = {0};
 
-	run_lease(p, r, n, 1, &a);
-	run_lease(p, r, n, 4, &b);
+	run_lease_at(p, r, n, 1, epoch, &a);
+	run_lease_at(p, r, n, 4, epoch, &b);
 	ck_assert_uint_gt(a.n, 0);
 	assert_same_sequence(&b, &a, pipeline);
-	run_plain(pipeline, 3, &plain);
-	run_lease(p, &all, 1, 3, &one);
+	run_plain_at(pipeline, 3, epoch, &plain);
+	run_lease_at(p, &all, 1, 3, epoch, &one);
 	assert_same_sequence(&one, &plain, pipeline);
-	elems_free(&a);
+	if (out != NULL)
+		*out = a;
+	else
+		elems_free(&a);
 	elems_free(&b);
 	elems_free(&plain);
 	elems_free(&one);
 	cwi_split_plan_destroy(p);
+}
+
+static void
+check_replay(const char *pipeline, const cwi_unit_range *r, size_t n)
+{
+	check_replay_at(pipeline, r, n, 0, NULL);
 }
 
 START_TEST(lease_replays_identically_with_random_ops)
@@ -715,6 +819,27 @@ START_TEST(lease_replays_identically_with_random_ops)
 	check_replay("range(40) | map(uniform, parallel=3) | shuffle(8) | "
 		     "map(uniform) | batch(4)",
 	    r, 2);
+}
+END_TEST
+
+/* A lease draws from the job's epoch (issue 20, item 2): replayed at one
+ * epoch it yields the same elements (what exactly-once replays rely on),
+ * at another epoch other draws and another order; one lease of everything
+ * is the plain run at the same epoch. */
+START_TEST(lease_replays_identically_at_its_epoch)
+{
+	static const char *const pipeline =
+	    "range(40) | map(uniform, parallel=3) | shuffle(8) | "
+	    "map(uniform) | batch(4)";
+	cwi_unit_range r[2] = {{10, 25}, {30, 33}};
+	elems e1 = {0}, e2 = {0};
+
+	check_replay_at(pipeline, r, 2, 1, &e1);
+	check_replay_at(pipeline, r, 2, 2, &e2);
+	ck_assert_msg(!same_sequence(&e1, &e2),
+	    "epochs 1 and 2 of a lease yield the same");
+	elems_free(&e1);
+	elems_free(&e2);
 }
 END_TEST
 
@@ -1321,7 +1446,8 @@ cwt_split_suite(void)
 	tcase_add_test(src, range_splits_by_element);
 	tcase_add_test(src, range_units_count_without_overflow);
 	tcase_add_test(src, from_list_and_from_tensors_split_by_item);
-	tcase_add_test(src, list_files_splits_by_sorted_file);
+	tcase_add_test(src, list_files_splits_by_file);
+	tcase_add_test(src, list_files_leases_walk_the_epochs_file_order);
 	tcase_add_test(src, text_lines_splits_by_file);
 	tcase_add_test(src, fixed_length_records_split_by_file);
 	tcase_add_test(src, tfrecord_splits_by_file);
@@ -1339,6 +1465,7 @@ cwt_split_suite(void)
 	tcase_add_test(leases, lease_bad_arguments_are_einval);
 	tcase_add_test(leases, lease_seed_is_the_job_seed_from_unit_zero);
 	tcase_add_test(leases, lease_replays_identically_with_random_ops);
+	tcase_add_test(leases, lease_replays_identically_at_its_epoch);
 	tcase_add_test(leases, lease_replays_random_resized_crop_of_images);
 	tcase_add_test(leases, leases_draw_different_random_streams);
 	tcase_set_timeout(leases, 60);

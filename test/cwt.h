@@ -63,6 +63,17 @@ char *cwt_join_i64(cachew_element **v, size_t n, size_t c);
  * fails the test (with the errmsg) when the run fails. */
 char *cwt_seq(const char *pipeline, const cachew_options *opts);
 
+/* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
+ * after use. */
+cachew_options *cwt_opts_at(int64_t seed, int64_t epoch, const char *service);
+
+/* A run as the cachew_element_hash of each element, in order: 16 hex
+ * digits per element, comma-joined; with sorted, in increasing order (the
+ * multiset). Compares runs of any element type exactly in one line; fails
+ * the test (with the errmsg) when the run fails. Free with free(). */
+char *cwt_hash_seq(const char *pipeline, const cachew_options *opts,
+    int sorted);
+
 /* The build directory (CACHEW_BUILD or "build"); a fresh temporary
  * directory (removed by cwt_rmtree). */
 const char *cwt_build_dir(void);

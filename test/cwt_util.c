@@ -175,6 +175,55 @@ cwt_seq(const char *pipeline, const cachew_options *opts)
 	return s;
 }
 
+cachew_options *
+cwt_opts_at(int64_t seed, int64_t epoch, const char *service)
+{
+	cachew_options *o = cwt_opts(seed, 0);
+
+	ck_assert_int_eq(cachew_options_set_int(o, "epoch", epoch), CACHEW_OK);
+	if (service != NULL)
+		ck_assert_msg(cachew_options_set_str(o, "service", service) ==
+			CACHEW_OK, "service '%s': %s", service,
+		    cachew_options_errmsg(o));
+	return o;
+}
+
+static int
+cmp_hash(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return (x > y) - (x < y);
+}
+
+char *
+cwt_hash_seq(const char *pipeline, const cachew_options *opts, int sorted)
+{
+	cachew_element **v;
+	size_t n;
+	char err[1024];
+	uint64_t *h;
+	char *s;
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, err, sizeof(err));
+
+	ck_assert_msg(rv == CACHEW_OK, "'%s' failed: %s: %s", pipeline,
+	    cachew_strerror(rv), err);
+	h = malloc((n + 1) * sizeof(*h));
+	s = malloc(n * 17 + 1);
+	ck_assert_ptr_nonnull(h);
+	ck_assert_ptr_nonnull(s);
+	for (size_t i = 0; i < n; i++)
+		h[i] = cachew_element_hash(v[i]);
+	if (sorted)
+		qsort(h, n, sizeof(*h), cmp_hash);
+	s[0] = '\0';
+	for (size_t i = 0, w = 0; i < n; i++)
+		w += (size_t)snprintf(s + w, 18, "%s%016llx", i > 0 ? "," : "",
+		    (unsigned long long)h[i]);
+	free(h);
+	cwt_free(v, n);
+	return s;
+}
+
 const char *
 cwt_build_dir(void)
 {

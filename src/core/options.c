@@ -41,8 +41,8 @@ static const opt_spec table[] = {
     {"autotune", OPT_BOOL, 1, NULL, 0, 1, OFF(autotune),
 	"tune parallel=auto and prefetch(auto) online", "true", NULL},
     {"epoch", OPT_INT, 0, NULL, 0, INT64_MAX, OFF(epoch),
-	"epoch number handed to shuffle(reshuffle_each_iteration=true)", "0",
-	NULL},
+	"the epoch: reshuffling shuffles, list_files(shuffle=true) and "
+	"random functions draw anew for each", "0", NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
 	"where the pipeline runs: a dispatcher (tcp://host:port), embedded, "
 	"embedded:N or local; empty = CACHEW_SERVICE, else embedded",

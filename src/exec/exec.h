@@ -59,6 +59,9 @@ typedef struct cwi_unit_range {
 typedef struct cwi_pipeline {
 	cwi_opts opts;        /* resolved: threads >= 1, ram_budget > 0 */
 	uint64_t seed;        /* resolved pipeline seed */
+	uint64_t job_seed;    /* the seed of the whole run: == seed, except in
+			       * a lease, whose seed derives from it
+			       * (cwi_split_lease_seed) */
 	atomic_bool cancelled; /* set when the iterator is destroyed */
 
 	pthread_mutex_t lock; /* protects err, errmsg */
@@ -110,7 +113,9 @@ cwi_stats *cwi_pipeline_stats(cwi_pipeline *pl, const cwi_node *node);
 
 struct cwi_iter_args {
 	cwi_pipeline *pl;
-	uint64_t epoch; /* repeat passes its count; shuffle reshuffles by it */
+	uint64_t epoch; /* the epoch option, or what repeat passes for each
+			 * repetition; reshuffles, per-epoch file orders
+			 * and random functions draw from it */
 };
 
 typedef struct cwi_iter_ops {
@@ -146,15 +151,18 @@ void cwi_iter_destroy(cwi_iter *it);
 struct cachew_op_ctx {
 	const cwi_fn *fn;
 	void *state;
-	uint64_t base_seed; /* derived from (pipeline seed, node) */
+	uint64_t base_seed; /* derived from (pipeline seed, node, epoch) */
 	uint64_t index;     /* element index at the op's input */
 	cwi_rng rng;
 	bool rng_started;
 	char errmsg[512];
 };
 
-/* Prepares a context for calls of node->fn. */
-void cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl);
+/* Prepares a context for calls of node->fn in an iterator created at
+ * `epoch` (its cwi_iter_args.epoch): the function's random streams are
+ * those of (pipeline seed, node, epoch, element index). */
+void cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node,
+    cwi_pipeline *pl, uint64_t epoch);
 
 static inline void
 cwi_op_ctx_at(cachew_op_ctx *ctx, uint64_t index)
@@ -201,7 +209,7 @@ typedef struct cwi_seq {
 } cwi_seq;
 
 cachew_err cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
-    const cwi_element *in, uint64_t index);
+    uint64_t epoch, const cwi_element *in, uint64_t index);
 /* Appends up to max elements; CACHEW_EOF when the sequence ends. */
 cachew_err cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
     cwi_chunk *out, size_t max);

@@ -66,6 +66,7 @@ typedef struct ilv_iter {
 	cwi_iter *input;
 	const cwi_node *node;
 	cwi_pipeline *pl;
+	uint64_t epoch; /* the iterator's (random streams draw from it) */
 	cwi_stats *stats;
 	size_t cycle, block;
 	bool parallel, deterministic, autoscale;
@@ -104,7 +105,7 @@ slot_open_seq(ilv_iter *m, ilv_slot *s, cachew_err *err, char **msg)
 {
 	cachew_err rv;
 
-	cwi_op_ctx_init(&s->ctx, m->node, m->pl);
+	cwi_op_ctx_init(&s->ctx, m->node, m->pl, m->epoch);
 	cwi_op_ctx_at(&s->ctx, s->index);
 	s->seq = NULL;
 	rv = m->node->fn->def.flat_open(&s->ctx, s->input, &s->seq);
@@ -737,6 +738,7 @@ ilv_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	m->node = node;
 	m->pl = args->pl;
+	m->epoch = args->epoch;
 	m->stats = cwi_pipeline_stats(args->pl, node);
 	m->cycle = (size_t)cwi_node_int(node, "cycle");
 	m->block = (size_t)cwi_node_int(node, "block");

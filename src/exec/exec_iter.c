@@ -218,13 +218,25 @@ cwi_iter_destroy(cwi_iter *it)
 
 /* ---- operator function contexts ------------------------------------------------------- */
 
+/* Keeps a function's per-epoch streams apart from the other seeds derived
+ * from its node's. */
+#define FN_EPOCH_TAG 0x65706f6368ULL /* "epoch" */
+
 void
-cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl)
+cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+    uint64_t epoch)
 {
+	uint64_t base;
+
 	memset(ctx, 0, sizeof(*ctx));
 	ctx->fn = node->fn;
 	ctx->state = node->fn_state;
-	ctx->base_seed = cwi_seed_derive(pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
+	base = cwi_seed_derive(pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
+	/* Each epoch (each repetition under repeat) draws anew, as a
+	 * reshuffling shuffle does; epoch 0 keeps the node's own streams, so
+	 * a single pass draws what it drew before epochs reached functions. */
+	ctx->base_seed = epoch == 0 ? base
+				    : cwi_seed_derive(base ^ FN_EPOCH_TAG, epoch);
 }
 
 void *
@@ -285,13 +297,13 @@ cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
 
 cachew_err
 cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
-    const cwi_element *in, uint64_t index)
+    uint64_t epoch, const cwi_element *in, uint64_t index)
 {
 	cachew_err rv;
 
 	memset(s, 0, sizeof(*s));
 	s->fn = node->fn;
-	cwi_op_ctx_init(&s->ctx, node, pl);
+	cwi_op_ctx_init(&s->ctx, node, pl, epoch);
 	cwi_op_ctx_at(&s->ctx, index);
 	rv = s->fn->def.flat_open(&s->ctx, in, &s->state);
 	if (rv != CACHEW_OK)
@@ -459,6 +471,7 @@ cwi_exec_iterator_create(
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
 					    : cwi_fresh_seed();
+	it->pl.job_seed = it->pl.seed;
 	return iterator_start(out, it);
 }
 
@@ -541,6 +554,7 @@ cwi_iterator_create_lease_tails(cachew_iterator **out, cwi_node *root,
 	it->pl.split_ranges = it->lease;
 	it->pl.nsplit_ranges = nranges;
 	it->pl.seed = cwi_split_lease_seed(seed, ranges, nranges);
+	it->pl.job_seed = seed;
 	return iterator_start(out, it);
 }
 
@@ -558,6 +572,7 @@ cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	it->pl.seed = seed;
+	it->pl.job_seed = seed;
 	it->release = release;
 	it->release_arg = arg;
 	return iterator_start(out, it);

@@ -108,6 +108,7 @@ typedef struct pmap_iter {
 	cwi_iter *input;
 	const cwi_node *node;
 	cwi_pipeline *pl;
+	uint64_t epoch;    /* the iterator's (random streams draw from it) */
 	cwi_stats *stats;
 	bool deterministic;
 	bool autoscale; /* parallel=auto */
@@ -343,7 +344,7 @@ pmap_worker(void *arg)
 	pmap_iter *m = w->op;
 	cachew_op_ctx ctx;
 
-	cwi_op_ctx_init(&ctx, m->node, m->pl);
+	cwi_op_ctx_init(&ctx, m->node, m->pl, m->epoch);
 	pthread_mutex_lock(&m->lock);
 	while (!m->stop && !m->cancel) {
 		if (w->id >= m->crew.active) {
@@ -621,6 +622,7 @@ pmap_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args,
 	m->base.async = true;
 	m->node = node;
 	m->pl = args->pl;
+	m->epoch = args->epoch;
 	m->stats = cwi_pipeline_stats(args->pl, node);
 	m->deterministic = cwi_node_bool(node, "deterministic") &&
 	    args->pl->opts.deterministic;
@@ -628,7 +630,7 @@ pmap_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args,
 	cap = m->autoscale ? (int)args->pl->opts.threads : (int)parallel;
 	if (cap < 1)
 		cap = 1;
-	cwi_op_ctx_init(&m->ctx, node, args->pl);
+	cwi_op_ctx_init(&m->ctx, node, args->pl, args->epoch);
 	cwi_sizer_init(&m->sizer, node->fn->def.cost_ns);
 	atomic_init(&m->halt, false);
 	atomic_init(&m->busy_ns, 0);
@@ -682,7 +684,7 @@ map_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	if (m == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	m->base.ops = &map_iter_ops;
-	cwi_op_ctx_init(&m->ctx, node, args->pl);
+	cwi_op_ctx_init(&m->ctx, node, args->pl, args->epoch);
 	rv = cwi_iter_create(&m->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {
 		free(m);

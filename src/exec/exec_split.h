@@ -17,14 +17,16 @@
  *   - shuffle's buffer holds elements of one lease only (the dispatcher
  *     hands splits out in source order);
  *   - interleave cycles through the files of one lease;
- *   - list_files(shuffle=true) shuffles the lease's files among
- *     themselves;
- *   - random functions draw from the lease's seed (cwi_split_lease_seed)
- *     and the element's index within the lease, so a lease replayed on
- *     another worker yields the same elements in the same order (with the
- *     default deterministic=true of map and interleave).
+ *   - random functions draw from the lease's seed (cwi_split_lease_seed),
+ *     the epoch and the element's index within the lease, so a lease
+ *     replayed on another worker at the same epoch yields the same
+ *     elements in the same order (with the default deterministic=true of
+ *     map and interleave), and a shuffle reshuffles by the epoch too.
+ * Not per lease: list_files(shuffle=true) orders its files by the job's
+ * seed (pl->job_seed) and the epoch, and its split unit i is the i-th file
+ * of that order, so the leases of an epoch partition one permutation.
  * A lease of every unit in order, starting at unit 0, yields exactly what
- * the plain in-process run yields.
+ * the plain in-process run yields at the same epoch.
  *
  * Thread safety: a plan is immutable once made; the functions are safe
  * from any thread.

@@ -87,7 +87,7 @@ filter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	if (f == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	f->base.ops = &filter_iter_ops;
-	cwi_op_ctx_init(&f->ctx, node, args->pl);
+	cwi_op_ctx_init(&f->ctx, node, args->pl, args->epoch);
 	rv = cwi_iter_create(&f->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {
 		free(f);
@@ -149,7 +149,8 @@ open_next(flat_map_iter *f, size_t want)
 			return rv;
 	}
 	e = f->in.v[f->pos++];
-	rv = cwi_seq_open(&f->seq, f->base.node, f->base.pl, e, f->index++);
+	rv = cwi_seq_open(&f->seq, f->base.node, f->base.pl, f->base.epoch, e,
+	    f->index++);
 	/* The sequence keeps what it needs of e. */
 	cwi_element_release(e);
 	return rv;

@@ -61,37 +61,45 @@ path_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Sorted like tf.data's list_files; shuffled by a seed mixed with the
- * epoch so that each epoch has its own order. An explicit seed alone fixes
- * the orders; with seed -1 the pipeline seed is mixed with the node's
- * fingerprint, so two list_files nodes of one pipeline differ.
- * Split unit i is the i-th path in sorted order: a lease reads its paths
- * in lease order, shuffled among themselves (by the lease's pipeline
- * seed, which is the job's for a lease starting at unit 0, so one lease of
- * everything is the plain run). */
-static cachew_err
-order_paths(char ***paths, size_t *n, const cwi_node *node,
+/* Sorted like tf.data's list_files; with shuffle=true, shuffled by a seed
+ * mixed with the epoch so that each epoch (each repetition under repeat)
+ * has its own order. An explicit seed alone fixes the orders; with seed -1
+ * the run's seed is mixed with the node's fingerprint, so two list_files
+ * nodes of one pipeline differ.
+ * Split unit i is the i-th path of the epoch's order, and the order is
+ * drawn from the job's seed (pl->job_seed), never the lease's: the leases
+ * of one epoch partition one permutation, which the dispatcher's splits
+ * walk in order (a new file order per epoch through the service, as
+ * in-process); a lease replayed elsewhere reads the same files; and a
+ * lease of every unit from unit 0 is the plain run. */
+static void
+shuffle_paths(char **paths, size_t n, const cwi_node *node,
     const cwi_iter_args *args)
 {
 	int64_t seed = cwi_node_int(node, "seed");
 	uint64_t base;
 	cwi_rng rng;
-	cachew_err rv;
 
-	qsort(*paths, *n, sizeof(char *), path_cmp);
-	rv = cwi_split_select_paths(args, node, paths, n);
-	if (rv != CACHEW_OK || !cwi_node_bool(node, "shuffle"))
-		return rv;
 	base = seed >= 0 ? (uint64_t)seed
-			 : cwi_seed_derive(args->pl->seed, node->seed_fp.hi ^ node->seed_fp.lo);
+			 : cwi_seed_derive(args->pl->job_seed,
+			       node->seed_fp.hi ^ node->seed_fp.lo);
 	rng.state = cwi_seed_derive(base, args->epoch);
-	for (size_t i = *n; i > 1; i--) {
+	for (size_t i = n; i > 1; i--) {
 		size_t j = (size_t)cwi_rng_below(&rng, i);
-		char *tmp = (*paths)[i - 1];
-		(*paths)[i - 1] = (*paths)[j];
-		(*paths)[j] = tmp;
+		char *tmp = paths[i - 1];
+		paths[i - 1] = paths[j];
+		paths[j] = tmp;
 	}
-	return CACHEW_OK;
+}
+
+static cachew_err
+order_paths(char ***paths, size_t *n, const cwi_node *node,
+    const cwi_iter_args *args)
+{
+	qsort(*paths, *n, sizeof(char *), path_cmp);
+	if (cwi_node_bool(node, "shuffle"))
+		shuffle_paths(*paths, *n, node, args);
+	return cwi_split_select_paths(args, node, paths, n);
 }
 
 /* Packs the paths into one buffer so that each element is a view. */
