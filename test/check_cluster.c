@@ -205,9 +205,9 @@ START_TEST(cluster_random_functions_and_file_orders_draw_from_the_epoch)
 	static const char *const rnd = "range(3000) | map(uniform) | batch(10)";
 	char files[900], rep[200];
 	char *seq[2][3]; /* [pipeline][epoch 0, epoch 1, epoch 0 again] */
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	write_numbered_files(c.dir);
 	snprintf(files, sizeof(files), "list_files(\"%s/f*.txt\") | read_file",
 	    c.dir);
@@ -251,7 +251,7 @@ START_TEST(cluster_random_functions_and_file_orders_draw_from_the_epoch)
 	for (int i = 0; i < 2; i++)
 		for (int k = 0; k < 3; k++)
 			free(seq[i][k]);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
@@ -1057,11 +1057,11 @@ END_TEST
 
 START_TEST(cluster_named_job_reads_its_epoch)
 {
-	cluster c;
+	cwt_cluster c;
 
-	cluster_start(&c, 1);
+	cwt_cluster_start(&c, 1);
 	check_named_job_epoch(c.dispatcher.url, c.dispatcher.url);
-	cluster_stop(&c);
+	cwt_cluster_stop(&c);
 }
 END_TEST
 
