@@ -178,15 +178,244 @@ START_TEST(exact_tfdata_behaviours_cluster)
 }
 END_TEST
 
+/* ---- chaos: workers die, stall, drain and lose replies ------------------- */
+
+/* A client reading range(n) | map(sleep_us) through the service, counting
+ * every value it gets. */
+typedef struct reader {
+	const char *url;
+	const char *job_name; /* NULL: a private job */
+	int n, us;
+	int timeout_ms;
+	uint8_t *seen;
+	atomic_int received;
+	cachew_err rv;
+	char err[512];
+} reader;
+
+static void *
+reader_main(void *arg)
+{
+	reader *a = arg;
+	cachew_options *o = cwt_opts(11, 1);
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	char p[128];
+
+	snprintf(p, sizeof(p), "range(%d) | map(sleep_us, us=%d)", a->n,
+	    a->us);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", a->url),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_int(o, "service_timeout_ms",
+			     a->timeout_ms), CACHEW_OK);
+	if (a->job_name != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "job_name",
+				     a->job_name), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	a->rv = cachew_iterator_create(&it, ds, o);
+	if (a->rv == CACHEW_OK) {
+		while ((a->rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+			int64_t x = cwt_i64(e, 0);
+			if (x >= 0 && x < a->n && a->seen[x] < 255)
+				a->seen[x]++;
+			atomic_fetch_add(&a->received, 1);
+			cachew_element_release(e);
+		}
+		snprintf(a->err, sizeof(a->err), "%s",
+		    cachew_iterator_errmsg(it));
+		cachew_iterator_destroy(it);
+	} else {
+		snprintf(a->err, sizeof(a->err), "%s", cachew_errmsg());
+	}
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return NULL;
+}
+
+static uint64_t
+rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static int
+total_received(reader *r, int nr)
+{
+	int n = 0;
+
+	for (int i = 0; i < nr; i++)
+		n += atomic_load(&r[i].received);
+	return n;
+}
+
+/* A live worker, at random (-1: none). */
+static int
+pick_worker(const cwt_cluster *c, uint64_t *rng)
+{
+	int live[CWT_CLUSTER_MAX_WORKERS], n = 0;
+
+	for (int i = 0; i < c->nworkers; i++)
+		if (c->workers[i].pid > 0)
+			live[n++] = i;
+	return n > 0 ? live[rng_next(rng) % (uint64_t)n] : -1;
+}
+
+enum { CHAOS_KILL, CHAOS_STALL, CHAOS_DRAIN, CHAOS_NACTIONS };
+
+/* One worker, at a moment chosen by rng, is killed (SIGKILL, a new one
+ * starts), stalled past the worker timeout (SIGSTOP 2.5 s: declared dead,
+ * then it comes back), or drained (SIGTERM, a new one starts). */
+static const char *
+chaos_act(cwt_cluster *c, uint64_t *rng, int kinds)
+{
+	int action = (int)(rng_next(rng) % (uint64_t)kinds);
+	int w = pick_worker(c, rng);
+
+	if (w < 0 || c->nworkers == CWT_CLUSTER_MAX_WORKERS)
+		return "none";
+	switch (action) {
+	case CHAOS_KILL:
+		cwt_daemon_stop(&c->workers[w], SIGKILL);
+		cwt_cluster_worker_start(c, c->nworkers++);
+		return "kill";
+	case CHAOS_STALL:
+		kill(c->workers[w].pid, SIGSTOP);
+		cwt_nap_ms(2500);
+		kill(c->workers[w].pid, SIGCONT);
+		return "stall";
+	default:
+		cwt_daemon_stop(&c->workers[w], SIGTERM);
+		cwt_cluster_worker_start(c, c->nworkers++);
+		return "drain";
+	}
+}
+
+/*
+ * One chaos run: 4 workers, nreaders clients (2: one shared job), n
+ * distinct elements; `actions` disturbances at moments drawn from seed
+ * (after 5..80% of the elements arrived), of the first `kinds` kinds; with
+ * `faults`, workers also lose 1% of their replies by timeout and 1% by
+ * connection reset. Every element must arrive exactly once. Returns the
+ * epoch's wall time in ms.
+ */
+static uint64_t
+chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults)
+{
+	cwt_cluster c;
+	reader r[2];
+	pthread_t th[2];
+	uint64_t rng = seed * 0x9e3779b97f4a7c15ULL + 7, t0, ms;
+	char env[64], what[128] = "";
+	int n = 6000, missing = 0, repeated = 0;
+
+	if (faults) {
+		snprintf(env, sizeof(env), "drop=0.01,reset=0.01,seed=%llu",
+		    (unsigned long long)seed);
+		setenv("CACHEW_FAULTS", env, 1);
+	}
+	cwt_cluster_start(&c, 4);
+	unsetenv("CACHEW_FAULTS");
+	memset(r, 0, sizeof(r));
+	t0 = cwt_now_ms();
+	for (int i = 0; i < nreaders; i++) {
+		r[i].url = c.dispatcher.url;
+		r[i].job_name = nreaders > 1 ? "chaos" : NULL;
+		r[i].n = n;
+		r[i].us = 500;
+		r[i].timeout_ms = faults ? 1500 : 30000;
+		r[i].seen = calloc((size_t)n, 1);
+		ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main,
+				     &r[i]), 0);
+	}
+	for (int k = 0; k < actions; k++) {
+		int at = n / 20 + (int)(rng_next(&rng) % (uint64_t)(n * 3 / 4));
+		uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(30000);
+		while (total_received(r, nreaders) < at &&
+		       cwt_now_ms() < deadline)
+			cwt_nap_ms(2);
+		if (total_received(r, nreaders) >= n)
+			break;
+		snprintf(what + strlen(what), sizeof(what) - strlen(what),
+		    "%s%s@%d", k > 0 ? "," : "", chaos_act(&c, &rng, kinds),
+		    total_received(r, nreaders));
+	}
+	for (int i = 0; i < nreaders; i++)
+		pthread_join(th[i], NULL);
+	ms = cwt_now_ms() - t0;
+	for (int i = 0; i < nreaders; i++)
+		ck_assert_msg(r[i].rv == CACHEW_EOF, "seed %llu (%s): client "
+		    "%d: %s", (unsigned long long)seed, what, i, r[i].err);
+	for (int v = 0; v < n; v++) {
+		int got = 0;
+		for (int i = 0; i < nreaders; i++)
+			got += r[i].seen[v];
+		missing += got == 0;
+		repeated += got > 1 ? got - 1 : 0;
+	}
+	fprintf(stderr, "chaos seed=%llu readers=%d faults=%d actions=%s "
+	    "elements=%d missing=%d repeated=%d epoch_ms=%llu\n",
+	    (unsigned long long)seed, nreaders, faults, what[0] ? what : "none",
+	    n, missing, repeated, (unsigned long long)ms);
+	ck_assert_msg(missing == 0 && repeated == 0, "seed %llu (%s): %d "
+	    "missing, %d repeated", (unsigned long long)seed, what, missing,
+	    repeated);
+	for (int i = 0; i < nreaders; i++)
+		free(r[i].seen);
+	cwt_cluster_stop(&c);
+	return ms;
+}
+
+/* How many seeds each chaos test runs: CWT_CHAOS_SEEDS (make chaos sets
+ * it), else 1. */
+static int
+chaos_seeds(void)
+{
+	const char *e = getenv("CWT_CHAOS_SEEDS");
+	int n = e != NULL ? atoi(e) : 1;
+
+	return n > 0 ? n : 1;
+}
+
+START_TEST(chaos_private_job_workers_die)
+{
+	for (int i = 0; i < chaos_seeds(); i++)
+		(void)chaos_run(1000 + (uint64_t)i, 1, 2, CHAOS_NACTIONS, false);
+}
+END_TEST
+
+START_TEST(chaos_shared_job_workers_die)
+{
+	for (int i = 0; i < chaos_seeds(); i++)
+		(void)chaos_run(2000 + (uint64_t)i, 2, 2, CHAOS_NACTIONS, false);
+}
+END_TEST
+
+START_TEST(chaos_replies_lost)
+{
+	for (int i = 0; i < chaos_seeds(); i++)
+		(void)chaos_run(3000 + (uint64_t)i, 1 + i % 2, 1, 1, true);
+}
+END_TEST
+
 Suite *
 cwt_exact_suite(void)
 {
 	Suite *s = suite_create("exact");
 	TCase *tc = tcase_create("exact");
+	TCase *chaos = tcase_create("chaos");
 
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, exact_tfdata_behaviours_embedded);
 	tcase_add_test(tc, exact_tfdata_behaviours_cluster);
 	suite_add_tcase(s, tc);
+	tcase_set_timeout(chaos, 3600);
+	tcase_add_test(chaos, chaos_private_job_workers_die);
+	tcase_add_test(chaos, chaos_shared_job_workers_die);
+	tcase_add_test(chaos, chaos_replies_lost);
+	suite_add_tcase(s, chaos);
 	return s;
 }

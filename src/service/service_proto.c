@@ -413,6 +413,7 @@ static const field f_get_elements[] = {
     I64D(cwi_msg_get_elements, ram_budget, 0),
     BOOL(cwi_msg_get_elements, deterministic),
     BOOL(cwi_msg_get_elements, autotune),
+    U32(cwi_msg_get_elements, wait_ms, 0),
 };
 
 static const field f_split_end[] = {

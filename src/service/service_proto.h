@@ -497,6 +497,11 @@ typedef struct cwi_msg_get_elements {
 	int64_t ram_budget;
 	bool deterministic;
 	bool autotune;
+	/* The longest the worker may hold the request while it has nothing
+	 * to send before it answers with no elements (0: no limit): the
+	 * client's request times out after its service timeout, which a
+	 * slow epoch's end (every split leased elsewhere) must not reach. */
+	uint32_t wait_ms;
 } cwi_msg_get_elements;
 
 /* "Split split_id ended after the first `after` elements of this reply." */

@@ -395,6 +395,17 @@ cwi_client_send_get(session *s, size_t slot, const cwi_msg_get_elements *g,
 	return CACHEW_OK;
 }
 
+/* How long a worker may hold a request with nothing to send (a third of
+ * the service timeout, 100 ms to 10 s): it then answers empty, and the
+ * request does not time out as if the worker were gone. */
+static uint32_t
+hold_ms(const session *s)
+{
+	int64_t ms = s->ctx->opts.service_timeout_ms / 3;
+
+	return (uint32_t)(ms < 100 ? 100 : ms > 10000 ? 10000 : ms);
+}
+
 static void
 send_requests(session *s)
 {
@@ -436,6 +447,7 @@ send_requests(session *s)
 			g.client_id = s->client_id;
 			g.max_bytes = reply_bytes;
 			g.compression = cwi_client_ask_compression(s, t);
+			g.wait_ms = hold_ms(s);
 			if (cwi_client_send_get(s, i, &g, TAG_DATA_BASE + i) !=
 			    CACHEW_OK)
 				t->retry_at_ns = now + 100000000u;

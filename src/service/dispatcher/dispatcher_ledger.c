@@ -238,6 +238,34 @@ ring_peek(struct split_ledger *l, uint64_t *id)
 	return false;
 }
 
+/* Removes the pool's entries of splits first..first+n-1: those at its
+ * head (where a released group's members are, in order) at once, any
+ * other by a scan. */
+static void
+ring_take_members(struct split_ledger *l, uint64_t first, uint64_t n)
+{
+	uint64_t w = 0;
+	bool other = false;
+
+	while (l->ring_len > 0 && l->ring[l->ring_head] >= first &&
+	       l->ring[l->ring_head] < first + n) {
+		l->ring_head = (l->ring_head + 1) % l->nsplits;
+		l->ring_len--;
+	}
+	for (uint64_t i = 0; i < l->ring_len; i++) {
+		uint64_t s = l->ring[(l->ring_head + i) % l->nsplits];
+		other |= s >= first && s < first + n;
+	}
+	if (!other)
+		return;
+	for (uint64_t i = 0; i < l->ring_len; i++) {
+		uint64_t s = l->ring[(l->ring_head + i) % l->nsplits];
+		if (s < first || s >= first + n)
+			l->ring[(l->ring_head + w++) % l->nsplits] = s;
+	}
+	l->ring_len = w;
+}
+
 /* Exactly once: a lease is one group. A group leased before comes back
  * whole, with its ranges and the elements its clients already have
  * (skip); a new one takes up to `want` consecutive splits never leased. */
@@ -255,6 +283,10 @@ lease_group(cwi_dispatcher *d, task *t, uint64_t want,
 	g = &l->splits[first];
 	if (l->splits[id].group != NO_GROUP) {
 		n = g->gsize;
+		/* The group went back to the front of the pool together: its
+		 * other members' entries go with this one, so that no split
+		 * is ever in the pool twice (it holds nsplits entries). */
+		ring_take_members(l, first, n);
 	} else {
 		uint64_t next;
 		while (n < want && ring_peek(l, &next) && next == first + n &&

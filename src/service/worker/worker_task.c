@@ -31,6 +31,70 @@
 #define ZSTD_POOR_RATIO 0.9
 #define ZSTD_RETRY 32u
 
+/* ---- fault injection (tests only) ------------------------------------------ */
+
+/*
+ * CACHEW_FAULTS="drop=P,reset=P,seed=S" makes a worker lose data replies on
+ * purpose, as a flaky network would: with probability P each, a reply that
+ * carries elements is not sent (the client's request times out) or the
+ * client's connection is reset instead (its requests fail at once). The
+ * elements are gone. For the chaos tests (test/check_exact.c, make chaos);
+ * unset, nothing is drawn.
+ */
+static struct {
+	pthread_once_t once;
+	double drop, reset;
+	pthread_mutex_t lock;
+	uint64_t rng;
+} faults = {PTHREAD_ONCE_INIT, 0, 0, PTHREAD_MUTEX_INITIALIZER, 0};
+
+static void
+faults_load(void)
+{
+	const char *env = getenv("CACHEW_FAULTS");
+	unsigned long long seed = 1;
+	char key[16];
+	double v;
+	int used;
+
+	if (env == NULL)
+		return;
+	while (sscanf(env, " %15[a-z] = %lf%n", key, &v, &used) == 2) {
+		if (strcmp(key, "drop") == 0)
+			faults.drop = v;
+		else if (strcmp(key, "reset") == 0)
+			faults.reset = v;
+		else if (strcmp(key, "seed") == 0)
+			seed = (unsigned long long)v;
+		env += used;
+		if (*env == ',')
+			env++;
+	}
+	faults.rng = seed * 0x9e3779b97f4a7c15ULL + 1;
+	if (faults.drop > 0 || faults.reset > 0)
+		cwi_log(CACHEW_LOG_WARN, "worker", "event=fault_injection "
+		    "drop=%.4f reset=%.4f seed=%llu", faults.drop,
+		    faults.reset, seed);
+}
+
+/* 0: send; 1: drop the reply; 2: reset the connection. */
+static int
+fault_roll(void)
+{
+	double u;
+
+	pthread_once(&faults.once, faults_load);
+	if (faults.drop <= 0 && faults.reset <= 0)
+		return 0;
+	pthread_mutex_lock(&faults.lock);
+	faults.rng ^= faults.rng << 13;
+	faults.rng ^= faults.rng >> 7;
+	faults.rng ^= faults.rng << 17;
+	u = (double)(faults.rng >> 11) / 9007199254740992.0;
+	pthread_mutex_unlock(&faults.lock);
+	return u < faults.drop ? 1 : u < faults.drop + faults.reset ? 2 : 0;
+}
+
 
 /* ---- creation ------------------------------------------------------------ */
 
@@ -586,7 +650,15 @@ send_ready(cwi_wtask *t, ready_reply *v, size_t n)
 				    cwi_errmsg_get());
 			}
 		}
-		if (v[i].msg != NULL) {
+		int fault = v[i].msg != NULL && cwi_msg_count(v[i].msg) > 0
+		    ? fault_roll() : 0;
+		if (fault != 0) {
+			cwi_msg_destroy(v[i].msg);
+			if (fault == 1)
+				cwi_request_drop(v[i].r);
+			else
+				cwi_request_reject(v[i].r, "fault injection");
+		} else if (v[i].msg != NULL) {
 			if (cwi_request_reply(v[i].r, v[i].msg) != CACHEW_OK)
 				cwi_msg_destroy(v[i].msg);
 		} else if (v[i].st.proto) {
@@ -668,6 +740,9 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 			t->held[t->nheld].r = r;
 			t->held[t->nheld].m = *m;
 			t->held[t->nheld].remote = remote;
+			t->held[t->nheld].expire_ns = m->wait_ms > 0 &&
+			    t->ncons == 0
+			    ? cwi_now_ns() + (uint64_t)m->wait_ms * 1000000u : 0;
 			t->nheld++;
 			one.r = NULL;
 		} else {
@@ -1164,9 +1239,48 @@ task_done_locked(const cwi_wtask *t)
 	return t->produced_all && t->qlen == 0;
 }
 
+/* Held requests past their wait_ms get a reply with no elements (in
+ * arrival order, each with its client's next seq), so that the client's
+ * request does not time out while the task has nothing for it. */
+static void
+expire_held(cwi_wtask *t)
+{
+	uint64_t now = cwi_now_ns();
+	ready_reply *v = NULL;
+	size_t n = 0, cap = 0, keep = 0;
+
+	pthread_mutex_lock(&t->lock);
+	for (size_t i = 0; i < t->nheld; i++) {
+		held_req *h = &t->held[i];
+		client_rec *c = cwi_wtask_client_get(t, h->m.client_id);
+		cwi_msg *msg = NULL;
+		cwi_pmsg rep;
+
+		if (h->expire_ns == 0 || now < h->expire_ns || c == NULL ||
+		    !CWI_GROW(v, cap, n + 1) || cwi_msg_create(&msg) !=
+		    CACHEW_OK) {
+			t->held[keep++] = *h;
+			continue;
+		}
+		memset(&v[n], 0, sizeof(v[n]));
+		cwi_wtask_reply_init(&rep, t, c, &h->m, h->remote, 0,
+		    &v[n].st);
+		rep.u.get_elements_reply.queued_bytes = t->qbytes;
+		v[n].r = h->r;
+		v[n].msg = cwi_wtask_reply_finish(msg, &rep, &v[n].st);
+		n++;
+	}
+	t->nheld = keep;
+	pthread_mutex_unlock(&t->lock);
+	send_ready(t, v, n);
+	free(v);
+}
+
 cachew_err
 cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
 {
+	if (!t->inline_run)
+		expire_held(t);
 	memset(rep, 0, sizeof(*rep));
 	pthread_mutex_lock(&t->lock);
 	rep->task_id = t->id;

@@ -59,6 +59,7 @@ typedef struct held_req {
 	cwi_request *r;
 	cwi_msg_get_elements m;
 	bool remote; /* the client is in another process: may compress */
+	uint64_t expire_ns; /* answer with no elements then (0: never) */
 } held_req;
 
 /* Coordinated reads: a split whose end marker was met while a round was
