@@ -428,6 +428,54 @@ START_TEST(range_units_count_without_overflow)
 }
 END_TEST
 
+/* Leases at both ends of the int64 domain: unit u is start + u * step
+ * without overflow, for 2^64 - 1 units and for steps near the limits. */
+static void
+check_range_lease(const char *pipeline, uint64_t units, uint64_t begin,
+    uint64_t end, const char *want)
+{
+	cwi_split_plan *p = plan_of(pipeline);
+	cwi_unit_range r = {begin, end};
+	elems got = {0};
+	char *s;
+
+	ck_assert_msg(p->units == units, "%s: %llu units", pipeline,
+	    (unsigned long long)p->units);
+	run_lease(p, &r, 1, 1, &got);
+	s = cwt_join_i64(got.v, got.n, 0);
+	ck_assert_msg(strcmp(s, want) == 0, "%s [%llu, %llu): %s", pipeline,
+	    (unsigned long long)begin, (unsigned long long)end, s);
+	free(s);
+	elems_free(&got);
+	cwi_split_plan_destroy(p);
+}
+
+START_TEST(range_leases_span_the_int64_domain)
+{
+	const char *all = "range(-9223372036854775808, "
+			  "9223372036854775807)";
+	const char *down = "range(10, -9223372036854775808, -1)";
+
+	check_range_lease(all, UINT64_MAX, 0, 2,
+	    "-9223372036854775808,-9223372036854775807");
+	check_range_lease(all, UINT64_MAX, UINT64_MAX - 2, UINT64_MAX,
+	    "9223372036854775805,9223372036854775806");
+	check_range_lease(all, UINT64_MAX, (uint64_t)1 << 63,
+	    ((uint64_t)1 << 63) + 1, "0");
+	/* 2^63 + 10 units, past INT64_MAX (the service said "negative"). */
+	check_range_lease(down, ((uint64_t)1 << 63) + 10, 0, 2, "10,9");
+	check_range_lease(down, ((uint64_t)1 << 63) + 10,
+	    ((uint64_t)1 << 63) + 8, ((uint64_t)1 << 63) + 10,
+	    "-9223372036854775806,-9223372036854775807");
+	check_range_lease("range(-9223372036854775808, "
+			  "9223372036854775807, 9223372036854775807)",
+	    3, 1, 3, "-1,9223372036854775806");
+	check_range_lease("range(9223372036854775807, "
+			  "-9223372036854775808, -9223372036854775808)",
+	    2, 0, 2, "9223372036854775807,-1");
+}
+END_TEST
+
 START_TEST(from_list_and_from_tensors_split_by_item)
 {
 	check_splits("from_list([(1, \"a\"), (2, \"b\"), (3, \"c\"), (4, \"d\"), "
@@ -1320,6 +1368,7 @@ cwt_split_suite(void)
 	tcase_add_checked_fixture(src, setup, NULL);
 	tcase_add_test(src, range_splits_by_element);
 	tcase_add_test(src, range_units_count_without_overflow);
+	tcase_add_test(src, range_leases_span_the_int64_domain);
 	tcase_add_test(src, from_list_and_from_tensors_split_by_item);
 	tcase_add_test(src, list_files_splits_by_sorted_file);
 	tcase_add_test(src, text_lines_splits_by_file);

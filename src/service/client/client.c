@@ -821,7 +821,8 @@ join_job(session *s)
 	req.u.dataset_register.fingerprint = ctx->plan->worker_fp;
 	req.u.dataset_register.graph = ctx->graph;
 	req.u.dataset_register.graph_len = ctx->graph_len;
-	req.u.dataset_register.split_units = (int64_t)ctx->plan->units;
+	req.u.dataset_register.splittable = ctx->plan->source != NULL;
+	req.u.dataset_register.split_units = ctx->plan->units;
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_DATASET_REGISTER_REPLY, total, &s->closing, &rep);
 	req.u.dataset_register.graph = NULL; /* borrowed */

@@ -665,7 +665,7 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		return cwi_fail(CACHEW_EINVAL, "worker policy 'fixed' needs "
 					       "num_workers > 0");
 	if (r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH &&
-	    ds->split_units < 0)
+	    !ds->splittable)
 		return cwi_fail(CACHEW_EINVAL, "dataset %" PRIu64 " has no "
 					       "splittable source: "
 					       "distributed_epoch needs one "
@@ -1350,10 +1350,6 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	d->now = now_ns;
 	if (req->graph_len == 0)
 		return cwi_fail(CACHEW_EINVAL, "dataset_register: empty graph");
-	if (req->split_units < -1)
-		return cwi_fail(CACHEW_EINVAL, "dataset_register: split_units "
-					       "%" PRId64 " is negative",
-		    req->split_units);
 	for (size_t i = 0; i < d->datasets.n; i++) {
 		ds = DATASET(d, i);
 		if (ds->fp.hi == req->fingerprint.hi &&
@@ -1374,14 +1370,18 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	memcpy(ds->graph, req->graph, req->graph_len);
 	ds->graph_len = req->graph_len;
 	ds->fp = req->fingerprint;
-	ds->split_units = req->split_units;
+	ds->split_units = req->splittable ? req->split_units : 0;
+	ds->splittable = req->splittable;
 	ds->last_used_ns = now_ns;
 	ds->id = d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
 	cwi_disp_ev_begin(d, "dataset_registered");
 	cwi_disp_ev_u64(d, "dataset_id", ds->id);
 	cwi_disp_ev_str(d, "fingerprint", hex);
-	cwi_disp_ev_i64(d, "split_units", ds->split_units);
+	if (ds->splittable)
+		cwi_disp_ev_u64(d, "split_units", ds->split_units);
+	else
+		cwi_disp_ev_i64(d, "split_units", -1);
 	cwi_disp_ev_end(d);
 	rep->dataset_id = ds->id;
 	rep->created = true;
