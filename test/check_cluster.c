@@ -173,6 +173,28 @@ END_TEST
 
 /* ---- every pipeline runs on the service (issue 20, item 5) ---------------- */
 
+/* Waits until every started worker has registered with the dispatcher, so
+ * that a job created next gets a task on each. */
+static void
+wait_registered(const cluster *c)
+{
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+
+	for (int i = 0; i < c->nworkers; i++) {
+		char *log = NULL;
+		while ((log = cwt_slurp(c->workers[i].log)) != NULL &&
+		       strstr(log, "event=registered") == NULL &&
+		       cwt_now_ms() < deadline) {
+			free(log);
+			cwt_nap_ms(10);
+		}
+		ck_assert_msg(log != NULL &&
+			strstr(log, "event=registered") != NULL,
+		    "worker %d never registered", i);
+		free(log);
+	}
+}
+
 /* The i64 sequence of a pipeline through `service` in `mode`. */
 static char *
 seq_in_mode(const char *pipeline, const char *service, const char *mode)
@@ -250,6 +272,121 @@ START_TEST(embedded_sources_span_the_int64_domain)
 		free(local);
 		cachew_options_destroy(o);
 	}
+}
+END_TEST
+
+/* Pipelines without a split source: zip and concatenate of several
+ * sources, a source read twice, and one that spans the int64 domain. */
+static const char *const joined_pipelines[] = {
+    "zip(range(300), range(300) | map(mul, value=2))",
+    "range(200) | concatenate(from_list([7, 8, 9]) | map(add, value=1)) | "
+    "batch(16)",
+    "zip(range(-9223372036854775808, 9223372036854775807, "
+    "1537228672809129301), range(13) | shuffle(5)) | map(add, value=1)",
+};
+
+/* Through `service` with `nworkers` workers: in distributed_epoch one
+ * worker runs the pipeline whole, so the elements are the in-process
+ * multiset; in parallel_epochs every worker does, so each element comes
+ * nworkers times. A client part (take) runs over the service's stream. */
+static void
+assert_joined(const char *service, int nworkers)
+{
+	for (size_t i = 0; i < sizeof(joined_pipelines) / sizeof(*joined_pipelines); i++) {
+		run_sum local = run_digest(joined_pipelines[i], "local", NULL);
+		run_sum d = run_digest_mode(joined_pipelines[i], service, NULL,
+		    "distributed_epoch", nworkers);
+		run_sum p = run_digest_mode(joined_pipelines[i], service, NULL,
+		    "parallel_epochs", nworkers);
+		ck_assert_msg(d.n == local.n && d.digest == local.digest,
+		    "%s on %s, distributed_epoch: %" PRIu64 " elements, "
+		    "in-process %" PRIu64, joined_pipelines[i], service, d.n, local.n);
+		ck_assert_msg(p.n == local.n * (uint64_t)nworkers &&
+			p.digest == local.digest * (uint64_t)nworkers,
+		    "%s on %s, parallel_epochs: %" PRIu64 " elements, "
+		    "in-process %" PRIu64 " x %d", joined_pipelines[i], service, p.n,
+		    local.n, nworkers);
+	}
+	char *local = seq_in_mode("zip(range(50), range(50, 100)) | take(7)",
+	    "local", "distributed_epoch");
+	char *got = seq_in_mode("zip(range(50), range(50, 100)) | take(7)",
+	    service, "distributed_epoch");
+	ck_assert_str_eq(got, local);
+	free(got);
+	free(local);
+}
+
+START_TEST(cluster_zip_and_concatenate_run_in_both_modes)
+{
+	const char *wide = "range(-9223372036854775808, 9223372036854775807, "
+			   "1537228672809129301)";
+	cluster c;
+
+	cluster_start(&c, 2);
+	wait_registered(&c);
+	assert_joined(c.dispatcher.url, 2);
+	/* A split source over the whole domain, split across both. */
+	run_sum local = run_digest(wide, "local", NULL);
+	run_sum remote = run_digest_mode(wide, c.dispatcher.url, NULL,
+	    "distributed_epoch", 2);
+	ck_assert_uint_eq(local.n, 13);
+	ck_assert_uint_eq(remote.n, 13);
+	ck_assert_uint_eq(remote.digest, local.digest);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_zip_and_concatenate_run_on_the_service)
+{
+	assert_joined("embedded", 1);
+	assert_joined("embedded:2", 2);
+}
+END_TEST
+
+/* What the service cannot run, a pipeline whose graph is over the wire's
+ * limit (a zip of 40 literals of 900 KB: pipeline text stops at 1 MiB),
+ * is refused naming the mode that runs it; the default runs it on the
+ * plain executor. */
+START_TEST(service_refuses_an_oversized_graph_naming_service_local)
+{
+	static const char letters[] =
+	    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+	size_t len = 900000;
+	char *lit = malloc(len + 3);
+	cachew_dataset *in[40], *ds = NULL;
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_iterator *it = NULL;
+	cachew_element *e = NULL;
+
+	ck_assert_ptr_nonnull(lit);
+	for (int i = 0; i < 40; i++) {
+		lit[0] = '"';
+		memset(lit + 1, letters[i], len);
+		lit[len + 1] = '"';
+		lit[len + 2] = '\0';
+		ck_assert_msg(cachew_dataset_from_tensors(&in[i], lit) ==
+			CACHEW_OK, "%s", cachew_errmsg());
+	}
+	free(lit);
+	ck_assert_int_eq(cachew_dataset_zip(&ds, in, 40), CACHEW_OK);
+	for (int i = 0; i < 40; i++)
+		cachew_dataset_release(in[i]);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_ENOTSUP);
+	ck_assert_msg(strstr(cachew_errmsg(), "over the service's limit of "
+			  "33554432 (a large literal?); run it in-process "
+			  "(service=local)") != NULL, "%s", cachew_errmsg());
+	cachew_options_destroy(o);
+	o = cwt_opts(7, 1);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+	ck_assert_uint_eq(cachew_element_size(e), 40);
+	cachew_element_release(e);
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
+	cachew_iterator_destroy(it);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
 }
 END_TEST
 
@@ -1405,6 +1542,9 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
 	tcase_add_test(tc, cluster_sources_span_the_int64_domain);
 	tcase_add_test(tc, embedded_sources_span_the_int64_domain);
+	tcase_add_test(tc, cluster_zip_and_concatenate_run_in_both_modes);
+	tcase_add_test(tc, embedded_zip_and_concatenate_run_on_the_service);
+	tcase_add_test(tc, service_refuses_an_oversized_graph_naming_service_local);
 	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);
 	tcase_add_test(tc, embedded_stats_show_the_worker_part);

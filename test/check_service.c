@@ -1006,7 +1006,8 @@ add_worker(harness *h, const char *address)
 	return rep.worker_id;
 }
 
-/* A dataset of `units` split units, or without a split source. */
+/* A dataset of `units` split units, or without a split source (one unit,
+ * the whole pipeline). */
 static uint64_t
 add_dataset_units(harness *h, uint64_t fp, uint64_t units, bool splittable,
     bool *created)
@@ -1250,10 +1251,6 @@ START_TEST(test_dispatcher_job_request_checked)
 
 	ck_assert_int_eq(try_join(h, 99, NULL, &rep), CACHEW_ENOENT);
 	ck_assert_str_eq(cachew_errmsg(), "dataset 99 is not registered");
-	ck_assert_int_eq(try_join(h, unsplit, NULL, &rep), CACHEW_EINVAL);
-	ck_assert_str_eq(cachew_errmsg(), "dataset 2 has no splittable source: "
-					  "distributed_epoch needs one (use "
-					  "parallel_epochs)");
 	o.consumer_index = 2;
 	ck_assert_int_eq(try_join(h, ds, &o, &rep), CACHEW_EINVAL);
 	ck_assert_str_eq(cachew_errmsg(), "consumer_index 2 is not in 0..1");
@@ -1286,6 +1283,49 @@ START_TEST(test_dispatcher_split_size_targets_splits_per_worker)
 	ck_assert_uint_eq(js.splits_total, 15);
 	ck_assert_uint_eq(js.splits_pending, 15);
 	ck_assert_uint_eq(js.tasks, 2);
+	harness_free(h);
+}
+END_TEST
+
+/* A dataset without a split source (zip, concatenate, a source that
+ * cannot be split) runs in distributed_epoch as one split of one unit:
+ * one worker runs the pipeline whole, the others get no split. */
+START_TEST(test_dispatcher_dataset_without_split_source_is_one_split)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, -1, NULL), job, c, w1, w2;
+	cwi_msg_split_lease_reply l1, l2;
+	cwi_msg_status_reply st;
+	cwi_job_status js;
+
+	w1 = add_worker(h, "tcp://w1:1");
+	w2 = add_worker(h, "tcp://w2:1");
+	join(h, ds, NULL, &job, &c);
+	js = job_status(h, job);
+	ck_assert_uint_eq(js.units_per_split, 1);
+	ck_assert_uint_eq(js.splits_total, 1);
+	ck_assert_uint_eq(js.tasks, 2);
+	ck_assert_int_eq(lease(h, w1, task_of(h, w1, job, NULL), 4, &l1),
+	    CACHEW_OK);
+	ck_assert_uint_eq(l1.nsplits, 1);
+	ck_assert_uint_eq(l1.splits[0].begin, 0);
+	ck_assert_uint_eq(l1.splits[0].end, 1);
+	ck_assert_int_eq(lease(h, w2, task_of(h, w2, job, NULL), 4, &l2),
+	    CACHEW_OK);
+	ck_assert_uint_eq(l2.nsplits, 0);
+	ck_assert(!l2.end_of_splits); /* w1 may die: then it is w2's */
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l2);
+	ack(h, job, c, &l1.splits[0].split_id, 1);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l1);
+	ck_assert(has_event(h, "\"event\":\"epoch_done\",\"job_id\":1,"
+			       "\"splits\":1}"));
+	ck_assert(has_event(h, "\"event\":\"dataset_registered\","
+			       "\"dataset_id\":1,\"fingerprint\":"
+			       "\"00000000000000010000000000000003\","
+			       "\"split_units\":-1}"));
+	ck_assert_int_eq(cwi_dispatcher_status(h->d, h->now, &st), CACHEW_OK);
+	ck_assert(!st.datasets[0].splittable);
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	harness_free(h);
 }
 END_TEST
@@ -2716,6 +2756,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_named_job_shared_unnamed_private);
 	tcase_add_test(disp, test_dispatcher_job_request_checked);
 	tcase_add_test(disp, test_dispatcher_split_size_targets_splits_per_worker);
+	tcase_add_test(disp, test_dispatcher_dataset_without_split_source_is_one_split);
 	tcase_add_test(disp, test_dispatcher_splits_cover_uint64_max_units);
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);
 	tcase_add_test(disp, test_dispatcher_unused_datasets_are_dropped);

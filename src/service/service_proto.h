@@ -221,8 +221,9 @@ typedef struct cwi_msg_dataset_register {
 	cachew_fingerprint fingerprint;
 	uint8_t *graph;
 	size_t graph_len;
-	/* The units of the split source (0..2^64-1) when splittable. One
-	 * wire field, `split_units`: the count, or -1 for not splittable. */
+	/* The units of the split source (0..2^64-1) when splittable; else
+	 * the pipeline has none and runs whole, as one unit. One wire field,
+	 * `split_units`: the count, or -1 for not splittable. */
 	uint64_t split_units;
 	bool splittable;
 } cwi_msg_dataset_register;

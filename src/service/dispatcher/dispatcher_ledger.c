@@ -68,9 +68,10 @@ split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
 }
 
 /* Groups the dataset's units into about splits_per_worker splits per
- * available worker (at least one unit each). Units go up to 2^64 - 1
- * (range(INT64_MIN, INT64_MAX)): the ceilings below are quotient plus
- * one, never (n + want - 1) / want, which would wrap. */
+ * available worker (at least one unit each). A dataset without a
+ * splittable source is one unit, the whole pipeline: one split. Units go
+ * up to 2^64 - 1 (range(INT64_MIN, INT64_MAX)): the ceilings below are
+ * quotient plus one, never (n + want - 1) / want, which would wrap. */
 cachew_err
 cwi_ledger_init(cwi_dispatcher *d, job *j)
 {
@@ -84,8 +85,10 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
 
-	l->nunits = j->pass.graph != NULL ? j->pass.units
-					  : j->ds->split_units;
+	if (j->pass.graph != NULL)
+		l->nunits = j->pass.units;
+	else
+		l->nunits = j->ds->splittable ? j->ds->split_units : 1;
 	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
 	if (want > CWI_PROTO_MAX_SPLITS)
 		want = CWI_PROTO_MAX_SPLITS;

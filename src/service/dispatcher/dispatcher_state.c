@@ -644,8 +644,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 }
 
 static cachew_err
-job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
-    const dataset *ds)
+job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r)
 {
 	if (r->num_consumers > d->cfg.max_consumers)
 		return cwi_fail(CACHEW_EINVAL, "num_consumers %" PRIu32
@@ -664,13 +663,6 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (r->worker_policy == CWI_WORKERS_FIXED && r->num_workers == 0)
 		return cwi_fail(CACHEW_EINVAL, "worker policy 'fixed' needs "
 					       "num_workers > 0");
-	if (r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH &&
-	    !ds->splittable)
-		return cwi_fail(CACHEW_EINVAL, "dataset %" PRIu64 " has no "
-					       "splittable source: "
-					       "distributed_epoch needs one "
-					       "(use parallel_epochs)",
-		    ds->id);
 	if (r->job_name != NULL && r->job_name[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "empty job name (leave it out "
 					       "for a private job)");
@@ -838,7 +830,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		return cwi_fail(CACHEW_ENOENT, "dataset %" PRIu64 " is not "
 					       "registered",
 		    req->dataset_id);
-	rv = job_check_request(d, req, ds);
+	rv = job_check_request(d, req);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (req->job_name != NULL)
