@@ -49,9 +49,11 @@ typedef struct run_sum {
 	int64_t min, max; /* of component 0 when it is a scalar i64 */
 } run_sum;
 
+/* Also in a processing mode (NULL: the default), by `workers` workers
+ * (0: all). */
 static run_sum
-run_digest_at(const char *pipeline, const char *url, const char *job_name,
-    int64_t epoch)
+run_digest_full(const char *pipeline, const char *url, const char *job_name,
+    int64_t epoch, const char *mode, int workers)
 {
 	cachew_options *o = cwt_opts(7, 1);
 	cachew_element **v;
@@ -66,6 +68,12 @@ run_digest_at(const char *pipeline, const char *url, const char *job_name,
 		ck_assert_int_eq(cachew_options_set_str(o, "job_name", job_name),
 		    CACHEW_OK);
 	ck_assert_int_eq(cachew_options_set_int(o, "epoch", epoch), CACHEW_OK);
+	if (mode != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "processing_mode",
+				     mode), CACHEW_OK);
+	if (workers > 0)
+		ck_assert_int_eq(cachew_options_set_int(o, "workers", workers),
+		    CACHEW_OK);
 	cachew_err rv = cwt_run(pipeline, o, &v, &n, err, sizeof(err));
 	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, err);
 	for (size_t i = 0; i < n; i++) {
@@ -87,9 +95,23 @@ run_digest_at(const char *pipeline, const char *url, const char *job_name,
 }
 
 static run_sum
+run_digest_at(const char *pipeline, const char *url, const char *job_name,
+    int64_t epoch)
+{
+	return run_digest_full(pipeline, url, job_name, epoch, NULL, 0);
+}
+
+static run_sum
+run_digest_mode(const char *pipeline, const char *url, const char *job_name,
+    const char *mode, int workers)
+{
+	return run_digest_full(pipeline, url, job_name, 0, mode, workers);
+}
+
+static run_sum
 run_digest(const char *pipeline, const char *url, const char *job_name)
 {
-	return run_digest_at(pipeline, url, job_name, 0);
+	return run_digest_full(pipeline, url, job_name, 0, NULL, 0);
 }
 
 /* ---- the same multiset in-process and through the service ------------------ */
@@ -113,6 +135,225 @@ START_TEST(cluster_distributed_epoch_equals_in_process)
 		    pipelines[i], local.n, local.digest, remote.n, remote.digest);
 	}
 	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* ---- every pipeline runs on the service (issue 20, item 5) ---------------- */
+
+/* Waits until every started worker has registered with the dispatcher, so
+ * that a job created next gets a task on each. */
+static void
+wait_registered(const cwt_cluster *c)
+{
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+
+	for (int i = 0; i < c->nworkers; i++) {
+		char *log = NULL;
+		while ((log = cwt_slurp(c->workers[i].log)) != NULL &&
+		       strstr(log, "event=registered") == NULL &&
+		       cwt_now_ms() < deadline) {
+			free(log);
+			cwt_nap_ms(10);
+		}
+		ck_assert_msg(log != NULL &&
+			strstr(log, "event=registered") != NULL,
+		    "worker %d never registered", i);
+		free(log);
+	}
+}
+
+/* The i64 sequence of a pipeline through `service` in `mode`. */
+static char *
+seq_in_mode(const char *pipeline, const char *service, const char *mode)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	char *s;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(o, "processing_mode", mode),
+	    CACHEW_OK);
+	s = cwt_seq(pipeline, o);
+	cachew_options_destroy(o);
+	return s;
+}
+
+/* Sources over the whole int64 domain, whose unit counts pass INT64_MAX
+ * (range(10, INT64_MIN, -1) has 2^63 + 10 elements, range(INT64_MIN,
+ * INT64_MAX) 2^64 - 1), give through one worker what they give
+ * in-process; the dispatcher used to refuse them ("split_units ... is
+ * negative"). */
+static const char *const int64_domain[] = {
+    "range(10, -9223372036854775808, -1) | take(5)",
+    "range(-9223372036854775808, 9223372036854775807) | take(3)",
+    "range(-9223372036854775808, 9223372036854775807) | skip(5) | take(2)",
+    "range(9223372036854775807, -9223372036854775808, "
+    "-1537228672809129301)",
+};
+
+static void
+assert_int64_domain(const char *service)
+{
+	static const char *const modes[] = {"distributed_epoch",
+	    "parallel_epochs"};
+
+	for (size_t i = 0; i < sizeof(int64_domain) / sizeof(*int64_domain);
+	     i++) {
+		char *local = seq_in_mode(int64_domain[i], "local",
+		    "distributed_epoch");
+		for (size_t m = 0; m < 2; m++) {
+			char *got = seq_in_mode(int64_domain[i], service,
+			    modes[m]);
+			ck_assert_msg(strcmp(got, local) == 0,
+			    "%s on %s, %s: %s, in-process %s", int64_domain[i],
+			    service, modes[m], got, local);
+			free(got);
+		}
+		free(local);
+	}
+}
+
+START_TEST(cluster_sources_span_the_int64_domain)
+{
+	cwt_cluster c;
+
+	cwt_cluster_start(&c, 1);
+	assert_int64_domain(c.dispatcher.url);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_sources_span_the_int64_domain)
+{
+	assert_int64_domain("embedded");
+	/* The default (the embedded service) no longer hides a failure
+	 * behind the plain executor; either way the elements are these. */
+	for (size_t i = 0; i < sizeof(int64_domain) / sizeof(*int64_domain);
+	     i++) {
+		cachew_options *o = cwt_opts(7, 1);
+		char *def = cwt_seq(int64_domain[i], o);
+		char *local = seq_in_mode(int64_domain[i], "local",
+		    "distributed_epoch");
+		ck_assert_str_eq(def, local);
+		free(def);
+		free(local);
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+/* Pipelines without a split source: zip and concatenate of several
+ * sources, a source read twice, and one that spans the int64 domain. */
+static const char *const joined_pipelines[] = {
+    "zip(range(300), range(300) | map(mul, value=2))",
+    "range(200) | concatenate(from_list([7, 8, 9]) | map(add, value=1)) | "
+    "batch(16)",
+    "zip(range(-9223372036854775808, 9223372036854775807, "
+    "1537228672809129301), range(13) | shuffle(5)) | map(add, value=1)",
+};
+
+/* Through `service` with `nworkers` workers: in distributed_epoch one
+ * worker runs the pipeline whole, so the elements are the in-process
+ * multiset; in parallel_epochs every worker does, so each element comes
+ * nworkers times. A client part (take) runs over the service's stream. */
+static void
+assert_joined(const char *service, int nworkers)
+{
+	for (size_t i = 0; i < sizeof(joined_pipelines) / sizeof(*joined_pipelines); i++) {
+		run_sum local = run_digest(joined_pipelines[i], "local", NULL);
+		run_sum d = run_digest_mode(joined_pipelines[i], service, NULL,
+		    "distributed_epoch", nworkers);
+		run_sum p = run_digest_mode(joined_pipelines[i], service, NULL,
+		    "parallel_epochs", nworkers);
+		ck_assert_msg(d.n == local.n && d.digest == local.digest,
+		    "%s on %s, distributed_epoch: %" PRIu64 " elements, "
+		    "in-process %" PRIu64, joined_pipelines[i], service, d.n, local.n);
+		ck_assert_msg(p.n == local.n * (uint64_t)nworkers &&
+			p.digest == local.digest * (uint64_t)nworkers,
+		    "%s on %s, parallel_epochs: %" PRIu64 " elements, "
+		    "in-process %" PRIu64 " x %d", joined_pipelines[i], service, p.n,
+		    local.n, nworkers);
+	}
+	char *local = seq_in_mode("zip(range(50), range(50, 100)) | take(7)",
+	    "local", "distributed_epoch");
+	char *got = seq_in_mode("zip(range(50), range(50, 100)) | take(7)",
+	    service, "distributed_epoch");
+	ck_assert_str_eq(got, local);
+	free(got);
+	free(local);
+}
+
+START_TEST(cluster_zip_and_concatenate_run_in_both_modes)
+{
+	const char *wide = "range(-9223372036854775808, 9223372036854775807, "
+			   "1537228672809129301)";
+	cwt_cluster c;
+
+	cwt_cluster_start(&c, 2);
+	wait_registered(&c);
+	assert_joined(c.dispatcher.url, 2);
+	/* A split source over the whole domain, split across both. */
+	run_sum local = run_digest(wide, "local", NULL);
+	run_sum remote = run_digest_mode(wide, c.dispatcher.url, NULL,
+	    "distributed_epoch", 2);
+	ck_assert_uint_eq(local.n, 13);
+	ck_assert_uint_eq(remote.n, 13);
+	ck_assert_uint_eq(remote.digest, local.digest);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_zip_and_concatenate_run_on_the_service)
+{
+	assert_joined("embedded", 1);
+	assert_joined("embedded:2", 2);
+}
+END_TEST
+
+/* What the service cannot run, a pipeline whose graph is over the wire's
+ * limit (a zip of 40 literals of 900 KB: pipeline text stops at 1 MiB),
+ * is refused naming the mode that runs it; the default runs it on the
+ * plain executor. */
+START_TEST(service_refuses_an_oversized_graph_naming_service_local)
+{
+	static const char letters[] =
+	    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+	size_t len = 900000;
+	char *lit = malloc(len + 3);
+	cachew_dataset *in[40], *ds = NULL;
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_iterator *it = NULL;
+	cachew_element *e = NULL;
+
+	ck_assert_ptr_nonnull(lit);
+	for (int i = 0; i < 40; i++) {
+		lit[0] = '"';
+		memset(lit + 1, letters[i], len);
+		lit[len + 1] = '"';
+		lit[len + 2] = '\0';
+		ck_assert_msg(cachew_dataset_from_tensors(&in[i], lit) ==
+			CACHEW_OK, "%s", cachew_errmsg());
+	}
+	free(lit);
+	ck_assert_int_eq(cachew_dataset_zip(&ds, in, 40), CACHEW_OK);
+	for (int i = 0; i < 40; i++)
+		cachew_dataset_release(in[i]);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_ENOTSUP);
+	ck_assert_msg(strstr(cachew_errmsg(), "over the service's limit of "
+			  "33554432 (a large literal?); run it in-process "
+			  "(service=local)") != NULL, "%s", cachew_errmsg());
+	cachew_options_destroy(o);
+	o = cwt_opts(7, 1);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+	ck_assert_uint_eq(cachew_element_size(e), 40);
+	cachew_element_release(e);
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
+	cachew_iterator_destroy(it);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
 }
 END_TEST
 
@@ -1466,6 +1707,11 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc,
 	    cluster_random_functions_and_file_orders_draw_from_the_epoch);
 	tcase_add_test(tc, cluster_client_part_runs_after_the_service);
+	tcase_add_test(tc, cluster_sources_span_the_int64_domain);
+	tcase_add_test(tc, embedded_sources_span_the_int64_domain);
+	tcase_add_test(tc, cluster_zip_and_concatenate_run_in_both_modes);
+	tcase_add_test(tc, embedded_zip_and_concatenate_run_on_the_service);
+	tcase_add_test(tc, service_refuses_an_oversized_graph_naming_service_local);
 	tcase_add_test(tc, embedded_service_equals_in_process);
 	tcase_add_test(tc, embedded_draws_from_the_epoch_as_in_process);
 	tcase_add_test(tc, embedded_worker_threads_equal_in_process);

@@ -125,6 +125,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.dataset_register.graph = (uint8_t *)xstrdup("\x81\xa1x\x01");
 		m->u.dataset_register.graph_len = 4;
 		m->u.dataset_register.split_units = 1 << 20;
+		m->u.dataset_register.splittable = true;
 		break;
 	case CWI_MSG_DATASET_REGISTER_REPLY:
 		m->u.dataset_register_reply.dataset_id = 6;
@@ -218,7 +219,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		    true, 250, 6.5, 2};
 		s->ndatasets = 1;
 		s->datasets = xcalloc(1, sizeof(*s->datasets));
-		s->datasets[0] = (cwi_dataset_status){1, {3, 4}, -1};
+		s->datasets[0] = (cwi_dataset_status){1, {3, 4}, 0, false};
 		s->njobs = 1;
 		s->jobs = xcalloc(1, sizeof(*s->jobs));
 		s->jobs[0] = (cwi_job_status){.job_id = 2,
@@ -875,6 +876,53 @@ START_TEST(test_proto_enum_names_parse)
 }
 END_TEST
 
+/* split_units is a count up to 2^64 - 1 (range(INT64_MIN, INT64_MAX) has
+ * that many elements), or -1 for a dataset without a split source; it
+ * used to travel as an int64, so counts over INT64_MAX went negative. */
+START_TEST(test_proto_split_units_span_uint64)
+{
+	static const uint64_t counts[] = {0, 1, (uint64_t)INT64_MAX,
+	    (uint64_t)INT64_MAX + 11, UINT64_MAX};
+	cwi_strbuf sb;
+	cwi_pmsg m, back;
+
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+		cwi_pmsg_init(&m, CWI_MSG_DATASET_REGISTER);
+		m.u.dataset_register.graph = (uint8_t *)xstrdup("\x80");
+		m.u.dataset_register.graph_len = 1;
+		m.u.dataset_register.split_units = counts[i];
+		m.u.dataset_register.splittable = true;
+		encode_ok(&m, &sb);
+		ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len,
+				     &back), CACHEW_OK);
+		ck_assert(back.u.dataset_register.splittable);
+		ck_assert_uint_eq(back.u.dataset_register.split_units,
+		    counts[i]);
+		cwi_pmsg_free(&back);
+		cwi_pmsg_free(&m);
+		cwi_strbuf_free(&sb);
+	}
+	/* Without a split source: left out, and -1 when written. */
+	hdr_begin(&sb, 3, "dataset_register");
+	put_key(&sb, "fingerprint");
+	cwi_msgpack_put_str(&sb, "0123456789abcdef0123456789abcdef", 32);
+	put_key(&sb, "graph");
+	cwi_strbuf_append(&sb, "\xc4\x01\x80", 3);
+	put_key(&sb, "split_units");
+	cwi_msgpack_put_int(&sb, -1);
+	ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len, &m),
+	    CACHEW_OK);
+	ck_assert(!m.u.dataset_register.splittable);
+	ck_assert_uint_eq(m.u.dataset_register.split_units, 0);
+	cwi_pmsg_free(&m);
+	/* -2 is neither. */
+	sb.data[sb.len - 1] = (char)0xfe;
+	decode_fails(sb.data, sb.len, "dataset_register: split_units: -2 is "
+				      "negative (-1 = none)");
+	cwi_strbuf_free(&sb);
+}
+END_TEST
+
 START_TEST(test_coord_round_task_rotates_over_serving_tasks)
 {
 	/* Listed out of order: selection is by task id. */
@@ -958,11 +1006,15 @@ add_worker(harness *h, const char *address)
 	return rep.worker_id;
 }
 
+/* A dataset of `units` split units, or without a split source (one unit,
+ * the whole pipeline). */
 static uint64_t
-add_dataset(harness *h, uint64_t fp, int64_t units, bool *created)
+add_dataset_units(harness *h, uint64_t fp, uint64_t units, bool splittable,
+    bool *created)
 {
 	uint8_t graph[4] = {0x81, 0xa1, 'x', 0x01};
-	cwi_msg_dataset_register req = {{fp, fp * 3}, graph, 4, units};
+	cwi_msg_dataset_register req = {{fp, fp * 3}, graph, 4, units,
+	    splittable};
 	cwi_msg_dataset_register_reply rep;
 
 	ck_assert_msg(cwi_dispatcher_dataset_register(h->d, h->now, &req,
@@ -971,6 +1023,14 @@ add_dataset(harness *h, uint64_t fp, int64_t units, bool *created)
 	if (created != NULL)
 		*created = rep.created;
 	return rep.dataset_id;
+}
+
+/* -1: without a split source. */
+static uint64_t
+add_dataset(harness *h, uint64_t fp, int64_t units, bool *created)
+{
+	return add_dataset_units(h, fp, units >= 0 ? (uint64_t)units : 0,
+	    units >= 0, created);
 }
 
 typedef struct job_opts {
@@ -1227,10 +1287,6 @@ START_TEST(test_dispatcher_job_request_checked)
 
 	ck_assert_int_eq(try_join(h, 99, NULL, &rep), CACHEW_ENOENT);
 	ck_assert_str_eq(cachew_errmsg(), "dataset 99 is not registered");
-	ck_assert_int_eq(try_join(h, unsplit, NULL, &rep), CACHEW_EINVAL);
-	ck_assert_str_eq(cachew_errmsg(), "dataset 2 has no splittable source: "
-					  "distributed_epoch needs one (use "
-					  "parallel_epochs)");
 	o.consumer_index = 2;
 	ck_assert_int_eq(try_join(h, ds, &o, &rep), CACHEW_EINVAL);
 	ck_assert_str_eq(cachew_errmsg(), "consumer_index 2 is not in 0..1");
@@ -1263,6 +1319,96 @@ START_TEST(test_dispatcher_split_size_targets_splits_per_worker)
 	ck_assert_uint_eq(js.splits_total, 15);
 	ck_assert_uint_eq(js.splits_pending, 15);
 	ck_assert_uint_eq(js.tasks, 2);
+	harness_free(h);
+}
+END_TEST
+
+/* A dataset without a split source (zip, concatenate, a source that
+ * cannot be split) runs in distributed_epoch as one split of one unit:
+ * one worker runs the pipeline whole, the others get no split. */
+START_TEST(test_dispatcher_dataset_without_split_source_is_one_split)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, -1, NULL), job, c, w1, w2;
+	cwi_msg_split_lease_reply l1, l2;
+	cwi_msg_status_reply st;
+	cwi_job_status js;
+
+	w1 = add_worker(h, "tcp://w1:1");
+	w2 = add_worker(h, "tcp://w2:1");
+	join(h, ds, NULL, &job, &c);
+	js = job_status(h, job);
+	ck_assert_uint_eq(js.units_per_split, 1);
+	ck_assert_uint_eq(js.splits_total, 1);
+	ck_assert_uint_eq(js.tasks, 2);
+	ck_assert_int_eq(lease(h, w1, task_of(h, w1, job, NULL), 4, &l1),
+	    CACHEW_OK);
+	ck_assert_uint_eq(l1.nsplits, 1);
+	ck_assert_uint_eq(l1.splits[0].begin, 0);
+	ck_assert_uint_eq(l1.splits[0].end, 1);
+	ck_assert_int_eq(lease(h, w2, task_of(h, w2, job, NULL), 4, &l2),
+	    CACHEW_OK);
+	ck_assert_uint_eq(l2.nsplits, 0);
+	ck_assert(!l2.end_of_splits); /* w1 may die: then it is w2's */
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l2);
+	ack(h, job, c, &l1.splits[0].split_id, 1);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l1);
+	ck_assert(has_event(h, "\"event\":\"epoch_done\",\"job_id\":1,"
+			       "\"splits\":1}"));
+	ck_assert(has_event(h, "\"event\":\"dataset_registered\","
+			       "\"dataset_id\":1,\"fingerprint\":"
+			       "\"00000000000000010000000000000003\","
+			       "\"split_units\":-1}"));
+	ck_assert_int_eq(cwi_dispatcher_status(h->d, h->now, &st), CACHEW_OK);
+	ck_assert(!st.datasets[0].splittable);
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
+	harness_free(h);
+}
+END_TEST
+
+/* A split source of 2^64 - 1 units (range(INT64_MIN, INT64_MAX)): the
+ * splits cover every unit, contiguous, the last one ending at 2^64 - 1
+ * (begin + units_per_split of the last split passes 2^64). */
+START_TEST(test_dispatcher_splits_cover_uint64_max_units)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset_units(h, 1, UINT64_MAX, true, NULL);
+	uint64_t job, c, w, t, begin[8] = {0}, end[8] = {0};
+	cwi_msg_split_lease_reply l;
+	cwi_msg_status_reply st;
+	cwi_job_status js;
+	size_t got = 0;
+
+	w = add_worker(h, "tcp://w1:1");
+	join(h, ds, NULL, &job, &c);
+	js = job_status(h, job);
+	ck_assert_uint_eq(js.units_per_split, (uint64_t)1 << 61);
+	ck_assert_uint_eq(js.splits_total, 8);
+	t = task_of(h, w, job, NULL);
+	for (int round = 0; round < 8 && got < 8; round++) {
+		ck_assert_int_eq(lease(h, w, t, 4, &l), CACHEW_OK);
+		for (size_t i = 0; i < l.nsplits; i++) {
+			uint64_t id = l.splits[i].split_id;
+			ck_assert_uint_lt(id, 8);
+			begin[id] = l.splits[i].begin;
+			end[id] = l.splits[i].end;
+			got++;
+		}
+		cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
+	}
+	ck_assert_uint_eq(got, 8);
+	ck_assert_uint_eq(begin[0], 0);
+	for (size_t i = 0; i < 8; i++) {
+		ck_assert_uint_lt(begin[i], end[i]);
+		if (i > 0)
+			ck_assert_uint_eq(begin[i], end[i - 1]);
+	}
+	ck_assert_uint_eq(end[7], UINT64_MAX);
+	ck_assert(has_event(h, "\"split_units\":18446744073709551615}"));
+	ck_assert_int_eq(cwi_dispatcher_status(h->d, h->now, &st), CACHEW_OK);
+	ck_assert(st.datasets[0].splittable);
+	ck_assert_uint_eq(st.datasets[0].split_units, UINT64_MAX);
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	harness_free(h);
 }
 END_TEST
@@ -2637,6 +2783,7 @@ cwt_service_suite(void)
 	tcase_add_test(proto, test_proto_garbage_never_crashes);
 	tcase_add_test(proto, test_proto_encoder_refuses_over_limit);
 	tcase_add_test(proto, test_proto_enum_names_parse);
+	tcase_add_test(proto, test_proto_split_units_span_uint64);
 	tcase_add_test(proto, test_coord_round_task_rotates_over_serving_tasks);
 	tcase_set_timeout(proto, 60);
 	suite_add_tcase(s, proto);
@@ -2646,6 +2793,8 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_named_job_tasks_carry_its_epoch);
 	tcase_add_test(disp, test_dispatcher_job_request_checked);
 	tcase_add_test(disp, test_dispatcher_split_size_targets_splits_per_worker);
+	tcase_add_test(disp, test_dispatcher_dataset_without_split_source_is_one_split);
+	tcase_add_test(disp, test_dispatcher_splits_cover_uint64_max_units);
 	tcase_add_test(disp, test_dispatcher_epoch_leases_every_unit_once);
 	tcase_add_test(disp, test_dispatcher_unused_datasets_are_dropped);
 	tcase_add_test(disp, test_dispatcher_ack_reply_says_when_every_split_is_acked);

@@ -462,6 +462,54 @@ START_TEST(range_units_count_without_overflow)
 }
 END_TEST
 
+/* Leases at both ends of the int64 domain: unit u is start + u * step
+ * without overflow, for 2^64 - 1 units and for steps near the limits. */
+static void
+check_range_lease(const char *pipeline, uint64_t units, uint64_t begin,
+    uint64_t end, const char *want)
+{
+	cwi_split_plan *p = plan_of(pipeline);
+	cwi_unit_range r = {begin, end};
+	elems got = {0};
+	char *s;
+
+	ck_assert_msg(p->units == units, "%s: %llu units", pipeline,
+	    (unsigned long long)p->units);
+	run_lease(p, &r, 1, 1, &got);
+	s = cwt_join_i64(got.v, got.n, 0);
+	ck_assert_msg(strcmp(s, want) == 0, "%s [%llu, %llu): %s", pipeline,
+	    (unsigned long long)begin, (unsigned long long)end, s);
+	free(s);
+	elems_free(&got);
+	cwi_split_plan_destroy(p);
+}
+
+START_TEST(range_leases_span_the_int64_domain)
+{
+	const char *all = "range(-9223372036854775808, "
+			  "9223372036854775807)";
+	const char *down = "range(10, -9223372036854775808, -1)";
+
+	check_range_lease(all, UINT64_MAX, 0, 2,
+	    "-9223372036854775808,-9223372036854775807");
+	check_range_lease(all, UINT64_MAX, UINT64_MAX - 2, UINT64_MAX,
+	    "9223372036854775805,9223372036854775806");
+	check_range_lease(all, UINT64_MAX, (uint64_t)1 << 63,
+	    ((uint64_t)1 << 63) + 1, "0");
+	/* 2^63 + 10 units, past INT64_MAX (the service said "negative"). */
+	check_range_lease(down, ((uint64_t)1 << 63) + 10, 0, 2, "10,9");
+	check_range_lease(down, ((uint64_t)1 << 63) + 10,
+	    ((uint64_t)1 << 63) + 8, ((uint64_t)1 << 63) + 10,
+	    "-9223372036854775806,-9223372036854775807");
+	check_range_lease("range(-9223372036854775808, "
+			  "9223372036854775807, 9223372036854775807)",
+	    3, 1, 3, "-1,9223372036854775806");
+	check_range_lease("range(9223372036854775807, "
+			  "-9223372036854775808, -9223372036854775808)",
+	    2, 0, 2, "9223372036854775807,-1");
+}
+END_TEST
+
 START_TEST(from_list_and_from_tensors_split_by_item)
 {
 	check_splits("from_list([(1, \"a\"), (2, \"b\"), (3, \"c\"), (4, \"d\"), "
@@ -989,34 +1037,37 @@ START_TEST(plan_everything_after_a_client_op_runs_on_the_client)
 }
 END_TEST
 
-START_TEST(plan_zip_of_two_sources_is_enotsup)
+/* A pipeline whose top chain ends at a join has no split source: the join
+ * and what is below it are one unit, the worker part runs whole. */
+START_TEST(plan_zip_of_two_sources_runs_whole)
 {
-	cachew_dataset *ds = NULL;
-	cwi_split_plan *p = NULL;
+	cwi_split_plan *p =
+	    plan_of("zip(range(3), range(4) | map(add)) | batch(2)");
 
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "zip(range(3), range(4) | map(add)) | batch(2)"),
-	    CACHEW_OK);
-	ck_assert_int_eq(cwi_split_plan_create(&p, ds), CACHEW_ENOTSUP);
-	ck_assert_ptr_null(p);
-	ck_assert_str_eq(cachew_errmsg(),
-	    "split: the pipeline has 2 sources (range, range) joined by zip: "
-	    "only a chain over one source can be split; run it in-process "
-	    "(service=local)");
-	cachew_dataset_release(ds);
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "range(3) | concatenate(from_list([1]))"),
-	    CACHEW_OK);
-	ck_assert_int_eq(cwi_split_plan_create(&p, ds), CACHEW_ENOTSUP);
-	ck_assert_str_eq(cachew_errmsg(),
-	    "split: the pipeline has 2 sources (range, from_list) joined by "
-	    "concatenate: only a chain over one source can be split; run it "
-	    "in-process (service=local)");
-	cachew_dataset_release(ds);
+	ck_assert_ptr_null(p->source);
+	ck_assert_uint_eq(p->units, 1);
+	ck_assert_str_eq(p->unit_kind, "pipeline");
+	ck_assert_ptr_eq(p->worker, p->root); /* batch runs per lease */
+	ck_assert_ptr_null(p->boundary);
+	ck_assert_uint_eq(p->nworker, 2);
+	ck_assert_str_eq(p->whole,
+	    "the pipeline has 2 sources (range, range) joined by zip");
+	cwi_split_plan_destroy(p);
+	p = plan_of("range(3) | concatenate(from_list([1])) | map(add) | "
+		    "take(2) | batch(2)");
+	ck_assert_ptr_null(p->source);
+	ck_assert_str_eq(p->worker->op->name, "map");
+	ck_assert_str_eq(p->boundary->op->name, "take");
+	ck_assert_uint_eq(p->nworker, 2);
+	ck_assert_uint_eq(p->nclient, 2);
+	ck_assert_str_eq(p->whole,
+	    "the pipeline has 2 sources (range, from_list) joined by "
+	    "concatenate");
+	cwi_split_plan_destroy(p);
 }
 END_TEST
 
-START_TEST(plan_source_read_twice_is_enotsup)
+START_TEST(plan_source_read_twice_runs_whole)
 {
 	cachew_dataset *r = NULL, *z = NULL, *in[2];
 	cwi_split_plan *p = NULL;
@@ -1025,29 +1076,90 @@ START_TEST(plan_source_read_twice_is_enotsup)
 	in[0] = in[1] = r;
 	ck_assert_int_eq(cachew_dataset_apply(&z, "zip", in, 2, NULL),
 	    CACHEW_OK);
-	ck_assert_int_eq(cwi_split_plan_create(&p, z), CACHEW_ENOTSUP);
-	ck_assert_str_eq(cachew_errmsg(),
-	    "split: zip reads the source range through several inputs: only "
-	    "a chain over one source can be split; run it in-process "
-	    "(service=local)");
+	ck_assert_int_eq(cwi_split_plan_create(&p, z), CACHEW_OK);
+	ck_assert_ptr_null(p->source);
+	ck_assert_str_eq(p->whole,
+	    "zip reads the source range through several inputs");
+	cwi_split_plan_destroy(p);
 	cachew_dataset_release(z);
 	cachew_dataset_release(r);
 }
 END_TEST
 
-START_TEST(plan_of_a_client_part_is_not_splittable)
+START_TEST(plan_of_a_source_that_cannot_be_split_runs_whole)
 {
 	cwi_split_plan *p = plan_of("range(10) | take(5)");
 	cwi_split_plan *q = NULL;
 	cwi_node *client = NULL;
 
 	ck_assert_int_eq(cwi_split_client_graph(p, NULL, &client), CACHEW_OK);
-	ck_assert_int_eq(cwi_split_plan_create(&q, client), CACHEW_ENOTSUP);
-	ck_assert_str_eq(cachew_errmsg(),
-	    "split: the source service_stream is not splittable; run the "
-	    "pipeline in-process (service=local)");
+	ck_assert_int_eq(cwi_split_plan_create(&q, client), CACHEW_OK);
+	ck_assert_ptr_null(q->source);
+	ck_assert_str_eq(q->worker->op->name, "service_stream");
+	ck_assert_str_eq(q->boundary->op->name, "take");
+	ck_assert_str_eq(q->whole,
+	    "the source service_stream is not splittable");
+	cwi_split_plan_destroy(q);
 	cachew_dataset_release(client);
 	cwi_split_plan_destroy(p);
+}
+END_TEST
+
+/* Its worker part plans to itself, so a worker that plans the graph it
+ * gets agrees with the client. */
+START_TEST(plan_of_a_whole_worker_part_is_itself)
+{
+	cwi_split_plan *p = plan_of("zip(range(5), range(5)) | map(add) | "
+				    "take(3)");
+	cwi_split_plan *q = NULL;
+
+	ck_assert_int_eq(cwi_split_plan_create(&q, p->worker), CACHEW_OK);
+	ck_assert_ptr_null(q->source);
+	ck_assert_ptr_eq(q->worker, p->worker);
+	ck_assert_ptr_null(q->boundary);
+	ck_assert_uint_eq(q->units, 1);
+	cwi_split_plan_destroy(q);
+	cwi_split_plan_destroy(p);
+}
+END_TEST
+
+/* A lease of unit 0 runs a plan without a split source whole: the
+ * in-process run, with the job's seed; no unit yields nothing; anything
+ * past unit 0 is ERANGE. */
+START_TEST(lease_without_a_split_source_is_the_whole_pipeline)
+{
+	static const char *const pipelines[] = {
+	    "zip(range(10), range(10) | map(uniform)) | shuffle(4)",
+	    "range(5) | concatenate(range(3) | map(add)) | batch(3)",
+	};
+	cwi_unit_range unit = {0, 1}, two[2] = {{0, 1}, {0, 1}}, past = {0, 2};
+	cachew_iterator *it = NULL;
+
+	for (size_t i = 0; i < 2; i++) {
+		cwi_split_plan *p = plan_of(pipelines[i]);
+		elems got = {0}, plain = {0}, none = {0};
+		run_lease(p, &unit, 1, 2, &got);
+		run_plain(pipelines[i], 2, &plain);
+		assert_same_sequence(&got, &plain, pipelines[i]);
+		run_lease(p, NULL, 0, 1, &none);
+		ck_assert_uint_eq(none.n, 0);
+		ck_assert_int_eq(cwi_iterator_create_lease(&it, p->worker,
+				     NULL, NULL, &past, 1, SEED),
+		    CACHEW_ERANGE);
+		ck_assert_str_eq(cachew_errmsg(),
+		    "lease: range 0 is [0, 2), but a pipeline without a split "
+		    "source is one unit, [0, 1)");
+		ck_assert_int_eq(cwi_iterator_create_lease(&it, p->worker,
+				     NULL, NULL, two, 2, SEED),
+		    CACHEW_ERANGE);
+		ck_assert_str_eq(cachew_errmsg(),
+		    "lease: the ranges name unit 0 2 times, but a pipeline "
+		    "without a split source runs once per lease");
+		ck_assert_ptr_null(it);
+		elems_free(&got);
+		elems_free(&plain);
+		cwi_split_plan_destroy(p);
+	}
 }
 END_TEST
 
@@ -1113,9 +1225,10 @@ START_TEST(plan_describe_names_both_parts)
 }
 END_TEST
 
-START_TEST(split_explain_says_why_a_pipeline_cannot_be_split)
+START_TEST(split_explain_says_why_a_pipeline_is_not_split)
 {
 	cachew_dataset *ds = NULL;
+	const char *want;
 	cwi_strbuf sb;
 
 	ck_assert_int_eq(cachew_dataset_parse(&ds,
@@ -1131,10 +1244,13 @@ START_TEST(split_explain_says_why_a_pipeline_cannot_be_split)
 	    CACHEW_OK);
 	cwi_strbuf_init(&sb);
 	ck_assert_int_eq(cwi_split_explain(ds, &sb), CACHEW_OK);
-	ck_assert_str_eq(sb.data,
-	    "split: the pipeline has 2 sources (range, range) joined by zip: "
-	    "only a chain over one source can be split; run it in-process "
-	    "(service=local)\n");
+	want = "split source: none, the worker part runs whole as one unit "
+	       "(the pipeline has 2 sources (range, range) joined by zip)\n"
+	       "worker part:  range(start=0, stop=3, step=1) | "
+	       "zip(range(start=0, stop=4, step=1))  fp=";
+	ck_assert_msg(strncmp(sb.data, want, strlen(want)) == 0, "got '%s'",
+	    sb.data);
+	ck_assert_ptr_nonnull(strstr(sb.data, "\nclient part:  none\n"));
 	cwi_strbuf_free(&sb);
 	cachew_dataset_release(ds);
 }
@@ -1376,6 +1492,19 @@ START_TEST(client_after_one_lease_is_the_plain_run)
 }
 END_TEST
 
+/* The client part over the stream of the whole worker part (take, skip,
+ * repeat on the client) is the in-process run. */
+START_TEST(client_over_a_whole_worker_part_is_the_plain_run)
+{
+	check_one_lease_is_the_plain_run(
+	    "zip(range(20), range(20) | map(uniform)) | shuffle(5) | take(12) "
+	    "| map(uniform)");
+	check_one_lease_is_the_plain_run(
+	    "range(7) | concatenate(range(9) | map(add)) | skip(2) | batch(4)");
+	check_client("zip(range(30), range(30)) | map(add) | take(17)");
+}
+END_TEST
+
 START_TEST(client_stream_error_ends_the_iterator_with_its_reason)
 {
 	cwi_split_plan *p = plan_of("range(10) | take(5)");
@@ -1445,6 +1574,7 @@ cwt_split_suite(void)
 	tcase_add_checked_fixture(src, setup, NULL);
 	tcase_add_test(src, range_splits_by_element);
 	tcase_add_test(src, range_units_count_without_overflow);
+	tcase_add_test(src, range_leases_span_the_int64_domain);
 	tcase_add_test(src, from_list_and_from_tensors_split_by_item);
 	tcase_add_test(src, list_files_splits_by_file);
 	tcase_add_test(src, list_files_leases_walk_the_epochs_file_order);
@@ -1463,6 +1593,7 @@ cwt_split_suite(void)
 	tcase_add_test(leases, lease_beyond_the_units_is_erange);
 	tcase_add_test(leases, lease_of_a_file_source_beyond_its_files_is_erange);
 	tcase_add_test(leases, lease_bad_arguments_are_einval);
+	tcase_add_test(leases, lease_without_a_split_source_is_the_whole_pipeline);
 	tcase_add_test(leases, lease_seed_is_the_job_seed_from_unit_zero);
 	tcase_add_test(leases, lease_replays_identically_with_random_ops);
 	tcase_add_test(leases, lease_replays_identically_at_its_epoch);
@@ -1476,13 +1607,14 @@ cwt_split_suite(void)
 	tcase_add_test(plan, plan_list_files_interleave_tfrecord_map_batch);
 	tcase_add_test(plan, plan_take_runs_on_the_client);
 	tcase_add_test(plan, plan_everything_after_a_client_op_runs_on_the_client);
-	tcase_add_test(plan, plan_zip_of_two_sources_is_enotsup);
-	tcase_add_test(plan, plan_source_read_twice_is_enotsup);
-	tcase_add_test(plan, plan_of_a_client_part_is_not_splittable);
+	tcase_add_test(plan, plan_zip_of_two_sources_runs_whole);
+	tcase_add_test(plan, plan_source_read_twice_runs_whole);
+	tcase_add_test(plan, plan_of_a_source_that_cannot_be_split_runs_whole);
 	tcase_add_test(plan, plan_of_the_worker_part_is_itself);
+	tcase_add_test(plan, plan_of_a_whole_worker_part_is_itself);
 	tcase_add_test(plan, plan_writers_and_position_ops_run_on_the_client);
 	tcase_add_test(plan, plan_describe_names_both_parts);
-	tcase_add_test(plan, split_explain_says_why_a_pipeline_cannot_be_split);
+	tcase_add_test(plan, split_explain_says_why_a_pipeline_is_not_split);
 	tcase_add_test(plan, split_group_cuts_contiguous_even_splits);
 	suite_add_tcase(s, plan);
 
@@ -1491,6 +1623,7 @@ cwt_split_suite(void)
 	tcase_add_test(client, client_take_over_text_lines_matches_the_in_process_run);
 	tcase_add_test(client, client_repeat_opens_the_stream_per_epoch);
 	tcase_add_test(client, client_after_one_lease_is_the_plain_run);
+	tcase_add_test(client, client_over_a_whole_worker_part_is_the_plain_run);
 	tcase_add_test(client, client_stream_error_ends_the_iterator_with_its_reason);
 	tcase_add_test(client, client_graph_without_a_stream_cannot_run);
 	tcase_add_test(client, service_stream_is_not_a_registered_operator);

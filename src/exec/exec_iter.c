@@ -519,21 +519,36 @@ cwi_iterator_create_lease_tails(cachew_iterator **out, cwi_node *root,
     const cwi_node *const *groups, size_t ngroups)
 {
 	cachew_iterator *it;
+	cachew_err rv;
+
+	uint64_t whole_units = 0; /* without a split node: units leased */
 
 	cwi_clear_errmsg();
-	if (out == NULL || root == NULL || split_node == NULL ||
-	    (nranges > 0 && ranges == NULL))
+	if (out == NULL || root == NULL || (nranges > 0 && ranges == NULL))
 		return cwi_fail(CACHEW_EINVAL, "lease: NULL argument");
-	if (split_node->op->split_units == NULL)
+	if (split_node != NULL && split_node->op->split_units == NULL)
 		return cwi_fail(CACHEW_EINVAL, "lease: %s is not splittable",
 		    split_node->op->name);
-	for (size_t i = 0; i < nranges; i++)
+	for (size_t i = 0; i < nranges; i++) {
 		if (ranges[i].begin > ranges[i].end)
 			return cwi_fail(CACHEW_EINVAL,
 			    "lease: range %zu is [%llu, %llu), which ends "
 			    "before it begins",
 			    i, (unsigned long long)ranges[i].begin,
 			    (unsigned long long)ranges[i].end);
+		if (split_node == NULL && ranges[i].end > 1)
+			return cwi_fail(CACHEW_ERANGE,
+			    "lease: range %zu is [%llu, %llu), but a pipeline "
+			    "without a split source is one unit, [0, 1)",
+			    i, (unsigned long long)ranges[i].begin,
+			    (unsigned long long)ranges[i].end);
+		whole_units += ranges[i].end - ranges[i].begin;
+	}
+	if (split_node == NULL && whole_units > 1)
+		return cwi_fail(CACHEW_ERANGE,
+		    "lease: the ranges name unit 0 %llu times, but a pipeline "
+		    "without a split source runs once per lease",
+		    (unsigned long long)whole_units);
 	it = iterator_alloc(root, opts);
 	if (it == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -555,7 +570,11 @@ cwi_iterator_create_lease_tails(cachew_iterator **out, cwi_node *root,
 	it->pl.nsplit_ranges = nranges;
 	it->pl.seed = cwi_split_lease_seed(seed, ranges, nranges);
 	it->pl.job_seed = seed;
-	return iterator_start(out, it);
+	rv = iterator_start(out, it);
+	/* Without a split node, a lease of no unit yields nothing. */
+	if (rv == CACHEW_OK && split_node == NULL && whole_units == 0)
+		(*out)->done = CACHEW_EOF;
+	return rv;
 }
 
 cachew_err

@@ -135,15 +135,24 @@ names_of(cwi_strbuf *sb, const node_set *all, bool sources)
 	}
 }
 
-/* The pipeline is not a chain: explain why in terms of its operators. */
+/* Why the plan of root has no split source, in terms of its operators,
+ * into why (e.g. "the pipeline has 2 sources (range, range) joined by
+ * zip"); bottom is the lowest node of root's top chain, which is not a
+ * splittable source. Fails only with CACHEW_ENOMEM. */
 static cachew_err
-not_a_chain(const cwi_node *root)
+whole_reason(const cwi_node *root, const cwi_node *bottom, char *why,
+    size_t len)
 {
 	node_set all = {0};
 	size_t nsrc = 0;
 	cwi_strbuf src, join;
-	cachew_err rv;
+	cachew_err rv = CACHEW_OK;
 
+	if (bottom->ninputs == 0) {
+		snprintf(why, len, "the source %s is not splittable",
+		    bottom->op->name);
+		return CACHEW_OK;
+	}
 	rv = collect_all(&all, root);
 	if (rv != CACHEW_OK) {
 		free(all.v);
@@ -158,16 +167,12 @@ not_a_chain(const cwi_node *root)
 	if (src.oom || join.oom)
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	else if (nsrc > 1)
-		rv = cwi_fail(CACHEW_ENOTSUP,
-		    "split: the pipeline has %zu sources (%s) joined by %s: only "
-		    "a chain over one source can be split; run it in-process "
-		    "(service=local)",
+		snprintf(why, len, "the pipeline has %zu sources (%s) joined by "
+				   "%s",
 		    nsrc, src.data, join.data);
 	else
-		rv = cwi_fail(CACHEW_ENOTSUP,
-		    "split: %s reads the source %s through several inputs: only "
-		    "a chain over one source can be split; run it in-process "
-		    "(service=local)",
+		snprintf(why, len, "%s reads the source %s through several "
+				   "inputs",
 		    join.data, src.data);
 	cwi_strbuf_free(&src);
 	cwi_strbuf_free(&join);
@@ -261,12 +266,26 @@ plan_groups(cwi_split_plan *p, const cwi_node *const *chain, size_t nworker)
 	p->ngroups = n;
 }
 
+/* Counts the split units of the plan's source into p->units. */
+static cachew_err
+count_units(cwi_split_plan *p)
+{
+	cachew_err rv = p->source->op->split_units(p->source, &p->units);
+	char msg[512];
+
+	if (rv == CACHEW_OK)
+		return CACHEW_OK;
+	snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
+	return cwi_fail(rv, "split: %s: %s", p->source->op->name,
+	    msg[0] != '\0' ? msg : cachew_strerror(rv));
+}
+
 cachew_err
 cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 {
 	cwi_split_plan *p;
-	const cwi_node **chain = NULL; /* chain[0] = source ... root */
-	size_t len = 0, w;
+	const cwi_node **chain = NULL; /* chain[0] = bottom ... root */
+	size_t len = 1, w;
 	const cwi_node *c;
 	cachew_err rv;
 
@@ -274,14 +293,6 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 		return cwi_fail(CACHEW_EINVAL, "split: NULL argument");
 	for (c = root; c->ninputs == 1; c = c->inputs[0])
 		len++;
-	if (c->ninputs > 1)
-		return not_a_chain(root);
-	len++;
-	if (c->op->split_units == NULL)
-		return cwi_fail(CACHEW_ENOTSUP,
-		    "split: the source %s is not splittable; run the pipeline "
-		    "in-process (service=local)",
-		    c->op->name);
 	p = calloc(1, sizeof(*p));
 	chain = malloc(len * sizeof(*chain));
 	if (p == NULL || chain == NULL) {
@@ -291,18 +302,22 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 	c = root;
 	for (size_t i = len; i > 0; i--) {
 		chain[i - 1] = c;
-		if (c->ninputs > 0)
+		if (c->ninputs == 1)
 			c = c->inputs[0];
 	}
-	p->source = chain[0];
-	rv = p->source->op->split_units(p->source, &p->units);
-	if (rv != CACHEW_OK) {
-		char msg[512];
-		snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
-		cwi_fail(rv, "split: %s: %s", p->source->op->name,
-		    msg[0] != '\0' ? msg : cachew_strerror(rv));
-		goto fail;
+	/* The top chain ends at a splittable source (split it), or at a
+	 * join or a source that cannot be split (the pipeline is one unit). */
+	if (chain[0]->ninputs == 0 && chain[0]->op->split_units != NULL) {
+		p->source = chain[0];
+		p->unit_kind = unit_kind(p->source);
+		rv = count_units(p);
+	} else {
+		p->units = 1;
+		p->unit_kind = "pipeline";
+		rv = whole_reason(root, chain[0], p->whole, sizeof(p->whole));
 	}
+	if (rv != CACHEW_OK)
+		goto fail;
 	for (w = 0; w + 1 < len && runs_per_lease(chain[w + 1]); w++)
 		;
 	p->root = cachew_dataset_retain(root);
@@ -310,7 +325,6 @@ cwi_split_plan_create(cwi_split_plan **out, cwi_node *root)
 	p->nworker = w + 1;
 	p->nclient = len - p->nworker;
 	p->boundary = w + 1 < len ? chain[w + 1] : NULL;
-	p->unit_kind = unit_kind(p->source);
 	p->worker_fp = *cwi_node_fp(p->worker);
 	plan_groups(p, chain, p->nworker);
 	if (p->boundary != NULL)
@@ -342,8 +356,14 @@ cwi_split_plan_describe(const cwi_split_plan *p, cwi_strbuf *sb)
 	cachew_err rv;
 
 	cachew_fingerprint_hex(&p->worker_fp, hex);
-	cwi_strbuf_printf(sb, "split source: %s (%llu %s)\n", p->source->op->name,
-	    (unsigned long long)p->units, p->unit_kind);
+	if (p->source != NULL)
+		cwi_strbuf_printf(sb, "split source: %s (%llu %s)\n",
+		    p->source->op->name, (unsigned long long)p->units,
+		    p->unit_kind);
+	else
+		cwi_strbuf_printf(sb, "split source: none, the worker part runs "
+				      "whole as one unit (%s)\n",
+		    p->whole);
 	cwi_strbuf_puts(sb, "worker part:  ");
 	rv = cwi_node_to_string(p->worker, sb);
 	if (rv != CACHEW_OK)

@@ -28,6 +28,25 @@
  * A lease of every unit in order, starting at unit 0, yields exactly what
  * the plain in-process run yields at the same epoch.
  *
+ * Pipelines without a split source. A pipeline whose top chain (root down
+ * through one-input operators) does not end at a splittable source ends at
+ * a join (zip, concatenate, or an operator reading one source through
+ * several inputs) or at a source that cannot be split. Its plan has no
+ * split source: the join (or source) and everything below it is ONE unit,
+ * unit 0, and the worker part (it, plus the per-lease operators above it)
+ * runs whole in each lease of that unit. So:
+ *   - parallel_epochs: each worker runs the whole worker part, as it does
+ *     for a split source (a lease of every unit);
+ *   - distributed_epoch: the job has one split of one unit; one worker
+ *     runs the worker part whole, exactly the in-process run (lease seed
+ *     = the job's seed), and the others get no split. The inputs of a
+ *     join are not split on their own: zip pairs its inputs' i-th
+ *     elements, which splits of each input taken separately would not
+ *     keep aligned, and concatenate's order and the per-lease operators
+ *     above it would need a lease to span several sources. Such a job
+ *     therefore gets one worker's throughput.
+ * The client part above it is as for a split source (take, skip, ...).
+ *
  * Thread safety: a plan is immutable once made; the functions are safe
  * from any thread.
  */
@@ -43,28 +62,33 @@
 #define CWI_SPLIT_MAX_GROUPS 8
 
 /*
- * A pipeline cut in two. The pipeline must be a chain over one splittable
- * source (every operator has one input). The worker part is the longest
- * chain from the source up through operators that are correct per lease
- * (map, filter, flat_map, interleave, batch, padded_batch, unbatch,
- * shuffle, prefetch, autocache); the client part starts at the first other
+ * A pipeline cut in two. The worker part is the longest chain from the
+ * bottom of the top chain (the split source, or the unit of a pipeline
+ * without one) up through operators that are correct per lease (map,
+ * filter, flat_map, interleave, batch, padded_batch, unbatch, shuffle,
+ * prefetch, autocache); the client part starts at the first other
  * operator (take, skip, shard, repeat, enumerate, zip, cache_put, cache,
  * tfrecord_write, any operator not known to be per-lease) and holds
  * everything after it.
  */
 typedef struct cwi_split_plan {
 	cwi_node *root;         /* the whole pipeline (a reference) */
-	const cwi_node *source; /* the split source, in root's graph */
+	const cwi_node *source; /* the split source, in root's graph; NULL:
+				 * none, the worker part is one unit */
 	cwi_node *worker;       /* top of the worker part (in root's graph);
 				 * == root when the client part is empty */
 	const cwi_node *boundary; /* first client operator, or NULL */
 	size_t nworker;         /* operators of the worker part, source
 				 * included */
 	size_t nclient;         /* operators of the client part */
-	uint64_t units;         /* split units of the source */
-	const char *unit_kind;  /* "elements", "files" or "chunks" */
+	uint64_t units;         /* split units of the source (0..2^64-1);
+				 * 1 without a source */
+	const char *unit_kind;  /* "elements", "files", "chunks" or
+				 * "pipeline" (no source) */
 	cachew_fingerprint worker_fp; /* == worker->fp */
 	char why[192];          /* why the boundary runs on the client */
+	char whole[256];        /* without a source: why (names the join or
+				 * the source that cannot be split) */
 	/* The grouping operators of the worker part (batch, padded_batch),
 	 * source first: the ones whose last, partial group of a lease the
 	 * client stitches (cwi_split_stitch_graph). None when an operator
@@ -74,15 +98,14 @@ typedef struct cwi_split_plan {
 	size_t ngroups;
 } cwi_split_plan;
 
-/* Plans the split of root. CACHEW_ENOTSUP (with a cwi_fail message naming
- * the operators) when root is not a chain over one splittable source, e.g.
- * zip or concatenate of two sources: the caller then runs the pipeline
- * in-process or with parallel_epochs. Counting units may read file
- * listings (errors of the source, e.g. CACHEW_ENOENT for a pattern that
- * matches nothing). Takes a reference on root. */
+/* Plans root: every pipeline has a plan, with a split source when root
+ * is a chain over one splittable source, else without one (see "Pipelines
+ * without a split source" above). Counting units may read file listings
+ * (errors of the source, e.g. CACHEW_ENOENT for a pattern that matches
+ * nothing). Takes a reference on root. */
 cachew_err cwi_split_plan_create(cwi_split_plan **out, cwi_node *root);
-/* Whether cwi_split_plan_create can plan root at all (a chain over one
- * splittable source), from the graph's shape alone: nothing is read. */
+/* Whether root's plan has a split source (a chain over one splittable
+ * source), from the graph's shape alone: nothing is read. */
 bool cwi_split_possible(const cwi_node *root);
 /* Why the implicit default (the embedded service) leaves root to the
  * plain executor, or NULL when it takes it; from the graph alone:
@@ -101,6 +124,7 @@ void cwi_split_plan_destroy(cwi_split_plan *p);
 
 /* Appends a description of the plan (for `cachew explain`):
  *   split source: list_files (3 files)
+ *     (or "none, the worker part runs whole as one unit (<why>)")
  *   worker part:  <canonical string>  fp=<hex>
  *   client part:  service_stream(...) | take(n=5)   (or "none")
  *   boundary:     take: <why>
@@ -108,8 +132,8 @@ void cwi_split_plan_destroy(cwi_split_plan *p);
 cachew_err cwi_split_plan_describe(const cwi_split_plan *p, cwi_strbuf *sb);
 
 /* For `cachew explain`: plans root and appends its description, or one
- * line "split: <why not>" when root cannot be split (or its units cannot
- * be counted). Fails only with CACHEW_ENOMEM. */
+ * line "split: <why not>" when its units cannot be counted. Fails only
+ * with CACHEW_ENOMEM. */
 cachew_err cwi_split_explain(cwi_node *root, cwi_strbuf *sb);
 
 /* Cuts units [0, nunits) into min(nunits, target_splits) contiguous splits
@@ -195,9 +219,12 @@ uint64_t cwi_split_lease_seed(
  * plan's source) reads only `ranges`, in the order given, and the pipeline
  * seed is cwi_split_lease_seed(seed, ranges, nranges); opts' seed and
  * service are ignored (a lease always runs on the local executor). The
- * ranges are copied. CACHEW_EINVAL when split_node is not a splittable
- * node of root's graph or a range has begin > end; a range beyond the
- * source's units fails the creation with CACHEW_ERANGE (the input changed
+ * ranges are copied. A NULL split_node (a plan without a split source)
+ * makes root one unit, unit 0: the lease runs it whole when its ranges
+ * hold unit 0, and yields nothing when they hold no unit. CACHEW_EINVAL
+ * when split_node is not a splittable node of root's graph or a range has
+ * begin > end; a range beyond the source's units (beyond unit 0 without a
+ * split node) fails the creation with CACHEW_ERANGE (the input changed
  * since the plan was made). Defined in exec_iter.c.
  */
 cachew_err cwi_iterator_create_lease(cachew_iterator **out, cwi_node *root,

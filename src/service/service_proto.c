@@ -38,7 +38,10 @@ typedef enum ftype {
 	F_ENUM, /* an int-sized enum, written as its name */
 	F_FP,   /* cachew_fingerprint, written as 32 hex digits */
 	F_U64S, /* uint64_t * at off, size_t count at off_n */
-	F_OBJS  /* array of `sub` structs at off, size_t count at off_n */
+	F_OBJS, /* array of `sub` structs at off, size_t count at off_n */
+	/* A unit count: uint64_t at off, bool "has one" at off_n; an
+	 * integer on the wire, -1 for none (the default), else 0..2^64-1. */
+	F_UNITS
 } ftype;
 
 #define F_REQ 1u /* required: absence is an error */
@@ -84,6 +87,8 @@ struct schema {
 	{#m, F_U64S, fl, OFF(T, m), OFF(T, n##m), mx, 0, NULL, NULL, 0}
 #define OBJS(T, m, fl, mx, sc) \
 	{#m, F_OBJS, fl, OFF(T, m), OFF(T, n##m), mx, 0, &sc, NULL, 0}
+#define UNITS(T, m, has) \
+	{#m, F_UNITS, 0, OFF(T, m), OFF(T, has), 0, 0, NULL, NULL, 0}
 #define SCHEMA(nm, T, f) \
 	{nm, sizeof(T), f, sizeof(f) / sizeof(f[0])}
 
@@ -184,7 +189,7 @@ static const field f_worker_deregister[] = {
 static const field f_dataset_register[] = {
     FP(cwi_msg_dataset_register, fingerprint),
     BIN(cwi_msg_dataset_register, graph, F_REQ, CWI_PROTO_MAX_GRAPH),
-    I64D(cwi_msg_dataset_register, split_units, -1),
+    UNITS(cwi_msg_dataset_register, split_units, splittable),
 };
 
 static const field f_dataset_register_reply[] = {
@@ -329,7 +334,7 @@ static const schema s_worker_status = SCHEMA("worker_status",
 static const field f_dataset_status[] = {
     U64(cwi_dataset_status, dataset_id, F_REQ),
     FP(cwi_dataset_status, fingerprint),
-    I64D(cwi_dataset_status, split_units, -1),
+    UNITS(cwi_dataset_status, split_units, splittable),
 };
 static const schema s_dataset_status = SCHEMA("dataset_status",
     cwi_dataset_status, f_dataset_status);
@@ -750,6 +755,8 @@ is_default(const field *f, const void *body)
 	case F_U64S:
 	case F_OBJS:
 		return *CAT(body, f->off_n, size_t) == 0;
+	case F_UNITS:
+		return !*CAT(body, f->off_n, bool);
 	default:
 		return false;
 	}
@@ -780,6 +787,12 @@ enc_field(const schema *s, const field *f, const void *body, cwi_strbuf *sb,
 		return CACHEW_OK;
 	case F_I64:
 		cwi_msgpack_put_int(sb, *CAT(body, f->off, int64_t));
+		return CACHEW_OK;
+	case F_UNITS:
+		if (*CAT(body, f->off_n, bool))
+			put_uint(sb, *CAT(body, f->off, uint64_t));
+		else
+			cwi_msgpack_put_int(sb, -1);
 		return CACHEW_OK;
 	case F_F64:
 		put_f64(sb, *CAT(body, f->off, double));
@@ -1442,6 +1455,18 @@ rd_field(reader *r, const field *f, void *body, unsigned depth)
 			return rd_fail(r, "%llu is larger than INT64_MAX",
 			    (unsigned long long)u);
 		*AT(body, f->off, int64_t) = neg ? i : (int64_t)u;
+		return CACHEW_OK;
+	case F_UNITS:
+		rv = rd_int(r, &u, &i, &neg, &is);
+		if (rv != CACHEW_OK)
+			return rv;
+		if (!is)
+			return rd_fail(r, "expected an integer");
+		if (neg && i != -1)
+			return rd_fail(r, "%lld is negative (-1 = none)",
+			    (long long)i);
+		*AT(body, f->off, uint64_t) = neg ? 0 : u;
+		*AT(body, f->off_n, bool) = !neg;
 		return CACHEW_OK;
 	case F_F64:
 		rv = rd_int(r, &u, &i, &neg, &is);

@@ -225,7 +225,11 @@ typedef struct cwi_msg_dataset_register {
 	cachew_fingerprint fingerprint;
 	uint8_t *graph;
 	size_t graph_len;
-	int64_t split_units; /* the split source's units; -1 = not splittable */
+	/* The units of the split source (0..2^64-1) when splittable; else
+	 * the pipeline has none and runs whole, as one unit. One wire field,
+	 * `split_units`: the count, or -1 for not splittable. */
+	uint64_t split_units;
+	bool splittable;
 } cwi_msg_dataset_register;
 
 typedef struct cwi_msg_dataset_register_reply {
@@ -406,7 +410,8 @@ typedef struct cwi_worker_status {
 typedef struct cwi_dataset_status {
 	uint64_t dataset_id;
 	cachew_fingerprint fingerprint;
-	int64_t split_units;
+	uint64_t split_units; /* as in cwi_msg_dataset_register */
+	bool splittable;
 } cwi_dataset_status;
 
 typedef struct cwi_job_status {

@@ -50,7 +50,9 @@ range_next_split(cwi_iter *it, cwi_chunk *out, size_t max)
 		if (e == NULL)
 			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
 			    "range: out of memory");
-		/* In range: u < count, so the value lies in [start, stop). */
+		/* In range: u < count (up to 2^64 - 1), so the value lies
+		 * in [start, stop); u * step and the sum wrap mod 2^64 in
+		 * uint64_t (defined), and the true value is their residue. */
 		cwi_tensor_init_i64(&e->comp[0],
 		    (int64_t)((uint64_t)r->start + u * (uint64_t)r->step));
 		cwi_chunk_push(out, e);

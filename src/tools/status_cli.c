@@ -53,8 +53,15 @@ print_text(const cwi_msg_status_reply *s)
 	printf("datasets (%zu)\n", s->ndatasets);
 	for (size_t i = 0; i < s->ndatasets; i++) {
 		cachew_fingerprint_hex(&s->datasets[i].fingerprint, hex);
-		printf("  %-6" PRIu64 " fingerprint %s, %" PRId64 " split units\n",
-		    s->datasets[i].dataset_id, hex, s->datasets[i].split_units);
+		if (s->datasets[i].splittable)
+			printf("  %-6" PRIu64 " fingerprint %s, %" PRIu64
+			       " split units\n",
+			    s->datasets[i].dataset_id, hex,
+			    s->datasets[i].split_units);
+		else
+			printf("  %-6" PRIu64 " fingerprint %s, runs whole (no "
+			       "splittable source)\n",
+			    s->datasets[i].dataset_id, hex);
 	}
 	printf("jobs (%zu)\n", s->njobs);
 	for (size_t i = 0; i < s->njobs; i++) {
@@ -122,11 +129,17 @@ print_json(const cwi_msg_status_reply *s)
 	}
 	printf("],\"datasets\":[");
 	for (size_t i = 0; i < s->ndatasets; i++) {
-		cachew_fingerprint_hex(&s->datasets[i].fingerprint, hex);
+		const cwi_dataset_status *ds = &s->datasets[i];
+		char units[24];
+		if (ds->splittable)
+			snprintf(units, sizeof(units), "%" PRIu64,
+			    ds->split_units);
+		else
+			snprintf(units, sizeof(units), "-1");
+		cachew_fingerprint_hex(&ds->fingerprint, hex);
 		printf("%s{\"id\":%" PRIu64 ",\"fingerprint\":\"%s\","
-		       "\"split_units\":%" PRId64 "}",
-		    i > 0 ? "," : "", s->datasets[i].dataset_id, hex,
-		    s->datasets[i].split_units);
+		       "\"split_units\":%s}",
+		    i > 0 ? "," : "", ds->dataset_id, hex, units);
 	}
 	printf("],\"jobs\":[");
 	for (size_t i = 0; i < s->njobs; i++) {

@@ -34,7 +34,8 @@ populated(void)
 	cwi_msg_worker_register wr = {.address = "tcp://w:1", .cores = 2};
 	cwi_msg_worker_register_reply wrr;
 	uint8_t graph[1] = {0x80};
-	cwi_msg_dataset_register dr = {{1, 2}, graph, 1, 10};
+	cwi_msg_dataset_register dr = {.fingerprint = {1, 2}, .graph = graph,
+	    .graph_len = 1, .split_units = 10, .splittable = true};
 	cwi_msg_dataset_register_reply drr;
 	cwi_msg_job_get_or_create jr;
 	cwi_msg_job_get_or_create_reply jrr;

@@ -900,7 +900,9 @@ join_job(session *s)
 	req.u.dataset_register.fingerprint = ctx->plan->worker_fp;
 	req.u.dataset_register.graph = ctx->graph;
 	req.u.dataset_register.graph_len = ctx->graph_len;
-	req.u.dataset_register.split_units = (int64_t)ctx->plan->units;
+	/* A plan without a split source runs whole: -1 on the wire. */
+	req.u.dataset_register.splittable = ctx->plan->source != NULL;
+	req.u.dataset_register.split_units = ctx->plan->units;
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_DATASET_REGISTER_REPLY, total, &s->closing, &rep);
 	req.u.dataset_register.graph = NULL; /* borrowed */
@@ -1342,6 +1344,15 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	    (void **)&ctx->graph, &ctx->graph_len);
 	if (rv != CACHEW_OK)
 		goto fail;
+	/* Every pipeline has a plan; one whose graph the wire cannot carry
+	 * (a large literal) is the one the service cannot run. */
+	if (ctx->graph_len > CWI_PROTO_MAX_GRAPH) {
+		rv = cwi_fail(CACHEW_ENOTSUP, "service %s: the pipeline's graph "
+		    "is %zu bytes, over the service's limit of %u (a large "
+		    "literal?); run it in-process (service=local)",
+		    url, ctx->graph_len, CWI_PROTO_MAX_GRAPH);
+		goto fail;
+	}
 	ctx->src.ops = &stream_ops;
 	ctx->src.ctx = ctx;
 	rv = cwi_split_client_graph(ctx->plan, &ctx->src, &ctx->client_graph);

@@ -64,7 +64,10 @@ typedef struct dataset {
 	cachew_fingerprint fp;
 	uint8_t *graph;
 	size_t graph_len;
-	int64_t split_units;
+	/* The split source's units, or none (!splittable): the pipeline
+	 * then runs whole, as one unit (dataset_register). */
+	uint64_t split_units;
+	bool splittable;
 	uint64_t last_used_ns; /* registered or given a job */
 } dataset;
 

@@ -65,14 +65,18 @@ static void
 split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
 {
 	out->split_id = id;
+	/* id < nsplits, so begin < nunits; the last split ends at nunits
+	 * (begin + units_per_split may pass 2^64 - 1). */
 	out->begin = id * l->units_per_split;
-	out->end = out->begin + l->units_per_split;
-	if (out->end > l->nunits)
-		out->end = l->nunits;
+	out->end = l->nunits - out->begin > l->units_per_split
+	    ? out->begin + l->units_per_split : l->nunits;
 }
 
 /* Groups the dataset's units into about splits_per_worker splits per
- * available worker (at least one unit each). */
+ * available worker (at least one unit each). A dataset without a
+ * splittable source is one unit, the whole pipeline: one split. Units go
+ * up to 2^64 - 1 (range(INT64_MIN, INT64_MAX)): the ceilings below are
+ * quotient plus one, never (n + want - 1) / want, which would wrap. */
 cachew_err
 cwi_ledger_init(cwi_dispatcher *d, job *j)
 {
@@ -86,8 +90,10 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
 
-	l->nunits = j->pass.graph != NULL ? j->pass.units
-					  : (uint64_t)j->ds->split_units;
+	if (j->pass.graph != NULL)
+		l->nunits = j->pass.units;
+	else
+		l->nunits = j->ds->splittable ? j->ds->split_units : 1;
 	want = (uint64_t)d->cfg.splits_per_worker * (w > 0 ? w : 1);
 	if (want > CWI_PROTO_MAX_SPLITS)
 		want = CWI_PROTO_MAX_SPLITS;

@@ -25,7 +25,7 @@ cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
 	*len = 0;
 	*units = 0;
 	if (ds == NULL || req->processing_mode != CWI_MODE_DISTRIBUTED_EPOCH ||
-	    ds->split_units < 0 || ds->graph_len == 0)
+	    !ds->splittable || ds->graph_len == 0)
 		return false;
 	if (req->job_name != NULL &&
 	    cwi_disp_find_named_job(d, req->job_name, req->iteration) != NULL)
@@ -35,7 +35,7 @@ cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
 		return false;
 	memcpy(*graph, ds->graph, ds->graph_len);
 	*len = ds->graph_len;
-	*units = (uint64_t)ds->split_units;
+	*units = ds->split_units;
 	return true;
 }
 

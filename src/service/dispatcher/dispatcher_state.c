@@ -648,8 +648,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 }
 
 static cachew_err
-job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
-    const dataset *ds)
+job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r)
 {
 	if (r->num_consumers > d->cfg.max_consumers)
 		return cwi_fail(CACHEW_EINVAL, "num_consumers %" PRIu32
@@ -668,13 +667,6 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (r->worker_policy == CWI_WORKERS_FIXED && r->num_workers == 0)
 		return cwi_fail(CACHEW_EINVAL, "worker policy 'fixed' needs "
 					       "num_workers > 0");
-	if (r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH &&
-	    ds->split_units < 0)
-		return cwi_fail(CACHEW_EINVAL, "dataset %" PRIu64 " has no "
-					       "splittable source: "
-					       "distributed_epoch needs one "
-					       "(use parallel_epochs)",
-		    ds->id);
 	if (r->job_name != NULL && r->job_name[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "empty job name (leave it out "
 					       "for a private job)");
@@ -857,7 +849,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		return cwi_fail(CACHEW_ENOENT, "dataset %" PRIu64 " is not "
 					       "registered",
 		    req->dataset_id);
-	rv = job_check_request(d, req, ds);
+	rv = job_check_request(d, req);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (req->job_name != NULL)
@@ -1380,10 +1372,6 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	d->now = now_ns;
 	if (req->graph_len == 0)
 		return cwi_fail(CACHEW_EINVAL, "dataset_register: empty graph");
-	if (req->split_units < -1)
-		return cwi_fail(CACHEW_EINVAL, "dataset_register: split_units "
-					       "%" PRId64 " is negative",
-		    req->split_units);
 	for (size_t i = 0; i < d->datasets.n; i++) {
 		ds = DATASET(d, i);
 		if (ds->fp.hi == req->fingerprint.hi &&
@@ -1404,14 +1392,18 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	memcpy(ds->graph, req->graph, req->graph_len);
 	ds->graph_len = req->graph_len;
 	ds->fp = req->fingerprint;
-	ds->split_units = req->split_units;
+	ds->split_units = req->splittable ? req->split_units : 0;
+	ds->splittable = req->splittable;
 	ds->last_used_ns = now_ns;
 	ds->id = d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
 	cwi_disp_ev_begin(d, "dataset_registered");
 	cwi_disp_ev_u64(d, "dataset_id", ds->id);
 	cwi_disp_ev_str(d, "fingerprint", hex);
-	cwi_disp_ev_i64(d, "split_units", ds->split_units);
+	if (ds->splittable)
+		cwi_disp_ev_u64(d, "split_units", ds->split_units);
+	else
+		cwi_disp_ev_i64(d, "split_units", -1);
 	cwi_disp_ev_end(d);
 	rep->dataset_id = ds->id;
 	rep->created = true;

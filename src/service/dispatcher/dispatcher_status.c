@@ -128,6 +128,7 @@ status_datasets(const cwi_dispatcher *d, cwi_msg_status_reply *rep)
 		s->dataset_id = DATASET(d, i)->id;
 		s->fingerprint = DATASET(d, i)->fp;
 		s->split_units = DATASET(d, i)->split_units;
+		s->splittable = DATASET(d, i)->splittable;
 	}
 	return CACHEW_OK;
 }
