@@ -685,8 +685,15 @@ explain_node(const cachew_dataset *ds, int depth)
 	printf("%*s%s", depth * 2, "", cachew_dataset_op(ds));
 	if (ds->detail != NULL && ds->detail[0] != '\0')
 		printf(" [%s]", ds->detail);
-	printf("(%s)  fp=%s\n", sb.data != NULL && !sb.oom ? sb.data : "",
+	printf("(%s)  fp=%s", sb.data != NULL && !sb.oom ? sb.data : "",
 	    hex);
+	/* The plugin build the function came from: part of the fp. */
+	if (ds->fn != NULL && ds->fn->plugin != NULL)
+		printf("  plugin=%s version=%s build=%s", ds->fn->plugin->name,
+		    ds->fn->plugin->version[0] != '\0' ? ds->fn->plugin->version
+							 : "none",
+		    ds->fn->plugin->hash_hex);
+	printf("\n");
 	cwi_strbuf_free(&sb);
 	for (size_t i = 0; i < cachew_dataset_num_inputs(ds); i++)
 		explain_node(cachew_dataset_input(ds, i), depth + 1);
