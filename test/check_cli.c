@@ -557,6 +557,32 @@ START_TEST(plugin_square_maps_values)
 }
 END_TEST
 
+/* The embedded service runs a plugin's functions even when the plugin was
+ * loaded after the service started: its worker shares the process, so
+ * the dispatcher does not hold it to the functions it reported at start
+ * (issue 20, item 4). Both the named service and the default. */
+START_TEST(plugin_functions_run_on_an_embedded_service_started_before)
+{
+	cachew_options *o;
+	char *s;
+
+	ck_assert_int_eq(cachew_options_create(&o), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	s = cwt_seq("range(4)", o);
+	ck_assert_str_eq(s, "0,1,2,3");
+	free(s);
+	load_example_plugin();
+	s = cwt_seq("range(6) | map(square)", o);
+	ck_assert_str_eq(s, "0,1,4,9,16,25");
+	free(s);
+	s = cwt_seq("range(6) | map(square) | filter(is_even)", NULL);
+	ck_assert_str_eq(s, "0,4,16");
+	free(s);
+	cachew_options_destroy(o);
+}
+END_TEST
+
 START_TEST(plugin_square_maps_batches_in_place)
 {
 	char *s;
@@ -906,6 +932,8 @@ cwt_cli_suite(void)
 	tcase_add_test(plugin, plugin_duplicate_name_is_eexist);
 	tcase_add_test(plugin, plugin_with_a_newer_op_def_is_refused_naming_it);
 	tcase_add_test(plugin, plugin_identity_is_its_info_or_its_file_name);
+	tcase_add_test(plugin,
+	    plugin_functions_run_on_an_embedded_service_started_before);
 	suite_add_tcase(s, plugin);
 	return s;
 }
