@@ -792,6 +792,13 @@ START_TEST(plugin_identity_is_its_info_or_its_file_name)
 	ck_assert_msg(strstr(r.out, "plugin=my-ops version=1.2.0+g3 build=") !=
 		NULL, "%s", r.out);
 	cli_free(&r);
+	/* `cachew ops` says where each function comes from. */
+	r = cli("ops", "--plugin", so);
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_msg(strstr(r.out, "named_pass           map               "
+				    "plugin my-ops 1.2.0+g3\n") != NULL,
+	    "%s", r.out);
+	cli_free(&r);
 	tiny_plugin(dir, "bad_name.so", "bad_pass",
 	    ".version = CACHEW_PLUGIN_INFO_VERSION, .name = \"my ops\"");
 	snprintf(so, sizeof(so), "%s/bad_name.so", dir);
