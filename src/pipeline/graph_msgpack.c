@@ -7,7 +7,8 @@
  * give equal bytes whatever their sharing. The decoder validates the
  * document and rebuilds every node with cwi_node_build, which re-checks
  * the parameters and recomputes fingerprints: nothing in the input is
- * trusted.
+ * trusted. A node whose function a plugin registered names that plugin's
+ * build (`plugin`); a reader runs it only with the very same build.
  */
 #include "pipeline.h"
 
