@@ -90,6 +90,13 @@ $(BUILD)/plugin_example.so: examples/plugin/plugin_example.c include/cachew.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -shared -o $@ $<
 
+# The same plugin as another release (version 2.0): the tests see two
+# builds of one plugin get different fingerprints and workers.
+$(BUILD)/plugin_example_v2.so: examples/plugin/plugin_example.c include/cachew.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -shared \
+		-DPLUGIN_EXAMPLE_VERSION='"2.0"' -o $@ $<
+
 # A plugin whose definition claims a newer cachew_op_def version: the
 # registry tests load it to see it refused.
 $(BUILD)/plugin_newer_def.so: test/plugin/plugin_newer_def.c include/cachew.h
@@ -118,7 +125,7 @@ check-layers: $(BUILD)/libcachew.a
 	@/usr/bin/python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
 
 check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
-	$(BUILD)/plugin_newer_def.so $(FUZZ_REPLAY) check-symbols check-layers
+	$(BUILD)/plugin_example_v2.so $(BUILD)/plugin_newer_def.so $(FUZZ_REPLAY) check-symbols check-layers
 	@for f in $(FUZZ_REPLAY); do \
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
@@ -148,7 +155,7 @@ tsan: deps
 # the whole test process: its leak report is not the suite's, so children
 # stay silent.
 valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
-	$(BUILD)/plugin_newer_def.so
+	$(BUILD)/plugin_example_v2.so $(BUILD)/plugin_newer_def.so
 	CK_FORK=no CWT_VALGRIND=1 CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
 		--child-silent-after-fork=yes \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \

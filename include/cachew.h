@@ -660,13 +660,49 @@ CACHEW_API cachew_err cachew_op_register(const cachew_op_def *def);
 #define CACHEW_PLUGIN_INIT_SYMBOL "cachew_plugin_init"
 typedef cachew_err (*cachew_plugin_init_fn)(unsigned abi);
 
-/* dlopens a plugin .so and runs its init symbol. Loading the same path
- * (after realpath) twice is a no-op that returns the first load's
- * outcome. The library is never unloaded, and operators its init
- * registered stay even if it then failed. CACHEW_ENOENT for a missing file
- * or one without the init symbol, CACHEW_EINVAL for a file dlopen refuses,
- * else what the init returned; each with a cachew_errmsg() naming the
- * path. path is only read. Thread safe (loads are serialised). Since 0.1.
+/* The layout version of cachew_plugin_info this header declares (its
+ * first field, as in cachew_op_def: versions only grow, fields are only
+ * appended).
+ *   1  version, name, plugin_version
+ * Since 0.1. */
+#define CACHEW_PLUGIN_INFO_VERSION 1
+
+/* What a plugin says about itself: an optional exported object named
+ * CACHEW_PLUGIN_INFO_SYMBOL, read when the plugin is loaded, before its
+ * init runs:
+ *
+ *   CACHEW_API const cachew_plugin_info cachew_plugin_identity = {
+ *       .version = CACHEW_PLUGIN_INFO_VERSION,
+ *       .name = "my_ops", .plugin_version = "1.2.0"};
+ *
+ * A plugin's identity is its name, its version and a hash of its file's
+ * bytes (XXH3-128, computed at load). It is part of the fingerprint of
+ * every pipeline that uses one of its functions, so caches made with one
+ * build of a plugin are never read with another, and the service runs a
+ * job's tasks only on workers that loaded the same build
+ * (docs/graph-format.md, section 5.3). Without this object the name is
+ * the file's name without directory and extension and the version is
+ * empty. name and plugin_version are 1 to 63 characters of
+ * [A-Za-z0-9_.+-] (plugin_version may be NULL or empty: unknown);
+ * anything else fails the load with CACHEW_EINVAL. The strings are read
+ * during the load only. */
+#define CACHEW_PLUGIN_INFO_SYMBOL "cachew_plugin_identity"
+typedef struct cachew_plugin_info {
+	unsigned version;           /* CACHEW_PLUGIN_INFO_VERSION */
+	const char *name;           /* e.g. "my_ops" */
+	const char *plugin_version; /* e.g. "1.2.0"; NULL: unknown */
+} cachew_plugin_info;
+
+/* dlopens a plugin .so, reads its identity (cachew_plugin_info above, and
+ * the hash of the file's bytes) and runs its init symbol; the operators
+ * the init registers carry that identity. Loading the same path (after
+ * realpath) twice is a no-op that returns the first load's outcome. The
+ * library is never unloaded, and operators its init registered stay even
+ * if it then failed. CACHEW_ENOENT for a missing file or one without the
+ * init symbol, CACHEW_EINVAL for a file dlopen refuses or a malformed
+ * cachew_plugin_info, CACHEW_EIO for a file that cannot be read, else
+ * what the init returned; each with a cachew_errmsg() naming the path.
+ * path is only read. Thread safe (loads are serialised). Since 0.1.
  */
 CACHEW_API cachew_err cachew_plugin_load(const char *path);
 

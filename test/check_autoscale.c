@@ -112,8 +112,8 @@ add_workers(harness *h, uint64_t *ids, int n)
 static uint64_t
 add_dataset(harness *h)
 {
-	uint8_t graph[4] = {0x81, 0xa1, 'x', 0x01};
-	cwi_msg_dataset_register req = {{7, 21}, graph, 4, 100000, true};
+	cwi_msg_dataset_register req = {{7, 21},
+	    (uint8_t *)cwt_range3_graph, cwt_range3_graph_len, 100000, true};
 	cwi_msg_dataset_register_reply rep;
 
 	ck_assert_int_eq(cwi_dispatcher_dataset_register(h->d, h->now, &req,

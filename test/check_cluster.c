@@ -7,6 +7,7 @@
  * is stopped by its pid.
  */
 #include "cwt.h"
+#include "../src/graph/graph.h"
 #include "../src/service/service_rpc.h"
 
 #include <arpa/inet.h>
@@ -530,6 +531,281 @@ START_TEST(cluster_workers_run_plugin_functions)
 			  "found") != NULL, "%s", text);
 	free(text);
 	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* Waits (20 s at most) until the dispatcher's events log holds `needle`
+ * at least n times; returns the log (free). */
+static char *
+wait_events(const cwt_cluster *c, const char *needle, int n)
+{
+	char path[700], *ev = NULL;
+	int found = 0;
+
+	snprintf(path, sizeof(path), "%s/work/events.jsonl", c->dir);
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(20000);
+	     found < n && cwt_now_ms() < end; cwt_nap_ms(10)) {
+		free(ev);
+		ev = cwt_slurp(path);
+		found = 0;
+		for (const char *q = ev; q != NULL && (q = strstr(q, needle));
+		     q++)
+			found++;
+	}
+	ck_assert_msg(found >= n, "%d of %d '%s' in the events: %s", found, n,
+	    needle, ev != NULL ? ev : "(none)");
+	return ev;
+}
+
+/* A worker started with --plugin so (NULL: none) as c->workers[i]. */
+static void
+plugin_worker_start(cwt_cluster *c, int i, const char *so)
+{
+	char name[32];
+
+	if (so == NULL) {
+		cwt_cluster_worker_start(c, i);
+		return;
+	}
+	snprintf(name, sizeof(name), "worker%d", i);
+	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", "--plugin", so,
+	    (char *)NULL);
+}
+
+/* The worker id the dispatcher gave the worker at url, from its log. */
+static uint64_t
+worker_id_of(const char *events, const char *url)
+{
+	char needle[400];
+	const char *at;
+
+	snprintf(needle, sizeof(needle), "\"address\":\"%s\"", url);
+	at = strstr(events, needle);
+	ck_assert_msg(at != NULL, "%s never registered: %s", url, events);
+	while (at > events && strncmp(at, "\"worker_id\":", 12) != 0)
+		at--;
+	return strtoull(at + 12, NULL, 10);
+}
+
+/* A job whose pipeline uses a plugin's functions runs only on the workers
+ * that loaded that plugin: a worker without it never gets the job's task
+ * (issue 20, item 4), and the data is what in-process gives. */
+START_TEST(cluster_job_runs_only_on_workers_with_its_plugin)
+{
+	static const char *const p =
+	    "range(3000) | map(square) | filter(is_even)";
+	char so[600], needle[120], *ev, *log0, *log1;
+	uint64_t bare;
+	cwt_cluster c;
+
+	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
+	cwt_cluster_start(&c, 1); /* worker0: no plugin */
+	plugin_worker_start(&c, 1, so);
+	c.nworkers = 2;
+	free(wait_events(&c, "\"event\":\"worker_registered\"", 2));
+	run_sum local = run_digest(p, NULL, NULL);
+	run_sum remote = run_digest(p, c.dispatcher.url, NULL);
+	ck_assert_uint_eq(local.n, 1500);
+	ck_assert_uint_eq(remote.n, local.n);
+	ck_assert_uint_eq(remote.digest, local.digest);
+	ev = wait_events(&c, "\"event\":\"task_added\"", 1);
+	bare = worker_id_of(ev, c.workers[0].url);
+	snprintf(needle, sizeof(needle), "\"worker_id\":%" PRIu64 ",\"address\"",
+	    bare);
+	ck_assert_msg(strstr(ev, needle) != NULL, "%s", ev);
+	snprintf(needle, sizeof(needle), ",\"worker_id\":%" PRIu64 "}", bare);
+	ck_assert_msg(strstr(ev, "\"event\":\"task_added\"") != NULL &&
+		strstr(ev, needle) == NULL,
+	    "worker %" PRIu64 " (no plugin) got a task: %s", bare, ev);
+	free(ev);
+	log0 = cwt_slurp(c.workers[0].log);
+	log1 = cwt_slurp(c.workers[1].log);
+	ck_assert_msg(strstr(log0, "event=task_started") == NULL, "%s", log0);
+	ck_assert_msg(strstr(log1, "event=task_started") != NULL, "%s", log1);
+	free(log0);
+	free(log1);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A job whose function no live worker has (one has no plugin, one another
+ * build of it) is refused before any work: the client's error names the
+ * function, the plugin build it needs and each worker with what it has. */
+START_TEST(cluster_job_no_worker_can_run_is_refused_naming_it)
+{
+	char v1[600], v2[600], err[600], want[400];
+	cachew_element **v = NULL;
+	cachew_options *o = cwt_opts(1, 1);
+	size_t n = 0;
+	cwt_cluster c;
+
+	snprintf(v1, sizeof(v1), "%s/plugin_example.so", cwt_build_dir());
+	snprintf(v2, sizeof(v2), "%s/plugin_example_v2.so", cwt_build_dir());
+	ck_assert_int_eq(cachew_plugin_load(v1), CACHEW_OK);
+	cwt_cluster_start(&c, 1);
+	plugin_worker_start(&c, 1, v2);
+	c.nworkers = 2;
+	free(wait_events(&c, "\"event\":\"worker_registered\"", 2));
+	ck_assert_int_eq(cachew_options_set_str(o, "service", c.dispatcher.url),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwt_run("range(10) | map(square)", o, &v, &n, err,
+			     sizeof(err)),
+	    CACHEW_ENOTSUP);
+	ck_assert_msg(strstr(err, "no worker can run dataset ") != NULL &&
+		strstr(err, "which needs function 'square' of plugin "
+			    "plugin_example 1.0 (build ") != NULL,
+	    "%s", err);
+	snprintf(want, sizeof(want), "(%s) lacks it (has no 'square')",
+	    c.workers[0].url);
+	ck_assert_msg(strstr(err, want) != NULL, "%s lacks %s", err, want);
+	snprintf(want, sizeof(want), "(%s) lacks it (has plugin plugin_example "
+	    "2.0, build ", c.workers[1].url);
+	ck_assert_msg(strstr(err, want) != NULL, "%s lacks %s", err, want);
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* ---- a worker given a task it cannot run ------------------------------------ */
+
+/* A dispatcher played by the test: it registers the worker and hands it,
+ * in every heartbeat reply until the worker reports it, task 7 of a graph
+ * the worker cannot decode; it records what the worker reports. */
+typedef struct fake_disp {
+	pthread_mutex_t lock;
+	void *graph;
+	size_t graph_len;
+	int heartbeats_with_task; /* reporting task 7, not done */
+	bool done_reported;
+} fake_disp;
+
+static void
+fake_disp_heartbeat(fake_disp *f, const cwi_msg_worker_heartbeat *hb,
+    cwi_pmsg *rep)
+{
+	bool reported = false;
+
+	cwi_pmsg_init(rep, CWI_MSG_WORKER_HEARTBEAT_REPLY);
+	pthread_mutex_lock(&f->lock);
+	for (size_t i = 0; i < hb->ntasks; i++) {
+		if (hb->tasks[i].task_id != 7)
+			continue;
+		reported = true;
+		if (hb->tasks[i].done)
+			f->done_reported = true;
+		else
+			f->heartbeats_with_task++;
+	}
+	if (!reported) {
+		cwi_task_def *td = calloc(1, sizeof(*td));
+		ck_assert_ptr_nonnull(td);
+		td->task_id = 7;
+		td->job_id = 1;
+		td->dataset_id = 1;
+		td->graph = malloc(f->graph_len);
+		ck_assert_ptr_nonnull(td->graph);
+		memcpy(td->graph, f->graph, f->graph_len);
+		td->graph_len = f->graph_len;
+		rep->u.worker_heartbeat_reply.start = td;
+		rep->u.worker_heartbeat_reply.nstart = 1;
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
+static void
+fake_disp_handle(void *arg, cwi_request *r)
+{
+	fake_disp *f = arg;
+	cwi_pmsg m, rep;
+
+	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &m) !=
+	    CACHEW_OK) {
+		cwi_request_reject(r, cwi_errmsg_get());
+		return;
+	}
+	if (m.type == CWI_MSG_WORKER_REGISTER) {
+		cwi_pmsg_init(&rep, CWI_MSG_WORKER_REGISTER_REPLY);
+		rep.u.worker_register_reply.worker_id = 1;
+		rep.u.worker_register_reply.heartbeat_interval_ms = 50;
+		rep.u.worker_register_reply.worker_timeout_ms = 10000;
+	} else if (m.type == CWI_MSG_WORKER_HEARTBEAT) {
+		fake_disp_heartbeat(f, &m.u.worker_heartbeat, &rep);
+	} else {
+		cwi_rpc_reply_error(r, CACHEW_EINVAL, "not expected: %s",
+		    cwi_msg_type_name(m.type));
+		cwi_pmsg_free(&m);
+		return;
+	}
+	cwi_rpc_reply(r, &rep);
+	cwi_pmsg_free(&rep);
+	cwi_pmsg_free(&m);
+}
+
+/* A worker given a task whose graph needs a function it lacks (a dispatcher
+ * that did not check, or a race) fails it cleanly: the task stays, its
+ * clients get an error naming the worker, the function and the plugin,
+ * and it never reports done, so its work is not handed back to it. */
+START_TEST(cluster_worker_fails_a_task_it_cannot_run_naming_itself)
+{
+	char so[600], want[600], *dir = cwt_tmpdir(), *log;
+	fake_disp f = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	cachew_dataset *ds;
+	cwi_listener *l;
+	cwi_conn *conn;
+	cwt_daemon w;
+	cwi_pmsg req, rep;
+	cachew_err rv;
+
+	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(10) | map(square)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_msgpack(ds, &f.graph, &f.graph_len),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_listen(&l, "tcp://127.0.0.1:0", NULL,
+			     fake_disp_handle, &f),
+	    CACHEW_OK);
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    cwi_listener_url(l), "--listen", "tcp://127.0.0.1:0",
+	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(20000);
+	     cwt_now_ms() < end; cwt_nap_ms(10)) {
+		pthread_mutex_lock(&f.lock);
+		int seen = f.heartbeats_with_task;
+		pthread_mutex_unlock(&f.lock);
+		if (seen >= 3)
+			break;
+	}
+	ck_assert_int_eq(cwi_dial(&conn, w.url, NULL), CACHEW_OK);
+	cwi_pmsg_init(&req, CWI_MSG_GET_ELEMENTS);
+	req.u.get_elements.task_id = 7;
+	req.u.get_elements.client_id = 1;
+	rv = cwi_rpc_call(conn, &req, CWI_MSG_GET_ELEMENTS_REPLY, 5000, &rep);
+	ck_assert_int_eq(rv, CACHEW_ENOENT);
+	snprintf(want, sizeof(want), "worker 1 (%s): graph: node 1: function "
+	    "'square' of plugin plugin_example 1.0 (build %.16s) is not loaded "
+	    "here (no function of that name)", w.url,
+	    cwi_fn_lookup("square")->plugin->hash_hex);
+	ck_assert_msg(strstr(cachew_errmsg(), want) != NULL, "'%s' lacks '%s'",
+	    cachew_errmsg(), want);
+	cwi_conn_destroy(conn);
+	pthread_mutex_lock(&f.lock);
+	ck_assert_int_ge(f.heartbeats_with_task, 3);
+	ck_assert(!f.done_reported);
+	pthread_mutex_unlock(&f.lock);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(strstr(log, "event=task_start_failed task=7") != NULL,
+	    "%s", log);
+	free(log);
+	cwi_listener_destroy(l);
+	cachew_free(f.graph);
+	cachew_dataset_release(ds);
+	cwt_rmtree(dir);
+	free(dir);
 }
 END_TEST
 
@@ -1703,6 +1979,10 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
 	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
+	tcase_add_test(tc, cluster_job_runs_only_on_workers_with_its_plugin);
+	tcase_add_test(tc, cluster_job_no_worker_can_run_is_refused_naming_it);
+	tcase_add_test(tc,
+	    cluster_worker_fails_a_task_it_cannot_run_naming_itself);
 	tcase_add_test(tc, cluster_reshuffle_draws_from_the_epoch);
 	tcase_add_test(tc,
 	    cluster_random_functions_and_file_orders_draw_from_the_epoch);

@@ -14,6 +14,7 @@
 
 #include "../src/core/value_msgpack.h"
 #include "../src/graph/graph.h"
+#include "../src/pipeline/pipeline.h"
 
 /* ---- helpers ----------------------------------------------------------------- */
 
@@ -1593,6 +1594,265 @@ START_TEST(test_fingerprint_known_value)
 }
 END_TEST
 
+/* ---- plugin builds --------------------------------------------------------------------- */
+
+/* Loads <build>/plugin_example.so (square, is_even) into this test's
+ * process: its functions then carry its identity. */
+static void
+load_example_plugin(void)
+{
+	char so[600];
+
+	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	ck_assert_msg(cachew_plugin_load(so) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+}
+
+/* The fingerprint `cachew explain --plugin so` gives the pipeline (its
+ * first line's fp=), in another process. */
+static void
+explain_fp(const char *so, const char *pipeline, char out[33])
+{
+	char cmd[1400], line[1024], *fp;
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "%s/cachew explain --plugin '%s' '%s'",
+	    cwt_build_dir(), so, pipeline);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	ck_assert_msg(fgets(line, sizeof(line), p) != NULL, "%s: no output",
+	    cmd);
+	while (fgetc(p) != EOF)
+		;
+	ck_assert_int_eq(pclose(p), 0);
+	fp = strstr(line, "fp=");
+	ck_assert_msg(fp != NULL && strlen(fp) >= 35, "%s: %s", cmd, line);
+	memcpy(out, fp + 3, 32);
+	out[32] = '\0';
+}
+
+/* Copies the file `from` to `to`, then appends `extra` bytes (another
+ * build of the same plugin: it still loads, and hashes differently). */
+static void
+copy_file(const char *from, const char *to, const char *extra)
+{
+	char *data = cwt_slurp(from);
+	struct stat st;
+	size_t n;
+
+	ck_assert_ptr_nonnull(data);
+	ck_assert_int_eq(stat(from, &st), 0);
+	n = (size_t)st.st_size;
+	data = realloc(data, n + strlen(extra));
+	ck_assert_ptr_nonnull(data);
+	memcpy(data + n, extra, strlen(extra));
+	cwt_write_file(to, data, n + strlen(extra));
+	free(data);
+}
+
+/* A plugin's identity (name, version, a hash of the .so) is part of the
+ * fingerprint of every pipeline using its functions (issue 20, item 4):
+ * another version, or the same version rebuilt, is another fingerprint
+ * (never the same cache), while the same bytes at another path are the
+ * same plugin. Pipelines without plugin functions keep their pinned
+ * fingerprints with the plugin loaded. */
+START_TEST(test_fingerprint_changes_with_the_plugin_build)
+{
+	static const char *const p = "range(5) | map(square)";
+	char v1[600], v2[600], same[700], rebuilt[700];
+	char fp1[33], fp2[33], fps[33], fpr[33], fpb[33];
+	char *dir = cwt_tmpdir();
+
+	snprintf(v1, sizeof(v1), "%s/plugin_example.so", cwt_build_dir());
+	snprintf(v2, sizeof(v2), "%s/plugin_example_v2.so", cwt_build_dir());
+	snprintf(same, sizeof(same), "%s/renamed_copy.so", dir);
+	snprintf(rebuilt, sizeof(rebuilt), "%s/plugin_example.so", dir);
+	copy_file(v1, same, "");
+	copy_file(v1, rebuilt, "another build");
+	explain_fp(v1, p, fp1);
+	explain_fp(v2, p, fp2);
+	explain_fp(same, p, fps);
+	explain_fp(rebuilt, p, fpr);
+	ck_assert_str_ne(fp1, fp2);
+	ck_assert_str_ne(fp1, fpr);
+	ck_assert_str_ne(fp2, fpr);
+	ck_assert_str_eq(fp1, fps);
+	explain_fp(v1, "range(10) | batch(4)", fpb);
+	ck_assert_str_eq(fpb, "85d24e127403fc48ecb2eb7a9b3b5a31");
+	/* The function's node changes; its input, range(5), does not. */
+	explain_fp(v2, "range(5)", fpb);
+	ck_assert_str_eq(fpb, "26ca37204df8a00d924100754c9995cd");
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* msgpack hex of a string (fixstr or str8). */
+static void
+str_hex(char *out, const char *text)
+{
+	size_t n = strlen(text);
+
+	out += strlen(out);
+	out += n < 32 ? sprintf(out, "%02zx", 0xa0 | n)
+		      : sprintf(out, "d9%02zx", n);
+	for (size_t i = 0; i < n; i++)
+		out += sprintf(out, "%02x", (unsigned char)text[i]);
+}
+
+/* A graph of range(3) and map(fn) whose map node has a `plugin` entry
+ * (name, version, hash) unless name is NULL. */
+static char *
+map_graph_hex(const char *fn, const char *name, const char *version,
+    const char *hash)
+{
+	char nodes[1024];
+
+	snprintf(nodes, sizeof(nodes), "%s%s%s", NODE_RANGE3,
+	    name != NULL ? "84" : "83",
+	    "a6696e70757473" "9100" "a26f70" "a36d6170" "a6706172616d73"
+	    "81" "a2666e");
+	str_hex(nodes, fn);
+	if (name != NULL) {
+		strcat(nodes, "a6706c7567696e" "83" "a468617368");
+		str_hex(nodes, hash);
+		strcat(nodes, "a46e616d65");
+		str_hex(nodes, name);
+		strcat(nodes, "a776657273696f6e");
+		str_hex(nodes, version);
+	}
+	return graph_hex(nodes, 2, 1, 1);
+}
+
+/* A graph names the plugin build its functions come from, and a reader
+ * with another build, or none, refuses it as the function missing,
+ * naming the function, the build wanted and what it has. */
+START_TEST(test_graph_msgpack_refuses_another_plugin_build)
+{
+	const cwi_plugin *pl;
+	char fp_a[33], fp_b[33], want[300], *h, bad[33];
+	cachew_dataset *ds, *back = NULL;
+	void *buf = NULL;
+	size_t len = 0;
+
+	load_example_plugin();
+	pl = cwi_fn_lookup("square")->plugin;
+	ck_assert_ptr_nonnull(pl);
+	ck_assert_str_eq(pl->name, "plugin_example");
+	ck_assert_str_eq(pl->version, "1.0");
+	/* Written with the plugin's build, read back as the same. */
+	ds = parse_ok("range(3) | map(square)");
+	ck_assert_int_eq(cachew_dataset_to_msgpack(ds, &buf, &len), CACHEW_OK);
+	ck_assert_ptr_nonnull(memmem(buf, len, pl->hash_hex, 32));
+	ck_assert_int_eq(cachew_dataset_from_msgpack(&back, buf, len),
+	    CACHEW_OK);
+	fp_hex(ds, fp_a);
+	fp_hex(back, fp_b);
+	ck_assert_str_eq(fp_a, fp_b);
+	cachew_free(buf);
+	cachew_dataset_release(back);
+	cachew_dataset_release(ds);
+	h = map_graph_hex("square", "plugin_example", "1.0", pl->hash_hex);
+	back = NULL;
+	{
+		uint8_t b[512];
+		size_t n = unhex(h, b, sizeof(b));
+		ck_assert_msg(cachew_dataset_from_msgpack(&back, b, n) ==
+			CACHEW_OK, "%s", cachew_errmsg());
+		cachew_dataset_release(back);
+	}
+	free(h);
+	/* Another version, another hash. */
+	snprintf(want, sizeof(want), "graph: node 1: function 'square' of "
+	    "plugin plugin_example 2.0 (build %.16s) is not loaded here: this "
+	    "process has 'square' of plugin plugin_example 1.0 (build %.16s)",
+	    pl->hash_hex, pl->hash_hex);
+	h = map_graph_hex("square", "plugin_example", "2.0", pl->hash_hex);
+	assert_graph_fails(h, CACHEW_ENOENT, want);
+	free(h);
+	memcpy(bad, pl->hash_hex, 33);
+	bad[0] = bad[0] == '0' ? '1' : '0';
+	h = map_graph_hex("square", "plugin_example", "1.0", bad);
+	assert_graph_fails(h, CACHEW_ENOENT, "is not loaded here: this process "
+	    "has 'square' of plugin plugin_example 1.0");
+	free(h);
+	/* No plugin in the graph, a plugin's function here; the reverse. */
+	h = map_graph_hex("square", NULL, NULL, NULL);
+	assert_graph_fails(h, CACHEW_ENOENT, "graph: node 1: function 'square' "
+	    "(registered from C, of no plugin) is not loaded here: this "
+	    "process has 'square' of plugin plugin_example 1.0");
+	free(h);
+	h = map_graph_hex("add", "plugin_example", "1.0", pl->hash_hex);
+	assert_graph_fails(h, CACHEW_ENOENT, "function 'add' of plugin "
+	    "plugin_example 1.0 (build");
+	assert_graph_fails(h, CACHEW_ENOENT, "this process has a built-in "
+	    "function of that name");
+	free(h);
+	h = map_graph_hex("nope", "plugin_example", "", pl->hash_hex);
+	assert_graph_fails(h, CACHEW_ENOENT, "graph: node 1: function 'nope' "
+	    "of plugin plugin_example (no version) (build");
+	assert_graph_fails(h, CACHEW_ENOENT, "is not loaded here (no function "
+	    "of that name)");
+	free(h);
+	/* Malformed entries. */
+	h = map_graph_hex("square", "plugin_example", "1.0", "xyz");
+	assert_graph_fails(h, CACHEW_EPARSE, "graph: node 1: 'plugin': 'hash' "
+	    "is not 32 lowercase hex digits");
+	free(h);
+	h = map_graph_hex("square", "", "1.0", pl->hash_hex);
+	assert_graph_fails(h, CACHEW_EPARSE, "'name' is not 1 to 63 characters");
+	free(h);
+	h = map_graph_hex("square", "plugin_example", "1 0", pl->hash_hex);
+	assert_graph_fails(h, CACHEW_EPARSE, "'version' is not at most 63");
+	free(h);
+	h = graph_hex("84" "a6696e70757473" "90" "a26f70" "a572616e6765"
+		      "a6706172616d73" "81" "a473746f70" "03"
+		      "a6706c7567696e" "80",
+	    1, 0, 1);
+	assert_graph_fails(h, CACHEW_EPARSE,
+	    "graph: node 0: 'plugin' on a node without a function");
+	free(h);
+}
+END_TEST
+
+/* What a process needs to run a graph (cwi_graph_user_fns, the
+ * dispatcher's view): each user function once, with the plugin build the
+ * graph names, built-in functions left out. */
+START_TEST(test_graph_user_functions_name_their_plugin_builds)
+{
+	cwi_fn_ident *v = NULL;
+	const cwi_plugin *pl;
+	void *buf = NULL;
+	size_t len = 0, n = 9;
+
+	register_test_fns();
+	load_example_plugin();
+	pl = cwi_fn_lookup("square")->plugin;
+	buf = msgpack_of("range(8) | map(square) | map(add) | filter(cwt_keep) "
+			 "| map(square) | filter(is_even)", &len);
+	ck_assert_int_eq(cwi_graph_user_fns(buf, len, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(v[0].name, "square");
+	ck_assert_str_eq(v[0].plugin, "plugin_example");
+	ck_assert_str_eq(v[0].version, "1.0");
+	ck_assert_str_eq(v[0].hash, pl->hash_hex);
+	ck_assert_str_eq(v[1].name, "cwt_keep");
+	ck_assert_str_eq(v[1].plugin, "");
+	ck_assert_str_eq(v[2].name, "is_even");
+	free(v);
+	cachew_free(buf);
+	buf = msgpack_of("range(8) | map(add) | batch(2)", &len);
+	v = NULL;
+	ck_assert_int_eq(cwi_graph_user_fns(buf, len, &v, &n), CACHEW_OK);
+	ck_assert_uint_eq(n, 0);
+	free(v);
+	/* A document that does not decode is EPARSE, as for from_msgpack. */
+	ck_assert_int_eq(cwi_graph_user_fns(buf, len - 1, &v, &n),
+	    CACHEW_EPARSE);
+	cachew_free(buf);
+}
+END_TEST
+
 /* ---- the fingerprint against an independent implementation ----------------------------- */
 
 #define PYTHON "/usr/bin/python3"
@@ -1626,6 +1886,7 @@ static const char *const fp_ref_pipelines[] = {
     "range(10) | prefetch(2) | autocache | batch(4) | prefetch(auto)",
     "cache_get(\"/nowhere\", \"0123456789abcdef0123456789ABCDEF\") | "
     "batch(2)",
+    "range(4) | map(square) | filter(is_even) | batch(2)",
 };
 #define FP_REF_N (sizeof(fp_ref_pipelines) / sizeof(fp_ref_pipelines[0]))
 
@@ -1699,6 +1960,7 @@ START_TEST(test_fingerprint_agrees_with_the_python_reference_byte_for_byte)
 		return;
 	}
 	register_test_fns();
+	load_example_plugin(); /* square and is_even: the plugin items */
 	dir = cwt_tmpdir();
 	cases = fp_ref_cases(dir);
 	cwi_strbuf_init(&sb);
@@ -1812,6 +2074,8 @@ cwt_graph_suite(void)
 	tcase_add_test(tc, test_graph_msgpack_hostile_documents);
 	tcase_add_test(tc, test_graph_msgpack_node_count_limit);
 	tcase_add_test(tc, test_graph_msgpack_long_chain_within_limit);
+	tcase_add_test(tc, test_graph_msgpack_refuses_another_plugin_build);
+	tcase_add_test(tc, test_graph_user_functions_name_their_plugin_builds);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("fingerprint");
@@ -1819,6 +2083,7 @@ cwt_graph_suite(void)
 	tcase_add_test(tc, test_fingerprint_ignores_parallelism);
 	tcase_add_test(tc, test_fingerprint_ignores_prefetch_and_autocache);
 	tcase_add_test(tc, test_fingerprint_known_value);
+	tcase_add_test(tc, test_fingerprint_changes_with_the_plugin_build);
 	tcase_add_test(tc,
 	    test_fingerprint_agrees_with_the_python_reference_byte_for_byte);
 	suite_add_tcase(s, tc);

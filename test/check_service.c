@@ -66,6 +66,12 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.worker_register.memory_bytes = 64ull << 30;
 		m->u.worker_register.build = xstrdup("cachew 0.5.0");
 		m->u.worker_register.direct = true;
+		m->u.worker_register.nfunctions = 2;
+		m->u.worker_register.functions = xcalloc(2, sizeof(cwi_fn_info));
+		m->u.worker_register.functions[0] = (cwi_fn_info){
+		    xstrdup("square"), xstrdup("plugin_example"), xstrdup("1.0"),
+		    xstrdup("0123456789abcdef0123456789abcdef")};
+		m->u.worker_register.functions[1].name = xstrdup("my_fn");
 		break;
 	case CWI_MSG_WORKER_REGISTER_REPLY:
 		m->u.worker_register_reply.worker_id = 3;
@@ -1012,8 +1018,8 @@ static uint64_t
 add_dataset_units(harness *h, uint64_t fp, uint64_t units, bool splittable,
     bool *created)
 {
-	uint8_t graph[4] = {0x81, 0xa1, 'x', 0x01};
-	cwi_msg_dataset_register req = {{fp, fp * 3}, graph, 4, units,
+	cwi_msg_dataset_register req = {{fp, fp * 3},
+	    (uint8_t *)cwt_range3_graph, cwt_range3_graph_len, units,
 	    splittable};
 	cwi_msg_dataset_register_reply rep;
 
@@ -1778,6 +1784,210 @@ START_TEST(test_dispatcher_removed_task_finishes_leased_splits)
 }
 END_TEST
 
+/* ---- user functions on workers ------------------------------------------ */
+
+#define HASH_V1 "0123456789abcdef0123456789abcdef"
+#define HASH_V2 "fedcba9876543210fedcba9876543210"
+
+static void
+put_s(cwi_strbuf *sb, const char *s)
+{
+	cwi_msgpack_put_str(sb, s, strlen(s));
+}
+
+/* The graph document of range(3) | map(fn), the map's function from
+ * plugin plugin_example at `version` and `hash` (no plugin: NULL). */
+static void
+fn_graph(cwi_strbuf *sb, const char *fn, const char *version,
+    const char *hash)
+{
+	cwi_strbuf_init(sb);
+	cwi_msgpack_put_map(sb, 4);
+	put_s(sb, "format");
+	put_s(sb, "cachew-graph");
+	put_s(sb, "nodes");
+	cwi_msgpack_put_array(sb, 2);
+	cwi_msgpack_put_map(sb, 3);
+	put_s(sb, "inputs");
+	cwi_msgpack_put_array(sb, 0);
+	put_s(sb, "op");
+	put_s(sb, "range");
+	put_s(sb, "params");
+	cwi_msgpack_put_map(sb, 1);
+	put_s(sb, "stop");
+	cwi_msgpack_put_int(sb, 3);
+	cwi_msgpack_put_map(sb, hash != NULL ? 4 : 3);
+	put_s(sb, "inputs");
+	cwi_msgpack_put_array(sb, 1);
+	cwi_msgpack_put_int(sb, 0);
+	put_s(sb, "op");
+	put_s(sb, "map");
+	put_s(sb, "params");
+	cwi_msgpack_put_map(sb, 1);
+	put_s(sb, "fn");
+	put_s(sb, fn);
+	if (hash != NULL) {
+		put_s(sb, "plugin");
+		cwi_msgpack_put_map(sb, 3);
+		put_s(sb, "hash");
+		put_s(sb, hash);
+		put_s(sb, "name");
+		put_s(sb, "plugin_example");
+		put_s(sb, "version");
+		put_s(sb, version);
+	}
+	put_s(sb, "root");
+	cwi_msgpack_put_int(sb, 1);
+	put_s(sb, "version");
+	cwi_msgpack_put_int(sb, 1);
+	ck_assert(!sb->oom);
+}
+
+/* A dataset of range(3) | map(square) with square from plugin_example
+ * `version` (hash); fp tells datasets apart. */
+static uint64_t
+add_fn_dataset(harness *h, uint64_t fp, const char *version,
+    const char *hash)
+{
+	cwi_msg_dataset_register req = {{fp, fp}, NULL, 0, 3, true};
+	cwi_msg_dataset_register_reply rep;
+	cwi_strbuf sb;
+
+	fn_graph(&sb, "square", version, hash);
+	req.graph = (uint8_t *)sb.data;
+	req.graph_len = sb.len;
+	ck_assert_msg(cwi_dispatcher_dataset_register(h->d, h->now, &req,
+			  &rep) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	cwi_strbuf_free(&sb);
+	return rep.dataset_id;
+}
+
+/* A worker that loaded plugin_example at `version` (hash; NULL: none). */
+static uint64_t
+add_fn_worker(harness *h, const char *address, const char *version,
+    const char *hash)
+{
+	cwi_msg_worker_register req = {0};
+	cwi_msg_worker_register_reply rep;
+	cwi_fn_info fns[2] = {
+	    {"square", "plugin_example", (char *)version, (char *)hash},
+	    {"is_even", "plugin_example", (char *)version, (char *)hash},
+	};
+
+	req.address = (char *)address;
+	req.cores = 4;
+	req.functions = hash != NULL ? fns : NULL;
+	req.nfunctions = hash != NULL ? 2 : 0;
+	ck_assert_msg(cwi_dispatcher_worker_register(h->d, h->now, &req, &rep) ==
+		CACHEW_OK,
+	    "%s", cachew_errmsg());
+	return rep.worker_id;
+}
+
+/* A job whose graph needs a plugin function gets tasks only on workers
+ * that loaded the same build of the plugin, including workers that come
+ * later (issue 20, item 4); its worker count counts only those. */
+START_TEST(test_dispatcher_places_tasks_only_on_workers_with_the_functions)
+{
+	harness *h = harness_new();
+	uint64_t w_v1, w_none, w_v2, w_late, ds, job, c;
+	cwi_msg_worker_heartbeat_reply wr;
+
+	w_v1 = add_fn_worker(h, "tcp://v1:1", "1.0", HASH_V1);
+	w_none = add_fn_worker(h, "tcp://none:1", NULL, NULL);
+	w_v2 = add_fn_worker(h, "tcp://v2:1", "2.0", HASH_V2);
+	ck_assert(has_event(h, "\"event\":\"worker_registered\",\"worker_id\":1,"
+			       "\"address\":\"tcp://v1:1\",\"cores\":4,"
+			       "\"functions\":2}"));
+	ds = add_fn_dataset(h, 11, "1.0", HASH_V1);
+	join(h, ds, NULL, &job, &c);
+	ck_assert_uint_ne(task_of(h, w_v1, job, NULL), 0);
+	ck_assert_uint_eq(task_of(h, w_none, job, NULL), 0);
+	ck_assert_uint_eq(task_of(h, w_v2, job, NULL), 0);
+	ck_assert(has_event(h, "\"event\":\"job_target\",\"job_id\":1,"
+			       "\"workers\":1}"));
+	/* Their heartbeats bring them nothing; a later worker with the
+	 * same build gets a task at once. */
+	worker_hb(h, w_none, NULL, 0, NULL, 0, &wr);
+	ck_assert_uint_eq(wr.nstart, 0);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	worker_hb(h, w_v2, NULL, 0, NULL, 0, &wr);
+	ck_assert_uint_eq(wr.nstart, 0);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	w_late = add_fn_worker(h, "tcp://late:1", "1.0", HASH_V1);
+	ck_assert_uint_ne(task_of(h, w_late, job, NULL), 0);
+	ck_assert_uint_eq(task_of(h, w_none, job, NULL), 0);
+	/* A job of built-in functions runs everywhere. */
+	join(h, add_dataset(h, 12, 40, NULL), NULL, &job, &c);
+	ck_assert_uint_ne(task_of(h, w_none, job, NULL), 0);
+	ck_assert_uint_ne(task_of(h, w_v2, job, NULL), 0);
+	harness_free(h);
+}
+END_TEST
+
+/* A new job that no live worker can run is refused before any work, with
+ * CACHEW_ENOTSUP naming the function, its plugin build and each worker
+ * with what it has instead; with no live worker yet (a pool starting)
+ * the job is accepted and waits. */
+START_TEST(test_dispatcher_refuses_a_job_no_worker_can_run)
+{
+	harness *h = harness_new();
+	cwi_msg_job_get_or_create_reply rep;
+	uint64_t ds, job, c;
+
+	ds = add_fn_dataset(h, 21, "1.0", HASH_V1);
+	join(h, ds, NULL, &job, &c);
+	ck_assert_uint_eq(job_status(h, job).tasks, 0);
+	(void)add_fn_worker(h, "tcp://none:1", NULL, NULL);
+	(void)add_fn_worker(h, "tcp://v2:1", "2.0", HASH_V2);
+	ck_assert_uint_eq(job_status(h, job).tasks, 0);
+	ck_assert_int_eq(try_join(h, ds, NULL, &rep), CACHEW_ENOTSUP);
+	ck_assert_str_eq(cachew_errmsg(), "no worker can run dataset 1, which "
+	    "needs function 'square' of plugin plugin_example 1.0 (build "
+	    "0123456789abcdef): worker 1 (tcp://none:1) lacks it (has no "
+	    "'square'); worker 2 (tcp://v2:1) lacks it (has plugin "
+	    "plugin_example 2.0, build fedcba9876543210). Start workers with "
+	    "the same plugin files (cachewd --plugin)");
+	/* The same version rebuilt is another build. */
+	(void)add_fn_worker(h, "tcp://v1:1", "1.0", HASH_V1);
+	ds = add_fn_dataset(h, 22, "1.0", HASH_V2);
+	ck_assert_int_eq(try_join(h, ds, NULL, &rep), CACHEW_ENOTSUP);
+	ck_assert_msg(strstr(cachew_errmsg(), "worker 3 (tcp://v1:1) lacks it "
+			  "(has plugin plugin_example 1.0, build "
+			  "0123456789abcdef)") != NULL, "%s", cachew_errmsg());
+	harness_free(h);
+}
+END_TEST
+
+/* What workers report and graphs name is checked: a malformed function
+ * is EINVAL naming it, a graph that does not decode EPARSE. */
+START_TEST(test_dispatcher_checks_reported_functions_and_graphs)
+{
+	harness *h = harness_new();
+	cwi_msg_worker_register req = {0};
+	cwi_msg_worker_register_reply rep;
+	cwi_fn_info bad = {"square", "plugin_example", "1.0", "XYZ"};
+	uint8_t junk[4] = {0x81, 0xa1, 'x', 0x01};
+	cwi_msg_dataset_register dr = {{5, 5}, junk, 4, 3, true};
+	cwi_msg_dataset_register_reply drr;
+
+	req.address = "tcp://w:1";
+	req.cores = 1;
+	req.functions = &bad;
+	req.nfunctions = 1;
+	ck_assert_int_eq(cwi_dispatcher_worker_register(h->d, h->now, &req,
+			     &rep), CACHEW_EINVAL);
+	ck_assert_str_eq(cachew_errmsg(), "worker_register: functions[0] "
+	    "('square'): plugin_hash is not 32 lowercase hex digits");
+	ck_assert_int_eq(cwi_dispatcher_dataset_register(h->d, h->now, &dr,
+			     &drr), CACHEW_EPARSE);
+	ck_assert_str_eq(cachew_errmsg(), "dataset_register: graph: the graph "
+	    "map lacks the key 'format'");
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_worker_added_mid_epoch_gets_splits)
 {
 	harness *h = harness_new();
@@ -1797,7 +2007,7 @@ START_TEST(test_dispatcher_worker_added_mid_epoch_gets_splits)
 	ck_assert_uint_eq(wr.nstart, 1);
 	t2 = wr.start[0].task_id;
 	ck_assert_uint_eq(wr.start[0].job_id, job);
-	ck_assert_uint_eq(wr.start[0].graph_len, 4);
+	ck_assert_uint_eq(wr.start[0].graph_len, cwt_range3_graph_len);
 	ck_assert_uint_eq(wr.start[0].fingerprint.lo, 3);
 	ck_assert_uint_eq(wr.start[0].lease_size, 4);
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
@@ -2804,6 +3014,10 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);
 	tcase_add_test(disp, test_dispatcher_removed_task_finishes_leased_splits);
 	tcase_add_test(disp, test_dispatcher_worker_added_mid_epoch_gets_splits);
+	tcase_add_test(disp,
+	    test_dispatcher_places_tasks_only_on_workers_with_the_functions);
+	tcase_add_test(disp, test_dispatcher_refuses_a_job_no_worker_can_run);
+	tcase_add_test(disp, test_dispatcher_checks_reported_functions_and_graphs);
 	tcase_add_test(disp, test_dispatcher_job_ends_when_clients_release);
 	tcase_add_test(disp, test_dispatcher_job_ends_when_clients_time_out);
 	tcase_add_test(disp,

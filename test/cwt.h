@@ -82,6 +82,12 @@ void cwt_rmtree(const char *path);
 /* Writes len bytes to path; fails the test on error. */
 void cwt_write_file(const char *path, const void *data, size_t len);
 
+/* The graph document of range(3) (docs/graph-format.md, section 3, with
+ * only `stop`), cwt_range3_graph_len bytes: what tests register with a
+ * dispatcher, which reads the functions a graph names. */
+extern const char cwt_range3_graph[];
+extern const size_t cwt_range3_graph_len;
+
 /* ---- cachewd processes (cwt_daemon.c) ---------------------------------- */
 #include <sys/types.h>
 

@@ -264,3 +264,9 @@ cwt_write_file(const char *path, const void *data, size_t len)
 	ck_assert_uint_eq(fwrite(data, 1, len, f), len);
 	ck_assert_int_eq(fclose(f), 0);
 }
+
+const char cwt_range3_graph[] =
+    "\x84\xa6" "format" "\xac" "cachew-graph" "\xa5" "nodes"
+    "\x91\x83\xa6" "inputs" "\x90\xa2" "op" "\xa5" "range" "\xa6" "params"
+    "\x81\xa4" "stop" "\x03\xa4" "root" "\x00\xa7" "version" "\x01";
+const size_t cwt_range3_graph_len = sizeof(cwt_range3_graph) - 1;

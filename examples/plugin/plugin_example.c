@@ -5,8 +5,9 @@
  *   cachew run --plugin build/plugin_example.so \
  *       "range(10) | filter(is_even) | map(square)"
  *
- * A plugin is a shared object exporting one symbol, cachew_plugin_init,
- * that registers its functions with cachew_op_register(). Pipelines name
+ * A plugin is a shared object exporting cachew_plugin_init, which
+ * registers its functions with cachew_op_register(), and optionally
+ * cachew_plugin_identity, its name and version. Pipelines name
  * functions, so the same plugin loaded by a client and by remote workers
  * gives both the same operators without shipping code. See README.md.
  *
@@ -123,7 +124,25 @@ static const cachew_op_def is_even_def = {
     .filter = is_even_filter,
 };
 
-/* The one exported symbol. `abi` is the loading library's
+/* Who the plugin is: its name and version, with a hash of this file's
+ * bytes that the library computes, are part of the fingerprint of every
+ * pipeline using square or is_even, so caches made with one build are
+ * never read with another, and the service runs such pipelines only on
+ * workers that loaded this very build. Optional (without it the name is
+ * the file's and the version empty), read before cachew_plugin_init. The
+ * Makefile builds a second copy with another version for the tests. */
+#ifndef PLUGIN_EXAMPLE_VERSION
+#define PLUGIN_EXAMPLE_VERSION "1.0"
+#endif
+CACHEW_API const cachew_plugin_info cachew_plugin_identity;
+
+const cachew_plugin_info cachew_plugin_identity = {
+    .version = CACHEW_PLUGIN_INFO_VERSION,
+    .name = "plugin_example",
+    .plugin_version = PLUGIN_EXAMPLE_VERSION,
+};
+
+/* The init function. `abi` is the loading library's
  * CACHEW_VERSION_NUMBER: refuse another major version, or a library older
  * than the header this plugin was built against (it may lack functions the
  * plugin calls). */

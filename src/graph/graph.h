@@ -98,11 +98,50 @@ typedef struct cwi_dataset_op {
 
 /* ---- function operators ------------------------------------------------- */
 
+/* A loaded plugin's identity (cachew_plugin_info, and the hash of its
+ * file): part of the fingerprint of every node using one of its functions
+ * and of the graph document, so that two builds never share a cache and
+ * a worker runs only the build a graph was made with. Never freed. */
+typedef struct cwi_plugin {
+	char name[64];
+	char version[64]; /* "" when the plugin does not say */
+	cachew_fingerprint hash; /* XXH3-128 of the file's bytes */
+	char hash_hex[33];       /* the same, as 32 hex digits */
+	char *path;              /* realpath of the file, for messages */
+} cwi_plugin;
+
 typedef struct cwi_fn {
 	cachew_op_def def; /* def.name points at name below */
 	char name[64];
 	bool builtin;
+	const cwi_plugin *plugin; /* the plugin that registered it, or NULL
+				   * (built in, or registered from C) */
 } cwi_fn;
+
+/* What identifies a user function (one that is not built in) across
+ * processes: its name and, for a plugin's, the plugin's identity. Two
+ * processes run the same function when their idents are equal. */
+typedef struct cwi_fn_ident {
+	char name[64];
+	char plugin[64];  /* "": not from a plugin (registered from C) */
+	char version[64]; /* the plugin's; "" when it does not say */
+	char hash[33];    /* the plugin file's XXH3-128, 32 hex digits */
+} cwi_fn_ident;
+
+/* 1 to 63 characters of [A-Za-z0-9_.+-] (or none, with `empty`): what a
+ * plugin's name and version may hold. */
+bool cwi_plugin_text_ok(const char *s, bool empty);
+/* fn's ident (the plugin fields empty for a function of no plugin). */
+void cwi_fn_ident_of(const cwi_fn *fn, cwi_fn_ident *out);
+bool cwi_fn_ident_equal(const cwi_fn_ident *a, const cwi_fn_ident *b);
+/* "'square' of plugin plugin_example 1.0 (build 0123456789abcdef)", or
+ * "'f' (registered from C, of no plugin)", or without a version "... of
+ * plugin p (no version) (build ...)": for messages. Returns buf. */
+const char *cwi_fn_ident_describe(const cwi_fn_ident *f, char *buf,
+    size_t len);
+/* The user functions of this process's registry (not the built-in ones),
+ * in registration order: *out (free()) holds *n. CACHEW_ENOMEM. */
+cachew_err cwi_registry_user_fns(cwi_fn_ident **out, size_t *n);
 
 /* ---- nodes --------------------------------------------------------------- */
 

@@ -482,11 +482,30 @@ hash_files(XXH3_state_t *st, const cwi_value *files)
 	return all;
 }
 
-/* XXH3-128 of a node's structure. With `files`, the parameters that name
- * input files are hashed by what they resolve to (real path, size, mtime,
- * ETag) instead of their text, when every pattern resolves; the inputs
- * count by their fingerprints, else by their seed fingerprints. Cannot
- * fail: the states live on the stack. */
+/* The identity of the plugin a node's function comes from (none for a
+ * built-in function or one registered from C: pipelines without plugin
+ * functions keep the stream, and so the caches, of before). */
+static void
+hash_plugin(XXH3_state_t *st, const cwi_node *node)
+{
+	const cwi_plugin *p = node->fn != NULL ? node->fn->plugin : NULL;
+	uint64_t hash[2];
+
+	if (p == NULL)
+		return;
+	hash[0] = p->hash.hi;
+	hash[1] = p->hash.lo;
+	hash_bytes(st, 'P', p->name, strlen(p->name));
+	hash_bytes(st, 'R', p->version, strlen(p->version));
+	hash_words(st, 'H', hash, 2);
+}
+
+/* XXH3-128 of a node's structure. With `files` (identity), the parameters
+ * that name input files are hashed by what they resolve to (real path,
+ * size, mtime, ETag) instead of their text, when every pattern resolves,
+ * the plugin of its function counts by its identity, and the inputs count
+ * by their fingerprints; else by their seed fingerprints. Cannot fail:
+ * the states live on the stack. */
 static cachew_fingerprint
 hash_node(const cwi_node *node, bool files)
 {
@@ -518,6 +537,8 @@ hash_node(const cwi_node *node, bool files)
 		}
 		hash_value(&st, &kv->val);
 	}
+	if (files)
+		hash_plugin(&st, node);
 	for (size_t i = 0; i < node->ninputs; i++) {
 		const cachew_fingerprint *in = files
 		    ? cwi_node_fp(node->inputs[i])

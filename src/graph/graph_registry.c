@@ -12,11 +12,14 @@
 #include "graph.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -34,6 +37,7 @@ static size_t nfns, capfns;
 typedef struct plugin_rec {
 	char *path; /* realpath */
 	cachew_err rv; /* what its init returned */
+	cwi_plugin *id; /* its functions point at it: never freed */
 } plugin_rec;
 
 static plugin_rec *plugins;
@@ -70,8 +74,10 @@ _Static_assert(sizeof(op_def_sizes) / sizeof(op_def_sizes[0]) ==
 #define OP_DEF_VERSION_PLAUSIBLE 0xffffu
 
 /* The file of the plugin whose init runs on this thread, if any: what a
- * refused definition is blamed on. */
+ * refused definition is blamed on; and its identity, which the functions
+ * it registers carry. */
 static _Thread_local const char *tls_plugin;
+static _Thread_local const cwi_plugin *tls_plugin_id;
 
 /* Copies the fields def's version has into *out, the later ones zero
  * (absent), or refuses a version this library cannot read: 0 (unset) is
@@ -185,6 +191,7 @@ fn_add_locked(const cachew_op_def *def, bool builtin)
 	snprintf(fn->name, sizeof(fn->name), "%s", def->name);
 	fn->def.name = fn->name;
 	fn->builtin = builtin;
+	fn->plugin = builtin ? NULL : tls_plugin_id;
 	fns[nfns++] = fn;
 	return CACHEW_OK;
 missing:
@@ -306,7 +313,7 @@ cwi_registry_register(const cachew_op_def *def)
 
 /* Records a load's outcome; returns false on ENOMEM. reg_lock held. */
 static bool
-plugin_record(const char *real, cachew_err rv)
+plugin_record(const char *real, cachew_err rv, cwi_plugin *id)
 {
 	plugin_rec *p = realloc(plugins, (nplugins + 1) * sizeof(*p));
 	if (p == NULL)
@@ -314,18 +321,190 @@ plugin_record(const char *real, cachew_err rv)
 	plugins = p;
 	plugins[nplugins].path = cwi_strdup(real);
 	plugins[nplugins].rv = rv;
+	plugins[nplugins].id = id;
 	if (plugins[nplugins].path == NULL)
 		return false;
 	nplugins++;
 	return true;
 }
 
+static bool
+plugin_char_ok(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c >= '0' && c <= '9') || (c != '\0' && strchr("_.+-", c) != NULL);
+}
+
+bool
+cwi_plugin_text_ok(const char *s, bool empty)
+{
+	size_t len = s != NULL ? strnlen(s, 64) : 0;
+
+	if (s == NULL || len > 63 || (len == 0 && !empty))
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (!plugin_char_ok(s[i]))
+			return false;
+	return true;
+}
+
+void
+cwi_fn_ident_of(const cwi_fn *fn, cwi_fn_ident *out)
+{
+	const cwi_plugin *p = fn->plugin;
+
+	memset(out, 0, sizeof(*out));
+	snprintf(out->name, sizeof(out->name), "%s", fn->name);
+	if (p == NULL)
+		return;
+	memcpy(out->plugin, p->name, sizeof(out->plugin));
+	memcpy(out->version, p->version, sizeof(out->version));
+	memcpy(out->hash, p->hash_hex, sizeof(out->hash));
+}
+
+bool
+cwi_fn_ident_equal(const cwi_fn_ident *a, const cwi_fn_ident *b)
+{
+	return strcmp(a->name, b->name) == 0 &&
+	       strcmp(a->plugin, b->plugin) == 0 &&
+	       strcmp(a->version, b->version) == 0 &&
+	       strcmp(a->hash, b->hash) == 0;
+}
+
+const char *
+cwi_fn_ident_describe(const cwi_fn_ident *f, char *buf, size_t len)
+{
+	if (f->plugin[0] == '\0')
+		snprintf(buf, len, "'%s' (registered from C, of no plugin)",
+		    f->name);
+	else /* 16 of the 32 digits: enough to tell two builds apart */
+		snprintf(buf, len, "'%s' of plugin %s %s (build %.16s)",
+		    f->name, f->plugin,
+		    f->version[0] != '\0' ? f->version : "(no version)",
+		    f->hash);
+	return buf;
+}
+
+cachew_err
+cwi_registry_user_fns(cwi_fn_ident **out, size_t *n)
+{
+	cwi_fn_ident *v;
+	size_t k = 0;
+
+	(void)reg_ready();
+	pthread_mutex_lock(&reg_lock);
+	v = calloc(nfns > 0 ? nfns : 1, sizeof(*v));
+	for (size_t i = 0; v != NULL && i < nfns; i++)
+		if (!fns[i]->builtin)
+			cwi_fn_ident_of(fns[i], &v[k++]);
+	pthread_mutex_unlock(&reg_lock);
+	if (v == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	*out = v;
+	*n = k;
+	return CACHEW_OK;
+}
+
+/* XXH3-128 of the plugin file's bytes: two builds of one plugin differ
+ * here whatever their name and version say. */
+static cachew_err
+plugin_hash(const char *path, cwi_plugin *id)
+{
+	uint8_t buf[16384];
+	XXH3_state_t st;
+	XXH128_hash_t h;
+	FILE *f = fopen(id->path, "rb");
+	size_t n;
+	int err;
+
+	if (f == NULL)
+		return cwi_fail(CACHEW_EIO, "cannot read plugin '%s': %s", path,
+		    strerror(errno));
+	XXH3_INITSTATE(&st);
+	XXH3_128bits_reset(&st);
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+		XXH3_128bits_update(&st, buf, n);
+	err = ferror(f) ? errno : 0;
+	fclose(f);
+	if (err != 0)
+		return cwi_fail(CACHEW_EIO, "cannot read plugin '%s': %s", path,
+		    strerror(err));
+	h = XXH3_128bits_digest(&st);
+	id->hash = (cachew_fingerprint){.hi = h.high64, .lo = h.low64};
+	cachew_fingerprint_hex(&id->hash, id->hash_hex);
+	return CACHEW_OK;
+}
+
+/* The plugin's name and version: its cachew_plugin_info, or the file's
+ * base name up to its first '.' and no version. */
+static cachew_err
+plugin_info_read(void *handle, const char *path, cwi_plugin *id)
+{
+	const cachew_plugin_info *info;
+	const char *base = strrchr(id->path, '/'), *ver;
+	size_t n = 0;
+
+	*(void **)&info = dlsym(handle, CACHEW_PLUGIN_INFO_SYMBOL);
+	if (info == NULL) {
+		base = base != NULL ? base + 1 : id->path;
+		for (; base[n] != '\0' && base[n] != '.' && n < 63; n++)
+			id->name[n] = plugin_char_ok(base[n]) ? base[n] : '_';
+		snprintf(id->name + n, sizeof(id->name) - n, "%s",
+		    n == 0 ? "plugin" : "");
+		id->version[0] = '\0';
+		return CACHEW_OK;
+	}
+	/* Fields are only appended: a newer layout starts with these. */
+	if (info->version == 0 || info->version > OP_DEF_VERSION_PLAUSIBLE)
+		return cwi_fail(CACHEW_EINVAL, "plugin '%s': %s has version %u: "
+		    "set .version = CACHEW_PLUGIN_INFO_VERSION (this library "
+		    "reads %d)", path, CACHEW_PLUGIN_INFO_SYMBOL, info->version,
+		    CACHEW_PLUGIN_INFO_VERSION);
+	ver = info->plugin_version != NULL ? info->plugin_version : "";
+	if (!cwi_plugin_text_ok(info->name, false))
+		return cwi_fail(CACHEW_EINVAL, "plugin '%s': %s.name '%.63s' is "
+		    "not 1 to 63 characters of [A-Za-z0-9_.+-]", path,
+		    CACHEW_PLUGIN_INFO_SYMBOL,
+		    info->name != NULL ? info->name : "(null)");
+	if (!cwi_plugin_text_ok(ver, true))
+		return cwi_fail(CACHEW_EINVAL, "plugin '%s': "
+		    "%s.plugin_version '%.63s' is not at most 63 characters of "
+		    "[A-Za-z0-9_.+-]", path, CACHEW_PLUGIN_INFO_SYMBOL, ver);
+	snprintf(id->name, sizeof(id->name), "%s", info->name);
+	snprintf(id->version, sizeof(id->version), "%s", ver);
+	return CACHEW_OK;
+}
+
+/* dlopens the plugin and finds its init; CACHEW_OK with *handle and
+ * *init set, else the handle is closed. load_lock held. */
+static cachew_err
+plugin_open(const char *path, cwi_plugin *id, void **handle,
+    cachew_plugin_init_fn *init)
+{
+	cachew_err rv;
+
+	*handle = dlopen(id->path, RTLD_NOW | RTLD_LOCAL);
+	if (*handle == NULL)
+		return cwi_fail(CACHEW_EINVAL, "cannot load plugin '%s': %s",
+		    path, dlerror());
+	*(void **)init = dlsym(*handle, CACHEW_PLUGIN_INIT_SYMBOL);
+	if (*init == NULL)
+		rv = cwi_fail(CACHEW_ENOENT, "plugin '%s' has no symbol %s",
+		    path, CACHEW_PLUGIN_INIT_SYMBOL);
+	else
+		rv = plugin_info_read(*handle, path, id);
+	if (rv != CACHEW_OK)
+		dlclose(*handle);
+	return rv;
+}
+
 cachew_err
 cwi_registry_plugin_load(const char *path)
 {
 	char real[PATH_MAX];
-	cachew_plugin_init_fn init;
-	void *handle;
+	cachew_plugin_init_fn init = NULL;
+	cwi_plugin *id;
+	void *handle = NULL;
 	cachew_err rv = CACHEW_OK;
 	bool seen = false;
 
@@ -351,24 +530,30 @@ cwi_registry_plugin_load(const char *path)
 		return CACHEW_OK;
 	}
 
+	/* The identity first: the bytes hashed are those dlopen maps, unless
+	 * the file is replaced in between (install plugins by rename). */
+	id = calloc(1, sizeof(*id));
+	if (id == NULL || (id->path = cwi_strdup(real)) == NULL) {
+		free(id);
+		pthread_mutex_unlock(&load_lock);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	rv = plugin_hash(path, id);
+	if (rv == CACHEW_OK)
+		rv = plugin_open(path, id, &handle, &init);
+	if (rv != CACHEW_OK) {
+		free(id->path);
+		free(id);
+		pthread_mutex_unlock(&load_lock);
+		return rv;
+	}
 	/* The init function registers through cachew_op_register, which takes
 	 * reg_lock itself: call it with only load_lock held. */
-	handle = dlopen(real, RTLD_NOW | RTLD_LOCAL);
-	if (handle == NULL) {
-		pthread_mutex_unlock(&load_lock);
-		return cwi_fail(CACHEW_EINVAL, "cannot load plugin '%s': %s",
-		    path, dlerror());
-	}
-	*(void **)&init = dlsym(handle, CACHEW_PLUGIN_INIT_SYMBOL);
-	if (init == NULL) {
-		dlclose(handle);
-		pthread_mutex_unlock(&load_lock);
-		return cwi_fail(CACHEW_ENOENT, "plugin '%s' has no symbol %s",
-		    path, CACHEW_PLUGIN_INIT_SYMBOL);
-	}
 	tls_plugin = path;
+	tls_plugin_id = id;
 	rv = init(CACHEW_VERSION_NUMBER);
 	tls_plugin = NULL;
+	tls_plugin_id = NULL;
 	if (rv != CACHEW_OK)
 		rv = cwi_fail(rv, "plugin '%s' failed to initialise: %s", path,
 		    cwi_errmsg_get()[0] != '\0' ? cwi_errmsg_get()
@@ -376,11 +561,14 @@ cwi_registry_plugin_load(const char *path)
 	/* Recorded either way: the operators it registered stay (entries are
 	 * never freed), so loading it again must not run init again. */
 	pthread_mutex_lock(&reg_lock);
-	if (!plugin_record(real, rv) && rv == CACHEW_OK)
+	if (!plugin_record(real, rv, id) && rv == CACHEW_OK)
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	pthread_mutex_unlock(&reg_lock);
 	pthread_mutex_unlock(&load_lock);
 	if (rv == CACHEW_OK)
-		cwi_log(CACHEW_LOG_INFO, "registry", "loaded plugin %s", real);
+		cwi_log(CACHEW_LOG_INFO, "registry", "loaded plugin %s: name=%s "
+		    "version=%s build=%s", real, id->name,
+		    id->version[0] != '\0' ? id->version : "none",
+		    id->hash_hex);
 	return rv;
 }

@@ -7,7 +7,8 @@
  * give equal bytes whatever their sharing. The decoder validates the
  * document and rebuilds every node with cwi_node_build, which re-checks
  * the parameters and recomputes fingerprints: nothing in the input is
- * trusted.
+ * trusted. A node whose function a plugin registered names that plugin's
+ * build (`plugin`); a reader runs it only with the very same build.
  */
 #include "pipeline.h"
 
@@ -273,7 +274,8 @@ enc_document(const enc_graph *g, cwi_strbuf *sb)
 	cwi_msgpack_put_array(sb, g->n);
 	for (size_t k = 0; k < g->n; k++) {
 		const cwi_node *n = g->nodes[k];
-		cwi_msgpack_put_map(sb, 3);
+		const cwi_plugin *p = n->fn != NULL ? n->fn->plugin : NULL;
+		cwi_msgpack_put_map(sb, p != NULL ? 4 : 3);
 		put_key(sb, "inputs");
 		cwi_msgpack_put_array(sb, n->ninputs);
 		for (size_t i = 0; i < n->ninputs; i++)
@@ -284,6 +286,17 @@ enc_document(const enc_graph *g, cwi_strbuf *sb)
 		rv = cwi_value_to_msgpack(&n->params.map, sb);
 		if (rv != CACHEW_OK)
 			return rv;
+		if (p != NULL) {
+			/* The build of the plugin the function came from. */
+			put_key(sb, "plugin");
+			cwi_msgpack_put_map(sb, 3);
+			put_key(sb, "hash");
+			put_key(sb, p->hash_hex);
+			put_key(sb, "name");
+			put_key(sb, p->name);
+			put_key(sb, "version");
+			put_key(sb, p->version);
+		}
 	}
 	put_key(sb, "root");
 	cwi_msgpack_put_int(sb, (int64_t)g->n - 1);
@@ -336,22 +349,30 @@ gfail(const char *fmt, ...)
 	return cwi_fail(CACHEW_EPARSE, "graph: %s", msg);
 }
 
-/* Checks that map m has exactly the keys in `keys` (NULL-terminated). */
+/* Checks that m is a map with the keys in `keys` and no others but
+ * `optional` (both NULL-terminated). */
 static cachew_err
-check_keys(const cwi_value *m, const char *const *keys, const char *where)
+check_keys(const cwi_value *m, const char *const *keys,
+    const char *const *optional, const char *where)
 {
+	static const char *const none[] = {NULL};
 	size_t nkeys = 0;
 
+	if (m->type != CWI_V_MAP)
+		return gfail("%s is not a map", where);
+	optional = optional != NULL ? optional : none;
 	for (; keys[nkeys] != NULL; nkeys++)
 		if (cwi_map_get(m, keys[nkeys]) == NULL)
 			return gfail("%s lacks the key '%s'", where, keys[nkeys]);
 	for (size_t i = 0; i < m->u.map.n; i++) {
+		const char *key = m->u.map.items[i].key;
 		bool known = false;
 		for (size_t k = 0; k < nkeys; k++)
-			known = known || strcmp(m->u.map.items[i].key, keys[k]) == 0;
+			known = known || strcmp(key, keys[k]) == 0;
+		for (size_t k = 0; optional[k] != NULL; k++)
+			known = known || strcmp(key, optional[k]) == 0;
 		if (!known)
-			return gfail("%s has an unknown key '%.64s'", where,
-			    m->u.map.items[i].key);
+			return gfail("%s has an unknown key '%.64s'", where, key);
 	}
 	return CACHEW_OK;
 }
@@ -389,7 +410,7 @@ check_header(const cwi_value *doc, size_t *nnodes)
 
 	if (doc->type != CWI_V_MAP)
 		return gfail("the document is not a map");
-	rv = check_keys(doc, keys, "the graph map");
+	rv = check_keys(doc, keys, NULL, "the graph map");
 	if (rv != CACHEW_OK)
 		return rv;
 	format = cwi_map_get(doc, "format");
@@ -416,41 +437,45 @@ check_header(const cwi_value *doc, size_t *nnodes)
 	return CACHEW_OK;
 }
 
-/* Builds node i from its map, given the nodes before it. */
+static const char *const node_keys[] = {"inputs", "op", "params", NULL};
+static const char *const node_optional[] = {"plugin", NULL};
+
+/* Node i's parts, its keys and types checked, its inputs (earlier nodes)
+ * and the longest chain ending at it (path[i]) too; *plugin is NULL when
+ * the node has no `plugin` entry. */
 static cachew_err
-dec_node(const cwi_value *v, size_t i, cwi_node **built, size_t *path)
+dec_node_shape(const cwi_value *v, size_t i, size_t *path,
+    const cwi_value **op, const cwi_value **params, const cwi_value **inputs,
+    const cwi_value **plugin)
 {
-	static const char *const keys[] = {"inputs", "op", "params", NULL};
-	cwi_node *ins[CWI_MAX_INPUTS];
-	const cwi_value *op, *params, *inputs;
 	const char *bad = NULL;
 	char where[48];
 	cachew_err rv;
 
 	snprintf(where, sizeof(where), "node %zu", i);
-	if (v->type != CWI_V_MAP)
-		return gfail("node %zu is not a map", i);
-	rv = check_keys(v, keys, where);
+	rv = check_keys(v, node_keys, node_optional, where);
 	if (rv != CACHEW_OK)
 		return rv;
-	op = cwi_map_get(v, "op");
-	params = cwi_map_get(v, "params");
-	inputs = cwi_map_get(v, "inputs");
-	if (op->type != CWI_V_STR || memchr(op->u.s.ptr, 0, op->u.s.len) != NULL)
+	*op = cwi_map_get(v, "op");
+	*params = cwi_map_get(v, "params");
+	*inputs = cwi_map_get(v, "inputs");
+	*plugin = cwi_map_get(v, "plugin");
+	if ((*op)->type != CWI_V_STR ||
+	    memchr((*op)->u.s.ptr, 0, (*op)->u.s.len) != NULL)
 		return gfail("node %zu: 'op' is not an operator name", i);
-	if (params->type != CWI_V_MAP)
+	if ((*params)->type != CWI_V_MAP)
 		return gfail("node %zu: 'params' is not a map", i);
-	if (!keys_are_names(params, &bad))
+	if (!keys_are_names(*params, &bad))
 		return gfail("node %zu: parameter key '%.64s' is not a name", i,
 		    bad);
-	if (inputs->type != CWI_V_LIST || inputs->tuple)
+	if ((*inputs)->type != CWI_V_LIST || (*inputs)->tuple)
 		return gfail("node %zu: 'inputs' is not an array", i);
-	if (inputs->u.list.n > CWI_MAX_INPUTS)
+	if ((*inputs)->u.list.n > CWI_MAX_INPUTS)
 		return gfail("node %zu: %zu inputs exceed the limit of %d", i,
-		    inputs->u.list.n, CWI_MAX_INPUTS);
+		    (*inputs)->u.list.n, CWI_MAX_INPUTS);
 	path[i] = 1;
-	for (size_t k = 0; k < inputs->u.list.n; k++) {
-		const cwi_value *x = &inputs->u.list.items[k];
+	for (size_t k = 0; k < (*inputs)->u.list.n; k++) {
+		const cwi_value *x = &(*inputs)->u.list.items[k];
 		if (x->type != CWI_V_INT)
 			return gfail("node %zu: input %zu is not a node index", i,
 			    k);
@@ -458,13 +483,130 @@ dec_node(const cwi_value *v, size_t i, cwi_node **built, size_t *path)
 			return gfail("node %zu: input %zu refers to node %lld, "
 				     "which does not come before it",
 			    i, k, (long long)x->u.i);
-		ins[k] = built[x->u.i];
 		if (path[x->u.i] + 1 > path[i])
 			path[i] = path[x->u.i] + 1;
 	}
 	if (path[i] > GRAPH_MAX_PATH)
 		return gfail("node %zu ends a chain of more than %d nodes", i,
 		    GRAPH_MAX_PATH);
+	return CACHEW_OK;
+}
+
+/* A string value that is a C string (no NUL inside). */
+static const char *
+cstr(const cwi_value *v)
+{
+	return v != NULL && v->type == CWI_V_STR &&
+		       strlen(v->u.s.ptr) == v->u.s.len
+		   ? v->u.s.ptr
+		   : NULL;
+}
+
+/* Node i's `plugin` entry into f's plugin fields: a map of the plugin's
+ * name, version and file hash (32 lowercase hex digits). */
+static cachew_err
+dec_plugin(const cwi_value *entry, size_t i, cwi_fn_ident *f)
+{
+	static const char *const keys[] = {"hash", "name", "version", NULL};
+	const char *hash, *name, *version;
+	char where[48];
+	cachew_err rv;
+
+	snprintf(where, sizeof(where), "node %zu: 'plugin'", i);
+	rv = check_keys(entry, keys, NULL, where);
+	if (rv != CACHEW_OK)
+		return rv;
+	hash = cstr(cwi_map_get(entry, "hash"));
+	name = cstr(cwi_map_get(entry, "name"));
+	version = cstr(cwi_map_get(entry, "version"));
+	if (!cwi_plugin_text_ok(name, false))
+		return gfail("%s: 'name' is not 1 to 63 characters of "
+			     "[A-Za-z0-9_.+-]", where);
+	if (!cwi_plugin_text_ok(version, true))
+		return gfail("%s: 'version' is not at most 63 characters of "
+			     "[A-Za-z0-9_.+-]", where);
+	if (hash == NULL || strlen(hash) != 32 ||
+	    strspn(hash, "0123456789abcdef") != 32)
+		return gfail("%s: 'hash' is not 32 lowercase hex digits", where);
+	snprintf(f->plugin, sizeof(f->plugin), "%s", name);
+	snprintf(f->version, sizeof(f->version), "%s", version);
+	snprintf(f->hash, sizeof(f->hash), "%s", hash);
+	return CACHEW_OK;
+}
+
+/* The function node i names (its `fn` parameter), when its operator
+ * takes one and the name can be one; NULL otherwise. */
+static const char *
+node_fn_name(const cwi_value *op, const cwi_value *params)
+{
+	const cwi_dataset_op *o = cwi_dataset_op_lookup(op->u.s.ptr);
+	const char *fn = cstr(cwi_map_get(params, "fn"));
+
+	if (o == NULL || !(o->flags & CWI_OPF_FN_ANY) || fn == NULL ||
+	    strlen(fn) > 63)
+		return NULL;
+	return fn;
+}
+
+/* Node i's function is the build the graph names (docs/graph-format.md,
+ * section 2): else it is missing here, CACHEW_ENOENT naming it, the
+ * plugin it needs and what this process has under that name. */
+static cachew_err
+check_fn_build(const cwi_value *plugin, const cwi_fn *fn, const char *name,
+    size_t i)
+{
+	cwi_fn_ident want, have;
+	char w[256], h[256];
+	cachew_err rv;
+
+	memset(&want, 0, sizeof(want));
+	snprintf(want.name, sizeof(want.name), "%s", name);
+	if (plugin != NULL) {
+		rv = dec_plugin(plugin, i, &want);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	if (fn == NULL)
+		return cwi_fail(CACHEW_ENOENT, "graph: node %zu: function %s is "
+		    "not loaded here (no function of that name)", i,
+		    cwi_fn_ident_describe(&want, w, sizeof(w)));
+	cwi_fn_ident_of(fn, &have);
+	if (fn->builtin && plugin == NULL)
+		return CACHEW_OK;
+	if (cwi_fn_ident_equal(&want, &have))
+		return CACHEW_OK;
+	return cwi_fail(CACHEW_ENOENT, "graph: node %zu: function %s is not "
+	    "loaded here: this process has %s%s", i,
+	    cwi_fn_ident_describe(&want, w, sizeof(w)),
+	    fn->builtin ? "a built-in function of that name" : "",
+	    fn->builtin ? "" : cwi_fn_ident_describe(&have, h, sizeof(h)));
+}
+
+/* Builds node i from its map, given the nodes before it. */
+static cachew_err
+dec_node(const cwi_value *v, size_t i, cwi_node **built, size_t *path)
+{
+	cwi_node *ins[CWI_MAX_INPUTS];
+	const cwi_value *op, *params, *inputs, *plugin;
+	const char *fn;
+	cachew_err rv;
+
+	rv = dec_node_shape(v, i, path, &op, &params, &inputs, &plugin);
+	if (rv != CACHEW_OK)
+		return rv;
+	for (size_t k = 0; k < inputs->u.list.n; k++)
+		ins[k] = built[inputs->u.list.items[k].u.i];
+	/* A plugin's function is checked before it is built (its init
+	 * runs then): a missing one is named with its plugin. */
+	fn = node_fn_name(op, params);
+	if (plugin != NULL && fn == NULL)
+		return gfail("node %zu: 'plugin' on a node without a function",
+		    i);
+	if (plugin != NULL) {
+		rv = check_fn_build(plugin, cwi_fn_lookup(fn), fn, i);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
 	rv = cwi_node_build(&built[i], op->u.s.ptr, ins, inputs->u.list.n, NULL,
 	    params);
 	if (rv != CACHEW_OK) {
@@ -472,6 +614,9 @@ dec_node(const cwi_value *v, size_t i, cwi_node **built, size_t *path)
 		snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
 		return cwi_fail(rv, "graph: node %zu: %s", i, msg);
 	}
+	/* A function of no plugin in the graph must be of none here. */
+	if (plugin == NULL && built[i]->fn != NULL)
+		return check_fn_build(NULL, built[i]->fn, built[i]->fn->name, i);
 	return CACHEW_OK;
 }
 
@@ -527,4 +672,91 @@ done:
 	free(path);
 	cwi_value_free(&doc);
 	return rv;
+}
+
+/* ---- the user functions of a graph ------------------------------------------- */
+
+/* Adds f to the set v[*n] unless it is there; false on ENOMEM. */
+static bool
+fn_set_add(cwi_fn_ident **v, size_t *n, const cwi_fn_ident *f)
+{
+	cwi_fn_ident *p;
+
+	for (size_t k = 0; k < *n; k++)
+		if (cwi_fn_ident_equal(&(*v)[k], f))
+			return true;
+	p = realloc(*v, (*n + 1) * sizeof(*p));
+	if (p == NULL)
+		return false;
+	p[(*n)++] = *f;
+	*v = p;
+	return true;
+}
+
+/* Node i's user function, if it names one, into the set. */
+static cachew_err
+node_user_fn(const cwi_value *v, size_t i, size_t *path, cwi_fn_ident **set,
+    size_t *n)
+{
+	const cwi_value *op, *params, *inputs, *plugin;
+	const cwi_fn *here;
+	const char *fn;
+	cwi_fn_ident f;
+	cachew_err rv;
+
+	rv = dec_node_shape(v, i, path, &op, &params, &inputs, &plugin);
+	if (rv != CACHEW_OK)
+		return rv;
+	fn = node_fn_name(op, params);
+	if (fn == NULL) {
+		if (plugin != NULL)
+			return gfail("node %zu: 'plugin' on a node without a "
+				     "function", i);
+		return CACHEW_OK;
+	}
+	here = cwi_fn_lookup(fn);
+	if (plugin == NULL && here != NULL && here->builtin)
+		return CACHEW_OK; /* every process has it */
+	memset(&f, 0, sizeof(f));
+	snprintf(f.name, sizeof(f.name), "%s", fn);
+	if (plugin != NULL && (rv = dec_plugin(plugin, i, &f)) != CACHEW_OK)
+		return rv;
+	if (!fn_set_add(set, n, &f))
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_graph_user_fns(const void *buf, size_t len, cwi_fn_ident **out,
+    size_t *nout)
+{
+	cwi_value doc = {0};
+	cwi_fn_ident *set = NULL;
+	size_t *path = NULL, used = 0, n = 0, nset = 0;
+	const cwi_value *nodes;
+	cachew_err rv;
+
+	cwi_builtins_ready();
+	rv = cwi_value_from_msgpack(buf, len, &used, &doc, GRAPH_MAX_DEPTH);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (used != len)
+		rv = gfail("%zu bytes follow the graph map at byte %zu",
+		    len - used, used);
+	if (rv == CACHEW_OK)
+		rv = check_header(&doc, &n);
+	if (rv == CACHEW_OK && (path = calloc(n, sizeof(*path))) == NULL)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	nodes = cwi_map_get(&doc, "nodes");
+	for (size_t i = 0; i < n && rv == CACHEW_OK; i++)
+		rv = node_user_fn(&nodes->u.list.items[i], i, path, &set, &nset);
+	free(path);
+	cwi_value_free(&doc);
+	if (rv != CACHEW_OK) {
+		free(set);
+		return rv;
+	}
+	*out = set;
+	*nout = nset;
+	return CACHEW_OK;
 }

@@ -19,6 +19,16 @@
  * the first call. Thread safe. */
 void cwi_builtins_ready(void);
 
+/* The user functions (not built in here) a serialized graph's nodes name,
+ * each once, with the plugin build the graph says it came from
+ * (docs/graph-format.md, section 2), without building the graph: what a
+ * process must have to run it, which the dispatcher checks against what
+ * its workers have. *out (free(), NULL when none) holds *n. A document
+ * that does not decode is CACHEW_EPARSE as for
+ * cachew_dataset_from_msgpack; CACHEW_ENOMEM. Thread safe. */
+cachew_err cwi_graph_user_fns(const void *buf, size_t len,
+    cwi_fn_ident **out, size_t *n);
+
 /* Built-in tables, NULL-terminated, one per module. */
 extern const cwi_dataset_op *const cwi_source_ops[];    /* src/sources */
 extern const cwi_dataset_op *const cwi_transform_ops[]; /* src/ops */

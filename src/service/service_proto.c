@@ -109,12 +109,22 @@ static const field f_ok[] = {
     BOOL(cwi_msg_ok, job_finished),
 };
 
+static const field f_fn_info[] = {
+    STR(cwi_fn_info, name, F_REQ, CWI_PROTO_MAX_FN_NAME),
+    STR(cwi_fn_info, plugin, 0, CWI_PROTO_MAX_FN_NAME),
+    STR(cwi_fn_info, plugin_version, 0, CWI_PROTO_MAX_FN_NAME),
+    STR(cwi_fn_info, plugin_hash, 0, CWI_PROTO_FN_HASH),
+};
+static const schema s_fn_info = SCHEMA("fn_info", cwi_fn_info, f_fn_info);
+
 static const field f_worker_register[] = {
     STR(cwi_msg_worker_register, address, F_REQ, CWI_PROTO_MAX_NAME),
     U32(cwi_msg_worker_register, cores, F_REQ),
     U64(cwi_msg_worker_register, memory_bytes, 0),
     STR(cwi_msg_worker_register, build, 0, CWI_PROTO_MAX_NAME),
     BOOL(cwi_msg_worker_register, direct),
+    OBJS(cwi_msg_worker_register, functions, 0, CWI_PROTO_MAX_FUNCTIONS,
+	s_fn_info),
 };
 
 static const field f_worker_register_reply[] = {

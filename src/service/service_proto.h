@@ -52,6 +52,10 @@
 #define CWI_PROTO_MAX_DEPTH 32u           /* nesting of skipped values */
 #define CWI_PROTO_MAX_POLICY 64u          /* a scale policy's spelling */
 #define CWI_PROTO_MAX_REASON 512u         /* a decision's reason line */
+#define CWI_PROTO_MAX_FUNCTIONS 65536u    /* a worker's user functions */
+#define CWI_PROTO_MAX_FN_NAME 63u         /* a function's or plugin's name,
+					   * a plugin's version */
+#define CWI_PROTO_FN_HASH 32u             /* a plugin's hash: hex digits */
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -130,6 +134,15 @@ typedef struct cwi_msg_error {
 	bool pipeline;
 } cwi_msg_error;
 
+/* A user function (not built in) a worker can run, and the plugin build
+ * it came from (docs/graph-format.md, section 2). */
+typedef struct cwi_fn_info {
+	char *name;
+	char *plugin;         /* NULL: of no plugin (registered from C) */
+	char *plugin_version; /* NULL: the plugin does not say */
+	char *plugin_hash;    /* the plugin file's XXH3-128, 32 hex digits */
+} cwi_fn_info;
+
 typedef struct cwi_msg_worker_register {
 	char *address;         /* the worker's data listener (tcp://h:p) */
 	uint32_t cores;        /* CPU cores it may use */
@@ -139,6 +152,10 @@ typedef struct cwi_msg_worker_register {
 	 * directly: a get_elements runs the task's pipeline on the thread
 	 * that sends it (an in-process worker on the inproc transport). */
 	bool direct;
+	/* Its user functions: the dispatcher gives it only tasks whose
+	 * graphs need no other (absent: none). */
+	cwi_fn_info *functions;
+	size_t nfunctions;
 } cwi_msg_worker_register;
 
 typedef struct cwi_msg_worker_register_reply {

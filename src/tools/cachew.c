@@ -685,8 +685,15 @@ explain_node(const cachew_dataset *ds, int depth)
 	printf("%*s%s", depth * 2, "", cachew_dataset_op(ds));
 	if (ds->detail != NULL && ds->detail[0] != '\0')
 		printf(" [%s]", ds->detail);
-	printf("(%s)  fp=%s\n", sb.data != NULL && !sb.oom ? sb.data : "",
+	printf("(%s)  fp=%s", sb.data != NULL && !sb.oom ? sb.data : "",
 	    hex);
+	/* The plugin build the function came from: part of the fp. */
+	if (ds->fn != NULL && ds->fn->plugin != NULL)
+		printf("  plugin=%s version=%s build=%s", ds->fn->plugin->name,
+		    ds->fn->plugin->version[0] != '\0' ? ds->fn->plugin->version
+							 : "none",
+		    ds->fn->plugin->hash_hex);
+	printf("\n");
 	cwi_strbuf_free(&sb);
 	for (size_t i = 0; i < cachew_dataset_num_inputs(ds); i++)
 		explain_node(cachew_dataset_input(ds, i), depth + 1);
@@ -949,6 +956,20 @@ ops_text_op(const cwi_dataset_op *op)
 	printf("\n");
 }
 
+/* Where a function comes from: built in, registered from C, or a
+ * plugin (its name and version). */
+static const char *
+fn_origin(const cwi_fn *fn, char *buf, size_t len)
+{
+	if (fn->builtin)
+		return "built-in";
+	if (fn->plugin == NULL)
+		return "registered";
+	snprintf(buf, len, "plugin %s%s%s", fn->plugin->name,
+	    fn->plugin->version[0] != '\0' ? " " : "", fn->plugin->version);
+	return buf;
+}
+
 static void
 ops_text(void)
 {
@@ -959,10 +980,11 @@ ops_text(void)
 	    cwi_fn_count());
 	for (size_t i = 0; i < cwi_fn_count(); i++) {
 		const cwi_fn *fn = cwi_fn_at(i);
+		char origin[160];
 		printf("    %-20s %-9s %-7s %s\n", fn->name,
 		    fn_kind(fn->def.kind),
 		    (fn->def.flags & CACHEW_OP_RANDOM) ? "random" : "",
-		    fn->builtin ? "built-in" : "registered");
+		    fn_origin(fn, origin, sizeof(origin)));
 		if (fn->def.doc != NULL)
 			printf("        %s\n", fn->def.doc);
 	}
@@ -1039,10 +1061,11 @@ ops_markdown(void)
 	       "|---|---|---|---|---|\n");
 	for (size_t i = 0; i < cwi_fn_count(); i++) {
 		const cwi_fn *fn = cwi_fn_at(i);
+		char origin[160];
 		printf("| `%s` | %s | %s | %s | ", fn->name,
 		    fn_kind(fn->def.kind),
 		    (fn->def.flags & CACHEW_OP_RANDOM) ? "yes" : "no",
-		    fn->builtin ? "built-in" : "registered");
+		    fn_origin(fn, origin, sizeof(origin)));
 		md_cell(fn->def.doc != NULL ? fn->def.doc : "");
 		printf(" |\n");
 	}

@@ -338,6 +338,12 @@ def fingerprint(nodes, k, memo):
             ident = files(params[key]) if op in FILE_SOURCES and \
                 key == b"files" else None
             data += ident if ident is not None else value(params[key])
+        plugin = node.get(b"plugin")
+        if plugin is not None:
+            h = bytes.fromhex(plugin[b"hash"].decode())
+            data += item(b"P", plugin[b"name"]) + \
+                item(b"R", plugin[b"version"]) + \
+                item(b"H", h[:8][::-1] + h[8:][::-1])
         for fp_in in inputs:
             data += item(b"I", bytes.fromhex(fp_in)[:8][::-1] +
                          bytes.fromhex(fp_in)[8:][::-1])

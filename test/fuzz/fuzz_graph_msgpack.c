@@ -4,8 +4,10 @@
  * Decoding must fail cleanly or give a dataset that re-encodes to bytes
  * that decode to the same fingerprint and re-encode identically. When
  * the canonical string of a decoded graph is within the parser's limits,
- * it must parse back to the same fingerprint too. A broken round trip
- * abort()s. No iterator is created.
+ * it must parse back to the same fingerprint too. The dispatcher's reading
+ * of the user functions a graph needs (cwi_graph_user_fns) fails cleanly
+ * and takes every graph that decodes. A broken round trip abort()s. No
+ * iterator is created.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "cachew.h"
 #include "../../src/core/value_msgpack.h"
+#include "../../src/pipeline/pipeline.h"
 
 /* Fingerprints stat and glob the files a source names; a glob pattern
  * could walk the whole file system, so graphs holding a string with '*'
@@ -84,9 +87,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	cachew_dataset *ds = NULL, *back = NULL;
 	cwi_value doc = {0};
+	cwi_fn_ident *fns = NULL;
 	void *buf = NULL, *buf2 = NULL;
-	size_t used, len = 0, len2 = 0;
-	cachew_err rv;
+	size_t used, len = 0, len2 = 0, nfns = 0;
+	cachew_err rv, fns_rv;
 
 	rv = cwi_value_from_msgpack(data, size, &used, &doc, 64);
 	if (rv == CACHEW_OK && may_glob(&doc)) {
@@ -94,11 +98,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	cwi_value_free(&doc);
+	fns_rv = cwi_graph_user_fns(data, size, &fns, &nfns);
+	free(fns);
+	if (fns_rv != CACHEW_OK && cachew_errmsg()[0] == '\0')
+		abort();
 	if (cachew_dataset_from_msgpack(&ds, data, size) != CACHEW_OK) {
 		if (cachew_errmsg()[0] == '\0')
 			abort();
 		return 0;
 	}
+	if (fns_rv != CACHEW_OK)
+		abort();
 	/* A document that decodes as a graph decodes as a value. */
 	if (rv != CACHEW_OK)
 		abort();

@@ -33,9 +33,14 @@ populated(void)
 	cwi_dispatcher *d = NULL;
 	cwi_msg_worker_register wr = {.address = "tcp://w:1", .cores = 2};
 	cwi_msg_worker_register_reply wrr;
-	uint8_t graph[1] = {0x80};
-	cwi_msg_dataset_register dr = {.fingerprint = {1, 2}, .graph = graph,
-	    .graph_len = 1, .split_units = 10, .splittable = true};
+	/* range(3): the dispatcher reads the functions a graph needs. */
+	static const char graph[] =
+	    "\x84\xa6" "format" "\xac" "cachew-graph" "\xa5" "nodes"
+	    "\x91\x83\xa6" "inputs" "\x90\xa2" "op" "\xa5" "range" "\xa6" "params"
+	    "\x81\xa4" "stop" "\x03\xa4" "root" "\x00\xa7" "version" "\x01";
+	cwi_msg_dataset_register dr = {.fingerprint = {1, 2},
+	    .graph = (uint8_t *)graph, .graph_len = sizeof(graph) - 1,
+	    .split_units = 10, .splittable = true};
 	cwi_msg_dataset_register_reply drr;
 	cwi_msg_job_get_or_create jr;
 	cwi_msg_job_get_or_create_reply jrr;

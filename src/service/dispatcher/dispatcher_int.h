@@ -18,6 +18,8 @@
  *                        (struct coord_schedule);
  *   dispatcher_pass.c    autocaching passes: a plan goes to one job, its
  *                        end is queued once (struct job_pass);
+ *   dispatcher_fns.c     user functions: a job's tasks go only to workers
+ *                        with every plugin function its graph needs;
  *   dispatcher_status.c  snapshots: the status reply and the counters
  *                        replies carry (reads only).
  *
@@ -35,6 +37,7 @@
 #define CWI_DISPATCHER_INT_H
 
 #include "dispatcher_state.h"
+#include "../../graph/graph.h"
 
 #define NS_PER_MS 1000000ull
 
@@ -57,6 +60,8 @@ typedef struct worker {
 	bool direct; /* serves its uncoordinated distributed_epoch tasks
 		      * on the requester's thread (worker_register) */
 	uint32_t ntasks;
+	cwi_fn_ident *fns; /* its user functions (worker_register) */
+	size_t nfns;
 } worker;
 
 typedef struct dataset {
@@ -69,6 +74,8 @@ typedef struct dataset {
 	uint64_t split_units;
 	bool splittable;
 	uint64_t last_used_ns; /* registered or given a job */
+	cwi_fn_ident *needs; /* the user functions its graph names */
+	size_t nneeds;
 } dataset;
 
 enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED, SPLIT_RECOVERING };
@@ -324,6 +331,23 @@ cachew_err cwi_recover_stop_list(const job *j, const client *c,
     cwi_msg_client_heartbeat_reply *rep);
 /* Frees a job's recoveries and its groups' skip sets. */
 void cwi_recover_free(job *j);
+
+/* ---- user functions (dispatcher_fns.c) ----------------------------------- */
+
+/* The functions a registering worker reports into w->fns; EINVAL naming
+ * a malformed one, ENOMEM. */
+cachew_err cwi_fns_of_worker(worker *w, const cwi_msg_worker_register *req);
+/* The user functions ds's graph names into ds->needs; EPARSE for a graph
+ * that does not decode (cwi_graph_user_fns), ENOMEM. */
+cachew_err cwi_fns_of_dataset(dataset *ds);
+/* Whether w has every function ds needs (the same plugin builds). */
+bool cwi_fns_worker_can_run(const worker *w, const dataset *ds);
+/* Live workers, not draining, that can run ds. */
+uint32_t cwi_fns_workers_for(const cwi_dispatcher *d, const dataset *ds);
+/* A new job of ds: CACHEW_ENOTSUP when live workers exist and none can
+ * run it, naming the function, its plugin and the workers; OK otherwise
+ * (with no live worker, the job waits for one). */
+cachew_err cwi_fns_check_job(const cwi_dispatcher *d, const dataset *ds);
 
 /* ---- the split ledger (dispatcher_ledger.c) ------------------------------ */
 

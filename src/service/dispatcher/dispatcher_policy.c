@@ -44,7 +44,11 @@ cwi_sizing_job_view(const cwi_dispatcher *d, const job *j, cwi_job_view *v)
 	v->num_workers = j->num_workers;
 	v->num_consumers = j->num_consumers;
 	v->clients = (uint32_t)j->nclients;
-	v->workers_available = cwi_disp_workers_available(d);
+	/* Those that can run it: a job whose graph needs plugin functions
+	 * gets tasks only where they are loaded. */
+	v->workers_available = j->ds->nneeds > 0
+	    ? cwi_fns_workers_for(d, j->ds)
+	    : cwi_disp_workers_available(d);
 	for (size_t i = 0; i < d->tasks.n; i++) {
 		const task *t = TASK(d, i);
 		if (t->job != j)

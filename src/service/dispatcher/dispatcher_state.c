@@ -208,6 +208,25 @@ job_free(const cwi_dispatcher *d, job *j)
 	free(j);
 }
 
+static void
+dataset_free(dataset *ds)
+{
+	free(ds->graph);
+	free(ds->needs);
+	free(ds);
+}
+
+static void
+worker_free(worker *w)
+{
+	if (w == NULL)
+		return;
+	free(w->address);
+	free(w->build);
+	free(w->fns);
+	free(w);
+}
+
 void
 cwi_dispatcher_destroy(cwi_dispatcher *d)
 {
@@ -218,15 +237,10 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	for (size_t i = 0; i < d->jobs.n; i++)
 		job_free(d, JOB(d, i));
 	cwi_pass_ends_drop(d);
-	for (size_t i = 0; i < d->datasets.n; i++) {
-		free(DATASET(d, i)->graph);
-		free(DATASET(d, i));
-	}
-	for (size_t i = 0; i < d->workers.n; i++) {
-		free(WORKER(d, i)->address);
-		free(WORKER(d, i)->build);
-		free(WORKER(d, i));
-	}
+	for (size_t i = 0; i < d->datasets.n; i++)
+		dataset_free(DATASET(d, i));
+	for (size_t i = 0; i < d->workers.n; i++)
+		worker_free(WORKER(d, i));
 	free(d->tasks.v);
 	free(d->jobs.v);
 	free(d->datasets.v);
@@ -463,8 +477,9 @@ worker_has_task_of(const cwi_dispatcher *d, const worker *w, const job *j)
 	return false;
 }
 
-/* The worker a new task of j goes to: not draining, no task of j yet, the
- * fewest tasks, then the lowest id. */
+/* The worker a new task of j goes to: not draining, with every function
+ * j's graph needs, no task of j yet, the fewest tasks, then the lowest
+ * id. */
 static worker *
 pick_worker(const cwi_dispatcher *d, const job *j)
 {
@@ -472,7 +487,8 @@ pick_worker(const cwi_dispatcher *d, const job *j)
 
 	for (size_t i = 0; i < d->workers.n; i++) {
 		worker *w = WORKER(d, i);
-		if (w->draining || worker_has_task_of(d, w, j))
+		if (w->draining || worker_has_task_of(d, w, j) ||
+		    !cwi_fns_worker_can_run(w, j->ds))
 			continue;
 		if (best == NULL || w->ntasks < best->ntasks)
 			best = w;
@@ -563,8 +579,7 @@ gc_datasets(cwi_dispatcher *d)
 		cwi_disp_ev_u64(d, "dataset_id", ds->id);
 		cwi_disp_ev_end(d);
 		vec_remove(&d->datasets, ds);
-		free(ds->graph);
-		free(ds);
+		dataset_free(ds);
 	}
 }
 
@@ -871,7 +886,9 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 				    j->name, req->consumer_index,
 				    j->clients[i].id);
 	} else {
-		rv = job_create(d, req, ds, &j);
+		rv = cwi_fns_check_job(d, ds);
+		if (rv == CACHEW_OK)
+			rv = job_create(d, req, ds, &j);
 		if (rv != CACHEW_OK)
 			return rv;
 		created = true;
@@ -1112,9 +1129,7 @@ worker_remove(cwi_dispatcher *d, worker *w, const char *event,
 		i++;
 	}
 	vec_remove(&d->workers, w);
-	free(w->address);
-	free(w->build);
-	free(w);
+	worker_free(w);
 	for (size_t i = 0; i < d->jobs.n; i++)
 		cwi_sched_update(d, JOB(d, i));
 }
@@ -1123,6 +1138,7 @@ cachew_err
 cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_register *req, cwi_msg_worker_register_reply *rep)
 {
+	cachew_err rv = CACHEW_OK;
 	worker *w;
 
 	cwi_pmsg_body_init(CWI_MSG_WORKER_REGISTER_REPLY, rep);
@@ -1134,13 +1150,11 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 	if (w == NULL || (w->address = cwi_strdup(req->address)) == NULL ||
 	    (req->build != NULL &&
 		(w->build = cwi_strdup(req->build)) == NULL) ||
+	    (rv = cwi_fns_of_worker(w, req)) != CACHEW_OK ||
 	    !vec_push(&d->workers, w)) {
-		if (w != NULL) {
-			free(w->address);
-			free(w->build);
-		}
-		free(w);
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		worker_free(w);
+		return rv != CACHEW_OK ? rv
+				       : cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	w->direct = req->direct;
 	/* A worker restarted faster than its timeout: the old incarnation
@@ -1160,6 +1174,8 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 	cwi_disp_ev_u64(d, "worker_id", w->id);
 	cwi_disp_ev_str(d, "address", w->address);
 	cwi_disp_ev_u64(d, "cores", w->cores);
+	if (w->nfns > 0)
+		cwi_disp_ev_u64(d, "functions", w->nfns);
 	cwi_disp_ev_end(d);
 	rep->worker_id = w->id;
 	rep->heartbeat_interval_ms = d->cfg.worker_heartbeat_ms;
@@ -1365,6 +1381,7 @@ cachew_err
 cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_dataset_register *req, cwi_msg_dataset_register_reply *rep)
 {
+	cachew_err rv = CACHEW_OK;
 	dataset *ds;
 	char hex[33];
 
@@ -1382,15 +1399,20 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 		}
 	}
 	ds = calloc(1, sizeof(*ds));
-	if (ds == NULL || (ds->graph = malloc(req->graph_len)) == NULL ||
-	    !vec_push(&d->datasets, ds)) {
-		if (ds != NULL)
-			free(ds->graph);
+	if (ds == NULL || (ds->graph = malloc(req->graph_len)) == NULL) {
 		free(ds);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	memcpy(ds->graph, req->graph, req->graph_len);
 	ds->graph_len = req->graph_len;
+	/* The user functions its jobs' workers must have; a graph that does
+	 * not decode could run on no worker. */
+	rv = cwi_fns_of_dataset(ds);
+	if (rv != CACHEW_OK || !vec_push(&d->datasets, ds)) {
+		dataset_free(ds);
+		return rv != CACHEW_OK ? rv
+				       : cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
 	ds->fp = req->fingerprint;
 	ds->split_units = req->splittable ? req->split_units : 0;
 	ds->splittable = req->splittable;

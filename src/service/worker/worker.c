@@ -11,6 +11,7 @@
  * transport call.
  */
 #include "../service.h"
+#include "../../graph/graph.h"
 #include "worker_task.h"
 
 #include <stdio.h>
@@ -124,6 +125,36 @@ cpu_use(cwi_worker *w)
 	return use;
 }
 
+/* The user functions this process can run (its plugins' and those
+ * registered from C), for the dispatcher to place tasks by. */
+static cachew_err
+register_functions(cwi_msg_worker_register *m)
+{
+	cwi_fn_ident *v = NULL;
+	size_t n = 0;
+	cachew_err rv = cwi_registry_user_fns(&v, &n);
+
+	if (rv == CACHEW_OK && n > 0 &&
+	    (m->functions = calloc(n, sizeof(*m->functions))) == NULL)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; rv == CACHEW_OK && i < n; i++) {
+		cwi_fn_info *f = &m->functions[m->nfunctions++];
+		f->name = cwi_strdup(v[i].name);
+		if (v[i].plugin[0] != '\0') {
+			f->plugin = cwi_strdup(v[i].plugin);
+			f->plugin_hash = cwi_strdup(v[i].hash);
+		}
+		if (v[i].version[0] != '\0')
+			f->plugin_version = cwi_strdup(v[i].version);
+		if (f->name == NULL || (v[i].plugin[0] != '\0' &&
+		    (f->plugin == NULL || f->plugin_hash == NULL)) ||
+		    (v[i].version[0] != '\0' && f->plugin_version == NULL))
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	free(v);
+	return rv;
+}
+
 static cachew_err
 do_register(cwi_worker *w)
 {
@@ -136,6 +167,11 @@ do_register(cwi_worker *w)
 	    w->cfg.threads > 0 ? w->cfg.threads : cwi_online_cpus());
 	req.u.worker_register.build = cwi_strdup(cachew_version());
 	req.u.worker_register.direct = w->env.inline_run;
+	rv = register_functions(&req.u.worker_register);
+	if (rv != CACHEW_OK) {
+		cwi_pmsg_free(&req);
+		return rv;
+	}
 	/* Until it works or the worker stops. Each round of retries is
 	 * bounded (the retry's per-call timeout is what is left of it, an
 	 * int of milliseconds) and long enough for a slow dispatcher: a
@@ -454,6 +490,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	if (rv != CACHEW_OK)
 		goto fail;
 	w->env.dispatcher = w->dispatcher;
+	w->env.address = w->url;
 	w->env.opts = w->opts;
 	w->env.rpc_timeout_ms = cfg->worker_timeout_ms;
 	w->env.queue_bytes = (uint64_t)64 << 20;

@@ -114,6 +114,24 @@ lease_options(cwi_wtask *t)
 				     : cwi_fail(CACHEW_ENOMEM, "out of memory");
 }
 
+/* This worker cannot run the task's graph: a function it lacks, or
+ * another build of a plugin (docs/graph-format.md, section 2), which the
+ * dispatcher avoids but cannot rule out (a worker of another version).
+ * The task stays, failed, with no runner: its clients end with the error,
+ * as with a pipeline's, rather than wait for it; it never reports done. */
+static void
+start_failed(cwi_wtask *t, cachew_err rv)
+{
+	snprintf(t->errmsg, sizeof(t->errmsg), "worker %llu (%s): %s",
+	    (unsigned long long)t->env->worker_id,
+	    t->env->address != NULL ? t->env->address : "?",
+	    cwi_errmsg_get());
+	t->failed = rv;
+	t->failed_pipeline = true;
+	cwi_log(CACHEW_LOG_WARN, "worker", "event=task_start_failed task=%llu "
+	    "error=\"%s\"", (unsigned long long)t->id, t->errmsg);
+}
+
 cachew_err
 cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
     const cwi_wtask_env *env)
@@ -159,9 +177,9 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		goto fail;
 	rv = cachew_dataset_from_msgpack(&t->root, def->graph, def->graph_len);
 	if (rv != CACHEW_OK) {
-		rv = cwi_fail(rv, "task %llu: its graph does not decode: %s",
-		    (unsigned long long)t->id, cwi_errmsg_get());
-		goto fail;
+		start_failed(t, rv);
+		*out = t;
+		return CACHEW_OK;
 	}
 	rv = cwi_split_plan_create(&t->plan, t->root);
 	if (rv != CACHEW_OK) {
@@ -1319,7 +1337,9 @@ cwi_wtask_drained(cwi_wtask *t)
 	bool drained;
 
 	pthread_mutex_lock(&t->lock);
-	drained = task_done_locked(t);
+	/* A task that could not start (no plan: start_failed) holds no
+	 * split, though it never reports done. */
+	drained = task_done_locked(t) || t->plan == NULL;
 	for (size_t i = 0; drained && i < t->nclients; i++)
 		if (t->clients[i].nends > 0)
 			drained = false;

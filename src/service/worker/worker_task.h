@@ -47,6 +47,7 @@ typedef struct cwi_wtask cwi_wtask;
 typedef struct cwi_wtask_env {
 	cwi_conn *dispatcher;  /* for split leases */
 	uint64_t worker_id;
+	const char *address;   /* the worker's data listener, for messages */
 	const cachew_options *opts; /* executor options of lease pipelines */
 	int64_t rpc_timeout_ms;
 	uint64_t queue_bytes;  /* output queue bound */
@@ -60,7 +61,10 @@ typedef struct cwi_wtask_env {
 } cwi_wtask_env;
 
 /* Creates a task from its definition (graph decoded and planned) and
- * starts its runner. The env must outlive the task. */
+ * starts its runner. A graph this worker cannot decode (a function it
+ * lacks, another build of a plugin) gives a task that has failed: its
+ * clients get the error, naming the worker, and it never reports done.
+ * The env must outlive the task. */
 cachew_err cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
     const cwi_wtask_env *env);
 uint64_t cwi_wtask_id(const cwi_wtask *t);
