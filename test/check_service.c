@@ -90,7 +90,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		h->tasks[0].ops[0] = (cwi_op_counters){xstrdup("range#0"), 1000,
 		    8000, 5000, 0, 0, NULL, 0, 0, 0};
 		h->tasks[0].ops[1] = (cwi_op_counters){xstrdup("map#1"), 999,
-		    7992, 123456789, 42, 17, NULL, 0, 0, 0};
+		    7992, 123456789, 42, 17, NULL, 0, 4, 64};
+		h->tasks[0].ops_leases = 3;
 		h->tasks[1].task_id = 12;
 		break;
 	}
@@ -292,6 +293,17 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		t->ops[1] = (cwi_op_counters){xstrdup("map"), 100, 800, 9000,
 		    300, 4, xstrdup("add"), 1, 2, 16};
 		t->busy = false;
+		break;
+	}
+	case CWI_MSG_TASK_COUNTERS: {
+		cwi_msg_task_counters *t = &m->u.task_counters;
+		t->worker_id = 3;
+		t->task_id = 9;
+		t->ops_leases = 2;
+		t->nops = 1;
+		t->ops = xcalloc(1, sizeof(*t->ops));
+		t->ops[0] = (cwi_op_counters){xstrdup("1:map/add"), 100, 800,
+		    9000, 300, 0, NULL, 0, 2, 16};
 		break;
 	}
 	default:
@@ -2140,6 +2152,88 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 }
 END_TEST
 
+/* A heartbeat of worker wid that reports one task, as tr says. */
+static void
+report_task(harness *h, uint64_t wid, cwi_task_report *tr)
+{
+	cwi_msg_worker_heartbeat req = {.worker_id = wid, .tasks = tr,
+	    .ntasks = 1};
+	cwi_msg_worker_heartbeat_reply rep;
+
+	ck_assert_msg(cwi_dispatcher_worker_heartbeat(h->d, h->now, &req,
+			  &rep) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &rep);
+}
+
+/* A task's counters at a lease's end (task_counters). */
+static cachew_err
+task_counters(harness *h, uint64_t wid, uint64_t tid, uint64_t leases,
+    cwi_op_counters *ops, size_t nops)
+{
+	cwi_msg_task_counters req = {.worker_id = wid, .task_id = tid,
+	    .ops_leases = leases, .ops = ops, .nops = nops};
+
+	return cwi_dispatcher_task_counters(h->d, h->now, &req);
+}
+
+/* The job's operator rows in a client's heartbeat reply sum every task's
+ * by name, those dropped included (a done task's rows stay, what it held
+ * does not), and keep a task's newest counters: a heartbeat counting fewer
+ * leases than a task_counters already received changes nothing. */
+START_TEST(test_dispatcher_job_rows_sum_every_task_and_keep_the_newest)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c, w1, w2, t1, t2;
+	cwi_op_counters a[2] = {{.name = "0:range", .elements = 600},
+	    {.name = "1:map/add", .elements = 600, .buffered = 3,
+		.parallelism = 2}};
+	cwi_op_counters b[2] = {{.name = "0:range", .elements = 400},
+	    {.name = "1:map/add", .elements = 400, .buffered = 5,
+		.parallelism = 2}};
+	cwi_op_counters stale[2] = {{.name = "0:range", .elements = 300},
+	    {.name = "1:map/add", .elements = 300}};
+	cwi_msg_worker_heartbeat_reply wr;
+	cwi_msg_client_heartbeat_reply rep;
+	cwi_task_report tr = {0};
+
+	w1 = add_worker(h, "tcp://w1:1");
+	w2 = add_worker(h, "tcp://w2:1");
+	join(h, ds, NULL, &job, &c);
+	t1 = task_of(h, w1, job, NULL);
+	t2 = task_of(h, w2, job, NULL);
+	ck_assert_int_eq(task_counters(h, w1, t1, 2, a, 2), CACHEW_OK);
+	ck_assert_int_eq(task_counters(h, w2, t2, 1, b, 2), CACHEW_OK);
+	tr.task_id = t1;
+	tr.ops = stale;
+	tr.nops = 2;
+	tr.ops_leases = 1;
+	report_task(h, w1, &tr);
+	client_hb(h, job, c, 0, &rep);
+	ck_assert_uint_eq(rep.nops, 2);
+	ck_assert_str_eq(rep.ops[0].name, "0:range");
+	ck_assert_uint_eq(rep.ops[0].elements, 1000);
+	ck_assert_str_eq(rep.ops[1].name, "1:map/add");
+	ck_assert_uint_eq(rep.ops[1].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].buffered, 8);
+	ck_assert_int_eq(rep.ops[1].parallelism, 4);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
+	/* t2 is done (its report has no rows: its rows stay) and goes. */
+	worker_hb(h, w2, &t2, 1, &t2, 1, &wr);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	ck_assert_uint_ne(task_of(h, w2, job, NULL), t2);
+	ck_assert_int_eq(task_counters(h, w2, t2, 2, b, 2), CACHEW_ENOENT);
+	ck_assert_int_eq(task_counters(h, 99, t1, 3, a, 2), CACHEW_ENOENT);
+	client_hb(h, job, c, 0, &rep);
+	ck_assert_uint_eq(rep.nops, 2);
+	ck_assert_uint_eq(rep.ops[0].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].buffered, 3);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_handle_replies_and_errors)
 {
 	harness *h = harness_new();
@@ -2632,6 +2726,8 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_coordinated_change_moves_when_a_consumer_passed_it);
 	tcase_add_test(disp, test_dispatcher_status_reports_progress_and_rates);
+	tcase_add_test(disp,
+	    test_dispatcher_job_rows_sum_every_task_and_keep_the_newest);
 	tcase_add_test(disp, test_dispatcher_handle_replies_and_errors);
 	tcase_add_test(disp, test_dispatcher_events_are_json_lines);
 	tcase_add_test(disp, test_dispatcher_events_to_file);

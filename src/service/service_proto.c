@@ -142,6 +142,7 @@ static const field f_task_report[] = {
     OBJS(cwi_task_report, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
     U64(cwi_task_report, run_ns, 0),
     U64(cwi_task_report, stall_ns, 0),
+    U64(cwi_task_report, ops_leases, 0),
 };
 static const schema s_task_report = SCHEMA("task_report", cwi_task_report,
     f_task_report);
@@ -261,6 +262,13 @@ static const field f_task_stats[] = {
 static const field f_task_stats_reply[] = {
     OBJS(cwi_msg_task_stats_reply, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
     BOOL(cwi_msg_task_stats_reply, busy),
+};
+
+static const field f_task_counters[] = {
+    U64(cwi_msg_task_counters, worker_id, F_REQ),
+    U64(cwi_msg_task_counters, task_id, F_REQ),
+    U64(cwi_msg_task_counters, ops_leases, 0),
+    OBJS(cwi_msg_task_counters, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
 };
 
 static const field f_split_lease[] = {
@@ -466,6 +474,8 @@ static const schema msg_schemas[CWI_MSG_NTYPES] = {
 	f_task_stats),
     [CWI_MSG_TASK_STATS_REPLY] = SCHEMA("task_stats_reply",
 	cwi_msg_task_stats_reply, f_task_stats_reply),
+    [CWI_MSG_TASK_COUNTERS] = SCHEMA("task_counters", cwi_msg_task_counters,
+	f_task_counters),
 };
 
 static const schema *

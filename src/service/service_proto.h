@@ -85,6 +85,7 @@ typedef enum cwi_msg_type {
 	CWI_MSG_GET_ELEMENTS_REPLY,    /* header; elements ride alongside */
 	CWI_MSG_TASK_STATS,            /* client -> worker: a task's rows */
 	CWI_MSG_TASK_STATS_REPLY,
+	CWI_MSG_TASK_COUNTERS,         /* worker -> dispatcher; reply ok */
 	CWI_MSG_NTYPES
 } cwi_msg_type;
 
@@ -155,11 +156,11 @@ typedef struct cwi_op_counters {
 	uint64_t busy_ns;  /* time spent computing */
 	uint64_t wait_ns;  /* time spent waiting for input */
 	uint64_t buffered; /* elements in its output buffer now */
-	/* task_stats rows only (absent in heartbeats): */
-	char *detail;      /* e.g. the map function; optional */
-	int64_t node;      /* index in the task's pipeline order */
-	int64_t parallelism;
-	int64_t buffer_limit;
+	char *detail;      /* e.g. the map function; task_stats rows only */
+	int64_t node;      /* index in the task's pipeline order; task_stats
+			    * rows only (heartbeats: the name's prefix) */
+	int64_t parallelism;  /* threads (summed over a job's tasks) */
+	int64_t buffer_limit; /* elements it may buffer */
 } cwi_op_counters;
 
 typedef struct cwi_task_report {
@@ -177,6 +178,10 @@ typedef struct cwi_task_report {
 	 * worker_busy is 1 - d(stall_ns)/d(run_ns). */
 	uint64_t run_ns;
 	uint64_t stall_ns;
+	/* How many finished leases ops sums: of two reports of a task, the
+	 * dispatcher keeps the ops of the one that counts more (a heartbeat
+	 * built before a task_counters may arrive after it). */
+	uint64_t ops_leases;
 } cwi_task_report;
 
 typedef struct cwi_msg_worker_heartbeat {
@@ -297,8 +302,9 @@ typedef struct cwi_msg_client_heartbeat_reply {
 	uint64_t block_round; /* coordinated: read no round >= this yet */
 	uint64_t splits_total;
 	uint64_t splits_acked;
-	/* The worker part's operator counters summed over the job's tasks
-	 * (as their workers last reported them), in pipeline order. */
+	/* The worker part's operator counters summed over the job's tasks,
+	 * those that ended included (as their workers last reported them:
+	 * every finished lease's once the job's data is all acknowledged). */
 	cwi_op_counters *ops;
 	size_t nops;
 } cwi_msg_client_heartbeat_reply;
@@ -501,6 +507,18 @@ typedef struct cwi_msg_task_stats_reply {
 	bool busy;
 } cwi_msg_task_stats_reply;
 
+/* A task's operator counters summed over its finished leases, sent by
+ * its worker when a lease ends, before the lease's end goes to any
+ * client: once every split of a job is acknowledged, the dispatcher has
+ * every finished lease's counters. */
+typedef struct cwi_msg_task_counters {
+	uint64_t worker_id;
+	uint64_t task_id;
+	uint64_t ops_leases; /* how many finished leases ops sums */
+	cwi_op_counters *ops;
+	size_t nops;
+} cwi_msg_task_counters;
+
 /* ---- the envelope -------------------------------------------------------- */
 
 typedef struct cwi_pmsg {
@@ -529,6 +547,7 @@ typedef struct cwi_pmsg {
 		cwi_msg_get_elements_reply get_elements_reply;
 		cwi_msg_task_stats task_stats;
 		cwi_msg_task_stats_reply task_stats_reply;
+		cwi_msg_task_counters task_counters;
 	} u;
 } cwi_pmsg;
 

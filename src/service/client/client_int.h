@@ -11,7 +11,9 @@
  *   - client_zstd.c: compression: what to ask workers for, auto
  *     compression's decision, and decoding replies (decompressed first);
  *   - client_direct.c: a direct task, read by the consumer's own calls,
- *     and its live operator rows (task_stats).
+ *     and its live operator rows (task_stats);
+ *   - client_stats.c: the worker part's operator rows as the iterator
+ *     shows them.
  *
  * Lock order: ctx->rows_lock, then s->lock. rows_lock guards the
  * context's operator rows and ctx->cur; s->lock guards the element queue,
@@ -103,9 +105,10 @@ typedef struct client_ctx {
 	cwi_stream_source src;
 	cachew_dataset *client_graph;
 	uint64_t seed;
-	/* The worker part's operator rows (a direct task's, asked of it
-	 * while an epoch runs, kept after): cachew_iterator_stats shows
-	 * them before the client part's. rows_lock guards them and cur. */
+	/* The worker part's operator rows (named from the plan; a direct
+	 * task's counters asked of it while an epoch runs, remote ones' from
+	 * heartbeat replies; kept after): cachew_iterator_stats shows them
+	 * before the client part's. rows_lock guards them and cur. */
 	pthread_mutex_t rows_lock;
 	struct session *cur; /* the open session, or NULL */
 	op_row rows[64]; /* the open session's (names kept after) */
@@ -260,5 +263,21 @@ bool cwi_client_direct_turn(session *s, cwi_chunk *out, size_t max,
 /* Asks the direct task for its operator rows, live, into the context
  * (ctx->rows_lock held). */
 void cwi_client_rows_refresh(client_ctx *ctx, session *s);
+
+/* ---- client_stats.c: rows and counts ------------------------------------- */
+
+/* Names the worker part's rows from the plan (at the iterator's
+ * creation, before any session). */
+void cwi_client_rows_prefill(client_ctx *ctx);
+/* Remote workers: the job's operator counters in a heartbeat reply
+ * become the worker part's rows (fetch thread). */
+void cwi_client_rows_from_reply(session *s,
+    const cwi_msg_client_heartbeat_reply *r);
+/* The session ends: its rows' counters join the earlier epochs'. */
+void cwi_client_session_retire_rows(session *s);
+/* cachew_iterator_stats' part_stats (cwi_part_stats_fn): the worker
+ * part's rows, in place of the stream's. */
+size_t cwi_client_part_stats(void *arg, cachew_op_stats *out, size_t cap,
+    size_t *hide);
 
 #endif /* CWI_CLIENT_INT_H */
