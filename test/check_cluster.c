@@ -878,6 +878,71 @@ START_TEST(embedded_stats_sum_every_worker_exactly)
 }
 END_TEST
 
+/* The status of the newest job of the dispatcher at url. */
+static cwi_job_status
+newest_job_status(const char *url)
+{
+	cwi_conn *c;
+	cwi_pmsg rep;
+	cwi_job_status js;
+
+	ck_assert_int_eq(cwi_dial(&c, url, NULL), CACHEW_OK);
+	dispatcher_status(c, &rep);
+	ck_assert_uint_gt(rep.u.status_reply.njobs, 0);
+	js = rep.u.status_reply.jobs[rep.u.status_reply.njobs - 1];
+	js.name = js.scale_policy = js.reason = NULL;
+	js.cache_mode = js.cache_reason = NULL;
+	cwi_pmsg_free(&rep);
+	cwi_conn_destroy(c);
+	return js;
+}
+
+/* Once the iterator is gone, the job's counters in the dispatcher's
+ * status are exactly what it received: elements (here batches) and their
+ * payload bytes. */
+static void
+assert_status_counts_what_was_received(const char *service,
+    const char *url)
+{
+	stat_row rows[16];
+	size_t n = 0, got;
+	uint64_t bytes = 0;
+	cwi_job_status js;
+
+	got = read_counting("range(20000) | map(add, value=1) | batch(64)",
+	    service, rows, 16, &n, &bytes);
+	js = newest_job_status(url);
+	ck_assert(js.finished);
+	ck_assert_msg(js.elements == got, "%s: status %" PRIu64 " elements, "
+	    "%zu received", service, js.elements, got);
+	ck_assert_uint_eq(js.bytes, bytes);
+	ck_assert_uint_eq(bytes, 20000 * 8);
+}
+
+START_TEST(cluster_status_counts_what_the_client_received)
+{
+	cluster c;
+
+	cluster_start(&c, 2);
+	assert_status_counts_what_was_received(c.dispatcher.url,
+	    c.dispatcher.url);
+	cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_status_counts_what_the_client_received)
+{
+	char url[64];
+
+	snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld",
+	    (long)getpid());
+	assert_status_counts_what_was_received("embedded", url);
+	snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld-threads",
+	    (long)getpid());
+	assert_status_counts_what_was_received("embedded:2", url);
+}
+END_TEST
+
 /* ---- two clients sharing a job ----------------------------------------------- */
 
 typedef struct share_arg {
@@ -1295,6 +1360,8 @@ START_TEST(cluster_status_lists_workers_and_jobs)
 	ck_assert_ptr_nonnull(strstr(json, "\"workers\":[{\"id\":"));
 	ck_assert_ptr_nonnull(strstr(json, "\"jobs\":[{"));
 	ck_assert_ptr_nonnull(strstr(json, "\"splits_acked\":"));
+	/* Exactly what the client received. */
+	ck_assert_ptr_nonnull(strstr(json, "\"elements\":100,\"bytes\":800,"));
 	free(json);
 	cluster_stop(&c);
 }
@@ -1380,6 +1447,8 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, cluster_stats_sum_every_worker_exactly);
 	tcase_add_test(tc, embedded_stats_sum_every_worker_exactly);
+	tcase_add_test(tc, cluster_status_counts_what_the_client_received);
+	tcase_add_test(tc, embedded_status_counts_what_the_client_received);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_worker_dropped_mid_epoch_loses_nothing);
 	tcase_add_test(tc, embedded_iterators_read_in_turn);

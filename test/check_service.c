@@ -168,6 +168,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		c->round = 99;
 		c->nacked_splits = 20; /* an array 16 header */
 		c->acked_splits = ids_of(20, 0);
+		c->elements_received = 20000;
+		c->bytes_received = 160000;
 		break;
 	}
 	case CWI_MSG_CLIENT_HEARTBEAT_REPLY: {
@@ -208,7 +210,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.split_ack.leases = ids_of(3, 4);
 		break;
 	case CWI_MSG_JOB_RELEASE:
-		m->u.job_release = (cwi_msg_job_release){8, 77};
+		m->u.job_release = (cwi_msg_job_release){.job_id = 8,
+		    .client_id = 77, .elements_received = 313,
+		    .bytes_received = 160000};
 		break;
 	case CWI_MSG_STATUS_REPLY: {
 		cwi_msg_status_reply *s = &m->u.status_reply;
@@ -1666,7 +1670,7 @@ START_TEST(test_dispatcher_job_ends_when_clients_release)
 	t1 = task_of(h, w1, job, NULL);
 	ck_assert_int_eq(lease(h, w1, t1, 2, &l), CACHEW_OK);
 	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
-	rel = (cwi_msg_job_release){job, c1};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	ck_assert(!job_status(h, job).finished);
@@ -1710,7 +1714,7 @@ START_TEST(test_dispatcher_unused_datasets_are_dropped)
 	(void)w;
 	join(h, a, NULL, &job, &c);
 	join(h, b, NULL, &jb, &cb);
-	rel = (cwi_msg_job_release){job, c};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	/* Past the timeout, with more finished jobs than are kept: job 1
@@ -1719,7 +1723,7 @@ START_TEST(test_dispatcher_unused_datasets_are_dropped)
 		uint64_t jx, cx;
 		uint64_t x = add_dataset(h, 100 + (uint64_t)i, 64, NULL);
 		join(h, x, NULL, &jx, &cx);
-		rel = (cwi_msg_job_release){jx, cx};
+		rel = (cwi_msg_job_release){.job_id = jx, .client_id = cx};
 		ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 		    CACHEW_OK);
 	}
@@ -1809,13 +1813,14 @@ START_TEST(test_dispatcher_shared_job_client_leaving_returns_delivered_splits)
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
 	ack(h, job, c2, &delivered[1], 1);
 	/* c1 leaves: split 0 may have been in its buffer. */
-	rel = (cwi_msg_job_release){job, c1};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1,
+	    .elements_received = 4};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	ck_assert(has_event(h, "\"event\":\"split_released\",\"job_id\":1,"
 			       "\"reason\":\"client_left\",\"splits\":[0]}"));
 	ck_assert_uint_eq(job_status(h, job).splits_pending, 5);
-	ck_assert_uint_eq(job_status(h, job).elements, 10);
+	ck_assert_uint_eq(job_status(h, job).elements, 4);
 	harness_free(h);
 }
 END_TEST
@@ -2121,10 +2126,18 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 			     &wr),
 	    CACHEW_OK);
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	/* Its client took 990 of them (the job's counts are its clients'). */
+	cwi_msg_client_heartbeat ch = {.job_id = job, .client_id = c,
+	    .elements_received = 990, .bytes_received = 7920};
+	cwi_msg_client_heartbeat_reply chr;
+	ck_assert_int_eq(cwi_dispatcher_client_heartbeat(h->d, h->now, &ch,
+			     &chr),
+	    CACHEW_OK);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &chr);
 	h->now += 250 * MS;
 	js = job_status(h, job);
-	ck_assert_uint_eq(js.elements, 1000);
-	ck_assert_uint_eq(js.bytes, 8000);
+	ck_assert_uint_eq(js.elements, 990);
+	ck_assert_uint_eq(js.bytes, 7920);
 	ck_assert(js.elements_per_s == 1000.0);
 	ck_assert(js.bytes_per_s == 8000.0);
 	ck_assert_uint_eq(js.target_workers, 1);
@@ -2140,6 +2153,7 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 	ck_assert_uint_eq(st.ndatasets, 1);
 	ck_assert_int_eq(st.datasets[0].split_units, 64);
 	ck_assert_uint_eq(st.ntasks, 1);
+	ck_assert_uint_eq(st.tasks[0].elements, 1000);
 	ck_assert(st.tasks[0].elements_per_s == 1000.0);
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	/* The policy engine's input: the last reported counters. */
@@ -2165,6 +2179,63 @@ report_task(harness *h, uint64_t wid, cwi_task_report *tr)
 	    "%s", cachew_errmsg());
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &rep);
 }
+
+/* A client's cumulative counts (client_heartbeat) of what it took. */
+static void
+client_counts(harness *h, uint64_t job, uint64_t client, uint64_t elements,
+    uint64_t bytes)
+{
+	cwi_msg_client_heartbeat req = {.job_id = job, .client_id = client,
+	    .elements_received = elements, .bytes_received = bytes};
+	cwi_msg_client_heartbeat_reply rep;
+
+	ck_assert_msg(cwi_dispatcher_client_heartbeat(h->d, h->now, &req,
+			  &rep) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
+}
+
+/* A job's elements and bytes are what its clients took, as they last
+ * said (a heartbeat that says less, sent before the one answered first,
+ * changes nothing), and exact with their releases: not what the workers
+ * delivered, which counts a replay the clients skipped. */
+START_TEST(test_dispatcher_job_counts_are_what_its_clients_received)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c1, c2, w1;
+	job_opts named = {.name = "shared"};
+	cwi_task_report tr = {0};
+	cwi_msg_job_release rel;
+	cwi_job_status js;
+
+	w1 = add_worker(h, "tcp://w1:1");
+	join(h, ds, &named, &job, &c1);
+	join(h, ds, &named, &job, &c2);
+	tr.task_id = task_of(h, w1, job, NULL);
+	tr.elements = 5000;
+	tr.bytes = 40000;
+	report_task(h, w1, &tr);
+	client_counts(h, job, c1, 100, 800);
+	client_counts(h, job, c1, 60, 480);
+	client_counts(h, job, c2, 30, 240);
+	js = job_status(h, job);
+	ck_assert_uint_eq(js.elements, 130);
+	ck_assert_uint_eq(js.bytes, 1040);
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1,
+	    .elements_received = 1200, .bytes_received = 9600};
+	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+	    CACHEW_OK);
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c2,
+	    .elements_received = 800, .bytes_received = 6400};
+	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+	    CACHEW_OK);
+	js = job_status(h, job);
+	ck_assert(js.finished);
+	ck_assert_uint_eq(js.elements, 2000);
+	ck_assert_uint_eq(js.bytes, 16000);
+	harness_free(h);
+}
+END_TEST
 
 /* A task's counters at a lease's end (task_counters). */
 static cachew_err
@@ -2726,6 +2797,8 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_coordinated_change_moves_when_a_consumer_passed_it);
 	tcase_add_test(disp, test_dispatcher_status_reports_progress_and_rates);
+	tcase_add_test(disp,
+	    test_dispatcher_job_counts_are_what_its_clients_received);
 	tcase_add_test(disp,
 	    test_dispatcher_job_rows_sum_every_task_and_keep_the_newest);
 	tcase_add_test(disp, test_dispatcher_handle_replies_and_errors);

@@ -230,6 +230,8 @@ static const field f_client_heartbeat[] = {
     F64(cwi_msg_client_heartbeat, buffer_fill),
     U64(cwi_msg_client_heartbeat, round, 0),
     U64S(cwi_msg_client_heartbeat, acked_splits, 0, CWI_PROTO_MAX_SPLITS),
+    U64(cwi_msg_client_heartbeat, elements_received, 0),
+    U64(cwi_msg_client_heartbeat, bytes_received, 0),
 };
 
 static const field f_task_info[] = {
@@ -302,6 +304,8 @@ static const field f_split_ack[] = {
 static const field f_job_release[] = {
     U64(cwi_msg_job_release, job_id, F_REQ),
     U64(cwi_msg_job_release, client_id, F_REQ),
+    U64(cwi_msg_job_release, elements_received, 0),
+    U64(cwi_msg_job_release, bytes_received, 0),
 };
 
 static const field f_worker_status[] = {

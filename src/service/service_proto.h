@@ -279,6 +279,10 @@ typedef struct cwi_msg_client_heartbeat {
 	uint64_t round;         /* coordinated: the next round it will read */
 	uint64_t *acked_splits; /* splits received completely since then */
 	size_t nacked_splits;
+	/* Elements (and their payload bytes) of the job this client took
+	 * from the service, cumulative: the job's counters in the status. */
+	uint64_t elements_received;
+	uint64_t bytes_received;
 } cwi_msg_client_heartbeat;
 
 /* A task a client reads from. */
@@ -352,6 +356,9 @@ typedef struct cwi_msg_split_ack {
 typedef struct cwi_msg_job_release {
 	uint64_t job_id;
 	uint64_t client_id;
+	/* The client's final counts (client_heartbeat's). */
+	uint64_t elements_received;
+	uint64_t bytes_received;
 } cwi_msg_job_release;
 
 typedef struct cwi_msg_status {
@@ -389,7 +396,7 @@ typedef struct cwi_job_status {
 	uint64_t splits_pending;
 	uint64_t splits_leased;
 	uint64_t splits_acked;
-	uint64_t elements; /* delivered, as the workers report */
+	uint64_t elements; /* received by its clients, as they report */
 	uint64_t bytes;
 	double elements_per_s;
 	double bytes_per_s;

@@ -252,8 +252,10 @@ send_heartbeat(session *s)
 	sum = s->batch_ns_sum;
 	s->batches = s->wait_ns = s->batch_ns_sum = 0;
 	qb = s->qbytes;
-	pthread_mutex_unlock(&s->lock);
 	cwi_pmsg_init(&m, CWI_MSG_CLIENT_HEARTBEAT);
+	m.u.client_heartbeat.elements_received = s->elements_received;
+	m.u.client_heartbeat.bytes_received = s->bytes_received;
+	pthread_mutex_unlock(&s->lock);
 	m.u.client_heartbeat.job_id = s->job_id;
 	m.u.client_heartbeat.client_id = s->client_id;
 	m.u.client_heartbeat.batch_time_ns = batches > 0 ? sum / batches : 0;
@@ -931,6 +933,10 @@ release_job(session *s)
 	cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
 	req.u.job_release.job_id = s->job_id;
 	req.u.job_release.client_id = s->client_id;
+	pthread_mutex_lock(&s->lock);
+	req.u.job_release.elements_received = s->elements_received;
+	req.u.job_release.bytes_received = s->bytes_received;
+	pthread_mutex_unlock(&s->lock);
 	if (!s->fetcher_started) {
 		if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
 			&rep) == CACHEW_OK)
@@ -1112,7 +1118,8 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	} else {
 		rv = CACHEW_EOF;
 	}
-taken:;
+taken:
+	cwi_client_count_received(s, out, n);
 	uint64_t now = cwi_now_ns();
 	s->wait_ns += now - t0;
 	s->auto_wait_ns += now - t0;

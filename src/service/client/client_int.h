@@ -13,7 +13,7 @@
  *   - client_direct.c: a direct task, read by the consumer's own calls,
  *     and its live operator rows (task_stats);
  *   - client_stats.c: the worker part's operator rows as the iterator
- *     shows them.
+ *     shows them, and what a session handed to the client part.
  *
  * Lock order: ctx->rows_lock, then s->lock. rows_lock guards the
  * context's operator rows and ctx->cur; s->lock guards the element queue,
@@ -193,6 +193,8 @@ struct session {
 	cwi_cq *inl_cq; /* the consumer's calls */
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
+	/* Handed to the client part (s->lock): the job's counters. */
+	uint64_t elements_received, bytes_received;
 };
 
 /* ---- client.c: the session's shared state -------------------------------- */
@@ -279,5 +281,8 @@ void cwi_client_session_retire_rows(session *s);
  * part's rows, in place of the stream's. */
 size_t cwi_client_part_stats(void *arg, cachew_op_stats *out, size_t cap,
     size_t *hide);
+/* Counts the last n elements of out, handed to the client part (s->lock
+ * held). */
+void cwi_client_count_received(session *s, const cwi_chunk *out, size_t n);
 
 #endif /* CWI_CLIENT_INT_H */

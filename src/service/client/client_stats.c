@@ -1,14 +1,18 @@
 /*
- * client_stats.c - the iterator's view of the worker part: its operator
- * rows, one per operator of the plan's worker part (named from the plan
- * at once, so the rows are the plain executor's from the first call on),
- * their counters summed over the job's tasks: from the dispatcher's
- * heartbeat replies for remote workers (the fetch thread asks once more
- * when the epoch's data is all in, and those rows are exact:
- * docs/protocol.md, "Operator counters"), from task_stats for a direct
- * task (client_direct.c). cachew_iterator_stats shows them in place of the
- * stream's own row, and a session that ends adds its counters to the
- * earlier epochs'.
+ * client_stats.c - the iterator's view of the worker part and what the
+ * service delivered:
+ *   - the worker part's operator rows, one per operator of the plan's
+ *     worker part (named from the plan at once, so the rows are the plain
+ *     executor's from the first call on), their counters summed over the
+ *     job's tasks: from the dispatcher's heartbeat replies for remote
+ *     workers (the fetch thread asks once more when the epoch's data is
+ *     all in, and those rows are exact: docs/protocol.md, "Operator
+ *     counters"), from task_stats for a direct task (client_direct.c).
+ *     cachew_iterator_stats shows them in place of the stream's own row,
+ *     and a session that ends adds its counters to the earlier epochs';
+ *   - the elements (and payload bytes) the session handed to the client
+ *     part, which heartbeats and the job's release report: the job's
+ *     counters in the dispatcher's status.
  *
  * Lock order: ctx->rows_lock, then s->lock (client_int.h).
  */
@@ -172,4 +176,14 @@ cwi_client_session_retire_rows(session *s)
 		s->ctx->cur = NULL;
 	}
 	pthread_mutex_unlock(&s->ctx->rows_lock);
+}
+
+/* ---- what the session delivered ------------------------------------------ */
+
+void
+cwi_client_count_received(session *s, const cwi_chunk *out, size_t n)
+{
+	s->elements_received += n;
+	for (size_t i = out->n - n; i < out->n; i++)
+		s->bytes_received += cwi_element_nbytes(out->v[i]);
 }

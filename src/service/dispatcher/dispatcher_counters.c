@@ -1,8 +1,8 @@
 /*
  * dispatcher_counters.c - a job's counters: the operator rows of its
- * tasks' pipelines.
+ * tasks' pipelines and what its clients received.
  *
- * A worker reports a task's rows summed over its finished
+ * Operator rows. A worker reports a task's rows summed over its finished
  * leases, with how many leases that is (ops_leases): in every heartbeat
  * and in a task_counters message at each lease's end, sent before the
  * lease's end marker is queued. Of two reports, the one that counts more
@@ -13,6 +13,11 @@
  * only once its lease's end reached it, the job's rows hold every finished
  * lease once its data is all acknowledged: a client that asks then gets
  * exact rows.
+ *
+ * Received counts. Each client says how many elements (and payload bytes)
+ * of the job it took, cumulative, in its heartbeats and finally in its
+ * job_release; their growth adds to the job's. The release is what ends
+ * the job, so once every client released it the counts are exact.
  *
  * Like the rest of the state machine, no locks: the caller's.
  */
@@ -108,6 +113,28 @@ cwi_counters_job_free(job *j)
 	ops_free(j->ops_done, j->nops_done);
 	j->ops_done = NULL;
 	j->nops_done = 0;
+}
+
+static uint64_t
+sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+void
+cwi_counters_received(job *j, client *c, uint64_t elements, uint64_t bytes)
+{
+	/* Cumulative: only growth counts (a peer's numbers, so the sum
+	 * saturates rather than wraps). */
+	if (elements > c->elements_received) {
+		j->elements = sat_add(j->elements,
+		    elements - c->elements_received);
+		c->elements_received = elements;
+	}
+	if (bytes > c->bytes_received) {
+		j->bytes = sat_add(j->bytes, bytes - c->bytes_received);
+		c->bytes_received = bytes;
+	}
 }
 
 cachew_err

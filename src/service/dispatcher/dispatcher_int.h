@@ -18,9 +18,9 @@
  *                        (struct coord_schedule);
  *   dispatcher_pass.c    autocaching passes: a plan goes to one job, its
  *                        end is queued once (struct job_pass);
- *   dispatcher_counters.c  a job's operator counters: its tasks' rows
- *                        (the dropped ones' kept), exact once its data
- *                        is done;
+ *   dispatcher_counters.c  a job's counters: its tasks' operator rows
+ *                        (the dropped ones' kept) and what its clients
+ *                        received, exact once its data is done;
  *   dispatcher_status.c  snapshots: the status reply and a task's
  *                        counters for the policy engine (reads only).
  *
@@ -99,6 +99,7 @@ typedef struct client {
 	double buffer_fill;
 	uint64_t round;
 	uint64_t told_target; /* block_round in its last reply */
+	uint64_t elements_received, bytes_received; /* as it last said */
 	bool ready;           /* acknowledged the pending change's round */
 	/* heartbeats since the job's last scale sample */
 	uint64_t acc_batches, acc_elapsed_ns, acc_wait_ns;
@@ -197,6 +198,8 @@ struct job {
 	bool data_done;
 	bool any_task_done; /* parallel_epochs: the pass is ending */
 	bool finished;
+	/* What its clients received, as they last said (those gone
+	 * included): exact once every client released the job. */
 	uint64_t elements, bytes;
 	/* The operator counters of its tasks that were dropped, summed by
 	 * name (cwi_counters_retire). */
@@ -367,6 +370,10 @@ cachew_err cwi_counters_task_ops(task *t, const cwi_op_counters *ops,
 void cwi_counters_retire(job *j, const task *t);
 /* Frees the counters a job kept of its dropped tasks. */
 void cwi_counters_job_free(job *j);
+/* A client's cumulative received counts (client_heartbeat, job_release):
+ * their growth goes to its job's. */
+void cwi_counters_received(job *j, client *c, uint64_t elements,
+    uint64_t bytes);
 /* Job j's operator counters into a client heartbeat reply: its tasks' (as
  * their workers last reported them), the dropped ones' included, summed
  * by operator. ENOMEM. */

@@ -905,6 +905,8 @@ cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
 	rv = job_client(d, req->job_id, req->client_id, &j, &c);
 	if (rv != CACHEW_OK)
 		return rv;
+	cwi_counters_received(j, c, req->elements_received,
+	    req->bytes_received);
 	client_leave(d, j, c, "client_released");
 	cwi_disp_reconcile(d);
 	gc_finished(d);
@@ -1074,6 +1076,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	c->last_seen_ns = now_ns;
 	c->round = req->round;
 	cwi_sizing_client_report(c, req);
+	cwi_counters_received(j, c, req->elements_received,
+	    req->bytes_received);
 	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
 	    req->nacked_splits);
 	if (job_coordinated(j)) {
@@ -1204,12 +1208,11 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	job *j = t->job;
 	uint64_t de, db;
 
-	/* Counters only grow; smaller ones mean the worker started over. */
+	/* Counters only grow; smaller ones mean the worker started over.
+	 * (The job's own counts are what its clients received.) */
 	de = r->elements >= t->elements ? r->elements - t->elements
 					: r->elements;
 	db = r->bytes >= t->bytes ? r->bytes - t->bytes : r->bytes;
-	j->elements += de;
-	j->bytes += db;
 	if (t->rate_at_ns != 0 && now > t->rate_at_ns) {
 		double dt = (double)(now - t->rate_at_ns) / 1e9;
 		t->elements_per_s = (double)de / dt;
