@@ -956,9 +956,12 @@ CACHEW_API const char *cachew_iterator_errmsg(const cachew_iterator *it);
 CACHEW_API void cachew_iterator_destroy(cachew_iterator *it);
 
 /* Per-operator counters, one row per graph node in pipeline order (sources
- * first). A plain value in the caller's memory; its strings are borrowed
- * from the iterator and valid until it is destroyed. Thread safe to read
- * once filled. */
+ * first). Through a service the rows are the same: those of the operators
+ * that run on workers are summed over the job's workers, and exact once
+ * an epoch has been read to its end (before that, as recently reported).
+ * A plain value in the caller's memory; its strings are borrowed from the
+ * iterator and valid until it is destroyed. Thread safe to read once
+ * filled. */
 typedef struct cachew_op_stats {
 	const char *name;     /* operator name, e.g. "map" */
 	const char *detail;   /* e.g. the map function, "add" */

@@ -168,7 +168,7 @@ join(harness *h, uint64_t ds, const job_opts *o, uint64_t *job,
 static void
 release(harness *h, uint64_t job, uint64_t client)
 {
-	cwi_msg_job_release req = {job, client};
+	cwi_msg_job_release req = {.job_id = job, .client_id = client};
 
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &req),
 	    CACHEW_OK);

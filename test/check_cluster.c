@@ -952,17 +952,18 @@ START_TEST(embedded_draws_from_the_epoch_as_in_process)
 }
 END_TEST
 
-/* Reads pipeline to its end through `service` and copies the iterator's
- * stats rows (up to cap; *n gets how many there are); returns the number
- * of elements read. The rows keep copies of their strings. */
+/* Reads pipeline to its end through `service` (NULL: in-process) and
+ * copies the iterator's stats rows (up to cap; *n gets how many there
+ * are); returns the number of elements read, and their payload bytes in
+ * *bytes unless it is NULL. The rows keep copies of their strings. */
 typedef struct stat_row {
 	cachew_op_stats s;
 	char name[48], detail[80];
 } stat_row;
 
 static size_t
-read_with_stats(const char *pipeline, const char *service, stat_row *rows,
-    size_t cap, size_t *n)
+read_counting(const char *pipeline, const char *service, stat_row *rows,
+    size_t cap, size_t *n, uint64_t *bytes)
 {
 	cachew_options *o = cwt_opts(7, 1);
 	cachew_op_stats st[16];
@@ -970,16 +971,23 @@ read_with_stats(const char *pipeline, const char *service, stat_row *rows,
 	cachew_iterator *it;
 	cachew_element *e;
 	size_t got = 0;
+	uint64_t b = 0;
 
 	ck_assert_uint_le(cap, 16);
-	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	ck_assert_int_eq(cachew_options_set_str(o, "service",
+			     service != NULL ? service : "local"),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
 	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
 	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		for (size_t c = 0; c < cachew_element_size(e); c++)
+			b += cachew_tensor_nbytes(
+			    cachew_element_component(e, c));
 		cachew_element_release(e);
 		got++;
 	}
+	if (bytes != NULL)
+		*bytes = b;
 	ck_assert_int_eq(cachew_iterator_stats(it, st, cap, n), CACHEW_OK);
 	for (size_t i = 0; i < *n && i < cap; i++) {
 		rows[i].s = st[i];
@@ -991,6 +999,13 @@ read_with_stats(const char *pipeline, const char *service, stat_row *rows,
 	cachew_dataset_release(ds);
 	cachew_options_destroy(o);
 	return got;
+}
+
+static size_t
+read_with_stats(const char *pipeline, const char *service, stat_row *rows,
+    size_t cap, size_t *n)
+{
+	return read_counting(pipeline, service, rows, cap, n, NULL);
 }
 
 /* The embedded iterator's stats show the worker part's operators (run
@@ -1422,9 +1437,10 @@ START_TEST(cluster_pipeline_error_reaches_the_client)
 END_TEST
 
 /* Through a remote service, the iterator's stats show the worker part's
- * operators as the dispatcher last heard them from the workers (here at
- * least one lease's worth: leases end every ~0.2 s, heartbeats come every
- * 50 ms), then the client's stream row. */
+ * operators with every lease's counters once the epoch is read (a worker
+ * reports a lease's before its end goes out, the client asks the
+ * dispatcher at the end), in place of the client's stream row: the plain
+ * executor's rows. */
 START_TEST(cluster_stats_show_the_worker_part)
 {
 	cwt_cluster c;
@@ -1435,16 +1451,130 @@ START_TEST(cluster_stats_show_the_worker_part)
 	ck_assert_uint_eq(read_with_stats("range(400) | map(sleep_us, us=2000)",
 			      c.dispatcher.url, rows, 16, &n),
 	    400);
-	ck_assert_uint_eq(n, 3);
+	ck_assert_uint_eq(n, 2);
 	ck_assert_str_eq(rows[0].name, "range");
+	ck_assert_uint_eq(rows[0].s.elements, 400);
 	ck_assert_str_eq(rows[1].name, "map");
 	ck_assert_str_eq(rows[1].detail, "sleep_us");
-	ck_assert_uint_gt(rows[1].s.elements, 0);
-	ck_assert_uint_le(rows[1].s.elements, 400);
-	ck_assert_str_eq(rows[2].name, "service_stream");
-	ck_assert_uint_eq(rows[2].s.elements, 400);
-	ck_assert_int_eq(rows[2].s.node, 2);
+	ck_assert_uint_eq(rows[1].s.elements, 400);
+	ck_assert_int_eq(rows[1].s.node, 1);
 	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* The rows through `service` are those of the in-process run (names,
+ * details, nodes), their counters summed over the job's workers and the
+ * iterator's epochs, exactly: every element of the source and the map,
+ * and as many batches as were delivered. */
+static void
+assert_stats_sum_every_worker(const char *service)
+{
+	static const char *const pipelines[] = {
+	    "range(20000) | map(add, value=1) | batch(64)",
+	    "range(20000) | map(add, value=1) | batch(64) | repeat(2)",
+	};
+
+	for (size_t p = 0; p < 2; p++) {
+		stat_row local[16], rows[16];
+		size_t nlocal = 0, n = 0, got;
+
+		(void)read_with_stats(pipelines[p], NULL, local, 16, &nlocal);
+		got = read_with_stats(pipelines[p], service, rows, 16, &n);
+		ck_assert_uint_eq(n, nlocal);
+		for (size_t i = 0; i < n; i++) {
+			ck_assert_str_eq(rows[i].name, local[i].name);
+			ck_assert_str_eq(rows[i].detail, local[i].detail);
+			ck_assert_int_eq(rows[i].s.node, local[i].s.node);
+		}
+		ck_assert_uint_eq(rows[0].s.elements, 20000 * (p + 1));
+		ck_assert_uint_eq(rows[1].s.elements, 20000 * (p + 1));
+		ck_assert_msg(rows[2].s.elements == got, "%s: %s: batch row "
+		    "%" PRIu64 ", %zu delivered", service, pipelines[p],
+		    rows[2].s.elements, got);
+		if (p == 1)
+			ck_assert_uint_eq(rows[3].s.elements, got);
+	}
+}
+
+START_TEST(cluster_stats_sum_every_worker_exactly)
+{
+	cwt_cluster c;
+
+	cwt_cluster_start(&c, 2);
+	assert_stats_sum_every_worker(c.dispatcher.url);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_stats_sum_every_worker_exactly)
+{
+	assert_stats_sum_every_worker("embedded");
+	assert_stats_sum_every_worker("embedded:2");
+}
+END_TEST
+
+/* The status of the newest job of the dispatcher at url. */
+static cwi_job_status
+newest_job_status(const char *url)
+{
+	cwi_conn *c;
+	cwi_pmsg rep;
+	cwi_job_status js;
+
+	ck_assert_int_eq(cwi_dial(&c, url, NULL), CACHEW_OK);
+	dispatcher_status(c, &rep);
+	ck_assert_uint_gt(rep.u.status_reply.njobs, 0);
+	js = rep.u.status_reply.jobs[rep.u.status_reply.njobs - 1];
+	js.name = js.scale_policy = js.reason = NULL;
+	js.cache_mode = js.cache_reason = NULL;
+	cwi_pmsg_free(&rep);
+	cwi_conn_destroy(c);
+	return js;
+}
+
+/* Once the iterator is gone, the job's counters in the dispatcher's
+ * status are exactly what it received: elements (here batches) and their
+ * payload bytes. */
+static void
+assert_status_counts_what_was_received(const char *service,
+    const char *url)
+{
+	stat_row rows[16];
+	size_t n = 0, got;
+	uint64_t bytes = 0;
+	cwi_job_status js;
+
+	got = read_counting("range(20000) | map(add, value=1) | batch(64)",
+	    service, rows, 16, &n, &bytes);
+	js = newest_job_status(url);
+	ck_assert(js.finished);
+	ck_assert_msg(js.elements == got, "%s: status %" PRIu64 " elements, "
+	    "%zu received", service, js.elements, got);
+	ck_assert_uint_eq(js.bytes, bytes);
+	ck_assert_uint_eq(bytes, 20000 * 8);
+}
+
+START_TEST(cluster_status_counts_what_the_client_received)
+{
+	cwt_cluster c;
+
+	cwt_cluster_start(&c, 2);
+	assert_status_counts_what_was_received(c.dispatcher.url,
+	    c.dispatcher.url);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(embedded_status_counts_what_the_client_received)
+{
+	char url[64];
+
+	snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld",
+	    (long)getpid());
+	assert_status_counts_what_was_received("embedded", url);
+	snprintf(url, sizeof(url), "inproc://cachew-embedded-%ld-threads",
+	    (long)getpid());
+	assert_status_counts_what_was_received("embedded:2", url);
 }
 END_TEST
 
@@ -1905,6 +2035,8 @@ START_TEST(cluster_status_lists_workers_and_jobs)
 	ck_assert_ptr_nonnull(strstr(json, "\"workers\":[{\"id\":"));
 	ck_assert_ptr_nonnull(strstr(json, "\"jobs\":[{"));
 	ck_assert_ptr_nonnull(strstr(json, "\"splits_acked\":"));
+	/* Exactly what the client received. */
+	ck_assert_ptr_nonnull(strstr(json, "\"elements\":100,\"bytes\":800,"));
 	free(json);
 	cwt_cluster_stop(&c);
 }
@@ -2000,6 +2132,10 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, embedded_default_not_started_for_unsplittable);
 	tcase_add_test(tc, embedded_parallel_epochs_reads_its_input);
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
+	tcase_add_test(tc, cluster_stats_sum_every_worker_exactly);
+	tcase_add_test(tc, embedded_stats_sum_every_worker_exactly);
+	tcase_add_test(tc, cluster_status_counts_what_the_client_received);
+	tcase_add_test(tc, embedded_status_counts_what_the_client_received);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
 	tcase_add_test(tc, embedded_worker_dropped_mid_epoch_loses_nothing);
 	tcase_add_test(tc, embedded_iterators_read_in_turn);

@@ -96,7 +96,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		h->tasks[0].ops[0] = (cwi_op_counters){xstrdup("range#0"), 1000,
 		    8000, 5000, 0, 0, NULL, 0, 0, 0};
 		h->tasks[0].ops[1] = (cwi_op_counters){xstrdup("map#1"), 999,
-		    7992, 123456789, 42, 17, NULL, 0, 0, 0};
+		    7992, 123456789, 42, 17, NULL, 0, 4, 64};
+		h->tasks[0].ops_leases = 3;
 		h->tasks[1].task_id = 12;
 		break;
 	}
@@ -174,6 +175,8 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		c->round = 99;
 		c->nacked_splits = 20; /* an array 16 header */
 		c->acked_splits = ids_of(20, 0);
+		c->elements_received = 20000;
+		c->bytes_received = 160000;
 		break;
 	}
 	case CWI_MSG_CLIENT_HEARTBEAT_REPLY: {
@@ -214,7 +217,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		m->u.split_ack.leases = ids_of(3, 4);
 		break;
 	case CWI_MSG_JOB_RELEASE:
-		m->u.job_release = (cwi_msg_job_release){8, 77};
+		m->u.job_release = (cwi_msg_job_release){.job_id = 8,
+		    .client_id = 77, .elements_received = 313,
+		    .bytes_received = 160000};
 		break;
 	case CWI_MSG_STATUS_REPLY: {
 		cwi_msg_status_reply *s = &m->u.status_reply;
@@ -299,6 +304,17 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		t->ops[1] = (cwi_op_counters){xstrdup("map"), 100, 800, 9000,
 		    300, 4, xstrdup("add"), 1, 2, 16};
 		t->busy = false;
+		break;
+	}
+	case CWI_MSG_TASK_COUNTERS: {
+		cwi_msg_task_counters *t = &m->u.task_counters;
+		t->worker_id = 3;
+		t->task_id = 9;
+		t->ops_leases = 2;
+		t->nops = 1;
+		t->ops = xcalloc(1, sizeof(*t->ops));
+		t->ops[0] = (cwi_op_counters){xstrdup("1:map/add"), 100, 800,
+		    9000, 300, 0, NULL, 0, 2, 16};
 		break;
 	}
 	default:
@@ -2046,7 +2062,7 @@ START_TEST(test_dispatcher_job_ends_when_clients_release)
 	t1 = task_of(h, w1, job, NULL);
 	ck_assert_int_eq(lease(h, w1, t1, 2, &l), CACHEW_OK);
 	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &l);
-	rel = (cwi_msg_job_release){job, c1};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	ck_assert(!job_status(h, job).finished);
@@ -2090,7 +2106,7 @@ START_TEST(test_dispatcher_unused_datasets_are_dropped)
 	(void)w;
 	join(h, a, NULL, &job, &c);
 	join(h, b, NULL, &jb, &cb);
-	rel = (cwi_msg_job_release){job, c};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	/* Past the timeout, with more finished jobs than are kept: job 1
@@ -2099,7 +2115,7 @@ START_TEST(test_dispatcher_unused_datasets_are_dropped)
 		uint64_t jx, cx;
 		uint64_t x = add_dataset(h, 100 + (uint64_t)i, 64, NULL);
 		join(h, x, NULL, &jx, &cx);
-		rel = (cwi_msg_job_release){jx, cx};
+		rel = (cwi_msg_job_release){.job_id = jx, .client_id = cx};
 		ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 		    CACHEW_OK);
 	}
@@ -2189,13 +2205,14 @@ START_TEST(test_dispatcher_shared_job_client_leaving_returns_delivered_splits)
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
 	ack(h, job, c2, &delivered[1], 1);
 	/* c1 leaves: split 0 may have been in its buffer. */
-	rel = (cwi_msg_job_release){job, c1};
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1,
+	    .elements_received = 4};
 	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
 	    CACHEW_OK);
 	ck_assert(has_event(h, "\"event\":\"split_released\",\"job_id\":1,"
 			       "\"reason\":\"client_left\",\"splits\":[0]}"));
 	ck_assert_uint_eq(job_status(h, job).splits_pending, 5);
-	ck_assert_uint_eq(job_status(h, job).elements, 10);
+	ck_assert_uint_eq(job_status(h, job).elements, 4);
 	harness_free(h);
 }
 END_TEST
@@ -2501,10 +2518,18 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 			     &wr),
 	    CACHEW_OK);
 	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	/* Its client took 990 of them (the job's counts are its clients'). */
+	cwi_msg_client_heartbeat ch = {.job_id = job, .client_id = c,
+	    .elements_received = 990, .bytes_received = 7920};
+	cwi_msg_client_heartbeat_reply chr;
+	ck_assert_int_eq(cwi_dispatcher_client_heartbeat(h->d, h->now, &ch,
+			     &chr),
+	    CACHEW_OK);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &chr);
 	h->now += 250 * MS;
 	js = job_status(h, job);
-	ck_assert_uint_eq(js.elements, 1000);
-	ck_assert_uint_eq(js.bytes, 8000);
+	ck_assert_uint_eq(js.elements, 990);
+	ck_assert_uint_eq(js.bytes, 7920);
 	ck_assert(js.elements_per_s == 1000.0);
 	ck_assert(js.bytes_per_s == 8000.0);
 	ck_assert_uint_eq(js.target_workers, 1);
@@ -2520,6 +2545,7 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 	ck_assert_uint_eq(st.ndatasets, 1);
 	ck_assert_int_eq(st.datasets[0].split_units, 64);
 	ck_assert_uint_eq(st.ntasks, 1);
+	ck_assert_uint_eq(st.tasks[0].elements, 1000);
 	ck_assert(st.tasks[0].elements_per_s == 1000.0);
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	/* The policy engine's input: the last reported counters. */
@@ -2528,6 +2554,145 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 	ck_assert_uint_eq(nops, 1);
 	ck_assert_str_eq(ops[0].name, "map#1");
 	ck_assert_uint_eq(ops[0].buffered, 12);
+	harness_free(h);
+}
+END_TEST
+
+/* A heartbeat of worker wid that reports one task, as tr says. */
+static void
+report_task(harness *h, uint64_t wid, cwi_task_report *tr)
+{
+	cwi_msg_worker_heartbeat req = {.worker_id = wid, .tasks = tr,
+	    .ntasks = 1};
+	cwi_msg_worker_heartbeat_reply rep;
+
+	ck_assert_msg(cwi_dispatcher_worker_heartbeat(h->d, h->now, &req,
+			  &rep) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &rep);
+}
+
+/* A client's cumulative counts (client_heartbeat) of what it took. */
+static void
+client_counts(harness *h, uint64_t job, uint64_t client, uint64_t elements,
+    uint64_t bytes)
+{
+	cwi_msg_client_heartbeat req = {.job_id = job, .client_id = client,
+	    .elements_received = elements, .bytes_received = bytes};
+	cwi_msg_client_heartbeat_reply rep;
+
+	ck_assert_msg(cwi_dispatcher_client_heartbeat(h->d, h->now, &req,
+			  &rep) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
+}
+
+/* A job's elements and bytes are what its clients took, as they last
+ * said (a heartbeat that says less, sent before the one answered first,
+ * changes nothing), and exact with their releases: not what the workers
+ * delivered, which counts a replay the clients skipped. */
+START_TEST(test_dispatcher_job_counts_are_what_its_clients_received)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c1, c2, w1;
+	job_opts named = {.name = "shared"};
+	cwi_task_report tr = {0};
+	cwi_msg_job_release rel;
+	cwi_job_status js;
+
+	w1 = add_worker(h, "tcp://w1:1");
+	join(h, ds, &named, &job, &c1);
+	join(h, ds, &named, &job, &c2);
+	tr.task_id = task_of(h, w1, job, NULL);
+	tr.elements = 5000;
+	tr.bytes = 40000;
+	report_task(h, w1, &tr);
+	client_counts(h, job, c1, 100, 800);
+	client_counts(h, job, c1, 60, 480);
+	client_counts(h, job, c2, 30, 240);
+	js = job_status(h, job);
+	ck_assert_uint_eq(js.elements, 130);
+	ck_assert_uint_eq(js.bytes, 1040);
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c1,
+	    .elements_received = 1200, .bytes_received = 9600};
+	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+	    CACHEW_OK);
+	rel = (cwi_msg_job_release){.job_id = job, .client_id = c2,
+	    .elements_received = 800, .bytes_received = 6400};
+	ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+	    CACHEW_OK);
+	js = job_status(h, job);
+	ck_assert(js.finished);
+	ck_assert_uint_eq(js.elements, 2000);
+	ck_assert_uint_eq(js.bytes, 16000);
+	harness_free(h);
+}
+END_TEST
+
+/* A task's counters at a lease's end (task_counters). */
+static cachew_err
+task_counters(harness *h, uint64_t wid, uint64_t tid, uint64_t leases,
+    cwi_op_counters *ops, size_t nops)
+{
+	cwi_msg_task_counters req = {.worker_id = wid, .task_id = tid,
+	    .ops_leases = leases, .ops = ops, .nops = nops};
+
+	return cwi_dispatcher_task_counters(h->d, h->now, &req);
+}
+
+/* The job's operator rows in a client's heartbeat reply sum every task's
+ * by name, those dropped included (a done task's rows stay, what it held
+ * does not), and keep a task's newest counters: a heartbeat counting fewer
+ * leases than a task_counters already received changes nothing. */
+START_TEST(test_dispatcher_job_rows_sum_every_task_and_keep_the_newest)
+{
+	harness *h = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c, w1, w2, t1, t2;
+	cwi_op_counters a[2] = {{.name = "0:range", .elements = 600},
+	    {.name = "1:map/add", .elements = 600, .buffered = 3,
+		.parallelism = 2}};
+	cwi_op_counters b[2] = {{.name = "0:range", .elements = 400},
+	    {.name = "1:map/add", .elements = 400, .buffered = 5,
+		.parallelism = 2}};
+	cwi_op_counters stale[2] = {{.name = "0:range", .elements = 300},
+	    {.name = "1:map/add", .elements = 300}};
+	cwi_msg_worker_heartbeat_reply wr;
+	cwi_msg_client_heartbeat_reply rep;
+	cwi_task_report tr = {0};
+
+	w1 = add_worker(h, "tcp://w1:1");
+	w2 = add_worker(h, "tcp://w2:1");
+	join(h, ds, NULL, &job, &c);
+	t1 = task_of(h, w1, job, NULL);
+	t2 = task_of(h, w2, job, NULL);
+	ck_assert_int_eq(task_counters(h, w1, t1, 2, a, 2), CACHEW_OK);
+	ck_assert_int_eq(task_counters(h, w2, t2, 1, b, 2), CACHEW_OK);
+	tr.task_id = t1;
+	tr.ops = stale;
+	tr.nops = 2;
+	tr.ops_leases = 1;
+	report_task(h, w1, &tr);
+	client_hb(h, job, c, 0, &rep);
+	ck_assert_uint_eq(rep.nops, 2);
+	ck_assert_str_eq(rep.ops[0].name, "0:range");
+	ck_assert_uint_eq(rep.ops[0].elements, 1000);
+	ck_assert_str_eq(rep.ops[1].name, "1:map/add");
+	ck_assert_uint_eq(rep.ops[1].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].buffered, 8);
+	ck_assert_int_eq(rep.ops[1].parallelism, 4);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
+	/* t2 is done (its report has no rows: its rows stay) and goes. */
+	worker_hb(h, w2, &t2, 1, &t2, 1, &wr);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	ck_assert_uint_ne(task_of(h, w2, job, NULL), t2);
+	ck_assert_int_eq(task_counters(h, w2, t2, 2, b, 2), CACHEW_ENOENT);
+	ck_assert_int_eq(task_counters(h, 99, t1, 3, a, 2), CACHEW_ENOENT);
+	client_hb(h, job, c, 0, &rep);
+	ck_assert_uint_eq(rep.nops, 2);
+	ck_assert_uint_eq(rep.ops[0].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].elements, 1000);
+	ck_assert_uint_eq(rep.ops[1].buffered, 3);
+	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &rep);
 	harness_free(h);
 }
 END_TEST
@@ -3032,6 +3197,10 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_coordinated_change_moves_when_a_consumer_passed_it);
 	tcase_add_test(disp, test_dispatcher_status_reports_progress_and_rates);
+	tcase_add_test(disp,
+	    test_dispatcher_job_counts_are_what_its_clients_received);
+	tcase_add_test(disp,
+	    test_dispatcher_job_rows_sum_every_task_and_keep_the_newest);
 	tcase_add_test(disp, test_dispatcher_handle_replies_and_errors);
 	tcase_add_test(disp, test_dispatcher_events_are_json_lines);
 	tcase_add_test(disp, test_dispatcher_events_to_file);

@@ -157,6 +157,7 @@ static const field f_task_report[] = {
     OBJS(cwi_task_report, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
     U64(cwi_task_report, run_ns, 0),
     U64(cwi_task_report, stall_ns, 0),
+    U64(cwi_task_report, ops_leases, 0),
 };
 static const schema s_task_report = SCHEMA("task_report", cwi_task_report,
     f_task_report);
@@ -259,6 +260,8 @@ static const field f_client_heartbeat[] = {
     U64S(cwi_msg_client_heartbeat, failed_tasks, 0, CWI_PROTO_MAX_TASKS),
     OBJS(cwi_msg_client_heartbeat, progress, 0, CWI_PROTO_MAX_SPLITS,
 	s_progress),
+    U64(cwi_msg_client_heartbeat, elements_received, 0),
+    U64(cwi_msg_client_heartbeat, bytes_received, 0),
 };
 
 static const field f_task_info[] = {
@@ -294,6 +297,13 @@ static const field f_task_stats_reply[] = {
     BOOL(cwi_msg_task_stats_reply, busy),
 };
 
+static const field f_task_counters[] = {
+    U64(cwi_msg_task_counters, worker_id, F_REQ),
+    U64(cwi_msg_task_counters, task_id, F_REQ),
+    U64(cwi_msg_task_counters, ops_leases, 0),
+    OBJS(cwi_msg_task_counters, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
+};
+
 static const field f_split_lease[] = {
     U64(cwi_msg_split_lease, worker_id, F_REQ),
     U64(cwi_msg_split_lease, task_id, F_REQ),
@@ -327,6 +337,8 @@ static const field f_split_ack[] = {
 static const field f_job_release[] = {
     U64(cwi_msg_job_release, job_id, F_REQ),
     U64(cwi_msg_job_release, client_id, F_REQ),
+    U64(cwi_msg_job_release, elements_received, 0),
+    U64(cwi_msg_job_release, bytes_received, 0),
 };
 
 static const field f_worker_status[] = {
@@ -510,6 +522,8 @@ static const schema msg_schemas[CWI_MSG_NTYPES] = {
 	f_task_stats),
     [CWI_MSG_TASK_STATS_REPLY] = SCHEMA("task_stats_reply",
 	cwi_msg_task_stats_reply, f_task_stats_reply),
+    [CWI_MSG_TASK_COUNTERS] = SCHEMA("task_counters", cwi_msg_task_counters,
+	f_task_counters),
 };
 
 static const schema *

@@ -89,6 +89,7 @@ typedef enum cwi_msg_type {
 	CWI_MSG_GET_ELEMENTS_REPLY,    /* header; elements ride alongside */
 	CWI_MSG_TASK_STATS,            /* client -> worker: a task's rows */
 	CWI_MSG_TASK_STATS_REPLY,
+	CWI_MSG_TASK_COUNTERS,         /* worker -> dispatcher; reply ok */
 	CWI_MSG_NTYPES
 } cwi_msg_type;
 
@@ -172,11 +173,11 @@ typedef struct cwi_op_counters {
 	uint64_t busy_ns;  /* time spent computing */
 	uint64_t wait_ns;  /* time spent waiting for input */
 	uint64_t buffered; /* elements in its output buffer now */
-	/* task_stats rows only (absent in heartbeats): */
-	char *detail;      /* e.g. the map function; optional */
-	int64_t node;      /* index in the task's pipeline order */
-	int64_t parallelism;
-	int64_t buffer_limit;
+	char *detail;      /* e.g. the map function; task_stats rows only */
+	int64_t node;      /* index in the task's pipeline order; task_stats
+			    * rows only (heartbeats: the name's prefix) */
+	int64_t parallelism;  /* threads (summed over a job's tasks) */
+	int64_t buffer_limit; /* elements it may buffer */
 } cwi_op_counters;
 
 typedef struct cwi_task_report {
@@ -194,6 +195,10 @@ typedef struct cwi_task_report {
 	 * worker_busy is 1 - d(stall_ns)/d(run_ns). */
 	uint64_t run_ns;
 	uint64_t stall_ns;
+	/* How many finished leases ops sums: of two reports of a task, the
+	 * dispatcher keeps the ops of the one that counts more (a heartbeat
+	 * built before a task_counters may arrive after it). */
+	uint64_t ops_leases;
 } cwi_task_report;
 
 typedef struct cwi_msg_worker_heartbeat {
@@ -303,6 +308,10 @@ typedef struct cwi_msg_client_heartbeat {
 	uint64_t round;         /* coordinated: the next round it will read */
 	uint64_t *acked_splits; /* splits received completely since then */
 	size_t nacked_splits;
+	/* Elements (and their payload bytes) of the job this client took
+	 * from the service, cumulative: the job's counters in the status. */
+	uint64_t elements_received;
+	uint64_t bytes_received;
 	/* Exactly once: tasks this client stopped reading since its last
 	 * heartbeat (stop_tasks, or failed_tasks), and what it received of
 	 * the groups they served it; tasks whose data requests failed (the
@@ -347,8 +356,9 @@ typedef struct cwi_msg_client_heartbeat_reply {
 	uint64_t block_round; /* coordinated: read no round >= this yet */
 	uint64_t splits_total;
 	uint64_t splits_acked;
-	/* The worker part's operator counters summed over the job's tasks
-	 * (as their workers last reported them), in pipeline order. */
+	/* The worker part's operator counters summed over the job's tasks,
+	 * those that ended included (as their workers last reported them:
+	 * every finished lease's once the job's data is all acknowledged). */
 	cwi_op_counters *ops;
 	size_t nops;
 	/* Exactly once: tasks gone from the job (their worker died or was
@@ -408,6 +418,9 @@ typedef struct cwi_msg_split_ack {
 typedef struct cwi_msg_job_release {
 	uint64_t job_id;
 	uint64_t client_id;
+	/* The client's final counts (client_heartbeat's). */
+	uint64_t elements_received;
+	uint64_t bytes_received;
 } cwi_msg_job_release;
 
 typedef struct cwi_msg_status {
@@ -446,7 +459,7 @@ typedef struct cwi_job_status {
 	uint64_t splits_pending;
 	uint64_t splits_leased;
 	uint64_t splits_acked;
-	uint64_t elements; /* delivered, as the workers report */
+	uint64_t elements; /* received by its clients, as they report */
 	uint64_t bytes;
 	double elements_per_s;
 	double bytes_per_s;
@@ -587,6 +600,18 @@ typedef struct cwi_msg_task_stats_reply {
 	bool busy;
 } cwi_msg_task_stats_reply;
 
+/* A task's operator counters summed over its finished leases, sent by
+ * its worker when a lease ends, before the lease's end goes to any
+ * client: once every split of a job is acknowledged, the dispatcher has
+ * every finished lease's counters. */
+typedef struct cwi_msg_task_counters {
+	uint64_t worker_id;
+	uint64_t task_id;
+	uint64_t ops_leases; /* how many finished leases ops sums */
+	cwi_op_counters *ops;
+	size_t nops;
+} cwi_msg_task_counters;
+
 /* ---- the envelope -------------------------------------------------------- */
 
 typedef struct cwi_pmsg {
@@ -615,6 +640,7 @@ typedef struct cwi_pmsg {
 		cwi_msg_get_elements_reply get_elements_reply;
 		cwi_msg_task_stats task_stats;
 		cwi_msg_task_stats_reply task_stats_reply;
+		cwi_msg_task_counters task_counters;
 	} u;
 } cwi_pmsg;
 

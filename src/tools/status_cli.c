@@ -72,10 +72,11 @@ print_text(const cwi_msg_status_reply *s)
 		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
 		    j->clients, j->tasks, j->target_workers);
 		printf("         splits %" PRIu64 " acked / %" PRIu64 " leased / %"
-		       PRIu64 " pending of %" PRIu64 "; %" PRIu64 " elements, "
-		       "%.0f elements/s, %.1f MB/s%s%s\n",
+		       PRIu64 " pending of %" PRIu64 "; %" PRIu64 " elements (%"
+		       PRIu64 " bytes) received, %.0f elements/s, "
+		       "%.1f MB/s%s%s\n",
 		    j->splits_acked, j->splits_leased, j->splits_pending,
-		    j->splits_total, j->elements, j->elements_per_s,
+		    j->splits_total, j->elements, j->bytes, j->elements_per_s,
 		    j->bytes_per_s / 1e6, j->data_done ? ", data done" : "",
 		    j->finished ? ", finished" : "");
 		if (j->scale_policy != NULL)
@@ -149,13 +150,13 @@ print_json(const cwi_msg_status_reply *s)
 		       "\"target_workers\":%u,\"splits_total\":%" PRIu64
 		       ",\"splits_pending\":%" PRIu64 ",\"splits_leased\":%" PRIu64
 		       ",\"splits_acked\":%" PRIu64 ",\"elements\":%" PRIu64
-		       ",\"elements_per_s\":%.3f,\"bytes_per_s\":%.3f,"
-		       "\"data_done\":%s,\"finished\":%s",
+		       ",\"bytes\":%" PRIu64 ",\"elements_per_s\":%.3f,"
+		       "\"bytes_per_s\":%.3f,\"data_done\":%s,\"finished\":%s",
 		    i > 0 ? "," : "", j->job_id, j->name != NULL ? j->name : "",
 		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
 		    j->clients, j->tasks, j->target_workers, j->splits_total,
 		    j->splits_pending, j->splits_leased, j->splits_acked,
-		    j->elements, j->elements_per_s, j->bytes_per_s,
+		    j->elements, j->bytes, j->elements_per_s, j->bytes_per_s,
 		    j->data_done ? "true" : "false",
 		    j->finished ? "true" : "false");
 		if (j->scale_policy != NULL) {

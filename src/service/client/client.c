@@ -258,8 +258,10 @@ send_heartbeat(session *s)
 	sum = s->batch_ns_sum;
 	s->batches = s->wait_ns = s->batch_ns_sum = 0;
 	qb = s->qbytes;
-	pthread_mutex_unlock(&s->lock);
 	cwi_pmsg_init(&m, CWI_MSG_CLIENT_HEARTBEAT);
+	m.u.client_heartbeat.elements_received = s->elements_received;
+	m.u.client_heartbeat.bytes_received = s->bytes_received;
+	pthread_mutex_unlock(&s->lock);
 	m.u.client_heartbeat.job_id = s->job_id;
 	m.u.client_heartbeat.client_id = s->client_id;
 	m.u.client_heartbeat.batch_time_ns = batches > 0 ? sum / batches : 0;
@@ -661,45 +663,6 @@ on_data(session *s, ctask *t, cwi_completion *c)
 	}
 }
 
-/* Remote workers: the job's operator counters, as the dispatcher last
- * heard them ("<node>:<name>[/<detail>]"), become the worker part's rows
- * (a direct task's are asked of it: cwi_client_rows_refresh). */
-static void
-rows_from_reply(session *s, const cwi_msg_client_heartbeat_reply *r)
-{
-	client_ctx *ctx = s->ctx;
-	size_t n = r->nops < 64 ? r->nops : 64;
-
-	if (n == 0)
-		return;
-	pthread_mutex_lock(&ctx->rows_lock);
-	if (ctx->cur == s && !ctx->inline_seen) {
-		for (size_t i = 0; i < n; i++) {
-			const cwi_op_counters *c = &r->ops[i];
-			op_row *w = &ctx->rows[i];
-			const char *colon = strchr(c->name, ':');
-			const char *name = colon != NULL ? colon + 1 : c->name;
-			const char *slash = strchr(name, '/');
-			int len = slash != NULL ? (int)(slash - name)
-						: (int)strlen(name);
-
-			memset(w, 0, sizeof(*w));
-			snprintf(w->name, sizeof(w->name), "%.*s", len, name);
-			snprintf(w->detail, sizeof(w->detail), "%s",
-			    slash != NULL ? slash + 1 : "");
-			w->s.node = (int)i;
-			w->s.elements = c->elements;
-			w->s.bytes = c->bytes;
-			w->s.busy_ns = c->busy_ns;
-			w->s.wait_ns = c->wait_ns;
-			w->s.parallelism = 1;
-			w->s.buffered = (int64_t)c->buffered;
-		}
-		ctx->nrows = n;
-	}
-	pthread_mutex_unlock(&ctx->rows_lock);
-}
-
 static void
 on_heartbeat(session *s, cwi_completion *c)
 {
@@ -716,7 +679,8 @@ on_heartbeat(session *s, cwi_completion *c)
 			    rep.u.client_heartbeat_reply.stop_tasks,
 			    rep.u.client_heartbeat_reply.nstop_tasks);
 			update_tasks(s, &rep.u.client_heartbeat_reply);
-			rows_from_reply(s, &rep.u.client_heartbeat_reply);
+			cwi_client_rows_from_reply(s,
+			    &rep.u.client_heartbeat_reply);
 			s->last_hb_ok_ns = now;
 		} else if (rep.type == CWI_MSG_ERROR) {
 			cwi_client_fail(s, CACHEW_EIO, "dispatcher %s: %s",
@@ -813,6 +777,46 @@ fetch_wait_ms(const session *s, uint64_t now)
 	return until > now ? (int)((until - now + 999999u) / 1000000u) : 0;
 }
 
+static bool cq_wait_until(session *s, uint64_t deadline, cwi_completion *c);
+
+/* The epoch's data is all in. Remote tasks' operator rows come from the
+ * dispatcher, which has every finished lease's counters once every split
+ * is acknowledged (a worker sends them before a lease's end goes out:
+ * docs/protocol.md, "Operator counters"): one last heartbeat, sent now,
+ * brings them, so the rows are exact when the consumer sees the end. The
+ * wait (a heartbeat's timeout at most) takes heartbeat replies only; a
+ * data reply that comes meanwhile can only repeat acknowledged splits and
+ * is dropped, as drain_requests does. A direct task's rows are its own. */
+static void
+final_rows(session *s)
+{
+	uint64_t deadline = cwi_now_ns() +
+	    (uint64_t)s->heartbeat_ms * 4 * UINT64_C(1000000) + 1000000u;
+	bool direct, sent = false;
+
+	pthread_mutex_lock(&s->lock);
+	direct = s->inl.conn != NULL;
+	pthread_mutex_unlock(&s->lock);
+	if (direct)
+		return;
+	for (;;) {
+		cwi_completion c;
+		if (!s->hb_inflight) {
+			if (sent)
+				return;
+			send_heartbeat(s);
+			sent = true;
+			continue;
+		}
+		if (!cq_wait_until(s, deadline, &c))
+			return;
+		if (c.tag == TAG_HEARTBEAT)
+			on_heartbeat(s, &c);
+		else if (c.reply != NULL)
+			cwi_msg_destroy(c.reply);
+	}
+}
+
 static void *
 fetch_main(void *arg)
 {
@@ -834,6 +838,7 @@ fetch_main(void *arg)
 		if (s->coord != NULL)
 			cwi_client_rounds_deliver(s);
 		if (session_done(s)) {
+			final_rows(s);
 			cwi_client_end_epoch(s);
 			break;
 		}
@@ -1004,78 +1009,6 @@ drain_requests(session *s)
 	}
 }
 
-/* A session ended: its counters join those of the earlier epochs (the
- * plain executor's counters run over all of an iterator's epochs). */
-static void
-rows_retire(client_ctx *ctx)
-{
-	for (size_t i = 0; i < ctx->nrows; i++) {
-		cachew_op_stats *d = &ctx->done[i];
-		const cachew_op_stats *r = &ctx->rows[i].s;
-		if (i >= ctx->ndone)
-			memset(d, 0, sizeof(*d));
-		d->node = r->node;
-		d->elements += r->elements;
-		d->bytes += r->bytes;
-		d->busy_ns += r->busy_ns;
-		d->wait_ns += r->wait_ns;
-		d->parallelism = r->parallelism;
-		d->buffer_limit = r->buffer_limit;
-		d->buffered = 0;
-	}
-	if (ctx->nrows > ctx->ndone)
-		ctx->ndone = ctx->nrows;
-	/* The names stay in rows[]; their counters now live in done[]. */
-	for (size_t i = 0; i < ctx->nrows; i++) {
-		cachew_op_stats keep = ctx->rows[i].s;
-		memset(&ctx->rows[i].s, 0, sizeof(ctx->rows[i].s));
-		ctx->rows[i].s.node = keep.node;
-		ctx->rows[i].s.parallelism = keep.parallelism;
-		ctx->rows[i].s.buffer_limit = keep.buffer_limit;
-	}
-}
-
-static size_t
-ctx_part_stats(void *arg, cachew_op_stats *out, size_t cap, size_t *hide)
-{
-	client_ctx *ctx = arg;
-	size_t n;
-
-	pthread_mutex_lock(&ctx->rows_lock);
-	if (ctx->cur != NULL)
-		cwi_client_rows_refresh(ctx, ctx->cur);
-	/* Inline, the stream is no hand-off: its row would only repeat the
-	 * worker part's last one. */
-	*hide = ctx->inline_seen ? 1 : 0;
-	n = ctx->nrows;
-	for (size_t i = 0; i < n && i < cap; i++) {
-		out[i] = ctx->rows[i].s;
-		out[i].name = ctx->rows[i].name;
-		out[i].detail = ctx->rows[i].detail;
-		if (i < ctx->ndone) {
-			out[i].elements += ctx->done[i].elements;
-			out[i].bytes += ctx->done[i].bytes;
-			out[i].busy_ns += ctx->done[i].busy_ns;
-			out[i].wait_ns += ctx->done[i].wait_ns;
-		}
-	}
-	pthread_mutex_unlock(&ctx->rows_lock);
-	return n;
-}
-
-/* The epoch's last rows stay with the iterator. */
-static void
-session_retire_rows(session *s)
-{
-	pthread_mutex_lock(&s->ctx->rows_lock);
-	if (s->ctx->cur == s) {
-		cwi_client_rows_refresh(s->ctx, s);
-		rows_retire(s->ctx);
-		s->ctx->cur = NULL;
-	}
-	pthread_mutex_unlock(&s->ctx->rows_lock);
-}
-
 /* Releases the session's part of the job. Through the fetch thread's
  * queue: its reply also ends the fetch thread's wait at once (it would
  * otherwise sleep out its timeout before noticing `closing`, up to 50 ms
@@ -1089,6 +1022,10 @@ release_job(session *s)
 	cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
 	req.u.job_release.job_id = s->job_id;
 	req.u.job_release.client_id = s->client_id;
+	pthread_mutex_lock(&s->lock);
+	req.u.job_release.elements_received = s->elements_received;
+	req.u.job_release.bytes_received = s->bytes_received;
+	pthread_mutex_unlock(&s->lock);
 	if (!s->fetcher_started) {
 		if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
 			&rep) == CACHEW_OK)
@@ -1174,7 +1111,7 @@ session_free(session *s)
 {
 	if (s == NULL)
 		return;
-	session_retire_rows(s);
+	cwi_client_session_retire_rows(s);
 	atomic_store(&s->closing, true);
 	if (s->job_id != 0 && s->dispatcher != NULL)
 		release_job(s);
@@ -1272,7 +1209,8 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	} else {
 		rv = CACHEW_EOF;
 	}
-taken:;
+taken:
+	cwi_client_count_received(s, out, n);
 	uint64_t now = cwi_now_ns();
 	s->wait_ns += now - t0;
 	s->auto_wait_ns += now - t0;
@@ -1358,12 +1296,13 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	rv = cwi_split_client_graph(ctx->plan, &ctx->src, &ctx->client_graph);
 	if (rv != CACHEW_OK)
 		goto fail;
+	cwi_client_rows_prefill(ctx);
 	/* The client part runs locally with the job's seed, so that a
 	 * client-side shuffle replays like the in-process run. */
 	rv = cwi_iterator_create_owned(out, ctx->client_graph, opts,
 	    ctx->seed, ctx_free, ctx);
 	if (rv == CACHEW_OK)
-		cwi_iterator_set_part_stats(*out, ctx_part_stats);
+		cwi_iterator_set_part_stats(*out, cwi_client_part_stats);
 	return rv;
 fail:
 	ctx_free(ctx);

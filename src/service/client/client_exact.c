@@ -34,7 +34,7 @@ cwi_client_exact_init(session *s)
 	if (!s->exact || s->ctx->plan->ngroups == 0)
 		return CACHEW_OK;
 	return cwi_stitch_create(&s->stitch, s->ctx->plan, &s->ctx->opts,
-	    s->ctx->seed, s->epoch);
+	    s->ctx->seed, s->epoch, &s->ctx->stitched);
 }
 
 void

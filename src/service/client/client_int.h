@@ -11,7 +11,9 @@
  *   - client_zstd.c: compression: what to ask workers for, auto
  *     compression's decision, and decoding replies (decompressed first);
  *   - client_direct.c: a direct task, read by the consumer's own calls,
- *     and its live operator rows (task_stats).
+ *     and its live operator rows (task_stats);
+ *   - client_stats.c: the worker part's operator rows as the iterator
+ *     shows them, and what a session handed to the client part.
  *
  * Lock order: ctx->rows_lock, then s->lock. rows_lock guards the
  * context's operator rows and ctx->cur; s->lock guards the element queue,
@@ -24,6 +26,7 @@
 
 #include "client.h"
 #include "client_coord.h"
+#include "client_stitch.h"
 
 #include "../service.h"
 #include "../service_rpc.h"
@@ -106,9 +109,10 @@ typedef struct client_ctx {
 	cwi_stream_source src;
 	cachew_dataset *client_graph;
 	uint64_t seed;
-	/* The worker part's operator rows (a direct task's, asked of it
-	 * while an epoch runs, kept after): cachew_iterator_stats shows
-	 * them before the client part's. rows_lock guards them and cur. */
+	/* The worker part's operator rows (named from the plan; a direct
+	 * task's counters asked of it while an epoch runs, remote ones' from
+	 * heartbeat replies; kept after): cachew_iterator_stats shows them
+	 * before the client part's. rows_lock guards them and cur. */
 	pthread_mutex_t rows_lock;
 	struct session *cur; /* the open session, or NULL */
 	op_row rows[64]; /* the open session's (names kept after) */
@@ -116,6 +120,8 @@ typedef struct client_ctx {
 	cachew_op_stats done[64]; /* counters of the sessions that ended */
 	size_t ndone;
 	bool inline_seen; /* a session read a direct task */
+	/* What stitching made, all sessions (client_stitch.h). */
+	cwi_stitch_counts stitched;
 } client_ctx;
 
 typedef struct session session;
@@ -198,6 +204,8 @@ struct session {
 	uint64_t inl_blocked;
 	size_t rr_next; /* fetch thread: where send_requests starts */
 	uint64_t auto_wait_ns; /* since the last auto window */
+	/* Handed to the client part (s->lock): the job's counters. */
+	uint64_t elements_received, bytes_received;
 
 	/* Exactly once (client_exact.c), under exact_lock: what this client
 	 * received of each group, the tails being stitched, and the tasks to
@@ -327,5 +335,24 @@ bool cwi_client_direct_turn(session *s, cwi_chunk *out, size_t max,
 /* Asks the direct task for its operator rows, live, into the context
  * (ctx->rows_lock held). */
 void cwi_client_rows_refresh(client_ctx *ctx, session *s);
+
+/* ---- client_stats.c: rows and counts ------------------------------------- */
+
+/* Names the worker part's rows from the plan (at the iterator's
+ * creation, before any session). */
+void cwi_client_rows_prefill(client_ctx *ctx);
+/* Remote workers: the job's operator counters in a heartbeat reply
+ * become the worker part's rows (fetch thread). */
+void cwi_client_rows_from_reply(session *s,
+    const cwi_msg_client_heartbeat_reply *r);
+/* The session ends: its rows' counters join the earlier epochs'. */
+void cwi_client_session_retire_rows(session *s);
+/* cachew_iterator_stats' part_stats (cwi_part_stats_fn): the worker
+ * part's rows, in place of the stream's. */
+size_t cwi_client_part_stats(void *arg, cachew_op_stats *out, size_t cap,
+    size_t *hide);
+/* Counts the last n elements of out, handed to the client part (s->lock
+ * held). */
+void cwi_client_count_received(session *s, const cwi_chunk *out, size_t n);
 
 #endif /* CWI_CLIENT_INT_H */

@@ -13,6 +13,8 @@ struct cwi_stitch {
 	cwi_chunk held[CWI_SPLIT_MAX_GROUPS]; /* tails per operator */
 	cwi_node *graph[CWI_SPLIT_MAX_GROUPS]; /* built on first use */
 	cwi_stream_source src;
+	cwi_stitch_counts *counts;
+	size_t gpos[CWI_SPLIT_MAX_GROUPS]; /* groups[k]'s position */
 	/* The run in progress: its input, taken from held[k] */
 	cwi_element **feed;
 	size_t nfeed, pos;
@@ -58,9 +60,25 @@ static const cwi_stream_ops feed_ops = {
     .close = feed_close,
 };
 
+/* The position of node in the worker part, from its source (0). */
+static size_t
+node_pos(const cwi_split_plan *p, const cwi_node *node)
+{
+	size_t len = 0, above = 0;
+
+	for (const cwi_node *x = p->worker; x != NULL;
+	     x = x->ninputs > 0 ? x->inputs[0] : NULL) {
+		if (x == node)
+			above = len;
+		len++;
+	}
+	return len - 1 - above;
+}
+
 cachew_err
 cwi_stitch_create(cwi_stitch **out, const cwi_split_plan *p,
-    const cwi_opts *opts, uint64_t seed, uint64_t epoch)
+    const cwi_opts *opts, uint64_t seed, uint64_t epoch,
+    cwi_stitch_counts *counts)
 {
 	cwi_stitch *st = calloc(1, sizeof(*st));
 	cwi_opts v = *opts;
@@ -79,6 +97,9 @@ cwi_stitch_create(cwi_stitch **out, const cwi_split_plan *p,
 	}
 	st->plan = p;
 	st->epoch = epoch;
+	st->counts = counts;
+	for (size_t k = 0; k < p->ngroups; k++)
+		st->gpos[k] = node_pos(p, p->groups[k]);
 	st->src.ops = &feed_ops;
 	st->src.ctx = st;
 	*out = st;
@@ -110,6 +131,25 @@ cwi_stitch_held(const cwi_stitch *st)
 	for (size_t k = 0; k < st->plan->ngroups; k++)
 		n += st->held[k].n;
 	return n;
+}
+
+/* Adds a run's rows (after its placeholder's) to the worker part's. */
+static void
+count_rows(cwi_stitch *st, size_t k, cachew_iterator *it)
+{
+	cachew_op_stats rows[64];
+	size_t n = 0;
+
+	if (st->counts == NULL ||
+	    cachew_iterator_stats(it, rows, 64, &n) != CACHEW_OK)
+		return;
+	for (size_t j = 1; j < n && j < 64; j++) {
+		size_t at = st->gpos[k] + j - 1;
+		if (at >= 64)
+			break;
+		atomic_fetch_add(&st->counts->elements[at], rows[j].elements);
+		atomic_fetch_add(&st->counts->bytes[at], rows[j].bytes);
+	}
 }
 
 /* Runs operator k's segment over the first m elements held for it; what it
@@ -149,6 +189,8 @@ run_segment(cwi_stitch *st, size_t k, size_t m, cwi_chunk *out, char *err,
 	if (rv != CACHEW_EOF)
 		snprintf(err, errlen, "%s", it != NULL
 		    ? cachew_iterator_errmsg(it) : cwi_errmsg_get());
+	if (it != NULL)
+		count_rows(st, k, it);
 	cachew_iterator_destroy(it);
 	/* What the run did not take (it failed) is released; the rest of
 	 * the held tails move to the front. */

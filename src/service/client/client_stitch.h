@@ -22,10 +22,20 @@
 
 typedef struct cwi_stitch cwi_stitch;
 
+/* What stitching made, per operator of the worker part (index: its
+ * position from the source, 0), added to the workers' rows in the
+ * iterator's stats. */
+typedef struct cwi_stitch_counts {
+	_Atomic uint64_t elements[64];
+	_Atomic uint64_t bytes[64];
+} cwi_stitch_counts;
+
 /* A stitcher for plan p (p->ngroups > 0; p must outlive it), whose runs
- * use the client's options with the job's seed. */
+ * use the client's options with the job's seed and add what they make to
+ * *counts (borrowed; NULL: not counted). */
 cachew_err cwi_stitch_create(cwi_stitch **out, const cwi_split_plan *p,
-    const cwi_opts *opts, uint64_t seed, uint64_t epoch);
+    const cwi_opts *opts, uint64_t seed, uint64_t epoch,
+    cwi_stitch_counts *counts);
 /* Takes a tail element of grouping operator k (cwi_run.tail - 1). */
 cachew_err cwi_stitch_add(cwi_stitch *st, uint32_t k, cwi_element *e);
 /* Runs what is ready: whole groups of every operator, or (final)

@@ -20,8 +20,11 @@
  *                        end is queued once (struct job_pass);
  *   dispatcher_fns.c     user functions: a job's tasks go only to workers
  *                        with every plugin function its graph needs;
- *   dispatcher_status.c  snapshots: the status reply and the counters
- *                        replies carry (reads only).
+ *   dispatcher_counters.c  a job's counters: its tasks' operator rows
+ *                        (the dropped ones' kept) and what its clients
+ *                        received, exact once its data is done;
+ *   dispatcher_status.c  snapshots: the status reply and a task's
+ *                        counters for the policy engine (reads only).
  *
  * Layout: workers, datasets, jobs and tasks live in vectors of pointers
  * kept in id order (ids only grow, new entries are appended, removal keeps
@@ -136,6 +139,7 @@ typedef struct client {
 	double buffer_fill;
 	uint64_t round;
 	uint64_t told_target; /* block_round in its last reply */
+	uint64_t elements_received, bytes_received; /* as it last said */
 	bool ready;           /* acknowledged the pending change's round */
 	/* heartbeats since the job's last scale sample */
 	uint64_t acc_batches, acc_elapsed_ns, acc_wait_ns;
@@ -160,6 +164,7 @@ typedef struct task {
 	double bytes_per_s;
 	cwi_op_counters *ops;
 	size_t nops;
+	uint64_t ops_leases; /* finished leases ops sums */
 	/* run and stall time: last reported, and growth since the job's
 	 * last scale sample */
 	uint64_t run_ns, stall_ns;
@@ -234,7 +239,13 @@ struct job {
 	bool data_done;
 	bool any_task_done; /* parallel_epochs: the pass is ending */
 	bool finished;
+	/* What its clients received, as they last said (those gone
+	 * included): exact once every client released the job. */
 	uint64_t elements, bytes;
+	/* The operator counters of its tasks that were dropped, summed by
+	 * name (cwi_counters_retire). */
+	cwi_op_counters *ops_done;
+	size_t nops_done;
 	struct split_ledger ledger; /* distributed_epoch */
 	struct job_sizing sizing;
 	struct coord_schedule coord;
@@ -439,11 +450,25 @@ void cwi_pass_free(const cwi_dispatcher *d, job *j);
 /* Frees the pass ends nobody took (the planner's ctx included). */
 void cwi_pass_ends_drop(cwi_dispatcher *d);
 
-/* ---- snapshots (dispatcher_status.c) ------------------------------------- */
+/* ---- counters (dispatcher_counters.c) ------------------------------------ */
 
+/* A task report's operator counters, kept unless older than the task's
+ * (fewer finished leases). ENOMEM (the old ones stay). */
+cachew_err cwi_counters_task_ops(task *t, const cwi_op_counters *ops,
+    size_t nops, uint64_t ops_leases);
+/* A task is dropped: its counters stay with its job (metrics only: on
+ * ENOMEM they are lost). */
+void cwi_counters_retire(job *j, const task *t);
+/* Frees the counters a job kept of its dropped tasks. */
+void cwi_counters_job_free(job *j);
+/* A client's cumulative received counts (client_heartbeat, job_release):
+ * their growth goes to its job's. */
+void cwi_counters_received(job *j, client *c, uint64_t elements,
+    uint64_t bytes);
 /* Job j's operator counters into a client heartbeat reply: its tasks' (as
- * their workers last reported them) summed by operator. ENOMEM. */
-cachew_err cwi_status_job_ops(const cwi_dispatcher *d, const job *j,
+ * their workers last reported them), the dropped ones' included, summed
+ * by operator. ENOMEM. */
+cachew_err cwi_counters_job_ops(const cwi_dispatcher *d, const job *j,
     cwi_msg_client_heartbeat_reply *rep);
 
 #endif /* CWI_DISPATCHER_INT_H */

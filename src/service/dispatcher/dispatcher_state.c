@@ -201,6 +201,7 @@ job_free(const cwi_dispatcher *d, job *j)
 		return;
 	cwi_ledger_free(&j->ledger);
 	cwi_recover_free(j);
+	cwi_counters_job_free(j);
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
@@ -364,6 +365,7 @@ cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 	cwi_recover_task_gone(d, t->job, t);
 	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
 	t->w->ntasks--;
+	cwi_counters_retire(t->job, t);
 	vec_remove(&d->tasks, t);
 	task_free(t);
 }
@@ -931,6 +933,8 @@ cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
 	rv = job_client(d, req->job_id, req->client_id, &j, &c);
 	if (rv != CACHEW_OK)
 		return rv;
+	cwi_counters_received(j, c, req->elements_received,
+	    req->bytes_received);
 	client_leave(d, j, c, "client_released");
 	cwi_disp_reconcile(d);
 	gc_finished(d);
@@ -939,31 +943,61 @@ cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
 
 /* ---- splits: lease and acknowledge --------------------------------------- */
 
+/* A worker's request about one of its tasks: the task, or ENOENT. */
+static cachew_err
+worker_task(cwi_dispatcher *d, uint64_t worker_id, uint64_t task_id,
+    task **out)
+{
+	worker *w = cwi_disp_find_worker(d, worker_id);
+	task *t = cwi_disp_find_task(d, task_id);
+
+	if (w == NULL)
+		return cwi_fail(CACHEW_ENOENT, "worker %" PRIu64 " is not "
+					       "registered",
+		    worker_id);
+	if (t == NULL || t->w != w)
+		return cwi_fail(CACHEW_ENOENT, "task %" PRIu64 " is not "
+					       "assigned to worker %" PRIu64,
+		    task_id, worker_id);
+	*out = t;
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_lease *req, cwi_msg_split_lease_reply *rep)
 {
-	worker *w = cwi_disp_find_worker(d, req->worker_id);
-	task *t = cwi_disp_find_task(d, req->task_id);
+	task *t;
+	cachew_err rv;
 
 	cwi_pmsg_body_init(CWI_MSG_SPLIT_LEASE_REPLY, rep);
 	d->now = now_ns;
-	if (w == NULL)
-		return cwi_fail(CACHEW_ENOENT, "worker %" PRIu64 " is not "
-					       "registered",
-		    req->worker_id);
-	if (t == NULL || t->w != w)
-		return cwi_fail(CACHEW_ENOENT, "task %" PRIu64 " is not "
-					       "assigned to worker %" PRIu64,
-		    req->task_id, req->worker_id);
+	rv = worker_task(d, req->worker_id, req->task_id, &t);
+	if (rv != CACHEW_OK)
+		return rv;
 	if (t->job->mode != CWI_MODE_DISTRIBUTED_EPOCH)
 		return cwi_fail(CACHEW_EINVAL, "task %" PRIu64 " belongs to a "
 					       "parallel_epochs job: it reads "
 					       "its whole input, without "
 					       "splits",
 		    t->id);
-	w->last_seen_ns = now_ns;
+	t->w->last_seen_ns = now_ns;
 	return cwi_ledger_lease(d, t, req->max_splits, rep);
+}
+
+cachew_err
+cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_task_counters *req)
+{
+	task *t;
+	cachew_err rv;
+
+	d->now = now_ns;
+	rv = worker_task(d, req->worker_id, req->task_id, &t);
+	if (rv != CACHEW_OK)
+		return rv;
+	t->w->last_seen_ns = now_ns;
+	return cwi_counters_task_ops(t, req->ops, req->nops, req->ops_leases);
 }
 
 /* Applies acknowledgements (checked by cwi_ledger_acks_check), then what
@@ -1072,6 +1106,8 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	c->last_seen_ns = now_ns;
 	c->round = req->round;
 	cwi_sizing_client_report(c, req);
+	cwi_counters_received(j, c, req->elements_received,
+	    req->bytes_received);
 	acks_apply(d, j, c, req->acked_splits, NULL, NULL,
 	    req->nacked_splits);
 	/* After the acks: a group they complete needs no replay. */
@@ -1097,7 +1133,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	if (rep->ntasks > 0)
 		j->coord.published = true;
 	if (rv == CACHEW_OK)
-		(void)cwi_status_job_ops(d, j, rep); /* metrics only */
+		(void)cwi_counters_job_ops(d, j, rep); /* metrics only */
 	return rv;
 }
 
@@ -1201,35 +1237,6 @@ cwi_dispatcher_worker_deregister(cwi_dispatcher *d, uint64_t now_ns,
 	return CACHEW_OK;
 }
 
-static cachew_err
-copy_ops(task *t, const cwi_task_report *r)
-{
-	cwi_op_counters *ops = NULL;
-
-	if (r->nops > 0) {
-		ops = calloc(r->nops, sizeof(*ops));
-		if (ops == NULL)
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < r->nops; i++) {
-		ops[i] = r->ops[i];
-		ops[i].name = cwi_strdup(r->ops[i].name != NULL ? r->ops[i].name
-								: "");
-		if (ops[i].name == NULL) {
-			for (size_t k = 0; k < i; k++)
-				free(ops[k].name);
-			free(ops);
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		}
-	}
-	for (size_t i = 0; i < t->nops; i++)
-		free(t->ops[i].name);
-	free(t->ops);
-	t->ops = ops;
-	t->nops = r->nops;
-	return CACHEW_OK;
-}
-
 /* Counters, delivery progress and completion of one reported task. */
 static void
 task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
@@ -1238,12 +1245,11 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	job *j = t->job;
 	uint64_t de, db;
 
-	/* Counters only grow; smaller ones mean the worker started over. */
+	/* Counters only grow; smaller ones mean the worker started over.
+	 * (The job's own counts are what its clients received.) */
 	de = r->elements >= t->elements ? r->elements - t->elements
 					: r->elements;
 	db = r->bytes >= t->bytes ? r->bytes - t->bytes : r->bytes;
-	j->elements += de;
-	j->bytes += db;
 	if (t->rate_at_ns != 0 && now > t->rate_at_ns) {
 		double dt = (double)(now - t->rate_at_ns) / 1e9;
 		t->elements_per_s = (double)de / dt;
@@ -1253,7 +1259,8 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 	t->elements = r->elements;
 	t->bytes = r->bytes;
 	cwi_sizing_task_busy(t, r);
-	(void)copy_ops(t, r); /* metrics only: keep the old ones on ENOMEM */
+	/* metrics only: keep the old ones on ENOMEM */
+	(void)cwi_counters_task_ops(t, r->ops, r->nops, r->ops_leases);
 	cwi_ledger_delivered(&j->ledger, t, r->splits_delivered,
 	    r->nsplits_delivered);
 	if (r->done)
@@ -1529,6 +1536,10 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	case CWI_MSG_STATUS:
 		rtype = CWI_MSG_STATUS_REPLY;
 		rv = cwi_dispatcher_status(d, now_ns, &rep->u.status_reply);
+		break;
+	case CWI_MSG_TASK_COUNTERS:
+		rv = cwi_dispatcher_task_counters(d, now_ns,
+		    &req->u.task_counters);
 		break;
 	default:
 		rv = cwi_fail(CACHEW_EPROTO, "the dispatcher does not take %s "

@@ -162,6 +162,10 @@ cachew_err cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_ack *req, cwi_msg_ok *rep);
 cachew_err cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_job_release *req);
+/* A task's counters at a lease's end; a task the dispatcher no longer has
+ * is ENOENT (the worker drops the counters). */
+cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
+    const cwi_msg_task_counters *req);
 /* A snapshot of everything, in id order. */
 cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
     cwi_msg_status_reply *rep);

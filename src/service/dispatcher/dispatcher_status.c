@@ -1,8 +1,9 @@
 /*
  * dispatcher_status.c - snapshots of the state for readers outside it: the
- * status reply (workers, jobs, datasets and tasks, in id order), the
- * operator counters a client's heartbeat reply carries, and a task's last
- * counters for the policy engine. It owns no state and changes none: every
+ * status reply (workers, jobs, datasets and tasks, in id order) and a
+ * task's last counters for the policy engine (a job's operator rows for
+ * its clients are dispatcher_counters.c's). It owns no state and changes
+ * none: every
  * function here only copies out (the reply owns its copies), so a status
  * call cannot move a job.
  */
@@ -177,54 +178,6 @@ cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
 }
 
 /* ---- counters ------------------------------------------------------------ */
-
-/* The job's operator counters: its tasks' (as their workers last
- * reported them) summed by operator, in the order first met. */
-cachew_err
-cwi_status_job_ops(const cwi_dispatcher *d, const job *j,
-    cwi_msg_client_heartbeat_reply *rep)
-{
-	size_t cap = 0;
-
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j)
-			cap += TASK(d, i)->nops;
-	if (cap == 0)
-		return CACHEW_OK;
-	if (cap > CWI_PROTO_MAX_OPS)
-		cap = CWI_PROTO_MAX_OPS;
-	rep->ops = calloc(cap, sizeof(*rep->ops));
-	if (rep->ops == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
-		for (size_t k = 0; k < t->nops; k++) {
-			const cwi_op_counters *c = &t->ops[k];
-			cwi_op_counters *o = NULL;
-			for (size_t m = 0; m < rep->nops; m++)
-				if (strcmp(rep->ops[m].name, c->name) == 0)
-					o = &rep->ops[m];
-			if (o == NULL) {
-				if (rep->nops == cap)
-					continue;
-				o = &rep->ops[rep->nops];
-				o->name = cwi_strdup(c->name);
-				if (o->name == NULL)
-					return cwi_fail(CACHEW_ENOMEM,
-					    "out of memory");
-				rep->nops++;
-			}
-			o->elements += c->elements;
-			o->bytes += c->bytes;
-			o->busy_ns += c->busy_ns;
-			o->wait_ns += c->wait_ns;
-			o->buffered += c->buffered;
-		}
-	}
-	return CACHEW_OK;
-}
 
 cachew_err
 cwi_dispatcher_task_ops(const cwi_dispatcher *d, uint64_t task_id,

@@ -11,7 +11,8 @@
  * knows only that the dispatcher listed the task as direct.
  *
  * One call at a time runs a task's pipeline (pull_lock): the lease being
- * read (pull_it), its splits, and the rows of the last lease finished.
+ * read (pull_it) and its splits; a lease that ends adds its operator rows
+ * to the task's (worker_stats.c, which answers task_stats).
  * A lease ends inside a call: its splits go back in that reply, to be
  * acknowledged by the client that holds every element of them not handed
  * to an earlier caller.
@@ -24,113 +25,6 @@
 
 /* A call goes on pulling for this long at most (pull_elements). */
 #define FILL_NS (UINT64_C(500) * 1000)
-
-/* ---- operator rows ------------------------------------------------------------ */
-
-/* Fills c from s (strings copied; false on ENOMEM). */
-static bool
-row_to_counters(cwi_op_counters *c, const cachew_op_stats *s,
-    const char *name, const char *detail)
-{
-	c->name = cwi_strdup(name != NULL ? name : "");
-	c->detail = cwi_strdup(detail != NULL ? detail : "");
-	c->node = s->node;
-	c->elements = s->elements;
-	c->bytes = s->bytes;
-	c->busy_ns = s->busy_ns;
-	c->wait_ns = s->wait_ns;
-	c->parallelism = s->parallelism;
-	c->buffer_limit = s->buffer_limit;
-	c->buffered = s->buffered > 0 ? (uint64_t)s->buffered : 0;
-	return c->name != NULL && c->detail != NULL;
-}
-
-/* Keeps a copy of the rows of a lease that ended (pull_lock held). */
-static void
-keep_last_rows(cwi_wtask *t, cachew_iterator *it)
-{
-	cachew_op_stats s[MAX_ROWS];
-	size_t n = 0;
-
-	if (t->last_rows == NULL) {
-		t->last_rows = calloc(MAX_ROWS, sizeof(*t->last_rows));
-		t->last_names = calloc(MAX_ROWS, sizeof(*t->last_names));
-	}
-	if (t->last_rows == NULL || t->last_names == NULL ||
-	    cachew_iterator_stats(it, s, MAX_ROWS, &n) != CACHEW_OK)
-		return;
-	if (n > MAX_ROWS)
-		n = MAX_ROWS;
-	for (size_t i = 0; i < n; i++) {
-		t->last_rows[i] = s[i];
-		snprintf(t->last_names[i][0], sizeof(t->last_names[i][0]), "%s",
-		    s[i].name != NULL ? s[i].name : "");
-		snprintf(t->last_names[i][1], sizeof(t->last_names[i][1]), "%s",
-		    s[i].detail != NULL ? s[i].detail : "");
-		t->last_rows[i].name = NULL;
-		t->last_rows[i].detail = NULL;
-	}
-	t->nlast_rows = n;
-}
-
-/* The rows of the lease being read, else of the last one (pull_lock
- * held); false on ENOMEM. */
-static bool
-rows_reply(cwi_wtask *t, cwi_msg_task_stats_reply *rep)
-{
-	cachew_op_stats live[MAX_ROWS];
-	size_t n = 0;
-
-	if (t->pull_it != NULL) {
-		if (cachew_iterator_stats(t->pull_it, live, MAX_ROWS, &n) !=
-		    CACHEW_OK)
-			n = 0;
-		if (n > MAX_ROWS)
-			n = MAX_ROWS;
-	} else {
-		n = t->nlast_rows;
-	}
-	if (n == 0)
-		return true;
-	rep->ops = calloc(n, sizeof(*rep->ops));
-	if (rep->ops == NULL)
-		return false;
-	rep->nops = n;
-	for (size_t i = 0; i < n; i++) {
-		bool ok = t->pull_it != NULL
-		    ? row_to_counters(&rep->ops[i], &live[i], live[i].name,
-			  live[i].detail)
-		    : row_to_counters(&rep->ops[i], &t->last_rows[i],
-			  t->last_names[i][0], t->last_names[i][1]);
-		if (!ok)
-			return false;
-	}
-	return true;
-}
-
-void
-cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r)
-{
-	cwi_pmsg rep;
-
-	cwi_pmsg_init(&rep, CWI_MSG_TASK_STATS_REPLY);
-	/* A call may run long (a slow pipeline): stats do not wait for it. */
-	if (pthread_mutex_trylock(&t->pull_lock) != 0) {
-		rep.u.task_stats_reply.busy = true;
-	} else {
-		bool ok = rows_reply(t, &rep.u.task_stats_reply);
-		pthread_mutex_unlock(&t->pull_lock);
-		if (!ok) {
-			cwi_pmsg_free(&rep);
-			cwi_rpc_reply_error(r, CACHEW_ENOMEM,
-			    "task %llu: out of memory",
-			    (unsigned long long)t->id);
-			return;
-		}
-	}
-	cwi_rpc_reply(r, &rep);
-	cwi_pmsg_free(&rep);
-}
 
 /* ---- pulling ------------------------------------------------------------------ */
 
@@ -287,7 +181,6 @@ static void
 lease_done(cwi_wtask *t, pulled *r)
 {
 	cwi_wtask_add_stats(t, t->pull_it);
-	keep_last_rows(t, t->pull_it);
 	cachew_iterator_destroy(t->pull_it);
 	t->pull_it = NULL;
 	r->split_ids = t->pull_splits;

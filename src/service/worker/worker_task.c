@@ -240,8 +240,6 @@ cwi_wtask_unref(cwi_wtask *t)
 		cachew_iterator_destroy(t->pull_it);
 	free(t->pull_splits);
 	cwi_rset_free(&t->pull_skip);
-	free(t->last_rows);
-	free(t->last_names);
 	free_queue(t);
 	free(t->q);
 	for (size_t i = 0; i < t->nleases; i++) {
@@ -255,8 +253,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	free(t->clients);
 	free(t->held);
 	free(t->delivered);
-	free(t->ops);
-	free(t->op_names);
+	cwi_wtask_stats_free(t);
 	cwi_wtask_rounds_free(t);
 	cwi_zstd_pool_destroy(t->zstd);
 	cwi_split_plan_destroy(t->plan);
@@ -877,46 +874,6 @@ runner_fail(cwi_wtask *t, cachew_err rv, const char *msg)
 		    "task=%llu error=\"%s\"", (unsigned long long)t->id, msg);
 }
 
-/* Adds a finished lease's operator counters to the task's. */
-void
-cwi_wtask_add_stats(cwi_wtask *t, cachew_iterator *it)
-{
-	cachew_op_stats rows[64];
-	size_t n = 0;
-
-	if (cachew_iterator_stats(it, rows, 64, &n) != CACHEW_OK)
-		return;
-	if (n > 64)
-		n = 64;
-	pthread_mutex_lock(&t->lock);
-	if (t->ops == NULL) {
-		t->ops = calloc(n, sizeof(*t->ops));
-		t->op_names = calloc(n, sizeof(*t->op_names));
-		if (t->ops == NULL || t->op_names == NULL) {
-			free(t->ops);
-			free(t->op_names);
-			t->ops = NULL;
-			t->op_names = NULL;
-			pthread_mutex_unlock(&t->lock);
-			return;
-		}
-		t->nops = n;
-		for (size_t i = 0; i < n; i++)
-			snprintf(t->op_names[i], sizeof(t->op_names[i]),
-			    "%d:%s%s%s", rows[i].node, rows[i].name,
-			    rows[i].detail != NULL && rows[i].detail[0] ? "/" : "",
-			    rows[i].detail != NULL ? rows[i].detail : "");
-	}
-	for (size_t i = 0; i < n && i < t->nops; i++) {
-		t->ops[i].elements += rows[i].elements;
-		t->ops[i].bytes += rows[i].bytes;
-		t->ops[i].busy_ns += rows[i].busy_ns;
-		t->ops[i].wait_ns += rows[i].wait_ns;
-		t->ops[i].buffered = rows[i].buffered;
-	}
-	pthread_mutex_unlock(&t->lock);
-}
-
 static void
 mark_pipeline_failure(cwi_wtask *t)
 {
@@ -1064,6 +1021,7 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 	}
 	if (rv == CACHEW_EOF) {
 		cwi_wtask_add_stats(t, f.it);
+		cwi_wtask_send_counters(t);
 		if (!push_group(t, group, idx, tails, n, bytes, lease, true,
 			f.next))
 			rv = CACHEW_ECANCELED;
@@ -1311,22 +1269,7 @@ cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
 	rep->nsplits_delivered = t->ndelivered;
 	t->delivered = NULL;
 	t->ndelivered = t->capdelivered = 0;
-	if (t->nops > 0) {
-		rep->ops = calloc(t->nops, sizeof(*rep->ops));
-		if (rep->ops != NULL) {
-			rep->nops = t->nops;
-			for (size_t i = 0; i < t->nops; i++) {
-				rep->ops[i].name = cwi_strdup(t->op_names[i]);
-				rep->ops[i].elements = t->ops[i].elements;
-				rep->ops[i].bytes = t->ops[i].bytes;
-				rep->ops[i].busy_ns = t->ops[i].busy_ns;
-				rep->ops[i].wait_ns = t->ops[i].wait_ns;
-				rep->ops[i].buffered = (uint64_t)(
-				    t->ops[i].buffered > 0 ? t->ops[i].buffered
-							   : 0);
-			}
-		}
-	}
+	(void)cwi_wtask_report_ops(t, rep); /* metrics only */
 	pthread_mutex_unlock(&t->lock);
 	return CACHEW_OK;
 }

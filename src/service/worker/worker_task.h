@@ -98,9 +98,10 @@ void cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
  * call; a stopped task's is CACHEW_ECLOSED. */
 void cwi_wtask_get_elements_direct(cwi_wtask *t, cwi_request *r,
     const cwi_msg_get_elements *m);
-/* Handles a task_stats request (r consumed): a direct task's operator
- * rows, live or of its last lease; busy when a get_elements is running its
- * pipeline at that moment. */
+/* Handles a task_stats request (r consumed): the task's operator rows
+ * summed over its finished leases and, for a direct task, the lease being
+ * read; busy when a get_elements is running its pipeline at that
+ * moment. */
 void cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r);
 
 /* Fills a heartbeat report (allocations owned by the report: free with

@@ -9,7 +9,9 @@
  *   - worker_coord.c: coordinated rounds (num_consumers > 0): the ring of
  *     rounds formed from the queue and the end round;
  *   - worker_direct.c: direct tasks, whose lease pipeline runs on the
- *     thread that sends the get_elements (the embedded worker's).
+ *     thread that sends the get_elements (the embedded worker's);
+ *   - worker_stats.c: the task's operator counters (summed over its
+ *     leases, reported, and answered to task_stats).
  * worker_task.h explains the model and the locking.
  */
 #ifndef CWI_WORKER_TASK_INT_H
@@ -79,6 +81,13 @@ typedef struct round_slot {
 	coord_end *ends;
 	size_t nends;
 } round_slot;
+
+/* One operator row of a task's pipeline, with its own strings. */
+typedef struct task_row {
+	char name[48];
+	char detail[80];
+	cachew_op_stats s; /* name and detail unset */
+} task_row;
 
 /* Why a request got no reply: *err is CACHEW_OK when it must wait; else
  * the error, with `proto` set when it is the request's own fault (a
@@ -161,10 +170,11 @@ struct cwi_wtask {
 	/* The autoscaler's busy signal: when the runner started and ended,
 	 * and how long it waited for queue room (under lock). */
 	uint64_t start_ns, end_ns, stall_ns;
-	/* operator counters summed over finished leases */
-	cachew_op_stats *ops;
-	char (*op_names)[96];
+	/* operator counters summed over finished leases (worker_stats.c;
+	 * t->lock) */
+	task_row *ops;
 	size_t nops;
+	uint64_t ops_leases; /* leases summed in ops */
 
 	/* Direct (worker_direct.c): no runner; the thread that sends a
 	 * get_elements runs the lease pipeline, one at a time (pull_lock). */
@@ -177,9 +187,6 @@ struct cwi_wtask {
 	uint64_t pull_group;      /* exactly once: its group, */
 	uint64_t pull_next;       /* the next element's number, */
 	cwi_rset pull_skip;       /* and what it leaves out */
-	cachew_op_stats *last_rows; /* of the last lease pulled to its end */
-	char (*last_names)[2][96]; /* their name and detail */
-	size_t nlast_rows;
 };
 
 
@@ -209,8 +216,22 @@ void cwi_wtask_feed_free(lease_feed *f);
 bool cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap,
     uint64_t group, uint64_t index, uint32_t tail, bool end);
 
-/* Adds a finished lease's operator counters to the task's (t->lock). */
+
+/* ---- worker_stats.c: the task's operator counters ------------------------ */
+
+/* Adds a finished lease's operator counters to the task's (takes
+ * t->lock). */
 void cwi_wtask_add_stats(cwi_wtask *t, cachew_iterator *it);
+/* Sends the task's counters to the dispatcher (task_counters), waiting for
+ * its reply: called by a runner between a lease's end and the queueing of
+ * its end marker, so that the dispatcher has a lease's counters before
+ * any client can acknowledge its splits. A failure costs only metrics (it
+ * is logged at debug level). */
+void cwi_wtask_send_counters(cwi_wtask *t);
+/* Fills a report's ops and ops_leases (t->lock held); false on ENOMEM. */
+bool cwi_wtask_report_ops(const cwi_wtask *t, cwi_task_report *rep);
+/* Frees the task's counters (at its end). */
+void cwi_wtask_stats_free(cwi_wtask *t);
 /* Records that a split's end was handed out (t->lock held); false on
  * ENOMEM. */
 bool cwi_wtask_add_delivered(cwi_wtask *t, uint64_t split_id);

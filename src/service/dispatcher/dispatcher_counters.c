@@ -1,0 +1,155 @@
+/*
+ * dispatcher_counters.c - a job's counters: the operator rows of its
+ * tasks' pipelines and what its clients received.
+ *
+ * Operator rows. A worker reports a task's rows summed over its finished
+ * leases, with how many leases that is (ops_leases): in every heartbeat
+ * and in a task_counters message at each lease's end, sent before the
+ * lease's end marker is queued. Of two reports, the one that counts more
+ * leases wins, so a heartbeat built earlier and received later does not
+ * undo a task_counters. A task that is dropped (done, removed, its worker
+ * gone, the job finished) leaves its rows to its job (ops_done), so the
+ * job's rows cover every task it had. Since a client acknowledges a split
+ * only once its lease's end reached it, the job's rows hold every finished
+ * lease once its data is all acknowledged: a client that asks then gets
+ * exact rows.
+ *
+ * Received counts. Each client says how many elements (and payload bytes)
+ * of the job it took, cumulative, in its heartbeats and finally in its
+ * job_release; their growth adds to the job's. The release is what ends
+ * the job, so once every client released it the counts are exact.
+ *
+ * Like the rest of the state machine, no locks: the caller's.
+ */
+#include "dispatcher_int.h"
+
+#include <stdlib.h>
+
+/* Adds c to the list v (n entries) under c's name: a name not met yet is
+ * appended (at most CWI_PROTO_MAX_OPS entries, then dropped). */
+static cachew_err
+ops_add(cwi_op_counters **v, size_t *n, const cwi_op_counters *c)
+{
+	cwi_op_counters *o = NULL, *nv;
+
+	for (size_t i = 0; i < *n && o == NULL; i++)
+		if (strcmp((*v)[i].name, c->name) == 0)
+			o = &(*v)[i];
+	if (o == NULL) {
+		if (*n == CWI_PROTO_MAX_OPS)
+			return CACHEW_OK;
+		nv = realloc(*v, (*n + 1) * sizeof(**v));
+		if (nv == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		*v = nv;
+		o = &nv[*n];
+		memset(o, 0, sizeof(*o));
+		o->name = cwi_strdup(c->name);
+		if (o->name == NULL)
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		(*n)++;
+	}
+	o->elements += c->elements;
+	o->bytes += c->bytes;
+	o->busy_ns += c->busy_ns;
+	o->wait_ns += c->wait_ns;
+	o->buffered += c->buffered;
+	/* Threads and buffer room of the job, over its workers. */
+	o->parallelism += c->parallelism;
+	o->buffer_limit += c->buffer_limit;
+	return CACHEW_OK;
+}
+
+static void
+ops_free(cwi_op_counters *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i].name);
+	free(v);
+}
+
+cachew_err
+cwi_counters_task_ops(task *t, const cwi_op_counters *ops, size_t nops,
+    uint64_t ops_leases)
+{
+	cwi_op_counters *v = NULL;
+
+	/* Older than what the task has, or none (a worker out of memory):
+	 * the task's stay. */
+	if (ops_leases < t->ops_leases || (nops == 0 && t->nops > 0))
+		return CACHEW_OK;
+	if (nops > 0 && (v = calloc(nops, sizeof(*v))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < nops; i++) {
+		v[i] = ops[i];
+		v[i].detail = NULL; /* the name carries it */
+		v[i].name = cwi_strdup(ops[i].name != NULL ? ops[i].name : "");
+		if (v[i].name == NULL) {
+			ops_free(v, i);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+	}
+	ops_free(t->ops, t->nops);
+	t->ops = v;
+	t->nops = nops;
+	t->ops_leases = ops_leases;
+	return CACHEW_OK;
+}
+
+void
+cwi_counters_retire(job *j, const task *t)
+{
+	for (size_t i = 0; i < t->nops; i++) {
+		cwi_op_counters c = t->ops[i];
+		c.buffered = 0; /* it holds nothing any more */
+		if (ops_add(&j->ops_done, &j->nops_done, &c) != CACHEW_OK)
+			return; /* metrics only */
+	}
+}
+
+void
+cwi_counters_job_free(job *j)
+{
+	ops_free(j->ops_done, j->nops_done);
+	j->ops_done = NULL;
+	j->nops_done = 0;
+}
+
+static uint64_t
+sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+void
+cwi_counters_received(job *j, client *c, uint64_t elements, uint64_t bytes)
+{
+	/* Cumulative: only growth counts (a peer's numbers, so the sum
+	 * saturates rather than wraps). */
+	if (elements > c->elements_received) {
+		j->elements = sat_add(j->elements,
+		    elements - c->elements_received);
+		c->elements_received = elements;
+	}
+	if (bytes > c->bytes_received) {
+		j->bytes = sat_add(j->bytes, bytes - c->bytes_received);
+		c->bytes_received = bytes;
+	}
+}
+
+cachew_err
+cwi_counters_job_ops(const cwi_dispatcher *d, const job *j,
+    cwi_msg_client_heartbeat_reply *rep)
+{
+	cachew_err rv = CACHEW_OK;
+
+	for (size_t k = 0; rv == CACHEW_OK && k < j->nops_done; k++)
+		rv = ops_add(&rep->ops, &rep->nops, &j->ops_done[k]);
+	for (size_t i = 0; rv == CACHEW_OK && i < d->tasks.n; i++) {
+		const task *t = TASK(d, i);
+		for (size_t k = 0; rv == CACHEW_OK && t->job == j &&
+				   k < t->nops; k++)
+			rv = ops_add(&rep->ops, &rep->nops, &t->ops[k]);
+	}
+	return rv;
+}
