@@ -43,7 +43,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
 .PHONY: all lib test check check-symbols check-layers asan tsan demo bench bench-progs deps install uninstall \
-	clean fuzz examples valgrind
+	clean fuzz examples valgrind chaos
 
 all: lib $(BUILD)/cachew $(BUILD)/cachewd examples
 
@@ -160,6 +160,14 @@ valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin
 		--child-silent-after-fork=yes \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \
 		$(BUILD)/check_cachew
+
+# The chaos suite at length: CHAOS_SEEDS seeds of each chaos test (workers
+# killed, stalled and drained at seeded moments, replies lost), every element
+# checked exactly once; one line per run on stderr (make test runs one seed).
+CHAOS_SEEDS ?= 24
+chaos: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd
+	CWT_CHAOS_SEEDS=$(CHAOS_SEEDS) CK_RUN_SUITE=exact CK_RUN_CASE=chaos \
+		CACHEW_BUILD=$(BUILD) $(BUILD)/check_cachew
 
 # libFuzzer builds (clang): build/fuzz/<target>; run one by hand.
 fuzz:
