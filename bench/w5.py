@@ -53,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
@@ -223,23 +224,40 @@ class Service:
             self.url = self.dispatcher.wait_for(
                 listening_url("dispatcher"), "listening line", deadline)
             for i in range(self.nworkers):
-                w = Daemon(f"worker {i + 1}",
-                           [self.cachewd, "--role=worker", "--dispatcher",
-                            self.url, "--listen", self.listen(f"w{i + 1}"),
-                            "--threads", str(self.threads),
-                            "--drain-timeout-ms", "10000"] + self.common(),
-                           os.path.join(self.dir, f"worker{i + 1}.log"))
-                self.workers.append(w)
-                w.start()
+                self.start_worker()
             for w in self.workers:
-                w.url = w.wait_for(listening_url("worker"), "listening line",
-                                   deadline)
-                w.wait_for(lambda t: "event=registered" in t,
-                           "registration with the dispatcher", deadline)
+                self.wait_worker(w, deadline)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def start_worker(self):
+        i = len(self.workers)
+        w = Daemon(f"worker {i + 1}",
+                   [self.cachewd, "--role=worker", "--dispatcher",
+                    self.url, "--listen", self.listen(f"w{i + 1}"),
+                    "--threads", str(self.threads),
+                    "--drain-timeout-ms", "10000"] + self.common(),
+                   os.path.join(self.dir, f"worker{i + 1}.log"))
+        self.workers.append(w)
+        w.start()
+        return w
+
+    def wait_worker(self, w, deadline):
+        w.url = w.wait_for(listening_url("worker"), "listening line",
+                           deadline)
+        w.wait_for(lambda t: "event=registered" in t,
+                   "registration with the dispatcher", deadline)
+
+    def replace_worker(self, i):
+        """SIGKILLs worker i (0-based) and starts a new one in its place
+        (appended); returns when the new one registered."""
+        old = self.workers[i]
+        old.proc.kill()
+        old.proc.wait()
+        w = self.start_worker()
+        self.wait_worker(w, time.monotonic() + START_TIMEOUT_S)
 
     def __exit__(self, *exc):
         # Workers first (they drain and deregister while the dispatcher is
@@ -257,7 +275,8 @@ class Service:
 
     def pids(self):
         return [("dispatcher", self.dispatcher.proc.pid)] + [
-            (w.name, w.proc.pid) for w in self.workers]
+            (w.name, w.proc.pid) for w in self.workers
+            if w.proc.poll() is None]
 
     def cpu(self):
         return {name: proc_cpu_s(pid) for name, pid in self.pids()}
@@ -346,6 +365,9 @@ class Served(h.Config):
     tried again on a fresh service (ATTEMPTS in all)."""
 
     check_splits = None
+    # callable(svc): runs on a thread while the measured client runs (W7
+    # kills a worker from it)
+    during = None
 
     def __init__(self, cachew, cachewd, transport, limit_s, side, label,
                  parallelism, argv, units, workers=WORKERS, **kw):
@@ -384,7 +406,15 @@ class Served(h.Config):
                     f"{self.what} setup probe", env)
                 d0 = svc.cpu()
                 c0 = children_cpu_s()
-                rec = super().run()
+                th = None
+                if self.during is not None:
+                    th = threading.Thread(target=self.during, args=(svc,))
+                    th.start()
+                try:
+                    rec = super().run()
+                finally:
+                    if th is not None:
+                        th.join()
                 c1 = children_cpu_s()
                 d1 = svc.cpu()
                 hwm = svc.hwm_kib()
@@ -394,8 +424,9 @@ class Served(h.Config):
             rec["setup_s"] = float(probe["seconds"])
             rec["cpu"] = {"client": c1 - c0}
             rec["cpu"]["dispatcher"] = d1["dispatcher"] - d0["dispatcher"]
-            rec["cpu"]["workers"] = sum(d1[k] - d0[k] for k in d1
-                                        if k != "dispatcher")
+            rec["cpu"]["workers"] = sum(d1[k] - d0.get(k, 0) for k in d1
+                                        if k != "dispatcher" and
+                                        d1[k] is not None)
             rec["worker_hwm_kib"] = max(v for k, v in hwm.items()
                                         if k != "dispatcher" and v)
             rec["dispatcher_hwm_kib"] = hwm["dispatcher"]

@@ -123,6 +123,11 @@ shuffle_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	 * two shuffles of one pipeline independent; the epoch makes each
 	 * repetition under repeat() a new permutation. */
 	state = seed == -1 ? args->pl->seed : (uint64_t)seed;
+	/* A lease other than the one of everything (its seed is derived
+	 * from its first unit): an explicit seed is mixed with it, so the
+	 * leases of an epoch do not all shuffle alike. */
+	if (seed != -1 && args->pl->seed != args->pl->job_seed)
+		state = cwi_seed_derive(state, args->pl->seed);
 	state = cwi_seed_derive(state, node->seed_fp.hi ^ node->seed_fp.lo);
 	if (cwi_node_bool(node, "reshuffle_each_iteration"))
 		state = cwi_seed_derive(state, args->epoch);

@@ -474,22 +474,23 @@ process_reply(session *s, ctask *t, cwi_element **v, size_t n,
     const cwi_msg_get_elements_reply *r)
 {
 	size_t e = 0;
-	cwi_chunk stitched = {0};
-	char err[512];
-	cachew_err rv;
 
-	rv = cwi_client_exact_reply(s, t->address, r, v, n, &stitched, err,
-	    sizeof(err));
-	if (rv != CACHEW_OK) {
-		cwi_client_fail(s, rv, "%s", err);
-		cwi_chunk_free(&stitched);
-		goto done;
+	if (s->exact) {
+		/* Exactly once: the reply's elements in stream order, what
+		 * this client already had left out, stitched batches in
+		 * their places (v is all taken). */
+		cwi_chunk ordered = {0};
+		char err[512];
+		cachew_err rv = cwi_client_exact_reply(s, t->address, r, v, n,
+		    &ordered, err, sizeof(err));
+		if (rv != CACHEW_OK)
+			cwi_client_fail(s, rv, "%s", err);
+		else if (ordered.n > 0)
+			(void)cwi_client_queue_chunk(s, &ordered);
+		cwi_chunk_free(&ordered);
+		if (rv != CACHEW_OK)
+			goto done;
 	}
-	if (stitched.n > 0 && !cwi_client_queue_chunk(s, &stitched)) {
-		cwi_chunk_free(&stitched);
-		goto done;
-	}
-	cwi_chunk_free(&stitched);
 
 	for (size_t k = 0; k <= r->nsplit_ends; k++) {
 		size_t upto = k < r->nsplit_ends ? r->split_ends[k].after : n;

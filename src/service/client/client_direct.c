@@ -219,7 +219,7 @@ static bool
 direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
     cwi_chunk *out, size_t max, size_t *n)
 {
-	cwi_chunk stitched = {0};
+	cwi_chunk ordered = {0};
 	cwi_element **v;
 	size_t count = *n, k = 0;
 	char err[512];
@@ -241,27 +241,26 @@ direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
 	for (size_t i = 0; i < count; i++)
 		v[i] = cwi_msg_take(msg, i);
 	rv = cwi_client_exact_reply(s, cwi_conn_url(s->inl.conn), g, v, count,
-	    &stitched, err, sizeof(err));
-	if (rv == CACHEW_OK && cwi_chunk_reserve(out, count) != CACHEW_OK)
-		rv = CACHEW_ENOMEM;
-	for (size_t i = 0; i < count; i++) {
-		if (v[i] == NULL)
-			continue;
-		if (rv == CACHEW_OK)
-			cwi_chunk_push(out, v[i]), k++;
-		else
-			cwi_element_release(v[i]);
-	}
+	    &ordered, err, sizeof(err));
 	free(v);
 	if (rv != CACHEW_OK) {
-		cwi_chunk_free(&stitched);
-		cwi_client_fail(s, rv, "%s", rv == CACHEW_ENOMEM
-		    ? "out of memory" : err);
+		cwi_chunk_free(&ordered);
+		cwi_client_fail(s, rv, "%s", err);
 		return false;
 	}
-	if (stitched.n > 0)
-		(void)cwi_client_queue_chunk(s, &stitched);
-	cwi_chunk_free(&stitched);
+	/* In stream order: what fits goes to the caller (room for max), the
+	 * rest (stitched batches) to the queue, which the consumer reads
+	 * next. */
+	for (; k < ordered.n && k < max; k++)
+		cwi_chunk_push(out, ordered.v[k]);
+	if (k < ordered.n) {
+		memmove(ordered.v, ordered.v + k,
+		    (ordered.n - k) * sizeof(*ordered.v));
+		ordered.n -= k;
+		(void)cwi_client_queue_chunk(s, &ordered);
+	}
+	ordered.n = 0; /* moved to out or to the queue */
+	cwi_chunk_free(&ordered);
 	*n = k;
 	return true;
 }

@@ -78,7 +78,7 @@ group_get(session *s, uint64_t id)
 cachew_err
 cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
-    cwi_chunk *stitched, char *err, size_t errlen)
+    cwi_chunk *out, char *err, size_t errlen)
 {
 	size_t e = 0;
 	cachew_err rv = CACHEW_OK;
@@ -99,6 +99,10 @@ cwi_client_exact_reply(session *s, const char *worker,
 		    "its %zu elements", worker, (unsigned long long)r->seq, e,
 		    n);
 		return CACHEW_EPROTO;
+	}
+	if (cwi_chunk_reserve(out, n) != CACHEW_OK) {
+		snprintf(err, errlen, "out of memory");
+		return CACHEW_ENOMEM;
 	}
 	pthread_mutex_lock(&s->exact_lock);
 	e = 0;
@@ -121,8 +125,11 @@ cwi_client_exact_reply(session *s, const char *worker,
 				rv = CACHEW_ENOMEM;
 				break;
 			}
-			if (run->tail == 0)
+			if (run->tail == 0) {
+				cwi_chunk_push(out, v[e]);
+				v[e] = NULL;
 				continue;
+			}
 			if (s->stitch == NULL) {
 				snprintf(err, errlen, "%s: a tail element, but "
 				    "the pipeline has no batch to stitch",
@@ -143,12 +150,20 @@ cwi_client_exact_reply(session *s, const char *worker,
 			g->ended = true;
 			g->total = run->from + run->n;
 		}
+		/* The batches a tail run completes take their place in the
+		 * stream right after it. */
+		if (rv == CACHEW_OK && run->tail > 0)
+			rv = cwi_stitch_drain(s->stitch, false, out, err,
+			    errlen);
 	}
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
-	if (rv == CACHEW_OK && s->stitch != NULL)
-		rv = cwi_stitch_drain(s->stitch, false, stitched, err, errlen);
 	pthread_mutex_unlock(&s->exact_lock);
+	/* What is left of v (a failure stopped the walk) is released. */
+	for (size_t i = 0; i < n; i++) {
+		cwi_element_release(v[i]);
+		v[i] = NULL;
+	}
 	return rv;
 }
 

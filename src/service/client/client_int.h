@@ -288,15 +288,15 @@ void cwi_client_auto_tick(session *s, uint64_t now);
  * exact_lock made with the session). */
 cachew_err cwi_client_exact_init(session *s);
 void cwi_client_exact_free(session *s);
-/* The runs of an in-order reply whose elements are v[0..n): drops the
- * elements this client already has (v[i] = NULL), takes the tails to the
- * stitcher (v[i] = NULL), records the rest as received, then appends to
- * `stitched` the batches the tails completed. CACHEW_EPROTO names the
- * worker (runs that do not add up); a stitching failure is the pipeline's,
- * with its message in err. */
+/* The runs of an in-order reply whose elements are v[0..n) (all taken:
+ * v[i] = NULL after): appends to `out`, in stream order, the elements to
+ * deliver (those this client did not have yet) with, right after each
+ * tail run, the batches its tails completed; records what it received.
+ * CACHEW_EPROTO names the worker (runs that do not add up); a stitching
+ * failure is the pipeline's, with its message in err. */
 cachew_err cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
-    cwi_chunk *stitched, char *err, size_t errlen);
+    cwi_chunk *out, char *err, size_t errlen);
 /* The epoch ended: the last partial batches, appended to out. */
 cachew_err cwi_client_exact_finish(session *s, cwi_chunk *out, char *err,
     size_t errlen);

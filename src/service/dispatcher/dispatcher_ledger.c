@@ -356,8 +356,14 @@ cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
 	if (lease_none(d, t, rep))
 		return CACHEW_OK;
 	want = lease_count(d, t->job, max_splits);
+	/* Exactly once, a remote worker's group is one split: what a death
+	 * makes it compute again is at most one split, and a split's
+	 * elements do not depend on which splits shared its lease (the same
+	 * seed and epoch give the same data however the epoch was leased).
+	 * A direct task (the embedded service's) takes what it asks for, a
+	 * whole epoch, as one group: its output is the plain executor's. */
 	if (t->job->exactly_once)
-		return lease_group(d, t, want, rep);
+		return lease_group(d, t, t->w->direct ? want : 1, rep);
 	rep->splits = calloc((size_t)want, sizeof(*rep->splits));
 	if (cwi_disp_events_on(d))
 		ids = malloc((size_t)want * sizeof(*ids));
