@@ -129,6 +129,14 @@ static const struct {
     {"range(10) | shuffle(10, seed=7, reshuffle_each_iteration=true) | "
      "repeat(2)", NULL, false, false},
     {"range(0) | batch(3)", "sizes= values=", false, false},
+    /* Position-selecting operators run on the client over the service's
+     * order, which several workers change (docs/protocol.md, "Exactly
+     * once", limits): which elements they keep may differ, how many may
+     * not. */
+    {"range(10) | take(5)", "sizes=.,.,.,.,.", false, true},
+    {"range(10) | skip(7)", "sizes=.,.,.", false, true},
+    {"range(10) | shard(3, 1)", "sizes=.,.,.", false, true},
+    {"range(20) | batch(3) | take(4)", "sizes=3,3,3,3", false, true},
 };
 
 static void
