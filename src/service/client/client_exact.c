@@ -75,6 +75,19 @@ group_get(session *s, uint64_t id)
 	return g;
 }
 
+/* Whether the set holds any of [from, to). */
+static bool
+rset_meets(const cwi_rset *s, uint64_t from, uint64_t to)
+{
+	for (size_t i = s->n; i >= 2; i -= 2) {
+		if (s->v[i - 1] <= from)
+			return false; /* this range and all before end first */
+		if (s->v[i - 2] < to)
+			return true;
+	}
+	return false;
+}
+
 cachew_err
 cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
@@ -113,7 +126,23 @@ cwi_client_exact_reply(session *s, const char *worker,
 			rv = CACHEW_ENOMEM;
 			break;
 		}
-		for (uint32_t k = 0; k < run->n; k++, e++) {
+		/* The common case, a stream read in order: none of the run
+		 * was received before, so it is recorded at once and its
+		 * output elements go out as they are. */
+		bool fresh = run->n > 0 && run->tail == 0 &&
+		    !rset_meets(&g->got, run->from, run->from + run->n);
+		if (fresh) {
+			if (!cwi_rset_add(&g->got, run->from,
+				run->from + run->n)) {
+				rv = CACHEW_ENOMEM;
+				break;
+			}
+			for (uint32_t k = 0; k < run->n; k++, e++) {
+				cwi_chunk_push(out, v[e]);
+				v[e] = NULL;
+			}
+		}
+		for (uint32_t k = 0; !fresh && k < run->n; k++, e++) {
 			uint64_t idx = run->from + k;
 			if (cwi_rset_has(&g->got, idx)) {
 				cwi_element_release(v[e]);

@@ -132,8 +132,18 @@ number_new(cwi_wtask *t, cwi_chunk *out, size_t n0, uint32_t tail,
 {
 	size_t w = n0;
 
-	if (!t->exactly_once)
+	if (!t->exactly_once || out->n == n0)
 		return CACHEW_OK;
+	if (t->pull_skip.n == 0) {
+		/* Nothing to leave out (the common case): one run. */
+		uint64_t first = t->pull_next;
+		t->pull_next += out->n - n0;
+		if (!cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
+			t->pull_group, first, (uint32_t)(out->n - n0), tail,
+			false))
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		return CACHEW_OK;
+	}
 	for (size_t i = n0; i < out->n; i++) {
 		uint64_t idx = t->pull_next++;
 		if (cwi_rset_has(&t->pull_skip, idx)) {
@@ -142,7 +152,7 @@ number_new(cwi_wtask *t, cwi_chunk *out, size_t n0, uint32_t tail,
 		}
 		out->v[w++] = out->v[i];
 		if (!cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
-			t->pull_group, idx, tail, false)) {
+			t->pull_group, idx, 1, tail, false)) {
 			for (size_t k = i + 1; k < out->n; k++)
 				cwi_element_release(out->v[k]);
 			out->n = w;
@@ -170,7 +180,7 @@ take_tails(cwi_wtask *t, cwi_chunk *out, pulled *r)
 	}
 	if (rv == CACHEW_OK &&
 	    !cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
-		t->pull_group, t->pull_next, 0, true))
+		t->pull_group, t->pull_next, 0, 0, true))
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	return rv;
 }

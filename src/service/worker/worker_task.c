@@ -492,7 +492,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 				goto nomem;
 			if (t->exactly_once &&
 			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
-				l->group, q->index, q->tail, false))
+				l->group, q->index, 1, q->tail, false))
 				goto nomem;
 			if (cwi_msg_push(msg, q->e) != CACHEW_OK)
 				goto nomem;
@@ -504,7 +504,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			size_t before = c->nends;
 			if (t->exactly_once &&
 			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
-				l->group, q->index, 0, true))
+				l->group, q->index, 0, 0, true))
 				goto nomem;
 			if (!lease_ended(t, l, c))
 				goto nomem;
@@ -951,17 +951,17 @@ cwi_wtask_feed_free(lease_feed *f)
 
 bool
 cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
-    uint64_t index, uint32_t tail, bool end)
+    uint64_t index, uint32_t count, uint32_t tail, bool end)
 {
 	cwi_run *r = *n > 0 ? &(*runs)[*n - 1] : NULL;
 
+	if (end)
+		count = 0;
 	if (r != NULL && r->group == group && !r->end &&
-	    r->from + r->n == index && (end || (r->tail == tail &&
-						   r->n < UINT32_MAX))) {
-		if (end)
-			r->end = true;
-		else
-			r->n++;
+	    r->from + r->n == index && (count == 0 || (r->tail == tail &&
+	    r->n <= UINT32_MAX - count))) {
+		r->n += count;
+		r->end = end;
 		return true;
 	}
 	if (!CWI_GROW(*runs, *cap, *n + 1))
@@ -969,7 +969,7 @@ cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
 	r = &(*runs)[(*n)++];
 	r->group = group;
 	r->from = index;
-	r->n = end ? 0 : 1;
+	r->n = count;
 	r->tail = end ? 0 : tail;
 	r->end = end;
 	return true;
