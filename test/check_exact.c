@@ -129,13 +129,17 @@ static const struct {
     {"range(10) | shuffle(10, seed=7, reshuffle_each_iteration=true) | "
      "repeat(2)", NULL, false, false},
     {"range(0) | batch(3)", "sizes= values=", false, false},
-    /* Position-selecting operators run on the client over the service's
-     * order, which several workers change (docs/protocol.md, "Exactly
-     * once", limits): which elements they keep may differ, how many may
-     * not. */
-    {"range(10) | take(5)", "sizes=.,.,.,.,.", false, true},
-    {"range(10) | skip(7)", "sizes=.,.,.", false, true},
-    {"range(10) | shard(3, 1)", "sizes=.,.,.", false, true},
+    /* Position-selecting operators run on the client over the groups in
+     * split order: the elements in-process keeps. */
+    {"range(10) | take(5)", "sizes=.,.,.,.,.", false, false},
+    {"range(10) | skip(7)", "sizes=.,.,.", false, false},
+    {"range(10) | shard(3, 1)", "sizes=.,.,.", false, false},
+    {"range(100) | map(add, value=1) | take(37)", NULL, false, false},
+    {"range(10) | enumerate | take(4)", NULL, false, false},
+    {"range(3000) | map(sleep_us, us=100) | skip(500) | take(2000)", NULL,
+	false, false},
+    /* Over batches stitched across leases, which elements share a batch
+     * differs: how many batches does not. */
     {"range(20) | batch(3) | take(4)", "sizes=3,3,3,3", false, true},
 };
 
@@ -195,6 +199,8 @@ typedef struct reader {
 	const char *job_name; /* NULL: a private job */
 	int n, us;
 	int timeout_ms;
+	bool ordered; /* read through skip(0): in order, checked */
+	int unordered; /* elements that came before a smaller one */
 	uint8_t *seen;
 	atomic_int received;
 	cachew_err rv;
@@ -211,8 +217,10 @@ reader_main(void *arg)
 	cachew_element *e;
 	char p[128];
 
-	snprintf(p, sizeof(p), "range(%d) | map(sleep_us, us=%d)", a->n,
-	    a->us);
+	int64_t last = -1;
+
+	snprintf(p, sizeof(p), "range(%d) | map(sleep_us, us=%d)%s", a->n,
+	    a->us, a->ordered ? " | skip(0)" : "");
 	ck_assert_int_eq(cachew_options_set_str(o, "service", a->url),
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_options_set_int(o, "service_timeout_ms",
@@ -227,6 +235,9 @@ reader_main(void *arg)
 			int64_t x = cwt_i64(e, 0);
 			if (x >= 0 && x < a->n && a->seen[x] < 255)
 				a->seen[x]++;
+			if (x < last)
+				a->unordered++;
+			last = x;
 			atomic_fetch_add(&a->received, 1);
 			cachew_element_release(e);
 		}
@@ -311,7 +322,8 @@ chaos_act(cwt_cluster *c, uint64_t *rng, int kinds)
  * epoch's wall time in ms.
  */
 static uint64_t
-chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults)
+chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults,
+    bool ordered)
 {
 	cwt_cluster c;
 	reader r[2];
@@ -335,6 +347,7 @@ chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults)
 		r[i].n = n;
 		r[i].us = 500;
 		r[i].timeout_ms = faults ? 1500 : 30000;
+		r[i].ordered = ordered;
 		r[i].seen = calloc((size_t)n, 1);
 		ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main,
 				     &r[i]), 0);
@@ -364,13 +377,18 @@ chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults)
 		missing += got == 0;
 		repeated += got > 1 ? got - 1 : 0;
 	}
-	fprintf(stderr, "chaos seed=%llu readers=%d faults=%d actions=%s "
-	    "elements=%d missing=%d repeated=%d epoch_ms=%llu\n",
-	    (unsigned long long)seed, nreaders, faults, what[0] ? what : "none",
-	    n, missing, repeated, (unsigned long long)ms);
+	fprintf(stderr, "chaos seed=%llu readers=%d faults=%d ordered=%d "
+	    "actions=%s elements=%d missing=%d repeated=%d epoch_ms=%llu\n",
+	    (unsigned long long)seed, nreaders, faults, ordered,
+	    what[0] ? what : "none", n, missing, repeated,
+	    (unsigned long long)ms);
 	ck_assert_msg(missing == 0 && repeated == 0, "seed %llu (%s): %d "
 	    "missing, %d repeated", (unsigned long long)seed, what, missing,
 	    repeated);
+	for (int i = 0; ordered && i < nreaders; i++)
+		ck_assert_msg(r[i].unordered == 0, "seed %llu (%s): %d elements "
+		    "out of order", (unsigned long long)seed, what,
+		    r[i].unordered);
 	for (int i = 0; i < nreaders; i++)
 		free(r[i].seen);
 	cwt_cluster_stop(&c);
@@ -391,21 +409,34 @@ chaos_seeds(void)
 START_TEST(chaos_private_job_workers_die)
 {
 	for (int i = 0; i < chaos_seeds(); i++)
-		(void)chaos_run(1000 + (uint64_t)i, 1, 2, CHAOS_NACTIONS, false);
+		(void)chaos_run(1000 + (uint64_t)i, 1, 2, CHAOS_NACTIONS, false,
+		    false);
 }
 END_TEST
 
 START_TEST(chaos_shared_job_workers_die)
 {
 	for (int i = 0; i < chaos_seeds(); i++)
-		(void)chaos_run(2000 + (uint64_t)i, 2, 2, CHAOS_NACTIONS, false);
+		(void)chaos_run(2000 + (uint64_t)i, 2, 2, CHAOS_NACTIONS, false,
+		    false);
 }
 END_TEST
 
 START_TEST(chaos_replies_lost)
 {
 	for (int i = 0; i < chaos_seeds(); i++)
-		(void)chaos_run(3000 + (uint64_t)i, 1 + i % 2, 1, 1, true);
+		(void)chaos_run(3000 + (uint64_t)i, 1 + i % 2, 1, 1, true,
+		    false);
+}
+END_TEST
+
+/* A client part that selects by position (skip(0)) gets the groups in
+ * split order: in-process's order, kept while workers die. */
+START_TEST(chaos_ordered_delivery)
+{
+	for (int i = 0; i < chaos_seeds(); i++)
+		(void)chaos_run(4000 + (uint64_t)i, 1, 2, CHAOS_NACTIONS,
+		    i % 2 == 1, true);
 }
 END_TEST
 
@@ -424,6 +455,7 @@ cwt_exact_suite(void)
 	tcase_add_test(chaos, chaos_private_job_workers_die);
 	tcase_add_test(chaos, chaos_shared_job_workers_die);
 	tcase_add_test(chaos, chaos_replies_lost);
+	tcase_add_test(chaos, chaos_ordered_delivery);
 	suite_add_tcase(s, chaos);
 	return s;
 }

@@ -458,6 +458,7 @@ static const field f_run[] = {
     U32(cwi_run, n, F_REQ),
     U32(cwi_run, tail, 0),
     BOOL(cwi_run, end),
+    U32(cwi_run, splits, 0),
 };
 static const schema s_run = SCHEMA("run", cwi_run, f_run);
 

@@ -559,8 +559,10 @@ typedef struct cwi_run {
 	uint32_t n;
 	uint32_t tail;
 	/* The group ends with this run: it has from + n elements in all
-	 * (n may be 0: the end alone). */
+	 * (n may be 0: the end alone), and `splits` splits (the next group
+	 * in split order is group + splits). */
 	bool end;
+	uint32_t splits;
 } cwi_run;
 
 typedef struct cwi_msg_get_elements_reply {

@@ -191,6 +191,7 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
 		t->task_id = ti->task_id;
+		t->last_group = UINT64_MAX;
 		t->address = cwi_strdup(ti->address);
 		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
 		if (t->conn == NULL) {
@@ -425,6 +426,8 @@ send_requests(session *s)
 	 * requests than tasks x INFLIGHT (many workers), no task starves
 	 * behind the first ones in the list. */
 	size_t n = s->ntasks, first = n > 0 ? s->rr_next % n : 0;
+	/* Ordered delivery: elements held for later groups count too. */
+	uint64_t held = cwi_client_exact_held(s);
 	if (n > 0)
 		s->rr_next = (first + 1) % n;
 	for (unsigned depth = 1; depth <= INFLIGHT; depth++) {
@@ -439,10 +442,19 @@ send_requests(session *s)
 				continue;
 			for (size_t k = 0; k < n; k++)
 				outstanding += s->tasks[k].inflight;
-			if (cwi_client_queue_bytes(s) +
+			if (cwi_client_queue_bytes(s) + held +
 				outstanding * reply_bytes / 2 > budget &&
-			    outstanding > 0)
-				return;
+			    outstanding > 0) {
+				/* Ordered, over the budget: only a task that
+				 * may send the head group is asked (one
+				 * that sent a later group holds it only if
+				 * it was leased again: then every task
+				 * qualifies once none is in flight). */
+				if (held == 0)
+					return;
+				if (!cwi_client_exact_may_hold_head(s, t))
+					continue;
+			}
 			cwi_msg_get_elements g;
 			cwi_pmsg_body_init(CWI_MSG_GET_ELEMENTS, &g);
 			g.task_id = t->task_id;
@@ -483,6 +495,8 @@ process_reply(session *s, ctask *t, cwi_element **v, size_t n,
 		char err[512];
 		cachew_err rv = cwi_client_exact_reply(s, t->address, r, v, n,
 		    &ordered, err, sizeof(err));
+		if (r->nruns > 0)
+			t->last_group = r->runs[r->nruns - 1].group;
 		if (rv != CACHEW_OK)
 			cwi_client_fail(s, rv, "%s", err);
 		else if (ordered.n > 0)

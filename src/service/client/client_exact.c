@@ -26,11 +26,32 @@ typedef struct cgroup {
 	cwi_rset got;
 	bool ended;
 	uint64_t total;
+	uint32_t splits; /* with ended: the next group is id + splits */
+	/* Ordered delivery: its elements, held until it is the head. */
+	cwi_chunk held;
 } cgroup;
+
+/* A client part that starts by selecting by position sees in-process's
+ * order only if groups come in split order. */
+static bool
+needs_order(const client_ctx *ctx)
+{
+	static const char *const positional[] = {"take", "skip", "shard",
+	    "enumerate"};
+	const cwi_node *b = ctx->plan->boundary;
+
+	if (b == NULL || ctx->opts.job_name[0] != '\0')
+		return false;
+	for (size_t i = 0; i < sizeof(positional) / sizeof(*positional); i++)
+		if (strcmp(b->op->name, positional[i]) == 0)
+			return true;
+	return false;
+}
 
 cachew_err
 cwi_client_exact_init(session *s)
 {
+	s->ordered = s->exact && needs_order(s->ctx);
 	if (!s->exact || s->ctx->plan->ngroups == 0)
 		return CACHEW_OK;
 	return cwi_stitch_create(&s->stitch, s->ctx->plan, &s->ctx->opts,
@@ -40,8 +61,10 @@ cwi_client_exact_init(session *s)
 void
 cwi_client_exact_free(session *s)
 {
-	for (size_t i = 0; i < s->ngroups; i++)
+	for (size_t i = 0; i < s->ngroups; i++) {
 		cwi_rset_free(&s->groups[i].got);
+		cwi_chunk_free(&s->groups[i].held);
+	}
 	free(s->groups);
 	cwi_stitch_destroy(s->stitch);
 	free(s->stopped);
@@ -73,6 +96,47 @@ group_get(session *s, uint64_t id)
 	g->id = id;
 	s->lastgroup = s->ngroups++;
 	return g;
+}
+
+/* Delivers e of group g: into out, or (ordered delivery, g not the head
+ * yet) into g's held elements. false on ENOMEM (e released). */
+static bool
+emit(session *s, cgroup *g, cwi_element *e, cwi_chunk *out)
+{
+	cwi_chunk *dst = s->ordered && g->id != s->head ? &g->held : out;
+
+	if (cwi_chunk_reserve(dst, 1) != CACHEW_OK) {
+		cwi_element_release(e);
+		return false;
+	}
+	if (dst != out)
+		s->held_bytes += cwi_element_nbytes(e);
+	cwi_chunk_push(dst, e);
+	return true;
+}
+
+/* Ordered delivery: while the head group has ended, the next one (in
+ * split order) becomes the head and what it holds goes out. */
+static bool
+advance_head(session *s, cwi_chunk *out)
+{
+	for (;;) {
+		cgroup *h = NULL;
+		for (size_t i = 0; i < s->ngroups && h == NULL; i++)
+			if (s->groups[i].id == s->head)
+				h = &s->groups[i];
+		if (h == NULL)
+			return true;
+		if (h->held.n > 0) {
+			for (size_t i = 0; i < h->held.n; i++)
+				s->held_bytes -= cwi_element_nbytes(h->held.v[i]);
+			if (!cwi_chunk_move_all(out, &h->held))
+				return false;
+		}
+		if (!h->ended || h->splits == 0)
+			return true;
+		s->head = h->id + h->splits;
+	}
 }
 
 /* Whether the set holds any of [from, to). */
@@ -138,8 +202,12 @@ cwi_client_exact_reply(session *s, const char *worker,
 				break;
 			}
 			for (uint32_t k = 0; k < run->n; k++, e++) {
-				cwi_chunk_push(out, v[e]);
+				cwi_element *x = v[e];
 				v[e] = NULL;
+				if (!emit(s, g, x, out)) {
+					rv = CACHEW_ENOMEM;
+					break;
+				}
 			}
 		}
 		for (uint32_t k = 0; !fresh && k < run->n; k++, e++) {
@@ -155,8 +223,12 @@ cwi_client_exact_reply(session *s, const char *worker,
 				break;
 			}
 			if (run->tail == 0) {
-				cwi_chunk_push(out, v[e]);
+				cwi_element *x = v[e];
 				v[e] = NULL;
+				if (!emit(s, g, x, out)) {
+					rv = CACHEW_ENOMEM;
+					break;
+				}
 				continue;
 			}
 			if (s->stitch == NULL) {
@@ -178,12 +250,26 @@ cwi_client_exact_reply(session *s, const char *worker,
 		if (run->end) {
 			g->ended = true;
 			g->total = run->from + run->n;
+			g->splits = run->splits;
 		}
 		/* The batches a tail run completes take their place in the
-		 * stream right after it. */
-		if (rv == CACHEW_OK && run->tail > 0)
-			rv = cwi_stitch_drain(s->stitch, false, out, err,
+		 * stream right after it (in its group, ordered). */
+		if (rv == CACHEW_OK && run->tail > 0) {
+			cwi_chunk made = {0};
+			rv = cwi_stitch_drain(s->stitch, false, &made, err,
 			    errlen);
+			for (size_t k = 0; k < made.n; k++)
+				if (rv == CACHEW_OK && !emit(s, g, made.v[k],
+				    out))
+					rv = CACHEW_ENOMEM;
+				else if (rv != CACHEW_OK)
+					cwi_element_release(made.v[k]);
+			made.n = 0;
+			cwi_chunk_free(&made);
+		}
+		if (rv == CACHEW_OK && s->ordered && g->id == s->head &&
+		    !advance_head(s, out))
+			rv = CACHEW_ENOMEM;
 	}
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
@@ -201,13 +287,56 @@ cwi_client_exact_finish(session *s, cwi_chunk *out, char *err, size_t errlen)
 {
 	cachew_err rv = CACHEW_OK;
 
-	if (s->stitch == NULL)
+	if (!s->exact)
 		return CACHEW_OK;
 	pthread_mutex_lock(&s->exact_lock);
-	if (cwi_stitch_held(s->stitch) > 0)
+	/* Ordered delivery: whatever is still held (a group whose end was
+	 * never seen: not expected), in group order. */
+	while (s->ordered && s->held_bytes > 0 && rv == CACHEW_OK) {
+		cgroup *next = NULL;
+		for (size_t i = 0; i < s->ngroups; i++)
+			if (s->groups[i].held.n > 0 &&
+			    (next == NULL || s->groups[i].id < next->id))
+				next = &s->groups[i];
+		if (next == NULL)
+			break;
+		s->head = next->id;
+		if (!advance_head(s, out))
+			rv = CACHEW_ENOMEM;
+	}
+	if (rv == CACHEW_OK && s->stitch != NULL &&
+	    cwi_stitch_held(s->stitch) > 0)
 		rv = cwi_stitch_drain(s->stitch, true, out, err, errlen);
 	pthread_mutex_unlock(&s->exact_lock);
+	if (rv == CACHEW_ENOMEM)
+		snprintf(err, errlen, "out of memory");
 	return rv;
+}
+
+uint64_t
+cwi_client_exact_held(session *s)
+{
+	uint64_t b;
+
+	if (!s->ordered)
+		return 0;
+	pthread_mutex_lock(&s->exact_lock);
+	b = s->held_bytes;
+	pthread_mutex_unlock(&s->exact_lock);
+	return b;
+}
+
+bool
+cwi_client_exact_may_hold_head(session *s, const ctask *t)
+{
+	bool may;
+
+	if (!s->ordered || t->last_group == UINT64_MAX)
+		return true;
+	pthread_mutex_lock(&s->exact_lock);
+	may = t->last_group <= s->head;
+	pthread_mutex_unlock(&s->exact_lock);
+	return may;
 }
 
 bool

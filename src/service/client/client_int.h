@@ -58,6 +58,8 @@ typedef struct ctask {
 	size_t nheld, capheld;
 	bool ended;         /* end_of_task processed */
 	bool gone;          /* no longer listed, or its worker failed */
+	uint64_t last_group; /* exactly once: the last group it sent, or
+			      * UINT64_MAX */
 	bool stopped;       /* exactly once: never read again (its replies,
 			     * late ones too, are dropped; its groups are
 			     * replayed elsewhere) */
@@ -218,6 +220,13 @@ struct session {
 	size_t ngroups, capgroups, lastgroup;
 	struct cwi_stitch *stitch;
 	uint64_t dups; /* elements received twice, dropped */
+	/* Ordered delivery (a private job whose client part starts by
+	 * selecting by position: take, skip, shard, enumerate): groups go
+	 * out in split order, from `head`; the others' elements are held
+	 * (held_bytes count against the client buffer). */
+	bool ordered;
+	uint64_t head;
+	uint64_t held_bytes;
 	uint64_t *stopped, *failed, *stop_direct;
 	size_t nstopped, capstopped, nfailed, capfailed, nstop_direct,
 	    capstop_direct;
@@ -297,6 +306,10 @@ void cwi_client_exact_free(session *s);
 cachew_err cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
     cwi_chunk *out, char *err, size_t errlen);
+/* Ordered delivery: bytes held for later groups, and whether task t may
+ * still send the head group (it sent no later group). */
+uint64_t cwi_client_exact_held(session *s);
+bool cwi_client_exact_may_hold_head(session *s, const ctask *t);
 /* The epoch ended: the last partial batches, appended to out. */
 cachew_err cwi_client_exact_finish(session *s, cwi_chunk *out, char *err,
     size_t errlen);

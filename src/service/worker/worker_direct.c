@@ -182,6 +182,8 @@ take_tails(cwi_wtask *t, cwi_chunk *out, pulled *r)
 	    !cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
 		t->pull_group, t->pull_next, 0, 0, true))
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (rv == CACHEW_OK)
+		r->runs[r->nruns - 1].splits = (uint32_t)t->pull_nsplits;
 	return rv;
 }
 

@@ -506,6 +506,8 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
 				l->group, q->index, 0, 0, true))
 				goto nomem;
+			if (t->exactly_once)
+				runs[nruns - 1].splits = (uint32_t)l->nsplits;
 			if (!lease_ended(t, l, c))
 				goto nomem;
 			for (size_t i = before; i < c->nends; i++) {
