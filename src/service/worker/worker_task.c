@@ -974,6 +974,7 @@ cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
 	r->n = count;
 	r->tail = end ? 0 : tail;
 	r->end = end;
+	r->splits = 0;
 	return true;
 }
 
