@@ -61,6 +61,12 @@ cwi_client_exact_init(session *s)
 void
 cwi_client_exact_free(session *s)
 {
+	/* A replay the dispatcher could not trim (it had no report of them):
+	 * dropped here, worth knowing. */
+	if (s->dups > 0)
+		cwi_log(CACHEW_LOG_INFO, "client", "event=repeats_dropped "
+		    "job=%llu elements=%llu", (unsigned long long)s->job_id,
+		    (unsigned long long)s->dups);
 	for (size_t i = 0; i < s->ngroups; i++) {
 		cwi_rset_free(&s->groups[i].got);
 		cwi_chunk_free(&s->groups[i].held);
