@@ -259,6 +259,13 @@ struct job {
 
 struct cwi_dispatcher {
 	cwi_dispatcher_config cfg;
+	/* Recovery (docs/journal.md): the state's lineage, made when a
+	 * dispatcher starts empty and kept across restarts that load its
+	 * journal, and the incarnation, counted up at every start of that
+	 * lineage. Workers and clients echo the lineage; a message from
+	 * another lineage names ids this state never gave out. */
+	uint64_t lineage;
+	uint64_t incarnation;
 	vec workers, datasets, jobs, tasks;
 	uint64_t next_worker_id, next_dataset_id, next_job_id;
 	uint64_t next_client_id, next_task_id;
