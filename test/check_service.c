@@ -194,7 +194,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		break;
 	}
 	case CWI_MSG_SPLIT_LEASE:
-		m->u.split_lease = (cwi_msg_split_lease){3, 5, 4};
+		m->u.split_lease = (cwi_msg_split_lease){3, 5, 4, 0};
 		break;
 	case CWI_MSG_SPLIT_LEASE_REPLY: {
 		cwi_msg_split_lease_reply *r = &m->u.split_lease_reply;
@@ -1172,14 +1172,14 @@ static cachew_err
 lease(harness *h, uint64_t wid, uint64_t tid, uint32_t max,
     cwi_msg_split_lease_reply *rep)
 {
-	cwi_msg_split_lease req = {wid, tid, max};
+	cwi_msg_split_lease req = {wid, tid, max, 0};
 	return cwi_dispatcher_split_lease(h->d, h->now, &req, rep);
 }
 
 static void
 ack(harness *h, uint64_t job, uint64_t client, const uint64_t *ids, size_t n)
 {
-	cwi_msg_split_ack req = {job, client, (uint64_t *)ids, n, NULL, 0, NULL, 0};
+	cwi_msg_split_ack req = {job, client, (uint64_t *)ids, n, NULL, 0, NULL, 0, 0};
 	ck_assert_msg(cwi_dispatcher_split_ack(h->d, h->now, &req, NULL) == CACHEW_OK,
 	    "%s", cachew_errmsg());
 }
@@ -1459,7 +1459,7 @@ START_TEST(test_dispatcher_ack_reply_says_when_every_split_is_acked)
 	}
 	ck_assert_uint_gt(n, 1);
 	for (size_t i = 0; i < n; i++) {
-		cwi_msg_split_ack req = {job, c, &ids[i], 1, NULL, 0, NULL, 0};
+		cwi_msg_split_ack req = {job, c, &ids[i], 1, NULL, 0, NULL, 0, 0};
 		cwi_msg_ok ok = {true};
 		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
 				     &ok), CACHEW_OK);
@@ -1496,7 +1496,7 @@ START_TEST(test_dispatcher_part_acks_count_each_client_once)
 	for (uint64_t k = 0; k < job_status(h, job).splits_total; k++)
 		if (k != id)
 			ack(h, job, a, &k, 1);
-	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, NULL, 0};
+	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, NULL, 0, 0};
 	for (int i = 0; i < 2; i++) {
 		ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req,
 				     &ok), CACHEW_OK);
@@ -1547,7 +1547,7 @@ START_TEST(test_dispatcher_part_ack_of_an_earlier_lease_is_a_duplicate)
 			ack(h, job, a, &k, 1);
 	/* Lease 1 (w1): a's part arrives, its ack is applied, the reply is
 	 * lost; b's part dies with w1. */
-	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, &lease1, 1};
+	cwi_msg_split_ack req = {job, a, &id, 1, &two, 1, &lease1, 1, 0};
 	ck_assert_int_eq(cwi_dispatcher_split_ack(h->d, h->now, &req, &ok),
 	    CACHEW_OK);
 	ck_assert(!ok.job_finished);
@@ -2904,6 +2904,52 @@ START_TEST(test_dispatcher_events_to_file)
 }
 END_TEST
 
+/* A request naming ids of another dispatcher state (a restart without
+ * its journal) is refused, and the error says this dispatcher's lineage,
+ * which every reply that hands out ids also carries. */
+START_TEST(test_dispatcher_refuses_another_lineage)
+{
+	cwi_dispatcher *a, *b;
+	cwi_pmsg req, rep;
+	uint64_t la, lb;
+
+	ck_assert_int_eq(cwi_dispatcher_create(&a, NULL), CACHEW_OK);
+	ck_assert_int_eq(cwi_dispatcher_create(&b, NULL), CACHEW_OK);
+	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
+	req.u.worker_register.address = cwi_strdup("ipc:///tmp/w");
+	req.u.worker_register.cores = 1;
+	ck_assert_int_eq(cwi_dispatcher_handle(a, 1, &req, &rep), CACHEW_OK);
+	la = rep.u.worker_register_reply.lineage;
+	ck_assert_uint_ne(la, 0);
+	cwi_pmsg_free(&rep);
+	ck_assert_int_eq(cwi_dispatcher_handle(b, 1, &req, &rep), CACHEW_OK);
+	lb = rep.u.worker_register_reply.lineage;
+	ck_assert_uint_ne(lb, la);
+	cwi_pmsg_free(&rep);
+	cwi_pmsg_free(&req);
+
+	/* Worker 1 exists in both; a's worker 1 is unknown to b. */
+	cwi_pmsg_init(&req, CWI_MSG_WORKER_HEARTBEAT);
+	req.u.worker_heartbeat.worker_id = 1;
+	req.u.worker_heartbeat.lineage = la;
+	ck_assert_int_eq(cwi_dispatcher_handle(a, 2, &req, &rep), CACHEW_OK);
+	cwi_pmsg_free(&rep);
+	ck_assert_int_eq(cwi_dispatcher_handle(b, 2, &req, &rep),
+	    CACHEW_ENOENT);
+	ck_assert_int_eq(rep.type, CWI_MSG_ERROR);
+	ck_assert_uint_eq(rep.u.error.lineage, lb);
+	ck_assert_ptr_nonnull(strstr(rep.u.error.message, "another"));
+	cwi_pmsg_free(&rep);
+	/* Without a lineage (an older peer) the id alone decides. */
+	req.u.worker_heartbeat.lineage = 0;
+	ck_assert_int_eq(cwi_dispatcher_handle(b, 3, &req, &rep), CACHEW_OK);
+	cwi_pmsg_free(&rep);
+	cwi_pmsg_free(&req);
+	cwi_dispatcher_destroy(a);
+	cwi_dispatcher_destroy(b);
+}
+END_TEST
+
 /* ---- the random walk ----------------------------------------------------- */
 
 /* A simulated worker: the splits it holds, in lease order; a prefix of
@@ -3204,6 +3250,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_handle_replies_and_errors);
 	tcase_add_test(disp, test_dispatcher_events_are_json_lines);
 	tcase_add_test(disp, test_dispatcher_events_to_file);
+	tcase_add_test(disp, test_dispatcher_refuses_another_lineage);
 	tcase_add_test(disp, test_dispatcher_random_walk_loses_no_split);
 	tcase_set_timeout(disp, 60);
 	suite_add_tcase(s, disp);

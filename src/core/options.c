@@ -76,6 +76,11 @@ static const opt_spec table[] = {
 	"batches full across leases as in-process; false = the at-least-once "
 	"bookkeeping, batches cut where leases end (a debug switch)", "true",
 	NULL},
+    {"dispatcher_absence_ms", OPT_INT, 60000, NULL, 0, 86400000,
+	OFF(dispatcher_absence_ms),
+	"service: how long the dispatcher may be unreachable (a restart that "
+	"keeps its journal) before the iterator fails; data keeps coming from "
+	"the workers meanwhile", "60000", NULL},
     {"service_timeout_ms", OPT_INT, 30000, NULL, 100, 86400000,
 	OFF(service_timeout_ms),
 	"service: how long a call to the dispatcher or a worker may take, "

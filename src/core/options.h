@@ -25,6 +25,7 @@ typedef struct cwi_opts {
 	char compression[CWI_OPT_STR_MAX];
 	int64_t client_buffer;
 	int exactly_once;
+	int64_t dispatcher_absence_ms;
 	int64_t service_timeout_ms;
 	/* service autoscaling of this job */
 	char scale_policy[CWI_OPT_STR_MAX]; /* "" = the dispatcher's */

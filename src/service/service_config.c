@@ -80,6 +80,18 @@ static const cfg_spec table[] = {
     {"max_lease", INT(max_lease), "4", 1, 1048576, NULL,
 	"dispatcher: most splits one lease request takes (fewer when less "
 	"than a fair share is left)"},
+    {"dispatcher_absence_ms", INT(dispatcher_absence_ms), "60000", 0,
+	86400000, NULL, "worker: how long an unreachable dispatcher is "
+	"ridden out (tasks kept, leases retried) before tasks fail"},
+    {"journal", INT(journal), "1", 0, 1, NULL,
+	"dispatcher: keep a journal of its state in <work_dir>/journal and "
+	"recover it at start (needs a work_dir; docs/journal.md)"},
+    {"journal_discard", INT(journal_discard), "0", 0, 1, NULL,
+	"dispatcher: start empty, setting the journal's old files aside "
+	"(for a journal that refuses to load)"},
+    {"snapshot_records", INT(snapshot_records), "100000", 16, 1000000000,
+	NULL, "dispatcher: fold the journal into a snapshot after this many "
+	"records"},
     {"drain_timeout_ms", INT(drain_timeout_ms), "60000", 0, 86400000, NULL,
 	"worker: on SIGTERM, how long to finish leased splits before exiting"},
     {"scale_policy", STR(scale_policy), "model", 0, 0, NULL,

@@ -34,6 +34,13 @@ typedef struct cwi_service_config {
 	int64_t max_connections;       /* per listener */
 	int64_t drain_timeout_ms;      /* worker: SIGTERM drain bound */
 	int64_t max_lease;             /* dispatcher: splits per lease */
+	/* worker: how long it rides out an unreachable dispatcher (leases
+	 * retried, tasks kept) */
+	int64_t dispatcher_absence_ms;
+	/* dispatcher: the journal in <work_dir>/journal (docs/journal.md) */
+	int64_t journal;               /* 0: off (state dies with it) */
+	int64_t journal_discard;       /* 1: set the old state aside */
+	int64_t snapshot_records;      /* fold into a snapshot this often */
 	/* dispatcher: the policy engine and the provisioner */
 	char scale_policy[64];         /* jobs' default scale policy */
 	int64_t decision_interval_ms;  /* 0 = heartbeat_ms */

@@ -103,6 +103,7 @@ static const field f_error[] = {
     {"code", F_I64, F_REQ, OFF(cwi_msg_error, code), 0, 0, 0, NULL, NULL, 0},
     STR(cwi_msg_error, message, F_REQ, CWI_PROTO_MAX_ERRMSG),
     BOOL(cwi_msg_error, pipeline),
+    U64(cwi_msg_error, lineage, 0),
 };
 
 static const field f_ok[] = {
@@ -131,6 +132,7 @@ static const field f_worker_register_reply[] = {
     U64(cwi_msg_worker_register_reply, worker_id, F_REQ),
     U32(cwi_msg_worker_register_reply, heartbeat_interval_ms, F_REQ),
     U32(cwi_msg_worker_register_reply, worker_timeout_ms, 0),
+    U64(cwi_msg_worker_register_reply, lineage, 0),
 };
 
 static const field f_op_counters[] = {
@@ -168,6 +170,7 @@ static const field f_worker_heartbeat[] = {
     BOOL(cwi_msg_worker_heartbeat, draining),
     OBJS(cwi_msg_worker_heartbeat, tasks, 0, CWI_PROTO_MAX_TASKS,
 	s_task_report),
+    U64(cwi_msg_worker_heartbeat, lineage, 0),
 };
 
 static const field f_task_def[] = {
@@ -195,6 +198,7 @@ static const field f_worker_heartbeat_reply[] = {
 
 static const field f_worker_deregister[] = {
     U64(cwi_msg_worker_deregister, worker_id, F_REQ),
+    U64(cwi_msg_worker_deregister, lineage, 0),
 };
 
 static const field f_dataset_register[] = {
@@ -226,6 +230,7 @@ static const field f_job_get_or_create[] = {
     U32(cwi_msg_job_get_or_create, min_workers, 0),
     U32(cwi_msg_job_get_or_create, max_workers, 0),
     BOOL(cwi_msg_job_get_or_create, exactly_once),
+    U64(cwi_msg_job_get_or_create, lineage, 0),
 };
 
 static const field f_job_get_or_create_reply[] = {
@@ -236,6 +241,7 @@ static const field f_job_get_or_create_reply[] = {
     U32(cwi_msg_job_get_or_create_reply, num_consumers, 0),
     ENUM(cwi_msg_job_get_or_create_reply, compression, compression_names),
     U32(cwi_msg_job_get_or_create_reply, heartbeat_interval_ms, 0),
+    U64(cwi_msg_job_get_or_create_reply, lineage, 0),
 };
 
 static const field f_progress[] = {
@@ -262,6 +268,7 @@ static const field f_client_heartbeat[] = {
 	s_progress),
     U64(cwi_msg_client_heartbeat, elements_received, 0),
     U64(cwi_msg_client_heartbeat, bytes_received, 0),
+    U64(cwi_msg_client_heartbeat, lineage, 0),
 };
 
 static const field f_task_info[] = {
@@ -302,12 +309,14 @@ static const field f_task_counters[] = {
     U64(cwi_msg_task_counters, task_id, F_REQ),
     U64(cwi_msg_task_counters, ops_leases, 0),
     OBJS(cwi_msg_task_counters, ops, 0, CWI_PROTO_MAX_OPS, s_op_counters),
+    U64(cwi_msg_task_counters, lineage, 0),
 };
 
 static const field f_split_lease[] = {
     U64(cwi_msg_split_lease, worker_id, F_REQ),
     U64(cwi_msg_split_lease, task_id, F_REQ),
     U32(cwi_msg_split_lease, max_splits, F_REQ),
+    U64(cwi_msg_split_lease, lineage, 0),
 };
 
 static const field f_split[] = {
@@ -332,6 +341,7 @@ static const field f_split_ack[] = {
     U64S(cwi_msg_split_ack, split_ids, F_REQ, CWI_PROTO_MAX_SPLITS),
     U64S(cwi_msg_split_ack, parts, 0, CWI_PROTO_MAX_SPLITS),
     U64S(cwi_msg_split_ack, leases, 0, CWI_PROTO_MAX_SPLITS),
+    U64(cwi_msg_split_ack, lineage, 0),
 };
 
 static const field f_job_release[] = {
@@ -339,6 +349,7 @@ static const field f_job_release[] = {
     U64(cwi_msg_job_release, client_id, F_REQ),
     U64(cwi_msg_job_release, elements_received, 0),
     U64(cwi_msg_job_release, bytes_received, 0),
+    U64(cwi_msg_job_release, lineage, 0),
 };
 
 static const field f_worker_status[] = {

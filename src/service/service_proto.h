@@ -133,6 +133,10 @@ typedef struct cwi_msg_error {
 	 * executor gives them (a direct task's get_elements); otherwise the
 	 * error is the request's or the server's. */
 	bool pipeline;
+	/* From a dispatcher: its lineage, so that a peer told an id is
+	 * unknown can tell a restart without its state (another lineage)
+	 * from an id it dropped. 0: not said. */
+	uint64_t lineage;
 } cwi_msg_error;
 
 /* A user function (not built in) a worker can run, and the plugin build
@@ -163,6 +167,9 @@ typedef struct cwi_msg_worker_register_reply {
 	uint64_t worker_id;
 	uint32_t heartbeat_interval_ms;
 	uint32_t worker_timeout_ms; /* silent this long = dead */
+	/* The dispatcher's lineage (docs/journal.md): echoed in every
+	 * later request that names the ids this reply gave. */
+	uint64_t lineage;
 } cwi_msg_worker_register_reply;
 
 /* Cumulative counters of one operator of a task's pipeline. */
@@ -208,6 +215,9 @@ typedef struct cwi_msg_worker_heartbeat {
 	/* Every task the worker holds, running or done, until told to stop. */
 	cwi_task_report *tasks;
 	size_t ntasks;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_worker_heartbeat;
 
 /* What a worker needs to run a task. */
@@ -241,6 +251,9 @@ typedef struct cwi_msg_worker_heartbeat_reply {
 
 typedef struct cwi_msg_worker_deregister {
 	uint64_t worker_id;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_worker_deregister;
 
 typedef struct cwi_msg_dataset_register {
@@ -286,6 +299,9 @@ typedef struct cwi_msg_job_get_or_create {
 	 * job's first client sets it; false: the at-least-once bookkeeping
 	 * of older clients, or the `exactly_once=false` debug option). */
 	bool exactly_once;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_job_get_or_create;
 
 typedef struct cwi_msg_job_get_or_create_reply {
@@ -296,6 +312,9 @@ typedef struct cwi_msg_job_get_or_create_reply {
 	uint32_t num_consumers;
 	cwi_compression compression;
 	uint32_t heartbeat_interval_ms;
+	/* The dispatcher's lineage (docs/journal.md): echoed in every
+	 * later request that names the ids this reply gave. */
+	uint64_t lineage;
 } cwi_msg_job_get_or_create_reply;
 
 typedef struct cwi_msg_client_heartbeat {
@@ -322,6 +341,9 @@ typedef struct cwi_msg_client_heartbeat {
 	size_t nfailed_tasks;
 	struct cwi_progress *progress;
 	size_t nprogress;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_client_heartbeat;
 
 /* What one client received of a group (a lease's elements, numbered from
@@ -372,6 +394,9 @@ typedef struct cwi_msg_split_lease {
 	uint64_t worker_id;
 	uint64_t task_id;
 	uint32_t max_splits;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_split_lease;
 
 /* Split split_id covers units [begin, end) of the dataset's split source. */
@@ -413,6 +438,9 @@ typedef struct cwi_msg_split_ack {
 	 * nsplit_ids long. */
 	uint64_t *leases;
 	size_t nleases;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_split_ack;
 
 typedef struct cwi_msg_job_release {
@@ -421,6 +449,9 @@ typedef struct cwi_msg_job_release {
 	/* The client's final counts (client_heartbeat's). */
 	uint64_t elements_received;
 	uint64_t bytes_received;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_job_release;
 
 typedef struct cwi_msg_status {
@@ -612,6 +643,9 @@ typedef struct cwi_msg_task_counters {
 	uint64_t ops_leases; /* how many finished leases ops sums */
 	cwi_op_counters *ops;
 	size_t nops;
+	/* The dispatcher lineage the ids above came from (the register or
+	 * job reply's); 0: not known. Another lineage is refused. */
+	uint64_t lineage;
 } cwi_msg_task_counters;
 
 /* ---- the envelope -------------------------------------------------------- */

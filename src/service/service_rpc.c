@@ -51,6 +51,14 @@ cwi_rpc_unpack(const cwi_msg *in, const char *peer, cwi_pmsg *out)
 	return rv;
 }
 
+static _Thread_local uint64_t tls_error_lineage;
+
+uint64_t
+cwi_rpc_error_lineage(void)
+{
+	return tls_error_lineage;
+}
+
 cachew_err
 cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
     int timeout_ms, cwi_pmsg *rep)
@@ -58,6 +66,7 @@ cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
 	cwi_msg *msg, *reply = NULL;
 	cachew_err rv;
 
+	tls_error_lineage = 0;
 	cwi_pmsg_init(rep, CWI_MSG_NONE);
 	rv = cwi_rpc_pack(req, &msg);
 	if (rv != CACHEW_OK)
@@ -73,6 +82,7 @@ cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
 		cachew_err code = (cachew_err)rep->u.error.code;
 		if (code <= CACHEW_OK || code > CACHEW_EINTERNAL)
 			code = CACHEW_EPROTO;
+		tls_error_lineage = rep->u.error.lineage;
 		rv = cwi_fail(code, "%s: %s", cwi_conn_url(c),
 		    rep->u.error.message != NULL ? rep->u.error.message : "");
 		cwi_pmsg_free(rep);

@@ -25,6 +25,12 @@ cachew_err cwi_rpc_unpack(const cwi_msg *in, const char *peer, cwi_pmsg *out);
 cachew_err cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
     int timeout_ms, cwi_pmsg *rep);
 
+/* The lineage an error reply of this thread's last cwi_rpc_call said its
+ * dispatcher has (0: no error reply, or none said): a peer whose request
+ * named ids of another lineage learns that the dispatcher restarted
+ * without them (docs/journal.md). Per thread, like errno. */
+uint64_t cwi_rpc_error_lineage(void);
+
 /* The same with bounded retries: transient failures (CACHEW_EIO,
  * CACHEW_ETIMEDOUT, CACHEW_ECLOSED) are retried with jittered exponential
  * backoff (from 50 ms, doubling, at most 1 s) until total_ms has passed;

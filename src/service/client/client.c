@@ -265,6 +265,7 @@ send_heartbeat(session *s)
 	pthread_mutex_unlock(&s->lock);
 	m.u.client_heartbeat.job_id = s->job_id;
 	m.u.client_heartbeat.client_id = s->client_id;
+	m.u.client_heartbeat.lineage = s->lineage;
 	m.u.client_heartbeat.batch_time_ns = batches > 0 ? sum / batches : 0;
 	m.u.client_heartbeat.batches = batches;
 	m.u.client_heartbeat.wait_time_ns = wait;
@@ -305,6 +306,7 @@ send_acks(session *s)
 	cwi_pmsg_init(&m, CWI_MSG_SPLIT_ACK);
 	m.u.split_ack.job_id = s->job_id;
 	m.u.split_ack.client_id = s->client_id;
+	m.u.split_ack.lineage = s->lineage;
 	m.u.split_ack.split_ids = s->acks; /* borrowed for the encoding */
 	m.u.split_ack.parts = s->ack_parts;
 	m.u.split_ack.leases = s->ack_leases;
@@ -697,6 +699,12 @@ on_heartbeat(session *s, cwi_completion *c)
 			cwi_client_rows_from_reply(s,
 			    &rep.u.client_heartbeat_reply);
 			s->last_hb_ok_ns = now;
+		} else if (rep.type == CWI_MSG_ERROR && rep.u.error.lineage != 0 &&
+			   s->lineage != 0 && rep.u.error.lineage != s->lineage) {
+			cwi_client_fail(s, CACHEW_EIO, "dispatcher %s restarted "
+			    "without its state (no journal, or it was "
+			    "discarded): job %llu is gone; start the run again",
+			    s->ctx->url, (unsigned long long)s->job_id);
 		} else if (rep.type == CWI_MSG_ERROR) {
 			cwi_client_fail(s, CACHEW_EIO, "dispatcher %s: %s",
 			    s->ctx->url, rep.u.error.message != NULL
@@ -707,11 +715,16 @@ on_heartbeat(session *s, cwi_completion *c)
 	if (c->reply != NULL)
 		cwi_msg_destroy(c->reply);
 	cwi_client_exact_sent(s, hb_ok);
-	if (now - s->last_hb_ok_ns >
-	    (uint64_t)s->ctx->opts.service_timeout_ms * 1000000u)
+	/* A dispatcher that restarts (its journal keeps the job) is
+	 * ridden out for dispatcher_absence_ms: the data keeps coming from
+	 * the workers meanwhile. */
+	int64_t absent_ms = s->ctx->opts.dispatcher_absence_ms >
+				s->ctx->opts.service_timeout_ms
+			    ? s->ctx->opts.dispatcher_absence_ms
+			    : s->ctx->opts.service_timeout_ms;
+	if (now - s->last_hb_ok_ns > (uint64_t)absent_ms * 1000000u)
 		cwi_client_fail(s, CACHEW_ETIMEDOUT, "dispatcher %s did not "
-		    "answer for %lld ms", s->ctx->url,
-		    (long long)s->ctx->opts.service_timeout_ms);
+		    "answer for %lld ms", s->ctx->url, (long long)absent_ms);
 }
 
 static bool
@@ -962,6 +975,7 @@ join_job(session *s)
 		return rv;
 	s->job_id = rep.u.job_get_or_create_reply.job_id;
 	s->client_id = rep.u.job_get_or_create_reply.client_id;
+	s->lineage = rep.u.job_get_or_create_reply.lineage;
 	/* A named job's settings are its first client's. */
 	s->compression = rep.u.job_get_or_create_reply.compression;
 	s->zstd_on = s->compression == CWI_COMPRESSION_ZSTD;
@@ -1037,6 +1051,7 @@ release_job(session *s)
 	cwi_pmsg_init(&req, CWI_MSG_JOB_RELEASE);
 	req.u.job_release.job_id = s->job_id;
 	req.u.job_release.client_id = s->client_id;
+	req.u.job_release.lineage = s->lineage;
 	pthread_mutex_lock(&s->lock);
 	req.u.job_release.elements_received = s->elements_received;
 	req.u.job_release.bytes_received = s->bytes_received;

@@ -86,6 +86,7 @@ ack_direct(session *s, const cwi_split_end *ends, size_t n)
 	cwi_pmsg_init(&req, CWI_MSG_SPLIT_ACK);
 	req.u.split_ack.job_id = s->job_id;
 	req.u.split_ack.client_id = s->client_id;
+	req.u.split_ack.lineage = s->lineage;
 	req.u.split_ack.split_ids = ids;
 	req.u.split_ack.nsplit_ids = n;
 	if (cwi_rpc_call_retry(s->dispatcher, &req, CWI_MSG_OK,

@@ -133,6 +133,7 @@ struct session {
 	cwi_conn *dispatcher;
 	cwi_cq *cq;
 	uint64_t dataset_id, job_id, client_id;
+	uint64_t lineage; /* the dispatcher's, from the job reply */
 	uint32_t heartbeat_ms;
 
 	pthread_t fetcher;

@@ -10,6 +10,8 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 static bool
 vec_push(vec *v, void *p)
@@ -134,6 +136,17 @@ cwi_dispatcher_config_default(cwi_dispatcher_config *cfg)
 	cfg->pool_down_intervals = 4;
 }
 
+/* A random nonzero lineage (getrandom, else the clock and pid). */
+static uint64_t
+new_lineage(void)
+{
+	uint64_t x = 0;
+
+	if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x))
+		x = cwi_mix64(cwi_now_ns() ^ ((uint64_t)getpid() << 32));
+	return x != 0 ? x : 1;
+}
+
 cachew_err
 cwi_dispatcher_create(cwi_dispatcher **out, const cwi_dispatcher_config *cfg)
 {
@@ -171,6 +184,8 @@ cwi_dispatcher_create(cwi_dispatcher **out, const cwi_dispatcher_config *cfg)
 		d->cfg.worker_count = cwi_worker_count_default;
 	d->next_worker_id = d->next_dataset_id = d->next_job_id = 1;
 	d->next_client_id = d->next_task_id = 1;
+	d->lineage = new_lineage();
+	d->incarnation = 1;
 	cwi_strbuf_init(&d->ev);
 	d->pool_target = d->cfg.min_workers;
 	d->pool_recent = calloc(d->cfg.pool_down_intervals,
@@ -1483,6 +1498,51 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 
 /* ---- one entry point for a server loop ----------------------------------- */
 
+/* The lineage a request's ids came from (0: not said). */
+static uint64_t
+req_lineage(const cwi_pmsg *req)
+{
+	switch (req->type) {
+	case CWI_MSG_WORKER_HEARTBEAT:
+		return req->u.worker_heartbeat.lineage;
+	case CWI_MSG_WORKER_DEREGISTER:
+		return req->u.worker_deregister.lineage;
+	case CWI_MSG_JOB_GET_OR_CREATE:
+		return req->u.job_get_or_create.lineage;
+	case CWI_MSG_CLIENT_HEARTBEAT:
+		return req->u.client_heartbeat.lineage;
+	case CWI_MSG_SPLIT_LEASE:
+		return req->u.split_lease.lineage;
+	case CWI_MSG_SPLIT_ACK:
+		return req->u.split_ack.lineage;
+	case CWI_MSG_JOB_RELEASE:
+		return req->u.job_release.lineage;
+	case CWI_MSG_TASK_COUNTERS:
+		return req->u.task_counters.lineage;
+	default:
+		return 0;
+	}
+}
+
+/* Ids are never reused within a lineage; those of another one (a
+ * dispatcher that restarted without its journal, or another dispatcher
+ * on the same address) would name unrelated workers, jobs and clients
+ * here, so a request carrying them changes nothing. */
+static cachew_err
+check_lineage(const cwi_dispatcher *d, const cwi_pmsg *req)
+{
+	uint64_t l = req_lineage(req);
+
+	if (l == 0 || l == d->lineage)
+		return CACHEW_OK;
+	return cwi_fail(CACHEW_ENOENT, "%s names ids of dispatcher state "
+	    "%016llx, but this dispatcher's state is %016llx (it restarted "
+	    "without its journal, or another dispatcher took the address): "
+	    "they are unknown here",
+	    cwi_msg_type_name(req->type), (unsigned long long)l,
+	    (unsigned long long)d->lineage);
+}
+
 cachew_err
 cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
     cwi_pmsg *rep)
@@ -1491,6 +1551,9 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	cachew_err rv;
 
 	cwi_pmsg_init(rep, CWI_MSG_NONE);
+	rv = check_lineage(d, req);
+	if (rv != CACHEW_OK)
+		goto done;
 	switch (req->type) {
 	case CWI_MSG_WORKER_REGISTER:
 		rtype = CWI_MSG_WORKER_REGISTER_REPLY;
@@ -1547,12 +1610,18 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 		    cwi_msg_type_name(req->type));
 		break;
 	}
+done:
 	rep->type = rtype;
+	if (rv == CACHEW_OK && rtype == CWI_MSG_WORKER_REGISTER_REPLY)
+		rep->u.worker_register_reply.lineage = d->lineage;
+	if (rv == CACHEW_OK && rtype == CWI_MSG_JOB_GET_OR_CREATE_REPLY)
+		rep->u.job_get_or_create_reply.lineage = d->lineage;
 	if (rv != CACHEW_OK) {
 		const char *msg = cwi_errmsg_get();
 		cwi_pmsg_free(rep);
 		cwi_pmsg_init(rep, CWI_MSG_ERROR);
 		rep->u.error.code = (int64_t)rv;
+		rep->u.error.lineage = d->lineage;
 		rep->u.error.message = cwi_strdup(msg != NULL ? msg : "");
 		if (rep->u.error.message != NULL &&
 		    strlen(rep->u.error.message) > CWI_PROTO_MAX_ERRMSG)

@@ -192,6 +192,7 @@ do_register(cwi_worker *w)
 	pthread_mutex_lock(&w->lock);
 	w->worker_id = rep.u.worker_register_reply.worker_id;
 	w->env.worker_id = w->worker_id;
+	w->env.lineage = rep.u.worker_register_reply.lineage;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	cwi_log(CACHEW_LOG_INFO, "worker", "event=registered worker=%llu "
@@ -259,6 +260,30 @@ stop_tasks(cwi_worker *w, const uint64_t *ids, size_t n)
 	}
 }
 
+/* Stops every task: the dispatcher that gave them lost its state, so
+ * their ids may name its new tasks. */
+static void
+stop_all_tasks(cwi_worker *w)
+{
+	cwi_wtask **v;
+	size_t n;
+
+	pthread_mutex_lock(&w->lock);
+	v = w->tasks;
+	n = w->ntasks;
+	w->tasks = NULL;
+	w->ntasks = 0;
+	pthread_mutex_unlock(&w->lock);
+	for (size_t i = 0; i < n; i++) {
+		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_stopped task=%llu "
+		    "reason=\"dispatcher lost its state\"",
+		    (unsigned long long)cwi_wtask_id(v[i]));
+		cwi_wtask_stop(v[i]);
+		cwi_wtask_unref(v[i]);
+	}
+	free(v);
+}
+
 /* Snapshot of the task table with references. */
 static cwi_wtask **
 tasks_snapshot(cwi_worker *w, size_t *n)
@@ -288,6 +313,7 @@ do_heartbeat(cwi_worker *w, bool *all_drained)
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_HEARTBEAT);
 	req.u.worker_heartbeat.worker_id = w->worker_id;
+	req.u.worker_heartbeat.lineage = w->env.lineage;
 	req.u.worker_heartbeat.cpu_use = cpu_use(w);
 	req.u.worker_heartbeat.draining = atomic_load(&w->draining);
 	v = tasks_snapshot(w, &n);
@@ -326,6 +352,7 @@ do_deregister(cwi_worker *w)
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_DEREGISTER);
 	req.u.worker_deregister.worker_id = w->worker_id;
+	req.u.worker_deregister.lineage = w->env.lineage;
 	if (cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
 		(int)w->cfg.heartbeat_ms * 4, &rep) == CACHEW_OK)
 		cwi_pmsg_free(&rep);
@@ -388,6 +415,7 @@ heartbeat_main(void *arg)
 {
 	cwi_worker *w = arg;
 	bool registered = false, drained;
+	uint64_t hb_fail_since = 0, hb_warn_next = 0;
 
 	while (!atomic_load(&w->stop)) {
 		if (!registered) {
@@ -404,20 +432,44 @@ heartbeat_main(void *arg)
 		pthread_cond_broadcast(&w->cond);
 		pthread_mutex_unlock(&w->lock);
 		if (rv == CACHEW_ENOENT) {
-			/* The dispatcher forgot us (restart, or we were
-			 * declared dead): register again. */
+			uint64_t l = cwi_rpc_error_lineage();
+
+			/* The dispatcher forgot us (declared dead, or it
+			 * restarted without its journal: another lineage,
+			 * whose ids may name other tasks): register again. */
 			cwi_log(CACHEW_LOG_WARN, "worker", "event=reregister "
 			    "reason=\"%s\"", cwi_errmsg_get());
+			if (l != 0 && l != w->env.lineage)
+				stop_all_tasks(w);
 			registered = false;
 			continue;
 		}
 		/* A call that cwi_worker_stop cut short (it sets stop, then
 		 * closes the connection) is the stop, not a failure: `cachew
 		 * run` printed this warning on stderr when it exited while
-		 * the embedded worker's heartbeat was in flight. */
-		if (rv != CACHEW_OK && !atomic_load(&w->stop))
-			cwi_log(CACHEW_LOG_WARN, "worker", "event=heartbeat_failed "
-			    "error=\"%s\"", cwi_errmsg_get());
+		 * the embedded worker's heartbeat was in flight. An absent
+		 * dispatcher (a restart) is said once, then every 10 s. */
+		if (rv != CACHEW_OK && !atomic_load(&w->stop)) {
+			uint64_t now = cwi_now_ns();
+
+			if (hb_fail_since == 0)
+				hb_fail_since = now;
+			if (now >= hb_warn_next) {
+				cwi_log(CACHEW_LOG_WARN, "worker",
+				    "event=heartbeat_failed for_ms=%llu "
+				    "error=\"%s\"",
+				    (unsigned long long)((now - hb_fail_since) /
+					1000000u),
+				    cwi_errmsg_get());
+				hb_warn_next = now + UINT64_C(10000000000);
+			}
+		} else if (rv == CACHEW_OK && hb_fail_since != 0) {
+			cwi_log(CACHEW_LOG_INFO, "worker", "event=heartbeat_back "
+			    "after_ms=%llu", (unsigned long long)((cwi_now_ns() -
+						  hb_fail_since) / 1000000u));
+			hb_fail_since = 0;
+			hb_warn_next = 0;
+		}
 		if (rv == CACHEW_OK && atomic_load(&w->draining) && drained) {
 			do_deregister(w);
 			pthread_mutex_lock(&w->lock);
@@ -493,6 +545,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	w->env.address = w->url;
 	w->env.opts = w->opts;
 	w->env.rpc_timeout_ms = cfg->worker_timeout_ms;
+	w->env.absence_ms = cfg->dispatcher_absence_ms;
 	w->env.queue_bytes = (uint64_t)64 << 20;
 	w->env.draining = &w->draining;
 	/* inproc clients take element pointers: compressing saves nothing. */

@@ -147,6 +147,7 @@ cwi_wtask_send_counters(cwi_wtask *t)
 	cwi_pmsg_init(&req, CWI_MSG_TASK_COUNTERS);
 	m->worker_id = t->env->worker_id;
 	m->task_id = t->id;
+	m->lineage = t->env->lineage;
 	pthread_mutex_lock(&t->lock);
 	m->ops_leases = t->ops_leases;
 	ok = report_rows(t, &m->ops, &m->nops);

@@ -1085,13 +1085,17 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	cwi_pmsg_init(&req, CWI_MSG_SPLIT_LEASE);
 	req.u.split_lease.worker_id = t->env->worker_id;
 	req.u.split_lease.task_id = t->id;
+	req.u.split_lease.lineage = t->env->lineage;
 	/* Inline: as many as the dispatcher gives (the embedded one, a
 	 * whole epoch): one lease pipeline batches and shuffles across
 	 * splits exactly as the plain executor does. */
 	req.u.split_lease.max_splits = t->inline_run ? CWI_PROTO_MAX_SPLITS
 						     : t->lease_size;
 	rv = cwi_rpc_call_retry(t->env->dispatcher, &req,
-	    CWI_MSG_SPLIT_LEASE_REPLY, t->env->rpc_timeout_ms, &t->stop, rep);
+	    CWI_MSG_SPLIT_LEASE_REPLY,
+	    t->env->absence_ms > t->env->rpc_timeout_ms ? t->env->absence_ms
+							: t->env->rpc_timeout_ms,
+	    &t->stop, rep);
 	cwi_pmsg_free(&req);
 	return rv;
 }

@@ -47,9 +47,13 @@ typedef struct cwi_wtask cwi_wtask;
 typedef struct cwi_wtask_env {
 	cwi_conn *dispatcher;  /* for split leases */
 	uint64_t worker_id;
+	uint64_t lineage;      /* the dispatcher's, from the registration */
 	const char *address;   /* the worker's data listener, for messages */
 	const cachew_options *opts; /* executor options of lease pipelines */
 	int64_t rpc_timeout_ms;
+	/* How long a lease request rides out an unreachable dispatcher
+	 * (a restart) before the task fails. */
+	int64_t absence_ms;
 	uint64_t queue_bytes;  /* output queue bound */
 	const atomic_bool *draining; /* stop leasing when set */
 	bool inproc; /* clients share the process: never compress */
