@@ -434,6 +434,9 @@ static const field f_status_reply[] = {
     U64(cwi_msg_status_reply, provisioner_requests, 0),
     U64(cwi_msg_status_reply, provisioner_failures, 0),
     STR(cwi_msg_status_reply, provisioner_error, 0, CWI_PROTO_MAX_ERRMSG),
+    U64(cwi_msg_status_reply, lineage, 0),
+    U64(cwi_msg_status_reply, incarnation, 0),
+    STR(cwi_msg_status_reply, journal, 0, CWI_PROTO_MAX_ERRMSG),
 };
 
 static const field f_get_elements[] = {

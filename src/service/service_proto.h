@@ -539,6 +539,11 @@ typedef struct cwi_msg_status_reply {
 	uint64_t provisioner_requests;
 	uint64_t provisioner_failures;
 	char *provisioner_error;    /* the last action's error, if any */
+	/* Recovery (docs/journal.md): the state's lineage, its starts so
+	 * far, and what its journal holds (absent: no journal). */
+	uint64_t lineage;
+	uint64_t incarnation;
+	char *journal;
 } cwi_msg_status_reply;
 
 /* ---- data path ----------------------------------------------------------- */

@@ -32,6 +32,12 @@ print_text(const cwi_msg_status_reply *s)
 {
 	char hex[33];
 
+	if (s->lineage != 0)
+		printf("dispatcher: state %016" PRIx64 ", start %" PRIu64
+		       "; journal %s\n",
+		    s->lineage, s->incarnation,
+		    s->journal != NULL ? s->journal
+				       : "off (the state dies with it)");
 	if (s->provisioner != NULL)
 		printf("pool: target %u; provisioner %s, %u running, %" PRIu64
 		       " actions, %" PRIu64 " failed%s%s\n",
@@ -106,7 +112,14 @@ print_json(const cwi_msg_status_reply *s)
 {
 	char hex[33];
 
-	printf("{\"pool_target\":%u,", s->pool_target);
+	printf("{\"lineage\":\"%016" PRIx64 "\",\"incarnation\":%" PRIu64
+	       ",\"journal\":",
+	    s->lineage, s->incarnation);
+	if (s->journal != NULL)
+		json_str(s->journal);
+	else
+		printf("null");
+	printf(",\"pool_target\":%u,", s->pool_target);
 	if (s->provisioner != NULL) {
 		printf("\"provisioner\":{\"kind\":");
 		json_str(s->provisioner);

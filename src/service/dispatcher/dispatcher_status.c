@@ -165,6 +165,8 @@ cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
 
 	cwi_pmsg_body_init(CWI_MSG_STATUS_REPLY, rep);
 	rep->time_ns = now_ns;
+	rep->lineage = d->lineage;
+	rep->incarnation = d->incarnation;
 	if (d->cfg.autoscale)
 		rep->pool_target = d->pool_target;
 	rv = status_workers(d, now_ns, rep);
