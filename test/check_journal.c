@@ -6,6 +6,7 @@
  * child), discard, and the limits.
  */
 #include "cwt.h"
+#include "../src/core/crc32c.h"
 #include "../src/core/journal.h"
 
 #include <dirent.h>
@@ -907,6 +908,68 @@ START_TEST(corrupt_middle_record_fails_after_delivering_only_good_ones)
 }
 END_TEST
 
+static void
+put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A segment image: the header (version given) and one record whose
+ * length and LSN are given, both checksums right, with `tail` payload
+ * bytes present. */
+static size_t
+craft_segment(uint8_t *b, uint32_t version, uint32_t len, uint64_t lsn,
+    size_t tail)
+{
+	memcpy(b, "CWJL", 4);
+	put_le(b + 4, version, 4);
+	put_le(b + 8, 0x1234, 8);
+	put_le(b + 16, 1, 8);
+	put_le(b + 24, 0, 4);
+	put_le(b + 28, cwi_crc32c(0, b, 28), 4);
+	put_le(b + 32, len, 4);
+	put_le(b + 36, lsn, 8);
+	put_le(b + 44, cwi_crc32c(0, b + 32, 12), 4);
+	memset(b + 48, 'p', tail);
+	put_le(b + 48 + tail, cwi_crc32c(0, b + 48, tail), 4);
+	/* A second record after it, so that the first is not the tail. */
+	memset(b + 52 + tail, 0xee, 20);
+	return 72 + tail;
+}
+
+START_TEST(lengths_sequences_and_versions_are_checked)
+{
+	char *dir = cwt_tmpdir(), *seg = jpath(dir, "log-0000000000000001.cwj");
+	uint8_t b[256];
+	cwi_journal *j;
+	replayed r = {0};
+
+	cwt_write_file(seg, b, craft_segment(b, 1, CWI_JOURNAL_MAX_RECORD + 1,
+				   1, 8));
+	expect_corrupt(dir, "log-0000000000000001.cwj at byte 32",
+	    "over the limit");
+	cwt_write_file(seg, b, craft_segment(b, 1, 8, 2, 8));
+	expect_corrupt(dir, "log-0000000000000001.cwj at byte 32",
+	    "LSN 2 out of sequence (expected 1)");
+	cwt_write_file(seg, b, craft_segment(b, 2, 8, 1, 8));
+	ck_assert_int_eq(open_replay(&j, dir, NULL, &r, NULL), CACHEW_ENOTSUP);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "format version 2"));
+	ck_assert_uint_eq(r.n, 0);
+	/* The same record, right, with garbage after it: that record is
+	 * delivered, the garbage is corrupt. */
+	cwt_write_file(seg, b, craft_segment(b, 1, 8, 1, 8));
+	ck_assert_int_eq(open_replay(&j, dir, NULL, &r, NULL), CACHEW_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "at byte 60"));
+	ck_assert_uint_eq(r.n, 1);
+	ck_assert_mem_eq(r.rec[0], "pppppppp", 8);
+	replayed_free(&r);
+	free(seg);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(callback_error_aborts_the_open)
 {
 	char *dir = cwt_tmpdir();
@@ -1081,6 +1144,7 @@ cwt_journal_suite(void)
 	tcase_add_test(tc, missing_segment_or_foreign_lineage_is_corrupt);
 	tcase_add_test(tc, gap_between_snapshot_and_segments_is_corrupt);
 	tcase_add_test(tc, corrupt_middle_record_fails_after_delivering_only_good_ones);
+	tcase_add_test(tc, lengths_sequences_and_versions_are_checked);
 	tcase_add_test(tc, callback_error_aborts_the_open);
 	tcase_add_test(tc, a_second_open_of_the_directory_is_refused);
 	tcase_add_test(tc, write_failure_fails_the_journal_with_the_file_named);
