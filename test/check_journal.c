@@ -229,6 +229,11 @@ START_TEST(round_trip_replays_every_record_and_continues_lsns)
 	ck_assert_int_eq(open_replay(&j, jdir, NULL, &r, &rec2), CACHEW_OK);
 	ck_assert(!rec2.created);
 	ck_assert_uint_eq(rec2.lineage, rec.lineage);
+	{
+		cwi_journal_stats st;
+		cwi_journal_stats_get(j, &st);
+		ck_assert_uint_eq(st.lineage, rec.lineage);
+	}
 	ck_assert_uint_eq(rec2.records_replayed, N);
 	ck_assert_uint_eq(rec2.last_lsn, N);
 	ck_assert_uint_eq(rec2.torn_bytes, 0);

@@ -888,6 +888,7 @@ cwi_journal_stats_get(cwi_journal *j, cwi_journal_stats *st)
 {
 	pthread_mutex_lock(&j->mu);
 	*st = j->st;
+	st->lineage = j->lineage;
 	st->next_lsn = j->next_lsn;
 	st->durable_lsn = j->durable_lsn;
 	st->snapshot_lsn = j->snap_lsn;

@@ -167,6 +167,7 @@ cachew_err cwi_journal_snapshot_write(
     cwi_journal *j, const void *payload, size_t len, uint64_t lsn);
 
 typedef struct cwi_journal_stats {
+	uint64_t lineage;
 	uint64_t next_lsn;
 	uint64_t durable_lsn;
 	uint64_t snapshot_lsn;
@@ -180,6 +181,7 @@ typedef struct cwi_journal_stats {
 	bool failed;
 } cwi_journal_stats;
 
+/* A consistent copy of the journal's counters and LSNs. Any thread. */
 void cwi_journal_stats_get(cwi_journal *j, cwi_journal_stats *st);
 
 /* ---- internals for tests and the fuzzer --------------------------------- */
