@@ -384,6 +384,9 @@ fsync_dir(const char *dir)
 	return CACHEW_OK;
 }
 
+/* Creates dir and its missing parents. Each directory created is made
+ * durable in its parent (fsync of the parent), so that a new journal's
+ * directory does not vanish in a crash after records were acknowledged. */
 static cachew_err
 mkdir_parents(const char *dir)
 {
@@ -392,14 +395,24 @@ mkdir_parents(const char *dir)
 
 	if (p == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "journal: out of memory");
-	for (char *s = p + 1;; s++) {
+	for (char *s = p + 1; rv == CACHEW_OK; s++) {
 		if (*s != '/' && *s != '\0')
 			continue;
-		char c = *s;
+		char c = *s, *slash;
 		*s = '\0';
-		if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+		if (mkdir(p, 0755) == 0) {
+			slash = strrchr(p, '/');
+			if (slash == NULL)
+				rv = fsync_dir(".");
+			else if (slash == p)
+				rv = fsync_dir("/");
+			else {
+				*slash = '\0';
+				rv = fsync_dir(p);
+				*slash = '/';
+			}
+		} else if (errno != EEXIST) {
 			rv = io_fail(p, "mkdir", errno);
-			break;
 		}
 		*s = c;
 		if (c == '\0')
