@@ -34,6 +34,7 @@ Suite *cwt_autocache_suite(void); /* check_autocache.c: cache decisions */
 Suite *cwt_provision_suite(void); /* check_provision.c: provisioners */
 Suite *cwt_dautocache_suite(void); /* check_dautocache.c: the dispatcher's
                                     * autocaching passes */
+Suite *cwt_journal_suite(void);   /* check_journal.c: write-ahead journal */
 Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
                                    * dispatcher, end to end */
 
