@@ -458,6 +458,55 @@ START_TEST(group_commit_one_fsync_for_waiting_threads)
 }
 END_TEST
 
+/* Lazy records cost no fsync of their own: they go with the next record
+ * someone waits for, or within a second. */
+START_TEST(lazy_records_wait_for_a_record_that_matters)
+{
+	char *dir = cwt_tmpdir();
+	cwi_journal *j;
+	cwi_journal_stats st;
+	replayed r = {0};
+	uint64_t lsn = 0, t0;
+
+	ck_assert_int_eq(cwi_journal_open(&j, dir, NULL, NULL, NULL), CACHEW_OK);
+	for (int i = 0; i < 20; i++)
+		ck_assert_int_eq(cwi_journal_append_lazy(j, "tick", 4, &lsn),
+		    CACHEW_OK);
+	cwt_nap_ms(200);
+	cwi_journal_stats_get(j, &st);
+	ck_assert_uint_eq(st.durable_lsn, 0);
+	ck_assert_uint_eq(st.fsyncs, 0);
+	ck_assert_int_eq(cwi_journal_append(j, "request", 7, &lsn), CACHEW_OK);
+	ck_assert_int_eq(cwi_journal_wait_durable(j, lsn, UINT64_MAX),
+	    CACHEW_OK);
+	cwi_journal_stats_get(j, &st);
+	ck_assert_uint_eq(st.durable_lsn, 21);
+	ck_assert_uint_eq(st.fsyncs, 1);
+	/* Alone, a lazy record is on disk within about a second. */
+	t0 = cwt_now_ms();
+	ck_assert_int_eq(cwi_journal_append_lazy(j, "tick", 4, &lsn), CACHEW_OK);
+	while (cwi_journal_durable_lsn(j) < lsn &&
+	       cwt_now_ms() - t0 < (uint64_t)cwt_bound_ms(5000))
+		cwt_nap_ms(10);
+	ck_assert_uint_eq(cwi_journal_durable_lsn(j), lsn);
+	ck_assert_uint_ge(cwt_now_ms() - t0, 900);
+	/* Waiting for it sends it at once. */
+	ck_assert_int_eq(cwi_journal_append_lazy(j, "tick", 4, &lsn), CACHEW_OK);
+	t0 = cwt_now_ms();
+	ck_assert_int_eq(cwi_journal_wait_durable(j, lsn, UINT64_MAX),
+	    CACHEW_OK);
+	ck_assert_uint_lt(cwt_now_ms() - t0, 500);
+	ck_assert_int_eq(cwi_journal_append_lazy(j, "last", 4, &lsn), CACHEW_OK);
+	cwi_journal_destroy(j); /* writes it */
+	ck_assert_int_eq(open_replay(&j, dir, NULL, &r, NULL), CACHEW_OK);
+	ck_assert_uint_eq(r.n, 24);
+	cwi_journal_destroy(j);
+	replayed_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(append_fails_when_far_ahead_of_the_disk)
 {
 	char *dir = cwt_tmpdir();
@@ -1139,6 +1188,7 @@ cwt_journal_suite(void)
 	tcase_add_test(tc, snapshot_then_rotation_replays_only_later_records);
 	tcase_add_test(tc, snapshot_due_counts_records_and_bytes_since_rotation);
 	tcase_add_test(tc, group_commit_one_fsync_for_waiting_threads);
+	tcase_add_test(tc, lazy_records_wait_for_a_record_that_matters);
 	tcase_add_test(tc, append_fails_when_far_ahead_of_the_disk);
 	tcase_add_test(tc, torn_tail_at_every_byte_of_the_last_record);
 	tcase_add_test(tc, zeroed_tail_is_torn_but_garbage_before_the_tail_is_corrupt);

@@ -77,6 +77,10 @@ struct cwi_journal {
 	uint64_t snap_lsn;
 	uint64_t since_rot_records, since_rot_bytes;
 	bool stopping, hold;
+	/* Lazy records (cwi_journal_append_lazy) wait in buf until a record
+	 * someone needs comes or LAZY_MAX_NS pass: urgent says one came. */
+	bool urgent;
+	uint64_t lazy_since; /* when buf got its first lazy record (0) */
 	cachew_err failed;
 	char failmsg[512];
 	cwi_journal_stats st;
@@ -85,6 +89,9 @@ struct cwi_journal {
 	int fd;
 	uint64_t seg_size;
 };
+
+/* The longest a lazy record waits in memory for a record that matters. */
+#define LAZY_MAX_NS UINT64_C(1000000000)
 
 /* ---- little-endian fields ------------------------------------------------ */
 
@@ -674,6 +681,18 @@ committer_main(void *arg)
 			pthread_cond_wait(&j->work, &j->mu);
 			continue;
 		}
+		/* Only lazy records: they go when one that matters comes, at
+		 * a stop, or LAZY_MAX_NS after the first of them. */
+		if (!j->urgent && j->nrot == 0 && !j->stopping) {
+			uint64_t now = cwi_now_ns();
+			if (now < j->lazy_since + LAZY_MAX_NS) {
+				cwi_cond_wait_ns(&j->work, &j->mu,
+				    j->lazy_since + LAZY_MAX_NS - now);
+				continue;
+			}
+		}
+		j->urgent = false;
+		j->lazy_since = 0;
 		/* Take the batch; appends go on into the spare. */
 		b = j->buf;
 		n = j->len;
@@ -737,9 +756,26 @@ failed_locked(cwi_journal *j)
 	return cwi_fail(j->failed, "%s", j->failmsg);
 }
 
+static cachew_err append(cwi_journal *j, const void *payload, size_t len,
+    uint64_t *lsn, bool lazy);
+
 cachew_err
 cwi_journal_append(
     cwi_journal *j, const void *payload, size_t len, uint64_t *lsn)
+{
+	return append(j, payload, len, lsn, false);
+}
+
+cachew_err
+cwi_journal_append_lazy(
+    cwi_journal *j, const void *payload, size_t len, uint64_t *lsn)
+{
+	return append(j, payload, len, lsn, true);
+}
+
+static cachew_err
+append(cwi_journal *j, const void *payload, size_t len, uint64_t *lsn,
+    bool lazy)
 {
 	size_t rec = len + CWI_JOURNAL_RECORD_OVERHEAD;
 	cachew_err rv = CACHEW_OK;
@@ -779,7 +815,13 @@ cwi_journal_append(
 	j->since_rot_bytes += len;
 	j->st.records_appended++;
 	j->st.bytes_appended += len;
-	pthread_cond_signal(&j->work);
+	if (!lazy) {
+		j->urgent = true;
+		pthread_cond_signal(&j->work);
+	} else if (j->lazy_since == 0) {
+		j->lazy_since = cwi_now_ns();
+		pthread_cond_signal(&j->work); /* starts its timer */
+	}
 out:
 	pthread_mutex_unlock(&j->mu);
 	return rv;
@@ -800,6 +842,11 @@ wait_locked(cwi_journal *j, uint64_t lsn, uint64_t seg, uint64_t timeout_ns)
 			return CACHEW_OK;
 		if (j->failed != CACHEW_OK)
 			return failed_locked(j);
+		/* Someone needs it: lazy records before it go now. */
+		if (!j->urgent && j->len > 0) {
+			j->urgent = true;
+			pthread_cond_signal(&j->work);
+		}
 		if (deadline == UINT64_MAX) {
 			pthread_cond_wait(&j->durable, &j->mu);
 			continue;
@@ -1463,7 +1510,7 @@ journal_alloc(const char *dir, const cwi_journal_options *opts)
 	j->lock_fd = -1;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_mutex_init(&j->snap_mu, NULL);
-	pthread_cond_init(&j->work, NULL);
+	cwi_cond_init_monotonic(&j->work);
 	cwi_cond_init_monotonic(&j->durable);
 	return j;
 }

@@ -120,6 +120,14 @@ void cwi_journal_destroy(cwi_journal *j);
 cachew_err cwi_journal_append(
     cwi_journal *j, const void *payload, size_t len, uint64_t *lsn);
 
+/* The same for a record nobody waits for (the dispatcher's ticks): it is
+ * written with the next record appended with cwi_journal_append, at a
+ * wait or flush, or 1 s after it at the latest, so an idle writer costs
+ * no fsync per record. Losing it in a crash loses only what no reply
+ * depended on. */
+cachew_err cwi_journal_append_lazy(
+    cwi_journal *j, const void *payload, size_t len, uint64_t *lsn);
+
 /* Blocks until the record lsn is written and fsync'd, at most timeout_ns
  * (UINT64_MAX: no limit). CACHEW_OK once it is durable (also when the
  * journal failed later), CACHEW_ETIMEDOUT, CACHEW_EINVAL for an LSN not
