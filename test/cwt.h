@@ -31,6 +31,8 @@ Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
 Suite *cwt_policy_suite(void);    /* check_policy.c: scalers, fair share */
 Suite *cwt_sim_suite(void);       /* check_sim.c: cachew sim */
 Suite *cwt_autocache_suite(void); /* check_autocache.c: cache decisions */
+Suite *cwt_snapshot_suite(void); /* check_snapshot.c: the dispatcher's
+				  * snapshot saved, loaded and corrupted */
 Suite *cwt_provision_suite(void); /* check_provision.c: provisioners */
 Suite *cwt_dautocache_suite(void); /* check_dautocache.c: the dispatcher's
                                     * autocaching passes */

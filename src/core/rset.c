@@ -3,7 +3,9 @@
  * uint64 indices, merged on insert.
  */
 #include "core.h"
+#include "msgpack_doc.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 
 /* The first range whose end is >= x (n/2 when none): binary search. */
@@ -116,4 +118,45 @@ cwi_rset_free(cwi_rset *s)
 	s->v = NULL;
 	s->n = 0;
 	s->cap = 0;
+}
+
+/* ---- msgpack (msgpack_doc.h) --------------------------------------------- */
+
+void
+cwi_rset_put_msgpack(cwi_strbuf *sb, const cwi_rset *s)
+{
+	cwi_msgpack_put_array(sb, s->n);
+	for (size_t i = 0; i < s->n; i++)
+		cwi_msgpack_put_uint(sb, s->v[i]);
+}
+
+bool
+cwi_rset_get_msgpack(cwi_mp_doc *d, const char *field, uint64_t max_ranges,
+    cwi_rset *s)
+{
+	uint64_t n;
+
+	if (!cwi_mp_doc_array(d, field, max_ranges * 2, &n))
+		return false;
+	if (n % 2 != 0)
+		return cwi_mp_doc_fail(d, CACHEW_ECORRUPT, field,
+		    "%" PRIu64 " bounds: ranges come in pairs", n);
+	if (n == 0)
+		return true;
+	s->v = malloc((size_t)n * sizeof(*s->v));
+	if (s->v == NULL)
+		return cwi_mp_doc_fail(d, CACHEW_ENOMEM, field, "out of memory");
+	s->cap = (size_t)n;
+	for (size_t i = 0; i < n; i++) {
+		/* Ascending and never touching: a range's start lies past
+		 * the previous end, its end past its start. */
+		uint64_t lo = i == 0 ? 0 : s->v[i - 1] + 1;
+		if (i > 0 && s->v[i - 1] == UINT64_MAX)
+			return cwi_mp_doc_fail(d, CACHEW_ECORRUPT, field,
+			    "bound %zu follows the largest value", i);
+		if (!cwi_mp_doc_u64(d, field, lo, UINT64_MAX, &s->v[i]))
+			return false;
+		s->n = i + 1;
+	}
+	return true;
 }

@@ -17,6 +17,7 @@
 #include "scale.h"
 
 #include "../core/core.h"
+#include "../core/msgpack_doc.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -1275,4 +1276,255 @@ cwi_fair_share(const uint32_t *want, const double *weight, size_t n,
 		got[best]++;
 		given++;
 	}
+}
+
+/* ---- saving and loading (the dispatcher's snapshot) ---------------------- */
+
+#define CFG_FIELDS 20
+#define WINDOW_FIELDS 13
+#define SCALER_FIELDS 30
+
+static void
+cfg_encode(const cwi_scale_config *c, cwi_strbuf *sb)
+{
+	cwi_msgpack_put_array(sb, CFG_FIELDS);
+	cwi_msgpack_put_uint(sb, (uint64_t)c->kind);
+	cwi_msgpack_put_uint(sb, c->fixed);
+	cwi_msgpack_put_f64(sb, c->hpa_target);
+	cwi_msgpack_put_uint(sb, c->min_workers);
+	cwi_msgpack_put_uint(sb, c->max_workers);
+	cwi_msgpack_put_uint(sb, c->cooldown_ns);
+	cwi_msgpack_put_uint(sb, c->window_batches);
+	cwi_msgpack_put_uint(sb, c->discard_epoch);
+	cwi_msgpack_put_uint(sb, c->discard_change);
+	cwi_msgpack_put_uint(sb, c->min_step_batches);
+	cwi_msgpack_put_f64(sb, c->improve);
+	cwi_msgpack_put_uint(sb, c->drift_every);
+	cwi_msgpack_put_f64(sb, c->drift_factor);
+	cwi_msgpack_put_f64(sb, c->headroom);
+	cwi_msgpack_put_uint(sb, c->window_max_ns);
+	cwi_msgpack_put_uint(sb, c->min_window_batches);
+	cwi_msgpack_put_uint(sb, c->discard_max_ns);
+	cwi_msgpack_put_uint(sb, c->probe_min_ns);
+	cwi_msgpack_put_uint(sb, c->probe_max_ns);
+	cwi_msgpack_put_uint(sb, c->probe_watch_ns);
+}
+
+/* A finite double in [lo, hi]. */
+static bool
+f64_in(cwi_mp_doc *d, const char *field, double lo, double hi, double *v)
+{
+	if (!cwi_mp_doc_f64(d, field, v))
+		return false;
+	if (!(*v >= lo && *v <= hi))
+		return cwi_mp_doc_fail(d, CACHEW_ECORRUPT, field,
+		    "%g is not in %g..%g", *v, lo, hi);
+	return true;
+}
+
+/* The bounds cwi_scaler_create leaves a configuration within. */
+static bool
+cfg_decode(cwi_mp_doc *d, cwi_scale_config *c)
+{
+	size_t mark = cwi_mp_doc_enter(d, "cfg");
+	uint32_t kind;
+
+	memset(c, 0, sizeof(*c));
+	cwi_mp_doc_record(d, NULL, CFG_FIELDS);
+	cwi_mp_doc_u32(d, "kind", 0, CWI_SCALE_HPA, &kind);
+	c->kind = (cwi_scale_kind)kind;
+	cwi_mp_doc_u32(d, "fixed", 0, UINT32_MAX, &c->fixed);
+	cwi_mp_doc_f64(d, "hpa_target", &c->hpa_target);
+	cwi_mp_doc_u32(d, "min_workers", 0, UINT32_MAX, &c->min_workers);
+	cwi_mp_doc_u32(d, "max_workers", c->min_workers, UINT32_MAX,
+	    &c->max_workers);
+	cwi_mp_doc_u64(d, "cooldown_ns", 0, UINT64_MAX, &c->cooldown_ns);
+	cwi_mp_doc_u32(d, "window_batches", 1, UINT32_MAX,
+	    &c->window_batches);
+	cwi_mp_doc_u32(d, "discard_epoch", 0, UINT32_MAX, &c->discard_epoch);
+	cwi_mp_doc_u32(d, "discard_change", 0, UINT32_MAX,
+	    &c->discard_change);
+	cwi_mp_doc_u32(d, "min_step_batches", 0, UINT32_MAX,
+	    &c->min_step_batches);
+	cwi_mp_doc_f64(d, "improve", &c->improve);
+	cwi_mp_doc_u32(d, "drift_every", 1, UINT32_MAX, &c->drift_every);
+	f64_in(d, "drift_factor", 1.0, INFINITY, &c->drift_factor);
+	f64_in(d, "headroom", 0, INFINITY, &c->headroom);
+	cwi_mp_doc_u64(d, "window_max_ns", 0, UINT64_MAX, &c->window_max_ns);
+	cwi_mp_doc_u32(d, "min_window_batches", 0, UINT32_MAX,
+	    &c->min_window_batches);
+	cwi_mp_doc_u64(d, "discard_max_ns", 0, UINT64_MAX,
+	    &c->discard_max_ns);
+	cwi_mp_doc_u64(d, "probe_min_ns", 0, UINT64_MAX, &c->probe_min_ns);
+	cwi_mp_doc_u64(d, "probe_max_ns", 0, UINT64_MAX, &c->probe_max_ns);
+	cwi_mp_doc_u64(d, "probe_watch_ns", 0, UINT64_MAX,
+	    &c->probe_watch_ns);
+	if (d->rv == CACHEW_OK && c->kind == CWI_SCALE_FIXED && c->fixed == 0)
+		cwi_mp_doc_fail(d, CACHEW_ECORRUPT, "fixed", "fixed:0");
+	/* hpa divides by its target. */
+	if (d->rv == CACHEW_OK && c->kind == CWI_SCALE_HPA &&
+	    !(c->hpa_target >= 0.01 && c->hpa_target <= 1.0))
+		cwi_mp_doc_fail(d, CACHEW_ECORRUPT, "hpa_target",
+		    "%g is not in 0.01..1", c->hpa_target);
+	if (d->rv == CACHEW_OK && !(c->drift_factor > 1.0))
+		cwi_mp_doc_fail(d, CACHEW_ECORRUPT, "drift_factor",
+		    "%g is not above 1", c->drift_factor);
+	cwi_mp_doc_leave(d, mark);
+	return d->rv == CACHEW_OK;
+}
+
+static void
+window_encode(const window *w, cwi_strbuf *sb)
+{
+	cwi_msgpack_put_array(sb, WINDOW_FIELDS);
+	cwi_msgpack_put_uint(sb, w->batches);
+	cwi_msgpack_put_uint(sb, w->elapsed_ns);
+	cwi_msgpack_put_uint(sb, w->wait_ns);
+	cwi_msgpack_put_uint(sb, w->samples);
+	cwi_msgpack_put_f64(sb, w->fill_sum);
+	cwi_msgpack_put_f64(sb, w->workers_sum);
+	cwi_msgpack_put_f64(sb, w->busy_sum);
+	cwi_msgpack_put_f64(sb, w->busy_s);
+	cwi_msgpack_put_f64(sb, w->cpu_sum);
+	cwi_msgpack_put_f64(sb, w->cpu_s);
+	cwi_msgpack_put_f64(sb, w->t_sum);
+	cwi_msgpack_put_f64(sb, w->tt_sum);
+	cwi_msgpack_put_f64(sb, w->tf_sum);
+}
+
+/* Sums are kept as they were (any double: a NaN in a sum is what the
+ * saved scaler had too). */
+static bool
+window_decode(cwi_mp_doc *d, const char *name, window *w)
+{
+	size_t mark = cwi_mp_doc_enter(d, name);
+
+	cwi_mp_doc_record(d, NULL, WINDOW_FIELDS);
+	cwi_mp_doc_u64(d, "batches", 0, UINT64_MAX, &w->batches);
+	cwi_mp_doc_u64(d, "elapsed_ns", 0, UINT64_MAX, &w->elapsed_ns);
+	cwi_mp_doc_u64(d, "wait_ns", 0, UINT64_MAX, &w->wait_ns);
+	cwi_mp_doc_u32(d, "samples", 0, UINT32_MAX, &w->samples);
+	cwi_mp_doc_f64(d, "fill_sum", &w->fill_sum);
+	cwi_mp_doc_f64(d, "workers_sum", &w->workers_sum);
+	cwi_mp_doc_f64(d, "busy_sum", &w->busy_sum);
+	cwi_mp_doc_f64(d, "busy_s", &w->busy_s);
+	cwi_mp_doc_f64(d, "cpu_sum", &w->cpu_sum);
+	cwi_mp_doc_f64(d, "cpu_s", &w->cpu_s);
+	cwi_mp_doc_f64(d, "t_sum", &w->t_sum);
+	cwi_mp_doc_f64(d, "tt_sum", &w->tt_sum);
+	cwi_mp_doc_f64(d, "tf_sum", &w->tf_sum);
+	cwi_mp_doc_leave(d, mark);
+	return d->rv == CACHEW_OK;
+}
+
+void
+cwi_scaler_encode(const cwi_scaler *s, cwi_strbuf *sb)
+{
+	cwi_msgpack_put_array(sb, SCALER_FIELDS);
+	cfg_encode(&s->cfg, sb);
+	cwi_msgpack_put_uint(sb, s->target);
+	cwi_msgpack_put_uint(sb, s->have);
+	cwi_msgpack_put_bool(sb, s->settled);
+	cwi_msgpack_put_cstr(sb, s->reason);
+	cwi_msgpack_put_uint(sb, s->windows);
+	cwi_msgpack_put_bool(sb, s->changed_ever);
+	cwi_msgpack_put_uint(sb, s->last_change_ns);
+	cwi_msgpack_put_uint(sb, (uint64_t)s->ph);
+	cwi_msgpack_put_uint(sb, s->discard_left);
+	cwi_msgpack_put_uint(sb, s->discard_ns);
+	cwi_msgpack_put_uint(sb, s->step_batches);
+	window_encode(&s->win, sb);
+	cwi_msgpack_put_bool(sb, s->have_prev);
+	cwi_msgpack_put_uint(sb, s->prev_n);
+	cwi_msgpack_put_f64(sb, s->prev_t);
+	cwi_msgpack_put_f64(sb, s->prev_wait);
+	cwi_msgpack_put_uint(sb, s->jumps);
+	cwi_msgpack_put_f64(sb, s->p_jump);
+	cwi_msgpack_put_f64(sb, s->d_jump);
+	cwi_msgpack_put_bool(sb, s->redo);
+	cwi_msgpack_put_uint(sb, s->drain_ns);
+	cwi_msgpack_put_uint(sb, s->probe_ns);
+	cwi_msgpack_put_f64(sb, s->ref_t);
+	cwi_msgpack_put_f64(sb, s->ref_fill);
+	window_encode(&s->drift, sb);
+	window_encode(&s->recent, sb);
+	cwi_msgpack_put_uint(sb, s->hpa_last_ns);
+	cwi_msgpack_put_bool(sb, s->hpa_started);
+	/* The history's live part: pairs of time and recommendation. */
+	cwi_msgpack_put_array(sb, 2 * (size_t)s->hpa_nrec);
+	for (uint32_t i = 0; i < s->hpa_nrec; i++) {
+		cwi_msgpack_put_uint(sb, s->hpa_rec_ns[i]);
+		cwi_msgpack_put_uint(sb, s->hpa_rec[i]);
+	}
+}
+
+static bool
+hpa_decode(cwi_mp_doc *d, cwi_scaler *s)
+{
+	uint64_t n;
+
+	if (!cwi_mp_doc_array(d, "hpa_history", 2 * HPA_HISTORY, &n))
+		return false;
+	if (n % 2 != 0)
+		return cwi_mp_doc_fail(d, CACHEW_ECORRUPT, "hpa_history",
+		    "%" PRIu64 " items: pairs of time and count", n);
+	s->hpa_nrec = (uint32_t)(n / 2);
+	for (uint32_t i = 0; i < s->hpa_nrec; i++) {
+		cwi_mp_doc_u64(d, "hpa_history", 0, UINT64_MAX,
+		    &s->hpa_rec_ns[i]);
+		cwi_mp_doc_u32(d, "hpa_history", 0, UINT32_MAX, &s->hpa_rec[i]);
+	}
+	return d->rv == CACHEW_OK;
+}
+
+bool
+cwi_scaler_decode(cwi_mp_doc *d, cwi_scaler **out)
+{
+	cwi_scaler *s;
+	uint32_t ph;
+
+	*out = NULL;
+	if (!cwi_mp_doc_record(d, NULL, SCALER_FIELDS))
+		return false;
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return cwi_mp_doc_fail(d, CACHEW_ENOMEM, NULL, "out of memory");
+	cfg_decode(d, &s->cfg);
+	cwi_mp_doc_u32(d, "target", 0, UINT32_MAX, &s->target);
+	cwi_mp_doc_u32(d, "have", 0, UINT32_MAX, &s->have);
+	cwi_mp_doc_bool(d, "settled", &s->settled);
+	cwi_mp_doc_text(d, "reason", s->reason, sizeof(s->reason) - 1);
+	cwi_mp_doc_u32(d, "windows", 0, UINT32_MAX, &s->windows);
+	cwi_mp_doc_bool(d, "changed_ever", &s->changed_ever);
+	cwi_mp_doc_u64(d, "last_change_ns", 0, UINT64_MAX,
+	    &s->last_change_ns);
+	cwi_mp_doc_u32(d, "phase", PH_SEARCH, PH_SETTLED, &ph);
+	s->ph = (phase)ph;
+	cwi_mp_doc_u64(d, "discard_left", 0, UINT64_MAX, &s->discard_left);
+	cwi_mp_doc_u64(d, "discard_ns", 0, UINT64_MAX, &s->discard_ns);
+	cwi_mp_doc_u64(d, "step_batches", 0, UINT64_MAX, &s->step_batches);
+	window_decode(d, "win", &s->win);
+	cwi_mp_doc_bool(d, "have_prev", &s->have_prev);
+	cwi_mp_doc_u32(d, "prev_n", 0, UINT32_MAX, &s->prev_n);
+	cwi_mp_doc_f64(d, "prev_t", &s->prev_t);
+	cwi_mp_doc_f64(d, "prev_wait", &s->prev_wait);
+	cwi_mp_doc_u32(d, "jumps", 0, UINT32_MAX, &s->jumps);
+	cwi_mp_doc_f64(d, "p_jump", &s->p_jump);
+	cwi_mp_doc_f64(d, "d_jump", &s->d_jump);
+	cwi_mp_doc_bool(d, "redo", &s->redo);
+	cwi_mp_doc_u64(d, "drain_ns", 0, UINT64_MAX, &s->drain_ns);
+	cwi_mp_doc_u64(d, "probe_ns", 0, UINT64_MAX, &s->probe_ns);
+	cwi_mp_doc_f64(d, "ref_t", &s->ref_t);
+	cwi_mp_doc_f64(d, "ref_fill", &s->ref_fill);
+	window_decode(d, "drift", &s->drift);
+	window_decode(d, "recent", &s->recent);
+	cwi_mp_doc_u64(d, "hpa_last_ns", 0, UINT64_MAX, &s->hpa_last_ns);
+	cwi_mp_doc_bool(d, "hpa_started", &s->hpa_started);
+	hpa_decode(d, s);
+	if (d->rv != CACHEW_OK) {
+		free(s);
+		return false;
+	}
+	*out = s;
+	return true;
 }

@@ -155,6 +155,22 @@ void cwi_scaler_reset(cwi_scaler *s, uint32_t workers);
 void cwi_scaler_granted(cwi_scaler *s, uint32_t granted);
 
 /*
+ * Saving and loading a scaler whole (the dispatcher's snapshot): its
+ * configuration and every part of its state, as one msgpack array, so
+ * that a loaded scaler decides exactly as the saved one would have.
+ * cwi_scaler_encode appends to sb (a cwi_strbuf: its oom flag says
+ * whether memory ran out). cwi_scaler_decode reads one from d
+ * (msgpack_doc.h) into *out (the caller's, destroy with
+ * cwi_scaler_destroy) and checks every field, its bounds and its
+ * configuration as cwi_scaler_create does; false with the error recorded
+ * in d (the field named) and *out NULL otherwise.
+ */
+struct cwi_strbuf;
+struct cwi_mp_doc;
+void cwi_scaler_encode(const cwi_scaler *s, struct cwi_strbuf *sb);
+bool cwi_scaler_decode(struct cwi_mp_doc *d, cwi_scaler **out);
+
+/*
  * Weighted max-min fair share. n jobs want want[i] workers (0: none) with
  * weight[i] > 0; total workers exist. Fills got[i] <= want[i] so that no
  * job can get more without taking from a job whose got/weight is not

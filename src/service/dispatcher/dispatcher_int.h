@@ -322,6 +322,12 @@ void cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason);
 /* Every job's task count to its decision (fair share first). */
 void cwi_disp_reconcile(cwi_dispatcher *d);
 
+/* Frees every worker, dataset, job, task and queued pass end and resets
+ * the counters and the policy engine's state: d is as
+ * cwi_dispatcher_create made it but for its lineage and incarnation (a
+ * snapshot that failed to load). */
+void cwi_disp_clear(cwi_dispatcher *d);
+
 /* Ends j's epoch if every split is acknowledged (dispatcher_state.c). */
 void cwi_disp_epoch_check(cwi_dispatcher *d, job *j);
 

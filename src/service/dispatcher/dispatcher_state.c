@@ -244,10 +244,8 @@ worker_free(worker *w)
 }
 
 void
-cwi_dispatcher_destroy(cwi_dispatcher *d)
+cwi_disp_clear(cwi_dispatcher *d)
 {
-	if (d == NULL)
-		return;
 	for (size_t i = 0; i < d->tasks.n; i++)
 		task_free(TASK(d, i));
 	for (size_t i = 0; i < d->jobs.n; i++)
@@ -261,6 +259,28 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	free(d->jobs.v);
 	free(d->datasets.v);
 	free(d->workers.v);
+	memset(&d->workers, 0, sizeof(d->workers));
+	memset(&d->datasets, 0, sizeof(d->datasets));
+	memset(&d->jobs, 0, sizeof(d->jobs));
+	memset(&d->tasks, 0, sizeof(d->tasks));
+	d->pass_ends = NULL;
+	d->npass_ends = d->cappass_ends = 0;
+	d->next_worker_id = d->next_dataset_id = d->next_job_id = 1;
+	d->next_client_id = d->next_task_id = 1;
+	d->now = 0;
+	d->next_decision_ns = 0;
+	d->pool_target = d->cfg.min_workers;
+	memset(d->pool_recent, 0,
+	    d->cfg.pool_down_intervals * sizeof(*d->pool_recent));
+	d->npool_recent = 0;
+}
+
+void
+cwi_dispatcher_destroy(cwi_dispatcher *d)
+{
+	if (d == NULL)
+		return;
+	cwi_disp_clear(d);
 	cwi_strbuf_free(&d->ev);
 	free(d->pool_recent);
 	free(d);

@@ -262,4 +262,27 @@ void cwi_dispatcher_pass_ends_free(cwi_pass_end *v, size_t n);
 void cwi_dispatcher_autocache_event(cwi_dispatcher *d, uint64_t now_ns,
     uint64_t job_id, const char *mode, const char *text);
 
+/*
+ * Snapshots (dispatcher_snapshot.c; docs/snapshot-format.md): the whole
+ * state as one msgpack document, for a journal that replays the calls
+ * made since.
+ * A dispatcher that loaded a snapshot answers every further call as the
+ * one that saved it would have, except for what the file's top comment
+ * lists (a job's worker count function set with
+ * cwi_dispatcher_set_worker_count goes back to the configuration's; the
+ * autocaching planner's ctx is NULL).
+ */
+/* The whole state as one msgpack document (*buf malloc'd, the caller
+ * frees; *len its length). Reads d only. CACHEW_ENOMEM. */
+cachew_err cwi_dispatcher_snapshot_save(const cwi_dispatcher *d,
+    uint8_t **buf, size_t *len);
+/* Loads a snapshot into d, which must be fresh from cwi_dispatcher_create
+ * (with the configuration the process runs with) and empty (else
+ * CACHEW_EINVAL). CACHEW_ECORRUPT, with a message naming the field's path
+ * and byte offset, for anything malformed, out of range or inconsistent;
+ * CACHEW_ENOMEM. On failure d is empty again, as created (its lineage
+ * and incarnation as they were). buf is only read. */
+cachew_err cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
+    size_t len);
+
 #endif /* CWI_DISPATCHER_STATE_H */
