@@ -12,6 +12,7 @@
  * allocated for it.
  */
 #include "sources.h"
+#include "../exec/exec_state.h"
 
 #include "../core/crc32c.h"
 #include "../exec/exec_split.h"
@@ -842,6 +843,7 @@ typedef struct tfrecord_iter {
 	size_t npaths;
 	size_t next_path;
 	cwi_tfr_reader *reader; /* the open file, or NULL */
+	uint64_t in_file;       /* records read of the open file */
 	cachew_err pending;     /* an error to report after the elements */
 	char errmsg[512];
 } tfrecord_iter;
@@ -862,6 +864,7 @@ tfrecord_read(tfrecord_iter *t, cwi_chunk *out, size_t max, size_t *got)
 			    t->paths[t->next_path++]);
 			if (rv != CACHEW_OK)
 				break;
+			t->in_file = 0;
 		}
 		rv = cwi_tfr_next(t->reader, &v);
 		if (rv == CACHEW_EOF) {
@@ -880,6 +883,7 @@ tfrecord_read(tfrecord_iter *t, cwi_chunk *out, size_t max, size_t *got)
 		e->comp[0] = v;
 		cwi_chunk_push(out, e);
 		(*got)++;
+		t->in_file++;
 	}
 	if (rv != CACHEW_OK)
 		snprintf(t->errmsg, sizeof(t->errmsg), "%s",
@@ -917,9 +921,80 @@ tfrecord_destroy(cwi_iter *it)
 	free(t);
 }
 
+/* [next file, open, records read of the open file]. */
+static cachew_err
+tfrecord_save(cwi_iter *it, cwi_state_writer *w)
+{
+	tfrecord_iter *t = (tfrecord_iter *)it;
+
+	if (t->pending != CACHEW_OK)
+		return cwi_fail(t->pending, "tfrecord: %s", t->errmsg);
+	cwi_sw_array(w, 3);
+	cwi_sw_uint(w, t->next_path);
+	cwi_sw_bool(w, t->reader != NULL);
+	cwi_sw_uint(w, t->reader != NULL ? t->in_file : 0);
+	return CACHEW_OK;
+}
+
+/* Reopens the file and reads past the records already taken (a corrupt
+ * record skipped is skipped again, uncounted). */
+static cachew_err
+tfrecord_reopen(tfrecord_iter *t, uint64_t in_file, cwi_state_reader *r)
+{
+	const char *p = t->paths[t->next_path - 1];
+	cwi_tensor v;
+	cachew_err rv;
+
+	rv = cwi_tfr_open(&t->reader, &t->cfg, p);
+	if (rv != CACHEW_OK) {
+		cwi_sr_fail(r, rv, "%s", t->reader != NULL
+					     ? cwi_tfr_errmsg(t->reader)
+					     : cachew_errmsg());
+		return cwi_sr_error(r);
+	}
+	for (t->in_file = 0; t->in_file < in_file; t->in_file++) {
+		rv = cwi_tfr_next(t->reader, &v);
+		if (rv == CACHEW_EOF) {
+			cwi_sr_fail(r, CACHEW_ECORRUPT,
+			    "%s has %llu records, the state says %llu were read",
+			    p, (unsigned long long)t->in_file,
+			    (unsigned long long)in_file);
+			return cwi_sr_error(r);
+		}
+		if (rv != CACHEW_OK) {
+			cwi_sr_fail(r, rv, "%s", cwi_tfr_errmsg(t->reader));
+			return cwi_sr_error(r);
+		}
+		cwi_tensor_clear(&v);
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+tfrecord_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	tfrecord_iter *t = (tfrecord_iter *)it;
+	uint64_t next = 0, in_file = 0;
+	bool open = false;
+
+	if (!cwi_sr_array(r, "tfrecord", 3) ||
+	    !cwi_sr_uint(r, "next file", &next, t->npaths) ||
+	    !cwi_sr_bool(r, "open", &open) ||
+	    !cwi_sr_uint(r, "records read", &in_file, UINT64_MAX))
+		return cwi_sr_error(r);
+	if (open && next == 0) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT, "a file is open before the first");
+		return cwi_sr_error(r);
+	}
+	t->next_path = (size_t)next;
+	return open ? tfrecord_reopen(t, in_file, r) : CACHEW_OK;
+}
+
 static const cwi_iter_ops tfrecord_iter_ops = {
     .next = tfrecord_next,
     .destroy = tfrecord_destroy,
+    .save = tfrecord_save,
+    .restore = tfrecord_restore,
 };
 
 static cachew_err
