@@ -41,6 +41,7 @@ main(void)
 	srunner_add_suite(sr, cwt_provision_suite());
 	srunner_add_suite(sr, cwt_autoscale_suite());
 	srunner_add_suite(sr, cwt_dautocache_suite());
+	srunner_add_suite(sr, cwt_resume_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -236,6 +236,92 @@ cwi_sr_elements(cwi_state_reader *r, const char *what, cwi_chunk *out)
 	return true;
 }
 
+/* The size of the item header at buf[0] (len >= 1 bytes): the bytes of
+ * the header itself in *hdr, the payload bytes that follow in *payload,
+ * the items it contains in *items. False for a byte msgpack leaves
+ * unused. */
+static bool
+mp_header(const uint8_t *buf, size_t len, size_t *hdr, uint64_t *payload,
+    uint64_t *items)
+{
+	uint8_t b = buf[0];
+	size_t w = 0;
+	uint64_t n = 0;
+
+	*payload = 0;
+	*items = 0;
+	*hdr = 1;
+	if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+		return true;
+	if ((b & 0xf0) == 0x80 || (b & 0xf0) == 0x90) {
+		*items = (uint64_t)(b & 0x0f) * ((b & 0xf0) == 0x80 ? 2 : 1);
+		return true;
+	}
+	if ((b & 0xe0) == 0xa0) {
+		*payload = b & 0x1f;
+		return true;
+	}
+	switch (b) {
+	case 0xcc: case 0xd0: *payload = 1; return true;
+	case 0xcd: case 0xd1: *payload = 2; return true;
+	case 0xca: case 0xce: case 0xd2: *payload = 4; return true;
+	case 0xcb: case 0xcf: case 0xd3: *payload = 8; return true;
+	case 0xd4: *payload = 2; return true;
+	case 0xd5: *payload = 3; return true;
+	case 0xd6: *payload = 5; return true;
+	case 0xd7: *payload = 9; return true;
+	case 0xd8: *payload = 17; return true;
+	case 0xc4: case 0xd9: w = 1; break;
+	case 0xc5: case 0xda: case 0xdc: case 0xde: w = 2; break;
+	case 0xc6: case 0xdb: case 0xdd: case 0xdf: w = 4; break;
+	case 0xc7: w = 1; break;
+	case 0xc8: w = 2; break;
+	case 0xc9: w = 4; break;
+	default: return false;
+	}
+	if (len < 1 + w)
+		return false;
+	for (size_t i = 0; i < w; i++)
+		n = n << 8 | buf[1 + i];
+	*hdr = 1 + w;
+	if (b == 0xdc || b == 0xdd)
+		*items = n;
+	else if (b == 0xde || b == 0xdf)
+		*items = 2 * n;
+	else if (b >= 0xc7 && b <= 0xc9)
+		*payload = n + 1; /* the ext type byte, then the data */
+	else
+		*payload = n;
+	return true;
+}
+
+bool
+cwi_sr_skip(cwi_state_reader *r, const char *what)
+{
+	uint64_t pending = 1;
+
+	if (r->err != CACHEW_OK)
+		return false;
+	while (pending > 0) {
+		size_t left = r->c.len - r->c.pos, hdr;
+		uint64_t payload, items;
+
+		if (left == 0 || !mp_header(r->c.buf + r->c.pos, left, &hdr,
+				     &payload, &items) ||
+		    payload > left - hdr)
+			return sr_bad(r, what, "a msgpack item");
+		r->c.pos += hdr + (size_t)payload;
+		pending--;
+		/* Every item takes a byte at least. */
+		if (items + pending > r->c.len - r->c.pos)
+			return cwi_sr_fail(r, CACHEW_ECORRUPT,
+			    "%s: %llu items, more than the bytes left hold",
+			    what, (unsigned long long)items);
+		pending += items;
+	}
+	return true;
+}
+
 void
 cwi_sw_unit_cursor(cwi_state_writer *w, const cwi_unit_cursor *c)
 {
@@ -304,8 +390,11 @@ cwi_iter_restore(cwi_iter *it, cwi_state_reader *r)
 	    !cwi_sr_str(r, "operator name", found, sizeof(found)))
 		return cwi_sr_error(r);
 	if (strcmp(found, name) != 0) {
-		cwi_sr_fail(r, CACHEW_ECORRUPT,
-		    "expected the state of %s, found that of %s", name, found);
+		/* Pass-through operators (prefetch, cache) keep their
+		 * input's fingerprint: the tree tells them apart. */
+		cwi_sr_fail(r, CACHEW_EINVAL,
+		    "the state is of another pipeline: expected the state of "
+		    "%s, found that of %s", name, found);
 		return cwi_sr_error(r);
 	}
 	r->op = name;

@@ -76,6 +76,10 @@ bool cwi_sr_str(cwi_state_reader *r, const char *what, char *buf, size_t cap);
 /* An array of elements (cwi_sw_elements), appended to out. */
 bool cwi_sr_elements(cwi_state_reader *r, const char *what, cwi_chunk *out);
 
+/* Passes over one item, whatever it holds (an input's state that the
+ * restored iterator does not need). */
+bool cwi_sr_skip(cwi_state_reader *r, const char *what);
+
 /* A lease's unit cursor (exec_split.h): [range index, next unit]; restore
  * checks it against the cursor's ranges, which the iterator got again
  * from its lease. */
