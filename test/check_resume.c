@@ -329,6 +329,10 @@ START_TEST(file_sources_and_interleave_resume)
 	p = cwt_fmt("text_lines(files=\"%s/*.txt\")", dir);
 	check_pipeline(p, 13);
 	free(p);
+	/* Blocks of 64 bytes: lines span them. */
+	p = cwt_fmt("text_lines(files=\"%s/*.txt\", buffer_size=64)", dir);
+	check_pipeline(p, 13);
+	free(p);
 	p = cwt_fmt("list_files(\"%s/*.txt\") | repeat(2)", dir);
 	check_pipeline(p, 3);
 	free(p);
@@ -346,6 +350,59 @@ START_TEST(file_sources_and_interleave_resume)
 	p = cwt_fmt("list_files(\"%s/*.txt\") | interleave(text_lines, cycle=3, "
 		"parallel=3, deterministic=false)", dir);
 	check_pipeline_at(p, 9, true);
+	free(p);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* Runs pipeline p to its end (to write a file). */
+static void
+run_through(const char *p)
+{
+	cachew_options *o = local_opts(1, 1);
+	cachew_dataset *ds = parse(p);
+	hashes h = full_run(ds, o);
+
+	free(h.v);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+
+START_TEST(record_files_resume_at_their_offsets)
+{
+	char *dir = cwt_tmpdir(), path[600], *p;
+	uint8_t body[3 + 20 * 4 + 2];
+
+	/* Fixed-length: a 3-byte header, 20 records of 4, a 2-byte footer;
+	 * restore seeks to a record boundary past the header. */
+	for (size_t i = 0; i < sizeof(body); i++)
+		body[i] = (uint8_t)(i * 7 + 1);
+	snprintf(path, sizeof(path), "%s/recs.bin", dir);
+	cwt_write_file(path, body, sizeof(body));
+	p = cwt_fmt("fixed_length_records(files=\"%s\", record_bytes=4, "
+		    "header_bytes=3, footer_bytes=2, buffer_size=8) | "
+		    "repeat(2)", path);
+	check_pipeline(p, 20);
+	free(p);
+	/* TFRecord, plain (seek) and gzip (read past). */
+	p = cwt_fmt("from_list([\"a\", \"bb\", \"ccc\", \"dddd\", \"e\", "
+		    "\"ff\", \"g\"]) | tfrecord_write(\"%s/plain.tfrecord\")",
+	    dir);
+	run_through(p);
+	free(p);
+	p = cwt_fmt("from_list([\"a\", \"bb\", \"ccc\", \"dddd\", \"e\", "
+		    "\"ff\", \"g\"]) | tfrecord_write(\"%s/z.tfrecord.gz\", "
+		    "compression=\"gzip\")", dir);
+	run_through(p);
+	free(p);
+	p = cwt_fmt("tfrecord(files=[\"%s/plain.tfrecord\", "
+		    "\"%s/plain.tfrecord\"], buffer_size=16)", dir, dir);
+	check_pipeline(p, 7);
+	free(p);
+	p = cwt_fmt("tfrecord(files=\"%s/z.tfrecord.gz\", compression=\"gzip\")"
+		    " | repeat(2)", dir);
+	check_pipeline(p, 7);
 	free(p);
 	cwt_rmtree(dir);
 	free(dir);
@@ -842,6 +899,7 @@ cwt_resume_suite(void)
 	tcase_add_test(tc, random_map_and_filter_resume);
 	tcase_add_test(tc, parallel_map_and_prefetch_resume);
 	tcase_add_test(tc, file_sources_and_interleave_resume);
+	tcase_add_test(tc, record_files_resume_at_their_offsets);
 	tcase_add_test(tc, w2_pipeline_resumes);
 	tcase_add_test(tc, save_twice_and_restore_the_later);
 	tcase_add_test(tc, state_of_an_ended_iterator_restores_to_the_end);

@@ -100,7 +100,8 @@ records_destroy(cwi_iter *it)
 	free(r);
 }
 
-/* [next file, open, records read of the open file]. */
+/* [next file, open, records read of the open file, the byte offset of the
+ * next one]. */
 static cachew_err
 records_save(cwi_iter *it, cwi_state_writer *w)
 {
@@ -109,27 +110,36 @@ records_save(cwi_iter *it, cwi_state_writer *w)
 	if (r->pending != CACHEW_OK)
 		return cwi_fail(r->pending, "%s: %s", it->node->op->name,
 		    r->reader.errmsg);
-	cwi_sw_array(w, 3);
+	cwi_sw_array(w, 4);
 	cwi_sw_uint(w, r->next_path);
 	cwi_sw_bool(w, r->open);
 	cwi_sw_uint(w, r->open ? r->in_file : 0);
+	cwi_sw_uint(w, r->open ? cwi_rec_tell(&r->reader) : 0);
 	return CACHEW_OK;
 }
 
-/* Reopens the file and reads past the records already taken. */
+/* Reopens the file at the saved offset, or where the size is unknown
+ * reads past the records already taken. */
 static cachew_err
-records_reopen(records_iter *r, uint64_t in_file, cwi_state_reader *rd)
+records_reopen(records_iter *r, uint64_t in_file, uint64_t off,
+    cwi_state_reader *rd)
 {
 	const char *p = r->paths[r->next_path - 1];
 	cwi_tensor t;
 	cachew_err rv;
 
 	rv = cwi_rec_open(&r->reader, p, strlen(p));
-	if (rv != CACHEW_OK) {
+	if (rv == CACHEW_OK)
+		rv = cwi_rec_seek(&r->reader, off);
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP) {
 		cwi_sr_fail(rd, rv, "%s", r->reader.errmsg);
 		return cwi_sr_error(rd);
 	}
 	r->open = true;
+	if (rv == CACHEW_OK) {
+		r->in_file = in_file;
+		return CACHEW_OK;
+	}
 	for (r->in_file = 0; r->in_file < in_file; r->in_file++) {
 		rv = cwi_rec_next(&r->reader, &t);
 		if (rv == CACHEW_EOF) {
@@ -152,20 +162,21 @@ static cachew_err
 records_restore(cwi_iter *it, cwi_state_reader *rd)
 {
 	records_iter *r = (records_iter *)it;
-	uint64_t next = 0, in_file = 0;
+	uint64_t next = 0, in_file = 0, off = 0;
 	bool open = false;
 
-	if (!cwi_sr_array(rd, it->node->op->name, 3) ||
+	if (!cwi_sr_array(rd, it->node->op->name, 4) ||
 	    !cwi_sr_uint(rd, "next file", &next, r->npaths) ||
 	    !cwi_sr_bool(rd, "open", &open) ||
-	    !cwi_sr_uint(rd, "records read", &in_file, UINT64_MAX))
+	    !cwi_sr_uint(rd, "records read", &in_file, UINT64_MAX) ||
+	    !cwi_sr_uint(rd, "byte offset", &off, UINT64_MAX))
 		return cwi_sr_error(rd);
 	if (open && next == 0) {
 		cwi_sr_fail(rd, CACHEW_ECORRUPT, "a file is open before the first");
 		return cwi_sr_error(rd);
 	}
 	r->next_path = (size_t)next;
-	return open ? records_reopen(r, in_file, rd) : CACHEW_OK;
+	return open ? records_reopen(r, in_file, off, rd) : CACHEW_OK;
 }
 
 static const cwi_iter_ops records_iter_ops = {
