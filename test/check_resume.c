@@ -1,6 +1,6 @@
 /*
  * check_resume.c - resumable iteration on the plain executor
- * (cachew_iterator_save / cachew_iterator_restore, docs/api.md "Saving and
+ * (cachew_iterator_save / cachew_iterator_restore, docs/design.md "Saving and
  * restoring a position"): for every operator that holds state, a run cut
  * at k elements, saved, destroyed and restored yields exactly the rest of
  * the uninterrupted run (element for element where the run is

@@ -1390,6 +1390,8 @@ const cwi_dataset_op cwi_op_cache_put = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = put_create,
+    .saves = "the input; a restored pass passes through without writing "
+	"(the cache would miss the elements before the position)",
 };
 
 const cwi_dataset_op cwi_op_cache_get = {
@@ -1407,6 +1409,7 @@ const cwi_dataset_op cwi_op_cache_get = {
     .validate = get_validate,
     .iter_create = get_create,
     .split_units = get_split_units,
+    .saves = "the count of elements delivered: a restore reads past them",
 };
 
 const cwi_dataset_op cwi_op_cache = {
@@ -1421,4 +1424,7 @@ const cwi_dataset_op cwi_op_cache = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = cache_create,
+    .saves = "the count of elements delivered and, computing, the input: a "
+	"restore reads past them in a complete cache, or resumes (or recomputes) "
+	"the input and then writes no cache",
 };

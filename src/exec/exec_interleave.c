@@ -1018,4 +1018,7 @@ const cwi_dataset_op cwi_op_interleave = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = ilv_create,
+    .saves = "the cycle: each open position's element, index, elements read "
+	"and read-ahead buffer (a restore reopens the sequences and reads past "
+	"what they yielded), the cursor and block count, and the input",
 };

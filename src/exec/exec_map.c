@@ -884,4 +884,7 @@ const cwi_dataset_op cwi_op_map = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_MAP,
     .iter_create = map_create,
+    .saves = "the results computed and not yet returned (a parallel map "
+	"stops its workers to save them), the input index after them, and the "
+	"input",
 };

@@ -514,4 +514,6 @@ const cwi_dataset_op cwi_op_prefetch = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH | CWI_OPF_ASYNC,
     .iter_create = pf_create,
+    .saves = "the queued elements (its thread stops to save them and starts "
+	"again), and the input",
 };

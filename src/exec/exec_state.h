@@ -1,6 +1,6 @@
 /*
  * exec_state.h - saving and restoring an iterator's position (resumable
- * iteration, docs/api.md "Saving and restoring a position").
+ * iteration, docs/design.md "Saving and restoring a position").
  *
  * A position is a msgpack document. Each iterator of the tree writes its
  * own state, [op name, ended, body], where body is what the op's save

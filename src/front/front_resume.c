@@ -5,7 +5,7 @@
  * (exec_state.h); a service's position lives on the service, which does
  * not save it yet.
  *
- * The document (docs/api.md, "Saving and restoring a position") is one
+ * The document (docs/design.md, "Saving and restoring a position") is one
  * msgpack array:
  *   ["cachew-iterator-state", version, kind, fingerprint (32 hex digits),
  *    seed, job seed, epoch, deterministic, body]

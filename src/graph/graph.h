@@ -94,6 +94,10 @@ typedef struct cwi_dataset_op {
 	 * split source (cwi_pipeline.split_node), the iterator reads only the
 	 * pipeline's unit ranges, in the order given. */
 	cachew_err (*split_units)(const cwi_node *node, uint64_t *units);
+	/* What a saved position of its iterator holds (cachew_iterator_save),
+	 * one sentence for docs/operators.md; NULL for a map alias, which has
+	 * no iterator of its own. */
+	const char *saves;
 } cwi_dataset_op;
 
 /* ---- function operators ------------------------------------------------- */

@@ -76,4 +76,5 @@ const cwi_dataset_op cwi_op_autocache = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = autocache_create,
+    .saves = "the input",
 };

@@ -370,6 +370,7 @@ const cwi_dataset_op cwi_op_batch = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = batch_create,
+    .saves = "the elements of the partial batch, and the input",
 };
 
 /* Checks the shape parameter when the node is built, so a malformed one is
@@ -409,4 +410,5 @@ const cwi_dataset_op cwi_op_padded_batch = {
     .max_inputs = 1,
     .validate = padded_batch_validate,
     .iter_create = padded_batch_create,
+    .saves = "the elements of the partial batch, and the input",
 };

@@ -136,6 +136,7 @@ const cwi_dataset_op cwi_op_filter = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FILTER,
     .iter_create = filter_create,
+    .saves = "the input index (the function's random stream), and the input",
 };
 
 /* ---- flat_map ----------------------------------------------------------- */
@@ -303,4 +304,7 @@ const cwi_dataset_op cwi_op_flat_map = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = flat_map_create,
+    .saves = "the open sequence (the element that opened it and the "
+	"elements it yielded: a restore reopens it and reads past them), elements "
+	"pulled ahead, and the input",
 };

@@ -176,6 +176,7 @@ const cwi_dataset_op cwi_op_repeat = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = repeat_create,
+    .saves = "the repetition (its epoch follows) and the open input's state",
 };
 
 /* ---- take and skip ------------------------------------------------------ */
@@ -348,6 +349,7 @@ const cwi_dataset_op cwi_op_take = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = take_create,
+    .saves = "the count still to yield, and the input",
 };
 
 const cwi_dataset_op cwi_op_skip = {
@@ -358,6 +360,7 @@ const cwi_dataset_op cwi_op_skip = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = skip_create,
+    .saves = "the count still to drop, and the input",
 };
 
 /* ---- shard -------------------------------------------------------------- */
@@ -488,4 +491,5 @@ const cwi_dataset_op cwi_op_shard = {
     .max_inputs = 1,
     .validate = shard_validate,
     .iter_create = shard_create,
+    .saves = "the input position, and the input",
 };

@@ -206,4 +206,6 @@ const cwi_dataset_op cwi_op_shuffle = {
     .max_inputs = 1,
     .flags = CWI_OPF_RANDOM,
     .iter_create = shuffle_create,
+    .saves = "the buffer's elements in slot order, its generator's state, "
+	"elements pulled ahead, and the input",
 };

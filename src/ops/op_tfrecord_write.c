@@ -375,4 +375,6 @@ const cwi_dataset_op cwi_op_tfrecord_write = {
     .max_inputs = 1,
     .validate = tfrecord_write_validate,
     .iter_create = tfrecord_write_create,
+    .saves = "cannot be saved (CACHEW_ENOTSUP): the file is written whole "
+	"by one pass, which a restored run cannot continue",
 };

@@ -241,4 +241,6 @@ const cwi_dataset_op cwi_op_unbatch = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = unbatch_create,
+    .saves = "the batch being split and its next row, batches pulled ahead, "
+	"and the input",
 };

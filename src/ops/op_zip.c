@@ -260,6 +260,8 @@ const cwi_dataset_op cwi_op_zip = {
     .max_inputs = CWI_MAX_INPUTS,
     .validate = zip_validate,
     .iter_create = zip_create,
+    .saves = "the elements each input yielded ahead of the others, and the "
+	"inputs",
 };
 
 /* ---- concatenate -------------------------------------------------------- */
@@ -436,6 +438,8 @@ const cwi_dataset_op cwi_op_concatenate = {
     .min_inputs = 2,
     .max_inputs = 2,
     .iter_create = concat_create,
+    .saves = "which input is current, the first input's element type, and "
+	"the inputs",
 };
 
 /* ---- enumerate ---------------------------------------------------------- */
@@ -564,4 +568,5 @@ const cwi_dataset_op cwi_op_enumerate = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = enumerate_create,
+    .saves = "the next counter value, and the input",
 };

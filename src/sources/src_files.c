@@ -213,6 +213,8 @@ const cwi_dataset_op cwi_op_list_files = {
 	CWI_OPF_RANDOM,
     .iter_create = list_files_create,
     .split_units = cwi_split_units_files,
+    .saves = "the index of the next path; the epoch's order follows from "
+	"the seed again",
 };
 
 /* ---- read_file -------------------------------------------------------------- */

@@ -475,6 +475,7 @@ const cwi_dataset_op cwi_op_from_tensors = {
     .validate = from_tensors_validate,
     .iter_create = literal_create,
     .split_units = literal_split_units,
+    .saves = "whether the element was yielded (and a lease's unit cursor)",
 };
 
 static const cwi_param_spec from_list_params[] = {
@@ -493,4 +494,5 @@ const cwi_dataset_op cwi_op_from_list = {
     .validate = from_list_validate,
     .iter_create = literal_create,
     .split_units = literal_split_units,
+    .saves = "the index of the next item (and a lease's unit cursor)",
 };

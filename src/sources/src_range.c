@@ -205,4 +205,5 @@ const cwi_dataset_op cwi_op_range = {
     .validate = range_validate,
     .iter_create = range_create,
     .split_units = range_split_units,
+    .saves = "the next value (and a lease's unit cursor)",
 };

@@ -244,6 +244,8 @@ const cwi_dataset_op cwi_op_text_lines = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
     .split_units = cwi_split_units_files,
+    .saves = "the file, the lines read of it and the byte offset of the "
+	"next one: a restore reopens the file there",
 };
 
 static const cwi_param_spec fixed_params[] = {
@@ -270,6 +272,8 @@ const cwi_dataset_op cwi_op_fixed_length_records = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
     .split_units = cwi_split_units_files,
+    .saves = "the file, the records read of it and the byte offset of the "
+	"next one: a restore reopens the file there",
 };
 
 /* ---- the functions: one file per input element ------------------------------ */

@@ -1110,6 +1110,8 @@ const cwi_dataset_op cwi_op_tfrecord = {
     /* One unit per file. With records=[a, b] and record indexes, units
      * could later be record ranges of large files. */
     .split_units = cwi_split_units_files,
+    .saves = "the file, the records read of it and the offset of the next "
+	"one: a restore reopens an uncompressed file there (gzip: reads past them)",
 };
 
 /* ---- the function: one file per input element -------------------------------------- */

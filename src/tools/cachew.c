@@ -1100,8 +1100,12 @@ ops_markdown_op(const cwi_dataset_op *op)
 	printf("- Input pipelines: %s\n", inputs);
 	if (props[0] != '\0')
 		printf("- Properties: %s\n", props);
-	printf("- Positional forms: %s\n\n",
+	printf("- Positional forms: %s\n",
 	    pos[0] ? pos : "values fill the parameters in table order");
+	if (op->saves != NULL)
+		printf("- Saved position (`cachew_iterator_save`): %s\n",
+		    op->saves);
+	printf("\n");
 	if (op->nparams == 0) {
 		printf("No parameters.\n\n");
 		return;
