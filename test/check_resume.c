@@ -426,6 +426,15 @@ START_TEST(w2_pipeline_resumes)
 {
 	char *dir = image_dir(), *p;
 
+	/* Sequences reopened at their offsets (cut where they are open). */
+	p = cwt_fmt("list_files(\"%s/*.tfrecord\") | interleave(tfrecord, "
+		    "cycle=2, block=3)", dir);
+	check_pipeline(p, 3);
+	free(p);
+	p = cwt_fmt("list_files(\"%s/*.tfrecord\", shuffle=false) | "
+		    "flat_map(tfrecord)", dir);
+	check_pipeline(p, 4);
+	free(p);
 	p = w2_pipeline(dir, 1);
 	check_pipeline(p, 2);
 	free(p);

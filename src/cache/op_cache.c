@@ -1425,6 +1425,7 @@ const cwi_dataset_op cwi_op_cache = {
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = cache_create,
     .saves = "the count of elements delivered and, computing, the input: a "
-	"restore reads past them in a complete cache, or resumes (or recomputes) "
+	"restore reads past them in a complete cache, or resumes (or "
+	"recomputes) "
 	"the input and then writes no cache",
 };

@@ -737,7 +737,8 @@ ilv_quiesce(ilv_iter *m, bool pause)
 	pthread_mutex_unlock(&m->lock);
 }
 
-/* A position: closed [], or [index, read, ended, opener (none when
+/* A position: closed [], or [index, read, ended, position in the
+ * sequence (a built-in file function's offset, else 0), opener (none when
  * ended), read ahead]. */
 static cachew_err
 ilv_save_slot(ilv_iter *m, const ilv_slot *s, cwi_state_writer *w)
@@ -756,10 +757,12 @@ ilv_save_slot(ilv_iter *m, const ilv_slot *s, cwi_state_writer *w)
 		return cwi_fail(CACHEW_EINTERNAL,
 		    "interleave(%s): an open position without its element",
 		    m->node->fn->name);
-	cwi_sw_array(w, 5);
+	cwi_sw_array(w, 6);
 	cwi_sw_uint(w, s->index);
 	cwi_sw_uint(w, s->read);
 	cwi_sw_bool(w, s->eof);
+	cwi_sw_uint(w, s->seq_open && m->node->fn->resume != NULL
+		? m->node->fn->resume->tell(s->seq) : 0);
 	cwi_sw_array(w, s->eof ? 0 : 1);
 	rv = s->eof ? CACHEW_OK : cwi_sw_element(w, opener);
 	if (rv == CACHEW_OK)
@@ -792,10 +795,11 @@ ilv_save(cwi_iter *it, cwi_state_writer *w)
 	return rv;
 }
 
-/* Reopens the sequence of s from its element and reads past what it had
- * read. */
+/* Reopens the sequence of s from its element and seeks to pos (a
+ * built-in file function) or reads past what it had read. */
 static cachew_err
-ilv_reopen(ilv_iter *m, ilv_slot *s, uint64_t read, cwi_state_reader *r)
+ilv_reopen(ilv_iter *m, ilv_slot *s, uint64_t read, uint64_t pos,
+    cwi_state_reader *r)
 {
 	cwi_chunk skip = {0};
 	cachew_err err = CACHEW_OK;
@@ -803,6 +807,13 @@ ilv_reopen(ilv_iter *m, ilv_slot *s, uint64_t read, cwi_state_reader *r)
 	bool eof = false;
 
 	slot_open_seq(m, s, &err, &msg);
+	if (err == CACHEW_OK && s->read < read) {
+		cachew_err rv = cwi_seq_seek(m->node->fn, s->seq, pos, r);
+		if (rv == CACHEW_OK)
+			s->read = read;
+		else if (rv != CACHEW_ENOTSUP)
+			return rv;
+	}
 	while (err == CACHEW_OK && !eof && s->read < read) {
 		uint64_t k = read - s->read;
 		if (k > 256)
@@ -835,22 +846,23 @@ ilv_reopen(ilv_iter *m, ilv_slot *s, uint64_t read, cwi_state_reader *r)
 static cachew_err
 ilv_restore_slot(ilv_iter *m, ilv_slot *s, cwi_state_reader *r)
 {
-	uint64_t n = 0, read = 0;
+	uint64_t n = 0, read = 0, pos = 0;
 	cwi_chunk opener = {0};
 
-	if (!cwi_sr_count(r, "position", &n, 5))
+	if (!cwi_sr_count(r, "position", &n, 6))
 		return cwi_sr_error(r);
 	if (n == 0)
 		return CACHEW_OK;
-	if (n != 5) {
+	if (n != 6) {
 		cwi_sr_fail(r, CACHEW_ECORRUPT,
-		    "position: an array of %llu items, expected 0 or 5",
+		    "position: an array of %llu items, expected 0 or 6",
 		    (unsigned long long)n);
 		return cwi_sr_error(r);
 	}
 	if (!cwi_sr_uint(r, "index", &s->index, UINT64_MAX) ||
 	    !cwi_sr_uint(r, "read", &read, UINT64_MAX) ||
 	    !cwi_sr_bool(r, "ended", &s->eof) ||
+	    !cwi_sr_uint(r, "sequence position", &pos, UINT64_MAX) ||
 	    !cwi_sr_elements(r, "opener", &opener)) {
 		cwi_chunk_free(&opener);
 		return cwi_sr_error(r);
@@ -867,7 +879,7 @@ ilv_restore_slot(ilv_iter *m, ilv_slot *s, cwi_state_reader *r)
 	if (!s->eof) {
 		s->input = opener.v[0];
 		opener.n = 0;
-		if (ilv_reopen(m, s, read, r) != CACHEW_OK) {
+		if (ilv_reopen(m, s, read, pos, r) != CACHEW_OK) {
 			cwi_chunk_free(&opener);
 			return cwi_sr_error(r);
 		}
@@ -1018,7 +1030,8 @@ const cwi_dataset_op cwi_op_interleave = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = ilv_create,
-    .saves = "the cycle: each open position's element, index, elements read "
-	"and read-ahead buffer (a restore reopens the sequences and reads past "
-	"what they yielded), the cursor and block count, and the input",
+    .saves = "the cycle: each open position's element, index, elements "
+	"read (and, for a file function, the offset of the next) and "
+	"read-ahead buffer (a restore reopens the sequences and seeks, or reads "
+	"past what they yielded), the cursor and block count, and the input",
 };

@@ -225,7 +225,8 @@ cwi_sr_elements(cwi_state_reader *r, const char *what, cwi_chunk *out)
 	for (uint64_t i = 0; i < n; i++) {
 		cwi_element *e = NULL;
 		size_t at = r->c.pos;
-		rv = cwi_element_decode(NULL, r->c.buf, r->c.len, &r->c.pos, &e);
+		rv = cwi_element_decode(NULL, r->c.buf, r->c.len, &r->c.pos,
+		    &e);
 		if (rv != CACHEW_OK) {
 			r->c.pos = at;
 			return cwi_sr_fail(r, rv, "%s: element %llu: %s", what,
@@ -362,8 +363,9 @@ cwi_iter_save(cwi_iter *it, cwi_state_writer *w)
 	if (bad != CACHEW_OK && !ended)
 		return cwi_fail(bad,
 		    "%s: the iterator failed (%s): there is no position to "
-		    "save", name, it->pl->errmsg[0] != '\0' ? it->pl->errmsg
-							   : cachew_strerror(bad));
+		    "save",
+		    name, it->pl->errmsg[0] != '\0' ? it->pl->errmsg
+						    : cachew_strerror(bad));
 	if (!ended && it->ops->save == NULL)
 		return cwi_fail(CACHEW_ENOTSUP,
 		    "%s: this operator cannot save its position", name);
@@ -455,11 +457,29 @@ cwi_seq_save(const cwi_seq *s, cwi_state_writer *w)
 		cwi_sw_array(w, 0);
 		return CACHEW_OK;
 	}
-	cwi_sw_array(w, 4);
+	cwi_sw_array(w, 5);
 	cwi_sw_uint(w, s->index);
 	cwi_sw_uint(w, s->yielded);
 	cwi_sw_bool(w, s->eof);
+	cwi_sw_uint(w, s->fn->resume != NULL && !s->eof
+		? s->fn->resume->tell(s->state) : 0);
 	return cwi_sw_elements(w, &s->in, 1);
+}
+
+cachew_err
+cwi_seq_seek(const cwi_fn *fn, void *seq, uint64_t pos, cwi_state_reader *r)
+{
+	char err[512] = "";
+	cachew_err rv;
+
+	if (fn->resume == NULL)
+		return CACHEW_ENOTSUP;
+	rv = fn->resume->seek(seq, pos, err, sizeof(err));
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP) {
+		cwi_sr_fail(r, rv, "%s: %s", fn->name, err);
+		return cwi_sr_error(r);
+	}
+	return rv;
 }
 
 /* Reopens the sequence from the element that opened it and passes over
@@ -498,25 +518,26 @@ cachew_err
 cwi_seq_restore(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
     uint64_t epoch, cwi_state_reader *r)
 {
-	uint64_t n = 0, index = 0, yielded = 0;
+	uint64_t n = 0, index = 0, yielded = 0, pos = 0;
 	cwi_chunk in = {0};
 	bool eof = false;
 	cachew_err rv;
 
 	cwi_seq_close(s);
-	if (!cwi_sr_count(r, "sequence", &n, 4))
+	if (!cwi_sr_count(r, "sequence", &n, 5))
 		return cwi_sr_error(r);
 	if (n == 0)
 		return CACHEW_OK;
-	if (n != 4) {
+	if (n != 5) {
 		cwi_sr_fail(r, CACHEW_ECORRUPT,
-		    "sequence: an array of %llu items, expected 0 or 4",
+		    "sequence: an array of %llu items, expected 0 or 5",
 		    (unsigned long long)n);
 		return cwi_sr_error(r);
 	}
 	if (!cwi_sr_uint(r, "sequence index", &index, UINT64_MAX) ||
 	    !cwi_sr_uint(r, "sequence yielded", &yielded, UINT64_MAX) ||
 	    !cwi_sr_bool(r, "sequence ended", &eof) ||
+	    !cwi_sr_uint(r, "sequence position", &pos, UINT64_MAX) ||
 	    !cwi_sr_elements(r, "sequence element", &in))
 		goto fail;
 	if (in.n != 1) {
@@ -530,7 +551,11 @@ cwi_seq_restore(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 		goto fail;
 	}
 	cwi_chunk_free(&in);
-	if (seq_skip(s, node, pl, yielded, r) != CACHEW_OK)
+	rv = eof ? CACHEW_ENOTSUP : cwi_seq_seek(s->fn, s->state, pos, r);
+	if (rv == CACHEW_OK)
+		s->yielded = yielded;
+	else if (rv != CACHEW_ENOTSUP ||
+	    seq_skip(s, node, pl, yielded, r) != CACHEW_OK)
 		return cwi_sr_error(r);
 	s->eof = s->eof || eof;
 	return CACHEW_OK;

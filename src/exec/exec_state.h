@@ -100,13 +100,20 @@ cachew_err cwi_iter_restore(cwi_iter *it, cwi_state_reader *r);
 cachew_err cwi_iter_recreate(cwi_iter **slot, const cwi_node *node,
     const cwi_iter_args *args, cwi_state_reader *r);
 
-/* A flat-map sequence (cwi_seq): closed, or [index, yielded, ended, the
- * element that opened it]. Restore reopens it from that element and
- * passes over what it had yielded (the function's output is a pure
- * function of its element and index). Errors are recorded in r. */
+/* A flat-map sequence (cwi_seq): closed, or [index, yielded, ended,
+ * position, the element that opened it]. Restore reopens it from that
+ * element and seeks to the position (a built-in file function,
+ * cwi_fn.resume) or else passes over what it had yielded (the function's
+ * output is a pure function of its element and index). Errors are
+ * recorded in r. */
 cachew_err cwi_seq_save(const cwi_seq *s, cwi_state_writer *w);
 cachew_err cwi_seq_restore(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
     uint64_t epoch, cwi_state_reader *r);
+/* Moves seq, a sequence of fn just opened, to pos (cwi_seq_resume):
+ * CACHEW_OK, CACHEW_ENOTSUP when it cannot (read past instead), or an
+ * error recorded in r. */
+cachew_err cwi_seq_seek(const cwi_fn *fn, void *seq, uint64_t pos,
+    cwi_state_reader *r);
 
 /*
  * The plain executor's whole position: the elements pulled and not yet

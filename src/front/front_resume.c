@@ -177,7 +177,8 @@ cachew_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 
 	cwi_clear_errmsg();
 	if (out == NULL || ds == NULL || (state == NULL && len > 0))
-		return cwi_fail(CACHEW_EINVAL, "iterator restore: NULL argument");
+		return cwi_fail(CACHEW_EINVAL,
+		    "iterator restore: NULL argument");
 	if (opts != NULL) {
 		o = cwi_options_values(opts);
 	} else {

@@ -304,7 +304,8 @@ const cwi_dataset_op cwi_op_flat_map = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = flat_map_create,
-    .saves = "the open sequence (the element that opened it and the "
-	"elements it yielded: a restore reopens it and reads past them), elements "
+    .saves = "the open sequence (the element that opened it, the elements "
+	"it yielded and, for a file function, the offset of the next: a "
+	"restore reopens it and seeks there, or reads past them), elements "
 	"pulled ahead, and the input",
 };

@@ -23,6 +23,11 @@ extern const cachew_op_def cwi_fn_read_file;
 extern const cwi_dataset_op cwi_op_tfrecord;   /* src_tfrecord.c */
 extern const cachew_op_def cwi_fn_tfrecord;    /* src_tfrecord.c */
 
+/* Random access into the sequences of the file functions (cwi_fn.resume):
+ * text_lines and fixed_length_records, and tfrecord. */
+extern const cwi_seq_resume cwi_rec_fn_resume;
+extern const cwi_seq_resume cwi_tfr_fn_resume;
+
 /* ---- literals (src_literal.c) ------------------------------------------- */
 
 /* Converts one literal value into an element: a top-level tuple gives one

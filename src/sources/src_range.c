@@ -119,7 +119,8 @@ range_restore(cwi_iter *it, cwi_state_reader *rd)
 	if (r->step > 0) {
 		uint64_t d = (uint64_t)next - (uint64_t)r->start;
 		ok = next >= r->start && d % (uint64_t)r->step == 0 &&
-		    d / (uint64_t)r->step <= range_count(r->start, r->stop, r->step);
+		    d / (uint64_t)r->step <=
+			range_count(r->start, r->stop, r->step);
 	} else {
 		uint64_t d = (uint64_t)r->start - (uint64_t)next;
 		uint64_t st = 0 - (uint64_t)r->step;

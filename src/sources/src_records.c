@@ -144,7 +144,8 @@ records_reopen(records_iter *r, uint64_t in_file, uint64_t off,
 		rv = cwi_rec_next(&r->reader, &t);
 		if (rv == CACHEW_EOF) {
 			cwi_sr_fail(rd, CACHEW_ECORRUPT,
-			    "%s has %llu records, the state says %llu were read",
+			    "%s has %llu records, the state says %llu were "
+			    "read",
 			    p, (unsigned long long)r->in_file,
 			    (unsigned long long)in_file);
 			return cwi_sr_error(rd);
@@ -172,7 +173,8 @@ records_restore(cwi_iter *it, cwi_state_reader *rd)
 	    !cwi_sr_uint(rd, "byte offset", &off, UINT64_MAX))
 		return cwi_sr_error(rd);
 	if (open && next == 0) {
-		cwi_sr_fail(rd, CACHEW_ECORRUPT, "a file is open before the first");
+		cwi_sr_fail(rd, CACHEW_ECORRUPT,
+		    "a file is open before the first");
 		return cwi_sr_error(rd);
 	}
 	r->next_path = (size_t)next;
@@ -382,6 +384,28 @@ records_fn_close(void *seq)
 	cwi_rec_close(r);
 	free(r);
 }
+
+static uint64_t
+records_fn_tell(void *seq)
+{
+	return cwi_rec_tell(seq);
+}
+
+static cachew_err
+records_fn_seek(void *seq, uint64_t pos, char *err, size_t errlen)
+{
+	cwi_rec_reader *r = seq;
+	cachew_err rv = cwi_rec_seek(r, pos);
+
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP)
+		snprintf(err, errlen, "%s", r->errmsg);
+	return rv;
+}
+
+const cwi_seq_resume cwi_rec_fn_resume = {
+    .tell = records_fn_tell,
+    .seek = records_fn_seek,
+};
 
 const cachew_op_def cwi_fn_text_lines = {
     .version = CACHEW_OP_DEF_VERSION,

@@ -997,7 +997,8 @@ tfrecord_reopen(tfrecord_iter *t, uint64_t in_file, uint64_t off,
 		rv = cwi_tfr_next(t->reader, &v);
 		if (rv == CACHEW_EOF) {
 			cwi_sr_fail(r, CACHEW_ECORRUPT,
-			    "%s has %llu records, the state says %llu were read",
+			    "%s has %llu records, the state says %llu were "
+			    "read",
 			    p, (unsigned long long)t->in_file,
 			    (unsigned long long)in_file);
 			return cwi_sr_error(r);
@@ -1025,7 +1026,8 @@ tfrecord_restore(cwi_iter *it, cwi_state_reader *r)
 	    !cwi_sr_uint(r, "byte offset", &off, UINT64_MAX))
 		return cwi_sr_error(r);
 	if (open && next == 0) {
-		cwi_sr_fail(r, CACHEW_ECORRUPT, "a file is open before the first");
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "a file is open before the first");
 		return cwi_sr_error(r);
 	}
 	t->next_path = (size_t)next;
@@ -1111,7 +1113,8 @@ const cwi_dataset_op cwi_op_tfrecord = {
      * could later be record ranges of large files. */
     .split_units = cwi_split_units_files,
     .saves = "the file, the records read of it and the offset of the next "
-	"one: a restore reopens an uncompressed file there (gzip: reads past them)",
+	"one: a restore reopens an uncompressed file there (gzip: reads past "
+	"them)",
 };
 
 /* ---- the function: one file per input element -------------------------------------- */
@@ -1193,6 +1196,27 @@ tfrecord_fn_close(void *seq)
 {
 	cwi_tfr_close(seq);
 }
+
+static uint64_t
+tfrecord_fn_tell(void *seq)
+{
+	return cwi_tfr_tell(seq);
+}
+
+static cachew_err
+tfrecord_fn_seek(void *seq, uint64_t pos, char *err, size_t errlen)
+{
+	cachew_err rv = cwi_tfr_seek(seq, pos);
+
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP)
+		snprintf(err, errlen, "%s", cwi_tfr_errmsg(seq));
+	return rv;
+}
+
+const cwi_seq_resume cwi_tfr_fn_resume = {
+    .tell = tfrecord_fn_tell,
+    .seek = tfrecord_fn_seek,
+};
 
 const cachew_op_def cwi_fn_tfrecord = {
     .version = CACHEW_OP_DEF_VERSION,

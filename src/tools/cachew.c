@@ -677,7 +677,8 @@ run_parse_args(int argc, char **argv, run_args *a)
 	if (rc == 0 && a->pipeline == NULL && !a->help_options)
 		rc = usage_error("run: missing the pipeline string");
 	if (rc == 0 && (a->save_at >= 0) != (a->state != NULL))
-		rc = usage_error("run: --save-at N and --state FILE go together");
+		rc = usage_error(
+		    "run: --save-at N and --state FILE go together");
 	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL) && a->epochs > 1)
 		rc = usage_error("run: --save-at and --resume work on one "
 				 "epoch (drop --epochs)");
