@@ -10,6 +10,7 @@
  */
 #include "cwt.h"
 
+#include "../src/exec/exec_state.h"
 #include "../src/tools/gen.h"
 
 #include <stdio.h>
@@ -505,6 +506,53 @@ START_TEST(state_of_an_ended_iterator_restores_to_the_end)
 }
 END_TEST
 
+/* A lease of a worker (the service's unit of work) saves and restores
+ * through the exec-level calls, with its unit cursor. */
+static cachew_iterator *
+lease_of(cachew_dataset *ds, const cwi_unit_range *r, size_t n)
+{
+	cachew_iterator *it = NULL;
+	const cwi_node *src = ds;
+
+	while (src->ninputs > 0)
+		src = src->inputs[0];
+	ck_assert_msg(cwi_iterator_create_lease(&it, ds, NULL, src, r, n, 9) ==
+			  CACHEW_OK, "%s", cachew_errmsg());
+	return it;
+}
+
+START_TEST(a_lease_resumes_through_the_exec_calls)
+{
+	static const cwi_unit_range r[] = {{10, 30}, {50, 61}};
+	cachew_dataset *ds = parse("range(100) | shuffle(4) | batch(3)");
+	cachew_iterator *it = lease_of(ds, r, 2), *back;
+	hashes want = {0}, got = {0};
+	cwi_state_writer w;
+	cwi_state_reader rd;
+
+	ck_assert_int_eq(pull(it, SIZE_MAX, &want), CACHEW_EOF);
+	cachew_iterator_destroy(it);
+	ck_assert_uint_eq(want.n, 11); /* 31 elements */
+	it = lease_of(ds, r, 2);
+	ck_assert_int_eq(pull(it, 4, &got), CACHEW_OK);
+	cwi_strbuf_init(&w.sb);
+	ck_assert_int_eq(cwi_exec_iterator_save(it, &w), CACHEW_OK);
+	cachew_iterator_destroy(it);
+	back = lease_of(ds, r, 2);
+	cwi_sr_init(&rd, w.sb.data, w.sb.len);
+	ck_assert_msg(cwi_exec_iterator_restore(back, &rd) == CACHEW_OK, "%s",
+	    rd.errmsg);
+	ck_assert_uint_eq(rd.c.pos, w.sb.len);
+	ck_assert_int_eq(pull(back, SIZE_MAX, &got), CACHEW_EOF);
+	assert_same_run("lease", &want, &got, false);
+	cachew_iterator_destroy(back);
+	cwi_strbuf_free(&w.sb);
+	free(want.v);
+	free(got.v);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 /* ---- refusals ------------------------------------------------------------------ */
 
 /* A state of `pipeline` saved with opts after k elements. */
@@ -911,6 +959,7 @@ cwt_resume_suite(void)
 	tcase_add_test(tc, record_files_resume_at_their_offsets);
 	tcase_add_test(tc, w2_pipeline_resumes);
 	tcase_add_test(tc, save_twice_and_restore_the_later);
+	tcase_add_test(tc, a_lease_resumes_through_the_exec_calls);
 	tcase_add_test(tc, state_of_an_ended_iterator_restores_to_the_end);
 	tcase_add_test(tc, state_of_another_pipeline_seed_or_epoch_is_refused);
 	tcase_add_test(tc, unset_seed_takes_the_saved_one);
