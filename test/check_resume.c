@@ -13,6 +13,7 @@
 #include "../src/exec/exec_state.h"
 #include "../src/tools/gen.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -864,30 +865,32 @@ END_TEST
 /* ---- across processes: the CLI ------------------------------------------------------ */
 
 /* Runs `<build>/cachew run --json --quiet --seed 5 --set service=local
- * extra... pipeline` and returns its stdout (exit status in *status). */
+ * arg...` (NULL-terminated; later flags win) and returns its stdout, or
+ * its stderr with `err` (exit status in *status). */
 static char *
-cachew_run(const char *dir, int *status, const char *pipeline,
-    const char *a1, const char *a2, const char *a3, const char *a4)
+cachew_run(const char *dir, int *status, bool err, ...)
 {
 	char bin[512], out[600];
-	char *argv[] = {bin, "run", "--json", "--quiet", "--seed", "5",
-	    "--set", "service=local", (char *)a1, (char *)a2, (char *)a3,
-	    (char *)a4, NULL, NULL};
+	char *argv[24] = {bin, "run", "--json", "--quiet", "--seed", "5",
+	    "--set", "service=local"};
 	size_t n = 8;
+	va_list ap;
 	pid_t pid;
 	int st;
 
-	while (argv[n] != NULL)
+	va_start(ap, err);
+	while (n < 23 && (argv[n] = va_arg(ap, char *)) != NULL)
 		n++;
-	argv[n] = (char *)pipeline;
+	va_end(ap);
+	argv[n] = NULL;
 	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
-	snprintf(out, sizeof(out), "%s/stdout", dir);
+	snprintf(out, sizeof(out), "%s/output", dir);
 	fflush(NULL);
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		if (freopen(out, "w", stdout) == NULL ||
-		    freopen("/dev/null", "w", stderr) == NULL)
+		if (freopen(err ? "/dev/null" : out, "w", stdout) == NULL ||
+		    freopen(err ? out : "/dev/null", "w", stderr) == NULL)
 			_exit(127);
 		execv(bin, argv);
 		_exit(127);
@@ -918,12 +921,13 @@ START_TEST(cli_saves_in_one_process_and_resumes_in_another)
 	int st = -1;
 
 	snprintf(state, sizeof(state), "%s/state", dir);
-	full = cachew_run(dir, &st, p, NULL, NULL, NULL, NULL);
+	full = cachew_run(dir, &st, false, p, NULL);
 	ck_assert_int_eq(st, 0);
-	first = cachew_run(dir, &st, p, "--save-at", "13", "--state", state);
+	first = cachew_run(dir, &st, false, "--save-at", "13", "--state", state,
+	    p, NULL);
 	ck_assert_msg(st == 0, "--save-at: exit %d, %s", st, first);
 	ck_assert_uint_eq(json_u64(first, "\"saved_at\":", 10), 13);
-	rest = cachew_run(dir, &st, p, "--resume", state, NULL, NULL);
+	rest = cachew_run(dir, &st, false, "--resume", state, p, NULL);
 	ck_assert_msg(st == 0, "--resume: exit %d, %s", st, rest);
 	/* The digest is the sum of the element hashes: the two halves add up
 	 * to the whole run exactly when they are its elements. */
@@ -936,6 +940,15 @@ START_TEST(cli_saves_in_one_process_and_resumes_in_another)
 	free(full);
 	free(first);
 	free(rest);
+	/* Through a service: not yet, said plainly, and no state written. */
+	snprintf(state, sizeof(state), "%s/state2", dir);
+	first = cachew_run(dir, &st, true, "--set", "service=embedded",
+	    "--save-at", "3", "--state", state, p, NULL);
+	ck_assert_int_eq(st, 1);
+	ck_assert_msg(strstr(first, "resumable iteration through a service: "
+				    "not yet") != NULL, "%s", first);
+	ck_assert_int_ne(access(state, F_OK), 0);
+	free(first);
 	cwt_rmtree(dir);
 	free(dir);
 }

@@ -31,6 +31,13 @@
  * whoever set busy (a worker, or the consumer when no worker is ours), and
  * to the consumer while the slot is not open.
  *
+ * Saving a position (exec_state.h) keeps workers off the positions
+ * (`pausing`) and waits for those being read; each position's element,
+ * read count, offset (a built-in file function's) and read-ahead buffer
+ * are then still. A restore reopens each sequence from its element, seeks
+ * or reads past what it had read, and puts the buffer back, which either
+ * form hands out first.
+ *
  * Lock order: one lock, not held while calling the input's next() or the
  * flat-map function. The tuner registry lock is taken before it by the
  * cancellation wake-up and never while holding it.

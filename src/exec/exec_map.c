@@ -28,6 +28,13 @@
  * order. An input error or EOF ends the sequence after the chunks pulled
  * before it.
  *
+ * Saving a position (exec_state.h): the consumer sets `pausing`, which
+ * keeps workers from reserving chunks, and waits until none is being
+ * worked on (`working`); the completed results in output order are then
+ * the state's elements, next_index the index after them, and the input is
+ * saved under in_lock. A restore makes the saved results the first
+ * completed chunk.
+ *
  * Lock order: in_lock and lock are never held together. in_lock is held
  * across the input's next() (which may block); neither is held while the
  * map function runs. The tuner registry lock is taken before `lock` by

@@ -14,6 +14,11 @@
  * buffer is free (or all of it), so hand-offs happen per chunk, never per
  * element. An input error or EOF is delivered after every queued element.
  *
+ * Saving a position (exec_state.h) stops the producer thread (a chunk it
+ * was pulling is queued with what it got) and writes the queue and the
+ * input; the next next() starts a thread again. A restore queues the
+ * saved elements as one chunk.
+ *
  * Lock order: one lock. It is not held while calling the input's next().
  * The tuner registry lock is taken before it by the cancellation wake-up
  * and never while holding it.
