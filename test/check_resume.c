@@ -554,6 +554,56 @@ START_TEST(a_lease_resumes_through_the_exec_calls)
 }
 END_TEST
 
+/* Saves a run of `saved` cut at k and restores it into `restored`, a
+ * pipeline that differs only in what changes speed. */
+static void
+check_across(const char *saved, const char *restored, size_t k)
+{
+	cachew_dataset *a = parse(saved), *b = parse(restored);
+	cachew_options *o = local_opts(5, 2);
+	cachew_iterator *it = NULL, *back = NULL;
+	hashes want = full_run(a, o), got = {0};
+	void *s = NULL;
+	size_t len = 0;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, a, o), CACHEW_OK);
+	ck_assert_int_eq(pull(it, k, &got), CACHEW_OK);
+	save_state(it, &s, &len);
+	cachew_iterator_destroy(it);
+	ck_assert_msg(cachew_iterator_restore(&back, b, o, s, len) == CACHEW_OK,
+	    "%s: %s", restored, cachew_errmsg());
+	ck_assert_int_eq(pull(back, SIZE_MAX, &got), CACHEW_EOF);
+	cachew_iterator_destroy(back);
+	assert_same_run(restored, &want, &got, false);
+	free(s);
+	free(want.v);
+	free(got.v);
+	cachew_options_destroy(o);
+	cachew_dataset_release(a);
+	cachew_dataset_release(b);
+}
+
+START_TEST(parallelism_and_buffers_may_change_across_a_restore)
+{
+	char *dir = text_dir(), *a, *b;
+
+	check_across("range(200) | map(add, parallel=4) | prefetch(16)",
+	    "range(200) | map(add, parallel=1) | prefetch(1)", 9);
+	check_across("range(200) | map(uniform, parallel=1) | batch(7)",
+	    "range(200) | map(uniform, parallel=3) | batch(7)", 5);
+	a = cwt_fmt("list_files(\"%s/*.txt\") | interleave(text_lines, "
+		    "cycle=3, block=2, parallel=3) | prefetch(auto)", dir);
+	b = cwt_fmt("list_files(\"%s/*.txt\") | interleave(text_lines, "
+		    "cycle=3, block=2) | prefetch(2)", dir);
+	check_across(a, b, 7);
+	check_across(b, a, 7);
+	free(a);
+	free(b);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- refusals ------------------------------------------------------------------ */
 
 /* A state of `pipeline` saved with opts after k elements. */
@@ -973,6 +1023,7 @@ cwt_resume_suite(void)
 	tcase_add_test(tc, w2_pipeline_resumes);
 	tcase_add_test(tc, save_twice_and_restore_the_later);
 	tcase_add_test(tc, a_lease_resumes_through_the_exec_calls);
+	tcase_add_test(tc, parallelism_and_buffers_may_change_across_a_restore);
 	tcase_add_test(tc, state_of_an_ended_iterator_restores_to_the_end);
 	tcase_add_test(tc, state_of_another_pipeline_seed_or_epoch_is_refused);
 	tcase_add_test(tc, unset_seed_takes_the_saved_one);
