@@ -955,6 +955,40 @@ CACHEW_API const char *cachew_iterator_errmsg(const cachew_iterator *it);
  * Since 0.1. */
 CACHEW_API void cachew_iterator_destroy(cachew_iterator *it);
 
+/* Saves the iterator's position, for a training program to checkpoint it
+ * with its model: the elements cachew_iterator_next has returned so far
+ * are behind it, every other element of the run is ahead (those its
+ * operators computed or buffered but did not yet return are in the state,
+ * and come again after a restore). The iterator is left as it was:
+ * iteration may go on, and saving again later is fine. *state is a
+ * malloc'd document of *len bytes (free it with free()); it holds the
+ * buffered elements, so its size follows the buffers (a shuffle's above
+ * all). Errors: CACHEW_EINVAL for a NULL argument; CACHEW_ENOTSUP when an
+ * operator of the pipeline cannot save its position (the message names
+ * it), and for an iterator that runs on a service ("resumable iteration
+ * through a service: not yet"); an iterator that failed gives its error;
+ * CACHEW_ENOMEM. Details in cachew_errmsg(). One thread at a time, with
+ * the iterator's other calls. Since 0.3. */
+CACHEW_API cachew_err cachew_iterator_save(
+    cachew_iterator *it, void **state, size_t *len);
+/* Creates an iterator of ds that continues from a state that
+ * cachew_iterator_save wrote: it yields exactly the elements the saved
+ * iterator had not yet returned (in the same order where the run is
+ * deterministic). ds must be the same pipeline (its fingerprint is
+ * checked) and opts (may be NULL) must agree with the saved run on what
+ * changes the data: seed (an unset seed takes the saved one), epoch and
+ * deterministic; threads, buffer sizes and the RAM budget may differ. It
+ * runs on the plain executor. state is only read (the caller keeps it).
+ * Errors: CACHEW_EINVAL for a NULL argument, another pipeline or an option
+ * that differs (the message names it); CACHEW_ECORRUPT for a state that
+ * is not well formed (the message says what and at which byte);
+ * CACHEW_ENOTSUP for a state of a newer format, of a service, or options
+ * naming a service; the pipeline's own errors as cachew_iterator_create.
+ * On success the caller owns *out. Thread safe. Since 0.3. */
+CACHEW_API cachew_err cachew_iterator_restore(cachew_iterator **out,
+    cachew_dataset *ds, const cachew_options *opts, const void *state,
+    size_t len);
+
 /* Per-operator counters, one row per graph node in pipeline order (sources
  * first). Through a service the rows are the same: those of the operators
  * that run on workers are summed over the job's workers, and exact once

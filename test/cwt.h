@@ -39,6 +39,8 @@ Suite *cwt_dautocache_suite(void); /* check_dautocache.c: the dispatcher's
 Suite *cwt_journal_suite(void);   /* check_journal.c: write-ahead journal */
 Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
                                    * dispatcher, end to end */
+Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
+                                   * an iterator's position */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when
@@ -76,6 +78,10 @@ cachew_options *cwt_opts_at(int64_t seed, int64_t epoch, const char *service);
  * the test (with the errmsg) when the run fails. Free with free(). */
 char *cwt_hash_seq(const char *pipeline, const cachew_options *opts,
     int sorted);
+
+/* printf into a fresh heap string (free with free()); fails the test on
+ * ENOMEM. */
+char *cwt_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 
 /* The build directory (CACHEW_BUILD or "build"); a fresh temporary
  * directory (removed by cwt_rmtree). */

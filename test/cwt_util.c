@@ -4,6 +4,7 @@
 #include "cwt.h"
 
 #include <ftw.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,3 +271,15 @@ const char cwt_range3_graph[] =
     "\x91\x83\xa6" "inputs" "\x90\xa2" "op" "\xa5" "range" "\xa6" "params"
     "\x81\xa4" "stop" "\x03\xa4" "root" "\x00\xa7" "version" "\x01";
 const size_t cwt_range3_graph_len = sizeof(cwt_range3_graph) - 1;
+
+char *
+cwt_fmt(const char *f, ...)
+{
+	va_list ap;
+	char *s = NULL;
+
+	va_start(ap, f);
+	ck_assert_int_ge(vasprintf(&s, f, ap), 0);
+	va_end(ap);
+	return s;
+}

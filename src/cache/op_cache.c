@@ -31,6 +31,7 @@
  */
 #include "cache.h"
 
+#include "../exec/exec_state.h"
 #include "../exec/exec_tune.h"
 
 #include <stdio.h>
@@ -757,6 +758,53 @@ rd_fini(get_read *g)
 	memset(g, 0, sizeof(*g));
 }
 
+/* ---- resuming (exec_state.h) ---------------------------------------------------- */
+
+/* Passes over the first n elements of a read: where a restored read
+ * resumes. The chunks before are decoded again (a chunk's frames are only
+ * found by reading it). */
+static cachew_err
+rd_skip(get_read *g, uint64_t n, cwi_state_reader *r)
+{
+	cwi_chunk skip = {0};
+	cachew_err rv = CACHEW_OK;
+	uint64_t left = n;
+
+	while (left > 0 && rv == CACHEW_OK) {
+		size_t k = left < RD_BATCH ? (size_t)left : RD_BATCH;
+		rv = cwi_chunk_reserve(&skip, k);
+		if (rv == CACHEW_OK)
+			rv = rd_take(g, &skip, k);
+		left -= skip.n;
+		cwi_chunk_clear(&skip);
+	}
+	cwi_chunk_free(&skip);
+	if (rv == CACHEW_EOF)
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "the cache holds %llu elements, the state says %llu were "
+		    "read", (unsigned long long)(n - left),
+		    (unsigned long long)n);
+	else if (rv != CACHEW_OK)
+		cwi_sr_fail(r, rv, "reading the cache: %s",
+		    g->errmsg[0] != '\0' ? g->errmsg : cachew_strerror(rv));
+	return rv == CACHEW_OK ? CACHEW_OK : cwi_sr_error(r);
+}
+
+/* A restored pass writes no cache: the elements before the save are not
+ * in it (a later complete pass writes it). */
+static void
+put_disable(put_pass *p)
+{
+	char hex[33];
+
+	cachew_fingerprint_hex(cwi_node_fp(p->node), hex);
+	cwi_log(CACHEW_LOG_INFO, "cache",
+	    "%s: a restored pass does not write the cache %s (it would miss "
+	    "the elements before the saved position)",
+	    p->node->op->name, hex);
+	p->started = true;
+}
+
 /* ---- cache_put ---------------------------------------------------------------- */
 
 typedef struct put_iter {
@@ -793,9 +841,30 @@ put_destroy(cwi_iter *it)
 	free(p);
 }
 
+/* [input]: the write itself is not resumed (put_disable). */
+static cachew_err
+put_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cwi_sw_array(w, 1);
+	return cwi_iter_save(((put_iter *)it)->input, w);
+}
+
+static cachew_err
+put_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	put_iter *p = (put_iter *)it;
+
+	if (!cwi_sr_array(r, "cache_put", 1))
+		return cwi_sr_error(r);
+	put_disable(&p->pass);
+	return cwi_iter_restore(p->input, r);
+}
+
 static const cwi_iter_ops put_iter_ops = {
     .next = put_next,
     .destroy = put_destroy,
+    .save = put_save,
+    .restore = put_restore,
 };
 
 static cachew_err
@@ -835,6 +904,7 @@ typedef struct get_iter {
 	cachew_fingerprint fp;
 	get_read rd;
 	bool rd_ready;
+	uint64_t yielded; /* elements delivered */
 } get_iter;
 
 /* Reports a read failure of cache_get. A corrupt cache was marked bad by
@@ -865,8 +935,10 @@ static cachew_err
 get_next(cwi_iter *it, cwi_chunk *out, size_t max)
 {
 	get_iter *g = (get_iter *)it;
+	size_t first = out->n;
 	cachew_err rv = rd_take(&g->rd, out, max);
 
+	g->yielded += out->n - first;
 	if (rv == CACHEW_OK || rv == CACHEW_EOF || rv == CACHEW_ECANCELED)
 		return rv;
 	if (rv == CACHEW_ENOMEM && g->rd.started == 0)
@@ -892,9 +964,31 @@ get_destroy(cwi_iter *it)
 	get_free(g);
 }
 
+/* [elements delivered]: a restore reads past them. */
+static cachew_err
+get_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cwi_sw_array(w, 1);
+	cwi_sw_uint(w, ((get_iter *)it)->yielded);
+	return CACHEW_OK;
+}
+
+static cachew_err
+get_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	get_iter *g = (get_iter *)it;
+
+	if (!cwi_sr_array(r, "cache_get", 1) ||
+	    !cwi_sr_uint(r, "delivered", &g->yielded, UINT64_MAX))
+		return cwi_sr_error(r);
+	return rd_skip(&g->rd, g->yielded, r);
+}
+
 static const cwi_iter_ops get_iter_ops = {
     .next = get_next,
     .destroy = get_destroy,
+    .save = get_save,
+    .restore = get_restore,
 };
 
 /* Opens the root of a cache_get node and finds its manifest; errors
@@ -998,6 +1092,7 @@ typedef struct cache_iter {
 	cwi_iter *input;        /* computing */
 	put_pass pass;
 	uint64_t yielded;       /* elements delivered while reading */
+	uint64_t delivered;     /* elements delivered, however */
 	uint64_t skip;          /* recomputed elements still to drop */
 	cwi_chunk scratch;
 } cache_iter;
@@ -1070,8 +1165,10 @@ cache_next(cwi_iter *it, cwi_chunk *out, size_t max)
 
 	if (c->reading) {
 		rv = rd_take(&c->rd, out, max);
-		if (rv == CACHEW_OK)
+		if (rv == CACHEW_OK) {
 			c->yielded += out->n - first;
+			c->delivered += out->n - first;
+		}
 		if (rv == CACHEW_OK || rv == CACHEW_EOF ||
 		    rv == CACHEW_ECANCELED ||
 		    (rv == CACHEW_ENOMEM && c->rd.started == 0))
@@ -1084,10 +1181,12 @@ cache_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	if (rv != CACHEW_OK)
 		return rv;
 	rv = cwi_iter_next(c->input, out, max);
-	if (rv == CACHEW_OK)
+	if (rv == CACHEW_OK) {
+		c->delivered += out->n - first;
 		put_add(&c->pass, out, first);
-	else
+	} else {
 		put_finish(&c->pass, rv);
+	}
 	return rv;
 }
 
@@ -1112,9 +1211,57 @@ cache_destroy(cwi_iter *it)
 	cache_free(c);
 }
 
+/* [elements delivered, the input's state when computing]. The cache holds
+ * what the input yields, in order, so a position is a count of either. */
+static cachew_err
+cache_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cache_iter *c = (cache_iter *)it;
+	bool computing = !c->reading && c->skip == 0;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_uint(w, c->delivered);
+	if (!computing) {
+		cwi_sw_array(w, 0);
+		return CACHEW_OK;
+	}
+	cwi_sw_array(w, 1);
+	return cwi_iter_save(c->input, w);
+}
+
+/* A restore may find the cache complete where the run had computed, or
+ * gone where it had read: the count of elements is what carries over. */
+static cachew_err
+cache_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	cache_iter *c = (cache_iter *)it;
+	uint64_t n = 0;
+
+	if (!cwi_sr_array(r, "cache", 2) ||
+	    !cwi_sr_uint(r, "delivered", &c->delivered, UINT64_MAX) ||
+	    !cwi_sr_count(r, "input", &n, 1))
+		return cwi_sr_error(r);
+	if (c->reading) {
+		if (n == 1 && !cwi_sr_skip(r, "input state"))
+			return cwi_sr_error(r);
+		c->yielded = c->delivered;
+		return rd_skip(&c->rd, c->delivered, r);
+	}
+	if (n == 0) {
+		/* Computing where the run read: the pass drops (and caches)
+		 * the elements delivered before. */
+		c->yielded = c->skip = c->delivered;
+		return CACHEW_OK;
+	}
+	put_disable(&c->pass);
+	return cwi_iter_restore(c->input, r);
+}
+
 static const cwi_iter_ops cache_iter_ops = {
     .next = cache_next,
     .destroy = cache_destroy,
+    .save = cache_save,
+    .restore = cache_restore,
 };
 
 /* Finds a complete cache of the node's input: true with *m to read it. */
@@ -1243,6 +1390,8 @@ const cwi_dataset_op cwi_op_cache_put = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = put_create,
+    .saves = "the input; a restored pass passes through without writing "
+	"(the cache would miss the elements before the position)",
 };
 
 const cwi_dataset_op cwi_op_cache_get = {
@@ -1260,6 +1409,7 @@ const cwi_dataset_op cwi_op_cache_get = {
     .validate = get_validate,
     .iter_create = get_create,
     .split_units = get_split_units,
+    .saves = "the count of elements delivered: a restore reads past them",
 };
 
 const cwi_dataset_op cwi_op_cache = {
@@ -1274,4 +1424,8 @@ const cwi_dataset_op cwi_op_cache = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = cache_create,
+    .saves = "the count of elements delivered and, computing, the input: a "
+	"restore reads past them in a complete cache, or resumes (or "
+	"recomputes) "
+	"the input and then writes no cache",
 };

@@ -118,10 +118,20 @@ struct cwi_iter_args {
 			 * and random functions draw from it */
 };
 
+struct cwi_state_writer;
+struct cwi_state_reader;
+
 typedef struct cwi_iter_ops {
 	cachew_err (*next)(cwi_iter *it, cwi_chunk *out, size_t max);
 	/* Stops the op's threads, destroys its inputs, frees it. */
 	void (*destroy)(cwi_iter *it);
+	/* Resumable iteration (exec_state.h); NULL: the op cannot save its
+	 * position (CACHEW_ENOTSUP naming it). save writes the op's body:
+	 * its own position and its inputs' states (cwi_iter_save), leaving
+	 * the iterator as it was (iteration may go on). restore reads what
+	 * save wrote into an iterator just created, before its first next(). */
+	cachew_err (*save)(cwi_iter *it, struct cwi_state_writer *w);
+	cachew_err (*restore)(cwi_iter *it, struct cwi_state_reader *r);
 } cwi_iter_ops;
 
 struct cwi_iter {
@@ -206,6 +216,11 @@ typedef struct cwi_seq {
 	void *state;
 	bool open;
 	bool eof;
+	/* What reopens it where it was (exec_state.h): the element that
+	 * opened it (a reference), its index and the elements it yielded. */
+	cwi_element *in;
+	uint64_t index;
+	uint64_t yielded;
 } cwi_seq;
 
 cachew_err cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,

@@ -31,11 +31,19 @@
  * whoever set busy (a worker, or the consumer when no worker is ours), and
  * to the consumer while the slot is not open.
  *
+ * Saving a position (exec_state.h) keeps workers off the positions
+ * (`pausing`) and waits for those being read; each position's element,
+ * read count, offset (a built-in file function's) and read-ahead buffer
+ * are then still. A restore reopens each sequence from its element, seeks
+ * or reads past what it had read, and puts the buffer back, which either
+ * form hands out first.
+ *
  * Lock order: one lock, not held while calling the input's next() or the
  * flat-map function. The tuner registry lock is taken before it by the
  * cancellation wake-up and never while holding it.
  */
 #include "exec_ops.h"
+#include "exec_state.h"
 #include "exec_tune.h"
 
 #include <stdlib.h>
@@ -44,7 +52,10 @@ typedef struct ilv_slot {
 	/* The sequence: owned by the reader (see above). seq_open sits in a
 	 * word of its own, apart from the flags under `lock`. */
 	cwi_element *input; /* until its sequence opens */
+	cwi_element *opener; /* then: the element that opened it (a save
+			      * reopens the sequence from it) */
 	uint64_t index;     /* input element index */
+	uint64_t read;      /* elements read from the sequence */
 	bool seq_open;      /* flat_close pending */
 	cachew_op_ctx ctx;
 	void *seq;
@@ -88,6 +99,7 @@ typedef struct ilv_iter {
 	pthread_cond_t cv_ready, cv_work, cv_park;
 	cwi_crew crew;
 	bool started, stop, cancel;
+	bool pausing; /* a save waits for the positions being read */
 	bool consumer_waiting;
 	size_t wait_slot; /* the position the consumer waits on, or ILV_ANY */
 	int idle;
@@ -109,7 +121,8 @@ slot_open_seq(ilv_iter *m, ilv_slot *s, cachew_err *err, char **msg)
 	cwi_op_ctx_at(&s->ctx, s->index);
 	s->seq = NULL;
 	rv = m->node->fn->def.flat_open(&s->ctx, s->input, &s->seq);
-	cwi_element_release(s->input);
+	cwi_element_release(s->opener);
+	s->opener = s->input;
 	s->input = NULL;
 	if (rv != CACHEW_OK) {
 		*err = cwi_fn_errcode(rv);
@@ -143,6 +156,7 @@ slot_read_seq(ilv_iter *m, ilv_slot *s, cwi_chunk *dst, size_t k, bool *eof,
 		cwi_chunk_push(dst, e);
 		got++;
 	}
+	s->read += got;
 	return got;
 }
 
@@ -162,6 +176,7 @@ slot_assign(ilv_iter *m, ilv_slot *s)
 	s->input = m->inbuf.v[0];
 	m->inbuf.n = 0;
 	s->index = m->next_index++;
+	s->read = 0;
 	s->open = true;
 	s->eof = false;
 	s->err = CACHEW_OK;
@@ -174,6 +189,8 @@ slot_reset(ilv_iter *m, ilv_slot *s)
 {
 	s->open = false;
 	s->eof = false;
+	cwi_element_release(s->opener);
+	s->opener = NULL;
 	s->buf.n = 0;
 	s->pos = 0;
 	s->bytes = 0;
@@ -212,7 +229,25 @@ ilv_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		return m->pending;
 	while (got < max) {
 		ilv_slot *s = &m->slots[m->cur];
-		if (s->open && !s->eof && s->err == CACHEW_OK) {
+		if (s->open && s->pos < s->buf.n) {
+			/* Read ahead by a parallel interleave whose state
+			 * was restored here. */
+			size_t t = m->block - m->block_index;
+			if (t > max - got)
+				t = max - got;
+			if (t > s->buf.n - s->pos)
+				t = s->buf.n - s->pos;
+			memcpy(out->v + out->n, s->buf.v + s->pos,
+			    t * sizeof(*out->v));
+			out->n += t;
+			s->pos += t;
+			got += t;
+			m->block_index += t;
+			if (s->pos == s->buf.n)
+				s->pos = s->buf.n = 0;
+			if (m->block_index == m->block)
+				advance(m);
+		} else if (s->open && !s->eof && s->err == CACHEW_OK) {
 			size_t want = m->block - m->block_index, n;
 			if (want > max - got)
 				want = max - got;
@@ -279,7 +314,7 @@ slot_wants_work(const ilv_iter *m, const ilv_slot *s)
 {
 	size_t avail = s->buf.n - s->pos;
 
-	if (!s->open || s->busy || s->eof || s->err != CACHEW_OK)
+	if (!s->open || s->busy || s->eof || s->err != CACHEW_OK || m->pausing)
 		return false;
 	return avail < m->slot_limit &&
 	    (avail == 0 || cwi_tune_bytes_ok(&m->tune));
@@ -644,6 +679,7 @@ ilv_free(ilv_iter *m)
 		ilv_slot *s = &m->slots[i];
 		slot_close_seq(m, s);
 		cwi_element_release(s->input);
+		cwi_element_release(s->opener);
 		for (size_t j = s->pos; j < s->buf.n; j++)
 			cwi_element_release(s->buf.v[j]);
 		free(s->buf.v);
@@ -683,14 +719,225 @@ ilv_destroy(cwi_iter *it)
 	ilv_free(m);
 }
 
+/* ---- saving and restoring --------------------------------------------------------------------- */
+
+/* Keeps workers off the positions and waits for those being read, so
+ * that each position's sequence, count and buffer hold still. */
+static void
+ilv_quiesce(ilv_iter *m, bool pause)
+{
+	bool busy = true;
+
+	if (!m->parallel)
+		return;
+	pthread_mutex_lock(&m->lock);
+	m->pausing = pause;
+	while (pause && busy && !m->cancel) {
+		busy = false;
+		for (size_t i = 0; i < m->cycle; i++)
+			busy = busy || m->slots[i].busy;
+		if (busy)
+			ilv_wait(m, ILV_ANY);
+	}
+	if (!pause && m->idle > 0)
+		pthread_cond_broadcast(&m->cv_work);
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* A position: closed [], or [index, read, ended, position in the
+ * sequence (a built-in file function's offset, else 0), opener (none when
+ * ended), read ahead]. */
+static cachew_err
+ilv_save_slot(ilv_iter *m, const ilv_slot *s, cwi_state_writer *w)
+{
+	const cwi_element *opener = s->opener != NULL ? s->opener : s->input;
+	cachew_err rv;
+
+	if (!s->open) {
+		cwi_sw_array(w, 0);
+		return CACHEW_OK;
+	}
+	if (s->err != CACHEW_OK)
+		return cwi_fail(s->err, "%s", s->errmsg != NULL ? s->errmsg
+		    : "interleave: a sequence failed");
+	if (!s->eof && opener == NULL)
+		return cwi_fail(CACHEW_EINTERNAL,
+		    "interleave(%s): an open position without its element",
+		    m->node->fn->name);
+	cwi_sw_array(w, 6);
+	cwi_sw_uint(w, s->index);
+	cwi_sw_uint(w, s->read);
+	cwi_sw_bool(w, s->eof);
+	cwi_sw_uint(w, s->seq_open && m->node->fn->resume != NULL
+		? m->node->fn->resume->tell(s->seq) : 0);
+	cwi_sw_array(w, s->eof ? 0 : 1);
+	rv = s->eof ? CACHEW_OK : cwi_sw_element(w, opener);
+	if (rv == CACHEW_OK)
+		rv = cwi_sw_elements(w, s->buf.v + s->pos, s->buf.n - s->pos);
+	return rv;
+}
+
+/* [cursor, block index, input ended, next index, positions, input]. */
+static cachew_err
+ilv_save(cwi_iter *it, cwi_state_writer *w)
+{
+	ilv_iter *m = (ilv_iter *)it;
+	cachew_err rv = CACHEW_OK;
+
+	if (m->pending != CACHEW_OK)
+		return cwi_fail(m->pending, "interleave: the input failed (%s)",
+		    m->pl->errmsg);
+	ilv_quiesce(m, true);
+	cwi_sw_array(w, 6);
+	cwi_sw_uint(w, m->cur);
+	cwi_sw_uint(w, m->block_index);
+	cwi_sw_bool(w, m->input_end);
+	cwi_sw_uint(w, m->next_index);
+	cwi_sw_array(w, m->cycle);
+	for (size_t i = 0; i < m->cycle && rv == CACHEW_OK; i++)
+		rv = ilv_save_slot(m, &m->slots[i], w);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(m->input, w);
+	ilv_quiesce(m, false);
+	return rv;
+}
+
+/* Reopens the sequence of s from its element and seeks to pos (a
+ * built-in file function) or reads past what it had read. */
+static cachew_err
+ilv_reopen(ilv_iter *m, ilv_slot *s, uint64_t read, uint64_t pos,
+    cwi_state_reader *r)
+{
+	cwi_chunk skip = {0};
+	cachew_err err = CACHEW_OK;
+	char *msg = NULL;
+	bool eof = false;
+
+	slot_open_seq(m, s, &err, &msg);
+	if (err == CACHEW_OK && s->read < read) {
+		cachew_err rv = cwi_seq_seek(m->node->fn, s->seq, pos, r);
+		if (rv == CACHEW_OK)
+			s->read = read;
+		else if (rv != CACHEW_ENOTSUP)
+			return rv;
+	}
+	while (err == CACHEW_OK && !eof && s->read < read) {
+		uint64_t k = read - s->read;
+		if (k > 256)
+			k = 256;
+		if (cwi_chunk_reserve(&skip, (size_t)k) != CACHEW_OK) {
+			err = CACHEW_ENOMEM;
+			break;
+		}
+		slot_read_seq(m, s, &skip, (size_t)k, &eof, &err, &msg);
+		cwi_chunk_clear(&skip);
+	}
+	cwi_chunk_free(&skip);
+	if (err == CACHEW_OK && s->read < read)
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "the sequence of element %llu ends after %llu elements, "
+		    "the state says %llu were read",
+		    (unsigned long long)s->index,
+		    (unsigned long long)s->read, (unsigned long long)read);
+	else if (err != CACHEW_OK)
+		cwi_sr_fail(r, err, "%s", msg != NULL ? msg
+					  : cachew_strerror(err));
+	free(msg);
+	if (eof) {
+		slot_close_seq(m, s);
+		s->eof = true;
+	}
+	return r->err;
+}
+
+static cachew_err
+ilv_restore_slot(ilv_iter *m, ilv_slot *s, cwi_state_reader *r)
+{
+	uint64_t n = 0, read = 0, pos = 0;
+	cwi_chunk opener = {0};
+
+	if (!cwi_sr_count(r, "position", &n, 6))
+		return cwi_sr_error(r);
+	if (n == 0)
+		return CACHEW_OK;
+	if (n != 6) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "position: an array of %llu items, expected 0 or 6",
+		    (unsigned long long)n);
+		return cwi_sr_error(r);
+	}
+	if (!cwi_sr_uint(r, "index", &s->index, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "read", &read, UINT64_MAX) ||
+	    !cwi_sr_bool(r, "ended", &s->eof) ||
+	    !cwi_sr_uint(r, "sequence position", &pos, UINT64_MAX) ||
+	    !cwi_sr_elements(r, "opener", &opener)) {
+		cwi_chunk_free(&opener);
+		return cwi_sr_error(r);
+	}
+	s->open = true;
+	m->num_open++;
+	if (opener.n != (s->eof ? 0u : 1u)) {
+		cwi_chunk_free(&opener);
+		cwi_sr_fail(r, CACHEW_ECORRUPT, "%zu opening elements for a "
+						"sequence %s",
+		    opener.n, s->eof ? "that ended" : "still open");
+		return cwi_sr_error(r);
+	}
+	if (!s->eof) {
+		s->input = opener.v[0];
+		opener.n = 0;
+		if (ilv_reopen(m, s, read, pos, r) != CACHEW_OK) {
+			cwi_chunk_free(&opener);
+			return cwi_sr_error(r);
+		}
+	}
+	cwi_chunk_free(&opener);
+	s->read = read;
+	if (!cwi_sr_elements(r, "read ahead", &s->buf))
+		return cwi_sr_error(r);
+	for (size_t i = 0; i < s->buf.n; i++)
+		s->bytes += cwi_element_nbytes(s->buf.v[i]);
+	m->buffered += (int64_t)s->buf.n;
+	if (m->parallel)
+		cwi_tune_bytes_add(&m->tune, (int64_t)s->bytes);
+	return CACHEW_OK;
+}
+
+static cachew_err
+ilv_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	ilv_iter *m = (ilv_iter *)it;
+	uint64_t cur = 0, block_index = 0;
+
+	if (!cwi_sr_array(r, "interleave", 6) ||
+	    !cwi_sr_uint(r, "cursor", &cur, m->cycle - 1) ||
+	    !cwi_sr_uint(r, "block index", &block_index, m->block - 1) ||
+	    !cwi_sr_bool(r, "input ended", &m->input_end) ||
+	    !cwi_sr_uint(r, "next index", &m->next_index, UINT64_MAX) ||
+	    !cwi_sr_array(r, "positions", m->cycle))
+		return cwi_sr_error(r);
+	m->cur = (size_t)cur;
+	m->block_index = (size_t)block_index;
+	for (size_t i = 0; i < m->cycle; i++)
+		if (ilv_restore_slot(m, &m->slots[i], r) != CACHEW_OK)
+			return cwi_sr_error(r);
+	if (m->parallel)
+		ilv_publish(m);
+	return cwi_iter_restore(m->input, r);
+}
+
 static const cwi_iter_ops ilv_iter_ops = {
     .next = ilv_next,
     .destroy = ilv_destroy,
+    .save = ilv_save,
+    .restore = ilv_restore,
 };
 
 static const cwi_iter_ops pilv_iter_ops = {
     .next = pilv_next,
     .destroy = ilv_destroy,
+    .save = ilv_save,
+    .restore = ilv_restore,
 };
 
 static cachew_err
@@ -790,4 +1037,8 @@ const cwi_dataset_op cwi_op_interleave = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = ilv_create,
+    .saves = "the cycle: each open position's element, index, elements "
+	"read (and, for a file function, the offset of the next) and "
+	"read-ahead buffer (a restore reopens the sequences and seeks, or reads "
+	"past what they yielded), the cursor and block count, and the input",
 };

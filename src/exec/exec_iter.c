@@ -9,6 +9,7 @@
  */
 #include "exec.h"
 #include "exec_split.h"
+#include "exec_state.h"
 #include "exec_tune.h"
 
 #include <stdio.h>
@@ -309,6 +310,11 @@ cwi_seq_open(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 	if (rv != CACHEW_OK)
 		return cwi_fn_failed(&s->ctx, node, pl, rv);
 	s->open = true;
+	/* The function keeps what it needs of in; the reference is for a
+	 * save (exec_state.h). */
+	s->in = (cwi_element *)in;
+	cwi_element_retain(s->in);
+	s->index = index;
 	return CACHEW_OK;
 }
 
@@ -343,6 +349,7 @@ cwi_seq_next(cwi_seq *s, const cwi_node *node, cwi_pipeline *pl,
 		}
 		cwi_chunk_push(out, e);
 		got++;
+		s->yielded++;
 	}
 	return got > 0 ? CACHEW_OK : CACHEW_EOF;
 }
@@ -354,6 +361,8 @@ cwi_seq_close(cwi_seq *s)
 		s->fn->def.flat_close(s->state);
 	s->open = false;
 	s->state = NULL;
+	cwi_element_release(s->in);
+	s->in = NULL;
 }
 
 /* ---- public iterator ---------------------------------------------------------------------- */
@@ -401,6 +410,7 @@ struct cachew_iterator {
 	void (*release)(void *arg); /* called last by destroy (owned) */
 	void *release_arg;
 	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
+	bool service; /* a service client's (cwi_iterator_create_owned) */
 	pid_t pid; /* the process that created it (fork: see destroy) */
 };
 
@@ -472,6 +482,20 @@ cwi_exec_iterator_create(
 	it->pl.seed = it->pl.opts.seed >= 0 ? (uint64_t)it->pl.opts.seed
 					    : cwi_fresh_seed();
 	it->pl.job_seed = it->pl.seed;
+	return iterator_start(out, it);
+}
+
+cachew_err
+cwi_exec_iterator_create_seeded(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, uint64_t seed, uint64_t job_seed)
+{
+	cachew_iterator *it;
+
+	it = iterator_alloc(ds, opts);
+	if (it == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	it->pl.seed = seed;
+	it->pl.job_seed = job_seed;
 	return iterator_start(out, it);
 }
 
@@ -592,6 +616,7 @@ cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 	}
 	it->pl.seed = seed;
 	it->pl.job_seed = seed;
+	it->service = true;
 	it->release = release;
 	it->release_arg = arg;
 	return iterator_start(out, it);
@@ -726,5 +751,76 @@ cachew_iterator_stats(
 	}
 	if (n != NULL)
 		*n = k + own;
+	return CACHEW_OK;
+}
+
+/* ---- saving and restoring a position (exec_state.h) ---------------------- */
+
+bool
+cwi_exec_iterator_is_service(const cachew_iterator *it)
+{
+	return it->service;
+}
+
+void
+cwi_exec_iterator_run(const cachew_iterator *it, cwi_exec_run *out)
+{
+	out->fp = *cwi_node_fp(it->ds);
+	out->seed = it->pl.seed;
+	out->job_seed = it->pl.job_seed;
+	out->epoch = it->pl.opts.epoch;
+	out->deterministic = it->pl.opts.deterministic != 0;
+}
+
+/* [ready elements, root state]. The ready chunk is what a restored
+ * iterator hands out first. */
+cachew_err
+cwi_exec_iterator_save(cachew_iterator *it, cwi_state_writer *w)
+{
+	cachew_err rv;
+
+	if (it->service)
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "resumable iteration through a service: not yet");
+	if (it->done != CACHEW_OK && it->done != CACHEW_EOF)
+		return cwi_fail(it->done,
+		    "iterator: it failed (%s): there is no position to save",
+		    it->pl.errmsg);
+	cwi_sw_array(w, 2);
+	rv = cwi_sw_elements(w, it->ready.v + it->pos, it->ready.n - it->pos);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (it->done == CACHEW_EOF) {
+		/* Its end is sticky here, whatever the root's state. */
+		cwi_sw_array(w, 3);
+		cwi_sw_str(w, it->root->node->op->name);
+		cwi_sw_bool(w, true);
+		cwi_sw_array(w, 0);
+	} else {
+		rv = cwi_iter_save(it->root, w);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	if (w->sb.oom)
+		return cwi_fail(CACHEW_ENOMEM, "iterator state: out of memory");
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_exec_iterator_restore(cachew_iterator *it, cwi_state_reader *r)
+{
+	if (it->service) {
+		cwi_sr_fail(r, CACHEW_ENOTSUP,
+		    "resumable iteration through a service: not yet");
+		return cwi_sr_error(r);
+	}
+	if (!cwi_sr_array(r, "iterator", 2) ||
+	    !cwi_sr_elements(r, "pulled elements", &it->ready))
+		return cwi_sr_error(r);
+	it->pos = 0;
+	if (cwi_iter_restore(it->root, r) != CACHEW_OK)
+		return cwi_sr_error(r);
+	if (it->root->done == CACHEW_EOF)
+		it->done = CACHEW_EOF;
 	return CACHEW_OK;
 }

@@ -28,12 +28,20 @@
  * order. An input error or EOF ends the sequence after the chunks pulled
  * before it.
  *
+ * Saving a position (exec_state.h): the consumer sets `pausing`, which
+ * keeps workers from reserving chunks, and waits until none is being
+ * worked on (`working`); the completed results in output order are then
+ * the state's elements, next_index the index after them, and the input is
+ * saved under in_lock. A restore makes the saved results the first
+ * completed chunk.
+ *
  * Lock order: in_lock and lock are never held together. in_lock is held
  * across the input's next() (which may block); neither is held while the
  * map function runs. The tuner registry lock is taken before `lock` by
  * the cancellation wake-up and never while holding either.
  */
 #include "exec_ops.h"
+#include "exec_state.h"
 #include "exec_tune.h"
 
 #include <stdlib.h>
@@ -45,6 +53,10 @@ typedef struct map_iter {
 	cwi_iter *input;
 	cachew_op_ctx ctx;
 	uint64_t index; /* elements seen at the input */
+	/* Results a parallel map had computed when its state was saved:
+	 * handed out first (restored.v[pos..n)). */
+	cwi_chunk restored;
+	size_t pos;
 } map_iter;
 
 static cachew_err
@@ -54,6 +66,11 @@ map_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	size_t n0 = out->n;
 	cachew_err rv;
 
+	if (m->pos < m->restored.n) {
+		while (out->n - n0 < max && m->pos < m->restored.n)
+			cwi_chunk_push(out, m->restored.v[m->pos++]);
+		return CACHEW_OK;
+	}
 	rv = cwi_iter_next(m->input, out, max);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -79,12 +96,57 @@ map_destroy(cwi_iter *it)
 {
 	map_iter *m = (map_iter *)it;
 	cwi_iter_destroy(m->input);
+	for (size_t i = m->pos; i < m->restored.n; i++)
+		cwi_element_release(m->restored.v[i]);
+	free(m->restored.v);
 	free(m);
+}
+
+/* [index, results computed and not yet handed out, input]: the index (of
+ * the input element after them) seeds the function's random stream. The
+ * parallel form writes the same shape, so a state moves between
+ * parallelisms. */
+static cachew_err
+map_save(cwi_iter *it, cwi_state_writer *w)
+{
+	map_iter *m = (map_iter *)it;
+
+	cachew_err rv;
+
+	cwi_sw_array(w, 3);
+	cwi_sw_uint(w, m->index);
+	rv = cwi_sw_elements(w, m->restored.v + m->pos,
+	    m->restored.n - m->pos);
+	if (rv != CACHEW_OK)
+		return rv;
+	return cwi_iter_save(m->input, w);
+}
+
+/* Reads [index, computed elements, ...] up to the input's state. */
+static bool
+map_restore_head(cwi_state_reader *r, uint64_t *index, cwi_chunk *done)
+{
+	return cwi_sr_array(r, "map", 3) &&
+	    cwi_sr_uint(r, "index", index, UINT64_MAX) &&
+	    cwi_sr_elements(r, "computed", done);
+}
+
+static cachew_err
+map_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	map_iter *m = (map_iter *)it;
+
+	if (!map_restore_head(r, &m->index, &m->restored))
+		return cwi_sr_error(r);
+	m->pos = 0;
+	return cwi_iter_restore(m->input, r);
 }
 
 static const cwi_iter_ops map_iter_ops = {
     .next = map_next,
     .destroy = map_destroy,
+    .save = map_save,
+    .restore = map_restore,
 };
 
 /* ---- parallel map: state --------------------------------------------------- */
@@ -129,6 +191,8 @@ typedef struct pmap_iter {
 	pthread_cond_t cv_park;  /* workers beyond crew.active */
 	cwi_crew crew;
 	bool started, stop, cancel;
+	bool pausing;     /* a save waits for the chunks being worked on */
+	size_t working;   /* chunks reserved and not yet deposited */
 	bool inline_mode; /* the consumer runs the chunks (cheap function) */
 	bool consumer_waiting;
 	int idle;         /* workers waiting on cv_work */
@@ -173,7 +237,8 @@ pmap_publish(pmap_iter *m)
 static bool
 pmap_can_start(const pmap_iter *m)
 {
-	return !m->stop && !m->cancel && !m->input_end && !m->failed &&
+	return !m->stop && !m->cancel && !m->pausing && !m->input_end &&
+	    !m->failed &&
 	    m->inflight < m->limit &&
 	    (m->inflight == 0 || cwi_tune_bytes_ok(&m->tune));
 }
@@ -302,8 +367,10 @@ pmap_deposit(
 			m->done_tail = c;
 		}
 	}
+	m->working--;
 	pmap_publish(m);
-	return m->consumer_waiting && (pmap_ready(m) || pmap_finished(m));
+	return m->consumer_waiting && (pmap_ready(m) || pmap_finished(m) ||
+	    (m->pausing && m->working == 0));
 }
 
 /* Reserves, pulls, applies and deposits one chunk of at most kmax
@@ -321,6 +388,7 @@ pmap_run(pmap_iter *m, cachew_op_ctx *ctx, size_t kmax, bool worker)
 	m->spare = c->next;
 	c->next = NULL;
 	m->inflight++;
+	m->working++;
 	pthread_mutex_unlock(&m->lock);
 
 	rv = pmap_pull(m, c, kmax, &ended, &pull_ns);
@@ -603,9 +671,119 @@ pmap_destroy(cwi_iter *it)
 	pmap_free(m);
 }
 
+/* ---- parallel map: saving and restoring ------------------------------------ */
+
+/* Stops workers from starting chunks and waits for those under way, so
+ * that every chunk pulled is deposited. (lock held) */
+static void
+pmap_quiesce(pmap_iter *m)
+{
+	m->pausing = true;
+	while (m->working > 0 && !m->cancel) {
+		m->consumer_waiting = true;
+		pthread_cond_wait(&m->cv_ready, &m->lock);
+		m->consumer_waiting = false;
+	}
+}
+
+/* The completed results in output order, as one array. (lock held) */
+static cachew_err
+pmap_save_results(pmap_iter *m, cwi_state_writer *w)
+{
+	size_t total = 0;
+	cachew_err rv = CACHEW_OK;
+
+	for (int pass = 0; pass < 2; pass++) {
+		uint64_t seq = m->next_out;
+		map_chunk *c = m->deterministic ? m->ring[seq % m->limit]
+						: m->done_head;
+		if (pass == 1)
+			cwi_sw_array(w, total);
+		while (c != NULL && rv == CACHEW_OK) {
+			if (c->err != CACHEW_OK)
+				return cwi_fail(c->err, "%s", c->errmsg);
+			for (size_t i = c->pos; pass == 1 && i < c->elems.n &&
+			    rv == CACHEW_OK; i++)
+				rv = cwi_sw_element(w, c->elems.v[i]);
+			total += c->elems.n - c->pos;
+			if (m->deterministic) {
+				seq++;
+				c = seq < m->next_out + m->limit
+				    ? m->ring[seq % m->limit] : NULL;
+			} else {
+				c = c->next;
+			}
+		}
+	}
+	return rv;
+}
+
+static cachew_err
+pmap_save(cwi_iter *it, cwi_state_writer *w)
+{
+	pmap_iter *m = (pmap_iter *)it;
+	cachew_err rv;
+
+	pthread_mutex_lock(&m->lock);
+	pmap_quiesce(m);
+	if (m->cancel) {
+		rv = cwi_fail(CACHEW_ECANCELED, "map: cancelled");
+	} else {
+		cwi_sw_array(w, 3);
+		/* Workers are idle: next_index is stable. */
+		cwi_sw_uint(w, m->next_index);
+		rv = pmap_save_results(m, w);
+	}
+	pthread_mutex_unlock(&m->lock);
+	if (rv == CACHEW_OK) {
+		pthread_mutex_lock(&m->in_lock);
+		rv = cwi_iter_save(m->input, w);
+		pthread_mutex_unlock(&m->in_lock);
+	}
+	pthread_mutex_lock(&m->lock);
+	m->pausing = false;
+	if (m->idle > 0)
+		pthread_cond_broadcast(&m->cv_work);
+	pthread_mutex_unlock(&m->lock);
+	return rv;
+}
+
+/* The saved results become the first completed chunk. */
+static cachew_err
+pmap_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	pmap_iter *m = (pmap_iter *)it;
+	map_chunk *c = m->spare;
+
+	if (!cwi_sr_array(r, "map", 3) ||
+	    !cwi_sr_uint(r, "index", &m->next_index, UINT64_MAX) ||
+	    !cwi_sr_elements(r, "computed", &c->elems))
+		return cwi_sr_error(r);
+	if (c->elems.n > 0) {
+		m->spare = c->next;
+		c->next = NULL;
+		c->seq = m->next_seq++;
+		c->pos = 0;
+		c->bytes = 0;
+		for (size_t i = 0; i < c->elems.n; i++)
+			c->bytes += cwi_element_nbytes(c->elems.v[i]);
+		m->inflight++;
+		m->buffered += (int64_t)c->elems.n;
+		cwi_tune_bytes_add(&m->tune, (int64_t)c->bytes);
+		if (m->deterministic) {
+			m->ring[c->seq % m->limit] = c;
+		} else {
+			m->done_head = m->done_tail = c;
+		}
+	}
+	return cwi_iter_restore(m->input, r);
+}
+
 static const cwi_iter_ops pmap_iter_ops = {
     .next = pmap_next,
     .destroy = pmap_destroy,
+    .save = pmap_save,
+    .restore = pmap_restore,
 };
 
 static cachew_err
@@ -713,4 +891,7 @@ const cwi_dataset_op cwi_op_map = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_MAP,
     .iter_create = map_create,
+    .saves = "the results computed and not yet returned (a parallel map "
+	"stops its workers to save them), the input index after them, and the "
+	"input",
 };

@@ -14,11 +14,17 @@
  * buffer is free (or all of it), so hand-offs happen per chunk, never per
  * element. An input error or EOF is delivered after every queued element.
  *
+ * Saving a position (exec_state.h) stops the producer thread (a chunk it
+ * was pulling is queued with what it got) and writes the queue and the
+ * input; the next next() starts a thread again. A restore queues the
+ * saved elements as one chunk.
+ *
  * Lock order: one lock. It is not held while calling the input's next().
  * The tuner registry lock is taken before it by the cancellation wake-up
  * and never while holding it.
  */
 #include "exec_ops.h"
+#include "exec_state.h"
 #include "exec_tune.h"
 
 #include <stdlib.h>
@@ -297,7 +303,7 @@ pf_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	prefetch_iter *p = (prefetch_iter *)it;
 	cachew_err rv;
 
-	if (!p->started) {
+	if (!p->started && !p->end) {
 		pthread_mutex_lock(&p->lock);
 		if (pthread_create(&p->thread, NULL, pf_main, p) != 0) {
 			pthread_mutex_unlock(&p->lock);
@@ -377,9 +383,86 @@ pf_destroy(cwi_iter *it)
 	pf_free(p);
 }
 
+/* Stops the producer (a chunk it was pulling is queued with what it got)
+ * so that the queue and the input hold still; the next next() starts it
+ * again. */
+static void
+pf_quiesce(prefetch_iter *p)
+{
+	bool started;
+
+	pthread_mutex_lock(&p->lock);
+	started = p->started;
+	p->stop = true;
+	atomic_store(&p->halt, true);
+	pthread_cond_broadcast(&p->cv_prod);
+	pthread_mutex_unlock(&p->lock);
+	if (started)
+		pthread_join(p->thread, NULL);
+	pthread_mutex_lock(&p->lock);
+	p->started = false;
+	p->stop = false;
+	atomic_store(&p->halt, p->cancel);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* [queued elements, input]. */
+static cachew_err
+pf_save(cwi_iter *it, cwi_state_writer *w)
+{
+	prefetch_iter *p = (prefetch_iter *)it;
+	cachew_err rv = CACHEW_OK;
+
+	pf_quiesce(p);
+	if (p->end && p->end_rv != CACHEW_EOF)
+		return cwi_fail(p->end_rv, "prefetch: the input failed (%s)",
+		    p->pl->errmsg);
+	cwi_sw_array(w, 2);
+	cwi_sw_array(w, p->queued);
+	for (pf_chunk *c = p->head; c != NULL && rv == CACHEW_OK; c = c->next)
+		for (size_t i = c->pos; i < c->elems.n && rv == CACHEW_OK; i++)
+			rv = cwi_sw_element(w, c->elems.v[i]);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(p->input, w);
+	return rv;
+}
+
+/* The saved elements become the first queued chunk. */
+static cachew_err
+pf_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	prefetch_iter *p = (prefetch_iter *)it;
+	pf_chunk *c = pf_chunk_get(p);
+
+	if (c == NULL) {
+		cwi_sr_fail(r, CACHEW_ENOMEM, "out of memory");
+		return cwi_sr_error(r);
+	}
+	if (!cwi_sr_array(r, "prefetch", 2) ||
+	    !cwi_sr_elements(r, "queued", &c->elems)) {
+		cwi_chunk_clear(&c->elems);
+		pf_chunk_put(p, c);
+		return cwi_sr_error(r);
+	}
+	if (c->elems.n == 0) {
+		pf_chunk_put(p, c);
+	} else {
+		for (size_t i = 0; i < c->elems.n; i++)
+			c->bytes += cwi_element_nbytes(c->elems.v[i]);
+		p->head = p->tail = c;
+		p->queued = c->elems.n;
+		p->bytes = (int64_t)c->bytes;
+		cwi_tune_bytes_add(&p->tune, (int64_t)c->bytes);
+		pf_publish(p);
+	}
+	return cwi_iter_restore(p->input, r);
+}
+
 static const cwi_iter_ops pf_iter_ops = {
     .next = pf_next,
     .destroy = pf_destroy,
+    .save = pf_save,
+    .restore = pf_restore,
 };
 
 static cachew_err
@@ -436,4 +519,6 @@ const cwi_dataset_op cwi_op_prefetch = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH | CWI_OPF_ASYNC,
     .iter_create = pf_create,
+    .saves = "the queued elements (its thread stops to save them and starts "
+	"again), and the input",
 };

@@ -94,6 +94,10 @@ typedef struct cwi_dataset_op {
 	 * split source (cwi_pipeline.split_node), the iterator reads only the
 	 * pipeline's unit ranges, in the order given. */
 	cachew_err (*split_units)(const cwi_node *node, uint64_t *units);
+	/* What a saved position of its iterator holds (cachew_iterator_save),
+	 * one sentence for docs/operators.md; NULL for a map alias, which has
+	 * no iterator of its own. */
+	const char *saves;
 } cwi_dataset_op;
 
 /* ---- function operators ------------------------------------------------- */
@@ -110,12 +114,24 @@ typedef struct cwi_plugin {
 	char *path;              /* realpath of the file, for messages */
 } cwi_plugin;
 
+/* Random access into the sequences of a built-in file function (the
+ * tfrecord and record-file functions), for resumable iteration: tell gives
+ * an open sequence's position (the byte offset of its next element), seek
+ * moves a sequence just opened to a position tell gave. seek may return
+ * CACHEW_ENOTSUP (a gzip file): the caller then reads past the elements
+ * instead. */
+typedef struct cwi_seq_resume {
+	uint64_t (*tell)(void *seq);
+	cachew_err (*seek)(void *seq, uint64_t pos, char *err, size_t errlen);
+} cwi_seq_resume;
+
 typedef struct cwi_fn {
 	cachew_op_def def; /* def.name points at name below */
 	char name[64];
 	bool builtin;
 	const cwi_plugin *plugin; /* the plugin that registered it, or NULL
 				   * (built in, or registered from C) */
+	const cwi_seq_resume *resume; /* a built-in flat function's, or NULL */
 } cwi_fn;
 
 /* What identifies a user function (one that is not built in) across
@@ -199,12 +215,20 @@ cachew_err cwi_node_build(cwi_node **out, const char *op,
  * operator passes through src/pipeline, which makes sure of that first
  * (cwi_builtins_ready); code below it only looks up names of nodes built
  * that way. Before that, lookups find nothing. */
+typedef struct cwi_fn_resume {
+	const cachew_op_def *def;
+	const cwi_seq_resume *resume;
+} cwi_fn_resume;
+
 typedef struct cwi_builtins {
 	/* NULL-terminated tables of dataset operators and of functions */
 	const cwi_dataset_op *const *const *op_tables;
 	size_t nop_tables;
 	const cachew_op_def *const *const *fn_tables;
 	size_t nfn_tables;
+	/* The built-in functions whose sequences can seek (cwi_fn.resume) */
+	const cwi_fn_resume *resumes;
+	size_t nresumes;
 } cwi_builtins;
 
 /* Fills the registry with b's tables, once per process (later calls do

@@ -217,6 +217,11 @@ reg_init(void)
 	for (size_t t = 0; t < b->nfn_tables; t++)
 		for (size_t i = 0; b->fn_tables[t][i] != NULL; i++)
 			(void)fn_add_locked(b->fn_tables[t][i], true);
+	for (size_t k = 0; k < b->nresumes; k++)
+		for (size_t i = 0; i < nfns; i++)
+			if (fns[i]->builtin &&
+			    strcmp(fns[i]->name, b->resumes[k].def->name) == 0)
+				fns[i]->resume = b->resumes[k].resume;
 }
 
 void

@@ -4,6 +4,7 @@
  * element through; being a pass-through, its fingerprint is its input's.
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdlib.h>
 
@@ -25,9 +26,27 @@ autocache_destroy(cwi_iter *it)
 	free(it);
 }
 
+/* [input]: it holds nothing of its own. */
+static cachew_err
+autocache_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cwi_sw_array(w, 1);
+	return cwi_iter_save(((autocache_iter *)it)->input, w);
+}
+
+static cachew_err
+autocache_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	if (!cwi_sr_array(r, "autocache", 1))
+		return cwi_sr_error(r);
+	return cwi_iter_restore(((autocache_iter *)it)->input, r);
+}
+
 static const cwi_iter_ops autocache_iter_ops = {
     .next = autocache_next,
     .destroy = autocache_destroy,
+    .save = autocache_save,
+    .restore = autocache_restore,
 };
 
 static cachew_err
@@ -57,4 +76,5 @@ const cwi_dataset_op cwi_op_autocache = {
     .max_inputs = 1,
     .flags = CWI_OPF_PASSTHROUGH,
     .iter_create = autocache_create,
+    .saves = "the input",
 };

@@ -4,6 +4,7 @@
  * elements of varying shapes (the padding itself is in op_padded_batch.c).
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,9 +268,44 @@ batch_destroy(cwi_iter *it)
 	free(b);
 }
 
+/* [input done, the partial group, input]. */
+static cachew_err
+batch_save(cwi_iter *it, cwi_state_writer *w)
+{
+	batch_iter *b = (batch_iter *)it;
+	cachew_err rv;
+
+	cwi_sw_array(w, 3);
+	cwi_sw_bool(w, b->input_done);
+	rv = cwi_sw_elements(w, b->pending.v, b->pending.n);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(b->input, w);
+	return rv;
+}
+
+static cachew_err
+batch_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	batch_iter *b = (batch_iter *)it;
+
+	if (!cwi_sr_array(r, it->node->op->name, 3) ||
+	    !cwi_sr_bool(r, "input done", &b->input_done) ||
+	    !cwi_sr_elements(r, "partial group", &b->pending))
+		return cwi_sr_error(r);
+	if (b->pending.n >= b->n) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "a partial group of %zu elements, for groups of %zu",
+		    b->pending.n, b->n);
+		return cwi_sr_error(r);
+	}
+	return cwi_iter_restore(b->input, r);
+}
+
 static const cwi_iter_ops batch_iter_ops = {
     .next = batch_next,
     .destroy = batch_destroy,
+    .save = batch_save,
+    .restore = batch_restore,
 };
 
 static cachew_err
@@ -334,6 +370,7 @@ const cwi_dataset_op cwi_op_batch = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = batch_create,
+    .saves = "the elements of the partial batch, and the input",
 };
 
 /* Checks the shape parameter when the node is built, so a malformed one is
@@ -373,4 +410,5 @@ const cwi_dataset_op cwi_op_padded_batch = {
     .max_inputs = 1,
     .validate = padded_batch_validate,
     .iter_create = padded_batch_create,
+    .saves = "the elements of the partial batch, and the input",
 };

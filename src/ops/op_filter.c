@@ -5,6 +5,7 @@
  * function sees the same index (and seed) in every run.
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdlib.h>
 
@@ -73,9 +74,33 @@ filter_destroy(cwi_iter *it)
 	free(f);
 }
 
+/* [index, input]: the index seeds the function's random stream. */
+static cachew_err
+filter_save(cwi_iter *it, cwi_state_writer *w)
+{
+	filter_iter *f = (filter_iter *)it;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_uint(w, f->index);
+	return cwi_iter_save(f->input, w);
+}
+
+static cachew_err
+filter_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	filter_iter *f = (filter_iter *)it;
+
+	if (!cwi_sr_array(r, "filter", 2) ||
+	    !cwi_sr_uint(r, "index", &f->index, UINT64_MAX))
+		return cwi_sr_error(r);
+	return cwi_iter_restore(f->input, r);
+}
+
 static const cwi_iter_ops filter_iter_ops = {
     .next = filter_next,
     .destroy = filter_destroy,
+    .save = filter_save,
+    .restore = filter_restore,
 };
 
 static cachew_err
@@ -111,6 +136,7 @@ const cwi_dataset_op cwi_op_filter = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FILTER,
     .iter_create = filter_create,
+    .saves = "the input index (the function's random stream), and the input",
 };
 
 /* ---- flat_map ----------------------------------------------------------- */
@@ -202,9 +228,46 @@ flat_map_destroy(cwi_iter *it)
 	free(f);
 }
 
+/* [index, input done, pulled not yet opened, open sequence, input]. */
+static cachew_err
+flat_map_save(cwi_iter *it, cwi_state_writer *w)
+{
+	flat_map_iter *f = (flat_map_iter *)it;
+	cachew_err rv;
+
+	cwi_sw_array(w, 5);
+	cwi_sw_uint(w, f->index);
+	cwi_sw_bool(w, f->input_done);
+	rv = cwi_sw_elements(w, f->in.v + f->pos, f->in.n - f->pos);
+	if (rv == CACHEW_OK)
+		rv = cwi_seq_save(&f->seq, w);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(f->input, w);
+	return rv;
+}
+
+static cachew_err
+flat_map_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	flat_map_iter *f = (flat_map_iter *)it;
+
+	if (!cwi_sr_array(r, "flat_map", 5) ||
+	    !cwi_sr_uint(r, "index", &f->index, UINT64_MAX) ||
+	    !cwi_sr_bool(r, "input done", &f->input_done) ||
+	    !cwi_sr_elements(r, "pulled", &f->in))
+		return cwi_sr_error(r);
+	f->pos = 0;
+	if (cwi_seq_restore(&f->seq, it->node, it->pl, it->epoch, r) !=
+	    CACHEW_OK)
+		return cwi_sr_error(r);
+	return cwi_iter_restore(f->input, r);
+}
+
 static const cwi_iter_ops flat_map_iter_ops = {
     .next = flat_map_next,
     .destroy = flat_map_destroy,
+    .save = flat_map_save,
+    .restore = flat_map_restore,
 };
 
 static cachew_err
@@ -241,4 +304,8 @@ const cwi_dataset_op cwi_op_flat_map = {
     .max_inputs = 1,
     .flags = CWI_OPF_FN_FLAT,
     .iter_create = flat_map_create,
+    .saves = "the open sequence (the element that opened it, the elements "
+	"it yielded and, for a file function, the offset of the next: a "
+	"restore reopens it and seeks there, or reads past them), elements "
+	"pulled ahead, and the input",
 };

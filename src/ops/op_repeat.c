@@ -3,6 +3,7 @@
  * take(n), skip(n) and shard(num, index).
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,9 +84,60 @@ repeat_destroy(cwi_iter *it)
 	free(r);
 }
 
+/* [repetition, produced, input or nil between repetitions]. The input's
+ * epoch follows from the repetition. */
+static cachew_err
+repeat_save(cwi_iter *it, cwi_state_writer *w)
+{
+	repeat_iter *r = (repeat_iter *)it;
+
+	cwi_sw_array(w, 4);
+	cwi_sw_int(w, r->rep);
+	cwi_sw_bool(w, r->produced);
+	cwi_sw_bool(w, r->input != NULL);
+	if (r->input == NULL) {
+		cwi_sw_array(w, 0);
+		return CACHEW_OK;
+	}
+	return cwi_iter_save(r->input, w);
+}
+
+static cachew_err
+repeat_restore(cwi_iter *it, cwi_state_reader *rd)
+{
+	repeat_iter *r = (repeat_iter *)it;
+	cwi_iter_args a = r->args;
+	int64_t rep;
+	bool open = false;
+
+	if (!cwi_sr_array(rd, "repeat", 4) ||
+	    !cwi_sr_int(rd, "repetition", &rep, 0,
+		r->count >= 0 ? r->count : INT64_MAX) ||
+	    !cwi_sr_bool(rd, "produced", &r->produced) ||
+	    !cwi_sr_bool(rd, "open", &open))
+		return cwi_sr_error(rd);
+	r->rep = rep;
+	if (!open) {
+		cwi_iter_destroy(r->input);
+		r->input = NULL;
+		return cwi_sr_array(rd, "closed input", 0) ? CACHEW_OK
+							   : cwi_sr_error(rd);
+	}
+	if (r->count >= 0 && rep >= r->count) {
+		cwi_sr_fail(rd, CACHEW_ECORRUPT,
+		    "repetition %lld is open, but count is %lld",
+		    (long long)rep, (long long)r->count);
+		return cwi_sr_error(rd);
+	}
+	a.epoch = repeat_epoch(r->args.epoch, rep);
+	return cwi_iter_recreate(&r->input, it->node->inputs[0], &a, rd);
+}
+
 static const cwi_iter_ops repeat_iter_ops = {
     .next = repeat_next,
     .destroy = repeat_destroy,
+    .save = repeat_save,
+    .restore = repeat_restore,
 };
 
 static cachew_err
@@ -124,6 +176,7 @@ const cwi_dataset_op cwi_op_repeat = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = repeat_create,
+    .saves = "the repetition (its epoch follows) and the open input's state",
 };
 
 /* ---- take and skip ------------------------------------------------------ */
@@ -203,14 +256,47 @@ count_destroy(cwi_iter *it)
 	free(t);
 }
 
+/* [left, input]: take's elements still to yield, skip's still to drop. */
+static cachew_err
+count_save(cwi_iter *it, cwi_state_writer *w)
+{
+	count_iter *t = (count_iter *)it;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_int(w, t->left);
+	return cwi_iter_save(t->input, w);
+}
+
+static cachew_err
+count_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	count_iter *t = (count_iter *)it;
+	int64_t n = cwi_node_int(it->node, "n");
+
+	/* Counts down from n; -1 (all) stays -1. */
+	if (!cwi_sr_array(r, it->node->op->name, 2) ||
+	    !cwi_sr_int(r, "left", &t->left, n < 0 ? -1 : 0, n))
+		return cwi_sr_error(r);
+	if ((n < 0) != (t->left < 0)) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT, "left %lld with n %lld",
+		    (long long)t->left, (long long)n);
+		return cwi_sr_error(r);
+	}
+	return cwi_iter_restore(t->input, r);
+}
+
 static const cwi_iter_ops take_iter_ops = {
     .next = take_next,
     .destroy = count_destroy,
+    .save = count_save,
+    .restore = count_restore,
 };
 
 static const cwi_iter_ops skip_iter_ops = {
     .next = skip_next,
     .destroy = count_destroy,
+    .save = count_save,
+    .restore = count_restore,
 };
 
 static cachew_err
@@ -263,6 +349,7 @@ const cwi_dataset_op cwi_op_take = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = take_create,
+    .saves = "the count still to yield, and the input",
 };
 
 const cwi_dataset_op cwi_op_skip = {
@@ -273,6 +360,7 @@ const cwi_dataset_op cwi_op_skip = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = skip_create,
+    .saves = "the count still to drop, and the input",
 };
 
 /* ---- shard -------------------------------------------------------------- */
@@ -325,9 +413,33 @@ shard_destroy(cwi_iter *it)
 	free(s);
 }
 
+/* [position at the input, input]. */
+static cachew_err
+shard_save(cwi_iter *it, cwi_state_writer *w)
+{
+	shard_iter *s = (shard_iter *)it;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_uint(w, s->pos);
+	return cwi_iter_save(s->input, w);
+}
+
+static cachew_err
+shard_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	shard_iter *s = (shard_iter *)it;
+
+	if (!cwi_sr_array(r, "shard", 2) ||
+	    !cwi_sr_uint(r, "position", &s->pos, UINT64_MAX))
+		return cwi_sr_error(r);
+	return cwi_iter_restore(s->input, r);
+}
+
 static const cwi_iter_ops shard_iter_ops = {
     .next = shard_next,
     .destroy = shard_destroy,
+    .save = shard_save,
+    .restore = shard_restore,
 };
 
 static cachew_err
@@ -379,4 +491,5 @@ const cwi_dataset_op cwi_op_shard = {
     .max_inputs = 1,
     .validate = shard_validate,
     .iter_create = shard_create,
+    .saves = "the input position, and the input",
 };

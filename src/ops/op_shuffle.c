@@ -9,6 +9,7 @@
  * requests, so a seed gives the same order in every run.
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdlib.h>
 
@@ -101,9 +102,51 @@ shuffle_destroy(cwi_iter *it)
 	free(s);
 }
 
+/* [rng, input done, buffer (slot order), pulled ahead, input]: the slots
+ * and the generator are what the next draws depend on. */
+static cachew_err
+shuffle_save(cwi_iter *it, cwi_state_writer *w)
+{
+	shuffle_iter *s = (shuffle_iter *)it;
+	cachew_err rv;
+
+	cwi_sw_array(w, 5);
+	cwi_sw_uint(w, s->rng.state);
+	cwi_sw_bool(w, s->input_done);
+	rv = cwi_sw_elements(w, s->buf.v, s->buf.n);
+	if (rv == CACHEW_OK)
+		rv = cwi_sw_elements(w, s->in.v + s->pos, s->in.n - s->pos);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(s->input, w);
+	return rv;
+}
+
+static cachew_err
+shuffle_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	shuffle_iter *s = (shuffle_iter *)it;
+
+	if (!cwi_sr_array(r, "shuffle", 5) ||
+	    !cwi_sr_uint(r, "rng", &s->rng.state, UINT64_MAX) ||
+	    !cwi_sr_bool(r, "input done", &s->input_done) ||
+	    !cwi_sr_elements(r, "buffer", &s->buf) ||
+	    !cwi_sr_elements(r, "pulled ahead", &s->in))
+		return cwi_sr_error(r);
+	if (s->buf.n > s->cap) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "the buffer holds %zu elements, more than its size %zu",
+		    s->buf.n, s->cap);
+		return cwi_sr_error(r);
+	}
+	s->pos = 0;
+	return cwi_iter_restore(s->input, r);
+}
+
 static const cwi_iter_ops shuffle_iter_ops = {
     .next = shuffle_next,
     .destroy = shuffle_destroy,
+    .save = shuffle_save,
+    .restore = shuffle_restore,
 };
 
 static cachew_err
@@ -163,4 +206,6 @@ const cwi_dataset_op cwi_op_shuffle = {
     .max_inputs = 1,
     .flags = CWI_OPF_RANDOM,
     .iter_create = shuffle_create,
+    .saves = "the buffer's elements in slot order, its generator's state, "
+	"elements pulled ahead, and the input",
 };

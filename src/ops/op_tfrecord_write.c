@@ -234,9 +234,24 @@ tfrecord_write_destroy(cwi_iter *it)
 	free(w);
 }
 
+/* The file is written under a temporary name owned by this process and
+ * renamed when the pass completes: another process cannot continue it, and
+ * a restored pass would leave out the records before its position. */
+static cachew_err
+tfrecord_write_save(cwi_iter *it, struct cwi_state_writer *w)
+{
+	(void)it;
+	(void)w;
+	return cwi_fail(CACHEW_ENOTSUP,
+	    "tfrecord_write: cannot save its position: the file is written "
+	    "whole by one pass (a temporary file renamed at its end), which a "
+	    "restored run cannot continue");
+}
+
 static const cwi_iter_ops tfrecord_write_iter_ops = {
     .next = tfrecord_write_next,
     .destroy = tfrecord_write_destroy,
+    .save = tfrecord_write_save,
 };
 
 static cachew_err
@@ -360,4 +375,6 @@ const cwi_dataset_op cwi_op_tfrecord_write = {
     .max_inputs = 1,
     .validate = tfrecord_write_validate,
     .iter_create = tfrecord_write_create,
+    .saves = "cannot be saved (CACHEW_ENOTSUP): the file is written whole "
+	"by one pass, which a restored run cannot continue",
 };

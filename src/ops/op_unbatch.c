@@ -3,6 +3,7 @@
  * its rows, as zero-copy views of the batch's buffers.
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,9 +139,82 @@ unbatch_destroy(cwi_iter *it)
 	free(u);
 }
 
+/* [index, last rows, input done, next row, the batch being split (none
+ * or one), pulled batches, input]. */
+static cachew_err
+unbatch_save(cwi_iter *it, cwi_state_writer *w)
+{
+	unbatch_iter *u = (unbatch_iter *)it;
+	bool cur = u->cur != NULL && u->row < u->rows;
+	cachew_err rv;
+
+	cwi_sw_array(w, 7);
+	cwi_sw_uint(w, u->index);
+	cwi_sw_int(w, u->last_rows);
+	cwi_sw_bool(w, u->input_done);
+	cwi_sw_int(w, cur ? u->row : 0);
+	rv = cwi_sw_elements(w, &u->cur, cur ? 1 : 0);
+	if (rv == CACHEW_OK)
+		rv = cwi_sw_elements(w, u->in.v + u->pos, u->in.n - u->pos);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_save(u->input, w);
+	return rv;
+}
+
+static cachew_err
+unbatch_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	unbatch_iter *u = (unbatch_iter *)it;
+	cwi_chunk cur = {0};
+	int64_t row = 0;
+
+	if (!cwi_sr_array(r, "unbatch", 7) ||
+	    !cwi_sr_uint(r, "index", &u->index, UINT64_MAX) ||
+	    !cwi_sr_int(r, "last rows", &u->last_rows, 0, INT64_MAX) ||
+	    !cwi_sr_bool(r, "input done", &u->input_done) ||
+	    !cwi_sr_int(r, "row", &row, 0, INT64_MAX) ||
+	    !cwi_sr_elements(r, "batch", &cur))
+		goto fail;
+	if (cur.n > 1) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT, "%zu current batches", cur.n);
+		goto fail;
+	}
+	if (cur.n == 1) {
+		const cwi_element *e = cur.v[0];
+		for (uint32_t c = 0; c < e->n; c++)
+			if (e->comp[c].rank == 0 ||
+			    e->comp[c].shape[0] != e->comp[0].shape[0]) {
+				cwi_sr_fail(r, CACHEW_ECORRUPT,
+				    "the current batch has no common "
+				    "dimension 0");
+				goto fail;
+			}
+		if (row >= e->comp[0].shape[0]) {
+			cwi_sr_fail(r, CACHEW_ECORRUPT,
+			    "row %lld of a batch of %lld", (long long)row,
+			    (long long)e->comp[0].shape[0]);
+			goto fail;
+		}
+		u->cur = cur.v[0];
+		u->row = row;
+		u->rows = e->comp[0].shape[0];
+		cur.n = 0;
+	}
+	cwi_chunk_free(&cur);
+	if (!cwi_sr_elements(r, "pulled", &u->in))
+		return cwi_sr_error(r);
+	u->pos = 0;
+	return cwi_iter_restore(u->input, r);
+fail:
+	cwi_chunk_free(&cur);
+	return cwi_sr_error(r);
+}
+
 static const cwi_iter_ops unbatch_iter_ops = {
     .next = unbatch_next,
     .destroy = unbatch_destroy,
+    .save = unbatch_save,
+    .restore = unbatch_restore,
 };
 
 static cachew_err
@@ -167,4 +241,6 @@ const cwi_dataset_op cwi_op_unbatch = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = unbatch_create,
+    .saves = "the batch being split and its next row, batches pulled ahead, "
+	"and the input",
 };

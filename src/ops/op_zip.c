@@ -4,6 +4,7 @@
  * then b's, enumerate(start) prepends an i64 counter.
  */
 #include "ops.h"
+#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,9 +167,58 @@ zip_destroy(cwi_iter *it)
 	free(z);
 }
 
+/* [index, inputs: [done, pulled not yet zipped, input]...]. */
+static cachew_err
+zip_save(cwi_iter *it, cwi_state_writer *w)
+{
+	zip_iter *z = (zip_iter *)it;
+	cachew_err rv = CACHEW_OK;
+
+	for (size_t i = 0; i < z->ninputs; i++)
+		if (z->in[i].err != CACHEW_OK)
+			return cwi_fail(z->in[i].err,
+			    "zip: input %zu failed: there is no position to "
+			    "save", i);
+	cwi_sw_array(w, 2);
+	cwi_sw_uint(w, z->index);
+	cwi_sw_array(w, z->ninputs);
+	for (size_t i = 0; i < z->ninputs && rv == CACHEW_OK; i++) {
+		zip_input *in = &z->in[i];
+		cwi_sw_array(w, 3);
+		cwi_sw_bool(w, in->done);
+		rv = cwi_sw_elements(w, in->st.v + in->pos, in->st.n - in->pos);
+		if (rv == CACHEW_OK)
+			rv = cwi_iter_save(in->it, w);
+	}
+	return rv;
+}
+
+static cachew_err
+zip_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	zip_iter *z = (zip_iter *)it;
+
+	if (!cwi_sr_array(r, "zip", 2) ||
+	    !cwi_sr_uint(r, "index", &z->index, UINT64_MAX) ||
+	    !cwi_sr_array(r, "inputs", z->ninputs))
+		return cwi_sr_error(r);
+	for (size_t i = 0; i < z->ninputs; i++) {
+		zip_input *in = &z->in[i];
+		if (!cwi_sr_array(r, "input", 3) ||
+		    !cwi_sr_bool(r, "done", &in->done) ||
+		    !cwi_sr_elements(r, "pulled", &in->st) ||
+		    cwi_iter_restore(in->it, r) != CACHEW_OK)
+			return cwi_sr_error(r);
+		in->pos = 0;
+	}
+	return CACHEW_OK;
+}
+
 static const cwi_iter_ops zip_iter_ops = {
     .next = zip_next,
     .destroy = zip_destroy,
+    .save = zip_save,
+    .restore = zip_restore,
 };
 
 static cachew_err
@@ -210,6 +260,8 @@ const cwi_dataset_op cwi_op_zip = {
     .max_inputs = CWI_MAX_INPUTS,
     .validate = zip_validate,
     .iter_create = zip_create,
+    .saves = "the elements each input yielded ahead of the others, and the "
+	"inputs",
 };
 
 /* ---- concatenate -------------------------------------------------------- */
@@ -291,9 +343,72 @@ concat_destroy(cwi_iter *it)
 	free(ci);
 }
 
+/* [first open, have ref, ref dtypes, ref spec, second index, first's
+ * state or the ended state, second]. The first input's element type is
+ * what the second's are checked against. */
+static cachew_err
+concat_save(cwi_iter *it, cwi_state_writer *w)
+{
+	concat_iter *ci = (concat_iter *)it;
+	uint32_t nref = ci->have_ref ? ci->ref_n : 0;
+	cachew_err rv;
+
+	cwi_sw_array(w, 6);
+	cwi_sw_bool(w, ci->first != NULL);
+	cwi_sw_bool(w, ci->have_ref);
+	cwi_sw_array(w, nref);
+	for (uint32_t c = 0; c < nref; c++)
+		cwi_sw_uint(w, ci->ref_dtype[c]);
+	cwi_sw_str(w, ci->have_ref ? ci->ref_spec : "");
+	cwi_sw_uint(w, ci->second_index);
+	if (ci->first != NULL) {
+		cwi_sw_array(w, 2);
+		rv = cwi_iter_save(ci->first, w);
+		if (rv != CACHEW_OK)
+			return rv;
+	} else {
+		cwi_sw_array(w, 1);
+	}
+	return cwi_iter_save(ci->second, w);
+}
+
+static cachew_err
+concat_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	concat_iter *ci = (concat_iter *)it;
+	uint64_t nref = 0, dt;
+	bool first = false;
+
+	if (!cwi_sr_array(r, "concatenate", 6) ||
+	    !cwi_sr_bool(r, "first open", &first) ||
+	    !cwi_sr_bool(r, "have ref", &ci->have_ref) ||
+	    !cwi_sr_count(r, "ref dtypes", &nref, CACHEW_MAX_COMPONENTS))
+		return cwi_sr_error(r);
+	ci->ref_n = (uint32_t)nref;
+	for (uint64_t c = 0; c < nref; c++) {
+		if (!cwi_sr_uint(r, "ref dtype", &dt, UINT8_MAX))
+			return cwi_sr_error(r);
+		ci->ref_dtype[c] = (uint8_t)dt;
+	}
+	if (!cwi_sr_str(r, "ref spec", ci->ref_spec, sizeof(ci->ref_spec)) ||
+	    !cwi_sr_uint(r, "second index", &ci->second_index, UINT64_MAX) ||
+	    !cwi_sr_array(r, "inputs", first ? 2 : 1))
+		return cwi_sr_error(r);
+	if (first) {
+		if (cwi_iter_restore(ci->first, r) != CACHEW_OK)
+			return cwi_sr_error(r);
+	} else {
+		cwi_iter_destroy(ci->first);
+		ci->first = NULL;
+	}
+	return cwi_iter_restore(ci->second, r);
+}
+
 static const cwi_iter_ops concat_iter_ops = {
     .next = concat_next,
     .destroy = concat_destroy,
+    .save = concat_save,
+    .restore = concat_restore,
 };
 
 static cachew_err
@@ -323,6 +438,8 @@ const cwi_dataset_op cwi_op_concatenate = {
     .min_inputs = 2,
     .max_inputs = 2,
     .iter_create = concat_create,
+    .saves = "which input is current, the first input's element type, and "
+	"the inputs",
 };
 
 /* ---- enumerate ---------------------------------------------------------- */
@@ -387,9 +504,35 @@ enumerate_destroy(cwi_iter *it)
 	free(en);
 }
 
+/* [next counter, index, input]. */
+static cachew_err
+enumerate_save(cwi_iter *it, cwi_state_writer *w)
+{
+	enumerate_iter *en = (enumerate_iter *)it;
+
+	cwi_sw_array(w, 3);
+	cwi_sw_uint(w, en->next);
+	cwi_sw_uint(w, en->index);
+	return cwi_iter_save(en->input, w);
+}
+
+static cachew_err
+enumerate_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	enumerate_iter *en = (enumerate_iter *)it;
+
+	if (!cwi_sr_array(r, "enumerate", 3) ||
+	    !cwi_sr_uint(r, "counter", &en->next, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "index", &en->index, UINT64_MAX))
+		return cwi_sr_error(r);
+	return cwi_iter_restore(en->input, r);
+}
+
 static const cwi_iter_ops enumerate_iter_ops = {
     .next = enumerate_next,
     .destroy = enumerate_destroy,
+    .save = enumerate_save,
+    .restore = enumerate_restore,
 };
 
 static cachew_err
@@ -425,4 +568,5 @@ const cwi_dataset_op cwi_op_enumerate = {
     .min_inputs = 1,
     .max_inputs = 1,
     .iter_create = enumerate_create,
+    .saves = "the next counter value, and the input",
 };

@@ -3,6 +3,7 @@
  * public calls that register operators or build a node by name.
  */
 #include "pipeline.h"
+#include "../sources/sources.h"
 
 #include <pthread.h>
 
@@ -10,11 +11,18 @@ static const cwi_dataset_op *const *const op_tables[] = {
     cwi_source_ops, cwi_transform_ops, cwi_exec_ops, cwi_cache_ops};
 static const cachew_op_def *const *const fn_tables[] = {
     cwi_builtin_fns, cwi_source_fns};
+static const cwi_fn_resume resumes[] = {
+    {&cwi_fn_text_lines, &cwi_rec_fn_resume},
+    {&cwi_fn_fixed_length_records, &cwi_rec_fn_resume},
+    {&cwi_fn_tfrecord, &cwi_tfr_fn_resume},
+};
 static const cwi_builtins builtins = {
     .op_tables = op_tables,
     .nop_tables = sizeof(op_tables) / sizeof(op_tables[0]),
     .fn_tables = fn_tables,
     .nfn_tables = sizeof(fn_tables) / sizeof(fn_tables[0]),
+    .resumes = resumes,
+    .nresumes = sizeof(resumes) / sizeof(resumes[0]),
 };
 
 void

@@ -23,6 +23,11 @@ extern const cachew_op_def cwi_fn_read_file;
 extern const cwi_dataset_op cwi_op_tfrecord;   /* src_tfrecord.c */
 extern const cachew_op_def cwi_fn_tfrecord;    /* src_tfrecord.c */
 
+/* Random access into the sequences of the file functions (cwi_fn.resume):
+ * text_lines and fixed_length_records, and tfrecord. */
+extern const cwi_seq_resume cwi_rec_fn_resume;
+extern const cwi_seq_resume cwi_tfr_fn_resume;
+
 /* ---- literals (src_literal.c) ------------------------------------------- */
 
 /* Converts one literal value into an element: a top-level tuple gives one
@@ -79,6 +84,15 @@ cachew_err cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len);
 cachew_err cwi_rec_next(cwi_rec_reader *r, cwi_tensor *out);
 /* Closes the file and drops the block; the reader may be opened again. */
 void cwi_rec_close(cwi_rec_reader *r);
+/* The byte offset in the file of the next record (resumable iteration). */
+uint64_t cwi_rec_tell(const cwi_rec_reader *r);
+/* Moves a reader just opened (nothing read yet) to the record at byte
+ * offset off, which cwi_rec_tell gave for the same file: the file is
+ * reopened from there, nothing before is read. CACHEW_ENOTSUP when the
+ * size is unknown (a chunked response): read past the records instead.
+ * CACHEW_ERANGE for an offset outside the records (or, fixed-length, not
+ * on a record boundary); r->errmsg names the file. */
+cachew_err cwi_rec_seek(cwi_rec_reader *r, uint64_t off);
 
 /* Reads the configuration of a file function from its params (the keys
  * record_bytes, header_bytes, footer_bytes, buffer_size as allowed by
@@ -145,6 +159,15 @@ const char *cwi_tfr_errmsg(const cwi_tfr_reader *r);
 uint64_t cwi_tfr_skipped(const cwi_tfr_reader *r);
 /* NULL is a no-op. */
 void cwi_tfr_close(cwi_tfr_reader *r);
+/* The offset of the next record in the decoded stream (the file's bytes
+ * unless gzip), for resumable iteration. */
+uint64_t cwi_tfr_tell(const cwi_tfr_reader *r);
+/* Moves a reader just opened (nothing read yet) to stream offset off,
+ * which cwi_tfr_tell gave for the same file: an uncompressed file is
+ * reopened from there. CACHEW_ENOTSUP for gzip (no random access: read
+ * past the records instead); CACHEW_ERANGE for an offset outside the
+ * file or range; errors in cwi_tfr_errmsg. */
+cachew_err cwi_tfr_seek(cwi_tfr_reader *r, uint64_t off);
 
 /* The configuration of the tfrecord function from its params; writes a
  * reason into err on failure. */

@@ -7,6 +7,7 @@
 #include "sources.h"
 
 #include "../exec/exec_split.h"
+#include "../exec/exec_state.h"
 #include "../io/io.h"
 
 #include <stdio.h>
@@ -50,9 +51,35 @@ list_files_destroy(cwi_iter *it)
 	free(l);
 }
 
+/* [next path]: the epoch's order itself follows from the seed. */
+static cachew_err
+list_files_save(cwi_iter *it, cwi_state_writer *w)
+{
+	list_files_iter *l = (list_files_iter *)it;
+
+	cwi_sw_array(w, 1);
+	cwi_sw_uint(w, l->next);
+	return CACHEW_OK;
+}
+
+static cachew_err
+list_files_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	list_files_iter *l = (list_files_iter *)it;
+	uint64_t next = 0;
+
+	if (!cwi_sr_array(r, "list_files", 1) ||
+	    !cwi_sr_uint(r, "next", &next, l->n))
+		return cwi_sr_error(r);
+	l->next = (size_t)next;
+	return CACHEW_OK;
+}
+
 static const cwi_iter_ops list_files_iter_ops = {
     .next = list_files_next,
     .destroy = list_files_destroy,
+    .save = list_files_save,
+    .restore = list_files_restore,
 };
 
 static int
@@ -186,6 +213,8 @@ const cwi_dataset_op cwi_op_list_files = {
 	CWI_OPF_RANDOM,
     .iter_create = list_files_create,
     .split_units = cwi_split_units_files,
+    .saves = "the index of the next path; the epoch's order follows from "
+	"the seed again",
 };
 
 /* ---- read_file -------------------------------------------------------------- */

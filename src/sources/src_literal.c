@@ -16,6 +16,7 @@
  * Split unit i is item i (from_tensors has one unit: its one element).
  */
 #include "sources.h"
+#include "../exec/exec_state.h"
 
 #include "../exec/exec_split.h"
 
@@ -344,9 +345,37 @@ literal_destroy(cwi_iter *it)
 	free(it);
 }
 
+/* [next item, lease cursor]. */
+static cachew_err
+literal_save(cwi_iter *it, cwi_state_writer *w)
+{
+	literal_iter *l = (literal_iter *)it;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_uint(w, l->next);
+	cwi_sw_unit_cursor(w, &l->lease);
+	return CACHEW_OK;
+}
+
+static cachew_err
+literal_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	literal_iter *l = (literal_iter *)it;
+	uint64_t next = 0;
+
+	if (!cwi_sr_array(r, it->node->op->name, 2) ||
+	    !cwi_sr_uint(r, "next", &next, l->n) ||
+	    !cwi_sr_unit_cursor(r, &l->lease))
+		return cwi_sr_error(r);
+	l->next = (size_t)next;
+	return CACHEW_OK;
+}
+
 static const cwi_iter_ops literal_iter_ops = {
     .next = literal_next,
     .destroy = literal_destroy,
+    .save = literal_save,
+    .restore = literal_restore,
 };
 
 /* Elements are converted as they are pulled: the node holds the literal,
@@ -446,6 +475,7 @@ const cwi_dataset_op cwi_op_from_tensors = {
     .validate = from_tensors_validate,
     .iter_create = literal_create,
     .split_units = literal_split_units,
+    .saves = "whether the element was yielded (and a lease's unit cursor)",
 };
 
 static const cwi_param_spec from_list_params[] = {
@@ -464,4 +494,5 @@ const cwi_dataset_op cwi_op_from_list = {
     .validate = from_list_validate,
     .iter_create = literal_create,
     .split_units = literal_split_units,
+    .saves = "the index of the next item (and a lease's unit cursor)",
 };

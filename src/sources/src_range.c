@@ -5,6 +5,7 @@
 #include "sources.h"
 
 #include "../exec/exec_split.h"
+#include "../exec/exec_state.h"
 
 #include <stdlib.h>
 
@@ -91,9 +92,58 @@ range_destroy(cwi_iter *it)
 	free(it);
 }
 
+/* [next value, lease cursor]. */
+static cachew_err
+range_save(cwi_iter *it, cwi_state_writer *w)
+{
+	range_iter *r = (range_iter *)it;
+
+	cwi_sw_array(w, 2);
+	cwi_sw_int(w, r->next);
+	cwi_sw_unit_cursor(w, &r->lease);
+	return CACHEW_OK;
+}
+
+static cachew_err
+range_restore(cwi_iter *it, cwi_state_reader *rd)
+{
+	range_iter *r = (range_iter *)it;
+	int64_t next = 0;
+	bool ok;
+
+	if (!cwi_sr_array(rd, "range", 2) ||
+	    !cwi_sr_int(rd, "next", &next, INT64_MIN, INT64_MAX))
+		return cwi_sr_error(rd);
+	/* A value of the walk from start, at most one step past the last
+	 * (or stop itself, where an overflow leaves it). */
+	if (r->step > 0) {
+		uint64_t d = (uint64_t)next - (uint64_t)r->start;
+		ok = next >= r->start && d % (uint64_t)r->step == 0 &&
+		    d / (uint64_t)r->step <=
+			range_count(r->start, r->stop, r->step);
+	} else {
+		uint64_t d = (uint64_t)r->start - (uint64_t)next;
+		uint64_t st = 0 - (uint64_t)r->step;
+		ok = next <= r->start && d % st == 0 &&
+		    d / st <= range_count(r->start, r->stop, r->step);
+	}
+	if (!ok && next != r->stop) {
+		cwi_sr_fail(rd, CACHEW_ECORRUPT,
+		    "next %lld is not a value of range(%lld, %lld, %lld)",
+		    (long long)next, (long long)r->start, (long long)r->stop,
+		    (long long)r->step);
+		return cwi_sr_error(rd);
+	}
+	r->next = next;
+	return cwi_sr_unit_cursor(rd, &r->lease) ? CACHEW_OK
+						 : cwi_sr_error(rd);
+}
+
 static const cwi_iter_ops range_iter_ops = {
     .next = range_next,
     .destroy = range_destroy,
+    .save = range_save,
+    .restore = range_restore,
 };
 
 static cachew_err
@@ -156,4 +206,5 @@ const cwi_dataset_op cwi_op_range = {
     .validate = range_validate,
     .iter_create = range_create,
     .split_units = range_split_units,
+    .saves = "the next value (and a lease's unit cursor)",
 };

@@ -114,6 +114,46 @@ rec_skip_header(cwi_rec_reader *r, uint64_t size)
 	return CACHEW_OK;
 }
 
+uint64_t
+cwi_rec_tell(const cwi_rec_reader *r)
+{
+	return r->file_off - (uint64_t)(r->len - r->pos);
+}
+
+cachew_err
+cwi_rec_seek(cwi_rec_reader *r, uint64_t off)
+{
+	uint64_t start = r->file_off, end = r->end;
+	int64_t size = cwi_file_size(r->file);
+	cwi_file *f;
+	cachew_err rv;
+
+	if (r->cfg.record_bytes == 0) {
+		if (size < 0)
+			return CACHEW_ENOTSUP;
+		end = (uint64_t)size;
+	} else if (end == UINT64_MAX) {
+		return CACHEW_ENOTSUP;
+	}
+	if (off < start || off > end ||
+	    (r->cfg.record_bytes > 0 &&
+		(off - start) % (uint64_t)r->cfg.record_bytes != 0))
+		return rec_fail(r, CACHEW_ERANGE,
+		    "byte offset %llu is not where a record of [%llu, %llu) "
+		    "starts",
+		    (unsigned long long)off, (unsigned long long)start,
+		    (unsigned long long)end);
+	rv = cwi_file_open_range(&f, r->path, off, end - off, NULL);
+	if (rv != CACHEW_OK)
+		return rec_io_fail(r, rv);
+	cwi_file_close(r->file);
+	r->file = f;
+	r->file_off = off;
+	r->pos = r->len = r->scanned = 0;
+	r->eof = false;
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len)
 {

@@ -11,6 +11,7 @@
 #include "sources.h"
 
 #include "../exec/exec_split.h"
+#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ typedef struct records_iter {
 	size_t npaths;
 	size_t next_path;
 	bool open;
+	uint64_t in_file; /* records read of the open file */
 	cwi_rec_reader reader;
 	/* An error met after some records of this call were appended: those
 	 * are delivered first and the error on the next call. */
@@ -57,6 +59,7 @@ records_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			if (rv != CACHEW_OK)
 				break;
 			r->open = true;
+			r->in_file = 0;
 		}
 		rv = cwi_rec_next(&r->reader, &t);
 		if (rv == CACHEW_EOF) {
@@ -76,6 +79,7 @@ records_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		e->comp[0] = t;
 		cwi_chunk_push(out, e);
 		got++;
+		r->in_file++;
 	}
 	if (rv != CACHEW_OK) {
 		if (got > 0) {
@@ -96,9 +100,92 @@ records_destroy(cwi_iter *it)
 	free(r);
 }
 
+/* [next file, open, records read of the open file, the byte offset of the
+ * next one]. */
+static cachew_err
+records_save(cwi_iter *it, cwi_state_writer *w)
+{
+	records_iter *r = (records_iter *)it;
+
+	if (r->pending != CACHEW_OK)
+		return cwi_fail(r->pending, "%s: %s", it->node->op->name,
+		    r->reader.errmsg);
+	cwi_sw_array(w, 4);
+	cwi_sw_uint(w, r->next_path);
+	cwi_sw_bool(w, r->open);
+	cwi_sw_uint(w, r->open ? r->in_file : 0);
+	cwi_sw_uint(w, r->open ? cwi_rec_tell(&r->reader) : 0);
+	return CACHEW_OK;
+}
+
+/* Reopens the file at the saved offset, or where the size is unknown
+ * reads past the records already taken. */
+static cachew_err
+records_reopen(records_iter *r, uint64_t in_file, uint64_t off,
+    cwi_state_reader *rd)
+{
+	const char *p = r->paths[r->next_path - 1];
+	cwi_tensor t;
+	cachew_err rv;
+
+	rv = cwi_rec_open(&r->reader, p, strlen(p));
+	if (rv == CACHEW_OK)
+		rv = cwi_rec_seek(&r->reader, off);
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP) {
+		cwi_sr_fail(rd, rv, "%s", r->reader.errmsg);
+		return cwi_sr_error(rd);
+	}
+	r->open = true;
+	if (rv == CACHEW_OK) {
+		r->in_file = in_file;
+		return CACHEW_OK;
+	}
+	for (r->in_file = 0; r->in_file < in_file; r->in_file++) {
+		rv = cwi_rec_next(&r->reader, &t);
+		if (rv == CACHEW_EOF) {
+			cwi_sr_fail(rd, CACHEW_ECORRUPT,
+			    "%s has %llu records, the state says %llu were "
+			    "read",
+			    p, (unsigned long long)r->in_file,
+			    (unsigned long long)in_file);
+			return cwi_sr_error(rd);
+		}
+		if (rv != CACHEW_OK) {
+			cwi_sr_fail(rd, rv, "%s", r->reader.errmsg);
+			return cwi_sr_error(rd);
+		}
+		cwi_tensor_clear(&t);
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+records_restore(cwi_iter *it, cwi_state_reader *rd)
+{
+	records_iter *r = (records_iter *)it;
+	uint64_t next = 0, in_file = 0, off = 0;
+	bool open = false;
+
+	if (!cwi_sr_array(rd, it->node->op->name, 4) ||
+	    !cwi_sr_uint(rd, "next file", &next, r->npaths) ||
+	    !cwi_sr_bool(rd, "open", &open) ||
+	    !cwi_sr_uint(rd, "records read", &in_file, UINT64_MAX) ||
+	    !cwi_sr_uint(rd, "byte offset", &off, UINT64_MAX))
+		return cwi_sr_error(rd);
+	if (open && next == 0) {
+		cwi_sr_fail(rd, CACHEW_ECORRUPT,
+		    "a file is open before the first");
+		return cwi_sr_error(rd);
+	}
+	r->next_path = (size_t)next;
+	return open ? records_reopen(r, in_file, off, rd) : CACHEW_OK;
+}
+
 static const cwi_iter_ops records_iter_ops = {
     .next = records_next,
     .destroy = records_destroy,
+    .save = records_save,
+    .restore = records_restore,
 };
 
 static cachew_err
@@ -159,6 +246,8 @@ const cwi_dataset_op cwi_op_text_lines = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
     .split_units = cwi_split_units_files,
+    .saves = "the file, the lines read of it and the byte offset of the "
+	"next one: a restore reopens the file there",
 };
 
 static const cwi_param_spec fixed_params[] = {
@@ -185,6 +274,8 @@ const cwi_dataset_op cwi_op_fixed_length_records = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_FILES | CWI_OPF_SPLITTABLE,
     .iter_create = records_create,
     .split_units = cwi_split_units_files,
+    .saves = "the file, the records read of it and the byte offset of the "
+	"next one: a restore reopens the file there",
 };
 
 /* ---- the functions: one file per input element ------------------------------ */
@@ -293,6 +384,28 @@ records_fn_close(void *seq)
 	cwi_rec_close(r);
 	free(r);
 }
+
+static uint64_t
+records_fn_tell(void *seq)
+{
+	return cwi_rec_tell(seq);
+}
+
+static cachew_err
+records_fn_seek(void *seq, uint64_t pos, char *err, size_t errlen)
+{
+	cwi_rec_reader *r = seq;
+	cachew_err rv = cwi_rec_seek(r, pos);
+
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP)
+		snprintf(err, errlen, "%s", r->errmsg);
+	return rv;
+}
+
+const cwi_seq_resume cwi_rec_fn_resume = {
+    .tell = records_fn_tell,
+    .seek = records_fn_seek,
+};
 
 const cachew_op_def cwi_fn_text_lines = {
     .version = CACHEW_OP_DEF_VERSION,

@@ -12,6 +12,7 @@
  * allocated for it.
  */
 #include "sources.h"
+#include "../exec/exec_state.h"
 
 #include "../core/crc32c.h"
 #include "../exec/exec_split.h"
@@ -678,6 +679,38 @@ cwi_tfr_open_mem(cwi_tfr_reader **out, const cwi_tfr_config *cfg,
 	return CACHEW_OK;
 }
 
+uint64_t
+cwi_tfr_tell(const cwi_tfr_reader *r)
+{
+	return r->base + r->pos;
+}
+
+cachew_err
+cwi_tfr_seek(cwi_tfr_reader *r, uint64_t off)
+{
+	uint64_t end = r->size_known ? r->raw_size : UINT64_MAX;
+	cwi_file *f;
+	cachew_err rv;
+
+	if (r->cfg.gzip || r->mem != NULL || r->file == NULL)
+		return CACHEW_ENOTSUP;
+	if (off < r->base || off > end)
+		return tfr_fail(r, CACHEW_ERANGE,
+		    "byte offset %llu is outside the records, [%llu, %llu)",
+		    (unsigned long long)off, (unsigned long long)r->base,
+		    (unsigned long long)end);
+	rv = cwi_file_open_range(&f, r->path, off,
+	    end == UINT64_MAX ? UINT64_MAX : end - off, NULL);
+	if (rv != CACHEW_OK)
+		return tfr_fail(r, rv, "%s", cwi_errmsg_get());
+	cwi_file_close(r->file);
+	r->file = f;
+	r->raw_off = r->base = off;
+	r->pos = r->len = 0;
+	r->eof = r->raw_eof = false;
+	return CACHEW_OK;
+}
+
 const char *
 cwi_tfr_errmsg(const cwi_tfr_reader *r)
 {
@@ -842,6 +875,7 @@ typedef struct tfrecord_iter {
 	size_t npaths;
 	size_t next_path;
 	cwi_tfr_reader *reader; /* the open file, or NULL */
+	uint64_t in_file;       /* records read of the open file */
 	cachew_err pending;     /* an error to report after the elements */
 	char errmsg[512];
 } tfrecord_iter;
@@ -862,6 +896,7 @@ tfrecord_read(tfrecord_iter *t, cwi_chunk *out, size_t max, size_t *got)
 			    t->paths[t->next_path++]);
 			if (rv != CACHEW_OK)
 				break;
+			t->in_file = 0;
 		}
 		rv = cwi_tfr_next(t->reader, &v);
 		if (rv == CACHEW_EOF) {
@@ -880,6 +915,7 @@ tfrecord_read(tfrecord_iter *t, cwi_chunk *out, size_t max, size_t *got)
 		e->comp[0] = v;
 		cwi_chunk_push(out, e);
 		(*got)++;
+		t->in_file++;
 	}
 	if (rv != CACHEW_OK)
 		snprintf(t->errmsg, sizeof(t->errmsg), "%s",
@@ -917,9 +953,92 @@ tfrecord_destroy(cwi_iter *it)
 	free(t);
 }
 
+/* [next file, open, records read of the open file, the stream offset of
+ * the next one]. */
+static cachew_err
+tfrecord_save(cwi_iter *it, cwi_state_writer *w)
+{
+	tfrecord_iter *t = (tfrecord_iter *)it;
+
+	if (t->pending != CACHEW_OK)
+		return cwi_fail(t->pending, "tfrecord: %s", t->errmsg);
+	cwi_sw_array(w, 4);
+	cwi_sw_uint(w, t->next_path);
+	cwi_sw_bool(w, t->reader != NULL);
+	cwi_sw_uint(w, t->reader != NULL ? t->in_file : 0);
+	cwi_sw_uint(w, t->reader != NULL ? cwi_tfr_tell(t->reader) : 0);
+	return CACHEW_OK;
+}
+
+/* Reopens the file at the saved offset, or (gzip) reads past the records
+ * already taken (a corrupt record skipped is skipped again, uncounted). */
+static cachew_err
+tfrecord_reopen(tfrecord_iter *t, uint64_t in_file, uint64_t off,
+    cwi_state_reader *r)
+{
+	const char *p = t->paths[t->next_path - 1];
+	cwi_tensor v;
+	cachew_err rv;
+
+	rv = cwi_tfr_open(&t->reader, &t->cfg, p);
+	if (rv == CACHEW_OK)
+		rv = cwi_tfr_seek(t->reader, off);
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP) {
+		cwi_sr_fail(r, rv, "%s", t->reader != NULL
+					     ? cwi_tfr_errmsg(t->reader)
+					     : cachew_errmsg());
+		return cwi_sr_error(r);
+	}
+	if (rv == CACHEW_OK) {
+		t->in_file = in_file;
+		return CACHEW_OK;
+	}
+	for (t->in_file = 0; t->in_file < in_file; t->in_file++) {
+		rv = cwi_tfr_next(t->reader, &v);
+		if (rv == CACHEW_EOF) {
+			cwi_sr_fail(r, CACHEW_ECORRUPT,
+			    "%s has %llu records, the state says %llu were "
+			    "read",
+			    p, (unsigned long long)t->in_file,
+			    (unsigned long long)in_file);
+			return cwi_sr_error(r);
+		}
+		if (rv != CACHEW_OK) {
+			cwi_sr_fail(r, rv, "%s", cwi_tfr_errmsg(t->reader));
+			return cwi_sr_error(r);
+		}
+		cwi_tensor_clear(&v);
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+tfrecord_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	tfrecord_iter *t = (tfrecord_iter *)it;
+	uint64_t next = 0, in_file = 0, off = 0;
+	bool open = false;
+
+	if (!cwi_sr_array(r, "tfrecord", 4) ||
+	    !cwi_sr_uint(r, "next file", &next, t->npaths) ||
+	    !cwi_sr_bool(r, "open", &open) ||
+	    !cwi_sr_uint(r, "records read", &in_file, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "byte offset", &off, UINT64_MAX))
+		return cwi_sr_error(r);
+	if (open && next == 0) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "a file is open before the first");
+		return cwi_sr_error(r);
+	}
+	t->next_path = (size_t)next;
+	return open ? tfrecord_reopen(t, in_file, off, r) : CACHEW_OK;
+}
+
 static const cwi_iter_ops tfrecord_iter_ops = {
     .next = tfrecord_next,
     .destroy = tfrecord_destroy,
+    .save = tfrecord_save,
+    .restore = tfrecord_restore,
 };
 
 static cachew_err
@@ -993,6 +1112,9 @@ const cwi_dataset_op cwi_op_tfrecord = {
     /* One unit per file. With records=[a, b] and record indexes, units
      * could later be record ranges of large files. */
     .split_units = cwi_split_units_files,
+    .saves = "the file, the records read of it and the offset of the next "
+	"one: a restore reopens an uncompressed file there (gzip: reads past "
+	"them)",
 };
 
 /* ---- the function: one file per input element -------------------------------------- */
@@ -1074,6 +1196,27 @@ tfrecord_fn_close(void *seq)
 {
 	cwi_tfr_close(seq);
 }
+
+static uint64_t
+tfrecord_fn_tell(void *seq)
+{
+	return cwi_tfr_tell(seq);
+}
+
+static cachew_err
+tfrecord_fn_seek(void *seq, uint64_t pos, char *err, size_t errlen)
+{
+	cachew_err rv = cwi_tfr_seek(seq, pos);
+
+	if (rv != CACHEW_OK && rv != CACHEW_ENOTSUP)
+		snprintf(err, errlen, "%s", cwi_tfr_errmsg(seq));
+	return rv;
+}
+
+const cwi_seq_resume cwi_tfr_fn_resume = {
+    .tell = tfrecord_fn_tell,
+    .seek = tfrecord_fn_seek,
+};
 
 const cachew_op_def cwi_fn_tfrecord = {
     .version = CACHEW_OP_DEF_VERSION,

@@ -80,6 +80,9 @@ static const char usage_text[] =
     "  --quiet             no live progress line\n"
     "  --verbose           library log messages down to info level\n"
     "  --help-options      print the options table and exit\n"
+    "  --save-at N         stop after N elements and save the position\n"
+    "  --state FILE        where --save-at saves it (atomically)\n"
+    "  --resume FILE       continue from a saved position to the end\n"
     "\n"
     "environment:\n"
     "  CACHEW_<OPTION>     an option's value unless a flag sets it, e.g.\n"
@@ -289,6 +292,10 @@ typedef struct run_args {
 	int64_t epochs;
 	bool json, stats, quiet, verbose, help_options, no_digest;
 	cachew_options *opts;
+	int64_t save_at;       /* --save-at N: stop after N and save; -1 */
+	const char *state;     /* --state FILE: where --save-at saves */
+	const char *resume;    /* --resume FILE: continue from a state */
+	size_t state_bytes;    /* the size of the state saved */
 } run_args;
 
 /* One row of --stats, summed over epochs (labels copied: the iterator's
@@ -413,21 +420,71 @@ stats_accumulate(cachew_iterator *it, run_totals *t)
 	free(s);
 }
 
-/* Runs one iterator to its end. Returns 0 or 1 (message printed). */
+/* The iterator of a run: a new one, or with --resume one that continues
+ * from the state in that file. */
+static cachew_err
+run_iterator(cachew_iterator **it, cachew_dataset *ds, const run_args *a)
+{
+	char err[512];
+	void *state = NULL;
+	size_t len = 0;
+	cachew_err rv;
+
+	if (a->resume == NULL)
+		return cachew_iterator_create(it, ds, a->opts);
+	if (cwi_state_file_read(a->resume, &state, &len, err, sizeof(err)) !=
+	    0) {
+		fprintf(stderr, "cachew: --resume: %s\n", err);
+		return CACHEW_EIO;
+	}
+	rv = cachew_iterator_restore(it, ds, a->opts, state, len);
+	free(state);
+	return rv;
+}
+
+/* --save-at: saves the iterator's position into a->state. */
 static int
-run_epoch(cachew_dataset *ds, const run_args *a, run_totals *t, progress *p)
+run_save(cachew_iterator *it, run_args *a)
+{
+	char err[512];
+	void *state = NULL;
+	size_t len = 0;
+	cachew_err rv;
+
+	rv = cachew_iterator_save(it, &state, &len);
+	if (rv != CACHEW_OK) {
+		fprintf(stderr, "cachew: --save-at: %s\n", last_error(rv));
+		return EXIT_RUNTIME;
+	}
+	if (cwi_state_file_write(a->state, state, len, err, sizeof(err)) != 0) {
+		fprintf(stderr, "cachew: --state: %s\n", err);
+		free(state);
+		return EXIT_RUNTIME;
+	}
+	free(state);
+	a->state_bytes = len;
+	return 0;
+}
+
+/* Runs one iterator to its end (or to --save-at). Returns 0 or 1 (message
+ * printed). */
+static int
+run_epoch(cachew_dataset *ds, run_args *a, run_totals *t, progress *p)
 {
 	cachew_iterator *it;
 	cachew_element *e;
 	cachew_err rv;
+	int rc;
 
-	rv = cachew_iterator_create(&it, ds, a->opts);
+	rv = run_iterator(&it, ds, a);
 	if (rv != CACHEW_OK) {
 		progress_clear(p);
-		fprintf(stderr, "cachew: %s\n", last_error(rv));
+		if (rv != CACHEW_EIO || a->resume == NULL)
+			fprintf(stderr, "cachew: %s\n", last_error(rv));
 		return EXIT_RUNTIME;
 	}
-	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+	while ((a->save_at < 0 || t->elements < (uint64_t)a->save_at) &&
+	    (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
 		t->elements++;
 		t->bytes += element_nbytes(e);
 		if (t->digest_on)
@@ -437,19 +494,25 @@ run_epoch(cachew_dataset *ds, const run_args *a, run_totals *t, progress *p)
 	}
 	if (a->stats)
 		stats_accumulate(it, t);
-	if (rv != CACHEW_EOF) {
+	if (rv != CACHEW_EOF && rv != CACHEW_OK) {
 		const char *msg = cachew_iterator_errmsg(it);
 		progress_clear(p);
 		fprintf(stderr, "cachew: %s\n",
 		    msg != NULL && msg[0] != '\0' ? msg : cachew_strerror(rv));
 	}
+	rc = rv == CACHEW_EOF || rv == CACHEW_OK ? 0 : EXIT_RUNTIME;
+	/* At the end before N elements, the state saved is the end. */
+	if (rc == 0 && a->save_at >= 0) {
+		progress_clear(p);
+		rc = run_save(it, a);
+	}
 	cachew_iterator_destroy(it);
-	return rv == CACHEW_EOF ? 0 : EXIT_RUNTIME;
+	return rc;
 }
 
 /* Runs a->epochs epochs, epoch k with option epoch = base + k. */
 static int
-run_epochs(cachew_dataset *ds, const run_args *a, run_totals *t)
+run_epochs(cachew_dataset *ds, run_args *a, run_totals *t)
 {
 	progress p;
 	int64_t base = 0;
@@ -516,9 +579,16 @@ print_summary(const run_totals *t, const run_args *a, const char *fp_hex)
 		    peak_rss_kb());
 		if (t->digest_on)
 			printf(",\"digest\":\"%016" PRIx64 "\"", t->digest);
+		if (a->save_at >= 0)
+			printf(",\"saved_at\":%" PRIu64 ",\"state_bytes\":%zu",
+			    t->elements, a->state_bytes);
 		printf("}\n");
 		return;
 	}
+	if (a->save_at >= 0)
+		printf("saved at     %" PRIu64 " elements (%zu-byte state in "
+		       "%s)\n",
+		    t->elements, a->state_bytes, a->state);
 	printf("elements     %" PRIu64 "\n", t->elements);
 	printf("bytes        %" PRIu64 " (%.1f MB)\n", t->bytes,
 	    (double)t->bytes / 1e6);
@@ -571,6 +641,18 @@ run_flag(int argc, char **argv, int *i, run_args *a)
 		if (m < 0)
 			return usage_error("--plugin expects a path");
 		return load_plugin(v);
+	} else if ((m = flag_value(argc, argv, i, "--save-at", &v)) != 0) {
+		if (m < 0 || !parse_i64(v, &a->save_at) || a->save_at < 0)
+			return usage_error(
+			    "--save-at expects a count of elements, 0 or more");
+	} else if ((m = flag_value(argc, argv, i, "--state", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--state expects a file");
+		a->state = v;
+	} else if ((m = flag_value(argc, argv, i, "--resume", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--resume expects a file");
+		a->resume = v;
 	} else
 		return usage_error("run: unknown flag '%s'", arg);
 	return 0;
@@ -594,13 +676,19 @@ run_parse_args(int argc, char **argv, run_args *a)
 	}
 	if (rc == 0 && a->pipeline == NULL && !a->help_options)
 		rc = usage_error("run: missing the pipeline string");
+	if (rc == 0 && (a->save_at >= 0) != (a->state != NULL))
+		rc = usage_error(
+		    "run: --save-at N and --state FILE go together");
+	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL) && a->epochs > 1)
+		rc = usage_error("run: --save-at and --resume work on one "
+				 "epoch (drop --epochs)");
 	return rc;
 }
 
 static int
 cmd_run(int argc, char **argv)
 {
-	run_args a = {.epochs = 1};
+	run_args a = {.epochs = 1, .save_at = -1};
 	run_totals t = {0};
 	cachew_dataset *ds = NULL;
 	cachew_fingerprint fp;
@@ -1013,8 +1101,12 @@ ops_markdown_op(const cwi_dataset_op *op)
 	printf("- Input pipelines: %s\n", inputs);
 	if (props[0] != '\0')
 		printf("- Properties: %s\n", props);
-	printf("- Positional forms: %s\n\n",
+	printf("- Positional forms: %s\n",
 	    pos[0] ? pos : "values fill the parameters in table order");
+	if (op->saves != NULL)
+		printf("- Saved position (`cachew_iterator_save`): %s\n",
+		    op->saves);
+	printf("\n");
 	if (op->nparams == 0) {
 		printf("No parameters.\n\n");
 		return;

@@ -10,9 +10,20 @@
 #ifndef CWI_TOOLS_H
 #define CWI_TOOLS_H
 
+#include <stddef.h>
+
 /* `cachew cache ls|verify|rm|gc|probe ...`; returns the exit code. */
 int cwi_cache_cli(int argc, char **argv);
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);
+
+/* Iterator state files (`cachew run --save-at/--resume`, state_file.c):
+ * write replaces path atomically (a temporary file beside it, flushed,
+ * renamed); read returns the whole file in a malloc'd *data. Both return
+ * 0, or -1 with a reason naming the file in err. */
+int cwi_state_file_write(const char *path, const void *data, size_t len,
+    char *err, size_t errlen);
+int cwi_state_file_read(const char *path, void **data, size_t *len,
+    char *err, size_t errlen);
 
 #endif /* CWI_TOOLS_H */
