@@ -190,7 +190,8 @@ bench: deps
 	@bench/run all
 
 # W6: raw nng push/pull and the same transfer through our transports.
-bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost
+bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost \
+	$(BUILD)/journal_gen
 
 $(BUILD)/nng_raw: bench/nng_raw.c
 	@mkdir -p $(dir $@)
@@ -202,6 +203,10 @@ $(BUILD)/transport_bench: bench/transport_bench.c $(BUILD)/libcachew.a
 # The fixed cost of an iterator (docs/performance.md, the embedded default).
 $(BUILD)/iter_cost: bench/iter_cost.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# W8: a dispatcher journal of N records, for the recovery time.
+$(BUILD)/journal_gen: bench/journal_gen.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -Wno-conversion -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 deps:
 	@sh .ci/deps.sh

@@ -775,7 +775,8 @@ dispatcher_start(cwt_daemon *d, const char *dir)
 	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
 	    "--heartbeat-ms", "100", "--provisioner", "process",
 	    "--max-workers", "4", "--worker-threads", "1",
-	    "--worker-stop-timeout-ms", "5000", (char *)NULL);
+	    "--worker-stop-timeout-ms", "5000", "--journal-verify", "1",
+	    (char *)NULL);
 }
 
 typedef struct pool_view {
@@ -930,7 +931,7 @@ START_TEST(autoscale_process_provisioner_scales_a_job)
 	assert_exactly_once(&a);
 	ck_assert_uint_ge(max_granted(dir), 2);
 	wait_pool_empty(d.url);
-	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	ck_assert_int_eq(cwt_dispatcher_stop_verified(&d), 0);
 	free(a.seen);
 	cwt_rmtree(dir);
 	free(dir);
@@ -989,7 +990,7 @@ START_TEST(autoscale_process_provisioner_fixed2_runs_2_workers)
 	ck_assert_uint_eq(max_granted(dir), 2);
 	status_shows_policy(dir, d.url);
 	wait_pool_empty(d.url);
-	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	ck_assert_int_eq(cwt_dispatcher_stop_verified(&d), 0);
 	free(a.seen);
 	cwt_rmtree(dir);
 	free(dir);

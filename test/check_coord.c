@@ -76,7 +76,8 @@ cluster_start(cluster *c, int nworkers)
 	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher", "--role=dispatcher",
 	    "--listen", "tcp://127.0.0.1:0", "--work-dir", work,
 	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    "--client-timeout-ms", "5000", (char *)NULL);
+	    "--client-timeout-ms", "5000", "--journal-verify", "1",
+	    (char *)NULL);
 	live_copy = *c;
 	for (int i = 0; i < nworkers; i++) {
 		char name[32];
@@ -110,13 +111,17 @@ cluster_start(cluster *c, int nworkers)
 	}
 }
 
+/* verify: the dispatcher's journal must replay to its state (not when
+ * a failed test is torn down). */
 static void
-cluster_stop(cluster *c)
+cluster_stop_how(cluster *c, bool verify)
 {
 	for (int i = 0; i < 4; i++)
 		if (c->workers[i].pid > 0)
 			cwt_daemon_stop(&c->workers[i], SIGKILL);
-	if (c->dispatcher.pid > 0)
+	if (c->dispatcher.pid > 0 && verify)
+		cwt_dispatcher_stop_verified(&c->dispatcher);
+	else if (c->dispatcher.pid > 0)
 		cwt_daemon_stop(&c->dispatcher, SIGTERM);
 	cwt_rmtree(c->dir);
 	free(c->dir);
@@ -125,10 +130,16 @@ cluster_stop(cluster *c)
 }
 
 static void
+cluster_stop(cluster *c)
+{
+	cluster_stop_how(c, true);
+}
+
+static void
 teardown_cluster(void)
 {
 	if (live)
-		cluster_stop(&live_copy);
+		cluster_stop_how(&live_copy, false);
 }
 
 /* ---- consumers ------------------------------------------------------------------ */

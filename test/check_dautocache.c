@@ -497,7 +497,7 @@ dispatcher_with_cache(cwt_daemon *d, const char *dir, const char *name)
 	cwt_daemon_start(d, dir, name, "--role=dispatcher", "--listen",
 	    "tcp://127.0.0.1:0", "--work-dir", work, "--cache-root", cache,
 	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    (char *)NULL);
+	    "--journal-verify", "1", (char *)NULL);
 }
 
 START_TEST(service_profiles_writes_then_reads_across_epochs)
@@ -527,7 +527,7 @@ START_TEST(service_profiles_writes_then_reads_across_epochs)
 	snprintf(events, sizeof(events), "%s/work/events.jsonl", dir);
 	job_modes(events, modes, sizeof(modes));
 	ck_assert_str_eq(modes, "profile put get get");
-	ck_assert_int_eq(cwt_daemon_stop(&disp, SIGTERM), 0);
+	ck_assert_int_eq(cwt_dispatcher_stop_verified(&disp), 0);
 
 	/* A restarted dispatcher knows the cache: the first job reads it. */
 	dispatcher_with_cache(&disp, dir, "dispatcher2");
@@ -542,7 +542,7 @@ START_TEST(service_profiles_writes_then_reads_across_epochs)
 	job_modes(events, modes, sizeof(modes));
 	ck_assert_str_eq(modes, "profile put get get get");
 	cwt_daemon_stop(&w[0], SIGKILL);
-	ck_assert_int_eq(cwt_daemon_stop(&disp, SIGTERM), 0);
+	ck_assert_int_eq(cwt_dispatcher_stop_verified(&disp), 0);
 	cwt_rmtree(dir);
 	free(dir);
 }

@@ -395,6 +395,98 @@ chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults,
 	return ms;
 }
 
+/* ---- chaos: the dispatcher dies ------------------------------------------ */
+
+/* Kills the dispatcher (SIGKILL) and starts it again on the same address
+ * and work dir after `away_ms`; with `discard`, it starts empty (its
+ * journal set aside). */
+static void
+dispatcher_restart(cwt_cluster *c, unsigned away_ms, bool discard)
+{
+	char work[600], url[256];
+
+	snprintf(url, sizeof(url), "%s", c->dispatcher.url);
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	cwt_daemon_stop(&c->dispatcher, SIGKILL);
+	cwt_nap_ms(away_ms);
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher2",
+	    "--role=dispatcher", "--listen", url, "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--client-timeout-ms", "20000", "--journal-discard",
+	    discard ? "1" : "0", "--journal-verify", "1", (char *)NULL);
+	ck_assert_str_eq(c->dispatcher.url, url);
+}
+
+/*
+ * 4 workers; two clients share a job and a third reads its own, each
+ * range(n) | map(sleep_us); the dispatcher is killed `kills` times at
+ * moments drawn from seed and comes back after 0..1.5 s with its journal.
+ * Both jobs' epochs complete with every element exactly once.
+ */
+static void
+dispatcher_chaos_run(uint64_t seed, int kills)
+{
+	cwt_cluster c;
+	reader r[3];
+	pthread_t th[3];
+	uint64_t rng = seed * 0x9e3779b97f4a7c15ULL + 11, t0;
+	char what[128] = "";
+	int n = 4000;
+
+	cwt_cluster_start(&c, 4);
+	memset(r, 0, sizeof(r));
+	t0 = cwt_now_ms();
+	for (int i = 0; i < 3; i++) {
+		r[i].url = c.dispatcher.url;
+		r[i].job_name = i < 2 ? "shared" : NULL;
+		r[i].n = n;
+		r[i].us = 500;
+		r[i].timeout_ms = 30000;
+		r[i].seen = calloc((size_t)n, 1);
+		ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main,
+				     &r[i]), 0);
+	}
+	for (int k = 0; k < kills; k++) {
+		/* Elements of both jobs together: 2n in all. */
+		int at = n / 10 + (int)(rng_next(&rng) % (uint64_t)(n * 3 / 2));
+		unsigned away = (unsigned)(rng_next(&rng) % 1500);
+		uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(30000);
+		while (total_received(r, 3) < at && cwt_now_ms() < deadline)
+			cwt_nap_ms(2);
+		if (total_received(r, 3) >= 2 * n)
+			break;
+		snprintf(what + strlen(what), sizeof(what) - strlen(what),
+		    "%skill@%d+%ums", k > 0 ? "," : "", total_received(r, 3),
+		    away);
+		dispatcher_restart(&c, away, false);
+	}
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(r[i].rv == CACHEW_EOF, "seed %llu (%s): client "
+		    "%d: %s", (unsigned long long)seed, what, i, r[i].err);
+	for (int job = 0; job < 2; job++) {
+		int missing = 0, repeated = 0;
+		for (int v = 0; v < n; v++) {
+			int got = job == 0 ? r[0].seen[v] + r[1].seen[v]
+					   : r[2].seen[v];
+			missing += got == 0;
+			repeated += got > 1 ? got - 1 : 0;
+		}
+		fprintf(stderr, "dispatcher chaos seed=%llu job=%s actions=%s "
+		    "elements=%d missing=%d repeated=%d epoch_ms=%llu\n",
+		    (unsigned long long)seed, job == 0 ? "shared" : "private",
+		    what[0] ? what : "none", n, missing, repeated,
+		    (unsigned long long)(cwt_now_ms() - t0));
+		ck_assert_msg(missing == 0 && repeated == 0, "seed %llu (%s): "
+		    "%s job: %d missing, %d repeated", (unsigned long long)seed,
+		    what, job == 0 ? "shared" : "private", missing, repeated);
+	}
+	for (int i = 0; i < 3; i++)
+		free(r[i].seen);
+	cwt_cluster_stop(&c);
+}
+
 /* How many seeds each chaos test runs: CWT_CHAOS_SEEDS (make chaos sets
  * it), else 1. */
 static int
@@ -440,6 +532,56 @@ START_TEST(chaos_ordered_delivery)
 }
 END_TEST
 
+START_TEST(chaos_dispatcher_dies)
+{
+	for (int i = 0; i < chaos_seeds(); i++)
+		dispatcher_chaos_run(5000 + (uint64_t)i, 1 + i % 2);
+}
+END_TEST
+
+/* A dispatcher that comes back without its state (its journal set
+ * aside): the client is told its job is gone, naming it, at once; the
+ * workers register again with the new dispatcher and serve a new job. */
+START_TEST(dispatcher_back_without_state)
+{
+	cwt_cluster c;
+	reader r, again;
+	pthread_t th;
+	uint64_t t0;
+
+	cwt_cluster_start(&c, 2);
+	memset(&r, 0, sizeof(r));
+	r.url = c.dispatcher.url;
+	r.n = 20000;
+	r.us = 500;
+	r.timeout_ms = 30000;
+	r.seen = calloc((size_t)r.n, 1);
+	ck_assert_int_eq(pthread_create(&th, NULL, reader_main, &r), 0);
+	while (atomic_load(&r.received) < 200)
+		cwt_nap_ms(5);
+	dispatcher_restart(&c, 100, true);
+	t0 = cwt_now_ms();
+	pthread_join(th, NULL);
+	ck_assert_int_eq(r.rv, CACHEW_EIO);
+	ck_assert_msg(strstr(r.err, "without its state") != NULL &&
+		strstr(r.err, "job 1 ") != NULL, "%s", r.err);
+	ck_assert_uint_lt(cwt_now_ms() - t0, (uint64_t)cwt_bound_ms(10000));
+	free(r.seen);
+
+	memset(&again, 0, sizeof(again));
+	again.url = c.dispatcher.url;
+	again.n = 300;
+	again.timeout_ms = 30000;
+	again.seen = calloc((size_t)again.n, 1);
+	reader_main(&again);
+	ck_assert_msg(again.rv == CACHEW_EOF, "%s", again.err);
+	for (int v = 0; v < again.n; v++)
+		ck_assert_int_eq(again.seen[v], 1);
+	free(again.seen);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 Suite *
 cwt_exact_suite(void)
 {
@@ -456,6 +598,8 @@ cwt_exact_suite(void)
 	tcase_add_test(chaos, chaos_shared_job_workers_die);
 	tcase_add_test(chaos, chaos_replies_lost);
 	tcase_add_test(chaos, chaos_ordered_delivery);
+	tcase_add_test(chaos, chaos_dispatcher_dies);
+	tcase_add_test(chaos, dispatcher_back_without_state);
 	suite_add_tcase(s, chaos);
 	return s;
 }

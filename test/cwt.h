@@ -6,6 +6,7 @@
 #define CWT_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -122,6 +123,11 @@ void cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...);
  * when killed, -1 when it was not running. */
 int cwt_daemon_stop(cwt_daemon *d, int sig);
 
+/* Stops a dispatcher started with --journal-verify 1 (SIGTERM), checks
+ * that its journal, replayed at the stop, gave the state it had, and
+ * returns its exit code (cwt_daemon_stop's). */
+int cwt_dispatcher_stop_verified(cwt_daemon *d);
+
 /* A dispatcher and workers on loopback, with fast heartbeats (50 ms), a
  * 2 s worker timeout and a 20 s client timeout; the workers run with one
  * thread. */
@@ -131,6 +137,9 @@ typedef struct cwt_cluster {
 	cwt_daemon dispatcher;
 	cwt_daemon workers[CWT_CLUSTER_MAX_WORKERS];
 	int nworkers; /* started so far */
+	/* The dispatcher runs with --journal-verify (cwt_cluster_start):
+	 * cwt_cluster_stop checks that its journal replayed to its state. */
+	bool verify_journal;
 } cwt_cluster;
 
 void cwt_cluster_start(cwt_cluster *c, int nworkers);

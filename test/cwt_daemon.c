@@ -199,6 +199,22 @@ cwt_daemon_stop(cwt_daemon *d, int sig)
 }
 
 
+int
+cwt_dispatcher_stop_verified(cwt_daemon *d)
+{
+	char *log;
+	int rc = cwt_daemon_stop(d, SIGTERM);
+
+	log = cwt_slurp(d->log);
+	ck_assert_msg(log != NULL &&
+		strstr(log, "event=journal_verify_failed") == NULL,
+	    "%s", log != NULL ? log : "no dispatcher log");
+	ck_assert_msg(strstr(log, "event=journal_verified") != NULL,
+	    "the dispatcher did not verify its journal: %s", log);
+	free(log);
+	return rc;
+}
+
 /* ---- a cluster ---------------------------------------------------------- */
 
 void
@@ -224,7 +240,9 @@ cwt_cluster_start(cwt_cluster *c, int nworkers)
 	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher",
 	    "--role=dispatcher", "--listen", "tcp://127.0.0.1:0", "--work-dir",
 	    work, "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    "--client-timeout-ms", "20000", (char *)NULL);
+	    "--client-timeout-ms", "20000", "--journal-verify", "1",
+	    (char *)NULL);
+	c->verify_journal = true;
 	for (int i = 0; i < nworkers; i++)
 		cwt_cluster_worker_start(c, i);
 	c->nworkers = nworkers;
@@ -236,8 +254,10 @@ cwt_cluster_stop(cwt_cluster *c)
 	for (int i = 0; i < CWT_CLUSTER_MAX_WORKERS; i++)
 		if (c->workers[i].pid > 0)
 			cwt_daemon_stop(&c->workers[i], SIGKILL);
-	if (c->dispatcher.pid > 0)
+	if (c->dispatcher.pid > 0 && !c->verify_journal)
 		cwt_daemon_stop(&c->dispatcher, SIGTERM);
+	else if (c->dispatcher.pid > 0)
+		cwt_dispatcher_stop_verified(&c->dispatcher);
 	cwt_rmtree(c->dir);
 	free(c->dir);
 }

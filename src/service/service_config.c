@@ -92,6 +92,10 @@ static const cfg_spec table[] = {
     {"snapshot_records", INT(snapshot_records), "100000", 16, 1000000000,
 	NULL, "dispatcher: fold the journal into a snapshot after this many "
 	"records"},
+    {"journal_verify", INT(journal_verify), "0", 0, 1, NULL,
+	"dispatcher: a check for tests: at a clean stop, replay the journal "
+	"into a new state and log event=journal_verified or "
+	"event=journal_verify_failed"},
     {"drain_timeout_ms", INT(drain_timeout_ms), "60000", 0, 86400000, NULL,
 	"worker: on SIGTERM, how long to finish leased splits before exiting"},
     {"scale_policy", STR(scale_policy), "model", 0, 0, NULL,

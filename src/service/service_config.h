@@ -41,6 +41,7 @@ typedef struct cwi_service_config {
 	int64_t journal;               /* 0: off (state dies with it) */
 	int64_t journal_discard;       /* 1: set the old state aside */
 	int64_t snapshot_records;      /* fold into a snapshot this often */
+	int64_t journal_verify;        /* 1: replay it at stop and compare */
 	/* dispatcher: the policy engine and the provisioner */
 	char scale_policy[64];         /* jobs' default scale policy */
 	int64_t decision_interval_ms;  /* 0 = heartbeat_ms */

@@ -266,6 +266,8 @@ struct cwi_dispatcher {
 	 * another lineage names ids this state never gave out. */
 	uint64_t lineage;
 	uint64_t incarnation;
+	bool quiet; /* replaying a journal: no events (not saved) */
+	uint64_t replay_diverged; /* replayed requests that failed */
 	vec workers, datasets, jobs, tasks;
 	uint64_t next_worker_id, next_dataset_id, next_job_id;
 	uint64_t next_client_id, next_task_id;

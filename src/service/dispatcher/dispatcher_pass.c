@@ -100,9 +100,13 @@ cwi_pass_finish(cwi_dispatcher *d, job *j, bool complete)
 	cwi_pass_end *pe;
 	size_t nops = 0;
 
-	if (j->pass.ctx == NULL || j->pass.ended)
+	if (j->pass.graph == NULL || j->pass.ended)
 		return;
+	/* Ended whether or not a planner waits for it (one recovered from
+	 * the journal has none): the state is the same either way. */
 	j->pass.ended = true;
+	if (j->pass.ctx == NULL)
+		return;
 	if (d->npass_ends == d->cappass_ends) {
 		size_t cap = d->cappass_ends ? 2 * d->cappass_ends : 4;
 		cwi_pass_end *v = realloc(d->pass_ends, cap * sizeof(*v));
@@ -186,4 +190,6 @@ cwi_pass_ends_drop(cwi_dispatcher *d)
 		if (d->pass_ends[i].ctx != NULL && d->cfg.pass_free != NULL)
 			d->cfg.pass_free(d->pass_ends[i].ctx);
 	cwi_dispatcher_pass_ends_free(d->pass_ends, d->npass_ends);
+	d->pass_ends = NULL;
+	d->npass_ends = d->cappass_ends = 0;
 }

@@ -23,6 +23,7 @@
 #include "dispatcher_state.h"
 #include "../service_rpc.h"
 #include "../../cache/cache.h"
+#include "../../core/journal.h"
 #include "../../provision/provision.h"
 
 #include <errno.h>
@@ -54,8 +55,26 @@ struct cwi_dispatcher_server {
 	 * taken first. */
 	cwi_dcache *dcache;
 	pthread_mutex_t pass_lock;
-	/* Time the dispatcher itself did not run (see disp_now). */
-	_Atomic uint64_t paused_ns;
+	/* disp_now's offset from cwi_now_ns: less the time the dispatcher
+	 * itself did not run, plus where a recovered state's clock was. */
+	_Atomic uint64_t clock_offset;
+	/* The journal (docs/journal.md; NULL: none). Records are appended
+	 * under d->lock in the order the calls ran; replies wait for their
+	 * record to be durable, on the replier thread. */
+	cwi_journal *journal;
+	cwi_strbuf jrec; /* the record being built (d->lock) */
+	atomic_bool journal_failed_said;
+	pthread_mutex_t reply_lock;
+	pthread_cond_t reply_cond;
+	struct pending_reply *replies;
+	size_t nreplies, capreplies;
+	pthread_t replier;
+	bool replier_started;
+	bool replier_stop;
+	uint8_t *snap;    /* a snapshot to write, ticker only */
+	size_t snap_len;
+	uint64_t snap_lsn;
+	uint64_t last_lsn; /* the last record appended (d->lock) */
 	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
 	cwi_dispatcher_job_hook job_hook; /* set before clients come */
 	void *job_hook_arg;
@@ -73,7 +92,7 @@ struct cwi_dispatcher_server {
 static uint64_t
 disp_now(cwi_dispatcher_server *d)
 {
-	return cwi_now_ns() - atomic_load(&d->paused_ns);
+	return cwi_now_ns() + atomic_load(&d->clock_offset);
 }
 
 /* Ticks come every TICK_MS; a gap longer than PAUSE_MIN_MS between two
@@ -88,13 +107,413 @@ note_pause(cwi_dispatcher_server *d)
 
 	if (now - d->last_tick_ns > (uint64_t)PAUSE_MIN_MS * 1000000u) {
 		gap = now - d->last_tick_ns - (uint64_t)TICK_MS * 1000000u;
-		atomic_fetch_add(&d->paused_ns, gap);
+		atomic_fetch_sub(&d->clock_offset, gap);
 		cwi_log(CACHEW_LOG_WARN, "dispatcher",
 		    "event=paused gap_ms=%llu action=\"timeouts extended by "
 		    "the gap\"",
 		    (unsigned long long)(gap / 1000000u));
 	}
 	d->last_tick_ns = now;
+}
+
+/* ---- the journal ------------------------------------------------------------ */
+
+/* A reply that waits for its request's record to be durable. */
+typedef struct pending_reply {
+	cwi_request *r;
+	cwi_pmsg rep;
+	uint64_t lsn;
+	bool hook, created;
+} pending_reply;
+
+/* Says once that the journal stopped working: the dispatcher goes on
+ * serving (its state in memory is whole), but a restart would lose what
+ * came after. */
+static void
+journal_failed(cwi_dispatcher_server *d, const char *what)
+{
+	if (atomic_exchange(&d->journal_failed_said, true))
+		return;
+	cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_failed "
+	    "error=\"%s: %s\" action=\"serving on; a restart now loses the "
+	    "state changed since\"", what, cwi_errmsg_get());
+}
+
+/* Appends the record in d->jrec (built with d->lock held; rv is the
+ * builder's); a lazy one (a tick: no reply waits for it) goes to disk with
+ * the next one that is not. *lsn 0 when there is no journal or it
+ * failed. */
+static void
+journal_add(cwi_dispatcher_server *d, cachew_err rv, uint64_t *lsn,
+    bool lazy)
+{
+	*lsn = 0;
+	if (d->journal == NULL)
+		return;
+	if (rv == CACHEW_OK)
+		rv = (lazy ? cwi_journal_append_lazy : cwi_journal_append)(
+		    d->journal, d->jrec.data, d->jrec.len, lsn);
+	if (rv != CACHEW_OK) {
+		*lsn = 0;
+		journal_failed(d, "append");
+		return;
+	}
+	d->last_lsn = *lsn;
+}
+
+static void
+journal_append(cwi_dispatcher_server *d, cachew_err rv, uint64_t *lsn)
+{
+	journal_add(d, rv, lsn, false);
+}
+
+/* Journals a request that the state machine took (d->lock held). */
+static void
+journal_request(cwi_dispatcher_server *d, uint64_t now, const cwi_request *r,
+    const cwi_pmsg *req, const cwi_pmsg *rep, const cwi_job_pass *offered,
+    uint64_t *lsn)
+{
+	const uint8_t *hdr;
+	size_t len;
+
+	*lsn = 0;
+	if (d->journal == NULL || rep->type == CWI_MSG_ERROR ||
+	    req->type == CWI_MSG_STATUS)
+		return;
+	hdr = cwi_msg_header(cwi_request_msg((cwi_request *)r), &len);
+	journal_append(d, offered != NULL
+			      ? cwi_jrec_pass_request(&d->jrec, now, hdr, len,
+				    offered)
+			      : cwi_jrec_request(&d->jrec, now, hdr, len),
+	    lsn);
+}
+
+static void
+send_reply(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
+    bool hook, bool created)
+{
+	cwi_rpc_reply(r, rep);
+	cwi_pmsg_free(rep);
+	if (hook && d->job_hook != NULL)
+		d->job_hook(d->job_hook_arg, created);
+}
+
+/* Replies once the reply's record is durable: at once without a journal,
+ * else on the replier thread (a transport handler must not block). */
+static void
+reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
+    uint64_t lsn, bool hook, bool created)
+{
+	pending_reply *p;
+
+	if (lsn == 0 || d->journal == NULL) {
+		send_reply(d, r, rep, hook, created);
+		return;
+	}
+	pthread_mutex_lock(&d->reply_lock);
+	if (d->replier_stop) {
+		/* Stopping: the replier is gone or going. */
+		pthread_mutex_unlock(&d->reply_lock);
+		(void)cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX);
+		send_reply(d, r, rep, hook, created);
+		return;
+	}
+	if (d->nreplies == d->capreplies) {
+		size_t cap = d->capreplies > 0 ? d->capreplies * 2 : 64;
+		void *v = realloc(d->replies, cap * sizeof(*d->replies));
+		if (v == NULL) {
+			pthread_mutex_unlock(&d->reply_lock);
+			/* Out of memory: wait here rather than lose it. */
+			(void)cwi_journal_wait_durable(d->journal, lsn,
+			    UINT64_MAX);
+			send_reply(d, r, rep, hook, created);
+			return;
+		}
+		d->replies = v;
+		d->capreplies = cap;
+	}
+	p = &d->replies[d->nreplies++];
+	p->r = r;
+	p->rep = *rep;
+	p->lsn = lsn;
+	p->hook = hook;
+	p->created = created;
+	pthread_cond_signal(&d->reply_cond);
+	pthread_mutex_unlock(&d->reply_lock);
+}
+
+/* Takes the waiting replies in batches: one wait for the batch's last
+ * record (group commit makes it one fsync), then every reply of it. */
+static void *
+replier_main(void *arg)
+{
+	cwi_dispatcher_server *d = arg;
+
+	for (;;) {
+		pending_reply *v;
+		size_t n;
+		uint64_t max = 0;
+
+		pthread_mutex_lock(&d->reply_lock);
+		while (d->nreplies == 0 && !d->replier_stop)
+			pthread_cond_wait(&d->reply_cond, &d->reply_lock);
+		if (d->nreplies == 0) {
+			pthread_mutex_unlock(&d->reply_lock);
+			break;
+		}
+		v = d->replies;
+		n = d->nreplies;
+		d->replies = NULL;
+		d->nreplies = d->capreplies = 0;
+		pthread_mutex_unlock(&d->reply_lock);
+		for (size_t i = 0; i < n; i++)
+			if (v[i].lsn > max)
+				max = v[i].lsn;
+		if (cwi_journal_wait_durable(d->journal, max, UINT64_MAX) !=
+		    CACHEW_OK)
+			journal_failed(d, "commit");
+		for (size_t i = 0; i < n; i++)
+			send_reply(d, v[i].r, &v[i].rep, v[i].hook,
+			    v[i].created);
+		free(v);
+	}
+	return NULL;
+}
+
+typedef struct replay_ctx {
+	cwi_dispatcher *state;
+	uint64_t snapshot_lsn;
+} replay_ctx;
+
+static cachew_err
+replay_snapshot(void *ctx, const void *payload, size_t len, uint64_t lsn)
+{
+	replay_ctx *rc = ctx;
+	cachew_err rv;
+
+	rv = cwi_dispatcher_checkpoint_load(rc->state, payload, len);
+	if (rv != CACHEW_OK)
+		return cwi_fail(rv, "snapshot at record %llu: %s",
+		    (unsigned long long)lsn, cwi_errmsg_get());
+	rc->snapshot_lsn = lsn;
+	return CACHEW_OK;
+}
+
+static cachew_err
+replay_record(void *ctx, uint64_t lsn, const void *payload, size_t len)
+{
+	replay_ctx *rc = ctx;
+	cachew_err rv;
+
+	rv = cwi_dispatcher_apply_record(rc->state, payload, len);
+	if (rv != CACHEW_OK)
+		return cwi_fail(rv, "record %llu: %s", (unsigned long long)lsn,
+		    cwi_errmsg_get());
+	return CACHEW_OK;
+}
+
+/* Opens the journal in <work_dir>/journal and brings the state back: the
+ * snapshot, then every record after it, without events (they were
+ * written when the calls first ran). The clock continues from the
+ * recovered state's, so the time the dispatcher was away counts for
+ * nobody's timeout: workers and clients have their whole timeouts to
+ * come back. */
+static cachew_err
+start_journal(cwi_dispatcher_server *d)
+{
+	const cwi_service_config *c = &d->cfg;
+	char dir[CWI_CFG_STR_MAX + 16];
+	cwi_journal_options jo;
+	cwi_journal_callbacks cb;
+	cwi_journal_recovery rec;
+	replay_ctx rc = {d->state, 0};
+	cwi_dispatcher_config dc;
+	uint64_t lsn, now, inc;
+	cachew_err rv;
+
+	if (c->work_dir[0] == '\0' || !c->journal)
+		return CACHEW_OK;
+	snprintf(dir, sizeof(dir), "%s/journal", c->work_dir);
+	cwi_journal_options_init(&jo);
+	jo.snapshot_records = (uint64_t)c->snapshot_records;
+	jo.discard = c->journal_discard != 0;
+	memset(&cb, 0, sizeof(cb));
+	cb.on_snapshot = replay_snapshot;
+	cb.on_record = replay_record;
+	cb.ctx = &rc;
+	memset(&rec, 0, sizeof(rec));
+	/* This process's configuration, which the records it appends run
+	 * with (the replay runs the older ones with theirs). */
+	dc = *cwi_dispatcher_config_of(d->state);
+	cwi_dispatcher_quiet(d->state, true);
+	rv = cwi_journal_open(&d->journal, dir, &jo, &cb, &rec);
+	cwi_dispatcher_quiet(d->state, false);
+	if (rv != CACHEW_OK)
+		return cwi_fail(rv, "journal %s: %s (to start empty, setting "
+		    "its files aside: --journal-discard=1)", dir,
+		    cwi_errmsg_get());
+	cwi_dispatcher_set_lineage(d->state, rec.lineage);
+	if (cwi_dispatcher_lineage(d->state) != rec.lineage)
+		return cwi_fail(CACHEW_ECORRUPT, "journal %s: its snapshot is "
+		    "of lineage %016llx, the journal's is %016llx", dir,
+		    (unsigned long long)cwi_dispatcher_lineage(d->state),
+		    (unsigned long long)rec.lineage);
+	/* Continue the clock: a reboot may have reset the monotonic one. */
+	now = cwi_dispatcher_clock(d->state) + 1000000u;
+	atomic_store(&d->clock_offset, now - cwi_now_ns());
+	inc = rec.created ? 1 : cwi_dispatcher_incarnation(d->state) + 1;
+	pthread_mutex_lock(&d->lock);
+	journal_append(d, cwi_jrec_start(&d->jrec, disp_now(d), rec.lineage,
+			      inc, &dc),
+	    &lsn);
+	if (lsn != 0)
+		(void)cwi_dispatcher_apply_record(d->state,
+		    (const uint8_t *)d->jrec.data, d->jrec.len);
+	pthread_mutex_unlock(&d->lock);
+	if (lsn != 0 &&
+	    cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX) != CACHEW_OK)
+		return cwi_fail(CACHEW_EIO, "journal %s: %s", dir,
+		    cwi_errmsg_get());
+	cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=%s lineage=%016llx "
+	    "incarnation=%llu snapshot_lsn=%llu records=%llu diverged=%llu "
+	    "torn_bytes=%llu discarded_files=%llu ms=%.1f dir=%s",
+	    rec.created ? "journal_created" : "recovered",
+	    (unsigned long long)rec.lineage, (unsigned long long)inc,
+	    (unsigned long long)rec.snapshot_lsn,
+	    (unsigned long long)rec.records_replayed,
+	    (unsigned long long)cwi_dispatcher_replay_diverged(d->state),
+	    (unsigned long long)rec.torn_bytes,
+	    (unsigned long long)rec.files_discarded,
+	    (double)rec.duration_ns / 1e6, dir);
+	if (pthread_create(&d->replier, NULL, replier_main, d) != 0)
+		return cwi_fail(CACHEW_ENOMEM, "dispatcher: cannot start a "
+		    "thread");
+	d->replier_started = true;
+	return CACHEW_OK;
+}
+
+static void
+dump(const char *dir, const char *name, const cwi_strbuf *sb)
+{
+	char path[CWI_CFG_STR_MAX + 64];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "wb");
+	if (f == NULL)
+		return;
+	fwrite(sb->data, 1, sb->len, f);
+	fclose(f);
+}
+
+/* journal_verify: the journal, replayed into a new state (created with
+ * this one's configuration), must give this state, byte for byte of
+ * their checkpoints. The journal is closed; the state no longer
+ * changes. */
+static void
+journal_verify(cwi_dispatcher_server *d)
+{
+	char dir[CWI_CFG_STR_MAX + 16];
+	cwi_dispatcher *copy = NULL;
+	cwi_journal *j = NULL;
+	cwi_journal_callbacks cb;
+	cwi_strbuf a, b;
+	replay_ctx rc = {NULL, 0};
+	cachew_err rv;
+
+	snprintf(dir, sizeof(dir), "%s/journal", d->cfg.work_dir);
+	cwi_strbuf_init(&a);
+	cwi_strbuf_init(&b);
+	rv = cwi_dispatcher_create(&copy, cwi_dispatcher_config_of(d->state));
+	if (rv == CACHEW_OK) {
+		memset(&cb, 0, sizeof(cb));
+		cb.on_snapshot = replay_snapshot;
+		cb.on_record = replay_record;
+		cb.ctx = &rc;
+		rc.state = copy;
+		cwi_dispatcher_quiet(copy, true);
+		rv = cwi_journal_open(&j, dir, NULL, &cb, NULL);
+		cwi_journal_destroy(j);
+	}
+	/* Calls without a record (status, refused requests) moved only
+	 * the clock; pass ends not yet taken for the planner at the stop
+	 * are not state (a replay drops them at once). */
+	if (rv == CACHEW_OK) {
+		cwi_dispatcher_set_clock(copy, cwi_dispatcher_clock(d->state));
+		cwi_dispatcher_drop_pass_ends(d->state);
+	}
+	if (rv == CACHEW_OK)
+		rv = cwi_dispatcher_checkpoint_save(d->state, &a);
+	if (rv == CACHEW_OK)
+		rv = cwi_dispatcher_checkpoint_save(copy, &b);
+	if (rv != CACHEW_OK)
+		cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_verify_"
+		    "failed error=\"%s\"", cwi_errmsg_get());
+	else if (a.len != b.len || memcmp(a.data, b.data, a.len) != 0 ||
+		 cwi_dispatcher_replay_diverged(copy) > 0) {
+		size_t at = 0;
+		while (at < a.len && at < b.len && a.data[at] == b.data[at])
+			at++;
+		cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_verify_"
+		    "failed error=\"the replayed state differs (%zu vs %zu "
+		    "bytes, first at byte %zu; %llu requests diverged); both in "
+		    "%s/verify-{live,replayed}.bin\"", b.len, a.len, at,
+		    (unsigned long long)cwi_dispatcher_replay_diverged(copy),
+		    d->cfg.work_dir);
+		dump(d->cfg.work_dir, "verify-live.bin", &a);
+		dump(d->cfg.work_dir, "verify-replayed.bin", &b);
+	}
+	else
+		cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=journal_verified "
+		    "bytes=%zu", a.len);
+	cwi_strbuf_free(&a);
+	cwi_strbuf_free(&b);
+	cwi_dispatcher_destroy(copy);
+}
+
+/* With d->lock held: when the journal asks for one, serialises the state
+ * for a snapshot (written by snapshot_write, without the lock). */
+static void
+snapshot_take(cwi_dispatcher_server *d)
+{
+	if (d->journal == NULL || d->snap != NULL ||
+	    !cwi_journal_snapshot_due(d->journal))
+		return;
+	cwi_strbuf sb;
+
+	cwi_strbuf_init(&sb);
+	if (cwi_dispatcher_checkpoint_save(d->state, &sb) != CACHEW_OK) {
+		cwi_strbuf_free(&sb);
+		return;
+	}
+	d->snap = (uint8_t *)sb.data; /* the strbuf's: freed with free() */
+	d->snap_len = sb.len;
+	d->snap_lsn = d->last_lsn;
+	if (cwi_journal_rotate(d->journal) != CACHEW_OK) {
+		free(d->snap);
+		d->snap = NULL;
+	}
+}
+
+static void
+snapshot_write(cwi_dispatcher_server *d)
+{
+	uint64_t t0 = cwi_now_ns();
+	cachew_err rv;
+
+	if (d->snap == NULL)
+		return;
+	rv = cwi_journal_snapshot_write(d->journal, d->snap, d->snap_len,
+	    d->snap_lsn);
+	if (rv != CACHEW_OK)
+		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=snapshot_failed "
+		    "error=\"%s\"", cwi_errmsg_get());
+	else
+		cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=snapshot lsn=%llu "
+		    "bytes=%zu ms=%.1f", (unsigned long long)d->snap_lsn,
+		    d->snap_len, (double)(cwi_now_ns() - t0) / 1e6);
+	free(d->snap);
+	d->snap = NULL;
 }
 
 /* The server's state of one autocaching pass (a job's cwi_job_pass ctx). */
@@ -129,8 +548,15 @@ finish_passes(cwi_dispatcher_server *d)
 	pthread_mutex_unlock(&d->lock);
 	for (size_t i = 0; i < n; i++) {
 		srv_pass *sp = v[i].ctx;
-		cwi_ac_counter *ops = calloc(v[i].nops + 1, sizeof(*ops));
+		cwi_ac_counter *ops;
 		char event[768];
+		uint64_t lsn;
+
+		/* A pass recovered from the journal has no planner state:
+		 * its end teaches the planner nothing. */
+		if (sp == NULL)
+			continue;
+		ops = calloc(v[i].nops + 1, sizeof(*ops));
 
 		for (size_t k = 0; ops != NULL && k < v[i].nops; k++) {
 			ops[k].name = v[i].ops[k].name;
@@ -147,8 +573,12 @@ finish_passes(cwi_dispatcher_server *d)
 			    "event=autocache job=%llu %s",
 			    (unsigned long long)v[i].job_id, event);
 			pthread_mutex_lock(&d->lock);
-			cwi_dispatcher_autocache_event(d->state, disp_now(d),
+			uint64_t now = disp_now(d);
+			cwi_dispatcher_autocache_event(d->state, now,
 			    v[i].job_id, NULL, event);
+			journal_append(d, cwi_jrec_autocache(&d->jrec, now,
+					      v[i].job_id, NULL, event),
+			    &lsn);
 			pthread_mutex_unlock(&d->lock);
 		}
 		srv_pass_free(sp);
@@ -157,11 +587,14 @@ finish_passes(cwi_dispatcher_server *d)
 }
 
 /* A job request that would create a job: plan its pass (I/O) without
- * d->lock, then handle the request with the plan offered. */
+ * d->lock, then handle the request with the plan offered. *lsn: its
+ * journal record's. */
 static void
-handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
-    cwi_pmsg *rep)
+handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
+    const cwi_pmsg *req, cwi_pmsg *rep, uint64_t *lsn)
 {
+	cwi_job_pass offered;
+	uint64_t now;
 	cwi_job_pass jp;
 	srv_pass *sp = NULL;
 	uint8_t *graph = NULL;
@@ -203,10 +636,16 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_pmsg *req,
 	}
 	free(graph);
 	pthread_mutex_lock(&d->lock);
+	now = disp_now(d);
+	/* The journal keeps the plan as offered (the job takes it). */
+	offered = jp;
 	if (jp.ctx != NULL)
 		cwi_dispatcher_offer_pass(d->state, &jp);
-	(void)cwi_dispatcher_handle(d->state, disp_now(d), req, rep);
+	(void)cwi_dispatcher_handle(d->state, now, req, rep);
 	cwi_dispatcher_offer_pass(d->state, NULL);
+	journal_request(d, now, r, req, rep, offered.ctx != NULL ? &offered
+								: NULL,
+	    lsn);
 	pthread_mutex_unlock(&d->lock);
 	pthread_mutex_unlock(&d->pass_lock);
 	if (jp.ctx != NULL) {
@@ -239,12 +678,35 @@ status_provisioner(cwi_dispatcher_server *d, cwi_msg_status_reply *st)
 		st->provisioner_error = cwi_strdup(ps.last_error);
 }
 
+/* Adds the journal's side to a status reply. */
+static void
+status_journal(cwi_dispatcher_server *d, cwi_msg_status_reply *st)
+{
+	cwi_journal_stats js;
+	char buf[CWI_CFG_STR_MAX + 256];
+
+	if (d->journal == NULL)
+		return;
+	cwi_journal_stats_get(d->journal, &js);
+	snprintf(buf, sizeof(buf), "%s/journal: %s; %llu records (%llu "
+	    "durable), snapshot at %llu, %llu fsyncs for %llu records since "
+	    "this start",
+	    d->cfg.work_dir, js.failed ? "FAILED (see the log)" : "ok",
+	    (unsigned long long)(js.next_lsn - 1),
+	    (unsigned long long)js.durable_lsn,
+	    (unsigned long long)js.snapshot_lsn,
+	    (unsigned long long)js.fsyncs,
+	    (unsigned long long)js.records_appended);
+	st->journal = cwi_strdup(buf);
+}
+
 static void
 on_request(void *arg, cwi_request *r)
 {
 	cwi_dispatcher_server *d = arg;
 	cwi_pmsg req, rep;
 	bool created, finished;
+	uint64_t lsn = 0, now;
 
 	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &req) !=
 	    CACHEW_OK) {
@@ -252,22 +714,23 @@ on_request(void *arg, cwi_request *r)
 		return;
 	}
 	if (d->dcache != NULL && req.type == CWI_MSG_JOB_GET_OR_CREATE) {
-		handle_job_request(d, &req, &rep);
+		handle_job_request(d, r, &req, &rep, &lsn);
 	} else {
 		pthread_mutex_lock(&d->lock);
-		(void)cwi_dispatcher_handle(d->state, disp_now(d), &req, &rep);
+		now = disp_now(d);
+		(void)cwi_dispatcher_handle(d->state, now, &req, &rep);
+		journal_request(d, now, r, &req, &rep, NULL, &lsn);
 		pthread_mutex_unlock(&d->lock);
 	}
-	if (rep.type == CWI_MSG_STATUS_REPLY)
+	if (rep.type == CWI_MSG_STATUS_REPLY) {
 		status_provisioner(d, &rep.u.status_reply);
+		status_journal(d, &rep.u.status_reply);
+	}
 	created = rep.type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
 		  rep.u.job_get_or_create_reply.created;
 	finished = rep.type == CWI_MSG_OK && rep.u.ok.job_finished;
-	cwi_rpc_reply(r, &rep);
-	cwi_pmsg_free(&rep);
 	cwi_pmsg_free(&req);
-	if (d->job_hook != NULL && (created || finished))
-		d->job_hook(d->job_hook_arg, created);
+	reply_after(d, r, &rep, lsn, created || finished, created);
 }
 
 void
@@ -297,9 +760,15 @@ ticker_main(void *arg)
 			break;
 		note_pause(d);
 		pthread_mutex_lock(&d->lock);
-		cwi_dispatcher_tick(d->state, disp_now(d));
+		uint64_t now = disp_now(d), lsn;
+		cwi_dispatcher_tick(d->state, now);
+		journal_add(d, d->journal != NULL ? cwi_jrec_tick(&d->jrec, now)
+						  : CACHEW_OK,
+		    &lsn, true);
 		target = cwi_dispatcher_pool_target(d->state);
+		snapshot_take(d);
 		pthread_mutex_unlock(&d->lock);
+		snapshot_write(d);
 		if (d->dcache != NULL) {
 			pthread_mutex_lock(&d->pass_lock);
 			finish_passes(d);
@@ -487,6 +956,9 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_init(&d->pass_lock, NULL);
 	pthread_mutex_init(&d->tick_lock, NULL);
 	cwi_cond_init_monotonic(&d->tick_cond);
+	pthread_mutex_init(&d->reply_lock, NULL);
+	pthread_cond_init(&d->reply_cond, NULL);
+	cwi_strbuf_init(&d->jrec);
 	rv = open_events(d);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -521,6 +993,9 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	if (dc.max_workers > 0)
 		dc.scale.max_workers = dc.max_workers;
 	rv = cwi_dispatcher_create(&d->state, &dc);
+	if (rv != CACHEW_OK)
+		goto fail;
+	rv = start_journal(d);
 	if (rv != CACHEW_OK)
 		goto fail;
 	cwi_transport_opts_init(&topts);
@@ -574,9 +1049,28 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	cwi_provisioner_destroy(d->prov);
 	d->prov = NULL;
 	pthread_mutex_unlock(&d->prov_lock);
+	/* The replies still waiting go out once their records are on disk,
+	 * while the listener can still send them; later ones are sent by
+	 * their handlers. */
+	if (d->replier_started) {
+		pthread_mutex_lock(&d->reply_lock);
+		d->replier_stop = true;
+		pthread_cond_signal(&d->reply_cond);
+		pthread_mutex_unlock(&d->reply_lock);
+		pthread_join(d->replier, NULL);
+	}
 	if (d->listener != NULL)
 		cwi_listener_close(d->listener);
 	cwi_listener_destroy(d->listener);
+	/* A clean stop loses nothing. */
+	if (d->journal != NULL && cwi_journal_flush(d->journal) != CACHEW_OK)
+		journal_failed(d, "flush");
+	cwi_journal_destroy(d->journal);
+	if (d->journal != NULL && d->cfg.journal_verify)
+		journal_verify(d);
+	free(d->snap);
+	cwi_strbuf_free(&d->jrec);
+	free(d->replies);
 	cwi_dispatcher_destroy(d->state);
 	cwi_dcache_destroy(d->dcache);
 	if (d->events_owned)
@@ -586,5 +1080,7 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	pthread_mutex_destroy(&d->pass_lock);
 	pthread_mutex_destroy(&d->tick_lock);
 	pthread_cond_destroy(&d->tick_cond);
+	pthread_mutex_destroy(&d->reply_lock);
+	pthread_cond_destroy(&d->reply_cond);
 	free(d);
 }

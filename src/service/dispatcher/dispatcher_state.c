@@ -96,8 +96,9 @@ void
 cwi_disp_ev_end(cwi_dispatcher *d)
 {
 	cwi_strbuf_puts(&d->ev, "}");
-	/* An event that ran out of memory is dropped, not half written. */
-	if (d->ev.oom)
+	/* An event that ran out of memory is dropped, not half written;
+	 * a replayed call's were written when it first ran. */
+	if (d->ev.oom || d->quiet)
 		return;
 	if (d->cfg.event_fn != NULL)
 		d->cfg.event_fn(d->cfg.event_ctx, d->ev.data, d->ev.len);
@@ -111,7 +112,8 @@ cwi_disp_ev_end(cwi_dispatcher *d)
 bool
 cwi_disp_events_on(const cwi_dispatcher *d)
 {
-	return d->cfg.event_fn != NULL || d->cfg.event_file != NULL;
+	return !d->quiet &&
+	    (d->cfg.event_fn != NULL || d->cfg.event_file != NULL);
 }
 
 /* ---- create, destroy, lookups -------------------------------------------- */

@@ -285,4 +285,51 @@ cachew_err cwi_dispatcher_snapshot_save(const cwi_dispatcher *d,
 cachew_err cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
     size_t len);
 
+/*
+ * Recovery (dispatcher_journal.c, docs/journal.md). The server journals
+ * every call that changes the state as a record built here, and a restart
+ * applies them again in order. Each builder fills out (cleared first) and
+ * returns CACHEW_ENOMEM when it could not.
+ */
+cachew_err cwi_jrec_request(cwi_strbuf *out, uint64_t now, const uint8_t *req,
+    size_t len);
+cachew_err cwi_jrec_pass_request(cwi_strbuf *out, uint64_t now,
+    const uint8_t *req, size_t len, const cwi_job_pass *p);
+cachew_err cwi_jrec_tick(cwi_strbuf *out, uint64_t now);
+cachew_err cwi_jrec_autocache(cwi_strbuf *out, uint64_t now, uint64_t job_id,
+    const char *mode, const char *text);
+cachew_err cwi_jrec_start(cwi_strbuf *out, uint64_t now, uint64_t lineage,
+    uint64_t incarnation, const cwi_dispatcher_config *cfg);
+/* A checkpoint: the configuration and the whole state (the journal's
+ * snapshot payload), and its load into a fresh dispatcher. */
+cachew_err cwi_dispatcher_checkpoint_save(const cwi_dispatcher *d,
+    cwi_strbuf *out);
+cachew_err cwi_dispatcher_checkpoint_load(cwi_dispatcher *d,
+    const uint8_t *buf, size_t len);
+/* The configuration d runs with (defaults resolved). */
+const cwi_dispatcher_config *cwi_dispatcher_config_of(const cwi_dispatcher *d);
+/* Replayed requests that failed (the state had diverged). */
+uint64_t cwi_dispatcher_replay_diverged(const cwi_dispatcher *d);
+/* Applies one record to d: CACHEW_ECORRUPT naming what is wrong with it,
+ * CACHEW_ENOMEM. A recorded request that fails now (the state is not the
+ * one it met) is logged and counted (cwi_dispatcher_replay_diverged). */
+cachew_err cwi_dispatcher_apply_record(cwi_dispatcher *d, const uint8_t *rec,
+    size_t len);
+/* While quiet, no events are written (a replay's were, the first time). */
+void cwi_dispatcher_quiet(cwi_dispatcher *d, bool quiet);
+/* The clock of the last call (a restart continues from it), and its
+ * setting: every call sets it first, so between calls it is no state but
+ * where the clock was (a status request or a refused one moves it and
+ * has no record). */
+uint64_t cwi_dispatcher_clock(const cwi_dispatcher *d);
+void cwi_dispatcher_set_clock(cwi_dispatcher *d, uint64_t now);
+/* Frees the pass ends nobody took (their planner state included). */
+void cwi_dispatcher_drop_pass_ends(cwi_dispatcher *d);
+/* The state's lineage (random, made with the empty state and kept by
+ * recovery) and incarnation (starts of the lineage so far, from 1). */
+uint64_t cwi_dispatcher_lineage(const cwi_dispatcher *d);
+uint64_t cwi_dispatcher_incarnation(const cwi_dispatcher *d);
+/* A new state takes its journal's lineage (0: keeps its own). */
+void cwi_dispatcher_set_lineage(cwi_dispatcher *d, uint64_t lineage);
+
 #endif /* CWI_DISPATCHER_STATE_H */
