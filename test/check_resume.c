@@ -990,6 +990,25 @@ START_TEST(cli_saves_in_one_process_and_resumes_in_another)
 	free(full);
 	free(first);
 	free(rest);
+	/* A pipeline the embedded default would run, with no service named:
+	 * the plain executor saves it, and the halves add up. */
+	p = "range(1000) | shuffle(50) | batch(10)";
+	full = cachew_run(dir, &st, false, "--seed", "3", p, NULL);
+	ck_assert_int_eq(st, 0);
+	first = cachew_run(dir, &st, false, "--seed", "3", "--save-at", "41",
+	    "--state", state, p, NULL);
+	ck_assert_msg(st == 0, "--save-at: exit %d, %s", st, first);
+	rest = cachew_run(dir, &st, false, "--seed", "3", "--resume", state, p,
+	    NULL);
+	ck_assert_msg(st == 0, "--resume: exit %d, %s", st, rest);
+	ck_assert_uint_eq(json_u64(first, "\"elements\":", 10) +
+			      json_u64(rest, "\"elements\":", 10), 100);
+	ck_assert_uint_eq(json_u64(first, "\"digest\":", 16) +
+			      json_u64(rest, "\"digest\":", 16),
+	    json_u64(full, "\"digest\":", 16));
+	free(full);
+	free(first);
+	free(rest);
 	/* Through a service: not yet, said plainly, and no state written. */
 	snprintf(state, sizeof(state), "%s/state2", dir);
 	first = cachew_run(dir, &st, true, "--set", "service=embedded",

@@ -682,6 +682,20 @@ run_parse_args(int argc, char **argv, run_args *a)
 	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL) && a->epochs > 1)
 		rc = usage_error("run: --save-at and --resume work on one "
 				 "epoch (drop --epochs)");
+	/* A position is saved by the plain executor (through a service: not
+	 * yet); where the user named no service, the run takes it, which
+	 * yields what the embedded default would. */
+	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL)) {
+		const char *svc = NULL;
+		const char *env = getenv("CACHEW_SERVICE");
+		if (cachew_options_get_str(a->opts, "service", &svc) ==
+			CACHEW_OK &&
+		    (svc == NULL || svc[0] == '\0') &&
+		    (env == NULL || env[0] == '\0') &&
+		    cachew_options_set_str(a->opts, "service", "local") !=
+			CACHEW_OK)
+			rc = usage_error("run: out of memory");
+	}
 	return rc;
 }
 
