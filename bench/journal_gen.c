@@ -119,7 +119,7 @@ main(int argc, char **argv)
 		die(argv[1]);
 	cwi_dispatcher_set_lineage(g.d, jr.lineage);
 	if (cwi_jrec_start(&g.rec, g.now, jr.lineage, 1,
-		cwi_dispatcher_config_of(g.d)) !=
+		cwi_dispatcher_config_of(g.d), 0) !=
 	    CACHEW_OK)
 		die("record");
 	if (cwi_dispatcher_apply_record(g.d, (const uint8_t *)g.rec.data,

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1839,6 +1840,124 @@ END_TEST
  * worker's stopped together, as a Ctrl-Z stops an embedded service) does
  * not declare the worker dead the moment it runs again: it heard from
  * nobody meanwhile, so its timeouts are extended by the pause. */
+/* The journal's last segment in dir (malloc'd path). */
+static char *
+last_segment(const char *journal)
+{
+	DIR *d = opendir(journal);
+	struct dirent *e;
+	char best[256] = "", *path = NULL;
+
+	ck_assert_ptr_nonnull(d);
+	while ((e = readdir(d)) != NULL)
+		if (strncmp(e->d_name, "log-", 4) == 0 &&
+		    strstr(e->d_name, ".cwj") != NULL &&
+		    strstr(e->d_name, "discarded") == NULL &&
+		    strcmp(e->d_name, best) > 0)
+			snprintf(best, sizeof(best), "%s", e->d_name);
+	closedir(d);
+	ck_assert_msg(best[0] != '\0', "no segment in %s", journal);
+	ck_assert_int_ge(asprintf(&path, "%s/%s", journal, best), 0);
+	return path;
+}
+
+static void
+run_range(const char *url, int n)
+{
+	cachew_options *o = cwt_opts(3, 1);
+	cachew_element **v = NULL;
+	size_t got = 0;
+	char pipe[64], err[256] = "";
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	snprintf(pipe, sizeof(pipe), "range(%d)", n);
+	ck_assert_msg(cwt_run(pipe, o, &v, &got, err, sizeof(err)) ==
+		CACHEW_OK, "%s", err);
+	ck_assert_uint_eq(got, (size_t)n);
+	cwt_free(v, got);
+	cachew_options_destroy(o);
+}
+
+/* A dispatcher killed while writing its journal leaves a torn last
+ * record: the restart drops it with a warning and goes on. A record
+ * damaged before the tail refuses the start, naming the file and offset;
+ * --journal-discard=1 sets the files aside and starts a new state. */
+START_TEST(cluster_journal_torn_tail_and_corruption)
+{
+	cwt_cluster c;
+	char journal[720], work[700], url[256], cmd[2400], *seg, *log;
+	struct stat st;
+	FILE *f;
+	int rc;
+
+	cwt_cluster_start(&c, 1);
+	snprintf(url, sizeof(url), "%s", c.dispatcher.url);
+	snprintf(work, sizeof(work), "%s/work", c.dir);
+	snprintf(journal, sizeof(journal), "%s/journal", work);
+	run_range(url, 300);
+	cwt_daemon_stop(&c.dispatcher, SIGKILL);
+	/* Torn: the last record loses its last 3 bytes. */
+	seg = last_segment(journal);
+	ck_assert_int_eq(stat(seg, &st), 0);
+	ck_assert_int_eq(truncate(seg, st.st_size - 3), 0);
+	cwt_daemon_start(&c.dispatcher, c.dir, "dispatcher2",
+	    "--role=dispatcher", "--listen", url, "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--journal-verify", "1", (char *)NULL);
+	log = cwt_slurp(c.dispatcher.log);
+	ck_assert_msg(strstr(log, "torn") != NULL &&
+		strstr(log, "event=recovered") != NULL, "%s", log);
+	free(log);
+	run_range(url, 200);
+	ck_assert_int_eq(cwt_dispatcher_stop_verified(&c.dispatcher), 0);
+
+	/* Corrupt: a byte in the middle of the segment. */
+	free(seg);
+	seg = last_segment(journal);
+	ck_assert_int_eq(stat(seg, &st), 0);
+	f = fopen(seg, "r+b");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(fseek(f, st.st_size / 2, SEEK_SET), 0);
+	rc = fgetc(f);
+	ck_assert_int_eq(fseek(f, st.st_size / 2, SEEK_SET), 0);
+	fputc(rc ^ 0x10, f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "%s/cachewd --role=dispatcher --listen "
+	    "tcp://127.0.0.1:0 --work-dir %s 2>%s/refused.log",
+	    getenv("CACHEW_BUILD") != NULL ? getenv("CACHEW_BUILD") : "build",
+	    work, c.dir);
+	rc = system(cmd);
+	ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) != 0, "started: %d", rc);
+	snprintf(cmd, sizeof(cmd), "%s/refused.log", c.dir);
+	log = cwt_slurp(cmd);
+	ck_assert_msg(log != NULL && strstr(log, seg) != NULL &&
+		strstr(log, "journal-discard") != NULL, "%s", log);
+	free(log);
+	cwt_daemon_start(&c.dispatcher, c.dir, "dispatcher3",
+	    "--role=dispatcher", "--listen", url, "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--journal-discard", "1", "--journal-verify", "1", (char *)NULL);
+	log = cwt_slurp(c.dispatcher.log);
+	ck_assert_msg(strstr(log, "event=journal_created") != NULL &&
+		strstr(log, "discarded_files=0") == NULL, "%s", log);
+	free(log);
+	{
+		/* Set aside, not deleted. */
+		DIR *d = opendir(journal);
+		struct dirent *e;
+		int aside = 0;
+		ck_assert_ptr_nonnull(d);
+		while ((e = readdir(d)) != NULL)
+			aside += strstr(e->d_name, ".discarded-") != NULL;
+		closedir(d);
+		ck_assert_int_gt(aside, 0);
+	}
+	run_range(url, 100); /* the worker registered with the new state */
+	free(seg);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 {
 	char work[600], path[700], *ev = NULL, *log = NULL;
@@ -2152,6 +2271,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_worker_added_mid_epoch_takes_splits);
 	tcase_add_test(tc, cluster_sigterm_drains_a_worker);
 	tcase_add_test(tc, cluster_paused_dispatcher_keeps_its_workers);
+	tcase_add_test(tc, cluster_journal_torn_tail_and_corruption);
 	tcase_add_test(tc, cluster_dispatcher_gone_is_a_clear_error);
 	tcase_add_test(tc, cluster_hostile_peers_leave_the_dispatcher_up);
 	tcase_add_test(tc, cluster_status_lists_workers_and_jobs);

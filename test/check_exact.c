@@ -578,6 +578,17 @@ START_TEST(dispatcher_back_without_state)
 	for (int v = 0; v < again.n; v++)
 		ck_assert_int_eq(again.seen[v], 1);
 	free(again.seen);
+	/* Ids are not reused: the new state's job came after the block the
+	 * work dir's ids file reserved (2048), not as job 1 again. */
+	{
+		char path[700], *ev;
+		snprintf(path, sizeof(path), "%s/work/events.jsonl", c.dir);
+		ev = cwt_slurp(path);
+		ck_assert_ptr_nonnull(ev);
+		ck_assert_msg(strstr(ev, "\"event\":\"job_created\",\"job_id\":"
+					 "2049") != NULL, "%s", ev);
+		free(ev);
+	}
 	cwt_cluster_stop(&c);
 }
 END_TEST

@@ -20,7 +20,7 @@
  *   [3, now, request, graph, units, mode, worker_scale_bits, event]
  *                                     a job request with a pass offered
  *   [4, now, job_id, mode or "", text] cwi_dispatcher_autocache_event
- *   [5, now, lineage, incarnation, config]
+ *   [5, now, lineage, incarnation, config, first_id]
  *                                     a start; config: the options the
  *                                     later records ran with
  * A request that failed changed nothing and has no record; neither has a
@@ -276,13 +276,39 @@ cwi_jrec_autocache(cwi_strbuf *out, uint64_t now, uint64_t job_id,
 
 cachew_err
 cwi_jrec_start(cwi_strbuf *out, uint64_t now, uint64_t lineage,
-    uint64_t incarnation, const cwi_dispatcher_config *cfg)
+    uint64_t incarnation, const cwi_dispatcher_config *cfg,
+    uint64_t first_id)
 {
-	put_head(out, 5, REC_START, now);
+	put_head(out, 6, REC_START, now);
 	cwi_msgpack_put_uint(out, lineage);
 	cwi_msgpack_put_uint(out, incarnation);
 	put_cfg(out, cfg);
+	cwi_msgpack_put_uint(out, first_id);
 	return done(out);
+}
+
+/* No id below first is given out from now on. */
+void
+cwi_dispatcher_ids_from(cwi_dispatcher *d, uint64_t first)
+{
+	uint64_t *next[] = {&d->next_worker_id, &d->next_dataset_id,
+	    &d->next_job_id, &d->next_client_id, &d->next_task_id};
+
+	for (size_t i = 0; i < sizeof(next) / sizeof(*next); i++)
+		if (*next[i] < first)
+			*next[i] = first;
+}
+
+uint64_t
+cwi_dispatcher_max_id(const cwi_dispatcher *d)
+{
+	uint64_t next[] = {d->next_worker_id, d->next_dataset_id,
+	    d->next_job_id, d->next_client_id, d->next_task_id}, m = 0;
+
+	for (size_t i = 0; i < sizeof(next) / sizeof(*next); i++)
+		if (next[i] > m)
+			m = next[i];
+	return m - 1;
 }
 
 /* ---- replay ---------------------------------------------------------------- */
@@ -403,11 +429,16 @@ cwi_dispatcher_apply_record(cwi_dispatcher *d, const uint8_t *rec,
 		cwi_dispatcher_config cfg = d->cfg;
 		uint64_t lineage;
 
-		if (n != 5 || !cwi_mp_get_uint(&c, &lineage) || lineage == 0 ||
-		    !cwi_mp_get_uint(&c, &u) || u == 0 || !get_cfg(&c, &cfg))
+		uint64_t first;
+
+		if (n != 6 || !cwi_mp_get_uint(&c, &lineage) || lineage == 0 ||
+		    !cwi_mp_get_uint(&c, &u) || u == 0 ||
+		    !get_cfg(&c, &cfg) || !cwi_mp_get_uint(&c, &first) ||
+		    first > UINT64_MAX / 2)
 			return bad("start: not [5, now, lineage, incarnation, "
-				   "config]");
+				   "config, first id]");
 		rv = set_cfg(d, &cfg);
+		cwi_dispatcher_ids_from(d, first);
 		d->lineage = lineage;
 		d->incarnation = u;
 		d->now = now;

@@ -27,6 +27,7 @@
 #include "../../provision/provision.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -75,6 +76,7 @@ struct cwi_dispatcher_server {
 	size_t snap_len;
 	uint64_t snap_lsn;
 	uint64_t last_lsn; /* the last record appended (d->lock) */
+	uint64_t ids_reserved; /* <work_dir>/ids (d->lock) */
 	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
 	cwi_dispatcher_job_hook job_hook; /* set before clients come */
 	void *job_hook_arg;
@@ -359,12 +361,14 @@ start_journal(cwi_dispatcher_server *d)
 		    (unsigned long long)cwi_dispatcher_lineage(d->state),
 		    (unsigned long long)rec.lineage);
 	/* Continue the clock: a reboot may have reset the monotonic one. */
-	now = cwi_dispatcher_clock(d->state) + 1000000u;
-	atomic_store(&d->clock_offset, now - cwi_now_ns());
+	if (!rec.created) {
+		now = cwi_dispatcher_clock(d->state) + 1000000u;
+		atomic_store(&d->clock_offset, now - cwi_now_ns());
+	}
 	inc = rec.created ? 1 : cwi_dispatcher_incarnation(d->state) + 1;
 	pthread_mutex_lock(&d->lock);
 	journal_append(d, cwi_jrec_start(&d->jrec, disp_now(d), rec.lineage,
-			      inc, &dc),
+			      inc, &dc, rec.created ? d->ids_reserved + 1 : 0),
 	    &lsn);
 	if (lsn != 0)
 		(void)cwi_dispatcher_apply_record(d->state,
@@ -469,6 +473,83 @@ journal_verify(cwi_dispatcher_server *d)
 	cwi_strbuf_free(&a);
 	cwi_strbuf_free(&b);
 	cwi_dispatcher_destroy(copy);
+}
+
+/* ---- ids never reused ----------------------------------------------------- */
+
+/*
+ * <work_dir>/ids holds "reserved N": no id up to N was given out by a
+ * later lineage than the one that wrote it. A state that starts empty in
+ * that work dir (a discarded or lost journal, or none) gives out ids above
+ * N, so ids are never reused across restarts, with or without state. The
+ * file is rewritten (temporary file, fsync, rename) a block of IDS_BLOCK
+ * ahead whenever the ids given out reach it: rarely.
+ */
+#define IDS_BLOCK 1024u
+
+static void
+ids_path(const cwi_dispatcher_server *d, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s/ids", d->cfg.work_dir);
+}
+
+static cachew_err
+ids_read(cwi_dispatcher_server *d)
+{
+	char path[CWI_CFG_STR_MAX + 16], line[128], extra;
+	unsigned long long n;
+	FILE *f;
+
+	if (d->cfg.work_dir[0] == '\0')
+		return CACHEW_OK;
+	ids_path(d, path, sizeof(path));
+	f = fopen(path, "r");
+	if (f == NULL && errno == ENOENT)
+		return CACHEW_OK;
+	if (f == NULL)
+		return cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	if (fgets(line, sizeof(line), f) == NULL ||
+	    sscanf(line, "reserved %llu %c", &n, &extra) != 1 ||
+	    n > UINT64_MAX / 4) {
+		fclose(f);
+		return cwi_fail(CACHEW_ECORRUPT, "%s: not \"reserved N\" (the "
+		    "ids this work dir gave out; remove the file only if no "
+		    "worker or client of an earlier dispatcher here is left)",
+		    path);
+	}
+	fclose(f);
+	d->ids_reserved = n;
+	return CACHEW_OK;
+}
+
+/* With d->lock held: reserves the next block when the ids given out
+ * reached the reserved ones. */
+static void
+ids_reserve(cwi_dispatcher_server *d)
+{
+	char path[CWI_CFG_STR_MAX + 16], tmp[CWI_CFG_STR_MAX + 24], buf[64];
+	uint64_t max = cwi_dispatcher_max_id(d->state), want;
+	int fd, len;
+	bool ok;
+
+	if (d->cfg.work_dir[0] == '\0' || max < d->ids_reserved)
+		return;
+	want = (max / IDS_BLOCK + 2) * IDS_BLOCK;
+	ids_path(d, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	len = snprintf(buf, sizeof(buf), "reserved %llu\n",
+	    (unsigned long long)want);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	ok = fd >= 0 && write(fd, buf, (size_t)len) == len && fsync(fd) == 0;
+	if (fd >= 0)
+		ok = close(fd) == 0 && ok;
+	ok = ok && rename(tmp, path) == 0;
+	if (!ok) {
+		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=ids_not_reserved "
+		    "file=%s error=\"%s\"", path, strerror(errno));
+		return;
+	}
+	d->ids_reserved = want;
 }
 
 /* With d->lock held: when the journal asks for one, serialises the state
@@ -646,6 +727,7 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 	journal_request(d, now, r, req, rep, offered.ctx != NULL ? &offered
 								: NULL,
 	    lsn);
+	ids_reserve(d);
 	pthread_mutex_unlock(&d->lock);
 	pthread_mutex_unlock(&d->pass_lock);
 	if (jp.ctx != NULL) {
@@ -720,6 +802,7 @@ on_request(void *arg, cwi_request *r)
 		now = disp_now(d);
 		(void)cwi_dispatcher_handle(d->state, now, &req, &rep);
 		journal_request(d, now, r, &req, &rep, NULL, &lsn);
+		ids_reserve(d);
 		pthread_mutex_unlock(&d->lock);
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY) {
@@ -995,9 +1078,17 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	rv = cwi_dispatcher_create(&d->state, &dc);
 	if (rv != CACHEW_OK)
 		goto fail;
-	rv = start_journal(d);
+	rv = ids_read(d);
+	if (rv == CACHEW_OK)
+		rv = start_journal(d);
 	if (rv != CACHEW_OK)
 		goto fail;
+	/* Without a journal the state starts empty every time. */
+	if (d->journal == NULL && d->ids_reserved > 0)
+		cwi_dispatcher_ids_from(d->state, d->ids_reserved + 1);
+	pthread_mutex_lock(&d->lock);
+	ids_reserve(d);
+	pthread_mutex_unlock(&d->lock);
 	cwi_transport_opts_init(&topts);
 	/* Control messages only; a dataset's graph is the largest. */
 	topts.max_msg_size = (size_t)cfg->max_message_bytes <

@@ -298,8 +298,16 @@ cachew_err cwi_jrec_pass_request(cwi_strbuf *out, uint64_t now,
 cachew_err cwi_jrec_tick(cwi_strbuf *out, uint64_t now);
 cachew_err cwi_jrec_autocache(cwi_strbuf *out, uint64_t now, uint64_t job_id,
     const char *mode, const char *text);
+/* first_id: no id below it is given out from this start on (ids of a
+ * lineage that started empty continue those of the work dir's earlier
+ * ones: the server's ids file); 0 or 1: no bound. */
 cachew_err cwi_jrec_start(cwi_strbuf *out, uint64_t now, uint64_t lineage,
-    uint64_t incarnation, const cwi_dispatcher_config *cfg);
+    uint64_t incarnation, const cwi_dispatcher_config *cfg,
+    uint64_t first_id);
+/* The largest id given out so far (of any kind; 0: none), and a floor
+ * for those given out from now on. */
+uint64_t cwi_dispatcher_max_id(const cwi_dispatcher *d);
+void cwi_dispatcher_ids_from(cwi_dispatcher *d, uint64_t first);
 /* A checkpoint: the configuration and the whole state (the journal's
  * snapshot payload), and its load into a fresh dispatcher. */
 cachew_err cwi_dispatcher_checkpoint_save(const cwi_dispatcher *d,
