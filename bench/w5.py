@@ -189,12 +189,13 @@ class Service:
     happened."""
 
     def __init__(self, cachewd, transport, workers=WORKERS,
-                 threads=WORKER_THREADS, extra=()):
+                 threads=WORKER_THREADS, extra=(), dispatcher_extra=()):
         self.cachewd = cachewd
         self.transport = transport
         self.nworkers = workers
         self.threads = threads
-        self.extra = list(extra)
+        self.extra = list(extra)  # every daemon's
+        self.dispatcher_extra = list(dispatcher_extra)  # W8: --journal 0
         self.dir = None
         self.dispatcher = None
         self.workers = []
@@ -218,7 +219,8 @@ class Service:
                 "dispatcher",
                 [self.cachewd, "--role=dispatcher", "--listen",
                  self.listen("d"), "--work-dir",
-                 os.path.join(self.dir, "work")] + self.common(),
+                 os.path.join(self.dir, "work")] + self.common() +
+                self.dispatcher_extra,
                 os.path.join(self.dir, "dispatcher.log"))
             self.dispatcher.start()
             self.url = self.dispatcher.wait_for(
@@ -368,6 +370,11 @@ class Served(h.Config):
     # callable(svc): runs on a thread while the measured client runs (W7
     # kills a worker from it)
     during = None
+    # callable(svc, rec): runs after the measured client, the service still
+    # up (W8 asks the dispatcher for its journal's counts)
+    after = None
+    # options for the dispatcher only (W8: --journal 0)
+    dispatcher_extra = ()
 
     def __init__(self, cachew, cachewd, transport, limit_s, side, label,
                  parallelism, argv, units, workers=WORKERS, **kw):
@@ -394,7 +401,8 @@ class Served(h.Config):
                            f"in a row:\n{self.hangs[-1]}")
 
     def run_fresh(self):
-        svc = Service(self.cachewd, self.transport, workers=self.workers)
+        svc = Service(self.cachewd, self.transport, workers=self.workers,
+                      dispatcher_extra=self.dispatcher_extra)
         try:
             with svc:
                 env = dict(os.environ, CACHEW_SERVICE=svc.url)
@@ -418,6 +426,8 @@ class Served(h.Config):
                 c1 = children_cpu_s()
                 d1 = svc.cpu()
                 hwm = svc.hwm_kib()
+                if self.after is not None:
+                    self.after(svc, rec)
             events = svc.events()
             # The probe is job 1, the measured run job 2.
             splits, per_worker = job_summary(events, 2)
