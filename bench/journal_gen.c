@@ -38,7 +38,13 @@ typedef struct gen {
 	cwi_journal *j;
 	cwi_strbuf req, rec;
 	uint64_t now, records, bytes, want;
+	uint64_t unflushed; /* bytes appended since the last flush */
 } gen;
+
+/* Lazy records wait in memory (up to 1 s, and this loop is faster than
+ * that), and the journal refuses appends once max_buffered bytes (64 MiB)
+ * wait for the disk: flush well before. */
+#define FLUSH_BYTES (UINT64_C(8) << 20)
 
 static void
 die(const char *what)
@@ -57,6 +63,12 @@ append(gen *g)
 		die("append");
 	g->records++;
 	g->bytes += g->rec.len;
+	g->unflushed += g->rec.len + CWI_JOURNAL_RECORD_OVERHEAD;
+	if (g->unflushed >= FLUSH_BYTES) {
+		if (cwi_journal_flush(g->j) != CACHEW_OK)
+			die("flush");
+		g->unflushed = 0;
+	}
 }
 
 /* One request through the state machine, journaled when it succeeds, as
