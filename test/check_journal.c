@@ -358,6 +358,16 @@ START_TEST(snapshot_due_counts_records_and_bytes_since_rotation)
 	ck_assert_int_eq(cwi_journal_append(j, big, 600, &lsn), CACHEW_OK);
 	ck_assert(cwi_journal_snapshot_due(j));
 	cwi_journal_destroy(j);
+	/* Replayed records count: a journal reopened with more than the
+	 * threshold since its last snapshot is due at once. */
+	ck_assert_int_eq(cwi_journal_open(&j, dir, &o, NULL, NULL), CACHEW_OK);
+	ck_assert(cwi_journal_snapshot_due(j));
+	cwi_journal_destroy(j);
+	o.snapshot_records = 1000;
+	o.snapshot_bytes = 100000;
+	ck_assert_int_eq(cwi_journal_open(&j, dir, &o, NULL, NULL), CACHEW_OK);
+	ck_assert(!cwi_journal_snapshot_due(j));
+	cwi_journal_destroy(j);
 	cwt_rmtree(dir);
 	free(dir);
 }

@@ -1196,7 +1196,7 @@ discard_files(const char *dir, uint64_t *count)
 
 typedef struct replay {
 	const cwi_journal_callbacks *cb;
-	uint64_t records;
+	uint64_t records, bytes;
 } replay;
 
 static cachew_err
@@ -1205,6 +1205,7 @@ replay_record(void *ctx, uint64_t lsn, const void *payload, size_t len)
 	replay *r = ctx;
 
 	r->records++;
+	r->bytes += len;
 	if (r->cb == NULL || r->cb->on_record == NULL)
 		return CACHEW_OK;
 	return r->cb->on_record(r->cb->ctx, lsn, payload, len);
@@ -1366,6 +1367,11 @@ recover(cwi_journal *j, const dir_listing *l, const cwi_journal_callbacks *cb,
 	for (size_t i = 0; i < l->nsegs && rv == CACHEW_OK; i++)
 		rv = recover_segment(j, l, i, rc, &rp, rec);
 	rec->records_replayed = rp.records;
+	/* They count towards the next snapshot: a dispatcher that dies
+	 * before appending a threshold's worth would otherwise replay an
+	 * ever longer tail at each restart. */
+	j->since_rot_records = rp.records;
+	j->since_rot_bytes = rp.bytes;
 	return rv;
 }
 
