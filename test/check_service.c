@@ -194,7 +194,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		break;
 	}
 	case CWI_MSG_SPLIT_LEASE:
-		m->u.split_lease = (cwi_msg_split_lease){3, 5, 4, 0};
+		m->u.split_lease = (cwi_msg_split_lease){3, 5, 4, 0, 0};
 		break;
 	case CWI_MSG_SPLIT_LEASE_REPLY: {
 		cwi_msg_split_lease_reply *r = &m->u.split_lease_reply;
@@ -1172,7 +1172,7 @@ static cachew_err
 lease(harness *h, uint64_t wid, uint64_t tid, uint32_t max,
     cwi_msg_split_lease_reply *rep)
 {
-	cwi_msg_split_lease req = {wid, tid, max, 0};
+	cwi_msg_split_lease req = {wid, tid, max, 0, 0};
 	return cwi_dispatcher_split_lease(h->d, h->now, &req, rep);
 }
 
@@ -2904,6 +2904,59 @@ START_TEST(test_dispatcher_events_to_file)
 }
 END_TEST
 
+/* Exactly once: a lease request sent again (its reply was lost, the
+ * dispatcher restarted) gets the group it got, not a second one that
+ * would orphan the first; the next request number gets the next group. */
+START_TEST(test_dispatcher_lease_request_sent_again_gets_the_same_group)
+{
+	harness *h = harness_new();
+	cwi_msg_job_get_or_create req;
+	cwi_msg_job_get_or_create_reply jr;
+	cwi_msg_worker_heartbeat_reply hr;
+	cwi_msg_split_lease lr = {0};
+	cwi_msg_split_lease_reply a, b, c;
+	uint64_t wid = add_worker(h, "tcp://w:1"), ds, tid;
+
+	ds = add_dataset(h, 5, 100, NULL);
+	cwi_pmsg_body_init(CWI_MSG_JOB_GET_OR_CREATE, &req);
+	req.dataset_id = ds;
+	req.consumer_index = -1;
+	req.exactly_once = true;
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &jr), CACHEW_OK);
+	worker_hb(h, wid, NULL, 0, NULL, 0, &hr);
+	ck_assert_uint_eq(hr.nstart, 1);
+	tid = hr.start[0].task_id;
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &hr);
+	lr.worker_id = wid;
+	lr.task_id = tid;
+	lr.max_splits = 1;
+	lr.seq = 1;
+	ck_assert_int_eq(cwi_dispatcher_split_lease(h->d, h->now, &lr, &a),
+	    CACHEW_OK);
+	ck_assert_uint_eq(a.nsplits, 1);
+	ck_assert_int_eq(cwi_dispatcher_split_lease(h->d, h->now, &lr, &b),
+	    CACHEW_OK);
+	ck_assert_uint_eq(b.nsplits, 1);
+	ck_assert_uint_eq(b.group, a.group);
+	ck_assert_uint_eq(b.splits[0].split_id, a.splits[0].split_id);
+	ck_assert_uint_eq(b.splits[0].lease, a.splits[0].lease);
+	ck_assert(has_event(h, "split_lease_repeated"));
+	ck_assert_uint_eq(job_status(h, jr.job_id).splits_leased, 1);
+	lr.seq = 2;
+	ck_assert_int_eq(cwi_dispatcher_split_lease(h->d, h->now, &lr, &c),
+	    CACHEW_OK);
+	ck_assert_uint_eq(c.nsplits, 1);
+	ck_assert_uint_ne(c.splits[0].split_id, a.splits[0].split_id);
+	ck_assert_uint_eq(job_status(h, jr.job_id).splits_leased, 2);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &a);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &b);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &c);
+	cwi_pmsg_body_free(CWI_MSG_JOB_GET_OR_CREATE_REPLY, &jr);
+	harness_free(h);
+}
+END_TEST
+
 /* A request naming ids of another dispatcher state (a restart without
  * its journal) is refused, and the error says this dispatcher's lineage,
  * which every reply that hands out ids also carries. */
@@ -3251,6 +3304,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_events_are_json_lines);
 	tcase_add_test(disp, test_dispatcher_events_to_file);
 	tcase_add_test(disp, test_dispatcher_refuses_another_lineage);
+	tcase_add_test(disp, test_dispatcher_lease_request_sent_again_gets_the_same_group);
 	tcase_add_test(disp, test_dispatcher_random_walk_loses_no_split);
 	tcase_set_timeout(disp, 60);
 	suite_add_tcase(s, disp);

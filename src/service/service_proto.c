@@ -317,6 +317,7 @@ static const field f_split_lease[] = {
     U64(cwi_msg_split_lease, task_id, F_REQ),
     U32(cwi_msg_split_lease, max_splits, F_REQ),
     U64(cwi_msg_split_lease, lineage, 0),
+    U64(cwi_msg_split_lease, seq, 0),
 };
 
 static const field f_split[] = {

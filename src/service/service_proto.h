@@ -394,6 +394,10 @@ typedef struct cwi_msg_split_lease {
 	uint64_t worker_id;
 	uint64_t task_id;
 	uint32_t max_splits;
+	/* The task's lease request number (1, 2, ...; 0: not told): a
+	 * request sent again (its reply was lost, a dispatcher restart) has
+	 * the same number and gets the same lease, not another one. */
+	uint64_t seq;
 	/* The dispatcher lineage the ids above came from (the register or
 	 * job reply's); 0: not known. Another lineage is refused. */
 	uint64_t lineage;

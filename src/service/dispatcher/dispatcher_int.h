@@ -169,6 +169,11 @@ typedef struct task {
 	 * last scale sample */
 	uint64_t run_ns, stall_ns;
 	uint64_t acc_run_ns, acc_stall_ns;
+	/* Exactly once: its last lease request's number and the group it
+	 * got (NO_GROUP: none), so that the same request sent again gets
+	 * the same group (cwi_ledger_lease_again). */
+	uint64_t lease_seq;
+	uint64_t lease_group;
 } task;
 
 /* The split ledger of a distributed_epoch job: its invariant is that every
@@ -385,6 +390,11 @@ void cwi_ledger_free(struct split_ledger *l);
 
 /* Fills a lease reply for task t (of a distributed_epoch job, max_splits 0:
  * the most): splits, or end_of_splits, or retry_ms. CACHEW_ENOMEM. */
+/* A lease request sent again (the same seq as t's last): fills rep with
+ * the group t got then when it is still t's, whole and leased, and
+ * returns true; false (rep untouched) otherwise. Changes nothing. */
+bool cwi_ledger_lease_again(cwi_dispatcher *d, task *t,
+    cwi_msg_split_lease_reply *rep);
 cachew_err cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
     cwi_msg_split_lease_reply *rep);
 /* Task t's worker says it sent the last element of these splits. */

@@ -202,8 +202,7 @@ set_cfg(cwi_dispatcher *d, const cwi_dispatcher_config *c)
 
 		if (v == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		memcpy(v, d->pool_recent + (d->npool_recent - keep),
-		    keep * sizeof(*v));
+		memcpy(v, d->pool_recent, keep * sizeof(*v)); /* newest first */
 		free(d->pool_recent);
 		d->pool_recent = v;
 		d->npool_recent = keep;

@@ -347,6 +347,53 @@ lease_group(cwi_dispatcher *d, task *t, uint64_t want,
 	return CACHEW_OK;
 }
 
+bool
+cwi_ledger_lease_again(cwi_dispatcher *d, task *t,
+    cwi_msg_split_lease_reply *rep)
+{
+	struct split_ledger *l = &t->job->ledger;
+	uint64_t first = t->lease_group, n;
+	const split *g;
+
+	if (first == NO_GROUP || l->splits == NULL || first >= l->nsplits)
+		return false;
+	g = &l->splits[first];
+	n = g->gsize;
+	if (n == 0 || n > l->nsplits - first)
+		return false;
+	for (uint64_t k = 0; k < n; k++) {
+		const split *s = &l->splits[first + k];
+		if (s->state != SPLIT_LEASED || s->task_id != t->id ||
+		    s->group != first)
+			return false;
+	}
+	rep->splits = calloc((size_t)n, sizeof(*rep->splits));
+	if (g->skip.n > 0)
+		rep->skip = malloc(g->skip.n * sizeof(*rep->skip));
+	if (rep->splits == NULL || (g->skip.n > 0 && rep->skip == NULL)) {
+		free(rep->splits);
+		free(rep->skip);
+		rep->splits = NULL;
+		rep->skip = NULL;
+		return false;
+	}
+	for (uint64_t k = 0; k < n; k++) {
+		split_range(l, first + k, &rep->splits[k]);
+		rep->splits[k].lease = l->splits[first + k].lease;
+	}
+	rep->nsplits = (size_t)n;
+	rep->group = first;
+	if (g->skip.n > 0)
+		memcpy(rep->skip, g->skip.v, g->skip.n * sizeof(*rep->skip));
+	rep->nskip = g->skip.n;
+	if (cwi_disp_events_on(d)) {
+		cwi_disp_task_event(d, "split_lease_repeated", t);
+		cwi_disp_ev_u64(d, "group", first);
+		cwi_disp_ev_end(d);
+	}
+	return true;
+}
+
 cachew_err
 cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
     cwi_msg_split_lease_reply *rep)

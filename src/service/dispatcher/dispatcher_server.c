@@ -65,6 +65,7 @@ struct cwi_dispatcher_server {
 	cwi_journal *journal;
 	cwi_strbuf jrec; /* the record being built (d->lock) */
 	atomic_bool journal_failed_said;
+	atomic_bool serving; /* started: a journal failure stops it */
 	pthread_mutex_t reply_lock;
 	pthread_cond_t reply_cond;
 	struct pending_reply *replies;
@@ -128,17 +129,27 @@ typedef struct pending_reply {
 	bool hook, created;
 } pending_reply;
 
-/* Says once that the journal stopped working: the dispatcher goes on
- * serving (its state in memory is whole), but a restart would lose what
- * came after. */
+/* The journal cannot keep what the dispatcher does any more (a write or
+ * fsync failed, the disk is far behind, the ids file cannot be written).
+ * Serving on would tell peers what a restart forgets: ids given out again
+ * under the same lineage, leases leased twice. So the dispatcher stops at
+ * once, without answering (fail-stop); restarted (by its supervisor, once
+ * the disk is fixed) it recovers everything durable, and its workers and
+ * clients ride out the absence. At a clean stop it is only said. */
 static void
 journal_failed(cwi_dispatcher_server *d, const char *what)
 {
 	if (atomic_exchange(&d->journal_failed_said, true))
 		return;
+	if (!atomic_load(&d->serving) || atomic_load(&d->stop)) {
+		cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_failed "
+		    "error=\"%s: %s\"", what, cwi_errmsg_get());
+		return;
+	}
 	cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_failed "
-	    "error=\"%s: %s\" action=\"serving on; a restart now loses the "
-	    "state changed since\"", what, cwi_errmsg_get());
+	    "error=\"%s: %s\" action=\"exiting (code 75): restarted, the "
+	    "dispatcher recovers what is durable\"", what, cwi_errmsg_get());
+	_exit(75);
 }
 
 /* Appends the record in d->jrec (built with d->lock held; rv is the
@@ -338,6 +349,9 @@ start_journal(cwi_dispatcher_server *d)
 	snprintf(dir, sizeof(dir), "%s/journal", c->work_dir);
 	cwi_journal_options_init(&jo);
 	jo.snapshot_records = (uint64_t)c->snapshot_records;
+	/* Room for a few of the largest requests (a dataset's graph, up to
+	 * 33 MiB) while an fsync runs. */
+	jo.max_buffered = (size_t)160 << 20;
 	jo.discard = c->journal_discard != 0;
 	memset(&cb, 0, sizeof(cb));
 	cb.on_snapshot = replay_snapshot;
@@ -368,16 +382,16 @@ start_journal(cwi_dispatcher_server *d)
 	inc = rec.created ? 1 : cwi_dispatcher_incarnation(d->state) + 1;
 	pthread_mutex_lock(&d->lock);
 	journal_append(d, cwi_jrec_start(&d->jrec, disp_now(d), rec.lineage,
-			      inc, &dc, rec.created ? d->ids_reserved + 1 : 0),
+			      inc, &dc, d->ids_reserved + 1),
 	    &lsn);
 	if (lsn != 0)
-		(void)cwi_dispatcher_apply_record(d->state,
+		rv = cwi_dispatcher_apply_record(d->state,
 		    (const uint8_t *)d->jrec.data, d->jrec.len);
 	pthread_mutex_unlock(&d->lock);
-	if (lsn != 0 &&
+	if (lsn == 0 || rv != CACHEW_OK ||
 	    cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX) != CACHEW_OK)
-		return cwi_fail(CACHEW_EIO, "journal %s: %s", dir,
-		    cwi_errmsg_get());
+		return cwi_fail(CACHEW_EIO, "journal %s: its start record: %s",
+		    dir, cwi_errmsg_get());
 	cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=%s lineage=%016llx "
 	    "incarnation=%llu snapshot_lsn=%llu records=%llu diverged=%llu "
 	    "torn_bytes=%llu discarded_files=%llu ms=%.1f dir=%s",
@@ -544,9 +558,19 @@ ids_reserve(cwi_dispatcher_server *d)
 	if (fd >= 0)
 		ok = close(fd) == 0 && ok;
 	ok = ok && rename(tmp, path) == 0;
+	if (ok) {
+		/* The rename itself durable: after a power loss an older,
+		 * lower reservation must not come back. */
+		int dfd = open(d->cfg.work_dir, O_RDONLY | O_DIRECTORY |
+		    O_CLOEXEC);
+		ok = dfd >= 0 && fsync(dfd) == 0;
+		if (dfd >= 0)
+			close(dfd);
+	}
 	if (!ok) {
-		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=ids_not_reserved "
-		    "file=%s error=\"%s\"", path, strerror(errno));
+		(void)cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+		(void)unlink(tmp);
+		journal_failed(d, "reserving ids");
 		return;
 	}
 	d->ids_reserved = want;
@@ -728,6 +752,8 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 								: NULL,
 	    lsn);
 	ids_reserve(d);
+	if (*lsn == 0)
+		*lsn = d->last_lsn;
 	pthread_mutex_unlock(&d->lock);
 	pthread_mutex_unlock(&d->pass_lock);
 	if (jp.ctx != NULL) {
@@ -803,6 +829,11 @@ on_request(void *arg, cwi_request *r)
 		(void)cwi_dispatcher_handle(d->state, now, &req, &rep);
 		journal_request(d, now, r, &req, &rep, NULL, &lsn);
 		ids_reserve(d);
+		/* A reply with no record (status, a refused request) may
+		 * still show what earlier records did (a lazy tick's
+		 * timeouts): it waits for them too. */
+		if (lsn == 0)
+			lsn = d->last_lsn;
 		pthread_mutex_unlock(&d->lock);
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY) {
@@ -1089,6 +1120,11 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_lock(&d->lock);
 	ids_reserve(d);
 	pthread_mutex_unlock(&d->lock);
+	if (atomic_load(&d->journal_failed_said)) {
+		rv = cwi_fail(CACHEW_EIO, "the work dir's ids file cannot be "
+		    "written (see the log)");
+		goto fail;
+	}
 	cwi_transport_opts_init(&topts);
 	/* Control messages only; a dataset's graph is the largest. */
 	topts.max_msg_size = (size_t)cfg->max_message_bytes <
@@ -1107,6 +1143,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 		goto fail;
 	}
 	d->ticker_started = true;
+	atomic_store(&d->serving, true);
 	cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=listening url=%s "
 	    "scale_policy=%s provisioner=%s", cwi_listener_url(d->listener),
 	    cfg->scale_policy, d->cfg.provisioner);
@@ -1157,7 +1194,8 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	if (d->journal != NULL && cwi_journal_flush(d->journal) != CACHEW_OK)
 		journal_failed(d, "flush");
 	cwi_journal_destroy(d->journal);
-	if (d->journal != NULL && d->cfg.journal_verify)
+	if (d->journal != NULL && d->cfg.journal_verify &&
+	    atomic_load(&d->serving))
 		journal_verify(d);
 	free(d->snap);
 	cwi_strbuf_free(&d->jrec);

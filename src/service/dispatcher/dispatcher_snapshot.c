@@ -65,7 +65,7 @@ enum {
 	SIZING_FIELDS = 12,
 	PASS_FIELDS = 6,
 	RECOVERY_FIELDS = 2,
-	TASK_FIELDS = 18,
+	TASK_FIELDS = 20,
 	PASS_END_FIELDS = 4
 };
 
@@ -343,6 +343,8 @@ save_task(cwi_strbuf *sb, const task *t)
 	put_u(sb, t->stall_ns);
 	put_u(sb, t->acc_run_ns);
 	put_u(sb, t->acc_stall_ns);
+	put_u(sb, t->lease_seq);
+	put_u(sb, t->lease_group);
 }
 
 static void
@@ -1132,6 +1134,14 @@ load_task(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t prev)
 	cwi_mp_doc_u64(x, "stall_ns", 0, UINT64_MAX, &t->stall_ns);
 	cwi_mp_doc_u64(x, "acc_run_ns", 0, UINT64_MAX, &t->acc_run_ns);
 	cwi_mp_doc_u64(x, "acc_stall_ns", 0, UINT64_MAX, &t->acc_stall_ns);
+	cwi_mp_doc_u64(x, "lease_seq", 0, UINT64_MAX, &t->lease_seq);
+	/* NO_GROUP, or a split of its job (lease_again checks the rest). */
+	if (cwi_mp_doc_u64(x, "lease_group", 0, UINT64_MAX, &t->lease_group) &&
+	    t->lease_group != NO_GROUP && t->job != NULL &&
+	    t->lease_group >= t->job->ledger.nsplits)
+		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "lease_group",
+		    "split %" PRIu64 " is beyond the job's %" PRIu64,
+		    t->lease_group, t->job->ledger.nsplits);
 	if (x->rv == CACHEW_OK)
 		t->w->ntasks++;
 	return x->rv == CACHEW_OK;

@@ -422,6 +422,7 @@ task_add(cwi_dispatcher *d, job *j, worker *w)
 	t->state = CWI_TASK_ACTIVE;
 	t->start_round = 0;
 	t->end_round = CWI_ROUND_NONE;
+	t->lease_group = NO_GROUP;
 	w->ntasks++;
 	if (job_coordinated(j))
 		cwi_sched_place(d, t);
@@ -1019,7 +1020,18 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 					       "splits",
 		    t->id);
 	t->w->last_seen_ns = now_ns;
-	return cwi_ledger_lease(d, t, req->max_splits, rep);
+	/* Exactly once: a request sent again gets the group it got; a
+	 * second group would orphan the first, which the worker never
+	 * heard of (its reply was lost in a dispatcher restart). */
+	if (t->job->exactly_once && req->seq != 0 && req->seq == t->lease_seq &&
+	    cwi_ledger_lease_again(d, t, rep))
+		return CACHEW_OK;
+	rv = cwi_ledger_lease(d, t, req->max_splits, rep);
+	if (rv == CACHEW_OK && t->job->exactly_once) {
+		t->lease_seq = req->seq;
+		t->lease_group = rep->nsplits > 0 ? rep->group : NO_GROUP;
+	}
+	return rv;
 }
 
 cachew_err

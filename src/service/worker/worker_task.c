@@ -1086,16 +1086,24 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	req.u.split_lease.worker_id = t->env->worker_id;
 	req.u.split_lease.task_id = t->id;
 	req.u.split_lease.lineage = t->env->lineage;
+	/* Retries below send the same number: the same lease comes back. */
+	req.u.split_lease.seq = ++t->lease_seq;
 	/* Inline: as many as the dispatcher gives (the embedded one, a
 	 * whole epoch): one lease pipeline batches and shuffles across
 	 * splits exactly as the plain executor does. */
 	req.u.split_lease.max_splits = t->inline_run ? CWI_PROTO_MAX_SPLITS
 						     : t->lease_size;
-	rv = cwi_rpc_call_retry(t->env->dispatcher, &req,
-	    CWI_MSG_SPLIT_LEASE_REPLY,
-	    t->env->absence_ms > t->env->rpc_timeout_ms ? t->env->absence_ms
-							: t->env->rpc_timeout_ms,
-	    &t->stop, rep);
+	/* Each round of retries is bounded by the call timeout (a stop is
+	 * seen between rounds); an unreachable dispatcher (a restart) is
+	 * ridden out for absence_ms in all. */
+	uint64_t until = cwi_now_ns() + (uint64_t)t->env->absence_ms * 1000000u;
+	do {
+		rv = cwi_rpc_call_retry(t->env->dispatcher, &req,
+		    CWI_MSG_SPLIT_LEASE_REPLY, t->env->rpc_timeout_ms, &t->stop,
+		    rep);
+	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
+		     rv == CACHEW_ECLOSED) &&
+		 !atomic_load(&t->stop) && cwi_now_ns() < until);
 	cwi_pmsg_free(&req);
 	return rv;
 }

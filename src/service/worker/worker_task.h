@@ -47,7 +47,9 @@ typedef struct cwi_wtask cwi_wtask;
 typedef struct cwi_wtask_env {
 	cwi_conn *dispatcher;  /* for split leases */
 	uint64_t worker_id;
-	uint64_t lineage;      /* the dispatcher's, from the registration */
+	/* The dispatcher's, from the registration (written by the
+	 * heartbeat thread, read by tasks). */
+	_Atomic uint64_t lineage;
 	const char *address;   /* the worker's data listener, for messages */
 	const cachew_options *opts; /* executor options of lease pipelines */
 	int64_t rpc_timeout_ms;

@@ -105,6 +105,7 @@ struct cwi_wtask {
 	uint64_t id, job_id;
 	cwi_processing_mode mode;
 	uint32_t lease_size;
+	uint64_t lease_seq; /* lease requests so far (the runner's) */
 	uint64_t seed;
 	uint64_t epoch; /* the job's: lease pipelines run with it */
 	cachew_options *lease_opts; /* the worker's, with this epoch */
