@@ -2904,6 +2904,44 @@ START_TEST(test_dispatcher_events_to_file)
 }
 END_TEST
 
+/* A join sent again with its nonce (its reply was lost in a dispatcher
+ * restart) finds the client it made: no second private job, no phantom
+ * client in a shared one; another nonce is another client. */
+START_TEST(test_dispatcher_join_sent_again_finds_its_client)
+{
+	harness *h = harness_new();
+	cwi_msg_job_get_or_create req;
+	cwi_msg_job_get_or_create_reply a, b, c, n1, n2;
+	uint64_t ds = add_dataset(h, 6, 100, NULL);
+
+	add_worker(h, "tcp://w:1");
+	cwi_pmsg_body_init(CWI_MSG_JOB_GET_OR_CREATE, &req);
+	req.dataset_id = ds;
+	req.consumer_index = -1;
+	req.nonce = 77;
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &a), CACHEW_OK);
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &b), CACHEW_OK);
+	ck_assert_uint_eq(b.job_id, a.job_id);
+	ck_assert_uint_eq(b.client_id, a.client_id);
+	req.nonce = 78;
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &c), CACHEW_OK);
+	ck_assert_uint_ne(c.job_id, a.job_id); /* another private job */
+	/* A shared job: the retry is the same client, not a second one. */
+	req.job_name = "shared";
+	req.nonce = 90;
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &n1), CACHEW_OK);
+	ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now, &req,
+			     &n2), CACHEW_OK);
+	ck_assert_uint_eq(n2.client_id, n1.client_id);
+	ck_assert_uint_eq(job_status(h, n1.job_id).clients, 1);
+	harness_free(h);
+}
+END_TEST
+
 /* Exactly once: a lease request sent again (its reply was lost, the
  * dispatcher restarted) gets the group it got, not a second one that
  * would orphan the first; the next request number gets the next group. */
@@ -3305,6 +3343,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_events_to_file);
 	tcase_add_test(disp, test_dispatcher_refuses_another_lineage);
 	tcase_add_test(disp, test_dispatcher_lease_request_sent_again_gets_the_same_group);
+	tcase_add_test(disp, test_dispatcher_join_sent_again_finds_its_client);
 	tcase_add_test(disp, test_dispatcher_random_walk_loses_no_split);
 	tcase_set_timeout(disp, 60);
 	suite_add_tcase(s, disp);

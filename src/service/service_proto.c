@@ -231,6 +231,7 @@ static const field f_job_get_or_create[] = {
     U32(cwi_msg_job_get_or_create, max_workers, 0),
     BOOL(cwi_msg_job_get_or_create, exactly_once),
     U64(cwi_msg_job_get_or_create, lineage, 0),
+    U64(cwi_msg_job_get_or_create, nonce, 0),
 };
 
 static const field f_job_get_or_create_reply[] = {

@@ -283,6 +283,10 @@ typedef struct cwi_msg_job_get_or_create {
 	uint32_t num_workers; /* for CWI_WORKERS_FIXED */
 	cwi_compression compression;
 	uint64_t client_id; /* a retry: the id a previous reply gave; else 0 */
+	/* Random, made once per join (0: none): a request sent again whose
+	 * reply was lost (a dispatcher restart) finds the client it made
+	 * instead of making another. */
+	uint64_t nonce;
 	uint64_t seed;      /* pipeline seed; the job's first client sets it */
 	/* The epoch its data is for (the client's `epoch` option plus the
 	 * repetitions before this pass): reshuffles and per-epoch file

@@ -40,6 +40,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define INFLIGHT 4            /* get_elements outstanding per task */
 #define REPLY_BYTES ((uint64_t)8 << 20)
@@ -968,6 +969,10 @@ join_job(session *s)
 	j->min_workers = (uint32_t)ctx->opts.min_workers;
 	j->max_workers = (uint32_t)ctx->opts.max_workers;
 	j->exactly_once = ctx->opts.exactly_once != 0;
+	/* Retries send the same nonce: a join whose reply was lost is
+	 * found, not made twice. */
+	j->nonce = cwi_mix64(cwi_now_ns() ^ (uint64_t)(uintptr_t)s ^
+	    ((uint64_t)getpid() << 32)) | 1;
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);

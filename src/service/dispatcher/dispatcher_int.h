@@ -132,6 +132,7 @@ typedef struct recovery {
 
 typedef struct client {
 	uint64_t id;
+	uint64_t nonce; /* its join request's (0: none) */
 	int64_t consumer_index;
 	uint64_t last_seen_ns;
 	uint64_t batch_time_ns;

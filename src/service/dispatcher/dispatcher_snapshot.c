@@ -58,7 +58,7 @@ enum {
 	FN_FIELDS = 4,
 	DATASET_FIELDS = 8,
 	JOB_FIELDS = 24,
-	CLIENT_FIELDS = 16,
+	CLIENT_FIELDS = 17,
 	OPS_FIELDS = 9,
 	LEDGER_FIELDS = 9,
 	SPLIT_FIELDS = 17,
@@ -175,6 +175,7 @@ save_client(cwi_strbuf *sb, const client *c)
 	put_u(sb, c->acc_wait_ns);
 	cwi_msgpack_put_f64(sb, c->acc_fill);
 	put_u(sb, c->acc_reports);
+	put_u(sb, c->nonce);
 }
 
 /* A split as cwi_ledger_init made it (written as nil). */
@@ -633,6 +634,7 @@ load_client(cwi_mp_doc *x, const cwi_dispatcher *d, const job *j,
 	cwi_mp_doc_u64(x, "acc_wait_ns", 0, UINT64_MAX, &c->acc_wait_ns);
 	cwi_mp_doc_f64(x, "acc_fill", &c->acc_fill);
 	cwi_mp_doc_u32(x, "acc_reports", 0, UINT32_MAX, &c->acc_reports);
+	cwi_mp_doc_u64(x, "nonce", 0, UINT64_MAX, &c->nonce);
 	return x->rv == CACHEW_OK;
 }
 

@@ -907,9 +907,23 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	rv = job_check_request(d, req);
 	if (rv != CACHEW_OK)
 		return rv;
-	if (req->job_name != NULL)
+	/* A join sent again (its reply was lost): the client it made. */
+	for (size_t i = 0; req->nonce != 0 && req->client_id == 0 && c == NULL &&
+	     i < d->jobs.n; i++) {
+		job *k = JOB(d, i);
+		for (size_t m = 0; !k->finished && m < k->nclients; m++)
+			if (k->clients[m].nonce == req->nonce &&
+			    k->ds == ds) {
+				j = k;
+				c = &k->clients[m];
+				break;
+			}
+	}
+	if (j == NULL && req->job_name != NULL)
 		j = cwi_disp_find_named_job(d, req->job_name, req->iteration);
-	if (j != NULL) {
+	if (c != NULL) {
+		/* found above */
+	} else if (j != NULL) {
 		rv = job_check_shared(j, req);
 		if (rv != CACHEW_OK)
 			return rv;
@@ -942,6 +956,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 			}
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
+		c->nonce = req->nonce;
 	}
 	c->last_seen_ns = now_ns;
 	rep->job_id = j->id;
