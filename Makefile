@@ -191,7 +191,7 @@ bench: deps
 
 # W6: raw nng push/pull and the same transfer through our transports.
 bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost \
-	$(BUILD)/journal_gen
+	$(BUILD)/journal_gen $(BUILD)/resume_cost
 
 $(BUILD)/nng_raw: bench/nng_raw.c
 	@mkdir -p $(dir $@)
@@ -202,6 +202,10 @@ $(BUILD)/transport_bench: bench/transport_bench.c $(BUILD)/libcachew.a
 
 # The fixed cost of an iterator (docs/performance.md, the embedded default).
 $(BUILD)/iter_cost: bench/iter_cost.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# W8: what saving and restoring an iterator's position costs.
+$(BUILD)/resume_cost: bench/resume_cost.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 # W8: a dispatcher journal of N records, for the recovery time.

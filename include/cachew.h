@@ -963,12 +963,15 @@ CACHEW_API void cachew_iterator_destroy(cachew_iterator *it);
  * iteration may go on, and saving again later is fine. *state is a
  * malloc'd document of *len bytes (free it with free()); it holds the
  * buffered elements, so its size follows the buffers (a shuffle's above
- * all). Errors: CACHEW_EINVAL for a NULL argument; CACHEW_ENOTSUP when an
- * operator of the pipeline cannot save its position (the message names
- * it), and for an iterator that runs on a service ("resumable iteration
- * through a service: not yet"); an iterator that failed gives its error;
- * CACHEW_ENOMEM. Details in cachew_errmsg(). One thread at a time, with
- * the iterator's other calls. Since 0.3. */
+ * all). An iterator that reads from a service (the embedded default or a
+ * dispatcher's URL) saves what it received of its job and still holds;
+ * only a private, exactly-once job can (a job_name, num_consumers or
+ * exactly_once=false is CACHEW_ENOTSUP, saying which). Errors:
+ * CACHEW_EINVAL for a NULL argument; CACHEW_ENOTSUP when an operator of
+ * the pipeline cannot save its position (the message names it) or the job
+ * cannot; an iterator that failed gives its error; CACHEW_ENOMEM. Details
+ * in cachew_errmsg(). One thread at a time, with the iterator's other
+ * calls. Since 0.3 (through a service: 0.4). */
 CACHEW_API cachew_err cachew_iterator_save(
     cachew_iterator *it, void **state, size_t *len);
 /* Creates an iterator of ds that continues from a state that
@@ -977,14 +980,20 @@ CACHEW_API cachew_err cachew_iterator_save(
  * deterministic). ds must be the same pipeline (its fingerprint is
  * checked) and opts (may be NULL) must agree with the saved run on what
  * changes the data: seed (an unset seed takes the saved one), epoch and
- * deterministic; threads, buffer sizes and the RAM budget may differ. It
- * runs on the plain executor. state is only read (the caller keeps it).
- * Errors: CACHEW_EINVAL for a NULL argument, another pipeline or an option
- * that differs (the message names it); CACHEW_ECORRUPT for a state that
+ * deterministic; threads, buffer sizes and the RAM budget may differ. A
+ * position the plain executor saved continues on it (options naming a
+ * service are CACHEW_EINVAL); one saved through a service continues on
+ * the service the options name, the embedded one when they name none
+ * (service=local is CACHEW_EINVAL), in a new job that leaves out what the
+ * saved iterator had received: any dispatcher and workers will do, the
+ * same or others, as long as the input is the same. state is only read
+ * (the caller keeps it). Errors: CACHEW_EINVAL for a NULL argument,
+ * another pipeline or an option that differs (the message names it), or
+ * an input whose split units changed; CACHEW_ECORRUPT for a state that
  * is not well formed (the message says what and at which byte);
- * CACHEW_ENOTSUP for a state of a newer format, of a service, or options
- * naming a service; the pipeline's own errors as cachew_iterator_create.
- * On success the caller owns *out. Thread safe. Since 0.3. */
+ * CACHEW_ENOTSUP for a state of a newer format; the service's and the
+ * pipeline's own errors as cachew_iterator_create. On success the caller
+ * owns *out. Thread safe. Since 0.3 (through a service: 0.4). */
 CACHEW_API cachew_err cachew_iterator_restore(cachew_iterator **out,
     cachew_dataset *ds, const cachew_options *opts, const void *state,
     size_t len);

@@ -1,7 +1,7 @@
 /*
- * check_resume.c - resumable iteration on the plain executor
- * (cachew_iterator_save / cachew_iterator_restore, docs/design.md "Saving and
- * restoring a position"): for every operator that holds state, a run cut
+ * check_resume.c - resumable iteration on the plain executor and through
+ * the service (cachew_iterator_save / cachew_iterator_restore, docs/design.md
+ * "Saving and restoring a position"): for every operator that holds state, a run cut
  * at k elements, saved, destroyed and restored yields exactly the rest of
  * the uninterrupted run (element for element where the run is
  * deterministic, the same multiset where it is not); saving leaves the
@@ -693,28 +693,210 @@ START_TEST(unset_seed_takes_the_saved_one)
 }
 END_TEST
 
-START_TEST(service_iterators_say_not_yet)
+/* ---- through a service ---------------------------------------------------- */
+
+static char *cachew_run(const char *dir, int *status, bool err, ...);
+static uint64_t json_u64(const char *json, const char *key, int base);
+
+/* Options of a service run: seed 7, the service at `service`. */
+static cachew_options *
+service_opts(const char *service)
+{
+	return cwt_opts_at(7, 0, service);
+}
+
+/* Appends the int64 values of every element's first component (a batch:
+ * all of them) to h: a run's data whatever the batches' composition. */
+static cachew_err
+pull_values(cachew_iterator *it, size_t count, hashes *h, size_t *partial,
+    size_t batch)
+{
+	cachew_element *e;
+	cachew_err rv = CACHEW_OK;
+
+	for (size_t i = 0; i < count; i++) {
+		rv = cachew_iterator_next(it, &e);
+		if (rv != CACHEW_OK)
+			return rv;
+		const cachew_tensor *t = cachew_element_component(e, 0);
+		const int64_t *v = cachew_tensor_data(t);
+		size_t n = (size_t)cachew_tensor_numel(t);
+		if (batch > 0 && n != batch)
+			(*partial)++;
+		for (size_t k = 0; k < n; k++)
+			hashes_push(h, (uint64_t)v[k]);
+		cachew_element_release(e);
+	}
+	return rv;
+}
+
+/*
+ * Runs `pipeline` (values v + add of range(n), batched by `batch` or not)
+ * on the service at `service`, cut at k: saves, destroys the iterator,
+ * restores it in a new one and reads the rest. The two parts hold every
+ * value of the epoch once, and every batch is full but one at most (the
+ * stitched tails went with the position).
+ */
+static void
+check_service_cut(const char *pipeline, const char *service, size_t k,
+    int64_t n, int64_t add, size_t batch)
+{
+	cachew_dataset *ds = parse(pipeline);
+	cachew_options *o = service_opts(service);
+	cachew_iterator *it = NULL, *back = NULL;
+	hashes h = {0};
+	size_t partial = 0;
+	void *state = NULL;
+	size_t len = 0;
+	cachew_err rv;
+
+	ck_assert_msg(cachew_iterator_create(&it, ds, o) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	rv = pull_values(it, k, &h, &partial, batch);
+	ck_assert_msg(rv == CACHEW_OK || rv == CACHEW_EOF, "%s at %zu: %s",
+	    pipeline, k, cachew_iterator_errmsg(it));
+	save_state(it, &state, &len);
+	cachew_iterator_destroy(it);
+	rv = cachew_iterator_restore(&back, ds, o, state, len);
+	ck_assert_msg(rv == CACHEW_OK, "%s at %zu: restore: %s", pipeline, k,
+	    cachew_errmsg());
+	rv = pull_values(back, SIZE_MAX, &h, &partial, batch);
+	ck_assert_msg(rv == CACHEW_EOF, "%s at %zu: after restore: %s",
+	    pipeline, k, cachew_iterator_errmsg(back));
+	cachew_iterator_destroy(back);
+	qsort(h.v, h.n, sizeof(uint64_t), cmp_u64);
+	ck_assert_msg(h.n == (size_t)n, "%s cut at %zu: %zu values, the epoch "
+	    "has %lld", pipeline, k, h.n, (long long)n);
+	for (int64_t i = 0; i < n; i++)
+		ck_assert_msg(h.v[i] == (uint64_t)(i + add), "%s cut at %zu: "
+		    "value %lld missing or repeated", pipeline, k,
+		    (long long)(i + add));
+	ck_assert_msg(partial <= 1, "%s cut at %zu: %zu partial batches",
+	    pipeline, k, partial);
+	free(h.v);
+	free(state);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
+}
+
+/* The embedded service (one inline worker) yields the plain executor's run:
+ * a cut position restored there continues it element for element, the
+ * client part's operators (take, skip, enumerate) included. */
+START_TEST(service_positions_resume_on_the_embedded_service)
+{
+	static const char *const pipelines[] = {
+	    "range(300) | shuffle(40) | map(add, value=1) | batch(7)",
+	    "range(100) | batch(6) | take(11)",
+	    "range(60) | map(add, value=2) | skip(7) | enumerate",
+	    "range(90) | map(uniform, parallel=2) | batch(4) | prefetch(3)",
+	};
+	cachew_options *emb = service_opts("embedded");
+
+	for (size_t i = 0; i < sizeof(pipelines) / sizeof(*pipelines); i++) {
+		cachew_dataset *ds = parse(pipelines[i]);
+		hashes h = full_run(ds, emb);
+		size_t ks[] = {0, 1, h.n / 2, h.n - 1, h.n};
+		for (size_t j = 0; j < sizeof(ks) / sizeof(*ks); j++)
+			check_cut(pipelines[i], ds, emb, emb, ks[j], false);
+		free(h.v);
+		cachew_dataset_release(ds);
+	}
+	/* Several embedded workers: every value once, batches stitched. */
+	check_service_cut("range(4000) | map(add, value=1) | batch(16)",
+	    "embedded:2", 100, 4000, 1, 16);
+	cachew_options_destroy(emb);
+}
+END_TEST
+
+/* Real dispatcher and worker processes: positions cut anywhere resume in a
+ * new iterator, in this process and (through the CLI) in another. */
+START_TEST(service_positions_resume_through_a_cluster)
+{
+	cwt_cluster c;
+	char service[300], state[600], *full, *first, *rest;
+	const char *p = "range(5000) | map(add, value=1)";
+	size_t ks[] = {0, 1, 90, 2500, 4999, 5000};
+	int st = -1;
+
+	cwt_cluster_start(&c, 2);
+	snprintf(service, sizeof(service), "service=%s", c.dispatcher.url);
+	for (size_t i = 0; i < sizeof(ks) / sizeof(*ks); i++)
+		check_service_cut(p, c.dispatcher.url, ks[i], 5000, 1, 0);
+	check_service_cut("range(3000) | map(add, value=5) | batch(16)",
+	    c.dispatcher.url, 40, 3000, 5, 16);
+	/* take keeps the plain run's first elements: ordered delivery's
+	 * head and held groups go with the position. */
+	check_service_cut("range(3000) | map(add, value=0) | take(1234)",
+	    c.dispatcher.url, 61, 1234, 0, 0);
+	/* Saved by one process, resumed by another: the element hashes of the
+	 * halves add up to the whole run's (the plain executor's). */
+	snprintf(state, sizeof(state), "%s/state", c.dir);
+	full = cachew_run(c.dir, &st, false, p, NULL);
+	ck_assert_int_eq(st, 0);
+	first = cachew_run(c.dir, &st, false, "--set", service, "--save-at",
+	    "777", "--state", state, p, NULL);
+	ck_assert_msg(st == 0, "--save-at: exit %d, %s", st, first);
+	rest = cachew_run(c.dir, &st, false, "--set", service, "--resume",
+	    state, p, NULL);
+	ck_assert_msg(st == 0, "--resume: exit %d, %s", st, rest);
+	ck_assert_uint_eq(json_u64(first, "\"elements\":", 10), 777);
+	ck_assert_uint_eq(json_u64(rest, "\"elements\":", 10), 5000 - 777);
+	ck_assert_uint_eq(json_u64(first, "\"digest\":", 16) +
+			      json_u64(rest, "\"digest\":", 16),
+	    json_u64(full, "\"digest\":", 16));
+	free(full);
+	free(first);
+	free(rest);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* What cannot resume through a service says why, and a position goes back
+ * only where it can continue. */
+START_TEST(service_positions_refused_say_why)
 {
 	cachew_dataset *ds = parse("range(10)");
-	cachew_options *emb = cwt_opts_at(1, 0, "embedded");
-	cachew_options *local = local_opts(1, 1);
+	cachew_options *shared = service_opts("embedded");
+	cachew_options *once = service_opts("embedded");
+	cachew_options *emb = service_opts("embedded");
+	cachew_options *local = local_opts(7, 1);
 	cachew_iterator *it = NULL;
 	cachew_element *e = NULL;
 	void *s = NULL;
 	size_t len = 0;
 
-	ck_assert_msg(cachew_iterator_create(&it, ds, emb) == CACHEW_OK, "%s",
-	    cachew_errmsg());
-	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
-	cachew_element_release(e);
-	ck_assert_int_eq(cachew_iterator_save(it, &s, &len), CACHEW_ENOTSUP);
-	ck_assert_str_eq(cachew_errmsg(),
-	    "resumable iteration through a service: not yet");
-	cachew_iterator_destroy(it);
+	ck_assert_int_eq(cachew_options_set_str(shared, "job_name", "team"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_bool(once, "exactly_once", false),
+	    CACHEW_OK);
+	const cachew_options *refused[] = {shared, once};
+	const char *why[] = {"shared job", "not exactly-once"};
+	for (size_t i = 0; i < 2; i++) {
+		ck_assert_msg(cachew_iterator_create(&it, ds, refused[i]) ==
+				  CACHEW_OK, "%s", cachew_errmsg());
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		cachew_element_release(e);
+		ck_assert_int_eq(cachew_iterator_save(it, &s, &len),
+		    CACHEW_ENOTSUP);
+		ck_assert_msg(strstr(cachew_errmsg(), why[i]) != NULL, "%s",
+		    cachew_errmsg());
+		/* The iterator goes on. */
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		cachew_element_release(e);
+		cachew_iterator_destroy(it);
+	}
 	state_of("range(10)", local, 2, &s, &len);
-	assert_refused("range(10)", emb, s, len, CACHEW_ENOTSUP,
-	    "resumable iteration through a service: not yet");
+	assert_refused("range(10)", emb, s, len, CACHEW_EINVAL,
+	    "saved by the plain executor");
 	free(s);
+	state_of("range(10)", emb, 2, &s, &len);
+	assert_refused("range(10)", local, s, len, CACHEW_EINVAL,
+	    "saved through a service");
+	assert_refused("range(11)", emb, s, len, CACHEW_EINVAL,
+	    "another pipeline");
+	free(s);
+	cachew_options_destroy(shared);
+	cachew_options_destroy(once);
 	cachew_options_destroy(emb);
 	cachew_options_destroy(local);
 	cachew_dataset_release(ds);
@@ -1006,18 +1188,23 @@ START_TEST(cli_saves_in_one_process_and_resumes_in_another)
 	ck_assert_uint_eq(json_u64(first, "\"digest\":", 16) +
 			      json_u64(rest, "\"digest\":", 16),
 	    json_u64(full, "\"digest\":", 16));
-	free(full);
 	free(first);
 	free(rest);
-	/* Through a service: not yet, said plainly, and no state written. */
+	/* Through the embedded service, named: its run is the plain
+	 * executor's, and so are the halves. */
 	snprintf(state, sizeof(state), "%s/state2", dir);
-	first = cachew_run(dir, &st, true, "--set", "service=embedded",
-	    "--save-at", "3", "--state", state, p, NULL);
-	ck_assert_int_eq(st, 1);
-	ck_assert_msg(strstr(first, "resumable iteration through a service: "
-				    "not yet") != NULL, "%s", first);
-	ck_assert_int_ne(access(state, F_OK), 0);
+	first = cachew_run(dir, &st, false, "--seed", "3", "--set",
+	    "service=embedded", "--save-at", "3", "--state", state, p, NULL);
+	ck_assert_msg(st == 0, "--save-at: exit %d, %s", st, first);
+	rest = cachew_run(dir, &st, false, "--seed", "3", "--set",
+	    "service=embedded", "--resume", state, p, NULL);
+	ck_assert_msg(st == 0, "--resume: exit %d, %s", st, rest);
+	ck_assert_uint_eq(json_u64(first, "\"digest\":", 16) +
+			      json_u64(rest, "\"digest\":", 16),
+	    json_u64(full, "\"digest\":", 16));
 	free(first);
+	free(rest);
+	free(full);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -1046,13 +1233,18 @@ cwt_resume_suite(void)
 	tcase_add_test(tc, state_of_an_ended_iterator_restores_to_the_end);
 	tcase_add_test(tc, state_of_another_pipeline_seed_or_epoch_is_refused);
 	tcase_add_test(tc, unset_seed_takes_the_saved_one);
-	tcase_add_test(tc, service_iterators_say_not_yet);
+	tcase_add_test(tc, service_positions_refused_say_why);
 	tcase_add_test(tc, cache_ops_resume_reading_or_computing);
 	tcase_add_test(tc, cache_put_resumes_without_writing);
 	tcase_add_test(tc, tfrecord_write_cannot_save_and_says_why);
 	tcase_add_test(tc, damaged_states_give_clear_errors);
 	tcase_add_test(tc, not_a_state_and_a_newer_version_are_refused);
 	tcase_add_test(tc, cli_saves_in_one_process_and_resumes_in_another);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("resume_service");
+	tcase_set_timeout(tc, 180);
+	tcase_add_test(tc, service_positions_resume_on_the_embedded_service);
+	tcase_add_test(tc, service_positions_resume_through_a_cluster);
 	suite_add_tcase(s, tc);
 	return s;
 }

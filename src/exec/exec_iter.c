@@ -779,9 +779,6 @@ cwi_exec_iterator_save(cachew_iterator *it, cwi_state_writer *w)
 {
 	cachew_err rv;
 
-	if (it->service)
-		return cwi_fail(CACHEW_ENOTSUP,
-		    "resumable iteration through a service: not yet");
 	if (it->done != CACHEW_OK && it->done != CACHEW_EOF)
 		return cwi_fail(it->done,
 		    "iterator: it failed (%s): there is no position to save",
@@ -809,11 +806,6 @@ cwi_exec_iterator_save(cachew_iterator *it, cwi_state_writer *w)
 cachew_err
 cwi_exec_iterator_restore(cachew_iterator *it, cwi_state_reader *r)
 {
-	if (it->service) {
-		cwi_sr_fail(r, CACHEW_ENOTSUP,
-		    "resumable iteration through a service: not yet");
-		return cwi_sr_error(r);
-	}
 	if (!cwi_sr_array(r, "iterator", 2) ||
 	    !cwi_sr_elements(r, "pulled elements", &it->ready))
 		return cwi_sr_error(r);

@@ -5,6 +5,7 @@
  * sources. See exec_split.h for the semantics of running per lease.
  */
 #include "exec_split.h"
+#include "exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,9 +479,37 @@ stream_destroy(cwi_iter *it)
 	free(s);
 }
 
+/* The stream's position is the service's side of the iterator: what the
+ * session received and holds (client_exact.c). */
+static cachew_err
+stream_save(cwi_iter *it, cwi_state_writer *w)
+{
+	stream_iter *s = (stream_iter *)it;
+
+	if (s->src->ops->save == NULL)
+		return cwi_fail(CACHEW_ENOTSUP,
+		    "service_stream: this stream cannot save its position");
+	return s->src->ops->save(s->stream, w);
+}
+
+static cachew_err
+stream_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	stream_iter *s = (stream_iter *)it;
+
+	if (s->src->ops->restore == NULL) {
+		cwi_sr_fail(r, CACHEW_ENOTSUP,
+		    "this stream cannot restore a position");
+		return cwi_sr_error(r);
+	}
+	return s->src->ops->restore(s->stream, r);
+}
+
 static const cwi_iter_ops stream_iter_ops = {
     .next = stream_next,
     .destroy = stream_destroy,
+    .save = stream_save,
+    .restore = stream_restore,
 };
 
 /* The node's fn_state holds the borrowed cwi_stream_source (the node has

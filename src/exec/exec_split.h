@@ -161,6 +161,14 @@ typedef struct cwi_stream_ops {
 	cachew_err (*next)(void *stream, cwi_chunk *out, size_t max, char *err,
 	    size_t errlen);
 	void (*close)(void *stream);
+	/* Resumable iteration (exec_state.h), from the thread that iterates
+	 * the stream, between next() calls: save writes the stream's
+	 * position (what it received and still holds) as one item; restore
+	 * sets a stream just opened, before its first next(), to a saved
+	 * one (errors recorded in the reader). NULL: the stream cannot
+	 * (CACHEW_ENOTSUP). */
+	cachew_err (*save)(void *stream, struct cwi_state_writer *w);
+	cachew_err (*restore)(void *stream, struct cwi_state_reader *r);
 } cwi_stream_ops;
 
 typedef struct cwi_stream_source {

@@ -121,7 +121,10 @@ cachew_err cwi_seq_seek(const cwi_fn *fn, void *seq, uint64_t pos,
  * run around it (src/front: the document header; the service's worker: its
  * lease). Restore runs on an iterator created over the same graph with the
  * same seed, epoch and (for a lease) ranges, before its first next().
- * A service client's iterator (kind service) is CACHEW_ENOTSUP.
+ * A service client's iterator saves the same way: its client part's
+ * states, down to the stream's (cwi_stream_ops.save), which holds the
+ * service's side; restore runs on an iterator whose stream waits for it
+ * (service/client: the job is joined with the saved position).
  */
 cachew_err cwi_exec_iterator_save(cachew_iterator *it, cwi_state_writer *w);
 cachew_err cwi_exec_iterator_restore(cachew_iterator *it, cwi_state_reader *r);

@@ -1,20 +1,24 @@
 /*
  * front_resume.c - cachew_iterator_save and cachew_iterator_restore: the
  * document around an iterator's position, and the choice of who saves it
- * (its kind). The plain executor's iterators save themselves
- * (exec_state.h); a service's position lives on the service, which does
- * not save it yet.
+ * (its kind). Both kinds save through exec_state.h: the plain executor's
+ * iterator tree, or a service client's, whose client part ends at the
+ * stream from the service (its state: what the session received and holds,
+ * service/client/client_exact.c).
  *
  * The document (docs/design.md, "Saving and restoring a position") is one
  * msgpack array:
  *   ["cachew-iterator-state", version, kind, fingerprint (32 hex digits),
  *    seed, job seed, epoch, deterministic, body]
- * where kind is "local" (body: exec_state.h's [pulled elements, root
- * state]) or, later, "service".
+ * where kind is "local" or "service" and body is exec_state.h's [pulled
+ * elements, root state]. A "local" position continues on the plain
+ * executor; a "service" one on the service the options name (the embedded
+ * one when they name none), in a new job that knows what was received.
  */
 #include "front.h"
 #include "../core/options.h"
 #include "../exec/exec_state.h"
+#include "../service/client/client.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +26,6 @@
 #define STATE_MAGIC "cachew-iterator-state"
 #define KIND_LOCAL "local"
 #define KIND_SERVICE "service"
-#define NO_SERVICE_YET "resumable iteration through a service: not yet"
 
 cachew_err
 cachew_iterator_save(cachew_iterator *it, void **state, size_t *len)
@@ -37,15 +40,14 @@ cachew_iterator_save(cachew_iterator *it, void **state, size_t *len)
 	cwi_clear_errmsg();
 	if (it == NULL || state == NULL || len == NULL)
 		return cwi_fail(CACHEW_EINVAL, "iterator save: NULL argument");
-	if (cwi_exec_iterator_is_service(it))
-		return cwi_fail(CACHEW_ENOTSUP, "%s", NO_SERVICE_YET);
 	cwi_exec_iterator_run(it, &run);
 	cachew_fingerprint_hex(&run.fp, fp);
 	cwi_strbuf_init(&w.sb);
 	cwi_sw_array(&w, 9);
 	cwi_sw_str(&w, STATE_MAGIC);
 	cwi_sw_uint(&w, CWI_STATE_VERSION);
-	cwi_sw_str(&w, KIND_LOCAL);
+	cwi_sw_str(&w, cwi_exec_iterator_is_service(it) ? KIND_SERVICE
+						       : KIND_LOCAL);
 	cwi_sw_str(&w, fp);
 	cwi_sw_uint(&w, run.seed);
 	cwi_sw_uint(&w, run.job_seed);
@@ -67,6 +69,7 @@ cachew_iterator_save(cachew_iterator *it, void **state, size_t *len)
 
 /* The saved run, read from the document's header. */
 typedef struct saved_run {
+	bool service; /* kind "service" */
 	char fp[33];
 	uint64_t seed, job_seed;
 	int64_t epoch;
@@ -97,11 +100,8 @@ read_header(cwi_state_reader *r, saved_run *s)
 	}
 	if (!cwi_sr_str(r, "kind", kind, sizeof(kind)))
 		return cwi_sr_error(r);
-	if (strcmp(kind, KIND_SERVICE) == 0) {
-		cwi_sr_fail(r, CACHEW_ENOTSUP, "%s", NO_SERVICE_YET);
-		return cwi_sr_error(r);
-	}
-	if (strcmp(kind, KIND_LOCAL) != 0) {
+	s->service = strcmp(kind, KIND_SERVICE) == 0;
+	if (!s->service && strcmp(kind, KIND_LOCAL) != 0) {
 		cwi_sr_fail(r, CACHEW_ECORRUPT, "unknown kind \"%s\"", kind);
 		return cwi_sr_error(r);
 	}
@@ -148,19 +148,36 @@ check_run(const saved_run *s, cachew_dataset *ds, const cwi_opts *o)
 	return CACHEW_OK;
 }
 
-/* Where the options would run ds: a position saved by the plain executor
- * continues there unless they name a service. */
+/* Where the options run a position: a "local" one continues on the plain
+ * executor, which the options may not move to a service; a "service" one
+ * on the service they name, the embedded one when they name none. Writes
+ * the service's URL (empty: the plain executor). */
 static cachew_err
-check_where(const cwi_opts *o)
+check_where(const saved_run *s, const cwi_opts *o, char *url, size_t urllen)
 {
 	const char *service = o->service, *env;
 
+	url[0] = '\0';
 	if (service[0] == '\0' && (env = getenv("CACHEW_SERVICE")) != NULL)
 		service = env;
-	if (service[0] != '\0' && strcmp(service, "local") != 0)
-		return cwi_fail(CACHEW_ENOTSUP, "%s (the options name the "
-						"service \"%s\")",
-		    NO_SERVICE_YET, service);
+	if (!s->service) {
+		if (service[0] != '\0' && strcmp(service, "local") != 0)
+			return cwi_fail(CACHEW_EINVAL, "iterator restore: the "
+			    "position was saved by the plain executor "
+			    "(service=local), the options name the service "
+			    "\"%s\"; restore it with service=local", service);
+		return CACHEW_OK;
+	}
+	if (strcmp(service, "local") == 0)
+		return cwi_fail(CACHEW_EINVAL, "iterator restore: the position "
+		    "was saved through a service, the options say "
+		    "service=local; restore it through a service (the "
+		    "default, or a URL)");
+	if (service[0] == '\0')
+		service = "embedded";
+	if (strncmp(service, "embedded", 8) == 0)
+		return cwi_embedded_service(service, url, urllen);
+	snprintf(url, urllen, "%s", service);
 	return CACHEW_OK;
 }
 
@@ -172,6 +189,7 @@ cachew_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 	const cwi_opts *o;
 	cwi_state_reader r;
 	cachew_iterator *it = NULL;
+	char url[CWI_OPT_STR_MAX];
 	saved_run s;
 	cachew_err rv;
 
@@ -191,13 +209,22 @@ cachew_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 		return cwi_fail(rv, "%s", r.errmsg);
 	rv = check_run(&s, ds, o);
 	if (rv == CACHEW_OK)
-		rv = check_where(o);
+		rv = check_where(&s, o, url, sizeof(url));
 	if (rv != CACHEW_OK)
 		return rv;
-	rv = cwi_exec_iterator_create_seeded(&it, ds, opts, s.seed, s.job_seed);
-	if (rv != CACHEW_OK)
-		return rv;
-	rv = cwi_exec_iterator_restore(it, &r);
+	if (url[0] != '\0') {
+		rv = cwi_client_iterator_restore(&it, ds, opts, url, s.seed,
+		    &r);
+		if (rv != CACHEW_OK)
+			return cwi_fail(rv, "%s", r.err != CACHEW_OK ? r.errmsg
+							     : cwi_errmsg_get());
+	} else {
+		rv = cwi_exec_iterator_create_seeded(&it, ds, opts, s.seed,
+		    s.job_seed);
+		if (rv != CACHEW_OK)
+			return rv;
+		rv = cwi_exec_iterator_restore(it, &r);
+	}
 	if (rv == CACHEW_OK && r.c.pos != r.c.len) {
 		cwi_sr_fail(&r, CACHEW_ECORRUPT,
 		    "%zu bytes follow the document", r.c.len - r.c.pos);

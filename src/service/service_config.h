@@ -51,6 +51,7 @@ typedef struct cwi_service_config {
 	int64_t scale_cooldown_ms;     /* at least this between changes */
 	int64_t min_workers;           /* pool target bounds */
 	int64_t max_workers;           /* 0 = the provisioner's default */
+	int64_t splits_per_worker;     /* a job's splits per worker */
 	char provisioner[16];          /* static | process | kubernetes */
 	char worker_bin[CWI_CFG_STR_MAX];  /* process: "" = this binary */
 	int64_t worker_threads;        /* process: --threads; 0 = leave out */

@@ -212,6 +212,16 @@ static const field f_dataset_register_reply[] = {
     BOOL(cwi_msg_dataset_register_reply, created),
 };
 
+static const field f_progress[] = {
+    U64(cwi_progress, group, F_REQ),
+    U64S(cwi_progress, ranges, 0, CWI_PROTO_MAX_SPLITS),
+    BOOL(cwi_progress, ended),
+    U64(cwi_progress, total, 0),
+    U32(cwi_progress, splits, 0),
+};
+static const schema s_progress = SCHEMA("progress", cwi_progress,
+    f_progress);
+
 static const field f_job_get_or_create[] = {
     U64(cwi_msg_job_get_or_create, dataset_id, F_REQ),
     STR(cwi_msg_job_get_or_create, job_name, 0, CWI_PROTO_MAX_NAME),
@@ -232,6 +242,10 @@ static const field f_job_get_or_create[] = {
     BOOL(cwi_msg_job_get_or_create, exactly_once),
     U64(cwi_msg_job_get_or_create, lineage, 0),
     U64(cwi_msg_job_get_or_create, nonce, 0),
+    U64(cwi_msg_job_get_or_create, resume_units, 0),
+    U64(cwi_msg_job_get_or_create, resume_units_per_split, 0),
+    OBJS(cwi_msg_job_get_or_create, resume, 0, CWI_PROTO_MAX_SPLITS,
+	s_progress),
 };
 
 static const field f_job_get_or_create_reply[] = {
@@ -243,16 +257,9 @@ static const field f_job_get_or_create_reply[] = {
     ENUM(cwi_msg_job_get_or_create_reply, compression, compression_names),
     U32(cwi_msg_job_get_or_create_reply, heartbeat_interval_ms, 0),
     U64(cwi_msg_job_get_or_create_reply, lineage, 0),
+    U64(cwi_msg_job_get_or_create_reply, units, 0),
+    U64(cwi_msg_job_get_or_create_reply, units_per_split, 0),
 };
-
-static const field f_progress[] = {
-    U64(cwi_progress, group, F_REQ),
-    U64S(cwi_progress, ranges, 0, CWI_PROTO_MAX_SPLITS),
-    BOOL(cwi_progress, ended),
-    U64(cwi_progress, total, 0),
-};
-static const schema s_progress = SCHEMA("progress", cwi_progress,
-    f_progress);
 
 static const field f_client_heartbeat[] = {
     U64(cwi_msg_client_heartbeat, job_id, F_REQ),

@@ -306,6 +306,17 @@ typedef struct cwi_msg_job_get_or_create {
 	/* The dispatcher lineage the ids above came from (the register or
 	 * job reply's); 0: not known. Another lineage is refused. */
 	uint64_t lineage;
+	/* Resuming a saved position (cachew_iterator_restore; a private,
+	 * uncoordinated, exactly-once job only): the layout the position was
+	 * saved under (the units and units per split its job reply gave;
+	 * resume_units_per_split 0: no resume) and what the client had of
+	 * each group it had elements of. The new job's ledger cuts the units
+	 * the same way, acknowledges the groups received whole and forms the
+	 * others again, with their received ranges as their skip. */
+	uint64_t resume_units;
+	uint64_t resume_units_per_split;
+	struct cwi_progress *resume;
+	size_t nresume;
 } cwi_msg_job_get_or_create;
 
 typedef struct cwi_msg_job_get_or_create_reply {
@@ -319,6 +330,10 @@ typedef struct cwi_msg_job_get_or_create_reply {
 	/* The dispatcher's lineage (docs/journal.md): echoed in every
 	 * later request that names the ids this reply gave. */
 	uint64_t lineage;
+	/* distributed_epoch: the job's split layout (its units and units per
+	 * split), which a saved position records; 0 when the job has none. */
+	uint64_t units;
+	uint64_t units_per_split;
 } cwi_msg_job_get_or_create_reply;
 
 typedef struct cwi_msg_client_heartbeat {
@@ -352,13 +367,15 @@ typedef struct cwi_msg_client_heartbeat {
 
 /* What one client received of a group (a lease's elements, numbered from
  * 0): ranges[2i] <= index < ranges[2i+1], ascending and disjoint; `ended`
- * when it received the group's end, after `total` elements in all. */
+ * when it received the group's end, after `total` elements in all;
+ * `splits`: the group's split count (0: not told; a resume needs it). */
 typedef struct cwi_progress {
 	uint64_t group;
 	uint64_t *ranges;
 	size_t nranges;
 	bool ended;
 	uint64_t total;
+	uint32_t splits;
 } cwi_progress;
 
 /* A task a client reads from. */
@@ -603,9 +620,12 @@ typedef struct cwi_run {
 	uint32_t n;
 	uint32_t tail;
 	/* The group ends with this run: it has from + n elements in all
-	 * (n may be 0: the end alone), and `splits` splits (the next group
-	 * in split order is group + splits). */
+	 * (n may be 0: the end alone). */
 	bool end;
+	/* The group's split count (the next group in split order is group +
+	 * splits): on every run since resumable iteration (a client saving
+	 * its position records it for groups it has part of), on the end
+	 * run only before (0 elsewhere). */
 	uint32_t splits;
 } cwi_run;
 

@@ -682,9 +682,10 @@ run_parse_args(int argc, char **argv, run_args *a)
 	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL) && a->epochs > 1)
 		rc = usage_error("run: --save-at and --resume work on one "
 				 "epoch (drop --epochs)");
-	/* A position is saved by the plain executor (through a service: not
-	 * yet); where the user named no service, the run takes it, which
-	 * yields what the embedded default would. */
+	/* Where the user named no service, the plain executor saves and
+	 * resumes the position: it yields what the embedded default would,
+	 * and resumes without computing again the part of the epoch before
+	 * the position (the embedded default's one group would). */
 	if (rc == 0 && (a->save_at >= 0 || a->resume != NULL)) {
 		const char *svc = NULL;
 		const char *env = getenv("CACHEW_SERVICE");

@@ -497,13 +497,11 @@ process_reply(session *s, ctask *t, cwi_element **v, size_t n,
 		cwi_chunk ordered = {0};
 		char err[512];
 		cachew_err rv = cwi_client_exact_reply(s, t->address, r, v, n,
-		    &ordered, err, sizeof(err));
+		    &ordered, true, err, sizeof(err));
 		if (r->nruns > 0)
 			t->last_group = r->runs[r->nruns - 1].group;
 		if (rv != CACHEW_OK)
 			cwi_client_fail(s, rv, "%s", err);
-		else if (ordered.n > 0)
-			(void)cwi_client_queue_chunk(s, &ordered);
 		cwi_chunk_free(&ordered);
 		if (rv != CACHEW_OK)
 			goto done;
@@ -913,8 +911,6 @@ cwi_client_end_epoch(session *s)
 	rv = cwi_client_exact_finish(s, &last, err, sizeof(err));
 	if (rv != CACHEW_OK)
 		cwi_client_fail(s, rv, "%s", err);
-	else if (last.n > 0)
-		(void)cwi_client_queue_chunk(s, &last);
 	cwi_chunk_free(&last);
 	pthread_mutex_lock(&s->lock);
 	s->eof = true;
@@ -973,6 +969,13 @@ join_job(session *s)
 	 * found, not made twice. */
 	j->nonce = cwi_mix64(cwi_now_ns() ^ (uint64_t)(uintptr_t)s ^
 	    ((uint64_t)getpid() << 32)) | 1;
+	if (s->resume != NULL) {
+		rv = cwi_client_resume_fill(s->resume, j);
+		if (rv != CACHEW_OK) {
+			cwi_pmsg_free(&req);
+			return rv;
+		}
+	}
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
@@ -981,6 +984,8 @@ join_job(session *s)
 	s->job_id = rep.u.job_get_or_create_reply.job_id;
 	s->client_id = rep.u.job_get_or_create_reply.client_id;
 	s->lineage = rep.u.job_get_or_create_reply.lineage;
+	s->units = rep.u.job_get_or_create_reply.units;
+	s->units_per_split = rep.u.job_get_or_create_reply.units_per_split;
 	/* A named job's settings are its first client's. */
 	s->compression = rep.u.job_get_or_create_reply.compression;
 	s->zstd_on = s->compression == CWI_COMPRESSION_ZSTD;
@@ -1158,6 +1163,20 @@ session_free(session *s)
 	session_destroy(s);
 }
 
+/* Joins the job and starts the fetch thread. */
+static cachew_err
+session_start(session *s)
+{
+	cachew_err rv = join_job(s);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	if (pthread_create(&s->fetcher, NULL, fetch_main, s) != 0)
+		return cwi_fail(CACHEW_ENOMEM, "cannot start a thread");
+	s->fetcher_started = true;
+	return CACHEW_OK;
+}
+
 static cachew_err
 stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 {
@@ -1187,14 +1206,9 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 		rv = cwi_cq_create(&s->cq);
 	if (rv == CACHEW_OK)
 		rv = cwi_cq_create(&s->inl_cq);
-	if (rv == CACHEW_OK)
-		rv = join_job(s);
-	if (rv == CACHEW_OK) {
-		if (pthread_create(&s->fetcher, NULL, fetch_main, s) != 0)
-			rv = cwi_fail(CACHEW_ENOMEM, "cannot start a thread");
-		else
-			s->fetcher_started = true;
-	}
+	/* A restore joins with the saved position (stream_restore). */
+	if (rv == CACHEW_OK && !ctx->restoring)
+		rv = session_start(s);
 	if (rv != CACHEW_OK) {
 		snprintf(err, errlen, "service %s: %s", ctx->url,
 		    cwi_errmsg_get());
@@ -1268,10 +1282,48 @@ stream_close(void *arg)
 	session_free(arg);
 }
 
+static cachew_err
+stream_save(void *arg, cwi_state_writer *w)
+{
+	return cwi_client_session_save(arg, w);
+}
+
+/* Joins the job with the saved position, then the session takes what the
+ * client had received and not yet handed on. */
+static cachew_err
+stream_restore(void *arg, cwi_state_reader *r)
+{
+	session *s = arg;
+	cwi_client_resume *rs;
+	cachew_err rv;
+
+	rv = cwi_client_resume_read(r, s->epoch, s->ctx->plan->ngroups, &rs);
+	if (rv != CACHEW_OK)
+		return rv;
+	s->resume = rs;
+	rv = join_job(s);
+	s->resume = NULL;
+	if (rv == CACHEW_OK)
+		rv = cwi_client_resume_install(s, rs);
+	cwi_client_resume_free(rs);
+	if (rv == CACHEW_OK && pthread_create(&s->fetcher, NULL, fetch_main,
+	    s) != 0)
+		rv = cwi_fail(CACHEW_ENOMEM, "cannot start a thread");
+	if (rv != CACHEW_OK) {
+		cwi_sr_fail(r, rv, "service %s: %s", s->ctx->url,
+		    cwi_errmsg_get());
+		return cwi_sr_error(r);
+	}
+	s->fetcher_started = true;
+	return CACHEW_OK;
+}
+
 static const cwi_stream_ops stream_ops = {
     .open = stream_open,
     .next = stream_next,
     .close = stream_close,
+    .save = stream_save,
+    .restore = stream_restore,
 };
 
 /* ---- the iterator ---------------------------------------------------------------- */
@@ -1290,9 +1342,12 @@ ctx_free(void *arg)
 	free(ctx);
 }
 
-cachew_err
-cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
-    const cachew_options *opts, const char *url)
+/* The iterator of ds on the service at url, with pipeline seed `seed`;
+ * `restoring`: its streams wait for a saved position. */
+static cachew_err
+iterator_make(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, const char *url, uint64_t seed,
+    bool restoring, client_ctx **ctxp)
 {
 	client_ctx *ctx = calloc(1, sizeof(*ctx));
 	cachew_err rv;
@@ -1306,8 +1361,8 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	else
 		cwi_opts_defaults(&ctx->opts);
 	snprintf(ctx->url, sizeof(ctx->url), "%s", url);
-	ctx->seed = ctx->opts.seed >= 0 ? (uint64_t)ctx->opts.seed
-					: cwi_fresh_seed();
+	ctx->seed = seed;
+	ctx->restoring = restoring;
 	rv = cwi_split_plan_create(&ctx->plan, ds);
 	if (rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "service %s: %s", url, cwi_errmsg_get());
@@ -1334,6 +1389,9 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	cwi_client_rows_prefill(ctx);
 	/* The client part runs locally with the job's seed, so that a
 	 * client-side shuffle replays like the in-process run. */
+	/* The iterator owns ctx from here (ctx_free), failure included. */
+	if (ctxp != NULL)
+		*ctxp = ctx;
 	rv = cwi_iterator_create_owned(out, ctx->client_graph, opts,
 	    ctx->seed, ctx_free, ctx);
 	if (rv == CACHEW_OK)
@@ -1341,5 +1399,36 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 	return rv;
 fail:
 	ctx_free(ctx);
+	return rv;
+}
+
+cachew_err
+cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, const char *url)
+{
+	const cwi_opts *o = opts != NULL ? cwi_options_values(opts) : NULL;
+
+	return iterator_make(out, ds, opts, url,
+	    o != NULL && o->seed >= 0 ? (uint64_t)o->seed : cwi_fresh_seed(),
+	    false, NULL);
+}
+
+cachew_err
+cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, const char *url, uint64_t seed,
+    cwi_state_reader *r)
+{
+	client_ctx *ctx;
+	cachew_err rv;
+
+	rv = iterator_make(out, ds, opts, url, seed, true, &ctx);
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cwi_exec_iterator_restore(*out, r);
+	ctx->restoring = false; /* later repetitions join as usual */
+	if (rv != CACHEW_OK) {
+		cachew_iterator_destroy(*out);
+		*out = NULL;
+	}
 	return rv;
 }

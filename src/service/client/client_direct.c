@@ -242,7 +242,7 @@ direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
 	for (size_t i = 0; i < count; i++)
 		v[i] = cwi_msg_take(msg, i);
 	rv = cwi_client_exact_reply(s, cwi_conn_url(s->inl.conn), g, v, count,
-	    &ordered, err, sizeof(err));
+	    &ordered, false, err, sizeof(err));
 	free(v);
 	if (rv != CACHEW_OK) {
 		cwi_chunk_free(&ordered);

@@ -26,7 +26,8 @@ typedef struct cgroup {
 	cwi_rset got;
 	bool ended;
 	uint64_t total;
-	uint32_t splits; /* with ended: the next group is id + splits */
+	uint32_t splits; /* its split count (the next group is id + splits);
+			  * 0 until a run said it */
 	/* Ordered delivery: its elements, held until it is the head. */
 	cwi_chunk held;
 } cgroup;
@@ -161,7 +162,7 @@ rset_meets(const cwi_rset *s, uint64_t from, uint64_t to)
 cachew_err
 cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
-    cwi_chunk *out, char *err, size_t errlen)
+    cwi_chunk *out, bool queue, char *err, size_t errlen)
 {
 	size_t e = 0;
 	cachew_err rv = CACHEW_OK;
@@ -253,10 +254,11 @@ cwi_client_exact_reply(session *s, const char *worker,
 				break;
 			}
 		}
+		if (run->splits > 0)
+			g->splits = run->splits;
 		if (run->end) {
 			g->ended = true;
 			g->total = run->from + run->n;
-			g->splits = run->splits;
 		}
 		/* The batches a tail run completes take their place in the
 		 * stream right after it (in its group, ordered). */
@@ -279,6 +281,10 @@ cwi_client_exact_reply(session *s, const char *worker,
 	}
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
+	/* Queued before the lock goes: a saved position never sees an
+	 * element recorded as received that is neither queued nor held. */
+	if (rv == CACHEW_OK && queue && out->n > 0)
+		(void)cwi_client_queue_chunk(s, out);
 	pthread_mutex_unlock(&s->exact_lock);
 	/* What is left of v (a failure stopped the walk) is released. */
 	for (size_t i = 0; i < n; i++) {
@@ -313,6 +319,8 @@ cwi_client_exact_finish(session *s, cwi_chunk *out, char *err, size_t errlen)
 	if (rv == CACHEW_OK && s->stitch != NULL &&
 	    cwi_stitch_held(s->stitch) > 0)
 		rv = cwi_stitch_drain(s->stitch, true, out, err, errlen);
+	if (rv == CACHEW_OK && out->n > 0)
+		(void)cwi_client_queue_chunk(s, out);
 	pthread_mutex_unlock(&s->exact_lock);
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
@@ -564,4 +572,347 @@ cwi_client_exact_sent(session *s, bool ok)
 	pthread_mutex_unlock(&s->exact_lock);
 	if (!mem)
 		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
+}
+
+/* ---- a saved position (cachew_iterator_save through a service) ------------ */
+
+/*
+ * The session's part of a saved position, one msgpack array:
+ *   [epoch, units, units_per_split, head,
+ *    groups: [[id, splits, ended, total, [from, to, ...], held elements]...],
+ *    queued elements, tails: [elements of grouping operator k...]]
+ * groups in id order: every group this client has elements of; `held`
+ * is what ordered delivery holds of it. Every element recorded as received
+ * is in exactly one place at the saving moment: handed to the client part
+ * (whose own state saves it), queued, held, or a tail in the stitcher
+ * (exact_lock covers the fetch thread's reply from recording to queueing).
+ */
+
+/* A saved group, read back. */
+typedef struct saved_group {
+	cwi_progress p; /* ranges owned */
+	cwi_chunk held;
+} saved_group;
+
+struct cwi_client_resume {
+	uint64_t epoch, units, units_per_split, head;
+	saved_group *groups;
+	size_t ngroups;
+	cwi_chunk queue;
+	cwi_chunk tails[CWI_SPLIT_MAX_GROUPS];
+	size_t ntails;
+};
+
+static int
+group_order(const void *a, const void *b)
+{
+	const cgroup *x = *(const cgroup *const *)a;
+	const cgroup *y = *(const cgroup *const *)b;
+
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Why this session's position cannot be saved, or NULL. */
+static const char *
+save_refusal(const session *s)
+{
+	if (s->ctx->opts.job_name[0] != '\0')
+		return "a shared job (job_name) has one position for all its "
+		       "clients, not one per client";
+	if (s->coord != NULL)
+		return "coordinated reads (num_consumers) do not resume";
+	if (!s->exact)
+		return "the job is not exactly-once (exactly_once=true and "
+		       "processing_mode=distributed_epoch resume)";
+	if (s->units_per_split == 0)
+		return "the dispatcher did not say the job's split layout (it "
+		       "is older than resumable iteration)";
+	return NULL;
+}
+
+static cachew_err
+save_groups(session *s, cwi_state_writer *w)
+{
+	const cgroup **v = NULL;
+	cachew_err rv = CACHEW_OK;
+
+	if (s->ngroups > 0 && (v = malloc(s->ngroups * sizeof(*v))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < s->ngroups; i++)
+		v[i] = &s->groups[i];
+	qsort(v, s->ngroups, sizeof(*v), group_order);
+	cwi_sw_array(w, s->ngroups);
+	for (size_t i = 0; i < s->ngroups && rv == CACHEW_OK; i++) {
+		const cgroup *g = v[i];
+		if (g->splits == 0) {
+			rv = cwi_fail(CACHEW_EPROTO, "iterator save: a worker "
+			    "did not say the split count of group %llu (it is "
+			    "older than resumable iteration)",
+			    (unsigned long long)g->id);
+			break;
+		}
+		cwi_sw_array(w, 6);
+		cwi_sw_uint(w, g->id);
+		cwi_sw_uint(w, g->splits);
+		cwi_sw_bool(w, g->ended);
+		cwi_sw_uint(w, g->total);
+		cwi_sw_array(w, g->got.n);
+		for (size_t k = 0; k < g->got.n; k++)
+			cwi_sw_uint(w, g->got.v[k]);
+		rv = cwi_sw_elements(w, g->held.v, g->held.n);
+	}
+	free(v);
+	return rv;
+}
+
+/* The queued elements, oldest first (s->lock held). */
+static cachew_err
+save_queue(session *s, cwi_state_writer *w)
+{
+	cwi_element **v = NULL;
+	cachew_err rv;
+
+	if (s->qlen > 0 && (v = malloc(s->qlen * sizeof(*v))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < s->qlen; i++)
+		v[i] = s->q[(s->qhead + i) % s->qcap];
+	rv = cwi_sw_elements(w, v, s->qlen);
+	free(v);
+	return rv;
+}
+
+cachew_err
+cwi_client_session_save(session *s, cwi_state_writer *w)
+{
+	const char *why = save_refusal(s);
+	cachew_err rv;
+
+	if (why != NULL)
+		return cwi_fail(CACHEW_ENOTSUP, "iterator save through the "
+		    "service %s: %s", s->ctx->url, why);
+	pthread_mutex_lock(&s->exact_lock);
+	pthread_mutex_lock(&s->lock);
+	if (s->err != CACHEW_OK) {
+		rv = cwi_fail(s->err, "iterator save: the stream failed (%s): "
+		    "there is no position to save", s->errmsg);
+		goto out;
+	}
+	cwi_sw_array(w, 7);
+	cwi_sw_uint(w, s->epoch);
+	cwi_sw_uint(w, s->units);
+	cwi_sw_uint(w, s->units_per_split);
+	cwi_sw_uint(w, s->head);
+	rv = save_groups(s, w);
+	if (rv == CACHEW_OK)
+		rv = save_queue(s, w);
+	if (rv == CACHEW_OK)
+		rv = s->stitch != NULL ? cwi_stitch_save(s->stitch, w)
+				       : (cwi_sw_array(w, 0), CACHEW_OK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->exact_lock);
+	return rv;
+}
+
+void
+cwi_client_resume_free(cwi_client_resume *rs)
+{
+	if (rs == NULL)
+		return;
+	for (size_t i = 0; i < rs->ngroups; i++) {
+		free(rs->groups[i].p.ranges);
+		cwi_chunk_free(&rs->groups[i].held);
+	}
+	free(rs->groups);
+	cwi_chunk_free(&rs->queue);
+	for (size_t k = 0; k < CWI_SPLIT_MAX_GROUPS; k++)
+		cwi_chunk_free(&rs->tails[k]);
+	free(rs);
+}
+
+/* One saved group; ids ascending and the ranges canonical, or the reader
+ * fails naming it. */
+static bool
+read_group(cwi_state_reader *r, saved_group *g, const saved_group *prev)
+{
+	uint64_t splits = 0, n = 0;
+
+	if (!cwi_sr_array(r, "group", 6) ||
+	    !cwi_sr_uint(r, "group id", &g->p.group, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "group splits", &splits, CWI_PROTO_MAX_SPLITS) ||
+	    !cwi_sr_bool(r, "group ended", &g->p.ended) ||
+	    !cwi_sr_uint(r, "group total", &g->p.total, UINT64_MAX) ||
+	    !cwi_sr_count(r, "group ranges", &n, 2 * (uint64_t)UINT32_MAX))
+		return false;
+	g->p.splits = (uint32_t)splits;
+	if (splits == 0 || (prev != NULL && g->p.group < prev->p.group +
+	    prev->p.splits))
+		return cwi_sr_fail(r, CACHEW_ECORRUPT, "group %llu of %llu "
+		    "splits overlaps the group before it, or has none",
+		    (unsigned long long)g->p.group,
+		    (unsigned long long)splits);
+	if (n > 0 && (g->p.ranges = malloc(n * sizeof(uint64_t))) == NULL)
+		return cwi_sr_fail(r, CACHEW_ENOMEM, "out of memory");
+	for (uint64_t k = 0; k < n; k++)
+		if (!cwi_sr_uint(r, "group range", &g->p.ranges[k], UINT64_MAX))
+			return false;
+	g->p.nranges = (size_t)n;
+	if (!cwi_rset_list_ok(g->p.ranges, g->p.nranges) || (g->p.ended &&
+	    n > 0 && g->p.ranges[n - 1] > g->p.total))
+		return cwi_sr_fail(r, CACHEW_ECORRUPT, "group %llu: its "
+		    "received ranges are not ascending, disjoint pairs within "
+		    "its elements", (unsigned long long)g->p.group);
+	return cwi_sr_elements(r, "held elements", &g->held);
+}
+
+cachew_err
+cwi_client_resume_read(cwi_state_reader *r, uint64_t epoch, size_t ngrouping,
+    cwi_client_resume **out)
+{
+	cwi_client_resume *rs = calloc(1, sizeof(*rs));
+	uint64_t n = 0;
+
+	*out = NULL;
+	if (rs == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (!cwi_sr_array(r, "session", 7) ||
+	    !cwi_sr_uint(r, "epoch", &rs->epoch, INT64_MAX) ||
+	    !cwi_sr_uint(r, "units", &rs->units, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "units per split", &rs->units_per_split,
+		UINT64_MAX) ||
+	    !cwi_sr_uint(r, "head", &rs->head, UINT64_MAX) ||
+	    !cwi_sr_count(r, "groups", &n, CWI_PROTO_MAX_SPLITS))
+		goto fail;
+	if (rs->units_per_split == 0) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT, "units per split: 0");
+		goto fail;
+	}
+	if (rs->epoch != epoch) {
+		cwi_sr_fail(r, CACHEW_EINVAL, "the stream was saved at epoch "
+		    "%llu, this one reads epoch %llu",
+		    (unsigned long long)rs->epoch, (unsigned long long)epoch);
+		goto fail;
+	}
+	if (n > 0 && (rs->groups = calloc((size_t)n, sizeof(*rs->groups))) ==
+	    NULL) {
+		cwi_sr_fail(r, CACHEW_ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (uint64_t i = 0; i < n; i++) {
+		rs->ngroups++;
+		if (!read_group(r, &rs->groups[i], i > 0 ? &rs->groups[i - 1]
+							  : NULL))
+			goto fail;
+	}
+	if (!cwi_sr_elements(r, "queued elements", &rs->queue) ||
+	    !cwi_sr_count(r, "tails", &n, CWI_SPLIT_MAX_GROUPS))
+		goto fail;
+	if (n != 0 && n != ngrouping) {
+		cwi_sr_fail(r, CACHEW_EINVAL, "the state has the tails of %llu "
+		    "batching operators, the pipeline's worker part %zu",
+		    (unsigned long long)n, ngrouping);
+		goto fail;
+	}
+	for (rs->ntails = 0; rs->ntails < n; rs->ntails++)
+		if (!cwi_sr_elements(r, "tail elements",
+			&rs->tails[rs->ntails]))
+			goto fail;
+	*out = rs;
+	return CACHEW_OK;
+fail:
+	cwi_client_resume_free(rs);
+	return cwi_sr_error(r);
+}
+
+cachew_err
+cwi_client_resume_fill(const cwi_client_resume *rs,
+    cwi_msg_job_get_or_create *j)
+{
+	j->resume_units = rs->units;
+	j->resume_units_per_split = rs->units_per_split;
+	if (rs->ngroups == 0)
+		return CACHEW_OK;
+	j->resume = calloc(rs->ngroups, sizeof(*j->resume));
+	if (j->resume == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < rs->ngroups; i++) {
+		const cwi_progress *p = &rs->groups[i].p;
+		cwi_progress *q = &j->resume[j->nresume++];
+		*q = *p;
+		q->ranges = ids_copy(p->ranges, p->nranges);
+		if (p->nranges > 0 && q->ranges == NULL) {
+			q->nranges = 0;
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+	}
+	return CACHEW_OK;
+}
+
+/* The saved groups become the session's (exact_lock held). */
+static cachew_err
+install_groups(session *s, cwi_client_resume *rs)
+{
+	/* A new session has no group yet, and the saved ones are distinct. */
+	if (!CWI_GROW(s->groups, s->capgroups, s->ngroups + rs->ngroups))
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < rs->ngroups; i++) {
+		saved_group *sg = &rs->groups[i];
+		cgroup *g = &s->groups[s->ngroups++];
+		memset(g, 0, sizeof(*g));
+		g->id = sg->p.group;
+		if (!cwi_rset_add_list(&g->got, sg->p.ranges, sg->p.nranges))
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		g->ended = sg->p.ended;
+		g->total = sg->p.total;
+		g->splits = sg->p.splits;
+		if (sg->held.n > 0 && !s->ordered)
+			return cwi_fail(CACHEW_EINVAL, "iterator restore: the "
+			    "state holds elements of group %llu for ordered "
+			    "delivery, which this pipeline does not use",
+			    (unsigned long long)sg->p.group);
+		for (size_t k = 0; k < sg->held.n; k++)
+			s->held_bytes += cwi_element_nbytes(sg->held.v[k]);
+		if (!cwi_chunk_move_all(&g->held, &sg->held))
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_client_resume_install(session *s, cwi_client_resume *rs)
+{
+	cachew_err rv;
+
+	if (!s->exact)
+		return cwi_fail(CACHEW_EPROTO, "iterator restore: the "
+		    "dispatcher made the job at-least-once");
+	pthread_mutex_lock(&s->exact_lock);
+	s->head = rs->head;
+	rv = install_groups(s, rs);
+	for (size_t k = 0; k < rs->ntails && rv == CACHEW_OK; k++) {
+		if (rs->tails[k].n > 0 && s->stitch == NULL) {
+			rv = cwi_fail(CACHEW_EINVAL, "iterator restore: the "
+			    "state holds tails to stitch, but the pipeline "
+			    "has no batch to stitch them");
+			break;
+		}
+		for (size_t i = 0; i < rs->tails[k].n && rv == CACHEW_OK; i++) {
+			cwi_element *e = rs->tails[k].v[i];
+			rs->tails[k].v[i] = NULL;
+			rv = cwi_stitch_add(s->stitch, (uint32_t)k, e);
+		}
+	}
+	if (rv == CACHEW_OK) {
+		for (size_t i = 0; i < rs->queue.n; i++) {
+			cwi_element *e = rs->queue.v[i];
+			rs->queue.v[i] = NULL;
+			if (!cwi_client_queue_push(s, e)) {
+				cwi_element_release(e);
+				rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&s->exact_lock);
+	return rv;
 }

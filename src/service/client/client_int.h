@@ -33,6 +33,7 @@
 #include "../service_payload.h"
 #include "../../exec/exec_split.h"
 #include "../../core/options.h"
+#include "../../exec/exec_state.h"
 
 #define TAG_HEARTBEAT UINT64_C(1)
 #define TAG_ACK UINT64_C(2)
@@ -41,6 +42,9 @@
 #define TAG_DATA_BASE UINT64_C(16)
 #define TAG_SLOT_BITS 16
 #define MAX_TASK_SLOTS ((size_t)1 << TAG_SLOT_BITS)
+
+/* A saved position being resumed (client_exact.c). */
+typedef struct cwi_client_resume cwi_client_resume;
 
 typedef struct held_reply {
 	uint64_t seq;
@@ -122,6 +126,9 @@ typedef struct client_ctx {
 	cachew_op_stats done[64]; /* counters of the sessions that ended */
 	size_t ndone;
 	bool inline_seen; /* a session read a direct task */
+	/* cwi_client_iterator_restore: streams opened now wait for their
+	 * restore (the saved position goes with the join) */
+	bool restoring;
 	/* What stitching made, all sessions (client_stitch.h). */
 	cwi_stitch_counts stitched;
 } client_ctx;
@@ -134,6 +141,10 @@ struct session {
 	cwi_cq *cq;
 	uint64_t dataset_id, job_id, client_id;
 	uint64_t lineage; /* the dispatcher's, from the job reply */
+	/* The job's split layout (job reply), which a saved position keeps;
+	 * and the position being resumed, during the join. */
+	uint64_t units, units_per_split;
+	const cwi_client_resume *resume;
 	uint32_t heartbeat_ms;
 
 	pthread_t fetcher;
@@ -302,16 +313,19 @@ void cwi_client_exact_free(session *s);
  * v[i] = NULL after): appends to `out`, in stream order, the elements to
  * deliver (those this client did not have yet) with, right after each
  * tail run, the batches its tails completed; records what it received.
- * CACHEW_EPROTO names the worker (runs that do not add up); a stitching
- * failure is the pipeline's, with its message in err. */
+ * With `queue` (the fetch thread), they go on to the consumer's queue
+ * (out left empty) before exact_lock is released. CACHEW_EPROTO names the
+ * worker (runs that do not add up); a stitching failure is the
+ * pipeline's, with its message in err. */
 cachew_err cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
-    cwi_chunk *out, char *err, size_t errlen);
+    cwi_chunk *out, bool queue, char *err, size_t errlen);
 /* Ordered delivery: bytes held for later groups, and whether task t may
  * still send the head group (it sent no later group). */
 uint64_t cwi_client_exact_held(session *s);
 bool cwi_client_exact_may_hold_head(session *s, const ctask *t);
-/* The epoch ended: the last partial batches, appended to out. */
+/* The epoch ended: the last partial batches, queued for the consumer
+ * (out is scratch space, left empty). */
 cachew_err cwi_client_exact_finish(session *s, cwi_chunk *out, char *err,
     size_t errlen);
 /* Queues the elements of a chunk for the consumer (takes them); false on
@@ -334,6 +348,25 @@ void cwi_client_exact_fill(session *s, cwi_msg_client_heartbeat *m);
 /* The heartbeat that carried them completed (ok) or failed (they go
  * again with the next). */
 void cwi_client_exact_sent(session *s, bool ok);
+
+/* A saved position's session part (cachew_iterator_save through the
+ * service): what the client received of each group, the queue, held and
+ * stitched elements, under exact_lock and s->lock. CACHEW_ENOTSUP for a
+ * session that cannot resume (shared, coordinated, at-least-once), naming
+ * why. Consumer's thread, between next() calls. */
+cachew_err cwi_client_session_save(session *s, cwi_state_writer *w);
+/* A saved session part, read back and checked against the stream's epoch
+ * and the plan's batching operators (ngrouping); errors recorded in r. */
+cachew_err cwi_client_resume_read(cwi_state_reader *r, uint64_t epoch,
+    size_t ngrouping, cwi_client_resume **out);
+/* The join request's resume fields (copies the request owns). */
+cachew_err cwi_client_resume_fill(const cwi_client_resume *rs,
+    cwi_msg_job_get_or_create *j);
+/* After the join: the saved groups, queue and tails become the session's
+ * (the elements are taken from rs). */
+cachew_err cwi_client_resume_install(session *s, cwi_client_resume *rs);
+/* NULL is a no-op. */
+void cwi_client_resume_free(cwi_client_resume *rs);
 
 /* ---- client_direct.c: the direct task ------------------------------------ */
 

@@ -2,6 +2,7 @@
  * client_stitch.c - stitching the tails of leases (client_stitch.h).
  */
 #include "client_stitch.h"
+#include "../../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,17 @@ cwi_stitch_add(cwi_stitch *st, uint32_t k, cwi_element *e)
 	}
 	cwi_chunk_push(&st->held[k], e);
 	return CACHEW_OK;
+}
+
+cachew_err
+cwi_stitch_save(const cwi_stitch *st, cwi_state_writer *w)
+{
+	cachew_err rv = CACHEW_OK;
+
+	cwi_sw_array(w, st->plan->ngroups);
+	for (size_t k = 0; k < st->plan->ngroups && rv == CACHEW_OK; k++)
+		rv = cwi_sw_elements(w, st->held[k].v, st->held[k].n);
+	return rv;
 }
 
 size_t

@@ -47,6 +47,11 @@ cachew_err cwi_stitch_drain(cwi_stitch *st, bool final, cwi_chunk *out,
     char *err, size_t errlen);
 /* Elements held (0: nothing to stitch at the end). */
 size_t cwi_stitch_held(const cwi_stitch *st);
+/* Writes the tails held, an array per grouping operator of the plan
+ * (exec_state.h's element form), for a saved position; a restore gives
+ * them back through cwi_stitch_add. Errors through cwi_fail. */
+struct cwi_state_writer;
+cachew_err cwi_stitch_save(const cwi_stitch *st, struct cwi_state_writer *w);
 void cwi_stitch_destroy(cwi_stitch *st);
 
 #endif /* CWI_CLIENT_STITCH_H */

@@ -386,6 +386,14 @@ cachew_err cwi_fns_check_job(const cwi_dispatcher *d, const dataset *ds);
 /* Splits job j's units (the pass's, or the dataset's) into its ledger, all
  * pending. CACHEW_ENOMEM (the caller frees what was made). */
 cachew_err cwi_ledger_init(cwi_dispatcher *d, job *j);
+/* Resumes a saved position in job j's new ledger (r->resume_units_per_split
+ * != 0): cuts the units as the saved job did, acknowledges the groups the
+ * client received whole and forms the others again (their splits, their
+ * received ranges as skip, first in the pool). CACHEW_EINVAL names what
+ * does not fit (another input, groups out of range or overlapping, bad
+ * ranges); CACHEW_ENOMEM. The caller frees the job on failure. */
+cachew_err cwi_ledger_resume(cwi_dispatcher *d, job *j,
+    const cwi_msg_job_get_or_create *r);
 /* Frees the splits and the pool; the counts stay for status. */
 void cwi_ledger_free(struct split_ledger *l);
 

@@ -72,6 +72,29 @@ split_range(const struct split_ledger *l, uint64_t id, cwi_split *out)
 	    ? out->begin + l->units_per_split : l->nunits;
 }
 
+/* Cuts the ledger's units by units_per_split (> 0) into splits, all
+ * pending, in order. */
+static cachew_err
+ledger_cut(struct split_ledger *l)
+{
+	l->nsplits = l->nunits / l->units_per_split +
+	    (l->nunits % l->units_per_split != 0);
+	l->ring_head = l->ring_len = 0;
+	l->npending = l->nleased = l->nacked = l->nrecovering = 0;
+	if (l->nsplits == 0)
+		return CACHEW_OK;
+	l->splits = calloc(l->nsplits, sizeof(*l->splits));
+	l->ring = malloc(l->nsplits * sizeof(*l->ring));
+	if (l->splits == NULL || l->ring == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (uint64_t k = 0; k < l->nsplits; k++) {
+		l->splits[k].group = NO_GROUP;
+		ring_push(l, k, false);
+	}
+	l->npending = l->nsplits;
+	return CACHEW_OK;
+}
+
 /* Groups the dataset's units into about splits_per_worker splits per
  * available worker (at least one unit each). A dataset without a
  * splittable source is one unit, the whole pipeline: one split. Units go
@@ -100,20 +123,7 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	l->units_per_split = l->nunits / want + (l->nunits % want != 0);
 	if (l->units_per_split == 0)
 		l->units_per_split = 1;
-	l->nsplits = l->nunits / l->units_per_split +
-	    (l->nunits % l->units_per_split != 0);
-	if (l->nsplits == 0)
-		return CACHEW_OK;
-	l->splits = calloc(l->nsplits, sizeof(*l->splits));
-	l->ring = malloc(l->nsplits * sizeof(*l->ring));
-	if (l->splits == NULL || l->ring == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (uint64_t k = 0; k < l->nsplits; k++) {
-		l->splits[k].group = NO_GROUP;
-		ring_push(l, k, false);
-	}
-	l->npending = l->nsplits;
-	return CACHEW_OK;
+	return ledger_cut(l);
 }
 
 void
@@ -749,4 +759,117 @@ cwi_ledger_ack(cwi_dispatcher *d, job *j, uint64_t client_id,
 		cwi_disp_ev_end(d);
 	}
 	free(fresh);
+}
+
+/* ---- resuming a saved position -------------------------------------------- */
+
+/* One group of a resume, checked against the ledger and the groups before
+ * it (they come in split order, disjoint: prev_end is the split after the
+ * one before), into *got. */
+static cachew_err
+resume_group_check(const struct split_ledger *l, const cwi_progress *p,
+    uint64_t prev_end, cwi_rset *got)
+{
+	if (p->splits == 0 || p->group < prev_end || p->group >= l->nsplits ||
+	    p->splits > l->nsplits - p->group)
+		return cwi_fail(CACHEW_EINVAL, "resume: group %" PRIu64 " of %"
+		    PRIu32 " splits is not within the job's %" PRIu64 " splits "
+		    "after the group before it (split %" PRIu64 ")", p->group,
+		    p->splits, l->nsplits, prev_end);
+	if (!cwi_rset_list_ok(p->ranges, p->nranges))
+		return cwi_fail(CACHEW_EINVAL, "resume: group %" PRIu64 ": its "
+		    "ranges are not ascending, disjoint from-to pairs",
+		    p->group);
+	if (p->ended && p->nranges > 0 && p->ranges[p->nranges - 1] > p->total)
+		return cwi_fail(CACHEW_EINVAL, "resume: group %" PRIu64 ": a "
+		    "range ends at %" PRIu64 ", past its %" PRIu64 " elements",
+		    p->group, p->ranges[p->nranges - 1], p->total);
+	if (!cwi_rset_add_list(got, p->ranges, p->nranges))
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return CACHEW_OK;
+}
+
+/* Puts the pending splits in the pool again: the groups formed by the
+ * resume first (their elements were partly delivered: finish them first),
+ * then the splits never leased, each in split order. */
+static void
+resume_pool(struct split_ledger *l)
+{
+	l->ring_head = l->ring_len = 0;
+	for (int formed = 1; formed >= 0; formed--)
+		for (uint64_t k = 0; k < l->nsplits; k++)
+			if (l->splits[k].state == SPLIT_PENDING &&
+			    (l->splits[k].group != NO_GROUP) == formed)
+				ring_push(l, k, false);
+}
+
+cachew_err
+cwi_ledger_resume(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
+{
+	struct split_ledger *l = &j->ledger;
+	uint64_t prev_end = 0, nacked = 0, nformed = 0;
+	cachew_err rv;
+
+	if (r->resume_units != l->nunits)
+		return cwi_fail(CACHEW_EINVAL, "resume: the position was saved "
+		    "over %" PRIu64 " split units, the job's input has %" PRIu64
+		    " (its files changed, or an autocache pass reads it in "
+		    "other units)", r->resume_units, l->nunits);
+	if (r->resume_units_per_split != l->units_per_split) {
+		/* Cut as the saved job was cut: a group is its ranges. */
+		uint64_t ups = r->resume_units_per_split;
+		if (l->nunits / ups + (l->nunits % ups != 0) >
+		    CWI_PROTO_MAX_SPLITS)
+			return cwi_fail(CACHEW_EINVAL, "resume: %" PRIu64
+			    " units per split cut %" PRIu64 " units into more "
+			    "than %u splits", ups, l->nunits,
+			    CWI_PROTO_MAX_SPLITS);
+		cwi_ledger_free(l);
+		l->units_per_split = ups;
+		rv = ledger_cut(l);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	for (size_t i = 0; i < r->nresume; i++) {
+		const cwi_progress *p = &r->resume[i];
+		cwi_rset got = {0};
+		split *g;
+		bool done;
+
+		rv = resume_group_check(l, p, prev_end, &got);
+		if (rv != CACHEW_OK) {
+			cwi_rset_free(&got);
+			return rv;
+		}
+		prev_end = p->group + p->splits;
+		done = p->ended && cwi_rset_covers(&got, 0, p->total);
+		for (uint64_t k = p->group; k < prev_end; k++) {
+			l->splits[k].group = p->group;
+			if (!done)
+				continue;
+			l->splits[k].state = SPLIT_ACKED;
+			l->npending--;
+			l->nacked++;
+		}
+		g = &l->splits[p->group];
+		g->gsize = p->splits;
+		if (done) {
+			nacked++;
+			cwi_rset_free(&got);
+			continue;
+		}
+		/* Formed again as it was, less what the client has. */
+		g->skip = got;
+		g->total_known = p->ended;
+		g->total = p->ended ? p->total : 0;
+		nformed++;
+	}
+	resume_pool(l);
+	cwi_disp_ev_begin(d, "job_resumed");
+	cwi_disp_ev_u64(d, "splits", l->nsplits);
+	cwi_disp_ev_u64(d, "groups_done", nacked);
+	cwi_disp_ev_u64(d, "groups_partial", nformed);
+	cwi_disp_ev_u64(d, "splits_acked", l->nacked);
+	cwi_disp_ev_end(d);
+	return CACHEW_OK;
 }

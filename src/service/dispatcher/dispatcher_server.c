@@ -1104,6 +1104,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.scale.cooldown_ns = (uint64_t)cfg->scale_cooldown_ms * 1000000u;
 	dc.min_workers = (uint32_t)cfg->min_workers;
 	dc.max_workers = (uint32_t)cfg->max_workers;
+	dc.splits_per_worker = (uint32_t)cfg->splits_per_worker;
 	if (dc.max_workers > 0)
 		dc.scale.max_workers = dc.max_workers;
 	rv = cwi_dispatcher_create(&d->state, &dc);

@@ -702,6 +702,14 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 	cwi_sched_update(d, j);
 }
 
+/* Exactly once applies to uncoordinated distributed_epoch jobs. */
+static bool
+job_wants_exactly_once(const cwi_msg_job_get_or_create *r)
+{
+	return r->exactly_once && r->num_consumers == 0 &&
+	       r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH;
+}
+
 static cachew_err
 job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r)
 {
@@ -725,19 +733,19 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r)
 	if (r->job_name != NULL && r->job_name[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "empty job name (leave it out "
 					       "for a private job)");
+	if ((r->resume_units_per_split != 0 || r->nresume > 0) &&
+	    (r->job_name != NULL || !job_wants_exactly_once(r)))
+		return cwi_fail(CACHEW_ENOTSUP, "resuming a saved position: "
+		    "only a private, uncoordinated, exactly-once "
+		    "distributed_epoch job resumes (this one is %s)",
+		    r->job_name != NULL ? "named" : !r->exactly_once
+		    ? "not exactly-once" : r->num_consumers > 0
+		    ? "coordinated" : "parallel_epochs");
 	if (d->cfg.autoscale) {
 		cwi_scale_config c;
 		return cwi_sizing_check(d, r, &c);
 	}
 	return CACHEW_OK;
-}
-
-/* Exactly once applies to uncoordinated distributed_epoch jobs. */
-static bool
-job_wants_exactly_once(const cwi_msg_job_get_or_create *r)
-{
-	return r->exactly_once && r->num_consumers == 0 &&
-	       r->processing_mode == CWI_MODE_DISTRIBUTED_EPOCH;
 }
 
 /* A named job that asks the same as r, or EINVAL naming the difference. */
@@ -825,6 +833,8 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
 		cwi_pass_take(d, j);
 		rv = cwi_ledger_init(d, j);
+		if (rv == CACHEW_OK && r->resume_units_per_split != 0)
+			rv = cwi_ledger_resume(d, j, r);
 		if (rv != CACHEW_OK)
 			goto fail;
 	}
@@ -966,6 +976,8 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	rep->num_consumers = j->num_consumers;
 	rep->compression = j->compression;
 	rep->heartbeat_interval_ms = d->cfg.client_heartbeat_ms;
+	rep->units = j->ledger.nunits;
+	rep->units_per_split = j->ledger.units_per_split;
 	if (created) {
 		if (j->mode == CWI_MODE_DISTRIBUTED_EPOCH)
 			cwi_disp_epoch_check(d, j); /* an empty dataset */

@@ -139,8 +139,8 @@ number_new(cwi_wtask *t, cwi_chunk *out, size_t n0, uint32_t tail,
 		uint64_t first = t->pull_next;
 		t->pull_next += out->n - n0;
 		if (!cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
-			t->pull_group, first, (uint32_t)(out->n - n0), tail,
-			false))
+			t->pull_group, (uint32_t)t->pull_nsplits, first,
+			(uint32_t)(out->n - n0), tail, false))
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		return CACHEW_OK;
 	}
@@ -152,7 +152,8 @@ number_new(cwi_wtask *t, cwi_chunk *out, size_t n0, uint32_t tail,
 		}
 		out->v[w++] = out->v[i];
 		if (!cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
-			t->pull_group, idx, 1, tail, false)) {
+			t->pull_group, (uint32_t)t->pull_nsplits, idx, 1,
+			tail, false)) {
 			for (size_t k = i + 1; k < out->n; k++)
 				cwi_element_release(out->v[k]);
 			out->n = w;
@@ -180,10 +181,9 @@ take_tails(cwi_wtask *t, cwi_chunk *out, pulled *r)
 	}
 	if (rv == CACHEW_OK &&
 	    !cwi_wtask_run_add(&r->runs, &r->nruns, &r->capruns,
-		t->pull_group, t->pull_next, 0, 0, true))
+		t->pull_group, (uint32_t)t->pull_nsplits, t->pull_next, 0, 0,
+		true))
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
-	if (rv == CACHEW_OK)
-		r->runs[r->nruns - 1].splits = (uint32_t)t->pull_nsplits;
 	return rv;
 }
 

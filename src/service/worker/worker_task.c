@@ -492,7 +492,8 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 				goto nomem;
 			if (t->exactly_once &&
 			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
-				l->group, q->index, 1, q->tail, false))
+				l->group, (uint32_t)l->nsplits, q->index, 1,
+				q->tail, false))
 				goto nomem;
 			if (cwi_msg_push(msg, q->e) != CACHEW_OK)
 				goto nomem;
@@ -504,10 +505,9 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 			size_t before = c->nends;
 			if (t->exactly_once &&
 			    !cwi_wtask_run_add(&runs, &nruns, &capruns,
-				l->group, q->index, 0, 0, true))
+				l->group, (uint32_t)l->nsplits, q->index, 0, 0,
+				true))
 				goto nomem;
-			if (t->exactly_once)
-				runs[nruns - 1].splits = (uint32_t)l->nsplits;
 			if (!lease_ended(t, l, c))
 				goto nomem;
 			for (size_t i = before; i < c->nends; i++) {
@@ -953,7 +953,7 @@ cwi_wtask_feed_free(lease_feed *f)
 
 bool
 cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
-    uint64_t index, uint32_t count, uint32_t tail, bool end)
+    uint32_t splits, uint64_t index, uint32_t count, uint32_t tail, bool end)
 {
 	cwi_run *r = *n > 0 ? &(*runs)[*n - 1] : NULL;
 
@@ -974,7 +974,7 @@ cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap, uint64_t group,
 	r->n = count;
 	r->tail = end ? 0 : tail;
 	r->end = end;
-	r->splits = 0;
+	r->splits = splits;
 	return true;
 }
 

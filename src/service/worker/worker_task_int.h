@@ -212,12 +212,14 @@ cachew_err cwi_wtask_lease_open(cwi_wtask *t, cachew_iterator **it,
 cachew_err cwi_wtask_feed_next(cwi_wtask *t, lease_feed *f, cwi_element **e,
     uint64_t *index, uint32_t *tail);
 void cwi_wtask_feed_free(lease_feed *f);
-/* Appends count consecutive elements from `index` of a group (or, end,
- * the group's end at `index`) to a reply's run list, extending its last
- * run when they follow it; false on ENOMEM. */
+/* Appends count consecutive elements from `index` of a group of `splits`
+ * splits (or, end, the group's end at `index`) to a reply's run list,
+ * extending its last run when they follow it; false on ENOMEM. Every run
+ * says its group's split count: a client saving its position records it
+ * for the groups it has part of. */
 bool cwi_wtask_run_add(cwi_run **runs, size_t *n, size_t *cap,
-    uint64_t group, uint64_t index, uint32_t count, uint32_t tail,
-    bool end);
+    uint64_t group, uint32_t splits, uint64_t index, uint32_t count,
+    uint32_t tail, bool end);
 
 
 /* ---- worker_stats.c: the task's operator counters ------------------------ */
