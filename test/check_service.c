@@ -2995,6 +2995,104 @@ START_TEST(test_dispatcher_lease_request_sent_again_gets_the_same_group)
 }
 END_TEST
 
+/* A join that resumes a saved position: the dispatcher cuts the input as
+ * the saved job did, acknowledges the whole groups, leases the partial
+ * ones first, whole and with their received ranges as skip, then the
+ * rest; a resume that does not fit is refused naming what. */
+static cachew_err
+resume_join(harness *h, uint64_t ds, uint64_t units, uint64_t ups,
+    cwi_progress *groups, size_t n, cwi_msg_job_get_or_create_reply *rep)
+{
+	cwi_msg_job_get_or_create req;
+
+	cwi_pmsg_body_init(CWI_MSG_JOB_GET_OR_CREATE, &req);
+	req.dataset_id = ds;
+	req.consumer_index = -1;
+	req.exactly_once = true;
+	req.resume_units = units;
+	req.resume_units_per_split = ups;
+	req.resume = groups;
+	req.nresume = n;
+	return cwi_dispatcher_job_get_or_create(h->d, h->now, &req, rep);
+}
+
+START_TEST(test_dispatcher_resume_forms_the_saved_groups)
+{
+	harness *h = harness_new();
+	uint64_t got0[] = {0, 10}, got3[] = {0, 4, 6, 7}, bad[] = {5, 2};
+	cwi_progress g[2] = {
+	    {.group = 0, .ranges = got0, .nranges = 2, .ended = true,
+		.total = 10, .splits = 2},
+	    {.group = 3, .ranges = got3, .nranges = 4, .splits = 1}};
+	cwi_msg_job_get_or_create_reply jr;
+	cwi_msg_worker_heartbeat_reply hr;
+	cwi_msg_split_lease lr = {0};
+	cwi_msg_split_lease_reply a;
+	uint64_t wid = add_worker(h, "tcp://w:1"), ds, tid;
+
+	ds = add_dataset(h, 5, 100, NULL);
+	/* The saved job cut 100 units into splits of 10. */
+	ck_assert_msg(resume_join(h, ds, 100, 10, g, 2, &jr) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert_uint_eq(jr.units, 100);
+	ck_assert_uint_eq(jr.units_per_split, 10);
+	ck_assert(has_event(h, "\"event\":\"job_resumed\",\"splits\":10,"
+			       "\"groups_done\":1,\"groups_partial\":1"));
+	ck_assert_uint_eq(job_status(h, jr.job_id).splits_acked, 2);
+	worker_hb(h, wid, NULL, 0, NULL, 0, &hr);
+	tid = hr.start[0].task_id;
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &hr);
+	lr.worker_id = wid;
+	lr.task_id = tid;
+	lr.max_splits = 1;
+	lr.seq = 1;
+	/* The partial group first, with what the client had as its skip. */
+	ck_assert_int_eq(cwi_dispatcher_split_lease(h->d, h->now, &lr, &a),
+	    CACHEW_OK);
+	ck_assert_uint_eq(a.group, 3);
+	ck_assert_uint_eq(a.nsplits, 1);
+	ck_assert_uint_eq(a.splits[0].begin, 30);
+	ck_assert_uint_eq(a.nskip, 4);
+	ck_assert_uint_eq(a.skip[3], 7);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &a);
+	lr.seq = 2;
+	ck_assert_int_eq(cwi_dispatcher_split_lease(h->d, h->now, &lr, &a),
+	    CACHEW_OK);
+	ck_assert_uint_eq(a.group, 2);
+	ck_assert_uint_eq(a.nskip, 0);
+	cwi_pmsg_body_free(CWI_MSG_SPLIT_LEASE_REPLY, &a);
+	cwi_pmsg_body_free(CWI_MSG_JOB_GET_OR_CREATE_REPLY, &jr);
+
+	/* What does not fit is refused, naming it. */
+	ck_assert_int_eq(resume_join(h, ds, 90, 10, g, 2, &jr),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "saved over 90 split "
+						      "units"));
+	g[1].group = 1; /* overlaps group 0's two splits */
+	ck_assert_int_eq(resume_join(h, ds, 100, 10, g, 2, &jr),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "group 1 of 1 splits"));
+	g[1].group = 9;
+	g[1].splits = 2; /* past the last split */
+	ck_assert_int_eq(resume_join(h, ds, 100, 10, g, 2, &jr),
+	    CACHEW_EINVAL);
+	g[1].splits = 1;
+	g[1].ranges = bad;
+	g[1].nranges = 2;
+	ck_assert_int_eq(resume_join(h, ds, 100, 10, g, 2, &jr),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "not ascending"));
+	g[1].ranges = got3;
+	g[1].nranges = 4;
+	g[1].ended = true;
+	g[1].total = 5; /* its ranges go to 7 */
+	ck_assert_int_eq(resume_join(h, ds, 100, 10, g, 2, &jr),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "past its 5 elements"));
+	harness_free(h);
+}
+END_TEST
+
 /* A request naming ids of another dispatcher state (a restart without
  * its journal) is refused, and the error says this dispatcher's lineage,
  * which every reply that hands out ids also carries. */
@@ -3343,6 +3441,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_events_to_file);
 	tcase_add_test(disp, test_dispatcher_refuses_another_lineage);
 	tcase_add_test(disp, test_dispatcher_lease_request_sent_again_gets_the_same_group);
+	tcase_add_test(disp, test_dispatcher_resume_forms_the_saved_groups);
 	tcase_add_test(disp, test_dispatcher_join_sent_again_finds_its_client);
 	tcase_add_test(disp, test_dispatcher_random_walk_loses_no_split);
 	tcase_set_timeout(disp, 60);

@@ -121,7 +121,7 @@ static const cfg_spec table[] = {
     {"max_workers", INT(max_workers), "0", 0, 65536, NULL,
 	"dispatcher: the pool target (and any job) never exceeds this "
 	"(0 = no bound; the process provisioner's own default is 8)"},
-    {"splits_per_worker", INT(splits_per_worker), "8", 1, 4096, NULL,
+    {"splits_per_worker", INT(splits_per_worker), "8", 1, 65536, NULL,
 	"dispatcher: a distributed_epoch job's input is cut into this many "
 	"splits per available worker (at most 2^20): more make a worker's "
 	"death and a resumed position cheaper, fewer cost less bookkeeping"},

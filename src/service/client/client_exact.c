@@ -640,7 +640,8 @@ save_groups(session *s, cwi_state_writer *w)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	for (size_t i = 0; i < s->ngroups; i++)
 		v[i] = &s->groups[i];
-	qsort(v, s->ngroups, sizeof(*v), group_order);
+	if (s->ngroups > 1)
+		qsort(v, s->ngroups, sizeof(*v), group_order);
 	cwi_sw_array(w, s->ngroups);
 	for (size_t i = 0; i < s->ngroups && rv == CACHEW_OK; i++) {
 		const cgroup *g = v[i];
