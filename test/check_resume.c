@@ -801,6 +801,19 @@ START_TEST(service_positions_resume_on_the_embedded_service)
 		free(h.v);
 		cachew_dataset_release(ds);
 	}
+	/* A file source, read by files (its split units). */
+	char *dir = text_dir(), files[700];
+	snprintf(files, sizeof(files), "list_files(\"%s/text-*.txt\") | "
+	    "interleave(text_lines, cycle=2) | batch(3)", dir);
+	cachew_dataset *fds = parse(files);
+	hashes fh = full_run(fds, emb);
+	size_t fks[] = {0, 1, fh.n / 2, fh.n};
+	for (size_t j = 0; j < sizeof(fks) / sizeof(*fks); j++)
+		check_cut(files, fds, emb, emb, fks[j], false);
+	free(fh.v);
+	cachew_dataset_release(fds);
+	cwt_rmtree(dir);
+	free(dir);
 	/* Several embedded workers: every value once, batches stitched. */
 	check_service_cut("range(4000) | map(add, value=1) | batch(16)",
 	    "embedded:2", 100, 4000, 1, 16);
