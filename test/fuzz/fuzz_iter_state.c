@@ -8,7 +8,9 @@
  * a message, yielding no more elements than the pipeline and the elements
  * the state holds can. The input
  * is also tried as the body behind a valid header, so that the fuzzer
- * reaches the operators' states past the fingerprint check.
+ * reaches the operators' states past the fingerprint check, and as the
+ * session state of a stream from the embedded service (the groups a client
+ * received and what it holds), which a restore sends to the dispatcher.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,9 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* The pipeline yields 10 batches. A state may hold more elements (each
  * takes bytes of it): more than 10 and one per byte is a bug. */
 #define MOST_ELEMENTS 10
+/* Through the embedded service: the pipeline is all worker part, so the
+ * iterator's root is the stream from the service, whose state (what the
+ * session received, client_exact.c) the input is tried as too. */
+#define SVC_PIPELINE "range(40) | batch(4)"
 
-static cachew_dataset *ds;
-static cachew_options *opts;
+static cachew_dataset *ds, *svc_ds;
+static cachew_options *opts, *svc_opts;
 
 static void
 must(int ok)
@@ -46,14 +52,20 @@ setup(void)
 	must(cachew_options_set_int(opts, "seed", SEED) == CACHEW_OK);
 	must(cachew_options_set_int(opts, "threads", 1) == CACHEW_OK);
 	must(cachew_options_set_str(opts, "service", "local") == CACHEW_OK);
+	must(cachew_dataset_parse(&svc_ds, SVC_PIPELINE) == CACHEW_OK);
+	must(cachew_options_create(&svc_opts) == CACHEW_OK);
+	must(cachew_options_set_int(svc_opts, "seed", SEED) == CACHEW_OK);
+	must(cachew_options_set_str(svc_opts, "service", "embedded") ==
+	    CACHEW_OK);
 }
 
 static void
-restore(const uint8_t *data, size_t size)
+restore_in(cachew_dataset *d, const cachew_options *o, const uint8_t *data,
+    size_t size)
 {
 	cachew_iterator *it = NULL;
 	cachew_element *e;
-	cachew_err rv = cachew_iterator_restore(&it, ds, opts, data, size);
+	cachew_err rv = cachew_iterator_restore(&it, d, o, data, size);
 	size_t n = 0;
 
 	if (rv != CACHEW_OK) {
@@ -70,29 +82,64 @@ restore(const uint8_t *data, size_t size)
 	cachew_iterator_destroy(it);
 }
 
+static void
+restore(const uint8_t *data, size_t size)
+{
+	restore_in(ds, opts, data, size);
+}
+
+/* The header of a state of d at SEED, epoch 0, of kind `kind`. */
+static void
+header(cwi_state_writer *w, cachew_dataset *d, const char *kind)
+{
+	cachew_fingerprint fp;
+	char hex[33];
+
+	cachew_dataset_fingerprint(d, &fp);
+	cachew_fingerprint_hex(&fp, hex);
+	cwi_sw_array(w, 9);
+	cwi_sw_str(w, "cachew-iterator-state");
+	cwi_sw_uint(w, CWI_STATE_VERSION);
+	cwi_sw_str(w, kind);
+	cwi_sw_str(w, hex);
+	cwi_sw_uint(w, SEED);
+	cwi_sw_uint(w, SEED);
+	cwi_sw_int(w, 0);
+	cwi_sw_bool(w, true);
+}
+
 /* data behind the header of a state of PIPELINE at SEED, epoch 0. */
 static void
 restore_body(const uint8_t *data, size_t size)
 {
 	cwi_state_writer w;
-	cachew_fingerprint fp;
-	char hex[33];
 
-	cachew_dataset_fingerprint(ds, &fp);
-	cachew_fingerprint_hex(&fp, hex);
 	cwi_strbuf_init(&w.sb);
-	cwi_sw_array(&w, 9);
-	cwi_sw_str(&w, "cachew-iterator-state");
-	cwi_sw_uint(&w, CWI_STATE_VERSION);
-	cwi_sw_str(&w, "local");
-	cwi_sw_str(&w, hex);
-	cwi_sw_uint(&w, SEED);
-	cwi_sw_uint(&w, SEED);
-	cwi_sw_int(&w, 0);
-	cwi_sw_bool(&w, true);
+	header(&w, ds, "local");
 	cwi_strbuf_append(&w.sb, data, size);
 	if (!w.sb.oom)
 		restore((const uint8_t *)w.sb.data, w.sb.len);
+	cwi_strbuf_free(&w.sb);
+}
+
+/* data as the session state of SVC_PIPELINE's stream from the embedded
+ * service: [no pulled element, [service_stream, not ended, data]]. */
+static void
+restore_session(const uint8_t *data, size_t size)
+{
+	cwi_state_writer w;
+
+	cwi_strbuf_init(&w.sb);
+	header(&w, svc_ds, "service");
+	cwi_sw_array(&w, 2);
+	cwi_sw_array(&w, 0);
+	cwi_sw_array(&w, 3);
+	cwi_sw_str(&w, "service_stream");
+	cwi_sw_bool(&w, false);
+	cwi_strbuf_append(&w.sb, data, size);
+	if (!w.sb.oom)
+		restore_in(svc_ds, svc_opts, (const uint8_t *)w.sb.data,
+		    w.sb.len);
 	cwi_strbuf_free(&w.sb);
 }
 
@@ -102,5 +149,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	setup();
 	restore(data, size);
 	restore_body(data, size);
+	restore_session(data, size);
 	return 0;
 }
