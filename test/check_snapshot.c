@@ -99,6 +99,7 @@ enum {
 	SEEN_PASS = 1u << 12,       /* a running autocaching pass */
 	SEEN_PASS_END = 1u << 13,   /* a pass end not taken */
 	SEEN_DRAINED = 1u << 14,    /* a worker gone, its id in a split */
+	SEEN_PLANNER = 1u << 15,    /* the planner's state lines */
 };
 
 static unsigned
@@ -128,6 +129,7 @@ state_seen(const cwi_dispatcher *d)
 	unsigned seen = d->npool_recent > 0 ? SEEN_POOL : 0u;
 
 	seen |= d->npass_ends > 0 ? SEEN_PASS_END : 0u;
+	seen |= d->nplanner > 0 ? SEEN_PLANNER : 0u;
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		const job *j = JOB(d, i);
 		seen |= ledger_seen(j);
@@ -320,6 +322,50 @@ status(twin *tw)
 	call_ok(tw, &req, &rep);
 	cwi_pmsg_free(&rep);
 }
+
+/* The planner's state moves on to `text`: its record, applied to both;
+ * both then hold the same lines. */
+static void
+planner(twin *tw, const char *text)
+{
+	cwi_strbuf rec, a, b;
+	bool changed = false;
+
+	tw->now += MS;
+	snap_point(tw);
+	cwi_strbuf_init(&rec);
+	cwi_strbuf_init(&a);
+	cwi_strbuf_init(&b);
+	ck_assert_msg(cwi_jrec_planner(&rec, tw->now, tw->a.d, text,
+			  strlen(text), &changed) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert(changed);
+	ck_assert_int_eq(cwi_dispatcher_apply_record(tw->a.d,
+			     (const uint8_t *)rec.data, rec.len), CACHEW_OK);
+	ck_assert_int_eq(cwi_dispatcher_planner_text(tw->a.d, &a), CACHEW_OK);
+	ck_assert_str_eq(a.data, text);
+	if (tw->b.d != NULL) {
+		ck_assert_int_eq(cwi_dispatcher_apply_record(tw->b.d,
+				     (const uint8_t *)rec.data, rec.len),
+		    CACHEW_OK);
+		ck_assert_int_eq(cwi_dispatcher_planner_text(tw->b.d, &b),
+		    CACHEW_OK);
+		ck_assert_str_eq(b.data, text);
+	}
+	cwi_strbuf_free(&rec);
+	cwi_strbuf_free(&a);
+	cwi_strbuf_free(&b);
+}
+
+/* Lines of the planner's state (dispatcher_autocache.h). */
+#define PLAN_A "dataset fp=0123456789abcdef0123456789abcdef decided=1 " \
+	       "choice=full candidate=0 failed=0 epochs=5 n=1 " \
+	       "p0=10,8,1000,0 put_failures=0 last=put reason=kept"
+#define PLAN_B "dataset fp=fedcba9876543210fedcba9876543210 decided=0 " \
+	       "choice=compute candidate=-1 failed=0 epochs=10 n=0 " \
+	       "put_failures=0 last=profile reason="
+#define PLAN_STORAGE "storage read_mb_per_s=100 read_rows_per_s=1000000 " \
+		     "write_mb_per_s=50"
 
 /* ---- the model ----------------------------------------------------------- */
 
@@ -896,14 +942,17 @@ scenario_pass(twin *tw)
 	worker_add(tw, "tcp://10.0.0.1:7000", false);
 	ds = dataset_add(tw, 51, 30);
 	pa.units = 24;
+	planner(tw, PLAN_B "\n");
 	client_join(tw, ds, &pass_job, &pa);
 	cluster_round(tw, 2, 2, 0);
 	cluster_round(tw, 2, 2, 0);
 	status(tw);
 	run_to_end(tw, 0);
+	planner(tw, PLAN_STORAGE "\n" PLAN_B "\n" PLAN_A "\n");
 	pass_job.name = "ac2";
 	client_join(tw, ds, &pass_job, NULL);
 	cluster_round(tw, 2, 2, 0);
+	planner(tw, PLAN_STORAGE "\n" PLAN_B " again\n" PLAN_A "\n");
 	run_to_end(tw, 0);
 }
 
@@ -926,7 +975,8 @@ static const struct {
 	{"autoscale", scenario_autoscale, true,
 	    SEEN_LEASED | SEEN_SCALER | SEEN_POOL | SEEN_PARALLEL},
 	{"pass", scenario_pass, false,
-	    SEEN_LEASED | SEEN_PASS | SEEN_PASS_END | SEEN_FINISHED},
+	    SEEN_LEASED | SEEN_PASS | SEEN_PASS_END | SEEN_FINISHED |
+		SEEN_PLANNER},
 };
 
 #define NSCENARIOS (sizeof(scenarios) / sizeof(scenarios[0]))
@@ -1081,15 +1131,100 @@ START_TEST(snapshot_errors_name_the_field)
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "truncated"));
 	/* The version follows the magic (after the array16 header): a
 	 * later one is refused. */
-	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 2;
+	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 3;
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
 	    CACHEW_ECORRUPT);
-	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "version: 2 is not 1"));
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
+	    "version: 3 is not 1 or 2"));
+	/* Version 1 has one field fewer. */
 	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 1;
+	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
+	    CACHEW_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "19 fields, 18 expected"));
+	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 2;
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len), CACHEW_OK);
 	/* A dispatcher that holds a state does not load another. */
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
 	    CACHEW_EINVAL);
+	free(snap);
+	twin_free(&tw);
+}
+END_TEST
+
+/* A snapshot with the planner's state in b, from a and then changed by
+ * swap (from, to: same length) at its first occurrence. */
+static void
+snap_swapped(cwi_dispatcher *a, const char *from, const char *to,
+    uint8_t **buf, size_t *len)
+{
+	uint8_t *at;
+
+	ck_assert_int_eq(cwi_dispatcher_snapshot_save(a, buf, len), CACHEW_OK);
+	if (from == NULL)
+		return;
+	at = memmem(*buf, *len, from, strlen(from));
+	ck_assert_ptr_nonnull(at);
+	memcpy(at, to, strlen(to));
+}
+
+/* The planner's state lines go into the snapshot and come back in their
+ * order; a version 1 snapshot (before they were kept) loads with none;
+ * lines that are not the planner's, or twice of one key, fail the load
+ * naming the line. */
+START_TEST(snapshot_carries_the_planner_state)
+{
+	const char *text = PLAN_STORAGE "\n" PLAN_A "\n" PLAN_B "\n";
+	size_t vpos = 3 + 1 + strlen("cachew-dispatcher-snapshot");
+	twin tw;
+	side loaded;
+	uint8_t *snap;
+	size_t len;
+	cwi_strbuf sb;
+
+	twin_init(&tw, -1, false);
+	/* Empty: the version 1 form is this without the last field. */
+	snap_swapped(tw.a.d, NULL, NULL, &snap, &len);
+	ck_assert_uint_eq(snap[2], 19);
+	ck_assert_uint_eq(snap[vpos], 2);
+	ck_assert_uint_eq(snap[len - 1], 0x90);
+	snap[2] = 18;
+	snap[vpos] = 1;
+	side_create(&tw, &loaded);
+	ck_assert_msg(cwi_dispatcher_snapshot_load(loaded.d, snap, len - 1) ==
+		CACHEW_OK, "%s", cachew_errmsg());
+	ck_assert_uint_eq(loaded.d->nplanner, 0);
+	cwi_dispatcher_destroy(loaded.d);
+	cwi_strbuf_free(&loaded.events);
+	free(snap);
+
+	planner(&tw, PLAN_A "\n" PLAN_B "\n");
+	planner(&tw, text); /* the storage line comes first */
+	snap_swapped(tw.a.d, NULL, NULL, &snap, &len);
+	round_trip(&tw, &tw.b, snap, len);
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_dispatcher_planner_text(tw.b.d, &sb), CACHEW_OK);
+	ck_assert_str_eq(sb.data, text);
+	cwi_strbuf_free(&sb);
+	free(snap);
+
+	snap_swapped(tw.a.d, "storage ", "storagX ", &snap, &len);
+	side_create(&tw, &loaded);
+	ck_assert_int_eq(cwi_dispatcher_snapshot_load(loaded.d, snap, len),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), "planner[0]: not a planner "
+					      "line") != NULL,
+	    "%s", cachew_errmsg());
+	ck_assert_uint_eq(loaded.d->nplanner, 0);
+	free(snap);
+	snap_swapped(tw.a.d, "fedcba9876543210fedcba9876543210",
+	    "0123456789abcdef0123456789abcdef", &snap, &len);
+	ck_assert_int_eq(cwi_dispatcher_snapshot_load(loaded.d, snap, len),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), "planner[2]: a second line of "
+					      "\"dataset fp=0123") != NULL,
+	    "%s", cachew_errmsg());
+	cwi_dispatcher_destroy(loaded.d);
+	cwi_strbuf_free(&loaded.events);
 	free(snap);
 	twin_free(&tw);
 }
@@ -1166,6 +1301,7 @@ cwt_snapshot_suite(void)
 	add_case(s, "corrupt", snapshot_corrupt_input_fails_or_holds_together,
 	    true);
 	add_case(s, "errors", snapshot_errors_name_the_field, false);
+	add_case(s, "planner", snapshot_carries_the_planner_state, false);
 	add_case(s, "size", snapshot_size_and_time_of_10000_splits, false);
 	return s;
 }

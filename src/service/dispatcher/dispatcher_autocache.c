@@ -1,19 +1,18 @@
 /*
  * dispatcher_autocache.c - per-dataset autocaching modes across passes, the
- * storage probe, cache commits and the persistent state
+ * storage probe, cache commits and the planner's state as text
  * (dispatcher_autocache.h).
  *
  * Lock order: dc->lock only; held across one call, I/O included (calls
  * come from the dispatcher's own thread at pass boundaries, never from a
  * data path).
  *
- * State file: one line per fact, rewritten whole (temporary name, fsync,
- * rename) after every change:
- *   storage read_mb_per_s=R read_rows_per_s=S write_mb_per_s=W
- *   dataset fp=HEX decided=0|1 choice=NAME candidate=K failed=0|1 \
- *       epochs=E n=N p0=rows,bytes,up_ns,after_ns ... reason=TEXT
- * `reason` is last and runs to the end of the line. Unknown keys are
- * ignored; a line that does not parse is skipped with a warning.
+ * State lines (the header gives their format): the dispatcher takes the
+ * whole text after every call and journals the lines that changed; a
+ * line is at most a few hundred bytes (a reason of 639, four points), so
+ * the 4096-byte bound is never met by what cwi_dcache_save writes. Unknown
+ * keys are ignored, so that a later version's lines load; keys are only
+ * looked for before `reason`, which may hold any text.
  */
 #include "dispatcher_autocache.h"
 
@@ -21,15 +20,11 @@
 #include "../../exec/exec_split.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#define DC_MAX_DATASETS 4096
-#define DC_LINE_MAX 4096
 #define DC_COMMIT_TRIES 3 /* PUT passes that may fail before COMPUTE */
 
 typedef struct dc_entry {
@@ -54,7 +49,6 @@ struct cwi_dcache {
 	cwi_cache_root *root;
 	cwi_ac_config ac;
 	uint64_t capacity;
-	char *state_path;
 	double default_epochs;
 	uint64_t probe_bytes;
 	bool probed;
@@ -63,80 +57,57 @@ struct cwi_dcache {
 	size_t n, cap;
 };
 
-/* ---- the state file ------------------------------------------------------ */
+/* ---- state lines --------------------------------------------------------- */
+
+#define KEY_STORAGE "storage "
+#define KEY_DATASET "dataset fp="
+#define KEY_DATASET_LEN (sizeof(KEY_DATASET) - 1 + 32)
 
 static void
-put_line_entry(FILE *f, const dc_entry *e)
+put_storage(cwi_strbuf *sb, const cwi_ac_storage *st)
+{
+	cwi_strbuf_printf(sb,
+	    "storage read_mb_per_s=%.17g read_rows_per_s=%.17g "
+	    "write_mb_per_s=%.17g\n",
+	    st->read_mb_per_s, st->read_rows_per_s, st->write_mb_per_s);
+}
+
+static void
+put_entry(cwi_strbuf *sb, const dc_entry *e)
 {
 	char hex[33];
 
 	cachew_fingerprint_hex(&e->fp, hex);
-	fprintf(f,
+	cwi_strbuf_printf(sb,
 	    "dataset fp=%s decided=%d choice=%s candidate=%d failed=%d "
 	    "epochs=%.17g compute_s=%.17g cache_s=%.17g n=%zu",
 	    hex, e->decided ? 1 : 0, cwi_ac_choice_name(e->choice),
 	    e->candidate, e->failed ? 1 : 0, e->epochs, e->compute_s,
 	    e->cache_s, e->npoints);
 	for (size_t k = 0; k < e->npoints; k++)
-		fprintf(f, " p%zu=%.17g,%.17g,%.17g,%.17g", k, e->points[k].rows,
-		    e->points[k].row_bytes, e->points[k].up_ns,
-		    e->points[k].after_ns);
+		cwi_strbuf_printf(sb, " p%zu=%.17g,%.17g,%.17g,%.17g", k,
+		    e->points[k].rows, e->points[k].row_bytes,
+		    e->points[k].up_ns, e->points[k].after_ns);
+	cwi_strbuf_printf(sb, " put_failures=%u last=%s reason=",
+	    (unsigned)e->put_failures,
+	    e->started ? cwi_ac_mode_name(e->last_mode) : "none");
 	/* The reason runs to the end of the line: no newline inside. */
-	fputs(" reason=", f);
 	for (const char *c = e->reason; *c != '\0'; c++)
-		fputc(*c == '\n' ? ' ' : *c, f);
-	fputc('\n', f);
+		cwi_strbuf_append(sb, *c == '\n' ? " " : c, 1);
+	cwi_strbuf_append(sb, "\n", 1);
 }
 
-static cachew_err
-state_save(cwi_dcache *dc)
-{
-	char *tmp;
-	FILE *f;
-	int fd;
-	cachew_err rv = CACHEW_OK;
-
-	if (dc->state_path == NULL)
-		return CACHEW_OK;
-	tmp = cwi_asprintf("%s.tmp-%ld", dc->state_path, (long)getpid());
-	if (tmp == NULL)
-		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	f = fopen(tmp, "w");
-	if (f == NULL) {
-		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
-		free(tmp);
-		return rv;
-	}
-	if (dc->probed)
-		fprintf(f,
-		    "storage read_mb_per_s=%.17g read_rows_per_s=%.17g "
-		    "write_mb_per_s=%.17g\n",
-		    dc->storage.read_mb_per_s, dc->storage.read_rows_per_s,
-		    dc->storage.write_mb_per_s);
-	for (size_t i = 0; i < dc->n; i++)
-		put_line_entry(f, &dc->v[i]);
-	fd = fileno(f);
-	if (fflush(f) != 0 || fsync(fd) != 0)
-		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
-	if (fclose(f) != 0 && rv == CACHEW_OK)
-		rv = cwi_fail(CACHEW_EIO, "%s: %s", tmp, strerror(errno));
-	if (rv == CACHEW_OK && rename(tmp, dc->state_path) != 0)
-		rv = cwi_fail(CACHEW_EIO, "%s: rename: %s", dc->state_path,
-		    strerror(errno));
-	if (rv != CACHEW_OK)
-		(void)unlink(tmp);
-	free(tmp);
-	return rv;
-}
-
-/* The value of `key=` in a line of space-separated fields (not reason). */
+/* The value of `key=` in a line of space-separated fields before its
+ * reason. */
 static const char *
 field(const char *line, const char *key, char *buf, size_t size)
 {
 	size_t klen = strlen(key);
-	const char *p = line;
+	const char *p = line, *end = strstr(line, " reason=");
 
-	while ((p = strstr(p, key)) != NULL) {
+	if (end == NULL)
+		end = line + strlen(line);
+	while ((p = strstr(p, key)) != NULL && p + klen < end) {
 		if ((p == line || p[-1] == ' ') && p[klen] == '=') {
 			const char *v = p + klen + 1;
 			size_t n = strcspn(v, " \n");
@@ -161,6 +132,49 @@ parse_double(const char *s, double *out)
 	errno = 0;
 	*out = strtod(s, &end);
 	return errno == 0 && end != s && *end == '\0';
+}
+
+static bool
+parse_storage(const char *line, cwi_ac_storage *st)
+{
+	char buf[64];
+
+	return parse_double(field(line, "read_mb_per_s", buf, sizeof(buf)),
+		   &st->read_mb_per_s) &&
+	       parse_double(field(line, "read_rows_per_s", buf, sizeof(buf)),
+		   &st->read_rows_per_s) &&
+	       parse_double(field(line, "write_mb_per_s", buf, sizeof(buf)),
+		   &st->write_mb_per_s);
+}
+
+/* The fields later than the first state files: absent, their defaults. */
+static bool
+parse_later_fields(const char *line, dc_entry *e)
+{
+	static const cwi_ac_mode modes[] = {CWI_AC_PROFILE, CWI_AC_PUT,
+	    CWI_AC_GET, CWI_AC_COMPUTE};
+	char buf[32];
+	double d;
+
+	if (!parse_double(field(line, "compute_s", buf, sizeof(buf)),
+		&e->compute_s) ||
+	    !parse_double(field(line, "cache_s", buf, sizeof(buf)), &e->cache_s))
+		e->compute_s = e->cache_s = 0;
+	if (field(line, "put_failures", buf, sizeof(buf)) != NULL) {
+		if (!parse_double(buf, &d) || d < 0 || d > DC_COMMIT_TRIES)
+			return false;
+		e->put_failures = (uint32_t)d;
+	}
+	if (field(line, "last", buf, sizeof(buf)) == NULL ||
+	    strcmp(buf, "none") == 0)
+		return true;
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+		if (strcmp(buf, cwi_ac_mode_name(modes[i])) == 0) {
+			e->last_mode = modes[i];
+			e->started = true;
+			return true;
+		}
+	return false;
 }
 
 static bool
@@ -196,11 +210,6 @@ parse_entry(const char *line, dc_entry *e)
 	e->failed = d != 0;
 	if (!parse_double(field(line, "epochs", buf, sizeof(buf)), &e->epochs))
 		return false;
-	/* Optional (later than the first state files). */
-	if (!parse_double(field(line, "compute_s", buf, sizeof(buf)),
-		&e->compute_s) ||
-	    !parse_double(field(line, "cache_s", buf, sizeof(buf)), &e->cache_s))
-		e->compute_s = e->cache_s = 0;
 	if (!parse_double(field(line, "n", buf, sizeof(buf)), &d) || d < 0 ||
 	    d > CWI_AC_MAX_CANDIDATES)
 		return false;
@@ -213,6 +222,8 @@ parse_entry(const char *line, dc_entry *e)
 			&p->up_ns, &p->after_ns) != 4)
 			return false;
 	}
+	if (!parse_later_fields(line, e))
+		return false;
 	r = strstr(line, " reason=");
 	if (r != NULL) {
 		r += strlen(" reason=");
@@ -222,50 +233,174 @@ parse_entry(const char *line, dc_entry *e)
 	return true;
 }
 
+/* A line of the state, parsed: a storage line (*is_storage) or a
+ * dataset's. */
+typedef struct dc_line {
+	bool is_storage;
+	cwi_ac_storage storage;
+	dc_entry entry;
+} dc_line;
+
+/* Parses one NUL-terminated line (no '\n'); strict about the key's
+ * form, which names the line. */
+static bool
+parse_line(const char *line, dc_line *out)
+{
+	size_t n = strlen(KEY_DATASET);
+
+	memset(out, 0, sizeof(*out));
+	if (strncmp(line, KEY_STORAGE, strlen(KEY_STORAGE)) == 0) {
+		out->is_storage = true;
+		return parse_storage(line, &out->storage);
+	}
+	if (strncmp(line, KEY_DATASET, n) != 0 ||
+	    strspn(line + n, "0123456789abcdef") != 32 ||
+	    line[KEY_DATASET_LEN] != ' ')
+		return false;
+	return parse_entry(line, &out->entry);
+}
+
+cachew_err
+cwi_dcache_line_check(const char *line, size_t len, size_t *key_len)
+{
+	char buf[CWI_DCACHE_LINE_MAX];
+	dc_line parsed;
+
+	*key_len = 0;
+	if (len + 1 > sizeof(buf))
+		return cwi_fail(CACHEW_ECORRUPT, "a line of %zu bytes (at most "
+		    "%d)", len + 1, CWI_DCACHE_LINE_MAX);
+	if (memchr(line, '\0', len) != NULL || memchr(line, '\n', len) != NULL)
+		return cwi_fail(CACHEW_ECORRUPT, "a line holds a NUL or a "
+		    "newline");
+	memcpy(buf, line, len);
+	buf[len] = '\0';
+	if (!parse_line(buf, &parsed))
+		return cwi_fail(CACHEW_ECORRUPT, "not a planner line: "
+		    "\"%.48s%s\"", buf, len > 48 ? "..." : "");
+	*key_len = parsed.is_storage ? strlen(KEY_STORAGE) - 1
+				     : KEY_DATASET_LEN;
+	return CACHEW_OK;
+}
+
 static cachew_err entry_add(cwi_dcache *dc, const dc_entry *e);
 
+/* Takes a parsed line in (dc->lock held). */
 static cachew_err
-state_load(cwi_dcache *dc)
+line_take(cwi_dcache *dc, const dc_line *l)
 {
-	char line[DC_LINE_MAX], buf[64];
+	if (l->is_storage) {
+		dc->storage = l->storage;
+		dc->probed = true;
+		return CACHEW_OK;
+	}
+	return entry_add(dc, &l->entry);
+}
+
+cachew_err
+cwi_dcache_save(cwi_dcache *dc, cwi_strbuf *sb)
+{
+	pthread_mutex_lock(&dc->lock);
+	if (dc->probed)
+		put_storage(sb, &dc->storage);
+	for (size_t i = 0; i < dc->n; i++)
+		put_entry(sb, &dc->v[i]);
+	pthread_mutex_unlock(&dc->lock);
+	return sb->oom ? cwi_fail(CACHEW_ENOMEM, "out of memory") : CACHEW_OK;
+}
+
+/* Calls fn on each '\n'-terminated line of text (a last line without
+ * one counts too), with its number from 1, until fn fails. */
+static cachew_err
+each_line(const char *text, size_t len,
+    cachew_err (*fn)(void *, const char *, size_t, size_t), void *arg)
+{
+	size_t at = 0, lineno = 0;
+	cachew_err rv = CACHEW_OK;
+
+	while (rv == CACHEW_OK && at < len) {
+		const char *nl = memchr(text + at, '\n', len - at);
+		size_t n = nl != NULL ? (size_t)(nl - (text + at)) : len - at;
+
+		rv = fn(arg, text + at, n, ++lineno);
+		at += n + 1;
+	}
+	return rv;
+}
+
+static cachew_err
+check_one(void *arg, const char *line, size_t len, size_t lineno)
+{
+	size_t key_len;
+
+	(void)arg;
+	if (cwi_dcache_line_check(line, len, &key_len) != CACHEW_OK)
+		return cwi_fail(CACHEW_ECORRUPT, "planner state, line %zu: %s",
+		    lineno, cachew_errmsg());
+	return CACHEW_OK;
+}
+
+static cachew_err
+take_one(void *arg, const char *line, size_t len, size_t lineno)
+{
+	char buf[CWI_DCACHE_LINE_MAX];
+	dc_line parsed;
+
+	memcpy(buf, line, len);
+	buf[len] = '\0';
+	if (!parse_line(buf, &parsed))
+		return cwi_fail(CACHEW_ECORRUPT, "planner state, line %zu: "
+		    "does not parse", lineno);
+	return line_take(arg, &parsed);
+}
+
+cachew_err
+cwi_dcache_load(cwi_dcache *dc, const char *text, size_t len)
+{
+	cachew_err rv = each_line(text, len, check_one, NULL);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	pthread_mutex_lock(&dc->lock);
+	rv = each_line(text, len, take_one, dc);
+	pthread_mutex_unlock(&dc->lock);
+	return rv;
+}
+
+cachew_err
+cwi_dcache_import(cwi_dcache *dc, const char *path, bool *found)
+{
+	char line[CWI_DCACHE_LINE_MAX];
 	size_t lineno = 0;
 	FILE *f;
 	cachew_err rv = CACHEW_OK;
 
-	if (dc->state_path == NULL)
-		return CACHEW_OK;
-	f = fopen(dc->state_path, "r");
+	*found = false;
+	f = fopen(path, "r");
 	if (f == NULL)
 		return errno == ENOENT
 		    ? CACHEW_OK
-		    : cwi_fail(CACHEW_EIO, "%s: %s", dc->state_path,
-			  strerror(errno));
+		    : cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	*found = true;
+	pthread_mutex_lock(&dc->lock);
 	while (rv == CACHEW_OK && fgets(line, sizeof(line), f) != NULL) {
-		dc_entry e;
-		bool ok = false;
+		dc_line parsed;
 
 		lineno++;
-		if (strncmp(line, "storage ", 8) == 0) {
-			ok = parse_double(field(line, "read_mb_per_s", buf,
-					      sizeof(buf)),
-				 &dc->storage.read_mb_per_s) &&
-			     parse_double(field(line, "read_rows_per_s", buf,
-					      sizeof(buf)),
-				 &dc->storage.read_rows_per_s) &&
-			     parse_double(field(line, "write_mb_per_s", buf,
-					      sizeof(buf)),
-				 &dc->storage.write_mb_per_s);
-			dc->probed = ok;
-		} else if (strncmp(line, "dataset ", 8) == 0 &&
-			   dc->n < DC_MAX_DATASETS && parse_entry(line, &e)) {
-			ok = true;
-			rv = entry_add(dc, &e);
-		}
-		if (!ok)
+		line[strcspn(line, "\n")] = '\0';
+		/* Lenient, as those versions were: a line that does not
+		 * parse is skipped. */
+		if (parse_line(line, &parsed) &&
+		    (parsed.is_storage || dc->n < CWI_DCACHE_MAX_DATASETS))
+			rv = line_take(dc, &parsed);
+		else
 			cwi_log(CACHEW_LOG_WARN, "autocache",
 			    "%s:%zu: skipping a line that does not parse",
-			    dc->state_path, lineno);
+			    path, lineno);
 	}
+	pthread_mutex_unlock(&dc->lock);
+	if (rv == CACHEW_OK && ferror(f))
+		rv = cwi_fail(CACHEW_EIO, "%s: read failed", path);
 	fclose(f);
 	return rv;
 }
@@ -309,7 +444,7 @@ entry_get(cwi_dcache *dc, const cachew_fingerprint *fp)
 
 	if (found != NULL)
 		return found;
-	if (dc->n >= DC_MAX_DATASETS)
+	if (dc->n >= CWI_DCACHE_MAX_DATASETS)
 		return NULL;
 	memset(&e, 0, sizeof(e));
 	e.fp = *fp;
@@ -347,16 +482,6 @@ cwi_dcache_create(cwi_dcache **out, const cwi_dcache_config *cfg)
 	rv = cwi_cache_root_open(&dc->root, cfg->root, cfg->capacity_bytes);
 	if (rv != CACHEW_OK)
 		goto fail;
-	if (cfg->state_path != NULL) {
-		dc->state_path = cwi_strdup(cfg->state_path);
-		if (dc->state_path == NULL) {
-			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
-			goto fail;
-		}
-	}
-	rv = state_load(dc);
-	if (rv != CACHEW_OK)
-		goto fail;
 	*out = dc;
 	return CACHEW_OK;
 fail:
@@ -370,7 +495,6 @@ cwi_dcache_destroy(cwi_dcache *dc)
 	if (dc == NULL)
 		return;
 	cwi_cache_root_close(dc->root);
-	free(dc->state_path);
 	free(dc->v);
 	pthread_mutex_destroy(&dc->lock);
 	free(dc);
@@ -604,7 +728,6 @@ cwi_dcache_pass_start(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 	pass->worker_scale = worker_scale(e, pass->mode);
 	e->last_mode = pass->mode;
 	e->started = true;
-	(void)state_save(dc);
 done:
 	pthread_mutex_unlock(&dc->lock);
 	cwi_autocache_plan_free(plan);
@@ -913,7 +1036,6 @@ cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph, size_t graph_len,
 		 e->choice == CWI_AC_CHOICE_COMPUTE && !e->failed)
 		revisit_compute(dc, e, plan, ops, nops, parallelism, event,
 		    event_size);
-	(void)state_save(dc);
 done:
 	pthread_mutex_unlock(&dc->lock);
 	cwi_autocache_plan_free(plan);

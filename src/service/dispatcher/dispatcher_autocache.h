@@ -14,13 +14,14 @@
  *   COMPUTE  as registered, for good.
  * A pipeline whose chosen point (or any eligible candidate) is already
  * cached starts in GET at once, whoever wrote the cache. Decisions,
- * profiles and storage measurements persist in a state file (key=value
- * lines, rewritten atomically), so a restarted dispatcher or a new job with
- * the same fingerprint reuses them.
+ * profiles and storage measurements are the planner's state: lines of
+ * text (below) that the dispatcher journals after every call and gives
+ * back at a restart (dispatcher_planner.c), so a restarted dispatcher or
+ * a new job with the same fingerprint reuses them.
  *
  * Decisions are the pure functions of src/policy/autocache.h. What runs
- * here does I/O (probing the storage, committing caches, the state file),
- * so the caller calls it outside its own state lock.
+ * here does I/O (probing the storage, committing caches), so the caller
+ * calls it outside its own state lock.
  *
  * Thread safety: every call is safe from any thread (one internal lock,
  * held across the I/O of one call).
@@ -36,7 +37,6 @@ typedef struct cwi_dcache_config {
 	const char *policy;        /* "default", "cachew", "compute",
 				    * "source", "full" (NULL: default) */
 	bool allow_frozen_random;  /* cache after random operators */
-	const char *state_path;    /* persistence (NULL: memory only) */
 	double default_epochs;     /* passes expected when the client does
 				    * not say (10) */
 	uint64_t probe_bytes;      /* bytes the storage probe writes (64 MiB) */
@@ -44,9 +44,9 @@ typedef struct cwi_dcache_config {
 
 typedef struct cwi_dcache cwi_dcache;
 
-/* Opens the cache root and loads the state file (a missing file is an
- * empty state; a damaged line is skipped with a warning naming it).
- * CACHEW_EINVAL for a bad policy; root errors; CACHEW_ENOMEM. */
+/* Opens the cache root; the planner starts with an empty state
+ * (cwi_dcache_load gives it one). CACHEW_EINVAL for a bad policy; root
+ * errors; CACHEW_ENOMEM. */
 cachew_err cwi_dcache_create(cwi_dcache **out, const cwi_dcache_config *cfg);
 void cwi_dcache_destroy(cwi_dcache *dc);
 
@@ -88,5 +88,40 @@ void cwi_dcache_pass_end(cwi_dcache *dc, const uint8_t *graph,
 
 /* One line per dataset known: "fp mode choice reason". */
 cachew_err cwi_dcache_describe(cwi_dcache *dc, cwi_strbuf *sb);
+
+/*
+ * The planner's state as text (docs/journal.md, "The planner's state"):
+ * one line per fact, each ending in '\n', the storage line first, then
+ * one line per dataset in the order the planner first met them:
+ *   storage read_mb_per_s=R read_rows_per_s=S write_mb_per_s=W
+ *   dataset fp=HEX decided=0|1 choice=NAME candidate=K failed=0|1
+ *       epochs=E compute_s=C cache_s=X n=N p0=rows,bytes,up_ns,after_ns
+ *       ... put_failures=F last=MODE|none reason=TEXT
+ * (a dataset line is one line). HEX is the fingerprint in 32 lowercase
+ * hex digits; `reason` is last and runs to the end of the line. A line
+ * is named by its key, "storage" or "dataset fp=HEX": a later line with
+ * the same key replaces it, and none is ever removed.
+ */
+#define CWI_DCACHE_LINE_MAX 4096     /* a line's bytes, '\n' included */
+#define CWI_DCACHE_MAX_DATASETS 4096 /* dataset lines */
+
+/* Appends the whole state to sb. CACHEW_ENOMEM. */
+cachew_err cwi_dcache_save(cwi_dcache *dc, cwi_strbuf *sb);
+/* Takes in lines of the state (as cwi_dcache_save writes them; a line
+ * replaces the planner's of the same key). CACHEW_ECORRUPT naming the
+ * line that is not one (nothing of the text is taken then);
+ * CACHEW_ENOMEM. */
+cachew_err cwi_dcache_load(cwi_dcache *dc, const char *text, size_t len);
+/* Reads a state file of an earlier version (<work_dir>/autocache.state,
+ * which those rewrote after every change), for the dispatcher's import
+ * into its journal: *found false when there is none. A line that does
+ * not parse is skipped with a warning naming it. CACHEW_EIO naming the
+ * file; CACHEW_ENOMEM. */
+cachew_err cwi_dcache_import(cwi_dcache *dc, const char *path, bool *found);
+/* Checks that line (len bytes, no '\n') is a line of the state and sets
+ * *key_len to the length of its key. CACHEW_ECORRUPT saying what is
+ * wrong. Pure: for the journal's and the snapshot's readers. */
+cachew_err cwi_dcache_line_check(const char *line, size_t len,
+    size_t *key_len);
 
 #endif /* CWI_DISPATCHER_AUTOCACHE_H */

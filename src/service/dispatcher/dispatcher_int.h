@@ -18,6 +18,9 @@
  *                        (struct coord_schedule);
  *   dispatcher_pass.c    autocaching passes: a plan goes to one job, its
  *                        end is queued once (struct job_pass);
+ *   dispatcher_planner.c the autocaching planner's state lines, kept
+ *                        here so that the journal and the snapshot carry
+ *                        them (one line per key, never removed);
  *   dispatcher_fns.c     user functions: a job's tasks go only to workers
  *                        with every plugin function its graph needs;
  *   dispatcher_counters.c  a job's counters: its tasks' operator rows
@@ -45,6 +48,13 @@
 #define NS_PER_MS 1000000ull
 
 /* ---- the state ----------------------------------------------------------- */
+
+/* A line of the autocaching planner's state (dispatcher_autocache.h):
+ * text without its '\n', malloc'd; its first key_len bytes name it. */
+typedef struct planner_line {
+	char *text;
+	size_t len, key_len;
+} planner_line;
 
 typedef struct vec {
 	void **v;
@@ -288,6 +298,10 @@ struct cwi_dispatcher {
 	cwi_job_pass *offered;  /* the next job created takes it */
 	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
 	size_t npass_ends, cappass_ends;
+	/* the planner's state lines: the storage line first when there is
+	 * one, then one per dataset (dispatcher_planner.c) */
+	struct planner_line *planner;
+	size_t nplanner, capplanner;
 };
 
 #define WORKER(d, i) ((worker *)(d)->workers.v[i])
@@ -483,6 +497,26 @@ void cwi_pass_finish(cwi_dispatcher *d, job *j, bool complete);
 void cwi_pass_free(const cwi_dispatcher *d, job *j);
 /* Frees the pass ends nobody took (the planner's ctx included). */
 void cwi_pass_ends_drop(cwi_dispatcher *d);
+
+/* ---- the planner's state (dispatcher_planner.c) -------------------------- */
+
+/* Appends one line of a snapshot (len bytes, no '\n'), which must be a
+ * planner line whose key is not there yet, the storage line only first.
+ * CACHEW_ECORRUPT saying why; CACHEW_ENOMEM. */
+cachew_err cwi_planner_load_line(cwi_dispatcher *d, const char *line,
+    size_t len);
+/* Takes in a record's lines (each ending in '\n'), all checked before
+ * any is taken: a line replaces the one of its key, or is added.
+ * CACHEW_ECORRUPT naming the line; CACHEW_ENOMEM. */
+cachew_err cwi_planner_merge(cwi_dispatcher *d, const char *text, size_t len);
+/* Appends to out the lines of text (the planner's whole state, as
+ * cwi_dcache_save writes it) that d does not hold as they are, each
+ * with its '\n'. CACHEW_ECORRUPT naming a line of those that is not a
+ * planner line; CACHEW_ENOMEM. */
+cachew_err cwi_planner_diff(const cwi_dispatcher *d, const char *text,
+    size_t len, cwi_strbuf *out);
+/* Frees every line. */
+void cwi_planner_clear(cwi_dispatcher *d);
 
 /* ---- counters (dispatcher_counters.c) ------------------------------------ */
 

@@ -11,7 +11,8 @@
  * The calls that are not requests have records of their own: a tick, a
  * job request that took an autocaching plan (the plan came from the
  * planner's I/O, which a replay must not repeat), a planner's decision
- * recorded for status, and a start of the dispatcher.
+ * recorded for status, a start of the dispatcher, and what the planner
+ * learned (its state lines that changed: dispatcher_planner.c).
  *
  * Each record is one msgpack array whose first item is its kind and
  * second the clock (ns):
@@ -23,6 +24,8 @@
  *   [5, now, lineage, incarnation, config, first_id]
  *                                     a start; config: the options the
  *                                     later records ran with
+ *   [6, now, lines]                   the planner's state lines that
+ *                                     changed (str, each ending in '\n')
  * A request that failed changed nothing and has no record; neither has a
  * status request (it only reads).
  *
@@ -40,6 +43,7 @@ enum {
 	REC_PASS_REQUEST = 3,
 	REC_AUTOCACHE = 4,
 	REC_START = 5,
+	REC_PLANNER = 6,
 };
 
 /* ---- the configuration the records ran with -------------------------------- */
@@ -274,6 +278,26 @@ cwi_jrec_autocache(cwi_strbuf *out, uint64_t now, uint64_t job_id,
 }
 
 cachew_err
+cwi_jrec_planner(cwi_strbuf *out, uint64_t now, const cwi_dispatcher *d,
+    const char *text, size_t len, bool *changed)
+{
+	cwi_strbuf lines;
+	cachew_err rv;
+
+	*changed = false;
+	cwi_strbuf_init(&lines);
+	rv = cwi_planner_diff(d, text, len, &lines);
+	if (rv == CACHEW_OK && lines.len > 0) {
+		put_head(out, 3, REC_PLANNER, now);
+		cwi_msgpack_put_str(out, lines.data, lines.len);
+		rv = done(out);
+		*changed = rv == CACHEW_OK;
+	}
+	cwi_strbuf_free(&lines);
+	return rv;
+}
+
+cachew_err
 cwi_jrec_start(cwi_strbuf *out, uint64_t now, uint64_t lineage,
     uint64_t incarnation, const cwi_dispatcher_config *cfg,
     uint64_t first_id)
@@ -405,8 +429,9 @@ cwi_dispatcher_apply_record(cwi_dispatcher *d, const uint8_t *rec,
 			memcpy(p.graph, rec + goff, glen);
 			p.graph_len = glen;
 		}
-		/* The planner's state is not in the journal: the replayed
-		 * pass has none (its end teaches the planner nothing). */
+		/* The planner's context of a pass is not in the journal:
+		 * the replayed pass has none (its end teaches the planner
+		 * nothing; what it learned before is in kind-6 records). */
 		cwi_dispatcher_offer_pass(d, &p);
 		rv = replay_request(d, now, rec + off, blen);
 		cwi_dispatcher_offer_pass(d, NULL);
@@ -443,13 +468,24 @@ cwi_dispatcher_apply_record(cwi_dispatcher *d, const uint8_t *rec,
 		d->now = now;
 		break;
 	}
+	case REC_PLANNER:
+		/* The lines are checked (each a planner line, at most
+		 * CWI_DCACHE_LINE_MAX bytes, at most CWI_DCACHE_MAX_DATASETS
+		 * datasets) before any is taken. */
+		if (n != 3 || !cwi_mp_get_str(&c, &off, &blen))
+			return bad("planner: not [6, now, lines]");
+		rv = cwi_planner_merge(d, (const char *)rec + off, blen);
+		if (rv == CACHEW_ECORRUPT)
+			return bad(cwi_errmsg_get());
+		d->now = now;
+		break;
 	default:
 		return bad("unknown kind");
 	}
 	if (rv == CACHEW_OK && c.pos != len)
 		return bad("bytes follow the record");
 	/* The server takes a pass's end when it comes, for the planner; a
-	 * replayed pass has no planner state, so its end goes at once. */
+	 * replayed pass has no planner context, so its end goes at once. */
 	if (d->quiet)
 		cwi_pass_ends_drop(d);
 	return rv;

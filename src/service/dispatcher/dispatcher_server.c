@@ -424,10 +424,37 @@ dump(const char *dir, const char *name, const cwi_strbuf *sb)
 	fclose(f);
 }
 
+/* The planner's own state and the one a replay gave: the same text, or
+ * both dumped and false. */
+static bool
+planner_verified(cwi_dispatcher_server *d, const cwi_dispatcher *replayed,
+    cachew_err *rv)
+{
+	cwi_strbuf a, b;
+	bool same;
+
+	if (d->dcache == NULL)
+		return true;
+	cwi_strbuf_init(&a);
+	cwi_strbuf_init(&b);
+	*rv = cwi_dcache_save(d->dcache, &a);
+	if (*rv == CACHEW_OK)
+		*rv = cwi_dispatcher_planner_text(replayed, &b);
+	same = *rv != CACHEW_OK || (a.len == b.len &&
+				       memcmp(a.data, b.data, a.len) == 0);
+	if (!same) {
+		dump(d->cfg.work_dir, "verify-planner-live.txt", &a);
+		dump(d->cfg.work_dir, "verify-planner-replayed.txt", &b);
+	}
+	cwi_strbuf_free(&a);
+	cwi_strbuf_free(&b);
+	return same;
+}
+
 /* journal_verify: the journal, replayed into a new state (created with
  * this one's configuration), must give this state, byte for byte of
- * their checkpoints. The journal is closed; the state no longer
- * changes. */
+ * their checkpoints, and the autocaching planner's state. The journal is
+ * closed; the state no longer changes. */
 static void
 journal_verify(cwi_dispatcher_server *d)
 {
@@ -438,6 +465,7 @@ journal_verify(cwi_dispatcher_server *d)
 	cwi_strbuf a, b;
 	replay_ctx rc = {NULL, 0};
 	cachew_err rv;
+	bool planner_same = true;
 
 	snprintf(dir, sizeof(dir), "%s/journal", d->cfg.work_dir);
 	cwi_strbuf_init(&a);
@@ -464,9 +492,16 @@ journal_verify(cwi_dispatcher_server *d)
 		rv = cwi_dispatcher_checkpoint_save(d->state, &a);
 	if (rv == CACHEW_OK)
 		rv = cwi_dispatcher_checkpoint_save(copy, &b);
+	if (rv == CACHEW_OK)
+		planner_same = planner_verified(d, copy, &rv);
 	if (rv != CACHEW_OK)
 		cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_verify_"
 		    "failed error=\"%s\"", cwi_errmsg_get());
+	else if (!planner_same)
+		cwi_log(CACHEW_LOG_ERROR, "dispatcher", "event=journal_verify_"
+		    "failed error=\"the autocaching planner's state differs "
+		    "from the journal's; both in %s/verify-planner-{live,"
+		    "replayed}.txt\"", d->cfg.work_dir);
 	else if (a.len != b.len || memcmp(a.data, b.data, a.len) != 0 ||
 		 cwi_dispatcher_replay_diverged(copy) > 0) {
 		size_t at = 0;
@@ -621,6 +656,113 @@ snapshot_write(cwi_dispatcher_server *d)
 	d->snap = NULL;
 }
 
+/* ---- the planner's state in the journal ------------------------------------ */
+
+/* Journals what the planner's last call changed (pass_lock held, or no
+ * other thread yet; d->lock not): the lines of its state that differ
+ * from the state machine's copy, as one record, applied to the copy as a
+ * replay applies it. Returns the record's LSN (0: none). A line that
+ * does not check (a planner bug) is logged and not journaled: a record
+ * that a restart would refuse is never written. */
+static uint64_t
+planner_record(cwi_dispatcher_server *d)
+{
+	cwi_strbuf text;
+	bool changed = false;
+	uint64_t lsn = 0;
+	cachew_err rv;
+
+	if (d->journal == NULL || d->dcache == NULL)
+		return 0;
+	cwi_strbuf_init(&text);
+	rv = cwi_dcache_save(d->dcache, &text);
+	pthread_mutex_lock(&d->lock);
+	if (rv == CACHEW_OK)
+		rv = cwi_jrec_planner(&d->jrec, disp_now(d), d->state,
+		    text.data, text.len, &changed);
+	if (rv == CACHEW_ECORRUPT) {
+		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=autocache_"
+		    "unrecorded error=\"%s\"", cwi_errmsg_get());
+	} else if (rv != CACHEW_OK || changed) {
+		journal_append(d, rv, &lsn);
+		/* The copy must hold what the journal holds. */
+		if (lsn != 0 && cwi_dispatcher_apply_record(d->state,
+				    (const uint8_t *)d->jrec.data,
+				    d->jrec.len) != CACHEW_OK)
+			journal_failed(d, "the planner's state");
+	}
+	pthread_mutex_unlock(&d->lock);
+	cwi_strbuf_free(&text);
+	return lsn;
+}
+
+/* Sets an autocache.state file aside (renamed), once its state is in the
+ * journal, so that no later start reads it. */
+static void
+state_file_aside(const char *path, const char *why)
+{
+	char aside[CWI_CFG_STR_MAX + 48];
+	int k = 1;
+
+	/* An earlier one set aside stays: -2, -3... */
+	snprintf(aside, sizeof(aside), "%s.imported", path);
+	while (access(aside, F_OK) == 0 && k < 1000)
+		snprintf(aside, sizeof(aside), "%s.imported-%d", path, ++k);
+	if (rename(path, aside) != 0)
+		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=autocache_state_"
+		    "aside_failed file=%s error=\"%s\"", path, strerror(errno));
+	else
+		cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=autocache_state_"
+		    "aside file=%s to=%s reason=\"%s\"", path, aside, why);
+}
+
+/* At a start (the journal open, nothing served yet): the planner takes
+ * its state back from the journal. A journal with none yet imports an
+ * earlier version's <work_dir>/autocache.state once, as one record,
+ * then sets the file aside. A file found next to a journal that has the
+ * state (an import cut short before its rename) is set aside unread: the
+ * journal's state wins. */
+static cachew_err
+planner_recover(cwi_dispatcher_server *d)
+{
+	char path[CWI_CFG_STR_MAX + 32];
+	cwi_strbuf text;
+	bool found = false;
+	uint64_t lsn;
+	cachew_err rv;
+
+	if (d->journal == NULL || d->dcache == NULL)
+		return CACHEW_OK;
+	snprintf(path, sizeof(path), "%s/autocache.state", d->cfg.work_dir);
+	cwi_strbuf_init(&text);
+	rv = cwi_dispatcher_planner_text(d->state, &text);
+	if (rv == CACHEW_OK && text.len > 0) {
+		rv = cwi_dcache_load(d->dcache, text.data, text.len);
+		if (rv != CACHEW_OK)
+			rv = cwi_fail(rv, "the journal's autocaching state: %s",
+			    cwi_errmsg_get());
+		else if (access(path, F_OK) == 0)
+			state_file_aside(path, "the journal holds the "
+			    "planner's state");
+	} else if (rv == CACHEW_OK) {
+		rv = cwi_dcache_import(d->dcache, path, &found);
+	}
+	cwi_strbuf_free(&text);
+	if (rv != CACHEW_OK || !found)
+		return rv;
+	/* The file goes aside only once its record is on disk. */
+	lsn = planner_record(d);
+	if (atomic_load(&d->journal_failed_said) ||
+	    (lsn != 0 && cwi_journal_wait_durable(d->journal, lsn,
+			     UINT64_MAX) != CACHEW_OK))
+		return cwi_fail(CACHEW_EIO, "importing %s into the journal: %s",
+		    path, cwi_errmsg_get());
+	cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=autocache_imported "
+	    "file=%s record=%llu", path, (unsigned long long)lsn);
+	state_file_aside(path, "imported into the journal");
+	return CACHEW_OK;
+}
+
 /* The server's state of one autocaching pass (a job's cwi_job_pass ctx). */
 typedef struct srv_pass {
 	cwi_dcache_pass pass;
@@ -657,7 +799,7 @@ finish_passes(cwi_dispatcher_server *d)
 		char event[768];
 		uint64_t lsn;
 
-		/* A pass recovered from the journal has no planner state:
+		/* A pass recovered from the journal has no planner context:
 		 * its end teaches the planner nothing. */
 		if (sp == NULL)
 			continue;
@@ -673,6 +815,7 @@ finish_passes(cwi_dispatcher_server *d)
 		    &sp->pass, v[i].complete, ops, ops != NULL ? v[i].nops : 0,
 		    v[i].workers > 0 ? v[i].workers : 1, event, sizeof(event));
 		free(ops);
+		(void)planner_record(d);
 		if (event[0] != '\0') {
 			cwi_log(CACHEW_LOG_INFO, "dispatcher",
 			    "event=autocache job=%llu %s",
@@ -706,6 +849,7 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 	size_t len = 0;
 	uint64_t units = 0;
 	bool wants;
+	cachew_err rv;
 
 	memset(&jp, 0, sizeof(jp));
 	pthread_mutex_lock(&d->pass_lock);
@@ -718,8 +862,10 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 		sp->graph = graph;
 		sp->graph_len = len;
 		graph = NULL;
-		if (cwi_dcache_pass_start(d->dcache, sp->graph, sp->graph_len,
-			units, 0, &sp->pass) == CACHEW_OK) {
+		rv = cwi_dcache_pass_start(d->dcache, sp->graph, sp->graph_len,
+		    units, 0, &sp->pass);
+		(void)planner_record(d); /* before the job's record */
+		if (rv == CACHEW_OK) {
 			jp.graph = sp->pass.graph;
 			jp.graph_len = sp->pass.graph_len;
 			jp.units = sp->pass.units;
@@ -1013,13 +1159,12 @@ open_events(cwi_dispatcher_server *d)
 	return CACHEW_OK;
 }
 
-/* Autocaching is on with a cache root; its state persists in the work
- * dir. */
+/* Autocaching is on with a cache root; its state persists in the
+ * journal (planner_recover). */
 static cachew_err
 start_autocache(cwi_dispatcher_server *d)
 {
 	const cwi_service_config *c = &d->cfg;
-	char state[CWI_CFG_STR_MAX + 32];
 	cwi_dcache_config dc;
 	cachew_err rv;
 
@@ -1031,10 +1176,6 @@ start_autocache(cwi_dispatcher_server *d)
 	dc.policy = c->autocache[0] != '\0' ? c->autocache : "default";
 	dc.allow_frozen_random = c->allow_frozen_random != 0;
 	dc.default_epochs = (double)c->expected_epochs;
-	if (c->work_dir[0] != '\0') {
-		snprintf(state, sizeof(state), "%s/autocache.state", c->work_dir);
-		dc.state_path = state;
-	}
 	rv = cwi_dcache_create(&d->dcache, &dc);
 	if (rv != CACHEW_OK)
 		return cwi_fail(rv, "--cache-root %s: %s", c->cache_root,
@@ -1113,6 +1254,8 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	rv = ids_read(d);
 	if (rv == CACHEW_OK)
 		rv = start_journal(d);
+	if (rv == CACHEW_OK)
+		rv = planner_recover(d);
 	if (rv != CACHEW_OK)
 		goto fail;
 	/* Without a journal the state starts empty every time. */

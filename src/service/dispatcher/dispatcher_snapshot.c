@@ -12,7 +12,8 @@
  * and the pending pool in its order, recoveries, sizing with its scaler's
  * whole state, the coordinated schedule, the autocaching pass, the
  * counters of dropped tasks; finished jobs too, for status), task, the
- * policy engine's clock and pool history, and the pass ends nobody took.
+ * policy engine's clock and pool history, the pass ends nobody took, and
+ * the autocaching planner's state lines (dispatcher_planner.c).
  *
  * What cannot be saved, and what a loaded dispatcher has instead:
  * - a job's worker count function set with
@@ -26,7 +27,8 @@
  * - the pass on offer (offered) and the events buffer: both live only
  *   inside one call.
  *
- * Layout (version 1): every struct is a msgpack array of its fields in
+ * Layout (version 2; version 1 is the same without the planner's lines,
+ * and loads with none): every struct is a msgpack array of its fields in
  * a fixed order (the encoders below are the reference); strings that may
  * be absent are nil; a split still as cwi_ledger_init made it is nil. The
  * pending pool is written from its head, so a loaded ring starts at 0.
@@ -43,17 +45,19 @@
  * 1.5 ms.
  */
 #include "dispatcher_int.h"
+#include "dispatcher_autocache.h"
 #include "../../core/msgpack_doc.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 
 #define SNAP_MAGIC "cachew-dispatcher-snapshot"
-#define SNAP_VERSION 1u
+#define SNAP_VERSION 2u
 
-/* Fields of each record, version 1. */
+/* Fields of each record, version 2 (version 1: TOP_FIELDS_V1). */
 enum {
-	TOP_FIELDS = 18,
+	TOP_FIELDS = 19,
+	TOP_FIELDS_V1 = 18,
 	WORKER_FIELDS = 10,
 	FN_FIELDS = 4,
 	DATASET_FIELDS = 8,
@@ -400,6 +404,9 @@ cwi_dispatcher_snapshot_save(const cwi_dispatcher *d, uint8_t **buf,
 	cwi_msgpack_put_array(&sb, d->npass_ends);
 	for (size_t i = 0; i < d->npass_ends; i++)
 		save_pass_end(&sb, &d->pass_ends[i]);
+	cwi_msgpack_put_array(&sb, d->nplanner);
+	for (size_t i = 0; i < d->nplanner; i++)
+		cwi_msgpack_put_str(&sb, d->planner[i].text, d->planner[i].len);
 	rv = cwi_strbuf_finish(&sb, &out, len);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -1212,6 +1219,31 @@ load_pass_ends(cwi_mp_doc *x, cwi_dispatcher *d)
 	return x->rv == CACHEW_OK;
 }
 
+/* The planner's state lines (version 2 on): each one a planner line of
+ * its own key, the storage line only first. */
+static bool
+load_planner(cwi_mp_doc *x, cwi_dispatcher *d)
+{
+	uint64_t n;
+
+	if (!cwi_mp_doc_array(x, "planner", CWI_DCACHE_MAX_DATASETS + 1, &n))
+		return false;
+	for (uint64_t i = 0; i < n && x->rv == CACHEW_OK; i++) {
+		size_t mark = cwi_mp_doc_enter_at(x, "planner", i);
+		char line[CWI_DCACHE_LINE_MAX]; /* its '\n' not saved */
+		cachew_err rv;
+
+		if (cwi_mp_doc_text(x, NULL, line, sizeof(line) - 1)) {
+			rv = cwi_planner_load_line(d, line, strlen(line));
+			if (rv != CACHEW_OK)
+				cwi_mp_doc_fail(x, rv, NULL, "%s",
+				    cwi_errmsg_get());
+		}
+		cwi_mp_doc_leave(x, mark);
+	}
+	return x->rv == CACHEW_OK;
+}
+
 /* Loads n entries of one registry vector with `one`. */
 static bool
 load_vec(cwi_mp_doc *x, cwi_dispatcher *d, const char *name, vec *v,
@@ -1233,10 +1265,10 @@ load_vec(cwi_mp_doc *x, cwi_dispatcher *d, const char *name, vec *v,
 
 /* The counters and the policy engine's state. */
 static bool
-load_head(cwi_mp_doc *x, cwi_dispatcher *d)
+load_head(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t *version)
 {
 	char magic[sizeof(SNAP_MAGIC)];
-	uint64_t version, nfields, n;
+	uint64_t nfields, n;
 
 	if (!cwi_mp_doc_array(x, NULL, 64, &nfields))
 		return false;
@@ -1244,15 +1276,16 @@ load_head(cwi_mp_doc *x, cwi_dispatcher *d)
 	    strcmp(magic, SNAP_MAGIC) != 0)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "magic",
 		    "not a dispatcher snapshot");
-	if (!cwi_mp_doc_u64(x, "version", 0, UINT64_MAX, &version))
+	if (!cwi_mp_doc_u64(x, "version", 0, UINT64_MAX, version))
 		return false;
-	if (version != SNAP_VERSION)
+	if (*version != 1 && *version != SNAP_VERSION)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "version",
-		    "%" PRIu64 " is not %u, the version this build reads",
-		    version, SNAP_VERSION);
-	if (nfields != TOP_FIELDS)
+		    "%" PRIu64 " is not 1 or %u, the versions this build reads",
+		    *version, SNAP_VERSION);
+	if (nfields != (*version == 1 ? TOP_FIELDS_V1 : TOP_FIELDS))
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, NULL,
-		    "%" PRIu64 " fields, %u expected", nfields, TOP_FIELDS);
+		    "%" PRIu64 " fields, %u expected", nfields,
+		    *version == 1 ? TOP_FIELDS_V1 : TOP_FIELDS);
 	cwi_mp_doc_u64(x, "lineage", 0, UINT64_MAX, &d->lineage);
 	cwi_mp_doc_u64(x, "incarnation", 0, UINT64_MAX, &d->incarnation);
 	cwi_mp_doc_u64(x, "next_worker_id", 1, UINT64_MAX, &d->next_worker_id);
@@ -1283,7 +1316,7 @@ static bool
 dispatcher_empty(const cwi_dispatcher *d)
 {
 	return d->workers.n == 0 && d->datasets.n == 0 && d->jobs.n == 0 &&
-	       d->tasks.n == 0 && d->npass_ends == 0 &&
+	       d->tasks.n == 0 && d->npass_ends == 0 && d->nplanner == 0 &&
 	       d->next_worker_id == 1 && d->next_dataset_id == 1 &&
 	       d->next_job_id == 1 && d->next_client_id == 1 &&
 	       d->next_task_id == 1;
@@ -1293,21 +1326,22 @@ cachew_err
 cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
     size_t len)
 {
-	uint64_t lineage = d->lineage, incarnation = d->incarnation;
+	uint64_t lineage = d->lineage, incarnation = d->incarnation, version;
 	cwi_mp_doc x;
 
 	if (!dispatcher_empty(d))
 		return cwi_fail(CACHEW_EINVAL, "dispatcher snapshot: the "
 					       "dispatcher is not empty");
 	cwi_mp_doc_init(&x, "dispatcher snapshot", buf, len);
-	if (load_head(&x, d) &&
+	if (load_head(&x, d, &version) &&
 	    load_vec(&x, d, "workers", &d->workers, load_worker,
 		worker_id_of) &&
 	    load_vec(&x, d, "datasets", &d->datasets, load_dataset,
 		dataset_id_of) &&
 	    load_vec(&x, d, "jobs", &d->jobs, load_job, job_id_of) &&
 	    load_vec(&x, d, "tasks", &d->tasks, load_task, task_id_of) &&
-	    check_lessees(&x, d) && load_pass_ends(&x, d))
+	    check_lessees(&x, d) && load_pass_ends(&x, d) &&
+	    (version == 1 || load_planner(&x, d)))
 		cwi_mp_doc_end(&x);
 	if (x.rv == CACHEW_OK)
 		return CACHEW_OK;

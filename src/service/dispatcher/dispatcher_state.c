@@ -253,6 +253,7 @@ cwi_disp_clear(cwi_dispatcher *d)
 	for (size_t i = 0; i < d->jobs.n; i++)
 		job_free(d, JOB(d, i));
 	cwi_pass_ends_drop(d);
+	cwi_planner_clear(d);
 	for (size_t i = 0; i < d->datasets.n; i++)
 		dataset_free(DATASET(d, i));
 	for (size_t i = 0; i < d->workers.n; i++)

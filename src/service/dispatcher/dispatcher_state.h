@@ -114,7 +114,7 @@ typedef struct cwi_dispatcher_config {
 	void (*event_fn)(void *ctx, const char *line, size_t len);
 	void *event_ctx;
 	FILE *event_file;
-	/* Autocaching: frees the planner's state of a pass whose end was
+	/* Autocaching: frees the planner's context of a pass whose end was
 	 * never taken (cwi_dispatcher_take_pass_ends). NULL: not needed. */
 	void (*pass_free)(void *ctx);
 } cwi_dispatcher_config;
@@ -298,6 +298,18 @@ cachew_err cwi_jrec_pass_request(cwi_strbuf *out, uint64_t now,
 cachew_err cwi_jrec_tick(cwi_strbuf *out, uint64_t now);
 cachew_err cwi_jrec_autocache(cwi_strbuf *out, uint64_t now, uint64_t job_id,
     const char *mode, const char *text);
+/* The autocaching planner's state (dispatcher_autocache.h, its lines)
+ * is part of the state: text is the planner's whole state
+ * (cwi_dcache_save); the record holds the lines of it that d does not
+ * hold yet. *changed false (nothing built) when there are none.
+ * CACHEW_ECORRUPT when a line of text is not a planner line (nothing
+ * built); CACHEW_ENOMEM. */
+cachew_err cwi_jrec_planner(cwi_strbuf *out, uint64_t now,
+    const cwi_dispatcher *d, const char *text, size_t len, bool *changed);
+/* d's copy of the planner's state, as cwi_dcache_save writes it
+ * (appended to out). CACHEW_ENOMEM. */
+cachew_err cwi_dispatcher_planner_text(const cwi_dispatcher *d,
+    cwi_strbuf *out);
 /* first_id: no id below it is given out from this start on (ids of a
  * lineage that started empty continue those of the work dir's earlier
  * ones: the server's ids file); 0 or 1: no bound. */
@@ -331,7 +343,7 @@ void cwi_dispatcher_quiet(cwi_dispatcher *d, bool quiet);
  * has no record). */
 uint64_t cwi_dispatcher_clock(const cwi_dispatcher *d);
 void cwi_dispatcher_set_clock(cwi_dispatcher *d, uint64_t now);
-/* Frees the pass ends nobody took (their planner state included). */
+/* Frees the pass ends nobody took (their planner context included). */
 void cwi_dispatcher_drop_pass_ends(cwi_dispatcher *d);
 /* The state's lineage (random, made with the empty state and kept by
  * recovery) and incarnation (starts of the lineage so far, from 1). */
