@@ -801,6 +801,16 @@ START_TEST(service_positions_resume_on_the_embedded_service)
 		free(h.v);
 		cachew_dataset_release(ds);
 	}
+	/* A client-side repeat at a later epoch: each pass is its own job,
+	 * whose epoch is derived from the option and the pass (64 bits). */
+	cachew_options *later = cwt_opts_at(7, 3, "embedded");
+	const char *rp = "range(30) | map(add, value=1) | batch(4) | repeat(2)";
+	cachew_dataset *rds = parse(rp);
+	size_t rks[] = {0, 3, 8, 11, 16};
+	for (size_t j = 0; j < sizeof(rks) / sizeof(*rks); j++)
+		check_cut(rp, rds, later, later, rks[j], false);
+	cachew_dataset_release(rds);
+	cachew_options_destroy(later);
 	/* A file source, read by files (its split units). */
 	char *dir = text_dir(), files[700];
 	snprintf(files, sizeof(files), "list_files(\"%s/text-*.txt\") | "

@@ -3036,8 +3036,9 @@ START_TEST(test_dispatcher_resume_forms_the_saved_groups)
 	    "%s", cachew_errmsg());
 	ck_assert_uint_eq(jr.units, 100);
 	ck_assert_uint_eq(jr.units_per_split, 10);
-	ck_assert(has_event(h, "\"event\":\"job_resumed\",\"splits\":10,"
-			       "\"groups_done\":1,\"groups_partial\":1"));
+	ck_assert(has_event(h, "\"splits\":10,\"groups_done\":1,"
+			       "\"groups_partial\":1,\"splits_acked\":2"));
+	ck_assert(has_event(h, "\"event\":\"job_resumed\""));
 	ck_assert_uint_eq(job_status(h, jr.job_id).splits_acked, 2);
 	worker_hb(h, wid, NULL, 0, NULL, 0, &hr);
 	tid = hr.start[0].task_id;
@@ -3089,6 +3090,34 @@ START_TEST(test_dispatcher_resume_forms_the_saved_groups)
 	ck_assert_int_eq(resume_join(h, ds, 100, 10, g, 2, &jr),
 	    CACHEW_EINVAL);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "past its 5 elements"));
+	/* Groups without a layout, and jobs that cannot resume. */
+	ck_assert_int_eq(resume_join(h, ds, 100, 0, g, 2, &jr),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "without "
+						      "resume_units_per_split"));
+	{
+		cwi_msg_job_get_or_create req;
+		cwi_pmsg_body_init(CWI_MSG_JOB_GET_OR_CREATE, &req);
+		req.dataset_id = ds;
+		req.consumer_index = -1;
+		req.resume_units = 100;
+		req.resume_units_per_split = 10;
+		ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now,
+				     &req, &jr), CACHEW_ENOTSUP);
+		ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
+		    "not exactly-once"));
+		req.exactly_once = true;
+		req.job_name = "shared";
+		ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now,
+				     &req, &jr), CACHEW_ENOTSUP);
+		ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "is named"));
+		req.job_name = NULL;
+		req.num_consumers = 2;
+		req.consumer_index = 0;
+		ck_assert_int_eq(cwi_dispatcher_job_get_or_create(h->d, h->now,
+				     &req, &jr), CACHEW_ENOTSUP);
+		ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "coordinated"));
+	}
 	harness_free(h);
 }
 END_TEST

@@ -1230,6 +1230,12 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	cachew_err rv = CACHEW_OK;
 	size_t n = 0;
 
+	if (!s->fetcher_started) {
+		/* Opened for a restore that never came: nothing feeds it. */
+		snprintf(err, errlen, "service %s: the stream was opened for a "
+		    "restore and never restored", s->ctx->url);
+		return CACHEW_EINTERNAL;
+	}
 	pthread_mutex_lock(&s->lock);
 	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
 		size_t got = 0;
@@ -1303,6 +1309,15 @@ stream_restore(void *arg, cwi_state_reader *r)
 	s->resume = rs;
 	rv = join_job(s);
 	s->resume = NULL;
+	/* A dispatcher that ignored the resume (older than it) cut the
+	 * input its own way: the saved groups would name other units. */
+	if (rv == CACHEW_OK && (s->units != cwi_client_resume_units(rs) ||
+	    s->units_per_split != cwi_client_resume_units_per_split(rs)))
+		rv = cwi_fail(CACHEW_ENOTSUP, "the dispatcher did not resume "
+		    "the position (it cut the job into splits of %llu units, "
+		    "the position's are of %llu): it is older than resumable "
+		    "iteration", (unsigned long long)s->units_per_split,
+		    (unsigned long long)cwi_client_resume_units_per_split(rs));
 	if (rv == CACHEW_OK)
 		rv = cwi_client_resume_install(s, rs);
 	cwi_client_resume_free(rs);

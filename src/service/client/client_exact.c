@@ -13,7 +13,11 @@
  * (client_stitch.c), which makes full batches of them across leases.
  *
  * exact_lock guards all of it: the fetch thread takes remote replies, the
- * consumer a direct task's.
+ * consumer a direct task's. Lock order: exact_lock, then s->lock (the
+ * queue): a remote reply's elements are recorded and queued under
+ * exact_lock, and a failure recorded in the session before it is
+ * released, so a saved position (cwi_client_session_save, which takes
+ * both) never sees an element recorded as received that no buffer holds.
  */
 #include "client_int.h"
 #include "client_stitch.h"
@@ -159,6 +163,88 @@ rset_meets(const cwi_rset *s, uint64_t from, uint64_t to)
 	return false;
 }
 
+/* Takes one run of a reply whose elements start at v[*e] (exact_lock
+ * held): records them, delivers the new ones (tails to the stitcher, with
+ * the batches they complete right after), drops the repeats. */
+static cachew_err
+take_run(session *s, const char *worker, const cwi_run *run, cwi_element **v,
+    size_t *e, cwi_chunk *out, char *err, size_t errlen)
+{
+	cgroup *g = group_get(s, run->group);
+	cachew_err rv = CACHEW_OK;
+
+	if (g == NULL)
+		return CACHEW_ENOMEM;
+	/* The common case, a stream read in order: none of the run was
+	 * received before, so it is recorded at once and its output
+	 * elements go out as they are. */
+	bool fresh = run->n > 0 && run->tail == 0 &&
+	    !rset_meets(&g->got, run->from, run->from + run->n);
+	if (fresh) {
+		if (!cwi_rset_add(&g->got, run->from, run->from + run->n))
+			return CACHEW_ENOMEM;
+		for (uint32_t k = 0; k < run->n; k++, (*e)++) {
+			cwi_element *x = v[*e];
+			v[*e] = NULL;
+			if (!emit(s, g, x, out))
+				return CACHEW_ENOMEM;
+		}
+	}
+	for (uint32_t k = 0; !fresh && k < run->n; k++, (*e)++) {
+		uint64_t idx = run->from + k;
+		cwi_element *x = v[*e];
+		if (cwi_rset_has(&g->got, idx)) {
+			cwi_element_release(x);
+			v[*e] = NULL;
+			s->dups++;
+			continue;
+		}
+		if (run->tail > 0 && s->stitch == NULL) {
+			snprintf(err, errlen, "%s: a tail element, but the "
+			    "pipeline has no batch to stitch", worker);
+			return CACHEW_EPROTO;
+		}
+		if (!cwi_rset_add(&g->got, idx, idx + 1))
+			return CACHEW_ENOMEM;
+		v[*e] = NULL;
+		if (run->tail == 0) {
+			if (!emit(s, g, x, out))
+				return CACHEW_ENOMEM;
+			continue;
+		}
+		rv = cwi_stitch_add(s->stitch, run->tail - 1, x);
+		if (rv != CACHEW_OK) {
+			snprintf(err, errlen, "%s: %s", worker,
+			    cwi_errmsg_get());
+			return rv;
+		}
+	}
+	if (run->splits > 0)
+		g->splits = run->splits;
+	if (run->end) {
+		g->ended = true;
+		g->total = run->from + run->n;
+	}
+	/* The batches a tail run completes take their place in the stream
+	 * right after it (in its group, ordered). */
+	if (run->tail > 0) {
+		cwi_chunk made = {0};
+		rv = cwi_stitch_drain(s->stitch, false, &made, err, errlen);
+		for (size_t k = 0; k < made.n; k++)
+			if (rv == CACHEW_OK && !emit(s, g, made.v[k], out))
+				rv = CACHEW_ENOMEM;
+			else if (rv != CACHEW_OK)
+				cwi_element_release(made.v[k]);
+		made.n = 0;
+		cwi_chunk_free(&made);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	if (s->ordered && g->id == s->head && !advance_head(s, out))
+		return CACHEW_ENOMEM;
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_client_exact_reply(session *s, const char *worker,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n,
@@ -190,101 +276,17 @@ cwi_client_exact_reply(session *s, const char *worker,
 	}
 	pthread_mutex_lock(&s->exact_lock);
 	e = 0;
-	for (size_t i = 0; i < r->nruns && rv == CACHEW_OK; i++) {
-		const cwi_run *run = &r->runs[i];
-		cgroup *g = group_get(s, run->group);
-		if (g == NULL) {
-			rv = CACHEW_ENOMEM;
-			break;
-		}
-		/* The common case, a stream read in order: none of the run
-		 * was received before, so it is recorded at once and its
-		 * output elements go out as they are. */
-		bool fresh = run->n > 0 && run->tail == 0 &&
-		    !rset_meets(&g->got, run->from, run->from + run->n);
-		if (fresh) {
-			if (!cwi_rset_add(&g->got, run->from,
-				run->from + run->n)) {
-				rv = CACHEW_ENOMEM;
-				break;
-			}
-			for (uint32_t k = 0; k < run->n; k++, e++) {
-				cwi_element *x = v[e];
-				v[e] = NULL;
-				if (!emit(s, g, x, out)) {
-					rv = CACHEW_ENOMEM;
-					break;
-				}
-			}
-		}
-		for (uint32_t k = 0; !fresh && k < run->n; k++, e++) {
-			uint64_t idx = run->from + k;
-			if (cwi_rset_has(&g->got, idx)) {
-				cwi_element_release(v[e]);
-				v[e] = NULL;
-				s->dups++;
-				continue;
-			}
-			if (!cwi_rset_add(&g->got, idx, idx + 1)) {
-				rv = CACHEW_ENOMEM;
-				break;
-			}
-			if (run->tail == 0) {
-				cwi_element *x = v[e];
-				v[e] = NULL;
-				if (!emit(s, g, x, out)) {
-					rv = CACHEW_ENOMEM;
-					break;
-				}
-				continue;
-			}
-			if (s->stitch == NULL) {
-				snprintf(err, errlen, "%s: a tail element, but "
-				    "the pipeline has no batch to stitch",
-				    worker);
-				rv = CACHEW_EPROTO;
-				break;
-			}
-			cwi_element *x = v[e];
-			v[e] = NULL;
-			rv = cwi_stitch_add(s->stitch, run->tail - 1, x);
-			if (rv != CACHEW_OK) {
-				snprintf(err, errlen, "%s: %s", worker,
-				    cwi_errmsg_get());
-				break;
-			}
-		}
-		if (run->splits > 0)
-			g->splits = run->splits;
-		if (run->end) {
-			g->ended = true;
-			g->total = run->from + run->n;
-		}
-		/* The batches a tail run completes take their place in the
-		 * stream right after it (in its group, ordered). */
-		if (rv == CACHEW_OK && run->tail > 0) {
-			cwi_chunk made = {0};
-			rv = cwi_stitch_drain(s->stitch, false, &made, err,
-			    errlen);
-			for (size_t k = 0; k < made.n; k++)
-				if (rv == CACHEW_OK && !emit(s, g, made.v[k],
-				    out))
-					rv = CACHEW_ENOMEM;
-				else if (rv != CACHEW_OK)
-					cwi_element_release(made.v[k]);
-			made.n = 0;
-			cwi_chunk_free(&made);
-		}
-		if (rv == CACHEW_OK && s->ordered && g->id == s->head &&
-		    !advance_head(s, out))
-			rv = CACHEW_ENOMEM;
-	}
+	for (size_t i = 0; i < r->nruns && rv == CACHEW_OK; i++)
+		rv = take_run(s, worker, &r->runs[i], v, &e, out, err, errlen);
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
-	/* Queued before the lock goes: a saved position never sees an
-	 * element recorded as received that is neither queued nor held. */
+	/* Queued, or the session failed, before the lock goes: a saved
+	 * position never sees an element recorded as received that is
+	 * neither queued nor held. */
 	if (rv == CACHEW_OK && queue && out->n > 0)
 		(void)cwi_client_queue_chunk(s, out);
+	else if (rv != CACHEW_OK)
+		cwi_client_fail(s, rv, "%s", err);
 	pthread_mutex_unlock(&s->exact_lock);
 	/* What is left of v (a failure stopped the walk) is released. */
 	for (size_t i = 0; i < n; i++) {
@@ -319,11 +321,13 @@ cwi_client_exact_finish(session *s, cwi_chunk *out, char *err, size_t errlen)
 	if (rv == CACHEW_OK && s->stitch != NULL &&
 	    cwi_stitch_held(s->stitch) > 0)
 		rv = cwi_stitch_drain(s->stitch, true, out, err, errlen);
-	if (rv == CACHEW_OK && out->n > 0)
-		(void)cwi_client_queue_chunk(s, out);
-	pthread_mutex_unlock(&s->exact_lock);
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
+	if (rv == CACHEW_OK && out->n > 0)
+		(void)cwi_client_queue_chunk(s, out);
+	else if (rv != CACHEW_OK)
+		cwi_client_fail(s, rv, "%s", err);
+	pthread_mutex_unlock(&s->exact_lock);
 	return rv;
 }
 
@@ -646,7 +650,7 @@ save_groups(session *s, cwi_state_writer *w)
 	for (size_t i = 0; i < s->ngroups && rv == CACHEW_OK; i++) {
 		const cgroup *g = v[i];
 		if (g->splits == 0) {
-			rv = cwi_fail(CACHEW_EPROTO, "iterator save: a worker "
+			rv = cwi_fail(CACHEW_ENOTSUP, "iterator save: a worker "
 			    "did not say the split count of group %llu (it is "
 			    "older than resumable iteration)",
 			    (unsigned long long)g->id);
@@ -715,6 +719,18 @@ out:
 	return rv;
 }
 
+uint64_t
+cwi_client_resume_units(const cwi_client_resume *rs)
+{
+	return rs->units;
+}
+
+uint64_t
+cwi_client_resume_units_per_split(const cwi_client_resume *rs)
+{
+	return rs->units_per_split;
+}
+
 void
 cwi_client_resume_free(cwi_client_resume *rs)
 {
@@ -743,11 +759,11 @@ read_group(cwi_state_reader *r, saved_group *g, const saved_group *prev)
 	    !cwi_sr_uint(r, "group splits", &splits, CWI_PROTO_MAX_SPLITS) ||
 	    !cwi_sr_bool(r, "group ended", &g->p.ended) ||
 	    !cwi_sr_uint(r, "group total", &g->p.total, UINT64_MAX) ||
-	    !cwi_sr_count(r, "group ranges", &n, 2 * (uint64_t)UINT32_MAX))
+	    !cwi_sr_count(r, "group ranges", &n, CWI_PROTO_MAX_SPLITS))
 		return false;
 	g->p.splits = (uint32_t)splits;
-	if (splits == 0 || (prev != NULL && g->p.group < prev->p.group +
-	    prev->p.splits))
+	if (splits == 0 || (prev != NULL && (g->p.group < prev->p.group ||
+	    g->p.group - prev->p.group < prev->p.splits)))
 		return cwi_sr_fail(r, CACHEW_ECORRUPT, "group %llu of %llu "
 		    "splits overlaps the group before it, or has none",
 		    (unsigned long long)g->p.group,
@@ -777,7 +793,7 @@ cwi_client_resume_read(cwi_state_reader *r, uint64_t epoch, size_t ngrouping,
 	if (rs == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	if (!cwi_sr_array(r, "session", 7) ||
-	    !cwi_sr_uint(r, "epoch", &rs->epoch, INT64_MAX) ||
+	    !cwi_sr_uint(r, "epoch", &rs->epoch, UINT64_MAX) ||
 	    !cwi_sr_uint(r, "units", &rs->units, UINT64_MAX) ||
 	    !cwi_sr_uint(r, "units per split", &rs->units_per_split,
 		UINT64_MAX) ||

@@ -15,7 +15,8 @@
  *   - client_stats.c: the worker part's operator rows as the iterator
  *     shows them, and what a session handed to the client part.
  *
- * Lock order: ctx->rows_lock, then s->lock. rows_lock guards the
+ * Lock order: ctx->rows_lock, then s->lock; exact_lock, then s->lock
+ * (client_exact.c). rows_lock guards the
  * context's operator rows and ctx->cur; s->lock guards the element queue,
  * the error, the consumer's timing counters (auto_wait_ns among them) and
  * the direct task fields (inl*); the fetch thread owns everything else of
@@ -365,6 +366,9 @@ cachew_err cwi_client_resume_fill(const cwi_client_resume *rs,
 /* After the join: the saved groups, queue and tails become the session's
  * (the elements are taken from rs). */
 cachew_err cwi_client_resume_install(session *s, cwi_client_resume *rs);
+/* The split layout the position was saved under. */
+uint64_t cwi_client_resume_units(const cwi_client_resume *rs);
+uint64_t cwi_client_resume_units_per_split(const cwi_client_resume *rs);
 /* NULL is a no-op. */
 void cwi_client_resume_free(cwi_client_resume *rs);
 

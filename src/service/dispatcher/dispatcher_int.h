@@ -403,11 +403,12 @@ cachew_err cwi_ledger_init(cwi_dispatcher *d, job *j);
 /* Resumes a saved position in job j's new ledger (r->resume_units_per_split
  * != 0): cuts the units as the saved job did, acknowledges the groups the
  * client received whole and forms the others again (their splits, their
- * received ranges as skip, first in the pool). CACHEW_EINVAL names what
- * does not fit (another input, groups out of range or overlapping, bad
- * ranges); CACHEW_ENOMEM. The caller frees the job on failure. */
-cachew_err cwi_ledger_resume(cwi_dispatcher *d, job *j,
-    const cwi_msg_job_get_or_create *r);
+ * received ranges as skip, first in the pool); counts[0] and [1] get how
+ * many of each. CACHEW_EINVAL names what does not fit (another input,
+ * groups out of range or overlapping, bad ranges); CACHEW_ENOMEM. The
+ * caller frees the job on failure. */
+cachew_err cwi_ledger_resume(job *j, const cwi_msg_job_get_or_create *r,
+    uint64_t counts[2]);
 /* Frees the splits and the pool; the counts stay for status. */
 void cwi_ledger_free(struct split_ledger *l);
 

@@ -804,7 +804,8 @@ resume_pool(struct split_ledger *l)
 }
 
 cachew_err
-cwi_ledger_resume(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
+cwi_ledger_resume(job *j, const cwi_msg_job_get_or_create *r,
+    uint64_t counts[2])
 {
 	struct split_ledger *l = &j->ledger;
 	uint64_t prev_end = 0, nacked = 0, nformed = 0;
@@ -865,11 +866,7 @@ cwi_ledger_resume(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 		nformed++;
 	}
 	resume_pool(l);
-	cwi_disp_ev_begin(d, "job_resumed");
-	cwi_disp_ev_u64(d, "splits", l->nsplits);
-	cwi_disp_ev_u64(d, "groups_done", nacked);
-	cwi_disp_ev_u64(d, "groups_partial", nformed);
-	cwi_disp_ev_u64(d, "splits_acked", l->nacked);
-	cwi_disp_ev_end(d);
+	counts[0] = nacked;
+	counts[1] = nformed;
 	return CACHEW_OK;
 }

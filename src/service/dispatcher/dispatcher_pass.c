@@ -24,8 +24,11 @@ cwi_dispatcher_job_wants_pass(const cwi_dispatcher *d,
 	*graph = NULL;
 	*len = 0;
 	*units = 0;
+	/* A resumed job continues a saved epoch: a pass would cache (or
+	 * profile) the part of it that is left. */
 	if (ds == NULL || req->processing_mode != CWI_MODE_DISTRIBUTED_EPOCH ||
-	    !ds->splittable || ds->graph_len == 0)
+	    !ds->splittable || ds->graph_len == 0 ||
+	    req->resume_units_per_split != 0 || req->nresume > 0)
 		return false;
 	if (req->job_name != NULL &&
 	    cwi_disp_find_named_job(d, req->job_name, req->iteration) != NULL)

@@ -734,7 +734,10 @@ job_check_request(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *r)
 	if (r->job_name != NULL && r->job_name[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "empty job name (leave it out "
 					       "for a private job)");
-	if ((r->resume_units_per_split != 0 || r->nresume > 0) &&
+	if (r->nresume > 0 && r->resume_units_per_split == 0)
+		return cwi_fail(CACHEW_EINVAL, "resume: %zu groups without "
+		    "resume_units_per_split", r->nresume);
+	if (r->resume_units_per_split != 0 &&
 	    (r->job_name != NULL || !job_wants_exactly_once(r)))
 		return cwi_fail(CACHEW_ENOTSUP, "resuming a saved position: "
 		    "only a private, uncoordinated, exactly-once "
@@ -808,6 +811,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
     dataset *ds, job **out)
 {
 	job *j = calloc(1, sizeof(*j));
+	uint64_t resumed[2] = {0, 0}; /* groups done, formed again */
 	cachew_err rv;
 
 	if (j == NULL)
@@ -835,7 +839,7 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		cwi_pass_take(d, j);
 		rv = cwi_ledger_init(d, j);
 		if (rv == CACHEW_OK && r->resume_units_per_split != 0)
-			rv = cwi_ledger_resume(d, j, r);
+			rv = cwi_ledger_resume(j, r, resumed);
 		if (rv != CACHEW_OK)
 			goto fail;
 	}
@@ -850,6 +854,15 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 	}
 	j->id = d->next_job_id++;
 	job_created_event(d, j);
+	if (r->resume_units_per_split != 0) {
+		cwi_disp_ev_begin(d, "job_resumed");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "splits", j->ledger.nsplits);
+		cwi_disp_ev_u64(d, "groups_done", resumed[0]);
+		cwi_disp_ev_u64(d, "groups_partial", resumed[1]);
+		cwi_disp_ev_u64(d, "splits_acked", j->ledger.nacked);
+		cwi_disp_ev_end(d);
+	}
 	*out = j;
 	return CACHEW_OK;
 fail:
