@@ -56,6 +56,8 @@
 #define CWI_PROTO_MAX_FN_NAME 63u         /* a function's or plugin's name,
 					   * a plugin's version */
 #define CWI_PROTO_FN_HASH 32u             /* a plugin's hash: hex digits */
+#define CWI_PROTO_MAX_TOKEN 256u          /* the envelope's "k" */
+#define CWI_PROTO_MAX_IDENTITY 64u        /* the envelope's "i" */
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -685,6 +687,13 @@ typedef struct cwi_msg_task_counters {
 
 typedef struct cwi_pmsg {
 	cwi_msg_type type;
+	/* The envelope's optional entries after "v" and "t" (any message):
+	 * "k", the sender's token (a secret: never logged or journaled),
+	 * and "i", the identity the dispatcher's server layer found for
+	 * that token, which it sets (overwriting whatever a peer sent)
+	 * before the state machine sees the request. NULL: absent. */
+	char *token;
+	char *identity;
 	union {
 		cwi_msg_error error;
 		cwi_msg_ok ok;
@@ -730,11 +739,17 @@ void cwi_pmsg_init(cwi_pmsg *m, cwi_msg_type type);
 /* The same for a bare body (a member of cwi_pmsg.u) of `type`. */
 void cwi_pmsg_body_init(cwi_msg_type type, void *body);
 /* Frees what a message owns (every pointer in it is heap memory owned by
- * the message, freed with free()) and resets it to CWI_MSG_NONE. */
+ * the message, freed with free(), the envelope's token and identity
+ * included) and resets it to CWI_MSG_NONE. */
 void cwi_pmsg_free(cwi_pmsg *m);
 void cwi_pmsg_body_free(cwi_msg_type type, void *body);
 
-/* Appends the header encoding of m to out. CACHEW_ERANGE (errmsg names the
+/* Sets m's token to a copy of `token` (NULL: none), replacing any;
+ * CACHEW_ENOMEM when the copy fails. */
+cachew_err cwi_pmsg_set_token(cwi_pmsg *m, const char *token);
+
+/* Appends the header encoding of m (its envelope's "k" and "i" included
+ * when set) to out. CACHEW_ERANGE (errmsg names the
  * field) when a field exceeds its limit, CACHEW_EINVAL for an invalid type
  * or enumeration value, CACHEW_ENOMEM when out ran out of memory. */
 cachew_err cwi_pmsg_encode(const cwi_pmsg *m, cwi_strbuf *out);

@@ -4,6 +4,7 @@
  */
 #include "tools.h"
 #include "../service/service.h"
+#include "../service/service_auth.h"
 #include "../service/service_rpc.h"
 
 #include <inttypes.h>
@@ -205,7 +206,8 @@ print_json(const cwi_msg_status_reply *s)
 int
 cwi_status_cli(int argc, char **argv)
 {
-	const char *url = NULL;
+	const char *url = NULL, *token_file = getenv("CACHEW_TOKEN_FILE");
+	char *token = NULL;
 	bool json = false;
 	cwi_conn *c;
 	cwi_pmsg req, rep;
@@ -214,10 +216,16 @@ cwi_status_cli(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0)
 			json = true;
+		else if (strcmp(argv[i], "--token-file") == 0 && i + 1 < argc)
+			token_file = argv[++i];
+		else if (strncmp(argv[i], "--token-file=", 13) == 0)
+			token_file = argv[i] + 13;
 		else if (strcmp(argv[i], "--help") == 0 ||
 			 strcmp(argv[i], "-h") == 0) {
-			printf("usage: cachew status [URL] [--json]\n"
-			       "  URL defaults to $CACHEW_SERVICE\n");
+			printf("usage: cachew status [URL] [--json] "
+			       "[--token-file FILE]\n"
+			       "  URL defaults to $CACHEW_SERVICE, FILE to "
+			       "$CACHEW_TOKEN_FILE\n");
 			return 0;
 		} else if (url == NULL && argv[i][0] != '-')
 			url = argv[i];
@@ -234,12 +242,19 @@ cwi_status_cli(int argc, char **argv)
 				"(cachew status tcp://host:port)\n");
 		return 2;
 	}
+	if (token_file != NULL && token_file[0] != '\0' &&
+	    cwi_auth_token_read(token_file, &token) != CACHEW_OK) {
+		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
+		return 2;
+	}
 	rv = cwi_dial(&c, url, NULL);
 	if (rv != CACHEW_OK) {
+		free(token);
 		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
 		return 1;
 	}
 	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	req.token = token; /* req owns it now */
 	rv = cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, &rep);
 	cwi_pmsg_free(&req);
 	cwi_conn_destroy(c);

@@ -89,6 +89,7 @@ ack_direct(session *s, const cwi_split_end *ends, size_t n)
 	req.u.split_ack.lineage = s->lineage;
 	req.u.split_ack.split_ids = ids;
 	req.u.split_ack.nsplit_ids = n;
+	(void)cwi_pmsg_set_token(&req, s->ctx->token); /* none: refused */
 	if (cwi_rpc_call_retry(s->dispatcher, &req, CWI_MSG_OK,
 		s->ctx->opts.service_timeout_ms, &s->closing, &rep) !=
 	    CACHEW_OK) {

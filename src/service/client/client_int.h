@@ -109,6 +109,10 @@ typedef struct auto_state {
 typedef struct client_ctx {
 	char url[CWI_OPT_STR_MAX];
 	cwi_opts opts;
+	/* The token read from the token_file option (or CACHEW_TOKEN_FILE)
+	 * at creation, sent in every request to the dispatcher; NULL:
+	 * none. */
+	char *token;
 	cwi_split_plan *plan;
 	uint8_t *graph;
 	size_t graph_len;

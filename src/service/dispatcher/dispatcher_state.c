@@ -222,6 +222,7 @@ job_free(const cwi_dispatcher *d, job *j)
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
+	free(j->owner);
 	cwi_pass_free(d, j);
 	free(j);
 }
@@ -241,6 +242,7 @@ worker_free(worker *w)
 		return;
 	free(w->address);
 	free(w->build);
+	free(w->owner);
 	free(w->fns);
 	free(w);
 }
@@ -1614,6 +1616,8 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 
 	cwi_pmsg_init(rep, CWI_MSG_NONE);
 	rv = check_lineage(d, req);
+	if (rv == CACHEW_OK)
+		rv = cwi_owner_check(d, req);
 	if (rv != CACHEW_OK)
 		goto done;
 	switch (req->type) {
@@ -1674,6 +1678,8 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	}
 done:
 	rep->type = rtype;
+	if (rv == CACHEW_OK)
+		cwi_owner_record(d, req, rep);
 	if (rv == CACHEW_OK && rtype == CWI_MSG_WORKER_REGISTER_REPLY)
 		rep->u.worker_register_reply.lineage = d->lineage;
 	if (rv == CACHEW_OK && rtype == CWI_MSG_JOB_GET_OR_CREATE_REPLY)

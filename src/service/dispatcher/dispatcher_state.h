@@ -169,6 +169,11 @@ cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
 /* A snapshot of everything, in id order. */
 cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
     cwi_msg_status_reply *rep);
+/* What a tenant that is not an admin may see of a status: only the jobs
+ * `identity` owns, their tasks and datasets, and the workers without
+ * their addresses (dispatcher_owner.c). */
+void cwi_dispatcher_status_redact(const cwi_dispatcher *d,
+    const char *identity, cwi_msg_status_reply *st);
 
 /* Dispatches any request to the function above and fills *rep (initialised
  * here; free with cwi_pmsg_free) with its reply: CWI_MSG_OK for requests

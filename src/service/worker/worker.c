@@ -13,9 +13,11 @@
 #include "../service.h"
 #include "../../graph/graph.h"
 #include "worker_task.h"
+#include "../service_auth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <sys/resource.h>
 
@@ -26,6 +28,7 @@ struct cwi_worker {
 	char url[CWI_CFG_STR_MAX];
 	cachew_options *opts;
 	cwi_wtask_env env;
+	char *token; /* --token-file's (env.token); NULL: none */
 
 	pthread_t heartbeat;
 	bool heartbeat_started;
@@ -168,6 +171,8 @@ do_register(cwi_worker *w)
 	req.u.worker_register.build = cwi_strdup(cachew_version());
 	req.u.worker_register.direct = w->env.inline_run;
 	rv = register_functions(&req.u.worker_register);
+	if (rv == CACHEW_OK)
+		rv = cwi_pmsg_set_token(&req, w->env.token);
 	if (rv != CACHEW_OK) {
 		cwi_pmsg_free(&req);
 		return rv;
@@ -332,8 +337,11 @@ do_heartbeat(cwi_worker *w, bool *all_drained)
 		cwi_wtask_unref(v[i]);
 	}
 	free(v);
-	rv = cwi_rpc_call(w->dispatcher, &req, CWI_MSG_WORKER_HEARTBEAT_REPLY,
-	    (int)w->cfg.heartbeat_ms * 4, &rep);
+	rv = cwi_pmsg_set_token(&req, w->env.token);
+	if (rv == CACHEW_OK)
+		rv = cwi_rpc_call(w->dispatcher, &req,
+		    CWI_MSG_WORKER_HEARTBEAT_REPLY,
+		    (int)w->cfg.heartbeat_ms * 4, &rep);
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -353,7 +361,8 @@ do_deregister(cwi_worker *w)
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_DEREGISTER);
 	req.u.worker_deregister.worker_id = w->worker_id;
 	req.u.worker_deregister.lineage = w->env.lineage;
-	if (cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
+	if (cwi_pmsg_set_token(&req, w->env.token) == CACHEW_OK &&
+	    cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
 		(int)w->cfg.heartbeat_ms * 4, &rep) == CACHEW_OK)
 		cwi_pmsg_free(&rep);
 	cwi_pmsg_free(&req);
@@ -522,8 +531,11 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	pthread_mutex_init(&w->lock, NULL);
 	cwi_cond_init_monotonic(&w->cond);
 	rv = cachew_options_create(&w->opts);
+	if (rv == CACHEW_OK && cfg->token_file[0] != '\0')
+		rv = cwi_auth_token_read(cfg->token_file, &w->token);
 	if (rv != CACHEW_OK)
 		goto fail;
+	w->env.token = w->token;
 	if (cfg->threads > 0)
 		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
 	cwi_transport_opts_init(&topts);
@@ -641,6 +653,9 @@ cwi_worker_stop(cwi_worker *w)
 	cwi_listener_destroy(w->listener);
 	cwi_conn_destroy(w->dispatcher);
 	cachew_options_destroy(w->opts);
+	if (w->token != NULL)
+		explicit_bzero(w->token, strlen(w->token));
+	free(w->token);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
 	free(w);

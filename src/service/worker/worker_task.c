@@ -1093,6 +1093,7 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	 * splits exactly as the plain executor does. */
 	req.u.split_lease.max_splits = t->inline_run ? CWI_PROTO_MAX_SPLITS
 						     : t->lease_size;
+	(void)cwi_pmsg_set_token(&req, t->env->token); /* none: refused */
 	/* Each round of retries is bounded by the call timeout (a stop is
 	 * seen between rounds); an unreachable dispatcher (a restart) is
 	 * ridden out for absence_ms in all. */

@@ -46,6 +46,9 @@ typedef struct cwi_wtask cwi_wtask;
 /* What a task needs from its worker. */
 typedef struct cwi_wtask_env {
 	cwi_conn *dispatcher;  /* for split leases */
+	/* The worker's token (--token-file), sent in every request to the
+	 * dispatcher; NULL: none. */
+	const char *token;
 	uint64_t worker_id;
 	/* The dispatcher's, from the registration (written by the
 	 * heartbeat thread, read by tasks). */
