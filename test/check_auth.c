@@ -6,6 +6,7 @@
  * loopback with a token file made at test time.
  */
 #include "cwt.h"
+#include "../src/core/siphash.h"
 #include "../src/service/dispatcher/dispatcher_state.h"
 #include "../src/service/service_auth.h"
 #include "../src/service/service_rpc.h"
@@ -156,6 +157,23 @@ START_TEST(listen_addresses_local_or_not)
 	ck_assert(!cwi_auth_listen_is_local("tcp://10.0.0.5:7070"));
 	ck_assert(!cwi_auth_listen_is_local("tcp://127.evil.com:7070"));
 	ck_assert(!cwi_auth_listen_is_local("tcp://[::]:7070"));
+}
+END_TEST
+
+/* The paper's test vector (appendix A): key 00..0f, message 00..0e. */
+START_TEST(siphash_gives_the_papers_vector)
+{
+	uint8_t key[16], msg[15];
+
+	for (unsigned i = 0; i < 16; i++)
+		key[i] = (uint8_t)i;
+	for (unsigned i = 0; i < 15; i++)
+		msg[i] = (uint8_t)i;
+	ck_assert_uint_eq(cwi_siphash24(key, msg, sizeof(msg)),
+	    0xa129ca6149be45e5ull);
+	/* Another length takes another path through the last word. */
+	ck_assert_uint_ne(cwi_siphash24(key, msg, 8),
+	    cwi_siphash24(key, msg, 9));
 }
 END_TEST
 
@@ -611,6 +629,60 @@ status_as(const authc *a, int i, cwi_pmsg *rep)
 	return rep->u.status_reply;
 }
 
+/* Issue 14's read: a get_elements (and a task_stats) naming alice's task
+ * without its secret, sent straight to the worker, is refused; alice's
+ * epoch still completes with every element. */
+START_TEST(auth_worker_refuses_reads_without_the_task_secret)
+{
+	authc a;
+	cachew_options *o;
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e, **v;
+	size_t n = 0;
+	cwi_pmsg req, rep;
+	char *worker;
+	cachew_err rv;
+
+	authc_start(&a, 1);
+	o = client_opts(&a, ALICE);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(3000)"), CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	v = calloc(3001, sizeof(*v));
+	ck_assert_int_eq(cachew_iterator_next(it, &v[n++]), CACHEW_OK);
+	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	ck_assert_int_eq(call_as(a.dispatcher.url, ROOT, &req,
+			     CWI_MSG_STATUS_REPLY, &rep, &a.t), CACHEW_OK);
+	ck_assert_uint_eq(rep.u.status_reply.ntasks, 1);
+	worker = strdup(rep.u.status_reply.workers[0].address);
+	cwi_pmsg_free(&rep);
+	cwi_pmsg_init(&req, CWI_MSG_GET_ELEMENTS);
+	req.u.get_elements.task_id = 1;
+	req.u.get_elements.client_id = 1;
+	req.u.get_elements.secret = 12345;
+	ck_assert_int_eq(call_as(worker, BOB, &req, CWI_MSG_GET_ELEMENTS_REPLY,
+			     &rep, &a.t), CACHEW_EPERM);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "lacks the task's "
+						      "secret"));
+	cwi_pmsg_init(&req, CWI_MSG_TASK_STATS);
+	req.u.task_stats.task_id = 1;
+	ck_assert_int_eq(call_as(worker, -1, &req, CWI_MSG_TASK_STATS_REPLY,
+			     &rep, &a.t), CACHEW_EPERM);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_uint_lt(n, 3000);
+		v[n++] = e;
+	}
+	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(it));
+	assert_range(v, n, 3000);
+	cwt_free(v, n);
+	free(worker);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	authc_stop(&a);
+}
+END_TEST
+
 /* pool2 (a worker token of another identity) registering with pool's
  * worker's address is refused: the worker keeps its id and tasks. */
 START_TEST(auth_stranger_cannot_evict_a_worker)
@@ -879,6 +951,7 @@ cwt_auth_suite(void)
 	tcase_add_test(tc, token_file_loads_and_checks_roles);
 	tcase_add_test(tc, token_file_defects_are_refused_naming_the_line);
 	tcase_add_test(tc, listen_addresses_local_or_not);
+	tcase_add_test(tc, siphash_gives_the_papers_vector);
 	tcase_add_test(tc, envelope_carries_token_and_identity);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("ownership");
@@ -893,6 +966,7 @@ cwt_auth_suite(void)
 	tcase_add_test(tc, auth_refuses_without_a_valid_token_or_role);
 	tcase_add_test(tc, auth_forged_ack_and_release_are_refused);
 	tcase_add_test(tc, auth_stranger_cannot_evict_a_worker);
+	tcase_add_test(tc, auth_worker_refuses_reads_without_the_task_secret);
 	tcase_add_test(tc, auth_status_of_a_tenant_shows_only_its_jobs);
 	tcase_add_test(tc, auth_journal_holds_no_token);
 	tcase_add_test(tc, auth_restart_keeps_ownership);

@@ -195,6 +195,7 @@ static const field f_task_def[] = {
     U64(cwi_task_def, seed, 0),
     U64(cwi_task_def, epoch, 0),
     BOOL(cwi_task_def, exactly_once),
+    U64(cwi_task_def, secret, 0),
 };
 static const schema s_task_def = SCHEMA("task_def", cwi_task_def,
     f_task_def);
@@ -296,6 +297,7 @@ static const field f_task_info[] = {
     U64(cwi_task_info, start_round, 0),
     U64D(cwi_task_info, end_round, CWI_ROUND_NONE),
     BOOL(cwi_task_info, direct),
+    U64(cwi_task_info, secret, 0),
 };
 static const schema s_task_info = SCHEMA("task_info", cwi_task_info,
     f_task_info);
@@ -314,6 +316,7 @@ static const field f_client_heartbeat_reply[] = {
 
 static const field f_task_stats[] = {
     U64(cwi_msg_task_stats, task_id, F_REQ),
+    U64(cwi_msg_task_stats, secret, 0),
 };
 
 static const field f_task_stats_reply[] = {
@@ -473,6 +476,7 @@ static const field f_get_elements[] = {
     BOOL(cwi_msg_get_elements, deterministic),
     BOOL(cwi_msg_get_elements, autotune),
     U32(cwi_msg_get_elements, wait_ms, 0),
+    U64(cwi_msg_get_elements, secret, 0),
 };
 
 static const field f_split_end[] = {

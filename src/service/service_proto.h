@@ -242,6 +242,9 @@ typedef struct cwi_task_def {
 	 * elements, keep its tails for the client to stitch, leave out the
 	 * lease's `skip` ranges, and describe replies with `runs`. */
 	bool exactly_once;
+	/* The task's data-path secret (cwi_task_info.secret): serve
+	 * get_elements and task_stats only with it, when not 0. */
+	uint64_t secret;
 } cwi_task_def;
 
 typedef struct cwi_msg_worker_heartbeat_reply {
@@ -392,6 +395,9 @@ typedef struct cwi_task_info {
 	 * get_elements calls from the consuming thread, one at a time, with
 	 * the client's executor settings; keep no requests in flight. */
 	bool direct;
+	/* The task's data-path secret, given only to its job's clients: sent
+	 * in get_elements and task_stats (0: the dispatcher has none). */
+	uint64_t secret;
 } cwi_task_info;
 
 typedef struct cwi_msg_client_heartbeat_reply {
@@ -600,6 +606,9 @@ typedef struct cwi_msg_get_elements {
 	 * client's request times out after its service timeout, which a
 	 * slow epoch's end (every split leased elsewhere) must not reach. */
 	uint32_t wait_ms;
+	/* The task's secret (cwi_task_info.secret): a worker whose task has
+	 * one serves only requests that carry it. */
+	uint64_t secret;
 } cwi_msg_get_elements;
 
 /* "Split split_id ended after the first `after` elements of this reply." */
@@ -660,6 +669,7 @@ typedef struct cwi_msg_get_elements_reply {
  * last lease; busy: a get_elements is running it, no rows were taken. */
 typedef struct cwi_msg_task_stats {
 	uint64_t task_id;
+	uint64_t secret; /* the task's (cwi_task_info.secret) */
 } cwi_msg_task_stats;
 
 typedef struct cwi_msg_task_stats_reply {

@@ -194,6 +194,7 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
 		t->task_id = ti->task_id;
+		t->secret = ti->secret;
 		t->last_group = UINT64_MAX;
 		t->address = cwi_strdup(ti->address);
 		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
@@ -389,6 +390,7 @@ cwi_client_send_get(session *s, size_t slot, const cwi_msg_get_elements *g,
 
 	cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS);
 	m.u.get_elements = *g;
+	m.u.get_elements.secret = t->secret;
 	rv = cwi_rpc_pack(&m, &msg);
 	cwi_pmsg_free(&m);
 	if (rv != CACHEW_OK)

@@ -54,6 +54,7 @@ typedef struct held_reply {
 
 typedef struct ctask {
 	uint64_t task_id;
+	uint64_t secret;    /* its task_info's: sent in every request */
 	char *address;
 	cwi_conn *conn;     /* borrowed from the session's connection table */
 	unsigned inflight;
@@ -83,6 +84,7 @@ typedef struct op_row {
  * thread. */
 typedef struct direct_task {
 	uint64_t id;
+	uint64_t secret; /* its task_info's */
 	cwi_conn *conn; /* the session's (its connection table) */
 } direct_task;
 

@@ -333,6 +333,9 @@ cachew_err cwi_owner_check(const cwi_dispatcher *d, const cwi_pmsg *req);
 void cwi_owner_record(cwi_dispatcher *d, const cwi_pmsg *req,
     const cwi_pmsg *rep);
 
+/* A task's data-path secret (0 without cfg.task_secrets). */
+uint64_t cwi_owner_task_secret(const cwi_dispatcher *d, uint64_t task_id);
+
 /* ---- the registry and the events log (dispatcher_state.c) ---------------- */
 
 worker *cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id);

@@ -11,6 +11,7 @@
  * every request the empty identity: everything matches, nothing changes.
  */
 #include "dispatcher_int.h"
+#include "../../core/siphash.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -143,6 +144,21 @@ cwi_owner_record(cwi_dispatcher *d, const cwi_pmsg *req, const cwi_pmsg *rep)
 	    (j = cwi_disp_find_job(d, rep->u.job_get_or_create_reply.job_id)) !=
 		NULL)
 		set_owner(&j->owner, req->identity);
+}
+
+/* Never 0 when on: 0 means "no secret" to a worker. */
+uint64_t
+cwi_owner_task_secret(const cwi_dispatcher *d, uint64_t task_id)
+{
+	uint8_t msg[16];
+
+	if (!d->cfg.task_secrets)
+		return 0;
+	for (unsigned i = 0; i < 8; i++) {
+		msg[i] = (uint8_t)(task_id >> (8 * i));
+		msg[8 + i] = (uint8_t)(d->lineage >> (8 * i));
+	}
+	return cwi_siphash24(d->cfg.task_key, msg, sizeof(msg)) | 1;
 }
 
 /* ---- what a tenant's status shows ------------------------------------------ */

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1274,6 +1275,61 @@ start_auth(cwi_dispatcher_server *d, const char *listen)
 	    "listen on a loopback address", listen);
 }
 
+static cachew_err
+random_key(uint8_t key[16])
+{
+	if (getrandom(key, 16, 0) != 16)
+		return cwi_fail(CACHEW_EIO, "getrandom: %s", strerror(errno));
+	return CACHEW_OK;
+}
+
+/* With tokens, the key of the tasks' data-path secrets: kept in
+ * <work_dir>/auth.key (mode 600, made with getrandom at the first start)
+ * so that a restart derives the same secrets as before it; random per
+ * process without a work dir (whose state dies with it anyway). */
+static cachew_err
+task_key(cwi_dispatcher_server *d, cwi_dispatcher_config *dc)
+{
+	char path[CWI_CFG_STR_MAX + 16];
+	cachew_err rv;
+	ssize_t n;
+	int fd;
+
+	if (d->tokens == NULL)
+		return CACHEW_OK;
+	dc->task_secrets = true;
+	if (d->cfg.work_dir[0] == '\0')
+		return random_key(dc->task_key);
+	snprintf(path, sizeof(path), "%s/auth.key", d->cfg.work_dir);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		n = read(fd, dc->task_key, sizeof(dc->task_key));
+		close(fd);
+		if (n != (ssize_t)sizeof(dc->task_key))
+			return cwi_fail(CACHEW_ECORRUPT, "%s: not a key of %zu "
+			    "bytes (removed, a new one is made: the clients of "
+			    "running tasks then fail)", path,
+			    sizeof(dc->task_key));
+		return CACHEW_OK;
+	}
+	if (errno != ENOENT)
+		return cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	rv = random_key(dc->task_key);
+	if (rv != CACHEW_OK)
+		return rv;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	n = write(fd, dc->task_key, sizeof(dc->task_key));
+	if (n != (ssize_t)sizeof(dc->task_key) || fsync(fd) != 0) {
+		close(fd);
+		(void)unlink(path);
+		return cwi_fail(CACHEW_EIO, "%s: cannot write the key", path);
+	}
+	close(fd);
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_dispatcher_server_start(cwi_dispatcher_server **out,
     const cwi_service_config *cfg)
@@ -1341,7 +1397,10 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.splits_per_worker = (uint32_t)cfg->splits_per_worker;
 	if (dc.max_workers > 0)
 		dc.scale.max_workers = dc.max_workers;
-	rv = cwi_dispatcher_create(&d->state, &dc);
+	rv = task_key(d, &dc);
+	if (rv == CACHEW_OK)
+		rv = cwi_dispatcher_create(&d->state, &dc);
+	explicit_bzero(dc.task_key, sizeof(dc.task_key));
 	if (rv != CACHEW_OK)
 		goto fail;
 	rv = ids_read(d);

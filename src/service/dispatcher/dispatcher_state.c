@@ -1157,6 +1157,7 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 		ti->end_round = t->end_round;
 		ti->direct = t->w->direct && j->num_consumers == 0 &&
 			     j->mode == CWI_MODE_DISTRIBUTED_EPOCH;
+		ti->secret = cwi_owner_task_secret(d, t->id);
 		ti->address = cwi_strdup(t->w->address);
 		if (ti->address == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1415,6 +1416,8 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 		    &rep->start[rep->nstart++]);
 		if (rv != CACHEW_OK)
 			return rv;
+		rep->start[rep->nstart - 1].secret =
+		    cwi_owner_task_secret(d, t->id);
 	}
 	for (size_t i = 0; i < req->ntasks; i++) {
 		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);

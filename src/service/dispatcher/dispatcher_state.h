@@ -117,6 +117,13 @@ typedef struct cwi_dispatcher_config {
 	/* Autocaching: frees the planner's context of a pass whose end was
 	 * never taken (cwi_dispatcher_take_pass_ends). NULL: not needed. */
 	void (*pass_free)(void *ctx);
+	/* Data-path secrets (docs/security.md): with task_secrets, a task's
+	 * secret is the SipHash-2-4, under task_key, of its id and the
+	 * state's lineage (the same after a replay, unguessable without the
+	 * key); its worker serves only requests that carry it. Without: 0,
+	 * which workers do not check. */
+	bool task_secrets;
+	uint8_t task_key[16];
 } cwi_dispatcher_config;
 
 /* Fills cfg with the defaults named above (no events). */

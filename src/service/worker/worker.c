@@ -97,6 +97,16 @@ on_request(void *arg, cwi_request *r)
 		cwi_pmsg_free(&m);
 		return;
 	}
+	if (!cwi_wtask_secret_ok(t, m.type == CWI_MSG_GET_ELEMENTS
+					? m.u.get_elements.secret
+					: m.u.task_stats.secret)) {
+		cwi_rpc_reply_error(r, CACHEW_EPERM, "task %llu on worker %s: "
+		    "the request lacks the task's secret: only its job's "
+		    "clients may read it", (unsigned long long)id, w->url);
+		cwi_wtask_unref(t);
+		cwi_pmsg_free(&m);
+		return;
+	}
 	if (m.type == CWI_MSG_GET_ELEMENTS)
 		cwi_wtask_get_elements(t, r, &m.u.get_elements);
 	else

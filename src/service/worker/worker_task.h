@@ -77,6 +77,9 @@ typedef struct cwi_wtask_env {
 cachew_err cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
     const cwi_wtask_env *env);
 uint64_t cwi_wtask_id(const cwi_wtask *t);
+/* Whether a request carrying `secret` may read the task: its def had
+ * none (0), or the same. */
+bool cwi_wtask_secret_ok(const cwi_wtask *t, uint64_t secret);
 void cwi_wtask_ref(cwi_wtask *t);
 /* Drops a reference; the last one frees the task (stopped first). */
 void cwi_wtask_unref(cwi_wtask *t);
