@@ -161,7 +161,8 @@ static const cfg_spec table[] = {
 	"the tokens (docs/security.md)"},
     {"token_file", STR(token_file), "", 0, 0, NULL,
 	"worker: a file whose first line is the worker's token, sent to "
-	"the dispatcher (one with --auth-tokens)"},
+	"the dispatcher (one with --auth-tokens); process provisioner: the "
+	"same, given to the workers it starts"},
     {"insecure", INT(insecure), "0", 0, 1, NULL,
 	"dispatcher: 1 lets it listen on a non-loopback address without "
 	"--auth-tokens (anyone who reaches it may do anything)"},

@@ -1133,7 +1133,7 @@ start_provisioner(cwi_dispatcher_server *d)
 	const cwi_service_config *c = &d->cfg;
 	char url[CWI_CFG_STR_MAX], bin[CWI_CFG_STR_MAX], logs[CWI_CFG_STR_MAX + 16];
 	char hb[24], threads[24];
-	const char *args[7];
+	const char *args[9];
 	size_t nargs = 0;
 	cwi_prov_config pc;
 	cachew_err rv;
@@ -1170,6 +1170,15 @@ start_provisioner(cwi_dispatcher_server *d)
 		if (c->plugin[0] != '\0') {
 			args[nargs++] = "--plugin";
 			args[nargs++] = c->plugin;
+		}
+		/* ... and, with tokens, need one of a worker. */
+		if (d->tokens != NULL && c->token_file[0] == '\0')
+			return cwi_fail(CACHEW_EINVAL, "process provisioner: "
+			    "with --auth-tokens its workers need a worker's "
+			    "token: give --token-file FILE");
+		if (c->token_file[0] != '\0') {
+			args[nargs++] = "--token-file";
+			args[nargs++] = c->token_file;
 		}
 		args[nargs] = NULL;
 		pc.worker_args = args;
