@@ -558,41 +558,83 @@ START_TEST(auth_refuses_without_a_valid_token_or_role)
 }
 END_TEST
 
+/* Alice reading range(total) through the service, one element in, and
+ * what root's status said of it. */
+typedef struct victim {
+	cachew_options *o;
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element **v;
+	size_t n, total;
+	uint64_t splits; /* the job's */
+	char *worker;    /* its worker's address */
+} victim;
+
+static void
+victim_start(authc *a, victim *vi, size_t total)
+{
+	cwi_pmsg req, rep;
+	char *pipeline = cwt_fmt("range(%zu)", total);
+
+	memset(vi, 0, sizeof(*vi));
+	vi->total = total;
+	vi->o = client_opts(a, ALICE);
+	vi->v = calloc(total + 1, sizeof(*vi->v));
+	ck_assert_int_eq(cachew_dataset_parse(&vi->ds, pipeline), CACHEW_OK);
+	free(pipeline);
+	ck_assert_int_eq(cachew_iterator_create(&vi->it, vi->ds, vi->o),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_next(vi->it, &vi->v[vi->n++]),
+	    CACHEW_OK);
+	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	ck_assert_int_eq(call_as(a->dispatcher.url, ROOT, &req,
+			     CWI_MSG_STATUS_REPLY, &rep, &a->t), CACHEW_OK);
+	ck_assert_uint_eq(rep.u.status_reply.njobs, 1);
+	ck_assert_uint_eq(rep.u.status_reply.nworkers, 1);
+	vi->splits = rep.u.status_reply.jobs[0].splits_total;
+	vi->worker = strdup(rep.u.status_reply.workers[0].address);
+	cwi_pmsg_free(&rep);
+}
+
+/* Reads the rest: every element of range(total), once. */
+static void
+victim_finish(victim *vi)
+{
+	cachew_element *e;
+	cachew_err rv;
+
+	while ((rv = cachew_iterator_next(vi->it, &e)) == CACHEW_OK) {
+		ck_assert_uint_lt(vi->n, vi->total);
+		vi->v[vi->n++] = e;
+	}
+	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(vi->it));
+	assert_range(vi->v, vi->n, vi->total);
+	cwt_free(vi->v, vi->n);
+	free(vi->worker);
+	cachew_iterator_destroy(vi->it);
+	cachew_dataset_release(vi->ds);
+	cachew_options_destroy(vi->o);
+}
+
 /* Issue 14's attack: bob forges a split_ack of every split and a
  * job_release of alice's running job. Both are refused, and alice's
  * epoch completes with every element. */
 START_TEST(auth_forged_ack_and_release_are_refused)
 {
 	authc a;
-	cachew_options *o;
-	cachew_dataset *ds;
-	cachew_iterator *it;
-	cachew_element *e, **v = NULL;
-	size_t n = 0;
+	victim vi;
 	cwi_pmsg req, rep;
-	uint64_t splits;
-	cachew_err rv;
 
 	authc_start(&a, 1);
-	o = client_opts(&a, ALICE);
-	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(4000)"), CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-	v = calloc(4001, sizeof(*v));
-	ck_assert_int_eq(cachew_iterator_next(it, &v[n++]), CACHEW_OK);
-	cwi_pmsg_init(&req, CWI_MSG_STATUS);
-	ck_assert_int_eq(call_as(a.dispatcher.url, ROOT, &req,
-			     CWI_MSG_STATUS_REPLY, &rep, &a.t), CACHEW_OK);
-	ck_assert_uint_eq(rep.u.status_reply.njobs, 1);
-	splits = rep.u.status_reply.jobs[0].splits_total;
-	ck_assert_uint_gt(splits, 0);
-	cwi_pmsg_free(&rep);
+	victim_start(&a, &vi, 4000);
+	ck_assert_uint_gt(vi.splits, 0);
 	cwi_pmsg_init(&req, CWI_MSG_SPLIT_ACK);
 	req.u.split_ack.job_id = 1;
 	req.u.split_ack.client_id = 1;
-	req.u.split_ack.split_ids = calloc(splits, sizeof(uint64_t));
-	for (uint64_t s = 0; s < splits; s++)
+	req.u.split_ack.split_ids = calloc(vi.splits, sizeof(uint64_t));
+	for (uint64_t s = 0; s < vi.splits; s++)
 		req.u.split_ack.split_ids[s] = s;
-	req.u.split_ack.nsplit_ids = splits;
+	req.u.split_ack.nsplit_ids = vi.splits;
 	ck_assert_int_eq(call_as(a.dispatcher.url, BOB, &req, CWI_MSG_OK, &rep,
 			     &a.t), CACHEW_EPERM);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "job 1 belongs to "
@@ -604,16 +646,7 @@ START_TEST(auth_forged_ack_and_release_are_refused)
 			     &a.t), CACHEW_EPERM);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "job 1 belongs to "
 						      "another tenant"));
-	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
-		ck_assert_uint_lt(n, 4000);
-		v[n++] = e;
-	}
-	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(it));
-	assert_range(v, n, 4000);
-	cwt_free(v, n);
-	cachew_iterator_destroy(it);
-	cachew_dataset_release(ds);
-	cachew_options_destroy(o);
+	victim_finish(&vi);
 	authc_stop(&a);
 }
 END_TEST
@@ -635,50 +668,25 @@ status_as(const authc *a, int i, cwi_pmsg *rep)
 START_TEST(auth_worker_refuses_reads_without_the_task_secret)
 {
 	authc a;
-	cachew_options *o;
-	cachew_dataset *ds;
-	cachew_iterator *it;
-	cachew_element *e, **v;
-	size_t n = 0;
+	victim vi;
 	cwi_pmsg req, rep;
-	char *worker;
-	cachew_err rv;
 
 	authc_start(&a, 1);
-	o = client_opts(&a, ALICE);
-	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(3000)"), CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-	v = calloc(3001, sizeof(*v));
-	ck_assert_int_eq(cachew_iterator_next(it, &v[n++]), CACHEW_OK);
-	cwi_pmsg_init(&req, CWI_MSG_STATUS);
-	ck_assert_int_eq(call_as(a.dispatcher.url, ROOT, &req,
-			     CWI_MSG_STATUS_REPLY, &rep, &a.t), CACHEW_OK);
-	ck_assert_uint_eq(rep.u.status_reply.ntasks, 1);
-	worker = strdup(rep.u.status_reply.workers[0].address);
-	cwi_pmsg_free(&rep);
+	victim_start(&a, &vi, 3000);
 	cwi_pmsg_init(&req, CWI_MSG_GET_ELEMENTS);
 	req.u.get_elements.task_id = 1;
 	req.u.get_elements.client_id = 1;
 	req.u.get_elements.secret = 12345;
-	ck_assert_int_eq(call_as(worker, BOB, &req, CWI_MSG_GET_ELEMENTS_REPLY,
-			     &rep, &a.t), CACHEW_EPERM);
+	ck_assert_int_eq(call_as(vi.worker, BOB, &req,
+			     CWI_MSG_GET_ELEMENTS_REPLY, &rep, &a.t),
+	    CACHEW_EPERM);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "lacks the task's "
 						      "secret"));
 	cwi_pmsg_init(&req, CWI_MSG_TASK_STATS);
 	req.u.task_stats.task_id = 1;
-	ck_assert_int_eq(call_as(worker, -1, &req, CWI_MSG_TASK_STATS_REPLY,
+	ck_assert_int_eq(call_as(vi.worker, -1, &req, CWI_MSG_TASK_STATS_REPLY,
 			     &rep, &a.t), CACHEW_EPERM);
-	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
-		ck_assert_uint_lt(n, 3000);
-		v[n++] = e;
-	}
-	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(it));
-	assert_range(v, n, 3000);
-	cwt_free(v, n);
-	free(worker);
-	cachew_iterator_destroy(it);
-	cachew_dataset_release(ds);
-	cachew_options_destroy(o);
+	victim_finish(&vi);
 	authc_stop(&a);
 }
 END_TEST
@@ -726,19 +734,12 @@ END_TEST
 START_TEST(auth_status_of_a_tenant_shows_only_its_jobs)
 {
 	authc a;
-	cachew_options *o;
-	cachew_dataset *ds;
-	cachew_iterator *it;
-	cachew_element *e;
+	victim vi;
 	cwi_pmsg rep;
 	cwi_msg_status_reply st;
 
 	authc_start(&a, 1);
-	o = client_opts(&a, ALICE);
-	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(4000)"), CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
-	cachew_element_release(e);
+	victim_start(&a, &vi, 1000);
 	st = status_as(&a, BOB, &rep);
 	ck_assert_uint_eq(st.njobs, 0);
 	ck_assert_uint_eq(st.ntasks, 0);
@@ -748,14 +749,13 @@ START_TEST(auth_status_of_a_tenant_shows_only_its_jobs)
 	cwi_pmsg_free(&rep);
 	st = status_as(&a, ALICE, &rep);
 	ck_assert_uint_eq(st.njobs, 1);
+	ck_assert_uint_eq(st.ntasks, 1);
 	cwi_pmsg_free(&rep);
 	st = status_as(&a, ROOT, &rep);
 	ck_assert_uint_eq(st.njobs, 1);
-	ck_assert_ptr_nonnull(st.workers[0].address);
+	ck_assert_str_eq(st.workers[0].address, vi.worker);
 	cwi_pmsg_free(&rep);
-	cachew_iterator_destroy(it);
-	cachew_dataset_release(ds);
-	cachew_options_destroy(o);
+	victim_finish(&vi);
 	authc_stop(&a);
 }
 END_TEST

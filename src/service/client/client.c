@@ -1354,12 +1354,16 @@ ctx_free(void *arg)
 	free(ctx);
 }
 
-/* The token_file option, else CACHEW_TOKEN_FILE: the client's token. */
+/* The token_file option, else CACHEW_TOKEN_FILE: the client's token. The
+ * embedded service (inproc) takes none: a variable set for a remote
+ * dispatcher must not fail a program that runs in-process. */
 static cachew_err
 read_token(client_ctx *ctx)
 {
 	const char *path = ctx->opts.token_file;
 
+	if (strncmp(ctx->url, "inproc://", 9) == 0)
+		return CACHEW_OK;
 	if (path[0] == '\0' && (path = getenv("CACHEW_TOKEN_FILE")) == NULL)
 		return CACHEW_OK;
 	if (path[0] == '\0')

@@ -365,6 +365,17 @@ save_pass_end(cwi_strbuf *sb, const cwi_pass_end *pe)
 	put_u(sb, pe->workers);
 }
 
+static void
+save_owner(cwi_strbuf *sb, unsigned kind, uint64_t id, const char *owner)
+{
+	if (owner == NULL)
+		return;
+	cwi_msgpack_put_array(sb, OWNER_FIELDS);
+	put_u(sb, kind);
+	put_u(sb, id);
+	cwi_msgpack_put_cstr(sb, owner);
+}
+
 /* The owners (version 3 on): [kind (0 a worker, 1 a job), id, identity]
  * of every worker, then every job, that has one. */
 static void
@@ -377,24 +388,10 @@ save_owners(cwi_strbuf *sb, const cwi_dispatcher *d)
 	for (size_t i = 0; i < d->jobs.n; i++)
 		n += JOB(d, i)->owner != NULL;
 	cwi_msgpack_put_array(sb, n);
-	for (size_t i = 0; i < d->workers.n; i++) {
-		const worker *w = WORKER(d, i);
-		if (w->owner == NULL)
-			continue;
-		cwi_msgpack_put_array(sb, OWNER_FIELDS);
-		put_u(sb, 0);
-		put_u(sb, w->id);
-		cwi_msgpack_put_cstr(sb, w->owner);
-	}
-	for (size_t i = 0; i < d->jobs.n; i++) {
-		const job *j = JOB(d, i);
-		if (j->owner == NULL)
-			continue;
-		cwi_msgpack_put_array(sb, OWNER_FIELDS);
-		put_u(sb, 1);
-		put_u(sb, j->id);
-		cwi_msgpack_put_cstr(sb, j->owner);
-	}
+	for (size_t i = 0; i < d->workers.n; i++)
+		save_owner(sb, 0, WORKER(d, i)->id, WORKER(d, i)->owner);
+	for (size_t i = 0; i < d->jobs.n; i++)
+		save_owner(sb, 1, JOB(d, i)->id, JOB(d, i)->owner);
 }
 
 cachew_err
