@@ -226,6 +226,21 @@ handle_as(cwi_dispatcher *d, const char *identity, cwi_pmsg *req,
 	return rv;
 }
 
+/* A dataset_register of range(3) (3 units) under fingerprint fp. */
+static void
+dataset_request(cwi_pmsg *req, uint64_t fp)
+{
+	cwi_pmsg_init(req, CWI_MSG_DATASET_REGISTER);
+	req->u.dataset_register.fingerprint.hi = fp;
+	req->u.dataset_register.graph = malloc(cwt_range3_graph_len);
+	ck_assert_ptr_nonnull(req->u.dataset_register.graph);
+	memcpy(req->u.dataset_register.graph, cwt_range3_graph,
+	    cwt_range3_graph_len);
+	req->u.dataset_register.graph_len = cwt_range3_graph_len;
+	req->u.dataset_register.split_units = 3;
+	req->u.dataset_register.splittable = true;
+}
+
 /* Alice's job: its dataset (range3) and job "j", and a worker of pool. */
 static void
 owned_state(cwi_dispatcher **d, uint64_t *job, uint64_t *client,
@@ -242,14 +257,7 @@ owned_state(cwi_dispatcher **d, uint64_t *job, uint64_t *client,
 	ck_assert_int_eq(handle_as(*d, "pool", &req, &rep), CACHEW_OK);
 	*worker = rep.u.worker_register_reply.worker_id;
 	cwi_pmsg_free(&rep);
-	cwi_pmsg_init(&req, CWI_MSG_DATASET_REGISTER);
-	req.u.dataset_register.fingerprint.hi = 7;
-	req.u.dataset_register.graph = malloc(cwt_range3_graph_len);
-	memcpy(req.u.dataset_register.graph, cwt_range3_graph,
-	    cwt_range3_graph_len);
-	req.u.dataset_register.graph_len = cwt_range3_graph_len;
-	req.u.dataset_register.split_units = 3;
-	req.u.dataset_register.splittable = true;
+	dataset_request(&req, 7);
 	ck_assert_int_eq(handle_as(*d, "alice", &req, &rep), CACHEW_OK);
 	cwi_pmsg_free(&rep);
 	cwi_pmsg_init(&req, CWI_MSG_JOB_GET_OR_CREATE);
@@ -539,11 +547,7 @@ START_TEST(auth_refuses_without_a_valid_token_or_role)
 	    CACHEW_EPERM);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "role client may not "
 						      "send worker_register"));
-	cwi_pmsg_init(&req, CWI_MSG_DATASET_REGISTER);
-	req.u.dataset_register.graph = malloc(cwt_range3_graph_len);
-	memcpy(req.u.dataset_register.graph, cwt_range3_graph,
-	    cwt_range3_graph_len);
-	req.u.dataset_register.graph_len = cwt_range3_graph_len;
+	dataset_request(&req, 8);
 	ck_assert_int_eq(call_as(a.dispatcher.url, POOL, &req,
 			     CWI_MSG_DATASET_REGISTER_REPLY, &rep, &a.t),
 	    CACHEW_EPERM);
@@ -832,12 +836,7 @@ START_TEST(auth_restart_keeps_ownership)
 	cwi_pmsg req, rep;
 
 	authc_start(&a, 0);
-	cwi_pmsg_init(&req, CWI_MSG_DATASET_REGISTER);
-	req.u.dataset_register.fingerprint.hi = 9;
-	req.u.dataset_register.graph = malloc(cwt_range3_graph_len);
-	memcpy(req.u.dataset_register.graph, cwt_range3_graph,
-	    cwt_range3_graph_len);
-	req.u.dataset_register.graph_len = cwt_range3_graph_len;
+	dataset_request(&req, 9);
 	ck_assert_int_eq(call_as(a.dispatcher.url, ALICE, &req,
 			     CWI_MSG_DATASET_REGISTER_REPLY, &rep, &a.t),
 	    CACHEW_OK);
