@@ -374,7 +374,9 @@ START_TEST(ownership_redacts_a_tenants_status)
 }
 END_TEST
 
-/* A snapshot keeps the owners: loaded, bob is still refused. */
+/* A snapshot keeps the owners: loaded, bob is still refused.
+ * SNAP_CORPUS_DIR=test/fuzz/corpus/fuzz_dispatcher_snapshot also writes it
+ * there (the seed "owners"). */
 START_TEST(ownership_survives_a_snapshot)
 {
 	cwi_dispatcher *d, *e;
@@ -386,6 +388,13 @@ START_TEST(ownership_survives_a_snapshot)
 	owned_state(&d, &job, &client, &worker);
 	ck_assert_int_eq(cwi_dispatcher_snapshot_save(d, &snap, &len),
 	    CACHEW_OK);
+	/* A seed of the snapshot fuzz target's corpus, as check_snapshot.c
+	 * writes its scenarios'. */
+	if (getenv("SNAP_CORPUS_DIR") != NULL) {
+		char *path = cwt_fmt("%s/owners", getenv("SNAP_CORPUS_DIR"));
+		cwt_write_file(path, snap, len);
+		free(path);
+	}
 	cwi_dispatcher_config_default(&cfg);
 	ck_assert_int_eq(cwi_dispatcher_create(&e, &cfg), CACHEW_OK);
 	ck_assert_msg(cwi_dispatcher_snapshot_load(e, snap, len) == CACHEW_OK,
