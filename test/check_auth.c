@@ -773,6 +773,49 @@ START_TEST(auth_status_of_a_tenant_shows_only_its_jobs)
 }
 END_TEST
 
+/* `cachew status URL args` as identity i (-1: no token file): its exit
+ * code and output (stdout and stderr) in *out. */
+static int
+status_cli(const authc *a, int i, char **out)
+{
+	char *path = cwt_fmt("%s/status.out", a->dir);
+	char *cmd = cwt_fmt("%s/cachew status %s%s%s > %s 2>&1",
+	    cwt_build_dir(), a->dispatcher.url, i >= 0 ? " --token-file " : "",
+	    i >= 0 ? a->t.file[i] : "", path);
+	int st = system(cmd);
+
+	*out = cwt_slurp(path);
+	ck_assert_ptr_nonnull(*out);
+	free(cmd);
+	free(path);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `cachew status --token-file`: an admin sees the worker's address, a
+ * tenant a '-', no token an error naming the reason. */
+START_TEST(auth_status_command_takes_a_token_file)
+{
+	authc a;
+	victim vi;
+	char *out;
+
+	authc_start(&a, 1);
+	victim_start(&a, &vi, 500);
+	ck_assert_int_eq(status_cli(&a, ROOT, &out), 0);
+	ck_assert_msg(strstr(out, vi.worker) != NULL, "%s", out);
+	free(out);
+	ck_assert_int_eq(status_cli(&a, BOB, &out), 0);
+	ck_assert_msg(strstr(out, vi.worker) == NULL &&
+		strstr(out, "jobs (0)") != NULL, "%s", out);
+	free(out);
+	ck_assert_int_eq(status_cli(&a, -1, &out), 1);
+	ck_assert_msg(strstr(out, "not authenticated") != NULL, "%s", out);
+	free(out);
+	victim_finish(&vi);
+	authc_stop(&a);
+}
+END_TEST
+
 /* Whether any file under dir holds the bytes of s. */
 static bool
 tree_holds(const char *dir, const char *s)
@@ -976,6 +1019,7 @@ cwt_auth_suite(void)
 	tcase_add_test(tc, auth_stranger_cannot_evict_a_worker);
 	tcase_add_test(tc, auth_worker_refuses_reads_without_the_task_secret);
 	tcase_add_test(tc, auth_status_of_a_tenant_shows_only_its_jobs);
+	tcase_add_test(tc, auth_status_command_takes_a_token_file);
 	tcase_add_test(tc, auth_journal_holds_no_token);
 	tcase_add_test(tc, auth_restart_keeps_ownership);
 	tcase_add_test(tc, auth_protected_mode_needs_tokens_or_insecure);

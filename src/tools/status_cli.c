@@ -53,7 +53,9 @@ print_text(const cwi_msg_status_reply *s)
 	for (size_t i = 0; i < s->nworkers; i++) {
 		const cwi_worker_status *w = &s->workers[i];
 		printf("  %-6" PRIu64 " %-28s %5u %8.2f %7" PRIu64 "ms %6u %s\n",
-		    w->worker_id, w->address != NULL ? w->address : "-",
+		    w->worker_id,
+		    w->address != NULL && w->address[0] != '\0' ? w->address
+								: "-",
 		    w->cores, w->cpu_use, w->heartbeat_age_ms, w->tasks,
 		    w->draining ? "draining" : "live");
 	}
