@@ -704,6 +704,41 @@ START_TEST(auth_worker_refuses_reads_without_the_task_secret)
 }
 END_TEST
 
+/* A worker whose token the dispatcher does not know says so in its log
+ * (without the token) and does not register. */
+START_TEST(auth_worker_with_a_wrong_token_says_so)
+{
+	authc a;
+	cwt_daemon w;
+	char *path, *log = NULL;
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(5000);
+	cwi_pmsg rep;
+
+	authc_start(&a, 0);
+	path = cwt_fmt("%s/wrong.token", a.dir);
+	write_mode(path, "wrong-0123456789abcdef\n", 0600);
+	cwt_daemon_start(&w, a.dir, "wrong", "--role=worker", "--dispatcher",
+	    a.dispatcher.url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms",
+	    "50", "--token-file", path, (char *)NULL);
+	while (cwt_now_ms() < deadline) {
+		free(log);
+		log = cwt_slurp(w.log);
+		if (log != NULL && strstr(log, "event=register_refused") != NULL)
+			break;
+		cwt_nap_ms(20);
+	}
+	ck_assert_msg(log != NULL && strstr(log, "event=register_refused") !=
+		NULL && strstr(log, "not authenticated") != NULL &&
+		strstr(log, "wrong-0123") == NULL, "%s", log);
+	ck_assert_uint_eq(status_as(&a, ROOT, &rep).nworkers, 0);
+	cwi_pmsg_free(&rep);
+	cwt_daemon_stop(&w, SIGTERM);
+	free(log);
+	free(path);
+	authc_stop(&a);
+}
+END_TEST
+
 /* pool2 (a worker token of another identity) registering with pool's
  * worker's address is refused: the worker keeps its id and tasks. */
 START_TEST(auth_stranger_cannot_evict_a_worker)
@@ -1017,6 +1052,7 @@ cwt_auth_suite(void)
 	tcase_add_test(tc, auth_refuses_without_a_valid_token_or_role);
 	tcase_add_test(tc, auth_forged_ack_and_release_are_refused);
 	tcase_add_test(tc, auth_stranger_cannot_evict_a_worker);
+	tcase_add_test(tc, auth_worker_with_a_wrong_token_says_so);
 	tcase_add_test(tc, auth_worker_refuses_reads_without_the_task_secret);
 	tcase_add_test(tc, auth_status_of_a_tenant_shows_only_its_jobs);
 	tcase_add_test(tc, auth_status_command_takes_a_token_file);

@@ -168,10 +168,30 @@ register_functions(cwi_msg_worker_register *m)
 	return rv;
 }
 
+/* A registration the dispatcher refused for the worker's token (EPERM:
+ * none, a wrong one, a worker of another identity at this address) is
+ * said in the log, on the first refusal and every 30th after, and tried
+ * again a second later: the operator may fix the token file or the
+ * dispatcher's table meanwhile. */
+static bool
+refused(cwi_worker *w, cachew_err rv, unsigned *count)
+{
+	if (rv != CACHEW_EPERM)
+		return false;
+	if ((*count)++ % 30 == 0)
+		cwi_log(CACHEW_LOG_ERROR, "worker", "event=register_refused "
+		    "dispatcher=%s error=\"%s\"", w->cfg.dispatcher,
+		    cwi_errmsg_get());
+	for (int i = 0; i < 50 && !atomic_load(&w->stop); i++)
+		cwi_sleep_ns(20 * 1000000u);
+	return true;
+}
+
 static cachew_err
 do_register(cwi_worker *w)
 {
 	cwi_pmsg req, rep;
+	unsigned refusals = 0;
 	cachew_err rv;
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
@@ -199,7 +219,7 @@ do_register(cwi_worker *w)
 			? (int64_t)w->cfg.worker_timeout_ms : 10000,
 		    &w->stop, &rep);
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
-		     rv == CACHEW_ECLOSED) &&
+		     rv == CACHEW_ECLOSED || refused(w, rv, &refusals)) &&
 		 !atomic_load(&w->stop));
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
