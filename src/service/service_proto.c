@@ -458,6 +458,8 @@ static const field f_status_reply[] = {
     U64(cwi_msg_status_reply, lineage, 0),
     U64(cwi_msg_status_reply, incarnation, 0),
     STR(cwi_msg_status_reply, journal, 0, CWI_PROTO_MAX_ERRMSG),
+    U64(cwi_msg_status_reply, other_jobs, 0),
+    U64(cwi_msg_status_reply, other_tasks, 0),
 };
 
 static const field f_get_elements[] = {

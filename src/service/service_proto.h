@@ -577,6 +577,10 @@ typedef struct cwi_msg_status_reply {
 	uint64_t lineage;
 	uint64_t incarnation;
 	char *journal;
+	/* To a token that is not an admin's: how many jobs (and their
+	 * tasks) of other identities the lists leave out. */
+	uint64_t other_jobs;
+	uint64_t other_tasks;
 } cwi_msg_status_reply;
 
 /* ---- data path ----------------------------------------------------------- */

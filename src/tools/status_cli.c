@@ -72,7 +72,12 @@ print_text(const cwi_msg_status_reply *s)
 			       "splittable source)\n",
 			    s->datasets[i].dataset_id, hex);
 	}
-	printf("jobs (%zu)\n", s->njobs);
+	if (s->other_jobs > 0)
+		printf("jobs (%zu; %" PRIu64 " of other tenants, with %" PRIu64
+		       " tasks, not shown)\n", s->njobs, s->other_jobs,
+		    s->other_tasks);
+	else
+		printf("jobs (%zu)\n", s->njobs);
 	for (size_t i = 0; i < s->njobs; i++) {
 		const cwi_job_status *j = &s->jobs[i];
 		printf("  %-6" PRIu64 " %-16s dataset %" PRIu64 " %s, clients %u, "
@@ -122,6 +127,8 @@ print_json(const cwi_msg_status_reply *s)
 		json_str(s->journal);
 	else
 		printf("null");
+	printf(",\"other_jobs\":%" PRIu64 ",\"other_tasks\":%" PRIu64,
+	    s->other_jobs, s->other_tasks);
 	printf(",\"pool_target\":%u,", s->pool_target);
 	if (s->provisioner != NULL) {
 		printf("\"provisioner\":{\"kind\":");

@@ -193,11 +193,13 @@ cwi_dispatcher_status_redact(const cwi_dispatcher *d, const char *identity,
 		else
 			job_status_free(&st->jobs[i]);
 	}
+	st->other_jobs = st->njobs - n;
 	st->njobs = n;
 	n = 0;
 	for (size_t i = 0; i < st->ntasks; i++)
 		if (job_of(d, st->tasks[i].job_id, identity))
 			st->tasks[n++] = st->tasks[i];
+	st->other_tasks = st->ntasks - n;
 	st->ntasks = n;
 	n = 0;
 	for (size_t i = 0; i < st->ndatasets; i++) {

@@ -177,8 +177,9 @@ cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
 cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
     cwi_msg_status_reply *rep);
 /* What a tenant that is not an admin may see of a status: only the jobs
- * `identity` owns, their tasks and datasets, and the workers without
- * their addresses (dispatcher_owner.c). */
+ * `identity` owns, their tasks and datasets, the workers without their
+ * addresses, and how many jobs and tasks of others are left out
+ * (dispatcher_owner.c). */
 void cwi_dispatcher_status_redact(const cwi_dispatcher *d,
     const char *identity, cwi_msg_status_reply *st);
 
