@@ -813,6 +813,20 @@ START_TEST(auth_status_of_a_tenant_shows_only_its_jobs)
 }
 END_TEST
 
+/* Runs the shell command cmd (which writes its output to path), frees
+ * both, and returns its exit code (-1: killed) with the output in *out. */
+static int
+shell_run(char *cmd, char *path, char **out)
+{
+	int st = system(cmd);
+
+	*out = cwt_slurp(path);
+	ck_assert_ptr_nonnull(*out);
+	free(cmd);
+	free(path);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* `cachew status URL args` as identity i (-1: no token file): its exit
  * code and output (stdout and stderr) in *out. */
 static int
@@ -822,13 +836,8 @@ status_cli(const authc *a, int i, char **out)
 	char *cmd = cwt_fmt("%s/cachew status %s%s%s > %s 2>&1",
 	    cwt_build_dir(), a->dispatcher.url, i >= 0 ? " --token-file " : "",
 	    i >= 0 ? a->t.file[i] : "", path);
-	int st = system(cmd);
 
-	*out = cwt_slurp(path);
-	ck_assert_ptr_nonnull(*out);
-	free(cmd);
-	free(path);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return shell_run(cmd, path, out);
 }
 
 /* `cachew status --token-file`: an admin sees the worker's address, a
@@ -991,13 +1000,8 @@ dispatcher_try(const char *dir, const char *args, char **log)
 			    "kill -0 $pid 2>/dev/null || break; sleep 0.05; "
 			    "done; wait $pid",
 	    cwt_build_dir(), args, dir, path, path);
-	int st = system(cmd);
 
-	*log = cwt_slurp(path);
-	ck_assert_ptr_nonnull(*log);
-	free(cmd);
-	free(path);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return shell_run(cmd, path, log);
 }
 
 /* A dispatcher on a non-loopback address without tokens refuses to
