@@ -1004,6 +1004,47 @@ dispatcher_try(const char *dir, const char *args, char **log)
 	return shell_run(cmd, path, log);
 }
 
+/* The process provisioner gives the workers it starts the dispatcher's
+ * --token-file: they register; without one it refuses to start. */
+START_TEST(auth_process_provisioner_passes_the_worker_token)
+{
+	authc a;
+	cwi_pmsg rep;
+	char *args, *log;
+	uint64_t deadline;
+	uint64_t n = 0;
+
+	memset(&a, 0, sizeof(a));
+	a.dir = cwt_tmpdir();
+	snprintf(a.work, sizeof(a.work), "%s/work", a.dir);
+	tokens_make(&a.t, a.dir);
+	args = cwt_fmt("--listen tcp://127.0.0.1:0 --provisioner process "
+		       "--auth-tokens %s", a.t.table);
+	ck_assert_int_eq(dispatcher_try(a.dir, args, &log), 1);
+	ck_assert_msg(strstr(log, "give --token-file FILE") != NULL, "%s",
+	    log);
+	free(log);
+	free(args);
+	cwt_daemon_start(&a.dispatcher, a.dir, "dispatcher",
+	    "--role=dispatcher", "--listen", "tcp://127.0.0.1:0", "--work-dir",
+	    a.work, "--heartbeat-ms", "50", "--auth-tokens", a.t.table,
+	    "--provisioner", "process", "--min-workers", "1", "--max-workers",
+	    "1", "--worker-threads", "1", "--token-file", a.t.file[POOL],
+	    (char *)NULL);
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+	while (n == 0 && cwt_now_ms() < deadline) {
+		n = status_as(&a, ROOT, &rep).nworkers;
+		cwi_pmsg_free(&rep);
+		if (n == 0)
+			cwt_nap_ms(50);
+	}
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(cwt_daemon_stop(&a.dispatcher, SIGTERM), 0);
+	cwt_rmtree(a.dir);
+	free(a.dir);
+}
+END_TEST
+
 /* A dispatcher on a non-loopback address without tokens refuses to
  * start, saying both ways out; --insecure or tokens let it. */
 START_TEST(auth_protected_mode_needs_tokens_or_insecure)
@@ -1069,6 +1110,7 @@ cwt_auth_suite(void)
 	tcase_add_test(tc, auth_journal_holds_no_token);
 	tcase_add_test(tc, auth_restart_keeps_ownership);
 	tcase_add_test(tc, auth_protected_mode_needs_tokens_or_insecure);
+	tcase_add_test(tc, auth_process_provisioner_passes_the_worker_token);
 	suite_add_tcase(s, tc);
 	return s;
 }
