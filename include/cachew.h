@@ -96,8 +96,11 @@ typedef enum cachew_err {
 	CACHEW_EEXIST = 14,    /* the name is already taken */
 	CACHEW_ENOTSUP = 15,   /* not supported by this build or object */
 	CACHEW_EPROTO = 16,    /* a peer violated the protocol */
-	CACHEW_EINTERNAL = 17  /* an internal invariant failed: a bug */
-	/* Next free value: 18. */
+	CACHEW_EINTERNAL = 17, /* an internal invariant failed: a bug */
+	CACHEW_EPERM = 18      /* the peer may not do this: not
+				* authenticated, another role, or another
+				* tenant's job (since 0.1) */
+	/* Next free value: 19. */
 } cachew_err;
 
 /* A static, human readable description of an error code ("not found"),

@@ -185,9 +185,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		c->ntasks = 2;
 		c->tasks = xcalloc(2, sizeof(*c->tasks));
 		c->tasks[0] = (cwi_task_info){5, 1, xstrdup("tcp://a:1"),
-		    CWI_TASK_ACTIVE, 0, 100, false};
+		    CWI_TASK_ACTIVE, 0, 100, false, 0x9e3779b97f4a7c15ull};
 		c->tasks[1] = (cwi_task_info){6, 2, xstrdup("ipc:///tmp/w2"),
-		    CWI_TASK_REMOVING, 16, CWI_ROUND_NONE, true};
+		    CWI_TASK_REMOVING, 16, CWI_ROUND_NONE, true, 0};
 		c->block_round = 132;
 		c->splits_total = 64;
 		c->splits_acked = 63;
@@ -949,9 +949,9 @@ START_TEST(test_coord_round_task_rotates_over_serving_tasks)
 {
 	/* Listed out of order: selection is by task id. */
 	cwi_task_info t[3] = {
-	    {7, 1, NULL, CWI_TASK_ACTIVE, 0, CWI_ROUND_NONE, false},
-	    {3, 2, NULL, CWI_TASK_ACTIVE, 0, 10, false},
-	    {9, 3, NULL, CWI_TASK_ACTIVE, 6, CWI_ROUND_NONE, false},
+	    {7, 1, NULL, CWI_TASK_ACTIVE, 0, CWI_ROUND_NONE, false, 0},
+	    {3, 2, NULL, CWI_TASK_ACTIVE, 0, 10, false, 0},
+	    {9, 3, NULL, CWI_TASK_ACTIVE, 6, CWI_ROUND_NONE, false, 0},
 	};
 	uint64_t id, want[14] = {3, 7, 3, 7, 3, 7, 3, 7, 9, 3, 7, 9, 7, 9};
 

@@ -1131,17 +1131,21 @@ START_TEST(snapshot_errors_name_the_field)
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "truncated"));
 	/* The version follows the magic (after the array16 header): a
 	 * later one is refused. */
-	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 3;
+	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 4;
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
 	    CACHEW_ECORRUPT);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
-	    "version: 3 is not 1 or 2"));
-	/* Version 1 has one field fewer. */
+	    "version: 4 is not 1 to 3"));
+	/* Version 1 has two fields fewer, version 2 one. */
 	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 1;
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
 	    CACHEW_ECORRUPT);
-	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "19 fields, 18 expected"));
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "20 fields, 18 expected"));
 	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 2;
+	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
+	    CACHEW_ECORRUPT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "20 fields, 19 expected"));
+	snap[3 + 1 + strlen("cachew-dispatcher-snapshot")] = 3;
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len), CACHEW_OK);
 	/* A dispatcher that holds a state does not load another. */
 	ck_assert_int_eq(cwi_dispatcher_snapshot_load(d, snap, len),
@@ -1182,15 +1186,24 @@ START_TEST(snapshot_carries_the_planner_state)
 	cwi_strbuf sb;
 
 	twin_init(&tw, -1, false);
-	/* Empty: the version 1 form is this without the last field. */
+	/* Empty: the version 2 form is this without the last field (the
+	 * owners), version 1 without the last two. */
 	snap_swapped(tw.a.d, NULL, NULL, &snap, &len);
-	ck_assert_uint_eq(snap[2], 19);
-	ck_assert_uint_eq(snap[vpos], 2);
+	ck_assert_uint_eq(snap[2], 20);
+	ck_assert_uint_eq(snap[vpos], 3);
+	ck_assert_uint_eq(snap[len - 2], 0x90);
 	ck_assert_uint_eq(snap[len - 1], 0x90);
+	snap[2] = 19;
+	snap[vpos] = 2;
+	side_create(&tw, &loaded);
+	ck_assert_msg(cwi_dispatcher_snapshot_load(loaded.d, snap, len - 1) ==
+		CACHEW_OK, "%s", cachew_errmsg());
+	cwi_dispatcher_destroy(loaded.d);
+	cwi_strbuf_free(&loaded.events);
 	snap[2] = 18;
 	snap[vpos] = 1;
 	side_create(&tw, &loaded);
-	ck_assert_msg(cwi_dispatcher_snapshot_load(loaded.d, snap, len - 1) ==
+	ck_assert_msg(cwi_dispatcher_snapshot_load(loaded.d, snap, len - 2) ==
 		CACHEW_OK, "%s", cachew_errmsg());
 	ck_assert_uint_eq(loaded.d->nplanner, 0);
 	cwi_dispatcher_destroy(loaded.d);

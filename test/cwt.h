@@ -42,6 +42,7 @@ Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
                                    * dispatcher, end to end */
 Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
                                    * an iterator's position */
+Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when

@@ -85,6 +85,10 @@ static const opt_spec table[] = {
 	OFF(service_timeout_ms),
 	"service: how long a call to the dispatcher or a worker may take, "
 	"retries included, before it fails", "30000", NULL},
+    {"token_file", OPT_STR, 0, "", 0, 0, OFF(token_file),
+	"service: a file whose first line is this client's token, sent to a "
+	"dispatcher that requires tokens; empty = CACHEW_TOKEN_FILE, else "
+	"none", "\"\"", NULL},
     {"scale_policy", OPT_STR, 0, "", 0, 0, OFF(scale_policy),
 	"service: how the dispatcher sizes this job: model, cachew, fixed:N "
 	"or hpa:P (CPU percent); empty = the dispatcher's default",

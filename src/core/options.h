@@ -27,6 +27,7 @@ typedef struct cwi_opts {
 	int exactly_once;
 	int64_t dispatcher_absence_ms;
 	int64_t service_timeout_ms;
+	char token_file[CWI_OPT_STR_MAX]; /* "" = CACHEW_TOKEN_FILE */
 	/* service autoscaling of this job */
 	char scale_policy[CWI_OPT_STR_MAX]; /* "" = the dispatcher's */
 	int64_t job_weight;

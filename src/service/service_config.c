@@ -155,6 +155,17 @@ static const cfg_spec table[] = {
     {"k8s_deployment", STR(k8s_deployment), "", 0, 0, NULL,
 	"kubernetes provisioner: the worker Deployment (default "
 	"cachew-worker)"},
+    {"auth_tokens", STR(auth_tokens), "", 0, 0, NULL,
+	"dispatcher: a file of '<role> <name> <token>' lines (role client, "
+	"worker or admin; mode 600): every request must then carry one of "
+	"the tokens (docs/security.md)"},
+    {"token_file", STR(token_file), "", 0, 0, NULL,
+	"worker: a file whose first line is the worker's token, sent to "
+	"the dispatcher (one with --auth-tokens); process provisioner: the "
+	"same, given to the workers it starts"},
+    {"insecure", INT(insecure), "0", 0, 1, NULL,
+	"dispatcher: 1 lets it listen on a non-loopback address without "
+	"--auth-tokens (anyone who reaches it may do anything)"},
     {"cache_root", STR(cache_root), "", 0, 0, NULL,
 	"dispatcher: turns autocaching on: the cache root (a directory on "
 	"storage every worker mounts at the same path, or s3://bucket/prefix) "

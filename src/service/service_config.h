@@ -62,6 +62,10 @@ typedef struct cwi_service_config {
 	char k8s_ca_file[CWI_CFG_STR_MAX];
 	char k8s_namespace[CWI_CFG_STR_MAX];
 	char k8s_deployment[CWI_CFG_STR_MAX];
+	/* authentication (docs/security.md) */
+	char auth_tokens[CWI_CFG_STR_MAX]; /* dispatcher: the token file */
+	char token_file[CWI_CFG_STR_MAX];  /* worker: its own token */
+	int64_t insecure;              /* dispatcher: non-loopback, no tokens */
 	/* dispatcher: autocaching (off without a cache root) */
 	char cache_root[CWI_CFG_STR_MAX]; /* shared by dispatcher and workers */
 	char autocache[16];            /* default|cachew|compute|source|full */

@@ -106,6 +106,15 @@ static const field f_error[] = {
     U64(cwi_msg_error, lineage, 0),
 };
 
+/* The envelope's optional entries, at offsets of cwi_pmsg itself. */
+static const field f_envelope[] = {
+    {"k", F_STR, 0, OFF(cwi_pmsg, token), 0, CWI_PROTO_MAX_TOKEN, 0, NULL,
+	NULL, 0},
+    {"i", F_STR, 0, OFF(cwi_pmsg, identity), 0, CWI_PROTO_MAX_IDENTITY, 0,
+	NULL, NULL, 0},
+};
+static const schema s_envelope = SCHEMA("envelope", cwi_pmsg, f_envelope);
+
 static const field f_ok[] = {
     BOOL(cwi_msg_ok, job_finished),
 };
@@ -186,6 +195,7 @@ static const field f_task_def[] = {
     U64(cwi_task_def, seed, 0),
     U64(cwi_task_def, epoch, 0),
     BOOL(cwi_task_def, exactly_once),
+    U64(cwi_task_def, secret, 0),
 };
 static const schema s_task_def = SCHEMA("task_def", cwi_task_def,
     f_task_def);
@@ -287,6 +297,7 @@ static const field f_task_info[] = {
     U64(cwi_task_info, start_round, 0),
     U64D(cwi_task_info, end_round, CWI_ROUND_NONE),
     BOOL(cwi_task_info, direct),
+    U64(cwi_task_info, secret, 0),
 };
 static const schema s_task_info = SCHEMA("task_info", cwi_task_info,
     f_task_info);
@@ -305,6 +316,7 @@ static const field f_client_heartbeat_reply[] = {
 
 static const field f_task_stats[] = {
     U64(cwi_msg_task_stats, task_id, F_REQ),
+    U64(cwi_msg_task_stats, secret, 0),
 };
 
 static const field f_task_stats_reply[] = {
@@ -446,6 +458,8 @@ static const field f_status_reply[] = {
     U64(cwi_msg_status_reply, lineage, 0),
     U64(cwi_msg_status_reply, incarnation, 0),
     STR(cwi_msg_status_reply, journal, 0, CWI_PROTO_MAX_ERRMSG),
+    U64(cwi_msg_status_reply, other_jobs, 0),
+    U64(cwi_msg_status_reply, other_tasks, 0),
 };
 
 static const field f_get_elements[] = {
@@ -464,6 +478,7 @@ static const field f_get_elements[] = {
     BOOL(cwi_msg_get_elements, deterministic),
     BOOL(cwi_msg_get_elements, autotune),
     U32(cwi_msg_get_elements, wait_ms, 0),
+    U64(cwi_msg_get_elements, secret, 0),
 };
 
 static const field f_split_end[] = {
@@ -720,7 +735,21 @@ cwi_pmsg_free(cwi_pmsg *m)
 	if (m == NULL)
 		return;
 	cwi_pmsg_body_free(m->type, &m->u);
+	free(m->token);
+	free(m->identity);
 	memset(m, 0, sizeof(*m));
+}
+
+cachew_err
+cwi_pmsg_set_token(cwi_pmsg *m, const char *token)
+{
+	char *copy = NULL;
+
+	if (token != NULL && (copy = cwi_strdup(token)) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	free(m->token);
+	m->token = copy;
+	return CACHEW_OK;
 }
 
 /* ---- encoder ------------------------------------------------------------- */
@@ -811,7 +840,7 @@ is_default(const field *f, const void *body)
 }
 
 static cachew_err enc_obj(const schema *s, const void *body, cwi_strbuf *sb,
-    const char *msg, unsigned extra);
+    const char *msg, const cwi_pmsg *env);
 
 static cachew_err
 enc_fail_range(const char *msg, const schema *s, const field *f, size_t n,
@@ -897,7 +926,7 @@ enc_field(const schema *s, const field *f, const void *body, cwi_strbuf *sb,
 		cwi_msgpack_put_array(sb, n);
 		for (size_t i = 0; i < n; i++) {
 			cachew_err rv = enc_obj(f->sub,
-			    items + i * f->sub->size, sb, msg, 0);
+			    items + i * f->sub->size, sb, msg, NULL);
 			if (rv != CACHEW_OK)
 				return rv;
 		}
@@ -910,26 +939,21 @@ enc_field(const schema *s, const field *f, const void *body, cwi_strbuf *sb,
 	}
 }
 
-/* Writes the map of a struct; `extra` entries (the envelope's "v" and "t")
- * were or will be written by the caller right after the map header, which
- * must count them. */
-static cachew_err
-enc_obj(const schema *s, const void *body, cwi_strbuf *sb, const char *msg,
-    unsigned extra)
+static size_t
+enc_count(const schema *s, const void *body)
 {
-	size_t n = extra;
+	size_t n = 0;
 
 	for (size_t i = 0; i < s->nfields; i++)
 		if ((s->fields[i].flags & F_REQ) != 0 ||
 		    !is_default(&s->fields[i], body))
 			n++;
-	cwi_msgpack_put_map(sb, n);
-	if (extra > 0) {
-		put_key(sb, "v");
-		cwi_msgpack_put_int(sb, CWI_PROTO_VERSION);
-		put_key(sb, "t");
-		cwi_msgpack_put_str(sb, msg, strlen(msg));
-	}
+	return n;
+}
+
+static cachew_err
+enc_fields(const schema *s, const void *body, cwi_strbuf *sb, const char *msg)
+{
 	for (size_t i = 0; i < s->nfields; i++) {
 		const field *f = &s->fields[i];
 		if ((f->flags & F_REQ) == 0 && is_default(f, body))
@@ -942,8 +966,33 @@ enc_obj(const schema *s, const void *body, cwi_strbuf *sb, const char *msg,
 	return CACHEW_OK;
 }
 
-cachew_err
-cwi_pmsg_body_encode(cwi_msg_type type, const void *body, cwi_strbuf *out)
+/* Writes the map of a struct; with `env` (a message's top level) the
+ * envelope first: "v", "t", then the envelope's "k" and "i" when set. */
+static cachew_err
+enc_obj(const schema *s, const void *body, cwi_strbuf *sb, const char *msg,
+    const cwi_pmsg *env)
+{
+	size_t n = enc_count(s, body);
+	cachew_err rv;
+
+	if (env != NULL)
+		n += 2 + enc_count(&s_envelope, env);
+	cwi_msgpack_put_map(sb, n);
+	if (env != NULL) {
+		put_key(sb, "v");
+		cwi_msgpack_put_int(sb, CWI_PROTO_VERSION);
+		put_key(sb, "t");
+		cwi_msgpack_put_str(sb, msg, strlen(msg));
+		rv = enc_fields(&s_envelope, env, sb, msg);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	return enc_fields(s, body, sb, msg);
+}
+
+static cachew_err
+enc_message(cwi_msg_type type, const void *body, const cwi_pmsg *env,
+    cwi_strbuf *out)
 {
 	const schema *s = schema_of(type);
 	size_t start = out->len;
@@ -953,7 +1002,7 @@ cwi_pmsg_body_encode(cwi_msg_type type, const void *body, cwi_strbuf *out)
 		return cwi_fail(CACHEW_EINVAL, "service message: invalid "
 					       "type %d",
 		    (int)type);
-	rv = enc_obj(s, body, out, s->name, 2);
+	rv = enc_obj(s, body, out, s->name, env);
 	if (rv == CACHEW_OK && out->oom)
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 	if (rv == CACHEW_OK && out->len - start > CWI_PROTO_MAX_HEADER)
@@ -966,9 +1015,17 @@ cwi_pmsg_body_encode(cwi_msg_type type, const void *body, cwi_strbuf *out)
 }
 
 cachew_err
+cwi_pmsg_body_encode(cwi_msg_type type, const void *body, cwi_strbuf *out)
+{
+	static const cwi_pmsg no_envelope;
+
+	return enc_message(type, body, &no_envelope, out);
+}
+
+cachew_err
 cwi_pmsg_encode(const cwi_pmsg *m, cwi_strbuf *out)
 {
-	return cwi_pmsg_body_encode(m->type, &m->u, out);
+	return enc_message(m->type, &m->u, m, out);
 }
 
 /* ---- decoder ------------------------------------------------------------- */
@@ -1356,7 +1413,7 @@ rd_fingerprint(reader *r, cachew_fingerprint *fp)
 }
 
 static cachew_err rd_obj(reader *r, const schema *s, void *body,
-    unsigned depth, bool top);
+    unsigned depth);
 
 /* An array header whose count is checked against the field's limit and
  * against the bytes left (each item takes at least one byte). */
@@ -1429,7 +1486,7 @@ rd_objs(reader *r, const field *f, void *body, unsigned depth)
 		obj_init(f->sub, item);
 		/* Counted first, so a failure frees what the item holds. */
 		*AT(body, f->off_n, size_t) = k + 1;
-		rv = rd_obj(r, f->sub, item, depth + 1, false);
+		rv = rd_obj(r, f->sub, item, depth + 1);
 		if (rv != CACHEW_OK)
 			return rv;
 		path_pop(r, saved);
@@ -1584,13 +1641,42 @@ key_is(const uint8_t *p, uint64_t len, const char *key)
 	return strlen(key) == len && memcmp(p, key, (size_t)len) == 0;
 }
 
-/* Decodes n map entries into body; at the top level (after the envelope)
- * a second "v" or "t" is refused. */
+/* The envelope's "k" or "i" into m: CACHEW_EOF when the key is neither. */
 static cachew_err
-rd_entries(reader *r, const schema *s, void *body, unsigned depth, bool top,
-    uint64_t n)
+rd_envelope_entry(reader *r, cwi_pmsg *m, const uint8_t *key, uint64_t klen,
+    unsigned *seen)
+{
+	size_t saved;
+	cachew_err rv;
+
+	for (unsigned fi = 0; fi < s_envelope.nfields; fi++) {
+		const field *f = &s_envelope.fields[fi];
+		if (!key_is(key, klen, f->key))
+			continue;
+		saved = path_push(r, f->key, 0);
+		if ((*seen >> fi & 1) != 0)
+			return rd_fail(r, "field appears twice");
+		*seen |= 1u << fi;
+		if (!rd_nil(r)) {
+			rv = rd_field(r, f, m, 0);
+			if (rv != CACHEW_OK)
+				return rv;
+		}
+		path_pop(r, saved);
+		return CACHEW_OK;
+	}
+	return CACHEW_EOF;
+}
+
+/* Decodes n map entries into body; at the top level (`top`: the message,
+ * after "v" and "t") a second "v" or "t" is refused and the envelope's
+ * "k" and "i" go to top. */
+static cachew_err
+rd_entries(reader *r, const schema *s, void *body, unsigned depth,
+    cwi_pmsg *top, uint64_t n)
 {
 	uint64_t klen, seen = 0;
+	unsigned env_seen = 0;
 	const uint8_t *key;
 	bool is;
 	cachew_err rv;
@@ -1604,8 +1690,16 @@ rd_entries(reader *r, const schema *s, void *body, unsigned depth, bool top,
 			return rv;
 		if (!is)
 			return rd_fail(r, "map key is not a string");
-		if (top && (key_is(key, klen, "v") || key_is(key, klen, "t")))
+		if (top != NULL &&
+		    (key_is(key, klen, "v") || key_is(key, klen, "t")))
 			return rd_fail(r, "'%c' appears twice", (char)key[0]);
+		if (top != NULL) {
+			rv = rd_envelope_entry(r, top, key, klen, &env_seen);
+			if (rv == CACHEW_OK)
+				continue;
+			if (rv != CACHEW_EOF)
+				return rv;
+		}
 		for (fi = 0; fi < s->nfields; fi++) {
 			if (key_is(key, klen, s->fields[fi].key)) {
 				f = &s->fields[fi];
@@ -1646,7 +1740,7 @@ rd_entries(reader *r, const schema *s, void *body, unsigned depth, bool top,
 
 /* A map header (each entry takes at least two bytes), then its entries. */
 static cachew_err
-rd_obj(reader *r, const schema *s, void *body, unsigned depth, bool top)
+rd_obj(reader *r, const schema *s, void *body, unsigned depth)
 {
 	uint64_t n;
 	bool is;
@@ -1663,7 +1757,7 @@ rd_obj(reader *r, const schema *s, void *body, unsigned depth, bool top)
 	if (n > remain(r) / 2)
 		return rd_fail(r, "map of %llu entries overruns the message",
 		    (unsigned long long)n);
-	return rd_entries(r, s, body, depth, top, n);
+	return rd_entries(r, s, body, depth, NULL, n);
 }
 
 /* The envelope: a map whose first two entries are "v" (checked first, so
@@ -1747,7 +1841,7 @@ cwi_pmsg_decode(const uint8_t *buf, size_t len, cwi_pmsg *out)
 		return rv;
 	cwi_pmsg_init(out, type);
 	r.msg = msg_schemas[type].name;
-	rv = rd_entries(&r, &msg_schemas[type], &out->u, 0, true, rest);
+	rv = rd_entries(&r, &msg_schemas[type], &out->u, 0, out, rest);
 	if (rv == CACHEW_OK && remain(&r) != 0)
 		rv = rd_fail(&r, "%zu bytes follow the message", remain(&r));
 	if (rv != CACHEW_OK)

@@ -56,6 +56,8 @@
 #define CWI_PROTO_MAX_FN_NAME 63u         /* a function's or plugin's name,
 					   * a plugin's version */
 #define CWI_PROTO_FN_HASH 32u             /* a plugin's hash: hex digits */
+#define CWI_PROTO_MAX_TOKEN 256u          /* the envelope's "k" */
+#define CWI_PROTO_MAX_IDENTITY 64u        /* the envelope's "i" */
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -240,6 +242,9 @@ typedef struct cwi_task_def {
 	 * elements, keep its tails for the client to stitch, leave out the
 	 * lease's `skip` ranges, and describe replies with `runs`. */
 	bool exactly_once;
+	/* The task's data-path secret (cwi_task_info.secret): serve
+	 * get_elements and task_stats only with it, when not 0. */
+	uint64_t secret;
 } cwi_task_def;
 
 typedef struct cwi_msg_worker_heartbeat_reply {
@@ -390,6 +395,9 @@ typedef struct cwi_task_info {
 	 * get_elements calls from the consuming thread, one at a time, with
 	 * the client's executor settings; keep no requests in flight. */
 	bool direct;
+	/* The task's data-path secret, given only to its job's clients: sent
+	 * in get_elements and task_stats (0: the dispatcher has none). */
+	uint64_t secret;
 } cwi_task_info;
 
 typedef struct cwi_msg_client_heartbeat_reply {
@@ -569,6 +577,10 @@ typedef struct cwi_msg_status_reply {
 	uint64_t lineage;
 	uint64_t incarnation;
 	char *journal;
+	/* To a token that is not an admin's: how many jobs (and their
+	 * tasks) of other identities the lists leave out. */
+	uint64_t other_jobs;
+	uint64_t other_tasks;
 } cwi_msg_status_reply;
 
 /* ---- data path ----------------------------------------------------------- */
@@ -598,6 +610,9 @@ typedef struct cwi_msg_get_elements {
 	 * client's request times out after its service timeout, which a
 	 * slow epoch's end (every split leased elsewhere) must not reach. */
 	uint32_t wait_ms;
+	/* The task's secret (cwi_task_info.secret): a worker whose task has
+	 * one serves only requests that carry it. */
+	uint64_t secret;
 } cwi_msg_get_elements;
 
 /* "Split split_id ended after the first `after` elements of this reply." */
@@ -658,6 +673,7 @@ typedef struct cwi_msg_get_elements_reply {
  * last lease; busy: a get_elements is running it, no rows were taken. */
 typedef struct cwi_msg_task_stats {
 	uint64_t task_id;
+	uint64_t secret; /* the task's (cwi_task_info.secret) */
 } cwi_msg_task_stats;
 
 typedef struct cwi_msg_task_stats_reply {
@@ -685,6 +701,13 @@ typedef struct cwi_msg_task_counters {
 
 typedef struct cwi_pmsg {
 	cwi_msg_type type;
+	/* The envelope's optional entries after "v" and "t" (any message):
+	 * "k", the sender's token (a secret: never logged or journaled),
+	 * and "i", the identity the dispatcher's server layer found for
+	 * that token, which it sets (overwriting whatever a peer sent)
+	 * before the state machine sees the request. NULL: absent. */
+	char *token;
+	char *identity;
 	union {
 		cwi_msg_error error;
 		cwi_msg_ok ok;
@@ -730,11 +753,17 @@ void cwi_pmsg_init(cwi_pmsg *m, cwi_msg_type type);
 /* The same for a bare body (a member of cwi_pmsg.u) of `type`. */
 void cwi_pmsg_body_init(cwi_msg_type type, void *body);
 /* Frees what a message owns (every pointer in it is heap memory owned by
- * the message, freed with free()) and resets it to CWI_MSG_NONE. */
+ * the message, freed with free(), the envelope's token and identity
+ * included) and resets it to CWI_MSG_NONE. */
 void cwi_pmsg_free(cwi_pmsg *m);
 void cwi_pmsg_body_free(cwi_msg_type type, void *body);
 
-/* Appends the header encoding of m to out. CACHEW_ERANGE (errmsg names the
+/* Sets m's token to a copy of `token` (NULL: none), replacing any;
+ * CACHEW_ENOMEM when the copy fails. */
+cachew_err cwi_pmsg_set_token(cwi_pmsg *m, const char *token);
+
+/* Appends the header encoding of m (its envelope's "k" and "i" included
+ * when set) to out. CACHEW_ERANGE (errmsg names the
  * field) when a field exceeds its limit, CACHEW_EINVAL for an invalid type
  * or enumeration value, CACHEW_ENOMEM when out ran out of memory. */
 cachew_err cwi_pmsg_encode(const cwi_pmsg *m, cwi_strbuf *out);

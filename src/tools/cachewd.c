@@ -41,6 +41,7 @@ usage(FILE *out)
 	    "\n"
 	    "  cachewd --role=dispatcher --listen tcp://0.0.0.0:7070 "
 	    "--work-dir /var/lib/cachew\n"
+	    "          --auth-tokens /etc/cachew/tokens\n"
 	    "  cachewd --role=worker --dispatcher tcp://HOST:7070 "
 	    "--listen tcp://0.0.0.0:7071\n"
 	    "\n"
@@ -100,6 +101,9 @@ parse_flags(int argc, char **argv, cwi_service_config *cfg)
 		n = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
 		if (eq != NULL)
 			value = eq + 1;
+		else if (strcmp(arg, "insecure") == 0 &&
+			 (i + 1 == argc || strncmp(argv[i + 1], "--", 2) == 0))
+			value = "1"; /* a bare --insecure */
 		else if (i + 1 < argc)
 			value = argv[++i];
 		else {

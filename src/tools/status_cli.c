@@ -4,6 +4,7 @@
  */
 #include "tools.h"
 #include "../service/service.h"
+#include "../service/service_auth.h"
 #include "../service/service_rpc.h"
 
 #include <inttypes.h>
@@ -52,7 +53,9 @@ print_text(const cwi_msg_status_reply *s)
 	for (size_t i = 0; i < s->nworkers; i++) {
 		const cwi_worker_status *w = &s->workers[i];
 		printf("  %-6" PRIu64 " %-28s %5u %8.2f %7" PRIu64 "ms %6u %s\n",
-		    w->worker_id, w->address != NULL ? w->address : "-",
+		    w->worker_id,
+		    w->address != NULL && w->address[0] != '\0' ? w->address
+								: "-",
 		    w->cores, w->cpu_use, w->heartbeat_age_ms, w->tasks,
 		    w->draining ? "draining" : "live");
 	}
@@ -69,7 +72,12 @@ print_text(const cwi_msg_status_reply *s)
 			       "splittable source)\n",
 			    s->datasets[i].dataset_id, hex);
 	}
-	printf("jobs (%zu)\n", s->njobs);
+	if (s->other_jobs > 0)
+		printf("jobs (%zu; %" PRIu64 " of other tenants, with %" PRIu64
+		       " tasks, not shown)\n", s->njobs, s->other_jobs,
+		    s->other_tasks);
+	else
+		printf("jobs (%zu)\n", s->njobs);
 	for (size_t i = 0; i < s->njobs; i++) {
 		const cwi_job_status *j = &s->jobs[i];
 		printf("  %-6" PRIu64 " %-16s dataset %" PRIu64 " %s, clients %u, "
@@ -119,6 +127,8 @@ print_json(const cwi_msg_status_reply *s)
 		json_str(s->journal);
 	else
 		printf("null");
+	printf(",\"other_jobs\":%" PRIu64 ",\"other_tasks\":%" PRIu64,
+	    s->other_jobs, s->other_tasks);
 	printf(",\"pool_target\":%u,", s->pool_target);
 	if (s->provisioner != NULL) {
 		printf("\"provisioner\":{\"kind\":");
@@ -205,7 +215,8 @@ print_json(const cwi_msg_status_reply *s)
 int
 cwi_status_cli(int argc, char **argv)
 {
-	const char *url = NULL;
+	const char *url = NULL, *token_file = getenv("CACHEW_TOKEN_FILE");
+	char *token = NULL;
 	bool json = false;
 	cwi_conn *c;
 	cwi_pmsg req, rep;
@@ -214,10 +225,16 @@ cwi_status_cli(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0)
 			json = true;
+		else if (strcmp(argv[i], "--token-file") == 0 && i + 1 < argc)
+			token_file = argv[++i];
+		else if (strncmp(argv[i], "--token-file=", 13) == 0)
+			token_file = argv[i] + 13;
 		else if (strcmp(argv[i], "--help") == 0 ||
 			 strcmp(argv[i], "-h") == 0) {
-			printf("usage: cachew status [URL] [--json]\n"
-			       "  URL defaults to $CACHEW_SERVICE\n");
+			printf("usage: cachew status [URL] [--json] "
+			       "[--token-file FILE]\n"
+			       "  URL defaults to $CACHEW_SERVICE, FILE to "
+			       "$CACHEW_TOKEN_FILE\n");
 			return 0;
 		} else if (url == NULL && argv[i][0] != '-')
 			url = argv[i];
@@ -234,12 +251,19 @@ cwi_status_cli(int argc, char **argv)
 				"(cachew status tcp://host:port)\n");
 		return 2;
 	}
+	if (token_file != NULL && token_file[0] != '\0' &&
+	    cwi_auth_token_read(token_file, &token) != CACHEW_OK) {
+		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
+		return 2;
+	}
 	rv = cwi_dial(&c, url, NULL);
 	if (rv != CACHEW_OK) {
+		free(token);
 		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
 		return 1;
 	}
 	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	req.token = token; /* req owns it now */
 	rv = cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, &rep);
 	cwi_pmsg_free(&req);
 	cwi_conn_destroy(c);

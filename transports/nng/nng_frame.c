@@ -324,7 +324,7 @@ frame_error_decode(const uint8_t *body, size_t len, uint32_t hlen,
 {
 	size_t n = hlen < FRAME_ERRMSG_MAX ? hlen : FRAME_ERRMSG_MAX;
 
-	if (code == CACHEW_OK || code > CACHEW_EINTERNAL ||
+	if (code == CACHEW_OK || code > CACHEW_EPERM ||
 	    FRAME_HEAD + (size_t)hlen != len)
 		return cwi_fail(CACHEW_EPROTO,
 		    "error frame with code %u and %zu trailing bytes", code,

@@ -37,9 +37,11 @@
  * thread. ctx->rows_lock (the operator rows) is taken before s->lock.
  */
 #include "client_int.h"
+#include "../service_auth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define INFLIGHT 4            /* get_elements outstanding per task */
@@ -192,6 +194,7 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		t = &s->tasks[s->ntasks];
 		memset(t, 0, sizeof(*t));
 		t->task_id = ti->task_id;
+		t->secret = ti->secret;
 		t->last_group = UINT64_MAX;
 		t->address = cwi_strdup(ti->address);
 		t->conn = t->address != NULL ? conn_for(s, t->address) : NULL;
@@ -275,6 +278,7 @@ send_heartbeat(session *s)
 	if (s->coord != NULL)
 		m.u.client_heartbeat.round = cwi_coord_next_round(s->coord);
 	cwi_client_exact_fill(s, &m.u.client_heartbeat);
+	(void)cwi_pmsg_set_token(&m, s->ctx->token); /* none: refused */
 	if (cwi_rpc_pack(&m, &msg) == CACHEW_OK) {
 		if (cwi_conn_send(s->dispatcher, msg, (int)s->heartbeat_ms * 4,
 			s->cq, TAG_HEARTBEAT) == CACHEW_OK)
@@ -314,6 +318,7 @@ send_acks(session *s)
 	m.u.split_ack.nsplit_ids = s->nacks;
 	m.u.split_ack.nparts = s->nacks;
 	m.u.split_ack.nleases = s->nacks;
+	(void)cwi_pmsg_set_token(&m, s->ctx->token); /* none: refused */
 	rv = cwi_rpc_pack(&m, &msg);
 	m.u.split_ack.split_ids = NULL;
 	m.u.split_ack.parts = NULL;
@@ -385,6 +390,7 @@ cwi_client_send_get(session *s, size_t slot, const cwi_msg_get_elements *g,
 
 	cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS);
 	m.u.get_elements = *g;
+	m.u.get_elements.secret = t->secret;
 	rv = cwi_rpc_pack(&m, &msg);
 	cwi_pmsg_free(&m);
 	if (rv != CACHEW_OK)
@@ -933,6 +939,7 @@ join_job(session *s)
 	/* A plan without a split source runs whole: -1 on the wire. */
 	req.u.dataset_register.splittable = ctx->plan->source != NULL;
 	req.u.dataset_register.split_units = ctx->plan->units;
+	(void)cwi_pmsg_set_token(&req, s->ctx->token); /* none: refused */
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_DATASET_REGISTER_REPLY, total, &s->closing, &rep);
 	req.u.dataset_register.graph = NULL; /* borrowed */
@@ -976,6 +983,7 @@ join_job(session *s)
 			return rv;
 		}
 	}
+	(void)cwi_pmsg_set_token(&req, s->ctx->token); /* none: refused */
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
@@ -1066,6 +1074,7 @@ release_job(session *s)
 	req.u.job_release.elements_received = s->elements_received;
 	req.u.job_release.bytes_received = s->bytes_received;
 	pthread_mutex_unlock(&s->lock);
+	(void)cwi_pmsg_set_token(&req, s->ctx->token); /* none: refused */
 	if (!s->fetcher_started) {
 		if (cwi_rpc_call(s->dispatcher, &req, CWI_MSG_OK, 2000,
 			&rep) == CACHEW_OK)
@@ -1353,8 +1362,28 @@ ctx_free(void *arg)
 	cachew_dataset_release(ctx->client_graph);
 	cwi_split_plan_destroy(ctx->plan);
 	cachew_free(ctx->graph);
+	if (ctx->token != NULL)
+		explicit_bzero(ctx->token, strlen(ctx->token));
+	free(ctx->token);
 	pthread_mutex_destroy(&ctx->rows_lock);
 	free(ctx);
+}
+
+/* The token_file option, else CACHEW_TOKEN_FILE: the client's token. The
+ * embedded service (inproc) takes none: a variable set for a remote
+ * dispatcher must not fail a program that runs in-process. */
+static cachew_err
+read_token(client_ctx *ctx)
+{
+	const char *path = ctx->opts.token_file;
+
+	if (strncmp(ctx->url, "inproc://", 9) == 0)
+		return CACHEW_OK;
+	if (path[0] == '\0' && (path = getenv("CACHEW_TOKEN_FILE")) == NULL)
+		return CACHEW_OK;
+	if (path[0] == '\0')
+		return CACHEW_OK;
+	return cwi_auth_token_read(path, &ctx->token);
 }
 
 /* The iterator of ds on the service at url, with pipeline seed `seed`;
@@ -1378,6 +1407,9 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
 	snprintf(ctx->url, sizeof(ctx->url), "%s", url);
 	ctx->seed = seed;
 	ctx->restoring = restoring;
+	rv = read_token(ctx);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = cwi_split_plan_create(&ctx->plan, ds);
 	if (rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "service %s: %s", url, cwi_errmsg_get());

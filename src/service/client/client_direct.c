@@ -50,9 +50,11 @@ cwi_client_take_direct(session *s, ctask *t)
 	pthread_mutex_lock(&s->lock);
 	if (s->inl.conn == NULL) {
 		s->inl.id = t->task_id;
+		s->inl.secret = t->secret;
 		s->inl.conn = t->conn;
 	} else if (direct_gone(s)) {
 		s->inl_next.id = t->task_id;
+		s->inl_next.secret = t->secret;
 		s->inl_next.conn = t->conn;
 	} else {
 		ok = false;
@@ -89,6 +91,7 @@ ack_direct(session *s, const cwi_split_end *ends, size_t n)
 	req.u.split_ack.lineage = s->lineage;
 	req.u.split_ack.split_ids = ids;
 	req.u.split_ack.nsplit_ids = n;
+	(void)cwi_pmsg_set_token(&req, s->ctx->token); /* none: refused */
 	if (cwi_rpc_call_retry(s->dispatcher, &req, CWI_MSG_OK,
 		s->ctx->opts.service_timeout_ms, &s->closing, &rep) !=
 	    CACHEW_OK) {
@@ -166,6 +169,7 @@ direct_call(session *s, direct_task t, size_t max, cwi_completion *c)
 
 	cwi_pmsg_init(&req, CWI_MSG_GET_ELEMENTS);
 	req.u.get_elements.task_id = t.id;
+	req.u.get_elements.secret = t.secret;
 	req.u.get_elements.client_id = s->client_id;
 	req.u.get_elements.max_elements =
 	    max < UINT32_MAX ? (uint32_t)max : UINT32_MAX;
@@ -465,6 +469,7 @@ cwi_client_rows_refresh(client_ctx *ctx, session *s)
 	ctx->inline_seen = true;
 	cwi_pmsg_init(&req, CWI_MSG_TASK_STATS);
 	req.u.task_stats.task_id = t.id;
+	req.u.task_stats.secret = t.secret;
 	if (cwi_rpc_call(t.conn, &req, CWI_MSG_TASK_STATS_REPLY,
 		(int)ctx->opts.service_timeout_ms, &rep) != CACHEW_OK)
 		return; /* the task is gone: the last rows stay */

@@ -55,6 +55,7 @@ typedef struct held_reply {
 
 typedef struct ctask {
 	uint64_t task_id;
+	uint64_t secret;    /* its task_info's: sent in every request */
 	char *address;
 	cwi_conn *conn;     /* borrowed from the session's connection table */
 	unsigned inflight;
@@ -84,6 +85,7 @@ typedef struct op_row {
  * thread. */
 typedef struct direct_task {
 	uint64_t id;
+	uint64_t secret; /* its task_info's */
 	cwi_conn *conn; /* the session's (its connection table) */
 } direct_task;
 
@@ -110,6 +112,10 @@ typedef struct auto_state {
 typedef struct client_ctx {
 	char url[CWI_OPT_STR_MAX];
 	cwi_opts opts;
+	/* The token read from the token_file option (or CACHEW_TOKEN_FILE)
+	 * at creation, sent in every request to the dispatcher; NULL:
+	 * none. */
+	char *token;
 	cwi_split_plan *plan;
 	uint8_t *graph;
 	size_t graph_len;

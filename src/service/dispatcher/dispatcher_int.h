@@ -75,6 +75,7 @@ typedef struct worker {
 	uint32_t ntasks;
 	cwi_fn_ident *fns; /* its user functions (worker_register) */
 	size_t nfns;
+	char *owner; /* the identity that registered it (NULL: none) */
 } worker;
 
 typedef struct dataset {
@@ -241,6 +242,9 @@ struct job_pass {
 struct job {
 	uint64_t id;
 	char *name;
+	/* The identity that created it (NULL: none, a dispatcher without
+	 * tokens); its clients all have it (dispatcher_owner.c). */
+	char *owner;
 	uint64_t iteration;
 	dataset *ds;
 	cwi_processing_mode mode;
@@ -314,6 +318,23 @@ job_coordinated(const job *j)
 {
 	return j->num_consumers > 0;
 }
+
+/* ---- ownership (dispatcher_owner.c) --------------------------------------- */
+
+/* Whether two identities are the same (NULL and "" are the empty one). */
+bool cwi_owner_same(const char *a, const char *b);
+/* CACHEW_EPERM when req names a job, client or worker of another identity
+ * than req->identity ("job 3 belongs to another tenant"). */
+cachew_err cwi_owner_check(const cwi_dispatcher *d, const cwi_pmsg *req);
+/* After req succeeded with rep: the job it created and the worker it
+ * registered take req's identity. Out of memory it stays empty, which
+ * no authenticated peer matches: the job is lost to its tenant, never
+ * opened to another. */
+void cwi_owner_record(cwi_dispatcher *d, const cwi_pmsg *req,
+    const cwi_pmsg *rep);
+
+/* A task's data-path secret (0 without cfg.task_secrets). */
+uint64_t cwi_owner_task_secret(const cwi_dispatcher *d, uint64_t task_id);
 
 /* ---- the registry and the events log (dispatcher_state.c) ---------------- */
 

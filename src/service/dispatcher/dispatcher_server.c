@@ -21,15 +21,19 @@
 
 #include "dispatcher_autocache.h"
 #include "dispatcher_state.h"
+#include "../service_auth.h"
 #include "../service_rpc.h"
 #include "../../cache/cache.h"
 #include "../../core/journal.h"
 #include "../../provision/provision.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -81,7 +85,15 @@ struct cwi_dispatcher_server {
 	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
 	cwi_dispatcher_job_hook job_hook; /* set before clients come */
 	void *job_hook_arg;
+	cwi_auth_tokens *tokens; /* --auth-tokens (NULL: none, no checks) */
 };
+
+/* What the server layer learnt of a request's sender before the state
+ * machine sees it (authorise). */
+typedef struct sender {
+	cwi_auth_role role; /* CWI_ROLE_ADMIN without tokens */
+	bool reencode;      /* it came with "k" or "i": journal it re-encoded */
+} sender;
 
 /*
  * The dispatcher's clock: cwi_now_ns() less the time the process was not
@@ -180,25 +192,39 @@ journal_append(cwi_dispatcher_server *d, cachew_err rv, uint64_t *lsn)
 	journal_add(d, rv, lsn, false);
 }
 
-/* Journals a request that the state machine took (d->lock held). */
+/* Journals a request that the state machine took (d->lock held). A
+ * request that came with a token or an identity is journaled re-encoded
+ * (the codec is canonical): without its token, which never reaches the
+ * disk, and with the identity authorise gave it, which replay needs. */
 static void
 journal_request(cwi_dispatcher_server *d, uint64_t now, const cwi_request *r,
     const cwi_pmsg *req, const cwi_pmsg *rep, const cwi_job_pass *offered,
-    uint64_t *lsn)
+    bool reencode, uint64_t *lsn)
 {
 	const uint8_t *hdr;
 	size_t len;
+	cwi_strbuf sb;
+	cachew_err rv = CACHEW_OK;
 
 	*lsn = 0;
 	if (d->journal == NULL || rep->type == CWI_MSG_ERROR ||
 	    req->type == CWI_MSG_STATUS)
 		return;
-	hdr = cwi_msg_header(cwi_request_msg((cwi_request *)r), &len);
-	journal_append(d, offered != NULL
-			      ? cwi_jrec_pass_request(&d->jrec, now, hdr, len,
-				    offered)
-			      : cwi_jrec_request(&d->jrec, now, hdr, len),
-	    lsn);
+	cwi_strbuf_init(&sb);
+	if (reencode) {
+		assert(req->token == NULL);
+		rv = cwi_pmsg_encode(req, &sb);
+		hdr = (const uint8_t *)sb.data;
+		len = sb.len;
+	} else {
+		hdr = cwi_msg_header(cwi_request_msg((cwi_request *)r), &len);
+	}
+	if (rv == CACHEW_OK)
+		rv = offered != NULL ? cwi_jrec_pass_request(&d->jrec, now, hdr,
+					   len, offered)
+				     : cwi_jrec_request(&d->jrec, now, hdr, len);
+	journal_append(d, rv, lsn);
+	cwi_strbuf_free(&sb);
 }
 
 static void
@@ -839,7 +865,7 @@ finish_passes(cwi_dispatcher_server *d)
  * journal record's. */
 static void
 handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
-    const cwi_pmsg *req, cwi_pmsg *rep, uint64_t *lsn)
+    const cwi_pmsg *req, const sender *who, cwi_pmsg *rep, uint64_t *lsn)
 {
 	cwi_job_pass offered;
 	uint64_t now;
@@ -896,7 +922,7 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 	cwi_dispatcher_offer_pass(d->state, NULL);
 	journal_request(d, now, r, req, rep, offered.ctx != NULL ? &offered
 								: NULL,
-	    lsn);
+	    who->reencode, lsn);
 	ids_reserve(d);
 	if (*lsn == 0)
 		*lsn = d->last_lsn;
@@ -954,6 +980,31 @@ status_journal(cwi_dispatcher_server *d, cwi_msg_status_reply *st)
 	st->journal = cwi_strdup(buf);
 }
 
+/* Checks the request's token (with --auth-tokens) and replaces whatever
+ * identity it came with by the token's name (none without tokens); the
+ * token itself is dropped here, before anything could keep it. */
+static cachew_err
+authorise(cwi_dispatcher_server *d, cwi_pmsg *req, sender *who)
+{
+	const char *identity = NULL;
+	cachew_err rv = CACHEW_OK;
+
+	who->role = CWI_ROLE_ADMIN;
+	who->reencode = req->token != NULL || req->identity != NULL;
+	free(req->identity);
+	req->identity = NULL;
+	if (d->tokens != NULL)
+		rv = cwi_auth_check(d->tokens, req, &who->role, &identity);
+	if (req->token != NULL)
+		explicit_bzero(req->token, strlen(req->token));
+	free(req->token);
+	req->token = NULL;
+	if (rv == CACHEW_OK && identity != NULL &&
+	    (req->identity = cwi_strdup(identity)) == NULL)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	return rv;
+}
+
 static void
 on_request(void *arg, cwi_request *r)
 {
@@ -961,19 +1012,34 @@ on_request(void *arg, cwi_request *r)
 	cwi_pmsg req, rep;
 	bool created, finished;
 	uint64_t lsn = 0, now;
+	sender who;
+	cachew_err rv;
 
 	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &req) !=
 	    CACHEW_OK) {
 		cwi_request_reject(r, cwi_errmsg_get());
 		return;
 	}
+	rv = authorise(d, &req, &who);
+	if (rv != CACHEW_OK) {
+		cwi_log(CACHEW_LOG_WARN, "dispatcher", "event=refused peer=%s "
+		    "reason=\"%s\"", cwi_request_peer(r), cwi_errmsg_get());
+		cwi_rpc_reply_error(r, rv, "%s", cwi_errmsg_get());
+		cwi_pmsg_free(&req);
+		return;
+	}
 	if (d->dcache != NULL && req.type == CWI_MSG_JOB_GET_OR_CREATE) {
-		handle_job_request(d, r, &req, &rep, &lsn);
+		handle_job_request(d, r, &req, &who, &rep, &lsn);
 	} else {
 		pthread_mutex_lock(&d->lock);
 		now = disp_now(d);
 		(void)cwi_dispatcher_handle(d->state, now, &req, &rep);
-		journal_request(d, now, r, &req, &rep, NULL, &lsn);
+		if (rep.type == CWI_MSG_STATUS_REPLY &&
+		    who.role != CWI_ROLE_ADMIN)
+			cwi_dispatcher_status_redact(d->state, req.identity,
+			    &rep.u.status_reply);
+		journal_request(d, now, r, &req, &rep, NULL, who.reencode,
+		    &lsn);
 		ids_reserve(d);
 		/* A reply with no record (status, a refused request) may
 		 * still show what earlier records did (a lazy tick's
@@ -1067,7 +1133,7 @@ start_provisioner(cwi_dispatcher_server *d)
 	const cwi_service_config *c = &d->cfg;
 	char url[CWI_CFG_STR_MAX], bin[CWI_CFG_STR_MAX], logs[CWI_CFG_STR_MAX + 16];
 	char hb[24], threads[24];
-	const char *args[7];
+	const char *args[9];
 	size_t nargs = 0;
 	cwi_prov_config pc;
 	cachew_err rv;
@@ -1104,6 +1170,15 @@ start_provisioner(cwi_dispatcher_server *d)
 		if (c->plugin[0] != '\0') {
 			args[nargs++] = "--plugin";
 			args[nargs++] = c->plugin;
+		}
+		/* ... and, with tokens, need one of a worker. */
+		if (d->tokens != NULL && c->token_file[0] == '\0')
+			return cwi_fail(CACHEW_EINVAL, "process provisioner: "
+			    "with --auth-tokens its workers need a worker's "
+			    "token: give --token-file FILE");
+		if (c->token_file[0] != '\0') {
+			args[nargs++] = "--token-file";
+			args[nargs++] = c->token_file;
 		}
 		args[nargs] = NULL;
 		pc.worker_args = args;
@@ -1185,6 +1260,85 @@ start_autocache(cwi_dispatcher_server *d)
 	return CACHEW_OK;
 }
 
+/* Loads --auth-tokens, and refuses a listener that anyone on the network
+ * reaches without them unless --insecure says so (redis's protected
+ * mode). */
+static cachew_err
+start_auth(cwi_dispatcher_server *d, const char *listen)
+{
+	cachew_err rv;
+
+	if (d->cfg.auth_tokens[0] != '\0') {
+		rv = cwi_auth_tokens_load(&d->tokens, d->cfg.auth_tokens);
+		if (rv != CACHEW_OK)
+			return cwi_fail(rv, "--auth-tokens: %s",
+			    cwi_errmsg_get());
+		return CACHEW_OK;
+	}
+	if (d->cfg.insecure || cwi_auth_listen_is_local(listen))
+		return CACHEW_OK;
+	return cwi_fail(CACHEW_EPERM, "refusing to listen on %s without "
+	    "authentication: anyone who reaches it could read and change "
+	    "every job. Give --auth-tokens FILE (docs/security.md), or "
+	    "--insecure to run without (only on a trusted network), or "
+	    "listen on a loopback address", listen);
+}
+
+static cachew_err
+random_key(uint8_t key[16])
+{
+	if (getrandom(key, 16, 0) != 16)
+		return cwi_fail(CACHEW_EIO, "getrandom: %s", strerror(errno));
+	return CACHEW_OK;
+}
+
+/* With tokens, the key of the tasks' data-path secrets: kept in
+ * <work_dir>/auth.key (mode 600, made with getrandom at the first start)
+ * so that a restart derives the same secrets as before it; random per
+ * process without a work dir (whose state dies with it anyway). */
+static cachew_err
+task_key(cwi_dispatcher_server *d, cwi_dispatcher_config *dc)
+{
+	char path[CWI_CFG_STR_MAX + 16];
+	cachew_err rv;
+	ssize_t n;
+	int fd;
+
+	if (d->tokens == NULL)
+		return CACHEW_OK;
+	dc->task_secrets = true;
+	if (d->cfg.work_dir[0] == '\0')
+		return random_key(dc->task_key);
+	snprintf(path, sizeof(path), "%s/auth.key", d->cfg.work_dir);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		n = read(fd, dc->task_key, sizeof(dc->task_key));
+		close(fd);
+		if (n != (ssize_t)sizeof(dc->task_key))
+			return cwi_fail(CACHEW_ECORRUPT, "%s: not a key of %zu "
+			    "bytes (removed, a new one is made: the clients of "
+			    "running tasks then fail)", path,
+			    sizeof(dc->task_key));
+		return CACHEW_OK;
+	}
+	if (errno != ENOENT)
+		return cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	rv = random_key(dc->task_key);
+	if (rv != CACHEW_OK)
+		return rv;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cwi_fail(CACHEW_EIO, "%s: %s", path, strerror(errno));
+	n = write(fd, dc->task_key, sizeof(dc->task_key));
+	if (n != (ssize_t)sizeof(dc->task_key) || fsync(fd) != 0) {
+		close(fd);
+		(void)unlink(path);
+		return cwi_fail(CACHEW_EIO, "%s: cannot write the key", path);
+	}
+	close(fd);
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_dispatcher_server_start(cwi_dispatcher_server **out,
     const cwi_service_config *cfg)
@@ -1205,6 +1359,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 		return rv;
 	}
 	d->cfg = *cfg;
+	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://0.0.0.0:7070";
 	atomic_init(&d->stop, false);
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->prov_lock, NULL);
@@ -1214,6 +1369,9 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_init(&d->reply_lock, NULL);
 	pthread_cond_init(&d->reply_cond, NULL);
 	cwi_strbuf_init(&d->jrec);
+	rv = start_auth(d, listen);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = open_events(d);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -1248,7 +1406,10 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	dc.splits_per_worker = (uint32_t)cfg->splits_per_worker;
 	if (dc.max_workers > 0)
 		dc.scale.max_workers = dc.max_workers;
-	rv = cwi_dispatcher_create(&d->state, &dc);
+	rv = task_key(d, &dc);
+	if (rv == CACHEW_OK)
+		rv = cwi_dispatcher_create(&d->state, &dc);
+	explicit_bzero(dc.task_key, sizeof(dc.task_key));
 	if (rv != CACHEW_OK)
 		goto fail;
 	rv = ids_read(d);
@@ -1275,7 +1436,6 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 				     (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20)
 				 ? (size_t)cfg->max_message_bytes
 				 : (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20);
-	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://0.0.0.0:7070";
 	rv = cwi_listen(&d->listener, listen, &topts, on_request, d);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -1346,6 +1506,7 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	free(d->replies);
 	cwi_dispatcher_destroy(d->state);
 	cwi_dcache_destroy(d->dcache);
+	cwi_auth_tokens_destroy(d->tokens);
 	if (d->events_owned)
 		fclose(d->events);
 	pthread_mutex_destroy(&d->lock);

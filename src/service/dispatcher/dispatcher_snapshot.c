@@ -27,8 +27,8 @@
  * - the pass on offer (offered) and the events buffer: both live only
  *   inside one call.
  *
- * Layout (version 2; version 1 is the same without the planner's lines,
- * and loads with none): every struct is a msgpack array of its fields in
+ * Layout (version 3; version 2 is the same without the owners, and loads
+ * with none; version 1 without the planner's lines too): every struct is a msgpack array of its fields in
  * a fixed order (the encoders below are the reference); strings that may
  * be absent are nil; a split still as cwi_ledger_init made it is nil. The
  * pending pool is written from its head, so a loaded ring starts at 0.
@@ -52,12 +52,15 @@
 #include <stdlib.h>
 
 #define SNAP_MAGIC "cachew-dispatcher-snapshot"
-#define SNAP_VERSION 2u
+#define SNAP_VERSION 3u
 
-/* Fields of each record, version 2 (version 1: TOP_FIELDS_V1). */
+/* Fields of each record, version 3 (the top's in earlier versions:
+ * TOP_FIELDS_V1, TOP_FIELDS_V2). */
 enum {
-	TOP_FIELDS = 19,
+	TOP_FIELDS = 20,
+	TOP_FIELDS_V2 = 19,
 	TOP_FIELDS_V1 = 18,
+	OWNER_FIELDS = 3,
 	WORKER_FIELDS = 10,
 	FN_FIELDS = 4,
 	DATASET_FIELDS = 8,
@@ -362,6 +365,35 @@ save_pass_end(cwi_strbuf *sb, const cwi_pass_end *pe)
 	put_u(sb, pe->workers);
 }
 
+static void
+save_owner(cwi_strbuf *sb, unsigned kind, uint64_t id, const char *owner)
+{
+	if (owner == NULL)
+		return;
+	cwi_msgpack_put_array(sb, OWNER_FIELDS);
+	put_u(sb, kind);
+	put_u(sb, id);
+	cwi_msgpack_put_cstr(sb, owner);
+}
+
+/* The owners (version 3 on): [kind (0 a worker, 1 a job), id, identity]
+ * of every worker, then every job, that has one. */
+static void
+save_owners(cwi_strbuf *sb, const cwi_dispatcher *d)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < d->workers.n; i++)
+		n += WORKER(d, i)->owner != NULL;
+	for (size_t i = 0; i < d->jobs.n; i++)
+		n += JOB(d, i)->owner != NULL;
+	cwi_msgpack_put_array(sb, n);
+	for (size_t i = 0; i < d->workers.n; i++)
+		save_owner(sb, 0, WORKER(d, i)->id, WORKER(d, i)->owner);
+	for (size_t i = 0; i < d->jobs.n; i++)
+		save_owner(sb, 1, JOB(d, i)->id, JOB(d, i)->owner);
+}
+
 cachew_err
 cwi_dispatcher_snapshot_save(const cwi_dispatcher *d, uint8_t **buf,
     size_t *len)
@@ -407,6 +439,7 @@ cwi_dispatcher_snapshot_save(const cwi_dispatcher *d, uint8_t **buf,
 	cwi_msgpack_put_array(&sb, d->nplanner);
 	for (size_t i = 0; i < d->nplanner; i++)
 		cwi_msgpack_put_str(&sb, d->planner[i].text, d->planner[i].len);
+	save_owners(&sb, d);
 	rv = cwi_strbuf_finish(&sb, &out, len);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -1244,6 +1277,44 @@ load_planner(cwi_mp_doc *x, cwi_dispatcher *d)
 	return x->rv == CACHEW_OK;
 }
 
+/* The owners (version 3 on): each names a worker or job loaded above
+ * that has no owner yet. */
+static bool
+load_owners(cwi_mp_doc *x, cwi_dispatcher *d)
+{
+	uint64_t n;
+
+	if (!cwi_mp_doc_array(x, "owners", 2 * SNAP_MAX_ITEMS, &n))
+		return false;
+	for (uint64_t i = 0; i < n && x->rv == CACHEW_OK; i++) {
+		size_t mark = cwi_mp_doc_enter_at(x, "owners", i);
+		uint32_t kind = 0;
+		uint64_t id = 0;
+		char **owner = NULL;
+		worker *w;
+		job *j;
+
+		cwi_mp_doc_record(x, NULL, OWNER_FIELDS);
+		cwi_mp_doc_u32(x, "kind", 0, 1, &kind);
+		cwi_mp_doc_u64(x, "id", 1, UINT64_MAX, &id);
+		if (x->rv == CACHEW_OK && kind == 0 &&
+		    (w = cwi_disp_find_worker(d, id)) != NULL)
+			owner = &w->owner;
+		if (x->rv == CACHEW_OK && kind == 1 &&
+		    (j = cwi_disp_find_job(d, id)) != NULL)
+			owner = &j->owner;
+		if (x->rv == CACHEW_OK && (owner == NULL || *owner != NULL))
+			cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "id", "%s %" PRIu64
+			    " is not in the snapshot, or has an owner already",
+			    kind == 0 ? "worker" : "job", id);
+		else if (x->rv == CACHEW_OK)
+			cwi_mp_doc_strdup(x, "identity",
+			    CWI_PROTO_MAX_IDENTITY, false, owner);
+		cwi_mp_doc_leave(x, mark);
+	}
+	return x->rv == CACHEW_OK;
+}
+
 /* Loads n entries of one registry vector with `one`. */
 static bool
 load_vec(cwi_mp_doc *x, cwi_dispatcher *d, const char *name, vec *v,
@@ -1269,6 +1340,7 @@ load_head(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t *version)
 {
 	char magic[sizeof(SNAP_MAGIC)];
 	uint64_t nfields, n;
+	unsigned want;
 
 	if (!cwi_mp_doc_array(x, NULL, 64, &nfields))
 		return false;
@@ -1278,14 +1350,15 @@ load_head(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t *version)
 		    "not a dispatcher snapshot");
 	if (!cwi_mp_doc_u64(x, "version", 0, UINT64_MAX, version))
 		return false;
-	if (*version != 1 && *version != SNAP_VERSION)
+	if (*version < 1 || *version > SNAP_VERSION)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "version",
-		    "%" PRIu64 " is not 1 or %u, the versions this build reads",
+		    "%" PRIu64 " is not 1 to %u, the versions this build reads",
 		    *version, SNAP_VERSION);
-	if (nfields != (*version == 1 ? TOP_FIELDS_V1 : TOP_FIELDS))
+	want = *version == 1 ? TOP_FIELDS_V1
+	       : *version == 2 ? TOP_FIELDS_V2 : TOP_FIELDS;
+	if (nfields != want)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, NULL,
-		    "%" PRIu64 " fields, %u expected", nfields,
-		    *version == 1 ? TOP_FIELDS_V1 : TOP_FIELDS);
+		    "%" PRIu64 " fields, %u expected", nfields, want);
 	cwi_mp_doc_u64(x, "lineage", 0, UINT64_MAX, &d->lineage);
 	cwi_mp_doc_u64(x, "incarnation", 0, UINT64_MAX, &d->incarnation);
 	cwi_mp_doc_u64(x, "next_worker_id", 1, UINT64_MAX, &d->next_worker_id);
@@ -1341,7 +1414,8 @@ cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
 	    load_vec(&x, d, "jobs", &d->jobs, load_job, job_id_of) &&
 	    load_vec(&x, d, "tasks", &d->tasks, load_task, task_id_of) &&
 	    check_lessees(&x, d) && load_pass_ends(&x, d) &&
-	    (version == 1 || load_planner(&x, d)))
+	    (version == 1 || load_planner(&x, d)) &&
+	    (version < 3 || load_owners(&x, d)))
 		cwi_mp_doc_end(&x);
 	if (x.rv == CACHEW_OK)
 		return CACHEW_OK;

@@ -222,6 +222,7 @@ job_free(const cwi_dispatcher *d, job *j)
 	cwi_scaler_destroy(j->sizing.scaler);
 	free(j->clients);
 	free(j->name);
+	free(j->owner);
 	cwi_pass_free(d, j);
 	free(j);
 }
@@ -241,6 +242,7 @@ worker_free(worker *w)
 		return;
 	free(w->address);
 	free(w->build);
+	free(w->owner);
 	free(w->fns);
 	free(w);
 }
@@ -1168,6 +1170,7 @@ fill_task_list(const cwi_dispatcher *d, const job *j,
 		ti->end_round = t->end_round;
 		ti->direct = t->w->direct && j->num_consumers == 0 &&
 			     j->mode == CWI_MODE_DISTRIBUTED_EPOCH;
+		ti->secret = cwi_owner_task_secret(d, t->id);
 		ti->address = cwi_strdup(t->w->address);
 		if (ti->address == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1426,6 +1429,8 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 		    &rep->start[rep->nstart++]);
 		if (rv != CACHEW_OK)
 			return rv;
+		rep->start[rep->nstart - 1].secret =
+		    cwi_owner_task_secret(d, t->id);
 	}
 	for (size_t i = 0; i < req->ntasks; i++) {
 		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
@@ -1627,6 +1632,8 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 
 	cwi_pmsg_init(rep, CWI_MSG_NONE);
 	rv = check_lineage(d, req);
+	if (rv == CACHEW_OK)
+		rv = cwi_owner_check(d, req);
 	if (rv != CACHEW_OK)
 		goto done;
 	switch (req->type) {
@@ -1687,6 +1694,8 @@ cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns, const cwi_pmsg *req,
 	}
 done:
 	rep->type = rtype;
+	if (rv == CACHEW_OK)
+		cwi_owner_record(d, req, rep);
 	if (rv == CACHEW_OK && rtype == CWI_MSG_WORKER_REGISTER_REPLY)
 		rep->u.worker_register_reply.lineage = d->lineage;
 	if (rv == CACHEW_OK && rtype == CWI_MSG_JOB_GET_OR_CREATE_REPLY)

@@ -117,6 +117,13 @@ typedef struct cwi_dispatcher_config {
 	/* Autocaching: frees the planner's context of a pass whose end was
 	 * never taken (cwi_dispatcher_take_pass_ends). NULL: not needed. */
 	void (*pass_free)(void *ctx);
+	/* Data-path secrets (docs/security.md): with task_secrets, a task's
+	 * secret is the SipHash-2-4, under task_key, of its id and the
+	 * state's lineage (the same after a replay, unguessable without the
+	 * key); its worker serves only requests that carry it. Without: 0,
+	 * which workers do not check. */
+	bool task_secrets;
+	uint8_t task_key[16];
 } cwi_dispatcher_config;
 
 /* Fills cfg with the defaults named above (no events). */
@@ -169,6 +176,12 @@ cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
 /* A snapshot of everything, in id order. */
 cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
     cwi_msg_status_reply *rep);
+/* What a tenant that is not an admin may see of a status: only the jobs
+ * `identity` owns, their tasks and datasets, the workers without their
+ * addresses, and how many jobs and tasks of others are left out
+ * (dispatcher_owner.c). */
+void cwi_dispatcher_status_redact(const cwi_dispatcher *d,
+    const char *identity, cwi_msg_status_reply *st);
 
 /* Dispatches any request to the function above and fills *rep (initialised
  * here; free with cwi_pmsg_free) with its reply: CWI_MSG_OK for requests

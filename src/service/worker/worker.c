@@ -13,9 +13,11 @@
 #include "../service.h"
 #include "../../graph/graph.h"
 #include "worker_task.h"
+#include "../service_auth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <sys/resource.h>
 
@@ -26,6 +28,7 @@ struct cwi_worker {
 	char url[CWI_CFG_STR_MAX];
 	cachew_options *opts;
 	cwi_wtask_env env;
+	char *token; /* --token-file's (env.token); NULL: none */
 
 	pthread_t heartbeat;
 	bool heartbeat_started;
@@ -94,6 +97,16 @@ on_request(void *arg, cwi_request *r)
 		cwi_pmsg_free(&m);
 		return;
 	}
+	if (!cwi_wtask_secret_ok(t, m.type == CWI_MSG_GET_ELEMENTS
+					? m.u.get_elements.secret
+					: m.u.task_stats.secret)) {
+		cwi_rpc_reply_error(r, CACHEW_EPERM, "task %llu on worker %s: "
+		    "the request lacks the task's secret: only its job's "
+		    "clients may read it", (unsigned long long)id, w->url);
+		cwi_wtask_unref(t);
+		cwi_pmsg_free(&m);
+		return;
+	}
 	if (m.type == CWI_MSG_GET_ELEMENTS)
 		cwi_wtask_get_elements(t, r, &m.u.get_elements);
 	else
@@ -155,10 +168,30 @@ register_functions(cwi_msg_worker_register *m)
 	return rv;
 }
 
+/* A registration the dispatcher refused for the worker's token (EPERM:
+ * none, a wrong one, a worker of another identity at this address) is
+ * said in the log, on the first refusal and every 30th after, and tried
+ * again a second later: the operator may fix the token file or the
+ * dispatcher's table meanwhile. */
+static bool
+refused(cwi_worker *w, cachew_err rv, unsigned *count)
+{
+	if (rv != CACHEW_EPERM)
+		return false;
+	if ((*count)++ % 30 == 0)
+		cwi_log(CACHEW_LOG_ERROR, "worker", "event=register_refused "
+		    "dispatcher=%s error=\"%s\"", w->cfg.dispatcher,
+		    cwi_errmsg_get());
+	for (int i = 0; i < 50 && !atomic_load(&w->stop); i++)
+		cwi_sleep_ns(20 * 1000000u);
+	return true;
+}
+
 static cachew_err
 do_register(cwi_worker *w)
 {
 	cwi_pmsg req, rep;
+	unsigned refusals = 0;
 	cachew_err rv;
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
@@ -168,6 +201,8 @@ do_register(cwi_worker *w)
 	req.u.worker_register.build = cwi_strdup(cachew_version());
 	req.u.worker_register.direct = w->env.inline_run;
 	rv = register_functions(&req.u.worker_register);
+	if (rv == CACHEW_OK)
+		rv = cwi_pmsg_set_token(&req, w->env.token);
 	if (rv != CACHEW_OK) {
 		cwi_pmsg_free(&req);
 		return rv;
@@ -184,7 +219,7 @@ do_register(cwi_worker *w)
 			? (int64_t)w->cfg.worker_timeout_ms : 10000,
 		    &w->stop, &rep);
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
-		     rv == CACHEW_ECLOSED) &&
+		     rv == CACHEW_ECLOSED || refused(w, rv, &refusals)) &&
 		 !atomic_load(&w->stop));
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
@@ -332,8 +367,11 @@ do_heartbeat(cwi_worker *w, bool *all_drained)
 		cwi_wtask_unref(v[i]);
 	}
 	free(v);
-	rv = cwi_rpc_call(w->dispatcher, &req, CWI_MSG_WORKER_HEARTBEAT_REPLY,
-	    (int)w->cfg.heartbeat_ms * 4, &rep);
+	rv = cwi_pmsg_set_token(&req, w->env.token);
+	if (rv == CACHEW_OK)
+		rv = cwi_rpc_call(w->dispatcher, &req,
+		    CWI_MSG_WORKER_HEARTBEAT_REPLY,
+		    (int)w->cfg.heartbeat_ms * 4, &rep);
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -353,7 +391,8 @@ do_deregister(cwi_worker *w)
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_DEREGISTER);
 	req.u.worker_deregister.worker_id = w->worker_id;
 	req.u.worker_deregister.lineage = w->env.lineage;
-	if (cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
+	if (cwi_pmsg_set_token(&req, w->env.token) == CACHEW_OK &&
+	    cwi_rpc_call(w->dispatcher, &req, CWI_MSG_OK,
 		(int)w->cfg.heartbeat_ms * 4, &rep) == CACHEW_OK)
 		cwi_pmsg_free(&rep);
 	cwi_pmsg_free(&req);
@@ -522,8 +561,11 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	pthread_mutex_init(&w->lock, NULL);
 	cwi_cond_init_monotonic(&w->cond);
 	rv = cachew_options_create(&w->opts);
+	if (rv == CACHEW_OK && cfg->token_file[0] != '\0')
+		rv = cwi_auth_token_read(cfg->token_file, &w->token);
 	if (rv != CACHEW_OK)
 		goto fail;
+	w->env.token = w->token;
 	if (cfg->threads > 0)
 		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
 	cwi_transport_opts_init(&topts);
@@ -641,6 +683,9 @@ cwi_worker_stop(cwi_worker *w)
 	cwi_listener_destroy(w->listener);
 	cwi_conn_destroy(w->dispatcher);
 	cachew_options_destroy(w->opts);
+	if (w->token != NULL)
+		explicit_bzero(w->token, strlen(w->token));
+	free(w->token);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
 	free(w);

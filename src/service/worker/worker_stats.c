@@ -152,6 +152,7 @@ cwi_wtask_send_counters(cwi_wtask *t)
 	m->ops_leases = t->ops_leases;
 	ok = report_rows(t, &m->ops, &m->nops);
 	pthread_mutex_unlock(&t->lock);
+	ok = ok && cwi_pmsg_set_token(&req, t->env->token) == CACHEW_OK;
 	rv = ok ? cwi_rpc_call(t->env->dispatcher, &req, CWI_MSG_OK,
 		      (int)t->env->rpc_timeout_ms, &rep)
 		: cwi_fail(CACHEW_ENOMEM, "out of memory");

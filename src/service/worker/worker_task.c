@@ -149,6 +149,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	pthread_mutex_init(&t->pull_lock, NULL);
 	t->id = def->task_id;
 	t->job_id = def->job_id;
+	t->secret = def->secret;
 	t->mode = def->processing_mode;
 	t->lease_size = def->lease_size > 0 ? def->lease_size : 4;
 	t->seed = def->seed;
@@ -210,6 +211,12 @@ uint64_t
 cwi_wtask_id(const cwi_wtask *t)
 {
 	return t->id;
+}
+
+bool
+cwi_wtask_secret_ok(const cwi_wtask *t, uint64_t secret)
+{
+	return t->secret == 0 || t->secret == secret;
 }
 
 void
@@ -1093,6 +1100,7 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	 * splits exactly as the plain executor does. */
 	req.u.split_lease.max_splits = t->inline_run ? CWI_PROTO_MAX_SPLITS
 						     : t->lease_size;
+	(void)cwi_pmsg_set_token(&req, t->env->token); /* none: refused */
 	/* Each round of retries is bounded by the call timeout (a stop is
 	 * seen between rounds); an unreachable dispatcher (a restart) is
 	 * ridden out for absence_ms in all. */

@@ -46,6 +46,9 @@ typedef struct cwi_wtask cwi_wtask;
 /* What a task needs from its worker. */
 typedef struct cwi_wtask_env {
 	cwi_conn *dispatcher;  /* for split leases */
+	/* The worker's token (--token-file), sent in every request to the
+	 * dispatcher; NULL: none. */
+	const char *token;
 	uint64_t worker_id;
 	/* The dispatcher's, from the registration (written by the
 	 * heartbeat thread, read by tasks). */
@@ -74,6 +77,9 @@ typedef struct cwi_wtask_env {
 cachew_err cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
     const cwi_wtask_env *env);
 uint64_t cwi_wtask_id(const cwi_wtask *t);
+/* Whether a request carrying `secret` may read the task: its def had
+ * none (0), or the same. */
+bool cwi_wtask_secret_ok(const cwi_wtask *t, uint64_t secret);
 void cwi_wtask_ref(cwi_wtask *t);
 /* Drops a reference; the last one frees the task (stopped first). */
 void cwi_wtask_unref(cwi_wtask *t);

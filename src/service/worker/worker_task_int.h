@@ -103,6 +103,7 @@ typedef struct reply_status {
 struct cwi_wtask {
 	atomic_uint refs;
 	uint64_t id, job_id;
+	uint64_t secret; /* its def's: requests must carry it (0: none) */
 	cwi_processing_mode mode;
 	uint32_t lease_size;
 	uint64_t lease_seq; /* lease requests so far (the runner's) */
