@@ -240,7 +240,10 @@ class Service:
                    [self.cachewd, "--role=worker", "--dispatcher",
                     self.url, "--listen", self.listen(f"w{i + 1}"),
                     "--threads", str(self.threads),
-                    "--drain-timeout-ms", "10000"] + self.common(),
+                    "--drain-timeout-ms", "10000",
+                    # The workloads' data, wherever it was generated: a
+                    # worker reads only what --allow-read allows.
+                    "--allow-read", "/"] + self.common(),
                    os.path.join(self.dir, f"worker{i + 1}.log"))
         self.workers.append(w)
         w.start()

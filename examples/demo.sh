@@ -164,10 +164,13 @@ service_demo() {
 	    --listen tcp://127.0.0.1:0 --work-dir "$logs/work" \
 	    --heartbeat-ms 100
 	durl=$(daemon_url "$logs/dispatcher.log")
+	# A worker reads only what --allow-read allows (docs/security.md).
 	start_daemon w1pid "$logs/worker1.log" --role=worker --dispatcher "$durl" \
-	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100
+	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100 \
+	    --allow-read "$DATA"
 	start_daemon w2pid "$logs/worker2.log" --role=worker --dispatcher "$durl" \
-	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100
+	    --listen tcp://127.0.0.1:0 --threads 1 --heartbeat-ms 100 \
+	    --allow-read "$DATA"
 	daemon_url "$logs/worker1.log" > /dev/null
 	daemon_url "$logs/worker2.log" > /dev/null
 	echo "   dispatcher $durl (pid $dpid), workers pid $w1pid and $w2pid"

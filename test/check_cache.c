@@ -1499,39 +1499,6 @@ END_TEST
 
 /* ---- S3 roots (s3rver) --------------------------------------------------- */
 
-static int
-s3_await_port(const char *portfile, pid_t pid)
-{
-	for (int i = 0; i < 400; i++) {
-		FILE *f = fopen(portfile, "r");
-		int port = 0;
-		if (f != NULL) {
-			if (fscanf(f, "%d", &port) != 1)
-				port = 0;
-			fclose(f);
-		}
-		if (port > 0)
-			return port;
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return -1;
-		usleep(50000);
-	}
-	return -1;
-}
-
-static void
-s3_stop(pid_t pid)
-{
-	kill(pid, SIGTERM);
-	for (int i = 0; i < 100; i++) {
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return;
-		usleep(20000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-}
-
 START_TEST(test_s3_root_round_trip_corruption_and_management)
 {
 	char mod[512], *dir, *store, *seed, *portfile, *cmd, url[64];
@@ -1570,7 +1537,7 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 		    "bkt", seed, portfile, (char *)NULL);
 		_exit(127);
 	}
-	port = s3_await_port(portfile, pid);
+	port = cwt_await_port(portfile, pid);
 	ck_assert_msg(port > 0, "s3rver did not start");
 	snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
 	setenv("AWS_ENDPOINT_URL", url, 1);
@@ -1638,7 +1605,7 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	cwi_cache_root_close(r);
 	for (int i = 0; i < 40; i++)
 		cwi_element_release(e[i]);
-	s3_stop(pid);
+	cwt_stop_pid(pid);
 	unsetenv("AWS_ENDPOINT_URL");
 	unsetenv("AWS_ACCESS_KEY_ID");
 	unsetenv("AWS_SECRET_ACCESS_KEY");
@@ -1880,6 +1847,47 @@ START_TEST(test_part_writer_excludes_single_writer)
 }
 END_TEST
 
+/* Parts of writes that never commit stay in their cache's directory; a
+ * part writer counts them against the root's capacity, or writes that
+ * no one commits could fill the storage one part at a time. */
+START_TEST(test_uncommitted_parts_count_against_capacity)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r0 = root_at(dir, 0), *r;
+	cachew_fingerprint fp = fp_of(44);
+	cwi_unit_range u[] = {{0, 100}};
+	cwi_cache_writer_opts o = {.chunk_bytes = 4096, .frame_bytes = 256,
+	    .part_write_id = 2, .part_units = u, .npart_units = 1};
+	cwi_cache_writer *w = NULL;
+	uint64_t one = 0, now = 0;
+	cachew_err rv = CACHEW_OK;
+
+	write_part(r0, &fp, 1, u, 1, true); /* write 1: never committed */
+	ck_assert_int_eq(cwi_cache_usage(r0, NULL, &one), CACHEW_OK);
+	/* Room for that part and half of another. */
+	r = root_at(dir, one + one / 2);
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "range(100)", &o),
+	    CACHEW_OK);
+	for (int64_t v = 0; v < 100 && rv == CACHEW_OK; v++) {
+		cwi_element *e = elem_i64(v);
+		rv = cwi_cache_writer_add(w, &e, 1);
+		cwi_element_release(e);
+	}
+	if (rv == CACHEW_OK)
+		rv = cwi_cache_writer_commit(w);
+	ck_assert_int_eq(rv, CACHEW_ENOMEM);
+	ck_assert_msg(strstr(cachew_errmsg(), "capacity") != NULL, "%s",
+	    cachew_errmsg());
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(cwi_cache_usage(r0, NULL, &now), CACHEW_OK);
+	ck_assert_uint_le(now, one + one / 2);
+	cwi_cache_root_close(r);
+	cwi_cache_root_close(r0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_cache_suite(void)
 {
@@ -1921,6 +1929,7 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_parts_replayed_and_crashed_leases_are_dropped);
 	tcase_add_test(tc, test_parts_commit_rejects_damaged_or_foreign_parts);
 	tcase_add_test(tc, test_part_writer_excludes_single_writer);
+	tcase_add_test(tc, test_uncommitted_parts_count_against_capacity);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -754,12 +754,16 @@ dispatcher_with_cache(cwt_daemon *d, const char *dir, const char *name,
 	    (char *)NULL);
 }
 
+/* A worker that may write the dispatcher's cache root. */
 static void
 worker_for(cwt_daemon *w, const char *dir, const char *name, const char *url)
 {
+	char cache[600];
+
+	snprintf(cache, sizeof(cache), "%s/cache", dir);
 	cwt_daemon_start(w, dir, name, "--role=worker", "--dispatcher", url,
 	    "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "50",
-	    "--threads", "1", (char *)NULL);
+	    "--threads", "1", "--cache-root", cache, (char *)NULL);
 }
 
 /* Epochs of this compute 0.3 s of sleeping: the default policy caches

@@ -49,72 +49,6 @@ fmt(const char *f, ...)
 	return s;
 }
 
-static bool
-port_open(int port)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET,
-	    .sin_port = htons((uint16_t)port)};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	bool ok;
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
-/* Waits (bounded: 20 s) for `portfile` and for the port to accept. */
-static int
-await_port(const char *portfile, pid_t pid)
-{
-	for (int i = 0; i < 400; i++) {
-		FILE *f = fopen(portfile, "r");
-		int port = 0;
-		if (f != NULL) {
-			if (fscanf(f, "%d", &port) != 1)
-				port = 0;
-			fclose(f);
-		}
-		if (port > 0 && port_open(port))
-			return port;
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return -1;
-		usleep(50000);
-	}
-	return -1;
-}
-
-static pid_t
-spawn(char *const argv[], const char *node_path)
-{
-	pid_t pid = fork();
-
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		if (node_path != NULL)
-			setenv("NODE_PATH", node_path, 1);
-		execvp(argv[0], argv);
-		_exit(127);
-	}
-	return pid;
-}
-
-static void
-stop(pid_t pid)
-{
-	if (pid <= 0)
-		return;
-	kill(pid, SIGTERM);
-	for (int i = 0; i < 100; i++) {
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return;
-		usleep(20000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-}
-
 /* Starts http_server.py over a fresh www/ (token: require a bearer; tls:
  * a directory holding srv.pem and srv.key to serve HTTPS with). */
 static void
@@ -134,8 +68,8 @@ srv_start_with(server *s, const char *token, const char *tls)
 	    s->root, "--log", s->log, "--portfile", portfile, "--token",
 	    (char *)(token != NULL ? token : ""), "--tls-cert",
 	    tls != NULL ? cert : "", "--tls-key", tls != NULL ? key : "", NULL};
-	s->pid = spawn(argv, NULL);
-	s->port = await_port(portfile, s->pid);
+	s->pid = cwt_spawn(argv, NULL);
+	s->port = cwt_await_port(portfile, s->pid);
 	ck_assert_msg(s->port > 0, "test/servers/http_server.py did not start");
 	snprintf(s->base, sizeof(s->base), "%s://127.0.0.1:%d",
 	    tls != NULL ? "https" : "http", s->port);
@@ -150,7 +84,7 @@ srv_start(server *s, const char *token)
 static void
 srv_stop(server *s)
 {
-	stop(s->pid);
+	cwt_stop_pid(s->pid);
 	cwt_rmtree(s->dir);
 	free(s->dir);
 	free(s->root);
@@ -1067,8 +1001,8 @@ START_TEST(test_s3rver_text_lines_and_list_files_end_to_end)
 	free(p);
 	char *argv[] = {"node", "test/servers/s3rver_launch.js", store, "bkt",
 	    seed, portfile, NULL};
-	pid = spawn(argv, node_path);
-	port = await_port(portfile, pid);
+	pid = cwt_spawn(argv, node_path);
+	port = cwt_await_port(portfile, pid);
 	ck_assert_msg(port > 0, "s3rver did not start");
 	p = fmt("http://127.0.0.1:%d", port);
 	setenv("AWS_ENDPOINT_URL", p, 1);
@@ -1085,7 +1019,7 @@ START_TEST(test_s3rver_text_lines_and_list_files_end_to_end)
 			  "flat_map(text_lines)");
 	ck_assert_str_eq(lines, "deep");
 	free(lines);
-	stop(pid);
+	cwt_stop_pid(pid);
 	env_clear();
 	cwt_rmtree(dir);
 	free(dir);

@@ -43,6 +43,8 @@ Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
 Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
                                    * an iterator's position */
 Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
+Suite *cwt_security_suite(void);  /* check_security.c: what a worker may
+                                   * read, fetch and write; --user */
 
 /* Parses and runs a pipeline to its end. On success *out holds the
  * elements (free with cwt_free). On failure returns the error and, when
@@ -129,9 +131,33 @@ int cwt_daemon_stop(cwt_daemon *d, int sig);
  * returns its exit code (cwt_daemon_stop's). */
 int cwt_dispatcher_stop_verified(cwt_daemon *d);
 
+/* Forks and execs argv (looked up on PATH), with NODE_PATH=node_path in
+ * its environment unless NULL; fails the test when fork fails. */
+pid_t cwt_spawn(char *const argv[], const char *node_path);
+/* Waits (20 s at most) for a server to write its port to `portfile` and
+ * for that port on 127.0.0.1 to accept; -1 when pid exits or time runs
+ * out. */
+int cwt_await_port(const char *portfile, pid_t pid);
+/* SIGTERM, then SIGKILL after 2 s; waits for pid. No-op for pid <= 0. */
+void cwt_stop_pid(pid_t pid);
+
+/* test/servers/http_server.py serving `root` on 127.0.0.1, its request
+ * log and port file in `dir`. */
+typedef struct cwt_http_server {
+	pid_t pid;
+	int port;
+	char log[512];
+	char base[64]; /* "http://127.0.0.1:PORT" */
+} cwt_http_server;
+
+void cwt_http_server_start(cwt_http_server *s, const char *dir,
+    const char *root);
+void cwt_http_server_stop(cwt_http_server *s);
+
 /* A dispatcher and workers on loopback, with fast heartbeats (50 ms), a
  * 2 s worker timeout and a 20 s client timeout; the workers run with one
- * thread. */
+ * thread, read what is under the cluster's dir and cache under
+ * <dir>/cache. */
 #define CWT_CLUSTER_MAX_WORKERS 16
 typedef struct cwt_cluster {
 	char *dir;

@@ -7,7 +7,9 @@
 #include "cwt.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -215,18 +218,112 @@ cwt_dispatcher_stop_verified(cwt_daemon *d)
 	return rc;
 }
 
+/* ---- servers the tests talk to ------------------------------------------ */
+
+pid_t
+cwt_spawn(char *const argv[], const char *node_path)
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (node_path != NULL)
+			setenv("NODE_PATH", node_path, 1);
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static bool
+port_open(int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	    .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool ok;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+int
+cwt_await_port(const char *portfile, pid_t pid)
+{
+	for (int i = 0; i < 400; i++) {
+		FILE *f = fopen(portfile, "r");
+		int port = 0;
+		if (f != NULL) {
+			if (fscanf(f, "%d", &port) != 1)
+				port = 0;
+			fclose(f);
+		}
+		if (port > 0 && port_open(port))
+			return port;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		usleep(50000);
+	}
+	return -1;
+}
+
+void
+cwt_stop_pid(pid_t pid)
+{
+	if (pid <= 0)
+		return;
+	kill(pid, SIGTERM);
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return;
+		usleep(20000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+void
+cwt_http_server_start(cwt_http_server *s, const char *dir, const char *root)
+{
+	char portfile[512];
+	char *argv[] = {"python3", "test/servers/http_server.py", "--root",
+	    (char *)root, "--log", s->log, "--portfile", portfile, NULL};
+
+	memset(s, 0, sizeof(*s));
+	snprintf(s->log, sizeof(s->log), "%s/http.log", dir);
+	snprintf(portfile, sizeof(portfile), "%s/http.port", dir);
+	s->pid = cwt_spawn(argv, NULL);
+	live_add(s->pid);
+	s->port = cwt_await_port(portfile, s->pid);
+	ck_assert_msg(s->port > 0, "test/servers/http_server.py did not start");
+	snprintf(s->base, sizeof(s->base), "http://127.0.0.1:%d", s->port);
+}
+
+void
+cwt_http_server_stop(cwt_http_server *s)
+{
+	cwt_stop_pid(s->pid);
+	live_remove(s->pid);
+	s->pid = 0;
+}
+
 /* ---- a cluster ---------------------------------------------------------- */
 
 void
 cwt_cluster_worker_start(cwt_cluster *c, int i)
 {
-	char name[32];
+	char name[32], cache[600];
 
 	ck_assert_int_lt(i, CWT_CLUSTER_MAX_WORKERS);
 	snprintf(name, sizeof(name), "worker%d", i);
+	snprintf(cache, sizeof(cache), "%s/cache", c->dir);
 	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
 	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
-	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
+	    "--heartbeat-ms", "50", "--threads", "1", "--allow-read", c->dir,
+	    "--cache-root", cache, (char *)NULL);
 }
 
 void

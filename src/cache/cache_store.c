@@ -12,6 +12,7 @@
  */
 #include "cache_int.h"
 
+#include "../io/io_policy.h"
 #include "../io/io_put.h"
 
 #include <dirent.h>
@@ -160,7 +161,9 @@ cwi_cache_root_open(
 		rv = cwi_fail(CACHEW_EINVAL, "cache root %s: no bucket", root);
 		goto fail;
 	}
-	if (!r->s3) {
+	/* A root a confined worker only reads (cache_get under an
+	 * --allow-read directory) is not created. */
+	if (!r->s3 && cwi_io_may_write(r->path)) {
 		rv = cwi_cache_mkdirs(r->path);
 		if (rv != CACHEW_OK)
 			goto fail;

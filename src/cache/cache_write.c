@@ -383,6 +383,25 @@ chunk_finish(cwi_cache_writer *w)
 
 /* ---- capacity ----------------------------------------------------------- */
 
+/* What the root holds besides this writer's own files. A part writer
+ * shares its cache's directory with the other parts of its write and with
+ * the parts of writes that never committed (a client may start any number
+ * of them): those count too, or such parts could fill the storage one
+ * part at a time, each within the capacity on its own. */
+static cachew_err
+others_usage(cwi_cache_writer *w, uint64_t *bytes)
+{
+	uint64_t all = 0, mine;
+	cachew_err rv;
+
+	if (w->o.part_write_id == 0)
+		return cwi_cache_usage(w->root, &w->fp, bytes);
+	rv = cwi_cache_usage(w->root, NULL, &all);
+	mine = w->chunk_bytes_total + (w->cur.open ? w->cur.bytes : 0);
+	*bytes = all > mine ? all - mine : 0;
+	return rv;
+}
+
 /* Keeps the root within its capacity before `more` bytes are appended:
  * evicts other caches when needed, fails with CACHEW_ENOMEM when even that
  * is not enough. */
@@ -396,7 +415,7 @@ check_capacity(cwi_cache_writer *w, uint64_t more)
 		return CACHEW_OK;
 	mine = w->chunk_bytes_total + (w->cur.open ? w->cur.bytes : 0) + more;
 	if (!w->others_known) {
-		rv = cwi_cache_usage(w->root, &w->fp, &w->others_bytes);
+		rv = others_usage(w, &w->others_bytes);
 		if (rv != CACHEW_OK)
 			return rv;
 		w->others_known = true;
@@ -408,7 +427,7 @@ check_capacity(cwi_cache_writer *w, uint64_t more)
 		rv = cwi_cache_gc(w->root, cap - mine, &freed);
 		if (rv != CACHEW_OK)
 			return rv;
-		rv = cwi_cache_usage(w->root, &w->fp, &w->others_bytes);
+		rv = others_usage(w, &w->others_bytes);
 		if (rv != CACHEW_OK)
 			return rv;
 		if (w->others_bytes <= cap - mine)

@@ -33,6 +33,7 @@
 
 #include "../exec/exec_state.h"
 #include "../exec/exec_tune.h"
+#include "../io/io_policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,7 @@ typedef struct put_pass {
 	const cwi_node *node;  /* the cache_put or cache node */
 	cwi_cache_root *root;  /* NULL: pass through only */
 	bool own_root;         /* opened (and closed) by the pass itself */
+	uint64_t capacity;     /* of the root (put_policy); 0: no bound */
 	int64_t ram_budget;    /* the pipeline's (bytes, > 0) */
 	/* cache_put(write_id=W) running on a lease of a split pipeline: this
 	 * lease writes one part of write W, covering these units. */
@@ -184,7 +186,7 @@ put_warn(put_pass *p, const char *what, cachew_err rv)
 	    msg[0] != '\0' ? msg : cachew_strerror(rv));
 }
 
-static cwi_cache_root *put_root_open(const cwi_node *node);
+static cwi_cache_root *put_root_open(const cwi_node *node, uint64_t capacity);
 
 /* Starts the writer with the first elements pulled, v[first..n) (an
  * iterator that is created and destroyed unused writes nothing). */
@@ -200,7 +202,7 @@ put_begin(put_pass *p, const cwi_chunk *v, size_t first)
 
 	p->started = true;
 	if (p->own_root)
-		p->root = put_root_open(node);
+		p->root = put_root_open(node, p->capacity);
 	if (p->root == NULL)
 		return;
 	o = writer_opts(node, v, first);
@@ -291,13 +293,31 @@ put_finish(put_pass *p, cachew_err end)
 	p->w = NULL;
 }
 
+/* The capacity of a writing node's root: its parameter, and in a confined
+ * worker (io_policy.h) at most the worker's for that root, which must be
+ * one of its cache roots. Unlike a full disk this fails the pipeline: a
+ * warning in the worker's log would hide the reason from its user. */
+static cachew_err
+put_policy(const cwi_node *node, uint64_t *capacity)
+{
+	uint64_t limit = 0;
+	cachew_err rv;
+
+	*capacity = (uint64_t)cwi_node_int(node, "capacity");
+	rv = cwi_io_check_cache_root(cwi_node_str(node, "root"), &limit);
+	if (rv == CACHEW_OK && limit != 0 &&
+	    (*capacity == 0 || *capacity > limit))
+		*capacity = limit;
+	return rv;
+}
+
 /* Opens the root of a writing node; a failure only disables caching. */
 static cwi_cache_root *
-put_root_open(const cwi_node *node)
+put_root_open(const cwi_node *node, uint64_t capacity)
 {
 	cwi_cache_root *r = NULL;
 	cachew_err rv = cwi_cache_root_open(&r, cwi_node_str(node, "root"),
-	    (uint64_t)cwi_node_int(node, "capacity"));
+	    capacity);
 	char hex[33];
 
 	if (rv == CACHEW_OK)
@@ -879,6 +899,11 @@ put_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	p->pass.node = node;
 	p->pass.ram_budget = args->pl->opts.ram_budget;
 	p->pass.own_root = true;
+	rv = put_policy(node, &p->pass.capacity);
+	if (rv != CACHEW_OK) {
+		free(p);
+		return rv;
+	}
 	/* Only a lease writes a part: the whole input in one process is
 	 * the whole cache, written by one writer as always. */
 	if (cwi_node_int(node, "write_id") != 0 && args->pl->split_node != NULL &&
@@ -1006,7 +1031,9 @@ get_lookup(const cwi_node *node, cwi_cache_root **root,
 	if (!fp_parse(hex, fp))
 		return cwi_fail(CACHEW_EINVAL,
 		    "fingerprint '%s' is not 32 hex digits", hex);
-	rv = cwi_cache_root_open(root, path, 0);
+	rv = cwi_io_check_read(path);
+	if (rv == CACHEW_OK)
+		rv = cwi_cache_root_open(root, path, 0);
 	if (rv != CACHEW_OK)
 		return rv;
 	rv = cwi_cache_lookup(*root, fp, m);
@@ -1299,7 +1326,12 @@ cache_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	c->args = *args;
 	c->pass.node = node;
 	c->pass.ram_budget = args->pl->opts.ram_budget;
-	c->root = put_root_open(node);
+	rv = put_policy(node, &c->pass.capacity);
+	if (rv != CACHEW_OK) {
+		free(c);
+		return rv;
+	}
+	c->root = put_root_open(node, c->pass.capacity);
 	c->pass.root = c->root;
 	if (cache_find(c, node, &m)) {
 		/* A complete cache: the input is not even started. */

@@ -5,6 +5,7 @@
 #include "graph.h"
 
 #include "../io/io.h"
+#include "../io/io_policy.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -919,10 +920,17 @@ cwi_paths_expand(
 			continue;
 		}
 		if (strstr(pat, "://") != NULL) {
-			rv = paths_push(&paths, &n, &cap, pat);
+			rv = cwi_io_check_read(pat);
+			if (rv == CACHEW_OK)
+				rv = paths_push(&paths, &n, &cap, pat);
 			continue;
 		}
+		/* A confined process (a worker) learns nothing of a path
+		 * outside what it may read, not even whether it exists. */
 		if (strpbrk(pat, "*?[") == NULL) {
+			rv = cwi_io_check_read(pat);
+			if (rv != CACHEW_OK)
+				break;
 			if (stat(pat, &sb) != 0) {
 				rv = cwi_fail(CACHEW_ENOENT, "%s: %s", pat,
 				    strerror(errno));
@@ -931,6 +939,9 @@ cwi_paths_expand(
 			rv = paths_push(&paths, &n, &cap, pat);
 			continue;
 		}
+		rv = cwi_io_check_glob(pat);
+		if (rv != CACHEW_OK)
+			break;
 		/* Sorted by strcmp, not the locale's collation: the order
 		 * numbers a file source's split units, which every worker
 		 * and client must agree on. */
@@ -944,8 +955,14 @@ cwi_paths_expand(
 							  : CACHEW_EIO,
 			    "cannot expand '%s'", pat);
 		} else {
-			for (size_t j = 0; j < g.gl_pathc && rv == CACHEW_OK; j++)
-				rv = paths_push(&paths, &n, &cap, g.gl_pathv[j]);
+			/* Each match on its own: a symlink among them may
+			 * lead out. */
+			for (size_t j = 0; j < g.gl_pathc && rv == CACHEW_OK; j++) {
+				rv = cwi_io_check_read(g.gl_pathv[j]);
+				if (rv == CACHEW_OK)
+					rv = paths_push(&paths, &n, &cap,
+					    g.gl_pathv[j]);
+			}
 		}
 		if (grv != GLOB_NOMATCH)
 			globfree(&g);

@@ -127,6 +127,10 @@ typedef struct cwi_http_req {
 	struct curl_slist *headers; /* fixed extra headers (auth, sha256) */
 	char *sigv4;                /* "aws:amz:REGION:s3", or NULL */
 	char *user, *secret;        /* SigV4 credentials */
+	/* The host comes from the pipeline (an http(s) URL), not from the
+	 * operator's endpoint (S3, GCS): a confined process checks every
+	 * address it connects to and every redirect (io_policy.h). */
+	bool pipeline_host;
 } cwi_http_req;
 
 void cwi_http_req_free(cwi_http_req *req);

@@ -27,16 +27,26 @@
  * the PEM file named by CACHEW_CA_BUNDLE (else CURL_CA_BUNDLE), read when
  * a file is opened, for private CAs and loopback tests.
  *
+ * Confinement: in a confined process (io_policy.h) a URL the pipeline
+ * names is checked at every connection: the address a socket is about to
+ * connect to (CURLOPT_OPENSOCKETFUNCTION: a refused private address is
+ * never connected to, whatever DNS answered), and before each request,
+ * redirects included, the URL and the address of the connection it goes
+ * over (CURLOPT_PREREQFUNCTION, which also sees reused connections). A
+ * refusal ends the transfer at once, without retries.
+ *
  * No locks: the per-thread pairs are thread-local; curl_global_init runs
  * once under pthread_once.
  */
 #include "io.h"
+#include "io_policy.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 /* The most error-body bytes kept for a message. */
 #define ERRBODY_MAX 1024
@@ -86,6 +96,9 @@ typedef struct http_file {
 	cwi_strbuf errbody;
 	char errbuf[CURL_ERROR_SIZE];
 	char errmsg[512]; /* the final error's message, for sticky returns */
+	/* Why a confined process refused this attempt's peer or redirect
+	 * (io_policy.h); "" when it did not. */
+	char refused[512];
 	int fails;        /* consecutive attempts without progress */
 	int attempts;
 	cwi_rng rng;
@@ -487,6 +500,63 @@ attempt_headers(http_file *h)
 	return rv;
 }
 
+/* ---- confinement -------------------------------------------------------------- */
+
+/* The URL of the request curl is making: a redirect's target once it
+ * follows one. */
+static const char *
+current_url(http_file *h)
+{
+	char *url = NULL;
+
+	(void)curl_easy_getinfo(h->conn->easy, CURLINFO_EFFECTIVE_URL, &url);
+	return url != NULL ? url : h->req.url;
+}
+
+/* Keeps the refusal's message, naming the URL the pipeline gave when a
+ * redirect led elsewhere. */
+static void
+note_refusal(http_file *h)
+{
+	if (strcmp(current_url(h), h->req.url) != 0)
+		snprintf(h->refused, sizeof(h->refused), "%s: redirected: %s",
+		    h->base.path, cwi_errmsg_get());
+	else
+		snprintf(h->refused, sizeof(h->refused), "%s",
+		    cwi_errmsg_get());
+}
+
+static curl_socket_t
+open_socket(void *ctx, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	http_file *h = ctx;
+
+	if (purpose == CURLSOCKTYPE_IPCXN &&
+	    cwi_io_check_peer(current_url(h), &a->addr) != CACHEW_OK) {
+		note_refusal(h);
+		return CURL_SOCKET_BAD;
+	}
+	return socket(a->family, a->socktype, a->protocol);
+}
+
+static int
+before_request(void *ctx, char *peer_ip, char *local_ip, int peer_port,
+    int local_port)
+{
+	http_file *h = ctx;
+	const char *url = current_url(h);
+
+	(void)local_ip;
+	(void)peer_port;
+	(void)local_port;
+	if (cwi_io_check_read(url) != CACHEW_OK ||
+	    cwi_io_check_peer_text(url, peer_ip) != CACHEW_OK) {
+		note_refusal(h);
+		return CURL_PREREQFUNC_ABORT;
+	}
+	return CURL_PREREQFUNC_OK;
+}
+
 static cachew_err
 attempt_start(http_file *h)
 {
@@ -504,6 +574,7 @@ attempt_start(http_file *h)
 	h->a_net0 = h->net;
 	h->errbody.len = 0;
 	h->errbuf[0] = '\0';
+	h->refused[0] = '\0';
 	h->attempts++;
 	curl_easy_reset(e);
 #define SET(opt, val)                                                         \
@@ -533,6 +604,12 @@ attempt_start(http_file *h)
 		SET(CURLOPT_AWS_SIGV4, h->req.sigv4);
 		SET(CURLOPT_USERNAME, h->req.user);
 		SET(CURLOPT_PASSWORD, h->req.secret);
+	}
+	if (h->req.pipeline_host && cwi_io_confined()) {
+		SET(CURLOPT_OPENSOCKETFUNCTION, open_socket);
+		SET(CURLOPT_OPENSOCKETDATA, h);
+		SET(CURLOPT_PREREQFUNCTION, before_request);
+		SET(CURLOPT_PREREQDATA, h);
 	}
 #undef SET
 	if (h->connect_to != NULL && rc == CURLE_OK)
@@ -643,6 +720,9 @@ attempt_end(http_file *h, CURLcode rc)
 	attempt_detach(h);
 	if (h->err != CACHEW_OK)
 		return h->err;
+	/* A refusal is final: the next attempt would meet the same rule. */
+	if (rc != CURLE_OK && h->refused[0] != '\0')
+		return cwi_fail(CACHEW_EINVAL, "%s", h->refused);
 	if (h->a_complete)
 		rc = CURLE_OK; /* write_body stopped a longer body at `end` */
 	if (rc == CURLE_OK && h->a_ok) {

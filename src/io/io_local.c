@@ -3,6 +3,7 @@
  * descriptor from a tracked offset, so a byte range costs nothing extra.
  */
 #include "io.h"
+#include "io_policy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -99,6 +100,11 @@ cwi_local_open(
 		rv = cwi_fail(CACHEW_EIO, "%s: is a directory, not a file", path);
 		goto fail;
 	}
+	/* Where the descriptor leads, whatever replaced a symlink since
+	 * cwi_file_open_range checked the path. */
+	rv = cwi_io_check_read_fd(l->base.fd, path);
+	if (rv != CACHEW_OK)
+		goto fail;
 	/* Pipes and /proc files have no meaningful size: read to the end. */
 	l->base.size = S_ISREG(sb.st_mode) ? (int64_t)sb.st_size : -1;
 	l->pos = offset;

@@ -4,6 +4,7 @@
  * expands s3:// and gs:// globs.
  */
 #include "io.h"
+#include "io_policy.h"
 
 #include <fnmatch.h>
 #include <stdio.h>
@@ -68,12 +69,16 @@ cwi_file_open_range(cwi_file **out, const char *path, uint64_t offset,
 		cwi_io_opts_default(&defaults);
 		opts = &defaults;
 	}
+	rv = cwi_io_check_read(path);
+	if (rv != CACHEW_OK)
+		return rv;
 	if (has_prefix(path, "file://"))
 		return cwi_local_open(out, path + 7, offset, length);
 	if (has_prefix(path, "http://") || has_prefix(path, "https://")) {
 		req.url = cwi_strdup(path);
 		if (req.url == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		req.pipeline_host = true;
 		rv = CACHEW_OK;
 	} else if (has_prefix(path, "s3://")) {
 		rv = cwi_s3_request(path, opts, &req);
@@ -297,6 +302,9 @@ cwi_io_list(const char *pattern, const cwi_io_opts *opts, cwi_io_entry **out,
 		cwi_io_opts_default(&defaults);
 		opts = &defaults;
 	}
+	rv = cwi_io_check_glob(pattern);
+	if (rv != CACHEW_OK)
+		return rv;
 	rv = cwi_io_split_bucket(pattern, scheme_len, &bucket, &key);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -325,6 +333,12 @@ cwi_io_list(const char *pattern, const cwi_io_opts *opts, cwi_io_entry **out,
 		free(v[i].etag);
 	}
 	n = keep;
+	/* A confined process reads only what the pattern's own prefix
+	 * allows; a key with a dot segment would lead out of it. */
+	for (size_t i = 0; i < n && rv == CACHEW_OK; i++)
+		rv = cwi_io_check_read(v[i].url);
+	if (rv != CACHEW_OK)
+		goto done;
 	if (n > 1)
 		qsort(v, n, sizeof(*v), entry_cmp);
 	*out = v;

@@ -16,6 +16,7 @@
  */
 #include "ops.h"
 
+#include "../io/io_policy.h"
 #include "../sources/sources.h"
 
 #include <errno.h>
@@ -314,7 +315,11 @@ tfrecord_write_create(
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	rv = writer_open(w, gzip);
+	/* A confined worker writes only under its cache roots (its
+	 * temporary files and index sit beside the file). */
+	rv = cwi_io_check_write(w->path);
+	if (rv == CACHEW_OK)
+		rv = writer_open(w, gzip);
 	if (rv == CACHEW_OK && cwi_node_bool(node, "index"))
 		rv = index_open(w);
 	if (rv != CACHEW_OK)

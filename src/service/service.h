@@ -35,7 +35,9 @@ void cwi_dispatcher_server_set_job_hook(cwi_dispatcher_server *d,
     cwi_dispatcher_job_hook fn, void *arg);
 
 /* Starts a worker: listens for clients on cfg->listen and registers with
- * cfg->dispatcher (retrying until it answers). */
+ * cfg->dispatcher (retrying until it answers). With cfg->user it switches
+ * to that user once the listener is bound; with cfg->confined it then
+ * confines its pipelines (cwi_worker_confine) before taking a task. */
 cachew_err cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg);
 /* The same, on inproc only, with its uncoordinated distributed_epoch tasks
  * direct (it registers `direct`): a client's get_elements runs the task's
@@ -44,6 +46,10 @@ cachew_err cwi_worker_start(cwi_worker **out, const cwi_service_config *cfg);
 cachew_err cwi_worker_start_inline(cwi_worker **out,
     const cwi_service_config *cfg);
 const char *cwi_worker_url(const cwi_worker *w);
+/* Confines this process's pipelines to cfg->allow_read and cfg->cache_root
+ * (creating the cache roots): the process-wide access policy of
+ * src/io/io_policy.h, installed once. Errors name the flag and item. */
+cachew_err cwi_worker_confine(const cwi_service_config *cfg);
 /* Begins a drain: take no new splits, deliver the leased ones, deregister.
  * Returns at once; cwi_worker_wait_drained() waits for the end. */
 void cwi_worker_drain(cwi_worker *w);

@@ -12,9 +12,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* CFG_LIST: a string to which every setting appends one item (':'
- * separated); its environment variable is its plural. */
-typedef enum cfg_type { CFG_STR, CFG_INT, CFG_LIST } cfg_type;
+/* CFG_LIST: a string to which every setting appends one item, ':'
+ * separated (CFG_URLS: ',', for items that may be URLs); its environment
+ * variable is its plural, and the singular adds one item. */
+typedef enum cfg_type { CFG_STR, CFG_INT, CFG_LIST, CFG_URLS } cfg_type;
 
 typedef struct cfg_spec {
 	const char *name;
@@ -31,6 +32,8 @@ typedef struct cfg_spec {
 	sizeof(((cwi_service_config *)0)->f)
 #define INT(f) CFG_INT, offsetof(cwi_service_config, f), 0
 #define LIST(f) CFG_LIST, offsetof(cwi_service_config, f), \
+	sizeof(((cwi_service_config *)0)->f)
+#define URLS(f) CFG_URLS, offsetof(cwi_service_config, f), \
 	sizeof(((cwi_service_config *)0)->f)
 
 static const char *const roles[] = {"dispatcher", "worker", NULL};
@@ -166,17 +169,32 @@ static const cfg_spec table[] = {
     {"insecure", INT(insecure), "0", 0, 1, NULL,
 	"dispatcher: 1 lets it listen on a non-loopback address without "
 	"--auth-tokens (anyone who reaches it may do anything)"},
-    {"cache_root", STR(cache_root), "", 0, 0, NULL,
+    {"cache_root", URLS(cache_root), "", 0, 0, NULL,
 	"dispatcher: turns autocaching on: the cache root (a directory on "
 	"storage every worker mounts at the same path, or s3://bucket/prefix) "
-	"where jobs' pipelines are cached (docs/autocaching.md)"},
+	"where jobs' pipelines are cached (docs/autocaching.md). Worker: a "
+	"place its pipelines may write (cache_put, cache, autocache, "
+	"tfrecord_write), created if missing; repeatable (CACHEW_CACHE_ROOTS: "
+	"several, ','-separated); none: it writes nothing"},
+    {"allow_read", URLS(allow_read), "", 0, 0, NULL,
+	"worker: a local directory or URL prefix (s3://bucket/, "
+	"https://host/path/) its pipelines may read; repeatable "
+	"(CACHEW_ALLOW_READS: several, ','-separated). None: it reads "
+	"nothing but its cache roots, fetches no URL; private addresses only "
+	"through a prefix naming them (docs/security.md). The process "
+	"provisioner passes the dispatcher's to its workers"},
+    {"user", STR(user), "", 0, 0, NULL,
+	"run as this user: a worker switches after binding its listener, a "
+	"dispatcher before opening its work dir; needs root"},
     {"autocache", STR(autocache), "default", 0, 0, autocache_policies,
 	"dispatcher: where pipelines are cached: default (the cost model), "
 	"cachew (Cachew's rule), or the fixed compute, source (the first "
 	"autocache marker) or full (the pipeline end)"},
     {"cache_capacity", INT(cache_capacity), "0", 0, INT64_MAX, NULL,
 	"dispatcher: bytes the cache root may hold (0 = no bound); a cache "
-	"that does not fit is not chosen"},
+	"that does not fit is not chosen. Worker: bytes each cache root may "
+	"hold, whatever a pipeline's capacity says (0 = what its caches hold "
+	"at start plus 90% of its file system's free space)"},
     {"allow_frozen_random", INT(allow_frozen_random), "0", 0, 1, NULL,
 	"dispatcher: 1 lets autocaching cache after a random operator (its "
 	"one draw is then replayed every epoch)"},
@@ -186,6 +204,12 @@ static const cfg_spec table[] = {
 };
 
 #define NCFG (sizeof(table) / sizeof(table[0]))
+
+static int
+is_list(const cfg_spec *s)
+{
+	return s->type == CFG_LIST || s->type == CFG_URLS;
+}
 
 static const cfg_spec *
 find(const char *name)
@@ -267,7 +291,7 @@ add_item(cwi_service_config *c, const cfg_spec *s, const char *text,
 		return cwi_fail(CACHEW_EINVAL, "%s: %s: the list is longer than "
 		    "%zu bytes", origin, s->name, s->size - 1);
 	if (len > 0)
-		list[len++] = ':';
+		list[len++] = s->type == CFG_URLS ? ',' : ':';
 	memcpy(list + len, text, strlen(text) + 1);
 	return CACHEW_OK;
 }
@@ -281,7 +305,7 @@ cwi_service_config_set(cwi_service_config *c, const char *name,
 	if (s == NULL)
 		return cwi_fail(CACHEW_ENOENT, "%s: unknown option '%s'", origin,
 		    name);
-	if (s->type == CFG_LIST)
+	if (is_list(s))
 		return add_item(c, s, text, origin);
 	return s->type == CFG_STR ? set_str(c, s, text, origin)
 				  : set_int(c, s, text, origin);
@@ -379,16 +403,21 @@ cwi_service_config_env(cwi_service_config *c)
 		const char *v;
 
 		for (const char *p = table[i].name;
-		     *p != '\0' && k + 1 < sizeof(var); p++)
+		     *p != '\0' && k + 2 < sizeof(var); p++)
 			var[k++] = (char)toupper((unsigned char)*p);
-		if (table[i].type == CFG_LIST && k + 1 < sizeof(var))
-			var[k++] = 'S';
 		var[k] = '\0';
-		if ((v = getenv(var)) == NULL)
-			continue;
-		cachew_err rv = cwi_service_config_set(c, table[i].name, v, var);
-		if (rv != CACHEW_OK)
-			return rv;
+		/* A list's singular (CACHEW_CACHE_ROOT) adds one item, its
+		 * plural several. */
+		for (int plural = 0; plural <= is_list(&table[i]); plural++) {
+			cachew_err rv;
+			var[k] = plural ? 'S' : '\0';
+			var[k + 1] = '\0';
+			if ((v = getenv(var)) == NULL)
+				continue;
+			rv = cwi_service_config_set(c, table[i].name, v, var);
+			if (rv != CACHEW_OK)
+				return rv;
+		}
 	}
 	return CACHEW_OK;
 }
@@ -404,6 +433,10 @@ cwi_service_config_check(const cwi_service_config *c)
 		    "a worker needs --dispatcher ADDRESS (or CACHEW_DISPATCHER)");
 	if (strcmp(c->role, "dispatcher") == 0) {
 		cwi_scale_config sc;
+		if (strchr(c->cache_root, ',') != NULL)
+			return cwi_fail(CACHEW_EINVAL, "a dispatcher takes one "
+			    "--cache-root (where autocaching writes), not '%s'",
+			    c->cache_root);
 		cwi_scale_config_default(&sc);
 		if (cwi_scale_parse(&sc, c->scale_policy) != CACHEW_OK)
 			return cwi_fail(CACHEW_EINVAL, "--scale-policy: %s",
@@ -435,7 +468,7 @@ cwi_service_config_print(FILE *out)
 		for (const char *p = s->name; *p != '\0' && k + 1 < sizeof(var);
 		     p++)
 			var[k++] = (char)toupper((unsigned char)*p);
-		if (s->type == CFG_LIST && k + 1 < sizeof(var))
+		if (is_list(s) && k + 1 < sizeof(var))
 			var[k++] = 'S';
 		var[k] = '\0';
 		fprintf(out, "  %-22s %-26s %s%s%s\n      %s\n", flag, var,

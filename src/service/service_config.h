@@ -66,16 +66,26 @@ typedef struct cwi_service_config {
 	char auth_tokens[CWI_CFG_STR_MAX]; /* dispatcher: the token file */
 	char token_file[CWI_CFG_STR_MAX];  /* worker: its own token */
 	int64_t insecure;              /* dispatcher: non-loopback, no tokens */
-	/* dispatcher: autocaching (off without a cache root) */
-	char cache_root[CWI_CFG_STR_MAX]; /* shared by dispatcher and workers */
+	/* dispatcher: autocaching (off without a cache root). Worker: the
+	 * places its pipelines write, ','-separated (io_policy.h). */
+	char cache_root[4 * CWI_CFG_STR_MAX];
 	char autocache[16];            /* default|cachew|compute|source|full */
 	int64_t cache_capacity;        /* bytes; 0 = unbounded */
 	int64_t allow_frozen_random;   /* 1: cache after random operators */
 	int64_t expected_epochs;       /* passes a pipeline is expected to run */
+	/* worker: what its pipelines may read, ','-separated directories
+	 * and URL prefixes (io_policy.h) */
+	char allow_read[4 * CWI_CFG_STR_MAX];
+	char user[64];                 /* "" = stay who we are */
 	/* Not in the table. Dispatcher: the policy engine sizes jobs and
 	 * shares the workers among them (true by default). The embedded
 	 * service turns it off: every job then runs on every worker. */
 	bool policy_engine;
+	/* Not in the table. Worker: its pipelines touch only what
+	 * allow_read and cache_root allow (cwi_worker_confine). cachewd
+	 * sets it; the embedded service leaves it false: its pipelines
+	 * belong to the user whose process it is. */
+	bool confined;
 } cwi_service_config;
 
 void cwi_service_config_defaults(cwi_service_config *c);

@@ -246,6 +246,9 @@ main(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
+	/* A daemon's pipelines come from other users: its worker touches
+	 * only what --allow-read and --cache-root allow. */
+	cfg.confined = true;
 	cachew_log_set(cachew_log_stderr, NULL, level_of(cfg.log_level));
 	/* malloc is tuned for large messages by the nng transport at the
 	 * first socket (transports/nng/nng_transport.c, CACHEW_MALLOPT). */

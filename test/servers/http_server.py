@@ -21,6 +21,7 @@ before the file is looked up; each counts requests per full path:
                file (each byte xor 0x5a, another ETag)
     noifmatch=1  ignore If-Match (so the client must compare ETags itself)
     norange=1  ignore Range: always 200 with the whole body
+    moved=D    302 to /D<the rest of the path> (a redirect: D has no '/')
 
 Emulated object-store endpoints (enough for the listing code):
     GET /storage/v1/b/<bucket>/o?prefix=&pageToken=&maxResults=  GCS JSON
@@ -127,6 +128,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if "status" in faults and n < times:
             return self.reply(int(faults["status"]),
                               b"injected failure\n")
+        if "moved" in faults:
+            return self.reply(302, b"moved\n", extra={
+                "Location": "/%s%s" % (faults["moved"], path)})
         fs_path = os.path.join(self.server.root, path.lstrip("/"))
         if not os.path.isfile(fs_path):
             return self.reply(404, b"not found\n")

@@ -18,6 +18,7 @@
  * that no status call runs into it. The two locks are never nested.
  */
 #include "../service.h"
+#include "../service_user.h"
 
 #include "dispatcher_autocache.h"
 #include "dispatcher_state.h"
@@ -1132,8 +1133,8 @@ start_provisioner(cwi_dispatcher_server *d)
 {
 	const cwi_service_config *c = &d->cfg;
 	char url[CWI_CFG_STR_MAX], bin[CWI_CFG_STR_MAX], logs[CWI_CFG_STR_MAX + 16];
-	char hb[24], threads[24];
-	const char *args[9];
+	char hb[24], threads[24], capacity[24];
+	const char *args[15];
 	size_t nargs = 0;
 	cwi_prov_config pc;
 	cachew_err rv;
@@ -1179,6 +1180,22 @@ start_provisioner(cwi_dispatcher_server *d)
 		if (c->token_file[0] != '\0') {
 			args[nargs++] = "--token-file";
 			args[nargs++] = c->token_file;
+		}
+		/* And read and write what the dispatcher's options allow: its
+		 * cache root is where their caches go (docs/security.md). */
+		if (c->allow_read[0] != '\0') {
+			args[nargs++] = "--allow-read";
+			args[nargs++] = c->allow_read;
+		}
+		if (c->cache_root[0] != '\0') {
+			args[nargs++] = "--cache-root";
+			args[nargs++] = c->cache_root;
+		}
+		if (c->cache_capacity > 0) {
+			snprintf(capacity, sizeof(capacity), "%lld",
+			    (long long)c->cache_capacity);
+			args[nargs++] = "--cache-capacity";
+			args[nargs++] = capacity;
 		}
 		args[nargs] = NULL;
 		pc.worker_args = args;
@@ -1346,14 +1363,23 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	cwi_dispatcher_server *d = calloc(1, sizeof(*d));
 	cwi_dispatcher_config dc;
 	cwi_transport_opts topts;
+	cwi_service_user user;
 	const char *listen;
 	cachew_err rv;
 
 	*out = NULL;
 	if (d == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	/* Before the work dir opens, so that its files are the user's. */
+	rv = CACHEW_OK;
+	if (cfg->user[0] != '\0') {
+		rv = cwi_service_user_find(&user, cfg->user);
+		if (rv == CACHEW_OK)
+			rv = cwi_service_user_become(&user);
+	}
 	/* Autocaching plans decode graphs, which name their functions. */
-	rv = cwi_service_config_load_plugins(cfg);
+	if (rv == CACHEW_OK)
+		rv = cwi_service_config_load_plugins(cfg);
 	if (rv != CACHEW_OK) {
 		free(d);
 		return rv;

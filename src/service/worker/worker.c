@@ -11,6 +11,7 @@
  * transport call.
  */
 #include "../service.h"
+#include "../service_user.h"
 #include "../../graph/graph.h"
 #include "worker_task.h"
 #include "../service_auth.h"
@@ -544,13 +545,17 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 {
 	cwi_worker *w = calloc(1, sizeof(*w));
 	cwi_transport_opts topts;
+	cwi_service_user user;
 	const char *listen;
 	cachew_err rv;
 
 	*out = NULL;
 	if (w == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	rv = cwi_service_config_load_plugins(cfg);
+	rv = cfg->user[0] != '\0' ? cwi_service_user_find(&user, cfg->user)
+				  : CACHEW_OK;
+	if (rv == CACHEW_OK)
+		rv = cwi_service_config_load_plugins(cfg);
 	if (rv != CACHEW_OK) {
 		free(w);
 		return rv;
@@ -572,6 +577,10 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	topts.max_msg_size = CWI_TRANSPORT_MAX_MSG_CONTROL;
 	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://127.0.0.1:0";
 	rv = cwi_listen(&w->listener, listen, &topts, on_request, w);
+	if (rv == CACHEW_OK && cfg->user[0] != '\0')
+		rv = cwi_service_user_become(&user);
+	if (rv == CACHEW_OK && cfg->confined)
+		rv = cwi_worker_confine(cfg);
 	if (rv != CACHEW_OK)
 		goto fail;
 	snprintf(w->url, sizeof(w->url), "%s",

@@ -116,7 +116,8 @@ lease_options(cwi_wtask *t)
 
 /* This worker cannot run the task's graph: a function it lacks, or
  * another build of a plugin (docs/graph-format.md, section 2), which the
- * dispatcher avoids but cannot rule out (a worker of another version).
+ * dispatcher avoids but cannot rule out (a worker of another version), or
+ * an input outside what the worker may read.
  * The task stays, failed, with no runner: its clients end with the error,
  * as with a pipeline's, rather than wait for it; it never reports done. */
 static void
@@ -183,6 +184,13 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		return CACHEW_OK;
 	}
 	rv = cwi_split_plan_create(&t->plan, t->root);
+	if (rv == CACHEW_EINVAL) {
+		/* An input this worker may not read (its --allow-read,
+		 * src/io/io_policy.h): as final as a function it lacks. */
+		start_failed(t, rv);
+		*out = t;
+		return CACHEW_OK;
+	}
 	if (rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "task %llu: %s", (unsigned long long)t->id,
 		    cwi_errmsg_get());
