@@ -96,8 +96,12 @@ typedef enum cachew_err {
 	CACHEW_EEXIST = 14,    /* the name is already taken */
 	CACHEW_ENOTSUP = 15,   /* not supported by this build or object */
 	CACHEW_EPROTO = 16,    /* a peer violated the protocol */
-	CACHEW_EINTERNAL = 17  /* an internal invariant failed: a bug */
-	/* Next free value: 18. */
+	CACHEW_EINTERNAL = 17, /* an internal invariant failed: a bug */
+	/* A peer could not be authenticated: a TLS handshake failed (a
+	 * certificate not trusted, expired or missing; TLS on one side
+	 * only). Not transient: retrying does not help. Since 0.4. */
+	CACHEW_EAUTH = 18
+	/* Next free value: 19. */
 } cachew_err;
 
 /* A static, human readable description of an error code ("not found"),

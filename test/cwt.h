@@ -92,6 +92,16 @@ void cwt_rmtree(const char *path);
 /* Writes len bytes to path; fails the test on error. */
 void cwt_write_file(const char *path, const void *data, size_t len);
 
+/* A fresh directory (cwt_rmtree it) of TLS material made with the openssl
+ * command, PEM files: ca.pem (and ca.key), server.pem and client.pem
+ * (keys server.key, client.key) signed by it, other-ca.pem and
+ * other-server.pem (its key other-server.key) signed by that one, and
+ * server-expired.pem and client-expired.pem (the server's and the
+ * client's keys; signed by ca; their validity ended yesterday). Leaf
+ * certificates name localhost and 127.0.0.1. Fails the test when openssl
+ * fails. */
+char *cwt_tls_dir(void);
+
 /* The graph document of range(3) (docs/graph-format.md, section 3, with
  * only `stop`), cwt_range3_graph_len bytes: what tests register with a
  * dispatcher, which reads the functions a graph names. */

@@ -80,7 +80,7 @@ cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
 		return rv;
 	if (rep->type == CWI_MSG_ERROR) {
 		cachew_err code = (cachew_err)rep->u.error.code;
-		if (code <= CACHEW_OK || code > CACHEW_EINTERNAL)
+		if (code <= CACHEW_OK || code > CWI_ERR_LAST)
 			code = CACHEW_EPROTO;
 		tls_error_lineage = rep->u.error.lineage;
 		rv = cwi_fail(code, "%s: %s", cwi_conn_url(c),
