@@ -150,9 +150,19 @@ typedef struct cwt_cluster {
 	/* The dispatcher runs with --journal-verify (cwt_cluster_start):
 	 * cwt_cluster_stop checks that its journal replayed to its state. */
 	bool verify_journal;
+	/* cwt_cluster_start_tls: cwt_tls_dir's material (borrowed) and the
+	 * listeners' --tls-client-auth; NULL: plaintext tcp. */
+	const char *tls_dir;
+	const char *tls_client_auth;
 } cwt_cluster;
 
 void cwt_cluster_start(cwt_cluster *c, int nworkers);
+/* The same over TLS: every daemon listens on tls+tcp://127.0.0.1:0 with
+ * tls_dir's server.pem (and server.key), which a worker also shows its
+ * dispatcher, trusts ca.pem, and asks clients for certificates as
+ * client_auth says (none, optional, required). */
+void cwt_cluster_start_tls(cwt_cluster *c, int nworkers,
+    const char *tls_dir, const char *client_auth);
 /* Starts worker i (its log is <dir>/worker<i>.log). */
 void cwt_cluster_worker_start(cwt_cluster *c, int i);
 /* Kills the workers, stops the dispatcher, removes the directory. */

@@ -224,6 +224,20 @@ cwt_cluster_worker_start(cwt_cluster *c, int i)
 
 	ck_assert_int_lt(i, CWT_CLUSTER_MAX_WORKERS);
 	snprintf(name, sizeof(name), "worker%d", i);
+	if (c->tls_dir != NULL) {
+		char cert[600], key[600], ca[600];
+
+		snprintf(cert, sizeof(cert), "%s/server.pem", c->tls_dir);
+		snprintf(key, sizeof(key), "%s/server.key", c->tls_dir);
+		snprintf(ca, sizeof(ca), "%s/ca.pem", c->tls_dir);
+		cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
+		    "--dispatcher", c->dispatcher.url, "--listen",
+		    "tls+tcp://127.0.0.1:0", "--tls-cert", cert, "--tls-key",
+		    key, "--tls-ca", ca, "--tls-client-auth",
+		    c->tls_client_auth, "--heartbeat-ms", "50", "--threads",
+		    "1", (char *)NULL);
+		return;
+	}
 	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
 	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
 	    "--heartbeat-ms", "50", "--threads", "1", (char *)NULL);
@@ -240,6 +254,33 @@ cwt_cluster_start(cwt_cluster *c, int nworkers)
 	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher",
 	    "--role=dispatcher", "--listen", "tcp://127.0.0.1:0", "--work-dir",
 	    work, "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--client-timeout-ms", "20000", "--journal-verify", "1",
+	    (char *)NULL);
+	c->verify_journal = true;
+	for (int i = 0; i < nworkers; i++)
+		cwt_cluster_worker_start(c, i);
+	c->nworkers = nworkers;
+}
+
+void
+cwt_cluster_start_tls(cwt_cluster *c, int nworkers, const char *tls_dir,
+    const char *client_auth)
+{
+	char work[600], cert[600], key[600], ca[600];
+
+	memset(c, 0, sizeof(*c));
+	c->dir = cwt_tmpdir();
+	c->tls_dir = tls_dir;
+	c->tls_client_auth = client_auth;
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	snprintf(cert, sizeof(cert), "%s/server.pem", tls_dir);
+	snprintf(key, sizeof(key), "%s/server.key", tls_dir);
+	snprintf(ca, sizeof(ca), "%s/ca.pem", tls_dir);
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher",
+	    "--role=dispatcher", "--listen", "tls+tcp://127.0.0.1:0",
+	    "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca,
+	    "--tls-client-auth", client_auth, "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
 	    "--client-timeout-ms", "20000", "--journal-verify", "1",
 	    (char *)NULL);
 	c->verify_journal = true;
