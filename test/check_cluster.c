@@ -2223,29 +2223,12 @@ END_TEST
 
 /* ---- TLS (issue 14, item 1) ------------------------------------------------------- */
 
-/* The TLS material (cwt_tls_dir), made once for the tls case by an
- * unchecked fixture, in the parent of the forked tests. */
-static char *tls_dir;
-
-static void
-tls_setup(void)
-{
-	tls_dir = cwt_tls_dir();
-}
-
-static void
-tls_teardown(void)
-{
-	cwt_rmtree(tls_dir);
-	free(tls_dir);
-	tls_dir = NULL;
-}
-
-/* A file of tls_dir: a fresh string (free it). */
+/* TLS material: cwt_tls_setup, the tls case's unchecked fixture. A file
+ * of it: a fresh string (free it). */
 static char *
 tls_path(const char *name)
 {
-	return cwt_fmt("%s/%s", tls_dir, name);
+	return strdup(cwt_tls_file(name));
 }
 
 /* Client options on `service` with a TLS option set from a tls_dir file
@@ -2303,7 +2286,7 @@ START_TEST(tls_cluster_mutual_tls_iterates_exactly_as_in_process)
 	char *got, *want;
 	cwt_cluster c;
 
-	cwt_cluster_start_tls(&c, 2, tls_dir, "required");
+	cwt_cluster_start_tls(&c, 2, "required");
 	wait_registered(&c);
 	ck_assert_msg(strncmp(c.dispatcher.url, "tls+tcp://", 10) == 0, "%s",
 	    c.dispatcher.url);
@@ -2340,7 +2323,7 @@ START_TEST(tls_cluster_refuses_a_client_without_certificate)
 	cachew_options *o;
 	cwt_cluster c;
 
-	cwt_cluster_start_tls(&c, 1, tls_dir, "required");
+	cwt_cluster_start_tls(&c, 1, "required");
 	/* The CA from the environment, as tls_ca's help says. */
 	ck_assert_int_eq(setenv("CACHEW_TLS_CA", ca, 1), 0);
 	o = tls_client(c.dispatcher.url, NULL, NULL, NULL);
@@ -2359,7 +2342,7 @@ START_TEST(tls_cluster_refuses_a_client_trusting_another_ca)
 	cachew_options *o;
 	cwt_cluster c;
 
-	cwt_cluster_start_tls(&c, 1, tls_dir, "none");
+	cwt_cluster_start_tls(&c, 1, "none");
 	o = tls_client(c.dispatcher.url, "other-ca.pem", NULL, NULL);
 	assert_refused(o, c.dispatcher.url, "is not signed by a CA in tls_ca");
 	cachew_options_destroy(o);
@@ -2373,7 +2356,7 @@ START_TEST(tls_cluster_refuses_a_plaintext_client)
 	cwt_cluster c;
 	char *plain, *reason;
 
-	cwt_cluster_start_tls(&c, 1, tls_dir, "none");
+	cwt_cluster_start_tls(&c, 1, "none");
 	plain = cwt_fmt("%s", c.dispatcher.url + strlen("tls+"));
 	reason = cwt_fmt("the listener speaks TLS: dial %s", c.dispatcher.url);
 	o = tls_client(plain, NULL, NULL, NULL);
@@ -2392,7 +2375,7 @@ START_TEST(tls_worker_refused_by_its_dispatcher_says_why)
 	uint64_t deadline;
 	cwt_cluster c;
 
-	cwt_cluster_start_tls(&c, 0, tls_dir, "required");
+	cwt_cluster_start_tls(&c, 0, "required");
 	cwt_daemon_start(&c.workers[0], c.dir, "worker0", "--role=worker",
 	    "--dispatcher", c.dispatcher.url, "--listen",
 	    "tls+tcp://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key,
@@ -2509,7 +2492,7 @@ cwt_cluster_suite(void)
 	suite_add_tcase(s, tc);
 
 	tcase_set_timeout(tls, 120);
-	tcase_add_unchecked_fixture(tls, tls_setup, tls_teardown);
+	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);
 	tcase_add_test(tls, tls_cluster_mutual_tls_iterates_exactly_as_in_process);
 	tcase_add_test(tls, tls_cluster_refuses_a_client_without_certificate);
 	tcase_add_test(tls, tls_cluster_refuses_a_client_trusting_another_ca);

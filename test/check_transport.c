@@ -82,36 +82,6 @@ test_url(int i)
 	return strdup(buf);
 }
 
-/* The TLS material (cwt_tls_dir), made once per test case by an
- * unchecked fixture, in the parent of the forked tests. */
-static char *tls_dir;
-
-static void
-tls_setup(void)
-{
-	tls_dir = cwt_tls_dir();
-}
-
-static void
-tls_teardown(void)
-{
-	cwt_rmtree(tls_dir);
-	free(tls_dir);
-	tls_dir = NULL;
-}
-
-/* The path of a file of tls_dir; valid until the 8th call after. */
-static const char *
-tls_file(const char *name)
-{
-	static char paths[8][512];
-	static int next;
-	char *p = paths[next++ % 8];
-
-	snprintf(p, 512, "%s/%s", tls_dir, name);
-	return p;
-}
-
 /* The options for listening on (listen) or dialing url: opts (or the
  * defaults) with, for a tls+tcp URL, the server's certificate or the CA
  * that signs it added where opts names none, copied into buf; opts
@@ -127,10 +97,10 @@ tls_for(const char *url, const cwi_transport_opts *opts, bool listen,
 	else
 		cwi_transport_opts_init(buf);
 	if (listen && buf->tls_cert == NULL) {
-		buf->tls_cert = tls_file("server.pem");
-		buf->tls_key = tls_file("server.key");
+		buf->tls_cert = cwt_tls_file("server.pem");
+		buf->tls_key = cwt_tls_file("server.key");
 	} else if (!listen && buf->tls_ca == NULL) {
-		buf->tls_ca = tls_file("ca.pem");
+		buf->tls_ca = cwt_tls_file("ca.pem");
 	}
 	return buf;
 }
@@ -2649,7 +2619,7 @@ END_TEST
 
 /* ---- TLS: mutual authentication and refusals ------------------------------ */
 
-/* Listens on tls+tcp://127.0.0.1:0 with tls_dir's cert and key and, past
+/* Listens on tls+tcp://127.0.0.1:0 with the TLS fixture's cert and key and, past
  * none, client certificates checked against ca.pem. */
 static void
 tls_srv_start(tsrv *s, const char *cert, const char *key,
@@ -2658,11 +2628,11 @@ tls_srv_start(tsrv *s, const char *cert, const char *key,
 	cwi_transport_opts o;
 
 	cwi_transport_opts_init(&o);
-	o.tls_cert = tls_file(cert);
-	o.tls_key = tls_file(key);
+	o.tls_cert = cwt_tls_file(cert);
+	o.tls_key = cwt_tls_file(key);
 	o.tls_client_auth = auth;
 	if (auth != CWI_TLS_CLIENT_AUTH_NONE)
-		o.tls_ca = tls_file("ca.pem");
+		o.tls_ca = cwt_tls_file("ca.pem");
 	srv_start_at(s, "tls+tcp://127.0.0.1:0", &o);
 }
 
@@ -2675,10 +2645,10 @@ tls_client_opts(const char *cert, const char *key)
 
 	cwi_transport_opts_init(&o);
 	o.dial_async = true;
-	o.tls_ca = tls_file("ca.pem");
+	o.tls_ca = cwt_tls_file("ca.pem");
 	if (cert != NULL) {
-		o.tls_cert = tls_file(cert);
-		o.tls_key = tls_file(key);
+		o.tls_cert = cwt_tls_file(cert);
+		o.tls_key = cwt_tls_file(key);
 	}
 	return o;
 }
@@ -2753,23 +2723,41 @@ START_TEST(test_tls_mutual_auth_required_and_satisfied)
 }
 END_TEST
 
+/*
+ * Starts s on TLS with cert and key asking for client certificates as
+ * auth says, and checks that a client with o is refused (refused_call)
+ * with a message naming s and saying `reason`, and that s logs `log`
+ * (unless NULL). s keeps running (srv_stop it).
+ */
+static void
+assert_tls_refused(tsrv *s, const char *cert, const char *key,
+    cwi_tls_client_auth auth, const cwi_transport_opts *o,
+    const char *reason, const char *log)
+{
+	char *msg;
+
+	log_start();
+	tls_srv_start(s, cert, key, auth);
+	msg = refused_call(cwi_listener_url(s->l), o);
+	assert_names(msg, cwi_listener_url(s->l), reason);
+	if (log != NULL)
+		ck_assert_msg(log_wait(log), "the log lacks '%s'", log);
+	free(msg);
+	log_stop();
+}
+
 START_TEST(test_tls_server_certificate_of_another_ca_is_refused)
 {
 	cwi_transport_opts o = tls_client_opts(NULL, NULL);
-	char *msg;
+	char *reason = cwt_fmt("the server's certificate 'CN=localhost' "
+			       "(issuer 'CN=cachew-other-ca') is not signed by "
+			       "a CA in tls_ca '%s'", cwt_tls_file("ca.pem"));
 	tsrv s;
 
-	log_start();
-	tls_srv_start(&s, "other-server.pem", "other-server.key",
-	    CWI_TLS_CLIENT_AUTH_NONE);
-	msg = refused_call(cwi_listener_url(s.l), &o);
-	assert_names(msg, cwi_listener_url(s.l),
-	    "the server's certificate 'CN=localhost' (issuer "
-	    "'CN=cachew-other-ca') is not signed by a CA in tls_ca");
-	ck_assert_ptr_nonnull(strstr(msg, tls_file("ca.pem")));
-	ck_assert(log_wait("the client refused our certificate"));
-	free(msg);
-	log_stop();
+	assert_tls_refused(&s, "other-server.pem", "other-server.key",
+	    CWI_TLS_CLIENT_AUTH_NONE, &o, reason,
+	    "the client refused our certificate");
+	free(reason);
 	srv_stop(&s);
 }
 END_TEST
@@ -2777,17 +2765,13 @@ END_TEST
 START_TEST(test_tls_server_name_not_in_certificate_is_refused)
 {
 	cwi_transport_opts o = tls_client_opts(NULL, NULL);
-	char *msg;
 	tsrv s;
 
 	o.tls_server_name = "data.example.org";
-	tls_srv_start(&s, "server.pem", "server.key",
-	    CWI_TLS_CLIENT_AUTH_NONE);
-	msg = refused_call(cwi_listener_url(s.l), &o);
-	assert_names(msg, cwi_listener_url(s.l),
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_NONE, &o,
 	    "the server's certificate 'CN=localhost' is not issued for "
-	    "'data.example.org' (set tls_server_name");
-	free(msg);
+	    "'data.example.org' (set tls_server_name", NULL);
 	srv_stop(&s);
 }
 END_TEST
@@ -2795,28 +2779,18 @@ END_TEST
 START_TEST(test_tls_missing_client_certificate_is_refused)
 {
 	cwi_transport_opts o = tls_client_opts(NULL, NULL);
-	char *msg;
+	cwi_conn *c;
 	tsrv s;
 
-	log_start();
-	tls_srv_start(&s, "server.pem", "server.key",
-	    CWI_TLS_CLIENT_AUTH_REQUIRED);
-	msg = refused_call(cwi_listener_url(s.l), &o);
-	assert_names(msg, cwi_listener_url(s.l),
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED, &o,
 	    "the listener requires a client certificate: set tls_cert and "
-	    "tls_key");
-	ck_assert(log_wait("the client sent no certificate"));
-	free(msg);
+	    "tls_key", "the client sent no certificate");
 	/* A client with a certificate is served meanwhile. */
 	o = tls_client_opts("client.pem", "client.key");
-	{
-		cwi_conn *c;
-		ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o),
-		    CACHEW_OK);
-		call_ok(c, "echo still", "echo still");
-		cwi_conn_destroy(c);
-	}
-	log_stop();
+	ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	call_ok(c, "echo still", "echo still");
+	cwi_conn_destroy(c);
 	srv_stop(&s);
 }
 END_TEST
@@ -2825,16 +2799,15 @@ START_TEST(test_tls_client_certificate_of_another_ca_is_refused)
 {
 	cwi_transport_opts o = tls_client_opts("other-server.pem",
 	    "other-server.key");
-	char *msg;
+	char *reason = cwt_fmt("the listener refused our certificate "
+			       "'CN=localhost' (tls_cert '%s')",
+	    cwt_tls_file("other-server.pem"));
 	tsrv s;
 
-	tls_srv_start(&s, "server.pem", "server.key",
-	    CWI_TLS_CLIENT_AUTH_REQUIRED);
-	msg = refused_call(cwi_listener_url(s.l), &o);
-	assert_names(msg, cwi_listener_url(s.l),
-	    "the listener refused our certificate 'CN=localhost'");
-	ck_assert_ptr_nonnull(strstr(msg, tls_file("other-server.pem")));
-	free(msg);
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED, &o, reason,
+	    "showed one that tls_ca does not trust");
+	free(reason);
 	srv_stop(&s);
 }
 END_TEST
@@ -2847,8 +2820,8 @@ nng_tls_rep(const char *cert, char *url, size_t len)
 	nng_tls_config *cfg;
 	nng_listener l;
 	nng_socket rep;
-	char *pem = cwt_slurp(tls_file(cert));
-	char *key = cwt_slurp(tls_file("server.key"));
+	char *pem = cwt_slurp(cwt_tls_file(cert));
+	char *key = cwt_slurp(cwt_tls_file("server.key"));
 	int port;
 
 	ck_assert_ptr_nonnull(pem);
@@ -2891,8 +2864,8 @@ START_TEST(test_tls_expired_own_certificate_is_refused_at_listen_and_dial)
 	tsrv s;
 
 	cwi_transport_opts_init(&o);
-	o.tls_cert = tls_file("server-expired.pem");
-	o.tls_key = tls_file("server.key");
+	o.tls_cert = cwt_tls_file("server-expired.pem");
+	o.tls_key = cwt_tls_file("server.key");
 	ck_assert_int_eq(cwi_listen(&l, "tls+tcp://127.0.0.1:0", &o, handler,
 			     NULL),
 	    CACHEW_EAUTH);
@@ -2969,20 +2942,20 @@ START_TEST(test_tls_credentials_are_checked_at_listen_and_dial)
 	    CACHEW_EINVAL);
 	assert_names(cachew_errmsg(), "tls+tcp://127.0.0.1:1", "set tls_ca");
 	cwi_transport_opts_init(&o);
-	o.tls_cert = tls_file("server.pem");
-	o.tls_key = tls_file("client.key");
+	o.tls_cert = cwt_tls_file("server.pem");
+	o.tls_key = cwt_tls_file("client.key");
 	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "is not the key of "
 						      "tls_cert"));
-	o.tls_key = tls_file("no-such.key");
+	o.tls_key = cwt_tls_file("no-such.key");
 	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_ENOENT);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), o.tls_key));
-	o.tls_key = tls_file("server.key");
+	o.tls_key = cwt_tls_file("server.key");
 	o.tls_client_auth = CWI_TLS_CLIENT_AUTH_REQUIRED;
 	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
 	assert_names(cachew_errmsg(), url, "tls_client_auth=required needs "
 					   "tls_ca");
-	o.tls_ca = tls_file("server.key"); /* a key is no CA */
+	o.tls_ca = cwt_tls_file("server.key"); /* a key is no CA */
 	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
 	assert_names(cachew_errmsg(), o.tls_ca, "tls_ca");
 	ck_assert_ptr_null(l);
@@ -3003,7 +2976,7 @@ cwt_transport_suite(void)
 
 	(void)tnames;
 	tcase_set_timeout(conf, 60);
-	tcase_add_unchecked_fixture(conf, tls_setup, tls_teardown);
+	tcase_add_unchecked_fixture(conf, cwt_tls_setup, cwt_tls_teardown);
 	tcase_add_loop_test(conf, test_roundtrip, 0, NCONF);
 	tcase_add_loop_test(conf, test_many_concurrent_clients, 0, NCONF);
 	tcase_add_loop_test(conf, test_requests_in_flight_answered_out_of_order,
@@ -3096,7 +3069,7 @@ cwt_transport_suite(void)
 	suite_add_tcase(s, wire);
 
 	tcase_set_timeout(tls, 60);
-	tcase_add_unchecked_fixture(tls, tls_setup, tls_teardown);
+	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);
 	tcase_add_test(tls, test_tls_mutual_auth_required_and_satisfied);
 	tcase_add_test(tls, test_tls_server_certificate_of_another_ca_is_refused);
 	tcase_add_test(tls, test_tls_server_name_not_in_certificate_is_refused);

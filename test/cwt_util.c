@@ -345,3 +345,31 @@ cwt_tls_dir(void)
 	free(script);
 	return dir;
 }
+
+static char *tls_fixture_dir;
+
+void
+cwt_tls_setup(void)
+{
+	tls_fixture_dir = cwt_tls_dir();
+}
+
+void
+cwt_tls_teardown(void)
+{
+	cwt_rmtree(tls_fixture_dir);
+	free(tls_fixture_dir);
+	tls_fixture_dir = NULL;
+}
+
+const char *
+cwt_tls_file(const char *name)
+{
+	static char paths[16][512];
+	static int next;
+	char *p = paths[next++ % 16];
+
+	ck_assert_ptr_nonnull(tls_fixture_dir);
+	snprintf(p, sizeof(paths[0]), "%s/%s", tls_fixture_dir, name);
+	return p;
+}

@@ -44,7 +44,8 @@ static const opt_spec table[] = {
 	"the epoch: reshuffling shuffles, list_files(shuffle=true) and "
 	"random functions draw anew for each", "0", NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
-	"where the pipeline runs: a dispatcher (tcp://host:port), embedded, "
+	"where the pipeline runs: a dispatcher (tcp://host:port, or "
+	"tls+tcp://host:port with the tls_* options), embedded, "
 	"embedded:N or local; empty = CACHEW_SERVICE, else embedded",
 	"\"\"", NULL},
     {"job_name", OPT_STR, 0, "", 0, 0, OFF(job_name),

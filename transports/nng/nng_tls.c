@@ -25,7 +25,8 @@
  *                 bytes of a listener that does not speak TLS (the SP
  *                 handshake "\0SP\0"). A tcp:// dialer whose link dies
  *                 before the peer's handshake asks the opposite question:
- *                 does the peer answer a TLS ClientHello?
+ *                 does a peer that does not speak first answer a TLS
+ *                 ClientHello?
  *
  * The diagnosis blocks for at most DIAG_BUDGET_MS: the dialer runs it on
  * a thread of its own, never on nng's.
@@ -392,8 +393,12 @@ cwi_nng_tls_refusal(int rv, bool server)
 				"(tls_client_auth requires one)"
 			      : "the server could not be authenticated";
 	case NNG_ECRYPTO:
-		return server ? "the client refused our certificate, or does "
-				"not speak TLS (a tcp:// dialer?)"
+		/* mbedTLS says no more: the client's alert, a certificate
+		 * of its that fails verification, and bytes that are not
+		 * TLS all end here. */
+		return server ? "the client refused our certificate, or showed "
+				"one that tls_ca does not trust, or does not "
+				"speak TLS (a tcp:// dialer?)"
 			      : "TLS handshake failed";
 	case NNG_ECONNSHUT:
 	case NNG_ECONNRESET:
@@ -675,6 +680,20 @@ probe_tls_init(probe_tls *x, const cwi_nng_tls *t, probe *p)
 	return true;
 }
 
+/* A tcp:// dialer's probe must not send a ClientHello to a plaintext
+ * listener (it would log a TLS peer that was never there): an SP listener
+ * speaks first, its handshake at once, and a TLS one never does. */
+#define SPEAKS_FIRST_MS 200
+
+static bool
+peer_speaks_first(const probe *p)
+{
+	struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+	int left = probe_left_ms(p);
+
+	return poll(&pf, 1, left < SPEAKS_FIRST_MS ? left : SPEAKS_FIRST_MS) > 0;
+}
+
 /* The probe proper: a handshake with mbedTLS on p's socket, and what it
  * tells. */
 static bool
@@ -686,7 +705,7 @@ probe_run(const cwi_nng_tls *t, probe *p, const char *url, char *buf,
 	uint32_t flags;
 	int mrv;
 
-	if (!probe_tls_init(&x, t, p))
+	if (!probe_tls_init(&x, t, p) || (t == NULL && peer_speaks_first(p)))
 		goto done;
 	do
 		mrv = mbedtls_ssl_handshake(&x.ssl);
