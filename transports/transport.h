@@ -220,7 +220,10 @@ void cwi_cq_destroy(cwi_cq *q);
 typedef struct cwi_conn cwi_conn;
 
 /* Dials url. Unless opts->dial_async, fails with CACHEW_EIO when nobody
- * listens there. opts may be NULL (defaults). */
+ * listens there. opts may be NULL (defaults). A tls+tcp URL also fails
+ * on its credentials (opts->tls_*), naming the option and the file:
+ * CACHEW_EINVAL (missing or malformed), CACHEW_ENOENT, CACHEW_EIO,
+ * CACHEW_EAUTH (our certificate expired). */
 cachew_err cwi_dial(cwi_conn **out, const char *url,
     const cwi_transport_opts *opts);
 /* On inproc the listener's handler runs inside cwi_conn_send and
@@ -272,7 +275,8 @@ typedef void (*cwi_handler_fn)(void *arg, cwi_request *req);
 /* Listens on url and calls handler(arg, req) for every request. A tcp URL
  * with port 0 binds an ephemeral port: cwi_listener_url() tells which.
  * CACHEW_EEXIST when the address or inproc name is taken, CACHEW_EINVAL
- * for a bad URL. opts may be NULL. */
+ * for a bad URL, and for tls+tcp its credentials' errors (cwi_dial's).
+ * opts may be NULL. */
 cachew_err cwi_listen(cwi_listener **out, const char *url,
     const cwi_transport_opts *opts, cwi_handler_fn handler, void *arg);
 /* The bound URL ("tcp://127.0.0.1:40123" for "tcp://127.0.0.1:0");
