@@ -22,8 +22,6 @@
  */
 #include "nng_int.h"
 
-#include <nng/supplemental/tls/tls.h>
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
