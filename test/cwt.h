@@ -104,7 +104,8 @@ char *cwt_tls_dir(void);
 /* The TLS fixture of a test case: tcase_add_unchecked_fixture(tc,
  * cwt_tls_setup, cwt_tls_teardown) makes one cwt_tls_dir() in the parent
  * of the forked tests and removes it after them. cwt_tls_file(name) is
- * the path of one of its files, valid until the 16th call after. */
+ * the path of one of its files, valid until this thread's 16th call
+ * after. */
 void cwt_tls_setup(void);
 void cwt_tls_teardown(void);
 const char *cwt_tls_file(const char *name);

@@ -365,8 +365,9 @@ cwt_tls_teardown(void)
 const char *
 cwt_tls_file(const char *name)
 {
-	static char paths[16][512];
-	static int next;
+	/* Per thread: tests dial from several threads at once. */
+	static _Thread_local char paths[16][512];
+	static _Thread_local int next;
 	char *p = paths[next++ % 16];
 
 	ck_assert_ptr_nonnull(tls_fixture_dir);
