@@ -13,7 +13,9 @@ VERSION := $(shell sed -n 's/^\#define CACHEW_VERSION_STRING "\(.*\)"/\1/p' incl
 SOMAJOR := 0
 
 PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg
-DEP_LIBS := -lnng -lzstd -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
+# mbedTLS: the library under nng's TLS, also used directly to check TLS
+# credentials and name refused handshakes (transports/nng/nng_tls.c).
+DEP_LIBS := -lnng -lmbedtls -lmbedx509 -lmbedcrypto -lzstd -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
 
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion

@@ -1,12 +1,27 @@
 #!/bin/sh
 # Installs what the test suites need beyond the build dependencies, and
 # says what it does. Idempotent and quick once done:
+#   - the openssl command, which makes the TLS tests' certificates at
+#     test time (a CA, certificates it signs, expired ones): required.
 #   - s3rver (npm), the S3-compatible server of the io suite's end-to-end
 #     S3 tests, into $CACHEW_NPM_DIR (default build/npm). Without it those
 #     tests skip with a printed reason; nothing fails for its absence.
 # The tests find it at $CACHEW_NPM_DIR/node_modules/.bin/s3rver.
 set -u
 cd "$(dirname "$0")/.."
+if ! command -v openssl >/dev/null 2>&1; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		echo "test-deps: installing openssl (apt-get install -y openssl)"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends openssl >/dev/null 2>&1 ||
+			{ echo "test-deps: cannot install openssl: the TLS tests will fail" >&2; exit 1; }
+	else
+		echo "test-deps: openssl not found: run as root: apt-get install -y openssl" >&2
+		exit 1
+	fi
+else
+	echo "test-deps: openssl present ($(command -v openssl))"
+fi
 dir=${CACHEW_NPM_DIR:-build/npm}
 bin="$dir/node_modules/.bin/s3rver"
 if [ -x "$bin" ]; then

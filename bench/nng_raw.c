@@ -1,11 +1,16 @@
 /*
  * nng_raw.c - the W6 baseline: raw nng push/pull throughput of fixed-size
- * messages between two threads of one process, over tcp:// or ipc://.
+ * messages between two threads of one process, over tcp://, ipc:// or
+ * tls+tcp:// (nng's TLS, mbedTLS).
  * Nothing of cachew is linked: this is what the transport would reach if
  * it added no cost at all.
  *
  *   nng_raw [--url URL] [--size BYTES] [--count N] [--warmup N]
+ *           [--tls-dir DIR]
  *
+ * A tls+tcp:// URL takes DIR's server.pem and server.key (the listener)
+ * and ca.pem (the dialer checks the listener's certificate against it),
+ * as bench/w6.py makes them.
  * URL defaults to tcp://127.0.0.1:0 (an ephemeral port); ipc:///tmp/x
  * works too. The sender allocates a fresh message per send (as a worker
  * producing new data would) and fills it once per run, not per message:
@@ -24,6 +29,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <nng/supplemental/tls/tls.h>
 #include <nng/supplemental/util/platform.h>
 
 #include <pthread.h>
@@ -35,6 +41,7 @@
 
 typedef struct sender {
 	const char *url;
+	nng_tls_config *tls; /* tls+tcp: the dialer's */
 	size_t size;
 	long count;
 	int rv;
@@ -54,6 +61,7 @@ send_main(void *arg)
 {
 	sender *s = arg;
 	nng_socket push;
+	nng_dialer d;
 	nng_msg *m;
 	int rv;
 
@@ -61,7 +69,10 @@ send_main(void *arg)
 		s->what = "push0_open";
 		goto out;
 	}
-	if ((rv = nng_dial(push, s->url, NULL, 0)) != 0) {
+	if ((rv = nng_dialer_create(&d, push, s->url)) != 0 ||
+	    (s->tls != NULL &&
+		(rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, s->tls)) != 0) ||
+	    (rv = nng_dialer_start(d, 0)) != 0) {
 		s->what = "dial";
 		nng_close(push);
 		goto out;
@@ -94,14 +105,56 @@ static int
 usage(void)
 {
 	fprintf(stderr, "usage: nng_raw [--url URL] [--size BYTES] "
-			"[--count N] [--warmup N]\n");
+			"[--count N] [--warmup N] [--tls-dir DIR]\n");
 	return 2;
+}
+
+/* DIR/name, whole, NUL-terminated; NULL if unreadable. */
+static char *
+slurp(const char *dir, const char *name)
+{
+	char path[1024];
+	FILE *f;
+	char *buf = NULL;
+	long n;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if ((f = fopen(path, "r")) == NULL)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
+	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
+		buf[fread(buf, 1, (size_t)n, f)] = '\0';
+	}
+	fclose(f);
+	return buf;
+}
+
+/* The TLS configurations of both ends from dir: the listener's (server
+ * certificate and key) and the dialer's (the CA; the name 127.0.0.1). */
+static int
+tls_configs(const char *dir, nng_tls_config **srv, nng_tls_config **cli)
+{
+	char *cert = slurp(dir, "server.pem"), *key = slurp(dir, "server.key");
+	char *ca = slurp(dir, "ca.pem");
+	int rv = NNG_ENOENT;
+
+	if (cert != NULL && key != NULL && ca != NULL &&
+	    (rv = nng_tls_config_alloc(srv, NNG_TLS_MODE_SERVER)) == 0 &&
+	    (rv = nng_tls_config_own_cert(*srv, cert, key, NULL)) == 0 &&
+	    (rv = nng_tls_config_alloc(cli, NNG_TLS_MODE_CLIENT)) == 0 &&
+	    (rv = nng_tls_config_ca_chain(*cli, ca, NULL)) == 0)
+		rv = nng_tls_config_server_name(*cli, "127.0.0.1");
+	free(cert);
+	free(key);
+	free(ca);
+	return rv;
 }
 
 int
 main(int argc, char **argv)
 {
-	const char *url = "tcp://127.0.0.1:0";
+	const char *url = "tcp://127.0.0.1:0", *tls_dir = NULL;
+	nng_tls_config *tls_srv = NULL, *tls_cli = NULL;
 	size_t size = 1 << 20;
 	long count = 2000, warmup = 50;
 	char bound[256];
@@ -122,22 +175,35 @@ main(int argc, char **argv)
 			count = strtol(argv[++i], NULL, 0);
 		else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
 			warmup = strtol(argv[++i], NULL, 0);
+		else if (strcmp(argv[i], "--tls-dir") == 0 && i + 1 < argc)
+			tls_dir = argv[++i];
 		else
 			return usage();
 	}
 	if (count <= 0 || warmup < 0 || size == 0)
 		return usage();
 
+	if (tls_dir != NULL &&
+	    (rv = tls_configs(tls_dir, &tls_srv, &tls_cli)) != 0) {
+		fprintf(stderr, "nng_raw: TLS files of %s: %s\n", tls_dir,
+		    nng_strerror(rv));
+		return 1;
+	}
 	if ((rv = nng_pull0_open(&pull)) != 0 ||
 	    (rv = nng_socket_set_size(pull, NNG_OPT_RECVMAXSZ, size + 1024)) !=
 		0 ||
-	    (rv = nng_listen(pull, url, &l, 0)) != 0) {
+	    (rv = nng_listener_create(&l, pull, url)) != 0 ||
+	    (tls_srv != NULL &&
+		(rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls_srv)) !=
+		    0) ||
+	    (rv = nng_listener_start(l, 0)) != 0) {
 		fprintf(stderr, "nng_raw: listen %s: %s\n", url,
 		    nng_strerror(rv));
 		return 1;
 	}
 	snprintf(bound, sizeof(bound), "%s", url);
-	if (strncmp(url, "tcp://", 6) == 0) {
+	if (strncmp(url, "tcp://", 6) == 0 ||
+	    strncmp(url, "tls+tcp://", 10) == 0) {
 		int port;
 		const char *colon = strrchr(url, ':');
 		if (nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) ==
@@ -147,7 +213,8 @@ main(int argc, char **argv)
 			    (int)(colon - url), url, port);
 	}
 
-	s = (sender){.url = bound, .size = size, .count = warmup + count};
+	s = (sender){.url = bound, .tls = tls_cli, .size = size,
+	    .count = warmup + count};
 	if (pthread_create(&tid, NULL, send_main, &s) != 0) {
 		fprintf(stderr, "nng_raw: pthread_create failed\n");
 		return 1;

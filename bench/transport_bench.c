@@ -5,7 +5,7 @@
  * kind and element size.
  *
  *   transport_bench [--url URL] [--size BYTES] [--batch K] [--count N]
- *                   [--inflight W] [--warmup N]
+ *                   [--inflight W] [--warmup N] [--tls-dir DIR]
  *
  * A server answers every get-next request at once with K elements of
  * --size bytes (u8 tensors viewing one shared buffer, as a worker's
@@ -14,6 +14,8 @@
  * touches one byte per 4 KiB page of every element so the data is really
  * delivered, releases them and asks again. N counts elements. Defaults:
  * tcp://127.0.0.1:0, 1 MiB, K = max(1, 1 MiB / size), N = 2000, W = 4.
+ * A tls+tcp:// URL takes DIR's server.pem, server.key and ca.pem (what
+ * bench/w6.py makes with openssl).
  *
  * Copies, per element, on nng: one on the sender (encoded straight into
  * the nng_msg, which nng allocates zeroed), none on the receiver (tensors
@@ -82,14 +84,16 @@ static int
 usage(void)
 {
 	fprintf(stderr, "usage: transport_bench [--url URL] [--size BYTES] "
-			"[--batch K] [--count N] [--inflight W] [--warmup N]\n");
+			"[--batch K] [--count N] [--inflight W] [--warmup N] "
+			"[--tls-dir DIR]\n");
 	return 2;
 }
 
 int
 main(int argc, char **argv)
 {
-	const char *url = "tcp://127.0.0.1:0";
+	const char *url = "tcp://127.0.0.1:0", *tls_dir = NULL;
+	char cert[512], key[512], ca[512];
 	size_t size = 1 << 20;
 	long count = 2000, warmup = 50, batch = 0, inflight = 4;
 	cwi_transport_opts o;
@@ -117,6 +121,8 @@ main(int argc, char **argv)
 			inflight = strtol(argv[++i], NULL, 0);
 		else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
 			warmup = strtol(argv[++i], NULL, 0);
+		else if (strcmp(argv[i], "--tls-dir") == 0 && i + 1 < argc)
+			tls_dir = argv[++i];
 		else
 			return usage();
 	}
@@ -139,6 +145,14 @@ main(int argc, char **argv)
 
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = (size_t)batch * size + (1 << 20);
+	if (tls_dir != NULL) {
+		snprintf(cert, sizeof(cert), "%s/server.pem", tls_dir);
+		snprintf(key, sizeof(key), "%s/server.key", tls_dir);
+		snprintf(ca, sizeof(ca), "%s/ca.pem", tls_dir);
+		o.tls_cert = cert;
+		o.tls_key = key;
+		o.tls_ca = ca;
+	}
 	if ((rv = cwi_listen(&l, url, &o, on_request, &s)) != CACHEW_OK ||
 	    (rv = cwi_dial(&c, cwi_listener_url(l), &o)) != CACHEW_OK ||
 	    (rv = cwi_cq_create(&q)) != CACHEW_OK) {

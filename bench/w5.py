@@ -44,6 +44,7 @@ elements/s. The last line gives the W2 tcp:// ratio.
 Usage: /usr/bin/python3 bench/w5.py [--quick] [--reps R]   (or bench/run W5)
 """
 import argparse
+import atexit
 import json
 import os
 import resource
@@ -183,9 +184,56 @@ def listening_url(role):
     return pred
 
 
+_TLS_DIR = None
+
+
+def tls_dir():
+    """TLS material for transport "tls", made once per bench process with
+    the openssl command into a temp dir (removed at exit): ca.pem, and
+    server.pem + server.key (P-256, signed by ca.pem, for 127.0.0.1) that
+    every daemon shows; clients trust ca.pem (CACHEW_TLS_CA)."""
+    global _TLS_DIR
+    if _TLS_DIR is not None:
+        return _TLS_DIR
+    d = tempfile.mkdtemp(prefix="cachew-tls-", dir="/tmp")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+    with open(os.path.join(d, "leaf.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,DNS:127.0.0.1,IP:127.0.0.1\n")
+    steps = [
+        ["openssl", "req", "-x509"] + ec + ["-keyout", "ca.key", "-out",
+                                            "ca.pem", "-days", "1", "-subj",
+                                            "/CN=cachew-bench-ca"],
+        ["openssl", "req", "-new"] + ec + ["-keyout", "server.key", "-out",
+                                           "server.csr", "-subj",
+                                           "/CN=localhost"],
+        ["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.pem",
+         "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-extfile",
+         "leaf.ext", "-out", "server.pem"],
+    ]
+    for argv in steps:
+        r = subprocess.run(argv, cwd=d, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise h.BenchError(f"TLS material: {' '.join(argv)}: exit "
+                               f"{r.returncode}: {r.stderr.strip()}")
+    atexit.register(shutil.rmtree, d, True)
+    _TLS_DIR = d
+    return d
+
+
+def tls_flags():
+    """The daemons' TLS options for transport "tls"."""
+    d = tls_dir()
+    return ["--tls-cert", os.path.join(d, "server.pem"), "--tls-key",
+            os.path.join(d, "server.key"), "--tls-ca",
+            os.path.join(d, "ca.pem")]
+
+
 class Service:
-    """A dispatcher and WORKERS workers on one transport, in a temp dir.
-    Use as a context manager: the daemons are stopped on exit, whatever
+    """A dispatcher and WORKERS workers on one transport (tcp, ipc, or
+    tls: tls+tcp with tls_dir()'s certificate), in a temp dir. Use as a
+    context manager: the daemons are stopped on exit, whatever
     happened."""
 
     def __init__(self, cachewd, transport, workers=WORKERS,
@@ -205,10 +253,20 @@ class Service:
     def listen(self, name):
         if self.transport == "ipc":
             return f"ipc://{self.dir}/{name}.sock"
+        if self.transport == "tls":
+            return "tls+tcp://127.0.0.1:0"
         return "tcp://127.0.0.1:0"
 
     def common(self):
-        return ["--heartbeat-ms", str(HEARTBEAT_MS)] + self.extra
+        tls = tls_flags() if self.transport == "tls" else []
+        return ["--heartbeat-ms", str(HEARTBEAT_MS)] + tls + self.extra
+
+    def client_env(self):
+        """The environment of a client of this service."""
+        env = dict(os.environ, CACHEW_SERVICE=self.url)
+        if self.transport == "tls":
+            env["CACHEW_TLS_CA"] = os.path.join(tls_dir(), "ca.pem")
+        return env
 
     def __enter__(self):
         # Short: a Unix socket path has a limit of 107 bytes.
@@ -408,7 +466,7 @@ class Served(h.Config):
                       dispatcher_extra=self.dispatcher_extra)
         try:
             with svc:
-                env = dict(os.environ, CACHEW_SERVICE=svc.url)
+                env = svc.client_env()
                 self.env = env
                 probe, _, _, _ = h.run_once(
                     with_timeout([self.cachew, "run", "--json", "--no-digest",
@@ -569,7 +627,7 @@ def verify(cachew, cachewd, d, seed, limit_s):
                 svc = Service(cachewd, tr)
                 try:
                     with svc:
-                        env = dict(os.environ, CACHEW_SERVICE=svc.url)
+                        env = svc.client_env()
                         obj, _, _, _ = h.run_once(with_timeout(
                             [cachew, "run", "--json", "--quiet", "--seed",
                              str(seed), p], limit_s), f"verify {tr}", env)

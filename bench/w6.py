@@ -5,7 +5,9 @@ same run.
 
 peer (the physical reference): build/nng_raw (bench/nng_raw.c): one nng
 push socket sending fixed-size messages to one pull socket, two threads of
-one process, over tcp://127.0.0.1 or ipc://; a fresh message per send, not
+one process, over tcp://127.0.0.1, ipc:// or tls+tcp://127.0.0.1 (nng's
+TLS, mbedTLS; the bench makes a CA and a server certificate with openssl in
+a temp dir, bench/w5.py tls_dir()); a fresh message per send, not
 filled; the receiver touches one byte per 4 KiB page. One message per
 element.
 cachew, transport API alone: build/transport_bench (bench/transport_bench.c):
@@ -27,8 +29,11 @@ Each ratio line also gives the CPU seconds per GB of payload: raw nng
 so that a change can be judged by the side it costs (medians per run).
 
 Target (issue 5): the service's 1 MiB transfer >= 80% of raw nng
-push/pull in the same run. The last line gives the tcp:// 1 MiB ratio with
-1 worker (one sender and one receiver, as in nng_raw).
+push/pull in the same run. TLS (issue 14) is reported beside tcp: each
+tls+tcp configuration against the same one on plain tcp (no target; the
+TLS runs move files x MiB x tls_passes, fewer bytes, as TLS is slower).
+The last line gives the tcp:// 1 MiB ratio with 1 worker (one sender and
+one receiver, as in nng_raw).
 
 Usage: /usr/bin/python3 bench/w6.py [--quick] [--reps R]   (or bench/run W6)
 """
@@ -47,11 +52,11 @@ WID = "W6"
 MIB = 1 << 20
 SIZES = {
     # files x MiB each on disk, passes over them per run
-    "full": {"files": 8, "file_mib": 128, "passes": 5},
-    "quick": {"files": 4, "file_mib": 32, "passes": 2},
+    "full": {"files": 8, "file_mib": 128, "passes": 5, "tls_passes": 1},
+    "quick": {"files": 4, "file_mib": 32, "passes": 2, "tls_passes": 1},
 }
 ELEMENT_SIZES = (1 * MIB, 64 * 1024)
-TRANSPORTS = ("tcp", "ipc")
+TRANSPORTS = ("tcp", "ipc", "tls")
 WORKER_COUNTS = (1, 2)
 TARGET = 0.8
 
@@ -114,15 +119,34 @@ class Prog(w5.InProcess):
 def url_for(transport, name):
     if transport == "tcp":
         return "tcp://127.0.0.1:0", None
+    if transport == "tls":
+        return "tls+tcp://127.0.0.1:0", None
     path = f"/tmp/cachew-w6-{os.getpid()}-{name}.sock"
     return f"ipc://{path}", path
 
 
+def scheme(transport):
+    return "tls+tcp" if transport == "tls" else transport
+
+
+def passes_for(sz, transport):
+    return sz["tls_passes"] if transport == "tls" else sz["passes"]
+
+
+def total_for(sz, transport):
+    """Bytes of element payload one run of transport moves."""
+    return sz["files"] * sz["file_mib"] * MIB * passes_for(sz, transport)
+
+
+def tls_args(transport):
+    return ["--tls-dir", w5.tls_dir()] if transport == "tls" else []
+
+
 def configs_for(cachew, cachewd, d, sz, size, limit_s):
-    total = sz["files"] * sz["file_mib"] * MIB * sz["passes"]
-    count = total // size
     out = {}
     for tr in TRANSPORTS:
+        total = total_for(sz, tr)
+        count = total // size
         url, path = url_for(tr, f"raw{size}")
 
         def check_raw(obj, count=count, what=f"nng_raw {tr}"):
@@ -133,7 +157,8 @@ def configs_for(cachew, cachewd, d, sz, size, limit_s):
         out[("raw", tr)] = Prog(
             tr, path, "nng push/pull", f"raw {tr} {size_label(size)}", "1+1",
             [bench_prog(cachew, "nng_raw"), "--url", url, "--size",
-             str(size), "--count", str(count)], total, check=check_raw)
+             str(size), "--count", str(count)] + tls_args(tr), total,
+            check=check_raw)
         url, path = url_for(tr, f"tb{size}")
 
         def check_tb(obj, count=count, what=f"transport_bench {tr}"):
@@ -145,7 +170,8 @@ def configs_for(cachew, cachewd, d, sz, size, limit_s):
             tr, path, "cachew", f"transport API {tr} {size_label(size)}",
             "1+1",
             [bench_prog(cachew, "transport_bench"), "--url", url, "--size",
-             str(size), "--count", str(count)], total, check=check_tb)
+             str(size), "--count", str(count)] + tls_args(tr), total,
+            check=check_tb)
 
         def check_svc(obj, count=count, total=total, what=f"service {tr}"):
             if obj.get("elements") != count or obj.get("bytes") != total:
@@ -159,7 +185,7 @@ def configs_for(cachew, cachewd, d, sz, size, limit_s):
                 f"service {tr} {size_label(size)} {nw} worker"
                 + ("s" if nw > 1 else ""), f"{nw}x1",
                 [cachew, "run", "--json", "--no-digest", "--quiet",
-                 pipeline(d, sz["passes"], size)], total, workers=nw,
+                 pipeline(d, passes_for(sz, tr), size)], total, workers=nw,
                 check=check_svc)
             c.check_splits = None
             out[("svc", tr, nw)] = c
@@ -192,7 +218,7 @@ def verify(cachew, cachewd, d, limit_s):
             svc = w5.Service(cachewd, tr)
             try:
                 with svc:
-                    env = dict(os.environ, CACHEW_SERVICE=svc.url)
+                    env = svc.client_env()
                     got, _, _, _ = h.run_once(w5.with_timeout(
                         [cachew, "run", "--json", "--quiet", p], limit_s),
                         f"verify {tr}", env)
@@ -254,6 +280,31 @@ HEADER = ["config", "side", "senders x threads", "median GB/s", "min", "max",
           "worker peak RSS MiB"]
 
 
+def tls_lines(cfg, size, ratios):
+    """TLS beside tcp: each tls+tcp configuration's rate over the same
+    one's on plain tcp, and CPU seconds per GB of both."""
+    lines = []
+    for what, key in [("raw nng", ("raw",)), ("transport API", ("api",))] + \
+            [(f"service {nw} worker{'s' if nw > 1 else ''}", ("svc", nw))
+             for nw in WORKER_COUNTS]:
+        tls = cfg[(key[0], "tls") + key[1:]]
+        tcp = cfg[(key[0], "tcp") + key[1:]]
+        r = tls.median() / tcp.median()
+        ratios[f"{size_label(size)} tls/tcp {' '.join(map(str, key))}"] = r
+        if key[0] == "svc":
+            cpu = (f"client {w5.fmt_s(cpu_per_gb(tls, 'client'))} + workers "
+                   f"{w5.fmt_s(cpu_per_gb(tls, 'workers'))} (tcp: client "
+                   f"{w5.fmt_s(cpu_per_gb(tcp, 'client'))} + workers "
+                   f"{w5.fmt_s(cpu_per_gb(tcp, 'workers'))})")
+        else:
+            cpu = (f"{w5.fmt_s(cpu_per_gb(tls))} (tcp: "
+                   f"{w5.fmt_s(cpu_per_gb(tcp))})")
+        lines.append(f"{size_label(size)} tls+tcp:// / tcp://, {what}: "
+                     f"{tls.median() / 1e9:.2f} / {tcp.median() / 1e9:.2f} "
+                     f"GB/s = {r:.0%}; CPU s/GB {cpu}")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -300,21 +351,22 @@ def main():
                 r = by_size[s][("svc", tr, nw)].median() / raw
                 ratios[f"{size_label(s)} {tr} {nw}w"] = r
                 ok = "met" if r >= TARGET else "MISSED"
-                tgt = (f" (target >= {TARGET:.0%}: {ok})" if s == MIB
-                       else " (no target)")
+                tgt = (f" (target >= {TARGET:.0%}: {ok})"
+                       if s == MIB and tr != "tls" else " (no target)")
                 cr = w5.cpu_ratio(by_size[s][("raw", tr)],
                                   by_size[s][("svc", tr, nw)])
                 svc = by_size[s][("svc", tr, nw)]
                 ratio_lines.append(
-                    f"{size_label(s)} {tr}://, service {nw} worker"
+                    f"{size_label(s)} {scheme(tr)}://, service {nw} worker"
                     f"{'s' if nw > 1 else ''} / raw nng = {r:.0%}{tgt}; CPU "
                     f"per byte raw / service = {cr:.0%}; CPU s/GB raw "
                     f"{w5.fmt_s(cpu_per_gb(by_size[s][('raw', tr)]))}, "
                     f"service client {w5.fmt_s(cpu_per_gb(svc, 'client'))}"
                     f" + workers {w5.fmt_s(cpu_per_gb(svc, 'workers'))}")
             ratio_lines.append(
-                f"{size_label(s)} {tr}://, transport API / raw nng = "
+                f"{size_label(s)} {scheme(tr)}://, transport API / raw nng = "
                 f"{api / raw:.0%}")
+        ratio_lines += tls_lines(by_size[s], s, ratios)
     warning = h.load_warning(info)
     if warning is not None:
         ratio_lines.append(warning)
@@ -345,7 +397,10 @@ def main():
               f"`{os.path.relpath(cachew, h.REPO_DIR)}`. "
               f"{total / 1e9:.2f} GB of element payload per run "
               f"({sz['files']} files x {sz['file_mib']} MiB, "
-              f"{sz['passes']} passes); GB/s = 1e9 bytes/s at the receiver. "
+              f"{sz['passes']} passes; over TLS {sz['tls_passes']} pass, "
+              f"{total_for(sz, 'tls') / 1e9:.2f} GB); GB/s = 1e9 bytes/s "
+              "at the receiver. TLS: tls+tcp://127.0.0.1 with a P-256 "
+              "certificate made by openssl (nng 1.5's TLS, mbedTLS 2.28). "
               "Raw nng: push -> pull, one message per element, two threads "
               "of one process. Transport API: bench/transport_bench.c. "
               "Service: dispatcher + 1 or 2 workers (`--threads 1`), "

@@ -97,9 +97,13 @@ typedef enum cachew_err {
 	CACHEW_ENOTSUP = 15,   /* not supported by this build or object */
 	CACHEW_EPROTO = 16,    /* a peer violated the protocol */
 	CACHEW_EINTERNAL = 17, /* an internal invariant failed: a bug */
-	CACHEW_EPERM = 18      /* the peer may not do this: not
+	CACHEW_EPERM = 18,     /* the peer may not do this: not
 				* authenticated, another role, or another
-				* tenant's job (since 0.1) */
+				* tenant's job (since 0.4) */
+	/* A peer could not be authenticated: a TLS handshake failed (a
+	 * certificate not trusted, expired or missing; TLS on one side
+	 * only). Not transient: retrying does not help. Since 0.4. */
+	CACHEW_EAUTH = 19
 	/* Next free value: 19. */
 } cachew_err;
 

@@ -2221,11 +2221,223 @@ START_TEST(cachewd_config_file_and_environment)
 }
 END_TEST
 
+/* ---- TLS (issue 14, item 1) ------------------------------------------------------- */
+
+/* TLS material: cwt_tls_setup, the tls case's unchecked fixture. A file
+ * of it: a fresh string (free it). */
+static char *
+tls_path(const char *name)
+{
+	return strdup(cwt_tls_file(name));
+}
+
+/* Client options on `service` with a TLS option set from a tls_dir file
+ * (NULL: left unset). Destroy after use. */
+static cachew_options *
+tls_client(const char *service, const char *ca, const char *cert,
+    const char *key)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	const char *names[3] = {"tls_ca", "tls_cert", "tls_key"};
+	const char *files[3] = {ca, cert, key};
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	    CACHEW_OK);
+	for (int i = 0; i < 3; i++) {
+		char *path;
+		if (files[i] == NULL)
+			continue;
+		path = tls_path(files[i]);
+		ck_assert_int_eq(cachew_options_set_str(o, names[i], path),
+		    CACHEW_OK);
+		free(path);
+	}
+	return o;
+}
+
+/* A run through o's service that the service refuses: CACHEW_EAUTH, a
+ * message naming `peer` and saying `reason`, well within the default 30 s
+ * service timeout (the bound only catches a client that retries). */
+static void
+assert_refused(cachew_options *o, const char *peer, const char *reason)
+{
+	cachew_element **v;
+	size_t n;
+	char err[1024];
+	uint64_t t0 = cwt_now_ms();
+	cachew_err rv = cwt_run("range(100)", o, &v, &n, err, sizeof(err));
+
+	ck_assert_msg(rv == CACHEW_EAUTH, "%s: %s", cachew_strerror(rv), err);
+	ck_assert_msg(strstr(err, peer) != NULL, "'%s' does not name %s", err,
+	    peer);
+	ck_assert_msg(strstr(err, reason) != NULL, "'%s' does not say '%s'",
+	    err, reason);
+	ck_assert_uint_lt(cwt_now_ms() - t0, 5000);
+}
+
+START_TEST(tls_cluster_mutual_tls_iterates_exactly_as_in_process)
+{
+	static const char *const pipeline =
+	    "range(20000) | shuffle(100) | map(mul, value=3)";
+	char bin[512], cmd[4000], out[700];
+	char *ca = tls_path("ca.pem"), *cert = tls_path("client.pem");
+	char *key = tls_path("client.key");
+	cachew_options *o, *local = cwt_opts(7, 1);
+	char *got, *want;
+	cwt_cluster c;
+
+	cwt_cluster_start_tls(&c, 2, "required");
+	wait_registered(&c);
+	ck_assert_msg(strncmp(c.dispatcher.url, "tls+tcp://", 10) == 0, "%s",
+	    c.dispatcher.url);
+	o = tls_client(c.dispatcher.url, "ca.pem", "client.pem", "client.key");
+	got = cwt_hash_seq(pipeline, o, 1);
+	want = cwt_hash_seq(pipeline, local, 1);
+	ck_assert_str_eq(got, want);
+	/* The workers advertise tls+tcp, and `cachew status` dials with
+	 * the same files. */
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	snprintf(out, sizeof(out), "%s/status.json", c.dir);
+	snprintf(cmd, sizeof(cmd), "%s status %s --json --tls-ca %s "
+	    "--tls-cert %s --tls-key %s > %s", bin, c.dispatcher.url, ca, cert,
+	    key, out);
+	ck_assert_int_eq(system(cmd), 0);
+	char *json = cwt_slurp(out);
+	ck_assert_msg(strstr(json, "\"address\":\"tls+tcp://127.0.0.1:") !=
+		NULL, "%s", json);
+	free(json);
+	free(got);
+	free(want);
+	free(ca);
+	free(cert);
+	free(key);
+	cachew_options_destroy(o);
+	cachew_options_destroy(local);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(tls_cluster_refuses_a_client_without_certificate)
+{
+	char *ca = tls_path("ca.pem");
+	cachew_options *o;
+	cwt_cluster c;
+
+	cwt_cluster_start_tls(&c, 1, "required");
+	/* The CA from the environment, as tls_ca's help says. */
+	ck_assert_int_eq(setenv("CACHEW_TLS_CA", ca, 1), 0);
+	o = tls_client(c.dispatcher.url, NULL, NULL, NULL);
+	assert_refused(o, c.dispatcher.url, "the listener requires a client "
+					    "certificate: set tls_cert and "
+					    "tls_key");
+	ck_assert_int_eq(unsetenv("CACHEW_TLS_CA"), 0);
+	free(ca);
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(tls_cluster_refuses_a_client_trusting_another_ca)
+{
+	cachew_options *o;
+	cwt_cluster c;
+
+	cwt_cluster_start_tls(&c, 1, "none");
+	o = tls_client(c.dispatcher.url, "other-ca.pem", NULL, NULL);
+	assert_refused(o, c.dispatcher.url, "is not signed by a CA in tls_ca");
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(tls_cluster_refuses_a_plaintext_client)
+{
+	cachew_options *o;
+	cwt_cluster c;
+	char *plain, *reason;
+
+	cwt_cluster_start_tls(&c, 1, "none");
+	plain = cwt_fmt("%s", c.dispatcher.url + strlen("tls+"));
+	reason = cwt_fmt("the listener speaks TLS: dial %s", c.dispatcher.url);
+	o = tls_client(plain, NULL, NULL, NULL);
+	assert_refused(o, plain, reason);
+	free(plain);
+	free(reason);
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(tls_worker_refused_by_its_dispatcher_says_why)
+{
+	char *cert = tls_path("server.pem"), *key = tls_path("server.key");
+	char *other = tls_path("other-ca.pem"), *log = NULL;
+	uint64_t deadline;
+	cwt_cluster c;
+
+	cwt_cluster_start_tls(&c, 0, "required");
+	cwt_daemon_start(&c.workers[0], c.dir, "worker0", "--role=worker",
+	    "--dispatcher", c.dispatcher.url, "--listen",
+	    "tls+tcp://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key,
+	    "--tls-ca", other, "--heartbeat-ms", "50", (char *)NULL);
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(5000);
+	while ((log = cwt_slurp(c.workers[0].log)) != NULL &&
+	       strstr(log, "event=register_refused") == NULL &&
+	       cwt_now_ms() < deadline) {
+		free(log);
+		cwt_nap_ms(10);
+	}
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "event=register_refused") != NULL &&
+		strstr(log, c.dispatcher.url) != NULL &&
+		strstr(log, "is not signed by a CA in tls_ca") != NULL,
+	    "%s", log);
+	free(log);
+	free(cert);
+	free(key);
+	free(other);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+START_TEST(cachewd_refuses_an_expired_certificate_naming_it)
+{
+	char *cert = tls_path("server-expired.pem"), *key = tls_path("server.key");
+	char *dir = cwt_tmpdir(), *cmd, *err, *errfile;
+
+	errfile = cwt_fmt("%s/err", dir);
+	cmd = cwt_fmt("%s/cachewd --role=dispatcher --listen "
+	    "tls+tcp://127.0.0.1:0 --tls-cert %s --tls-key %s 2> %s",
+	    cwt_build_dir(), cert, key, errfile);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 1);
+	err = cwt_slurp(errfile);
+	ck_assert_msg(strstr(err, "event=start_failed") != NULL &&
+		strstr(err, cert) != NULL && strstr(err, "expired on ") != NULL,
+	    "%s", err);
+	free(err);
+	free(cmd);
+	cmd = cwt_fmt("%s/cachewd --role=dispatcher --tls-client-auth sometimes "
+	    "2> %s", cwt_build_dir(), errfile);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	err = cwt_slurp(errfile);
+	ck_assert_msg(strstr(err, "tls_client_auth must be one of none, "
+				  "optional, required") != NULL, "%s", err);
+	free(err);
+	free(cmd);
+	free(errfile);
+	free(cert);
+	free(key);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 Suite *
 cwt_cluster_suite(void)
 {
 	Suite *s = suite_create("cluster");
 	TCase *tc = tcase_create("cluster");
+	TCase *tls = tcase_create("tls");
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
@@ -2278,5 +2490,15 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cachewd_bad_options_exit_2);
 	tcase_add_test(tc, cachewd_config_file_and_environment);
 	suite_add_tcase(s, tc);
+
+	tcase_set_timeout(tls, 120);
+	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);
+	tcase_add_test(tls, tls_cluster_mutual_tls_iterates_exactly_as_in_process);
+	tcase_add_test(tls, tls_cluster_refuses_a_client_without_certificate);
+	tcase_add_test(tls, tls_cluster_refuses_a_client_trusting_another_ca);
+	tcase_add_test(tls, tls_cluster_refuses_a_plaintext_client);
+	tcase_add_test(tls, tls_worker_refused_by_its_dispatcher_says_why);
+	tcase_add_test(tls, cachewd_refuses_an_expired_certificate_naming_it);
+	suite_add_tcase(s, tls);
 	return s;
 }

@@ -24,7 +24,7 @@ END_TEST
 
 START_TEST(strerror_names_every_code)
 {
-	for (int e = CACHEW_OK; e <= CACHEW_EPERM; e++) {
+	for (int e = CACHEW_OK; e <= CWI_ERR_LAST; e++) {
 		const char *s = cachew_strerror((cachew_err)e);
 		ck_assert_ptr_nonnull(s);
 		ck_assert_str_ne(s, "unknown error");

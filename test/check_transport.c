@@ -1,13 +1,17 @@
 /*
  * check_transport.c - the transport conformance suite: the same tests run
- * on inproc://, tcp://127.0.0.1:0 and ipc:// (loop index = transport),
+ * on inproc://, tcp://127.0.0.1:0, ipc:// and tls+tcp://127.0.0.1:0
+ * (loop index = transport; TLS with certificates made at test time),
  * then nng-only tests with hostile raw TCP and IPC peers (garbage, a
  * frame header claiming 8 GiB, a frame whose element count lies, a wrong
  * protocol id, a request id without its high bit, 100 idle connections,
  * a server whose reply claims 8 GiB) that must leave the server up,
  * serving, and its memory bounded, and wire tests that pin the bytes of
  * docs/protocol.md, "Transport framing", against plain nng req0/rep0
- * sockets and raw peers, whatever implements tcp:// and ipc://.
+ * sockets and raw peers, whatever implements tcp:// and ipc://. The tls
+ * case: mutual TLS, and every refusal (a server certificate another CA
+ * signed or that has expired, a missing client certificate, TLS on one
+ * side only) named, promptly, on both sides.
  *
  * The test server's handler acts on the request header, a plain string
  * here (the transport never interprets headers): "echo..." replies with
@@ -24,6 +28,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,11 +46,15 @@
 /* A bound for waits on readiness: generous, never reached when the code
  * works (tests must not depend on timing). */
 #define WAIT_MS cwt_bound_ms(10000)
+/* The stream transports with raw peers: inproc, tcp, ipc. */
 #define NTRANSPORTS 3
+/* The conformance tests also run on tls+tcp (index 3). */
+#define NCONF 4
+#define TLS_T 3
 
 /* ---- fixtures ----------------------------------------------------------- */
 
-static const char *const tnames[NTRANSPORTS] = {"inproc", "tcp", "ipc"};
+static const char *const tnames[NCONF] = {"inproc", "tcp", "ipc", "tls"};
 
 /* A fresh URL for transport i. */
 static char *
@@ -62,12 +71,38 @@ test_url(int i)
 	case 1:
 		snprintf(buf, sizeof(buf), "tcp://127.0.0.1:0");
 		break;
+	case TLS_T:
+		snprintf(buf, sizeof(buf), "tls+tcp://127.0.0.1:0");
+		break;
 	default:
 		snprintf(buf, sizeof(buf), "ipc:///tmp/cachew-t-%d-%d.ipc",
 		    (int)getpid(), seq++);
 		break;
 	}
 	return strdup(buf);
+}
+
+/* The options for listening on (listen) or dialing url: opts (or the
+ * defaults) with, for a tls+tcp URL, the server's certificate or the CA
+ * that signs it added where opts names none, copied into buf; opts
+ * unchanged otherwise. */
+static const cwi_transport_opts *
+tls_for(const char *url, const cwi_transport_opts *opts, bool listen,
+    cwi_transport_opts *buf)
+{
+	if (strncmp(url, "tls+tcp://", 10) != 0)
+		return opts;
+	if (opts != NULL)
+		*buf = *opts;
+	else
+		cwi_transport_opts_init(buf);
+	if (listen && buf->tls_cert == NULL) {
+		buf->tls_cert = cwt_tls_file("server.pem");
+		buf->tls_key = cwt_tls_file("server.key");
+	} else if (!listen && buf->tls_ca == NULL) {
+		buf->tls_ca = cwt_tls_file("ca.pem");
+	}
+	return buf;
 }
 
 #define MAX_HELD 64
@@ -181,10 +216,13 @@ handler(void *arg, cwi_request *r)
 static void
 srv_start_at(tsrv *s, const char *url, const cwi_transport_opts *opts)
 {
+	cwi_transport_opts buf;
+
 	memset(s, 0, sizeof(*s));
 	pthread_mutex_init(&s->mtx, NULL);
 	pthread_cond_init(&s->cv, NULL);
-	ck_assert_msg(cwi_listen(&s->l, url, opts, handler, s) == CACHEW_OK,
+	ck_assert_msg(cwi_listen(&s->l, url, tls_for(url, opts, true, &buf),
+			  handler, s) == CACHEW_OK,
 	    "listen %s: %s", url, cachew_errmsg());
 }
 
@@ -268,12 +306,22 @@ take_held(tsrv *s, int i)
 	return r;
 }
 
+/* Dials url with opts (NULL: defaults), adding the suite's CA for a
+ * tls+tcp URL. */
+static cachew_err
+dial_url(cwi_conn **c, const char *url, const cwi_transport_opts *opts)
+{
+	cwi_transport_opts buf;
+
+	return cwi_dial(c, url, tls_for(url, opts, false, &buf));
+}
+
 static cwi_conn *
 dial(const tsrv *s)
 {
 	cwi_conn *c;
 
-	ck_assert_msg(cwi_dial(&c, cwi_listener_url(s->l), NULL) == CACHEW_OK,
+	ck_assert_msg(dial_url(&c, cwi_listener_url(s->l), NULL) == CACHEW_OK,
 	    "dial %s: %s", cwi_listener_url(s->l), cachew_errmsg());
 	return c;
 }
@@ -524,8 +572,9 @@ START_TEST(test_roundtrip)
 	cwi_conn *c;
 
 	srv_start(&s, _i, NULL);
-	if (_i == 1)
-		ck_assert_msg(strcmp(cwi_listener_url(s.l), "tcp://127.0.0.1:0"),
+	if (_i == 1 || _i == TLS_T)
+		ck_assert_msg(strcmp(cwi_listener_url(s.l) + (_i == TLS_T ? 4 : 0),
+				  "tcp://127.0.0.1:0"),
 		    "bound port not reported");
 	c = dial(&s);
 	call_ok(c, "echo hello", "echo hello");
@@ -557,7 +606,7 @@ client_main(void *arg)
 	client_arg *a = arg;
 	cwi_conn *c;
 
-	if (cwi_dial(&c, cwi_listener_url(a->s->l), NULL) != CACHEW_OK)
+	if (dial_url(&c, cwi_listener_url(a->s->l), NULL) != CACHEW_OK)
 		return NULL;
 	for (int i = 0; i < 40; i++) {
 		char req[64];
@@ -1004,11 +1053,13 @@ END_TEST
 START_TEST(test_listen_on_taken_address_fails)
 {
 	cwi_listener *l2 = NULL;
+	cwi_transport_opts buf;
 	tsrv s;
 
 	srv_start(&s, _i, NULL);
-	ck_assert_int_eq(
-	    cwi_listen(&l2, cwi_listener_url(s.l), NULL, handler, &s),
+	ck_assert_int_eq(cwi_listen(&l2, cwi_listener_url(s.l),
+			     tls_for(cwi_listener_url(s.l), NULL, true, &buf),
+			     handler, &s),
 	    CACHEW_EEXIST);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "address in use"));
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), cwi_listener_url(s.l)));
@@ -1026,7 +1077,7 @@ START_TEST(test_dial_without_listener_is_refused)
 	srv_start(&s, _i, NULL);
 	snprintf(url, sizeof(url), "%s", cwi_listener_url(s.l));
 	srv_stop(&s);
-	ck_assert_int_eq(cwi_dial(&c, url, NULL), CACHEW_EIO);
+	ck_assert_int_eq(dial_url(&c, url, NULL), CACHEW_EIO);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "connection refused"));
 	ck_assert_ptr_null(c);
 }
@@ -2061,7 +2112,7 @@ START_TEST(test_conn_close_while_large_reply_in_transit)
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = (size_t)80 << 20;
 	srv_start(&s, _i, &o);
-	ck_assert_int_eq(cwi_dial(&b.c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	ck_assert_int_eq(dial_url(&b.c, cwi_listener_url(s.l), &o), CACHEW_OK);
 	ck_assert_int_eq(pthread_create(&t, NULL, big_call_main, &b), 0);
 	wait_held(&s, 1);
 	r = take_held(&s, 0);
@@ -2566,6 +2617,353 @@ START_TEST(test_hostile_server_8gib_reply_length_resets_client)
 }
 END_TEST
 
+/* ---- TLS: mutual authentication and refusals ------------------------------ */
+
+/* Listens on tls+tcp://127.0.0.1:0 with the TLS fixture's cert and key and, past
+ * none, client certificates checked against ca.pem. */
+static void
+tls_srv_start(tsrv *s, const char *cert, const char *key,
+    cwi_tls_client_auth auth)
+{
+	cwi_transport_opts o;
+
+	cwi_transport_opts_init(&o);
+	o.tls_cert = cwt_tls_file(cert);
+	o.tls_key = cwt_tls_file(key);
+	o.tls_client_auth = auth;
+	if (auth != CWI_TLS_CLIENT_AUTH_NONE)
+		o.tls_ca = cwt_tls_file("ca.pem");
+	srv_start_at(s, "tls+tcp://127.0.0.1:0", &o);
+}
+
+/* Client options: dial_async (as the service dials), ca.pem, and a
+ * certificate when cert is not NULL. */
+static cwi_transport_opts
+tls_client_opts(const char *cert, const char *key)
+{
+	cwi_transport_opts o;
+
+	cwi_transport_opts_init(&o);
+	o.dial_async = true;
+	o.tls_ca = cwt_tls_file("ca.pem");
+	if (cert != NULL) {
+		o.tls_cert = cwt_tls_file(cert);
+		o.tls_key = cwt_tls_file(key);
+	}
+	return o;
+}
+
+/* A refusal must end a call well before any timeout: this bound only
+ * catches a hang (the refusal takes milliseconds on loopback). */
+#define REFUSAL_BOUND_MS 5000
+
+/*
+ * Calls "echo" on a new connection to url, which the peer refuses: the
+ * call fails with CACHEW_EAUTH within REFUSAL_BOUND_MS, and so does a
+ * second one (the refusal lasts while no link works). Returns the first
+ * message (free it).
+ */
+static char *
+refused_call(const char *url, const cwi_transport_opts *o)
+{
+	cwi_msg *reply = NULL;
+	cwi_conn *c;
+	cachew_err rv;
+	uint64_t t0;
+	char *msg;
+
+	ck_assert_msg(cwi_dial(&c, url, o) == CACHEW_OK, "dial %s: %s", url,
+	    cachew_errmsg());
+	t0 = cwt_now_ms();
+	rv = cwi_conn_call(c, mk("echo"), WAIT_MS, &reply);
+	ck_assert_msg(rv == CACHEW_EAUTH, "%s: %s", cachew_strerror(rv),
+	    cachew_errmsg());
+	ck_assert_uint_lt(cwt_now_ms() - t0, REFUSAL_BOUND_MS);
+	msg = strdup(cachew_errmsg());
+	t0 = cwt_now_ms();
+	rv = cwi_conn_call(c, mk("echo again"), WAIT_MS, &reply);
+	ck_assert_msg(rv == CACHEW_EAUTH, "%s: %s", cachew_strerror(rv),
+	    cachew_errmsg());
+	ck_assert_uint_lt(cwt_now_ms() - t0, REFUSAL_BOUND_MS);
+	cwi_conn_destroy(c);
+	return msg;
+}
+
+/* Fails the test unless msg names url and holds `reason`. */
+static void
+assert_names(const char *msg, const char *url, const char *reason)
+{
+	ck_assert_msg(strstr(msg, url) != NULL, "'%s' does not name %s", msg,
+	    url);
+	ck_assert_msg(strstr(msg, reason) != NULL, "'%s' does not say '%s'",
+	    msg, reason);
+}
+
+START_TEST(test_tls_mutual_auth_required_and_satisfied)
+{
+	cwi_transport_opts o = tls_client_opts("client.pem", "client.key");
+	cwi_element *sent[16];
+	cwi_msg *reply;
+	cwi_conn *c;
+	size_t n;
+	tsrv s;
+
+	tls_srv_start(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED);
+	ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	call_ok(c, "echo mutual", "echo mutual");
+	reply = call_echo_elements(c, sent, &n);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert(cwi_element_equal(cwi_msg_element(reply, i), sent[i]));
+		cwi_element_release(sent[i]);
+	}
+	cwi_msg_destroy(reply);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
+/*
+ * Starts s on TLS with cert and key asking for client certificates as
+ * auth says, and checks that a client with o is refused (refused_call)
+ * with a message naming s and saying `reason`, and that s logs `log`
+ * (unless NULL). s keeps running (srv_stop it).
+ */
+static void
+assert_tls_refused(tsrv *s, const char *cert, const char *key,
+    cwi_tls_client_auth auth, const cwi_transport_opts *o,
+    const char *reason, const char *log)
+{
+	char *msg;
+
+	log_start();
+	tls_srv_start(s, cert, key, auth);
+	msg = refused_call(cwi_listener_url(s->l), o);
+	assert_names(msg, cwi_listener_url(s->l), reason);
+	if (log != NULL)
+		ck_assert_msg(log_wait(log), "the log lacks '%s'", log);
+	free(msg);
+	log_stop();
+}
+
+START_TEST(test_tls_server_certificate_of_another_ca_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts(NULL, NULL);
+	char *reason = cwt_fmt("the server's certificate 'CN=localhost' "
+			       "(issuer 'CN=cachew-other-ca') is not signed by "
+			       "a CA in tls_ca '%s'", cwt_tls_file("ca.pem"));
+	tsrv s;
+
+	assert_tls_refused(&s, "other-server.pem", "other-server.key",
+	    CWI_TLS_CLIENT_AUTH_NONE, &o, reason,
+	    "the client refused our certificate");
+	free(reason);
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_server_name_not_in_certificate_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts(NULL, NULL);
+	tsrv s;
+
+	o.tls_server_name = "data.example.org";
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_NONE, &o,
+	    "the server's certificate 'CN=localhost' is not issued for "
+	    "'data.example.org' (set tls_server_name", NULL);
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_missing_client_certificate_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts(NULL, NULL);
+	cwi_conn *c;
+	tsrv s;
+
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED, &o,
+	    "the listener requires a client certificate: set tls_cert and "
+	    "tls_key", "the client sent no certificate");
+	/* A client with a certificate is served meanwhile. */
+	o = tls_client_opts("client.pem", "client.key");
+	ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	call_ok(c, "echo still", "echo still");
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_client_certificate_of_another_ca_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts("other-server.pem",
+	    "other-server.key");
+	char *reason = cwt_fmt("the listener refused our certificate "
+			       "'CN=localhost' (tls_cert '%s')",
+	    cwt_tls_file("other-server.pem"));
+	tsrv s;
+
+	assert_tls_refused(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED, &o, reason,
+	    "showed one that tls_ca does not trust");
+	free(reason);
+	srv_stop(&s);
+}
+END_TEST
+
+/* An nng rep0 socket on tls+tcp://127.0.0.1:0 serving cert (with
+ * server.key): a peer whose certificate cachew itself would not load. */
+static nng_socket
+nng_tls_rep(const char *cert, char *url, size_t len)
+{
+	nng_tls_config *cfg;
+	nng_listener l;
+	nng_socket rep;
+	char *pem = cwt_slurp(cwt_tls_file(cert));
+	char *key = cwt_slurp(cwt_tls_file("server.key"));
+	int port;
+
+	ck_assert_ptr_nonnull(pem);
+	ck_assert_ptr_nonnull(key);
+	ck_assert_int_eq(nng_rep0_open(&rep), 0);
+	ck_assert_int_eq(nng_listener_create(&l, rep, "tls+tcp://127.0.0.1:0"),
+	    0);
+	ck_assert_int_eq(nng_tls_config_alloc(&cfg, NNG_TLS_MODE_SERVER), 0);
+	ck_assert_int_eq(nng_tls_config_own_cert(cfg, pem, key, NULL), 0);
+	ck_assert_int_eq(nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, cfg), 0);
+	nng_tls_config_free(cfg);
+	ck_assert_int_eq(nng_listener_start(l, 0), 0);
+	ck_assert_int_eq(nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT,
+			     &port), 0);
+	snprintf(url, len, "tls+tcp://127.0.0.1:%d", port);
+	free(pem);
+	free(key);
+	return rep;
+}
+
+START_TEST(test_tls_expired_server_certificate_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts(NULL, NULL);
+	char url[64], *msg;
+	nng_socket rep = nng_tls_rep("server-expired.pem", url, sizeof(url));
+
+	msg = refused_call(url, &o);
+	assert_names(msg, url, "the server's certificate 'CN=localhost' "
+			       "expired on ");
+	free(msg);
+	nng_close(rep);
+}
+END_TEST
+
+START_TEST(test_tls_expired_own_certificate_is_refused_at_listen_and_dial)
+{
+	cwi_transport_opts o;
+	cwi_listener *l = NULL;
+	cwi_conn *c = NULL;
+	tsrv s;
+
+	cwi_transport_opts_init(&o);
+	o.tls_cert = cwt_tls_file("server-expired.pem");
+	o.tls_key = cwt_tls_file("server.key");
+	ck_assert_int_eq(cwi_listen(&l, "tls+tcp://127.0.0.1:0", &o, handler,
+			     NULL),
+	    CACHEW_EAUTH);
+	ck_assert_ptr_null(l);
+	assert_names(cachew_errmsg(), "tls+tcp://127.0.0.1:0",
+	    "the certificate 'CN=localhost' expired on ");
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), o.tls_cert));
+	srv_start(&s, TLS_T, NULL);
+	o = tls_client_opts("client-expired.pem", "client.key");
+	ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o),
+	    CACHEW_EAUTH);
+	ck_assert_ptr_null(c);
+	assert_names(cachew_errmsg(), cwi_listener_url(s.l),
+	    "the certificate 'CN=cachew-test-client' expired on ");
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_plaintext_client_on_tls_listener_is_refused)
+{
+	cwi_transport_opts o;
+	char *msg, *plain, *want;
+	tsrv s;
+
+	log_start();
+	srv_start(&s, TLS_T, NULL);
+	plain = strdup(cwi_listener_url(s.l) + 4); /* tcp://... */
+	cwi_transport_opts_init(&o);
+	o.dial_async = true;
+	msg = refused_call(plain, &o);
+	want = cwt_fmt("the listener speaks TLS: dial %s", cwi_listener_url(s.l));
+	assert_names(msg, plain, want);
+	ck_assert(log_wait("does not speak TLS (a tcp:// dialer?)"));
+	free(want);
+	free(plain);
+	free(msg);
+	log_stop();
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_client_on_plaintext_listener_is_refused)
+{
+	cwi_transport_opts o = tls_client_opts(NULL, NULL);
+	char *msg, *tls;
+	tsrv s;
+
+	log_start();
+	srv_start(&s, 1, NULL);
+	tls = cwt_fmt("tls+%s", cwi_listener_url(s.l));
+	msg = refused_call(tls, &o);
+	assert_names(msg, tls, "the listener does not speak TLS (a plaintext "
+			       "tcp:// listener): dial it with tcp://");
+	ck_assert(log_wait("the peer speaks TLS (a tls+tcp:// dialer?)"));
+	free(tls);
+	free(msg);
+	log_stop();
+	srv_stop(&s);
+}
+END_TEST
+
+START_TEST(test_tls_credentials_are_checked_at_listen_and_dial)
+{
+	const char *url = "tls+tcp://127.0.0.1:0";
+	cwi_transport_opts o;
+	cwi_listener *l = NULL;
+	cwi_conn *c = NULL;
+
+	ck_assert_int_eq(cwi_listen(&l, url, NULL, handler, NULL),
+	    CACHEW_EINVAL);
+	assert_names(cachew_errmsg(), url, "a TLS listener needs its "
+					   "certificate and key");
+	ck_assert_int_eq(cwi_dial(&c, "tls+tcp://127.0.0.1:1", NULL),
+	    CACHEW_EINVAL);
+	assert_names(cachew_errmsg(), "tls+tcp://127.0.0.1:1", "set tls_ca");
+	cwi_transport_opts_init(&o);
+	o.tls_cert = cwt_tls_file("server.pem");
+	o.tls_key = cwt_tls_file("client.key");
+	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "is not the key of "
+						      "tls_cert"));
+	o.tls_key = cwt_tls_file("no-such.key");
+	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_ENOENT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), o.tls_key));
+	o.tls_key = cwt_tls_file("server.key");
+	o.tls_client_auth = CWI_TLS_CLIENT_AUTH_REQUIRED;
+	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
+	assert_names(cachew_errmsg(), url, "tls_client_auth=required needs "
+					   "tls_ca");
+	o.tls_ca = cwt_tls_file("server.key"); /* a key is no CA */
+	ck_assert_int_eq(cwi_listen(&l, url, &o, handler, NULL), CACHEW_EINVAL);
+	assert_names(cachew_errmsg(), o.tls_ca, "tls_ca");
+	ck_assert_ptr_null(l);
+	ck_assert_ptr_null(c);
+}
+END_TEST
+
+
 Suite *
 cwt_transport_suite(void)
 {
@@ -2574,52 +2972,54 @@ cwt_transport_suite(void)
 	TCase *msg = tcase_create("message");
 	TCase *hostile = tcase_create("hostile");
 	TCase *wire = tcase_create("wire");
+	TCase *tls = tcase_create("tls");
 
 	(void)tnames;
 	tcase_set_timeout(conf, 60);
-	tcase_add_loop_test(conf, test_roundtrip, 0, NTRANSPORTS);
-	tcase_add_loop_test(conf, test_many_concurrent_clients, 0, NTRANSPORTS);
+	tcase_add_unchecked_fixture(conf, cwt_tls_setup, cwt_tls_teardown);
+	tcase_add_loop_test(conf, test_roundtrip, 0, NCONF);
+	tcase_add_loop_test(conf, test_many_concurrent_clients, 0, NCONF);
 	tcase_add_loop_test(conf, test_requests_in_flight_answered_out_of_order,
-	    0, NTRANSPORTS);
-	tcase_add_loop_test(conf, test_elements_round_trip, 0, NTRANSPORTS);
+	    0, NCONF);
+	tcase_add_loop_test(conf, test_elements_round_trip, 0, NCONF);
 	tcase_add_loop_test(conf, test_received_elements_outlive_their_message,
-	    0, NTRANSPORTS);
+	    0, NCONF);
 	tcase_add_loop_test(conf, test_header_only_and_empty_messages, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_handler_error_reaches_client, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_message_with_taken_element_is_refused, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_timeout_when_server_never_replies, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_cq_wait_times_out_and_closes, 0, 1);
 	tcase_add_loop_test(conf, test_conn_close_wakes_blocked_call, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_listener_close_wakes_blocked_call, 0,
-	    NTRANSPORTS);
-	tcase_add_loop_test(conf, test_cq_close_wakes_waiter, 0, NTRANSPORTS);
+	    NCONF);
+	tcase_add_loop_test(conf, test_cq_close_wakes_waiter, 0, NCONF);
 	tcase_add_loop_test(conf, test_oversized_request_resets_sender_only, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_reject_resets_connection_with_reason, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_listen_on_taken_address_fails, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_dial_without_listener_is_refused, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_listener_reopened_is_found_again, 0,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_bad_urls, 0, 1);
 	tcase_add_loop_test(conf, test_pipelined_replies_of_very_different_sizes,
-	    0, NTRANSPORTS);
+	    0, NCONF);
 	/* inproc ignores max_inflight: its handler runs on the sender's
 	 * thread, and nothing queues. */
 	tcase_add_loop_test(conf, test_max_inflight_holds_back_further_requests,
-	    1, NTRANSPORTS);
+	    1, NCONF);
 	tcase_add_loop_test(conf,
 	    test_max_inflight_room_reaches_every_waiting_connection, 1,
-	    NTRANSPORTS);
+	    NCONF);
 	tcase_add_loop_test(conf, test_conn_close_while_large_reply_in_transit,
-	    1, NTRANSPORTS);
+	    1, NCONF);
 	suite_add_tcase(s, conf);
 
 	tcase_add_test(msg, test_msg_ownership_and_size);
@@ -2667,5 +3067,20 @@ cwt_transport_suite(void)
 	    test_peer_hanging_up_at_once_is_redialed_with_backoff, 1,
 	    NTRANSPORTS);
 	suite_add_tcase(s, wire);
+
+	tcase_set_timeout(tls, 60);
+	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);
+	tcase_add_test(tls, test_tls_mutual_auth_required_and_satisfied);
+	tcase_add_test(tls, test_tls_server_certificate_of_another_ca_is_refused);
+	tcase_add_test(tls, test_tls_server_name_not_in_certificate_is_refused);
+	tcase_add_test(tls, test_tls_missing_client_certificate_is_refused);
+	tcase_add_test(tls, test_tls_client_certificate_of_another_ca_is_refused);
+	tcase_add_test(tls, test_tls_expired_server_certificate_is_refused);
+	tcase_add_test(tls,
+	    test_tls_expired_own_certificate_is_refused_at_listen_and_dial);
+	tcase_add_test(tls, test_tls_plaintext_client_on_tls_listener_is_refused);
+	tcase_add_test(tls, test_tls_client_on_plaintext_listener_is_refused);
+	tcase_add_test(tls, test_tls_credentials_are_checked_at_listen_and_dial);
+	suite_add_tcase(s, tls);
 	return s;
 }

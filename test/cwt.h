@@ -95,6 +95,24 @@ void cwt_rmtree(const char *path);
 /* Writes len bytes to path; fails the test on error. */
 void cwt_write_file(const char *path, const void *data, size_t len);
 
+/* A fresh directory (cwt_rmtree it) of TLS material made with the openssl
+ * command, PEM files: ca.pem (and ca.key), server.pem and client.pem
+ * (keys server.key, client.key) signed by it, other-ca.pem and
+ * other-server.pem (its key other-server.key) signed by that one, and
+ * server-expired.pem and client-expired.pem (the server's and the
+ * client's keys; signed by ca; their validity ended yesterday). Leaf
+ * certificates name localhost and 127.0.0.1. Fails the test when openssl
+ * fails. */
+char *cwt_tls_dir(void);
+/* The TLS fixture of a test case: tcase_add_unchecked_fixture(tc,
+ * cwt_tls_setup, cwt_tls_teardown) makes one cwt_tls_dir() in the parent
+ * of the forked tests and removes it after them. cwt_tls_file(name) is
+ * the path of one of its files, valid until this thread's 16th call
+ * after. */
+void cwt_tls_setup(void);
+void cwt_tls_teardown(void);
+const char *cwt_tls_file(const char *name);
+
 /* The graph document of range(3) (docs/graph-format.md, section 3, with
  * only `stop`), cwt_range3_graph_len bytes: what tests register with a
  * dispatcher, which reads the functions a graph names. */
@@ -122,6 +140,9 @@ char *cwt_slurp(const char *path);
  * <dir>/<name>.log and waits (10 s at most) until it logs where it
  * listens; a failed test kills it at exit. */
 void cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...);
+/* The same with the arguments in a NULL-terminated array (at most 30). */
+void cwt_daemon_startv(cwt_daemon *d, const char *dir, const char *name,
+    const char *const *args);
 /* Sends sig and waits (10 s, then SIGKILL); the exit code, 128 + signal
  * when killed, -1 when it was not running. */
 int cwt_daemon_stop(cwt_daemon *d, int sig);
@@ -167,9 +188,19 @@ typedef struct cwt_cluster {
 	/* The dispatcher runs with --journal-verify (cwt_cluster_start):
 	 * cwt_cluster_stop checks that its journal replayed to its state. */
 	bool verify_journal;
+	/* cwt_cluster_start_tls: the listeners' --tls-client-auth; NULL:
+	 * plaintext tcp. */
+	const char *tls_client_auth;
 } cwt_cluster;
 
 void cwt_cluster_start(cwt_cluster *c, int nworkers);
+/* The same over TLS, in a test case with the TLS fixture (cwt_tls_setup):
+ * every daemon listens on tls+tcp://127.0.0.1:0 with its server.pem (and
+ * server.key), which a worker also shows its dispatcher, trusts ca.pem,
+ * and asks clients for certificates as client_auth says (none, optional,
+ * required). */
+void cwt_cluster_start_tls(cwt_cluster *c, int nworkers,
+    const char *client_auth);
 /* Starts worker i (its log is <dir>/worker<i>.log). */
 void cwt_cluster_worker_start(cwt_cluster *c, int i);
 /* Kills the workers, stops the dispatcher, removes the directory. */

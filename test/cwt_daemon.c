@@ -117,8 +117,23 @@ live_remove(pid_t pid)
 void
 cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...)
 {
-	char bin[512], *argv[32];
+	const char *args[32];
 	va_list ap;
+	size_t n = 0;
+
+	va_start(ap, name);
+	while ((args[n] = va_arg(ap, const char *)) != NULL && n < 30)
+		n++;
+	va_end(ap);
+	args[n] = NULL;
+	cwt_daemon_startv(d, dir, name, args);
+}
+
+void
+cwt_daemon_startv(cwt_daemon *d, const char *dir, const char *name,
+    const char *const *args)
+{
+	char bin[512], *argv[32];
 	size_t n = 1;
 	uint64_t deadline;
 
@@ -126,10 +141,8 @@ cwt_daemon_start(cwt_daemon *d, const char *dir, const char *name, ...)
 	snprintf(bin, sizeof(bin), "%s/cachewd", cwt_build_dir());
 	snprintf(d->log, sizeof(d->log), "%s/%s.log", dir, name);
 	argv[0] = bin;
-	va_start(ap, name);
-	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 30)
-		n++;
-	va_end(ap);
+	for (; args[n - 1] != NULL && n < 31; n++)
+		argv[n] = (char *)args[n - 1];
 	argv[n] = NULL;
 	fflush(NULL);
 	/* posix_spawn, not fork: the child runs no atfork handler and
@@ -312,37 +325,79 @@ cwt_http_server_stop(cwt_http_server *s)
 
 /* ---- a cluster ---------------------------------------------------------- */
 
+/* Appends to args (at n, returning the new n) the TLS flags of c's
+ * daemons, none for a plaintext cluster. */
+static size_t
+cluster_tls_args(const cwt_cluster *c, const char **args, size_t n)
+{
+	if (c->tls_client_auth == NULL)
+		return n;
+	args[n++] = "--tls-cert";
+	args[n++] = cwt_tls_file("server.pem");
+	args[n++] = "--tls-key";
+	args[n++] = cwt_tls_file("server.key");
+	args[n++] = "--tls-ca";
+	args[n++] = cwt_tls_file("ca.pem");
+	args[n++] = "--tls-client-auth";
+	args[n++] = c->tls_client_auth;
+	return n;
+}
+
+static const char *
+cluster_listen(const cwt_cluster *c)
+{
+	return c->tls_client_auth != NULL ? "tls+tcp://127.0.0.1:0"
+					  : "tcp://127.0.0.1:0";
+}
+
 void
 cwt_cluster_worker_start(cwt_cluster *c, int i)
 {
 	char name[32], cache[600];
+	const char *args[24] = {"--role=worker", "--dispatcher",
+	    c->dispatcher.url, "--listen", cluster_listen(c), "--heartbeat-ms",
+	    "50", "--threads", "1", "--allow-read", c->dir, "--cache-root",
+	    cache};
 
 	ck_assert_int_lt(i, CWT_CLUSTER_MAX_WORKERS);
 	snprintf(name, sizeof(name), "worker%d", i);
 	snprintf(cache, sizeof(cache), "%s/cache", c->dir);
-	cwt_daemon_start(&c->workers[i], c->dir, name, "--role=worker",
-	    "--dispatcher", c->dispatcher.url, "--listen", "tcp://127.0.0.1:0",
-	    "--heartbeat-ms", "50", "--threads", "1", "--allow-read", c->dir,
-	    "--cache-root", cache, (char *)NULL);
+	args[cluster_tls_args(c, args, 13)] = NULL;
+	cwt_daemon_startv(&c->workers[i], c->dir, name, args);
+}
+
+static void
+cluster_start(cwt_cluster *c, int nworkers, const char *tls_client_auth)
+{
+	const char *args[32] = {"--role=dispatcher", "--listen", NULL,
+	    "--work-dir", NULL, "--heartbeat-ms", "50", "--worker-timeout-ms",
+	    "2000", "--client-timeout-ms", "20000", "--journal-verify", "1"};
+	char work[600];
+
+	memset(c, 0, sizeof(*c));
+	c->dir = cwt_tmpdir();
+	c->tls_client_auth = tls_client_auth;
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	args[2] = cluster_listen(c);
+	args[4] = work;
+	args[cluster_tls_args(c, args, 13)] = NULL;
+	cwt_daemon_startv(&c->dispatcher, c->dir, "dispatcher", args);
+	c->verify_journal = true;
+	for (int i = 0; i < nworkers; i++)
+		cwt_cluster_worker_start(c, i);
+	c->nworkers = nworkers;
 }
 
 void
 cwt_cluster_start(cwt_cluster *c, int nworkers)
 {
-	char work[600];
+	cluster_start(c, nworkers, NULL);
+}
 
-	memset(c, 0, sizeof(*c));
-	c->dir = cwt_tmpdir();
-	snprintf(work, sizeof(work), "%s/work", c->dir);
-	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher",
-	    "--role=dispatcher", "--listen", "tcp://127.0.0.1:0", "--work-dir",
-	    work, "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    "--client-timeout-ms", "20000", "--journal-verify", "1",
-	    (char *)NULL);
-	c->verify_journal = true;
-	for (int i = 0; i < nworkers; i++)
-		cwt_cluster_worker_start(c, i);
-	c->nworkers = nworkers;
+void
+cwt_cluster_start_tls(cwt_cluster *c, int nworkers, const char *client_auth)
+{
+	cluster_start(c, nworkers, client_auth);
 }
 
 void

@@ -283,3 +283,94 @@ cwt_fmt(const char *f, ...)
 	va_end(ap);
 	return s;
 }
+
+/* ---- TLS material (the openssl command) --------------------------------- */
+
+/*
+ * One shell script makes it all: a CA and certificates it signs, a second
+ * CA, and certificates whose validity ended yesterday. P-256 keys; valid
+ * for a day (a test never runs longer). `openssl x509 -req` cannot set a
+ * start date in OpenSSL 3.0 (-not_before came in 3.4), so the expired
+ * ones come from `openssl ca` with -startdate and -enddate, which needs
+ * a minimal CA database; leaf certificates carry the names tests dial
+ * (localhost, 127.0.0.1) in subjectAltName.
+ */
+static const char tls_script[] =
+    "set -e\n"
+    "cd \"$1\"\n"
+    "ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n"
+    "printf 'subjectAltName=DNS:localhost,DNS:127.0.0.1,IP:127.0.0.1\\n' "
+    "> leaf.ext\n"
+    "newca() { openssl req -x509 $ec -keyout $1.key -out $1.pem -days 1 "
+    "-subj /CN=$2; }\n"
+    "leaf() { openssl req -new $ec -keyout $1.key -out $1.csr -subj /CN=$3\n"
+    "  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial "
+    "-days 1 -extfile leaf.ext -out $1.pem; }\n"
+    "newca ca cachew-test-ca\n"
+    "newca other-ca cachew-other-ca\n"
+    "leaf server ca localhost\n"
+    "leaf client ca cachew-test-client\n"
+    "leaf other-server other-ca localhost\n"
+    "mkdir db && : > db/index.txt && echo 01 > db/serial\n"
+    "printf '[ca]\\ndefault_ca=c\\n[c]\\ndatabase=db/index.txt\\n"
+    "new_certs_dir=db\\nserial=db/serial\\ndefault_md=sha256\\npolicy=p\\n"
+    "unique_subject=no\\nx509_extensions=x\\n[p]\\ncommonName=supplied\\n"
+    "[x]\\nsubjectAltName=DNS:localhost,DNS:127.0.0.1,IP:127.0.0.1\\n' "
+    "> ca.cnf\n"
+    "from=$(date -u -d '2 days ago' +%Y%m%d%H%M%SZ)\n"
+    "to=$(date -u -d '1 day ago' +%Y%m%d%H%M%SZ)\n"
+    "for who in server client; do\n"
+    "  openssl ca -batch -config ca.cnf -cert ca.pem -keyfile ca.key "
+    "-in $who.csr -startdate $from -enddate $to -notext "
+    "-out $who-expired.pem\n"
+    "done\n";
+
+char *
+cwt_tls_dir(void)
+{
+	char *dir = cwt_tmpdir();
+	char *script = cwt_fmt("%s/gen.sh", dir);
+	char *cmd = cwt_fmt("sh %s %s >%s/gen.log 2>&1", script, dir, dir);
+	int rc;
+
+	cwt_write_file(script, tls_script, strlen(tls_script));
+	rc = system(cmd);
+	if (rc != 0) {
+		char *log = cwt_fmt("%s/gen.log", dir);
+		char *text = cwt_slurp(log);
+		ck_abort_msg("TLS test certificates (openssl; .ci/test-deps.sh "
+		    "installs it): exit %d: %s", rc, text != NULL ? text : "");
+	}
+	free(cmd);
+	free(script);
+	return dir;
+}
+
+static char *tls_fixture_dir;
+
+void
+cwt_tls_setup(void)
+{
+	tls_fixture_dir = cwt_tls_dir();
+}
+
+void
+cwt_tls_teardown(void)
+{
+	cwt_rmtree(tls_fixture_dir);
+	free(tls_fixture_dir);
+	tls_fixture_dir = NULL;
+}
+
+const char *
+cwt_tls_file(const char *name)
+{
+	/* Per thread: tests dial from several threads at once. */
+	static _Thread_local char paths[16][512];
+	static _Thread_local int next;
+	char *p = paths[next++ % 16];
+
+	ck_assert_ptr_nonnull(tls_fixture_dir);
+	snprintf(p, sizeof(paths[0]), "%s/%s", tls_fixture_dir, name);
+	return p;
+}

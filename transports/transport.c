@@ -26,7 +26,8 @@ cwi_transport_find(const char *url)
 	if (sep == NULL)
 		return cwi_fail(CACHEW_EINVAL,
 			   "'%s': not a transport URL (inproc://name, "
-			   "tcp://host:port or ipc:///path)",
+			   "tcp://host:port, tls+tcp://host:port or "
+			   "ipc:///path)",
 			   url != NULL ? url : "(null)"),
 		       NULL;
 	n = (size_t)(sep - url);
@@ -39,7 +40,7 @@ cwi_transport_find(const char *url)
 	}
 	cwi_fail(CACHEW_EINVAL,
 	    "'%s': unsupported transport scheme '%.*s' (supported: inproc, "
-	    "tcp, ipc)",
+	    "tcp, tls+tcp, ipc)",
 	    url, (int)n, url);
 	return NULL;
 }

@@ -7,10 +7,12 @@
  *                          message moves as a pointer: nothing is copied
  *                          or serialized (elements keep their refcounts)
  *   tcp://host:port        transports/nng/nng_transport.c: nng 1.5's
- *   ipc:///path            byte streams carrying nng's req/rep wire
- *                          protocol; elements are serialized with the
+ *   tls+tcp://host:port    byte streams carrying nng's req/rep wire
+ *   ipc:///path            protocol; elements are serialized with the
  *                          element codec, payloads written from and read
- *                          into place (no copy besides the kernel's)
+ *                          into place (no copy besides the kernel's);
+ *                          tls+tcp is the same over TLS 1.2 (nng's
+ *                          mbedTLS engine; transports/nng/nng_tls.c)
  *
  * The model is request/reply. A client dials a URL and gets a connection
  * (cwi_conn); it sends a request message and gets exactly one completion
@@ -51,6 +53,17 @@
  * the limit (an 8 GiB claim) before allocating anything. inproc
  * applies the same limit to the header plus the elements' byte sizes.
  *
+ * TLS: a tls+tcp listener needs a certificate and its key, a dialer the
+ * CA that signs the server's certificate (cwi_transport_opts .tls_*);
+ * a listener may require client certificates (mutual TLS). A handshake
+ * that fails (a certificate not trusted, expired or missing, TLS on one
+ * side only) is not transient: the dialer finds out why (it connects
+ * once more and looks at the peer's certificate and answers), completes
+ * the requests waiting with CACHEW_EAUTH and a message naming the peer
+ * and the reason, and fails new ones at once until a link works again;
+ * a listener logs the refused peer (WARN). A tcp dialer whose peer
+ * turns out to be a TLS listener fails the same way.
+ *
  * Errors: dialing with no listener is CACHEW_EIO ("connection refused");
  * listening on a taken address or name is CACHEW_EEXIST; a bad URL is
  * CACHEW_EINVAL; a peer breaking the framing is CACHEW_EPROTO. Every
@@ -72,6 +85,14 @@
 #define CWI_TRANSPORT_MAX_MSG_CONTROL ((size_t)1 << 20)
 /* Elements per message, whatever the limit in bytes. */
 #define CWI_MSG_MAX_ELEMENTS (1u << 20)
+
+/* A TLS listener's demand on its clients: none (no client certificate
+ * asked for), optional (verified against tls_ca when shown), required. */
+typedef enum cwi_tls_client_auth {
+	CWI_TLS_CLIENT_AUTH_NONE = 0,
+	CWI_TLS_CLIENT_AUTH_OPTIONAL,
+	CWI_TLS_CLIENT_AUTH_REQUIRED,
+} cwi_tls_client_auth;
 
 /* Options of a listener or a connection; zero fields take the defaults
  * that cwi_transport_opts_init() writes. */
@@ -95,7 +116,27 @@ typedef struct cwi_transport_opts {
 	 * for the connection within their timeout) instead of failing when
 	 * nobody listens yet. */
 	bool dial_async;
+	/* tls+tcp only (other schemes ignore them). PEM file paths, read at
+	 * listen or dial time; borrowed for the call. tls_cert and tls_key:
+	 * our certificate (a chain may follow it) and its private key:
+	 * required to listen, sent by a dialer when the listener asks for
+	 * one. tls_ca: the CAs that sign peers' certificates: required to
+	 * dial, and to listen with client authentication. */
+	const char *tls_cert;
+	const char *tls_key;
+	const char *tls_ca;
+	/* Dialers: the name the server's certificate must carry (default:
+	 * the URL's host). */
+	const char *tls_server_name;
+	/* Listeners: whether clients must show a certificate signed by
+	 * tls_ca. */
+	cwi_tls_client_auth tls_client_auth;
 } cwi_transport_opts;
+
+/* Parses "none", "optional" or "required" ("" is none) for the option
+ * `what` (named in the CACHEW_EINVAL message). */
+cachew_err cwi_tls_client_auth_parse(const char *text, const char *what,
+    cwi_tls_client_auth *out);
 
 void cwi_transport_opts_init(cwi_transport_opts *opts);
 
@@ -179,7 +220,10 @@ void cwi_cq_destroy(cwi_cq *q);
 typedef struct cwi_conn cwi_conn;
 
 /* Dials url. Unless opts->dial_async, fails with CACHEW_EIO when nobody
- * listens there. opts may be NULL (defaults). */
+ * listens there. opts may be NULL (defaults). A tls+tcp URL also fails
+ * on its credentials (opts->tls_*), naming the option and the file:
+ * CACHEW_EINVAL (missing or malformed), CACHEW_ENOENT, CACHEW_EIO,
+ * CACHEW_EAUTH (our certificate expired). */
 cachew_err cwi_dial(cwi_conn **out, const char *url,
     const cwi_transport_opts *opts);
 /* On inproc the listener's handler runs inside cwi_conn_send and
@@ -231,7 +275,8 @@ typedef void (*cwi_handler_fn)(void *arg, cwi_request *req);
 /* Listens on url and calls handler(arg, req) for every request. A tcp URL
  * with port 0 binds an ephemeral port: cwi_listener_url() tells which.
  * CACHEW_EEXIST when the address or inproc name is taken, CACHEW_EINVAL
- * for a bad URL. opts may be NULL. */
+ * for a bad URL, and for tls+tcp its credentials' errors (cwi_dial's).
+ * opts may be NULL. */
 cachew_err cwi_listen(cwi_listener **out, const char *url,
     const cwi_transport_opts *opts, cwi_handler_fn handler, void *arg);
 /* The bound URL ("tcp://127.0.0.1:40123" for "tcp://127.0.0.1:0");

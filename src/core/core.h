@@ -23,6 +23,10 @@
 
 /* ---- errors and logging ------------------------------------------------ */
 
+/* The last cachew_err value: codes a peer sends are in (CACHEW_OK,
+ * CWI_ERR_LAST]. */
+#define CWI_ERR_LAST CACHEW_EAUTH
+
 /* Sets this thread's cachew_errmsg() and returns err, so a failing path can
  * `return cwi_fail(CACHEW_EINVAL, "...")`. */
 cachew_err cwi_fail(cachew_err err, const char *fmt, ...) CACHEW_PRINTF(2, 3);

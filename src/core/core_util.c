@@ -42,7 +42,7 @@ _Static_assert(CACHEW_OK == 0 && CACHEW_EOF == 1 && CACHEW_EINVAL == 2 &&
 	CACHEW_ECORRUPT == 9 && CACHEW_EOP == 10 && CACHEW_ECANCELED == 11 &&
 	CACHEW_ETIMEDOUT == 12 && CACHEW_ECLOSED == 13 &&
 	CACHEW_EEXIST == 14 && CACHEW_ENOTSUP == 15 && CACHEW_EPROTO == 16 &&
-	CACHEW_EINTERNAL == 17 && CACHEW_EPERM == 18,
+	CACHEW_EINTERNAL == 17 && CACHEW_EPERM == 18 && CACHEW_EAUTH == 19,
     "cachew_err values differ from docs/protocol.md (Error codes): "
     "the list is append-only and values are never renumbered");
 
@@ -66,10 +66,10 @@ static const char *const err_names[] = {
 	[CACHEW_EPROTO] = "protocol error",
 	[CACHEW_EINTERNAL] = "internal error",
 	[CACHEW_EPERM] = "permission denied",
+	[CACHEW_EAUTH] = "authentication failed",
 };
-_Static_assert(sizeof(err_names) / sizeof(err_names[0]) == CACHEW_EPERM + 1,
-    "err_names must name every cachew_err up to the last, "
-    "CACHEW_EPERM; a code appended later moves this check to it");
+_Static_assert(sizeof(err_names) / sizeof(err_names[0]) == CWI_ERR_LAST + 1,
+    "err_names must name every cachew_err up to the last, CWI_ERR_LAST");
 
 const char *
 cachew_strerror(cachew_err err)

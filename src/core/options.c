@@ -44,7 +44,8 @@ static const opt_spec table[] = {
 	"the epoch: reshuffling shuffles, list_files(shuffle=true) and "
 	"random functions draw anew for each", "0", NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
-	"where the pipeline runs: a dispatcher (tcp://host:port), embedded, "
+	"where the pipeline runs: a dispatcher (tcp://host:port, or "
+	"tls+tcp://host:port with the tls_* options), embedded, "
 	"embedded:N or local; empty = CACHEW_SERVICE, else embedded",
 	"\"\"", NULL},
     {"job_name", OPT_STR, 0, "", 0, 0, OFF(job_name),
@@ -102,6 +103,21 @@ static const opt_spec table[] = {
     {"max_workers", OPT_INT, 0, NULL, 0, 65536, OFF(max_workers),
 	"service: the autoscaler gives this job at most this many workers; "
 	"0 = no bound but the pool's", "0", NULL},
+    {"tls_ca", OPT_STR, 0, "", 0, 0, OFF(tls_ca),
+	"service over tls+tcp://: the CA certificates (PEM file) that sign "
+	"the dispatcher's and the workers' certificates; empty = "
+	"CACHEW_TLS_CA", "\"\"", NULL},
+    {"tls_cert", OPT_STR, 0, "", 0, 0, OFF(tls_cert),
+	"service over tls+tcp://: this client's certificate (PEM file), for "
+	"a service that requires client certificates; empty = "
+	"CACHEW_TLS_CERT", "\"\"", NULL},
+    {"tls_key", OPT_STR, 0, "", 0, 0, OFF(tls_key),
+	"service over tls+tcp://: the private key of tls_cert (PEM file); "
+	"empty = CACHEW_TLS_KEY", "\"\"", NULL},
+    {"tls_server_name", OPT_STR, 0, "", 0, 0, OFF(tls_server_name),
+	"service over tls+tcp://: the name the dispatcher's and workers' "
+	"certificates must carry; empty = CACHEW_TLS_SERVER_NAME, else the "
+	"host of each address dialed", "\"\"", NULL},
 };
 
 #define NOPTS (sizeof(table) / sizeof(table[0]))

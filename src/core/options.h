@@ -33,6 +33,11 @@ typedef struct cwi_opts {
 	int64_t job_weight;
 	int64_t min_workers; /* 0 = the policy's default */
 	int64_t max_workers; /* 0 = no bound but the pool */
+	/* TLS of tls+tcp:// services ("" = CACHEW_TLS_<NAME>, else none) */
+	char tls_ca[CWI_OPT_STR_MAX];
+	char tls_cert[CWI_OPT_STR_MAX];
+	char tls_key[CWI_OPT_STR_MAX];
+	char tls_server_name[CWI_OPT_STR_MAX];
 } cwi_opts;
 
 void cwi_opts_defaults(cwi_opts *o);

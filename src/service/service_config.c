@@ -42,6 +42,8 @@ static const char *const provisioners[] = {"static", "process", "kubernetes",
     NULL};
 static const char *const autocache_policies[] = {"default", "cachew",
     "compute", "source", "full", NULL};
+static const char *const client_auths[] = {"none", "optional", "required",
+    NULL};
 
 static const cfg_spec table[] = {
     {"role", STR(role), "", 0, 0, roles,
@@ -51,7 +53,8 @@ static const cfg_spec table[] = {
 	"using its functions run here; repeatable (CACHEW_PLUGINS: several, "
 	"':'-separated). Clients load the same file"},
     {"listen", STR(listen), "", 0, 0, NULL,
-	"address to listen on: tcp://host:port (port 0 = any), ipc:///path; "
+	"address to listen on: tcp://host:port (port 0 = any), "
+	"tls+tcp://host:port (TLS: needs tls_cert and tls_key), ipc:///path; "
 	"default tcp://0.0.0.0:7070 for a dispatcher, tcp://127.0.0.1:0 for "
 	"a worker"},
     {"advertise", STR(advertise), "", 0, 0, NULL,
@@ -169,6 +172,22 @@ static const cfg_spec table[] = {
     {"insecure", INT(insecure), "0", 0, 1, NULL,
 	"dispatcher: 1 lets it listen on a non-loopback address without "
 	"--auth-tokens (anyone who reaches it may do anything)"},
+    {"tls_cert", STR(tls_cert), "", 0, 0, NULL,
+	"TLS: this daemon's certificate (PEM; a chain may follow it): what a "
+	"tls+tcp:// listener shows, and a worker shows a dispatcher that "
+	"asks for client certificates"},
+    {"tls_key", STR(tls_key), "", 0, 0, NULL,
+	"TLS: the private key of tls_cert (PEM, unencrypted)"},
+    {"tls_ca", STR(tls_ca), "", 0, 0, NULL,
+	"TLS: the CA certificates (PEM) that sign peers' certificates: a "
+	"worker's dispatcher's, and clients' when tls_client_auth is set"},
+    {"tls_client_auth", STR(tls_client_auth), "none", 0, 0, client_auths,
+	"TLS: whether clients (and workers) must show a certificate signed "
+	"by tls_ca: none, optional (checked when shown) or required "
+	"(mutual TLS)"},
+    {"tls_server_name", STR(tls_server_name), "", 0, 0, NULL,
+	"TLS, worker: the name the dispatcher's certificate must carry "
+	"(default: the host of --dispatcher)"},
     {"cache_root", URLS(cache_root), "", 0, 0, NULL,
 	"dispatcher: turns autocaching on: the cache root (a directory on "
 	"storage every worker mounts at the same path, or s3://bucket/prefix) "
@@ -447,6 +466,24 @@ cwi_service_config_check(const cwi_service_config *c)
 			    (long long)c->min_workers, (long long)c->max_workers);
 	}
 	return CACHEW_OK;
+}
+
+static const char *
+nonempty(const char *s)
+{
+	return s[0] != '\0' ? s : NULL;
+}
+
+void
+cwi_service_config_tls(const cwi_service_config *c, cwi_transport_opts *t)
+{
+	t->tls_cert = nonempty(c->tls_cert);
+	t->tls_key = nonempty(c->tls_key);
+	t->tls_ca = nonempty(c->tls_ca);
+	t->tls_server_name = nonempty(c->tls_server_name);
+	/* The table's choices have checked the text. */
+	(void)cwi_tls_client_auth_parse(c->tls_client_auth, "tls_client_auth",
+	    &t->tls_client_auth);
 }
 
 void

@@ -10,6 +10,7 @@
 #define CWI_SERVICE_CONFIG_H
 
 #include "../core/core.h"
+#include "../../transports/transport.h"
 
 #include <stdio.h>
 
@@ -62,6 +63,12 @@ typedef struct cwi_service_config {
 	char k8s_ca_file[CWI_CFG_STR_MAX];
 	char k8s_namespace[CWI_CFG_STR_MAX];
 	char k8s_deployment[CWI_CFG_STR_MAX];
+	/* TLS of tls+tcp:// listeners and dialers (PEM file paths) */
+	char tls_cert[CWI_CFG_STR_MAX];
+	char tls_key[CWI_CFG_STR_MAX];
+	char tls_ca[CWI_CFG_STR_MAX];
+	char tls_client_auth[16];      /* none | optional | required */
+	char tls_server_name[CWI_CFG_STR_MAX];
 	/* authentication (docs/security.md) */
 	char auth_tokens[CWI_CFG_STR_MAX]; /* dispatcher: the token file */
 	char token_file[CWI_CFG_STR_MAX];  /* worker: its own token */
@@ -104,6 +111,10 @@ cachew_err cwi_service_config_check(const cwi_service_config *c);
 /* Loads the operator plug-ins of c->plugin (cachew_plugin_load), in order;
  * the first that fails is the error, naming its path. */
 cachew_err cwi_service_config_load_plugins(const cwi_service_config *c);
+/* Fills t's TLS fields from c (borrowed: valid while c is): what the
+ * role's listener and its dial of the dispatcher use for tls+tcp URLs. */
+void cwi_service_config_tls(const cwi_service_config *c,
+    cwi_transport_opts *t);
 /* Prints the table (flag, environment variable, default, meaning). */
 void cwi_service_config_print(FILE *out);
 

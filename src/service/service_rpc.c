@@ -7,6 +7,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* The option's value, else its environment variable's, else NULL. */
+static const char *
+opt_or_env(const char *value, const char *var)
+{
+	const char *env;
+
+	if (value[0] != '\0')
+		return value;
+	env = getenv(var);
+	return env != NULL && env[0] != '\0' ? env : NULL;
+}
+
+void
+cwi_rpc_client_tls(const cwi_opts *o, cwi_transport_opts *t)
+{
+	t->tls_ca = opt_or_env(o->tls_ca, "CACHEW_TLS_CA");
+	t->tls_cert = opt_or_env(o->tls_cert, "CACHEW_TLS_CERT");
+	t->tls_key = opt_or_env(o->tls_key, "CACHEW_TLS_KEY");
+	t->tls_server_name = opt_or_env(o->tls_server_name,
+	    "CACHEW_TLS_SERVER_NAME");
+}
+
 cachew_err
 cwi_rpc_pack(const cwi_pmsg *m, cwi_msg **out)
 {
@@ -80,7 +102,7 @@ cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
 		return rv;
 	if (rep->type == CWI_MSG_ERROR) {
 		cachew_err code = (cachew_err)rep->u.error.code;
-		if (code <= CACHEW_OK || code > CACHEW_EPERM)
+		if (code <= CACHEW_OK || code > CWI_ERR_LAST)
 			code = CACHEW_EPROTO;
 		tls_error_lineage = rep->u.error.lineage;
 		rv = cwi_fail(code, "%s: %s", cwi_conn_url(c),

@@ -7,6 +7,7 @@
 #define CWI_SERVICE_RPC_H
 
 #include "../../transports/transport.h"
+#include "../core/options.h"
 #include "service_proto.h"
 
 /* Encodes m into a new transport message (no elements). */
@@ -39,6 +40,12 @@ uint64_t cwi_rpc_error_lineage(void);
 cachew_err cwi_rpc_call_retry(cwi_conn *c, const cwi_pmsg *req,
     cwi_msg_type expect, int64_t total_ms, const atomic_bool *stop,
     cwi_pmsg *rep);
+
+/* Fills t's TLS fields for a client's dials (of the dispatcher, of the
+ * workers, of `cachew status`) from the options o, each empty one from
+ * its environment variable (tls_ca: CACHEW_TLS_CA, tls_cert, tls_key,
+ * tls_server_name likewise). Borrowed from o and the environment. */
+void cwi_rpc_client_tls(const cwi_opts *o, cwi_transport_opts *t);
 
 /* Replies to a server-side request with m (and no elements). Consumes r
  * whatever happens. */

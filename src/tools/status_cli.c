@@ -8,6 +8,7 @@
 #include "../service/service_rpc.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -215,15 +216,40 @@ print_json(const cwi_msg_status_reply *s)
 int
 cwi_status_cli(int argc, char **argv)
 {
+	static const struct {
+		const char *flag;
+		size_t off;
+	} tls_flags[] = {
+	    {"--tls-ca", offsetof(cwi_opts, tls_ca)},
+	    {"--tls-cert", offsetof(cwi_opts, tls_cert)},
+	    {"--tls-key", offsetof(cwi_opts, tls_key)},
+	    {"--tls-server-name", offsetof(cwi_opts, tls_server_name)},
+	};
 	const char *url = NULL, *token_file = getenv("CACHEW_TOKEN_FILE");
 	char *token = NULL;
 	bool json = false;
+	cwi_transport_opts topts;
+	cwi_opts opts;
 	cwi_conn *c;
 	cwi_pmsg req, rep;
 	cachew_err rv;
 
+	cwi_opts_defaults(&opts);
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--json") == 0)
+		size_t f = 0;
+
+		while (f < sizeof(tls_flags) / sizeof(tls_flags[0]) &&
+		       strcmp(argv[i], tls_flags[f].flag) != 0)
+			f++;
+		if (f < sizeof(tls_flags) / sizeof(tls_flags[0])) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "cachew status: %s needs a "
+						"file\n", argv[i]);
+				return 2;
+			}
+			snprintf((char *)&opts + tls_flags[f].off,
+			    CWI_OPT_STR_MAX, "%s", argv[++i]);
+		} else if (strcmp(argv[i], "--json") == 0)
 			json = true;
 		else if (strcmp(argv[i], "--token-file") == 0 && i + 1 < argc)
 			token_file = argv[++i];
@@ -231,10 +257,15 @@ cwi_status_cli(int argc, char **argv)
 			token_file = argv[i] + 13;
 		else if (strcmp(argv[i], "--help") == 0 ||
 			 strcmp(argv[i], "-h") == 0) {
-			printf("usage: cachew status [URL] [--json] "
-			       "[--token-file FILE]\n"
+			printf("usage: cachew status [URL] [--json] [--token-file "
+			       "FILE] [--tls-ca FILE]\n"
+			       "                     [--tls-cert FILE --tls-key "
+			       "FILE] [--tls-server-name NAME]\n"
 			       "  URL defaults to $CACHEW_SERVICE, FILE to "
-			       "$CACHEW_TOKEN_FILE\n");
+			       "$CACHEW_TOKEN_FILE; the TLS files\n"
+			       "  of a tls+tcp:// URL to $CACHEW_TLS_CA, "
+			       "$CACHEW_TLS_CERT, $CACHEW_TLS_KEY\n"
+			       "  ($CACHEW_TLS_SERVER_NAME)\n");
 			return 0;
 		} else if (url == NULL && argv[i][0] != '-')
 			url = argv[i];
@@ -256,7 +287,9 @@ cwi_status_cli(int argc, char **argv)
 		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
 		return 2;
 	}
-	rv = cwi_dial(&c, url, NULL);
+	cwi_transport_opts_init(&topts);
+	cwi_rpc_client_tls(&opts, &topts);
+	rv = cwi_dial(&c, url, &topts);
 	if (rv != CACHEW_OK) {
 		free(token);
 		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());

@@ -134,7 +134,7 @@ roundtrip_error(const cwi_nng_frame_in *in, const uint8_t *id, size_t idlen,
 	size_t l;
 	cwi_nng_frame_in fi;
 
-	fuzz_must(in->peer_err > CACHEW_OK && in->peer_err <= CACHEW_EPERM);
+	fuzz_must(in->peer_err > CACHEW_OK && in->peer_err <= CWI_ERR_LAST);
 	fuzz_must(strlen(in->peer_msg) <= FRAME_ERRMSG_MAX);
 	fuzz_must(cwi_nng_tx_build_error(&t, ipc, id, idlen, in->peer_err,
 		      in->peer_msg) == CACHEW_OK);

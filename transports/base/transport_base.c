@@ -34,6 +34,21 @@ cwi_transport_opts_init(cwi_transport_opts *opts)
 	};
 }
 
+cachew_err
+cwi_tls_client_auth_parse(
+    const char *text, const char *what, cwi_tls_client_auth *out)
+{
+	if (text == NULL || text[0] == '\0' || strcmp(text, "none") == 0)
+		*out = CWI_TLS_CLIENT_AUTH_NONE;
+	else if (strcmp(text, "optional") == 0)
+		*out = CWI_TLS_CLIENT_AUTH_OPTIONAL;
+	else if (strcmp(text, "required") == 0)
+		*out = CWI_TLS_CLIENT_AUTH_REQUIRED;
+	else
+		return cwi_fail(CACHEW_EINVAL, "%s must be none, optional or "
+		    "required, not '%s'", what, text);
+	return CACHEW_OK;
+}
 
 /* ---- messages ----------------------------------------------------------- */
 

@@ -7,6 +7,17 @@
  * wait drawn from the upper half of the backoff). Requests sent while no
  * link is up wait for the next one within their deadline.
  *
+ * Refusals: a link that dies before the peer's handshake (a TLS
+ * handshake refused, or a tcp:// peer that hangs up at once) may mean a
+ * peer that will never talk to us. A diagnosis thread (diag_main; at
+ * most one per connection) asks why (cwi_nng_tls_diagnose); meanwhile
+ * the requests that went out on that link wait as orphans (their bytes
+ * are gone with it: they cannot be resent). A lasting refusal completes
+ * the orphans and every request waiting for a link with CACHEW_EAUTH and
+ * the reason, and fails new requests at once while no link is up, until
+ * a reply arrives on a new link; anything else completes the orphans
+ * with CACHEW_ECLOSED, as any dead link's requests.
+ *
  * Locking: cq->mtx (transport.c; held only around a pending's cancel
  * hook, cli_cancel), then the connection's mutex, then a link's mutex
  * (nng_link.c); requests are completed with none of these held.
@@ -30,6 +41,7 @@ typedef struct creq {
 	slink *lk;     /* the link it went out on; NULL: waiting for one */
 	bool listed;  /* on c->reqs (the connection's lock) */
 	bool expired; /* the deadline passed before it was listed */
+	bool orphan;  /* its link died in the handshake: awaits diag_main */
 	struct creq *next, *prev;
 } creq;
 
@@ -53,12 +65,19 @@ struct sconn {
 	bool reap_armed;
 	size_t max_msg;
 	int send_timeout_ms;
+	cwi_nng_tls *tls; /* tls+tcp: the credentials */
+	/* Refusals (see the top of the file). */
+	bool diagnosing;
+	cachew_err refused; /* CACHEW_OK, or the lasting refusal */
+	char refusal[600];
+	char orphan_why[300]; /* why the orphans' link died */
 };
 
 static void
 conn_free(sconn *c)
 {
 	nng_stream_dialer_free(c->d);
+	cwi_nng_tls_destroy(c->tls);
 	nng_aio_free(c->dial);
 	nng_aio_free(c->reap_aio);
 	pthread_mutex_destroy(&c->mtx);
@@ -149,6 +168,7 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	creq *x;
 
 	pthread_mutex_lock(&c->mtx);
+	c->refused = CACHEW_OK; /* the peer talks to us */
 	for (x = c->reqs; x != NULL; x = x->next)
 		if (x->id == id && x->lk == lk)
 			break;
@@ -180,26 +200,123 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	return true;
 }
 
+/* Ends a diagnosis (see the top of the file): err and reason are its
+ * verdict (CACHEW_OK: nothing that lasts). */
+static void
+diag_finish(sconn *c, cachew_err err, const char *reason)
+{
+	creq *done = NULL, **tail = &done;
+	char msg[sizeof(c->refusal)];
+	bool say = false;
+
+	pthread_mutex_lock(&c->mtx);
+	c->diagnosing = false;
+	if (err != CACHEW_OK && !c->closed) {
+		snprintf(msg, sizeof(msg), "%s: %s", c->base.url, reason);
+		say = c->refused == CACHEW_OK || strcmp(c->refusal, msg) != 0;
+		c->refused = err;
+		memcpy(c->refusal, msg, sizeof(msg));
+	} else {
+		err = CACHEW_OK;
+		snprintf(msg, sizeof(msg), "%s: %s", c->base.url,
+		    c->orphan_why);
+	}
+	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
+		nx = x->next;
+		if (!x->orphan && (err == CACHEW_OK || x->lk != NULL))
+			continue;
+		req_unlist_locked(c, x);
+		*tail = x;
+		tail = &x->next;
+	}
+	pthread_mutex_unlock(&c->mtx);
+	if (say)
+		cwi_log(CACHEW_LOG_WARN, "transport", "url=%s reason=\"%s\" "
+		    "action=refuse", c->base.url, reason);
+	req_complete_all(done, err != CACHEW_OK ? err : CACHEW_ECLOSED, msg);
+}
+
+static void *
+diag_main(void *arg)
+{
+	sconn *c = arg;
+	char reason[sizeof(c->refusal) - 100];
+	cachew_err err;
+
+	err = cwi_nng_tls_diagnose(c->tls, c->base.url, reason,
+	    sizeof(reason));
+	diag_finish(c, err, reason);
+	conn_unref(c);
+	return NULL;
+}
+
+/* Whether a link that died of rv before the peer's handshake is worth a
+ * diagnosis: a refused TLS handshake, or a tcp:// peer that hung up (a
+ * TLS listener does, on our SP handshake). */
+static bool
+early_death_suspect(const sconn *c, int rv)
+{
+	if (c->ipc || rv == 0)
+		return false;
+	if (rv == NNG_ECONNSHUT || rv == NNG_ECONNRESET)
+		return true;
+	return c->tls != NULL && (rv == NNG_EPEERAUTH || rv == NNG_ECRYPTO);
+}
+
+/* Starts diag_main with a reference on c; if no thread can start, the
+ * orphans end at once as a dead link's requests do. */
+static void
+diag_start(sconn *c)
+{
+	pthread_attr_t a;
+	pthread_t th;
+	int prv;
+
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	prv = pthread_create(&th, &a, diag_main, c);
+	pthread_attr_destroy(&a);
+	if (prv != 0) {
+		diag_finish(c, CACHEW_OK, NULL);
+		conn_unref(c);
+	}
+}
+
 static void
 cli_on_down(void *owner, slink *lk, const char *why)
 {
 	sconn *c = owner;
 	creq *lost = NULL, **tail = &lost;
 	char msg[400];
-	bool drop = false;
+	bool drop = false, suspect, diagnose = false;
 
 	pthread_mutex_lock(&c->mtx);
 	if (c->lk == lk) {
 		c->lk = NULL;
 		drop = true;
 	}
+	suspect = drop && !c->closed && early_death_suspect(c, lk->early_rv);
 	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
 		nx = x->next;
+		if (suspect && (x->lk == lk || x->lk == NULL))
+			diagnose = true; /* someone waits for the verdict */
 		if (x->lk != lk)
 			continue;
+		if (suspect) {
+			x->lk = NULL;
+			x->orphan = true;
+			continue;
+		}
 		req_unlist_locked(c, x);
 		*tail = x;
 		tail = &x->next;
+	}
+	if (suspect)
+		snprintf(c->orphan_why, sizeof(c->orphan_why), "%s", why);
+	diagnose = diagnose && !c->diagnosing;
+	if (diagnose) {
+		c->diagnosing = true;
+		c->refs++; /* diag_main's */
 	}
 	/* Redial at once after a link that lived; one that died young (a
 	 * peer that hangs up at once or speaks another protocol) counts
@@ -216,6 +333,8 @@ cli_on_down(void *owner, slink *lk, const char *why)
 	pthread_mutex_unlock(&c->mtx);
 	snprintf(msg, sizeof(msg), "%s: %s", c->base.url, why);
 	req_complete_all(lost, CACHEW_ECLOSED, msg);
+	if (diagnose)
+		diag_start(c);
 	if (drop)
 		cwi_nng_link_unref(lk);
 }
@@ -235,7 +354,7 @@ conn_attach_locked(sconn *c, slink *lk)
 	c->attached_ns = cwi_now_ns();
 	cwi_nng_link_start(lk);
 	for (creq *x = c->reqs; x != NULL; x = x->next) {
-		if (x->lk != NULL)
+		if (x->lk != NULL || x->orphan)
 			continue;
 		if (cwi_nng_link_send(lk, x->tx) != CACHEW_OK)
 			break;
@@ -371,8 +490,16 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 	cwi_pending_set_cancel(p, cli_cancel, x);
 
 	pthread_mutex_lock(&c->mtx);
-	if (c->closed || x->expired) {
-		err = c->closed ? CACHEW_ECLOSED : CACHEW_ETIMEDOUT;
+	if (c->closed || x->expired ||
+	    (c->lk == NULL && c->refused != CACHEW_OK)) {
+		/* Closed, expired, or refused by the peer (fail fast while
+		 * no link is up: see the top of the file). */
+		char msg[sizeof(c->refusal)];
+		err = c->closed ? CACHEW_ECLOSED
+		    : x->expired ? CACHEW_ETIMEDOUT : c->refused;
+		snprintf(msg, sizeof(msg), "%s", err == CACHEW_ECLOSED
+			? "connection closed" : err == CACHEW_ETIMEDOUT
+			? "request timed out" : c->refusal);
 		pthread_mutex_unlock(&c->mtx);
 		/* Accepted, then ended before it left: complete it here,
 		 * and free x only then: until p completes, its cancel hook
@@ -380,9 +507,7 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 		cwi_nng_tx_free(x->tx);
 		x->tx = NULL;
 		cwi_msg_destroy(req);
-		cwi_pending_complete(p, err, NULL,
-		    err == CACHEW_ECLOSED ? "connection closed"
-					  : "request timed out");
+		cwi_pending_complete(p, err, NULL, msg);
 		free(x);
 		return CACHEW_OK;
 	}
@@ -485,6 +610,16 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 		rv = cwi_nng_err(nrv, url, "dial");
 		conn_free(c);
 		return rv;
+	}
+	if (cwi_nng_url_is_tls(url)) {
+		rv = cwi_nng_tls_create(&c->tls, url, opts, false);
+		if (rv == CACHEW_OK &&
+		    (nrv = cwi_nng_tls_set_dialer(c->tls, c->d)) != 0)
+			rv = cwi_nng_err(nrv, url, "dial");
+		if (rv != CACHEW_OK) {
+			conn_free(c);
+			return rv;
+		}
 	}
 	if (opts->dial_async) {
 		pthread_mutex_lock(&c->mtx);

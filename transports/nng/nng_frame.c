@@ -225,6 +225,12 @@ cwi_nng_handshake_check(const uint8_t *h, uint16_t peer_proto, char *buf,
 {
 	unsigned proto = (unsigned)h[4] << 8 | h[5];
 
+	/* A TLS record of type handshake (22), version 3.x: a ClientHello. */
+	if (h[0] == 0x16 && h[1] == 0x03) {
+		snprintf(buf, len, "the peer speaks TLS (a tls+tcp:// dialer?) "
+		    "and this link is plaintext");
+		return buf;
+	}
 	if (h[0] != 0 || h[1] != 'S' || h[2] != 'P' || h[3] != 0 ||
 	    h[6] != 0 || h[7] != 0) {
 		snprintf(buf, len, "not an SP handshake (%02x %02x %02x %02x)",
@@ -324,7 +330,7 @@ frame_error_decode(const uint8_t *body, size_t len, uint32_t hlen,
 {
 	size_t n = hlen < FRAME_ERRMSG_MAX ? hlen : FRAME_ERRMSG_MAX;
 
-	if (code == CACHEW_OK || code > CACHEW_EPERM ||
+	if (code == CACHEW_OK || code > CWI_ERR_LAST ||
 	    FRAME_HEAD + (size_t)hlen != len)
 		return cwi_fail(CACHEW_EPROTO,
 		    "error frame with code %u and %zu trailing bytes", code,

@@ -15,6 +15,8 @@
  *                    hands out and the back-pressure past max_inflight.
  *   nng_dial.c       the client: a connection's link, request ids, the
  *                    replies matched to them, redial with backoff.
+ *   nng_tls.c        tls+tcp: credentials checked and handed to nng's
+ *                    TLS, and the reason of a refused handshake.
  *   nng_transport.c  the transport's table and what is process-wide (the
  *                    heap tuning, nng's error codes).
  *
@@ -196,6 +198,11 @@ struct slink {
 	nng_aio *txa, *rxa;
 	bool ipc;
 	uint16_t peer_proto; /* what the peer must announce */
+	bool tls;            /* a tls+tcp stream */
+	/* The nng error that ended the link before the peer's handshake
+	 * arrived (a TLS handshake refused, a peer that hung up), for the
+	 * owner's on_down; 0 otherwise. */
+	int early_rv;
 	const link_ops *ops;
 	void *owner;
 	const char *url; /* the owner's, for logs */
@@ -256,6 +263,40 @@ cachew_err cwi_nng_listen(cwi_listener **out, const char *url,
     const cwi_transport_opts *opts, cwi_handler_fn handler, void *arg);
 cachew_err cwi_nng_dial(cwi_conn **out, const char *url,
     const cwi_transport_opts *opts);
+
+/* ---- TLS (nng_tls.c) --------------------------------------------------- */
+
+/* A dialer's or a listener's TLS credentials, checked, with the nng
+ * configuration made of them. Immutable once created. */
+typedef struct cwi_nng_tls cwi_nng_tls;
+
+bool cwi_nng_url_is_tls(const char *url);
+/* Reads and checks o's tls_* files for url (server: a listener), naming
+ * the option and the file in errors: CACHEW_EINVAL (missing, malformed,
+ * a key that is not the certificate's), CACHEW_ENOENT, CACHEW_EIO,
+ * CACHEW_EAUTH (our certificate has expired), CACHEW_ENOMEM. */
+cachew_err cwi_nng_tls_create(cwi_nng_tls **out, const char *url,
+    const cwi_transport_opts *o, bool server);
+/* NULL is a no-op. */
+void cwi_nng_tls_destroy(cwi_nng_tls *t);
+/* Sets t's configuration on an nng dialer or listener (nng errors). */
+int cwi_nng_tls_set_dialer(cwi_nng_tls *t, nng_stream_dialer *d);
+int cwi_nng_tls_set_listener(cwi_nng_tls *t, nng_stream_listener *l);
+/* What an nng error ending a TLS link before the peer's handshake says
+ * about the refusal, from the listener's side (server) or the dialer's;
+ * NULL when it is not a handshake error. A static string. */
+const char *cwi_nng_tls_refusal(int rv, bool server);
+/*
+ * The dialer's diagnosis of a link to url that died before the peer's
+ * handshake: connects once more with mbedTLS (t's credentials; t NULL for
+ * a tcp:// dialer, which asks whether the peer speaks TLS) and, when the
+ * peer refuses for a reason that redialing will not change, returns
+ * CACHEW_EAUTH with the reason in buf; CACHEW_OK when it found nothing
+ * (the peer went away, or it all worked this time). Blocks for at most
+ * 1.5 s: never on an nng thread.
+ */
+cachew_err cwi_nng_tls_diagnose(const cwi_nng_tls *t, const char *url,
+    char *buf, size_t len);
 
 /* Maps an nng error to a cachew_err with a message naming url and what
  * failed. */

@@ -32,31 +32,57 @@
 
 /* The remote address of a stream, for logs. */
 static void
-stream_peer(nng_stream *s, bool ipc, char *buf, size_t len)
+stream_peer(nng_stream *s, bool ipc, bool tls, char *buf, size_t len)
 {
+	const char *tcp = tls ? "tls+tcp" : "tcp";
 	nng_sockaddr sa;
 	char ip[INET6_ADDRSTRLEN];
 
 	if (nng_stream_get_addr(s, NNG_OPT_REMADDR, &sa) != 0) {
-		snprintf(buf, len, "%s://?", ipc ? "ipc" : "tcp");
+		snprintf(buf, len, "%s://?", ipc ? "ipc" : tcp);
 		return;
 	}
 	switch (sa.s_family) {
 	case NNG_AF_INET:
 		inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip));
-		snprintf(buf, len, "tcp://%s:%u", ip, ntohs(sa.s_in.sa_port));
+		snprintf(buf, len, "%s://%s:%u", tcp, ip,
+		    ntohs(sa.s_in.sa_port));
 		break;
 	case NNG_AF_INET6:
 		inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip));
-		snprintf(buf, len, "tcp://[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
+		snprintf(buf, len, "%s://[%s]:%u", tcp, ip,
+		    ntohs(sa.s_in6.sa_port));
 		break;
 	case NNG_AF_IPC:
 		snprintf(buf, len, "ipc://%s", sa.s_ipc.sa_path);
 		break;
 	default:
-		snprintf(buf, len, "%s://?", ipc ? "ipc" : "tcp");
+		snprintf(buf, len, "%s://?", ipc ? "ipc" : tcp);
 		break;
 	}
+}
+
+/* Why a link that is not dead yet dies of rv (a failed send or
+ * receive): before the peer's handshake, on a TLS link, the refused
+ * handshake, logged by a listener; NULL for the caller's usual reason.
+ * Either way, an early death is noted for the owner (early_rv). */
+static const char *
+early_death_locked(slink *lk, int rv, char *buf, size_t len)
+{
+	bool server = lk->peer_proto == SP_PROTO_REQ0;
+	const char *why;
+
+	if (lk->rx != RX_HANDSHAKE)
+		return NULL;
+	lk->early_rv = rv;
+	if (!lk->tls || (why = cwi_nng_tls_refusal(rv, server)) == NULL)
+		return NULL;
+	snprintf(buf, len, "TLS handshake refused: %s", why);
+	if (server)
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer,
+		    lk->url, buf);
+	return buf;
 }
 
 /* ---- the janitor: frees links off the aio threads ----------------------- */
@@ -275,15 +301,18 @@ link_tx_cb(void *arg)
 	pthread_mutex_lock(&lk->mtx);
 	lk->txbusy = false;
 	if (rv != 0 || lk->dead) {
-		char why[200];
+		char why[300];
 
-		if (rv == NNG_ETIMEDOUT)
-			snprintf(why, sizeof(why),
-			    "the peer read nothing for %d ms",
-			    lk->send_timeout_ms);
-		else
-			snprintf(why, sizeof(why), "send failed: %s",
-			    rv != 0 ? nng_strerror(rv) : "closed");
+		if (lk->dead || rv == 0 ||
+		    early_death_locked(lk, rv, why, sizeof(why)) == NULL) {
+			if (rv == NNG_ETIMEDOUT)
+				snprintf(why, sizeof(why),
+				    "the peer read nothing for %d ms",
+				    lk->send_timeout_ms);
+			else
+				snprintf(why, sizeof(why), "send failed: %s",
+				    rv != 0 ? nng_strerror(rv) : "closed");
+		}
 		if (rv == NNG_ETIMEDOUT && !lk->dead)
 			cwi_log(CACHEW_LOG_WARN, "transport",
 			    "peer=%s url=%s reason=\"%s\" action=reset",
@@ -415,6 +444,9 @@ link_rx_cb(void *arg)
 			snprintf(why, sizeof(why),
 			    "no handshake within %d ms", HANDSHAKE_TIMEOUT_MS);
 			bad = why;
+		} else if (early_death_locked(lk, rv, why, sizeof(why)) !=
+			   NULL) {
+			q = link_kill_locked(lk, why);
 		} else {
 			q = link_kill_locked(lk,
 			    rv == NNG_ECLOSED || rv == NNG_ECONNSHUT ||
@@ -505,6 +537,7 @@ cwi_nng_link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
 {
 	slink *lk = calloc(1, sizeof(*lk));
 	txmsg *hs;
+	bool verified;
 	int rv;
 
 	if (lk == NULL) {
@@ -529,7 +562,9 @@ cwi_nng_link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
 	lk->max_len = max_len;
 	lk->id_room = peer_proto == SP_PROTO_REQ0 ? SP_BT_MAX : SP_ID_BYTES;
 	lk->send_timeout_ms = send_timeout_ms;
-	stream_peer(s, ipc, lk->peer, sizeof(lk->peer));
+	/* Only a TLS stream knows this option. */
+	lk->tls = nng_stream_get_bool(s, NNG_OPT_TLS_VERIFIED, &verified) == 0;
+	stream_peer(s, ipc, lk->tls, lk->peer, sizeof(lk->peer));
 	if (!ipc)
 		(void)nng_stream_set_bool(s, NNG_OPT_TCP_NODELAY, true);
 	/* The handshake is the first thing sent: a message of its own. */

@@ -23,6 +23,7 @@ typedef struct slistener {
 	bool closed;
 	bool ipc;
 	nng_stream_listener *sl;
+	cwi_nng_tls *tls; /* tls+tcp: the credentials */
 	nng_aio *acc;
 	bool acc_sleep; /* acc is a pause after a failed accept */
 	slink *links;    /* live links: on_down not yet delivered */
@@ -45,6 +46,7 @@ static void
 listener_free(slistener *l)
 {
 	nng_stream_listener_free(l->sl);
+	cwi_nng_tls_destroy(l->tls);
 	nng_aio_free(l->acc);
 	pthread_cond_destroy(&l->cv);
 	pthread_mutex_destroy(&l->mtx);
@@ -447,17 +449,19 @@ static const cwi_listener_ops nt_listener_ops = {
     .free = nt_listener_free,
 };
 
-/* "tcp://host:0" with the port bound; other URLs unchanged. */
+/* "tcp://host:0" (or tls+tcp) with the port bound; other URLs
+ * unchanged. */
 static char *
 bound_url(const char *url, nng_stream_listener *sl)
 {
 	const char *colon;
 	int port;
 
-	if (strncmp(url, "tcp", 3) != 0 ||
+	if ((strncmp(url, "tcp", 3) != 0 && !cwi_nng_url_is_tls(url)) ||
 	    nng_stream_listener_get_int(sl, NNG_OPT_TCP_BOUND_PORT, &port) !=
 		0 ||
-	    (colon = strrchr(url, ':')) == NULL || colon < url + 6)
+	    (colon = strrchr(url, ':')) == NULL ||
+	    colon < strstr(url, "//") + 2)
 		return cwi_strdup(url);
 	return cwi_asprintf("%.*s:%d", (int)(colon - url), url, port);
 }
@@ -486,6 +490,15 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	if ((nrv = nng_stream_listener_alloc(&l->sl, url)) != 0) {
 		rv = cwi_nng_err(nrv, url, "listen");
 		goto fail;
+	}
+	if (cwi_nng_url_is_tls(url)) {
+		if ((rv = cwi_nng_tls_create(&l->tls, url, opts, true)) !=
+			CACHEW_OK)
+			goto fail;
+		if ((nrv = cwi_nng_tls_set_listener(l->tls, l->sl)) != 0) {
+			rv = cwi_nng_err(nrv, url, "listen");
+			goto fail;
+		}
 	}
 	if ((nrv = nng_stream_listener_listen(l->sl)) != 0) {
 		rv = cwi_nng_err(nrv, url, "listen");

@@ -1,6 +1,6 @@
 /*
- * nng_transport.c - the network transport: tcp://host:port and
- * ipc:///path. nng 1.5 provides the byte streams (nng_stream dialers and
+ * nng_transport.c - the network transport: tcp://host:port,
+ * tls+tcp://host:port and ipc:///path. nng 1.5 provides the byte streams (nng_stream dialers and
  * listeners: address parsing, connect, accept, readv/writev on its I/O
  * threads); request/reply is implemented here, on the wire format of
  * nng's req0/rep0 protocols (docs/protocol.md, "Transport framing"), so
@@ -18,7 +18,9 @@
  * protocols, the bytes of the wire (nng_frame.c: pure functions, fuzzed
  * by test/fuzz/fuzz_nng_frame.c) are apart from the links that move them
  * (nng_link.c), and the links from their owners: the server's listeners
- * (nng_listen.c) and the client's connections (nng_dial.c). Each file
+ * (nng_listen.c) and the client's connections (nng_dial.c); TLS
+ * (nng_tls.c) only configures nng's streams and names their refusals,
+ * below the same framing. Each file
  * says what it owns and its part of the lock order: cq->mtx
  * (transport.c), then the listener or connection mutex, then a link's
  * mutex; the janitor's mutex is a leaf. Requests are completed and the
@@ -54,6 +56,10 @@ cwi_nng_err(int rv, const char *url, const char *what)
 		return cwi_fail(CACHEW_ETIMEDOUT, "%s: %s timed out", url, what);
 	case NNG_ECLOSED:
 		return cwi_fail(CACHEW_ECLOSED, "%s: closed", url);
+	case NNG_EPEERAUTH:
+	case NNG_ECRYPTO:
+		return cwi_fail(CACHEW_EAUTH, "%s: %s: TLS: %s", url, what,
+		    nng_strerror(rv));
 	default:
 		return cwi_fail(CACHEW_EIO, "%s: %s: %s", url, what,
 		    nng_strerror(rv));
@@ -101,7 +107,7 @@ cwi_nng_heap_tune(void)
 	pthread_once(&heap_once, heap_tune_once);
 }
 
-static const char *const nt_schemes[] = {"tcp", "ipc", NULL};
+static const char *const nt_schemes[] = {"tcp", "tls+tcp", "ipc", NULL};
 
 const cwi_transport cwi_transport_nng = {
     .name = "nng",

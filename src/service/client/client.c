@@ -123,6 +123,7 @@ static cwi_conn *
 conn_for(session *s, const char *address)
 {
 	cwi_transport_opts o;
+	cachew_err rv;
 	cwi_conn *c;
 
 	for (size_t i = 0; i < s->nconns; i++)
@@ -136,12 +137,17 @@ conn_for(session *s, const char *address)
 		o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	s->data_limit = o.max_msg_size;
 	o.dial_async = true;
+	cwi_rpc_client_tls(&s->ctx->opts, &o);
 	if (!CWI_GROW(s->conns, s->capconns, s->nconns + 1))
 		return NULL;
 	s->conns[s->nconns].address = cwi_strdup(address);
 	if (s->conns[s->nconns].address == NULL)
 		return NULL; /* a NULL address would crash the lookup above */
-	if (cwi_dial(&c, address, &o) != CACHEW_OK) {
+	if ((rv = cwi_dial(&c, address, &o)) != CACHEW_OK) {
+		/* An asynchronous dial fails only for what retrying cannot
+		 * mend: the address, or this client's TLS options. */
+		cwi_client_fail(s, rv, "worker %s: %s", address,
+		    cwi_errmsg_get());
 		free(s->conns[s->nconns].address);
 		return NULL;
 	}
@@ -571,6 +577,12 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 {
 	uint64_t now = cwi_now_ns();
 
+	if (c->err == CACHEW_EAUTH) {
+		/* A worker that refuses us (TLS) will not change its mind
+		 * by being asked again. */
+		cwi_client_fail(s, c->err, "%s", cwi_errmsg_get());
+		return true;
+	}
 	if (c->err != CACHEW_OK) {
 		if (s->exact && !t->ended) {
 			/* Exactly once: whatever the failure lost, the
@@ -693,6 +705,8 @@ on_heartbeat(session *s, cwi_completion *c)
 	bool hb_ok = false;
 
 	s->hb_inflight = false;
+	if (c->err == CACHEW_EAUTH)
+		cwi_client_fail(s, c->err, "%s", cwi_errmsg_get());
 	if (c->err == CACHEW_OK &&
 	    cwi_rpc_unpack(c->reply, s->ctx->url, &rep) == CACHEW_OK) {
 		if (rep.type == CWI_MSG_CLIENT_HEARTBEAT_REPLY) {
@@ -1210,6 +1224,7 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	o.dial_async = true;
+	cwi_rpc_client_tls(&ctx->opts, &o);
 	rv = cwi_dial(&s->dispatcher, ctx->url, &o);
 	if (rv == CACHEW_OK)
 		rv = cwi_cq_create(&s->cq);

@@ -1118,12 +1118,40 @@ ticker_main(void *arg)
 static void
 local_url(const char *bound, char *out, size_t size)
 {
-	const char *any = "tcp://0.0.0.0:";
+	const char *any = strstr(bound, "://0.0.0.0:");
 
-	if (strncmp(bound, any, strlen(any)) == 0)
-		snprintf(out, size, "tcp://127.0.0.1:%s", bound + strlen(any));
+	if (any != NULL && strncmp(bound, "ipc", 3) != 0)
+		snprintf(out, size, "%.*s://127.0.0.1:%s", (int)(any - bound),
+		    bound, any + strlen("://0.0.0.0:"));
 	else
 		snprintf(out, size, "%s", bound);
+}
+
+/* The process provisioner's workers speak TLS as their dispatcher does:
+ * they listen on tls+tcp and take its TLS options (args gets them). */
+static size_t
+worker_tls_args(const cwi_service_config *c, const char **args)
+{
+	static const struct {
+		const char *flag;
+		size_t off;
+	} opts[] = {
+	    {"--tls-cert", offsetof(cwi_service_config, tls_cert)},
+	    {"--tls-key", offsetof(cwi_service_config, tls_key)},
+	    {"--tls-ca", offsetof(cwi_service_config, tls_ca)},
+	    {"--tls-client-auth", offsetof(cwi_service_config, tls_client_auth)},
+	    {"--tls-server-name", offsetof(cwi_service_config, tls_server_name)},
+	};
+	size_t n = 0;
+
+	for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+		const char *v = (const char *)c + opts[i].off;
+		if (v[0] == '\0')
+			continue;
+		args[n++] = opts[i].flag;
+		args[n++] = v;
+	}
+	return n;
 }
 
 /* Creates the provisioner the options name, for workers that register
@@ -1134,7 +1162,7 @@ start_provisioner(cwi_dispatcher_server *d)
 	const cwi_service_config *c = &d->cfg;
 	char url[CWI_CFG_STR_MAX], bin[CWI_CFG_STR_MAX], logs[CWI_CFG_STR_MAX + 16];
 	char hb[24], threads[24], capacity[24];
-	const char *args[15];
+	const char *args[27];
 	size_t nargs = 0;
 	cwi_prov_config pc;
 	cachew_err rv;
@@ -1196,6 +1224,10 @@ start_provisioner(cwi_dispatcher_server *d)
 			    (long long)c->cache_capacity);
 			args[nargs++] = "--cache-capacity";
 			args[nargs++] = capacity;
+		}
+		if (strncmp(url, "tls+tcp://", 10) == 0) {
+			pc.worker_listen = "tls+tcp://127.0.0.1:0";
+			nargs += worker_tls_args(c, args + nargs);
 		}
 		args[nargs] = NULL;
 		pc.worker_args = args;
@@ -1462,6 +1494,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 				     (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20)
 				 ? (size_t)cfg->max_message_bytes
 				 : (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20);
+	cwi_service_config_tls(&d->cfg, &topts);
 	rv = cwi_listen(&d->listener, listen, &topts, on_request, d);
 	if (rv != CACHEW_OK)
 		goto fail;

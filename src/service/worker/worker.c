@@ -116,6 +116,8 @@ on_request(void *arg, cwi_request *r)
 	cwi_pmsg_free(&m);
 }
 
+static void sleep_interval(cwi_worker *w);
+
 /* ---- heartbeats ------------------------------------------------------------------ */
 
 static double
@@ -169,30 +171,11 @@ register_functions(cwi_msg_worker_register *m)
 	return rv;
 }
 
-/* A registration the dispatcher refused for the worker's token (EPERM:
- * none, a wrong one, a worker of another identity at this address) is
- * said in the log, on the first refusal and every 30th after, and tried
- * again a second later: the operator may fix the token file or the
- * dispatcher's table meanwhile. */
-static bool
-refused(cwi_worker *w, cachew_err rv, unsigned *count)
-{
-	if (rv != CACHEW_EPERM)
-		return false;
-	if ((*count)++ % 30 == 0)
-		cwi_log(CACHEW_LOG_ERROR, "worker", "event=register_refused "
-		    "dispatcher=%s error=\"%s\"", w->cfg.dispatcher,
-		    cwi_errmsg_get());
-	for (int i = 0; i < 50 && !atomic_load(&w->stop); i++)
-		cwi_sleep_ns(20 * 1000000u);
-	return true;
-}
-
 static cachew_err
 do_register(cwi_worker *w)
 {
 	cwi_pmsg req, rep;
-	unsigned refusals = 0;
+	uint64_t refused_said = 0;
 	cachew_err rv;
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
@@ -212,15 +195,34 @@ do_register(cwi_worker *w)
 	 * bounded (the retry's per-call timeout is what is left of it, an
 	 * int of milliseconds) and long enough for a slow dispatcher: a
 	 * registration whose reply comes after its timeout is sent again,
-	 * and the second one replaces the first, tasks and all. */
+	 * and the second one replaces the first, tasks and all. A refusal
+	 * (TLS: CACHEW_EAUTH; a token: CACHEW_EPERM) is an error in the log
+	 * at once, then every 10 s, and asked again every heartbeat
+	 * interval: the certificate or the token table may be mended
+	 * meanwhile. */
 	do {
 		rv = cwi_rpc_call_retry(w->dispatcher, &req,
 		    CWI_MSG_WORKER_REGISTER_REPLY,
 		    (int64_t)w->cfg.worker_timeout_ms > 10000
 			? (int64_t)w->cfg.worker_timeout_ms : 10000,
 		    &w->stop, &rep);
+		if ((rv == CACHEW_EAUTH || rv == CACHEW_EPERM) &&
+		    !atomic_load(&w->stop)) {
+			if (cwi_now_ns() >= refused_said) {
+				cwi_log(CACHEW_LOG_ERROR, "worker",
+				    "event=register_refused dispatcher=%s "
+				    "error=\"%s\"", w->cfg.dispatcher,
+				    cwi_errmsg_get());
+				refused_said = cwi_now_ns() +
+				    UINT64_C(10000000000);
+			}
+			if (atomic_load(&w->draining))
+				break; /* nothing to drain */
+			sleep_interval(w);
+		}
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
-		     rv == CACHEW_ECLOSED || refused(w, rv, &refusals)) &&
+		     rv == CACHEW_ECLOSED || rv == CACHEW_EAUTH ||
+		     rv == CACHEW_EPERM) &&
 		 !atomic_load(&w->stop));
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
@@ -575,6 +577,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = CWI_TRANSPORT_MAX_MSG_CONTROL;
+	cwi_service_config_tls(&w->cfg, &topts);
 	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://127.0.0.1:0";
 	rv = cwi_listen(&w->listener, listen, &topts, on_request, w);
 	if (rv == CACHEW_OK && cfg->user[0] != '\0')
@@ -589,6 +592,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = (size_t)cfg->max_message_bytes;
 	topts.dial_async = true;
+	cwi_service_config_tls(&w->cfg, &topts);
 	rv = cwi_dial(&w->dispatcher, cfg->dispatcher, &topts);
 	if (rv != CACHEW_OK)
 		goto fail;
