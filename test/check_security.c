@@ -207,7 +207,12 @@ confined(const char *reads, const char *roots, const char *what)
 	buf[len] = '\0';
 	close(fds[0]);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	/* Under make valgrind the child's leak check (of the heap it copied
+	 * from this process) turns its exit code into valgrind's 1: what it
+	 * wrote is its answer either way. */
+	ck_assert_msg(WIFEXITED(st) && (WEXITSTATUS(st) == 0 ||
+	    (getenv("CWT_VALGRIND") != NULL && WEXITSTATUS(st) == 1 &&
+		len > 0)),
 	    "the confined child died: %s", buf);
 	return strdup(buf);
 }
