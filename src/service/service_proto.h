@@ -591,6 +591,7 @@ typedef struct cwi_msg_get_elements {
 	uint64_t epoch;
 	int64_t threads;
 	int64_t ram_budget;
+	int64_t max_element_bytes; /* 0: the worker's */
 	bool deterministic;
 	bool autotune;
 	/* The longest the worker may hold the request while it has nothing

@@ -526,6 +526,9 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 		goto fail;
 	if (cfg->threads > 0)
 		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
+	if (cfg->max_element_bytes > 0)
+		(void)cachew_options_set_int(w->opts, "max_element_bytes",
+		    cfg->max_element_bytes);
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = CWI_TRANSPORT_MAX_MSG_CONTROL;
 	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://127.0.0.1:0";
