@@ -172,6 +172,10 @@ CACHEW_API void cachew_free(void *p);
  *   epoch          int   the epoch: shuffle(reshuffle=true),
  *                        list_files(shuffle=true) and random functions
  *                        draw anew for each (default 0)
+ *   max_element_bytes int bytes an operator may allocate for one element
+ *                        (read_file, decode_jpeg, resize, batch...); over
+ *                        it the element fails with CACHEW_ERANGE (default
+ *                        1 GiB)
  *   service        str   where the pipeline runs: a dispatcher address
  *                        (tcp://host:port, ipc://path); "embedded" (a
  *                        dispatcher and a worker in this process, run
@@ -188,7 +192,8 @@ CACHEW_API void cachew_free(void *p);
  *   consumer_index    int  this client's index among num_consumers
  *   workers           int  workers for the job; 0 = the dispatcher decides
  *   compression       str  none | zstd | auto
- *   client_buffer     int  bytes of elements buffered ahead (64 MiB)
+ *   client_buffer     int  bytes of elements buffered ahead, queued and
+ *                          asked for (64 MiB)
  *   service_timeout_ms int how long a service call may take (30000)
  * Unknown names are CACHEW_ENOENT, values of the wrong type CACHEW_ETYPE and
  * out-of-range values CACHEW_ERANGE, each with a cachew_options_errmsg().
@@ -522,8 +527,9 @@ CACHEW_API cachew_err cachew_params_get_double(
 /* Reads key as a bool (0 or 1); see the getters' rules above. Since 0.1. */
 CACHEW_API cachew_err cachew_params_get_bool(
     const cachew_params *p, const char *key, int *out);
-/* Reads key as a string, borrowed from p; see the getters' rules above.
- * Since 0.1. */
+/* Reads key as a string, borrowed from p; see the getters' rules above. A
+ * string holding a NUL byte is CACHEW_EINVAL (as a C string it would end
+ * early). Since 0.1. */
 CACHEW_API cachew_err cachew_params_get_str(
     const cachew_params *p, const char *key, const char **out);
 /* Reads key as a list of ints; see the getters' rules above. On

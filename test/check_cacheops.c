@@ -613,9 +613,10 @@ START_TEST(get_with_a_malformed_fingerprint_is_einval)
 }
 END_TEST
 
-/* Flips a bit in the middle of chunk `index` of the cache of fp. */
+/* The path of chunk `index` of the cache of fp and, in *bytes, its size. */
 static char *
-corrupt_chunk(const char *root, const cachew_fingerprint *fp, size_t index)
+chunk_path(const char *root, const cachew_fingerprint *fp, size_t index,
+    uint64_t *bytes)
 {
 	cachew_err rv;
 	cwi_cache_manifest *m = manifest_of(root, fp, &rv);
@@ -625,8 +626,19 @@ corrupt_chunk(const char *root, const cachew_fingerprint *fp, size_t index)
 	ck_assert_uint_gt(m->nchunks, index);
 	cachew_fingerprint_hex(fp, hex);
 	path = fmt("%s/%s/%s", root, hex, m->chunks[index].name);
-	flip_bit(path, m->chunks[index].bytes * 8 / 2);
+	*bytes = m->chunks[index].bytes;
 	cwi_cache_manifest_free(m);
+	return path;
+}
+
+/* Flips a bit in the middle of chunk `index` of the cache of fp. */
+static char *
+corrupt_chunk(const char *root, const cachew_fingerprint *fp, size_t index)
+{
+	uint64_t bytes;
+	char *path = chunk_path(root, fp, index, &bytes);
+
+	flip_bit(path, bytes * 8 / 2);
 	return path;
 }
 
@@ -656,6 +668,58 @@ START_TEST(get_of_a_corrupt_chunk_fails_naming_it_and_marks_bad)
 	cwt_rmtree(dir);
 	free(p);
 	free(chunk);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* Replaces chunk `index` of the cache of fp by a FIFO of the same name
+ * (which nobody writes); returns its path. */
+static char *
+fifo_for_chunk(const char *root, const cachew_fingerprint *fp, size_t index)
+{
+	uint64_t bytes;
+	char *path = chunk_path(root, fp, index, &bytes);
+
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	return path;
+}
+
+/* A FIFO named like a chunk would block a reader's open for ever: it is
+ * refused at once as damage (cache_get fails naming it, cache recomputes).
+ * The tcase's timeout bounds the test if it ever blocks. */
+START_TEST(get_of_a_fifo_chunk_fails_at_once_and_cache_recomputes)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(4000) | map(add) | batch(4)";
+	char *p = fmt("%s | cache(\"%s\", chunk_bytes=4096)", in, root);
+	cachew_fingerprint fp = fp_of(in);
+	run_out want = put(in, root, ", chunk_bytes=4096"), got;
+	char hex[33], *fifo, *get;
+
+	fifo = fifo_for_chunk(root, &fp, 1);
+	cachew_fingerprint_hex(&fp, hex);
+	get = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	log_capture();
+	got = run(get);
+	log_release();
+	ck_assert_int_eq(got.rv, CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(got.err, "not a regular file (a FIFO)") != NULL,
+	    "%s", got.err);
+	ck_assert_msg(strstr(got.err, strrchr(fifo, '/') + 1) != NULL, "%s",
+	    got.err);
+	run_free(&got);
+	/* Marked bad: the cache operator computes the data again. */
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	got = run_ok(p);
+	assert_same(&want, &got, "pass over a FIFO chunk");
+	run_free(&got);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(get);
+	free(fifo);
+	free(p);
 	free(root);
 	free(dir);
 }
@@ -1296,6 +1360,30 @@ START_TEST(cli_cache_verify_reports_ok_and_corruption)
 	cli_free(&r);
 	cwt_rmtree(dir);
 	free(chunk);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* `cachew cache verify` over a FIFO named like a chunk reports it and
+ * exits 1 instead of waiting for a writer. */
+START_TEST(cli_cache_verify_refuses_a_fifo_chunk)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(3000) | map(add) | batch(2)";
+	cachew_fingerprint fp = fp_of(in);
+	char *fifo;
+	cli_result r;
+
+	cli_put(root, in);
+	fifo = fifo_for_chunk(root, &fp, 0);
+	r = cli("cache", "verify", root);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.out, "not a regular file (a FIFO)") != NULL,
+	    "%s%s", r.out, r.err);
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(fifo);
 	free(root);
 	free(dir);
 }
@@ -1966,6 +2054,7 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_with_a_malformed_fingerprint_is_einval);
 	tcase_add_test(ops, get_of_a_corrupt_chunk_fails_naming_it_and_marks_bad);
 	tcase_add_test(ops, get_yields_only_verified_elements_before_corruption);
+	tcase_add_test(ops, get_of_a_fifo_chunk_fails_at_once_and_cache_recomputes);
 	tcase_add_test(ops, get_split_units_are_the_chunks);
 	tcase_add_test(ops, get_reads_only_its_split_ranges_in_order);
 	tcase_add_test(ops, get_destroyed_midway_stops_its_readers);
@@ -1983,6 +2072,7 @@ cwt_cacheops_suite(void)
 	tcase_add_test(cli_tc, cli_cache_ls_json_is_one_array);
 	tcase_add_test(cli_tc, cli_cache_ls_of_a_missing_root_exits_1);
 	tcase_add_test(cli_tc, cli_cache_verify_reports_ok_and_corruption);
+	tcase_add_test(cli_tc, cli_cache_verify_refuses_a_fifo_chunk);
 	tcase_add_test(cli_tc, cli_cache_rm_removes_by_fingerprint_or_prefix);
 	tcase_add_test(cli_tc, cli_cache_gc_evicts_down_to_max_bytes);
 	tcase_add_test(cli_tc, cli_cache_probe_reports_read_rates);

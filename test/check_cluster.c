@@ -30,18 +30,31 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A line of a process's /proc status ("VmRSS", "VmSize") in kB, or -1.
+ * Read line by line: /proc files have no size, so reading one whole by
+ * its size (cwt_slurp) gets nothing. */
+static long
+status_kb(pid_t pid, const char *field)
+{
+	char path[64], line[256];
+	size_t n = strlen(field);
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	while (f != NULL && kb < 0 && fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, field, n) == 0 && line[n] == ':')
+			kb = strtol(line + n + 1, NULL, 10);
+	if (f != NULL)
+		fclose(f);
+	return kb;
+}
+
 static long
 rss_kb(pid_t pid)
 {
-	char path[64], *s, *p;
-	long kb = -1;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	s = cwt_slurp(path);
-	if (s != NULL && (p = strstr(s, "VmRSS:")) != NULL)
-		kb = strtol(p + 6, NULL, 10);
-	free(s);
-	return kb;
+	return status_kb(pid, "VmRSS");
 }
 
 /* The order-independent digest and count of a run (in-process when url is
@@ -344,7 +357,7 @@ START_TEST(service_refuses_an_oversized_graph_naming_service_local)
 	    CACHEW_OK);
 	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_ENOTSUP);
 	ck_assert_msg(strstr(cachew_errmsg(), "over the service's limit of "
-			  "33554432 (a large literal?); run it in-process "
+			  "983040 (a large literal?); run it in-process "
 			  "(service=local)") != NULL, "%s", cachew_errmsg());
 	cachew_options_destroy(o);
 	o = cwt_opts(7, 1);
@@ -2139,6 +2152,181 @@ START_TEST(cluster_hostile_peers_leave_the_dispatcher_up)
 }
 END_TEST
 
+/* Opens n connections to url that each send the SP handshake and a
+ * length prefix claiming `claim` bytes, then `send` bytes of it (the
+ * first word a request ID), and stall. */
+static void
+hostile_claims(const char *url, int *fds, int n, uint64_t claim, size_t send)
+{
+	uint8_t *body = malloc(send);
+	uint8_t prefix[8];
+
+	ck_assert_ptr_nonnull(body);
+	memset(body, 'x', send);
+	body[0] = 0x80; /* a request ID's high bit */
+	for (int i = 0; i < 8; i++)
+		prefix[i] = (uint8_t)(claim >> (56 - 8 * i));
+	for (int i = 0; i < n; i++) {
+		fds[i] = tcp_connect(url);
+		send_all(fds[i], sp_req_hello, sizeof(sp_req_hello));
+		send_all(fds[i], prefix, sizeof(prefix));
+		send_all(fds[i], body, send);
+	}
+	free(body);
+}
+
+/* The dispatcher's RSS once it has stopped changing (it reads what the
+ * peers sent on its own threads): sampled every 100 ms until two agree
+ * within 256 kB, for 5 s at most. */
+static long
+settled_rss_kb(pid_t pid)
+{
+	long last = rss_kb(pid), now = last;
+
+	for (int i = 0; i < cwt_bound_ms(5000) / 100; i++) {
+		cwt_nap_ms(100);
+		now = rss_kb(pid);
+		if (labs(now - last) < 256)
+			break;
+		last = now;
+	}
+	return now;
+}
+
+/* 300 connections each claiming a 32 MiB message (the issue's attack) to
+ * a dispatcher, whose control messages are at most 1 MiB: each is reset
+ * at its length prefix, before anything is allocated; the dispatcher
+ * keeps serving and its RSS does not grow by 64 MiB (before, each claim
+ * reserved 32 MiB: 9.9 GB of address space). */
+START_TEST(cluster_hostile_claims_of_32_mib_reserve_nothing)
+{
+	static int fds[300];
+	cwt_cluster c;
+	long rss0, rss1, vm0, vm1;
+	char *log;
+
+	cwt_cluster_start(&c, 0);
+	status_answers(c.dispatcher.url);
+	rss0 = rss_kb(c.dispatcher.pid);
+	vm0 = status_kb(c.dispatcher.pid, "VmSize");
+	ck_assert_int_gt(rss0, 0);
+	hostile_claims(c.dispatcher.url, fds, 300, (32u << 20) + 4, 65536);
+	status_answers(c.dispatcher.url);
+	rss1 = settled_rss_kb(c.dispatcher.pid);
+	vm1 = status_kb(c.dispatcher.pid, "VmSize");
+	ck_assert_msg(rss1 - rss0 < 64 * 1024, "RSS grew from %ld to %ld kB",
+	    rss0, rss1);
+	ck_assert_msg(vm1 - vm0 < 256 * 1024, "address space grew from %ld "
+	    "to %ld kB", vm0, vm1);
+	for (int i = 0; i < 300; i++)
+		close(fds[i]);
+	log = cwt_slurp(c.dispatcher.log);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "action=reset") != NULL, "%s", log);
+	free(log);
+	ck_assert_int_eq(kill(c.dispatcher.pid, 0), 0);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* 300 connections each claiming just under the 1 MiB limit and trickling
+ * 300 kB of it: a message's buffer grows as its bytes arrive, within the
+ * listener's 32 MiB budget (past it, connections are reset, logged), so
+ * the dispatcher grows by less than 64 MiB, keeps answering small
+ * requests, and gives the memory back once they close. */
+START_TEST(cluster_hostile_trickles_stay_within_the_budget_and_memory_returns)
+{
+	static int fds[300];
+	cwt_cluster c;
+	long rss0, rss1, rss2 = 0;
+	char *log;
+
+	cwt_cluster_start(&c, 0);
+	status_answers(c.dispatcher.url);
+	rss0 = rss_kb(c.dispatcher.pid);
+	ck_assert_int_gt(rss0, 0);
+	hostile_claims(c.dispatcher.url, fds, 300, 1000000, 300 * 1024);
+	status_answers(c.dispatcher.url);
+	rss1 = settled_rss_kb(c.dispatcher.pid);
+	ck_assert_msg(rss1 - rss0 < 64 * 1024, "RSS grew from %ld to %ld kB",
+	    rss0, rss1);
+	log = cwt_slurp(c.dispatcher.log);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "over its limit of 33554432") != NULL, "%s",
+	    log);
+	free(log);
+	for (int i = 0; i < 300; i++)
+		close(fds[i]);
+	status_answers(c.dispatcher.url);
+	/* Given back: within 8 MiB of where it started (it had grown by
+	 * about 25 MiB; before, all of it stayed). */
+	for (uint64_t t0 = cwt_now_ms();
+	     cwt_now_ms() - t0 < (uint64_t)cwt_bound_ms(5000);
+	     cwt_nap_ms(100)) {
+		rss2 = rss_kb(c.dispatcher.pid);
+		if (rss2 - rss0 < 8 * 1024)
+			break;
+	}
+	ck_assert_msg(rss2 - rss0 < 8 * 1024, "RSS %ld kB at the start, %ld "
+	    "with the peers, %ld after they closed", rss0, rss1, rss2);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A client whose consumer takes one element per 100 ms (a sleep_us map
+ * after the service: take() keeps it on the client) while a worker
+ * produces far faster: the `cachew run` process stays under client_buffer
+ * + 16 MiB (48 MiB for a 32 MiB buffer) for 12 s. Before, one more 8 MiB
+ * request went out whenever none was pending, and such a client grew by
+ * 13 MB/s without bound. Sanitizer builds keep freed memory (quarantine):
+ * their RSS says nothing about this, so the bound is checked in the
+ * others. */
+START_TEST(cluster_slow_consumer_stays_within_client_buffer)
+{
+	const long limit_kb = (32 + 16) * 1024;
+	char bin[512], *argv[8];
+	long max_kb = 0;
+	cwt_cluster c;
+	int status;
+	pid_t pid;
+
+	cwt_cluster_start(&c, 1);
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	argv[0] = bin;
+	argv[1] = "run";
+	argv[2] = "--quiet";
+	argv[3] = "--set";
+	argv[4] = "client_buffer=33554432";
+	argv[5] = "range(40000000) | batch(4096) | take(1000000) | "
+		  "map(sleep_us, us=100000)";
+	argv[6] = NULL;
+	fflush(NULL);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		setenv("CACHEW_SERVICE", c.dispatcher.url, 1);
+		if (freopen("/dev/null", "w", stdout) == NULL)
+			_exit(127);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	for (int i = 0; i < 60; i++) {
+		long kb = rss_kb(pid);
+		if (kb > max_kb)
+			max_kb = kb;
+		cwt_nap_ms(200);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, WNOHANG), 0); /* still reading */
+	kill(pid, SIGKILL);
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+	ck_assert_msg(max_kb > 0 && max_kb < limit_kb,
+	    "the client's RSS reached %ld kB (limit %ld)", max_kb, limit_kb);
+#endif
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(cluster_status_lists_workers_and_jobs)
 {
 	cwt_cluster c;
@@ -2486,6 +2674,10 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_journal_torn_tail_and_corruption);
 	tcase_add_test(tc, cluster_dispatcher_gone_is_a_clear_error);
 	tcase_add_test(tc, cluster_hostile_peers_leave_the_dispatcher_up);
+	tcase_add_test(tc, cluster_hostile_claims_of_32_mib_reserve_nothing);
+	tcase_add_test(tc,
+	    cluster_hostile_trickles_stay_within_the_budget_and_memory_returns);
+	tcase_add_test(tc, cluster_slow_consumer_stays_within_client_buffer);
 	tcase_add_test(tc, cluster_status_lists_workers_and_jobs);
 	tcase_add_test(tc, cachewd_bad_options_exit_2);
 	tcase_add_test(tc, cachewd_config_file_and_environment);

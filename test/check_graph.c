@@ -673,6 +673,34 @@ START_TEST(test_parse_error_bad_values_keep_their_code)
 }
 END_TEST
 
+/* A string parameter is a path, URL or name that C reads up to its first
+ * NUL: one holding a NUL is refused, naming the parameter (and the item of
+ * a list), never cut short ("/etc/hostname\0.txt" would read
+ * /etc/hostname). Literal data keeps its NULs. */
+START_TEST(test_parse_error_nul_in_a_string_parameter)
+{
+	cachew_dataset *ds = NULL;
+
+	assert_parse_fails("text_lines(\"/etc/hostname\\0.txt\")",
+	    CACHEW_EINVAL, "text_lines: parameter 'files' holds a NUL byte at "
+	    "offset 13: a path, URL or name cannot", NULL);
+	assert_parse_fails("list_files([\"/tmp/a\", \"/etc/\\0x\"])",
+	    CACHEW_EINVAL, "list_files: parameter 'files' (item 1) holds a "
+	    "NUL byte at offset 5", NULL);
+	assert_parse_fails("range(3) | tfrecord_write(path=\"/tmp/x\\0y\")",
+	    CACHEW_EINVAL, "tfrecord_write: parameter 'path' holds a NUL",
+	    NULL);
+	/* A function's string parameter, read with cachew_params_get_str. */
+	assert_parse_fails("range(3) | map(cast, dtype=\"u8\\0\")",
+	    CACHEW_EINVAL, "parameter 'dtype' holds a NUL byte", NULL);
+	/* Data may hold any byte. */
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "from_list([\"a\\0b\"]) | map(identity)"),
+	    CACHEW_OK);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 START_TEST(test_parse_error_float_for_an_int_param)
 {
 	/* An integral float converts; one beyond int64 is not an integer
@@ -2042,6 +2070,7 @@ cwt_graph_suite(void)
 	tcase_add_test(tc, test_parse_limit_input_of_more_than_1mib);
 	tcase_add_test(tc, test_parse_limit_4096_stages);
 	tcase_add_test(tc, test_parse_rejects_null_arguments);
+	tcase_add_test(tc, test_parse_error_nul_in_a_string_parameter);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("print");

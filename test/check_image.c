@@ -212,21 +212,23 @@ START_TEST(decode_jpeg_keeps_other_components)
 END_TEST
 
 /* Runs `pipeline` (with "%s" = dir), which must fail with `want`. */
+/* A pipeline that must fail ("%s" in fmt is dir), with opts (NULL: the
+ * defaults). */
+static void
+run_fails_with(const cachew_options *opts, const char *dir, const char *fmt,
+    cachew_err want, const char *msg_part)
+{
+	char pipeline[1024];
+
+	snprintf(pipeline, sizeof(pipeline), fmt, dir);
+	cwt_run_fails(pipeline, opts, want, msg_part);
+}
+
 static void
 run_fails(const char *dir, const char *fmt, cachew_err want,
     const char *msg_part)
 {
-	char pipeline[1024], err[512] = "";
-	cachew_element **v = NULL;
-	size_t n = 0;
-	cachew_err rv;
-
-	snprintf(pipeline, sizeof(pipeline), fmt, dir);
-	rv = cwt_run(pipeline, NULL, &v, &n, err, sizeof(err));
-	ck_assert_msg(rv == want, "%s: got %s (%s), want %s", pipeline,
-	    cachew_strerror(rv), err, cachew_strerror(want));
-	ck_assert_msg(strstr(err, msg_part) != NULL, "'%s' lacks '%s'", err,
-	    msg_part);
+	run_fails_with(NULL, dir, fmt, want, msg_part);
 }
 
 START_TEST(decode_jpeg_corrupt_is_an_error)
@@ -258,6 +260,65 @@ START_TEST(decode_jpeg_corrupt_is_an_error)
 	free(rgb);
 	cwt_rmtree(dir);
 	free(dir);
+}
+END_TEST
+
+/* An image operator sizes its output from its parameters (resize,
+ * random_resized_crop) or from the input (decode_jpeg, normalize): over
+ * max_element_bytes the element fails with ERANGE, naming the size, before
+ * anything is allocated. A 64x64 JPEG resized to 65535 x 65535 would ask
+ * for 12.9 GB. */
+START_TEST(image_outputs_over_max_element_bytes_fail_the_element)
+{
+	char *dir = cwt_tmpdir(), path[512];
+	unsigned char *rgb = make_rgb(64, 64, 3), *jpg;
+	cachew_options *small = cwt_opts(1, 1);
+	size_t len;
+
+	jpg = encode_jpeg(rgb, 64, 64, &len);
+	snprintf(path, sizeof(path), "%s/a.jpg", dir);
+	cwt_write_file(path, jpg, len);
+	run_fails(dir, "list_files(\"%s/a.jpg\") | read_file | decode_jpeg | "
+	    "resize(h=65535, w=65535)", CACHEW_ERANGE, "map(resize): resizing "
+	    "to [65535, 65535, 3] u8 would take 12884508675 bytes, over "
+	    "max_element_bytes (1073741824) (element 0)");
+	/* Fused with decoding, and on a decoded image. */
+	run_fails(dir, "list_files(\"%s/a.jpg\") | read_file | "
+	    "random_resized_crop(size=65535)", CACHEW_ERANGE, "a crop resized "
+	    "to [65535, 65535, 3] u8 would take 12884508675 bytes, over "
+	    "max_element_bytes (1073741824)");
+	run_fails(dir, "list_files(\"%s/a.jpg\") | read_file | decode_jpeg | "
+	    "random_resized_crop(size=65535)", CACHEW_ERANGE, "a crop resized "
+	    "to [65535, 65535, 3] u8 would take 12884508675 bytes");
+	ck_assert_int_eq(cachew_options_set_int(small, "max_element_bytes",
+			     8192), CACHEW_OK);
+	run_fails_with(small, dir, "list_files(\"%s/a.jpg\") | read_file | "
+	    "decode_jpeg", CACHEW_ERANGE, "map(decode_jpeg): decoding to [64, "
+	    "64, 3] u8 would take 12288 bytes, over max_element_bytes (8192)");
+	run_fails_with(small, dir, "from_tensors([[[1, 2, 3]]]) | map(cast, "
+	    "dtype=u8) | resize(h=60, w=60)", CACHEW_ERANGE, "resizing to "
+	    "[60, 60, 3] u8 would take 10800 bytes");
+	ck_assert_int_eq(cachew_options_set_int(small, "max_element_bytes",
+			     4096), CACHEW_OK);
+	run_fails_with(small, dir, "from_tensors([[[1, 2, 3]]]) | map(cast, "
+	    "dtype=u8) | resize(h=30, w=30) | normalize(mean=[0, 0, 0], "
+	    "std=[1, 1, 1])", CACHEW_ERANGE, "normalizing 2700 values to f32 "
+	    "would take 10800 bytes, over max_element_bytes (4096)");
+	cachew_options_destroy(small);
+	free(jpg);
+	free(rgb);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* pad_truncate allocates its len values whatever the input. */
+START_TEST(pad_truncate_over_max_element_bytes_fails_the_element)
+{
+	run_fails("", "from_tensors([1, 2]) | pad_truncate(len=4294967296)",
+	    CACHEW_ERANGE, "map(pad_truncate): padding to 4294967296 values "
+	    "would take 34359738368 bytes, over max_element_bytes "
+	    "(1073741824)");
 }
 END_TEST
 
@@ -1111,6 +1172,8 @@ cwt_image_suite(void)
 	tcase_add_test(tc, transpose_permutes_axes);
 	tcase_add_test(tc, tokenize_exact_ids);
 	tcase_add_test(tc, pad_truncate_exact_values);
+	tcase_add_test(tc, image_outputs_over_max_element_bytes_fail_the_element);
+	tcase_add_test(tc, pad_truncate_over_max_element_bytes_fails_the_element);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -440,17 +440,7 @@ join(const char *p, const cachew_options *opts, size_t c)
 static void
 expect_fail(const char *p, cachew_err want, const char *sub)
 {
-	cachew_element **v;
-	size_t n;
-	char err[1024] = "";
-	cachew_err rv = cwt_run(p, NULL, &v, &n, err, sizeof(err));
-
-	if (rv == CACHEW_OK)
-		cwt_free(v, n);
-	ck_assert_msg(rv == want, "'%s': got %s (%s), expected %s", p,
-	    cachew_strerror(rv), err, cachew_strerror(want));
-	ck_assert_msg(strstr(err, sub) != NULL,
-	    "'%s': message \"%s\" lacks \"%s\"", p, err, sub);
+	cwt_run_fails(p, NULL, want, sub);
 }
 
 /* "i64[3]" for one component, "(i64[3], bytes[])" for more. */
@@ -772,6 +762,36 @@ START_TEST(padded_batch_rank_mismatch_between_elements_fails)
 	    CACHEW_ETYPE,
 	    "padded_batch: element 1 component 0 is i64[2,2], expected the "
 	    "dtype and rank of element 0's i64[1]");
+}
+END_TEST
+
+/* A padded batch's size comes from its parameters (shape) or the largest
+ * element: over max_element_bytes it fails before it is allocated. One
+ * element padded to [65535, 65535] would be 34 GB. */
+START_TEST(padded_batch_over_max_element_bytes_fails)
+{
+	expect_fail("from_tensors([[1]]) | padded_batch(1, shape=[65535, "
+		    "65535])", CACHEW_ERANGE, "padded_batch: a batch of 1 "
+		    "elements padded to [65535,65535] (component 0) would take "
+		    "34358689800 bytes, over max_element_bytes (1073741824)");
+}
+END_TEST
+
+/* A batch copies its elements into one: the group stops growing once it
+ * is over max_element_bytes, naming how far it got. */
+START_TEST(batch_over_max_element_bytes_fails)
+{
+	cachew_options *o = cwt_opts(1, 1);
+
+	ck_assert_int_eq(cachew_options_set_int(o, "max_element_bytes", 4096),
+	    CACHEW_OK);
+	cwt_run_fails("range(1000) | batch(1000)", o, CACHEW_ERANGE,
+	    "elements (of 1000) would take");
+	cwt_run_fails("range(1000) | batch(1000)", o, CACHEW_ERANGE,
+	    "bytes, over max_element_bytes (4096)");
+	/* Within the limit, batches come as always. */
+	ck_seq_opts("range(6) | batch(3)", o, "[0 1 2],[3 4 5]");
+	cachew_options_destroy(o);
 }
 END_TEST
 
@@ -1885,6 +1905,7 @@ cwt_ops_suite(void)
 	ADD(s, batch_stacks_bytes_scalars);
 	ADD(s, batch_stacks_bytes_vectors);
 	ADD(s, batch_n_zero_is_rejected);
+	ADD(s, batch_over_max_element_bytes_fails);
 
 	ADD(s, padded_batch_pads_to_the_batch_maximum);
 	ADD(s, padded_batch_pads_with_zero_by_default);
@@ -1897,6 +1918,7 @@ cwt_ops_suite(void)
 	ADD(s, padded_batch_shape_rank_mismatch_fails);
 	ADD(s, padded_batch_rank_mismatch_between_elements_fails);
 	ADD(s, padded_batch_bad_shape_parameter_is_rejected_when_built);
+	ADD(s, padded_batch_over_max_element_bytes_fails);
 	ADD(s, padded_batch_drop_remainder_drops_the_short_last_batch);
 	ADD(s, padded_batch_of_scalars_stacks);
 	ADD(s, padded_batch_converts_pad_value_to_each_dtype);

@@ -37,15 +37,7 @@ run_ok(const char *pipeline, const cachew_options *opts, size_t *n)
 static void
 run_fails(const char *pipeline, cachew_err code, const char *needle)
 {
-	cachew_element **v;
-	size_t n;
-	char err[1024] = "";
-	cachew_err rv = cwt_run(pipeline, NULL, &v, &n, err, sizeof(err));
-
-	ck_assert_msg(rv == code, "'%s': expected %s, got %s: %s", pipeline,
-	    cachew_strerror(code), cachew_strerror(rv), err);
-	ck_assert_msg(strstr(err, needle) != NULL,
-	    "'%s': message '%s' lacks '%s'", pipeline, err, needle);
+	cwt_run_fails(pipeline, NULL, code, needle);
 }
 
 /* Component c of every element, a bytes scalar, joined with '|'. */
@@ -1286,6 +1278,42 @@ START_TEST(test_read_file_needs_bytes_path)
 }
 END_TEST
 
+/* read_file reads regular files only (/dev/zero would grow without end, a
+ * FIFO block), within max_element_bytes: a larger file fails the element
+ * before its size is allocated. */
+START_TEST(test_read_file_refuses_devices_and_files_over_the_limit)
+{
+	char *d = cwt_tmpdir(), *fifo = fmt("%s/fifo", d), *p, *want;
+	cachew_options *o = cwt_opts(1, 1);
+	char big[10000];
+
+	run_fails("from_list([\"/dev/zero\"]) | read_file", CACHEW_EINVAL,
+	    "map(read_file): /dev/zero: not a regular file (a character "
+	    "device) (element 0)");
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	p = fmt("from_list([\"%s\"]) | read_file", fifo);
+	want = fmt("%s: not a regular file (a FIFO)", fifo);
+	run_fails(p, CACHEW_EINVAL, want);
+	free(want);
+	free(p);
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	write_str(d, "big", big);
+	ck_assert_int_eq(cachew_options_set_int(o, "max_element_bytes", 4096),
+	    CACHEW_OK);
+	p = fmt("from_list([\"%s/big\"]) | read_file", d);
+	want = fmt("%s/big: 9999 bytes, over the limit of 4096 "
+	    "(max_element_bytes)", d);
+	cwt_run_fails(p, o, CACHEW_ERANGE, want);
+	free(want);
+	free(p);
+	cachew_options_destroy(o);
+	free(fifo);
+	cwt_rmtree(d);
+	free(d);
+}
+END_TEST
+
 START_TEST(test_read_file_c_builder)
 {
 	char *d = cwt_tmpdir();
@@ -1745,6 +1773,8 @@ cwt_sources_suite(void)
 	tcase_add_test(files, test_read_file_missing_fails_naming_path);
 	tcase_add_test(files, test_read_file_needs_bytes_path);
 	tcase_add_test(files, test_read_file_c_builder);
+	tcase_add_test(files,
+	    test_read_file_refuses_devices_and_files_over_the_limit);
 	suite_add_tcase(s, files);
 
 	tcase_add_test(fns, test_add_default_one);

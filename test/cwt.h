@@ -54,6 +54,10 @@ cachew_err cwt_run(const char *pipeline, const cachew_options *opts,
 cachew_err cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
     cachew_element ***out, size_t *n, char *errmsg, size_t errlen);
 void cwt_free(cachew_element **v, size_t n);
+/* Runs a pipeline (opts NULL: the defaults) that must fail with `code` and
+ * a message (parser's or iterator's) containing `needle`. */
+void cwt_run_fails(const char *pipeline, const cachew_options *opts,
+    cachew_err code, const char *needle);
 
 /* Options with a fixed seed (and threads if > 0). Destroy after use. */
 cachew_options *cwt_opts(int64_t seed, int threads);

@@ -72,6 +72,23 @@ cwt_run(const char *pipeline, const cachew_options *opts,
 }
 
 void
+cwt_run_fails(const char *pipeline, const cachew_options *opts,
+    cachew_err code, const char *needle)
+{
+	cachew_element **v;
+	size_t n;
+	char err[1024] = "";
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, err, sizeof(err));
+
+	if (rv == CACHEW_OK)
+		cwt_free(v, n);
+	ck_assert_msg(rv == code, "'%s': expected %s, got %s: %s", pipeline,
+	    cachew_strerror(code), cachew_strerror(rv), err);
+	ck_assert_msg(strstr(err, needle) != NULL,
+	    "'%s': message '%s' lacks '%s'", pipeline, err, needle);
+}
+
+void
 cwt_free(cachew_element **v, size_t n)
 {
 	for (size_t i = 0; i < n; i++)

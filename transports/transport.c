@@ -52,15 +52,14 @@ opts_complete(cwi_transport_opts *out, const cwi_transport_opts *opts)
 	cwi_transport_opts def;
 
 	cwi_transport_opts_init(&def);
-	if (opts == NULL) {
-		*out = def;
-		return;
-	}
-	*out = *opts;
+	*out = opts != NULL ? *opts : def;
 	if (out->max_msg_size == 0)
 		out->max_msg_size = def.max_msg_size;
 	if (out->max_inflight == 0)
 		out->max_inflight = def.max_inflight;
+	if (out->max_pending_bytes == 0)
+		out->max_pending_bytes = out->max_msg_size < ((size_t)16 << 20)
+		    ? (size_t)32 << 20 : out->max_msg_size * 2;
 	if (out->send_timeout_ms <= 0)
 		out->send_timeout_ms = def.send_timeout_ms;
 	if (out->reconnect_min_ms <= 0)

@@ -50,8 +50,10 @@
  * Limits: every receiver has a size limit (cwi_transport_opts
  * .max_msg_size). A message over it resets the sender's connection with a
  * logged reason; the process stays up. nng refuses a length field over
- * the limit (an 8 GiB claim) before allocating anything. inproc
- * applies the same limit to the header plus the elements' byte sizes.
+ * the limit (an 8 GiB claim) before allocating anything, and a listener
+ * allocates a message as its bytes arrive, within a budget per connection
+ * and in total (max_pending_bytes). inproc applies the same size limit to
+ * the header plus the elements' byte sizes.
  *
  * TLS: a tls+tcp listener needs a certificate and its key, a dialer the
  * CA that signs the server's certificate (cwi_transport_opts .tls_*);
@@ -103,8 +105,18 @@ typedef struct cwi_transport_opts {
 	/* Listener: requests held at once. Past it, nng stops reading from
 	 * peers until one is answered. Default 4096. */
 	unsigned max_inflight;
+	/* nng listener: bytes it may hold of what peers sent, across its
+	 * connections: the messages being received (a buffer grows as a
+	 * message's bytes arrive, whatever its length field claims) and the
+	 * requests received and not yet answered. A connection that would
+	 * hold more than twice max_msg_size, or take the listener over this,
+	 * is reset with a logged reason. Default (0): twice max_msg_size, at
+	 * least 32 MiB. */
+	size_t max_pending_bytes;
 	/* nng: how long a peer may read nothing of a message waiting to be
-	 * written before its connection is reset, in ms. Default 30000. */
+	 * written before its connection is reset, in ms; and at a listener,
+	 * how long a peer may take to send one message whole. Default
+	 * 30000. */
 	int send_timeout_ms;
 	/* nng dialers: redial delays after a refused connection (or one
 	 * that died young), doubling from min to max, in ms, each wait drawn
@@ -202,6 +214,10 @@ cachew_err cwi_cq_create(cwi_cq **out);
 cachew_err cwi_cq_wait(cwi_cq *q, int timeout_ms, cwi_completion *out);
 /* Requests sent to this queue and not yet returned by cwi_cq_wait. */
 size_t cwi_cq_outstanding(cwi_cq *q);
+/* Makes the current or next cwi_cq_wait return at once, as if its timeout
+ * had passed (CACHEW_ETIMEDOUT) unless a completion is there: another
+ * thread's way to have the waiter look at its state again. */
+void cwi_cq_wake(cwi_cq *q);
 /* Wakes every waiter with CACHEW_ECLOSED, now and later. Completions
  * still arriving are dropped (replies destroyed). */
 void cwi_cq_close(cwi_cq *q);

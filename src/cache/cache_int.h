@@ -103,6 +103,10 @@ char *cwi_cache_file_path(const cwi_cache_root *r,
     const cachew_fingerprint *fp, const char *name);
 /* Reads a whole file of at most `limit` bytes (local or remote);
  * CACHEW_ENOENT if absent, CACHEW_ECORRUPT if larger than limit. */
+/* The reads of a cache's files: the environment's remote settings, and a
+ * local path must be a regular file (a FIFO named like a chunk would block
+ * the reader for ever). */
+void cwi_cache_io_opts(cwi_io_opts *o);
 cachew_err cwi_cache_read_small(const char *path, size_t limit,
     cwi_buffer **out, size_t *len);
 /* Writes a whole file so that it appears complete or not at all: local

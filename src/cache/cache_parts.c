@@ -360,7 +360,7 @@ sync_chunks(const cwi_cache_root *r, const char *dir,
 
 		if (path == NULL)
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		fd = open(path, O_RDONLY | O_CLOEXEC);
+		fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 		if (fd < 0 || fsync(fd) != 0)
 			rv = cwi_fail(CACHEW_EIO, "%s: fsync failed: %s", path,
 			    strerror(errno));

@@ -91,7 +91,8 @@ drop_pages(cwi_cache_root *r, const cwi_cache_manifest *m)
 		return;
 	for (size_t i = 0; i < m->nchunks; i++) {
 		char *path = cwi_cache_file_path(r, &m->fp, m->chunks[i].name);
-		int fd = path != NULL ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+		int fd = path != NULL
+		    ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
 		if (fd >= 0) {
 			(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 			close(fd);

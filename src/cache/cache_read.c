@@ -232,6 +232,7 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 {
 	cwi_cache_reader *rd;
 	const cwi_cache_chunk_info *ci;
+	cwi_io_opts io;
 	cachew_err rv;
 
 	*out = NULL;
@@ -268,10 +269,13 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 		goto fail;
 	if (!r->s3 || index == 0)
 		cwi_cache_touch_last_read(r, &m->fp);
-	rv = cwi_file_open(&rd->f, rd->path, NULL);
+	cwi_cache_io_opts(&io);
+	rv = cwi_file_open(&rd->f, rd->path, &io);
 	if (rv == CACHEW_ENOENT)
 		rv = cwi_fail(CACHEW_ECORRUPT, "%s: the chunk file is missing",
 		    rd->path);
+	else if (rv == CACHEW_EINVAL) /* not a regular file: damage */
+		rv = cwi_fail(CACHEW_ECORRUPT, "%s", cwi_errmsg_get());
 	if (rv == CACHEW_OK)
 		rv = read_header(rd);
 	if (rv != CACHEW_OK) {

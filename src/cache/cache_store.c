@@ -219,17 +219,26 @@ cwi_cache_file_path(const cwi_cache_root *r, const cachew_fingerprint *fp,
 
 /* ---- whole small files -------------------------------------------------- */
 
+void
+cwi_cache_io_opts(cwi_io_opts *o)
+{
+	cwi_io_opts_default(o);
+	o->regular_only = true;
+}
+
 cachew_err
 cwi_cache_read_small(const char *path, size_t limit, cwi_buffer **out,
     size_t *len)
 {
+	cwi_io_opts io;
 	cwi_file *f = NULL;
 	cwi_buffer *b = NULL;
 	size_t total = 0, got;
 	int64_t size;
 	cachew_err rv;
 
-	rv = cwi_file_open(&f, path, NULL);
+	cwi_cache_io_opts(&io);
+	rv = cwi_file_open(&f, path, &io);
 	if (rv != CACHEW_OK)
 		return rv;
 	size = cwi_file_size(f);

@@ -148,6 +148,14 @@ cwi_buffer_ref(cwi_buffer *b)
 }
 
 void cwi_buffer_unref_slow(cwi_buffer *b);
+/* Frees the large buffers kept for reuse (tensor.c keeps recently freed
+ * ones for a second). Thread safe. */
+void cwi_buffer_cache_drop(void);
+/* Gives memory back to the system after a burst that is over (hostile
+ * connections closed): the buffers kept for reuse, and glibc's free heap
+ * pages (malloc_trim). Costs a walk of the heap: call it after bursts,
+ * never per message. Thread safe. */
+void cwi_heap_release(void);
 
 static inline void
 cwi_buffer_unref(cwi_buffer *b)

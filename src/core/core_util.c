@@ -8,6 +8,9 @@
 #include "core.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,6 +297,17 @@ cwi_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void
+cwi_heap_release(void)
+{
+	cwi_buffer_cache_drop();
+#ifdef __GLIBC__
+	/* Returns the free pages of every arena, not only the heap's top
+	 * (the nng transport keeps up to 64 MiB of top: cwi_nng_heap_tune). */
+	(void)malloc_trim(0);
+#endif
 }
 
 void

@@ -43,6 +43,11 @@ static const opt_spec table[] = {
     {"epoch", OPT_INT, 0, NULL, 0, INT64_MAX, OFF(epoch),
 	"the epoch: reshuffling shuffles, list_files(shuffle=true) and "
 	"random functions draw anew for each", "0", NULL},
+    {"max_element_bytes", OPT_INT, CWI_MAX_ELEMENT_BYTES, NULL, 4096,
+	INT64_MAX, OFF(max_element_bytes),
+	"bytes an operator may allocate for one element (a file read_file "
+	"reads, a resized or decoded image, a batch); over it the element "
+	"fails with ERANGE instead", "1073741824", NULL},
     {"service", OPT_STR, 0, "", 0, 0, OFF(service),
 	"where the pipeline runs: a dispatcher (tcp://host:port, or "
 	"tls+tcp://host:port with the tls_* options), embedded, "

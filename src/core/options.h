@@ -7,6 +7,13 @@
 #include "core.h"
 
 #define CWI_OPT_STR_MAX 256
+/* The default of max_element_bytes: 1 GiB. Above every legitimate element
+ * of the workloads this library serves (a batch of 1024 224x224x3 u8
+ * crops is 154 MB; the largest JPEG decode_jpeg accepts, 2^27 pixels, is
+ * 384 MiB), and below what one pipeline thread can allocate on a worker
+ * without being killed: a 7 KB JPEG resized to 65535 x 65535 would ask
+ * for 12.6 GB. */
+#define CWI_MAX_ELEMENT_BYTES ((int64_t)1 << 30)
 
 typedef struct cwi_opts {
 	int64_t threads;    /* 0 = online CPUs */
@@ -15,6 +22,8 @@ typedef struct cwi_opts {
 	int deterministic;
 	int autotune;
 	int64_t epoch;
+	int64_t max_element_bytes; /* what an operator may allocate for one
+				    * element's output */
 	char service[CWI_OPT_STR_MAX];
 	/* service mode (the client) */
 	char job_name[CWI_OPT_STR_MAX];

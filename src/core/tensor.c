@@ -81,7 +81,11 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
  * serves each from fresh mmap'd pages once they pass its mmap threshold, so
  * every one is page-faulted in again: a quarter of W2's CPU time. A few
  * recently freed buffers (bounded in count and bytes, oldest evicted) are
- * handed back out when one fits within 25 %. Sanitizer builds keep none.
+ * handed back out when one fits within 25 %. A buffer nobody took within
+ * BIGBUF_AGE_NS is freed: a hot allocate-free cycle takes it back within
+ * milliseconds, and one left from a burst (a client's first large replies,
+ * a hostile peer's buffers) would otherwise stay until 32 others pushed it
+ * out, up to 256 MiB held for nothing. Sanitizer builds keep none.
  */
 #define BIGBUF_MIN ((size_t)64 << 10)
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -95,19 +99,65 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
 #define BIGBUF_SLOTS 32
 #endif
 #define BIGBUF_MAX_BYTES ((size_t)256 << 20)
+#define BIGBUF_AGE_NS (UINT64_C(1000000000))
 
 #if BIGBUF_SLOTS > 0
 static pthread_mutex_t bigbuf_lock = PTHREAD_MUTEX_INITIALIZER;
 static cwi_buffer *bigbuf[BIGBUF_SLOTS]; /* oldest first */
+static uint64_t bigbuf_at[BIGBUF_SLOTS]; /* when each was put */
 static size_t bigbuf_n, bigbuf_bytes;
+
+static void
+bigbuf_remove_locked(size_t i)
+{
+	bigbuf_bytes -= bigbuf[i]->capacity;
+	memmove(&bigbuf[i], &bigbuf[i + 1],
+	    (bigbuf_n - i - 1) * sizeof(bigbuf[0]));
+	memmove(&bigbuf_at[i], &bigbuf_at[i + 1],
+	    (bigbuf_n - i - 1) * sizeof(bigbuf_at[0]));
+	bigbuf_n--;
+}
+
+/* Moves the oldest buffers into evict (BIGBUF_SLOTS entries): those put
+ * before `before`, and then as many as it takes for `room` more bytes and
+ * a free slot (room 0: none needed). Returns how many. */
+static size_t
+bigbuf_evict_locked(uint64_t before, size_t room, cwi_buffer **evict)
+{
+	size_t n = 0;
+
+	while (bigbuf_n > 0 &&
+	       (bigbuf_at[0] < before ||
+		   (room > 0 && (bigbuf_n == BIGBUF_SLOTS ||
+				    bigbuf_bytes + room > BIGBUF_MAX_BYTES)))) {
+		evict[n++] = bigbuf[0];
+		bigbuf_remove_locked(0);
+	}
+	return n;
+}
+
+/* Buffers put before this are stale. */
+static uint64_t
+bigbuf_stale(uint64_t now)
+{
+	return now > BIGBUF_AGE_NS ? now - BIGBUF_AGE_NS : 0;
+}
+
+static void
+bigbuf_free(cwi_buffer **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+}
 
 static cwi_buffer *
 bigbuf_take(size_t size)
 {
-	cwi_buffer *b = NULL;
-	size_t best = 0;
+	cwi_buffer *b = NULL, *evict[BIGBUF_SLOTS];
+	size_t best = 0, nevict;
 
 	pthread_mutex_lock(&bigbuf_lock);
+	nevict = bigbuf_evict_locked(bigbuf_stale(cwi_now_ns()), 0, evict);
 	for (size_t i = 0; i < bigbuf_n; i++) {
 		size_t cap = bigbuf[i]->capacity;
 		if (cap >= size && cap - size <= size / 4 &&
@@ -116,13 +166,10 @@ bigbuf_take(size_t size)
 			best = i;
 		}
 	}
-	if (b != NULL) {
-		memmove(&bigbuf[best], &bigbuf[best + 1],
-		    (bigbuf_n - best - 1) * sizeof(bigbuf[0]));
-		bigbuf_n--;
-		bigbuf_bytes -= b->capacity;
-	}
+	if (b != NULL)
+		bigbuf_remove_locked(best);
 	pthread_mutex_unlock(&bigbuf_lock);
+	bigbuf_free(evict, nevict);
 	return b;
 }
 
@@ -131,29 +178,35 @@ static bool
 bigbuf_put(cwi_buffer *b)
 {
 	cwi_buffer *evict[BIGBUF_SLOTS];
-	size_t nevict = 0;
-	bool kept = false;
+	uint64_t now = cwi_now_ns();
+	size_t nevict;
 
 	if (b->capacity > BIGBUF_MAX_BYTES / 4)
 		return false;
 	pthread_mutex_lock(&bigbuf_lock);
-	while (bigbuf_n > 0 && (bigbuf_n == BIGBUF_SLOTS ||
-				   bigbuf_bytes + b->capacity > BIGBUF_MAX_BYTES)) {
-		evict[nevict++] = bigbuf[0];
-		bigbuf_bytes -= bigbuf[0]->capacity;
-		memmove(&bigbuf[0], &bigbuf[1],
-		    (bigbuf_n - 1) * sizeof(bigbuf[0]));
-		bigbuf_n--;
-	}
+	nevict = bigbuf_evict_locked(bigbuf_stale(now), b->capacity, evict);
+	bigbuf_at[bigbuf_n] = now;
 	bigbuf[bigbuf_n++] = b;
 	bigbuf_bytes += b->capacity;
-	kept = true;
 	pthread_mutex_unlock(&bigbuf_lock);
-	for (size_t i = 0; i < nevict; i++)
-		free(evict[i]);
-	return kept;
+	bigbuf_free(evict, nevict);
+	return true;
 }
 #endif
+
+void
+cwi_buffer_cache_drop(void)
+{
+#if BIGBUF_SLOTS > 0
+	cwi_buffer *evict[BIGBUF_SLOTS];
+	size_t nevict;
+
+	pthread_mutex_lock(&bigbuf_lock);
+	nevict = bigbuf_evict_locked(UINT64_MAX, 0, evict);
+	pthread_mutex_unlock(&bigbuf_lock);
+	bigbuf_free(evict, nevict);
+#endif
+}
 
 cachew_err
 cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero)

@@ -612,6 +612,10 @@ cachew_params_get_str(const cachew_params *p, const char *key, const char **out)
 	if (v->type != CWI_V_STR)
 		return cwi_fail(CACHEW_ETYPE, "parameter '%s' must be a string",
 		    key);
+	/* A C string ends at its first NUL: one inside would cut it. */
+	if (memchr(v->u.s.ptr, '\0', v->u.s.len) != NULL)
+		return cwi_fail(CACHEW_EINVAL, "parameter '%s' holds a NUL byte",
+		    key);
 	*out = v->u.s.ptr;
 	return CACHEW_OK;
 }

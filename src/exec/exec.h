@@ -165,8 +165,28 @@ struct cachew_op_ctx {
 	uint64_t index;     /* element index at the op's input */
 	cwi_rng rng;
 	bool rng_started;
+	uint64_t max_element_bytes; /* the pipeline's option (0: default) */
 	char errmsg[512];
 };
+
+/* What an operator may allocate for one element: the pipeline's
+ * max_element_bytes option. */
+uint64_t cwi_pipeline_max_element(const cwi_pipeline *pl);
+static inline uint64_t
+cwi_op_ctx_max_element(const cachew_op_ctx *ctx)
+{
+	return ctx->max_element_bytes > 0 ? ctx->max_element_bytes
+					  : (uint64_t)CWI_MAX_ELEMENT_BYTES;
+}
+/* Checks an allocation an operator sizes from a parameter or an input
+ * before making it: CACHEW_OK when bytes is within the pipeline's
+ * max_element_bytes, else CACHEW_ERANGE with "<what> would take N bytes,
+ * over max_element_bytes (M)" as the element's error (ctx) or the
+ * pipeline's failure (pl, naming node). what is printf-style. */
+cachew_err cwi_op_ctx_check_bytes(cachew_op_ctx *ctx, uint64_t bytes,
+    const char *what, ...) CACHEW_PRINTF(3, 4);
+cachew_err cwi_pipeline_check_bytes(cwi_pipeline *pl, const cwi_node *node,
+    uint64_t bytes, const char *what, ...) CACHEW_PRINTF(4, 5);
 
 /* Prepares a context for calls of node->fn in an iterator created at
  * `epoch` (its cwi_iter_args.epoch): the function's random streams are

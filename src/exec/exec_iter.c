@@ -238,6 +238,61 @@ cwi_op_ctx_init(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
 	 * a single pass draws what it drew before epochs reached functions. */
 	ctx->base_seed = epoch == 0 ? base
 				    : cwi_seed_derive(base ^ FN_EPOCH_TAG, epoch);
+	ctx->max_element_bytes = cwi_pipeline_max_element(pl);
+}
+
+uint64_t
+cwi_pipeline_max_element(const cwi_pipeline *pl)
+{
+	return pl->opts.max_element_bytes > 0
+		   ? (uint64_t)pl->opts.max_element_bytes
+		   : (uint64_t)CWI_MAX_ELEMENT_BYTES;
+}
+
+/* "<what> would take N bytes, over max_element_bytes (M)" into buf. */
+static void
+over_limit_text(char *buf, size_t len, uint64_t bytes, uint64_t limit,
+    const char *what, va_list ap)
+{
+	int n = vsnprintf(buf, len, what, ap);
+
+	if (n >= 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, " would take %llu bytes, over "
+		    "max_element_bytes (%llu)", (unsigned long long)bytes,
+		    (unsigned long long)limit);
+}
+
+cachew_err
+cwi_op_ctx_check_bytes(cachew_op_ctx *ctx, uint64_t bytes, const char *what,
+    ...)
+{
+	uint64_t limit = cwi_op_ctx_max_element(ctx);
+	va_list ap;
+
+	if (bytes <= limit)
+		return CACHEW_OK;
+	va_start(ap, what);
+	over_limit_text(ctx->errmsg, sizeof(ctx->errmsg), bytes, limit, what,
+	    ap);
+	va_end(ap);
+	return CACHEW_ERANGE;
+}
+
+cachew_err
+cwi_pipeline_check_bytes(cwi_pipeline *pl, const cwi_node *node,
+    uint64_t bytes, const char *what, ...)
+{
+	uint64_t limit = cwi_pipeline_max_element(pl);
+	char text[512];
+	va_list ap;
+
+	if (bytes <= limit)
+		return CACHEW_OK;
+	va_start(ap, what);
+	over_limit_text(text, sizeof(text), bytes, limit, what, ap);
+	va_end(ap);
+	return cwi_pipeline_fail(pl, CACHEW_ERANGE, "%s: %s", node->op->name,
+	    text);
 }
 
 void *

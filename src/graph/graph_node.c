@@ -42,6 +42,25 @@ spec_names(const cwi_dataset_op *op, char *buf, size_t len)
 		snprintf(buf, len, "none");
 }
 
+/* String parameters are paths, URLs, names and choices, which C reads up
+ * to the first NUL: "/etc/hostname\0.txt" would silently open
+ * /etc/hostname. Refused, naming the parameter (and the list item). */
+static cachew_err
+refuse_nul(const cwi_dataset_op *op, const cwi_param_spec *s,
+    const cwi_value *v, size_t item, bool in_list)
+{
+	const char *nul = memchr(v->u.s.ptr, '\0', v->u.s.len);
+	char where[48] = "";
+
+	if (nul == NULL)
+		return CACHEW_OK;
+	if (in_list)
+		snprintf(where, sizeof(where), " (item %zu)", item);
+	return cwi_fail(CACHEW_EINVAL, "%s: parameter '%s'%s holds a NUL byte "
+	    "at offset %zu: a path, URL or name cannot", op->name, s->name,
+	    where, (size_t)(nul - v->u.s.ptr));
+}
+
 /* Converts *v in place to the spec's type, or fails naming the param. */
 static cachew_err
 coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
@@ -94,14 +113,19 @@ coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
 	case CWI_P_STR:
 		if (v->type != CWI_V_STR)
 			want = "a string";
+		else
+			return refuse_nul(op, s, v, 0, false);
 		break;
 	case CWI_P_STRS:
 		if (v->type == CWI_V_STR)
-			break;
+			return refuse_nul(op, s, v, 0, false);
 		if (v->type == CWI_V_LIST) {
 			for (size_t i = 0; i < v->u.list.n; i++)
 				if (v->u.list.items[i].type != CWI_V_STR)
 					want = "a string or a list of strings";
+				else if (refuse_nul(op, s, &v->u.list.items[i],
+					     i, true) != CACHEW_OK)
+					return CACHEW_EINVAL;
 			v->tuple = false;
 			break;
 		}

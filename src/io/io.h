@@ -29,6 +29,10 @@ typedef struct cwi_io_opts {
 	int low_speed_secs;   /* abort an attempt stalled this long (retried) */
 	long recv_buffer;     /* CURLOPT_BUFFERSIZE */
 	int s3_max_keys;      /* ListObjectsV2 page size (1..1000) */
+	/* Local paths: only a regular file opens; a FIFO, a device or a
+	 * socket named like one fails (CACHEW_EINVAL) and never blocks the
+	 * open. For what must be a file: cache chunks, read_file. */
+	bool regular_only;
 	/* Test hooks: a fixed x-amz-date ("20130524T000000Z") so that a
 	 * signature can be compared with AWS's documented examples, and a
 	 * curl CONNECT_TO entry ("host:port:127.0.0.1:port") that routes a
@@ -77,6 +81,11 @@ void cwi_file_close(cwi_file *f);
 /* Reads the whole of `path` into *out (a new buffer of *len bytes). */
 cachew_err cwi_file_read_all(const char *path, const cwi_io_opts *opts,
     cwi_buffer **out, size_t *len);
+/* The same, for a file of at most max bytes: a larger one is
+ * CACHEW_ERANGE, found before anything is allocated when its size is
+ * known, else after max + 1 bytes. */
+cachew_err cwi_file_read_max(const char *path, const cwi_io_opts *opts,
+    size_t max, cwi_buffer **out, size_t *len);
 
 /* An object found by a listing. */
 typedef struct cwi_io_entry {
@@ -112,9 +121,10 @@ struct cwi_file {
 	int fd;       /* local files: the descriptor; else -1 */
 };
 
-/* Opens a local path (no scheme) for [offset, offset + length). */
+/* Opens a local path (no scheme) for [offset, offset + length);
+ * regular_only as in cwi_io_opts. */
 cachew_err cwi_local_open(cwi_file **out, const char *path, uint64_t offset,
-    uint64_t length);
+    uint64_t length, bool regular_only);
 /* The descriptor of a local file, -1 for remote ones. */
 int cwi_file_fd(const cwi_file *f);
 

@@ -75,8 +75,8 @@ static const cwi_file_ops local_ops = {
 };
 
 cachew_err
-cwi_local_open(
-    cwi_file **out, const char *path, uint64_t offset, uint64_t length)
+cwi_local_open(cwi_file **out, const char *path, uint64_t offset,
+    uint64_t length, bool regular_only)
 {
 	local_file *l = calloc(1, sizeof(*l));
 	struct stat sb;
@@ -91,13 +91,24 @@ cwi_local_open(
 		free(l);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
-	l->base.fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: opening a FIFO would wait for a writer. */
+	l->base.fd = open(path,
+	    O_RDONLY | O_CLOEXEC | (regular_only ? O_NONBLOCK : 0));
 	if (l->base.fd < 0 || fstat(l->base.fd, &sb) != 0) {
 		rv = cwi_fail(errno_code(errno), "%s: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (S_ISDIR(sb.st_mode)) {
 		rv = cwi_fail(CACHEW_EIO, "%s: is a directory, not a file", path);
+		goto fail;
+	}
+	if (regular_only && !S_ISREG(sb.st_mode)) {
+		rv = cwi_fail(CACHEW_EINVAL, "%s: not a regular file (%s)", path,
+		    S_ISFIFO(sb.st_mode)	? "a FIFO"
+		    : S_ISCHR(sb.st_mode) ? "a character device"
+		    : S_ISBLK(sb.st_mode) ? "a block device"
+		    : S_ISSOCK(sb.st_mode) ? "a socket"
+					   : "not a file");
 		goto fail;
 	}
 	/* Where the descriptor leads, whatever replaced a symlink since

@@ -73,7 +73,8 @@ cwi_file_open_range(cwi_file **out, const char *path, uint64_t offset,
 	if (rv != CACHEW_OK)
 		return rv;
 	if (has_prefix(path, "file://"))
-		return cwi_local_open(out, path + 7, offset, length);
+		return cwi_local_open(out, path + 7, offset, length,
+		    opts->regular_only);
 	if (has_prefix(path, "http://") || has_prefix(path, "https://")) {
 		req.url = cwi_strdup(path);
 		if (req.url == NULL)
@@ -90,7 +91,8 @@ cwi_file_open_range(cwi_file **out, const char *path, uint64_t offset,
 		    "s3, gs)",
 		    path);
 	} else {
-		return cwi_local_open(out, path, offset, length);
+		return cwi_local_open(out, path, offset, length,
+		    opts->regular_only);
 	}
 	if (rv != CACHEW_OK) {
 		cwi_http_req_free(&req);
@@ -139,10 +141,17 @@ cwi_file_close(cwi_file *f)
 		f->ops->close(f);
 }
 
+cachew_err
+cwi_file_read_all(const char *path, const cwi_io_opts *opts,
+    cwi_buffer **out, size_t *len)
+{
+	return cwi_file_read_max(path, opts, SIZE_MAX, out, len);
+}
+
 /* A file of known size is read in one allocation of that size (a file that
  * grew since is read up to it); otherwise the buffer doubles to the end. */
 cachew_err
-cwi_file_read_all(const char *path, const cwi_io_opts *opts,
+cwi_file_read_max(const char *path, const cwi_io_opts *opts, size_t max,
     cwi_buffer **out, size_t *len)
 {
 	cwi_file *f = NULL;
@@ -157,11 +166,25 @@ cwi_file_read_all(const char *path, const cwi_io_opts *opts,
 	/* procfs and sysfs report size 0 for files that have contents: read
 	 * those like a stream of unknown length. */
 	known = f->size > 0;
+	if (known && (uint64_t)f->size > max) {
+		rv = cwi_fail(CACHEW_ERANGE, "%s: %lld bytes, over the limit of "
+		    "%zu", path, (long long)f->size, max);
+		goto fail;
+	}
 	for (;;) {
 		size_t got;
+		if (!known && total > max) {
+			rv = cwi_fail(CACHEW_ERANGE, "%s: more than %zu bytes, "
+			    "over the limit", path, max);
+			goto fail;
+		}
 		if (b == NULL || (total == b->size && !known)) {
 			size_t cap = b == NULL ? (known ? (size_t)f->size : 65536)
 					       : 2 * b->size;
+			/* A stream reads at most one byte past the limit
+			 * (total <= max here). */
+			if (!known && cap > max && max < SIZE_MAX)
+				cap = max + 1;
 			cwi_buffer *nb;
 			rv = cwi_buffer_alloc(&nb, cap, false);
 			if (rv != CACHEW_OK) {

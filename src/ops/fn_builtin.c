@@ -340,7 +340,8 @@ cast_init(const cachew_params *params, void **state, char *err, size_t errlen)
 		return CACHEW_EINVAL;
 	}
 	if (rv != CACHEW_OK) {
-		snprintf(err, errlen, "parameter 'dtype' must be a dtype name");
+		snprintf(err, errlen, "%s", rv == CACHEW_ETYPE
+		    ? "parameter 'dtype' must be a dtype name" : cwi_errmsg_get());
 		return CACHEW_EINVAL;
 	}
 	if (cachew_dtype_from_name(name, &dt) != CACHEW_OK) {

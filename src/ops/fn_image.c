@@ -223,6 +223,19 @@ image_channels(const cwi_tensor *t)
 	return t->rank == 3 ? t->shape[2] : 1;
 }
 
+/* Checks an image output of [h, w, c] values of dtype dt against the
+ * pipeline's max_element_bytes before it is allocated (what: the
+ * operation, for the message). CACHEW_ERANGE with the element's error. */
+static cachew_err
+image_check_size(cachew_op_ctx *ctx, const char *what, int64_t h, int64_t w,
+    int64_t c, cachew_dtype dt)
+{
+	return cwi_op_ctx_check_bytes(ctx,
+	    (uint64_t)h * (uint64_t)w * (uint64_t)c * cwi_dtype_sizes[dt & 15],
+	    "%s [%lld, %lld, %lld] %s", what, (long long)h, (long long)w,
+	    (long long)c, cachew_dtype_name(dt));
+}
+
 /* Replaces component t of e (unique) with res, or releases both on ENOMEM
  * paths handled by the caller. */
 static void
@@ -700,7 +713,8 @@ dec_read_rows(dec_job *job, uint8_t *dst, size_t stride, JDIMENSION rows)
 /* Decodes the whole image straight into job->out. CACHEW_ECORRUPT with
  * job->msg on bad data, CACHEW_ENOMEM when the output cannot be had. */
 static cachew_err
-decode_full(dec_job *job, const uint8_t *data, size_t len, int64_t channels)
+decode_full(dec_job *job, const uint8_t *data, size_t len, int64_t channels,
+    cachew_op_ctx *ctx)
 {
 	int64_t shape[3];
 	uint8_t *dst;
@@ -714,6 +728,9 @@ decode_full(dec_job *job, const uint8_t *data, size_t len, int64_t channels)
 	shape[0] = job->cinfo.output_height;
 	shape[1] = job->cinfo.output_width;
 	shape[2] = c;
+	if (image_check_size(ctx, "decoding to", shape[0], shape[1], c,
+		CACHEW_U8) != CACHEW_OK)
+		return CACHEW_ERANGE;
 	if (cwi_tensor_init_alloc(&job->out, CACHEW_U8, 3, shape, false,
 		&dst) != CACHEW_OK)
 		return CACHEW_ENOMEM;
@@ -749,7 +766,7 @@ dec_fail(cachew_op_ctx *ctx, dec_job *job, cachew_err rv, size_t len)
 	job->have_out = false;
 	if (rv == CACHEW_ENOMEM)
 		cachew_op_ctx_fail(ctx, "out of memory for the decoded image");
-	else
+	else if (rv != CACHEW_ERANGE) /* its message is in ctx */
 		cachew_op_ctx_fail(ctx, "corrupt JPEG (%zu bytes): %s", len,
 		    job->msg[0] != '\0' ? job->msg : "bad data");
 	return rv;
@@ -812,7 +829,7 @@ decode_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	if (rv != CACHEW_OK)
 		goto fail;
 	dec_job_prepare(&job);
-	rv = decode_full(&job, data, len, s->channels);
+	rv = decode_full(&job, data, len, s->channels, ctx);
 	dec_job_finish(&job);
 	if (rv != CACHEW_OK) {
 		dec_fail(ctx, &job, rv, len);
@@ -1176,6 +1193,9 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 	shape[0] = s->oh;
 	shape[1] = s->ow;
 	shape[2] = c;
+	if (image_check_size(ctx, "a crop resized to", s->oh, s->ow, c,
+		CACHEW_U8) != CACHEW_OK)
+		return CACHEW_ERANGE;
 	if (cwi_tensor_init_alloc(&job->out, CACHEW_U8, 3, shape, false,
 		&j.dst) != CACHEW_OK)
 		return CACHEW_ENOMEM;
@@ -1214,6 +1234,10 @@ rrc_decoded(cachew_op_ctx *ctx, const rrc_state *s, cwi_tensor *t)
 		    (long long)t->shape[0], (long long)t->shape[1]);
 		return CACHEW_ERANGE;
 	}
+	rv = image_check_size(ctx, "a crop resized to", s->oh, s->ow,
+	    image_channels(t), (cachew_dtype)t->dtype);
+	if (rv != CACHEW_OK)
+		return rv;
 	rrc_sample(s, ctx, t->shape[0], t->shape[1], &b);
 	rv = resize_box(t, b.top, b.left, b.h, b.w, s->oh, s->ow, &res);
 	if (rv != CACHEW_OK) {
@@ -1343,6 +1367,10 @@ resize_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 		*out = e;
 		return CACHEW_OK;
 	}
+	rv = image_check_size(ctx, "resizing to", s->h, s->w, image_channels(t),
+	    (cachew_dtype)t->dtype);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = resize_box(t, 0, 0, t->shape[0], t->shape[1], s->h, s->w, &res);
 	if (rv != CACHEW_OK) {
 		cachew_op_ctx_fail(ctx, "out of memory");
@@ -1743,6 +1771,10 @@ normalize_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 		rv = CACHEW_ETYPE;
 		goto fail;
 	}
+	rv = cwi_op_ctx_check_bytes(ctx, (uint64_t)cwi_tensor_numel(t) * 4,
+	    "normalizing %lld values to f32", (long long)cwi_tensor_numel(t));
+	if (rv != CACHEW_OK)
+		goto fail;
 	for (int64_t i = 0; i < axis; i++)
 		outer *= t->shape[i];
 	for (int64_t i = axis + 1; i < t->rank; i++)

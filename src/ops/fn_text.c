@@ -280,6 +280,11 @@ pad_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 		*out = e;
 		return CACHEW_OK;
 	}
+	rv = cwi_op_ctx_check_bytes(ctx,
+	    (uint64_t)s->len * cwi_dtype_sizes[t->dtype & 15],
+	    "padding to %lld values", (long long)s->len);
+	if (rv != CACHEW_OK)
+		goto fail;
 	rv = cwi_tensor_init_alloc(&res, (cachew_dtype)t->dtype, 1, shape,
 	    false, &dst);
 	if (rv != CACHEW_OK) {

@@ -196,6 +196,7 @@ typedef struct batch_iter {
 	bool drop_remainder;
 	bool input_done;
 	cwi_chunk pending;
+	uint64_t pending_bytes; /* of the pending elements */
 	cwi_pad_spec *pad; /* padded_batch; NULL for batch */
 } batch_iter;
 
@@ -216,12 +217,22 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			/* cwi_iter_next reserves room for what is asked: ask
 			 * in bounded steps, so batch(n=1e9) | take(1) does
 			 * not reserve gigabytes up front. */
-			size_t want = b->n - b->pending.n;
+			size_t want = b->n - b->pending.n, n0 = b->pending.n;
 			rv = cwi_iter_next(b->input, &b->pending,
 			    want < BATCH_PULL_MAX ? want : BATCH_PULL_MAX);
 			if (rv == CACHEW_EOF)
 				b->input_done = true;
 			else if (rv != CACHEW_OK)
+				return rv;
+			/* The group is copied whole into the batch: over
+			 * max_element_bytes, it fails before it grows more. */
+			for (size_t i = n0; i < b->pending.n; i++)
+				b->pending_bytes +=
+				    cwi_element_nbytes(b->pending.v[i]);
+			rv = cwi_pipeline_check_bytes(it->pl, it->node,
+			    b->pending_bytes, "a batch of %zu elements (of %zu)",
+			    b->pending.n, b->n);
+			if (rv != CACHEW_OK)
 				return rv;
 		}
 		if (b->pending.n > 0 && b->pending.n < b->n) {
@@ -234,24 +245,28 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 					return cwi_pipeline_fail(it->pl,
 					    CACHEW_ENOMEM, "%s: out of memory",
 					    name);
+				b->pending_bytes = 0;
 				break;
 			}
 		}
 		if (b->pending.n == 0 ||
 		    (b->pending.n < b->n && b->drop_remainder)) {
 			cwi_chunk_clear(&b->pending);
+			b->pending_bytes = 0;
 			break;
 		}
 		cwi_element *res = NULL;
 		if (b->pad != NULL)
 			rv = cwi_stack_padded(b->pending.v, b->pending.n, b->pad,
-			    &res, err, sizeof(err));
+			    cwi_pipeline_max_element(it->pl), &res, err,
+			    sizeof(err));
 		else
 			rv = cwi_stack(b->pending.v, b->pending.n, &res, err,
 			    sizeof(err));
 		if (rv != CACHEW_OK)
 			return cwi_pipeline_fail(it->pl, rv, "%s: %s", name, err);
 		cwi_chunk_clear(&b->pending);
+		b->pending_bytes = 0;
 		cwi_chunk_push(out, res);
 		got++;
 	}
@@ -298,6 +313,8 @@ batch_restore(cwi_iter *it, cwi_state_reader *r)
 		    b->pending.n, b->n);
 		return cwi_sr_error(r);
 	}
+	for (size_t i = 0; i < b->pending.n; i++)
+		b->pending_bytes += cwi_element_nbytes(b->pending.v[i]);
 	return cwi_iter_restore(b->input, r);
 }
 

@@ -462,18 +462,20 @@ pad_target(cwi_element *const *elems, size_t k, uint32_t c,
 }
 
 /* The padded batch must be addressable: k * prod(target) values, with room
- * for 8-byte values and string offsets. */
+ * for 8-byte values and string offsets; and its values (8-byte offsets
+ * for strings) at most max_bytes. */
 static cachew_err
-pad_size_check(size_t k, unsigned rank, const int64_t *target, uint32_t c,
-    char *err, size_t errlen)
+pad_size_check(size_t k, const cwi_tensor *t0, const int64_t *target,
+    uint32_t c, uint64_t max_bytes, char *err, size_t errlen)
 {
+	size_t es = t0->dtype == CACHEW_BYTES ? 8 : cwi_dtype_sizes[t0->dtype & 15];
 	uint64_t n = k;
 	char want[96];
 
-	for (unsigned d = 0; d < rank; d++) {
+	for (unsigned d = 0; d < t0->rank; d++) {
 		if (__builtin_mul_overflow(n, (uint64_t)target[d], &n) ||
 		    n > (SIZE_MAX >> 4)) {
-			shape_str(rank, target, want, sizeof(want));
+			shape_str(t0->rank, target, want, sizeof(want));
 			snprintf(err, errlen,
 			    "a batch of %zu elements of shape %s (component %u) "
 			    "is too large",
@@ -481,12 +483,21 @@ pad_size_check(size_t k, unsigned rank, const int64_t *target, uint32_t c,
 			return CACHEW_ERANGE;
 		}
 	}
+	if (n * es > max_bytes) {
+		shape_str(t0->rank, target, want, sizeof(want));
+		snprintf(err, errlen, "a batch of %zu elements padded to %s "
+		    "(component %u) would take %llu bytes, over "
+		    "max_element_bytes (%llu)", k, want, c,
+		    (unsigned long long)(n * es), (unsigned long long)max_bytes);
+		return CACHEW_ERANGE;
+	}
 	return CACHEW_OK;
 }
 
 cachew_err
 cwi_stack_padded(cwi_element *const *elems, size_t k,
-    const cwi_pad_spec *spec, cwi_element **out, char *err, size_t errlen)
+    const cwi_pad_spec *spec, uint64_t max_bytes, cwi_element **out,
+    char *err, size_t errlen)
 {
 	const cwi_element *e0 = elems[0];
 	int64_t target[CACHEW_MAX_RANK];
@@ -516,8 +527,8 @@ cwi_stack_padded(cwi_element *const *elems, size_t k,
 	for (uint32_t c = 0; c < e0->n && rv == CACHEW_OK; c++) {
 		rv = pad_target(elems, k, c, spec, target, err, errlen);
 		if (rv == CACHEW_OK)
-			rv = pad_size_check(k, e0->comp[c].rank, target, c, err,
-			    errlen);
+			rv = pad_size_check(k, &e0->comp[c], target, c,
+			    max_bytes, err, errlen);
 		if (rv != CACHEW_OK)
 			break;
 		if (e0->comp[c].dtype == CACHEW_BYTES)

@@ -52,9 +52,12 @@ cachew_err cwi_pad_spec_init(cwi_pad_spec *spec, const cwi_node *node);
 /* Stacks k >= 1 elements whose components agree in dtype and rank, padding
  * each component to the largest size of every dimension in the batch (or
  * to spec's shape) with spec->pad_value converted to the dtype (bytes
- * components pad with empty strings). Errors as cwi_stack. */
+ * components pad with empty strings). Errors as cwi_stack, and
+ * CACHEW_ERANGE for a padded component over max_bytes (the pipeline's
+ * max_element_bytes), before it is allocated. */
 cachew_err cwi_stack_padded(cwi_element *const *elems, size_t k,
-    const cwi_pad_spec *spec, cwi_element **out, char *err, size_t errlen);
+    const cwi_pad_spec *spec, uint64_t max_bytes, cwi_element **out,
+    char *err, size_t errlen);
 
 /* "i64[2]" for a one-component element, "(i64[2], f32[])" otherwise, into
  * buf; returns buf. */

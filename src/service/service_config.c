@@ -72,6 +72,12 @@ static const cfg_spec table[] = {
 	"stderr log level: error, warn, info or debug"},
     {"threads", INT(threads), "0", 0, 1024, NULL,
 	"worker: CPU budget of its pipelines (0 = online CPUs)"},
+    {"max_element_bytes", INT(max_element_bytes), "1073741824", 4096,
+	INT64_MAX, NULL,
+	"worker: bytes an operator of its pipelines may allocate for one "
+	"element (read_file, resize, decode_jpeg, batch...); over it the "
+	"element fails with ERANGE. A client's own setting does not raise "
+	"it"},
     {"heartbeat_ms", INT(heartbeat_ms), "500", 10, 600000, NULL,
 	"heartbeat interval of workers and clients"},
     {"worker_timeout_ms", INT(worker_timeout_ms), "5000", 50, 86400000,

@@ -28,6 +28,7 @@ typedef struct cwi_service_config {
 	char events_log[CWI_CFG_STR_MAX]; /* "" = <work_dir>/events.jsonl */
 	char log_level[16];            /* error | warn | info | debug */
 	int64_t threads;               /* worker: CPU budget; 0 = all */
+	int64_t max_element_bytes;     /* worker: its pipelines' option */
 	int64_t heartbeat_ms;
 	int64_t worker_timeout_ms;     /* dispatcher: silent worker is dead */
 	int64_t client_timeout_ms;     /* dispatcher: silent client is gone */

@@ -475,6 +475,7 @@ static const field f_get_elements[] = {
     U64(cwi_msg_get_elements, epoch, 0),
     I64D(cwi_msg_get_elements, threads, 0),
     I64D(cwi_msg_get_elements, ram_budget, 0),
+    I64D(cwi_msg_get_elements, max_element_bytes, 0),
     BOOL(cwi_msg_get_elements, deterministic),
     BOOL(cwi_msg_get_elements, autotune),
     U32(cwi_msg_get_elements, wait_ms, 0),

@@ -44,7 +44,14 @@
 #define CWI_PROTO_MAX_HEADER (64u << 20)  /* bytes of one header */
 #define CWI_PROTO_MAX_NAME 4096u          /* addresses, job and op names */
 #define CWI_PROTO_MAX_ERRMSG 65536u       /* the error message's text */
-#define CWI_PROTO_MAX_GRAPH (32u << 20)   /* a dataset's graph blob */
+#define CWI_PROTO_MAX_GRAPH (32u << 20)   /* a dataset's graph blob, as
+					   * decoded (journals and snapshots
+					   * of earlier versions may hold
+					   * graphs this large) */
+/* The largest graph a client registers: a dataset_register must fit the
+ * dispatcher's 1 MiB control messages (CWI_TRANSPORT_MAX_MSG_CONTROL), with
+ * 64 KiB left for its other fields. */
+#define CWI_PROTO_MAX_GRAPH_SENT ((1u << 20) - (64u << 10))
 #define CWI_PROTO_MAX_TASKS 65536u        /* tasks in one message */
 #define CWI_PROTO_MAX_OPS 4096u           /* operator counters of a task */
 #define CWI_PROTO_MAX_SPLITS (1u << 20)   /* split ids or splits in a list */
@@ -603,6 +610,7 @@ typedef struct cwi_msg_get_elements {
 	uint64_t epoch;
 	int64_t threads;
 	int64_t ram_budget;
+	int64_t max_element_bytes; /* 0: the worker's */
 	bool deterministic;
 	bool autotune;
 	/* The longest the worker may hold the request while it has nothing

@@ -238,6 +238,7 @@ read_file_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 {
 	cwi_element *e = NULL;
 	cwi_buffer *b = NULL;
+	cwi_io_opts io;
 	char *path = NULL;
 	size_t len = 0;
 	cachew_err rv;
@@ -246,8 +247,18 @@ read_file_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	if (rv != CACHEW_OK)
 		goto fail;
 	/* One allocation of the file's size when it is known (regular files,
-	 * HTTP responses with a length); the message names the path. */
-	rv = cwi_file_read_all(path, NULL, &b, &len);
+	 * HTTP responses with a length), within max_element_bytes; only a
+	 * regular file, so that /dev/zero or a FIFO neither grows without
+	 * end nor blocks. The message names the path. */
+	cwi_io_opts_default(&io);
+	io.regular_only = true;
+	rv = cwi_file_read_max(path, &io, (size_t)cwi_op_ctx_max_element(ctx),
+	    &b, &len);
+	if (rv == CACHEW_ERANGE) {
+		cachew_op_ctx_fail(ctx, "%s (max_element_bytes)",
+		    cwi_errmsg_get());
+		goto fail;
+	}
 	if (rv != CACHEW_OK) {
 		cachew_op_ctx_fail(ctx, "%s", cwi_errmsg_get());
 		goto fail;
@@ -275,7 +286,7 @@ fail:
 const cachew_op_def cwi_fn_read_file = {
     .version = CACHEW_OP_DEF_VERSION,
     .name = "read_file",
-    .doc = "read_file(): replaces the path in component 0 with the file's contents",
+    .doc = "read_file(): replaces the path in component 0 with the file's contents (a regular file, at most max_element_bytes)",
     .kind = CACHEW_OP_MAP,
     .cost_ns = 10000,
     .init = read_file_init,
@@ -285,7 +296,8 @@ const cachew_op_def cwi_fn_read_file = {
 const cwi_dataset_op cwi_op_read_file = {
     .name = "read_file",
     .doc = "replaces the path in component 0 by the contents of the file "
-	   "(map(read_file))",
+	   "(map(read_file)): a regular file (not a FIFO or a device) of at "
+	   "most max_element_bytes",
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "read_file",

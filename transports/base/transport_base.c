@@ -237,6 +237,7 @@ struct cwi_cq {
 	pthread_cond_t cv; /* CLOCK_MONOTONIC */
 	unsigned refs;     /* the owner's + one per live pending */
 	bool closed, destroyed;
+	bool woken; /* cwi_cq_wake: the next wait returns at once */
 	pending_list inflight, done;
 	size_t outstanding;
 };
@@ -515,6 +516,11 @@ cwi_cq_wait(cwi_cq *q, int timeout_ms, cwi_completion *out)
 		}
 		if ((p = q->done.head) != NULL)
 			break;
+		if (q->woken) {
+			q->woken = false;
+			pthread_mutex_unlock(&q->mtx);
+			return cwi_fail(CACHEW_ETIMEDOUT, "woken");
+		}
 		now = cwi_now_ns();
 		next = cq_expire_locked(q, now);
 		if (q->done.head != NULL)
@@ -556,6 +562,15 @@ cwi_cq_outstanding(cwi_cq *q)
 	n = q->outstanding;
 	pthread_mutex_unlock(&q->mtx);
 	return n;
+}
+
+void
+cwi_cq_wake(cwi_cq *q)
+{
+	pthread_mutex_lock(&q->mtx);
+	q->woken = true;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mtx);
 }
 
 void

@@ -169,6 +169,26 @@ cachew_err cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off,
 
 typedef struct slink slink;
 
+/*
+ * What a listener's links may hold of the bytes peers sent
+ * (cwi_transport_opts.max_pending_bytes): the message each is reading,
+ * allocated as its bytes arrive (RX_FIRST bytes first, then doubling),
+ * and the requests received and not yet answered. A link that would go
+ * over its share or take the total over the limit is reset with a logged
+ * reason: a peer that claims a large message and trickles it reserves
+ * only what it sent, and all peers together at most `limit`.
+ */
+typedef struct rx_budget {
+	_Atomic size_t used;      /* across the listener's links */
+	size_t limit;             /* the total */
+	size_t link_limit;        /* one link's share */
+	_Atomic size_t peak;      /* the most used since the last release */
+} rx_budget;
+
+/* The first allocation for a message read under a budget: every request
+ * of the protocol but a dataset's registration fits. */
+#define RX_FIRST ((size_t)16 << 10)
+
 /* What a link's owner (a listener or a connection) is told. */
 typedef struct link_ops {
 	/* A whole message (buf, taken) arrived. Returns false to stop
@@ -222,6 +242,12 @@ struct slink {
 	uint8_t rxhead[SP_IPC_PREFIX];
 	size_t got, need;
 	cwi_buffer *rxbuf;
+	/* A listener's budget (NULL at a connection: a message is read into
+	 * one buffer of its whole length), what this link holds of it, and
+	 * when the message being read must be whole */
+	rx_budget *budget;
+	_Atomic size_t charged;
+	uint64_t rx_deadline_ns;
 	struct slink *next, *prev; /* the owner's list of links */
 	struct slink *pnext;       /* a listener's parked links */
 	bool parked;              /* on that list (listener's lock) */
@@ -250,6 +276,14 @@ void cwi_nng_link_kill(slink *lk, const char *why);
 void cwi_nng_link_reset(slink *lk, const char *reason);
 /* Reading again after on_msg returned false. */
 void cwi_nng_link_resume(slink *lk);
+/* Reads lk's messages under budget b (a listener's, which outlives its
+ * links); before cwi_nng_link_start. */
+void cwi_nng_link_set_budget(slink *lk, rx_budget *b);
+/* Gives back n bytes lk held of its budget: a request it received was
+ * answered or dropped. When the budget falls well below a high peak (a
+ * burst of hostile peers is over), the process gives memory back
+ * (cwi_heap_release). No lock held. */
+void cwi_nng_budget_give(slink *lk, size_t n);
 void cwi_nng_link_ref(slink *lk);
 /* The last reference hands lk to the janitor, which frees it and then
  * calls its owner's release. */

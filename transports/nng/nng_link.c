@@ -3,7 +3,10 @@
  * sends the SP handshake, then a send queue written with writev (up to 8
  * iovecs a call, across messages), and runs a receive loop that reads
  * each message whole into one buffer and hands it to the link's owner (a
- * listener, nng_listen.c, or a connection, nng_dial.c). A link's death is
+ * listener, nng_listen.c, or a connection, nng_dial.c). At a listener the
+ * buffer grows as the bytes arrive, within the listener's budget (rx_budget
+ * in nng_int.h), and a message must come whole within the send timeout: a
+ * length field is a claim, not a reservation. A link's death is
  * reported to its owner once (on_down), always from the receive path.
  * What the bytes mean is nng_frame.c's: a link only moves them.
  *
@@ -105,6 +108,8 @@ link_destroy(slink *lk)
 	nng_aio_free(lk->txa);
 	nng_aio_free(lk->rxa);
 	cwi_nng_tx_free_list(lk->txq);
+	if (lk->rxbuf != NULL && lk->budget != NULL)
+		cwi_nng_budget_give(lk, lk->rxbuf->size);
 	cwi_buffer_unref(lk->rxbuf);
 	pthread_mutex_destroy(&lk->mtx);
 	free(lk);
@@ -353,22 +358,98 @@ link_tx_cb(void *arg)
 	cwi_nng_tx_free_list(done);
 }
 
+/* ---- link: the receive budget ------------------------------------------ */
+
+/* A burst this large that is over (the budget back under an eighth of it)
+ * gives memory back to the system. */
+#define BUDGET_RELEASE_PEAK ((size_t)8 << 20)
+
+void
+cwi_nng_link_set_budget(slink *lk, rx_budget *b)
+{
+	lk->budget = b;
+}
+
+/* Takes n more bytes of lk's budget. NULL when granted, else the reason
+ * (written into buf). The first RX_FIRST bytes of a message are granted
+ * within the link's share whatever the total: when peers that trickle
+ * large messages hold the total, the small requests of the others still
+ * come in (a listener holds at most RX_FIRST per connection more). */
+static const char *
+budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
+{
+	rx_budget *b = lk->budget;
+	size_t mine = atomic_load(&lk->charged), used, peak;
+
+	if (mine + n > b->link_limit) {
+		snprintf(buf, len, "connection would hold %zu bytes of "
+		    "messages received and requests unanswered, over its limit "
+		    "of %zu", mine + n, b->link_limit);
+		return buf;
+	}
+	used = atomic_fetch_add(&b->used, n) + n;
+	if (used > b->limit && !first) {
+		atomic_fetch_sub(&b->used, n);
+		snprintf(buf, len, "listener would hold %zu bytes of messages "
+		    "received and requests unanswered across its connections, "
+		    "over its limit of %zu", used, b->limit);
+		return buf;
+	}
+	atomic_fetch_add(&lk->charged, n);
+	peak = atomic_load(&b->peak);
+	while (used > peak && !atomic_compare_exchange_weak(&b->peak, &peak,
+				  used)) {
+	}
+	return NULL;
+}
+
+void
+cwi_nng_budget_give(slink *lk, size_t n)
+{
+	rx_budget *b = lk->budget;
+	size_t used, peak;
+
+	if (b == NULL || n == 0)
+		return;
+	atomic_fetch_sub(&lk->charged, n);
+	used = atomic_fetch_sub(&b->used, n) - n;
+	peak = atomic_load(&b->peak);
+	if (peak >= BUDGET_RELEASE_PEAK && used < peak / 8 &&
+	    atomic_compare_exchange_strong(&b->peak, &peak, used)) {
+		cwi_log(CACHEW_LOG_INFO, "transport",
+		    "url=%s event=heap_released reason=\"peers held %zu bytes, "
+		    "now %zu\"", lk->url, peak, used);
+		cwi_heap_release();
+	}
+}
+
 /* ---- link: receiving ---------------------------------------------------- */
 
 static void
 rx_arm_locked(slink *lk)
 {
+	nng_duration ms = NNG_DURATION_INFINITE;
 	nng_iov v;
 
-	if (lk->rx == RX_BODY)
+	if (lk->rx == RX_BODY) {
 		v.iov_buf = lk->rxbuf->data + lk->got;
-	else
+		v.iov_len = lk->rxbuf->size - lk->got;
+	} else {
 		v.iov_buf = lk->rxhead + lk->got;
-	v.iov_len = lk->need - lk->got;
+		v.iov_len = lk->need - lk->got;
+	}
+	if (lk->rx == RX_HANDSHAKE) {
+		ms = HANDSHAKE_TIMEOUT_MS;
+	} else if (lk->rx == RX_BODY && lk->budget != NULL) {
+		uint64_t now = cwi_now_ns();
+		ms = now < lk->rx_deadline_ns
+			 ? (nng_duration)((lk->rx_deadline_ns - now) / 1000000u)
+			 : 0;
+		if (ms < 1)
+			ms = 1;
+	}
 	(void)nng_aio_set_iov(lk->rxa, 1, &v);
-	nng_aio_set_timeout(lk->rxa, lk->rx == RX_HANDSHAKE
-					 ? HANDSHAKE_TIMEOUT_MS
-					 : NNG_DURATION_INFINITE);
+	nng_aio_set_timeout(lk->rxa, ms);
 	nng_stream_recv(lk->s, lk->rxa);
 }
 
@@ -392,13 +473,46 @@ head_check_locked(slink *lk, char *buf, size_t len)
 	    lk->id_room, &n, buf, len);
 	if (bad != NULL)
 		return bad;
-	if (cwi_buffer_alloc(&lk->rxbuf, n, false) != CACHEW_OK) {
-		snprintf(buf, len, "%s", cwi_errmsg_get());
-		return buf;
-	}
 	lk->rx = RX_BODY;
 	lk->got = 0;
 	lk->need = n;
+	if (lk->budget == NULL)
+		return cwi_buffer_alloc(&lk->rxbuf, n, false) == CACHEW_OK
+			   ? NULL : strcpy(buf, "out of memory");
+	/* Under a budget: the first bytes only, more as they come. */
+	lk->rx_deadline_ns = cwi_now_ns() +
+	    (uint64_t)lk->send_timeout_ms * 1000000u;
+	bad = budget_take(lk, n < RX_FIRST ? n : RX_FIRST, true, buf, len);
+	if (bad != NULL)
+		return bad;
+	if (cwi_buffer_alloc(&lk->rxbuf, n < RX_FIRST ? n : RX_FIRST, false) !=
+	    CACHEW_OK) {
+		cwi_nng_budget_give(lk, n < RX_FIRST ? n : RX_FIRST);
+		return strcpy(buf, "out of memory");
+	}
+	return NULL;
+}
+
+/* The message's buffer is full and more is coming: doubles it (up to the
+ * message's length) within the budget. NULL when done, else the reason. */
+static const char *
+rx_grow_locked(slink *lk, char *buf, size_t len)
+{
+	size_t have = lk->rxbuf->size;
+	size_t want = have * 2 < lk->need ? have * 2 : lk->need;
+	cwi_buffer *nb;
+	const char *bad;
+
+	bad = budget_take(lk, want - have, false, buf, len);
+	if (bad != NULL)
+		return bad;
+	if (cwi_buffer_alloc(&nb, want, false) != CACHEW_OK) {
+		cwi_nng_budget_give(lk, want - have);
+		return strcpy(buf, "out of memory");
+	}
+	memcpy(nb->data, lk->rxbuf->data, lk->got);
+	cwi_buffer_unref(lk->rxbuf);
+	lk->rxbuf = nb;
 	return NULL;
 }
 
@@ -447,6 +561,11 @@ link_rx_cb(void *arg)
 		} else if (early_death_locked(lk, rv, why, sizeof(why)) !=
 			   NULL) {
 			q = link_kill_locked(lk, why);
+		} else if (rv == NNG_ETIMEDOUT && lk->rx == RX_BODY) {
+			snprintf(why, sizeof(why), "a message of %zu bytes did "
+			    "not come whole within %d ms (%zu came)", lk->need,
+			    lk->send_timeout_ms, lk->got + n);
+			bad = why;
 		} else {
 			q = link_kill_locked(lk,
 			    rv == NNG_ECLOSED || rv == NNG_ECONNSHUT ||
@@ -457,11 +576,16 @@ link_rx_cb(void *arg)
 	}
 	if (!lk->dead && bad == NULL) {
 		lk->got += n;
-		if (lk->got < lk->need) {
+		if (lk->got < lk->need && lk->rx == RX_BODY &&
+		    lk->got == lk->rxbuf->size)
+			bad = rx_grow_locked(lk, why, sizeof(why));
+		if (bad == NULL && lk->got < lk->need) {
 			rx_arm_locked(lk);
 			pthread_mutex_unlock(&lk->mtx);
 			return;
 		}
+	}
+	if (!lk->dead && bad == NULL) {
 		switch (lk->rx) {
 		case RX_HANDSHAKE:
 			bad = cwi_nng_handshake_check(lk->rxhead,

@@ -4,7 +4,10 @@
  * request keeps its link (and the request id and backtrace) to send the
  * reply on. Past max_inflight held requests, a link stops reading until
  * one is consumed (back-pressure): it parks on the listener's list, and
- * once there is room every parked link reads again.
+ * once there is room every parked link reads again. The bytes of the
+ * messages its links read and of the requests it holds count against its
+ * budget (rx_budget, nng_int.h): a request gives its bytes back when it is
+ * answered or dropped.
  *
  * Locking: the listener's mutex, then a link's mutex (nng_link.c). The
  * handler runs, and requests are answered, with neither held.
@@ -32,12 +35,14 @@ typedef struct slistener {
 	unsigned in_handler;
 	size_t max_msg;
 	int send_timeout_ms;
+	rx_budget budget;
 } slistener;
 
 typedef struct sreq {
 	cwi_request base;
 	slistener *l;
 	slink *lk; /* a reference: the reply goes there */
+	size_t charged; /* bytes of lk's budget: its received message */
 	uint8_t bt[SP_BT_MAX];
 	size_t btlen;
 } sreq;
@@ -129,7 +134,7 @@ static bool
 srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
 	slistener *l = owner;
-	size_t btlen;
+	size_t btlen, charged;
 	sreq *r = NULL;
 	cwi_nng_frame_in fi;
 	cachew_err rv;
@@ -139,6 +144,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	if (l->closed) {
 		/* Arrived while closing: no handler starts any more. */
 		pthread_mutex_unlock(&l->mtx);
+		cwi_nng_budget_give(lk, buf->size);
 		cwi_buffer_unref(buf);
 		return true;
 	}
@@ -148,6 +154,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 
 	/* The backtrace ends at the request id, the word with the high
 	 * bit set. */
+	charged = buf->size;
 	btlen = cwi_nng_backtrace_len(buf->data, buf->size);
 	if (btlen == 0) {
 		rv = cwi_fail(CACHEW_EPROTO,
@@ -168,6 +175,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	}
 	if (rv != CACHEW_OK) {
 		free(r);
+		cwi_nng_budget_give(lk, charged);
 		if (rv == CACHEW_EPROTO)
 			cwi_nng_link_reset(lk, cwi_errmsg_get());
 		else
@@ -180,6 +188,7 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 		r->base.msg = fi.msg;
 		r->l = l;
 		r->lk = lk;
+		r->charged = charged;
 		cwi_nng_link_ref(lk);
 		l->base.handler(l->base.arg, &r->base);
 	}
@@ -236,6 +245,7 @@ srv_release(sreq *r)
 	slink *lk = r->lk;
 
 	cwi_msg_destroy(r->base.msg);
+	cwi_nng_budget_give(lk, r->charged);
 	free(r);
 	srv_consumed(l);
 	cwi_nng_link_unref(lk);
@@ -396,6 +406,7 @@ srv_accept_cb(void *arg)
 		    "url=%s reason=\"connection dropped: %s\"", l->base.url,
 		    cwi_errmsg_get());
 	} else if (!l->closed) {
+		cwi_nng_link_set_budget(lk, &l->budget);
 		lk->next = l->links;
 		if (l->links != NULL)
 			l->links->prev = lk;
@@ -486,6 +497,14 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	l->max_msg = opts->max_msg_size;
 	l->max_held = opts->max_inflight;
 	l->send_timeout_ms = opts->send_timeout_ms;
+	atomic_init(&l->budget.used, 0);
+	atomic_init(&l->budget.peak, 0);
+	l->budget.limit = opts->max_pending_bytes;
+	/* A connection: the message it is sending and as much again in
+	 * requests waiting for their answers. */
+	l->budget.link_limit = 2 * (opts->max_msg_size + SP_BT_MAX);
+	if (l->budget.link_limit > l->budget.limit)
+		l->budget.link_limit = l->budget.limit;
 	cwi_nng_heap_tune();
 	if ((nrv = nng_stream_listener_alloc(&l->sl, url)) != 0) {
 		rv = cwi_nng_err(nrv, url, "listen");

@@ -34,7 +34,9 @@
  *
  * Locking: s->lock protects the element queue, the error and the timing
  * counters shared with the consumer; everything else belongs to the fetch
- * thread. ctx->rows_lock (the operator rows) is taken before s->lock.
+ * thread. ctx->rows_lock (the operator rows) is taken before s->lock, and
+ * s->lock before the completion queue's (the consumer wakes the fetch
+ * thread with cwi_cq_wake).
  */
 #include "client_int.h"
 #include "../service_auth.h"
@@ -46,6 +48,10 @@
 
 #define INFLIGHT 4            /* get_elements outstanding per task */
 #define REPLY_BYTES ((uint64_t)8 << 20)
+/* Split ends per split_ack: at most 27 bytes each on the wire, so an ack
+ * stays well within the dispatcher's 1 MiB message limit however many
+ * piled up while it was away. */
+#define ACK_MAX 16384
 /* With compression: smaller replies. The worker compresses a reply in one
  * piece before any of it is sent, so a small one starts moving sooner;
  * and auto sees several per window even on a slow link, and its decision
@@ -92,8 +98,12 @@ cwi_client_queue_push(session *s, cwi_element *e)
 		s->qcap = cap;
 		s->qhead = 0;
 	}
+	size_t nbytes = cwi_element_nbytes(e);
+
 	s->q[(s->qhead + s->qlen++) % s->qcap] = e;
-	s->qbytes += cwi_element_nbytes(e);
+	s->qbytes += nbytes;
+	if (nbytes > s->elem_max)
+		s->elem_max = nbytes;
 	pthread_mutex_unlock(&s->lock);
 	return true;
 }
@@ -222,12 +232,27 @@ update_tasks(session *s, const cwi_msg_client_heartbeat_reply *r)
 		cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
 }
 
+/* Gives back bytes a task reserved of the client buffer. */
 static void
-task_drop_held(ctask *t)
+reserve_release(ctask *t, uint64_t bytes)
+{
+	t->reserved -= bytes < t->reserved ? bytes : t->reserved;
+}
+
+/* The bytes of the request that completed with tag (its reservation). */
+static uint64_t
+tag_reserved(uint64_t tag)
+{
+	return ((tag - TAG_DATA_BASE) >> TAG_SLOT_BITS) << 10;
+}
+
+void
+cwi_client_task_drop_held(ctask *t)
 {
 	for (size_t i = 0; i < t->nheld; i++) {
 		cwi_msg_destroy(t->held[i].msg);
 		cwi_pmsg_free(&t->held[i].hdr);
+		reserve_release(t, t->held[i].reserved);
 	}
 	t->nheld = 0;
 }
@@ -308,6 +333,7 @@ send_heartbeat(session *s)
 static void
 send_acks(session *s)
 {
+	size_t n = s->nacks < ACK_MAX ? s->nacks : ACK_MAX, rest;
 	cwi_pmsg m;
 	cwi_msg *msg;
 	cachew_err rv;
@@ -321,9 +347,9 @@ send_acks(session *s)
 	m.u.split_ack.split_ids = s->acks; /* borrowed for the encoding */
 	m.u.split_ack.parts = s->ack_parts;
 	m.u.split_ack.leases = s->ack_leases;
-	m.u.split_ack.nsplit_ids = s->nacks;
-	m.u.split_ack.nparts = s->nacks;
-	m.u.split_ack.nleases = s->nacks;
+	m.u.split_ack.nsplit_ids = n;
+	m.u.split_ack.nparts = n;
+	m.u.split_ack.nleases = n;
 	(void)cwi_pmsg_set_token(&m, s->ctx->token); /* none: refused */
 	rv = cwi_rpc_pack(&m, &msg);
 	m.u.split_ack.split_ids = NULL;
@@ -344,11 +370,17 @@ send_acks(session *s)
 	s->sent_acks = s->acks;
 	s->sent_parts = s->ack_parts;
 	s->sent_leases = s->ack_leases;
-	s->nsent = s->nacks;
+	s->nsent = n;
+	rest = s->nacks - n;
 	s->acks = NULL;
 	s->ack_parts = NULL;
 	s->ack_leases = NULL;
 	s->nacks = s->capacks = 0;
+	/* The next message takes the rest. */
+	for (size_t i = n; i < n + rest; i++)
+		if (!cwi_client_add_ack(s, s->sent_acks[i], s->sent_parts[i],
+			s->sent_leases[i]))
+			cwi_client_fail(s, CACHEW_ENOMEM, "out of memory");
 }
 
 static void
@@ -424,13 +456,98 @@ hold_ms(const session *s)
 	return (uint32_t)(ms < 100 ? 100 : ms > 10000 ? 10000 : ms);
 }
 
+/*
+ * The client buffer (client_buffer bytes) holds what is queued for the
+ * consumer, what ordered delivery holds for later groups, and what the
+ * requests in flight may bring: each reserves its max_bytes, or the
+ * largest element seen if that is more (a worker sends at least one
+ * element). A request goes out only when its reservation fits, so the
+ * three stay within the budget whatever the consumer's speed. Requests
+ * are all of one size, reply_size(): the most a reply may pin (a reply is
+ * one buffer that its elements view, freed with the last of them), and
+ * large enough that a consumer slower than the workers, which opens room
+ * a little at a time, is not sent a round trip per few elements. The
+ * elements taken from a reply still partly queued count as queued
+ * (s->pinned), as does the last chunk the consumer's iterator took, but
+ * its first element (s->handed: up to 256 elements, 8 MiB of 32 KiB
+ * batches), until it asks for the next. A task with nothing to send holds
+ * its request (up to hold_ms), so the buffer always keeps room for one
+ * request of each task that has none in flight: a worker with nothing
+ * never blocks one with data. When the largest element times the tasks
+ * is more than the buffer, the buffer is that much (each task may bring
+ * one element).
+ * One exception keeps the stream moving: with nothing queued for the
+ * consumer and nothing in flight, one request goes out even when the
+ * buffer is full of held elements (ordered delivery waiting for its head
+ * group: each task that may hold the head is asked) or an element is
+ * larger than the whole buffer.
+ */
+static uint64_t
+reply_size(const session *s)
+{
+	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
+	uint64_t most = s->compression != CWI_COMPRESSION_NONE
+	    ? REPLY_BYTES_ZSTD : REPLY_BYTES;
+
+	/* An eighth of the budget: 8 MiB at the default 64 MiB. */
+	return budget / 8 < most ? budget / 8 : most;
+}
+
+/* Asks task slot i for up to ask bytes, reserving unit bytes (a multiple
+ * of 1 KiB, at least what its reply may bring). Returns the bytes
+ * reserved, 0 when the request could not go (it is retried later). */
+static uint64_t
+ask_task(session *s, size_t i, uint64_t ask, uint64_t unit, uint64_t now)
+{
+	ctask *t = &s->tasks[i];
+	cwi_msg_get_elements g;
+
+	cwi_pmsg_body_init(CWI_MSG_GET_ELEMENTS, &g);
+	g.task_id = t->task_id;
+	g.client_id = s->client_id;
+	g.max_bytes = ask;
+	g.compression = cwi_client_ask_compression(s, t);
+	g.wait_ms = hold_ms(s);
+	if (cwi_client_send_get(s, i, &g,
+		TAG_DATA_BASE + ((unit >> 10) << TAG_SLOT_BITS | i)) !=
+	    CACHEW_OK) {
+		t->retry_at_ns = now + 100000000u;
+		return 0;
+	}
+	t->reserved += unit;
+	return unit;
+}
+
+static bool
+task_askable(const ctask *t, uint64_t now)
+{
+	return !t->ended && !t->gone && !t->direct && now >= t->retry_at_ns;
+}
+
+/* The request size and reservation for n live tasks, and the budget they
+ * share: room for one request of each (send_requests). */
+static void
+request_plan(const session *s, size_t live, uint64_t elem_max, uint64_t *ask,
+    uint64_t *unit, uint64_t *limit)
+{
+	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
+
+	*ask = reply_size(s);
+	if (live > 1 && *ask > budget / live)
+		*ask = budget / live;
+	/* What a reply may bring, in whole KiB (the tag carries it). */
+	*unit = ((*ask > elem_max ? *ask : elem_max) + 1023) & ~(uint64_t)1023;
+	*limit = budget > live * *unit ? budget : live * *unit;
+}
+
 static void
 send_requests(session *s)
 {
 	uint64_t now = cwi_now_ns();
-	uint64_t budget = (uint64_t)s->ctx->opts.client_buffer;
-	uint64_t reply_bytes = s->compression != CWI_COMPRESSION_NONE
-	    ? REPLY_BYTES_ZSTD : REPLY_BYTES;
+	uint64_t ask, unit, limit, queued, elem_max, reserved = 0;
+	uint64_t refused = UINT64_MAX; /* the least room a refused one needed */
+	size_t live = 0, idle = 0;
+	bool empty;
 
 	if (s->coord != NULL) {
 		cwi_client_rounds_send(s);
@@ -445,43 +562,68 @@ send_requests(session *s)
 	uint64_t held = cwi_client_exact_held(s);
 	if (n > 0)
 		s->rr_next = (first + 1) % n;
+	pthread_mutex_lock(&s->lock);
+	queued = s->qbytes + s->pinned + s->handed;
+	empty = s->qlen == 0;
+	elem_max = s->elem_max;
+	pthread_mutex_unlock(&s->lock);
+	for (size_t k = 0; k < n; k++) {
+		const ctask *t = &s->tasks[k];
+		reserved += t->reserved;
+		if (!t->ended && !t->gone && !t->direct) {
+			live++;
+			idle += t->inflight == 0;
+		}
+	}
+	request_plan(s, live, elem_max, &ask, &unit, &limit);
 	for (unsigned depth = 1; depth <= INFLIGHT; depth++) {
 		for (size_t j = 0; j < n; j++) {
 			size_t i = (first + j) % n;
 			ctask *t = &s->tasks[i];
-			uint64_t outstanding = 0;
+			/* Room for this one and for the idle others' first. */
+			uint64_t need = unit * (idle + (t->inflight > 0));
 
-			if (t->ended || t->gone || t->direct ||
-			    now < t->retry_at_ns ||
-			    t->inflight >= depth)
+			if (!task_askable(t, now) || t->inflight >= depth)
 				continue;
-			for (size_t k = 0; k < n; k++)
-				outstanding += s->tasks[k].inflight;
-			if (cwi_client_queue_bytes(s) + held +
-				outstanding * reply_bytes / 2 > budget &&
-			    outstanding > 0) {
-				/* Ordered, over the budget: only a task that
-				 * may send the head group is asked (one
-				 * that sent a later group holds it only if
-				 * it was leased again: then every task
-				 * qualifies once none is in flight). */
-				if (held == 0)
-					return;
-				if (!cwi_client_exact_may_hold_head(s, t))
-					continue;
+			if (queued + held + reserved + need > limit) {
+				refused = need < refused ? need : refused;
+				continue;
 			}
-			cwi_msg_get_elements g;
-			cwi_pmsg_body_init(CWI_MSG_GET_ELEMENTS, &g);
-			g.task_id = t->task_id;
-			g.client_id = s->client_id;
-			g.max_bytes = reply_bytes;
-			g.compression = cwi_client_ask_compression(s, t);
-			g.wait_ms = hold_ms(s);
-			if (cwi_client_send_get(s, i, &g, TAG_DATA_BASE + i) !=
-			    CACHEW_OK)
-				t->retry_at_ns = now + 100000000u;
+			if (t->inflight == 0)
+				idle--;
+			reserved += ask_task(s, i, ask, unit, now);
 		}
 	}
+	/* Nothing queued, nothing in flight, no room: the exception. Held
+	 * elements wait for the head group: each task that may send it is
+	 * asked; one that sent a later group holds it only if it was leased
+	 * again, so when none may, every task is. */
+	for (int pass = 0; reserved == 0 && empty && pass < 2; pass++) {
+		for (size_t j = 0; j < n; j++) {
+			size_t i = (first + j) % n;
+
+			if (!task_askable(&s->tasks[i], now) ||
+			    (held > 0 && pass == 0 &&
+				!cwi_client_exact_may_hold_head(s,
+				    &s->tasks[i])))
+				continue;
+			reserved += ask_task(s, i, ask, unit, now);
+			if (held == 0 && reserved > 0)
+				break;
+		}
+	}
+	if (reserved == 0 && !empty && !s->buffer_full)
+		s->full_since_ns = now;
+	s->buffer_full = reserved == 0 && !empty;
+	/* Only the consumer makes room: it wakes this thread once what it
+	 * has not taken falls to what would let the refused request go. */
+	pthread_mutex_lock(&s->lock);
+	s->wake_at_bytes = refused != UINT64_MAX &&
+			   limit > held + reserved + refused
+			       ? limit - held - reserved - refused
+			       : 0;
+	s->wake_armed = refused != UINT64_MAX;
+	pthread_mutex_unlock(&s->lock);
 }
 
 /* ---- receiving ------------------------------------------------------------------ */
@@ -608,7 +750,7 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 				    task_round, now + 200000000u);
 			} else {
 				t->retry_at_ns = now + 200000000u;
-				task_drop_held(t);
+				cwi_client_task_drop_held(t);
 				t->gone = true;
 			}
 		}
@@ -648,23 +790,28 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 static void
 on_data(session *s, ctask *t, cwi_completion *c)
 {
+	uint64_t reserved = tag_reserved(c->tag);
 	cwi_pmsg hdr;
 
 	t->inflight--;
 	if (t->stopped) {
 		/* Exactly once: read no more; its groups are replayed. */
+		reserve_release(t, reserved);
 		if (c->reply != NULL)
 			cwi_msg_destroy(c->reply);
 		return;
 	}
-	if (cwi_client_data_failed(s, t, c, &hdr, 0))
+	if (cwi_client_data_failed(s, t, c, &hdr, 0)) {
+		reserve_release(t, reserved);
 		return;
+	}
 	if (hdr.u.get_elements_reply.seq != t->next_seq) {
 		if (hdr.u.get_elements_reply.seq < t->next_seq ||
 		    !CWI_GROW(t->held, t->capheld, t->nheld + 1)) {
 			cwi_client_fail(s, CACHEW_EPROTO, "%s: reply %llu "
 			    "repeated", t->address,
 			    (unsigned long long)hdr.u.get_elements_reply.seq);
+			reserve_release(t, reserved);
 			cwi_pmsg_free(&hdr);
 			cwi_msg_destroy(c->reply);
 			return;
@@ -672,10 +819,12 @@ on_data(session *s, ctask *t, cwi_completion *c)
 		t->held[t->nheld].seq = hdr.u.get_elements_reply.seq;
 		t->held[t->nheld].msg = c->reply;
 		t->held[t->nheld].hdr = hdr;
+		t->held[t->nheld].reserved = reserved;
 		t->nheld++;
 		return;
 	}
 	take_reply(s, t, c->reply, &hdr.u.get_elements_reply);
+	reserve_release(t, reserved);
 	cwi_pmsg_free(&hdr);
 	cwi_msg_destroy(c->reply);
 	t->next_seq++;
@@ -688,6 +837,7 @@ on_data(session *s, ctask *t, cwi_completion *c)
 			held_reply h = t->held[i];
 			t->held[i] = t->held[--t->nheld];
 			take_reply(s, t, h.msg, &h.hdr.u.get_elements_reply);
+			reserve_release(t, h.reserved);
 			cwi_pmsg_free(&h.hdr);
 			cwi_msg_destroy(h.msg);
 			t->next_seq++;
@@ -808,7 +958,8 @@ on_completion(session *s, cwi_completion *c)
 }
 
 /* How long the fetch thread may wait for a completion: until the next
- * heartbeat or the next retry of a task, at most 50 ms. */
+ * heartbeat or the next retry of a task, at most 50 ms (the consumer wakes
+ * it when it makes room that a request waits for). */
 static int
 fetch_wait_ms(const session *s, uint64_t now)
 {
@@ -864,6 +1015,30 @@ final_rows(session *s)
 	}
 }
 
+/*
+ * A consumer slower than the workers keeps the buffer full for long, and
+ * the replies it frees in the order they came leave holes in the heap
+ * that later replies (of other sizes) fill only in part: the process
+ * grew by 14 MiB in 3 minutes over a 32 MiB buffer with the nng
+ * transport's heap settings (cwi_nng_heap_tune: one arena, blocks up to
+ * 64 MiB in the heap, 64 MiB of free top kept), and stayed flat at 44 MB
+ * without them. While the buffer stays full (the process then waits for
+ * its consumer anyway: a fast consumer empties it within the second), the
+ * free pages go back once a second: 1.8 ms with 40 MB free, nothing when
+ * little is.
+ */
+#define HEAP_RELEASE_NS (UINT64_C(1) * 1000000000u)
+
+static void
+release_heap(session *s, uint64_t now)
+{
+	if (!s->buffer_full || now - s->full_since_ns < HEAP_RELEASE_NS ||
+	    now - s->heap_released_ns < HEAP_RELEASE_NS)
+		return;
+	cwi_heap_release();
+	s->heap_released_ns = now;
+}
+
 static void *
 fetch_main(void *arg)
 {
@@ -905,6 +1080,7 @@ fetch_main(void *arg)
 			send_heartbeat(s);
 		send_acks(s);
 		send_requests(s);
+		release_heap(s, now);
 		cwi_client_auto_tick(s, now);
 		wait_ms = fetch_wait_ms(s, now);
 		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK)
@@ -1040,11 +1216,14 @@ join_job(session *s)
 static bool
 cq_wait_until(session *s, uint64_t deadline, cwi_completion *c)
 {
-	uint64_t now = cwi_now_ns();
-
-	return now < deadline &&
-	    cwi_cq_wait(s->cq, (int)((deadline - now) / 1000000u) + 1, c) ==
-		CACHEW_OK;
+	for (uint64_t now = cwi_now_ns(); now < deadline; now = cwi_now_ns()) {
+		cachew_err rv = cwi_cq_wait(s->cq,
+		    (int)((deadline - now) / 1000000u) + 1, c);
+		/* ETIMEDOUT before the deadline: the consumer woke us. */
+		if (rv != CACHEW_ETIMEDOUT)
+			return rv == CACHEW_OK;
+	}
+	return false;
 }
 
 /* At the end of the epoch, the requests still in flight (coordinated:
@@ -1139,7 +1318,7 @@ static void
 session_destroy(session *s)
 {
 	for (size_t i = 0; i < s->ntasks; i++) {
-		task_drop_held(&s->tasks[i]);
+		cwi_client_task_drop_held(&s->tasks[i]);
 		free(s->tasks[i].held);
 		free(s->tasks[i].address);
 	}
@@ -1246,6 +1425,40 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	return CACHEW_OK;
 }
 
+/* The buffer an element's data lies in (a received reply's, for the
+ * elements of a reply), or NULL. */
+static const cwi_buffer *
+element_block(const cwi_element *e)
+{
+	return e->n > 0 ? e->comp[0].buf : NULL;
+}
+
+/* e left the queue (s->lock held). The elements of one reply view its
+ * buffer, which lives while any of them does: while the next queued
+ * element views the same one, e's bytes stay counted (s->pinned). */
+static void
+queue_pin(session *s, const cwi_element *e)
+{
+	const cwi_buffer *b = element_block(e);
+
+	if (b != NULL && s->qlen > 0 && element_block(s->q[s->qhead]) == b)
+		s->pinned += cwi_element_nbytes(e);
+	else
+		s->pinned = 0;
+}
+
+/* The consumer made room (s->lock held): wakes the fetch thread if a
+ * request waits for it (send_requests). */
+static void
+wake_fetcher(session *s)
+{
+	if (s->wake_armed &&
+	    s->qbytes + s->pinned + s->handed <= s->wake_at_bytes) {
+		s->wake_armed = false;
+		cwi_cq_wake(s->cq);
+	}
+}
+
 static cachew_err
 stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 {
@@ -1261,6 +1474,9 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 		return CACHEW_EINTERNAL;
 	}
 	pthread_mutex_lock(&s->lock);
+	/* The consumer has taken on the chunk of the previous call. */
+	s->handed = 0;
+	wake_fetcher(s);
 	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
 		size_t got = 0;
 
@@ -1280,8 +1496,14 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 			s->qhead = (s->qhead + 1) % s->qcap;
 			s->qlen--;
 			s->qbytes -= cwi_element_nbytes(e);
+			/* The element the consumer works on is its own: the
+			 * rest of the chunk waits in its iterator. */
+			if (i > 0)
+				s->handed += cwi_element_nbytes(e);
+			queue_pin(s, e);
 			cwi_chunk_push(out, e);
 		}
+		wake_fetcher(s);
 	} else if (s->err != CACHEW_OK) {
 		rv = s->err;
 		snprintf(err, errlen, "%s", s->errmsg);
@@ -1436,11 +1658,11 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
 		goto fail;
 	/* Every pipeline has a plan; one whose graph the wire cannot carry
 	 * (a large literal) is the one the service cannot run. */
-	if (ctx->graph_len > CWI_PROTO_MAX_GRAPH) {
+	if (ctx->graph_len > CWI_PROTO_MAX_GRAPH_SENT) {
 		rv = cwi_fail(CACHEW_ENOTSUP, "service %s: the pipeline's graph "
 		    "is %zu bytes, over the service's limit of %u (a large "
 		    "literal?); run it in-process (service=local)",
-		    url, ctx->graph_len, CWI_PROTO_MAX_GRAPH);
+		    url, ctx->graph_len, CWI_PROTO_MAX_GRAPH_SENT);
 		goto fail;
 	}
 	ctx->src.ops = &stream_ops;

@@ -177,6 +177,7 @@ direct_call(session *s, direct_task t, size_t max, cwi_completion *c)
 	req.u.get_elements.epoch = s->epoch;
 	req.u.get_elements.threads = o->threads;
 	req.u.get_elements.ram_budget = o->ram_budget;
+	req.u.get_elements.max_element_bytes = o->max_element_bytes;
 	req.u.get_elements.deterministic = o->deterministic != 0;
 	req.u.get_elements.autotune = o->autotune != 0;
 	rv = cwi_rpc_pack(&req, &msg);

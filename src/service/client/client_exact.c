@@ -394,11 +394,7 @@ ids_add(uint64_t **v, size_t *n, size_t *cap, uint64_t id)
 static void
 task_stop(ctask *t)
 {
-	for (size_t i = 0; i < t->nheld; i++) {
-		cwi_msg_destroy(t->held[i].msg);
-		cwi_pmsg_free(&t->held[i].hdr);
-	}
-	t->nheld = 0;
+	cwi_client_task_drop_held(t);
 	t->gone = true;
 	t->stopped = true;
 }

@@ -39,7 +39,9 @@
 #define TAG_HEARTBEAT UINT64_C(1)
 #define TAG_ACK UINT64_C(2)
 #define TAG_RELEASE UINT64_C(3)
-/* Data requests: TAG_DATA_BASE + (task round << 16 | task slot). */
+/* Data requests: TAG_DATA_BASE + (x << 16 | task slot), x being the task
+ * round of a coordinated request, else the KiB the request reserved of
+ * the client buffer (what its reply may bring). */
 #define TAG_DATA_BASE UINT64_C(16)
 #define TAG_SLOT_BITS 16
 #define MAX_TASK_SLOTS ((size_t)1 << TAG_SLOT_BITS)
@@ -51,6 +53,7 @@ typedef struct held_reply {
 	uint64_t seq;
 	cwi_msg *msg;
 	cwi_pmsg hdr;
+	uint64_t reserved; /* of the client buffer, until it is queued */
 } held_reply;
 
 typedef struct ctask {
@@ -59,6 +62,9 @@ typedef struct ctask {
 	char *address;
 	cwi_conn *conn;     /* borrowed from the session's connection table */
 	unsigned inflight;
+	/* Bytes of the client buffer its requests in flight and its held
+	 * replies may bring (send_requests) */
+	uint64_t reserved;
 	uint64_t next_seq;  /* next reply to process */
 	held_reply *held;   /* replies that came early */
 	size_t nheld, capheld;
@@ -197,6 +203,11 @@ struct session {
 	cwi_element **q; /* ring */
 	size_t qhead, qlen, qcap;
 	uint64_t qbytes;
+	/* Bytes of elements taken whose reply buffer the queue's head still
+	 * views (they live as long as it does), and of the chunk the last
+	 * stream_next handed out (the iterator holds it until its next call) */
+	uint64_t pinned, handed;
+	uint64_t elem_max; /* the largest element queued so far */
 	bool eof;
 	cachew_err err;
 	char errmsg[768];
@@ -224,6 +235,16 @@ struct session {
 	bool inl_calling;
 	uint64_t inl_blocked;
 	size_t rr_next; /* fetch thread: where send_requests starts */
+	/* fetch thread: send_requests found the buffer full with nothing in
+	 * flight */
+	bool buffer_full;
+	/* s->lock: send_requests refused a request for room; the consumer
+	 * wakes the fetch thread (cwi_cq_wake) once its queued, pinned and
+	 * handed bytes fall to wake_at_bytes */
+	bool wake_armed;
+	uint64_t wake_at_bytes;
+	uint64_t full_since_ns;    /* since when buffer_full holds */
+	uint64_t heap_released_ns; /* release_heap's last */
 	uint64_t auto_wait_ns; /* since the last auto window */
 	/* Handed to the client part (s->lock): the job's counters. */
 	uint64_t elements_received, bytes_received;
@@ -263,6 +284,8 @@ void cwi_client_fail(session *s, cachew_err err, const char *fmt, ...)
 bool cwi_client_queue_push(session *s, cwi_element *e);
 /* Bytes queued for the consumer. */
 uint64_t cwi_client_queue_bytes(session *s);
+/* Drops a task's replies that came early (their reservations with them). */
+void cwi_client_task_drop_held(ctask *t);
 /* Wakes the consumer (elements were queued). */
 void cwi_client_wake(session *s);
 /* Records a split end to acknowledge; false on ENOMEM. */

@@ -1489,11 +1489,12 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 		goto fail;
 	}
 	cwi_transport_opts_init(&topts);
-	/* Control messages only; a dataset's graph is the largest. */
+	/* Control messages only, the largest a dataset_register with its
+	 * graph (CWI_PROTO_MAX_GRAPH_SENT). */
 	topts.max_msg_size = (size_t)cfg->max_message_bytes <
-				     (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20)
+				     CWI_TRANSPORT_MAX_MSG_CONTROL
 				 ? (size_t)cfg->max_message_bytes
-				 : (size_t)CWI_PROTO_MAX_GRAPH + (1u << 20);
+				 : CWI_TRANSPORT_MAX_MSG_CONTROL;
 	cwi_service_config_tls(&d->cfg, &topts);
 	rv = cwi_listen(&d->listener, listen, &topts, on_request, d);
 	if (rv != CACHEW_OK)

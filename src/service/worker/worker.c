@@ -575,6 +575,9 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	w->env.token = w->token;
 	if (cfg->threads > 0)
 		(void)cachew_options_set_int(w->opts, "threads", cfg->threads);
+	if (cfg->max_element_bytes > 0)
+		(void)cachew_options_set_int(w->opts, "max_element_bytes",
+		    cfg->max_element_bytes);
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = CWI_TRANSPORT_MAX_MSG_CONTROL;
 	cwi_service_config_tls(&w->cfg, &topts);

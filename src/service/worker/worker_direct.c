@@ -50,6 +50,8 @@ lease_options(const cwi_wtask *t, const cwi_msg_get_elements *m)
 		v.epoch = (int64_t)m->epoch;
 		v.threads = m->threads;
 		v.ram_budget = m->ram_budget;
+		if (m->max_element_bytes > 0)
+			v.max_element_bytes = m->max_element_bytes;
 		v.deterministic = m->deterministic;
 		v.autotune = m->autotune;
 	}
