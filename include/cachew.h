@@ -98,8 +98,10 @@ typedef enum cachew_err {
 	CACHEW_EPROTO = 16,    /* a peer violated the protocol */
 	CACHEW_EINTERNAL = 17, /* an internal invariant failed: a bug */
 	CACHEW_EPERM = 18,     /* the peer may not do this: not
-				* authenticated, another role, or another
-				* tenant's job (since 0.4) */
+				* authenticated, another role, another
+				* tenant's job, or a path or URL outside
+				* what a worker may read or write (since
+				* 0.4) */
 	/* A peer could not be authenticated: a TLS handshake failed (a
 	 * certificate not trusted, expired or missing; TLS on one side
 	 * only). Not transient: retrying does not help. Since 0.4. */

@@ -747,6 +747,39 @@ START_TEST(worker_checks_where_a_redirect_leads)
 }
 END_TEST
 
+/* A file or URL missing when a worker opens it is the pipeline's error
+ * (ENOENT, as in-process), not an unknown task: the run ends with it at
+ * once, after the elements before it, instead of the task failing over
+ * and over on the same split. */
+START_TEST(worker_missing_input_ends_the_run_with_its_error)
+{
+	tree t;
+	cluster c;
+	cwt_http_server s;
+	char *allow;
+	uint64_t t0;
+
+	tree_make(&t);
+	www_start(&s, &t);
+	allow = cwt_fmt("%s/ok/", s.base);
+	cluster_start(&c, t.dir, "--allow-read", t.data, "--allow-read",
+	    allow);
+	t0 = cwt_now_ms();
+	refused(&c, "missing.txt: No such file or directory",
+	    "from_list([\"%s/a.txt\", \"%s/missing.txt\"]) | read_file",
+	    t.data, t.data);
+	refused(&c, "404", "text_lines(\"%s/ok/missing.txt\")", s.base);
+	/* Before the fix each failed again every half second until the
+	 * test's timeout. */
+	ck_assert_uint_lt(cwt_now_ms() - t0, 15000);
+	delivers(&c, 3, "text_lines(\"%s/ok/a.txt\")", s.base);
+	free(allow);
+	cluster_stop(&c);
+	cwt_http_server_stop(&s);
+	tree_free(&t);
+}
+END_TEST
+
 START_TEST(worker_refuses_writes_outside_its_cache_roots)
 {
 	tree t;
@@ -981,6 +1014,7 @@ cwt_security_suite(void)
 	tcase_add_test(tc, worker_refuses_loopback_urls_without_an_allowance);
 	tcase_add_test(tc, worker_fetches_a_loopback_url_its_prefix_names);
 	tcase_add_test(tc, worker_checks_where_a_redirect_leads);
+	tcase_add_test(tc, worker_missing_input_ends_the_run_with_its_error);
 	tcase_add_test(tc, worker_refuses_writes_outside_its_cache_roots);
 	tcase_add_test(tc, worker_bounds_parts_that_are_never_committed);
 	suite_add_tcase(s, tc);

@@ -2004,6 +2004,38 @@ START_TEST(test_dispatcher_checks_reported_functions_and_graphs)
 }
 END_TEST
 
+/* A dataset is reused for the same fingerprint only with the same graph:
+ * graphs differing in what the fingerprint leaves out (a cache_put root,
+ * a tfrecord_write path) are two datasets, so that one tenant's job never
+ * runs another's graph. */
+START_TEST(test_dispatcher_dataset_reuse_needs_the_same_graph)
+{
+	harness *h = harness_new();
+	uint8_t *other = malloc(cwt_range3_graph_len);
+	cwi_msg_dataset_register req = {{7, 21}, NULL, cwt_range3_graph_len,
+	    3, true};
+	cwi_msg_dataset_register_reply rep;
+	uint8_t *stop;
+	uint64_t a;
+
+	ck_assert_ptr_nonnull(other);
+	memcpy(other, cwt_range3_graph, cwt_range3_graph_len);
+	stop = memmem(other, cwt_range3_graph_len, "stop\x03", 5);
+	ck_assert_ptr_nonnull(stop);
+	stop[4] = 4; /* range(4), registered with the same fingerprint */
+	a = add_dataset(h, 7, 3, NULL);
+	req.graph = other;
+	ck_assert_int_eq(cwi_dispatcher_dataset_register(h->d, h->now, &req,
+			     &rep), CACHEW_OK);
+	ck_assert(rep.created);
+	ck_assert_uint_ne(rep.dataset_id, a);
+	/* The same bytes again: the same dataset. */
+	ck_assert_uint_eq(add_dataset(h, 7, 3, NULL), a);
+	free(other);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_worker_added_mid_epoch_gets_splits)
 {
 	harness *h = harness_new();
@@ -3443,6 +3475,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp, test_dispatcher_dead_worker_splits_are_leased_again);
 	tcase_add_test(disp, test_dispatcher_removed_task_finishes_leased_splits);
 	tcase_add_test(disp, test_dispatcher_worker_added_mid_epoch_gets_splits);
+	tcase_add_test(disp, test_dispatcher_dataset_reuse_needs_the_same_graph);
 	tcase_add_test(disp,
 	    test_dispatcher_places_tasks_only_on_workers_with_the_functions);
 	tcase_add_test(disp, test_dispatcher_refuses_a_job_no_worker_can_run);

@@ -399,9 +399,9 @@ refuse(const policy *pol, const char *what, const char *real, bool write)
 	const char *allowed = write ? pol->write_text : pol->read_text;
 
 	if (real != NULL && strcmp(real, what) != 0)
-		return cwi_fail(CACHEW_EINVAL, "%s: resolves to %s, outside the "
+		return cwi_fail(CACHEW_EPERM, "%s: resolves to %s, outside the "
 		    "worker's %s (allowed: %s)", what, real, flag, allowed);
-	return cwi_fail(CACHEW_EINVAL, "%s: outside the worker's %s "
+	return cwi_fail(CACHEW_EPERM, "%s: outside the worker's %s "
 	    "(allowed: %s)", what, flag, allowed);
 }
 
@@ -412,7 +412,7 @@ check_local(const policy *pol, const char *path, const char *display,
 	char real[PATH_MAX];
 
 	if (!resolve_local(path, real))
-		return cwi_fail(CACHEW_EINVAL, "%s: does not resolve to a path "
+		return cwi_fail(CACHEW_EPERM, "%s: does not resolve to a path "
 		    "under the worker's %s (a '.' or '..' after a missing "
 		    "directory, or a dangling symlink)", display,
 		    write ? "--cache-root" : "--allow-read");
@@ -442,7 +442,7 @@ check_url(const policy *pol, const char *url, const char *display,
 	bool ok;
 
 	if (has_dot_segment(url))
-		return cwi_fail(CACHEW_EINVAL, "%s: a '.' or '..' path segment, "
+		return cwi_fail(CACHEW_EPERM, "%s: a '.' or '..' path segment, "
 		    "which a worker confined by --allow-read does not follow",
 		    display);
 	key = url_key(url);
@@ -596,7 +596,7 @@ cwi_io_check_cache_root(const char *root, uint64_t *capacity)
 		return rv;
 	w = root_of(pol, strip_file_scheme(root));
 	if (w == NULL)
-		return cwi_fail(CACHEW_EINVAL, "cache root %s: below a "
+		return cwi_fail(CACHEW_EPERM, "cache root %s: below a "
 		    "--cache-root, not one: the worker keeps caches directly "
 		    "in one of its cache roots, whose capacity counts them "
 		    "(allowed: %s)", root, pol->write_text);
@@ -631,7 +631,7 @@ check_peer(const char *url, ip_addr *a)
 	inet_ntop(a->family, a->b, ip, sizeof(ip));
 	u = url_split(url);
 	scheme_end = strstr(url, "://");
-	return cwi_fail(CACHEW_EINVAL, "%s: connects to %s, %s address, which "
+	return cwi_fail(CACHEW_EPERM, "%s: connects to %s, %s address, which "
 	    "a worker reaches only through an --allow-read prefix naming that "
 	    "address (such as %.*s://%s%s%s%s%.*s/)", url, ip, kind,
 	    scheme_end != NULL ? (int)(scheme_end - url) : 4, url,
@@ -657,7 +657,7 @@ cwi_io_check_peer(const char *url, const struct sockaddr *sa)
 		a.family = AF_INET6;
 		memcpy(a.b, &in6->sin6_addr, 16);
 	} else {
-		return cwi_fail(CACHEW_EINVAL, "%s: connects to an address of "
+		return cwi_fail(CACHEW_EPERM, "%s: connects to an address of "
 		    "family %d, which a confined worker does not use", url,
 		    (int)sa->sa_family);
 	}
@@ -672,7 +672,7 @@ cwi_io_check_peer_text(const char *url, const char *ip)
 	if (current() == NULL)
 		return CACHEW_OK;
 	if (ip == NULL || !parse_ip(ip, strlen(ip), &a))
-		return cwi_fail(CACHEW_EINVAL, "%s: connects to '%s', not an IP "
+		return cwi_fail(CACHEW_EPERM, "%s: connects to '%s', not an IP "
 		    "address a confined worker can check", url,
 		    ip != NULL ? ip : "");
 	return check_peer(url, &a);

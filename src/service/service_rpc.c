@@ -192,3 +192,18 @@ cwi_rpc_reply_error(cwi_request *r, cachew_err code, const char *fmt, ...)
 	m.u.error.message = NULL;
 	cwi_pmsg_free(&m);
 }
+
+void
+cwi_rpc_reply_pipeline_error(cwi_request *r, cachew_err code,
+    const char *message)
+{
+	cwi_pmsg m;
+
+	cwi_pmsg_init(&m, CWI_MSG_ERROR);
+	m.u.error.code = code;
+	m.u.error.message = (char *)message; /* borrowed for the encoding */
+	m.u.error.pipeline = true;
+	cwi_rpc_reply(r, &m);
+	m.u.error.message = NULL;
+	cwi_pmsg_free(&m);
+}

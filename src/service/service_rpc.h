@@ -53,5 +53,11 @@ void cwi_rpc_reply(cwi_request *r, const cwi_pmsg *m);
 /* Replies with an error message (CWI_MSG_ERROR). Consumes r. */
 void cwi_rpc_reply_error(cwi_request *r, cachew_err code, const char *fmt,
     ...) CACHEW_PRINTF(3, 4);
+/* Replies with a task's pipeline's own error (code and message as the
+ * plain executor gives them, marked `pipeline`), which the client ends
+ * its stream with whatever the code: a pipeline's ENOENT (a file gone) is
+ * not a request's (an unknown task). Consumes r. */
+void cwi_rpc_reply_pipeline_error(cwi_request *r, cachew_err code,
+    const char *message);
 
 #endif /* CWI_SERVICE_RPC_H */

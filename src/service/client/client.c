@@ -759,7 +759,8 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 	if (cwi_rpc_unpack(c->reply, t->address, hdr) == CACHEW_OK &&
 	    hdr->type == CWI_MSG_GET_ELEMENTS_REPLY)
 		return false;
-	if (hdr->type == CWI_MSG_ERROR && hdr->u.error.code == CACHEW_ENOENT) {
+	if (hdr->type == CWI_MSG_ERROR && hdr->u.error.code == CACHEW_ENOENT &&
+	    !hdr->u.error.pipeline) {
 		/* The worker has not started the task yet (it learns of it
 		 * at its next heartbeat, or at once when in this process) or
 		 * has dropped it; the job's task list tells which. Ask again

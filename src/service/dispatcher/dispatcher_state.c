@@ -1491,10 +1491,18 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	d->now = now_ns;
 	if (req->graph_len == 0)
 		return cwi_fail(CACHEW_EINVAL, "dataset_register: empty graph");
+	/* The same fingerprint is the same elements, not the same graph:
+	 * a pass-through operator's parameters (cache_put's root,
+	 * tfrecord_write's path) and performance ones are not hashed. So a
+	 * registration reuses a dataset only when its graph is the same
+	 * bytes too, or one tenant's job would write where another's graph
+	 * says. */
 	for (size_t i = 0; i < d->datasets.n; i++) {
 		ds = DATASET(d, i);
 		if (ds->fp.hi == req->fingerprint.hi &&
-		    ds->fp.lo == req->fingerprint.lo) {
+		    ds->fp.lo == req->fingerprint.lo &&
+		    ds->graph_len == req->graph_len &&
+		    memcmp(ds->graph, req->graph, req->graph_len) == 0) {
 			ds->last_used_ns = now_ns;
 			rep->dataset_id = ds->id;
 			return CACHEW_OK;

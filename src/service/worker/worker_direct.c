@@ -356,15 +356,11 @@ direct_reply(cwi_wtask *t, cwi_chunk *out, pulled *r, cwi_msg **msg)
 static void
 direct_fail(cwi_request *r, cachew_err rv)
 {
-	cwi_pmsg m;
-
-	cwi_pmsg_init(&m, CWI_MSG_ERROR);
-	m.u.error.code = rv;
-	m.u.error.message = (char *)cwi_errmsg_get();
-	m.u.error.pipeline = rv != CACHEW_ECLOSED;
-	cwi_rpc_reply(r, &m);
-	m.u.error.message = NULL;
-	cwi_pmsg_free(&m);
+	if (rv != CACHEW_ECLOSED) {
+		cwi_rpc_reply_pipeline_error(r, rv, cwi_errmsg_get());
+		return;
+	}
+	cwi_rpc_reply_error(r, rv, "%s", cwi_errmsg_get());
 }
 
 void

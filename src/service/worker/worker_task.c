@@ -184,9 +184,12 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		return CACHEW_OK;
 	}
 	rv = cwi_split_plan_create(&t->plan, t->root);
-	if (rv == CACHEW_EINVAL) {
+	if (rv != CACHEW_OK && rv != CACHEW_ENOMEM) {
 		/* An input this worker may not read (its --allow-read,
-		 * src/io/io_policy.h): as final as a function it lacks. */
+		 * src/io/io_policy.h: EPERM), one missing or unreadable
+		 * here (ENOENT, EIO, a 404), a bad pattern: as final as a
+		 * function it lacks. Starting the task again at every
+		 * heartbeat would only fail again while its clients wait. */
 		start_failed(t, rv);
 		*out = t;
 		return CACHEW_OK;
@@ -566,15 +569,19 @@ build_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
     reply_status *st)
 {
 	memset(st, 0, sizeof(*st));
-	if (t->failed != CACHEW_OK && t->failed_pipeline) {
+	if (t->failed != CACHEW_OK && t->failed_pipeline &&
+	    (t->qlen == 0 || t->ncons > 0)) {
 		/* An error reply, not a failed request: the client ends
 		 * the epoch with the pipeline's error (a corrupt file gives
-		 * the same error again wherever its split is leased). */
+		 * the same error again wherever its split is leased), after
+		 * the elements the pipeline gave before it, as the plain
+		 * executor would. */
 		cwi_wtask_status_fail(st, t->failed, "%s", t->errmsg[0] != '\0'
 		    ? t->errmsg : cachew_strerror(t->failed));
+		st->pipeline = true;
 		return NULL;
 	}
-	if (t->failed != CACHEW_OK) {
+	if (t->failed != CACHEW_OK && !t->failed_pipeline) {
 		st->err = t->failed; /* the task is gone: splits go elsewhere */
 		return NULL;
 	}
@@ -693,6 +700,9 @@ send_ready(cwi_wtask *t, ready_reply *v, size_t n)
 		} else if (v[i].msg != NULL) {
 			if (cwi_request_reply(v[i].r, v[i].msg) != CACHEW_OK)
 				cwi_msg_destroy(v[i].msg);
+		} else if (v[i].st.proto && v[i].st.pipeline) {
+			cwi_rpc_reply_pipeline_error(v[i].r, v[i].st.err,
+			    v[i].st.msg);
 		} else if (v[i].st.proto) {
 			cwi_rpc_reply_error(v[i].r, v[i].st.err, "%s",
 			    v[i].st.msg);
@@ -1243,6 +1253,11 @@ task_done_locked(const cwi_wtask *t)
 	if (t->ncons > 0)
 		return t->produced_all && t->end_slot != UINT64_MAX &&
 		       t->nend_served == t->ncons && t->nslots == 0;
+	/* A pipeline that failed stays failed: every client asking gets
+	 * its error, and its splits are not leased again elsewhere to fail
+	 * the same way (a file gone, a URL answering 404). */
+	if (t->failed != CACHEW_OK && t->failed_pipeline)
+		return false;
 	return t->produced_all && t->qlen == 0;
 }
 

@@ -96,6 +96,7 @@ typedef struct task_row {
 typedef struct reply_status {
 	cachew_err err;
 	bool proto;
+	bool pipeline; /* err is the task's pipeline's own (proto only) */
 	bool compress; /* the reply's elements are to be compressed */
 	char msg[256];
 } reply_status;
