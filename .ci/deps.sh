@@ -16,6 +16,8 @@ need gcc               command -v ${CC:-cc}
 need libnng-dev        has_header nng/nng.h
 # nng's TLS engine; transports/nng/nng_tls.c calls it directly too.
 need libmbedtls-dev    has_header mbedtls/ssl.h
+# The TLS engine cachew gives nng (transports/nng/nng_tls_ossl.c).
+need libssl-dev        has_header openssl/ssl.h
 need libmsgpack-dev    pkg-config --exists msgpack
 need libcurl4-openssl-dev pkg-config --exists libcurl
 need libzstd-dev       pkg-config --exists libzstd

@@ -223,18 +223,38 @@ def tls_dir():
 
 
 def tls_flags():
-    """The daemons' TLS options for transport "tls"."""
+    """The daemons' TLS options for transports "tls" and "tls+auth"."""
     d = tls_dir()
     return ["--tls-cert", os.path.join(d, "server.pem"), "--tls-key",
             os.path.join(d, "server.key"), "--tls-ca",
             os.path.join(d, "ca.pem")]
 
 
+def auth_files(d):
+    """Transport "tls+auth": the dispatcher's token table and one token
+    file per role in dir d (mode 600, as the dispatcher demands). Returns
+    {"table", "worker", "client"} paths."""
+    out = {"table": os.path.join(d, "tokens")}
+    lines = []
+    for role in ("worker", "client"):
+        tok = os.urandom(24).hex()
+        lines.append(f"{role} bench-{role} {tok}\n")
+        out[role] = os.path.join(d, f"{role}.token")
+        with open(os.open(out[role], os.O_WRONLY | os.O_CREAT, 0o600),
+                  "w") as f:
+            f.write(tok + "\n")
+    with open(os.open(out["table"], os.O_WRONLY | os.O_CREAT, 0o600),
+              "w") as f:
+        f.writelines(lines)
+    return out
+
+
 class Service:
-    """A dispatcher and WORKERS workers on one transport (tcp, ipc, or
-    tls: tls+tcp with tls_dir()'s certificate), in a temp dir. Use as a
-    context manager: the daemons are stopped on exit, whatever
-    happened."""
+    """A dispatcher and WORKERS workers on one transport (tcp, ipc, tls:
+    tls+tcp with tls_dir()'s certificate, or tls+auth: that and role
+    tokens, `--auth-tokens` on the dispatcher, `--token-file` on workers
+    and CACHEW_TOKEN_FILE for clients), in a temp dir. Use as a context
+    manager: the daemons are stopped on exit, whatever happened."""
 
     def __init__(self, cachewd, transport, workers=WORKERS,
                  threads=WORKER_THREADS, extra=(), dispatcher_extra=()):
@@ -249,23 +269,26 @@ class Service:
         self.workers = []
         self.url = None
         self.exit_codes = {}
+        self.auth = None  # auth_files(), transport tls+auth
 
     def listen(self, name):
         if self.transport == "ipc":
             return f"ipc://{self.dir}/{name}.sock"
-        if self.transport == "tls":
+        if self.transport in ("tls", "tls+auth"):
             return "tls+tcp://127.0.0.1:0"
         return "tcp://127.0.0.1:0"
 
     def common(self):
-        tls = tls_flags() if self.transport == "tls" else []
+        tls = tls_flags() if self.transport in ("tls", "tls+auth") else []
         return ["--heartbeat-ms", str(HEARTBEAT_MS)] + tls + self.extra
 
     def client_env(self):
         """The environment of a client of this service."""
         env = dict(os.environ, CACHEW_SERVICE=self.url)
-        if self.transport == "tls":
+        if self.transport in ("tls", "tls+auth"):
             env["CACHEW_TLS_CA"] = os.path.join(tls_dir(), "ca.pem")
+        if self.auth is not None:
+            env["CACHEW_TOKEN_FILE"] = self.auth["client"]
         return env
 
     def __enter__(self):
@@ -273,11 +296,15 @@ class Service:
         self.dir = tempfile.mkdtemp(prefix="cachew-w5-", dir="/tmp")
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
+            auth = []
+            if self.transport == "tls+auth":
+                self.auth = auth_files(self.dir)
+                auth = ["--auth-tokens", self.auth["table"]]
             self.dispatcher = Daemon(
                 "dispatcher",
                 [self.cachewd, "--role=dispatcher", "--listen",
                  self.listen("d"), "--work-dir",
-                 os.path.join(self.dir, "work")] + self.common() +
+                 os.path.join(self.dir, "work")] + self.common() + auth +
                 self.dispatcher_extra,
                 os.path.join(self.dir, "dispatcher.log"))
             self.dispatcher.start()
@@ -301,7 +328,9 @@ class Service:
                     "--drain-timeout-ms", "10000",
                     # The workloads' data, wherever it was generated: a
                     # worker reads only what --allow-read allows.
-                    "--allow-read", "/"] + self.common(),
+                    "--allow-read", "/"] + self.common() +
+                   (["--token-file", self.auth["worker"]]
+                    if self.auth is not None else []),
                    os.path.join(self.dir, f"worker{i + 1}.log"))
         self.workers.append(w)
         w.start()
@@ -709,15 +738,30 @@ def cpu_ratio(inproc, served):
 
 
 def main():
+    global TRANSPORTS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help="small sizes, under 60 s, same code paths")
     ap.add_argument("--reps", type=int, default=3,
                     help="repetitions per configuration (default 3)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--transports", default=",".join(TRANSPORTS),
+                    help="comma-separated, of ipc, tcp, tls (tls+tcp) and "
+                    "tls+auth (TLS and role tokens); default ipc,tcp. With "
+                    "tls+auth and tcp, also prints tls+auth / tcp; a full "
+                    "run not on the default writes the TLS section")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be >= 1")
+    default_transports = TRANSPORTS
+    TRANSPORTS = tuple(t for t in args.transports.split(",") if t)
+    bad = [t for t in TRANSPORTS if t not in ("ipc", "tcp", "tls",
+                                              "tls+auth")]
+    if bad or not TRANSPORTS or "tcp" not in TRANSPORTS:
+        ap.error(f"--transports {args.transports}: ipc, tcp, tls, "
+                 "tls+auth, comma-separated, tcp among them (the reference "
+                 "of the last line)")
+    wid = WID if TRANSPORTS == default_transports else "TLS"
     mode = "quick" if args.quick else "full"
     sz = SIZES[mode]
 
@@ -765,6 +809,16 @@ def main():
             f"{verdict(w1_rate[tr] >= TARGETS['w1_rate'])}); "
             f"{w1_ratio[tr]:.2f}x in-process; CPU per element in-process / "
             f"service = {cpu_ratio(w1c[0], served):.2f}x")
+    for tr in [t for t in TRANSPORTS if t in ("tls", "tls+auth")]:
+        for name, cs in (("W2", w2c), ("W1", w1c)):
+            a = next(c for c in cs if c.transport == tr)
+            b = next(c for c in cs if c.transport == "tcp")
+            ratio_lines.append(
+                f"{name} {tr} / tcp = {a.median() / b.median():.2f}x"
+                + (f" (target >= {TARGETS['w2_ratio']:.1f}x: "
+                   f"{verdict(a.median() / b.median() >= TARGETS['w2_ratio'])})"
+                   if name == "W2" else "")
+                + f"; CPU per unit tcp / {tr} = {cpu_ratio(b, a):.2f}x")
     warning = h.load_warning(info)
     if warning is not None:
         ratio_lines.append(warning)
@@ -800,11 +854,17 @@ def main():
                         "parallelism": c.parallelism, "argv": c.argv,
                         "units": c.units, "runs": c.runs}
                        for c in configs]}
-    raw_path = h.write_raw(WID if mode == "full" else WID + "-quick", raw)
+    raw_path = h.write_raw((WID if wid == WID else WID + "-" + wid)
+                           + ("" if mode == "full" else "-quick"), raw)
 
     if mode == "full":
+        over = " and ".join(
+            {"ipc": "ipc://", "tcp": "tcp://127.0.0.1",
+             "tls": "tls+tcp://127.0.0.1",
+             "tls+auth": "tls+tcp://127.0.0.1 with role tokens"}[t]
+            for t in TRANSPORTS)
         md = [f"## W5 - W2 and W1 through the service (dispatcher + "
-              f"{WORKERS} workers) over ipc:// and tcp://127.0.0.1", "",
+              f"{WORKERS} workers) over {over}", "",
               f"{info['date']}, {info['cpus']} CPUs ({info['cpu']}), commit "
               f"{info['commit']}, {args.reps} reps each, interleaved; 1-min "
               f"load average {info['loadavg_start']} before, "
@@ -822,7 +882,7 @@ def main():
               "of the reps.", "",
               h.md_table(HEADER, rows), ""]
         md += [f"- {line}" for line in ratio_lines]
-        h.write_section(WID, "\n".join(md) + "\n")
+        h.write_section(wid, "\n".join(md) + "\n")
 
     print(f"W5 ({mode}, {args.reps} reps, {info['cpus']} CPUs, "
           f"{info['date']}, commit {info['commit']}, load "

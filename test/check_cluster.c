@@ -10,6 +10,9 @@
 #include "../src/graph/graph.h"
 #include "../src/service/service_rpc.h"
 
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -2505,6 +2508,38 @@ START_TEST(tls_cluster_mutual_tls_iterates_exactly_as_in_process)
 }
 END_TEST
 
+/* Daemons on nng's own TLS engine (mbedTLS: CACHEW_TLS_ENGINE=mbedtls)
+ * and a client on cachew's OpenSSL one speak to each other, mutual TLS
+ * and all: a build of either kind can be a peer. */
+START_TEST(tls_cluster_openssl_client_with_mbedtls_daemons)
+{
+	static const char *const pipeline = "range(5000) | map(mul, value=3)";
+	cachew_options *o, *local = cwt_opts(7, 1);
+	char *got, *want, *log;
+	cwt_cluster c;
+
+	ck_assert_int_eq(setenv("CACHEW_TLS_ENGINE", "mbedtls", 1), 0);
+	cwt_cluster_start_tls(&c, 1, "required");
+	wait_registered(&c);
+	ck_assert_int_eq(unsetenv("CACHEW_TLS_ENGINE"), 0);
+	o = tls_client(c.dispatcher.url, "ca.pem", "client.pem", "client.key");
+	got = cwt_hash_seq(pipeline, o, 1);
+	want = cwt_hash_seq(pipeline, local, 1);
+	ck_assert_str_eq(got, want);
+	ck_assert_str_eq(nng_tls_engine_name(), "cachew-openssl");
+	log = cwt_slurp(c.dispatcher.log);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "engine=mbed client_auth=required") != NULL,
+	    "%s", log);
+	free(log);
+	free(got);
+	free(want);
+	cachew_options_destroy(o);
+	cachew_options_destroy(local);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(tls_cluster_refuses_a_client_without_certificate)
 {
 	char *ca = tls_path("ca.pem");
@@ -2686,6 +2721,7 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tls, 120);
 	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);
 	tcase_add_test(tls, tls_cluster_mutual_tls_iterates_exactly_as_in_process);
+	tcase_add_test(tls, tls_cluster_openssl_client_with_mbedtls_daemons);
 	tcase_add_test(tls, tls_cluster_refuses_a_client_without_certificate);
 	tcase_add_test(tls, tls_cluster_refuses_a_client_trusting_another_ca);
 	tcase_add_test(tls, tls_cluster_refuses_a_plaintext_client);

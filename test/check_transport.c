@@ -2806,7 +2806,7 @@ START_TEST(test_tls_client_certificate_of_another_ca_is_refused)
 
 	assert_tls_refused(&s, "server.pem", "server.key",
 	    CWI_TLS_CLIENT_AUTH_REQUIRED, &o, reason,
-	    "showed one that tls_ca does not trust");
+	    "one that tls_ca does not trust");
 	free(reason);
 	srv_stop(&s);
 }

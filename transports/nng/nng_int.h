@@ -320,6 +320,12 @@ int cwi_nng_tls_set_listener(cwi_nng_tls *t, nng_stream_listener *l);
  * about the refusal, from the listener's side (server) or the dialer's;
  * NULL when it is not a handshake error. A static string. */
 const char *cwi_nng_tls_refusal(int rv, bool server);
+/* Makes nng's TLS use the OpenSSL engine (nng_tls_ossl.c) unless
+ * CACHEW_TLS_ENGINE=mbedtls: called before every TLS configuration is
+ * allocated (cheap once installed). 0 or an nng error. */
+int cwi_nng_tls_engine_use(void);
+/* The name of the engine nng's TLS uses now (nng's own: "mbed"). */
+const char *cwi_nng_tls_engine(void);
 /*
  * The dialer's diagnosis of a link to url that died before the peer's
  * handshake: connects once more with mbedTLS (t's credentials; t NULL for

@@ -281,6 +281,8 @@ nng_config_build(cwi_nng_tls *t, const char *url)
 	};
 	int nrv;
 
+	if ((nrv = cwi_nng_tls_engine_use()) != 0)
+		return cwi_nng_err(nrv, url, "TLS engine");
 	if ((nrv = nng_tls_config_alloc(&t->cfg, t->server
 		     ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT)) != 0)
 		return cwi_nng_err(nrv, url, "TLS configuration");
@@ -340,6 +342,13 @@ cwi_nng_tls_create(cwi_nng_tls **out, const char *url,
 	}
 	if ((rv = nng_config_build(t, url)) != CACHEW_OK)
 		goto fail;
+	if (server)
+		cwi_log(CACHEW_LOG_INFO, "transport", "event=tls_listener "
+		    "url=%s engine=%s client_auth=%s", url,
+		    cwi_nng_tls_engine(),
+		    t->client_auth == CWI_TLS_CLIENT_AUTH_REQUIRED ? "required"
+		    : t->client_auth == CWI_TLS_CLIENT_AUTH_OPTIONAL ? "optional"
+								   : "none");
 	*out = t;
 	return CACHEW_OK;
 fail:
