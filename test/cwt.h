@@ -195,6 +195,11 @@ typedef struct cwt_cluster {
 	/* cwt_cluster_start_tls: the listeners' --tls-client-auth; NULL:
 	 * plaintext tcp. */
 	const char *tls_client_auth;
+	/* cwt_cluster_start_secure: role tokens. The dispatcher's
+	 * --auth-tokens table, the workers' --token-file and a client's
+	 * (role client, also good for `cachew status --token-file`); empty
+	 * strings otherwise. */
+	char token_table[600], worker_token[600], client_token[600];
 } cwt_cluster;
 
 void cwt_cluster_start(cwt_cluster *c, int nworkers);
@@ -204,6 +209,11 @@ void cwt_cluster_start(cwt_cluster *c, int nworkers);
  * and asks clients for certificates as client_auth says (none, optional,
  * required). */
 void cwt_cluster_start_tls(cwt_cluster *c, int nworkers,
+    const char *client_auth);
+/* TLS as cwt_cluster_start_tls and role tokens (docs/security.md): the
+ * dispatcher runs with --auth-tokens, the workers with --token-file; a
+ * client uses c->client_token (token_file, CACHEW_TOKEN_FILE). */
+void cwt_cluster_start_secure(cwt_cluster *c, int nworkers,
     const char *client_auth);
 /* Starts worker i (its log is <dir>/worker<i>.log). */
 void cwt_cluster_worker_start(cwt_cluster *c, int i);

@@ -358,21 +358,76 @@ cwt_cluster_worker_start(cwt_cluster *c, int i)
 	    c->dispatcher.url, "--listen", cluster_listen(c), "--heartbeat-ms",
 	    "50", "--threads", "1", "--allow-read", c->dir, "--cache-root",
 	    cache};
+	size_t n;
 
 	ck_assert_int_lt(i, CWT_CLUSTER_MAX_WORKERS);
 	snprintf(name, sizeof(name), "worker%d", i);
 	snprintf(cache, sizeof(cache), "%s/cache", c->dir);
-	args[cluster_tls_args(c, args, 13)] = NULL;
+	n = cluster_tls_args(c, args, 13);
+	if (c->worker_token[0] != '\0') {
+		args[n++] = "--token-file";
+		args[n++] = c->worker_token;
+	}
+	args[n] = NULL;
 	cwt_daemon_startv(&c->workers[i], c->dir, name, args);
 }
 
+/* Writes text to path with mode 0600 (token files must not be readable
+ * by others). */
 static void
-cluster_start(cwt_cluster *c, int nworkers, const char *tls_client_auth)
+write_private(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+	ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+	ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	ck_assert_int_eq(close(fd), 0);
+}
+
+/* A fresh random token: 32 hex digits from /dev/urandom. */
+static void
+random_token(char out[33])
+{
+	uint8_t b[16];
+	int fd = open("/dev/urandom", O_RDONLY);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(read(fd, b, sizeof(b)), (ssize_t)sizeof(b));
+	close(fd);
+	for (size_t i = 0; i < sizeof(b); i++)
+		snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+/* The token table and files of a secure cluster, in its dir. */
+static void
+cluster_tokens(cwt_cluster *c)
+{
+	char w[33], cl[33], line[200];
+
+	random_token(w);
+	random_token(cl);
+	snprintf(c->token_table, sizeof(c->token_table), "%s/tokens", c->dir);
+	snprintf(c->worker_token, sizeof(c->worker_token), "%s/worker.token",
+	    c->dir);
+	snprintf(c->client_token, sizeof(c->client_token), "%s/client.token",
+	    c->dir);
+	snprintf(line, sizeof(line), "worker w %s\nclient tenant %s\n", w, cl);
+	write_private(c->token_table, line);
+	snprintf(line, sizeof(line), "%s\n", w);
+	write_private(c->worker_token, line);
+	snprintf(line, sizeof(line), "%s\n", cl);
+	write_private(c->client_token, line);
+}
+
+static void
+cluster_start(cwt_cluster *c, int nworkers, const char *tls_client_auth,
+    bool tokens)
 {
 	const char *args[32] = {"--role=dispatcher", "--listen", NULL,
 	    "--work-dir", NULL, "--heartbeat-ms", "50", "--worker-timeout-ms",
 	    "2000", "--client-timeout-ms", "20000", "--journal-verify", "1"};
 	char work[600];
+	size_t n;
 
 	memset(c, 0, sizeof(*c));
 	c->dir = cwt_tmpdir();
@@ -380,7 +435,13 @@ cluster_start(cwt_cluster *c, int nworkers, const char *tls_client_auth)
 	snprintf(work, sizeof(work), "%s/work", c->dir);
 	args[2] = cluster_listen(c);
 	args[4] = work;
-	args[cluster_tls_args(c, args, 13)] = NULL;
+	n = cluster_tls_args(c, args, 13);
+	if (tokens) {
+		cluster_tokens(c);
+		args[n++] = "--auth-tokens";
+		args[n++] = c->token_table;
+	}
+	args[n] = NULL;
 	cwt_daemon_startv(&c->dispatcher, c->dir, "dispatcher", args);
 	c->verify_journal = true;
 	for (int i = 0; i < nworkers; i++)
@@ -391,13 +452,19 @@ cluster_start(cwt_cluster *c, int nworkers, const char *tls_client_auth)
 void
 cwt_cluster_start(cwt_cluster *c, int nworkers)
 {
-	cluster_start(c, nworkers, NULL);
+	cluster_start(c, nworkers, NULL, false);
 }
 
 void
 cwt_cluster_start_tls(cwt_cluster *c, int nworkers, const char *client_auth)
 {
-	cluster_start(c, nworkers, client_auth);
+	cluster_start(c, nworkers, client_auth, false);
+}
+
+void
+cwt_cluster_start_secure(cwt_cluster *c, int nworkers, const char *client_auth)
+{
+	cluster_start(c, nworkers, client_auth, true);
 }
 
 void
