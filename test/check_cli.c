@@ -862,6 +862,116 @@ START_TEST(plugin_identity_is_its_info_or_its_file_name)
 }
 END_TEST
 
+/* ---- README's install and link lines ----------------------------------- */
+
+/* The sh block after "<!-- install-and-link -->" in README.md, or NULL. */
+static char *
+readme_link_block(void)
+{
+	char *readme = cwt_slurp("README.md"), *start, *end, *block = NULL;
+
+	if (readme == NULL)
+		return NULL;
+	start = strstr(readme, "<!-- install-and-link -->\n```sh\n");
+	if (start != NULL) {
+		start = strchr(strchr(start, '\n') + 1, '\n') + 1;
+		end = strstr(start, "```\n");
+		if (end != NULL)
+			block = strndup(start, (size_t)(end - start));
+	}
+	free(readme);
+	return block;
+}
+
+/* A source tree in dir/src made of links to this one's, so that what the
+ * README's lines write (train_loop, train_loop_static) lands in dir. */
+static void
+link_source_tree(const char *dir)
+{
+	static const char *const parts[] = {"Makefile", "include", "src",
+	    "transports", "examples", "test", "build"};
+	char cwd[512], from[700], to[700];
+
+	ck_assert_ptr_nonnull(getcwd(cwd, sizeof(cwd)));
+	snprintf(to, sizeof(to), "%s/src", dir);
+	ck_assert_int_eq(mkdir(to, 0700), 0);
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+		snprintf(from, sizeof(from), "%s/%s", cwd, parts[i]);
+		snprintf(to, sizeof(to), "%s/src/%s", dir, parts[i]);
+		ck_assert_int_eq(symlink(from, to), 0);
+	}
+}
+
+/* issue 17: the README's link line gave 276 undefined references, the one
+ * in train_loop.c 350, the pkg-config one a program that could not find
+ * libcachew.so.0, and cachew.pc kept the first install's prefix. The
+ * README's lines, run as written with HOME in a fresh directory, install,
+ * build train_loop shared and static, and both run. */
+START_TEST(install_and_link_with_the_readme_lines)
+{
+	char *dir, *block = readme_link_block(), *script, *run, *log, *want;
+	int st;
+
+	ck_assert_msg(block != NULL, "README.md has no install-and-link "
+				     "block");
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	/* The README's cc lines carry no sanitizer runtime. */
+	printf("cli: the README's link lines run in the plain build only\n");
+	free(block);
+	return;
+#endif
+	if (strcmp(cwt_build_dir(), "build") != 0) {
+		printf("cli: the README's link lines name build/: skipped for "
+		       "%s\n", cwt_build_dir());
+		free(block);
+		return;
+	}
+	dir = cwt_tmpdir();
+	link_source_tree(dir);
+	/* Another install first: cachew.pc must then name the README's
+	 * prefix, not this one. */
+	log = cwt_fmt("cd %s/src && unset MAKEFLAGS MAKELEVEL MFLAGS && "
+		      "make -s install PREFIX=%s/first >/dev/null && "
+		      "HOME=%s && export HOME && set -ex\n%s",
+	    dir, dir, dir, block);
+	script = cwt_fmt("%s/link.sh", dir);
+	cwt_write_file(script, log, strlen(log));
+	free(log);
+	run = cwt_fmt("sh -e %s > %s/out 2>&1", script, dir);
+	st = system(run);
+	want = cwt_fmt("%s/out", dir);
+	log = cwt_slurp(want);
+	ck_assert_ptr_nonnull(log);
+	/* The end of the log: Check's messages are short. */
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	    "the README's lines failed:\n%s",
+	    strlen(log) > 1500 ? log + strlen(log) - 1500 : log);
+	/* Both programs ran the whole pipeline. */
+	ck_assert_msg(strstr(log, "batches    100\nchecksum   499500") != NULL,
+	    "%s", log);
+	ck_assert_msg(strstr(strstr(log, "checksum   499500") + 1,
+			  "checksum   499500") != NULL, "%s", log);
+	free(log);
+	free(want);
+	want = cwt_fmt("%s/.local/lib/pkgconfig/cachew.pc", dir);
+	log = cwt_slurp(want);
+	ck_assert_ptr_nonnull(log);
+	free(want);
+	want = cwt_fmt("prefix=%s/.local\n", dir);
+	ck_assert_msg(strncmp(log, want, strlen(want)) == 0, "%s", log);
+	free(want);
+	want = cwt_fmt("%s/.local/bin/cachewd", dir);
+	ck_assert_int_eq(access(want, X_OK), 0);
+	free(want);
+	free(log);
+	free(run);
+	free(script);
+	free(block);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- the layer check (test/module_graph.py, make check-layers) ---------- */
 
 /* Compiles `src` into dir/module/name.o (a module is a folder). */
@@ -939,6 +1049,7 @@ cwt_cli_suite(void)
 	TCase *run = tcase_create("run");
 	TCase *other = tcase_create("explain_ops_help");
 	TCase *plugin = tcase_create("plugin");
+	TCase *install = tcase_create("install_and_link");
 
 	tcase_set_timeout(run, 30);
 	tcase_add_test(run, run_json_reports_exact_elements_and_fingerprint);
@@ -971,6 +1082,11 @@ cwt_cli_suite(void)
 	tcase_add_test(other, version_prints_library_version);
 	tcase_add_test(other, layer_check_fails_on_a_cycle_across_folders);
 	suite_add_tcase(s, other);
+
+	/* make install and two compilations of train_loop. */
+	tcase_set_timeout(install, 120);
+	tcase_add_test(install, install_and_link_with_the_readme_lines);
+	suite_add_tcase(s, install);
 
 	tcase_add_test(plugin, plugin_square_maps_values);
 	tcase_add_test(plugin, plugin_square_maps_batches_in_place);
