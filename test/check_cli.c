@@ -972,6 +972,56 @@ START_TEST(install_and_link_with_the_readme_lines)
 }
 END_TEST
 
+/* issue 17: the Dockerfile of deploy/kubernetes/README.md built an image
+ * whose runtime stage lacked libjpeg.so.62 (and the mbedTLS libraries):
+ * the package of every library the programs and libcachew.so need (their
+ * DT_NEEDED entries, found with dpkg -S) is in its runtime apt-get line. */
+START_TEST(deploy_image_has_every_library)
+{
+	static const char script[] =
+	    "set -e\n"
+	    "b=$1\n"
+	    "pkgs=$(sed -n '/^FROM debian:12$/,/^COPY/p' "
+	    "deploy/kubernetes/README.md | tr -s ' \\\\\\n' '\\n\\n\\n')\n"
+	    "arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || "
+	    "gcc -dumpmachine)\n"
+	    "for l in $(for f in $b/cachew $b/cachewd $b/libcachew.so; do "
+	    "readelf -d $f | sed -n 's/.*Shared library: \\[\\(.*\\)\\]/\\1/p';"
+	    " done | sort -u); do\n"
+	    "  p=$(dpkg -S \"*/$arch/$l\" | head -n 1 | cut -d: -f1)\n"
+	    "  [ -n \"$p\" ] || { echo \"$l: no package\"; exit 1; }\n"
+	    "  [ \"$p\" = libc6 ] && continue\n"
+	    "  echo \"$pkgs\" | grep -qx \"$p\" || "
+	    "{ echo \"$l: $p is not in the image\"; exit 1; }\n"
+	    "done\n"
+	    "echo checked\n";
+	char *dir, *path, *cmd, *log;
+	int st;
+
+	if (system("command -v dpkg readelf >/dev/null 2>&1") != 0) {
+		printf("cli: no dpkg or readelf: the image check skipped\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	path = cwt_fmt("%s/libs.sh", dir);
+	cwt_write_file(path, script, strlen(script));
+	cmd = cwt_fmt("sh %s %s > %s/out 2>&1", path, cwt_build_dir(), dir);
+	st = system(cmd);
+	free(path);
+	path = cwt_fmt("%s/out", dir);
+	log = cwt_slurp(path);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 &&
+			  strcmp(log, "checked\n") == 0,
+	    "%s", log);
+	free(log);
+	free(path);
+	free(cmd);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- the layer check (test/module_graph.py, make check-layers) ---------- */
 
 /* Compiles `src` into dir/module/name.o (a module is a folder). */
@@ -1086,6 +1136,7 @@ cwt_cli_suite(void)
 	/* make install and two compilations of train_loop. */
 	tcase_set_timeout(install, 120);
 	tcase_add_test(install, install_and_link_with_the_readme_lines);
+	tcase_add_test(install, deploy_image_has_every_library);
 	suite_add_tcase(s, install);
 
 	tcase_add_test(plugin, plugin_square_maps_values);
