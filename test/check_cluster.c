@@ -2067,6 +2067,132 @@ START_TEST(cluster_dispatcher_gone_is_a_clear_error)
 }
 END_TEST
 
+/* ---- stopping ---------------------------------------------------------- */
+
+/* issue 17 (make demo's silent minute): SIGTERM to the dispatcher and its
+ * workers at once made each worker heartbeat a gone dispatcher in a loop
+ * (~150 heartbeat_failed lines) and wait out the 60 s drain timeout with
+ * nothing leased, then exit 1. Each exits 0 now, at once. */
+START_TEST(sigterm_to_dispatcher_and_workers_at_once_stops_each_cleanly)
+{
+	cwt_cluster c;
+	cachew_options *o;
+	char *seq, *want, *log;
+
+	cwt_cluster_start(&c, 2);
+	o = cwt_opts_at(7, 0, c.dispatcher.url);
+	seq = cwt_hash_seq("range(40)", o, 1);
+	ck_assert_str_eq(seq, want = cwt_hash_seq("range(40)", NULL, 1));
+	free(want);
+	free(seq);
+	cachew_options_destroy(o);
+	ck_assert_int_eq(kill(c.dispatcher.pid, SIGTERM), 0);
+	ck_assert_int_eq(kill(c.workers[0].pid, SIGTERM), 0);
+	ck_assert_int_eq(kill(c.workers[1].pid, SIGTERM), 0);
+	/* The drain timeout is 60 s: within 10 s means it was not waited. */
+	ck_assert_int_eq(cwt_daemon_wait(&c.dispatcher, 10000), 0);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(cwt_daemon_wait(&c.workers[i], 10000), 0);
+		log = cwt_slurp(c.workers[i].log);
+		ck_assert_ptr_nonnull(log);
+		ck_assert_msg(cwt_count(log, "event=heartbeat_failed") <= 1 &&
+				  strstr(log, "event=drain_timeout") == NULL &&
+				  strstr(log, "event=stopped") != NULL,
+		    "%s", log);
+		free(log);
+	}
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A worker whose dispatcher never answered (never registered: nothing
+ * leased) says it is failing to register, once, naming the reason, and
+ * stops at once on SIGTERM with 0 (issue 17: silent, then the 60 s drain
+ * timeout and 1). */
+START_TEST(worker_without_its_dispatcher_says_so_and_stops_at_once)
+{
+	char *dir = cwt_tmpdir(), *log = NULL, url[64];
+	cwt_daemon w;
+
+	cwt_refused_url(url, sizeof(url));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "50",
+	    (char *)NULL);
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+	     cwt_now_ms() < end; cwt_nap_ms(20)) {
+		free(log);
+		log = cwt_slurp(w.log);
+		if (log != NULL && strstr(log, "event=register_failed") != NULL)
+			break;
+	}
+	ck_assert_msg(log != NULL && strstr(log, "event=register_failed") !=
+					     NULL &&
+			  strstr(log, "Connection refused") != NULL,
+	    "%s", log != NULL ? log : "no log");
+	free(log);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(cwt_count(log, "event=register_failed") == 1, "%s", log);
+	free(log);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* issue 17: a service naming an address where nothing listens waited the
+ * whole service timeout (30 s), then said "no reply within 29999 ms". It
+ * fails in seconds now, naming the refusal. */
+START_TEST(service_at_a_dead_address_fails_fast_naming_the_refusal)
+{
+	cachew_options *o = cwt_opts(1, 1);
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char url[64], err[512];
+	uint64_t t0;
+
+	cwt_refused_url(url, sizeof(url));
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	t0 = cwt_now_ms();
+	ck_assert_int_eq(cwt_run("range(10)", o, &v, &n, err, sizeof(err)),
+	    CACHEW_EIO);
+	/* The default service timeout is 30 s: this is the refusal. */
+	ck_assert_uint_lt(cwt_now_ms() - t0, (uint64_t)cwt_bound_ms(15000));
+	ck_assert_msg(strstr(err, url) != NULL &&
+			  strstr(err, "Connection refused") != NULL,
+	    "%s", err);
+	cachew_options_destroy(o);
+}
+END_TEST
+
+/* issue 17: a worker listening on 0.0.0.0 registered tcp://0.0.0.0:PORT,
+ * which no other host can dial, and said nothing. It warns, naming
+ * --advertise; with --advertise it does not. */
+START_TEST(worker_on_a_wildcard_address_warns_naming_advertise)
+{
+	char *dir = cwt_tmpdir(), *log, url[64];
+	cwt_daemon w;
+
+	cwt_refused_url(url, sizeof(url));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://0.0.0.0:0", (char *)NULL);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(strstr(log, "event=wildcard_address url=tcp://0.0.0.0:") !=
+			  NULL && strstr(log, "--advertise") != NULL,
+	    "%s", log);
+	free(log);
+	cwt_daemon_start(&w, dir, "worker2", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://0.0.0.0:0", "--advertise",
+	    "tcp://127.0.0.1:7071", (char *)NULL);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(strstr(log, "event=wildcard_address") == NULL, "%s", log);
+	free(log);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- hostile peers ---------------------------------------------------------------- */
 
 static int
@@ -2626,6 +2752,7 @@ cwt_cluster_suite(void)
 	Suite *s = suite_create("cluster");
 	TCase *tc = tcase_create("cluster");
 	TCase *tls = tcase_create("tls");
+	TCase *ops = tcase_create("ops");
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
@@ -2682,6 +2809,16 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cachewd_bad_options_exit_2);
 	tcase_add_test(tc, cachewd_config_file_and_environment);
 	suite_add_tcase(s, tc);
+
+	tcase_set_timeout(ops, 60);
+	tcase_add_test(ops,
+	    sigterm_to_dispatcher_and_workers_at_once_stops_each_cleanly);
+	tcase_add_test(ops,
+	    worker_without_its_dispatcher_says_so_and_stops_at_once);
+	tcase_add_test(ops,
+	    service_at_a_dead_address_fails_fast_naming_the_refusal);
+	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
+	suite_add_tcase(s, ops);
 
 	tcase_set_timeout(tls, 120);
 	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);

@@ -175,7 +175,7 @@ static cachew_err
 do_register(cwi_worker *w)
 {
 	cwi_pmsg req, rep;
-	uint64_t refused_said = 0;
+	uint64_t said = 0;
 	cachew_err rv;
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
@@ -195,31 +195,36 @@ do_register(cwi_worker *w)
 	 * bounded (the retry's per-call timeout is what is left of it, an
 	 * int of milliseconds) and long enough for a slow dispatcher: a
 	 * registration whose reply comes after its timeout is sent again,
-	 * and the second one replaces the first, tasks and all. A refusal
-	 * (TLS: CACHEW_EAUTH; a token: CACHEW_EPERM) is an error in the log
-	 * at once, then every 10 s, and asked again every heartbeat
-	 * interval: the certificate or the token table may be mended
-	 * meanwhile. */
+	 * and the second one replaces the first, tasks and all. A failure is
+	 * in the log at once, then every 10 s: a refusal (TLS: CACHEW_EAUTH;
+	 * a token: CACHEW_EPERM) as an error, a dispatcher not there (not
+	 * started yet, a wrong address) as a warning naming the dial's
+	 * error. Both are asked again every heartbeat interval: the
+	 * certificate or the token table may be mended, the dispatcher may
+	 * come. */
 	do {
 		rv = cwi_rpc_call_retry(w->dispatcher, &req,
 		    CWI_MSG_WORKER_REGISTER_REPLY,
 		    (int64_t)w->cfg.worker_timeout_ms > 10000
 			? (int64_t)w->cfg.worker_timeout_ms : 10000,
 		    &w->stop, &rep);
-		if ((rv == CACHEW_EAUTH || rv == CACHEW_EPERM) &&
-		    !atomic_load(&w->stop)) {
-			if (cwi_now_ns() >= refused_said) {
-				cwi_log(CACHEW_LOG_ERROR, "worker",
-				    "event=register_refused dispatcher=%s "
-				    "error=\"%s\"", w->cfg.dispatcher,
-				    cwi_errmsg_get());
-				refused_said = cwi_now_ns() +
-				    UINT64_C(10000000000);
-			}
-			if (atomic_load(&w->draining))
-				break; /* nothing to drain */
-			sleep_interval(w);
+		if (rv == CACHEW_OK || rv == CACHEW_ECANCELED ||
+		    atomic_load(&w->stop))
+			break;
+		if (cwi_now_ns() >= said) {
+			bool refused = rv == CACHEW_EAUTH || rv == CACHEW_EPERM;
+
+			cwi_log(refused ? CACHEW_LOG_ERROR : CACHEW_LOG_WARN,
+			    "worker", "event=%s dispatcher=%s error=\"%s\"",
+			    refused ? "register_refused" : "register_failed",
+			    w->cfg.dispatcher, cwi_errmsg_get());
+			said = cwi_now_ns() + UINT64_C(10000000000);
 		}
+		if (atomic_load(&w->draining))
+			break; /* nothing to drain */
+		if (rv == CACHEW_EAUTH || rv == CACHEW_EPERM ||
+		    cwi_conn_unreachable(w->dispatcher))
+			sleep_interval(w);
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
 		     rv == CACHEW_ECLOSED || rv == CACHEW_EAUTH ||
 		     rv == CACHEW_EPERM) &&
@@ -408,11 +413,15 @@ sleep_interval(cwi_worker *w)
 {
 	uint64_t end = cwi_now_ns() + (uint64_t)w->cfg.heartbeat_ms * 1000000u;
 
-	/* Naps of at most 20 ms: stop and drain are noticed within them; a
-	 * poke ends the wait at once. */
+	/* Naps of at most 20 ms: stop is noticed within them; a poke (the
+	 * start of a drain is one) ends the wait at once. A draining worker
+	 * heartbeats every 100 ms at most, to notice its tasks are drained
+	 * soon, not in a loop: against a dispatcher that is gone each call
+	 * fails at once, and the loop spun. */
+	if (atomic_load(&w->draining) && w->cfg.heartbeat_ms > 100)
+		end = cwi_now_ns() + 100 * 1000000u;
 	pthread_mutex_lock(&w->lock);
-	while (!atomic_load(&w->stop) && !atomic_load(&w->draining) &&
-	       !w->poked) {
+	while (!atomic_load(&w->stop) && !w->poked) {
 		uint64_t now = cwi_now_ns();
 
 		if (now >= end)
@@ -512,8 +521,14 @@ heartbeat_main(void *arg)
 			hb_fail_since = 0;
 			hb_warn_next = 0;
 		}
-		if (rv == CACHEW_OK && atomic_load(&w->draining) && drained) {
-			do_deregister(w);
+		/* Drained is a local fact: every task's clients have what it
+		 * produced, and a draining worker starts no task. So a
+		 * worker whose dispatcher is gone (both got SIGTERM at
+		 * once) stops now rather than waiting out the drain
+		 * timeout; its deregistration is a courtesy. */
+		if (atomic_load(&w->draining) && drained) {
+			if (rv == CACHEW_OK)
+				do_deregister(w);
 			pthread_mutex_lock(&w->lock);
 			w->drained = true;
 			pthread_cond_broadcast(&w->cond);
@@ -526,6 +541,25 @@ heartbeat_main(void *arg)
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
+
+/* Whether url's host is a wildcard (0.0.0.0, [::], *, none): what a
+ * worker listening on every interface would register without
+ * --advertise, which only a client on its own host can dial. */
+static bool
+url_is_wildcard(const char *url)
+{
+	static const char *const hosts[] = {"0.0.0.0:", "[::]:", "*:", ":"};
+	const char *host = strstr(url, "://");
+
+	if (host == NULL || strncmp(url, "ipc://", 6) == 0 ||
+	    strncmp(url, "inproc://", 9) == 0)
+		return false;
+	host += 3;
+	for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++)
+		if (strncmp(host, hosts[i], strlen(hosts[i])) == 0)
+			return true;
+	return false;
+}
 
 static cachew_err worker_start(cwi_worker **out,
     const cwi_service_config *cfg, bool inline_run);
@@ -592,9 +626,16 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	snprintf(w->url, sizeof(w->url), "%s",
 	    cfg->advertise[0] != '\0' ? cfg->advertise
 				      : cwi_listener_url(w->listener));
+	if (cfg->advertise[0] == '\0' && url_is_wildcard(w->url))
+		cwi_log(CACHEW_LOG_WARN, "worker", "event=wildcard_address "
+		    "url=%s reason=\"clients on other hosts cannot dial a "
+		    "wildcard address; give the address they can reach with "
+		    "--advertise (e.g. --advertise=tcp://$(hostname):PORT)\"",
+		    w->url);
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = (size_t)cfg->max_message_bytes;
 	topts.dial_async = true;
+	topts.unreachable_after_ms = CWI_RPC_UNREACHABLE_MS;
 	cwi_service_config_tls(&w->cfg, &topts);
 	rv = cwi_dial(&w->dispatcher, cfg->dispatcher, &topts);
 	if (rv != CACHEW_OK)
@@ -631,6 +672,14 @@ void
 cwi_worker_drain(cwi_worker *w)
 {
 	atomic_store(&w->draining, true);
+	pthread_mutex_lock(&w->lock);
+	/* Never registered (its dispatcher unreachable since the start): it
+	 * holds no task and no lease, so there is nothing to drain. */
+	if (w->worker_id == 0)
+		w->drained = true;
+	w->poked = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
 }
 
 cachew_err
