@@ -499,8 +499,11 @@ heartbeat_main(void *arg)
 		 * closes the connection) is the stop, not a failure: `cachew
 		 * run` printed this warning on stderr when it exited while
 		 * the embedded worker's heartbeat was in flight. An absent
-		 * dispatcher (a restart) is said once, then every 10 s. */
-		if (rv != CACHEW_OK && !atomic_load(&w->stop)) {
+		 * dispatcher (a restart) is said once, then every 10 s; not
+		 * by a worker that drained and stops now (the dispatcher
+		 * stopped with it). */
+		if (rv != CACHEW_OK && !atomic_load(&w->stop) &&
+		    !(atomic_load(&w->draining) && drained)) {
 			uint64_t now = cwi_now_ns();
 
 			if (hb_fail_since == 0)
