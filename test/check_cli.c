@@ -862,6 +862,124 @@ START_TEST(plugin_identity_is_its_info_or_its_file_name)
 }
 END_TEST
 
+/* ---- head ------------------------------------------------------------------ */
+
+/* Scalars print as values, several components as a tuple, strings quoted
+ * with C escapes; the count is -n. */
+START_TEST(head_prints_values_tuples_and_quoted_strings)
+{
+	cli_result r = cli("head", "-n", "2",
+	    "zip(range(3), from_list([\"hello\", \"wo\\\"r\\nld\"]))");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: (0, \"hello\")\n1: (1, \"wo\\\"r\\nld\")\n");
+	ck_assert_str_eq(r.err, "");
+	cli_free(&r);
+	r = cli("head", "-n", "1",
+	    "range(24) | map(cast, dtype=f32) | batch(4) | batch(3)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: f32[3,4] [[0.0 1.0 2.0 3.0] [4.0 5.0 6.0 "
+				"7.0] [8.0 9.0 10.0 11.0]]\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* numpy's print options: over 1000 values, each axis longer than 6 shows
+ * its first and last 3; a string is cut after 48 bytes, naming its
+ * length. */
+START_TEST(head_abbreviates_long_tensors_and_strings_as_numpy)
+{
+	cli_result r = cli("head", "-n", "1", "range(2000) | batch(1200)");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: i64[1200] [0 1 2 ... 1197 1198 1199]\n");
+	cli_free(&r);
+	r = cli("head", "-n", "1", "range(1200) | batch(40) | batch(30)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: i64[30,40] [[0 1 2 ... 37 38 39] [40 41 42 "
+				"... 77 78 79] [80 81 82 ... 117 118 119] ... "
+				"[1080 1081 1082 ... 1117 1118 1119] [1120 1121 "
+				"1122 ... 1157 1158 1159] [1160 1161 1162 ... "
+				"1197 1198 1199]]\n");
+	cli_free(&r);
+	r = cli("head", "from_list([\"0123456789012345678901234567890123456789"
+			"012345678901234567890123456789\"])");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: \"0123456789012345678901234567890123456789"
+				"01234567...\" (70 bytes)\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* --json: one object per element, dtype, shape and value; over 1000
+ * values, the first 6 and "truncated". */
+START_TEST(head_json_is_one_object_per_element)
+{
+	cli_result r = cli("head", "--json", "-n", "2",
+	    "zip(range(2), from_list([\"a\\\"b\", \"x\"]))");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"i64\",\"shape\":[],"
+	    "\"value\":0},{\"dtype\":\"bytes\",\"shape\":[],\"value\":"
+	    "\"a\\\"b\"}]}\n"
+	    "{\"index\":1,\"components\":[{\"dtype\":\"i64\",\"shape\":[],"
+	    "\"value\":1},{\"dtype\":\"bytes\",\"shape\":[],\"value\":"
+	    "\"x\"}]}\n");
+	cli_free(&r);
+	r = cli("head", "--json", "-n", "1",
+	    "range(1200) | map(cast, dtype=f64) | batch(1100)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"f64\",\"shape\":[1100],"
+	    "\"head\":[0.0,1.0,2.0,3.0,4.0,5.0],\"truncated\":true}]}\n");
+	cli_free(&r);
+	r = cli("head", "--json", "-n", "1", "range(6) | batch(3) | batch(2)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"i64\",\"shape\":[2,3],"
+	    "\"value\":[[0,1,2],[3,4,5]]}]}\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* Five by default, and it stops there: an endless pipeline ends. */
+START_TEST(head_takes_five_by_default_even_of_an_endless_pipeline)
+{
+	cli_result r = cli("head", "range(3) | repeat");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: 0\n1: 1\n2: 2\n3: 0\n4: 1\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* The elements before a failure are printed, then the error; exit 1. A
+ * bad count is a usage error. */
+START_TEST(head_failure_prints_what_came_then_exits_1)
+{
+	char *dir = cwt_tmpdir(), path[600], pipeline[1400];
+	cli_result r;
+
+	snprintf(path, sizeof(path), "%s/a.txt", dir);
+	cwt_write_file(path, "abc", 3);
+	snprintf(pipeline, sizeof(pipeline),
+	    "from_list([\"%s\", \"%s/missing\"]) | read_file", path, dir);
+	r = cli("head", pipeline);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_str_eq(r.out, "0: \"abc\"\n");
+	ck_assert_msg(strstr(r.err, "/missing: No such file or directory") !=
+			  NULL, "%s", r.err);
+	cli_free(&r);
+	r = cli("head", "-n", "x", "range(3)");
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "-n expects a count") != NULL, "%s", r.err);
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- README's install and link lines ----------------------------------- */
 
 /* The sh block after "<!-- install-and-link -->" in README.md, or NULL. */
@@ -1131,6 +1249,12 @@ cwt_cli_suite(void)
 	tcase_add_test(other, help_lists_every_command);
 	tcase_add_test(other, version_prints_library_version);
 	tcase_add_test(other, layer_check_fails_on_a_cycle_across_folders);
+	tcase_add_test(other, head_prints_values_tuples_and_quoted_strings);
+	tcase_add_test(other, head_abbreviates_long_tensors_and_strings_as_numpy);
+	tcase_add_test(other, head_json_is_one_object_per_element);
+	tcase_add_test(other,
+	    head_takes_five_by_default_even_of_an_endless_pipeline);
+	tcase_add_test(other, head_failure_prints_what_came_then_exits_1);
 	suite_add_tcase(s, other);
 
 	/* make install and two compilations of train_loop. */
