@@ -284,6 +284,29 @@ void cwi_conn_close(cwi_conn *c);
  * NULL is a no-op. */
 void cwi_conn_destroy(cwi_conn *c);
 
+/* ---- HTTP (metrics and health endpoints) ------------------------------- */
+
+/* A GET handler: sets *body to a malloc'd body of *len bytes (or NULL) and
+ * may set *content_type (a static string; default text/plain) for the
+ * request's path (its URI, query included), and returns the HTTP status.
+ * It runs on a transport thread, concurrently with other requests. */
+typedef int (*cwi_http_fn)(void *arg, const char *path, char **body,
+    size_t *len, const char **content_type);
+/* A listener of plain HTTP (no TLS). Thread safe. */
+typedef struct cwi_http_listener cwi_http_listener;
+
+/* Serves GET requests of every path on `addr` ("host:port" or
+ * "http://host:port"; port 0: any, cwi_http_listener_url says which) with
+ * fn(arg, ...). CACHEW_EINVAL for another form, CACHEW_EEXIST when the
+ * address is taken. */
+cachew_err cwi_http_listen(cwi_http_listener **out, const char *addr,
+    cwi_http_fn fn, void *arg);
+/* "http://host:port", the bound port; borrowed from l. */
+const char *cwi_http_listener_url(const cwi_http_listener *l);
+/* Stops serving (no handler runs after it returns) and frees l; NULL is a
+ * no-op. */
+void cwi_http_listener_destroy(cwi_http_listener *l);
+
 /* ---- listeners (server side) -------------------------------------------- */
 
 /* A received request, handed to the handler. One thread at a time; it may

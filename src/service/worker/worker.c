@@ -15,6 +15,7 @@
 #include "../../graph/graph.h"
 #include "worker_task.h"
 #include "../service_auth.h"
+#include "../service_metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ struct cwi_worker {
 	cwi_wtask_env env;
 	char *token; /* --token-file's (env.token); NULL: none */
 
+	cwi_http_listener *metrics; /* --metrics-listen; NULL: none */
 	pthread_t heartbeat;
 	bool heartbeat_started;
 	atomic_bool stop;
@@ -543,6 +545,60 @@ heartbeat_main(void *arg)
 	return NULL;
 }
 
+/* ---- metrics and health (--metrics-listen) ---------------------------- */
+
+static cachew_err
+metrics_render(void *arg, cwi_strbuf *sb)
+{
+	cwi_worker *w = arg;
+	uint64_t id;
+	size_t ntasks;
+
+	pthread_mutex_lock(&w->lock);
+	id = w->worker_id;
+	ntasks = w->ntasks;
+	pthread_mutex_unlock(&w->lock);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_registered 1 once the "
+			    "dispatcher registered this worker.\n"
+			    "# TYPE cachew_worker_registered gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_registered %d\n", id != 0);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_draining 1 while it drains "
+			    "(after SIGTERM).\n"
+			    "# TYPE cachew_worker_draining gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_draining %d\n",
+	    atomic_load(&w->draining) ? 1 : 0);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_tasks Tasks this worker "
+			    "runs.\n# TYPE cachew_worker_tasks gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_tasks %zu\n", ntasks);
+	cwi_metrics_process(sb);
+	return CACHEW_OK;
+}
+
+/* Ready while registered and not draining: a worker that cannot reach its
+ * dispatcher gets no tasks, and a draining one takes none. */
+static const char *
+metrics_ready(void *arg)
+{
+	cwi_worker *w = arg;
+	uint64_t id;
+
+	pthread_mutex_lock(&w->lock);
+	id = w->worker_id;
+	pthread_mutex_unlock(&w->lock);
+	if (atomic_load(&w->draining))
+		return "draining\n";
+	return id != 0 ? NULL : "not registered with its dispatcher\n";
+}
+
+static int
+on_http(void *arg, const char *path, char **body, size_t *len,
+    const char **type)
+{
+	cwi_metrics_source src = {metrics_render, metrics_ready, arg};
+
+	return cwi_metrics_reply(path, &src, body, len, type);
+}
+
 /* ---- lifecycle --------------------------------------------------------------------- */
 
 /* Whether url's host is a wildcard (0.0.0.0, [::], *, none): what a
@@ -658,6 +714,10 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 		goto fail;
 	}
 	w->heartbeat_started = true;
+	rv = cwi_metrics_listen(&w->metrics, cfg->metrics_listen, "worker",
+	    on_http, w);
+	if (rv != CACHEW_OK)
+		goto fail;
 	*out = w;
 	return CACHEW_OK;
 fail:
@@ -727,6 +787,9 @@ cwi_worker_stop(cwi_worker *w)
 {
 	if (w == NULL)
 		return;
+	/* First: no metrics handler runs on a worker being taken down. */
+	cwi_http_listener_destroy(w->metrics);
+	w->metrics = NULL;
 	/* Under the lock: the heartbeat thread's nap ends at once. */
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->stop, true);
