@@ -220,22 +220,21 @@ deps:
 	@sh .ci/deps.sh
 
 # ---- install ------------------------------------------------------------------
-$(BUILD)/cachew.pc: Makefile
-	@mkdir -p $(BUILD)
-	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' \
-		'includedir=$(INCDIR)' '' 'Name: cachew' \
-		'Description: ML input-data processing as a library and a service' \
-		'Version: $(VERSION)' 'Libs: -L$${libdir} -lcachew' \
-		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' > $@
-
-install: lib $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/cachew.pc
+# cachew.pc is written at install time, so it always names the PREFIX (and
+# LIBDIR, INCDIR) of this install, not of an earlier one.
+install: lib $(BUILD)/cachew $(BUILD)/cachewd
 	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCDIR) $(DESTDIR)$(BINDIR)
 	install -m 644 $(BUILD)/libcachew.a $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(BUILD)/libcachew.so $(DESTDIR)$(LIBDIR)/libcachew.so.$(VERSION)
 	ln -sf libcachew.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcachew.so.$(SOMAJOR)
 	ln -sf libcachew.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libcachew.so
 	install -m 644 include/cachew.h $(DESTDIR)$(INCDIR)/
-	install -m 644 $(BUILD)/cachew.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' \
+		'includedir=$(INCDIR)' '' 'Name: cachew' \
+		'Description: ML input-data processing as a library and a service' \
+		'Version: $(VERSION)' 'Libs: -L$${libdir} -lcachew' \
+		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' \
+		> $(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc
 	install -m 755 $(BUILD)/cachew $(BUILD)/cachewd $(DESTDIR)$(BINDIR)/
 
 uninstall:

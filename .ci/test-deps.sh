@@ -6,9 +6,33 @@
 #   - s3rver (npm), the S3-compatible server of the io suite's end-to-end
 #     S3 tests, into $CACHEW_NPM_DIR (default build/npm). Without it those
 #     tests skip with a printed reason; nothing fails for its absence.
+#   - gnuplot (gnuplot-nox), which `cachew sim --plot` runs to draw PNGs:
+#     without it the sim suite's PNG test skips with a printed reason.
+#   - promtool (Debian's prometheus package), with which the cluster suite
+#     checks the daemons' /metrics: without it that check skips.
 # The tests find it at $CACHEW_NPM_DIR/node_modules/.bin/s3rver.
 set -u
 cd "$(dirname "$0")/.."
+if command -v gnuplot >/dev/null 2>&1; then
+	echo "test-deps: gnuplot present ($(command -v gnuplot))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "test-deps: installing gnuplot (apt-get install -y gnuplot-nox)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends gnuplot-nox >/dev/null 2>&1 ||
+		echo "test-deps: gnuplot unavailable: the plot test will skip"
+else
+	echo "test-deps: gnuplot not found: the plot test will skip (as root: apt-get install -y gnuplot-nox)"
+fi
+if command -v promtool >/dev/null 2>&1; then
+	echo "test-deps: promtool present ($(command -v promtool))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "test-deps: installing promtool (apt-get install -y prometheus)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends prometheus >/dev/null 2>&1 ||
+		echo "test-deps: prometheus unavailable: the /metrics format check will skip"
+else
+	echo "test-deps: promtool not found: the /metrics format check will skip (as root: apt-get install -y prometheus)"
+fi
 if ! command -v openssl >/dev/null 2>&1; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 		echo "test-deps: installing openssl (apt-get install -y openssl)"

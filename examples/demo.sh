@@ -18,7 +18,8 @@
 #   5. autoscaling: a dispatcher that starts its own workers (the process
 #      provisioner) and an I/O-bound job (2 ms of sleep per element, a
 #      consumer 4x faster than one worker): the `model` policy's decisions
-#      from the events log, and the count it settled on.
+#      from the events log as they come (the pool every 3 s meanwhile), the
+#      count it settled on, then autocaching over four epochs.
 # On a terminal each run shows a live progress line; then the per-operator
 # counters (--stats) and the summary. Usage: sh examples/demo.sh [BUILD_DIR]
 set -eu
@@ -207,6 +208,28 @@ print_decisions() {
 	done
 }
 
+# While pid runs: each second the decisions that are new in the events log
+# $2, and every third second the pool line of `cachew status $3`, so the
+# run is never silent for long.
+follow_decisions() {
+	shown=0 tick=0
+	while kill -0 "$1" 2>/dev/null; do
+		sleep 1
+		tick=$((tick + 1))
+		[ -f "$2" ] || continue
+		print_decisions "$2" > "$2.shown"
+		n=$(wc -l < "$2.shown")
+		if [ "$n" -gt "$shown" ]; then
+			tail -n "$((n - shown))" "$2.shown"
+			shown=$n
+		elif [ $((tick % 3)) = 0 ]; then
+			echo "   ${tick} s   $("$CACHEW" status "$3" 2>/dev/null | grep '^pool')"
+		fi
+	done
+	rm -f "$2.shown"
+	wait "$1"
+}
+
 # The cache mode of each job (epoch) and what each pass end decided, with
 # the epoch's time from its job_created to its epoch_done.
 print_cache_passes() {
@@ -247,11 +270,12 @@ autoscale_demo() {
 	echo "   one worker (--threads 1): at most 500 elements/s; the consumer sleeps 0.5 ms per element"
 	echo
 	echo "   \$ CACHEW_SERVICE=$durl $BUILD/train_loop \"$pipeline\" 0.5"
-	CACHEW_SERVICE=$durl "$BUILD/train_loop" "$pipeline" 0.5 |
-	    sed 's/^/   /'
+	echo "   decisions as they come (events log $logs/work/events.jsonl), the pool every 3 s:"
+	CACHEW_SERVICE=$durl "$BUILD/train_loop" "$pipeline" 0.5 \
+	    > "$logs/train_loop.out" &
+	follow_decisions $! "$logs/work/events.jsonl" "$durl"
 	echo
-	echo "   decisions (events log $logs/work/events.jsonl):"
-	print_decisions "$logs/work/events.jsonl"
+	sed 's/^/   /' "$logs/train_loop.out"
 	echo
 	"$CACHEW" status "$durl" | grep -E '^pool|policy' | sed 's/^/   /'
 	echo

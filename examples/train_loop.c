@@ -9,9 +9,11 @@
  *   3. Pull elements; each is a tuple of tensors (dtype, shape, data).
  *   4. Release every element, destroy the iterator, release the dataset.
  *
- * Build and run (the Makefile builds it as build/train_loop):
- *   cc -std=c11 -Iinclude examples/train_loop.c build/libcachew.a \
- *       $(pkg-config --libs cachew) -o train_loop
+ * Build and run (the Makefile builds it as build/train_loop; against an
+ * installed cachew, after make install PREFIX=$HOME/.local, see README.md):
+ *   export PKG_CONFIG_PATH=$HOME/.local/lib/pkgconfig
+ *   cc -std=c11 examples/train_loop.c $(pkg-config --cflags --libs cachew) \
+ *       -Wl,-rpath,$(pkg-config --variable=libdir cachew) -o train_loop
  *   ./train_loop ["<another pipeline>" [STEP_MS]]
  * STEP_MS stands in for the model: the loop sleeps that long per batch,
  * like an accelerator busy with a training step.

@@ -862,6 +862,289 @@ START_TEST(plugin_identity_is_its_info_or_its_file_name)
 }
 END_TEST
 
+/* ---- head ------------------------------------------------------------------ */
+
+/* Scalars print as values, several components as a tuple, strings quoted
+ * with C escapes; the count is -n. */
+START_TEST(head_prints_values_tuples_and_quoted_strings)
+{
+	cli_result r = cli("head", "-n", "2",
+	    "zip(range(3), from_list([\"hello\", \"wo\\\"r\\nld\"]))");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: (0, \"hello\")\n1: (1, \"wo\\\"r\\nld\")\n");
+	ck_assert_str_eq(r.err, "");
+	cli_free(&r);
+	r = cli("head", "-n", "1",
+	    "range(24) | map(cast, dtype=f32) | batch(4) | batch(3)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: f32[3,4] [[0.0 1.0 2.0 3.0] [4.0 5.0 6.0 "
+				"7.0] [8.0 9.0 10.0 11.0]]\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* numpy's print options: over 1000 values, each axis longer than 6 shows
+ * its first and last 3; a string is cut after 48 bytes, naming its
+ * length. */
+START_TEST(head_abbreviates_long_tensors_and_strings_as_numpy)
+{
+	cli_result r = cli("head", "-n", "1", "range(2000) | batch(1200)");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: i64[1200] [0 1 2 ... 1197 1198 1199]\n");
+	cli_free(&r);
+	r = cli("head", "-n", "1", "range(1200) | batch(40) | batch(30)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: i64[30,40] [[0 1 2 ... 37 38 39] [40 41 42 "
+				"... 77 78 79] [80 81 82 ... 117 118 119] ... "
+				"[1080 1081 1082 ... 1117 1118 1119] [1120 1121 "
+				"1122 ... 1157 1158 1159] [1160 1161 1162 ... "
+				"1197 1198 1199]]\n");
+	cli_free(&r);
+	r = cli("head", "from_list([\"0123456789012345678901234567890123456789"
+			"012345678901234567890123456789\"])");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: \"0123456789012345678901234567890123456789"
+				"01234567...\" (70 bytes)\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* --json: one object per element, dtype, shape and value; over 1000
+ * values, the first 6 and "truncated". */
+START_TEST(head_json_is_one_object_per_element)
+{
+	cli_result r = cli("head", "--json", "-n", "2",
+	    "zip(range(2), from_list([\"a\\\"b\", \"x\"]))");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"i64\",\"shape\":[],"
+	    "\"value\":0},{\"dtype\":\"bytes\",\"shape\":[],\"value\":"
+	    "\"a\\\"b\"}]}\n"
+	    "{\"index\":1,\"components\":[{\"dtype\":\"i64\",\"shape\":[],"
+	    "\"value\":1},{\"dtype\":\"bytes\",\"shape\":[],\"value\":"
+	    "\"x\"}]}\n");
+	cli_free(&r);
+	r = cli("head", "--json", "-n", "1",
+	    "range(1200) | map(cast, dtype=f64) | batch(1100)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"f64\",\"shape\":[1100],"
+	    "\"head\":[0.0,1.0,2.0,3.0,4.0,5.0],\"truncated\":true}]}\n");
+	cli_free(&r);
+	r = cli("head", "--json", "-n", "1", "range(6) | batch(3) | batch(2)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"dtype\":\"i64\",\"shape\":[2,3],"
+	    "\"value\":[[0,1,2],[3,4,5]]}]}\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* Five by default, and it stops there: an endless pipeline ends. */
+START_TEST(head_takes_five_by_default_even_of_an_endless_pipeline)
+{
+	cli_result r = cli("head", "range(3) | repeat");
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: 0\n1: 1\n2: 2\n3: 0\n4: 1\n");
+	cli_free(&r);
+}
+END_TEST
+
+/* The elements before a failure are printed, then the error; exit 1. A
+ * bad count is a usage error. */
+START_TEST(head_failure_prints_what_came_then_exits_1)
+{
+	char *dir = cwt_tmpdir(), path[600], pipeline[1400];
+	cli_result r;
+
+	snprintf(path, sizeof(path), "%s/a.txt", dir);
+	cwt_write_file(path, "abc", 3);
+	snprintf(pipeline, sizeof(pipeline),
+	    "from_list([\"%s\", \"%s/missing\"]) | read_file", path, dir);
+	r = cli("head", pipeline);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_str_eq(r.out, "0: \"abc\"\n");
+	ck_assert_msg(strstr(r.err, "/missing: No such file or directory") !=
+			  NULL, "%s", r.err);
+	cli_free(&r);
+	r = cli("head", "-n", "x", "range(3)");
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "-n expects a count") != NULL, "%s", r.err);
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- README's install and link lines ----------------------------------- */
+
+/* The sh block after "<!-- install-and-link -->" in README.md, or NULL. */
+static char *
+readme_link_block(void)
+{
+	char *readme = cwt_slurp("README.md"), *start, *end, *block = NULL;
+
+	if (readme == NULL)
+		return NULL;
+	start = strstr(readme, "<!-- install-and-link -->\n```sh\n");
+	if (start != NULL) {
+		start = strchr(strchr(start, '\n') + 1, '\n') + 1;
+		end = strstr(start, "```\n");
+		if (end != NULL)
+			block = strndup(start, (size_t)(end - start));
+	}
+	free(readme);
+	return block;
+}
+
+/* A source tree in dir/src made of links to this one's, so that what the
+ * README's lines write (train_loop, train_loop_static) lands in dir. */
+static void
+link_source_tree(const char *dir)
+{
+	static const char *const parts[] = {"Makefile", "include", "src",
+	    "transports", "examples", "test", "build"};
+	char cwd[512], from[700], to[700];
+
+	ck_assert_ptr_nonnull(getcwd(cwd, sizeof(cwd)));
+	snprintf(to, sizeof(to), "%s/src", dir);
+	ck_assert_int_eq(mkdir(to, 0700), 0);
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+		snprintf(from, sizeof(from), "%s/%s", cwd, parts[i]);
+		snprintf(to, sizeof(to), "%s/src/%s", dir, parts[i]);
+		ck_assert_int_eq(symlink(from, to), 0);
+	}
+}
+
+/* issue 17: the README's link line gave 276 undefined references, the one
+ * in train_loop.c 350, the pkg-config one a program that could not find
+ * libcachew.so.0, and cachew.pc kept the first install's prefix. The
+ * README's lines, run as written with HOME in a fresh directory, install,
+ * build train_loop shared and static, and both run. */
+START_TEST(install_and_link_with_the_readme_lines)
+{
+	char *dir, *block = readme_link_block(), *script, *run, *log, *want;
+	int st;
+
+	ck_assert_msg(block != NULL, "README.md has no install-and-link "
+				     "block");
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	/* The README's cc lines carry no sanitizer runtime. */
+	printf("cli: the README's link lines run in the plain build only\n");
+	free(block);
+	return;
+#endif
+	if (strcmp(cwt_build_dir(), "build") != 0) {
+		printf("cli: the README's link lines name build/: skipped for "
+		       "%s\n", cwt_build_dir());
+		free(block);
+		return;
+	}
+	dir = cwt_tmpdir();
+	link_source_tree(dir);
+	/* Another install first: cachew.pc must then name the README's
+	 * prefix, not this one. */
+	log = cwt_fmt("cd %s/src && unset MAKEFLAGS MAKELEVEL MFLAGS && "
+		      "make -s install PREFIX=%s/first >/dev/null && "
+		      "HOME=%s && export HOME && set -ex\n%s",
+	    dir, dir, dir, block);
+	script = cwt_fmt("%s/link.sh", dir);
+	cwt_write_file(script, log, strlen(log));
+	free(log);
+	run = cwt_fmt("sh -e %s > %s/out 2>&1", script, dir);
+	st = system(run);
+	want = cwt_fmt("%s/out", dir);
+	log = cwt_slurp(want);
+	ck_assert_ptr_nonnull(log);
+	/* The end of the log: Check's messages are short. */
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	    "the README's lines failed:\n%s",
+	    strlen(log) > 1500 ? log + strlen(log) - 1500 : log);
+	/* Both programs ran the whole pipeline. */
+	ck_assert_msg(strstr(log, "batches    100\nchecksum   499500") != NULL,
+	    "%s", log);
+	ck_assert_msg(strstr(strstr(log, "checksum   499500") + 1,
+			  "checksum   499500") != NULL, "%s", log);
+	free(log);
+	free(want);
+	want = cwt_fmt("%s/.local/lib/pkgconfig/cachew.pc", dir);
+	log = cwt_slurp(want);
+	ck_assert_ptr_nonnull(log);
+	free(want);
+	want = cwt_fmt("prefix=%s/.local\n", dir);
+	ck_assert_msg(strncmp(log, want, strlen(want)) == 0, "%s", log);
+	free(want);
+	want = cwt_fmt("%s/.local/bin/cachewd", dir);
+	ck_assert_int_eq(access(want, X_OK), 0);
+	free(want);
+	free(log);
+	free(run);
+	free(script);
+	free(block);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* issue 17: the Dockerfile of deploy/kubernetes/README.md built an image
+ * whose runtime stage lacked libjpeg.so.62 (and the mbedTLS libraries):
+ * the package of every library the programs and libcachew.so need (their
+ * DT_NEEDED entries, found with dpkg -S) is in its runtime apt-get line. */
+START_TEST(deploy_image_has_every_library)
+{
+	static const char script[] =
+	    "set -e\n"
+	    "b=$1\n"
+	    "pkgs=$(sed -n '/^FROM debian:12$/,/^COPY/p' "
+	    "deploy/kubernetes/README.md | tr -s ' \\\\\\n' '\\n\\n\\n')\n"
+	    "arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || "
+	    "gcc -dumpmachine)\n"
+	    "for l in $(for f in $b/cachew $b/cachewd $b/libcachew.so; do "
+	    "readelf -d $f | sed -n 's/.*Shared library: \\[\\(.*\\)\\]/\\1/p';"
+	    " done | sort -u); do\n"
+	    "  p=$(dpkg -S \"*/$arch/$l\" | head -n 1 | cut -d: -f1)\n"
+	    "  [ -n \"$p\" ] || { echo \"$l: no package\"; exit 1; }\n"
+	    "  [ \"$p\" = libc6 ] && continue\n"
+	    "  echo \"$pkgs\" | grep -qx \"$p\" || "
+	    "{ echo \"$l: $p is not in the image\"; exit 1; }\n"
+	    "done\n"
+	    "echo checked\n";
+	char *dir, *path, *cmd, *log;
+	int st;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	/* A sanitizer build also loads the sanitizers' runtimes. */
+	printf("cli: the image check runs in the plain build only\n");
+	return;
+#endif
+	if (system("command -v dpkg readelf >/dev/null 2>&1") != 0) {
+		printf("cli: no dpkg or readelf: the image check skipped\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	path = cwt_fmt("%s/libs.sh", dir);
+	cwt_write_file(path, script, strlen(script));
+	cmd = cwt_fmt("sh %s %s > %s/out 2>&1", path, cwt_build_dir(), dir);
+	st = system(cmd);
+	free(path);
+	path = cwt_fmt("%s/out", dir);
+	log = cwt_slurp(path);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 &&
+			  strcmp(log, "checked\n") == 0,
+	    "%s", log);
+	free(log);
+	free(path);
+	free(cmd);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- the layer check (test/module_graph.py, make check-layers) ---------- */
 
 /* Compiles `src` into dir/module/name.o (a module is a folder). */
@@ -939,6 +1222,7 @@ cwt_cli_suite(void)
 	TCase *run = tcase_create("run");
 	TCase *other = tcase_create("explain_ops_help");
 	TCase *plugin = tcase_create("plugin");
+	TCase *install = tcase_create("install_and_link");
 
 	tcase_set_timeout(run, 30);
 	tcase_add_test(run, run_json_reports_exact_elements_and_fingerprint);
@@ -970,7 +1254,19 @@ cwt_cli_suite(void)
 	tcase_add_test(other, help_lists_every_command);
 	tcase_add_test(other, version_prints_library_version);
 	tcase_add_test(other, layer_check_fails_on_a_cycle_across_folders);
+	tcase_add_test(other, head_prints_values_tuples_and_quoted_strings);
+	tcase_add_test(other, head_abbreviates_long_tensors_and_strings_as_numpy);
+	tcase_add_test(other, head_json_is_one_object_per_element);
+	tcase_add_test(other,
+	    head_takes_five_by_default_even_of_an_endless_pipeline);
+	tcase_add_test(other, head_failure_prints_what_came_then_exits_1);
 	suite_add_tcase(s, other);
+
+	/* make install and two compilations of train_loop. */
+	tcase_set_timeout(install, 120);
+	tcase_add_test(install, install_and_link_with_the_readme_lines);
+	tcase_add_test(install, deploy_image_has_every_library);
+	suite_add_tcase(s, install);
 
 	tcase_add_test(plugin, plugin_square_maps_values);
 	tcase_add_test(plugin, plugin_square_maps_batches_in_place);

@@ -2072,6 +2072,134 @@ START_TEST(cluster_dispatcher_gone_is_a_clear_error)
 }
 END_TEST
 
+/* ---- stopping ---------------------------------------------------------- */
+
+/* issue 17 (make demo's silent minute): SIGTERM to the dispatcher and its
+ * workers at once made each worker heartbeat a gone dispatcher in a loop
+ * (~150 heartbeat_failed lines) and wait out the 60 s drain timeout with
+ * nothing leased, then exit 1. Each exits 0 now, at once. */
+START_TEST(sigterm_to_dispatcher_and_workers_at_once_stops_each_cleanly)
+{
+	cwt_cluster c;
+	cachew_options *o;
+	char *seq, *want, *log;
+
+	cwt_cluster_start(&c, 2);
+	o = cwt_opts_at(7, 0, c.dispatcher.url);
+	seq = cwt_hash_seq("range(40)", o, 1);
+	ck_assert_str_eq(seq, want = cwt_hash_seq("range(40)", NULL, 1));
+	free(want);
+	free(seq);
+	cachew_options_destroy(o);
+	ck_assert_int_eq(kill(c.dispatcher.pid, SIGTERM), 0);
+	ck_assert_int_eq(kill(c.workers[0].pid, SIGTERM), 0);
+	ck_assert_int_eq(kill(c.workers[1].pid, SIGTERM), 0);
+	/* The drain timeout is 60 s: within 10 s means it was not waited.
+	 * A worker whose heartbeat failed before its own signal came says
+	 * so once (it did not know it was stopping yet); no more. */
+	ck_assert_int_eq(cwt_daemon_wait(&c.dispatcher, 10000), 0);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(cwt_daemon_wait(&c.workers[i], 10000), 0);
+		log = cwt_slurp(c.workers[i].log);
+		ck_assert_ptr_nonnull(log);
+		ck_assert_msg(cwt_count(log, "event=heartbeat_failed") <= 1 &&
+				  strstr(log, "event=drain_timeout") == NULL &&
+				  strstr(log, "event=stopped") != NULL,
+		    "%s", log);
+		free(log);
+	}
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A worker whose dispatcher never answered (never registered: nothing
+ * leased) says it is failing to register, once, naming the reason, and
+ * stops at once on SIGTERM with 0 (issue 17: silent, then the 60 s drain
+ * timeout and 1). */
+START_TEST(worker_without_its_dispatcher_says_so_and_stops_at_once)
+{
+	char *dir = cwt_tmpdir(), *log = NULL, url[64];
+	cwt_daemon w;
+
+	cwt_refused_url(url, sizeof(url));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "50",
+	    (char *)NULL);
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+	     cwt_now_ms() < end; cwt_nap_ms(20)) {
+		free(log);
+		log = cwt_slurp(w.log);
+		if (log != NULL && strstr(log, "event=register_failed") != NULL)
+			break;
+	}
+	ck_assert_msg(log != NULL && strstr(log, "event=register_failed") !=
+					     NULL &&
+			  strstr(log, "Connection refused") != NULL,
+	    "%s", log != NULL ? log : "no log");
+	free(log);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(cwt_count(log, "event=register_failed") == 1, "%s", log);
+	free(log);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* issue 17: a service naming an address where nothing listens waited the
+ * whole service timeout (30 s), then said "no reply within 29999 ms". It
+ * fails in seconds now, naming the refusal. */
+START_TEST(service_at_a_dead_address_fails_fast_naming_the_refusal)
+{
+	cachew_options *o = cwt_opts(1, 1);
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char url[64], err[512];
+	uint64_t t0;
+
+	cwt_refused_url(url, sizeof(url));
+	ck_assert_int_eq(cachew_options_set_str(o, "service", url), CACHEW_OK);
+	t0 = cwt_now_ms();
+	ck_assert_int_eq(cwt_run("range(10)", o, &v, &n, err, sizeof(err)),
+	    CACHEW_EIO);
+	/* The default service timeout is 30 s: this is the refusal. */
+	ck_assert_uint_lt(cwt_now_ms() - t0, (uint64_t)cwt_bound_ms(15000));
+	ck_assert_msg(strstr(err, url) != NULL &&
+			  strstr(err, "Connection refused") != NULL,
+	    "%s", err);
+	cachew_options_destroy(o);
+}
+END_TEST
+
+/* issue 17: a worker listening on 0.0.0.0 registered tcp://0.0.0.0:PORT,
+ * which no other host can dial, and said nothing. It warns, naming
+ * --advertise; with --advertise it does not. */
+START_TEST(worker_on_a_wildcard_address_warns_naming_advertise)
+{
+	char *dir = cwt_tmpdir(), *log, url[64];
+	cwt_daemon w;
+
+	cwt_refused_url(url, sizeof(url));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://0.0.0.0:0", (char *)NULL);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(strstr(log, "event=wildcard_address url=tcp://0.0.0.0:") !=
+			  NULL && strstr(log, "--advertise") != NULL,
+	    "%s", log);
+	free(log);
+	cwt_daemon_start(&w, dir, "worker2", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://0.0.0.0:0", "--advertise",
+	    "tcp://127.0.0.1:7071", (char *)NULL);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	log = cwt_slurp(w.log);
+	ck_assert_msg(strstr(log, "event=wildcard_address") == NULL, "%s", log);
+	free(log);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- hostile peers ---------------------------------------------------------------- */
 
 /* A hostile peer: a TCP connection to a dispatcher, through TLS when the
@@ -2147,6 +2275,181 @@ peer_close(hpeer *p)
 	p->ssl = NULL;
 	close(p->fd);
 }
+
+/* ---- metrics and health -------------------------------------------------- */
+
+/* The value of `key=` on the line of the log at path that holds `event`
+ * ("event=metrics_listening"), waited for (10 s at most). */
+static void
+log_value(const char *path, const char *event, const char *key, char *out,
+    size_t len)
+{
+	out[0] = '\0';
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
+	     out[0] == '\0' && cwt_now_ms() < end; cwt_nap_ms(20)) {
+		char *log = cwt_slurp(path), *p, *v;
+
+		if (log != NULL && (p = strstr(log, event)) != NULL &&
+		    (v = strstr(p, key)) != NULL) {
+			v += strlen(key);
+			snprintf(out, len, "%.*s", (int)strcspn(v, " \n"), v);
+		}
+		free(log);
+	}
+	ck_assert_msg(out[0] != '\0', "%s: no %s%s", path, event, key);
+}
+
+/* GET url + path over HTTP/1.0 on loopback: the status and the body
+ * (free it). */
+static char *
+http_get(const char *url, const char *path, int *status)
+{
+	char req[300], *buf = malloc(1 << 20), *body;
+	size_t n = 0;
+	ssize_t k;
+	int fd;
+
+	ck_assert_ptr_nonnull(buf);
+	fd = tcp_connect(url);
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n",
+	    path);
+	(void)send(fd, req, strlen(req), MSG_NOSIGNAL);
+	while (n + 1 < (1 << 20) && (k = read(fd, buf + n, (1 << 20) - 1 - n)) >
+	    0)
+		n += (size_t)k;
+	close(fd);
+	buf[n] = '\0';
+	ck_assert_msg(sscanf(buf, "HTTP/1.%*d %d", status) == 1, "%s", buf);
+	body = strstr(buf, "\r\n\r\n");
+	ck_assert_ptr_nonnull(body);
+	body = strdup(body + 4);
+	free(buf);
+	return body;
+}
+
+/* promtool check metrics on the text, when Debian's prometheus package is
+ * installed (.ci/test-deps.sh); its verdict and output otherwise. */
+static void
+promtool_check(const char *dir, const char *text)
+{
+	char path[600], cmd[1400];
+	char *out;
+	int st;
+
+	if (system("command -v promtool >/dev/null 2>&1") != 0) {
+		printf("cluster: promtool not found (apt-get install prometheus, "
+		       ".ci/test-deps.sh): the format check skipped\n");
+		return;
+	}
+	snprintf(path, sizeof(path), "%s/metrics.txt", dir);
+	cwt_write_file(path, text, strlen(text));
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > %s.out 2>&1",
+	    path, path);
+	st = system(cmd);
+	snprintf(path, sizeof(path), "%s/metrics.txt.out", dir);
+	out = cwt_slurp(path);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	    "promtool check metrics: %s", out != NULL ? out : "");
+	free(out);
+}
+
+/* --metrics-listen: the dispatcher's /metrics in Prometheus's format (as
+ * promtool checks it) with a job's elements and splits, the worker's, and
+ * /healthz and /readyz of both. */
+START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
+{
+	char *dir = cwt_tmpdir(), dm[128], wm[128], *body;
+	cwt_daemon d, w;
+	cachew_options *o;
+	char *seq;
+	int status;
+
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--metrics-listen",
+	    "127.0.0.1:0", (char *)NULL);
+	log_value(d.log, "event=metrics_listening", "url=", dm, sizeof(dm));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "50",
+	    "--metrics-listen", "http://127.0.0.1:0", (char *)NULL);
+	log_value(w.log, "event=metrics_listening", "url=", wm, sizeof(wm));
+	o = cwt_opts_at(7, 0, d.url);
+	seq = cwt_seq("range(100)", o);
+	free(seq);
+	cachew_options_destroy(o);
+
+	body = http_get(dm, "/metrics", &status);
+	ck_assert_int_eq(status, 200);
+	ck_assert_msg(strstr(body, "cachew_workers{state=\"live\"} 1\n") &&
+			  strstr(body, "cachew_job_splits{job_id=\"1\","
+				       "state=\"acked\"} ") &&
+			  strstr(body, "# TYPE cachew_job_elements_total "
+				       "counter\n") &&
+			  strstr(body, "process_resident_memory_bytes "),
+	    "%s", body);
+	promtool_check(dir, body);
+	free(body);
+	body = http_get(wm, "/metrics", &status);
+	ck_assert_int_eq(status, 200);
+	ck_assert_msg(strstr(body, "cachew_worker_registered 1\n") != NULL,
+	    "%s", body);
+	promtool_check(dir, body);
+	free(body);
+	body = http_get(dm, "/healthz", &status);
+	ck_assert_int_eq(status, 200);
+	ck_assert_str_eq(body, "ok\n");
+	free(body);
+	body = http_get(wm, "/readyz", &status);
+	ck_assert_int_eq(status, 200);
+	free(body);
+	body = http_get(dm, "/nothing", &status);
+	ck_assert_int_eq(status, 404);
+	free(body);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	/* An address of another form stops the start, naming the flag. */
+	body = cwt_fmt("%s/cachewd --role=dispatcher --listen "
+		       "tcp://127.0.0.1:0 --metrics-listen tcp://127.0.0.1:0 "
+		       "2> %s/bad.log", cwt_build_dir(), dir);
+	status = system(body);
+	ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+	free(body);
+	body = cwt_fmt("%s/bad.log", dir);
+	seq = cwt_slurp(body);
+	ck_assert_msg(strstr(seq, "--metrics-listen: 'tcp://127.0.0.1:0': "
+				  "expected host:port or http://host:port") !=
+			  NULL, "%s", seq);
+	free(seq);
+	free(body);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* A worker that is not registered is alive (/healthz 200) but not ready
+ * (/readyz 503, saying why): a Kubernetes readiness probe keeps it out. */
+START_TEST(worker_without_its_dispatcher_is_live_but_not_ready)
+{
+	char *dir = cwt_tmpdir(), url[64], wm[128], *body;
+	cwt_daemon w;
+	int status;
+
+	cwt_refused_url(url, sizeof(url));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    url, "--listen", "tcp://127.0.0.1:0", "--metrics-listen",
+	    "127.0.0.1:0", (char *)NULL);
+	log_value(w.log, "event=metrics_listening", "url=", wm, sizeof(wm));
+	body = http_get(wm, "/healthz", &status);
+	ck_assert_int_eq(status, 200);
+	free(body);
+	body = http_get(wm, "/readyz", &status);
+	ck_assert_int_eq(status, 503);
+	ck_assert_str_eq(body, "not registered with its dispatcher\n");
+	free(body);
+	ck_assert_int_eq(cwt_daemon_stop(&w, SIGTERM), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
 
 /* The SP-over-TCP handshake of a REQ peer (protocol 0x30). */
 static const uint8_t sp_req_hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0};
@@ -2783,6 +3086,7 @@ cwt_cluster_suite(void)
 	Suite *s = suite_create("cluster");
 	TCase *tc = tcase_create("cluster");
 	TCase *tls = tcase_create("tls");
+	TCase *ops = tcase_create("ops");
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
@@ -2839,6 +3143,18 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cachewd_bad_options_exit_2);
 	tcase_add_test(tc, cachewd_config_file_and_environment);
 	suite_add_tcase(s, tc);
+
+	tcase_set_timeout(ops, 60);
+	tcase_add_test(ops,
+	    sigterm_to_dispatcher_and_workers_at_once_stops_each_cleanly);
+	tcase_add_test(ops,
+	    worker_without_its_dispatcher_says_so_and_stops_at_once);
+	tcase_add_test(ops,
+	    service_at_a_dead_address_fails_fast_naming_the_refusal);
+	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
+	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
+	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
+	suite_add_tcase(s, ops);
 
 	tcase_set_timeout(tls, 120);
 	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);

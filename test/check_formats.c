@@ -1497,6 +1497,43 @@ cmp_i64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* The README's glob, train-*, matches the shards and the record indexes
+ * cachew gen writes beside them: both the source and interleave read the
+ * records of the shards alone (issue 17). */
+START_TEST(gen_imagenet_train_star_reads_the_shards_not_their_indexes)
+{
+	char *dir = cwt_tmpdir(), pipeline[1200], err[512];
+	cwi_gen_imagenet_config cfg = {.out_dir = dir, .images = 6,
+	    .shards = 2, .seed = 3, .width = 64, .height = 48,
+	    .quality = 80};
+	const char *forms[] = {
+	    "list_files(\"%s/train-*\", shuffle=false) | "
+	    "interleave(tfrecord, cycle=2)",
+	    "tfrecord(\"%s/train-*\")",
+	    "tfrecord(\"%s/train-*\", records=[0, 100])",
+	};
+	char idx[700];
+
+	ck_assert_int_eq(cwi_gen_imagenet(&cfg, NULL, err, sizeof(err)),
+	    CACHEW_OK);
+	snprintf(idx, sizeof(idx), "%s/train-00000-of-00002.tfrecord.idx", dir);
+	ck_assert_int_eq(access(idx, R_OK), 0);
+	for (size_t f = 0; f < sizeof(forms) / sizeof(forms[0]); f++) {
+		cachew_element **v = NULL;
+		size_t n = 0;
+
+		snprintf(pipeline, sizeof(pipeline), forms[f], dir);
+		ck_assert_msg(cwt_run(pipeline, NULL, &v, &n, err,
+				  sizeof(err)) == CACHEW_OK,
+		    "%s: %s", pipeline, err);
+		ck_assert_uint_eq(n, 6);
+		cwt_free(v, n);
+	}
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(gen_imagenet_end_to_end_through_interleave_and_parse_example)
 {
 	char *dir = cwt_tmpdir(), pipeline[1200], err[512];
@@ -1603,6 +1640,7 @@ cwt_formats_suite(void)
 	tcase_add_test(gen, gen_imagenet_jpeg_is_500x375_and_photo_sized);
 	tcase_add_test(gen, gen_text_is_deterministic_zipf_text);
 	tcase_add_test(gen, gen_imagenet_end_to_end_through_interleave_and_parse_example);
+	tcase_add_test(gen, gen_imagenet_train_star_reads_the_shards_not_their_indexes);
 	tcase_add_test(gen, gen_imagenet_writes_an_index_per_shard);
 	tcase_set_timeout(gen, 60);
 	suite_add_tcase(s, gen);

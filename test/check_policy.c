@@ -24,6 +24,8 @@ typedef struct world {
 	double rate;  /* per worker */
 	double step;  /* consumer s per batch */
 	double bad5;  /* batch time factor at exactly 5 workers (0: none) */
+	double cap;   /* b/s the job gets at most, whatever the count (0:
+		       * none): a transport or a machine the workers share */
 	bool busy_known;
 	uint64_t now; /* ns */
 	bool epoch_start;
@@ -35,6 +37,11 @@ world_sample(world *w, uint32_t n, cwi_scale_sample *smp)
 	double supply = n * w->rate;
 	double t = 1.0 / supply > w->step ? 1.0 / supply : w->step;
 	double busy = supply > 1.0 / w->step ? (1.0 / w->step) / supply : 1.0;
+
+	if (w->cap > 0 && supply > w->cap) {
+		t = 1.0 / w->cap > w->step ? 1.0 / w->cap : w->step;
+		busy = 1.0 / t / supply;
+	}
 
 	if (n == 5 && w->bad5 > 0)
 		t *= w->bad5;
@@ -398,6 +405,46 @@ START_TEST(test_model_jump_is_bounded_by_max_workers)
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	ck_assert_uint_eq(dec.workers, 4);
 	ck_assert(dec.settled);
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+/* A consumer that does next to nothing between batches has a demand far
+ * beyond what one window's rate can be extrapolated to: the jump goes to
+ * 8 times the count at most (issue 17: "wants 1514" for a trivial range,
+ * which the Kubernetes provisioner would have asked for). */
+START_TEST(test_model_jump_is_at_most_eight_times_the_count)
+{
+	world w = {.rate = 1000.0, .step = 0.00001, .busy_known = true};
+	cwi_scaler *s = make("model", 1, UINT32_MAX);
+	cwi_scale_decision dec;
+
+	/* Demand 100000 b/s at 1000 per worker would be 110. */
+	ck_assert_int_lt(until_change(s, &w, 100000, &dec), 100000);
+	ck_assert_uint_eq(dec.workers, 8);
+	cwi_scaler_destroy(s);
+}
+END_TEST
+
+/* When the jump did not make the job faster, the workers are not what it
+ * waits for: back to the count before, settled. */
+START_TEST(test_model_jump_that_gains_nothing_goes_back)
+{
+	world w = {.rate = 1000.0, .step = 0.00001, .cap = 1000.0,
+	    .busy_known = true};
+	cwi_scaler *s = make("model", 1, UINT32_MAX);
+	cwi_scale_decision dec;
+
+	until_change(s, &w, 100000, &dec);
+	ck_assert_uint_eq(dec.workers, 8);
+	ck_assert_int_lt(until_change(s, &w, 100000, &dec), 100000);
+	ck_assert_uint_eq(dec.workers, 1);
+	ck_assert(dec.settled);
+	ck_assert_str_eq(dec.reason, "model: 8 workers gave 1000.0 b/s, 1 "
+				     "gave 1000.0 b/s: more workers do not "
+				     "help -> 1");
+	ck_assert_int_eq(until_change(s, &w, 100000, &dec), 100000);
+	ck_assert_uint_eq(dec.workers, 1);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -1121,6 +1168,8 @@ cwt_policy_suite(void)
 	tcase_add_test(mo, test_model_without_busy_figure_uses_waiting);
 	tcase_add_test(mo, test_model_jump_is_bounded_by_max_workers);
 	tcase_add_test(mo, test_model_from_too_many_workers_jumps_down);
+	tcase_add_test(mo, test_model_jump_is_at_most_eight_times_the_count);
+	tcase_add_test(mo, test_model_jump_that_gains_nothing_goes_back);
 	tcase_add_test(mo,
 	    test_model_windows_by_batches_only_when_time_caps_are_off);
 	tcase_add_test(mo, test_model_reset_carries_the_count_over);

@@ -88,15 +88,6 @@ failures_at_least(const cwi_prov_status *st, uint64_t n)
 	return st->failures >= n;
 }
 
-static int
-count_of(const char *hay, const char *needle)
-{
-	int n = 0;
-
-	for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-		n++;
-	return n;
-}
 
 static bool
 pid_gone(pid_t pid)
@@ -561,7 +552,7 @@ START_TEST(process_crash_loop_reports_exit_status_with_backoff)
 	char *logp = fmt("%s/worker-1.log", dir), *log = cwt_slurp(logp);
 	ck_assert_ptr_nonnull(strstr(log, "crashing: --role=worker "
 	    "--dispatcher tcp://127.0.0.1:9 --listen tcp://127.0.0.1:0\n"));
-	ck_assert_int_ge(count_of(log, "crashing:"), 3);
+	ck_assert_int_ge(cwt_count(log, "crashing:"), 3);
 	free(log);
 	free(logp);
 	free(crash);
@@ -801,7 +792,7 @@ START_TEST(k8s_patch_is_exact_and_status_replicas_are_reported)
 	ck_assert_str_eq(st.last_error, "");
 	cwi_provisioner_destroy(p);
 	char *log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), 1);
+	ck_assert_int_eq(cwt_count(log, "\n"), 1);
 	ck_assert_ptr_nonnull(strstr(log, " PATCH " SCALE_PATH " auth=Bearer "
 	    "tok-1 ctype=application/merge-patch+json "
 	    "body={\"spec\":{\"replicas\":3}} status=200\n"));
@@ -881,10 +872,10 @@ check_retried(const char *script, int failures, int min_gap_ms)
 	ck_assert_uint_eq(st.running, 2);
 	ck_assert_str_eq(st.last_error, "");
 	char *log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), failures + 1);
-	ck_assert_int_eq(count_of(log, "body={\"spec\":{\"replicas\":2}}"),
+	ck_assert_int_eq(cwt_count(log, "\n"), failures + 1);
+	ck_assert_int_eq(cwt_count(log, "body={\"spec\":{\"replicas\":2}}"),
 	    failures + 1);
-	ck_assert_int_eq(count_of(log, "status=200\n"), 1);
+	ck_assert_int_eq(cwt_count(log, "status=200\n"), 1);
 	ck_assert_ptr_null(strstr(log, " bad="));
 	if (min_gap_ms > 0) {
 		char *a = log_line(log, 0), *b = log_line(log, 1);
@@ -941,8 +932,8 @@ START_TEST(k8s_401_waits_for_a_rotated_token)
 	set_token(&f, "tok-old\n");
 	cwt_nap_ms(1500);
 	char *log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), 1);
-	ck_assert_int_eq(count_of(log, "auth=Bearer tok-old "), 1);
+	ck_assert_int_eq(cwt_count(log, "\n"), 1);
+	ck_assert_int_eq(cwt_count(log, "auth=Bearer tok-old "), 1);
 	free(log);
 	st = status_of(p);
 	ck_assert_uint_eq(st.requests, 1);
@@ -954,7 +945,7 @@ START_TEST(k8s_401_waits_for_a_rotated_token)
 	ck_assert_str_eq(st.last_error, "");
 	cwi_provisioner_destroy(p);
 	log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), 2);
+	ck_assert_int_eq(cwt_count(log, "\n"), 2);
 	char *second = log_line(log, 1);
 	ck_assert_ptr_nonnull(strstr(second, " auth=Bearer tok-new "
 	    "ctype=application/merge-patch+json "
@@ -988,8 +979,8 @@ START_TEST(k8s_403_is_reported_with_the_status_message)
 	ck_assert_uint_eq(st.failures, 1);
 	cwi_provisioner_destroy(p);
 	char *log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), 1);
-	ck_assert_int_eq(count_of(log, "status=403\n"), 1);
+	ck_assert_int_eq(cwt_count(log, "\n"), 1);
+	ck_assert_int_eq(cwt_count(log, "status=403\n"), 1);
 	free(log);
 	k8s_stop(&f);
 }
@@ -1044,7 +1035,7 @@ START_TEST(k8s_latest_target_wins)
 	cwi_provisioner_destroy(p);
 	ck_assert_uint_le(st.requests, 6);
 	char *log = requests_log(&f);
-	ck_assert_int_eq(count_of(log, "\n"), (int)st.requests);
+	ck_assert_int_eq(cwt_count(log, "\n"), (int)st.requests);
 	char *last = log_line(log, (int)st.requests - 1);
 	ck_assert_ptr_nonnull(strstr(last, "body={\"spec\":{\"replicas\":6}} "
 	    "status=200"));

@@ -1238,19 +1238,29 @@ START_TEST(test_read_file_empty_file)
 END_TEST
 
 /* A pattern like train-* also matches the record indexes that cachew gen
- * writes beside its shards: reading one says what it is and how to list
- * the data only (issue 17: it said only "length checksum mismatch"). */
-START_TEST(test_tfrecord_of_a_record_index_says_so)
+ * writes beside its shards: an index reads as a file of no records, never
+ * as a corrupt TFRecord file (issue 17: "length checksum mismatch"). */
+START_TEST(test_tfrecord_reads_a_record_index_as_no_records)
 {
-	char *dir = cwt_tmpdir(), path[600], pipeline[800];
+	char *dir = cwt_tmpdir(), path[600], pipeline[800], err[512];
 	const char *idx = "0 120\n120 98\n";
+	cachew_element **v = NULL;
+	size_t n = 1;
 
 	snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord.idx",
 	    dir);
 	cwt_write_file(path, idx, strlen(idx));
 	snprintf(pipeline, sizeof(pipeline), "tfrecord(\"%s\")", path);
-	run_fails(pipeline, CACHEW_ECORRUPT, "this is a record index "
-	    "(<file>.idx), not a TFRecord file; list the data files only");
+	ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 0);
+	cwt_free(v, n);
+	snprintf(pipeline, sizeof(pipeline),
+	    "tfrecord(\"%s\", compression=gzip)", path);
+	ck_assert_int_eq(cwt_run(pipeline, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 0);
+	cwt_free(v, n);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -1736,7 +1746,7 @@ cwt_sources_suite(void)
 	suite_add_tcase(s, lit);
 
 	tcase_add_test(files, test_list_files_sorted_without_shuffle);
-	tcase_add_test(files, test_tfrecord_of_a_record_index_says_so);
+	tcase_add_test(files, test_tfrecord_reads_a_record_index_as_no_records);
 	tcase_add_test(files, test_list_files_patterns_sorted_together);
 	tcase_add_test(files, test_list_files_shuffle_reproducible_with_seed);
 	tcase_add_test(files, test_list_files_reshuffles_per_epoch);

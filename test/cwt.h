@@ -138,6 +138,8 @@ uint64_t cwt_now_ms(void); /* CLOCK_MONOTONIC */
  * tens of times slower. Only ever makes a failing test slower to fail. */
 int cwt_bound_ms(int ms);
 void cwt_nap_ms(unsigned ms);
+/* How many times needle occurs in hay (overlaps counted). */
+int cwt_count(const char *hay, const char *needle);
 /* A whole file as a NUL-terminated heap string, or NULL. */
 char *cwt_slurp(const char *path);
 /* Starts `<build>/cachewd <args...>` (NULL-terminated) with stderr in
@@ -150,6 +152,12 @@ void cwt_daemon_startv(cwt_daemon *d, const char *dir, const char *name,
 /* Sends sig and waits (10 s, then SIGKILL); the exit code, 128 + signal
  * when killed, -1 when it was not running. */
 int cwt_daemon_stop(cwt_daemon *d, int sig);
+/* Waits for d to exit on its own (ms, cwt_bound_ms, then SIGKILL); its
+ * exit code as cwt_daemon_stop's. */
+int cwt_daemon_wait(cwt_daemon *d, int ms);
+/* "tcp://127.0.0.1:PORT" of a loopback port nothing listens on (bound,
+ * then closed): dialling it is refused. */
+void cwt_refused_url(char *url, size_t len);
 
 /* Stops a dispatcher started with --journal-verify 1 (SIGTERM), checks
  * that its journal, replayed at the stop, gave the state it had, and

@@ -50,6 +50,16 @@ cwt_nap_ms(unsigned ms)
 		;
 }
 
+int
+cwt_count(const char *hay, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+		n++;
+	return n;
+}
+
 char *
 cwt_slurp(const char *path)
 {
@@ -195,12 +205,35 @@ cwt_daemon_startv(cwt_daemon *d, const char *dir, const char *name,
 int
 cwt_daemon_stop(cwt_daemon *d, int sig)
 {
-	uint64_t deadline = cwt_now_ms() + 10000;
+	if (d->pid <= 0)
+		return -1;
+	kill(d->pid, sig);
+	return cwt_daemon_wait(d, 10000);
+}
+
+void
+cwt_refused_url(char *url, size_t len)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t salen = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &salen), 0);
+	close(fd);
+	snprintf(url, len, "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+}
+
+int
+cwt_daemon_wait(cwt_daemon *d, int ms)
+{
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(ms);
 	int st = 0;
 
 	if (d->pid <= 0)
 		return -1;
-	kill(d->pid, sig);
 	while (waitpid(d->pid, &st, WNOHANG) == 0) {
 		if (cwt_now_ms() > deadline) {
 			kill(d->pid, SIGKILL);

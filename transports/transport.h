@@ -128,6 +128,15 @@ typedef struct cwi_transport_opts {
 	 * for the connection within their timeout) instead of failing when
 	 * nobody listens yet. */
 	bool dial_async;
+	/* dial_async: a peer never reached whose every dial has failed
+	 * (refused, unreachable) for this long, in ms, is unreachable:
+	 * requests waiting for the connection fail with CACHEW_EIO naming
+	 * the dial's error, and new ones fail at once while no link is up
+	 * (cwi_conn_unreachable); the background redials go on, and the
+	 * first link ends it. A peer once reached (a restart) is waited for
+	 * within each request's timeout, as is one that answers slowly.
+	 * Default 0: never unreachable. */
+	int unreachable_after_ms;
 	/* tls+tcp only (other schemes ignore them). PEM file paths, read at
 	 * listen or dial time; borrowed for the call. tls_cert and tls_key:
 	 * our certificate (a chain may follow it) and its private key:
@@ -264,12 +273,39 @@ cachew_err cwi_conn_call(cwi_conn *c, cwi_msg *req, int timeout_ms,
     cwi_msg **reply);
 /* The URL as dialed; borrowed from c. */
 const char *cwi_conn_url(const cwi_conn *c);
+/* Whether c's peer is unreachable (see unreachable_after_ms): never
+ * reached, and every dial failed for that long. Retrying a request then
+ * only waits. Any thread. */
+bool cwi_conn_unreachable(cwi_conn *c);
 /* Completes every request in flight with CACHEW_ECLOSED (waking whoever
  * waits for them) and refuses new ones. Idempotent; any thread. */
 void cwi_conn_close(cwi_conn *c);
 /* Closes (if needed) and frees c. No other thread may use c any more.
  * NULL is a no-op. */
 void cwi_conn_destroy(cwi_conn *c);
+
+/* ---- HTTP (metrics and health endpoints) ------------------------------- */
+
+/* A GET handler: sets *body to a malloc'd body of *len bytes (or NULL) and
+ * may set *content_type (a static string; default text/plain) for the
+ * request's path (its URI, query included), and returns the HTTP status.
+ * It runs on a transport thread, concurrently with other requests. */
+typedef int (*cwi_http_fn)(void *arg, const char *path, char **body,
+    size_t *len, const char **content_type);
+/* A listener of plain HTTP (no TLS). Thread safe. */
+typedef struct cwi_http_listener cwi_http_listener;
+
+/* Serves GET requests of every path on `addr` ("host:port" or
+ * "http://host:port"; port 0: any, cwi_http_listener_url says which) with
+ * fn(arg, ...). CACHEW_EINVAL for another form, CACHEW_EEXIST when the
+ * address is taken. */
+cachew_err cwi_http_listen(cwi_http_listener **out, const char *addr,
+    cwi_http_fn fn, void *arg);
+/* "http://host:port", the bound port; borrowed from l. */
+const char *cwi_http_listener_url(const cwi_http_listener *l);
+/* Stops serving (no handler runs after it returns) and frees l; NULL is a
+ * no-op. */
+void cwi_http_listener_destroy(cwi_http_listener *l);
 
 /* ---- listeners (server side) -------------------------------------------- */
 
@@ -383,6 +419,8 @@ typedef struct cwi_conn_ops {
 	cachew_err (*send)(cwi_conn *c, cwi_msg *req, cwi_pending *p);
 	void (*close)(cwi_conn *c);
 	void (*free)(cwi_conn *c); /* after close */
+	/* cwi_conn_unreachable; NULL: never. */
+	bool (*unreachable)(cwi_conn *c);
 } cwi_conn_ops;
 
 struct cwi_conn {

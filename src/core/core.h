@@ -236,6 +236,11 @@ extern const uint8_t cwi_dtype_sizes[16];
 
 size_t cwi_tensor_nbytes_slow(const cwi_tensor *t);
 
+/* The value of an IEEE half (f16) or a bfloat16 (the high half of an
+ * f32), exactly, as a double: NaN and the infinities included. */
+double cwi_f16_to_f64(uint16_t h);
+double cwi_bf16_to_f64(uint16_t h);
+
 static inline size_t
 cwi_tensor_nbytes(const cwi_tensor *t)
 {

@@ -90,7 +90,9 @@ static const opt_spec table[] = {
     {"service_timeout_ms", OPT_INT, 30000, NULL, 100, 86400000,
 	OFF(service_timeout_ms),
 	"service: how long a call to the dispatcher or a worker may take, "
-	"retries included, before it fails", "30000", NULL},
+	"retries included, before it fails (a dispatcher never reached whose "
+	"dials are all refused fails after about 3 s, naming the refusal)",
+	"30000", NULL},
     {"token_file", OPT_STR, 0, "", 0, 0, OFF(token_file),
 	"service: a file whose first line is this client's token, sent to a "
 	"dispatcher that requires tokens; empty = CACHEW_TOKEN_FILE, else "

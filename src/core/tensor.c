@@ -6,9 +6,11 @@
  */
 #include "core.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- dtypes ------------------------------------------------------------ */
 
@@ -775,4 +777,29 @@ void
 cachew_tensor_destroy(cachew_tensor *t)
 {
 	cachew_tensor_release(t);
+}
+
+double
+cwi_f16_to_f64(uint16_t h)
+{
+	int e = (h >> 10) & 0x1f;
+	double m = h & 0x3ff, v;
+
+	if (e == 0)
+		v = ldexp(m, -24);
+	else if (e == 31)
+		v = m != 0 ? NAN : INFINITY;
+	else
+		v = ldexp(m + 1024, e - 25);
+	return (h & 0x8000) ? -v : v;
+}
+
+double
+cwi_bf16_to_f64(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &bits, sizeof(f));
+	return f;
 }

@@ -88,30 +88,6 @@ f64_to_bf16(double x)
 	return round_to_small_float(x, 7, 8);
 }
 
-static double
-f16_to_f64(uint16_t h)
-{
-	int e = (h >> 10) & 0x1f;
-	double m = h & 0x3ff, v;
-
-	if (e == 0)
-		v = ldexp(m, -24);
-	else if (e == 31)
-		v = m != 0 ? NAN : INFINITY;
-	else
-		v = ldexp(m + 1024, e - 25);
-	return (h & 0x8000) ? -v : v;
-}
-
-static double
-bf16_to_f64(uint16_t h)
-{
-	uint32_t bits = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &bits, sizeof(f));
-	return f;
-}
-
 /* ---- add / mul ------------------------------------------------------------ */
 
 typedef struct arith_state {
@@ -207,8 +183,8 @@ arith_apply(uint8_t *p, int64_t n, cachew_dtype dt, const arith_state *s,
 		/* Exact in f64, then one rounding: correctly rounded. */
 		uint16_t *x = (uint16_t *)(void *)p;
 		for (int64_t i = 0; i < n; i++) {
-			double d = dt == CACHEW_F16 ? f16_to_f64(x[i])
-						    : bf16_to_f64(x[i]);
+			double d = dt == CACHEW_F16 ? cwi_f16_to_f64(x[i])
+						    : cwi_bf16_to_f64(x[i]);
 			d = mul ? d * s->value : d + s->value;
 			x[i] = dt == CACHEW_F16 ? f64_to_f16(d) : f64_to_bf16(d);
 		}
@@ -402,10 +378,10 @@ load_float(const uint8_t *p, cachew_dtype dt, int64_t i)
 	switch (dt) {
 	case CACHEW_F16:
 		memcpy(&h, p + i * 2, 2);
-		return f16_to_f64(h);
+		return cwi_f16_to_f64(h);
 	case CACHEW_BF16:
 		memcpy(&h, p + i * 2, 2);
-		return bf16_to_f64(h);
+		return cwi_bf16_to_f64(h);
 	case CACHEW_F32:
 		memcpy(&f, p + i * 4, 4);
 		return f;

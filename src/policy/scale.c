@@ -92,6 +92,9 @@ struct cwi_scaler {
 	uint32_t jumps; /* model: jumps since the last reset */
 	double p_jump;  /* model: per-worker rate the last jump used */
 	double d_jump;  /* model: demand the last jump used */
+	uint32_t n_jump; /* model: the count the first jump left */
+	double r_jump;   /* model: its throughput (batches/s) */
+	uint32_t gain_cap; /* model: more did not help above this (0: no) */
 	bool redo;      /* model: re-estimating after drift */
 	uint64_t drain_ns; /* model: time the probe's buffer has drained */
 	uint64_t probe_ns; /* model: time since the probe's step down */
@@ -430,6 +433,48 @@ cachew_window(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 
 /* ---- model --------------------------------------------------------------- */
 
+/* A jump goes to at most this many times the current count. The model
+ * extrapolates one window's per-worker rate linearly; far beyond the
+ * count it was measured at, that says more about the measurement than
+ * the job: a consumer that does nothing between batches (`cachew run
+ * "range(N)"`) has a near-infinite demand, and one window asked for 31
+ * workers, the next (8 workers sharing 2 cores) for 2494 (issue 17). */
+#define MODEL_JUMP_FACTOR_MAX 8
+
+/* The job's throughput over window w, batches/s. */
+static double
+window_rate(const window *w)
+{
+	return w->elapsed_ns > 0 ? (double)w->batches * 1e9 /
+		(double)w->elapsed_ns : 0;
+}
+
+/* After the first jump up: when more workers did not make the job faster
+ * (by `improve`), the workers are not what it waits for (its transport,
+ * the consumer, a machine short of cores): back to the count before, and
+ * settle there; until the scaler is reset (a new job, a cache mode
+ * change), no estimate asks for more.
+ * True when it did so (or the cooldown holds it). */
+static bool
+model_jump_gained_nothing(cwi_scaler *s, uint64_t now, uint32_t n)
+{
+	double r = window_rate(&s->win);
+
+	if (s->jumps != 1 || s->n_jump == 0 || n <= s->n_jump ||
+	    r > s->r_jump * (1.0 + s->cfg.improve))
+		return false;
+	if (!change_to(s, now, s->n_jump))
+		return true;
+	set_reason(s, "model: %" PRIu32 " workers gave %.1f b/s, %" PRIu32
+		      " gave %.1f b/s: more workers do not help -> %" PRIu32,
+	    n, r, s->n_jump, s->r_jump, s->target);
+	s->gain_cap = s->n_jump;
+	s->n_jump = 0; /* once: drift re-estimates from here */
+	s->settled = true;
+	s->ph = PH_REF;
+	return true;
+}
+
 /* The smallest count whose throughput meets the demand with headroom,
  * from one window; 0 when the window cannot tell (no busy figure and no
  * waiting: the workers are not the bottleneck but their capacity is
@@ -558,6 +603,14 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	uint32_t want = model_estimate(s, &s->win, n, &demand, &per_worker);
 	bool far;
 
+	if (model_jump_gained_nothing(s, now, n))
+		return;
+	if (want > (uint64_t)n * MODEL_JUMP_FACTOR_MAX)
+		want = clamp(s, (uint64_t)n * MODEL_JUMP_FACTOR_MAX);
+	/* More workers were seen not to help this job: a re-estimate
+	 * (drift) asks for no more than the count that did as well. */
+	if (s->gain_cap > 0 && want > s->gain_cap)
+		want = s->gain_cap;
 	if (want == 0) {
 		/* Not the bottleneck and capacity unknown: probe down. */
 		set_reason(s, "model: client never waits at %" PRIu32
@@ -602,8 +655,14 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	}
 	far = want > n + 1 || want + 1 < n;
 	if (want != n && (s->jumps == 0 || (s->jumps == 1 && far))) {
+		double r = window_rate(&s->win); /* change_to clears it */
+
 		if (!change_to(s, now, want))
 			return; /* cooldown: the next window retries */
+		if (s->jumps == 0) {
+			s->n_jump = n;
+			s->r_jump = r;
+		}
 		s->jumps++;
 		s->p_jump = per_worker;
 		s->d_jump = demand;
@@ -987,6 +1046,9 @@ cwi_scaler_reset(cwi_scaler *s, uint32_t workers)
 	s->have_prev = false;
 	s->jumps = 0;
 	s->p_jump = 0;
+	s->n_jump = 0;
+	s->r_jump = 0;
+	s->gain_cap = 0;
 	s->d_jump = 0;
 	s->redo = false;
 	s->drain_ns = 0;

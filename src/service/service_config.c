@@ -60,6 +60,9 @@ static const cfg_spec table[] = {
     {"advertise", STR(advertise), "", 0, 0, NULL,
 	"worker: the address clients dial (default: the bound listen "
 	"address)"},
+    {"metrics_listen", STR(metrics_listen), "", 0, 0, NULL,
+	"HTTP address (host:port, port 0 = any) serving /metrics "
+	"(Prometheus text format), /healthz and /readyz; empty = none"},
     {"dispatcher", STR(dispatcher), "", 0, 0, NULL,
 	"worker: the dispatcher's address (required for a worker)"},
     {"work_dir", STR(work_dir), "", 0, 0, NULL,

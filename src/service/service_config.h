@@ -23,6 +23,7 @@ typedef struct cwi_service_config {
 	char plugin[4 * CWI_CFG_STR_MAX];
 	char listen[CWI_CFG_STR_MAX];  /* our address */
 	char advertise[CWI_CFG_STR_MAX]; /* worker: address clients dial */
+	char metrics_listen[CWI_CFG_STR_MAX]; /* HTTP host:port; "": none */
 	char dispatcher[CWI_CFG_STR_MAX]; /* worker: the dispatcher */
 	char work_dir[CWI_CFG_STR_MAX];   /* dispatcher: state, events log */
 	char events_log[CWI_CFG_STR_MAX]; /* "" = <work_dir>/events.jsonl */

@@ -142,18 +142,26 @@ cwi_rpc_call_retry(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
 		int left = (int)((deadline > now ? deadline - now : 0) / 1000000u);
 
 		rv = cwi_rpc_call(c, req, expect, left > 0 ? left : 1, rep);
-		if (rv == CACHEW_OK || !transient(rv))
+		/* An unreachable peer (never reached, every dial failed: the
+		 * transport's unreachable_after_ms) fails each call at once:
+		 * retrying only waits out total_ms, then says less. */
+		if (rv == CACHEW_OK || !transient(rv) ||
+		    cwi_conn_unreachable(c))
 			return rv;
 		if (stop != NULL && atomic_load(stop))
 			return cwi_fail(CACHEW_ECANCELED, "%s: canceled",
 			    cwi_conn_url(c));
 		now = cwi_now_ns();
-		if (now >= deadline)
+		/* Less than the shortest backoff left: the last error is the
+		 * answer (another call would wait 1 ms and say "no reply
+		 * within 1 ms"). */
+		if (now + 25 * 1000000u >= deadline)
 			return rv;
 		uint64_t sleep_ms = backoff_ms / 2 +
 		    cwi_rng_below(&rng, backoff_ms / 2 + 1);
-		if (now + sleep_ms * 1000000u > deadline)
-			sleep_ms = (deadline - now) / 1000000u;
+		/* The next call gets half of what is left, at least. */
+		if (now + sleep_ms * 1000000u > deadline - (deadline - now) / 2)
+			sleep_ms = (deadline - now) / 2 / 1000000u;
 		cwi_sleep_ns(sleep_ms * 1000000u);
 		if (backoff_ms < 1000)
 			backoff_ms *= 2;

@@ -32,6 +32,13 @@ cachew_err cwi_rpc_call(cwi_conn *c, const cwi_pmsg *req, cwi_msg_type expect,
  * without them (docs/journal.md). Per thread, like errno. */
 uint64_t cwi_rpc_error_lineage(void);
 
+/* How long a client's or a worker's dials of a dispatcher never reached
+ * may all fail (refused, unreachable) before it is unreachable (the
+ * transport's unreachable_after_ms): long enough for a dispatcher that is
+ * starting or restarting, short next to the 30 s a request may wait for a
+ * slow one. */
+#define CWI_RPC_UNREACHABLE_MS 3000
+
 /* The same with bounded retries: transient failures (CACHEW_EIO,
  * CACHEW_ETIMEDOUT, CACHEW_ECLOSED) are retried with jittered exponential
  * backoff (from 50 ms, doubling, at most 1 s) until total_ms has passed;

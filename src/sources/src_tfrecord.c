@@ -295,13 +295,6 @@ tfr_corrupt(cwi_tfr_reader *r, uint64_t at, size_t whole, const char *fmt,
 	va_start(ap, fmt);
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
-	/* A pattern such as train-* also matches the record indexes beside
-	 * the shards (cachew gen and tfrecord_write(index=true) write
-	 * <shard>.idx): say so rather than only that the bytes are wrong. */
-	if (!r->cfg.skip_corrupt && at == 0 && is_index_path(r->path))
-		return tfr_fail(r, CACHEW_ECORRUPT, "record at byte 0: %s: this "
-		    "is a record index (<file>.idx), not a TFRecord file; list "
-		    "the data files only, e.g. train-*.tfrecord", reason);
 	if (!r->cfg.skip_corrupt)
 		return tfr_fail(r, CACHEW_ECORRUPT, "record at byte %llu: %s",
 		    (unsigned long long)at, reason);
@@ -647,6 +640,18 @@ cwi_tfr_open(cwi_tfr_reader **out, const cwi_tfr_config *cfg, const char *path)
 	*out = r;
 	if (rv != CACHEW_OK)
 		return rv;
+	/* A pattern such as train-* also matches the record indexes beside
+	 * the shards (cachew gen and tfrecord_write(index=true) write
+	 * <shard>.idx, the name the ranged reader looks for): an index holds
+	 * no records, so it reads as an empty file, without opening it. */
+	if (is_index_path(path)) {
+		cwi_log(CACHEW_LOG_DEBUG, "tfrecord",
+		    "%s: a record index, read as holding no records", path);
+		r->mem = (const uint8_t *)"";
+		r->size_known = true;
+		r->cfg.gzip = false;
+		return CACHEW_OK;
+	}
 	if (cfg->ranged)
 		return tfr_open_records(r, path);
 	/* Local paths, file://, http(s)://, s3:// and gs:// (src/io). */

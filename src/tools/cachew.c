@@ -44,6 +44,11 @@ static const char usage_text[] =
     "commands:\n"
     "  run [flags] \"<pipeline>\"     run a pipeline, report elements and "
     "throughput\n"
+    "  head [-n N] [--json] [run's --set/--threads/--seed/--plugin]\n"
+    "      \"<pipeline>\"             print the first N elements (default 5):\n"
+    "                               values, strings, dtypes and shapes, long\n"
+    "                               tensors abbreviated as numpy does; --json:\n"
+    "                               one JSON object per element\n"
     "  explain [--plugin PATH]... \"<pipeline>\"\n"
     "                               print the graph, the canonical string "
     "and\n"
@@ -604,12 +609,45 @@ print_summary(const run_totals *t, const run_args *a, const char *fp_hex)
 /* ---- run: arguments ------------------------------------------------------ */
 
 /* Handles one run flag at argv[*i]; returns 0, or an exit code. */
+/* The flags run and head share: --threads, --seed, --set, --plugin.
+ * Returns -1 when argv[*i] is none of them, else 0 or an exit code. */
+static int
+options_flag(int argc, char **argv, int *i, cachew_options *opts)
+{
+	const char *v = NULL;
+	int m;
+
+	if ((m = flag_value(argc, argv, i, "--threads", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--threads expects a value");
+		return set_option(opts, "threads", v, "--threads");
+	}
+	if ((m = flag_value(argc, argv, i, "--seed", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--seed expects a value");
+		return set_option(opts, "seed", v, "--seed");
+	}
+	if ((m = flag_value(argc, argv, i, "--set", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--set expects NAME=VALUE");
+		return set_option_assignment(opts, v);
+	}
+	if ((m = flag_value(argc, argv, i, "--plugin", &v)) != 0) {
+		if (m < 0)
+			return usage_error("--plugin expects a path");
+		return load_plugin(v);
+	}
+	return -1;
+}
+
 static int
 run_flag(int argc, char **argv, int *i, run_args *a)
 {
 	const char *arg = argv[*i], *v = NULL;
-	int m;
+	int m = options_flag(argc, argv, i, a->opts);
 
+	if (m >= 0)
+		return m;
 	if (strcmp(arg, "--json") == 0)
 		a->json = true;
 	else if (strcmp(arg, "--stats") == 0)
@@ -626,22 +664,6 @@ run_flag(int argc, char **argv, int *i, run_args *a)
 		if (m < 0 || !parse_i64(v, &a->epochs) || a->epochs < 1)
 			return usage_error(
 			    "--epochs expects a positive integer");
-	} else if ((m = flag_value(argc, argv, i, "--threads", &v)) != 0) {
-		if (m < 0)
-			return usage_error("--threads expects a value");
-		return set_option(a->opts, "threads", v, "--threads");
-	} else if ((m = flag_value(argc, argv, i, "--seed", &v)) != 0) {
-		if (m < 0)
-			return usage_error("--seed expects a value");
-		return set_option(a->opts, "seed", v, "--seed");
-	} else if ((m = flag_value(argc, argv, i, "--set", &v)) != 0) {
-		if (m < 0)
-			return usage_error("--set expects NAME=VALUE");
-		return set_option_assignment(a->opts, v);
-	} else if ((m = flag_value(argc, argv, i, "--plugin", &v)) != 0) {
-		if (m < 0)
-			return usage_error("--plugin expects a path");
-		return load_plugin(v);
 	} else if ((m = flag_value(argc, argv, i, "--save-at", &v)) != 0) {
 		if (m < 0 || !parse_i64(v, &a->save_at) || a->save_at < 0)
 			return usage_error(
@@ -737,6 +759,99 @@ cmd_run(int argc, char **argv)
 	print_summary(&t, &a, hex);
 done:
 	free(t.rows);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(a.opts);
+	return rc;
+}
+
+/* ---- head ------------------------------------------------------------------ */
+
+typedef struct head_args {
+	cachew_options *opts;
+	const char *pipeline;
+	int64_t n;
+	bool json;
+} head_args;
+
+static int
+head_flag(int argc, char **argv, int *i, head_args *a)
+{
+	const char *arg = argv[*i], *v = NULL;
+	int m = options_flag(argc, argv, i, a->opts);
+
+	if (m >= 0)
+		return m;
+	if (strcmp(arg, "--json") == 0)
+		a->json = true;
+	else if ((m = flag_value(argc, argv, i, "-n", &v)) != 0) {
+		if (m < 0 || !parse_i64(v, &a->n) || a->n < 0)
+			return usage_error("-n expects a count, 0 or more");
+	} else
+		return usage_error("head: unknown flag '%s'", arg);
+	return 0;
+}
+
+/* Pulls a->n elements (fewer when the pipeline ends first) and prints
+ * each as it comes; returns 0, or 1 after a failure (its message on
+ * stderr, after the elements that came before it). */
+static int
+head_print_elements(cachew_dataset *ds, const head_args *a)
+{
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv = CACHEW_OK;
+	int64_t k;
+
+	rv = cachew_iterator_create(&it, ds, a->opts);
+	if (rv != CACHEW_OK) {
+		fprintf(stderr, "cachew: %s\n", last_error(rv));
+		return EXIT_RUNTIME;
+	}
+	for (k = 0; k < a->n && (rv = cachew_iterator_next(it, &e)) ==
+	     CACHEW_OK; k++) {
+		cwi_head_print(stdout, e, (uint64_t)k, a->json);
+		cachew_element_release(e);
+	}
+	if (rv != CACHEW_OK && rv != CACHEW_EOF) {
+		const char *msg = cachew_iterator_errmsg(it);
+
+		fflush(stdout);
+		fprintf(stderr, "cachew: %s\n",
+		    msg != NULL && msg[0] != '\0' ? msg : cachew_strerror(rv));
+	}
+	cachew_iterator_destroy(it);
+	return rv == CACHEW_OK || rv == CACHEW_EOF ? 0 : EXIT_RUNTIME;
+}
+
+/* `cachew head [-n N] [--json] "<pipeline>"`: the first N elements (5 by
+ * default), to look at what a pipeline yields. */
+static int
+cmd_head(int argc, char **argv)
+{
+	head_args a = {.n = 5};
+	cachew_dataset *ds = NULL;
+	bool flags_done = false;
+	int rc;
+
+	if (cachew_options_create(&a.opts) != CACHEW_OK) {
+		fprintf(stderr, "cachew: out of memory\n");
+		return EXIT_RUNTIME;
+	}
+	rc = options_from_env(a.opts);
+	for (int i = 1; i < argc && rc == 0; i++) {
+		if (!flags_done && strcmp(argv[i], "--") == 0)
+			flags_done = true;
+		else if (!flags_done && argv[i][0] == '-' && argv[i][1] != '\0')
+			rc = head_flag(argc, argv, &i, &a);
+		else
+			rc = take_pipeline(argv[i], &a.pipeline);
+	}
+	if (rc == 0 && a.pipeline == NULL)
+		rc = usage_error("head: missing the pipeline string");
+	if (rc == 0)
+		rc = parse_pipeline(a.pipeline, &ds);
+	if (rc == 0)
+		rc = head_print_elements(ds, &a);
 	cachew_dataset_release(ds);
 	cachew_options_destroy(a.opts);
 	return rc;
@@ -1323,6 +1438,7 @@ typedef struct command {
 static const command commands[] = {
     {"run", cmd_run},
     {"explain", cmd_explain},
+    {"head", cmd_head},
     {"ops", cmd_ops},
     {"gen", cmd_gen},
     {"cache", cwi_cache_cli},

@@ -10,12 +10,22 @@
 #ifndef CWI_TOOLS_H
 #define CWI_TOOLS_H
 
+#include "cachew.h"
+
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 /* `cachew cache ls|verify|rm|gc|probe ...`; returns the exit code. */
 int cwi_cache_cli(int argc, char **argv);
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);
+
+/* One element as `cachew head` prints it (head_print.c): a line
+ * "index: value" in numpy's style, or with json one JSON object
+ * {"index":N,"components":[{"dtype","shape","value"},...]}. */
+void cwi_head_print(FILE *out, const cachew_element *e, uint64_t index,
+    bool json);
 
 /* Iterator state files (`cachew run --save-at/--resume`, state_file.c):
  * write replaces path atomically (a temporary file beside it, flushed,

@@ -678,6 +678,12 @@ cwi_conn_url(const cwi_conn *c)
 	return c->url;
 }
 
+bool
+cwi_conn_unreachable(cwi_conn *c)
+{
+	return c->ops->unreachable != NULL && c->ops->unreachable(c);
+}
+
 void
 cwi_conn_close(cwi_conn *c)
 {

@@ -18,6 +18,13 @@
  * a reply arrives on a new link; anything else completes the orphans
  * with CACHEW_ECLOSED, as any dead link's requests.
  *
+ * Unreachable peers (unreachable_after_ms): a connection that never had a
+ * link and whose dials have all failed for that long takes the same
+ * fail-fast state with CACHEW_EIO and the dial's error ("Connection
+ * refused"), so a client named a dead address says so in seconds rather
+ * than "no reply" at its timeout; the first link ends it. A peer once
+ * reached is waited for, as before: it may be restarting.
+ *
  * Locking: cq->mtx (transport.c; held only around a pending's cancel
  * hook, cli_cancel), then the connection's mutex, then a link's mutex
  * (nng_link.c); requests are completed with none of these held.
@@ -71,6 +78,12 @@ struct sconn {
 	cachew_err refused; /* CACHEW_OK, or the lasting refusal */
 	char refusal[600];
 	char orphan_why[300]; /* why the orphans' link died */
+	/* Unreachable peers (see the top of the file). */
+	int unreachable_ms; /* 0: never */
+	bool reached;       /* a link was attached once */
+	bool unreachable;   /* c->refused is the unreachable state */
+	unsigned dial_fails; /* since the first, while never reached */
+	uint64_t first_fail_ns;
 };
 
 static void
@@ -352,6 +365,11 @@ conn_attach_locked(sconn *c, slink *lk)
 {
 	c->lk = lk;
 	c->attached_ns = cwi_now_ns();
+	c->reached = true;
+	if (c->unreachable) {
+		c->unreachable = false;
+		c->refused = CACHEW_OK;
+	}
 	cwi_nng_link_start(lk);
 	for (creq *x = c->reqs; x != NULL; x = x->next) {
 		if (x->lk != NULL || x->orphan)
@@ -361,6 +379,52 @@ conn_attach_locked(sconn *c, slink *lk)
 		x->tx = NULL;
 		x->lk = lk;
 	}
+}
+
+/* A dial failed with nng's rv: a peer never reached becomes unreachable
+ * once its dials have failed for unreachable_ms (see the top of the
+ * file). Returns the requests waiting for a link, unlisted, to complete
+ * with c->refusal then (NULL otherwise). With c->mtx held. */
+static creq *
+dial_failed_locked(sconn *c, int rv)
+{
+	creq *done = NULL, **tail = &done;
+	uint64_t now = cwi_now_ns(), for_ms;
+
+	if (c->reached || c->unreachable_ms <= 0)
+		return NULL;
+	if (c->dial_fails++ == 0)
+		c->first_fail_ns = now;
+	for_ms = (now - c->first_fail_ns) / 1000000u;
+	if (c->unreachable || c->refused != CACHEW_OK ||
+	    for_ms < (uint64_t)c->unreachable_ms)
+		return NULL;
+	c->unreachable = true;
+	c->refused = CACHEW_EIO;
+	snprintf(c->refusal, sizeof(c->refusal), "%s: %s (%u dials in %llu "
+	    "ms, none connected)", c->base.url, nng_strerror(rv),
+	    c->dial_fails, (unsigned long long)for_ms);
+	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
+		nx = x->next;
+		if (x->lk != NULL || x->orphan)
+			continue;
+		req_unlist_locked(c, x);
+		*tail = x;
+		tail = &x->next;
+	}
+	return done;
+}
+
+static bool
+nt_conn_unreachable(cwi_conn *cc)
+{
+	sconn *c = (sconn *)cc;
+	bool unreachable;
+
+	pthread_mutex_lock(&c->mtx);
+	unreachable = c->unreachable && c->lk == NULL;
+	pthread_mutex_unlock(&c->mtx);
+	return unreachable;
 }
 
 static void
@@ -390,8 +454,14 @@ cli_dial_cb(void *arg)
 		return;
 	}
 	if (rv != 0) {
+		creq *failed = dial_failed_locked(c, rv);
+		char msg[sizeof(c->refusal)];
+
+		if (failed != NULL)
+			memcpy(msg, c->refusal, sizeof(msg));
 		dial_arm_locked(c, backoff_next_locked(c));
 		pthread_mutex_unlock(&c->mtx);
+		req_complete_all(failed, CACHEW_EIO, msg);
 		return;
 	}
 	c->refs++; /* the link's */
@@ -574,6 +644,7 @@ static const cwi_conn_ops nt_conn_ops = {
     .send = nt_send,
     .close = nt_conn_close,
     .free = nt_conn_free,
+    .unreachable = nt_conn_unreachable,
 };
 
 cachew_err
@@ -596,6 +667,7 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	c->send_timeout_ms = opts->send_timeout_ms;
 	c->rmin_ms = opts->reconnect_min_ms;
 	c->rmax_ms = opts->reconnect_max_ms;
+	c->unreachable_ms = opts->unreachable_after_ms;
 	c->next_id = (uint32_t)cwi_now_ns() & 0x7fffffffu;
 	c->jitter.state = cwi_now_ns() ^ (uint64_t)(uintptr_t)c;
 	c->base.url = cwi_strdup(url);

@@ -1404,6 +1404,7 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	cwi_transport_opts_init(&o);
 	o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	o.dial_async = true;
+	o.unreachable_after_ms = CWI_RPC_UNREACHABLE_MS;
 	cwi_rpc_client_tls(&ctx->opts, &o);
 	rv = cwi_dial(&s->dispatcher, ctx->url, &o);
 	if (rv == CACHEW_OK)
@@ -1414,8 +1415,14 @@ stream_open(void *arg, uint64_t epoch, void **out, char *err, size_t errlen)
 	if (rv == CACHEW_OK && !ctx->restoring)
 		rv = session_start(s);
 	if (rv != CACHEW_OK) {
-		snprintf(err, errlen, "service %s: %s", ctx->url,
-		    cwi_errmsg_get());
+		const char *why = cwi_errmsg_get();
+		size_t n = strlen(ctx->url);
+
+		/* The transport's messages begin with the URL: once is
+		 * enough. */
+		if (strncmp(why, ctx->url, n) == 0 && why[n] == ':')
+			why += n + 1 + (why[n + 1] == ' ');
+		snprintf(err, errlen, "service %s: %s", ctx->url, why);
 		session_free(s);
 		return rv;
 	}

@@ -23,6 +23,7 @@
 #include "dispatcher_autocache.h"
 #include "dispatcher_state.h"
 #include "../service_auth.h"
+#include "../service_metrics.h"
 #include "../service_rpc.h"
 #include "../../cache/cache.h"
 #include "../../core/journal.h"
@@ -42,6 +43,7 @@ struct cwi_dispatcher_server {
 	cwi_service_config cfg;
 	cwi_dispatcher *state;
 	cwi_listener *listener;
+	cwi_http_listener *metrics; /* --metrics-listen; NULL: none */
 	FILE *events;
 	bool events_owned;
 	pthread_mutex_t lock;
@@ -1060,6 +1062,49 @@ on_request(void *arg, cwi_request *r)
 	reply_after(d, r, &rep, lsn, created || finished, created);
 }
 
+/* ---- metrics and health (--metrics-listen) ---------------------------- */
+
+/* /metrics: what `cachew status` shows an admin, as Prometheus text. */
+static cachew_err
+metrics_render(void *arg, cwi_strbuf *sb)
+{
+	cwi_dispatcher_server *d = arg;
+	cwi_msg_status_reply st;
+	cachew_err rv;
+
+	pthread_mutex_lock(&d->lock);
+	rv = cwi_dispatcher_status(d->state, disp_now(d), &st);
+	pthread_mutex_unlock(&d->lock);
+	if (rv == CACHEW_OK) {
+		status_provisioner(d, &st);
+		status_journal(d, &st);
+		cwi_metrics_dispatcher(sb, &st);
+	}
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
+	return rv;
+}
+
+/* Ready once serving: the journal is recovered before the listener
+ * opens, and a stop closes it. */
+static const char *
+metrics_ready(void *arg)
+{
+	cwi_dispatcher_server *d = arg;
+
+	return atomic_load(&d->serving) && !atomic_load(&d->stop)
+		   ? NULL
+		   : "not serving: starting or stopping\n";
+}
+
+static int
+on_http(void *arg, const char *path, char **body, size_t *len,
+    const char **type)
+{
+	cwi_metrics_source src = {metrics_render, metrics_ready, arg};
+
+	return cwi_metrics_reply(path, &src, body, len, type);
+}
+
 void
 cwi_dispatcher_server_set_job_hook(cwi_dispatcher_server *d,
     cwi_dispatcher_job_hook fn, void *arg)
@@ -1507,6 +1552,10 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 		goto fail;
 	}
 	d->ticker_started = true;
+	rv = cwi_metrics_listen(&d->metrics, cfg->metrics_listen, "dispatcher",
+	    on_http, d);
+	if (rv != CACHEW_OK)
+		goto fail;
 	atomic_store(&d->serving, true);
 	cwi_log(CACHEW_LOG_INFO, "dispatcher", "event=listening url=%s "
 	    "scale_policy=%s provisioner=%s", cwi_listener_url(d->listener),
@@ -1529,6 +1578,9 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 {
 	if (d == NULL)
 		return;
+	/* First: no metrics handler runs on a state being taken down. */
+	cwi_http_listener_destroy(d->metrics);
+	d->metrics = NULL;
 	pthread_mutex_lock(&d->tick_lock);
 	atomic_store(&d->stop, true);
 	pthread_cond_broadcast(&d->tick_cond);

@@ -15,6 +15,7 @@
 #include "../../graph/graph.h"
 #include "worker_task.h"
 #include "../service_auth.h"
+#include "../service_metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ struct cwi_worker {
 	cwi_wtask_env env;
 	char *token; /* --token-file's (env.token); NULL: none */
 
+	cwi_http_listener *metrics; /* --metrics-listen; NULL: none */
 	pthread_t heartbeat;
 	bool heartbeat_started;
 	atomic_bool stop;
@@ -175,7 +177,7 @@ static cachew_err
 do_register(cwi_worker *w)
 {
 	cwi_pmsg req, rep;
-	uint64_t refused_said = 0;
+	uint64_t said = 0;
 	cachew_err rv;
 
 	cwi_pmsg_init(&req, CWI_MSG_WORKER_REGISTER);
@@ -195,31 +197,36 @@ do_register(cwi_worker *w)
 	 * bounded (the retry's per-call timeout is what is left of it, an
 	 * int of milliseconds) and long enough for a slow dispatcher: a
 	 * registration whose reply comes after its timeout is sent again,
-	 * and the second one replaces the first, tasks and all. A refusal
-	 * (TLS: CACHEW_EAUTH; a token: CACHEW_EPERM) is an error in the log
-	 * at once, then every 10 s, and asked again every heartbeat
-	 * interval: the certificate or the token table may be mended
-	 * meanwhile. */
+	 * and the second one replaces the first, tasks and all. A failure is
+	 * in the log at once, then every 10 s: a refusal (TLS: CACHEW_EAUTH;
+	 * a token: CACHEW_EPERM) as an error, a dispatcher not there (not
+	 * started yet, a wrong address) as a warning naming the dial's
+	 * error. Both are asked again every heartbeat interval: the
+	 * certificate or the token table may be mended, the dispatcher may
+	 * come. */
 	do {
 		rv = cwi_rpc_call_retry(w->dispatcher, &req,
 		    CWI_MSG_WORKER_REGISTER_REPLY,
 		    (int64_t)w->cfg.worker_timeout_ms > 10000
 			? (int64_t)w->cfg.worker_timeout_ms : 10000,
 		    &w->stop, &rep);
-		if ((rv == CACHEW_EAUTH || rv == CACHEW_EPERM) &&
-		    !atomic_load(&w->stop)) {
-			if (cwi_now_ns() >= refused_said) {
-				cwi_log(CACHEW_LOG_ERROR, "worker",
-				    "event=register_refused dispatcher=%s "
-				    "error=\"%s\"", w->cfg.dispatcher,
-				    cwi_errmsg_get());
-				refused_said = cwi_now_ns() +
-				    UINT64_C(10000000000);
-			}
-			if (atomic_load(&w->draining))
-				break; /* nothing to drain */
-			sleep_interval(w);
+		if (rv == CACHEW_OK || rv == CACHEW_ECANCELED ||
+		    atomic_load(&w->stop))
+			break;
+		if (cwi_now_ns() >= said) {
+			bool refused = rv == CACHEW_EAUTH || rv == CACHEW_EPERM;
+
+			cwi_log(refused ? CACHEW_LOG_ERROR : CACHEW_LOG_WARN,
+			    "worker", "event=%s dispatcher=%s error=\"%s\"",
+			    refused ? "register_refused" : "register_failed",
+			    w->cfg.dispatcher, cwi_errmsg_get());
+			said = cwi_now_ns() + UINT64_C(10000000000);
 		}
+		if (atomic_load(&w->draining))
+			break; /* nothing to drain */
+		if (rv == CACHEW_EAUTH || rv == CACHEW_EPERM ||
+		    cwi_conn_unreachable(w->dispatcher))
+			sleep_interval(w);
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
 		     rv == CACHEW_ECLOSED || rv == CACHEW_EAUTH ||
 		     rv == CACHEW_EPERM) &&
@@ -408,11 +415,15 @@ sleep_interval(cwi_worker *w)
 {
 	uint64_t end = cwi_now_ns() + (uint64_t)w->cfg.heartbeat_ms * 1000000u;
 
-	/* Naps of at most 20 ms: stop and drain are noticed within them; a
-	 * poke ends the wait at once. */
+	/* Naps of at most 20 ms: stop is noticed within them; a poke (the
+	 * start of a drain is one) ends the wait at once. A draining worker
+	 * heartbeats every 100 ms at most, to notice its tasks are drained
+	 * soon, not in a loop: against a dispatcher that is gone each call
+	 * fails at once, and the loop spun. */
+	if (atomic_load(&w->draining) && w->cfg.heartbeat_ms > 100)
+		end = cwi_now_ns() + 100 * 1000000u;
 	pthread_mutex_lock(&w->lock);
-	while (!atomic_load(&w->stop) && !atomic_load(&w->draining) &&
-	       !w->poked) {
+	while (!atomic_load(&w->stop) && !w->poked) {
 		uint64_t now = cwi_now_ns();
 
 		if (now >= end)
@@ -490,8 +501,11 @@ heartbeat_main(void *arg)
 		 * closes the connection) is the stop, not a failure: `cachew
 		 * run` printed this warning on stderr when it exited while
 		 * the embedded worker's heartbeat was in flight. An absent
-		 * dispatcher (a restart) is said once, then every 10 s. */
-		if (rv != CACHEW_OK && !atomic_load(&w->stop)) {
+		 * dispatcher (a restart) is said once, then every 10 s; not
+		 * by a worker that drained and stops now (the dispatcher
+		 * stopped with it). */
+		if (rv != CACHEW_OK && !atomic_load(&w->stop) &&
+		    !(atomic_load(&w->draining) && drained)) {
 			uint64_t now = cwi_now_ns();
 
 			if (hb_fail_since == 0)
@@ -512,8 +526,14 @@ heartbeat_main(void *arg)
 			hb_fail_since = 0;
 			hb_warn_next = 0;
 		}
-		if (rv == CACHEW_OK && atomic_load(&w->draining) && drained) {
-			do_deregister(w);
+		/* Drained is a local fact: every task's clients have what it
+		 * produced, and a draining worker starts no task. So a
+		 * worker whose dispatcher is gone (both got SIGTERM at
+		 * once) stops now rather than waiting out the drain
+		 * timeout; its deregistration is a courtesy. */
+		if (atomic_load(&w->draining) && drained) {
+			if (rv == CACHEW_OK)
+				do_deregister(w);
 			pthread_mutex_lock(&w->lock);
 			w->drained = true;
 			pthread_cond_broadcast(&w->cond);
@@ -525,7 +545,80 @@ heartbeat_main(void *arg)
 	return NULL;
 }
 
+/* ---- metrics and health (--metrics-listen) ---------------------------- */
+
+static cachew_err
+metrics_render(void *arg, cwi_strbuf *sb)
+{
+	cwi_worker *w = arg;
+	uint64_t id;
+	size_t ntasks;
+
+	pthread_mutex_lock(&w->lock);
+	id = w->worker_id;
+	ntasks = w->ntasks;
+	pthread_mutex_unlock(&w->lock);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_registered 1 once the "
+			    "dispatcher registered this worker.\n"
+			    "# TYPE cachew_worker_registered gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_registered %d\n", id != 0);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_draining 1 while it drains "
+			    "(after SIGTERM).\n"
+			    "# TYPE cachew_worker_draining gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_draining %d\n",
+	    atomic_load(&w->draining) ? 1 : 0);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_tasks Tasks this worker "
+			    "runs.\n# TYPE cachew_worker_tasks gauge\n");
+	cwi_strbuf_printf(sb, "cachew_worker_tasks %zu\n", ntasks);
+	cwi_metrics_process(sb);
+	return CACHEW_OK;
+}
+
+/* Ready while registered and not draining: a worker that cannot reach its
+ * dispatcher gets no tasks, and a draining one takes none. */
+static const char *
+metrics_ready(void *arg)
+{
+	cwi_worker *w = arg;
+	uint64_t id;
+
+	pthread_mutex_lock(&w->lock);
+	id = w->worker_id;
+	pthread_mutex_unlock(&w->lock);
+	if (atomic_load(&w->draining))
+		return "draining\n";
+	return id != 0 ? NULL : "not registered with its dispatcher\n";
+}
+
+static int
+on_http(void *arg, const char *path, char **body, size_t *len,
+    const char **type)
+{
+	cwi_metrics_source src = {metrics_render, metrics_ready, arg};
+
+	return cwi_metrics_reply(path, &src, body, len, type);
+}
+
 /* ---- lifecycle --------------------------------------------------------------------- */
+
+/* Whether url's host is a wildcard (0.0.0.0, [::], *, none): what a
+ * worker listening on every interface would register without
+ * --advertise, which only a client on its own host can dial. */
+static bool
+url_is_wildcard(const char *url)
+{
+	static const char *const hosts[] = {"0.0.0.0:", "[::]:", "*:", ":"};
+	const char *host = strstr(url, "://");
+
+	if (host == NULL || strncmp(url, "ipc://", 6) == 0 ||
+	    strncmp(url, "inproc://", 9) == 0)
+		return false;
+	host += 3;
+	for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++)
+		if (strncmp(host, hosts[i], strlen(hosts[i])) == 0)
+			return true;
+	return false;
+}
 
 static cachew_err worker_start(cwi_worker **out,
     const cwi_service_config *cfg, bool inline_run);
@@ -592,9 +685,16 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	snprintf(w->url, sizeof(w->url), "%s",
 	    cfg->advertise[0] != '\0' ? cfg->advertise
 				      : cwi_listener_url(w->listener));
+	if (cfg->advertise[0] == '\0' && url_is_wildcard(w->url))
+		cwi_log(CACHEW_LOG_WARN, "worker", "event=wildcard_address "
+		    "url=%s reason=\"clients on other hosts cannot dial a "
+		    "wildcard address; give the address they can reach with "
+		    "--advertise (e.g. --advertise=tcp://$(hostname):PORT)\"",
+		    w->url);
 	cwi_transport_opts_init(&topts);
 	topts.max_msg_size = (size_t)cfg->max_message_bytes;
 	topts.dial_async = true;
+	topts.unreachable_after_ms = CWI_RPC_UNREACHABLE_MS;
 	cwi_service_config_tls(&w->cfg, &topts);
 	rv = cwi_dial(&w->dispatcher, cfg->dispatcher, &topts);
 	if (rv != CACHEW_OK)
@@ -614,6 +714,10 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 		goto fail;
 	}
 	w->heartbeat_started = true;
+	rv = cwi_metrics_listen(&w->metrics, cfg->metrics_listen, "worker",
+	    on_http, w);
+	if (rv != CACHEW_OK)
+		goto fail;
 	*out = w;
 	return CACHEW_OK;
 fail:
@@ -631,6 +735,14 @@ void
 cwi_worker_drain(cwi_worker *w)
 {
 	atomic_store(&w->draining, true);
+	pthread_mutex_lock(&w->lock);
+	/* Never registered (its dispatcher unreachable since the start): it
+	 * holds no task and no lease, so there is nothing to drain. */
+	if (w->worker_id == 0)
+		w->drained = true;
+	w->poked = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
 }
 
 cachew_err
@@ -675,6 +787,9 @@ cwi_worker_stop(cwi_worker *w)
 {
 	if (w == NULL)
 		return;
+	/* First: no metrics handler runs on a worker being taken down. */
+	cwi_http_listener_destroy(w->metrics);
+	w->metrics = NULL;
 	/* Under the lock: the heartbeat thread's nap ends at once. */
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->stop, true);
