@@ -61,12 +61,14 @@ setup(
     ext_modules=[
         Extension(
             "cachew._cachew",
-            sources=[os.path.join("src", "pycachew.c")],
+            sources=[os.path.join("src", f) for f in (
+                "pycachew.c", "pycachew_tensor.c", "pycachew_iter.c", "pycachew_log.c")],
             include_dirs=[os.path.join(ROOT, "include")],
             extra_objects=[ARCHIVE],
             libraries=makefile_libs(),
             extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
-            depends=[ARCHIVE, os.path.join(ROOT, "include", "cachew.h")],
+            depends=[ARCHIVE, os.path.join(ROOT, "include", "cachew.h"),
+                     os.path.join("src", "pycachew.h")],
         )
     ],
     python_requires=">=3.9",

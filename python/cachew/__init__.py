@@ -20,8 +20,10 @@ keyword arguments name them (``docs/operators.md``). Options
 (``ParseError``, ``CorruptDataError``, ``ServiceError`` and its
 subclasses...), carrying the library's message.
 """
+import logging as _logging
 import math as _math
 import numbers as _numbers
+import threading as _threading
 
 from . import _cachew
 from ._cachew import (  # noqa: F401  (the public names)
@@ -314,3 +316,42 @@ def zip(*datasets):  # noqa: A001
 def options():
     """The option table: (name, type, default, help) tuples."""
     return _cachew.options()
+
+
+# -- logging --
+
+# cachew's levels (error, warn, info, debug) and Python's.
+_PY_LEVELS = (_logging.ERROR, _logging.WARNING, _logging.INFO, _logging.DEBUG)
+_bridge = {"thread": None, "pid": None}
+
+
+def _forward_logs():
+    while True:
+        dropped, lines = _cachew.log_wait(500)
+        if dropped:
+            _logging.getLogger("cachew").warning(
+                "%d library log lines were dropped (the bridge fell behind)", dropped)
+        for level, module, msg in lines:
+            _logging.getLogger("cachew." + module).log(_PY_LEVELS[level], "%s", msg)
+
+
+def enable_logging(level=_logging.INFO):
+    """Sends the library's log lines at ``level`` and above to Python's
+    ``logging``, as loggers ``cachew.<module>`` (``cachew.exec``,
+    ``cachew.client``...). The library logs on its own threads; a daemon
+    thread forwards the lines (so handlers run on it, never on the
+    library's threads). ``level=None`` stops it. Call it again in a forked
+    child: the forwarding thread does not cross fork()."""
+    import os
+    if level is None:
+        _cachew.log_enable(-1)
+        return
+    clevel = 0
+    for i, py in enumerate(_PY_LEVELS):
+        if level <= py:
+            clevel = i
+    _cachew.log_enable(clevel)
+    if _bridge["pid"] != os.getpid():
+        t = _threading.Thread(target=_forward_logs, name="cachew-log", daemon=True)
+        t.start()
+        _bridge["thread"], _bridge["pid"] = t, os.getpid()

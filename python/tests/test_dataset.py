@@ -123,3 +123,22 @@ def test_stats_list_the_operators():
     rows = it.stats()
     assert [r["name"] for r in rows] == ["range", "map"]
     assert rows[1]["elements"] == 10 and rows[1]["detail"] == "add"
+
+
+def test_library_log_lines_reach_python_logging(tmp_path, caplog):
+    import logging
+    import time
+    cachew.enable_logging(logging.INFO)
+    try:
+        out = tmp_path / "out.tfrecord"
+        with caplog.at_level(logging.INFO, logger="cachew"):
+            list(cachew.from_list(["a", "b"]).tfrecord_write(str(out)))
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not any(
+                    r.name == "cachew.tfrecord" for r in caplog.records):
+                time.sleep(0.01)
+        recs = [r for r in caplog.records if r.name == "cachew.tfrecord"]
+        assert recs and "wrote 2 records to" in recs[0].getMessage()
+        assert recs[0].levelno == logging.INFO
+    finally:
+        cachew.enable_logging(None)
