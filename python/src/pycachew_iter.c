@@ -15,6 +15,11 @@ typedef struct {
 	PyObject_HEAD
 	cachew_iterator *it;
 	bool writable;
+	/* A next() is running (GIL-protected flags): another thread's next()
+	 * is refused, and a close() only cancels, leaving the destroy to
+	 * that next() when it returns (the C iterator is one thread at a
+	 * time, and must not be destroyed under a call). */
+	bool busy, close_pending;
 } IteratorObject;
 
 
@@ -101,6 +106,11 @@ iterator_close_it(IteratorObject *o)
 {
 	cachew_iterator *it = o->it;
 
+	if (o->busy) {
+		cachew_iterator_cancel(it);
+		o->close_pending = true;
+		return;
+	}
 	o->it = NULL;
 	if (it == NULL)
 		return;
@@ -193,6 +203,27 @@ element_to_python(cachew_element *e, bool writable)
 
 /* The next element: what is ready is taken with the GIL held; a wait is
  * done without it, in slices, checking for signals in between. */
+/* Waits for the next element without the GIL, in slices, checking for
+ * signals (whose handlers may run any Python code) in between. */
+static cachew_err
+wait_next(IteratorObject *o, cachew_element **e)
+{
+	cachew_iterator *it = o->it;
+	cachew_err rv;
+
+	rv = cachew_iterator_next_timeout(it, e, 0);
+	while (rv == CACHEW_ETIMEDOUT && !o->close_pending) {
+		Py_BEGIN_ALLOW_THREADS
+		rv = cachew_iterator_next_timeout(it, e, WAIT_SLICE_MS);
+		Py_END_ALLOW_THREADS
+		if (rv == CACHEW_ETIMEDOUT && PyErr_CheckSignals() < 0)
+			return CACHEW_EINTERNAL; /* the signal's exception is set */
+	}
+	return rv;
+}
+
+/* The next element: what is ready is taken with the GIL held; a wait is
+ * done without it (wait_next). */
 static PyObject *
 iterator_next(IteratorObject *o)
 {
@@ -201,14 +232,27 @@ iterator_next(IteratorObject *o)
 
 	if (o->it == NULL)
 		return pyc_raise(CACHEW_ECLOSED, "iterator: closed");
-	rv = cachew_iterator_next_timeout(o->it, &e, 0);
-	while (rv == CACHEW_ETIMEDOUT) {
-		Py_BEGIN_ALLOW_THREADS
-		rv = cachew_iterator_next_timeout(o->it, &e, WAIT_SLICE_MS);
-		Py_END_ALLOW_THREADS
-		if (rv == CACHEW_ETIMEDOUT && PyErr_CheckSignals() < 0)
-			return NULL;
+	if (o->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "cachew: next() is already "
+		    "running on this iterator in another thread");
+		return NULL;
 	}
+	o->busy = true;
+	rv = wait_next(o, &e);
+	o->busy = false;
+	if (o->close_pending) {
+		/* close() came from another thread or a signal handler. */
+		if (rv == CACHEW_OK)
+			cachew_element_release(e);
+		o->close_pending = false;
+		iterator_close_it(o);
+		if (PyErr_Occurred())
+			return NULL;
+		return pyc_raise(CACHEW_ECLOSED,
+		    "iterator: closed while next() waited");
+	}
+	if (rv == CACHEW_EINTERNAL && PyErr_Occurred())
+		return NULL;
 	if (rv == CACHEW_EOF)
 		return NULL; /* StopIteration */
 	if (rv != CACHEW_OK)

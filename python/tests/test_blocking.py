@@ -128,3 +128,27 @@ def test_the_gil_is_released_while_next_waits():
     # The other thread ran during the 0.5 s wait (it would not move at
     # all if next() held the GIL).
     assert during > 1000
+
+
+def test_close_from_another_thread_ends_a_waiting_next():
+    it = cachew.range(10).map("sleep_us", us=400000).iterator(service="local")
+    got = {}
+
+    def reader():
+        try:
+            next(it)
+        except cachew.ClosedError as e:
+            got["error"] = str(e)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    time.sleep(0.1)
+    # A second reader at once is refused: the iterator is one thread's.
+    with pytest.raises(RuntimeError, match="already running"):
+        next(it)
+    it.close()  # cancels; the waiting next() destroys it as it returns
+    th.join(5)
+    assert not th.is_alive()
+    assert got["error"] == "iterator: closed while next() waited"
+    with pytest.raises(cachew.ClosedError, match="iterator: closed"):
+        next(it)
