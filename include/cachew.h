@@ -963,18 +963,21 @@ CACHEW_API cachew_err cachew_iterator_create(cachew_iterator **out,
  * the same code and leaves *out alone. One thread at a time. Since 0.1. */
 CACHEW_API cachew_err cachew_iterator_next(
     cachew_iterator *it, cachew_element **out);
-/* cachew_iterator_next with a bound on the wait: CACHEW_ETIMEDOUT when no
- * element, end or error came within timeout_ms (0: only what is ready at
- * once; negative: no bound, as cachew_iterator_next). A timeout is not
- * sticky and loses nothing: the pull it started goes on in the
+/* cachew_iterator_next with a bound on the wait: when no element, end or
+ * error came within timeout_ms (0: only what is ready at once; negative:
+ * no bound, as cachew_iterator_next), it returns CACHEW_OK with *out set
+ * to NULL. That is not CACHEW_ETIMEDOUT on purpose: a pipeline fails with
+ * CACHEW_ETIMEDOUT, for good, when a service call times out, and a
+ * caller that waited again on it would wait forever. A wait that runs out
+ * is not sticky and loses nothing: the pull it started goes on in the
  * background (on a thread the first timed call starts, which every later
  * pull then runs on), and the next call, timed or not, gets its result.
- * So a caller can wait in slices and look at other things in between
- * (a Python binding checks for Ctrl-C every 50 ms). Whatever the pipeline
- * is doing (decoding, or waiting for a worker that does not answer), the
+ * So a caller can wait in slices and look at other things in between (a
+ * Python binding checks for Ctrl-C every 50 ms). Whatever the pipeline is
+ * doing (decoding, or waiting for a worker that does not answer), the
  * call returns on time. Nothing runs ahead of the caller: the elements,
  * their order and a saved position are those of cachew_iterator_next.
- * Other results, *out and cachew_iterator_errmsg() as for
+ * Other results, and cachew_iterator_errmsg(), as for
  * cachew_iterator_next; CACHEW_EINVAL for a NULL argument; CACHEW_ENOMEM
  * when its thread cannot start (then sticky). One thread at a time (with
  * cachew_iterator_next and the other calls on it). Since 0.2. */

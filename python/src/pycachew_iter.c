@@ -211,12 +211,13 @@ wait_next(IteratorObject *o, cachew_element **e)
 	cachew_iterator *it = o->it;
 	cachew_err rv;
 
+	/* CACHEW_OK with no element: the slice ran out. */
 	rv = cachew_iterator_next_timeout(it, e, 0);
-	while (rv == CACHEW_ETIMEDOUT && !o->close_pending) {
+	while (rv == CACHEW_OK && *e == NULL && !o->close_pending) {
 		Py_BEGIN_ALLOW_THREADS
 		rv = cachew_iterator_next_timeout(it, e, WAIT_SLICE_MS);
 		Py_END_ALLOW_THREADS
-		if (rv == CACHEW_ETIMEDOUT && PyErr_CheckSignals() < 0)
+		if (rv == CACHEW_OK && *e == NULL && PyErr_CheckSignals() < 0)
 			return CACHEW_EINTERNAL; /* the signal's exception is set */
 	}
 	return rv;
@@ -243,7 +244,7 @@ iterator_next(IteratorObject *o)
 	if (o->close_pending) {
 		/* close() came from another thread or a signal handler. */
 		if (rv == CACHEW_OK)
-			cachew_element_release(e);
+			cachew_element_release(e); /* NULL: a no-op */
 		o->close_pending = false;
 		iterator_close_it(o);
 		if (PyErr_Occurred())

@@ -770,13 +770,15 @@ puller_start(cachew_iterator *it)
 }
 
 /* it->ready is used up: pulls more into it, on this thread, or through
- * the puller when there is one or a timeout is asked for. CACHEW_ETIMEDOUT
- * and CACHEW_ECANCELED come only from the puller. */
+ * the puller when there is one or a timeout is asked for. *waited_out:
+ * the wait ended before the pull (a CACHEW_ETIMEDOUT that is not the
+ * pipeline's own, as a service's deadline is). */
 static cachew_err
-iterator_refill(cachew_iterator *it, uint64_t timeout_ns)
+iterator_refill(cachew_iterator *it, uint64_t timeout_ns, bool *waited_out)
 {
 	cachew_err rv, result;
 
+	*waited_out = false;
 	it->ready.n = 0;
 	it->pos = 0;
 	if (it->puller == NULL && timeout_ns == UINT64_MAX)
@@ -790,12 +792,14 @@ iterator_refill(cachew_iterator *it, uint64_t timeout_ns)
 			return CACHEW_ECANCELED;
 	}
 	rv = cwi_puller_wait(it->puller, timeout_ns, &it->ready, &result);
+	*waited_out = rv == CACHEW_ETIMEDOUT;
 	return rv == CACHEW_OK ? result : rv;
 }
 
 static cachew_err
 iterator_next(cachew_iterator *it, cachew_element **out, uint64_t timeout_ns)
 {
+	bool waited_out;
 	cachew_err rv;
 
 	if (it->forks != fork_count ||
@@ -807,11 +811,16 @@ iterator_next(cachew_iterator *it, cachew_element **out, uint64_t timeout_ns)
 	}
 	if (it->done != CACHEW_OK)
 		return it->done;
-	rv = iterator_refill(it, timeout_ns);
+	rv = iterator_refill(it, timeout_ns, &waited_out);
 	if (atomic_load(&it->canceled))
 		return iterator_stopped(it);
-	if (rv == CACHEW_ETIMEDOUT && it->ready.n == 0)
-		return rv; /* not sticky: the pull goes on */
+	if (waited_out) {
+		/* Nothing yet, which is not an error: the pull goes on. (Not
+		 * CACHEW_ETIMEDOUT, which a pipeline fails with when a
+		 * service call times out, for good.) */
+		*out = NULL;
+		return CACHEW_OK;
+	}
 	if (rv != CACHEW_OK) {
 		it->done = rv;
 		return rv;
