@@ -47,7 +47,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:test/fuzz/%.c=$(BUILD)/fuzz/%_replay)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lrt -lm -lpthread)
 
 .PHONY: all lib test check check-symbols check-layers asan tsan demo bench bench-progs deps install uninstall \
-	clean fuzz examples valgrind chaos
+	clean fuzz examples valgrind chaos python pytest
 
 all: lib $(BUILD)/cachew $(BUILD)/cachewd examples
 
@@ -138,8 +138,27 @@ check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_ex
 		{ echo "docs/operators.md is stale: run $(BUILD)/cachew ops --markdown > docs/operators.md"; exit 1; }
 	CACHEW_BUILD=$(BUILD) $(BUILD)/check_cachew
 
+# The Python package first, so that Check's summary line ends the output.
 test: deps
+	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory check
+
+# ---- the Python package (python/) ----------------------------------------------
+# Debian's interpreter: the one with python3-numpy, -pytest and -torch
+# (another python3 may come first on PATH).
+PYTHON ?= /usr/bin/python3
+PYBUILD = $(abspath $(BUILD))
+
+# The extension, in place (python/cachew/_cachew*.so), linked with
+# $(BUILD)/libcachew.a; `pip install --no-build-isolation ./python`
+# installs the package instead.
+python: $(BUILD)/libcachew.a
+	cd python && CACHEW_BUILD=$(PYBUILD) $(PYTHON) setup.py -q build_ext \
+		--inplace --build-temp $(PYBUILD)/python
+
+# Its pytest suite (real cachewd processes, forked DataLoader workers).
+pytest: python $(BUILD)/cachew $(BUILD)/cachewd
+	cd python && CACHEW_BUILD=$(PYBUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1 -g" \
@@ -243,6 +262,6 @@ uninstall:
 		$(DESTDIR)$(BINDIR)/cachewd
 
 clean:
-	rm -rf build
+	rm -rf build python/build python/cachew/_cachew*.so python/*.egg-info
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -29,8 +29,13 @@ need zlib1g-dev        pkg-config --exists zlib
 # The layer check (test/module_graph.py) and the tests' reference
 # implementations and servers (test/data, test/servers).
 need python3           test -x /usr/bin/python3
+# The Python package (python/, `make python`, its pytest suite in `make
+# test`), built and tested with Debian's interpreter.
+need python3-dev        /usr/bin/python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+need python3-setuptools /usr/bin/python3 -c 'import setuptools'
+need python3-pytest     /usr/bin/python3 -c 'import pytest'
+need python3-numpy      /usr/bin/python3 -c 'import numpy'
 if [ "${BENCH_DEPS:-0}" = 1 ]; then
-	need python3-numpy       /usr/bin/python3 -c 'import numpy'
 	need python3-torch       /usr/bin/python3 -c 'import torch'
 	need python3-torchvision /usr/bin/python3 -c 'import torchvision'
 	need time                test -x /usr/bin/time

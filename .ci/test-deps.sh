@@ -3,6 +3,8 @@
 # says what it does. Idempotent and quick once done:
 #   - the openssl command, which makes the TLS tests' certificates at
 #     test time (a CA, certificates it signs, expired ones): required.
+#   - python3-torch, for the Python package's torch tests (they skip
+#     without it);
 #   - s3rver (npm), the S3-compatible server of the io suite's end-to-end
 #     S3 tests, into $CACHEW_NPM_DIR (default build/npm). Without it those
 #     tests skip with a printed reason; nothing fails for its absence.
@@ -45,6 +47,18 @@ if ! command -v openssl >/dev/null 2>&1; then
 	fi
 else
 	echo "test-deps: openssl present ($(command -v openssl))"
+fi
+# PyTorch for the Python package's torch tests (python/tests/test_torch.py
+# and the DLPack tests), which skip with a printed reason without it.
+if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+	echo "test-deps: python3-torch present"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "test-deps: installing python3-torch (apt-get install -y python3-torch)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends python3-torch >/dev/null 2>&1 ||
+		echo "test-deps: python3-torch unavailable: the torch tests will skip"
+else
+	echo "test-deps: python3-torch not found: the torch tests will skip"
 fi
 dir=${CACHEW_NPM_DIR:-build/npm}
 bin="$dir/node_modules/.bin/s3rver"

@@ -106,7 +106,7 @@ typedef enum cachew_err {
 	 * certificate not trusted, expired or missing; TLS on one side
 	 * only). Not transient: retrying does not help. Since 0.4. */
 	CACHEW_EAUTH = 19
-	/* Next free value: 19. */
+	/* Next free value: 20. */
 } cachew_err;
 
 /* A static, human readable description of an error code ("not found"),
@@ -937,8 +937,15 @@ CACHEW_API void cachew_fingerprint_hex(
  * stay in the parent. A child creates its own iterators (datasets and
  * options cross fine); an inherited iterator is left alone by
  * cachew_iterator_destroy in the child, and must not be read there.
- * One thread at a time (cachew_iterator_stats excepted); its worker
- * threads are internal, and operator functions run on them. */
+ * One thread at a time (cachew_iterator_stats and cachew_iterator_cancel
+ * excepted); its worker threads are internal, and operator functions run
+ * on them. Since 0.2,
+ * cachew_iterator_next on an inherited iterator fails at once with
+ * CACHEW_ECLOSED ("inherited through fork()"), and a child of a process
+ * that used a remote service (nng: tcp://, ipc://, tls+tcp://) cannot use
+ * one itself: its iterators through one fail with CACHEW_ENOTSUP saying
+ * so, where nng would abort the process; the embedded service and the
+ * plain executor work in any child. */
 typedef struct cachew_iterator cachew_iterator;
 
 /* Starts running ds, where the "service" option says (the embedded
@@ -958,6 +965,39 @@ CACHEW_API cachew_err cachew_iterator_create(cachew_iterator **out,
  * the same code and leaves *out alone. One thread at a time. Since 0.1. */
 CACHEW_API cachew_err cachew_iterator_next(
     cachew_iterator *it, cachew_element **out);
+/* cachew_iterator_next with a bound on the wait: when no element, end or
+ * error came within timeout_ms (0: only what is ready at once; negative:
+ * no bound, as cachew_iterator_next), it returns CACHEW_OK with *out set
+ * to NULL. That is not CACHEW_ETIMEDOUT on purpose: a pipeline fails with
+ * CACHEW_ETIMEDOUT, for good, when a service call times out, and a
+ * caller that waited again on it would wait forever. A wait that runs out
+ * is not sticky and loses nothing: the pull it started goes on in the
+ * background (on a thread the first timed call starts, which every later
+ * pull then runs on), and the next call, timed or not, gets its result.
+ * So a caller can wait in slices and look at other things in between (a
+ * Python binding checks for Ctrl-C every 50 ms). Whatever the pipeline is
+ * doing (decoding, or waiting for a worker that does not answer), the
+ * call returns on time. Nothing runs ahead of the caller: the elements,
+ * their order and a saved position are those of cachew_iterator_next.
+ * Other results, and cachew_iterator_errmsg(), as for
+ * cachew_iterator_next; CACHEW_EINVAL for a NULL argument; CACHEW_ENOMEM
+ * when its thread cannot start (then sticky). One thread at a time (with
+ * cachew_iterator_next and the other calls on it). Since 0.2. */
+CACHEW_API cachew_err cachew_iterator_next_timeout(
+    cachew_iterator *it, cachew_element **out, int64_t timeout_ms);
+/* Stops the iterator from another thread: a cachew_iterator_next or
+ * cachew_iterator_next_timeout blocked on it returns CACHEW_ECANCELED
+ * promptly (a timed one at once; an untimed one as soon as what it waits
+ * on wakes: threaded operators and the service's stream do at once, a
+ * function running on the caller's thread when it returns), and so does
+ * every later call, with cachew_iterator_errmsg() "iterator: canceled"
+ * unless an error was recorded first. Elements already returned stay
+ * valid; the iterator must still be destroyed, which then does not wait
+ * for the stream the canceled call was reading. Canceling twice, or after
+ * the end, is harmless. Thread safe with respect to the iterator's other
+ * calls, except cachew_iterator_destroy: it must not race with or follow
+ * it. NULL is a no-op. Since 0.2. */
+CACHEW_API void cachew_iterator_cancel(cachew_iterator *it);
 /* The detail of the error that stopped the pipeline ("map(add): ...
  * (element 17)"), the first one recorded: empty, never NULL, before any.
  * Owned by it and valid until it is destroyed; it no longer changes once

@@ -2665,8 +2665,13 @@ hostile_trickles_stay_within_the_budget(bool secure)
 	hostile_claims(c.dispatcher.url, peers, 300, 1000000, 300 * 1024);
 	status_answers(&c);
 	rss1 = settled_rss_kb(c.dispatcher.pid);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+	/* A sanitizer build's dispatcher keeps freed memory in quarantine
+	 * (tens of MB here): its RSS says nothing about the budget, which
+	 * the log line below still shows at work. */
 	ck_assert_msg(rss1 - rss0 < 64 * 1024, "RSS grew from %ld to %ld kB",
 	    rss0, rss1);
+#endif
 	log = cwt_slurp(c.dispatcher.log);
 	ck_assert_ptr_nonnull(log);
 	ck_assert_msg(strstr(log, "over its limit of 33554432") != NULL, "%s",
@@ -2684,8 +2689,13 @@ hostile_trickles_stay_within_the_budget(bool secure)
 		if (rss2 - rss0 < back_kb)
 			break;
 	}
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 	ck_assert_msg(rss2 - rss0 < back_kb, "RSS %ld kB at the start, %ld "
 	    "with the peers, %ld after they closed", rss0, rss1, rss2);
+#else
+	(void)back_kb;
+	(void)rss2;
+#endif
 	cwt_cluster_stop(&c);
 }
 

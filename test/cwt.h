@@ -43,6 +43,8 @@ Suite *cwt_autoscale_suite(void); /* check_autoscale.c: policies in the
 Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
                                    * an iterator's position */
 Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
+Suite *cwt_cancel_suite(void);    /* check_cancel.c: timeouts, cancel,
+                                   * fork */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may
                                    * read, fetch and write; --user */
 

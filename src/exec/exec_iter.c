@@ -8,6 +8,7 @@
  * calling cwi_pipeline_fail (it takes pl->lock last).
  */
 #include "exec.h"
+#include "exec_puller.h"
 #include "exec_split.h"
 #include "exec_state.h"
 #include "exec_tune.h"
@@ -467,7 +468,37 @@ struct cachew_iterator {
 	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
 	bool service; /* a service client's (cwi_iterator_create_owned) */
 	pid_t pid; /* the process that created it (fork: see destroy) */
+	unsigned forks; /* fork_count when it was created */
+	/* cachew_iterator_cancel: set from any thread; the consumer then
+	 * returns CACHEW_ECANCELED. */
+	atomic_bool canceled;
+	/* next_timeout's pulling thread (exec_puller.h), made at its first
+	 * call; once it exists every pull goes through it. puller_lock
+	 * orders its creation against a cancel from another thread. */
+	cwi_puller *puller;
+	pthread_mutex_t puller_lock;
 };
+
+/*
+ * fork(). An iterator does not cross it: its threads stay in the parent.
+ * The child's copy of fork_count is one higher than the count an
+ * inherited iterator recorded, which is how next() tells, in one load and
+ * without a getpid() system call per element, that it runs in a child.
+ */
+static unsigned fork_count;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_child(void)
+{
+	fork_count++;
+}
+
+static void
+fork_watch_once(void)
+{
+	(void)pthread_atfork(NULL, NULL, fork_child);
+}
 
 #define WANT_MAX 256
 
@@ -492,7 +523,11 @@ iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 	pthread_mutex_init(&it->pl.lock, NULL);
 	it->ds = cachew_dataset_retain(ds);
 	it->want = 1;
+	pthread_once(&fork_once, fork_watch_once);
 	it->pid = getpid();
+	it->forks = fork_count;
+	atomic_init(&it->canceled, false);
+	pthread_mutex_init(&it->puller_lock, NULL);
 	return it;
 }
 
@@ -677,35 +712,163 @@ cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 	return iterator_start(out, it);
 }
 
-cachew_err
-cachew_iterator_next(cachew_iterator *it, cachew_element **out)
+/* One pull into out, growing the request while pulls are cheap: ask for
+ * more per call while calls are cheap, fewer when slow, so the first
+ * element of an expensive pipeline comes without delay. Runs on the
+ * consumer's thread, or on the puller's for next_timeout. */
+static cachew_err
+iterator_pull(void *arg, cwi_chunk *out)
 {
+	cachew_iterator *it = arg;
 	uint64_t t0, dt;
 	cachew_err rv;
 
+	t0 = cwi_now_ns();
+	rv = cwi_iter_next(it->root, out, it->want);
+	dt = cwi_now_ns() - t0;
+	if (rv != CACHEW_OK)
+		return rv;
+	if (dt < 50000 && it->want < WANT_MAX)
+		it->want *= 2;
+	else if (dt > 2000000 && it->want > 1)
+		it->want /= 2;
+	return CACHEW_OK;
+}
+
+/* Inherited through fork(), or canceled: the sticky error next() returns
+ * from now on. The child's copy of the iterator is the child's own, so
+ * its message is written without the pipeline lock, which a thread of the
+ * parent may have held at the fork. */
+static cachew_err
+iterator_stopped(cachew_iterator *it)
+{
+	if (it->forks != fork_count) {
+		if (it->done != CACHEW_ECLOSED) {
+			it->done = CACHEW_ECLOSED;
+			it->pl.err = CACHEW_ECLOSED;
+			snprintf(it->pl.errmsg, sizeof(it->pl.errmsg),
+			    "iterator: inherited through fork() (created by "
+			    "pid %ld, this is pid %ld): its threads stayed in "
+			    "the parent; create a new iterator in this "
+			    "process", (long)it->pid, (long)getpid());
+		}
+		return CACHEW_ECLOSED;
+	}
+	it->done = CACHEW_ECANCELED;
+	return CACHEW_ECANCELED;
+}
+
+static cachew_err
+puller_start(cachew_iterator *it)
+{
+	cachew_err rv;
+
+	pthread_mutex_lock(&it->puller_lock);
+	rv = cwi_puller_create(&it->puller, iterator_pull, it);
+	pthread_mutex_unlock(&it->puller_lock);
+	return rv;
+}
+
+/* it->ready is used up: pulls more into it, on this thread, or through
+ * the puller when there is one or a timeout is asked for. *waited_out:
+ * the wait ended before the pull (a CACHEW_ETIMEDOUT that is not the
+ * pipeline's own, as a service's deadline is). */
+static cachew_err
+iterator_refill(cachew_iterator *it, uint64_t timeout_ns, bool *waited_out)
+{
+	cachew_err rv, result;
+
+	*waited_out = false;
+	it->ready.n = 0;
+	it->pos = 0;
+	if (it->puller == NULL && timeout_ns == UINT64_MAX)
+		return iterator_pull(it, &it->ready);
+	if (it->puller == NULL) {
+		rv = puller_start(it);
+		if (rv != CACHEW_OK)
+			return rv;
+		/* A cancel that ran before the puller existed. */
+		if (atomic_load(&it->canceled))
+			return CACHEW_ECANCELED;
+	}
+	rv = cwi_puller_wait(it->puller, timeout_ns, &it->ready, &result);
+	*waited_out = rv == CACHEW_ETIMEDOUT;
+	return rv == CACHEW_OK ? result : rv;
+}
+
+static cachew_err
+iterator_next(cachew_iterator *it, cachew_element **out, uint64_t timeout_ns)
+{
+	bool waited_out;
+	cachew_err rv;
+
+	if (it->forks != fork_count ||
+	    atomic_load_explicit(&it->canceled, memory_order_relaxed))
+		return iterator_stopped(it);
 	if (it->pos < it->ready.n) {
 		*out = it->ready.v[it->pos++];
 		return CACHEW_OK;
 	}
 	if (it->done != CACHEW_OK)
 		return it->done;
-	it->ready.n = 0;
-	it->pos = 0;
-	t0 = cwi_now_ns();
-	rv = cwi_iter_next(it->root, &it->ready, it->want);
-	dt = cwi_now_ns() - t0;
+	rv = iterator_refill(it, timeout_ns, &waited_out);
+	if (atomic_load(&it->canceled))
+		return iterator_stopped(it);
+	if (waited_out) {
+		/* Nothing yet, which is not an error: the pull goes on. (Not
+		 * CACHEW_ETIMEDOUT, which a pipeline fails with when a
+		 * service call times out, for good.) */
+		*out = NULL;
+		return CACHEW_OK;
+	}
 	if (rv != CACHEW_OK) {
 		it->done = rv;
 		return rv;
 	}
-	/* Ask for more per call while calls are cheap, fewer when slow: the
-	 * first element of an expensive pipeline comes without delay. */
-	if (dt < 50000 && it->want < WANT_MAX)
-		it->want *= 2;
-	else if (dt > 2000000 && it->want > 1)
-		it->want /= 2;
 	*out = it->ready.v[it->pos++];
 	return CACHEW_OK;
+}
+
+cachew_err
+cachew_iterator_next(cachew_iterator *it, cachew_element **out)
+{
+	return iterator_next(it, out, UINT64_MAX);
+}
+
+cachew_err
+cachew_iterator_next_timeout(
+    cachew_iterator *it, cachew_element **out, int64_t timeout_ms)
+{
+	if (it == NULL || out == NULL)
+		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
+	if (timeout_ms < 0)
+		return iterator_next(it, out, UINT64_MAX);
+	return iterator_next(it, out, (uint64_t)timeout_ms * 1000000u);
+}
+
+void
+cachew_iterator_cancel(cachew_iterator *it)
+{
+	if (it == NULL)
+		return;
+	/* Inherited: none of its threads are here to wake. */
+	if (it->forks != fork_count) {
+		atomic_store(&it->canceled, true);
+		return;
+	}
+	if (atomic_exchange(&it->canceled, true))
+		return;
+	cwi_pipeline_fail(&it->pl, CACHEW_ECANCELED,
+	    "iterator: canceled (cachew_iterator_cancel)");
+	pthread_mutex_lock(&it->puller_lock);
+	if (it->puller != NULL)
+		cwi_puller_cancel(it->puller);
+	pthread_mutex_unlock(&it->puller_lock);
+	/* Wake what the pull may be blocked on: threaded operators and the
+	 * service's stream (exec_tune.h), so that it returns and destroy
+	 * need not wait for it. */
+	atomic_store(&it->pl.cancelled, true);
+	cwi_tune_cancel(&it->pl);
 }
 
 cachew_err
@@ -749,11 +912,13 @@ cachew_iterator_destroy(cachew_iterator *it)
 	 * crash or wait forever. The child leaves it be (its memory stays,
 	 * unused), as it does the embedded service's instances; the
 	 * parent's copy is unaffected. */
-	if (it->pid != getpid())
+	if (it->forks != fork_count)
 		return;
 	atomic_store(&it->pl.cancelled, true);
-	/* Wake every blocked thread first, then join them top-down. */
+	/* Wake every blocked thread first, then join them top-down: the
+	 * puller first, whose pull runs the tree. */
 	cwi_tune_cancel(&it->pl);
+	cwi_puller_destroy(it->puller);
 	cwi_iter_destroy(it->root);
 	for (size_t i = it->pos; i < it->ready.n; i++)
 		cwi_element_release(it->ready.v[i]);
@@ -761,6 +926,7 @@ cachew_iterator_destroy(cachew_iterator *it)
 	free(it->pl.stats);
 	free(it->lease);
 	tails_free(it->pl.tails);
+	pthread_mutex_destroy(&it->puller_lock);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
 	if (it->release != NULL)
@@ -832,8 +998,26 @@ cwi_exec_iterator_run(const cachew_iterator *it, cwi_exec_run *out)
 cachew_err
 cwi_exec_iterator_save(cachew_iterator *it, cwi_state_writer *w)
 {
-	cachew_err rv;
+	cachew_err rv, result;
 
+	if (it->forks != fork_count || atomic_load(&it->canceled))
+		return cwi_fail(iterator_stopped(it),
+		    "iterator: %s: there is no position to save",
+		    it->pl.errmsg);
+	/* A pull that a timeout left running: its elements are part of the
+	 * position, the first ones a restored iterator hands out. */
+	if (it->puller != NULL && cwi_puller_pending(it->puller)) {
+		it->ready.n = 0;
+		it->pos = 0;
+		rv = cwi_puller_wait(it->puller, UINT64_MAX, &it->ready,
+		    &result);
+		if (rv != CACHEW_OK)
+			return cwi_fail(iterator_stopped(it),
+			    "iterator: %s: there is no position to save",
+			    it->pl.errmsg);
+		if (result != CACHEW_OK)
+			it->done = result;
+	}
 	if (it->done != CACHEW_OK && it->done != CACHEW_EOF)
 		return cwi_fail(it->done,
 		    "iterator: it failed (%s): there is no position to save",

@@ -5,6 +5,7 @@
  * sources. See exec_split.h for the semantics of running per lease.
  */
 #include "exec_split.h"
+#include "exec_tune.h"
 #include "exec_state.h"
 
 #include <stdio.h>
@@ -451,7 +452,19 @@ typedef struct stream_iter {
 	const cwi_stream_source *src;
 	void *stream;
 	bool open;
+	/* Attached to the pipeline's tuner while the stream can be
+	 * canceled, so that cachew_iterator_cancel wakes its next(). */
+	cwi_tune_op tune;
+	bool attached;
 } stream_iter;
+
+static void
+stream_wake(void *arg)
+{
+	stream_iter *s = arg;
+
+	s->src->ops->cancel(s->stream);
+}
 
 static cachew_err
 stream_next(cwi_iter *it, cwi_chunk *out, size_t max)
@@ -474,6 +487,8 @@ stream_destroy(cwi_iter *it)
 {
 	stream_iter *s = (stream_iter *)it;
 
+	if (s->attached)
+		cwi_tune_detach(&s->tune);
 	if (s->open && s->src->ops->close != NULL)
 		s->src->ops->close(s->stream);
 	free(s);
@@ -539,6 +554,14 @@ stream_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 							  : cachew_strerror(rv));
 	}
 	s->open = true;
+	if (src->ops->cancel != NULL) {
+		rv = cwi_tune_attach(&s->tune, args->pl, stream_wake, s);
+		if (rv != CACHEW_OK) {
+			stream_destroy(&s->base);
+			return rv;
+		}
+		s->attached = true;
+	}
 	*out = &s->base;
 	return CACHEW_OK;
 }

@@ -169,6 +169,11 @@ typedef struct cwi_stream_ops {
 	 * (CACHEW_ENOTSUP). */
 	cachew_err (*save)(void *stream, struct cwi_state_writer *w);
 	cachew_err (*restore)(void *stream, struct cwi_state_reader *r);
+	/* Optional, from any thread (cachew_iterator_cancel, with the
+	 * executor's tuner lock held: take only the stream's own lock):
+	 * makes a next() blocked on the stream, and every later one, return
+	 * CACHEW_ECANCELED promptly. NULL: next() returns on its own. */
+	void (*cancel)(void *stream);
 } cwi_stream_ops;
 
 typedef struct cwi_stream_source {

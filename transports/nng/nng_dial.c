@@ -657,6 +657,10 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	cachew_err rv;
 	int nrv;
 
+	if ((rv = cwi_nng_fork_check(url)) != CACHEW_OK) {
+		free(c);
+		return rv;
+	}
 	if (c == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	pthread_mutex_init(&c->mtx, NULL);

@@ -485,6 +485,10 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	cachew_err rv;
 	int nrv;
 
+	if ((rv = cwi_nng_fork_check(url)) != CACHEW_OK) {
+		free(l);
+		return rv;
+	}
 	if (l == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	pthread_mutex_init(&l->mtx, NULL);

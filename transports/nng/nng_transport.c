@@ -27,13 +27,16 @@
  * handler and owner callbacks run with none of these held.
  *
  * Process-wide: the first listen or dial tunes glibc's malloc for large
- * messages (cwi_nng_heap_tune; CACHEW_MALLOPT=0 opts out).
+ * messages (cwi_nng_heap_tune; CACHEW_MALLOPT=0 opts out), and watches
+ * for fork() (cwi_nng_fork_check).
  */
 #include "nng_int.h"
 
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 cachew_err
 cwi_nng_err(int rv, const char *url, const char *what)
@@ -105,6 +108,49 @@ void
 cwi_nng_heap_tune(void)
 {
 	pthread_once(&heap_once, heap_tune_once);
+}
+
+/*
+ * fork(). nng 1.5 initialises itself on first use and then registers a
+ * pthread_atfork child handler after which every nng call in the child
+ * panics ("nng is not fork-reentrant safe": abort()); it cannot be
+ * re-initialised, being state inside libnng. A DataLoader's forked workers
+ * are such children once their parent read from a remote service. So the
+ * first listen or dial registers our own child handler, before nng's
+ * initialisation, and in a child forked after it no listen or dial reaches
+ * nng: they fail with CACHEW_ENOTSUP saying why and what works instead. A
+ * process that never used nng forks freely and its children use it. The
+ * inproc transport (the embedded service) never touches nng.
+ */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static pid_t nng_owner_pid; /* the process that used nng; 0: none yet */
+static volatile sig_atomic_t nng_forked;
+
+static void
+fork_child(void)
+{
+	nng_forked = 1;
+}
+
+static void
+fork_watch_once(void)
+{
+	nng_owner_pid = getpid();
+	(void)pthread_atfork(NULL, NULL, fork_child);
+}
+
+cachew_err
+cwi_nng_fork_check(const char *url)
+{
+	pthread_once(&fork_once, fork_watch_once);
+	if (!nng_forked)
+		return CACHEW_OK;
+	return cwi_fail(CACHEW_ENOTSUP, "%s: this process (pid %ld) was forked "
+	    "from one that had used nng (pid %ld: a tcp://, ipc:// or "
+	    "tls+tcp:// service), and nng cannot run in a forked child; "
+	    "connect to the service only after fork() (or use the spawn or "
+	    "forkserver start method); the embedded service works here",
+	    url, (long)getpid(), (long)nng_owner_pid);
 }
 
 static const char *const nt_schemes[] = {"tcp", "tls+tcp", "ipc", NULL};

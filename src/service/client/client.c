@@ -1485,7 +1485,8 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 	/* The consumer has taken on the chunk of the previous call. */
 	s->handed = 0;
 	wake_fetcher(s);
-	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK) {
+	while (s->qlen == 0 && !s->eof && s->err == CACHEW_OK &&
+	    !s->canceled) {
 		size_t got = 0;
 
 		if (cwi_client_direct_turn(s, out, max, &got)) {
@@ -1497,7 +1498,10 @@ stream_next(void *arg, cwi_chunk *out, size_t max, char *err, size_t errlen)
 		}
 		pthread_cond_wait(&s->cond, &s->lock);
 	}
-	if (s->qlen > 0) {
+	if (s->canceled) {
+		rv = CACHEW_ECANCELED;
+		snprintf(err, errlen, "service %s: canceled", s->ctx->url);
+	} else if (s->qlen > 0) {
 		n = s->qlen < max ? s->qlen : max;
 		for (size_t i = 0; i < n; i++) {
 			cwi_element *e = s->q[s->qhead];
@@ -1534,6 +1538,18 @@ taken:
 	s->last_chunk_n = n;
 	pthread_mutex_unlock(&s->lock);
 	return rv;
+}
+
+/* cachew_iterator_cancel, from any thread: the consumer stops waiting. */
+static void
+stream_cancel(void *arg)
+{
+	session *s = arg;
+
+	pthread_mutex_lock(&s->lock);
+	s->canceled = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
 }
 
 static void
@@ -1593,6 +1609,7 @@ static const cwi_stream_ops stream_ops = {
     .close = stream_close,
     .save = stream_save,
     .restore = stream_restore,
+    .cancel = stream_cancel,
 };
 
 /* ---- the iterator ---------------------------------------------------------------- */

@@ -209,6 +209,9 @@ struct session {
 	uint64_t pinned, handed;
 	uint64_t elem_max; /* the largest element queued so far */
 	bool eof;
+	/* cachew_iterator_cancel (stream_cancel, from any thread): the
+	 * consumer stops waiting and returns CACHEW_ECANCELED. */
+	bool canceled;
 	cachew_err err;
 	char errmsg[768];
 	/* consumer timing since the last heartbeat */

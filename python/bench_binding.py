@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""What the Python binding costs (issue 16's figures), side by side with
+the C CLI on the same pipeline in the same run; medians of --reps runs.
+
+  overhead  per-batch cost of the binding on range(N) | batch(32): the
+            Python loop's time minus the CLI's, per batch (target < 5 us)
+  w2        W2 (bench/w2.py's pipeline: TFRecord JPEGs -> fused random
+            resized crop 224 -> flip -> batch 64 -> normalize) through
+            Python into torch tensors vs `cachew run` (target >= 0.95)
+  rss       VmRSS after each of --epochs epochs of W2 through Python
+            (target: growth under 5% from the second epoch on)
+
+Usage: /usr/bin/python3 python/bench_binding.py [overhead|w2|rss|all]
+           [--reps 3] [--images 500] [--epochs 20] [--threads 1]
+Run `make python` first; W2's data is made by `cachew gen imagenet` into
+bench/data/ (as bench/w2.py does).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BUILD = os.environ.get("CACHEW_BUILD", os.path.join(ROOT, "build"))
+CLI = os.path.join(BUILD, "cachew")
+sys.path.insert(0, HERE)
+import cachew  # noqa: E402
+
+MEAN = "[0.485, 0.456, 0.406]"
+STD = "[0.229, 0.224, 0.225]"
+
+
+def cli_seconds(pipeline, opts):
+    args = [CLI, "run", "--json", "--no-digest"]
+    for k, v in opts.items():
+        args += ["--set", "%s=%s" % (k, v)]
+    out = subprocess.run(args + [pipeline], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def py_seconds(pipeline, opts, touch):
+    ds = cachew.Dataset.parse(pipeline)
+    t0 = time.perf_counter()
+    n = 0
+    with ds.iterator(**opts) as it:
+        for e in it:
+            touch(e)
+            n += 1
+    return time.perf_counter() - t0, n
+
+
+def summary(xs):
+    return "median %.3f (min %.3f, max %.3f)" % (statistics.median(xs), min(xs), max(xs))
+
+
+def overhead(a):
+    n = 32 * 200000
+    p = "range(%d) | batch(32)" % n
+    opts = {"service": "local", "threads": 1, "seed": 1}
+    per = []
+    for _ in range(a.reps):
+        c = cli_seconds(p, opts)
+        s, batches = py_seconds(p, opts, lambda e: e[0])
+        per.append((s - c) / batches * 1e6)
+        print("  cli %.3f s, python %.3f s, %d batches" % (c, s, batches))
+    print("overhead per batch (us): " + summary(per))
+
+
+def w2_data(images):
+    d = os.path.join(ROOT, "bench", "data", "w2-%d-s1" % images)
+    if not os.path.isdir(d):
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        subprocess.run([CLI, "gen", "imagenet", "--out", d, "--images", str(images),
+                        "--shards", "4", "--seed", "1"], check=True, capture_output=True)
+    return d
+
+
+def w2_pipeline(d, threads):
+    par = ", parallel=%d" % threads if threads > 1 else ""
+    return ('tfrecord(files="%s/*.tfrecord") | parse_example(image="image/encoded:bytes", '
+            'label="image/class/label:i64") | random_resized_crop(size=224%s) | '
+            'flip_left_right | batch(64) | normalize(mean=%s, std=%s, channels_first=true%s)'
+            % (d, par, MEAN, STD, par))
+
+
+def to_torch(e):
+    return [t.to_torch() for t in e]
+
+
+def w2(a):
+    d = w2_data(a.images)
+    p = w2_pipeline(d, a.threads)
+    opts = {"threads": a.threads, "seed": 1}
+    ratios = []
+    for _ in range(a.reps):
+        c = cli_seconds(p, opts)
+        s, _ = py_seconds(p, opts, to_torch)
+        ratios.append(c / s)
+        print("  cli %.3f s (%.0f img/s), python+torch %.3f s (%.0f img/s)"
+              % (c, a.images / c, s, a.images / s))
+    print("W2 python/cli (threads %d): %s" % (a.threads, summary(ratios)))
+
+
+def rss_kb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss(a):
+    d = w2_data(a.images)
+    ds = cachew.Dataset.parse(w2_pipeline(d, a.threads))
+    seen = []
+    for epoch in range(a.epochs):
+        with ds.iterator(threads=a.threads, seed=1, epoch=epoch) as it:
+            for e in it:
+                to_torch(e)
+        seen.append(rss_kb())
+    print("RSS per epoch (KiB): " + " ".join(str(x) for x in seen))
+    print("growth from epoch 2 to %d: %.1f%%" % (a.epochs, 100.0 * (seen[-1] - seen[1]) / seen[1]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="?", default="all", choices=["overhead", "w2", "rss", "all"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--images", type=int, default=500)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    for name, fn in (("overhead", overhead), ("w2", w2), ("rss", rss)):
+        if a.what in (name, "all"):
+            fn(a)
+
+
+if __name__ == "__main__":
+    main()
