@@ -894,6 +894,29 @@ START_TEST(test_canonical_map_fn_first_then_params_then_fn_params)
 }
 END_TEST
 
+/* An operator that is a function's alias takes the function's leading
+ * parameters positionally, as tf.data and torchvision users write them
+ * (before, `center_crop(224, 224)` bound 224 to map's `fn`: "parameter
+ * 'fn' is given twice"). */
+START_TEST(test_canonical_alias_positional_values_fill_the_function)
+{
+	assert_canonical("range(3) | center_crop(224, 224)",
+	    "range(start=0, stop=3, step=1) | map(center_crop, parallel=1, "
+	    "deterministic=true, h=224, w=224)");
+	assert_canonical("range(3) | resize(10, w=20, parallel=2)",
+	    "range(start=0, stop=3, step=1) | map(resize, parallel=2, "
+	    "deterministic=true, h=10, w=20)");
+	assert_canonical("range(3) | normalize([0.5], [0.25])",
+	    "range(start=0, stop=3, step=1) | map(normalize, parallel=1, "
+	    "deterministic=true, mean=[0.5], std=[0.25])");
+	assert_parse_fails("range(3) | center_crop(224, h=3)", CACHEW_EINVAL,
+	    "column 12: center_crop: parameter 'h' is given twice", NULL);
+	assert_parse_fails("range(3) | center_crop(1, 2, 3)", CACHEW_EINVAL,
+	    "column 12: center_crop: too many positional arguments (3); name "
+	    "them", NULL);
+}
+END_TEST
+
 START_TEST(test_canonical_fn_params_colliding_with_a_param_stay_a_map)
 {
 	register_test_fns();
@@ -2076,6 +2099,7 @@ cwt_graph_suite(void)
 	tc = tcase_create("print");
 	tcase_add_test(tc, test_canonical_range_batch);
 	tcase_add_test(tc, test_canonical_map_fn_first_then_params_then_fn_params);
+	tcase_add_test(tc, test_canonical_alias_positional_values_fill_the_function);
 	tcase_add_test(tc, test_canonical_fn_params_colliding_with_a_param_stay_a_map);
 	tcase_add_test(tc, test_canonical_optional_param_absent_is_skipped);
 	tcase_add_test(tc, test_canonical_nested_inputs_print_inside_the_stage);

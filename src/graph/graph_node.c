@@ -705,13 +705,43 @@ cwi_node_build(cwi_node **out, const char *opname, cwi_node *const *inputs,
 	if (op == NULL)
 		return cwi_fail(CACHEW_ENOENT, "unknown operator '%s'", opname);
 	if (op->map_alias != NULL) {
-		/* `read_file` is map(fn=read_file, <its params>). */
+		/* `read_file` is map(fn=read_file, <its params>); positional
+		 * values fill the function's parameters the alias names
+		 * (op->positional), never map's own (its first is `fn`). */
 		cwi_value fnv = {0};
+		size_t npos = pos != NULL && pos->type == CWI_V_LIST
+		    ? pos->u.list.n : 0;
+		const char *const *form = npos > 0 && npos <= CWI_MAX_POSITIONAL
+		    ? op->positional[npos] : NULL;
+
+		if (npos > 0 && form == NULL)
+			return cwi_fail(CACHEW_EINVAL, "%s: too many positional "
+			    "arguments (%zu); name them (see `cachew ops`)",
+			    op->name, npos);
 		if (named != NULL) {
 			rv = cwi_value_copy(&alias_named, named);
 			if (rv != CACHEW_OK)
 				return rv;
+		} else {
+			alias_named.type = CWI_V_MAP;
 		}
+		for (size_t i = 0; i < npos; i++) {
+			cwi_value v;
+
+			if (cwi_map_get(&alias_named, form[i]) != NULL) {
+				cwi_value_free(&alias_named);
+				return cwi_fail(CACHEW_EINVAL, "%s: parameter '%s' "
+				    "is given twice", op->name, form[i]);
+			}
+			rv = cwi_value_copy(&v, &pos->u.list.items[i]);
+			if (rv == CACHEW_OK)
+				rv = cwi_map_set(&alias_named, form[i], &v);
+			if (rv != CACHEW_OK) {
+				cwi_value_free(&alias_named);
+				return rv;
+			}
+		}
+		pos = NULL;
 		rv = cwi_value_set_str(&fnv, op->map_alias, strlen(op->map_alias));
 		if (rv == CACHEW_OK)
 			rv = cwi_map_set(&alias_named, "fn", &fnv);

@@ -1996,12 +1996,27 @@ const cachew_op_def cwi_fn_transpose = {
 
 /* ---- dataset-operator aliases: `decode_jpeg(...)` is map(decode_jpeg, ...) --- */
 
+/* Positional values of an alias bind to its function's leading parameters,
+ * in the order its doc gives them: `center_crop(224, 224)` is
+ * center_crop(h=224, w=224). */
+static const char *const decode_jpeg_pos1[] = {"channels"};
+static const char *const random_resized_crop_pos1[] = {"size"};
+static const char *const resize_pos1[] = {"h"};
+static const char *const resize_pos2[] = {"h", "w"};
+static const char *const center_crop_pos1[] = {"h"};
+static const char *const center_crop_pos2[] = {"h", "w"};
+static const char *const flip_left_right_pos1[] = {"p"};
+static const char *const normalize_pos1[] = {"mean"};
+static const char *const normalize_pos2[] = {"mean", "std"};
+static const char *const transpose_pos1[] = {"perm"};
+
 const cwi_dataset_op cwi_op_decode_jpeg = {
     .name = "decode_jpeg",
     .doc = "decodes the JPEG bytes of component 0 to u8 [H, W, C] (map(decode_jpeg))",
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "decode_jpeg",
+    .positional = {NULL, decode_jpeg_pos1},
 };
 
 const cwi_dataset_op cwi_op_random_resized_crop = {
@@ -2010,6 +2025,7 @@ const cwi_dataset_op cwi_op_random_resized_crop = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "random_resized_crop",
+    .positional = {NULL, random_resized_crop_pos1},
 };
 
 const cwi_dataset_op cwi_op_resize = {
@@ -2018,6 +2034,7 @@ const cwi_dataset_op cwi_op_resize = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "resize",
+    .positional = {NULL, resize_pos1, resize_pos2},
 };
 
 const cwi_dataset_op cwi_op_center_crop = {
@@ -2026,6 +2043,7 @@ const cwi_dataset_op cwi_op_center_crop = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "center_crop",
+    .positional = {NULL, center_crop_pos1, center_crop_pos2},
 };
 
 const cwi_dataset_op cwi_op_flip_left_right = {
@@ -2034,6 +2052,7 @@ const cwi_dataset_op cwi_op_flip_left_right = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "flip_left_right",
+    .positional = {NULL, flip_left_right_pos1},
 };
 
 const cwi_dataset_op cwi_op_normalize = {
@@ -2042,6 +2061,7 @@ const cwi_dataset_op cwi_op_normalize = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "normalize",
+    .positional = {NULL, normalize_pos1, normalize_pos2},
 };
 
 const cwi_dataset_op cwi_op_transpose = {
@@ -2050,4 +2070,5 @@ const cwi_dataset_op cwi_op_transpose = {
     .min_inputs = 1,
     .max_inputs = 1,
     .map_alias = "transpose",
+    .positional = {NULL, transpose_pos1},
 };
