@@ -924,6 +924,50 @@ CACHEW_API cachew_err cachew_dataset_fingerprint(
 CACHEW_API void cachew_fingerprint_hex(
     const cachew_fingerprint *fp, char out[33]);
 
+/* Element specs and cardinality, computed when a dataset is built (tf.data's
+ * element_spec and cardinality()). Each operator's rule, and how
+ * components are named, is in docs/element-spec.md. */
+
+/* Cardinalities other than a count: the dataset never ends (repeat()), or
+ * how many elements it yields is not known before iterating it (filter,
+ * files not yet read, user functions). The same values as tf.data's
+ * INFINITE_CARDINALITY and UNKNOWN_CARDINALITY. Since 0.2. */
+#define CACHEW_CARDINALITY_INFINITE (-1)
+#define CACHEW_CARDINALITY_UNKNOWN (-2)
+
+/* Elements per epoch of ds (0 or more), CACHEW_CARDINALITY_INFINITE or
+ * CACHEW_CARDINALITY_UNKNOWN; UNKNOWN for a NULL ds. Thread safe.
+ * Since 0.2. */
+CACHEW_API int64_t cachew_dataset_cardinality(const cachew_dataset *ds);
+/* The number of components of ds's elements, or 0 when their structure is
+ * not known when building (downstream of a function registered from C or
+ * a plugin, which does not declare what it yields). Thread safe.
+ * Since 0.2. */
+CACHEW_API size_t cachew_dataset_num_components(const cachew_dataset *ds);
+/* Component i of ds's element spec: its dtype (CACHEW_INVALID when not
+ * known), rank (-1 when not known), dimensions (shape holds
+ * CACHEW_MAX_RANK entries; the first rank are set, -1 for a dimension
+ * not known, such as a batch's without drop_remainder) and name (borrowed
+ * for the life of ds; NULL when unnamed). Each out pointer may be NULL.
+ * CACHEW_EINVAL for a NULL ds or i >= cachew_dataset_num_components.
+ * Thread safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_component(const cachew_dataset *ds,
+    size_t i, cachew_dtype *dtype, int *rank, int64_t *shape,
+    const char **name);
+/* The index of ds's component named `name` in *index. CACHEW_ENOENT when
+ * no component has that name (cachew_errmsg() lists the names there are),
+ * CACHEW_EINVAL for a NULL argument. Thread safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_component_find(
+    const cachew_dataset *ds, const char *name, size_t *index);
+/* ds's element spec as text, as `cachew explain` prints it: "i64[]" (one
+ * component), "(i64[], bytes[])", "{image: u8[-1,-1,3], label: i64[]}"
+ * (named components) or "?" (not known); "u8[?]" is a component whose
+ * rank is not known, "?[]" one whose dtype is not. The caller owns *out
+ * and frees it with cachew_free. CACHEW_EINVAL, CACHEW_ENOMEM. Thread
+ * safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_spec_str(
+    const cachew_dataset *ds, char **out);
+
 /* ------------------------------------------------------------------------ */
 /* Iterators: the executor                                                  */
 /* ------------------------------------------------------------------------ */

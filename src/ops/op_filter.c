@@ -137,6 +137,7 @@ const cwi_dataset_op cwi_op_filter = {
     .flags = CWI_OPF_FN_FILTER,
     .iter_create = filter_create,
     .saves = "the input index (the function's random stream), and the input",
+    .infer = cwi_infer_filter,
 };
 
 /* ---- flat_map ----------------------------------------------------------- */
@@ -308,4 +309,5 @@ const cwi_dataset_op cwi_op_flat_map = {
 	"it yielded and, for a file function, the offset of the next: a "
 	"restore reopens it and seeks there, or reads past them), elements "
 	"pulled ahead, and the input",
+    .infer = cwi_infer_flat,
 };

@@ -109,6 +109,9 @@ cachew_err cwi_example_spec_create(const cachew_params *params,
     cwi_example_spec **out, char *err, size_t errlen);
 void cwi_example_spec_destroy(cwi_example_spec *s);
 size_t cwi_example_spec_size(const cwi_example_spec *s);
+/* The element spec parse_example yields: one component per param, in name
+ * order, named after it (fn_spec.c's rule). */
+cachew_err cwi_example_spec_out(const cwi_example_spec *s, cwi_spec *out);
 
 /* Decodes the serialized Example in the bytes scalar `serialized` into
  * out[0 .. spec size) (overwritten without being released). Single values

@@ -181,6 +181,17 @@ range_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
+/* tf.data: range(42).cardinality() == 42, range(5, 1) is empty. */
+static cachew_err
+range_infer(cwi_node *node)
+{
+	uint64_t n = range_count(cwi_node_int(node, "start"),
+	    cwi_node_int(node, "stop"), cwi_node_int(node, "step"));
+
+	node->card = n <= INT64_MAX ? (int64_t)n : CACHEW_CARDINALITY_UNKNOWN;
+	return cwi_spec_scalar(&node->spec, CACHEW_I64);
+}
+
 static const cwi_param_spec range_params[] = {
     {.name = "start", .type = CWI_P_INT, .def_int = 0,
 	.help = "first value"},
@@ -207,4 +218,5 @@ const cwi_dataset_op cwi_op_range = {
     .iter_create = range_create,
     .split_units = range_split_units,
     .saves = "the next value (and a lease's unit cursor)",
+    .infer = range_infer,
 };
