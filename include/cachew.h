@@ -450,6 +450,28 @@ CACHEW_API cachew_element *cachew_element_retain(cachew_element *e);
  * component buffers. NULL is a no-op. Thread safe with respect to other
  * references to e. Since 0.1. */
 CACHEW_API void cachew_element_release(cachew_element *e);
+/* The name of component i (borrowed: valid while the caller holds its
+ * reference to e and does not rename it), or NULL when it is unnamed or i
+ * is out of range. Elements an iterator yields carry the names of their
+ * dataset's element spec (cachew_dataset_component), so a dict-structured
+ * element from from_tensors({image=..., label=...}) or parse_example reads
+ * by name, in-process and through the service alike. Names are not part
+ * of cachew_element_hash. Since 0.2. */
+CACHEW_API const char *cachew_element_name(const cachew_element *e, size_t i);
+/* The index of e's component named `name` in *index. CACHEW_ENOENT when
+ * no component has that name, CACHEW_EINVAL for a NULL argument; with a
+ * cachew_errmsg(). Thread safe with respect to other readers of e.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_element_find(
+    const cachew_element *e, const char *name, size_t *index);
+/* Names component i of an unshared element (NULL: unnamed), copying name:
+ * how a function registered from C names what it builds. A name has 1 to
+ * 255 bytes and is unique within the element. CACHEW_ERANGE for i out of
+ * range, CACHEW_EINVAL for a shared element or a bad name, CACHEW_EEXIST
+ * when another component has the name, CACHEW_ENOMEM; e unchanged on
+ * failure. Since 0.2. */
+CACHEW_API cachew_err cachew_element_set_name(
+    cachew_element *e, size_t i, const char *name);
 /* A 64-bit hash (XXH3) of the element's canonical bytes: per component the
  * dtype, rank, shape and values (BYTES: each string's length and bytes), so
  * equal elements hash equally however their buffers are laid out. Summing

@@ -298,6 +298,129 @@ START_TEST(map_addresses_a_component_by_name)
 }
 END_TEST
 
+/* Elements carry their dataset's names out of the iterator, in-process,
+ * through the embedded service and after a cache. */
+START_TEST(elements_read_by_name)
+{
+	static const char *const services[] = {NULL, "embedded"};
+	char *dir = cwt_tmpdir();
+	char *pipelines[2];
+
+	pipelines[0] = cwt_fmt("from_list([{image=[1, 2], label=7}, "
+			       "{image=[3, 4], label=8}]) | shuffle(2, seed=1)");
+	pipelines[1] = cwt_fmt("from_list([{image=[1, 2], label=7}, "
+			       "{image=[3, 4], label=8}]) | cache(\"%s\") | "
+			       "batch(2)", dir);
+	for (size_t p = 0; p < 2; p++)
+		for (size_t k = 0; k < 2; k++) {
+			cachew_options *o = cwt_opts_at(1, 0, services[k]);
+			cachew_element **v;
+			size_t n, i = 99;
+			char err[256];
+
+			ck_assert_int_eq(cwt_run(pipelines[p], o, &v, &n, err,
+			    sizeof(err)), CACHEW_OK);
+			ck_assert_uint_ge(n, 1);
+			for (size_t j = 0; j < n; j++) {
+				ck_assert_str_eq(cachew_element_name(v[j], 0),
+				    "image");
+				ck_assert_str_eq(cachew_element_name(v[j], 1),
+				    "label");
+				ck_assert_ptr_null(cachew_element_name(v[j], 2));
+				ck_assert_int_eq(cachew_element_find(v[j],
+				    "label", &i), CACHEW_OK);
+				ck_assert_uint_eq(i, 1);
+				ck_assert_int_eq(cachew_element_find(v[j],
+				    "mask", &i), CACHEW_ENOENT);
+			}
+			cwt_free(v, n);
+			cachew_options_destroy(o);
+		}
+	free(pipelines[0]);
+	free(pipelines[1]);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(unnamed_elements_have_no_names)
+{
+	cachew_element **v;
+	size_t n, i;
+	char err[256];
+
+	ck_assert_int_eq(cwt_run("range(2) | enumerate", NULL, &v, &n, err,
+	    sizeof(err)), CACHEW_OK);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_ptr_null(cachew_element_name(v[0], 0));
+	ck_assert_int_eq(cachew_element_find(v[0], "x", &i), CACHEW_ENOENT);
+	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "unnamed"));
+	cwt_free(v, n);
+}
+END_TEST
+
+START_TEST(set_name_builds_named_elements)
+{
+	cachew_element *e, *shared;
+	size_t i = 99;
+
+	ck_assert_int_eq(cachew_element_create(&e, 3), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set_name(e, 0, "image"), CACHEW_OK);
+	ck_assert_int_eq(cachew_element_set_name(e, 2, "label"), CACHEW_OK);
+	ck_assert_str_eq(cachew_element_name(e, 0), "image");
+	ck_assert_ptr_null(cachew_element_name(e, 1));
+	ck_assert_int_eq(cachew_element_find(e, "label", &i), CACHEW_OK);
+	ck_assert_uint_eq(i, 2);
+	ck_assert_int_eq(cachew_element_set_name(e, 1, "label"), CACHEW_EEXIST);
+	ck_assert_int_eq(cachew_element_set_name(e, 3, "x"), CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_element_set_name(e, 1, ""), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_element_set_name(e, 2, NULL), CACHEW_OK);
+	ck_assert_ptr_null(cachew_element_name(e, 2));
+	shared = cachew_element_retain(e);
+	ck_assert_int_eq(cachew_element_set_name(e, 1, "mask"), CACHEW_EINVAL);
+	cachew_element_release(shared);
+	cachew_element_release(e);
+}
+END_TEST
+
+/* A function registered from C names what it builds; its output's spec is
+ * not known, so the iterator keeps the function's names. */
+static cachew_err
+naming_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	cachew_err rv = cachew_element_set_name(in, 0, "value");
+
+	if (rv != CACHEW_OK) {
+		cachew_element_release(in);
+		return cachew_op_ctx_fail(ctx, "%s", cachew_errmsg());
+	}
+	*out = in;
+	return CACHEW_OK;
+}
+
+START_TEST(user_functions_name_their_output)
+{
+	static const cachew_op_def def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "spec_test_naming",
+	    .kind = CACHEW_OP_MAP,
+	    .map = naming_map,
+	};
+	cachew_element **v;
+	size_t n, i = 99;
+	char err[256];
+
+	ck_assert_int_eq(cachew_op_register(&def), CACHEW_OK);
+	ck_assert_int_eq(cwt_run("range(3) | map(spec_test_naming)", NULL, &v,
+	    &n, err, sizeof(err)), CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_int_eq(cachew_element_find(v[2], "value", &i), CACHEW_OK);
+	ck_assert_uint_eq(i, 0);
+	ck_assert_int_eq(cwt_i64(v[2], i), 2);
+	cwt_free(v, n);
+}
+END_TEST
+
 START_TEST(named_specs_survive_the_graph_format)
 {
 	cachew_dataset *ds = cwt_parse("from_tensors({image=[1, 2], label=3}) | "
@@ -394,6 +517,10 @@ cwt_spec_suite(void)
 	tcase_add_test(tc, from_tensors_of_a_map_names_components);
 	tcase_add_test(tc, map_addresses_a_component_by_name);
 	tcase_add_test(tc, named_specs_survive_the_graph_format);
+	tcase_add_test(tc, elements_read_by_name);
+	tcase_add_test(tc, unnamed_elements_have_no_names);
+	tcase_add_test(tc, set_name_builds_named_elements);
+	tcase_add_test(tc, user_functions_name_their_output);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refusals");

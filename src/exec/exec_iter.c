@@ -467,6 +467,7 @@ struct cachew_iterator {
 	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
 	bool service; /* a service client's (cwi_iterator_create_owned) */
 	pid_t pid; /* the process that created it (fork: see destroy) */
+	cwi_names *names; /* of the dataset's components, or NULL */
 };
 
 #define WANT_MAX 256
@@ -493,6 +494,7 @@ iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 	it->ds = cachew_dataset_retain(ds);
 	it->want = 1;
 	it->pid = getpid();
+	it->names = cwi_spec_names(&ds->spec);
 	return it;
 }
 
@@ -677,8 +679,49 @@ cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 	return iterator_start(out, it);
 }
 
+static cachew_err iterator_next(cachew_iterator *it, cachew_element **out);
+
+void
+cwi_iterator_set_names(cachew_iterator *it, const cachew_dataset *ds)
+{
+	cwi_names_unref(it->names);
+	it->names = cwi_spec_names(&ds->spec);
+}
+
+/* Gives an element the names of the dataset's components. Elements
+ * yielded while shared (a literal's, a cache's held in memory) are cloned
+ * first: a shared element is immutable. ENOMEM leaves it unnamed. */
+static cwi_element *
+name_element(cachew_iterator *it, cwi_element *e)
+{
+	cwi_element *c;
+
+	if (e->names == it->names || e->n != it->names->n)
+		return e;
+	if (cwi_element_unique(e)) {
+		cwi_element_set_names(e, it->names);
+		return e;
+	}
+	c = cwi_element_clone(e);
+	if (c == NULL)
+		return e;
+	cwi_element_set_names(c, it->names);
+	cwi_element_release(e);
+	return c;
+}
+
 cachew_err
 cachew_iterator_next(cachew_iterator *it, cachew_element **out)
+{
+	cachew_err rv = iterator_next(it, out);
+
+	if (rv == CACHEW_OK && it->names != NULL)
+		*out = name_element(it, *out);
+	return rv;
+}
+
+static cachew_err
+iterator_next(cachew_iterator *it, cachew_element **out)
 {
 	uint64_t t0, dt;
 	cachew_err rv;
@@ -763,6 +806,7 @@ cachew_iterator_destroy(cachew_iterator *it)
 	tails_free(it->pl.tails);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
+	cwi_names_unref(it->names);
 	if (it->release != NULL)
 		it->release(it->release_arg);
 	free(it);

@@ -58,6 +58,10 @@ cachew_err cwi_spec_merge(cwi_spec *a, const cwi_spec *b, const char *what);
  * "?" (unknown). */
 void cwi_spec_print(cwi_strbuf *sb, const cwi_spec *s);
 void cwi_comp_spec_print(cwi_strbuf *sb, const cwi_comp_spec *c);
+/* The names of a known spec with at least one named component, for the
+ * elements of its dataset (one reference, cwi_names_unref); NULL when
+ * none is named or the spec is not known, and on ENOMEM. */
+cwi_names *cwi_spec_names(const cwi_spec *s);
 /* "component 1" or "component 'label'", for messages. Returns buf. */
 const char *cwi_comp_spec_label(const cwi_spec *s, uint32_t i, char *buf,
     size_t len);

@@ -136,6 +136,21 @@ cwi_spec_print(cwi_strbuf *sb, const cwi_spec *s)
 	cwi_strbuf_puts(sb, named ? "}" : ")");
 }
 
+cwi_names *
+cwi_spec_names(const cwi_spec *s)
+{
+	const char *names[CACHEW_MAX_COMPONENTS];
+	bool any = false;
+
+	if (!s->known || s->n > CACHEW_MAX_COMPONENTS)
+		return NULL;
+	for (uint32_t i = 0; i < s->n; i++) {
+		names[i] = s->comp[i].name;
+		any = any || names[i] != NULL;
+	}
+	return any ? cwi_names_create(s->n, names) : NULL;
+}
+
 const char *
 cwi_comp_spec_label(const cwi_spec *s, uint32_t i, char *buf, size_t len)
 {
