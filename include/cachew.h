@@ -456,7 +456,8 @@ CACHEW_API void cachew_element_release(cachew_element *e);
  * dataset's element spec (cachew_dataset_component), so a dict-structured
  * element from from_tensors({image=..., label=...}) or parse_example reads
  * by name, in-process and through the service alike. Names are not part
- * of cachew_element_hash. Since 0.2. */
+ * of cachew_element_hash. Thread safe with respect to other readers of e.
+ * Since 0.2. */
 CACHEW_API const char *cachew_element_name(const cachew_element *e, size_t i);
 /* The index of e's component named `name` in *index. CACHEW_ENOENT when
  * no component has that name, CACHEW_EINVAL for a NULL argument; with a
@@ -469,7 +470,7 @@ CACHEW_API cachew_err cachew_element_find(
  * 255 bytes and is unique within the element. CACHEW_ERANGE for i out of
  * range, CACHEW_EINVAL for a shared element or a bad name, CACHEW_EEXIST
  * when another component has the name, CACHEW_ENOMEM; e unchanged on
- * failure. Since 0.2. */
+ * failure. One thread at a time, as for cachew_element_set. Since 0.2. */
 CACHEW_API cachew_err cachew_element_set_name(
     cachew_element *e, size_t i, const char *name);
 /* A 64-bit hash (XXH3) of the element's canonical bytes: per component the

@@ -343,6 +343,38 @@ START_TEST(elements_read_by_name)
 }
 END_TEST
 
+/* Real worker processes send elements over tcp without names: the client
+ * names them from the pipeline it submitted. */
+START_TEST(names_survive_remote_workers)
+{
+	const char *p = "from_list([{image=[1, 2], label=7}, {image=[3, 4], "
+			"label=8}]) | repeat(3) | batch(2)";
+	cwt_cluster c;
+	cachew_options *o;
+	cachew_element **v;
+	size_t n, i = 99;
+	char err[256], *s;
+
+	cwt_cluster_start(&c, 1);
+	o = cwt_opts_at(1, 0, c.dispatcher.url);
+	ck_assert_msg(cwt_run(p, o, &v, &n, err, sizeof(err)) == CACHEW_OK,
+	    "%s", err);
+	ck_assert_uint_eq(n, 3);
+	s = cwt_join_i64(v, n, 1);
+	ck_assert_str_eq(s, "[7 8],[7 8],[7 8]");
+	free(s);
+	for (size_t j = 0; j < n; j++) {
+		ck_assert_str_eq(cachew_element_name(v[j], 0), "image");
+		ck_assert_int_eq(cachew_element_find(v[j], "label", &i),
+		    CACHEW_OK);
+		ck_assert_uint_eq(i, 1);
+	}
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 START_TEST(unnamed_elements_have_no_names)
 {
 	cachew_element **v;
@@ -521,6 +553,11 @@ cwt_spec_suite(void)
 	tcase_add_test(tc, unnamed_elements_have_no_names);
 	tcase_add_test(tc, set_name_builds_named_elements);
 	tcase_add_test(tc, user_functions_name_their_output);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("service");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, names_survive_remote_workers);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refusals");
