@@ -835,6 +835,11 @@ CACHEW_API cachew_err cachew_dataset_read_file(
 /* Keeps the elements the filter function fn accepts. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_filter(cachew_dataset **out,
     cachew_dataset *in, const char *fn, const cachew_params *fn_params);
+/* Yields in's elements while the filter function fn accepts them; the
+ * first it rejects ends the stream, which reads no further (tf.data's
+ * take_while). Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_take_while(cachew_dataset **out,
+    cachew_dataset *in, const char *fn, const cachew_params *fn_params);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

@@ -525,6 +525,124 @@ START_TEST(filter_keeps_the_spec)
 }
 END_TEST
 
+/* ---- take_while ------------------------------------------------------------------ */
+
+static cachew_err
+below5(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	(void)ctx;
+	*keep = cwt_i64(in, 0) < 5;
+	return CACHEW_OK;
+}
+
+static void
+register_below5(void)
+{
+	static const cachew_op_def def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "spec_test_below5",
+	    .kind = CACHEW_OP_FILTER,
+	    .filter = below5,
+	};
+	cachew_err rv = cachew_op_register(&def);
+
+	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+}
+
+/* tf.data: range(10).take_while(lambda x: x < 5) is [0, 1, 2, 3, 4]; it
+ * stops at the first rejected element even if later ones pass. */
+START_TEST(take_while_as_in_tf_data_docs)
+{
+	static const char *const services[] = {NULL, "embedded"};
+	cachew_dataset *ds, *in;
+	char *s;
+
+	register_below5();
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		s = cwt_seq("range(10) | take_while(spec_test_below5)", o);
+		ck_assert_str_eq(s, "0,1,2,3,4");
+		free(s);
+		s = cwt_seq("from_list([1, 7, 2, 3]) | "
+			    "take_while(spec_test_below5)", o);
+		ck_assert_str_eq(s, "1");
+		free(s);
+		s = cwt_seq("range(3) | repeat() | "
+			    "take_while(spec_test_below5) | take(4)", o);
+		ck_assert_str_eq(s, "0,1,2,0");
+		free(s);
+		s = cwt_seq("range(100) | batch(7) | unbatch | "
+			    "take_while(spec_test_below5) | batch(2)", o);
+		ck_assert_str_eq(s, "[0 1],[2 3],[4]");
+		free(s);
+		cachew_options_destroy(o);
+	}
+	ck_assert_int_eq(card("range(10) | take_while(spec_test_below5)"),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	spec_is("range(10) | batch(2) | take_while(spec_test_below5)",
+	    "i64[-1]");
+	ck_assert_int_eq(cachew_dataset_range(&in, 0, 10, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_take_while(&ds, in, "spec_test_below5",
+	    NULL), CACHEW_OK);
+	s = NULL;
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=10, step=1) | "
+			    "take_while(spec_test_below5)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	cachew_dataset_release(in);
+}
+END_TEST
+
+START_TEST(take_while_refuses_a_map_function)
+{
+	refused("range(3) | take_while(add)", CACHEW_EINVAL,
+	    "is a map function, not a filter function");
+}
+END_TEST
+
+/* A saved position resumes where it was, before and after the rejected
+ * element. */
+START_TEST(take_while_resumes)
+{
+	cachew_dataset *ds;
+
+	register_below5();
+	ds = cwt_parse("range(10) | take_while(spec_test_below5)");
+	for (int cut = 0; cut <= 6; cut++) {
+		cachew_iterator *it, *back;
+		cachew_element *e;
+		void *state;
+		size_t len;
+		int64_t next = cut;
+
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+		    CACHEW_OK);
+		for (int i = 0; i < cut && i < 5; i++) {
+			ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+			cachew_element_release(e);
+		}
+		if (cut >= 5)
+			ck_assert_int_eq(cachew_iterator_next(it, &e),
+			    CACHEW_EOF);
+		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+		    CACHEW_OK);
+		cachew_iterator_destroy(it);
+		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
+		    len), CACHEW_OK);
+		cachew_free(state);
+		while (cachew_iterator_next(back, &e) == CACHEW_OK) {
+			ck_assert_int_eq(cwt_i64(e, 0), next++);
+			cachew_element_release(e);
+		}
+		ck_assert_int_eq(next, 5 > cut ? 5 : cut);
+		cachew_iterator_destroy(back);
+	}
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 Suite *
 cwt_spec_suite(void)
 {
@@ -558,6 +676,13 @@ cwt_spec_suite(void)
 	tc = tcase_create("service");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, names_survive_remote_workers);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("take_while");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, take_while_as_in_tf_data_docs);
+	tcase_add_test(tc, take_while_refuses_a_map_function);
+	tcase_add_test(tc, take_while_resumes);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refusals");

@@ -214,6 +214,15 @@ cachew_dataset_filter(cachew_dataset **out, cachew_dataset *in,
 }
 
 cachew_err
+cachew_dataset_take_while(cachew_dataset **out, cachew_dataset *in,
+    const char *fn, const cachew_params *fn_params)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	return kv_build(&b, out, "take_while", &in, 1);
+}
+
+cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)
 {
