@@ -798,6 +798,11 @@ CACHEW_API void cachew_dataset_release(cachew_dataset *ds);
 /* i64 scalars start, start + step, ... up to stop (exclusive). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_range(
     cachew_dataset **out, int64_t start, int64_t stop, int64_t step);
+/* i64 scalars start, start + step, ... without end (tf.data's Counter;
+ * values wrap modulo 2^64, step 0 repeats start): cardinality
+ * CACHEW_CARDINALITY_INFINITE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_counter(
+    cachew_dataset **out, int64_t start, int64_t step);
 /* One element: the literal in `values` ("[1, 2, 3]", "(1, \"a\")"); a
  * tuple gives several components. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_from_tensors(

@@ -643,6 +643,77 @@ START_TEST(take_while_resumes)
 }
 END_TEST
 
+/* ---- counter ------------------------------------------------------------------ */
+
+/* tf.data: Counter().take(5) is [0, 1, 2, 3, 4], Counter(start=2, step=5)
+ * .take(5) is [2, 7, 12, 17, 22], Counter(start=0, step=-1).take(5)
+ * [0, -1, -2, -3, -4]; its cardinality is INFINITE. */
+START_TEST(counter_as_in_tf_data_docs)
+{
+	static const char *const services[] = {NULL, "embedded"};
+	cachew_dataset *ds;
+	char *s;
+
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		s = cwt_seq("counter | take(5)", o);
+		ck_assert_str_eq(s, "0,1,2,3,4");
+		free(s);
+		s = cwt_seq("counter(start=2, step=5) | take(5)", o);
+		ck_assert_str_eq(s, "2,7,12,17,22");
+		free(s);
+		s = cwt_seq("counter(0, -1) | take(5)", o);
+		ck_assert_str_eq(s, "0,-1,-2,-3,-4");
+		free(s);
+		s = cwt_seq("zip(counter(10), range(3))", o);
+		ck_assert_str_eq(s, "10,11,12");
+		free(s);
+		cachew_options_destroy(o);
+	}
+	s = cwt_seq("counter(9223372036854775806) | take(3)", NULL);
+	ck_assert_str_eq(s, "9223372036854775806,9223372036854775807,"
+			    "-9223372036854775808");
+	free(s);
+	ck_assert_int_eq(card("counter"), CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(card("counter | take(7)"), 7);
+	ck_assert_int_eq(card("zip(counter(), range(3))"), 3);
+	spec_is("counter", "i64[]");
+	ck_assert_int_eq(cachew_dataset_counter(&ds, 5, 0), CACHEW_OK);
+	s = NULL;
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "counter(start=5, step=0)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
+START_TEST(counter_resumes)
+{
+	cachew_dataset *ds = cwt_parse("counter(3, 4)");
+	cachew_iterator *it, *back;
+	cachew_element *e;
+	void *state;
+	size_t len;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		cachew_element_release(e);
+	}
+	ck_assert_int_eq(cachew_iterator_save(it, &state, &len), CACHEW_OK);
+	cachew_iterator_destroy(it);
+	ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state, len),
+	    CACHEW_OK);
+	cachew_free(state);
+	ck_assert_int_eq(cachew_iterator_next(back, &e), CACHEW_OK);
+	ck_assert_int_eq(cwt_i64(e, 0), 15);
+	cachew_element_release(e);
+	cachew_iterator_destroy(back);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 Suite *
 cwt_spec_suite(void)
 {
@@ -683,6 +754,12 @@ cwt_spec_suite(void)
 	tcase_add_test(tc, take_while_as_in_tf_data_docs);
 	tcase_add_test(tc, take_while_refuses_a_map_function);
 	tcase_add_test(tc, take_while_resumes);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("counter");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, counter_as_in_tf_data_docs);
+	tcase_add_test(tc, counter_resumes);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("refusals");

@@ -142,6 +142,15 @@ cachew_dataset_range(
 }
 
 cachew_err
+cachew_dataset_counter(cachew_dataset **out, int64_t start, int64_t step)
+{
+	BEGIN;
+	kv_int(&b, "start", start);
+	kv_int(&b, "step", step);
+	return kv_build(&b, out, "counter", NULL, 0);
+}
+
+cachew_err
 cachew_dataset_from_tensors(cachew_dataset **out, const char *values)
 {
 	BEGIN;
