@@ -452,6 +452,29 @@ CACHEW_API cachew_element *cachew_element_retain(cachew_element *e);
  * component buffers. NULL is a no-op. Thread safe with respect to other
  * references to e. Since 0.1. */
 CACHEW_API void cachew_element_release(cachew_element *e);
+/* The name of component i (borrowed: valid while the caller holds its
+ * reference to e and does not rename it), or NULL when it is unnamed or i
+ * is out of range. Elements an iterator yields carry the names of their
+ * dataset's element spec (cachew_dataset_component), so a dict-structured
+ * element from from_tensors({image=..., label=...}) or parse_example reads
+ * by name, in-process and through the service alike. Names are not part
+ * of cachew_element_hash. Thread safe with respect to other readers of e.
+ * Since 0.2. */
+CACHEW_API const char *cachew_element_name(const cachew_element *e, size_t i);
+/* The index of e's component named `name` in *index. CACHEW_ENOENT when
+ * no component has that name, CACHEW_EINVAL for a NULL argument; with a
+ * cachew_errmsg(). Thread safe with respect to other readers of e.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_element_find(
+    const cachew_element *e, const char *name, size_t *index);
+/* Names component i of an unshared element (NULL: unnamed), copying name:
+ * how a function registered from C names what it builds. A name has 1 to
+ * 255 bytes and is unique within the element. CACHEW_ERANGE for i out of
+ * range, CACHEW_EINVAL for a shared element or a bad name, CACHEW_EEXIST
+ * when another component has the name, CACHEW_ENOMEM; e unchanged on
+ * failure. One thread at a time, as for cachew_element_set. Since 0.2. */
+CACHEW_API cachew_err cachew_element_set_name(
+    cachew_element *e, size_t i, const char *name);
 /* A 64-bit hash (XXH3) of the element's canonical bytes: per component the
  * dtype, rank, shape and values (BYTES: each string's length and bytes), so
  * equal elements hash equally however their buffers are laid out. Summing
@@ -777,6 +800,11 @@ CACHEW_API void cachew_dataset_release(cachew_dataset *ds);
 /* i64 scalars start, start + step, ... up to stop (exclusive). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_range(
     cachew_dataset **out, int64_t start, int64_t stop, int64_t step);
+/* i64 scalars start, start + step, ... without end (tf.data's Counter;
+ * values wrap modulo 2^64, step 0 repeats start): cardinality
+ * CACHEW_CARDINALITY_INFINITE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_counter(
+    cachew_dataset **out, int64_t start, int64_t step);
 /* One element: the literal in `values` ("[1, 2, 3]", "(1, \"a\")"); a
  * tuple gives several components. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_from_tensors(
@@ -813,6 +841,11 @@ CACHEW_API cachew_err cachew_dataset_read_file(
     cachew_dataset **out, cachew_dataset *in);
 /* Keeps the elements the filter function fn accepts. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_filter(cachew_dataset **out,
+    cachew_dataset *in, const char *fn, const cachew_params *fn_params);
+/* Yields in's elements while the filter function fn accepts them; the
+ * first it rejects ends the stream, which reads no further (tf.data's
+ * take_while). Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_take_while(cachew_dataset **out,
     cachew_dataset *in, const char *fn, const cachew_params *fn_params);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
@@ -925,6 +958,50 @@ CACHEW_API cachew_err cachew_dataset_fingerprint(
  * caller's out. Thread safe. Since 0.1. */
 CACHEW_API void cachew_fingerprint_hex(
     const cachew_fingerprint *fp, char out[33]);
+
+/* Element specs and cardinality, computed when a dataset is built (tf.data's
+ * element_spec and cardinality()). Each operator's rule, and how
+ * components are named, is in docs/element-spec.md. */
+
+/* Cardinalities other than a count: the dataset never ends (repeat()), or
+ * how many elements it yields is not known before iterating it (filter,
+ * files not yet read, user functions). The same values as tf.data's
+ * INFINITE_CARDINALITY and UNKNOWN_CARDINALITY. Since 0.2. */
+#define CACHEW_CARDINALITY_INFINITE (-1)
+#define CACHEW_CARDINALITY_UNKNOWN (-2)
+
+/* Elements per epoch of ds (0 or more), CACHEW_CARDINALITY_INFINITE or
+ * CACHEW_CARDINALITY_UNKNOWN; UNKNOWN for a NULL ds. Thread safe.
+ * Since 0.2. */
+CACHEW_API int64_t cachew_dataset_cardinality(const cachew_dataset *ds);
+/* The number of components of ds's elements, or 0 when their structure is
+ * not known when building (downstream of a function registered from C or
+ * a plugin, which does not declare what it yields). Thread safe.
+ * Since 0.2. */
+CACHEW_API size_t cachew_dataset_num_components(const cachew_dataset *ds);
+/* Component i of ds's element spec: its dtype (CACHEW_INVALID when not
+ * known), rank (-1 when not known), dimensions (shape holds
+ * CACHEW_MAX_RANK entries; the first rank are set, -1 for a dimension
+ * not known, such as a batch's without drop_remainder) and name (borrowed
+ * for the life of ds; NULL when unnamed). Each out pointer may be NULL.
+ * CACHEW_EINVAL for a NULL ds or i >= cachew_dataset_num_components.
+ * Thread safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_component(const cachew_dataset *ds,
+    size_t i, cachew_dtype *dtype, int *rank, int64_t *shape,
+    const char **name);
+/* The index of ds's component named `name` in *index. CACHEW_ENOENT when
+ * no component has that name (cachew_errmsg() lists the names there are),
+ * CACHEW_EINVAL for a NULL argument. Thread safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_component_find(
+    const cachew_dataset *ds, const char *name, size_t *index);
+/* ds's element spec as text, as `cachew explain` prints it: "i64[]" (one
+ * component), "(i64[], bytes[])", "{image: u8[-1,-1,3], label: i64[]}"
+ * (named components) or "?" (not known); "u8[?]" is a component whose
+ * rank is not known, "?[]" one whose dtype is not. The caller owns *out
+ * and frees it with cachew_free. CACHEW_EINVAL, CACHEW_ENOMEM. Thread
+ * safe. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_spec_str(
+    const cachew_dataset *ds, char **out);
 
 /* ------------------------------------------------------------------------ */
 /* Iterators: the executor                                                  */

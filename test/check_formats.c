@@ -1377,6 +1377,10 @@ START_TEST(example_encoder_round_trips_in_name_order)
 	    CACHEW_OK);
 	ck_assert_uint_eq(n, 1);
 	ck_assert_uint_eq(cachew_element_size(v[0]), 3);
+	/* Each component is named after its parameter. */
+	ck_assert_str_eq(cachew_element_name(v[0], 0), "a");
+	ck_assert_str_eq(cachew_element_name(v[0], 1), "m");
+	ck_assert_str_eq(cachew_element_name(v[0], 2), "z");
 	const cachew_tensor *a = cachew_element_component(v[0], 0);
 	const cachew_tensor *m = cachew_element_component(v[0], 1);
 	const void *p;

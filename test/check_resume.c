@@ -41,11 +41,7 @@ hashes_push(hashes *h, uint64_t x)
 static cachew_dataset *
 parse(const char *pipeline)
 {
-	cachew_dataset *ds = NULL;
-	cachew_err rv = cachew_dataset_parse(&ds, pipeline);
-
-	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, cachew_errmsg());
-	return ds;
+	return cwt_parse(pipeline);
 }
 
 /* Options of a plain-executor run with a fixed seed and `threads`. */

@@ -1282,7 +1282,7 @@ END_TEST
 START_TEST(test_read_file_needs_bytes_path)
 {
 	run_fails("from_list([1]) | read_file", CACHEW_ETYPE,
-	    "component 0 is i64[], expected a bytes scalar");
+	    "component 0 is i64[]; expected a path (a bytes scalar)");
 	run_fails("range(1) | read_file(mode=1)", CACHEW_EINVAL,
 	    "unknown parameter 'mode'");
 }

@@ -45,6 +45,8 @@ Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
 Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
 Suite *cwt_cancel_suite(void);    /* check_cancel.c: timeouts, cancel,
                                    * fork */
+Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
+                                   * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may
                                    * read, fetch and write; --user */
 
@@ -56,6 +58,8 @@ cachew_err cwt_run(const char *pipeline, const cachew_options *opts,
 cachew_err cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
     cachew_element ***out, size_t *n, char *errmsg, size_t errlen);
 void cwt_free(cachew_element **v, size_t n);
+/* Parses a pipeline that must build (fails the test with the errmsg). */
+cachew_dataset *cwt_parse(const char *pipeline);
 /* Runs a pipeline (opts NULL: the defaults) that must fail with `code` and
  * a message (parser's or iterator's) containing `needle`. */
 void cwt_run_fails(const char *pipeline, const cachew_options *opts,

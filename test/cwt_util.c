@@ -17,6 +17,16 @@ copy_msg(char *dst, size_t len, const char *src)
 		snprintf(dst, len, "%s", src);
 }
 
+cachew_dataset *
+cwt_parse(const char *pipeline)
+{
+	cachew_dataset *ds = NULL;
+	cachew_err rv = cachew_dataset_parse(&ds, pipeline);
+
+	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, cachew_errmsg());
+	return ds;
+}
+
 cachew_err
 cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
     cachew_element ***out, size_t *n, char *errmsg, size_t errlen)

@@ -319,9 +319,40 @@ const char *cwi_tensor_spec_str(const cwi_tensor *t, char *buf, size_t len);
 
 /* ---- elements ---------------------------------------------------------- */
 
+/* The names of an element's components: immutable once made, refcounted,
+ * shared by every element an iterator hands out for one dataset (so that
+ * naming costs a pointer per element, not a string). name[i] NULL: the
+ * component is unnamed. */
+typedef struct cwi_names {
+	atomic_uint refs;
+	uint32_t n;
+	char *name[]; /* n entries */
+} cwi_names;
+
+/* A names table of n entries copied from names (each may be NULL); NULL
+ * on ENOMEM. */
+cwi_names *cwi_names_create(uint32_t n, const char *const *names);
+void cwi_names_unref_slow(cwi_names *names);
+
+static inline cwi_names *
+cwi_names_ref(cwi_names *names)
+{
+	if (names != NULL)
+		atomic_fetch_add_explicit(&names->refs, 1, memory_order_relaxed);
+	return names;
+}
+
+static inline void
+cwi_names_unref(cwi_names *names)
+{
+	if (names != NULL)
+		cwi_names_unref_slow(names);
+}
+
 struct cachew_element {
 	atomic_uint refs;
 	uint32_t n;
+	cwi_names *names;  /* NULL: unnamed (the common case) */
 	cwi_tensor comp[]; /* n components */
 };
 
@@ -360,6 +391,7 @@ cwi_element_init(cwi_element *e, uint32_t n)
 {
 	atomic_init(&e->refs, 1);
 	e->n = n;
+	e->names = NULL;
 	for (uint32_t i = 0; i < n; i++) {
 		cwi_tensor *t = &e->comp[i];
 		t->dtype = CACHEW_I64;
@@ -417,6 +449,7 @@ cwi_element_release(cwi_element *e)
 		cwi_buffer_unref(e->comp[i].buf);
 		cwi_buffer_unref(e->comp[i].obuf);
 	}
+	cwi_names_unref(e->names);
 	c = &cwi_ecache;
 	/* 1 <= count < depth: registered and not full. */
 	if (n - 1u < CWI_ECACHE_MAX_N &&
@@ -435,8 +468,19 @@ cwi_element_unique(const cwi_element *e)
 	return atomic_load_explicit(&e->refs, memory_order_acquire) == 1;
 }
 
-/* A new unshared element holding references to e's components. */
+/* A new unshared element holding references to e's components (and its
+ * names). */
 cwi_element *cwi_element_clone(const cwi_element *e);
+/* Names e's components with `names` (which must have e->n entries, or be
+ * NULL), taking a new reference; e must be unshared. */
+static inline void
+cwi_element_set_names(cwi_element *e, cwi_names *names)
+{
+	if (e->names == names)
+		return;
+	cwi_names_unref(e->names);
+	e->names = cwi_names_ref(names);
+}
 /* Sum of the components' nbytes. */
 static inline size_t
 cwi_element_nbytes(const cwi_element *e)

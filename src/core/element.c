@@ -164,7 +164,103 @@ cwi_element_clone(const cwi_element *e)
 		return NULL;
 	for (uint32_t i = 0; i < e->n; i++)
 		cwi_tensor_copy(&c->comp[i], &e->comp[i]);
+	c->names = cwi_names_ref(e->names);
 	return c;
+}
+
+/* ---- component names ---------------------------------------------------- */
+
+static cachew_err check_writable(const cachew_element *e, size_t i);
+
+cwi_names *
+cwi_names_create(uint32_t n, const char *const *names)
+{
+	cwi_names *t = calloc(1, sizeof(*t) + (size_t)n * sizeof(char *));
+
+	if (t == NULL)
+		return NULL;
+	atomic_init(&t->refs, 1);
+	t->n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		if (names[i] == NULL)
+			continue;
+		t->name[i] = cwi_strdup(names[i]);
+		if (t->name[i] == NULL) {
+			cwi_names_unref_slow(t);
+			return NULL;
+		}
+	}
+	return t;
+}
+
+void
+cwi_names_unref_slow(cwi_names *names)
+{
+	if (atomic_fetch_sub_explicit(&names->refs, 1, memory_order_acq_rel) !=
+	    1)
+		return;
+	for (uint32_t i = 0; i < names->n; i++)
+		free(names->name[i]);
+	free(names);
+}
+
+const char *
+cachew_element_name(const cachew_element *e, size_t i)
+{
+	if (e == NULL || e->names == NULL || i >= e->n || i >= e->names->n)
+		return NULL;
+	return e->names->name[i];
+}
+
+cachew_err
+cachew_element_find(const cachew_element *e, const char *name, size_t *index)
+{
+	if (e == NULL || name == NULL || index == NULL)
+		return cwi_fail(CACHEW_EINVAL, "NULL argument");
+	for (uint32_t i = 0; e->names != NULL && i < e->names->n && i < e->n;
+	     i++)
+		if (e->names->name[i] != NULL &&
+		    strcmp(e->names->name[i], name) == 0) {
+			*index = i;
+			return CACHEW_OK;
+		}
+	return cwi_fail(CACHEW_ENOENT, "no component of the element is named "
+	    "'%s'%s", name, e->names == NULL ? " (its components are "
+	    "unnamed)" : "");
+}
+
+/* Names are shared by many elements: setting one copies the table. */
+cachew_err
+cachew_element_set_name(cachew_element *e, size_t i, const char *name)
+{
+	const char *names[CACHEW_MAX_COMPONENTS];
+	cwi_names *t;
+	cachew_err rv;
+
+	cwi_clear_errmsg();
+	if (e == NULL)
+		return cwi_fail(CACHEW_EINVAL, "element is NULL");
+	rv = check_writable(e, i);
+	if (rv != CACHEW_OK)
+		return rv;
+	if (name != NULL && (name[0] == '\0' || strlen(name) > 255))
+		return cwi_fail(CACHEW_EINVAL, "a component name has 1 to 255 "
+		    "characters");
+	for (uint32_t k = 0; k < e->n; k++)
+		names[k] = e->names != NULL && k < e->names->n
+		    ? e->names->name[k]
+		    : NULL;
+	names[i] = name;
+	for (uint32_t k = 0; name != NULL && k < e->n; k++)
+		if (k != i && names[k] != NULL && strcmp(names[k], name) == 0)
+			return cwi_fail(CACHEW_EEXIST, "component %u is already "
+			    "named '%s'", k, name);
+	t = cwi_names_create(e->n, names);
+	if (t == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	cwi_names_unref(e->names);
+	e->names = t;
+	return CACHEW_OK;
 }
 
 cwi_element *

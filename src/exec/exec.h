@@ -277,6 +277,10 @@ cachew_err cwi_iterator_create_owned(cachew_iterator **out, cachew_dataset *ds,
 typedef size_t (*cwi_part_stats_fn)(void *arg, cachew_op_stats *out,
     size_t cap, size_t *hide);
 void cwi_iterator_set_part_stats(cachew_iterator *it, cwi_part_stats_fn fn);
+/* The elements it yields take the names of ds's components (a service
+ * client runs its client part, whose spec starts at the stream from the
+ * workers: the names are those of the pipeline the user built). */
+void cwi_iterator_set_names(cachew_iterator *it, const cachew_dataset *ds);
 /*
  * A lease iterator (cwi_iterator_create_lease) that keeps its tails: the
  * grouping nodes groups[0..ngroups) (batch or padded_batch nodes of root's

@@ -1041,4 +1041,5 @@ const cwi_dataset_op cwi_op_interleave = {
 	"read (and, for a file function, the offset of the next) and "
 	"read-ahead buffer (a restore reopens the sequences and seeks, or reads "
 	"past what they yielded), the cursor and block count, and the input",
+    .infer = cwi_infer_flat,
 };

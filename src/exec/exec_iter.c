@@ -477,6 +477,7 @@ struct cachew_iterator {
 	 * orders its creation against a cancel from another thread. */
 	cwi_puller *puller;
 	pthread_mutex_t puller_lock;
+	cwi_names *names; /* of the dataset's components, or NULL */
 };
 
 /*
@@ -528,6 +529,7 @@ iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 	it->forks = fork_count;
 	atomic_init(&it->canceled, false);
 	pthread_mutex_init(&it->puller_lock, NULL);
+	it->names = cwi_spec_names(&ds->spec);
 	return it;
 }
 
@@ -829,10 +831,51 @@ iterator_next(cachew_iterator *it, cachew_element **out, uint64_t timeout_ns)
 	return CACHEW_OK;
 }
 
+void
+cwi_iterator_set_names(cachew_iterator *it, const cachew_dataset *ds)
+{
+	cwi_names_unref(it->names);
+	it->names = cwi_spec_names(&ds->spec);
+}
+
+/* Gives an element the names of the dataset's components. Elements
+ * yielded while shared (a literal's, a cache's held in memory) are cloned
+ * first: a shared element is immutable. ENOMEM leaves it unnamed. */
+static cwi_element *
+name_element(cachew_iterator *it, cwi_element *e)
+{
+	cwi_element *c;
+
+	if (e->names == it->names || e->n != it->names->n)
+		return e;
+	if (cwi_element_unique(e)) {
+		cwi_element_set_names(e, it->names);
+		return e;
+	}
+	c = cwi_element_clone(e);
+	if (c == NULL)
+		return e;
+	cwi_element_set_names(c, it->names);
+	cwi_element_release(e);
+	return c;
+}
+
+/* iterator_next, and the element named. */
+static cachew_err
+iterator_next_named(cachew_iterator *it, cachew_element **out,
+    uint64_t timeout_ns)
+{
+	cachew_err rv = iterator_next(it, out, timeout_ns);
+
+	if (rv == CACHEW_OK && *out != NULL && it->names != NULL)
+		*out = name_element(it, *out);
+	return rv;
+}
+
 cachew_err
 cachew_iterator_next(cachew_iterator *it, cachew_element **out)
 {
-	return iterator_next(it, out, UINT64_MAX);
+	return iterator_next_named(it, out, UINT64_MAX);
 }
 
 cachew_err
@@ -842,8 +885,8 @@ cachew_iterator_next_timeout(
 	if (it == NULL || out == NULL)
 		return cwi_fail(CACHEW_EINVAL, "iterator: NULL argument");
 	if (timeout_ms < 0)
-		return iterator_next(it, out, UINT64_MAX);
-	return iterator_next(it, out, (uint64_t)timeout_ms * 1000000u);
+		return iterator_next_named(it, out, UINT64_MAX);
+	return iterator_next_named(it, out, (uint64_t)timeout_ms * 1000000u);
 }
 
 void
@@ -929,6 +972,7 @@ cachew_iterator_destroy(cachew_iterator *it)
 	pthread_mutex_destroy(&it->puller_lock);
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
+	cwi_names_unref(it->names);
 	if (it->release != NULL)
 		it->release(it->release_arg);
 	free(it);

@@ -894,4 +894,5 @@ const cwi_dataset_op cwi_op_map = {
     .saves = "the results computed and not yet returned (a parallel map "
 	"stops its workers to save them), the input index after them, and the "
 	"input",
+    .infer = cwi_infer_map,
 };

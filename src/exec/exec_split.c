@@ -31,6 +31,7 @@ static const struct {
 	const char *why;
 } client_ops[] = {
     {"take", "selects by position in the whole stream"},
+    {"take_while", "ends the whole stream at the first element it rejects"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},

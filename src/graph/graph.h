@@ -16,6 +16,80 @@ typedef struct cachew_dataset cwi_node;
 typedef struct cwi_iter cwi_iter;
 typedef struct cwi_iter_args cwi_iter_args;
 
+/* ---- element specs and cardinality (graph_spec.c) ----------------------- */
+
+/* What every element of a dataset holds, known when the dataset is built
+ * (tf.data's element_spec): per component a dtype, a shape whose unknown
+ * dimensions are -1, and an optional name. A user function's output is
+ * unknown (the registry does not say what it yields): its spec has
+ * known == false and checks downstream of it are skipped, never guessed. */
+#define CWI_RANK_UNKNOWN 0xffu
+
+typedef struct cwi_comp_spec {
+	uint8_t dtype; /* cachew_dtype; CACHEW_INVALID: unknown */
+	uint8_t rank;  /* CWI_RANK_UNKNOWN: unknown */
+	int64_t shape[CACHEW_MAX_RANK]; /* -1: unknown dimension */
+	char *name;    /* NULL: unnamed */
+} cwi_comp_spec;
+
+typedef struct cwi_spec {
+	bool known;        /* false: not even the number of components */
+	uint32_t n;
+	cwi_comp_spec *comp;
+} cwi_spec;
+
+void cwi_spec_free(cwi_spec *s);
+/* A known spec of n components, each of unknown dtype and rank. */
+cachew_err cwi_spec_init(cwi_spec *s, uint32_t n);
+cachew_err cwi_spec_copy(cwi_spec *dst, const cwi_spec *src);
+/* The spec of one element (every dimension known, unnamed). */
+cachew_err cwi_spec_of_element(cwi_spec *s, const cwi_element *e);
+cachew_err cwi_comp_spec_name(cwi_comp_spec *c, const char *name);
+/* The component named `name`, or -1. */
+int cwi_spec_find(const cwi_spec *s, const char *name);
+/* Widens a to hold b's elements too (a dimension on which they differ
+ * becomes -1). Specs of another structure, dtype, rank or names are
+ * refused with CACHEW_ETYPE and a message naming the component and both
+ * specs, prefixed with `what`; with `what` NULL they are not refused but
+ * become unknown (another structure: the whole spec). Unknown parts are
+ * compatible with anything. */
+cachew_err cwi_spec_merge(cwi_spec *a, const cwi_spec *b, const char *what);
+/* "i64[]", "(i64[], bytes[])", "{image: u8[-1,-1,3], label: i64[]}" or
+ * "?" (unknown). */
+void cwi_spec_print(cwi_strbuf *sb, const cwi_spec *s);
+void cwi_comp_spec_print(cwi_strbuf *sb, const cwi_comp_spec *c);
+/* The names of a known spec with at least one named component, for the
+ * elements of its dataset (one reference, cwi_names_unref); NULL when
+ * none is named or the spec is not known, and on ENOMEM. */
+cwi_names *cwi_spec_names(const cwi_spec *s);
+/* "component 1" or "component 'label'", for messages. Returns buf. */
+const char *cwi_comp_spec_label(const cwi_spec *s, uint32_t i, char *buf,
+    size_t len);
+
+/* Cardinality: a count, CACHEW_CARDINALITY_INFINITE or _UNKNOWN. */
+int64_t cwi_card_add(int64_t a, int64_t b);
+int64_t cwi_card_mul(int64_t a, int64_t k);
+void cwi_card_print(cwi_strbuf *sb, int64_t card);
+
+/* Sets node->spec and node->card from its op's infer rule (or the default
+ * one), after its params are bound and validated; refusals are
+ * CACHEW_EINVAL naming the operator. */
+cachew_err cwi_node_infer(cwi_node *node);
+/* Rules operators share: the input's spec and cardinality; the input's
+ * spec with an unknown cardinality. */
+cachew_err cwi_infer_passthrough(cwi_node *node);
+cachew_err cwi_infer_same_spec(cwi_node *node);
+/* map, filter, flat_map and interleave: the function's rule over the
+ * input's spec (unknown without one); map keeps the input's cardinality,
+ * the others do not know theirs. */
+cachew_err cwi_infer_map(cwi_node *node);
+cachew_err cwi_infer_filter(cwi_node *node);
+cachew_err cwi_infer_flat(cwi_node *node);
+/* Bytes scalars of a count not known (the file sources). */
+cachew_err cwi_infer_bytes_scalar(cwi_node *node);
+/* s = one unnamed component of dtype and rank 0. */
+cachew_err cwi_spec_scalar(cwi_spec *s, cachew_dtype dtype);
+
 /* ---- parameter specifications ------------------------------------------ */
 
 typedef enum cwi_ptype {
@@ -98,6 +172,10 @@ typedef struct cwi_dataset_op {
 	 * one sentence for docs/operators.md; NULL for a map alias, which has
 	 * no iterator of its own. */
 	const char *saves;
+	/* Sets node->spec and node->card from the inputs' and the params
+	 * (graph_spec.c), refusing inputs it cannot take. NULL: the input's
+	 * for CWI_OPF_PASSTHROUGH, unknown otherwise. */
+	cachew_err (*infer)(cwi_node *node);
 } cwi_dataset_op;
 
 /* ---- function operators ------------------------------------------------- */
@@ -125,6 +203,12 @@ typedef struct cwi_seq_resume {
 	cachew_err (*seek)(void *seq, uint64_t pos, char *err, size_t errlen);
 } cwi_seq_resume;
 
+/* A built-in map function's typing rule: the spec of its output for an
+ * input spec `in` (node is the map node, for its fn_params), or a refusal
+ * (CACHEW_EINVAL) naming the component it cannot take. */
+typedef cachew_err (*cwi_fn_spec_rule)(
+    const cwi_node *node, const cwi_spec *in, cwi_spec *out);
+
 typedef struct cwi_fn {
 	cachew_op_def def; /* def.name points at name below */
 	char name[64];
@@ -132,6 +216,7 @@ typedef struct cwi_fn {
 	const cwi_plugin *plugin; /* the plugin that registered it, or NULL
 				   * (built in, or registered from C) */
 	const cwi_seq_resume *resume; /* a built-in flat function's, or NULL */
+	cwi_fn_spec_rule spec;        /* a built-in map function's, or NULL */
 } cwi_fn;
 
 /* What identifies a user function (one that is not built in) across
@@ -179,6 +264,8 @@ struct cachew_dataset {
 	 * does not change a seeded shuffle's order or an augmentation. */
 	cachew_fingerprint seed_fp;
 	char *detail; /* "add" for map(add): for stats and explain */
+	cwi_spec spec; /* what its elements hold (graph_spec.c) */
+	int64_t card;  /* elements per epoch, or CACHEW_CARDINALITY_* */
 };
 
 /* Typed accessors of canonical params (values are present and typed after
@@ -220,6 +307,11 @@ typedef struct cwi_fn_resume {
 	const cwi_seq_resume *resume;
 } cwi_fn_resume;
 
+typedef struct cwi_fn_spec {
+	const char *name; /* a built-in function's */
+	cwi_fn_spec_rule rule;
+} cwi_fn_spec;
+
 typedef struct cwi_builtins {
 	/* NULL-terminated tables of dataset operators and of functions */
 	const cwi_dataset_op *const *const *op_tables;
@@ -229,6 +321,9 @@ typedef struct cwi_builtins {
 	/* The built-in functions whose sequences can seek (cwi_fn.resume) */
 	const cwi_fn_resume *resumes;
 	size_t nresumes;
+	/* The built-in functions' typing rules (cwi_fn.spec), ending with
+	 * a NULL name */
+	const cwi_fn_spec *specs;
 } cwi_builtins;
 
 /* Fills the registry with b's tables, once per process (later calls do

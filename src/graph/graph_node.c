@@ -269,6 +269,45 @@ bind_params(cwi_node *node, const cwi_value *pos, const cwi_value *named,
 	return CACHEW_OK;
 }
 
+/* component="image" names the component a built-in function works on:
+ * it becomes the index of the input's component of that name (what the
+ * functions take), so the canonical form and the fingerprint are those of
+ * the index. Only the functions with a typing rule take a component. */
+static cachew_err
+resolve_component(cwi_node *node, cwi_value *fn_params)
+{
+	cwi_value *v = (cwi_value *)cwi_map_get(fn_params, "component");
+	const cwi_spec *in;
+	cwi_strbuf names;
+	cachew_err rv;
+	int i;
+
+	if (v == NULL || v->type != CWI_V_STR || node->fn->spec == NULL ||
+	    node->ninputs == 0)
+		return CACHEW_OK;
+	in = &node->inputs[0]->spec;
+	i = cwi_spec_find(in, v->u.s.ptr);
+	if (i >= 0) {
+		cwi_value_free(v);
+		v->type = CWI_V_INT;
+		v->u.i = i;
+		return CACHEW_OK;
+	}
+	if (!in->known)
+		return cwi_fail(CACHEW_EINVAL, "%s(%s): component '%s': the "
+		    "input's components are not known when building (a "
+		    "function registered from C or a plugin does not say what "
+		    "it yields): give the component's index", node->op->name,
+		    node->fn->name, v->u.s.ptr);
+	cwi_strbuf_init(&names);
+	cwi_spec_print(&names, in);
+	rv = cwi_fail(CACHEW_ENOENT, "%s(%s): no component is named '%s' "
+	    "(the input's elements are %s)", node->op->name, node->fn->name,
+	    v->u.s.ptr, names.data != NULL && !names.oom ? names.data : "?");
+	cwi_strbuf_free(&names);
+	return rv;
+}
+
 static cachew_err
 resolve_fn(cwi_node *node, cwi_value *fn_params)
 {
@@ -290,7 +329,9 @@ resolve_fn(cwi_node *node, cwi_value *fn_params)
 		return cwi_fail(CACHEW_EINVAL,
 		    "%s: function '%s' is a %s function, not a %s function",
 		    op->name, name, kinds[node->fn->def.kind], kinds[want]);
-	rv = cwi_map_set(&node->params.map, "fn_params", fn_params);
+	rv = resolve_component(node, fn_params);
+	if (rv == CACHEW_OK)
+		rv = cwi_map_set(&node->params.map, "fn_params", fn_params);
 	if (rv != CACHEW_OK)
 		return rv;
 	node->fn_params = (cachew_params *)cwi_map_get(
@@ -688,6 +729,7 @@ node_free(cwi_node *node)
 		cachew_dataset_release(node->inputs[i]);
 	free(node->inputs);
 	cwi_value_free(&node->params.map);
+	cwi_spec_free(&node->spec);
 	free(node->detail);
 	free(node);
 }
@@ -791,6 +833,8 @@ cwi_node_build(cwi_node **out, const char *opname, cwi_node *const *inputs,
 	cwi_value_free(&fn_params);
 	if (rv == CACHEW_OK && op->validate != NULL)
 		rv = op->validate(node);
+	if (rv == CACHEW_OK)
+		rv = cwi_node_infer(node);
 	if (rv == CACHEW_OK)
 		rv = fingerprint(node);
 	if (rv != CACHEW_OK) {

@@ -222,6 +222,11 @@ reg_init(void)
 			if (fns[i]->builtin &&
 			    strcmp(fns[i]->name, b->resumes[k].def->name) == 0)
 				fns[i]->resume = b->resumes[k].resume;
+	for (size_t k = 0; b->specs != NULL && b->specs[k].name != NULL; k++)
+		for (size_t i = 0; i < nfns; i++)
+			if (fns[i]->builtin &&
+			    strcmp(fns[i]->name, b->specs[k].name) == 0)
+				fns[i]->spec = b->specs[k].rule;
 }
 
 void

@@ -800,6 +800,27 @@ cwi_example_decode(const cwi_example_spec *s, const cwi_tensor *serialized,
 	return rv;
 }
 
+cachew_err
+cwi_example_spec_out(const cwi_example_spec *s, cwi_spec *out)
+{
+	cachew_err rv = cwi_spec_init(out, (uint32_t)s->n);
+
+	for (size_t i = 0; rv == CACHEW_OK && i < s->n; i++) {
+		const ex_feature *f = &s->f[i];
+		cwi_comp_spec *c = &out->comp[i];
+
+		c->dtype = (uint8_t)f->dtype;
+		if (f->rank >= 0) {
+			c->rank = (uint8_t)f->rank;
+			memcpy(c->shape, f->shape, sizeof(c->shape));
+		}
+		rv = cwi_comp_spec_name(c, f->name);
+	}
+	if (rv != CACHEW_OK)
+		cwi_spec_free(out);
+	return rv;
+}
+
 /* ---- the map function ------------------------------------------------------------------ */
 
 static cachew_err

@@ -372,6 +372,55 @@ padded_batch_create(
 	return batch_create_common(out, node, args, true);
 }
 
+/* tf.data: batch(n) of c elements is ceil(c / n) batches (c / n with
+ * drop_remainder), and its leading dimension is n only with
+ * drop_remainder (the last batch may be smaller). A padded batch's other
+ * dimensions are the batch maximum: known where the input's are (or set
+ * by `shape`), -1 elsewhere. */
+static cachew_err
+batch_infer_common(cwi_node *node, const cwi_pad_spec *pad)
+{
+	const cwi_spec *in = &node->inputs[0]->spec;
+	int64_t n = cwi_node_int(node, "n");
+	bool drop = cwi_node_bool(node, "drop_remainder");
+	int64_t c = node->inputs[0]->card;
+	char label[96];
+	cachew_err rv;
+
+	node->card = c < 0 ? c : drop ? c / n : c / n + (c % n != 0);
+	if (!in->known)
+		return CACHEW_OK;
+	rv = cwi_spec_copy(&node->spec, in);
+	for (uint32_t i = 0; rv == CACHEW_OK && i < in->n; i++) {
+		cwi_comp_spec *s = &node->spec.comp[i];
+		size_t pc = pad == NULL || pad->ncomp == 0 ? SIZE_MAX
+		    : pad->shared			      ? 0
+							      : i;
+		if (s->rank == CWI_RANK_UNKNOWN)
+			continue;
+		if (s->rank == CACHEW_MAX_RANK) {
+			cwi_spec_free(&node->spec);
+			return cwi_fail(CACHEW_ETYPE, "%s: %s already has rank "
+			    "%d, the most a tensor has", node->op->name,
+			    cwi_comp_spec_label(in, i, label, sizeof(label)),
+			    CACHEW_MAX_RANK);
+		}
+		for (unsigned d = 0; pad != NULL && pc < pad->ncomp &&
+		     d < s->rank; d++)
+			s->shape[d] = d < pad->rank[pc] ? pad->shape[pc][d] : -1;
+		memmove(s->shape + 1, s->shape, s->rank * sizeof(s->shape[0]));
+		s->shape[0] = drop ? n : -1;
+		s->rank++;
+	}
+	return rv;
+}
+
+static cachew_err
+batch_infer(cwi_node *node)
+{
+	return batch_infer_common(node, NULL);
+}
+
 static const cwi_param_spec batch_params[] = {
     {.name = "n", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = 1,
 	.max = INT32_MAX, .help = "elements per batch"},
@@ -388,12 +437,14 @@ const cwi_dataset_op cwi_op_batch = {
     .max_inputs = 1,
     .iter_create = batch_create,
     .saves = "the elements of the partial batch, and the input",
+    .infer = batch_infer,
 };
 
 /* Checks the shape parameter when the node is built, so a malformed one is
- * reported by the parser rather than by the first iterator. */
+ * reported by the parser rather than by the first iterator, and gives the
+ * padded spec. */
 static cachew_err
-padded_batch_validate(cwi_node *node)
+padded_batch_infer(cwi_node *node)
 {
 	cwi_pad_spec *spec = malloc(sizeof(*spec));
 	cachew_err rv;
@@ -401,6 +452,8 @@ padded_batch_validate(cwi_node *node)
 	if (spec == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	rv = cwi_pad_spec_init(spec, node);
+	if (rv == CACHEW_OK)
+		rv = batch_infer_common(node, spec);
 	free(spec);
 	return rv;
 }
@@ -425,7 +478,7 @@ const cwi_dataset_op cwi_op_padded_batch = {
     .nparams = sizeof(padded_batch_params) / sizeof(padded_batch_params[0]),
     .min_inputs = 1,
     .max_inputs = 1,
-    .validate = padded_batch_validate,
+    .infer = padded_batch_infer,
     .iter_create = padded_batch_create,
     .saves = "the elements of the partial batch, and the input",
 };

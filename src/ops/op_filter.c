@@ -1,8 +1,10 @@
 /*
  * op_filter.c - filter(fn) keeps the elements a filter function accepts;
  * flat_map(fn) replaces every element by the sequence a flat_map function
- * opens for it. Both count element indices at their input, so a random
- * function sees the same index (and seed) in every run.
+ * opens for it; take_while(fn) yields elements until the first one a
+ * filter function rejects (tf.data's take_while). They count element
+ * indices at their input, so a random function sees the same index (and
+ * seed) in every run.
  */
 #include "ops.h"
 #include "../exec/exec_state.h"
@@ -19,11 +21,13 @@ release_range(cwi_chunk *out, size_t from, size_t to)
 
 /* ---- filter ------------------------------------------------------------- */
 
+/* filter's and take_while's iterator. */
 typedef struct filter_iter {
 	cwi_iter base;
 	cwi_iter *input;
 	cachew_op_ctx ctx;
-	uint64_t index; /* elements seen at the input */
+	uint64_t index; /* elements seen (take_while: accepted) at the input */
+	bool done;      /* take_while: an element was rejected, the end */
 } filter_iter;
 
 static cachew_err
@@ -104,14 +108,15 @@ static const cwi_iter_ops filter_iter_ops = {
 };
 
 static cachew_err
-filter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+filter_iter_create(cwi_iter **out, const cwi_node *node,
+    const cwi_iter_args *args, const cwi_iter_ops *ops)
 {
 	filter_iter *f = calloc(1, sizeof(*f));
 	cachew_err rv;
 
 	if (f == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	f->base.ops = &filter_iter_ops;
+	f->base.ops = ops;
 	cwi_op_ctx_init(&f->ctx, node, args->pl, args->epoch);
 	rv = cwi_iter_create(&f->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {
@@ -120,6 +125,12 @@ filter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	}
 	*out = &f->base;
 	return CACHEW_OK;
+}
+
+static cachew_err
+filter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	return filter_iter_create(out, node, args, &filter_iter_ops);
 }
 
 static const cwi_param_spec filter_params[] = {
@@ -137,6 +148,103 @@ const cwi_dataset_op cwi_op_filter = {
     .flags = CWI_OPF_FN_FILTER,
     .iter_create = filter_create,
     .saves = "the input index (the function's random stream), and the input",
+    .infer = cwi_infer_filter,
+};
+
+/* ---- take_while ---------------------------------------------------------- */
+
+
+/* Tests the pulled elements in order; the first rejected one ends the
+ * stream, and it and those after it are dropped unread (as tf.data, which
+ * reads no further). */
+static cachew_err
+take_while_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	filter_iter *t = (filter_iter *)it;
+	size_t n0 = out->n;
+	cachew_err rv;
+
+	if (t->done)
+		return CACHEW_EOF;
+	rv = cwi_iter_next(t->input, out, max);
+	if (rv != CACHEW_OK)
+		return rv;
+	for (size_t i = n0; i < out->n; i++) {
+		bool keep = false;
+		cwi_op_ctx_at(&t->ctx, t->index);
+		rv = cwi_apply_filter(&t->ctx, it->node, it->pl, out->v[i],
+		    &keep);
+		if (rv != CACHEW_OK || !keep) {
+			release_range(out, i, out->n);
+			out->n = i;
+			if (rv != CACHEW_OK)
+				return rv;
+			t->done = true;
+			return out->n > n0 ? CACHEW_OK : CACHEW_EOF;
+		}
+		t->index++;
+	}
+	return CACHEW_OK;
+}
+
+/* [index, done, input]. */
+static cachew_err
+take_while_save(cwi_iter *it, cwi_state_writer *w)
+{
+	filter_iter *t = (filter_iter *)it;
+
+	cwi_sw_array(w, 3);
+	cwi_sw_uint(w, t->index);
+	cwi_sw_uint(w, t->done);
+	return cwi_iter_save(t->input, w);
+}
+
+static cachew_err
+take_while_restore(cwi_iter *it, cwi_state_reader *r)
+{
+	filter_iter *t = (filter_iter *)it;
+	uint64_t done = 0;
+
+	if (!cwi_sr_array(r, "take_while", 3) ||
+	    !cwi_sr_uint(r, "index", &t->index, UINT64_MAX) ||
+	    !cwi_sr_uint(r, "done", &done, 1))
+		return cwi_sr_error(r);
+	t->done = done != 0;
+	return cwi_iter_restore(t->input, r);
+}
+
+static const cwi_iter_ops take_while_iter_ops = {
+    .next = take_while_next,
+    .destroy = filter_destroy,
+    .save = take_while_save,
+    .restore = take_while_restore,
+};
+
+static cachew_err
+take_while_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	return filter_iter_create(out, node, args, &take_while_iter_ops);
+}
+
+static const cwi_param_spec take_while_params[] = {
+    {.name = "fn", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
+	.help = "the predicate: a filter function"},
+};
+
+const cwi_dataset_op cwi_op_take_while = {
+    .name = "take_while",
+    .doc = "yields elements while a filter function accepts them; the first "
+	   "it rejects ends the stream",
+    .params = take_while_params,
+    .nparams = sizeof(take_while_params) / sizeof(take_while_params[0]),
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .flags = CWI_OPF_FN_FILTER,
+    .iter_create = take_while_create,
+    .saves = "the count of elements accepted, whether one was rejected, "
+	"and the input",
+    .infer = cwi_infer_filter,
 };
 
 /* ---- flat_map ----------------------------------------------------------- */
@@ -308,4 +416,5 @@ const cwi_dataset_op cwi_op_flat_map = {
 	"it yielded and, for a file function, the offset of the next: a "
 	"restore reopens it and seeks there, or reads past them), elements "
 	"pulled ahead, and the input",
+    .infer = cwi_infer_flat,
 };

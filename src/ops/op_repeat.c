@@ -163,6 +163,22 @@ repeat_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	return CACHEW_OK;
 }
 
+/* tf.data: repeat() is infinite, repeat(0) empty, repeat(k) k times the
+ * input's count (an infinite input stays infinite, an unknown one
+ * unknown). */
+static cachew_err
+repeat_infer(cwi_node *node)
+{
+	int64_t count = cwi_node_int(node, "count");
+	int64_t in = node->inputs[0]->card;
+
+	if (count < 0)
+		node->card = in == 0 ? 0 : CACHEW_CARDINALITY_INFINITE;
+	else
+		node->card = cwi_card_mul(in, count);
+	return cwi_spec_copy(&node->spec, &node->inputs[0]->spec);
+}
+
 static const cwi_param_spec repeat_params[] = {
     {.name = "count", .type = CWI_P_INT, .def_int = -1, .min = -1,
 	.max = INT64_MAX, .help = "repetitions; -1 = forever"},
@@ -177,6 +193,7 @@ const cwi_dataset_op cwi_op_repeat = {
     .max_inputs = 1,
     .iter_create = repeat_create,
     .saves = "the repetition (its epoch follows) and the open input's state",
+    .infer = repeat_infer,
 };
 
 /* ---- take and skip ------------------------------------------------------ */
@@ -331,6 +348,38 @@ skip_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	return count_create(out, node, args, &skip_iter_ops);
 }
 
+/* take(n): min(n, input); n elements of an infinite input. */
+static cachew_err
+take_infer(cwi_node *node)
+{
+	int64_t n = cwi_node_int(node, "n");
+	int64_t in = node->inputs[0]->card;
+
+	if (n < 0 || (in >= 0 && in < n))
+		node->card = in;
+	else if (in == CACHEW_CARDINALITY_INFINITE || in >= n)
+		node->card = n;
+	else
+		node->card = CACHEW_CARDINALITY_UNKNOWN;
+	return cwi_spec_copy(&node->spec, &node->inputs[0]->spec);
+}
+
+/* skip(n): max(0, input - n); skip(-1) is empty. */
+static cachew_err
+skip_infer(cwi_node *node)
+{
+	int64_t n = cwi_node_int(node, "n");
+	int64_t in = node->inputs[0]->card;
+
+	if (n < 0)
+		node->card = in == CACHEW_CARDINALITY_INFINITE ? in : 0;
+	else if (in >= 0)
+		node->card = in > n ? in - n : 0;
+	else
+		node->card = in;
+	return cwi_spec_copy(&node->spec, &node->inputs[0]->spec);
+}
+
 static const cwi_param_spec take_params[] = {
     {.name = "n", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = -1,
 	.max = INT64_MAX, .help = "elements to yield; -1 = all"},
@@ -350,6 +399,7 @@ const cwi_dataset_op cwi_op_take = {
     .max_inputs = 1,
     .iter_create = take_create,
     .saves = "the count still to yield, and the input",
+    .infer = take_infer,
 };
 
 const cwi_dataset_op cwi_op_skip = {
@@ -361,6 +411,7 @@ const cwi_dataset_op cwi_op_skip = {
     .max_inputs = 1,
     .iter_create = skip_create,
     .saves = "the count still to drop, and the input",
+    .infer = skip_infer,
 };
 
 /* ---- shard -------------------------------------------------------------- */
@@ -475,6 +526,18 @@ shard_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
+/* The positions index, index + num, ... of the input. */
+static cachew_err
+shard_infer(cwi_node *node)
+{
+	int64_t num = cwi_node_int(node, "num");
+	int64_t index = cwi_node_int(node, "index");
+	int64_t in = node->inputs[0]->card;
+
+	node->card = in < 0 ? in : in / num + (index < in % num ? 1 : 0);
+	return cwi_spec_copy(&node->spec, &node->inputs[0]->spec);
+}
+
 static const cwi_param_spec shard_params[] = {
     {.name = "num", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = 1,
 	.max = INT64_MAX, .help = "number of shards"},
@@ -492,4 +555,5 @@ const cwi_dataset_op cwi_op_shard = {
     .validate = shard_validate,
     .iter_create = shard_create,
     .saves = "the input position, and the input",
+    .infer = shard_infer,
 };

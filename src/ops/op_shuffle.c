@@ -208,4 +208,5 @@ const cwi_dataset_op cwi_op_shuffle = {
     .iter_create = shuffle_create,
     .saves = "the buffer's elements in slot order, its generator's state, "
 	"elements pulled ahead, and the input",
+    .infer = cwi_infer_passthrough,
 };

@@ -235,6 +235,48 @@ unbatch_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	return CACHEW_OK;
 }
 
+/* Drops dimension 0 of every component, which must have one (tf.data
+ * refuses a scalar when building too). c batches of a known size k are
+ * c * k elements. */
+static cachew_err
+unbatch_infer(cwi_node *node)
+{
+	const cwi_spec *in = &node->inputs[0]->spec;
+	int64_t rows = -1, c = node->inputs[0]->card;
+	char label[96];
+	cachew_err rv;
+
+	node->card = c == CACHEW_CARDINALITY_INFINITE || c == 0
+	    ? c : CACHEW_CARDINALITY_UNKNOWN;
+	if (!in->known)
+		return CACHEW_OK;
+	rv = cwi_spec_copy(&node->spec, in);
+	for (uint32_t i = 0; rv == CACHEW_OK && i < in->n; i++) {
+		cwi_comp_spec *s = &node->spec.comp[i];
+		if (s->rank == CWI_RANK_UNKNOWN) {
+			rows = -2;
+			continue;
+		}
+		if (s->rank == 0) {
+			const char *dt = cachew_dtype_name(
+			    (cachew_dtype)in->comp[i].dtype);
+			cwi_spec_free(&node->spec);
+			return cwi_fail(CACHEW_ETYPE, "unbatch: %s is a scalar "
+			    "(%s[]): it has no dimension to split",
+			    cwi_comp_spec_label(in, i, label, sizeof(label)),
+			    dt != NULL ? dt : "?");
+		}
+		if (rows == -1 || (rows >= 0 && rows != s->shape[0]))
+			rows = rows == -1 ? s->shape[0] : -2;
+		s->rank--;
+		memmove(s->shape, s->shape + 1, s->rank * sizeof(s->shape[0]));
+		s->shape[s->rank] = 0;
+	}
+	if (rv == CACHEW_OK && c > 0 && rows >= 0)
+		node->card = cwi_card_mul(c, rows);
+	return rv;
+}
+
 const cwi_dataset_op cwi_op_unbatch = {
     .name = "unbatch",
     .doc = "splits every element along dimension 0 into its rows",
@@ -243,4 +285,5 @@ const cwi_dataset_op cwi_op_unbatch = {
     .iter_create = unbatch_create,
     .saves = "the batch being split and its next row, batches pulled ahead, "
 	"and the input",
+    .infer = unbatch_infer,
 };

@@ -252,6 +252,80 @@ zip_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
+/* Appends src's components to dst (known). */
+static cachew_err
+spec_append(cwi_spec *dst, const cwi_spec *src)
+{
+	cwi_comp_spec *comp;
+
+	if (src->n == 0)
+		return CACHEW_OK;
+	comp = realloc(dst->comp, (dst->n + src->n) * sizeof(*comp));
+	if (comp == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	dst->comp = comp;
+	for (uint32_t i = 0; i < src->n; i++) {
+		comp[dst->n] = src->comp[i];
+		comp[dst->n].name = NULL;
+		dst->n++;
+		if (cwi_comp_spec_name(&comp[dst->n - 1], src->comp[i].name) !=
+		    CACHEW_OK)
+			return CACHEW_ENOMEM;
+	}
+	return CACHEW_OK;
+}
+
+/* The inputs' components side by side, as many elements as the shortest
+ * input has (tf.data: the least known count; any unknown input makes it
+ * unknown; infinite inputs do not bound it). Two inputs naming a
+ * component alike would make the name ambiguous: refused. */
+static cachew_err
+zip_infer(cwi_node *node)
+{
+	int64_t card = CACHEW_CARDINALITY_INFINITE;
+	cachew_err rv = CACHEW_OK;
+	bool known = true;
+	uint32_t total = 0;
+
+	for (size_t k = 0; k < node->ninputs; k++) {
+		int64_t c = node->inputs[k]->card;
+		if (c == CACHEW_CARDINALITY_UNKNOWN)
+			card = c;
+		else if (c >= 0 && card != CACHEW_CARDINALITY_UNKNOWN &&
+		    (card < 0 || c < card))
+			card = c;
+		known = known && node->inputs[k]->spec.known;
+		total += node->inputs[k]->spec.n;
+	}
+	node->card = card;
+	if (!known)
+		return CACHEW_OK;
+	if (total > CACHEW_MAX_COMPONENTS)
+		return cwi_fail(CACHEW_ETYPE, "zip: the inputs have %u "
+		    "components together, more than an element's %d", total,
+		    CACHEW_MAX_COMPONENTS);
+	rv = cwi_spec_init(&node->spec, 0);
+	for (size_t k = 0; rv == CACHEW_OK && k < node->ninputs; k++) {
+		const cwi_spec *in = &node->inputs[k]->spec;
+		for (uint32_t i = 0; i < in->n; i++) {
+			int prev = in->comp[i].name != NULL
+			    ? cwi_spec_find(&node->spec, in->comp[i].name)
+			    : -1;
+			if (prev >= 0) {
+				cwi_spec_free(&node->spec);
+				return cwi_fail(CACHEW_ETYPE, "zip: input %zu "
+				    "names a component '%s' as an earlier "
+				    "input does: names must be unique", k,
+				    in->comp[i].name);
+			}
+		}
+		rv = spec_append(&node->spec, in);
+	}
+	if (rv != CACHEW_OK)
+		cwi_spec_free(&node->spec);
+	return rv;
+}
+
 const cwi_dataset_op cwi_op_zip = {
     .name = "zip",
     .doc = "joins the components of the inputs' elements, one element "
@@ -262,6 +336,7 @@ const cwi_dataset_op cwi_op_zip = {
     .iter_create = zip_create,
     .saves = "the elements each input yielded ahead of the others, and the "
 	"inputs",
+    .infer = zip_infer,
 };
 
 /* ---- concatenate -------------------------------------------------------- */
@@ -431,6 +506,24 @@ concat_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	return CACHEW_OK;
 }
 
+/* tf.data refuses to concatenate datasets of incompatible structure when
+ * building; dimensions on which the inputs differ become -1. */
+static cachew_err
+concat_infer(cwi_node *node)
+{
+	cachew_err rv;
+
+	node->card = cwi_card_add(node->inputs[0]->card, node->inputs[1]->card);
+	rv = cwi_spec_copy(&node->spec, &node->inputs[0]->spec);
+	if (rv == CACHEW_OK)
+		rv = cwi_spec_merge(&node->spec, &node->inputs[1]->spec,
+		    "concatenate: the second input's elements differ from "
+		    "the first's");
+	if (rv != CACHEW_OK)
+		cwi_spec_free(&node->spec);
+	return rv;
+}
+
 const cwi_dataset_op cwi_op_concatenate = {
     .name = "concatenate",
     .doc = "yields the first input's elements, then the second's (same "
@@ -440,6 +533,7 @@ const cwi_dataset_op cwi_op_concatenate = {
     .iter_create = concat_create,
     .saves = "which input is current, the first input's element type, and "
 	"the inputs",
+    .infer = concat_infer,
 };
 
 /* ---- enumerate ---------------------------------------------------------- */
@@ -560,6 +654,27 @@ static const cwi_param_spec enumerate_params[] = {
 	.help = "the first counter value"},
 };
 
+/* An unnamed i64 scalar, then the input's components. */
+static cachew_err
+enumerate_infer(cwi_node *node)
+{
+	const cwi_spec *in = &node->inputs[0]->spec;
+	cachew_err rv;
+
+	node->card = node->inputs[0]->card;
+	if (!in->known)
+		return CACHEW_OK;
+	if (in->n >= CACHEW_MAX_COMPONENTS)
+		return cwi_fail(CACHEW_ETYPE, "enumerate: the elements already "
+		    "have %u components", in->n);
+	rv = cwi_spec_scalar(&node->spec, CACHEW_I64);
+	if (rv == CACHEW_OK)
+		rv = spec_append(&node->spec, in);
+	if (rv != CACHEW_OK)
+		cwi_spec_free(&node->spec);
+	return rv;
+}
+
 const cwi_dataset_op cwi_op_enumerate = {
     .name = "enumerate",
     .doc = "prepends an i64 counter component to every element",
@@ -569,4 +684,5 @@ const cwi_dataset_op cwi_op_enumerate = {
     .max_inputs = 1,
     .iter_create = enumerate_create,
     .saves = "the next counter value, and the input",
+    .infer = enumerate_infer,
 };

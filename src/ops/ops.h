@@ -11,6 +11,7 @@ extern const cwi_dataset_op cwi_op_padded_batch;  /* op_batch.c */
 extern const cwi_dataset_op cwi_op_unbatch;       /* op_unbatch.c */
 extern const cwi_dataset_op cwi_op_filter;        /* op_filter.c */
 extern const cwi_dataset_op cwi_op_flat_map;      /* op_filter.c */
+extern const cwi_dataset_op cwi_op_take_while;    /* op_filter.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */
@@ -109,6 +110,9 @@ cachew_err cwi_example_spec_create(const cachew_params *params,
     cwi_example_spec **out, char *err, size_t errlen);
 void cwi_example_spec_destroy(cwi_example_spec *s);
 size_t cwi_example_spec_size(const cwi_example_spec *s);
+/* The element spec parse_example yields: one component per param, in name
+ * order, named after it (fn_spec.c's rule). */
+cachew_err cwi_example_spec_out(const cwi_example_spec *s, cwi_spec *out);
 
 /* Decodes the serialized Example in the bytes scalar `serialized` into
  * out[0 .. spec size) (overwritten without being released). Single values

@@ -9,6 +9,7 @@ const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_unbatch,
     &cwi_op_filter,
     &cwi_op_flat_map,
+    &cwi_op_take_while,
     &cwi_op_shuffle,
     &cwi_op_repeat,
     &cwi_op_take,

@@ -142,6 +142,15 @@ cachew_dataset_range(
 }
 
 cachew_err
+cachew_dataset_counter(cachew_dataset **out, int64_t start, int64_t step)
+{
+	BEGIN;
+	kv_int(&b, "start", start);
+	kv_int(&b, "step", step);
+	return kv_build(&b, out, "counter", NULL, 0);
+}
+
+cachew_err
 cachew_dataset_from_tensors(cachew_dataset **out, const char *values)
 {
 	BEGIN;
@@ -211,6 +220,15 @@ cachew_dataset_filter(cachew_dataset **out, cachew_dataset *in,
 	BEGIN;
 	kv_fn(&b, fn, fn_params);
 	return kv_build(&b, out, "filter", &in, 1);
+}
+
+cachew_err
+cachew_dataset_take_while(cachew_dataset **out, cachew_dataset *in,
+    const char *fn, const cachew_params *fn_params)
+{
+	BEGIN;
+	kv_fn(&b, fn, fn_params);
+	return kv_build(&b, out, "take_while", &in, 1);
 }
 
 cachew_err

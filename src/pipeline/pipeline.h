@@ -36,5 +36,6 @@ extern const cwi_dataset_op *const cwi_exec_ops[];      /* src/exec */
 extern const cwi_dataset_op *const cwi_cache_ops[];     /* src/cache */
 extern const cachew_op_def *const cwi_builtin_fns[];    /* src/ops */
 extern const cachew_op_def *const cwi_source_fns[];     /* src/sources */
+extern const cwi_fn_spec cwi_builtin_fn_specs[];        /* src/ops */
 
 #endif /* CWI_PIPELINE_H */

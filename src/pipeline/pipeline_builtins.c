@@ -23,6 +23,7 @@ static const cwi_builtins builtins = {
     .nfn_tables = sizeof(fn_tables) / sizeof(fn_tables[0]),
     .resumes = resumes,
     .nresumes = sizeof(resumes) / sizeof(resumes[0]),
+    .specs = cwi_builtin_fn_specs,
 };
 
 void

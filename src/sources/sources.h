@@ -9,6 +9,7 @@
 #include "../exec/exec.h"
 
 extern const cwi_dataset_op cwi_op_range;
+extern const cwi_dataset_op cwi_op_counter;
 extern const cwi_dataset_op cwi_op_from_tensors;
 extern const cwi_dataset_op cwi_op_from_list;
 extern const cwi_dataset_op cwi_op_list_files;

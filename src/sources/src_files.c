@@ -215,6 +215,7 @@ const cwi_dataset_op cwi_op_list_files = {
     .split_units = cwi_split_units_files,
     .saves = "the index of the next path; the epoch's order follows from "
 	"the seed again",
+    .infer = cwi_infer_bytes_scalar,
 };
 
 /* ---- read_file -------------------------------------------------------------- */

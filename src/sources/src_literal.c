@@ -10,7 +10,10 @@
  *   and numbers do not mix. An empty list is i64 of shape [0] ([[], []]
  *   is i64 [2, 0]).
  *   A tuple at the top of an element gives one component per item; a
- *   tuple inside a component is read as a list.
+ *   tuple inside a component is read as a list. A map at the top
+ *   ({image=[...], label=3}) gives one named component per key, in key
+ *   order (as tf.data flattens a dict); a map inside a component is an
+ *   error.
  * Errors are CACHEW_EINVAL naming the sub-value ("values[1][0]"), found
  * when the pipeline is built (validate), so iteration only converts.
  * Split unit i is item i (from_tensors has one unit: its one element).
@@ -247,19 +250,23 @@ lit_tensor(const cwi_value *v, const char *path, cwi_tensor *out)
 cachew_err
 cwi_literal_element(const cwi_value *v, const char *path, cwi_element **out)
 {
-	size_t n = v->type == CWI_V_LIST && v->tuple ? v->u.list.n : 1;
+	bool map = v->type == CWI_V_MAP;
+	size_t n = v->type == CWI_V_LIST && v->tuple ? v->u.list.n
+	    : map				     ? v->u.map.n
+						     : 1;
 	char sub[PATH_MAX_LEN];
 	cwi_element *e;
 	cachew_err rv;
 
 	if (n == 0)
 		return cwi_fail(CACHEW_EINVAL,
-		    "%s is an empty tuple: an element needs a component", path);
+		    "%s is an empty %s: an element needs a component", path,
+		    map ? "map" : "tuple");
 	if (n > CACHEW_MAX_COMPONENTS)
 		return cwi_fail(CACHEW_EINVAL,
-		    "%s is a tuple of %zu items: an element has at most %d "
+		    "%s is a %s of %zu items: an element has at most %d "
 		    "components",
-		    path, n, CACHEW_MAX_COMPONENTS);
+		    path, map ? "map" : "tuple", n, CACHEW_MAX_COMPONENTS);
 	e = cwi_element_new((uint32_t)n);
 	if (e == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -267,6 +274,10 @@ cwi_literal_element(const cwi_value *v, const char *path, cwi_element **out)
 		if (v->type == CWI_V_LIST && v->tuple) {
 			path_item(sub, path, i);
 			rv = lit_tensor(&v->u.list.items[i], sub, &e->comp[i]);
+		} else if (map) {
+			snprintf(sub, sizeof(sub), "%s.%s", path,
+			    v->u.map.items[i].key);
+			rv = lit_tensor(&v->u.map.items[i].val, sub, &e->comp[i]);
 		} else {
 			rv = lit_tensor(v, path, &e->comp[i]);
 		}
@@ -420,10 +431,12 @@ literal_split_units(const cwi_node *node, uint64_t *units)
 	return CACHEW_OK;
 }
 
-/* Converts once when the pipeline is built so that a ragged or mixed
- * literal is a build error naming the bad value. */
+/* Converts once when the pipeline is built, so that a ragged or mixed
+ * literal is a build error naming the bad value, and gives the element's
+ * spec (named after the keys of a map). */
 static cachew_err
-literal_try(const cwi_node *node, const cwi_value *v, const char *path)
+literal_try(const cwi_node *node, const cwi_value *v, const char *path,
+    cwi_spec *spec)
 {
 	cwi_element *e = NULL;
 	char msg[512];
@@ -433,30 +446,45 @@ literal_try(const cwi_node *node, const cwi_value *v, const char *path)
 		snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
 		return cwi_fail(rv, "%s: %s", node->op->name, msg);
 	}
+	rv = cwi_spec_of_element(spec, e);
 	cwi_element_release(e);
-	return CACHEW_OK;
+	for (size_t i = 0; rv == CACHEW_OK && v->type == CWI_V_MAP &&
+	     i < v->u.map.n; i++)
+		rv = cwi_comp_spec_name(&spec->comp[i], v->u.map.items[i].key);
+	return rv;
 }
 
 static cachew_err
-from_tensors_validate(cwi_node *node)
+from_tensors_infer(cwi_node *node)
 {
-	return literal_try(node, cwi_node_value(node, "values"), "values");
+	node->card = 1;
+	return literal_try(node, cwi_node_value(node, "values"), "values",
+	    &node->spec);
 }
 
+/* The items' specs widened to hold them all: what differs between items
+ * (a dimension, a dtype, a rank, the structure) becomes unknown. Items may
+ * differ (from_list([1, 2.5]) yields an i64 then an f64), which tf.data's
+ * from_tensor_slices, one tensor sliced, cannot express. */
 static cachew_err
-from_list_validate(cwi_node *node)
+from_list_infer(cwi_node *node)
 {
 	const cwi_value *v = cwi_node_value(node, "values");
 	char path[PATH_MAX_LEN];
-	cachew_err rv;
+	cwi_spec item = {0};
+	cachew_err rv = CACHEW_OK;
 
-	for (size_t i = 0; i < v->u.list.n; i++) {
+	node->card = (int64_t)v->u.list.n;
+	for (size_t i = 0; rv == CACHEW_OK && i < v->u.list.n; i++) {
 		path_item(path, "values", i);
-		rv = literal_try(node, &v->u.list.items[i], path);
-		if (rv != CACHEW_OK)
-			return rv;
+		rv = literal_try(node, &v->u.list.items[i], path,
+		    i == 0 ? &node->spec : &item);
+		if (rv != CACHEW_OK || i == 0)
+			continue;
+		rv = cwi_spec_merge(&node->spec, &item, NULL);
+		cwi_spec_free(&item);
 	}
-	return CACHEW_OK;
+	return rv;
 }
 
 static const cwi_param_spec from_tensors_params[] = {
@@ -466,13 +494,13 @@ static const cwi_param_spec from_tensors_params[] = {
 
 const cwi_dataset_op cwi_op_from_tensors = {
     .name = "from_tensors",
-    .doc = "one element from a literal (a tuple gives several components)",
+    .doc = "one element from a literal (a tuple gives several components, a map named ones)",
     .params = from_tensors_params,
     .nparams = 1,
     .min_inputs = 0,
     .max_inputs = 0,
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
-    .validate = from_tensors_validate,
+    .infer = from_tensors_infer,
     .iter_create = literal_create,
     .split_units = literal_split_units,
     .saves = "whether the element was yielded (and a lease's unit cursor)",
@@ -491,7 +519,7 @@ const cwi_dataset_op cwi_op_from_list = {
     .min_inputs = 0,
     .max_inputs = 0,
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE,
-    .validate = from_list_validate,
+    .infer = from_list_infer,
     .iter_create = literal_create,
     .split_units = literal_split_units,
     .saves = "the index of the next item (and a lease's unit cursor)",

@@ -181,6 +181,17 @@ range_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
+/* tf.data: range(42).cardinality() == 42, range(5, 1) is empty. */
+static cachew_err
+range_infer(cwi_node *node)
+{
+	uint64_t n = range_count(cwi_node_int(node, "start"),
+	    cwi_node_int(node, "stop"), cwi_node_int(node, "step"));
+
+	node->card = n <= INT64_MAX ? (int64_t)n : CACHEW_CARDINALITY_UNKNOWN;
+	return cwi_spec_scalar(&node->spec, CACHEW_I64);
+}
+
 static const cwi_param_spec range_params[] = {
     {.name = "start", .type = CWI_P_INT, .def_int = 0,
 	.help = "first value"},
@@ -207,4 +218,104 @@ const cwi_dataset_op cwi_op_range = {
     .iter_create = range_create,
     .split_units = range_split_units,
     .saves = "the next value (and a lease's unit cursor)",
+    .infer = range_infer,
+};
+
+/* ---- counter ------------------------------------------------------------------ */
+
+/* tf.data's Counter: start, start + step, ... without end. The values wrap
+ * modulo 2^64 as int64 arithmetic in TensorFlow does; step 0 repeats
+ * start. Not splittable: an endless input has no units to count, so the
+ * service runs it whole (as repeat()). */
+typedef struct counter_iter {
+	cwi_iter base;
+	int64_t next, step;
+} counter_iter;
+
+static cachew_err
+counter_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	counter_iter *c = (counter_iter *)it;
+
+	for (size_t got = 0; got < max; got++) {
+		cwi_element *e = cwi_element_new(1);
+		if (e == NULL)
+			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "counter: out of memory");
+		cwi_tensor_init_i64(&e->comp[0], c->next);
+		cwi_chunk_push(out, e);
+		c->next = (int64_t)((uint64_t)c->next + (uint64_t)c->step);
+	}
+	return CACHEW_OK;
+}
+
+/* [next value]. */
+static cachew_err
+counter_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cwi_sw_array(w, 1);
+	cwi_sw_int(w, ((counter_iter *)it)->next);
+	return CACHEW_OK;
+}
+
+static cachew_err
+counter_restore(cwi_iter *it, cwi_state_reader *rd)
+{
+	counter_iter *c = (counter_iter *)it;
+
+	if (!cwi_sr_array(rd, "counter", 1) ||
+	    !cwi_sr_int(rd, "next", &c->next, INT64_MIN, INT64_MAX))
+		return cwi_sr_error(rd);
+	return CACHEW_OK;
+}
+
+static const cwi_iter_ops counter_iter_ops = {
+    .next = counter_next,
+    .destroy = range_destroy,
+    .save = counter_save,
+    .restore = counter_restore,
+};
+
+static cachew_err
+counter_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	counter_iter *c = calloc(1, sizeof(*c));
+
+	(void)args;
+	if (c == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	c->base.ops = &counter_iter_ops;
+	c->next = cwi_node_int(node, "start");
+	c->step = cwi_node_int(node, "step");
+	*out = &c->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+counter_infer(cwi_node *node)
+{
+	node->card = CACHEW_CARDINALITY_INFINITE;
+	return cwi_spec_scalar(&node->spec, CACHEW_I64);
+}
+
+static const cwi_param_spec counter_params[] = {
+    {.name = "start", .type = CWI_P_INT, .def_int = 0,
+	.help = "first value"},
+    {.name = "step", .type = CWI_P_INT, .def_int = 1,
+	.help = "increment (0 repeats start; values wrap modulo 2^64)"},
+};
+
+const cwi_dataset_op cwi_op_counter = {
+    .name = "counter",
+    .doc = "i64 scalars start, start+step, ... without end (tf.data's "
+	   "Counter)",
+    .params = counter_params,
+    .nparams = sizeof(counter_params) / sizeof(counter_params[0]),
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE,
+    .iter_create = counter_create,
+    .saves = "the next value",
+    .infer = counter_infer,
 };

@@ -248,6 +248,7 @@ const cwi_dataset_op cwi_op_text_lines = {
     .split_units = cwi_split_units_files,
     .saves = "the file, the lines read of it and the byte offset of the "
 	"next one: a restore reopens the file there",
+    .infer = cwi_infer_bytes_scalar,
 };
 
 static const cwi_param_spec fixed_params[] = {
@@ -276,6 +277,7 @@ const cwi_dataset_op cwi_op_fixed_length_records = {
     .split_units = cwi_split_units_files,
     .saves = "the file, the records read of it and the byte offset of the "
 	"next one: a restore reopens the file there",
+    .infer = cwi_infer_bytes_scalar,
 };
 
 /* ---- the functions: one file per input element ------------------------------ */

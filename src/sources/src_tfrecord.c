@@ -1120,6 +1120,7 @@ const cwi_dataset_op cwi_op_tfrecord = {
     .saves = "the file, the records read of it and the offset of the next "
 	"one: a restore reopens an uncompressed file there (gzip: reads past "
 	"them)",
+    .infer = cwi_infer_bytes_scalar,
 };
 
 /* ---- the function: one file per input element -------------------------------------- */

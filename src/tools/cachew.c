@@ -889,6 +889,20 @@ print_params(cwi_strbuf *sb, const cachew_dataset *ds)
 	}
 }
 
+/* The node's element spec and cardinality: "  spec=i64[] card=42". */
+static void
+explain_spec(const cachew_dataset *ds)
+{
+	cwi_strbuf sb;
+
+	cwi_strbuf_init(&sb);
+	cwi_spec_print(&sb, &ds->spec);
+	cwi_strbuf_puts(&sb, " card=");
+	cwi_card_print(&sb, ds->card);
+	printf("  spec=%s", sb.data != NULL && !sb.oom ? sb.data : "?");
+	cwi_strbuf_free(&sb);
+}
+
 /* One line per node, root first, inputs indented below their consumer. */
 static void
 explain_node(const cachew_dataset *ds, int depth)
@@ -906,6 +920,7 @@ explain_node(const cachew_dataset *ds, int depth)
 		printf(" [%s]", ds->detail);
 	printf("(%s)  fp=%s", sb.data != NULL && !sb.oom ? sb.data : "",
 	    hex);
+	explain_spec(ds);
 	/* The plugin build the function came from: part of the fp. */
 	if (ds->fn != NULL && ds->fn->plugin != NULL)
 		printf("  plugin=%s version=%s build=%s", ds->fn->plugin->name,

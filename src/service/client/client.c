@@ -1703,8 +1703,10 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
 		*ctxp = ctx;
 	rv = cwi_iterator_create_owned(out, ctx->client_graph, opts,
 	    ctx->seed, ctx_free, ctx);
-	if (rv == CACHEW_OK)
+	if (rv == CACHEW_OK) {
 		cwi_iterator_set_part_stats(*out, cwi_client_part_stats);
+		cwi_iterator_set_names(*out, ds);
+	}
 	return rv;
 fail:
 	ctx_free(ctx);
