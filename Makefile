@@ -12,12 +12,14 @@ CC      ?= cc
 VERSION := $(shell sed -n 's/^\#define CACHEW_VERSION_STRING "\(.*\)"/\1/p' include/cachew.h)
 SOMAJOR := 0
 
-PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg
+PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg jansson expat
 # mbedTLS: the library under nng's TLS, also used directly to check TLS
 # credentials and name refused handshakes (transports/nng/nng_tls.c).
 # OpenSSL: the TLS engine cachew registers with nng instead of mbedTLS's
 # (transports/nng/nng_tls_ossl.c: 30x faster record encryption).
-DEP_LIBS := -lnng -lmbedtls -lmbedx509 -lmbedcrypto -lssl -lcrypto -lzstd -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
+# jansson and expat: the JSON and XML parsers of outside replies (GCS and
+# S3 listings, the Kubernetes API server).
+DEP_LIBS := -lnng -lmbedtls -lmbedx509 -lmbedcrypto -lssl -lcrypto -lzstd -lxxhash -lcurl -ljansson -lexpat -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
 
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion
