@@ -1,11 +1,12 @@
 # cachew - GNU make build. `make` builds the libraries and programs,
 # `make test` runs the Check suites, `make demo` the main job.
-# Variables: PREFIX (/usr/local), DESTDIR, CC, CFLAGS, WERROR=1 (CI).
+# Variables: PREFIX (/usr/local), DESTDIR, MANDIR, CC, CFLAGS, WERROR=1 (CI).
 
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 BINDIR  ?= $(PREFIX)/bin
+MANDIR  ?= $(PREFIX)/share/man
 BUILD   ?= build
 CC      ?= cc
 
@@ -238,11 +239,17 @@ install: lib $(BUILD)/cachew $(BUILD)/cachewd
 		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' \
 		> $(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc
 	install -m 755 $(BUILD)/cachew $(BUILD)/cachewd $(DESTDIR)$(BINDIR)/
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 \
+		$(DESTDIR)$(MANDIR)/man8
+	install -m 644 man/cachew.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 man/cachew.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/cachewd.8 $(DESTDIR)$(MANDIR)/man8/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcachew.* $(DESTDIR)$(INCDIR)/cachew.h \
 		$(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc $(DESTDIR)$(BINDIR)/cachew \
-		$(DESTDIR)$(BINDIR)/cachewd
+		$(DESTDIR)$(BINDIR)/cachewd $(DESTDIR)$(MANDIR)/man1/cachew.1 \
+		$(DESTDIR)$(MANDIR)/man3/cachew.3 $(DESTDIR)$(MANDIR)/man8/cachewd.8
 
 clean:
 	rm -rf build

@@ -10,6 +10,8 @@
 #     without it the sim suite's PNG test skips with a printed reason.
 #   - promtool (Debian's prometheus package), with which the cluster suite
 #     checks the daemons' /metrics: without it that check skips.
+#   - man and groff (man-db, which brings groff-base), with which the cli
+#     suite renders the man pages (man/): without them that check skips.
 # The tests find it at $CACHEW_NPM_DIR/node_modules/.bin/s3rver.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +34,16 @@ elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 		echo "test-deps: prometheus unavailable: the /metrics format check will skip"
 else
 	echo "test-deps: promtool not found: the /metrics format check will skip (as root: apt-get install -y prometheus)"
+fi
+if command -v man >/dev/null 2>&1 && command -v groff >/dev/null 2>&1; then
+	echo "test-deps: man and groff present ($(command -v man))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	echo "test-deps: installing man and groff (apt-get install -y man-db groff-base)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends man-db groff-base >/dev/null 2>&1 ||
+		echo "test-deps: man-db unavailable: the man page check will skip"
+else
+	echo "test-deps: man or groff not found: the man page check will skip (as root: apt-get install -y man-db groff-base)"
 fi
 if ! command -v openssl >/dev/null 2>&1; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
