@@ -2836,7 +2836,9 @@ top_title(const char *pane)
  * shows the dispatcher's running job (its name, rate, workers wanted and
  * granted) and its worker (address, CPU, tasks), redraws in place (the
  * clock moves, one title on the screen), and `q` quits with status 0,
- * giving the shell its screen back (the alternate screen is left). */
+ * giving the shell its screen back (the alternate screen is left).
+ * Without a terminal, --once prints one plain frame and the live view
+ * exits 2. */
 START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
 {
 	cwt_cluster c;
@@ -2903,6 +2905,29 @@ START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
 	cmd = cwt_fmt("tmux -S %s kill-server", sock);
 	ck_assert_int_eq(system(cmd), 0);
 	free(cmd);
+	/* Without a terminal: --once prints one plain frame (no escape
+	 * sequence); the live view refuses, naming --once. */
+	cmd = cwt_fmt("%s/cachew top %s --once > %s/once.txt 2>&1",
+	    cwt_build_dir(), c.dispatcher.url, c.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	free(cmd);
+	cmd = cwt_fmt("%s/once.txt", c.dir);
+	pane = cwt_slurp(cmd);
+	free(cmd);
+	ck_assert_msg(strstr(pane, "top-job") != NULL &&
+	    strstr(pane, "WORKERS 1") != NULL && strchr(pane, '\033') == NULL,
+	    "%s", pane);
+	free(pane);
+	cmd = cwt_fmt("%s/cachew top %s > %s/tty.txt 2>&1", cwt_build_dir(),
+	    c.dispatcher.url, c.dir);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	free(cmd);
+	cmd = cwt_fmt("%s/tty.txt", c.dir);
+	pane = cwt_slurp(cmd);
+	free(cmd);
+	ck_assert_msg(strstr(pane, "not a terminal (--once") != NULL, "%s",
+	    pane);
+	free(pane);
 	cwt_stop_pid(reader);
 	free(first);
 	free(later);
