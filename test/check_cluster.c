@@ -2864,8 +2864,8 @@ START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
 	    sock, cwt_build_dir(), c.dispatcher.url);
 	ck_assert_int_eq(system(cmd), 0);
 	free(cmd);
-	static const char *const live[] = {"JOBS 1", "top-job", "WORKERS 1",
-	    " live"};
+	static const char *const live[] = {"JOBS 1", "top-job", "WAIT%",
+	    "WORKERS 1", " live"};
 	pane = tmux_await(sock, live, sizeof(live) / sizeof(live[0]));
 	for (size_t k = 0; k < sizeof(live) / sizeof(live[0]); k++)
 		ck_assert_msg(strstr(pane, live[k]) != NULL, "no '%s' in:\n%s",

@@ -91,10 +91,11 @@ print_text(const cwi_msg_status_reply *s)
 		printf("         splits %" PRIu64 " acked / %" PRIu64 " leased / %"
 		       PRIu64 " pending of %" PRIu64 "; %" PRIu64 " elements (%"
 		       PRIu64 " bytes) received, %.0f elements/s, "
-		       "%.1f MB/s%s%s\n",
+		       "%.1f MB/s, clients wait %.0f%%%s%s\n",
 		    j->splits_acked, j->splits_leased, j->splits_pending,
 		    j->splits_total, j->elements, j->bytes, j->elements_per_s,
-		    j->bytes_per_s / 1e6, j->data_done ? ", data done" : "",
+		    j->bytes_per_s / 1e6, j->client_wait * 100,
+		    j->data_done ? ", data done" : "",
 		    j->finished ? ", finished" : "");
 		if (j->scale_policy != NULL)
 			printf("         policy %s (weight %g): wants %u, granted "
@@ -177,13 +178,14 @@ print_json(const cwi_msg_status_reply *s)
 		       ",\"splits_pending\":%" PRIu64 ",\"splits_leased\":%" PRIu64
 		       ",\"splits_acked\":%" PRIu64 ",\"elements\":%" PRIu64
 		       ",\"bytes\":%" PRIu64 ",\"elements_per_s\":%.3f,"
-		       "\"bytes_per_s\":%.3f,\"data_done\":%s,\"finished\":%s",
+		       "\"bytes_per_s\":%.3f,\"client_wait\":%.3f,"
+		       "\"data_done\":%s,\"finished\":%s",
 		    i > 0 ? "," : "", j->job_id, j->name != NULL ? j->name : "",
 		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
 		    j->clients, j->tasks, j->target_workers, j->splits_total,
 		    j->splits_pending, j->splits_leased, j->splits_acked,
 		    j->elements, j->bytes, j->elements_per_s, j->bytes_per_s,
-		    j->data_done ? "true" : "false",
+		    j->client_wait, j->data_done ? "true" : "false",
 		    j->finished ? "true" : "false");
 		if (j->scale_policy != NULL) {
 			printf(",\"scale_policy\":");

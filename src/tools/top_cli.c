@@ -2,8 +2,9 @@
  * top_cli.c - `cachew top URL`: a live view of a dispatcher, redrawn in
  * place every interval from the same STATUS request as `cachew status`
  * (status_target.h): per job its rate, workers wanted and granted and
- * why, cache mode, client batch time and split progress; per worker its
- * CPU and tasks. `q` quits.
+ * why, cache mode, the share of time its clients wait for data, their
+ * batch time and split progress; per worker its CPU and tasks. `q`
+ * quits.
  *
  * The terminal: the alternate screen (the shell's screen comes back
  * untouched), the cursor hidden, stdin in non-canonical mode without echo
@@ -152,9 +153,9 @@ static void
 frame_jobs(top_frame *f, bool ansi, const cwi_msg_status_reply *s)
 {
 	frame_line(f, ansi, "JOBS %zu", s->njobs);
-	frame_line(f, ansi, "  %-6s %-16s %-17s %7s %10s %8s %12s %-8s %8s "
-	    "%s", "ID", "NAME", "MODE", "CLIENTS", "ELEM/S", "MB/S",
-	    "WORKERS w/g", "CACHE", "BATCH ms", "SPLITS acked/total");
+	frame_line(f, ansi, "  %-6s %-16s %-17s %7s %10s %8s %12s %-8s %5s "
+	    "%8s %s", "ID", "NAME", "MODE", "CLIENTS", "ELEM/S", "MB/S",
+	    "WORKERS w/g", "CACHE", "WAIT%", "BATCH ms", "SPLITS acked/total");
 	for (size_t i = 0; i < s->njobs; i++) {
 		const cwi_job_status *j = &s->jobs[i];
 		char workers[32];
@@ -165,12 +166,13 @@ frame_jobs(top_frame *f, bool ansi, const cwi_msg_status_reply *s)
 		else
 			snprintf(workers, sizeof(workers), "%u", j->tasks);
 		frame_line(f, ansi, "  %-6" PRIu64 " %-16.16s %-17s %7u %10.0f "
-		    "%8.1f %12s %-8s %8.2f %" PRIu64 "/%" PRIu64 "%s",
+		    "%8.1f %12s %-8s %5.0f %8.2f %" PRIu64 "/%" PRIu64 "%s",
 		    j->job_id, j->name != NULL ? j->name : "(private)",
 		    cwi_processing_mode_name(j->processing_mode), j->clients,
 		    j->elements_per_s, j->bytes_per_s / 1e6, workers,
 		    j->cache_mode != NULL ? j->cache_mode : "-",
-		    (double)j->batch_time_ns / 1e6, j->splits_acked,
+		    j->client_wait * 100, (double)j->batch_time_ns / 1e6,
+		    j->splits_acked,
 		    j->splits_total,
 		    j->finished ? " finished" : j->data_done ? " done" : "");
 		if (j->scale_policy != NULL && j->reason != NULL &&
