@@ -1,23 +1,26 @@
 # cachew - GNU make build. `make` builds the libraries and programs,
 # `make test` runs the Check suites, `make demo` the main job.
-# Variables: PREFIX (/usr/local), DESTDIR, CC, CFLAGS, WERROR=1 (CI).
+# Variables: PREFIX (/usr/local), DESTDIR, MANDIR, CC, CFLAGS, WERROR=1 (CI).
 
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
 BINDIR  ?= $(PREFIX)/bin
+MANDIR  ?= $(PREFIX)/share/man
 BUILD   ?= build
 CC      ?= cc
 
 VERSION := $(shell sed -n 's/^\#define CACHEW_VERSION_STRING "\(.*\)"/\1/p' include/cachew.h)
 SOMAJOR := 0
 
-PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg
+PKGS     := libzstd libcurl msgpack libxxhash libturbojpeg jansson expat
 # mbedTLS: the library under nng's TLS, also used directly to check TLS
 # credentials and name refused handshakes (transports/nng/nng_tls.c).
 # OpenSSL: the TLS engine cachew registers with nng instead of mbedTLS's
 # (transports/nng/nng_tls_ossl.c: 30x faster record encryption).
-DEP_LIBS := -lnng -lmbedtls -lmbedx509 -lmbedcrypto -lssl -lcrypto -lzstd -lxxhash -lcurl -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
+# jansson and expat: the JSON and XML parsers of outside replies (GCS and
+# S3 listings, the Kubernetes API server).
+DEP_LIBS := -lnng -lmbedtls -lmbedx509 -lmbedcrypto -lssl -lcrypto -lzstd -lxxhash -lcurl -ljansson -lexpat -lturbojpeg -ljpeg -lz -lpthread -ldl -lm
 
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion
@@ -255,11 +258,17 @@ install: lib $(BUILD)/cachew $(BUILD)/cachewd
 		'Libs.private: $(DEP_LIBS)' 'Cflags: -I$${includedir}' \
 		> $(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc
 	install -m 755 $(BUILD)/cachew $(BUILD)/cachewd $(DESTDIR)$(BINDIR)/
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 \
+		$(DESTDIR)$(MANDIR)/man8
+	install -m 644 man/cachew.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 man/cachew.3 $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 man/cachewd.8 $(DESTDIR)$(MANDIR)/man8/
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libcachew.* $(DESTDIR)$(INCDIR)/cachew.h \
 		$(DESTDIR)$(LIBDIR)/pkgconfig/cachew.pc $(DESTDIR)$(BINDIR)/cachew \
-		$(DESTDIR)$(BINDIR)/cachewd
+		$(DESTDIR)$(BINDIR)/cachewd $(DESTDIR)$(MANDIR)/man1/cachew.1 \
+		$(DESTDIR)$(MANDIR)/man3/cachew.3 $(DESTDIR)$(MANDIR)/man8/cachewd.8
 
 clean:
 	rm -rf build python/build python/cachew/_cachew*.so python/*.egg-info

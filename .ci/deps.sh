@@ -26,6 +26,10 @@ need libturbojpeg0-dev pkg-config --exists libturbojpeg
 need libxxhash-dev     pkg-config --exists libxxhash
 need libjpeg62-turbo-dev pkg-config --exists libjpeg
 need zlib1g-dev        pkg-config --exists zlib
+# Outside formats: GCS listings and Kubernetes replies (JSON, io_json.c),
+# S3 listings (XML, io_s3.c).
+need libjansson-dev    pkg-config --exists jansson
+need libexpat1-dev     pkg-config --exists expat
 # The layer check (test/module_graph.py) and the tests' reference
 # implementations and servers (test/data, test/servers).
 need python3           test -x /usr/bin/python3

@@ -12,29 +12,33 @@
 #     without it the sim suite's PNG test skips with a printed reason.
 #   - promtool (Debian's prometheus package), with which the cluster suite
 #     checks the daemons' /metrics: without it that check skips.
+#   - man and groff (man-db, which brings groff-base), with which the cli
+#     suite renders the man pages (man/): without them that check skips.
+#   - tmux, the terminal in which the cluster suite drives `cachew top`:
+#     without it that test skips.
 # The tests find it at $CACHEW_NPM_DIR/node_modules/.bin/s3rver.
 set -u
 cd "$(dirname "$0")/.."
-if command -v gnuplot >/dev/null 2>&1; then
-	echo "test-deps: gnuplot present ($(command -v gnuplot))"
-elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-	echo "test-deps: installing gnuplot (apt-get install -y gnuplot-nox)"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		--no-install-recommends gnuplot-nox >/dev/null 2>&1 ||
-		echo "test-deps: gnuplot unavailable: the plot test will skip"
-else
-	echo "test-deps: gnuplot not found: the plot test will skip (as root: apt-get install -y gnuplot-nox)"
-fi
-if command -v promtool >/dev/null 2>&1; then
-	echo "test-deps: promtool present ($(command -v promtool))"
-elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-	echo "test-deps: installing promtool (apt-get install -y prometheus)"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		--no-install-recommends prometheus >/dev/null 2>&1 ||
-		echo "test-deps: prometheus unavailable: the /metrics format check will skip"
-else
-	echo "test-deps: promtool not found: the /metrics format check will skip (as root: apt-get install -y prometheus)"
-fi
+# optional TOOL "PACKAGES" "WHAT SKIPS": a tool some tests use and skip
+# without, saying so; installed with apt-get when run as root.
+optional() {
+	if command -v "$1" >/dev/null 2>&1; then
+		echo "test-deps: $1 present ($(command -v "$1"))"
+	elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		echo "test-deps: installing $1 (apt-get install -y $2)"
+		# shellcheck disable=SC2086 # $2 is a list of packages
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $2 >/dev/null 2>&1 ||
+			echo "test-deps: $2 unavailable: $3 will skip"
+	else
+		echo "test-deps: $1 not found: $3 will skip (as root: apt-get install -y $2)"
+	fi
+}
+optional gnuplot gnuplot-nox "the plot test"
+optional promtool prometheus "the /metrics format check"
+optional man "man-db groff-base" "the man page check"
+optional groff groff-base "the man page check"
+optional tmux tmux "the cachew top test"
 if ! command -v openssl >/dev/null 2>&1; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 		echo "test-deps: installing openssl (apt-get install -y openssl)"

@@ -232,6 +232,7 @@ typedef struct job_state {
 	char policy[64];
 	char reason[256];
 	double weight;
+	double client_wait;
 } job_state;
 
 static job_state
@@ -257,6 +258,7 @@ job_get(harness *h, uint64_t job)
 		    j->scale_policy != NULL ? j->scale_policy : "");
 		snprintf(js.reason, sizeof(js.reason), "%s",
 		    j->reason != NULL ? j->reason : "");
+		js.client_wait = j->client_wait;
 	}
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	ck_assert_msg(found, "job %" PRIu64 " is not in the status", job);
@@ -287,6 +289,37 @@ START_TEST(autoscale_fixed3_gives_3_tasks_with_5_workers)
 	}
 	ck_assert_uint_eq(job_get(h, job).tasks, 3);
 	ck_assert_uint_eq(cwi_dispatcher_pool_target(h->d), 3);
+	harness_free(h);
+}
+END_TEST
+
+/* issue 17 (cachew top's WAIT%): the status gives per job the mean over
+ * its clients of the share of their last heartbeat's interval spent
+ * waiting for data: waits over the time their batches took, 1 for a
+ * client that only waited, the latest heartbeat replacing the previous. */
+START_TEST(status_client_wait_is_the_share_of_time_clients_wait)
+{
+	harness *h = harness_new("model");
+	uint64_t w[2], ds, job, c1, c2;
+	job_opts o = {.policy = "fixed:2", .name = "shared"};
+
+	add_workers(h, w, 2);
+	ds = add_dataset(h);
+	join(h, ds, &o, &job, &c1);
+	ck_assert(job_get(h, job).client_wait == 0);
+	/* 50 batches of 10 ms, 400 ms of them waiting: 0.8. */
+	client_hb(h, job, c1, 50, 10, 400);
+	ck_assert_double_eq_tol(job_get(h, job).client_wait, 0.8, 1e-9);
+	/* A second client that waited its whole interval, no batch: the
+	 * mean of 0.8 and 1. */
+	join(h, ds, &o, &job, &c2);
+	client_hb(h, job, c2, 0, 0, 500);
+	ck_assert_double_eq_tol(job_get(h, job).client_wait, 0.9, 1e-9);
+	/* The next heartbeats: 100 batches of 5 ms with 50 ms and no wait. */
+	h->now += 500 * MS;
+	client_hb(h, job, c1, 100, 5, 50);
+	client_hb(h, job, c2, 100, 5, 0);
+	ck_assert_double_eq_tol(job_get(h, job).client_wait, 0.05, 1e-9);
 	harness_free(h);
 }
 END_TEST
@@ -1005,6 +1038,7 @@ cwt_autoscale_suite(void)
 
 	tcase_add_test(tc, autoscale_fixed3_gives_3_tasks_with_5_workers);
 	tcase_add_test(tc, autoscale_old_fixed_workers_mean_fixed_policy);
+	tcase_add_test(tc, status_client_wait_is_the_share_of_time_clients_wait);
 	tcase_add_test(tc, autoscale_model_jumps_to_demand_in_one_interval);
 	tcase_add_test(tc, autoscale_model_sheds_stalled_workers);
 	tcase_add_test(tc, autoscale_weights_2_to_1_share_9_workers_6_3);

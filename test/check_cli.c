@@ -1007,7 +1007,7 @@ static void
 link_source_tree(const char *dir)
 {
 	static const char *const parts[] = {"Makefile", "include", "src",
-	    "transports", "examples", "test", "build"};
+	    "transports", "examples", "test", "build", "man"};
 	char cwd[512], from[700], to[700];
 
 	ck_assert_ptr_nonnull(getcwd(cwd, sizeof(cwd)));
@@ -1081,10 +1081,182 @@ START_TEST(install_and_link_with_the_readme_lines)
 	want = cwt_fmt("%s/.local/bin/cachewd", dir);
 	ck_assert_int_eq(access(want, X_OK), 0);
 	free(want);
+	/* The man pages, where man looks under a prefix. */
+	static const char *const pages[] = {"man1/cachew.1", "man3/cachew.3",
+	    "man8/cachewd.8"};
+	for (size_t i = 0; i < 3; i++) {
+		want = cwt_fmt("%s/.local/share/man/%s", dir, pages[i]);
+		ck_assert_msg(access(want, R_OK) == 0, "%s", want);
+		free(want);
+	}
 	free(log);
 	free(run);
 	free(script);
 	free(block);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- man pages ------------------------------------------------------------ */
+
+/* The names a man page must cover, from the source of truth: the commands
+ * `cachew help` lists, the flags `cachewd --help` lists, the functions
+ * include/cachew.h exports. NULL-terminated, heap. */
+static char **
+names_from_help(const char *dir, const char *cmd, bool flags)
+{
+	char *out_path = cwt_fmt("%s/help.txt", dir);
+	char *run = cwt_fmt("%s > %s 2>&1", cmd, out_path);
+	char *text, *line, *save = NULL, **v = calloc(256, sizeof(*v));
+	size_t n = 0;
+	bool in_commands = false;
+
+	ck_assert_int_eq(system(run), 0);
+	text = cwt_slurp(out_path);
+	ck_assert_ptr_nonnull(text);
+	for (line = strtok_r(text, "\n", &save); line != NULL && n < 255;
+	     line = strtok_r(NULL, "\n", &save)) {
+		if (!flags && line[0] != ' ')
+			in_commands = strcmp(line, "commands:") == 0;
+		if (flags && strncmp(line, "  --", 4) == 0)
+			v[n++] = strndup(line + 2, strcspn(line + 2, " "));
+		else if (!flags && in_commands && line[0] == ' ' &&
+		    line[1] == ' ' && line[2] >= 'a' && line[2] <= 'z')
+			v[n++] = cwt_fmt("cachew %.*s", (int)strcspn(line + 2, " "),
+			    line + 2);
+	}
+	free(text);
+	free(run);
+	free(out_path);
+	/* The help texts' layouts are what is parsed: a change to them
+	 * must not leave nothing to check. */
+	ck_assert_uint_gt(n, flags ? 40 : 8);
+	return v;
+}
+
+/* Every function the header exports: the name before the first '(' after
+ * each CACHEW_API outside comments (a CACHEW_DEPRECATED(...) skipped). */
+static char **
+names_from_header(void)
+{
+	char *h = cwt_slurp("include/cachew.h"), *p, **v = calloc(400,
+	    sizeof(*v));
+	size_t n = 0;
+
+	ck_assert_ptr_nonnull(h);
+	/* Comments become spaces: the plugin example in one names
+	 * CACHEW_API too. */
+	for (p = strstr(h, "/*"); p != NULL; p = strstr(p, "/*")) {
+		char *e = strstr(p + 2, "*/");
+		ck_assert_ptr_nonnull(e);
+		memset(p, ' ', (size_t)(e + 2 - p));
+	}
+	for (p = strstr(h, "CACHEW_API "); p != NULL && n < 399;
+	     p = strstr(p + 1, "CACHEW_API ")) {
+		char *q = p + 11, *paren, *name;
+		while (*q == ' ')
+			q++;
+		if (strncmp(q, "CACHEW_DEPRECATED(", 18) == 0)
+			q = strchr(q, ')') + 1;
+		paren = strchr(q, '(');
+		ck_assert_ptr_nonnull(paren);
+		for (name = paren; name > q && (name[-1] == '_' ||
+		    (name[-1] >= 'a' && name[-1] <= 'z') ||
+		    (name[-1] >= '0' && name[-1] <= '9')); name--)
+			;
+		if (strncmp(name, "cachew_", 7) == 0)
+			v[n++] = strndup(name, (size_t)(paren - name));
+	}
+	free(h);
+	ck_assert_uint_gt(n, 100);
+	return v;
+}
+
+/* Renders page with man -l (as a reader sees it) into *text, and checks
+ * that groff finds nothing to warn about with every warning on. */
+static void
+man_render(const char *dir, const char *page, char **text)
+{
+	char *warn = cwt_fmt("%s/warn", dir), *out = cwt_fmt("%s/out", dir);
+	char *cmd = cwt_fmt("groff -man -Tutf8 -ww -z %s 2> %s", page, warn);
+	char *w;
+
+	ck_assert_int_eq(system(cmd), 0);
+	w = cwt_slurp(warn);
+	ck_assert_msg(w != NULL && w[0] == '\0', "%s: groff warns:\n%s", page,
+	    w);
+	free(w);
+	free(cmd);
+	cmd = cwt_fmt("MANWIDTH=200 MAN_KEEP_FORMATTING= man -l %s > %s "
+		      "2> %s", page, out, warn);
+	ck_assert_int_eq(system(cmd), 0);
+	w = cwt_slurp(warn);
+	ck_assert_msg(w != NULL && w[0] == '\0', "%s: man -l says:\n%s", page,
+	    w);
+	free(w);
+	*text = cwt_slurp(out);
+	ck_assert_ptr_nonnull(*text);
+	free(cmd);
+	free(out);
+	free(warn);
+}
+
+static void
+man_covers(const char *page, const char *text, char **names)
+{
+	for (size_t i = 0; names[i] != NULL; i++) {
+		ck_assert_msg(strstr(text, names[i]) != NULL,
+		    "%s does not mention %s", page, names[i]);
+		free(names[i]);
+	}
+	free(names);
+}
+
+/* issue 17: there were no man pages. cachew(1), cachewd(8) and cachew(3)
+ * render under man -l without one groff warning, have the sections a
+ * reader looks for, and name every command, daemon option and exported
+ * function: a new one without its line fails here. */
+START_TEST(man_pages_render_cleanly_and_name_everything)
+{
+	static const char *const sections[] = {"NAME", "SYNOPSIS",
+	    "DESCRIPTION", "EXAMPLES", "SEE ALSO"};
+	static const struct {
+		const char *page, *title, *status;
+	} pages[] = {
+	    {"man/cachew.1", "CACHEW(1)", "EXIT STATUS"},
+	    {"man/cachewd.8", "CACHEWD(8)", "EXIT STATUS"},
+	    {"man/cachew.3", "CACHEW(3)", "RETURN VALUE"},
+	};
+	char *dir, *text[3], *cmd;
+
+	if (system("command -v groff >/dev/null && command -v man "
+		   ">/dev/null") != 0) {
+		printf("cli: skipping the man page check: groff or man is not "
+		       "installed (sh .ci/test-deps.sh installs man-db)\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	for (size_t i = 0; i < 3; i++) {
+		man_render(dir, pages[i].page, &text[i]);
+		ck_assert_msg(strncmp(text[i], pages[i].title,
+				  strlen(pages[i].title)) == 0, "%s", text[i]);
+		for (size_t k = 0; k < sizeof(sections) / sizeof(sections[0]);
+		     k++)
+			ck_assert_msg(strstr(text[i], sections[k]) != NULL,
+			    "%s has no %s section", pages[i].page, sections[k]);
+		ck_assert_msg(strstr(text[i], pages[i].status) != NULL,
+		    "%s has no %s section", pages[i].page, pages[i].status);
+	}
+	cmd = cwt_fmt("%s/cachew help", cwt_build_dir());
+	man_covers("cachew(1)", text[0], names_from_help(dir, cmd, false));
+	free(cmd);
+	cmd = cwt_fmt("%s/cachewd --help", cwt_build_dir());
+	man_covers("cachewd(8)", text[1], names_from_help(dir, cmd, true));
+	free(cmd);
+	man_covers("cachew(3)", text[2], names_from_header());
+	for (size_t i = 0; i < 3; i++)
+		free(text[i]);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -1266,6 +1438,7 @@ cwt_cli_suite(void)
 	tcase_set_timeout(install, 120);
 	tcase_add_test(install, install_and_link_with_the_readme_lines);
 	tcase_add_test(install, deploy_image_has_every_library);
+	tcase_add_test(install, man_pages_render_cleanly_and_name_everything);
 	suite_add_tcase(s, install);
 
 	tcase_add_test(plugin, plugin_square_maps_values);

@@ -2789,6 +2789,164 @@ START_TEST(cluster_status_lists_workers_and_jobs)
 }
 END_TEST
 
+/* ---- cachew top, in a real terminal (tmux) -------------------------------------- */
+
+/* What the pane shows now (heap). */
+static char *
+tmux_capture(const char *sock)
+{
+	char *cmd = cwt_fmt("tmux -S %s capture-pane -p -t top 2>/dev/null",
+	    sock);
+	FILE *p = popen(cmd, "r");
+	char *text = calloc(1, 65536);
+	size_t n = 0;
+
+	ck_assert_ptr_nonnull(p);
+	while (n < 65535) {
+		size_t got = fread(text + n, 1, 65535 - n, p);
+		if (got == 0)
+			break;
+		n += got;
+	}
+	pclose(p);
+	free(cmd);
+	return text;
+}
+
+/* Waits (bounded) until the pane shows every one of want[]; the last
+ * capture. */
+static char *
+tmux_await(const char *sock, const char *const *want, size_t nwant)
+{
+	char *text = NULL;
+
+	for (int t = 0; t < cwt_bound_ms(20000); t += 100) {
+		size_t k = 0;
+		free(text);
+		text = tmux_capture(sock);
+		while (k < nwant && strstr(text, want[k]) != NULL)
+			k++;
+		if (k == nwant)
+			return text;
+		cwt_nap_ms(100);
+	}
+	return text;
+}
+
+/* The title line ("cachew top  URL  HH:MM:SS ..."), cut at its end. */
+static char *
+top_title(const char *pane)
+{
+	const char *t = strstr(pane, "cachew top ");
+
+	return t != NULL ? strndup(t, strcspn(t, "\n")) : strdup("");
+}
+
+/* issue 17 item 4: `cachew top URL` in a terminal (a tmux pane, 140x30)
+ * shows the dispatcher's running job (its name, rate, workers wanted and
+ * granted) and its worker (address, CPU, tasks), redraws in place (the
+ * clock moves, one title on the screen), and `q` quits with status 0,
+ * giving the shell its screen back (the alternate screen is left).
+ * Without a terminal, --once prints one plain frame and the live view
+ * exits 2. */
+START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
+{
+	cwt_cluster c;
+	char *sock, *cmd, *pane, *first, *later, *run;
+	pid_t reader;
+
+	if (system("command -v tmux >/dev/null 2>&1") != 0) {
+		printf("cluster: skipping the cachew top test: tmux is not "
+		       "installed (sh .ci/test-deps.sh installs it)\n");
+		return;
+	}
+	cwt_cluster_start(&c, 1);
+	run = cwt_fmt("exec %s/cachew run --quiet --set service=%s --set "
+		      "job_name=top-job \"range(300000) | map(sleep_us, "
+		      "us=200) | batch(10)\" >/dev/null 2>&1",
+	    cwt_build_dir(), c.dispatcher.url);
+	char *const argv[] = {"sh", "-c", run, NULL};
+	reader = cwt_spawn(argv, NULL);
+	sock = cwt_fmt("%s/tmux.sock", c.dir);
+	cmd = cwt_fmt("tmux -S %s -f /dev/null new-session -d -s top -x 140 "
+		      "-y 30 '%s/cachew top %s --interval 200; echo "
+		      "top-exit=$?; sleep 60'",
+	    sock, cwt_build_dir(), c.dispatcher.url);
+	ck_assert_int_eq(system(cmd), 0);
+	free(cmd);
+	static const char *const live[] = {"JOBS 1", "top-job", "WAIT%",
+	    "WORKERS 1", " live"};
+	pane = tmux_await(sock, live, sizeof(live) / sizeof(live[0]));
+	for (size_t k = 0; k < sizeof(live) / sizeof(live[0]); k++)
+		ck_assert_msg(strstr(pane, live[k]) != NULL, "no '%s' in:\n%s",
+		    live[k], pane);
+	/* The worker's row carries its address; the job's, the workers its
+	 * policy wants and the one it was granted. */
+	ck_assert_msg(strstr(pane, "tcp://127.0.0.1:") != NULL, "%s", pane);
+	char *job = strndup(strstr(pane, "top-job"),
+	    strcspn(strstr(pane, "top-job"), "\n"));
+	ck_assert_msg(strstr(job, "/1") != NULL, "%s", job);
+	free(job);
+	/* In place: the clock moves within a few redraws, and the screen
+	 * holds one frame, not a scroll of them. */
+	first = top_title(pane);
+	later = NULL;
+	for (int t = 0; t < cwt_bound_ms(5000); t += 100) {
+		free(pane);
+		free(later);
+		pane = tmux_capture(sock);
+		later = top_title(pane);
+		if (strcmp(first, later) != 0)
+			break;
+		cwt_nap_ms(100);
+	}
+	ck_assert_msg(strcmp(first, later) != 0, "not redrawn: %s", later);
+	ck_assert_int_eq(cwt_count(pane, "cachew top "), 1);
+	free(pane);
+	cmd = cwt_fmt("tmux -S %s send-keys -t top q", sock);
+	ck_assert_int_eq(system(cmd), 0);
+	free(cmd);
+	static const char *const gone[] = {"top-exit=0"};
+	pane = tmux_await(sock, gone, 1);
+	ck_assert_msg(strstr(pane, "top-exit=0") != NULL, "%s", pane);
+	ck_assert_msg(strstr(pane, "WORKERS") == NULL, "the frame stayed:\n%s",
+	    pane);
+	free(pane);
+	cmd = cwt_fmt("tmux -S %s kill-server", sock);
+	ck_assert_int_eq(system(cmd), 0);
+	free(cmd);
+	/* Without a terminal: --once prints one plain frame (no escape
+	 * sequence); the live view refuses, naming --once. */
+	cmd = cwt_fmt("%s/cachew top %s --once > %s/once.txt 2>&1",
+	    cwt_build_dir(), c.dispatcher.url, c.dir);
+	ck_assert_int_eq(system(cmd), 0);
+	free(cmd);
+	cmd = cwt_fmt("%s/once.txt", c.dir);
+	pane = cwt_slurp(cmd);
+	free(cmd);
+	ck_assert_msg(strstr(pane, "top-job") != NULL &&
+	    strstr(pane, "WORKERS 1") != NULL && strchr(pane, '\033') == NULL,
+	    "%s", pane);
+	free(pane);
+	cmd = cwt_fmt("%s/cachew top %s > %s/tty.txt 2>&1", cwt_build_dir(),
+	    c.dispatcher.url, c.dir);
+	ck_assert_int_eq(WEXITSTATUS(system(cmd)), 2);
+	free(cmd);
+	cmd = cwt_fmt("%s/tty.txt", c.dir);
+	pane = cwt_slurp(cmd);
+	free(cmd);
+	ck_assert_msg(strstr(pane, "not a terminal (--once") != NULL, "%s",
+	    pane);
+	free(pane);
+	cwt_stop_pid(reader);
+	free(first);
+	free(later);
+	free(sock);
+	free(run);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 /* ---- cachewd options ---------------------------------------------------------------- */
 
 START_TEST(cachewd_bad_options_exit_2)
@@ -3164,6 +3322,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
 	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
 	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
+	tcase_add_test(ops, top_shows_jobs_and_workers_live_and_q_quits);
 	suite_add_tcase(s, ops);
 
 	tcase_set_timeout(tls, 120);

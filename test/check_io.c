@@ -1052,6 +1052,236 @@ START_TEST(test_s3_glob_matching_nothing_is_enoent)
 }
 END_TEST
 
+/* ---- listing pages (expat for S3, jansson for GCS) ----------------------------- */
+
+typedef cachew_err (*page_parser)(const char *, const char *, const char *,
+    size_t, cwi_io_entry **, size_t *, size_t *, char **);
+
+/* Parses text as one page from an exact-size copy (a read past its end
+ * is an ASan error); the entries and token are the caller's. */
+static cachew_err
+parse_page(page_parser parse, const char *text, cwi_io_entry **v, size_t *n,
+    char **token)
+{
+	size_t len = strlen(text), cap = 0;
+	char *b = malloc(len > 0 ? len : 1);
+	cachew_err rv;
+
+	memcpy(b, text, len);
+	*v = NULL;
+	*n = 0;
+	rv = parse("listing://bkt/p", "bkt", b, len, v, n, &cap, token);
+	free(b);
+	return rv;
+}
+
+/* A page that must fail with CACHEW_EPROTO and a message holding want. */
+static void
+page_refused(page_parser parse, const char *text, const char *want)
+{
+	cwi_io_entry *v;
+	size_t n;
+	char *token = NULL;
+
+	ck_assert_msg(parse_page(parse, text, &v, &n, &token) == CACHEW_EPROTO,
+	    "%s: accepted (%zu entries)", text, n);
+	ck_assert_msg(strstr(cachew_errmsg(), want) != NULL,
+	    "%s: got \"%s\", want \"%s\"", text, cachew_errmsg(), want);
+	ck_assert_ptr_null(token);
+	cwi_io_entries_free(v, n);
+}
+
+/* A last page with no objects. */
+static void
+page_is_empty(page_parser parse, const char *text)
+{
+	cwi_io_entry *v;
+	size_t n;
+	char *token;
+
+	ck_assert_int_eq(parse_page(parse, text, &v, &n, &token), CACHEW_OK);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_ptr_null(token);
+	free(v);
+}
+
+typedef struct bad_page {
+	const char *page, *want;
+} bad_page;
+
+static void
+pages_refused(page_parser parse, const bad_page *bad, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		page_refused(parse, bad[i].page, bad[i].want);
+}
+
+#define S3_HEAD "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" \
+	"<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+
+START_TEST(test_s3_listing_page_is_read_exactly)
+{
+	const char *page = S3_HEAD "<Name>bkt</Name><Prefix>d/</Prefix>"
+	    "<KeyCount>2</KeyCount><IsTruncated>true</IsTruncated>"
+	    "<NextContinuationToken>a&amp;b=</NextContinuationToken>"
+	    "<Contents><Key>d/a&amp;&#x41;&lt;<![CDATA[x>y]]></Key>"
+	    "<Size>12</Size><ETag>&quot;e1&quot;</ETag>"
+	    "<Owner><ID>o</ID><DisplayName>Key</DisplayName></Owner>"
+	    "<StorageClass>STANDARD</StorageClass></Contents>"
+	    "<Contents><ETag>\"e2\"</ETag><Key>d/\xc3\xa9</Key></Contents>"
+	    "</ListBucketResult>\n";
+	cwi_io_entry *v;
+	size_t n;
+	char *token;
+
+	ck_assert_int_eq(parse_page(cwi_s3_parse_page, page, &v, &n, &token),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 2);
+	ck_assert_str_eq(v[0].url, "s3://bkt/d/a&A<x>y");
+	ck_assert_int_eq(v[0].size, 12);
+	ck_assert_str_eq(v[0].etag, "\"e1\"");
+	ck_assert_str_eq(v[1].url, "s3://bkt/d/\xc3\xa9");
+	ck_assert_int_eq(v[1].size, -1);
+	ck_assert_str_eq(v[1].etag, "\"e2\"");
+	ck_assert_str_eq(token, "a&b=");
+	free(token);
+	cwi_io_entries_free(v, n);
+	/* The last page: no token. */
+	page_is_empty(cwi_s3_parse_page, S3_HEAD "<IsTruncated>false"
+	    "</IsTruncated></ListBucketResult>");
+}
+END_TEST
+
+START_TEST(test_s3_bad_listing_pages_name_the_element)
+{
+	static const bad_page bad[] = {
+	    {"", "the listing is not XML: no element found at line 1"},
+	    {S3_HEAD "<Contents><Key>a</Key>",
+		"the listing is not XML: no element found"},
+	    {"<Error><Code>AccessDenied</Code></Error>",
+		"the listing is <Error>, not a <ListBucketResult>"},
+	    {S3_HEAD "<Contents><Size>1</Size></Contents></ListBucketResult>",
+		"<Contents> #1 has no <Key>"},
+	    {S3_HEAD "<Contents><Key>a</Key></Contents><Contents><Key></Key>"
+		     "</Contents></ListBucketResult>",
+		"an empty <Key> in <Contents> #2"},
+	    {S3_HEAD "<Contents><Key>a</Key><Key>b</Key></Contents>"
+		     "</ListBucketResult>",
+		"a second <Key> in <Contents> #1"},
+	    {S3_HEAD "<Contents><Key>a</Key><Size>-1</Size></Contents>"
+		     "</ListBucketResult>",
+		"<Size> \"-1\" of <Contents> #1 is not a byte count"},
+	    {S3_HEAD "<Contents><Key>a</Key><Size>99999999999999999999</Size>"
+		     "</Contents></ListBucketResult>",
+		"is not a byte count"},
+	    {S3_HEAD "<Contents><Key>a<b/></Key></Contents></ListBucketResult>",
+		"<Key> holds an element <b>"},
+	    {S3_HEAD "<IsTruncated>maybe</IsTruncated></ListBucketResult>",
+		"<IsTruncated> is \"maybe\", not true or false"},
+	    {S3_HEAD "<IsTruncated>true</IsTruncated></ListBucketResult>",
+		"a truncated listing without a NextContinuationToken"},
+	    {"<?xml version=\"1.0\"?><!DOCTYPE l [<!ENTITY a \"aaaa\">]>"
+	     "<ListBucketResult>&a;</ListBucketResult>",
+		"a DOCTYPE declaration (a ListObjectsV2 reply has none)"},
+	    {S3_HEAD "<Contents><Key>a</Key></Contents></ListBucketResult>x",
+		"junk after document element"},
+	    {S3_HEAD "<Contents><Key>\xff</Key></Contents></ListBucketResult>",
+		"not well-formed (invalid token) at line 2"},
+	};
+
+	pages_refused(cwi_s3_parse_page, bad, sizeof(bad) / sizeof(bad[0]));
+}
+END_TEST
+
+START_TEST(test_s3_listing_limits_depth_and_text)
+{
+	size_t deep = 100000, at = strlen(S3_HEAD);
+	char *d = malloc(at + deep * 3 + 1);
+
+	memcpy(d, S3_HEAD, at);
+	for (size_t i = 0; i < deep; i++)
+		memcpy(d + at + 3 * i, "<a>", 3);
+	d[at + deep * 3] = '\0';
+	page_refused(cwi_s3_parse_page, d, "elements nested deeper than 16");
+	free(d);
+	/* A key longer than any S3 key is a broken reply, not an object. */
+	d = malloc(200000);
+	at = (size_t)sprintf(d, "%s<Contents><Key>", S3_HEAD);
+	memset(d + at, 'k', 100000);
+	strcpy(d + at + 100000, "</Key></Contents></ListBucketResult>");
+	page_refused(cwi_s3_parse_page, d,
+	    "<Key> of <Contents> #1 longer than 8192 bytes");
+	free(d);
+}
+END_TEST
+
+START_TEST(test_gcs_listing_page_is_read_exactly)
+{
+	const char *page = "{\"kind\":\"storage#objects\",\"items\":["
+	    "{\"name\":\"d/a\\u00e9\\\"\",\"size\":\"12\",\"etag\":\"E1\","
+	    "\"metadata\":{\"a\":[1,{}]}},"
+	    "{\"name\":\"d/b\",\"size\":7},{\"name\":\"d/c\"}],"
+	    "\"nextPageToken\":\"t/1\"}";
+	cwi_io_entry *v;
+	size_t n;
+	char *token;
+
+	ck_assert_int_eq(parse_page(cwi_gcs_parse_page, page, &v, &n, &token),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(v[0].url, "gs://bkt/d/a\xc3\xa9\"");
+	ck_assert_int_eq(v[0].size, 12);
+	ck_assert_str_eq(v[0].etag, "E1");
+	ck_assert_int_eq(v[1].size, 7);
+	ck_assert_ptr_null(v[1].etag);
+	ck_assert_int_eq(v[2].size, -1);
+	ck_assert_str_eq(token, "t/1");
+	free(token);
+	cwi_io_entries_free(v, n);
+	/* An empty prefix's page has no items at all; an empty token is
+	 * the last page. */
+	page_is_empty(cwi_gcs_parse_page,
+	    "{\"kind\":\"storage#objects\",\"nextPageToken\":\"\"}");
+}
+END_TEST
+
+START_TEST(test_gcs_bad_listing_pages_name_the_field)
+{
+	static const bad_page bad[] = {
+	    {"", "the listing is not JSON: line 1, column 0 (byte 0)"},
+	    {"{\"items\":[{\"name\":\"a\"}", "the listing is not JSON: line 1"},
+	    {"[]", "listing: the reply is an array, not an object"},
+	    {"{\"items\":{}}", "listing: items is an object, not an array"},
+	    {"{\"items\":[7]}", "listing items[0] is an integer, not an object"},
+	    {"{\"items\":[{\"name\":\"a\"},{\"size\":\"1\"}]}",
+		"listing items[1]: name is missing"},
+	    {"{\"items\":[{\"name\":3}]}",
+		"listing items[0]: name is an integer, not a string"},
+	    {"{\"items\":[{\"name\":\"\"}]}", "listing items[0]: name is empty"},
+	    {"{\"items\":[{\"name\":\"a\",\"size\":\"1x\"}]}",
+		"listing items[0]: size \"1x\" is not a byte count"},
+	    {"{\"items\":[{\"name\":\"a\",\"size\":-4}]}",
+		"listing items[0]: size -4 is negative"},
+	    {"{\"items\":[{\"name\":\"a\",\"size\":1.5}]}",
+		"listing items[0]: size is a fractional number, not a string"},
+	    {"{\"items\":[{\"name\":\"a\",\"etag\":null}]}",
+		"listing items[0]: etag is null, not a string"},
+	    {"{\"nextPageToken\":5}",
+		"listing: nextPageToken is an integer, not a string"},
+	    {"{\"items\":[],\"items\":[]}", "duplicate object key"},
+	    {"{\"items\":[{\"name\":\"a\\u0000b\"}]}", "\\u0000 is not allowed"},
+	};
+
+	pages_refused(cwi_gcs_parse_page, bad, sizeof(bad) / sizeof(bad[0]));
+	size_t deep = 100000;
+	char *d = malloc(deep + 1);
+	memset(d, '[', deep);
+	d[deep] = '\0';
+	page_refused(cwi_gcs_parse_page, d, "maximum parsing depth reached");
+	free(d);
+}
+END_TEST
+
 /* ---- GCS ------------------------------------------------------------------------ */
 
 START_TEST(test_gcs_bearer_token_listing_and_read)
@@ -1135,6 +1365,11 @@ cwt_io_suite(void)
 	    test_s3_glob_is_listed_for_the_fingerprint_on_first_use_not_when_built);
 	tcase_add_test(tc, test_s3rver_text_lines_and_list_files_end_to_end);
 	tcase_add_test(tc, test_gcs_bearer_token_listing_and_read);
+	tcase_add_test(tc, test_s3_listing_page_is_read_exactly);
+	tcase_add_test(tc, test_s3_bad_listing_pages_name_the_element);
+	tcase_add_test(tc, test_s3_listing_limits_depth_and_text);
+	tcase_add_test(tc, test_gcs_listing_page_is_read_exactly);
+	tcase_add_test(tc, test_gcs_bad_listing_pages_name_the_field);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -202,7 +202,8 @@ static bool
 replicas_of(const char *text, size_t len, uint32_t *n)
 {
 	char *b = exact(text, len);
-	bool ok = cwi_k8s_scale_replicas(b, len, n);
+	char why[200];
+	bool ok = cwi_k8s_scale_replicas(b, len, n, why, sizeof(why));
 
 	free(b);
 	return ok;
@@ -214,7 +215,23 @@ replicas_in(const char *text, uint32_t *n)
 	return replicas_of(text, strlen(text), n);
 }
 
-START_TEST(k8s_reply_scanner_reads_replicas_exactly)
+/* The reason a Scale reply is refused (static buffer). */
+static const char *
+replicas_why(const char *text)
+{
+	static char why[200];
+	uint32_t n = 42;
+	char *b = exact(text, strlen(text));
+
+	why[0] = '\0';
+	ck_assert(!cwi_k8s_scale_replicas(b, strlen(text), &n, why,
+	    sizeof(why)));
+	ck_assert_uint_eq(n, 42);
+	free(b);
+	return why;
+}
+
+START_TEST(k8s_reply_reader_reads_replicas_exactly)
 {
 	const char *scale = "{\"kind\":\"Scale\",\"metadata\":{\"name\":\"w\","
 			    "\"annotations\":{\"x\":\"{\\\"spec\\\":1}\"},"
@@ -227,6 +244,8 @@ START_TEST(k8s_reply_scanner_reads_replicas_exactly)
 	ck_assert_uint_eq(n, 5);
 	ck_assert(replicas_in("{\"spec\":{\"replicas\":7}}", &n));
 	ck_assert_uint_eq(n, 7);
+	ck_assert(replicas_in("{\"spec\":{\"replicas\":7},\"status\":{}}", &n));
+	ck_assert_uint_eq(n, 7);
 	ck_assert(replicas_in("{\"spec\":{\"replicas\":4294967295}}", &n));
 	ck_assert_uint_eq(n, UINT32_MAX);
 	n = 42;
@@ -237,28 +256,50 @@ START_TEST(k8s_reply_scanner_reads_replicas_exactly)
 	ck_assert(!replicas_in("[{\"spec\":{\"replicas\":3}}]", &n));
 	ck_assert(!replicas_in("", &n));
 	ck_assert_uint_eq(n, 42);
-	/* Every truncation either fails or reads a value the prefix holds:
-	 * lengths are never trusted beyond the bytes present. */
-	for (size_t len = 0; len < strlen(scale); len++) {
-		n = 0;
-		if (replicas_of(scale, len, &n))
-			ck_assert_msg(n == 7 || n == 5, "prefix %zu: %u", len, n);
-	}
-	/* Nesting deeper than the scanner's limit is refused, not recursed
-	 * into until the stack ends. */
+	/* Every truncation fails: a strict parser takes no prefix for the
+	 * document, and lengths are never trusted beyond the bytes present. */
+	for (size_t len = 0; len < strlen(scale); len++)
+		ck_assert_msg(!replicas_of(scale, len, &n), "prefix %zu", len);
+}
+END_TEST
+
+START_TEST(k8s_bad_scale_replies_name_the_field)
+{
+	ck_assert_str_eq(replicas_why("{\"spec\":{\"replicas\":\"3\"}}"),
+	    "spec.replicas is a string, not an integer");
+	ck_assert_str_eq(replicas_why("{\"status\":{\"replicas\":2.5},"
+				      "\"spec\":{\"replicas\":3}}"),
+	    "status.replicas is a fractional number, not an integer");
+	ck_assert_str_eq(replicas_why("{\"spec\":{\"replicas\":4294967296}}"),
+	    "spec.replicas is 4294967296, outside [0, 4294967295]");
+	ck_assert_str_eq(replicas_why("{\"spec\":[1]}"),
+	    "spec is an array, not an object");
+	ck_assert_str_eq(replicas_why("[{\"spec\":{\"replicas\":3}}]"),
+	    "the reply is an array, not an object");
+	ck_assert_str_eq(replicas_why("{\"kind\":\"Scale\"}"),
+	    "neither status.replicas nor spec.replicas is present");
+	/* A key given twice is ambiguous: refused, not last-one-wins. */
+	ck_assert_ptr_nonnull(strstr(replicas_why("{\"spec\":{\"replicas\":1,"
+						  "\"replicas\":2}}"),
+	    "duplicate object key"));
+	/* Truncated, a number too big for any integer type, nesting past
+	 * the parser's limit: each says where. */
+	ck_assert_ptr_nonnull(strstr(replicas_why("{\"spec\":{\"replicas\":3"),
+	    "line 1, column 21 (byte 21)"));
+	ck_assert_ptr_nonnull(strstr(replicas_why("{\"spec\":{\"replicas\":"
+						  "99999999999999999999}}"),
+	    "too big integer"));
 	size_t deep = 200000;
-	char *d = malloc(deep);
+	char *d = malloc(deep + 1);
 	memcpy(d, "{\"a\":", 5);
 	memset(d + 5, '[', deep - 5);
-	ck_assert(!cwi_k8s_scale_replicas(d, deep, &n));
-	memcpy(d, "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
-	    51);
-	ck_assert(!cwi_k8s_scale_replicas(d, 51, &n));
+	d[deep] = '\0';
+	ck_assert_ptr_nonnull(strstr(replicas_why(d), "maximum parsing depth"));
 	free(d);
 }
 END_TEST
 
-START_TEST(k8s_reply_scanner_reads_status_messages)
+START_TEST(k8s_reply_reader_reads_status_messages)
 {
 	const char *st = "{\"kind\":\"Status\",\"details\":{\"message\":\"no\"},"
 			 "\"message\":\"a \\\"b\\\"\\nc\\u00e9d\\\\\"}";
@@ -266,20 +307,23 @@ START_TEST(k8s_reply_scanner_reads_status_messages)
 	char *b = exact(st, strlen(st));
 
 	ck_assert(cwi_k8s_status_message(b, strlen(st), buf, sizeof(buf)));
-	ck_assert_str_eq(buf, "a \"b\" c?d\\");
+	ck_assert_str_eq(buf, "a \"b\" c\xc3\xa9" "d\\");
 	ck_assert(cwi_k8s_status_message(b, strlen(st), buf, 5));
 	ck_assert_str_eq(buf, "a \"b");
+	/* A cut never splits a character: "a \"b\" c" and not half of é. */
+	ck_assert(cwi_k8s_status_message(b, strlen(st), buf, 9));
+	ck_assert_str_eq(buf, "a \"b\" c");
+	ck_assert(cwi_k8s_status_message(b, strlen(st), buf, 10));
+	ck_assert_str_eq(buf, "a \"b\" c\xc3\xa9");
 	for (size_t len = 0; len < strlen(st); len++)
-		(void)cwi_k8s_status_message(b, len, buf, sizeof(buf));
+		ck_assert(!cwi_k8s_status_message(b, len, buf, sizeof(buf)));
 	free(b);
 	ck_assert(!cwi_k8s_status_message("{\"message\":5}", 13, buf,
 	    sizeof(buf)));
 	ck_assert(!cwi_k8s_status_message("not json", 8, buf, sizeof(buf)));
-	/* A \u escape cut by the end of the body stops at the end. */
-	b = exact("{\"message\":\"x\\u00", 17);
-	ck_assert(cwi_k8s_status_message(b, 17, buf, sizeof(buf)));
-	ck_assert_str_eq(buf, "x?");
-	free(b);
+	/* Invalid UTF-8 is not a Status: the caller shows the raw line. */
+	ck_assert(!cwi_k8s_status_message("{\"message\":\"\xff\"}", 16, buf,
+	    sizeof(buf)));
 }
 END_TEST
 
@@ -1055,8 +1099,9 @@ cwt_provision_suite(void)
 
 	tcase_add_test(tc_static, static_records_targets_within_bounds);
 	tcase_add_test(tc_static, bad_kind_or_settings_are_refused_by_name);
-	tcase_add_test(tc_static, k8s_reply_scanner_reads_replicas_exactly);
-	tcase_add_test(tc_static, k8s_reply_scanner_reads_status_messages);
+	tcase_add_test(tc_static, k8s_reply_reader_reads_replicas_exactly);
+	tcase_add_test(tc_static, k8s_bad_scale_replies_name_the_field);
+	tcase_add_test(tc_static, k8s_reply_reader_reads_status_messages);
 	suite_add_tcase(s, tc_static);
 
 	tcase_set_timeout(tc_process, 90);

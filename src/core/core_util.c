@@ -282,6 +282,8 @@ cwi_strbuf_finish(cwi_strbuf *sb, char **out, size_t *len)
 		cwi_strbuf_free(sb);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory building a string");
 	}
+	/* Appends keep the NUL; a buffer nothing was appended to has none. */
+	sb->data[sb->len] = '\0';
 	*out = sb->data;
 	if (len != NULL)
 		*len = sb->len;

@@ -161,6 +161,18 @@ cachew_err cwi_s3_list(const char *bucket, const char *prefix,
 cachew_err cwi_gcs_request(const char *url, cwi_http_req *req);
 cachew_err cwi_gcs_list(const char *bucket, const char *prefix,
     const cwi_io_opts *opts, cwi_io_entry **v, size_t *n, size_t *cap);
+/* One listing page of len bytes (outside input, NUL not required): its
+ * objects are appended to *v as s3:// or gs:// URLs in `bucket`, and
+ * *token is set to the next page's token (heap), or NULL on the last
+ * page. A malformed page fails with CACHEW_EPROTO naming the element or
+ * field (`display` names the listing); entries appended before the
+ * failure stay in *v for the caller to free. */
+cachew_err cwi_s3_parse_page(const char *display, const char *bucket,
+    const char *xml, size_t len, cwi_io_entry **v, size_t *n, size_t *cap,
+    char **token);
+cachew_err cwi_gcs_parse_page(const char *display, const char *bucket,
+    const char *body, size_t len, cwi_io_entry **v, size_t *n, size_t *cap,
+    char **token);
 
 /* Helpers shared by the backends (io_open.c). */
 /* Splits "s3://bucket/key" after its scheme into heap bucket and key. */
@@ -169,6 +181,9 @@ cachew_err cwi_io_split_bucket(
 /* Appends s percent-encoded (RFC 3986 unreserved kept; '/' kept when
  * keep_slash) to sb. */
 void cwi_io_urlencode(cwi_strbuf *sb, const char *s, bool keep_slash);
+/* An object size as a listing writes it: decimal digits only, at most
+ * INT64_MAX; false for anything else (empty, a sign, spaces). */
+bool cwi_io_parse_size(const char *s, int64_t *size);
 /* Appends an entry (copies url and etag). */
 cachew_err cwi_io_entry_push(cwi_io_entry **v, size_t *n, size_t *cap,
     const char *url, int64_t size, const char *etag);

@@ -2,21 +2,23 @@
  * io_gcs.c - gs://bucket/object: Google Cloud Storage. Objects are read
  * from <endpoint>/<bucket>/<object> (the XML API's download path, which
  * takes Range), listings come from the JSON API
- * <endpoint>/storage/v1/b/<bucket>/o?prefix=...&pageToken=....
+ * <endpoint>/storage/v1/b/<bucket>/o?prefix=...&pageToken=..., read with
+ * jansson (io_json.h): a page that is not one JSON object, or whose
+ * items, name, size, etag or nextPageToken has the wrong type, fails with
+ * CACHEW_EPROTO naming the field (items[3].size, ...).
  *
  * Environment: GOOGLE_OAUTH_ACCESS_TOKEN (sent as "Authorization: Bearer";
  * without it requests are anonymous, which public buckets allow) and
  * CACHEW_GCS_ENDPOINT (default https://storage.googleapis.com).
  */
 #include "io.h"
+#include "io_json.h"
 
 #include <curl/curl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define LIST_PAGE_MAX (16u << 20)
-/* Nesting allowed in a listing before it is rejected as malformed. */
-#define JSON_MAX_DEPTH 32
 
 static const char *
 gcs_endpoint(size_t *len)
@@ -86,243 +88,114 @@ done:
 	return rv;
 }
 
-/* ---- a minimal JSON reader for listing pages ----------------------------- */
+/* ---- listing pages ------------------------------------------------------------- */
 
-typedef struct json_cur {
-	const char *p, *end;
-	bool bad;
-} json_cur;
-
-static void
-json_ws(json_cur *c)
-{
-	while (c->p < c->end &&
-	       (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t'))
-		c->p++;
-}
-
+/* A GCS object size: the JSON API sends a uint64 as a decimal string; an
+ * integer is taken too. -1 when absent; false when it is neither. */
 static bool
-json_eat(json_cur *c, char ch)
+gcs_size(json_t *item, int64_t *size, char *why, size_t whylen)
 {
-	json_ws(c);
-	if (c->p < c->end && *c->p == ch) {
-		c->p++;
+	bool absent;
+	json_t *v = json_object_get(item, "size");
+
+	*size = -1;
+	if (v == NULL)
 		return true;
+	if (json_is_integer(v)) {
+		*size = json_integer_value(v);
+		if (*size >= 0)
+			return true;
+		snprintf(why, whylen, "size %lld is negative",
+		    (long long)*size);
+		return false;
 	}
-	return false;
+	v = cwi_json_member(item, "size", JSON_STRING, &absent, why, whylen);
+	if (v == NULL)
+		return false;
+	if (!cwi_io_parse_size(json_string_value(v), size)) {
+		snprintf(why, whylen, "size \"%.40s\" is not a byte count",
+		    json_string_value(v));
+		return false;
+	}
+	return true;
 }
 
-/* Reads a string into a heap copy (escapes decoded; \u to '?' outside
- * ASCII). NULL with c->bad on malformed input or ENOMEM. */
-static char *
-json_string(json_cur *c)
-{
-	cwi_strbuf sb;
-	char *out = NULL;
-
-	json_ws(c);
-	if (c->p >= c->end || *c->p != '"') {
-		c->bad = true;
-		return NULL;
-	}
-	c->p++;
-	cwi_strbuf_init(&sb);
-	while (c->p < c->end && *c->p != '"') {
-		char ch = *c->p++;
-		if (ch == '\\') {
-			if (c->p >= c->end)
-				break;
-			ch = *c->p++;
-			switch (ch) {
-			case 'n': ch = '\n'; break;
-			case 't': ch = '\t'; break;
-			case 'r': ch = '\r'; break;
-			case 'b': ch = '\b'; break;
-			case 'f': ch = '\f'; break;
-			case 'u': {
-				unsigned v = 0;
-				for (int k = 0; k < 4; k++) {
-					char h = c->p < c->end ? *c->p++ : 'x';
-					v <<= 4;
-					if (h >= '0' && h <= '9')
-						v |= (unsigned)(h - '0');
-					else if (h >= 'a' && h <= 'f')
-						v |= (unsigned)(h - 'a' + 10);
-					else if (h >= 'A' && h <= 'F')
-						v |= (unsigned)(h - 'A' + 10);
-					else
-						c->bad = true;
-				}
-				ch = v > 0 && v < 128 ? (char)v : '?';
-				break;
-			}
-			default: break; /* \" \\ \/ */
-			}
-		}
-		cwi_strbuf_append(&sb, &ch, 1);
-	}
-	if (c->p >= c->end || c->bad) {
-		c->bad = true;
-		cwi_strbuf_free(&sb);
-		return NULL;
-	}
-	c->p++;
-	if (cwi_strbuf_finish(&sb, &out, NULL) != CACHEW_OK)
-		c->bad = true;
-	return out;
-}
-
-static void
-json_skip(json_cur *c, int depth)
-{
-	json_ws(c);
-	if (c->p >= c->end || depth > JSON_MAX_DEPTH) {
-		c->bad = true;
-		return;
-	}
-	if (*c->p == '"') {
-		free(json_string(c));
-	} else if (*c->p == '{' || *c->p == '[') {
-		char close = *c->p == '{' ? '}' : ']';
-		bool obj = close == '}';
-		c->p++;
-		if (json_eat(c, close))
-			return;
-		do {
-			if (obj) {
-				free(json_string(c));
-				if (!json_eat(c, ':'))
-					c->bad = true;
-			}
-			if (!c->bad)
-				json_skip(c, depth + 1);
-		} while (!c->bad && json_eat(c, ','));
-		if (!c->bad && !json_eat(c, close))
-			c->bad = true;
-	} else {
-		/* number, true, false, null */
-		const char *s = c->p;
-		while (c->p < c->end && *c->p != ',' && *c->p != '}' &&
-		       *c->p != ']' && *c->p != ' ' && *c->p != '\n')
-			c->p++;
-		if (c->p == s)
-			c->bad = true;
-	}
-}
-
-/* A scalar value as text: strings decoded, numbers as written. */
-static char *
-json_scalar(json_cur *c)
-{
-	const char *s;
-
-	json_ws(c);
-	if (c->p < c->end && *c->p == '"')
-		return json_string(c);
-	s = c->p;
-	json_skip(c, 0);
-	return c->bad ? NULL : cwi_strndup(s, (size_t)(c->p - s));
-}
-
+/* One element of "items": {"name": ..., "size": "12", "etag": ...}. */
 static cachew_err
-gcs_parse_item(json_cur *c, const char *bucket, cwi_io_entry **v, size_t *n,
-    size_t *cap)
+gcs_parse_item(const char *display, const char *bucket, json_t *item,
+    size_t index, cwi_io_entry **v, size_t *n, size_t *cap)
 {
-	char *name = NULL, *size = NULL, *etag = NULL, *url;
-	cachew_err rv = CACHEW_OK;
+	char why[200];
+	bool absent;
+	json_t *name, *etag;
+	int64_t size;
+	char *url;
+	cachew_err rv;
 
-	if (!json_eat(c, '{')) {
-		c->bad = true;
-		return CACHEW_OK;
+	if (!json_is_object(item))
+		return cwi_fail(CACHEW_EPROTO, "%s: listing items[%zu] is %s, "
+		    "not an object", display, index, cwi_json_type_name(item));
+	name = cwi_json_member(item, "name", JSON_STRING, &absent, why,
+	    sizeof(why));
+	if (name == NULL)
+		goto bad;
+	if (json_string_length(name) == 0) {
+		snprintf(why, sizeof(why), "name is empty");
+		goto bad;
 	}
-	if (!json_eat(c, '}')) {
-		do {
-			char *k = json_string(c);
-			char **slot = NULL;
-			if (k == NULL || !json_eat(c, ':')) {
-				free(k);
-				c->bad = true;
-				break;
-			}
-			if (strcmp(k, "name") == 0)
-				slot = &name;
-			else if (strcmp(k, "size") == 0)
-				slot = &size;
-			else if (strcmp(k, "etag") == 0)
-				slot = &etag;
-			free(k);
-			if (slot != NULL) {
-				free(*slot);
-				*slot = json_scalar(c);
-			} else {
-				json_skip(c, 1);
-			}
-		} while (!c->bad && json_eat(c, ','));
-		if (!c->bad && !json_eat(c, '}'))
-			c->bad = true;
-	}
-	if (!c->bad && name != NULL) {
-		url = cwi_asprintf("gs://%s/%s", bucket, name);
-		rv = url != NULL
-		    ? cwi_io_entry_push(v, n, cap, url,
-			  size != NULL ? strtoll(size, NULL, 10) : -1, etag)
-		    : cwi_fail(CACHEW_ENOMEM, "out of memory");
-		free(url);
-	}
-	free(name);
-	free(size);
-	free(etag);
+	etag = cwi_json_member(item, "etag", JSON_STRING, &absent, why,
+	    sizeof(why));
+	if (etag == NULL && !absent)
+		goto bad;
+	if (!gcs_size(item, &size, why, sizeof(why)))
+		goto bad;
+	url = cwi_asprintf("gs://%s/%s", bucket, json_string_value(name));
+	if (url == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_io_entry_push(v, n, cap, url, size,
+	    etag != NULL ? json_string_value(etag) : NULL);
+	free(url);
 	return rv;
+bad:
+	return cwi_fail(CACHEW_EPROTO, "%s: listing items[%zu]: %s", display,
+	    index, why);
 }
 
-/* One page: {"items": [{"name":..., "size":"12", "etag":...}, ...],
- * "nextPageToken": "..."}; other keys are skipped. */
-static cachew_err
-gcs_parse_page(const char *display, const char *bucket, const char *body,
+cachew_err
+cwi_gcs_parse_page(const char *display, const char *bucket, const char *body,
     size_t len, cwi_io_entry **v, size_t *n, size_t *cap, char **token)
 {
-	json_cur c = {body, body + len, false};
+	char why[200];
+	bool absent;
+	json_t *root, *items, *next;
 	cachew_err rv = CACHEW_OK;
 
 	*token = NULL;
-	if (!json_eat(&c, '{'))
-		c.bad = true;
-	if (!c.bad && !json_eat(&c, '}')) {
-		do {
-			char *k = json_string(&c);
-			if (k == NULL || !json_eat(&c, ':')) {
-				free(k);
-				c.bad = true;
-				break;
-			}
-			if (strcmp(k, "items") == 0) {
-				if (!json_eat(&c, '['))
-					c.bad = true;
-				else if (!json_eat(&c, ']')) {
-					do
-						rv = gcs_parse_item(&c, bucket, v, n, cap);
-					while (rv == CACHEW_OK && !c.bad &&
-					    json_eat(&c, ','));
-					if (!c.bad && !json_eat(&c, ']'))
-						c.bad = true;
-				}
-			} else if (strcmp(k, "nextPageToken") == 0) {
-				free(*token);
-				*token = json_string(&c);
-			} else {
-				json_skip(&c, 1);
-			}
-			free(k);
-		} while (rv == CACHEW_OK && !c.bad && json_eat(&c, ','));
+	root = cwi_json_parse(body, len, why, sizeof(why));
+	if (root == NULL)
+		return cwi_fail(CACHEW_EPROTO, "%s: the listing is not JSON: %s",
+		    display, why);
+	items = cwi_json_member(root, "items", JSON_ARRAY, &absent, why,
+	    sizeof(why));
+	if (items == NULL && !absent) {
+		rv = cwi_fail(CACHEW_EPROTO, "%s: listing: %s", display, why);
+		goto done;
 	}
-	if (rv == CACHEW_OK && c.bad)
-		rv = cwi_fail(CACHEW_EPROTO,
-		    "%s: malformed JSON in the listing near byte %zu", display,
-		    (size_t)(c.p - body));
-	if (rv != CACHEW_OK) {
-		free(*token);
-		*token = NULL;
+	for (size_t i = 0; items != NULL && i < json_array_size(items); i++) {
+		rv = gcs_parse_item(display, bucket, json_array_get(items, i), i,
+		    v, n, cap);
+		if (rv != CACHEW_OK)
+			goto done;
 	}
+	next = cwi_json_member(root, "nextPageToken", JSON_STRING, &absent,
+	    why, sizeof(why));
+	if (next == NULL && !absent)
+		rv = cwi_fail(CACHEW_EPROTO, "%s: listing: %s", display, why);
+	else if (next != NULL && json_string_length(next) > 0 &&
+	    (*token = cwi_strdup(json_string_value(next))) == NULL)
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+done:
+	json_decref(root);
 	return rv;
 }
 
@@ -364,13 +237,13 @@ cwi_gcs_list(const char *bucket, const char *prefix, const cwi_io_opts *opts,
 				cwi_http_req_free(&req);
 		}
 		if (rv == CACHEW_OK)
-			rv = gcs_parse_page(display, bucket, body, len, v, n, cap,
-			    &next);
+			rv = cwi_gcs_parse_page(display, bucket, body, len, v, n,
+			    cap, &next);
 		free(url);
 		free(body);
 		free(token);
 		token = next;
-		if (rv != CACHEW_OK || token == NULL || *token == '\0')
+		if (rv != CACHEW_OK || token == NULL)
 			break;
 	}
 	free(token);

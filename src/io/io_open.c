@@ -230,6 +230,22 @@ cwi_io_entries_free(cwi_io_entry *v, size_t n)
 	free(v);
 }
 
+bool
+cwi_io_parse_size(const char *s, int64_t *size)
+{
+	int64_t n = 0;
+
+	if (*s == '\0')
+		return false;
+	for (; *s != '\0'; s++) {
+		if (*s < '0' || *s > '9' || n > (INT64_MAX - (*s - '0')) / 10)
+			return false;
+		n = n * 10 + (*s - '0');
+	}
+	*size = n;
+	return true;
+}
+
 cachew_err
 cwi_io_entry_push(cwi_io_entry **v, size_t *n, size_t *cap, const char *url,
     int64_t size, const char *etag)

@@ -12,6 +12,7 @@
 #include "io.h"
 
 #include <curl/curl.h>
+#include <expat.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -149,125 +150,279 @@ done:
 
 /* ---- ListObjectsV2 ------------------------------------------------------------ */
 
-/* The text of the first <tag>...</tag> in [s, end), or NULL. */
-static const char *
-xml_find(const char *s, const char *end, const char *tag, size_t *len,
-    const char **after)
-{
-	char open[64], close[64];
-	size_t ol, cl;
-	const char *a, *b;
+/*
+ * A page is read with expat (Debian's libexpat), a streaming parser: the
+ * reply is never held as a tree, only the text of the one element being
+ * read. Why expat rather than libxml2: five elements are wanted
+ * (ListBucketResult/Contents/{Key,Size,ETag}, IsTruncated,
+ * NextContinuationToken), which a SAX reader takes in one pass; expat has
+ * no network or file access to turn off, carries billion-laughs
+ * protection, and is fuzzed continuously upstream. A page with a DOCTYPE
+ * is refused outright (S3 sends none), so no entity is ever declared.
+ */
 
-	ol = (size_t)snprintf(open, sizeof(open), "<%s>", tag);
-	cl = (size_t)snprintf(close, sizeof(close), "</%s>", tag);
-	a = memmem(s, (size_t)(end - s), open, ol);
-	if (a == NULL)
-		return NULL;
-	a += ol;
-	b = memmem(a, (size_t)(end - a), close, cl);
-	if (b == NULL)
-		return NULL;
-	*len = (size_t)(b - a);
-	if (after != NULL)
-		*after = b + cl;
-	return a;
+/* S3 keys are at most 1024 bytes; continuation tokens are opaque but
+ * short. A longer text is a broken reply, not a key. */
+#define S3_TEXT_MAX 8192u
+/* ListBucketResult > Contents > Key is 3 deep; Owner > ID is 4. */
+#define S3_DEPTH_MAX 16u
+
+typedef enum s3_field {
+	S3_NONE,
+	S3_KEY,
+	S3_SIZE,
+	S3_ETAG,
+	S3_TRUNCATED,
+	S3_TOKEN,
+} s3_field;
+
+static const char *const s3_field_name[] = {
+    "", "Key", "Size", "ETag", "IsTruncated", "NextContinuationToken",
+};
+
+typedef struct s3_page {
+	XML_Parser xp;
+	const char *display, *bucket;
+	cwi_io_entry **v;
+	size_t *n, *cap;
+	cachew_err rv;          /* the first failure; parsing stops there */
+	unsigned depth;
+	size_t contents;        /* <Contents> seen, for messages */
+	bool in_contents;
+	s3_field field;         /* whose text is being read */
+	cwi_strbuf text;
+	char *key, *etag;       /* of the current <Contents> */
+	int64_t size;
+	bool have_size;
+	char *truncated, *token;
+} s3_page;
+
+static void
+s3_stop(s3_page *p, cachew_err rv)
+{
+	if (p->rv == CACHEW_OK)
+		p->rv = rv;
+	XML_StopParser(p->xp, XML_FALSE);
 }
 
-/* Decodes the five XML entities and numeric references; NULL on ENOMEM. */
-static char *
-xml_text(const char *s, size_t len)
+/* The field an element opens at this depth, or S3_NONE. */
+static s3_field
+s3_field_of(const s3_page *p, const char *name)
 {
-	char *out = malloc(len + 1), *o = out;
-	size_t i = 0;
-
-	if (out == NULL)
-		return NULL;
-	while (i < len) {
-		static const struct {
-			const char *ent;
-			char c;
-		} ents[] = {{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'},
-		    {"&quot;", '"'}, {"&apos;", '\''}};
-		bool done = false;
-		if (s[i] == '&') {
-			for (size_t k = 0; k < 5 && !done; k++) {
-				size_t el = strlen(ents[k].ent);
-				if (len - i >= el && memcmp(s + i, ents[k].ent, el) == 0) {
-					*o++ = ents[k].c;
-					i += el;
-					done = true;
-				}
-			}
-			if (!done && len - i > 3 && s[i + 1] == '#') {
-				char *e;
-				bool hex = s[i + 2] == 'x';
-				unsigned long v = strtoul(s + i + 2 + hex, &e, hex ? 16 : 10);
-				if (e < s + len && *e == ';' && v > 0 && v < 128) {
-					*o++ = (char)v;
-					i = (size_t)(e - s) + 1;
-					done = true;
-				}
-			}
-		}
-		if (!done)
-			*o++ = s[i++];
+	if (p->depth == 3 && p->in_contents) {
+		if (strcmp(name, "Key") == 0)
+			return S3_KEY;
+		if (strcmp(name, "Size") == 0)
+			return S3_SIZE;
+		if (strcmp(name, "ETag") == 0)
+			return S3_ETAG;
+	} else if (p->depth == 2) {
+		if (strcmp(name, "IsTruncated") == 0)
+			return S3_TRUNCATED;
+		if (strcmp(name, "NextContinuationToken") == 0)
+			return S3_TOKEN;
 	}
-	*o = '\0';
-	return out;
+	return S3_NONE;
 }
 
-/* Adds the <Contents> of one page; sets *token to the next continuation
- * token (NULL on the last page). */
-static cachew_err
-s3_parse_page(const char *display, const char *bucket, const char *xml,
-    size_t len, cwi_io_entry **v, size_t *n, size_t *cap, char **token)
+static void XMLCALL
+s3_on_start(void *arg, const XML_Char *name, const XML_Char **attrs)
 {
-	const char *end = xml + len, *p = xml, *c, *f;
-	size_t clen, flen;
+	s3_page *p = arg;
+
+	(void)attrs;
+	/* Expat may still call back after a stop. */
+	if (p->rv != CACHEW_OK)
+		return;
+	if (p->field != S3_NONE) {
+		s3_stop(p, cwi_fail(CACHEW_EPROTO, "%s: listing: <%s> holds an "
+		    "element <%.64s>", p->display, s3_field_name[p->field], name));
+		return;
+	}
+	if (++p->depth > S3_DEPTH_MAX) {
+		s3_stop(p, cwi_fail(CACHEW_EPROTO, "%s: listing: elements nested "
+		    "deeper than %u", p->display, S3_DEPTH_MAX));
+		return;
+	}
+	if (p->depth == 1 && strcmp(name, "ListBucketResult") != 0) {
+		s3_stop(p, cwi_fail(CACHEW_EPROTO, "%s: the listing is <%.64s>, "
+		    "not a <ListBucketResult>", p->display, name));
+		return;
+	}
+	if (p->depth == 2 && strcmp(name, "Contents") == 0) {
+		p->in_contents = true;
+		p->contents++;
+		p->have_size = false;
+		p->size = -1;
+		return;
+	}
+	p->field = s3_field_of(p, name);
+	cwi_strbuf_free(&p->text);
+	cwi_strbuf_init(&p->text);
+}
+
+static void XMLCALL
+s3_on_text(void *arg, const XML_Char *s, int len)
+{
+	s3_page *p = arg;
+
+	if (p->rv != CACHEW_OK)
+		return;
+	if (p->field == S3_NONE || len <= 0)
+		return;
+	if (p->text.len + (size_t)len > S3_TEXT_MAX) {
+		s3_stop(p, cwi_fail(CACHEW_EPROTO, "%s: listing: <%s> of "
+		    "<Contents> #%zu longer than %u bytes", p->display,
+		    s3_field_name[p->field], p->contents, S3_TEXT_MAX));
+		return;
+	}
+	cwi_strbuf_append(&p->text, s, (size_t)len);
+}
+
+/* The end of <Contents>: its object becomes an entry. */
+static cachew_err
+s3_contents_done(s3_page *p)
+{
+	char *url;
+	cachew_err rv;
+
+	if (p->key == NULL)
+		return cwi_fail(CACHEW_EPROTO, "%s: listing: <Contents> #%zu has "
+		    "no <Key>", p->display, p->contents);
+	url = cwi_asprintf("s3://%s/%s", p->bucket, p->key);
+	rv = url != NULL ? cwi_io_entry_push(p->v, p->n, p->cap, url, p->size,
+			       p->etag)
+			 : cwi_fail(CACHEW_ENOMEM, "out of memory");
+	free(url);
+	free(p->key);
+	free(p->etag);
+	p->key = p->etag = NULL;
+	return rv;
+}
+
+/* The end of a field's element: its text goes where it belongs. */
+static cachew_err
+s3_field_done(s3_page *p)
+{
+	s3_field f = p->field;
+	char **slot = f == S3_KEY ? &p->key : f == S3_ETAG ? &p->etag
+	    : f == S3_TRUNCATED ? &p->truncated : &p->token;
+	char *text;
+
+	p->field = S3_NONE;
+	if (cwi_strbuf_finish(&p->text, &text, NULL) != CACHEW_OK)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	cwi_strbuf_init(&p->text);
+	if (f == S3_SIZE) {
+		bool ok = !p->have_size && cwi_io_parse_size(text, &p->size);
+		cachew_err rv = ok ? CACHEW_OK
+		    : cwi_fail(CACHEW_EPROTO, "%s: listing: <Size> \"%.40s\" of "
+		      "<Contents> #%zu is %s", p->display, text, p->contents,
+		      p->have_size ? "its second" : "not a byte count");
+		p->have_size = true;
+		free(text);
+		return rv;
+	}
+	if (*slot != NULL || (f == S3_KEY && *text == '\0')) {
+		const char *what = *slot != NULL ? "a second" : "an empty";
+		free(text);
+		if (!p->in_contents)
+			return cwi_fail(CACHEW_EPROTO, "%s: listing: %s <%s>",
+			    p->display, what, s3_field_name[f]);
+		return cwi_fail(CACHEW_EPROTO, "%s: listing: %s <%s> in "
+		    "<Contents> #%zu", p->display, what, s3_field_name[f],
+		    p->contents);
+	}
+	*slot = text;
+	return CACHEW_OK;
+}
+
+static void XMLCALL
+s3_on_end(void *arg, const XML_Char *name)
+{
+	s3_page *p = arg;
 	cachew_err rv = CACHEW_OK;
 
-	*token = NULL;
-	if (memmem(xml, len, "<ListBucketResult", 17) == NULL)
-		return cwi_fail(CACHEW_EPROTO,
-		    "%s: the listing is not a ListBucketResult", display);
-	while (rv == CACHEW_OK &&
-	       (c = xml_find(p, end, "Contents", &clen, &p)) != NULL) {
-		char *key = NULL, *etag = NULL, *url = NULL;
-		int64_t size = -1;
-		f = xml_find(c, c + clen, "Key", &flen, NULL);
-		if (f == NULL)
-			continue;
-		key = xml_text(f, flen);
-		f = xml_find(c, c + clen, "ETag", &flen, NULL);
-		if (f != NULL)
-			etag = xml_text(f, flen);
-		f = xml_find(c, c + clen, "Size", &flen, NULL);
-		if (f != NULL && flen < 24) {
-			char num[24];
-			memcpy(num, f, flen);
-			num[flen] = '\0';
-			size = strtoll(num, NULL, 10);
-		}
-		url = key != NULL ? cwi_asprintf("s3://%s/%s", bucket, key) : NULL;
-		rv = url != NULL ? cwi_io_entry_push(v, n, cap, url, size, etag)
-				 : cwi_fail(CACHEW_ENOMEM, "out of memory");
-		free(key);
-		free(etag);
-		free(url);
+	if (p->rv != CACHEW_OK)
+		return;
+	if (p->field != S3_NONE)
+		rv = s3_field_done(p);
+	else if (p->depth == 2 && p->in_contents &&
+	    strcmp(name, "Contents") == 0) {
+		p->in_contents = false;
+		rv = s3_contents_done(p);
 	}
+	p->depth--;
 	if (rv != CACHEW_OK)
-		return rv;
-	f = xml_find(xml, end, "IsTruncated", &flen, NULL);
-	if (f == NULL || flen != 4 || memcmp(f, "true", 4) != 0)
+		s3_stop(p, rv);
+}
+
+static void XMLCALL
+s3_on_doctype(void *arg, const XML_Char *name, const XML_Char *sysid,
+    const XML_Char *pubid, int has_internal_subset)
+{
+	s3_page *p = arg;
+
+	(void)name;
+	(void)sysid;
+	(void)pubid;
+	(void)has_internal_subset;
+	s3_stop(p, cwi_fail(CACHEW_EPROTO, "%s: listing: a DOCTYPE "
+	    "declaration (a ListObjectsV2 reply has none)", p->display));
+}
+
+/* After the whole page: is there another one? */
+static cachew_err
+s3_page_next(s3_page *p, char **token)
+{
+	if (p->truncated == NULL || strcmp(p->truncated, "false") == 0)
 		return CACHEW_OK;
-	f = xml_find(xml, end, "NextContinuationToken", &flen, NULL);
-	if (f == NULL || flen == 0)
-		return cwi_fail(CACHEW_EPROTO,
-		    "%s: a truncated listing without a NextContinuationToken",
-		    display);
-	*token = xml_text(f, flen);
-	return *token != NULL ? CACHEW_OK
-			      : cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (strcmp(p->truncated, "true") != 0)
+		return cwi_fail(CACHEW_EPROTO, "%s: listing: <IsTruncated> is "
+		    "\"%.40s\", not true or false", p->display, p->truncated);
+	if (p->token == NULL || *p->token == '\0')
+		return cwi_fail(CACHEW_EPROTO, "%s: a truncated listing without "
+		    "a NextContinuationToken", p->display);
+	*token = p->token;
+	p->token = NULL;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_s3_parse_page(const char *display, const char *bucket, const char *xml,
+    size_t len, cwi_io_entry **v, size_t *n, size_t *cap, char **token)
+{
+	s3_page p = {.display = display, .bucket = bucket, .v = v, .n = n,
+	    .cap = cap};
+	cachew_err rv;
+
+	*token = NULL;
+	if (len > LIST_PAGE_MAX)
+		return cwi_fail(CACHEW_EPROTO, "%s: a listing page of %zu bytes "
+		    "(at most %u)", display, len, LIST_PAGE_MAX);
+	p.xp = XML_ParserCreate("UTF-8");
+	if (p.xp == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	cwi_strbuf_init(&p.text);
+	XML_SetUserData(p.xp, &p);
+	XML_SetElementHandler(p.xp, s3_on_start, s3_on_end);
+	XML_SetCharacterDataHandler(p.xp, s3_on_text);
+	XML_SetStartDoctypeDeclHandler(p.xp, s3_on_doctype);
+	if (XML_Parse(p.xp, xml, (int)len, XML_TRUE) != XML_STATUS_OK &&
+	    p.rv == CACHEW_OK)
+		p.rv = cwi_fail(CACHEW_EPROTO, "%s: the listing is not XML: %s "
+		    "at line %lu, column %lu", display,
+		    XML_ErrorString(XML_GetErrorCode(p.xp)),
+		    (unsigned long)XML_GetCurrentLineNumber(p.xp),
+		    (unsigned long)XML_GetCurrentColumnNumber(p.xp));
+	rv = p.rv == CACHEW_OK ? s3_page_next(&p, token) : p.rv;
+	XML_ParserFree(p.xp);
+	cwi_strbuf_free(&p.text);
+	free(p.key);
+	free(p.etag);
+	free(p.truncated);
+	free(p.token);
+	return rv;
 }
 
 cachew_err
@@ -310,8 +465,8 @@ cwi_s3_list(const char *bucket, const char *prefix, const cwi_io_opts *opts,
 				cwi_http_req_free(&req);
 		}
 		if (rv == CACHEW_OK)
-			rv = s3_parse_page(display, bucket, body, len, v, n, cap,
-			    &next);
+			rv = cwi_s3_parse_page(display, bucket, body, len, v, n,
+			    cap, &next);
 		free(tail);
 		free(body);
 		free(token);

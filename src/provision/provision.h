@@ -172,13 +172,15 @@ void cwi_prov_note_failure(cwi_provisioner *p, bool new_request,
 bool cwi_prov_closing(cwi_provisioner *p);
 
 /* The kubernetes kind's reading of an API server reply (body: len bytes,
- * outside input, bounded scan). The replicas of a Scale object
- * (status.replicas, else spec.replicas); false when it has neither as an
- * integer in [0, 2^32). A Status's top-level message, unescaped into buf
- * (control characters and \u escapes become ' ' and '?', cut to buflen);
- * false when there is none. Exposed for the tests. */
+ * outside input, NUL not required, parsed by jansson: io_json.h). The
+ * replicas of a Scale object: status.replicas, else spec.replicas when
+ * status has none; false when the reply is not JSON or the field read is
+ * not an integer in [0, 2^32), with why naming the field ("status.replicas
+ * is a string, not an integer"). A Status's top-level message into buf
+ * (control characters become ' ', cut to buflen at a UTF-8 character's
+ * start); false when there is none. Exposed for the tests. */
 bool cwi_k8s_scale_replicas(const char *body, size_t len,
-    uint32_t *replicas);
+    uint32_t *replicas, char *why, size_t whylen);
 bool cwi_k8s_status_message(const char *body, size_t len, char *buf,
     size_t buflen);
 

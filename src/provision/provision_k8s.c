@@ -19,12 +19,14 @@
  * its content is compared every second while blocked.
  *
  * A reply is outside input: its body is kept up to K8S_MAX_BODY bytes and
- * read by a small bounded JSON scanner (depth-limited, never trusting a
- * length), for spec.replicas, status.replicas and a Status's message.
+ * parsed by jansson (io_json.h) for status.replicas (else spec.replicas)
+ * and a Status's message; a 2xx reply whose replicas cannot be read is
+ * logged naming the field, and the target counts as acknowledged.
  */
 #include "provision.h"
 
 #include "../core/core.h"
+#include "../io/io_json.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -39,7 +41,6 @@
 #define K8S_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
 #define K8S_MAX_BODY (64u * 1024u)   /* reply bytes kept */
 #define K8S_MAX_TOKEN (16u * 1024u)  /* service-account tokens are ~1 KiB */
-#define K8S_MAX_JSON_DEPTH 32
 #define K8S_BACKOFF_MIN_MS 100
 #define K8S_TOKEN_POLL_MS 1000       /* while blocked on 401/403 */
 
@@ -80,160 +81,81 @@ k8s_global_init(void)
 	k8s_init_rv = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-/* ---- bounded JSON scanning ----------------------------------------------------- */
+/* ---- reading replies ------------------------------------------------------------ */
 
-static const char *
-j_ws(const char *p, const char *end)
-{
-	while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-		p++;
-	return p;
-}
-
-/* p at '"': returns just past the closing quote, or NULL. */
-static const char *
-j_skip_string(const char *p, const char *end)
-{
-	for (p++; p < end; p++) {
-		if (*p == '\\') {
-			if (++p >= end)
-				return NULL;
-		} else if (*p == '"') {
-			return p + 1;
-		}
-	}
-	return NULL;
-}
-
-static const char *
-j_skip_value(const char *p, const char *end, int depth)
-{
-	p = j_ws(p, end);
-	if (p >= end || depth > K8S_MAX_JSON_DEPTH)
-		return NULL;
-	if (*p == '"')
-		return j_skip_string(p, end);
-	if (*p == '{' || *p == '[') {
-		char close = *p == '{' ? '}' : ']';
-		p = j_ws(p + 1, end);
-		if (p < end && *p == close)
-			return p + 1;
-		for (;;) {
-			if (close == '}') {
-				if (p >= end || *p != '"' ||
-				    (p = j_skip_string(p, end)) == NULL)
-					return NULL;
-				p = j_ws(p, end);
-				if (p >= end || *p++ != ':')
-					return NULL;
-			}
-			p = j_skip_value(p, end, depth + 1);
-			if (p == NULL)
-				return NULL;
-			p = j_ws(p, end);
-			if (p >= end)
-				return NULL;
-			if (*p == close)
-				return p + 1;
-			if (*p++ != ',')
-				return NULL;
-			p = j_ws(p, end);
-		}
-	}
-	/* number, true, false, null */
-	const char *q = p;
-	while (p < end && (memchr("+-.eE", *p, 5) != NULL ||
-			      (*p >= '0' && *p <= '9') ||
-			      (*p >= 'a' && *p <= 'z')))
-		p++;
-	return p > q ? p : NULL;
-}
-
-/* obj at '{': the start of the value of `key` among its members, or NULL.
- * Keys are compared as written (the ones looked for need no escapes). */
-static const char *
-j_member(const char *obj, const char *end, const char *key)
-{
-	size_t klen = strlen(key);
-	const char *p = j_ws(obj, end);
-
-	if (p >= end || *p != '{')
-		return NULL;
-	p = j_ws(p + 1, end);
-	while (p < end && *p == '"') {
-		const char *k = p + 1, *kend = j_skip_string(p, end);
-		if (kend == NULL)
-			return NULL;
-		p = j_ws(kend, end);
-		if (p >= end || *p++ != ':')
-			return NULL;
-		p = j_ws(p, end);
-		if ((size_t)(kend - 1 - k) == klen && memcmp(k, key, klen) == 0)
-			return p;
-		p = j_skip_value(p, end, 1);
-		if (p == NULL)
-			return NULL;
-		p = j_ws(p, end);
-		if (p < end && *p == ',')
-			p = j_ws(p + 1, end);
-		else
-			break;
-	}
-	return NULL;
-}
-
-/* body.outer.replicas as a uint32 (false when absent or not one). */
 static bool
-j_replicas(const char *body, const char *end, const char *outer,
-    uint32_t *out)
+replicas_at(json_t *root, const char *path, uint32_t *out, bool *absent,
+    char *why, size_t whylen)
 {
-	const char *v = j_member(body, end, outer);
-	uint64_t n = 0;
-	const char *d;
+	json_t *v = cwi_json_member(root, path, JSON_INTEGER, absent, why,
+	    whylen);
+	json_int_t n;
 
-	if (v == NULL || (v = j_member(v, end, "replicas")) == NULL)
+	if (v == NULL)
 		return false;
-	for (d = v; d < end && *d >= '0' && *d <= '9'; d++) {
-		n = n * 10 + (uint64_t)(*d - '0');
-		if (n > UINT32_MAX)
-			return false;
+	n = json_integer_value(v);
+	if (n < 0 || n > (json_int_t)UINT32_MAX) {
+		snprintf(why, whylen, "%s is %lld, outside [0, %u]", path,
+		    (long long)n, UINT32_MAX);
+		return false;
 	}
-	/* A number cut by the end of the body is not a value. */
-	if (d == v || d >= end || memchr(" \t\r\n,}", *d, 6) == NULL)
-		return false;
 	*out = (uint32_t)n;
 	return true;
 }
 
 bool
-cwi_k8s_scale_replicas(const char *body, size_t len, uint32_t *replicas)
+cwi_k8s_scale_replicas(const char *body, size_t len, uint32_t *replicas,
+    char *why, size_t whylen)
 {
-	return j_replicas(body, body + len, "status", replicas) ||
-	    j_replicas(body, body + len, "spec", replicas);
+	json_t *root = cwi_json_parse(body, len, why, whylen);
+	bool absent, ok;
+
+	if (root == NULL)
+		return false;
+	ok = replicas_at(root, "status.replicas", replicas, &absent, why,
+	    whylen);
+	/* A Scale just written may have no status yet. */
+	if (!ok && absent)
+		ok = replicas_at(root, "spec.replicas", replicas, &absent, why,
+		    whylen);
+	if (!ok && absent)
+		snprintf(why, whylen, "neither status.replicas nor "
+		    "spec.replicas is present");
+	json_decref(root);
+	return ok;
 }
 
 bool
 cwi_k8s_status_message(const char *body, size_t len, char *buf,
     size_t buflen)
 {
-	const char *end = body + len, *v = j_member(body, end, "message"), *p;
-	size_t n = 0;
+	char why[160];
+	json_t *root, *msg;
+	const char *s;
+	size_t n, keep;
+	bool absent;
 
-	if (v == NULL || v >= end || *v != '"' || buflen == 0)
+	if (buflen == 0)
 		return false;
-	for (p = v + 1; p < end && *p != '"' && n + 1 < buflen; p++) {
-		char c = *p;
-		if (c == '\\') {
-			if (++p >= end)
-				break;
-			c = *p == 'n' || *p == 't' || *p == 'r' ? ' '
-			    : *p == 'u' ? '?' : *p;
-			if (*p == 'u')
-				p += end - p > 4 ? 4 : end - p - 1;
-		}
-		buf[n++] = (unsigned char)c < 0x20 ? ' ' : c;
+	root = cwi_json_parse(body, len, why, sizeof(why));
+	msg = root != NULL ? cwi_json_member(root, "message", JSON_STRING,
+				 &absent, why, sizeof(why))
+			   : NULL;
+	if (msg == NULL) {
+		json_decref(root);
+		return false;
 	}
-	buf[n] = '\0';
+	s = json_string_value(msg);
+	n = json_string_length(msg);
+	/* jansson has checked the UTF-8: cut before a character's first
+	 * byte only. */
+	keep = n < buflen - 1 ? n : buflen - 1;
+	while (keep > 0 && keep < n && ((unsigned char)s[keep] & 0xc0) == 0x80)
+		keep--;
+	for (size_t i = 0; i < keep; i++)
+		buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? ' ' : s[i];
+	buf[keep] = '\0';
+	json_decref(root);
 	return true;
 }
 
@@ -664,8 +586,14 @@ static void
 on_success(k8s_state *s, uint32_t target)
 {
 	uint32_t running = target;
+	char why[200];
 
-	(void)cwi_k8s_scale_replicas(s->body, s->body_len, &running);
+	if (!cwi_k8s_scale_replicas(s->body, s->body_len, &running, why,
+		sizeof(why))) {
+		running = target;
+		cwi_log(CACHEW_LOG_WARN, "provision", "event=scale_reply_unread "
+		    "kind=kubernetes path=%s reason=\"%s\"", s->path, why);
+	}
 	s->acked = true;
 	s->acked_target = target;
 	s->attempts = 0;

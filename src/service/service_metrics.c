@@ -136,6 +136,7 @@ static double jv_clients(const cwi_job_status *j) { return j->clients; }
 static double jv_want(const cwi_job_status *j) { return j->want; }
 static double jv_granted(const cwi_job_status *j) { return j->granted; }
 static double jv_batch(const cwi_job_status *j) { return (double)j->batch_time_ns / 1e9; }
+static double jv_wait(const cwi_job_status *j) { return j->client_wait; }
 
 static void
 job_family(cwi_strbuf *sb, const cwi_msg_status_reply *st, const char *name,
@@ -180,6 +181,8 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	    "Clients reading a job.", jv_clients);
 	job_family(sb, st, "cachew_job_batch_time_seconds", "gauge",
 	    "Mean time between a job's batches at its clients.", jv_batch);
+	job_family(sb, st, "cachew_job_client_wait_ratio", "gauge",
+	    "Share of time a job's clients wait for data (0..1).", jv_wait);
 	job_family(sb, st, "cachew_job_workers_wanted", "gauge",
 	    "Workers a job's scaling policy asks for.", jv_want);
 	job_family(sb, st, "cachew_job_workers_granted", "gauge",

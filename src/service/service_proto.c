@@ -423,6 +423,7 @@ static const field f_job_status[] = {
     STR(cwi_job_status, reason, 0, CWI_PROTO_MAX_REASON),
     STR(cwi_job_status, cache_mode, 0, CWI_PROTO_MAX_POLICY),
     STR(cwi_job_status, cache_reason, 0, CWI_PROTO_MAX_REASON),
+    F64(cwi_job_status, client_wait),
 };
 static const schema s_job_status = SCHEMA("job_status", cwi_job_status,
     f_job_status);

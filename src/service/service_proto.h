@@ -535,6 +535,10 @@ typedef struct cwi_job_status {
 	double elements_per_s;
 	double bytes_per_s;
 	uint64_t batch_time_ns; /* mean over its clients */
+	/* Mean over its clients of the share of their time spent waiting
+	 * for data (0..1, by their last heartbeats): the input-bound signal
+	 * a person reads. */
+	double client_wait;
 	bool data_done;         /* every split acked (or every task done) */
 	bool finished;          /* every client gone */
 	/* Autoscaling (absent when the dispatcher does not autoscale). */

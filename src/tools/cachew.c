@@ -63,6 +63,9 @@ static const char usage_text[] =
     "  status [URL] [--json]        what a dispatcher knows: workers, jobs,\n"
     "                               tasks, splits, throughput (--tls-ca\n"
     "                               FILE... for tls+tcp://: cachew status -h)\n"
+    "  top [URL] [--interval MS]    a live view of a dispatcher: jobs (rate,\n"
+    "                               workers wanted/granted, cache mode) and\n"
+    "                               workers (CPU, tasks); q quits\n"
     "  sim autoscale|multitenant|autocache [--json] [--plot DIR]\n"
     "                               simulate the policies in virtual time\n"
     "                               (cachew sim --help)\n"
@@ -1458,6 +1461,7 @@ static const command commands[] = {
     {"gen", cmd_gen},
     {"cache", cwi_cache_cli},
     {"status", cwi_status_cli},
+    {"top", cwi_top_cli},
     {"sim", cwi_sim_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
@@ -1478,9 +1482,11 @@ main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	cachew_log_set(cachew_log_stderr, NULL, CACHEW_LOG_WARN);
-	/* `cache`, `status` and `sim` print their own subcommand help. */
+	/* `cache`, `status`, `top` and `sim` print their own subcommand
+	 * help. */
 	if (strcmp(argv[1], "cache") != 0 && strcmp(argv[1], "status") != 0 &&
-	    strcmp(argv[1], "sim") != 0 && wants_help(argc, argv))
+	    strcmp(argv[1], "top") != 0 && strcmp(argv[1], "sim") != 0 &&
+	    wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
 		if (strcmp(argv[1], commands[i].name) == 0) {

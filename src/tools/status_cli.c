@@ -1,11 +1,13 @@
 /*
  * status_cli.c - `cachew status URL [--json]`: what a dispatcher knows
- * (workers, datasets, jobs, tasks, split progress, throughput).
+ * (workers, datasets, jobs, tasks, split progress, throughput), and what
+ * it shares with `cachew top` (status_target.h).
  */
 #include "tools.h"
 #include "../service/service.h"
 #include "../service/service_auth.h"
 #include "../service/service_rpc.h"
+#include "status_target.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -89,10 +91,11 @@ print_text(const cwi_msg_status_reply *s)
 		printf("         splits %" PRIu64 " acked / %" PRIu64 " leased / %"
 		       PRIu64 " pending of %" PRIu64 "; %" PRIu64 " elements (%"
 		       PRIu64 " bytes) received, %.0f elements/s, "
-		       "%.1f MB/s%s%s\n",
+		       "%.1f MB/s, clients wait %.0f%%%s%s\n",
 		    j->splits_acked, j->splits_leased, j->splits_pending,
 		    j->splits_total, j->elements, j->bytes, j->elements_per_s,
-		    j->bytes_per_s / 1e6, j->data_done ? ", data done" : "",
+		    j->bytes_per_s / 1e6, j->client_wait * 100,
+		    j->data_done ? ", data done" : "",
 		    j->finished ? ", finished" : "");
 		if (j->scale_policy != NULL)
 			printf("         policy %s (weight %g): wants %u, granted "
@@ -175,13 +178,14 @@ print_json(const cwi_msg_status_reply *s)
 		       ",\"splits_pending\":%" PRIu64 ",\"splits_leased\":%" PRIu64
 		       ",\"splits_acked\":%" PRIu64 ",\"elements\":%" PRIu64
 		       ",\"bytes\":%" PRIu64 ",\"elements_per_s\":%.3f,"
-		       "\"bytes_per_s\":%.3f,\"data_done\":%s,\"finished\":%s",
+		       "\"bytes_per_s\":%.3f,\"client_wait\":%.3f,"
+		       "\"data_done\":%s,\"finished\":%s",
 		    i > 0 ? "," : "", j->job_id, j->name != NULL ? j->name : "",
 		    j->dataset_id, cwi_processing_mode_name(j->processing_mode),
 		    j->clients, j->tasks, j->target_workers, j->splits_total,
 		    j->splits_pending, j->splits_leased, j->splits_acked,
 		    j->elements, j->bytes, j->elements_per_s, j->bytes_per_s,
-		    j->data_done ? "true" : "false",
+		    j->client_wait, j->data_done ? "true" : "false",
 		    j->finished ? "true" : "false");
 		if (j->scale_policy != NULL) {
 			printf(",\"scale_policy\":");
@@ -213,8 +217,17 @@ print_json(const cwi_msg_status_reply *s)
 	printf("]}\n");
 }
 
+void
+cwi_status_target_init(cwi_status_target *t)
+{
+	memset(t, 0, sizeof(*t));
+	t->token_file = getenv("CACHEW_TOKEN_FILE");
+	cwi_opts_defaults(&t->opts);
+}
+
 int
-cwi_status_cli(int argc, char **argv)
+cwi_status_target_flag(cwi_status_target *t, const char *cmd, int argc,
+    char **argv, int *i)
 {
 	static const struct {
 		const char *flag;
@@ -225,36 +238,97 @@ cwi_status_cli(int argc, char **argv)
 	    {"--tls-key", offsetof(cwi_opts, tls_key)},
 	    {"--tls-server-name", offsetof(cwi_opts, tls_server_name)},
 	};
-	const char *url = NULL, *token_file = getenv("CACHEW_TOKEN_FILE");
-	char *token = NULL;
-	bool json = false;
+	const char *a = argv[*i];
+
+	if (strncmp(a, "--token-file=", 13) == 0) {
+		t->token_file = a + 13;
+		return 1;
+	}
+	for (size_t f = 0; f < sizeof(tls_flags) / sizeof(tls_flags[0]) + 1;
+	     f++) {
+		bool token = f == sizeof(tls_flags) / sizeof(tls_flags[0]);
+		if (strcmp(a, token ? "--token-file" : tls_flags[f].flag) != 0)
+			continue;
+		if (*i + 1 >= argc) {
+			fprintf(stderr, "cachew %s: %s needs a file\n", cmd, a);
+			return -1;
+		}
+		(*i)++;
+		if (token)
+			t->token_file = argv[*i];
+		else
+			snprintf((char *)&t->opts + tls_flags[f].off,
+			    CWI_OPT_STR_MAX, "%s", argv[*i]);
+		return 1;
+	}
+	return 0;
+}
+
+int
+cwi_status_connect(cwi_status_target *t, const char *cmd, cwi_conn **c,
+    char **token)
+{
 	cwi_transport_opts topts;
-	cwi_opts opts;
-	cwi_conn *c;
-	cwi_pmsg req, rep;
+
+	*c = NULL;
+	*token = NULL;
+	if (t->url == NULL)
+		t->url = getenv("CACHEW_SERVICE");
+	if (t->url == NULL || t->url[0] == '\0') {
+		fprintf(stderr, "cachew %s: name the dispatcher (cachew %s "
+				"tcp://host:port)\n", cmd, cmd);
+		return 2;
+	}
+	if (t->token_file != NULL && t->token_file[0] != '\0' &&
+	    cwi_auth_token_read(t->token_file, token) != CACHEW_OK) {
+		fprintf(stderr, "cachew %s: %s\n", cmd, cachew_errmsg());
+		return 2;
+	}
+	cwi_transport_opts_init(&topts);
+	cwi_rpc_client_tls(&t->opts, &topts);
+	if (cwi_dial(c, t->url, &topts) != CACHEW_OK) {
+		free(*token);
+		*token = NULL;
+		fprintf(stderr, "cachew %s: %s\n", cmd, cachew_errmsg());
+		return 1;
+	}
+	return 0;
+}
+
+cachew_err
+cwi_status_fetch(cwi_conn *c, const char *token, cwi_pmsg *rep)
+{
+	cwi_pmsg req;
 	cachew_err rv;
 
-	cwi_opts_defaults(&opts);
-	for (int i = 1; i < argc; i++) {
-		size_t f = 0;
+	cwi_pmsg_init(&req, CWI_MSG_STATUS);
+	if (token != NULL && (req.token = cwi_strdup(token)) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, rep);
+	cwi_pmsg_free(&req);
+	return rv;
+}
 
-		while (f < sizeof(tls_flags) / sizeof(tls_flags[0]) &&
-		       strcmp(argv[i], tls_flags[f].flag) != 0)
-			f++;
-		if (f < sizeof(tls_flags) / sizeof(tls_flags[0])) {
-			if (i + 1 >= argc) {
-				fprintf(stderr, "cachew status: %s needs a "
-						"file\n", argv[i]);
-				return 2;
-			}
-			snprintf((char *)&opts + tls_flags[f].off,
-			    CWI_OPT_STR_MAX, "%s", argv[++i]);
-		} else if (strcmp(argv[i], "--json") == 0)
+int
+cwi_status_cli(int argc, char **argv)
+{
+	cwi_status_target t;
+	char *token;
+	bool json = false;
+	cwi_conn *c;
+	cwi_pmsg rep;
+	cachew_err rv;
+	int st;
+
+	cwi_status_target_init(&t);
+	for (int i = 1; i < argc; i++) {
+		st = cwi_status_target_flag(&t, "status", argc, argv, &i);
+		if (st < 0)
+			return 2;
+		if (st > 0)
+			continue;
+		if (strcmp(argv[i], "--json") == 0)
 			json = true;
-		else if (strcmp(argv[i], "--token-file") == 0 && i + 1 < argc)
-			token_file = argv[++i];
-		else if (strncmp(argv[i], "--token-file=", 13) == 0)
-			token_file = argv[i] + 13;
 		else if (strcmp(argv[i], "--help") == 0 ||
 			 strcmp(argv[i], "-h") == 0) {
 			printf("usage: cachew status [URL] [--json] [--token-file "
@@ -267,38 +341,19 @@ cwi_status_cli(int argc, char **argv)
 			       "$CACHEW_TLS_CERT, $CACHEW_TLS_KEY\n"
 			       "  ($CACHEW_TLS_SERVER_NAME)\n");
 			return 0;
-		} else if (url == NULL && argv[i][0] != '-')
-			url = argv[i];
+		} else if (t.url == NULL && argv[i][0] != '-')
+			t.url = argv[i];
 		else {
 			fprintf(stderr, "cachew status: unexpected '%s'\n",
 			    argv[i]);
 			return 2;
 		}
 	}
-	if (url == NULL)
-		url = getenv("CACHEW_SERVICE");
-	if (url == NULL || url[0] == '\0') {
-		fprintf(stderr, "cachew status: name the dispatcher "
-				"(cachew status tcp://host:port)\n");
-		return 2;
-	}
-	if (token_file != NULL && token_file[0] != '\0' &&
-	    cwi_auth_token_read(token_file, &token) != CACHEW_OK) {
-		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
-		return 2;
-	}
-	cwi_transport_opts_init(&topts);
-	cwi_rpc_client_tls(&opts, &topts);
-	rv = cwi_dial(&c, url, &topts);
-	if (rv != CACHEW_OK) {
-		free(token);
-		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());
-		return 1;
-	}
-	cwi_pmsg_init(&req, CWI_MSG_STATUS);
-	req.token = token; /* req owns it now */
-	rv = cwi_rpc_call(c, &req, CWI_MSG_STATUS_REPLY, 5000, &rep);
-	cwi_pmsg_free(&req);
+	st = cwi_status_connect(&t, "status", &c, &token);
+	if (st != 0)
+		return st;
+	rv = cwi_status_fetch(c, token, &rep);
+	free(token);
 	cwi_conn_destroy(c);
 	if (rv != CACHEW_OK) {
 		fprintf(stderr, "cachew status: %s\n", cachew_errmsg());

@@ -20,6 +20,8 @@
 int cwi_cache_cli(int argc, char **argv);
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);
+/* `cachew top [URL]` (argv[0] == "top"): the live view; the exit code. */
+int cwi_top_cli(int argc, char **argv);
 
 /* One element as `cachew head` prints it (head_print.c): a line
  * "index: value" in numpy's style, or with json one JSON object

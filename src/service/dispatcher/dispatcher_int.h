@@ -148,6 +148,9 @@ typedef struct client {
 	uint64_t last_seen_ns;
 	uint64_t batch_time_ns;
 	uint64_t wait_time_ns;
+	/* Of its last heartbeat's interval, the share spent waiting for
+	 * data (0..1): live only, not journaled (0 until it reports). */
+	double wait_fraction;
 	double buffer_fill;
 	uint64_t round;
 	uint64_t told_target; /* block_round in its last reply */

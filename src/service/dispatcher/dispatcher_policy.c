@@ -113,11 +113,27 @@ cwi_dispatcher_set_worker_count(cwi_dispatcher *d, uint64_t now_ns,
 
 /* ---- samples ------------------------------------------------------------- */
 
+/* The share of a heartbeat's interval its client spent waiting for data:
+ * the wait over the time its batches took (batches x mean batch time);
+ * a wait with no batch at all is a client that only waited. */
+static double
+client_wait_fraction(const cwi_msg_client_heartbeat *req)
+{
+	double took = (double)req->batches * (double)req->batch_time_ns;
+
+	if (req->wait_time_ns == 0)
+		return 0;
+	if (took <= 0 || (double)req->wait_time_ns >= took)
+		return 1;
+	return (double)req->wait_time_ns / took;
+}
+
 void
 cwi_sizing_client_report(client *c, const cwi_msg_client_heartbeat *req)
 {
 	c->batch_time_ns = req->batch_time_ns;
 	c->wait_time_ns = req->wait_time_ns;
+	c->wait_fraction = client_wait_fraction(req);
 	c->buffer_fill = req->buffer_fill;
 	/* A peer's counts: a product that would wrap is not a measurement. */
 	if (req->batches > 0 && req->batch_time_ns > 0 &&

@@ -62,6 +62,24 @@ status_job_decisions(const job *j, cwi_job_status *js)
 	return CACHEW_OK;
 }
 
+/* The mean share of time its clients spent waiting for data, over those
+ * that reported batches or waits. */
+static double
+status_client_wait(const job *j)
+{
+	double sum = 0;
+	size_t n = 0;
+
+	for (size_t i = 0; i < j->nclients; i++) {
+		const client *c = &j->clients[i];
+		if (c->batch_time_ns == 0 && c->wait_time_ns == 0)
+			continue;
+		sum += c->wait_fraction;
+		n++;
+	}
+	return n > 0 ? sum / (double)n : 0;
+}
+
 static cachew_err
 status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 {
@@ -89,6 +107,7 @@ status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 		if (TASK(d, k)->job == j)
 			js->bytes_per_s += TASK(d, k)->bytes_per_s;
 	js->batch_time_ns = v.batch_time_ns;
+	js->client_wait = status_client_wait(j);
 	js->data_done = j->data_done;
 	js->finished = j->finished;
 	rv = status_job_decisions(j, js);
