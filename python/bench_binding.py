@@ -88,7 +88,7 @@ def w2_pipeline(d, threads):
 
 
 def to_torch(e):
-    return [t.to_torch() for t in e]
+    return [t.to_torch() for t in (e.values() if isinstance(e, dict) else e)]
 
 
 def w2(a):
