@@ -66,8 +66,8 @@ def main():
     for epoch in range(a.epochs):
         data.set_epoch(epoch)
         t0 = time.monotonic()
-        for images, labels in loader:
-            labels = labels % a.classes
+        for batch in loader:  # named components (parse_example's): a dict
+            images, labels = batch["image"], batch["label"] % a.classes
             opt.zero_grad()
             loss = loss_fn(model(images), labels)
             loss.backward()

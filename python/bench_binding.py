@@ -4,13 +4,16 @@ the C CLI on the same pipeline in the same run; medians of --reps runs.
 
   overhead  per-batch cost of the binding on range(N) | batch(32): the
             Python loop's time minus the CLI's, per batch (target < 5 us)
+  named     CPU time per element of two-component elements read as
+            tuples and as dicts (named), runs interleaved, and the
+            difference: what a dict element costs over a tuple
   w2        W2 (bench/w2.py's pipeline: TFRecord JPEGs -> fused random
             resized crop 224 -> flip -> batch 64 -> normalize) through
             Python into torch tensors vs `cachew run` (target >= 0.95)
   rss       VmRSS after each of --epochs epochs of W2 through Python
             (target: growth under 5% from the second epoch on)
 
-Usage: /usr/bin/python3 python/bench_binding.py [overhead|w2|rss|all]
+Usage: /usr/bin/python3 python/bench_binding.py [overhead|named|w2|rss|all]
            [--reps 3] [--images 500] [--epochs 20] [--threads 1]
 Run `make python` first; W2's data is made by `cachew gen imagenet` into
 bench/data/ (as bench/w2.py does).
@@ -70,6 +73,39 @@ def overhead(a):
     print("overhead per batch (us): " + summary(per))
 
 
+def py_cpu_per_element(pipeline, opts, touch):
+    """CPU time of the process (all its threads) per element read, in us:
+    steadier than wall time on a machine shared with other work."""
+    ds = cachew.Dataset.parse(pipeline)
+    n = 0
+    t0 = time.process_time()
+    with ds.iterator(**opts) as it:
+        for e in it:
+            touch(e)
+            n += 1
+    return (time.process_time() - t0) / n * 1e6
+
+
+def named(a):
+    """What named components cost per element handed to Python: the same
+    two-component elements read as tuples and as dicts, with no batch so
+    that the binding's share is large, runs interleaved; the figure is the
+    median of the per-pair differences of CPU time."""
+    n = 2000000
+    opts = {"service": "local", "threads": 1, "seed": 1}
+    runs = {"tuple": ("(0, 1)", lambda e: e[1]), "dict": ("{a=0, b=1}", lambda e: e["b"])}
+    per = {"tuple": [], "dict": []}
+    for _ in range(a.reps):
+        for label, (literal, touch) in runs.items():
+            p = "from_tensors(%s) | repeat(%d)" % (literal, n)
+            per[label].append(py_cpu_per_element(p, opts, touch))
+        print("  tuple %.3f us, dict %.3f us CPU per element" % (per["tuple"][-1], per["dict"][-1]))
+    for label in runs:
+        print("CPU per element, %s (us): %s" % (label, summary(per[label])))
+    print("dict minus tuple per element (us): "
+          + summary([d - t for d, t in zip(per["dict"], per["tuple"])]))
+
+
 def w2_data(images):
     d = os.path.join(ROOT, "bench", "data", "w2-%d-s1" % images)
     if not os.path.isdir(d):
@@ -88,7 +124,7 @@ def w2_pipeline(d, threads):
 
 
 def to_torch(e):
-    return [t.to_torch() for t in e]
+    return [t.to_torch() for t in (e.values() if isinstance(e, dict) else e)]
 
 
 def w2(a):
@@ -128,13 +164,13 @@ def rss(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", nargs="?", default="all", choices=["overhead", "w2", "rss", "all"])
+    ap.add_argument("what", nargs="?", default="all", choices=["overhead", "named", "w2", "rss", "all"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--images", type=int, default=500)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    for name, fn in (("overhead", overhead), ("w2", w2), ("rss", rss)):
+    for name, fn in (("overhead", overhead), ("named", named), ("w2", w2), ("rss", rss)):
         if a.what in (name, "all"):
             fn(a)
 

@@ -2741,7 +2741,8 @@ assert_tls_refused(tsrv *s, const char *cert, const char *key,
 	msg = refused_call(cwi_listener_url(s->l), o);
 	assert_names(msg, cwi_listener_url(s->l), reason);
 	if (log != NULL)
-		ck_assert_msg(log_wait(log), "the log lacks '%s'", log);
+		ck_assert_msg(log_wait(log), "the log lacks '%s': %s", log,
+		    log_buf);
 	free(msg);
 	log_stop();
 }

@@ -7,8 +7,16 @@ Pipelines read like tf.data::
     for (x,) in ds:                 # tuples of cachew.Tensor
         a = x.to_numpy()            # zero-copy, read-only
 
-    ds = cachew.Dataset.parse('tfrecord("data/*.tfrecord") | batch(32)')
-    for (img, label) in ds.iterator(service="tcp://dispatcher:7070"):
+    ds = cachew.Dataset.parse('from_tensors({image=[1, 2], label=3})')
+    for e in ds:                    # named components: dicts
+        e["image"], e["label"]
+    ds.element_spec                 # {'image': TensorSpec(...), 'label': ...}
+    ds.cardinality(), len(ds)       # 1, 1
+
+    ds = cachew.Dataset.parse('tfrecord("data/*.tfrecord") | parse_example('
+                              'img="image/encoded:bytes", label="y:i64") | batch(32)')
+    for e in ds.iterator(service="tcp://dispatcher:7070"):
+        img, label = e["img"], e["label"]
         ...
 
 Each builder appends one stage to the pipeline string, so every operator
@@ -23,7 +31,9 @@ subclasses...), carrying the library's message.
 import logging as _logging
 import math as _math
 import numbers as _numbers
+import re as _re
 import threading as _threading
+from builtins import zip as _builtin_zip
 
 from . import _cachew
 from ._cachew import (  # noqa: F401  (the public names)
@@ -54,6 +64,59 @@ from ._cachew import (  # noqa: F401  (the public names)
 __version__ = _cachew.version()
 
 AUTO = "auto"  # parallel=AUTO, prefetch(AUTO): tuned online
+
+# Dataset.cardinality() of a dataset that never ends, and of one whose
+# length is not known before iterating it: tf.data's values, also under
+# tf.data's names.
+INFINITE = -1
+UNKNOWN = -2
+INFINITE_CARDINALITY = INFINITE
+UNKNOWN_CARDINALITY = UNKNOWN
+
+
+class TensorSpec:
+    """What one component of a dataset's elements holds, known when the
+    pipeline is built (tf.data's ``tf.TensorSpec``).
+
+    ``shape``: a tuple of dimensions, ``None`` for a dimension not known
+    (a batch without ``drop_remainder``), or ``None`` itself when the rank
+    is not known. ``dtype``: a ``Tensor.dtype`` name (``"u8"``, ``"i64"``,
+    ``"bytes"``...), ``None`` when not known. ``name``: the component's
+    name, ``None`` when unnamed.
+    """
+
+    __slots__ = ("shape", "dtype", "name")
+
+    def __init__(self, shape, dtype, name=None):
+        self.shape = None if shape is None else tuple(shape)
+        self.dtype = dtype
+        self.name = name
+
+    def __eq__(self, other):
+        if not isinstance(other, TensorSpec):
+            return NotImplemented
+        return (self.shape, self.dtype, self.name) == (other.shape, other.dtype, other.name)
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype, self.name))
+
+    def __repr__(self):
+        return "TensorSpec(shape=%r, dtype=%r, name=%r)" % (self.shape, self.dtype, self.name)
+
+    def is_compatible_with(self, tensor):
+        """Whether ``tensor`` (a ``Tensor`` or a ``TensorSpec``) fits this
+        spec: the same dtype and rank, and equal dimensions where both are
+        known."""
+        dtype, shape = tensor.dtype, tensor.shape
+        if self.dtype is not None and dtype is not None and dtype != self.dtype:
+            return False
+        if self.shape is None or shape is None:
+            return True
+        return len(shape) == len(self.shape) and all(
+            a is None or b is None or a == b for a, b in _builtin_zip(self.shape, shape))
+
+
+_NAME = _re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _literal(v):
@@ -90,6 +153,13 @@ def _literal(v):
         return "[" + ", ".join(_literal(x) for x in v) + "]"
     if isinstance(v, tuple):
         return "(" + ", ".join(_literal(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, dict):
+        # A map: named components in from_tensors and from_list.
+        for k in v:
+            if not isinstance(k, str) or not _NAME.fullmatch(k):
+                raise TypeError("cachew: a map key must be a name ([A-Za-z_][A-Za-z0-9_]*), "
+                                "not %r" % (k,))
+        return "{" + ", ".join("%s=%s" % (k, _literal(x)) for k, x in v.items()) + "}"
     if hasattr(v, "tolist"):  # numpy arrays and scalars
         return _literal(v.tolist())
     raise TypeError("cachew: cannot write %r (%s) as a pipeline value" % (v, type(v).__name__))
@@ -144,6 +214,44 @@ class Dataset:
         """The 128-bit structural fingerprint as 32 hex digits: equal for
         pipelines that compute the same data."""
         return self._ds.fingerprint()
+
+    @property
+    def element_spec(self):
+        """What the elements hold, known before any is read, in the
+        structure iteration yields: a tuple of ``TensorSpec``, one per
+        component, or a dict ``{name: TensorSpec}`` in component order
+        when components are named (an unnamed one beside them keyed by
+        its position). ``None`` when not known: downstream of a function
+        registered from C or by a plugin (``docs/element-spec.md``)."""
+        spec = self._ds.spec()
+        if spec is None:
+            return None
+        specs = [TensorSpec(shape, dtype, name) for dtype, shape, name in spec]
+        if all(s.name is None for s in specs):
+            return tuple(specs)
+        return {(i if s.name is None else s.name): s for i, s in enumerate(specs)}
+
+    def cardinality(self):
+        """Elements per epoch, known before iterating: a count,
+        ``cachew.INFINITE`` (``repeat()``) or ``cachew.UNKNOWN``
+        (``filter``, files not yet read). Per operator in
+        ``docs/element-spec.md``."""
+        return self._ds.cardinality()
+
+    def __len__(self):
+        # tf.data's: only a known, finite count is a length.
+        n = self._ds.cardinality()
+        if n == INFINITE:
+            raise TypeError("cachew: the dataset is infinite")
+        if n < 0:
+            raise TypeError("cachew: the dataset's length is unknown; "
+                            "cardinality() is cachew.UNKNOWN")
+        return n
+
+    def __bool__(self):
+        # A dataset is true even when empty, infinite or of unknown length
+        # (__len__ alone would make bool() raise or say False).
+        return True
 
     @property
     def op(self):
@@ -237,7 +345,8 @@ class Dataset:
         return Dataset(self._ds, merged)
 
     def iterator(self, writable=False, **options):
-        """Runs the pipeline: an Iterator yielding tuples of Tensors.
+        """Runs the pipeline: an Iterator yielding tuples of Tensors, or
+        dicts ``{name: Tensor}`` when the components are named.
 
         ``writable=True`` gives writable arrays: a buffer the element
         alone owns is written in place, one that belongs to a received
@@ -281,7 +390,8 @@ def range(*args, **kwargs):  # noqa: A001  (tf.data's name)
 
 
 def from_tensors(values):
-    """One element from a literal; a tuple gives several components."""
+    """One element from a literal; a tuple gives several components, a
+    dict named ones (in key order)."""
     return _source("from_tensors", values)
 
 

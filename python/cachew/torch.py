@@ -3,17 +3,21 @@
     from torch.utils.data import DataLoader
     import cachew, cachew.torch
 
-    ds = cachew.Dataset.parse('tfrecord("train/*.tfrecord") | ... | batch(64)')
+    ds = cachew.Dataset.parse('tfrecord("train/*.tfrecord") | parse_example('
+                              'image="image/encoded:bytes", label="image/class/label:i64")'
+                              ' | ... | batch(64)')
     data = cachew.torch.IterableDataset(ds, seed=0)
     loader = DataLoader(data, batch_size=None, num_workers=2)
     for epoch in range(epochs):
         data.set_epoch(epoch)
-        for images, labels in loader:
-            ...
+        for batch in loader:            # named components: a dict
+            images, labels = batch["image"], batch["label"]
 
 The pipeline batches, so the loader must not (``batch_size=None``). Each
 item is a tuple of torch tensors viewing the element's memory (DLPack, no
-copy).
+copy), or a dict of them when the components are named
+(``parse_example``, ``from_tensors({...})``). ``len()`` is the epoch's
+length over all workers when the pipeline knows it.
 
 Workers (``num_workers`` > 0, the default fork start method): each gets a
 disjoint share of the epoch.
@@ -101,8 +105,27 @@ class IterableDataset(_data.IterableDataset):
             return ds, opts
         return ds.shard_source(info.num_workers, info.id), opts
 
+    def __len__(self):
+        """The elements of an epoch over all workers, when the pipeline
+        knows it (``Dataset.cardinality()``); TypeError otherwise, as
+        ``len()`` of a ``cachew.Dataset`` (the DataLoader then has no
+        length either)."""
+        return len(self.dataset)
+
+    def __bool__(self):
+        return True
+
     def __iter__(self):
         ds, opts = self._plan()
         with ds.iterator(writable=self.writable, **opts) as it:
             for element in it:
-                yield tuple(t.to_torch() if t.dtype != "bytes" else t.tolist() for t in element)
+                if isinstance(element, dict):
+                    yield {k: _to_torch(t) for k, t in element.items()}
+                else:
+                    yield tuple(_to_torch(t) for t in element)
+
+
+def _to_torch(t):
+    """A component as torch sees it: a tensor viewing it, or for bytes
+    (which torch has no dtype for) the bytes themselves."""
+    return t.to_torch() if t.dtype != "bytes" else t.tolist()

@@ -20,8 +20,8 @@
  * within a slice whatever the pipeline is doing; the pull goes on, and
  * the next call continues it (nothing is lost).
  *
- * Elements are tuples of Tensors today. Named components (a dict) will
- * come from element_to_python (pycachew_iter.c) alone.
+ * An element is a tuple of Tensors, or a dict when its components are
+ * named (element_to_python, pycachew_iter.c).
  */
 #include "pycachew.h"
 
@@ -136,6 +136,37 @@ add_exceptions(PyObject *m)
 	return 0;
 }
 
+/* A component's name as a str: UTF-8, bytes that are not kept as
+ * surrogates (as str(ds) keeps them), interned, since the same few names
+ * key every element's dict and the user's lookups of them. */
+PyObject *
+pyc_name(const char *name)
+{
+	PyObject *s = PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name),
+	    "surrogateescape");
+
+	if (s != NULL)
+		PyUnicode_InternInPlace(&s);
+	return s;
+}
+
+PyObject *
+pyc_tuple_of(size_t n, PyObject *(*item)(void *ctx, size_t i),
+    void *ctx)
+{
+	PyObject *t = PyTuple_New((Py_ssize_t)n);
+
+	for (size_t i = 0; t != NULL && i < n; i++) {
+		PyObject *v = item(ctx, i);
+		if (v == NULL) {
+			Py_CLEAR(t);
+			break;
+		}
+		PyTuple_SET_ITEM(t, (Py_ssize_t)i, v);
+	}
+	return t;
+}
+
 /* ---- Dataset ------------------------------------------------------------------ */
 
 
@@ -198,25 +229,99 @@ dataset_get_op(pyc_dataset *o, void *closure)
 }
 
 static PyObject *
+dataset_input(void *ds, size_t i)
+{
+	return dataset_wrap(cachew_dataset_retain(cachew_dataset_input(ds, i)));
+}
+
+static PyObject *
 dataset_get_inputs(pyc_dataset *o, void *closure)
 {
-	size_t n = cachew_dataset_num_inputs(o->ds);
-	PyObject *t = PyTuple_New((Py_ssize_t)n);
-
 	(void)closure;
-	for (size_t i = 0; t != NULL && i < n; i++) {
-		PyObject *in = dataset_wrap(
-		    cachew_dataset_retain(cachew_dataset_input(o->ds, i)));
-		if (in == NULL) {
-			Py_DECREF(t);
-			return NULL;
+	return pyc_tuple_of(cachew_dataset_num_inputs(o->ds), dataset_input, o->ds);
+}
+
+static PyObject *
+dataset_cardinality(pyc_dataset *o, PyObject *unused)
+{
+	(void)unused;
+	return PyLong_FromLongLong((long long)cachew_dataset_cardinality(o->ds));
+}
+
+/* A spec's shape: a tuple with None for a dimension not known (-1), or
+ * None when the rank is not (-1). */
+static PyObject *
+shape_to_python(int rank, const int64_t *dims)
+{
+	PyObject *shape;
+
+	if (rank < 0)
+		Py_RETURN_NONE;
+	shape = PyTuple_New(rank);
+	for (int k = 0; shape != NULL && k < rank; k++) {
+		PyObject *d = dims[k] < 0 ? Py_NewRef(Py_None)
+					  : PyLong_FromLongLong((long long)dims[k]);
+		if (d == NULL) {
+			Py_CLEAR(shape);
+			break;
 		}
-		PyTuple_SET_ITEM(t, (Py_ssize_t)i, in);
+		PyTuple_SET_ITEM(shape, k, d);
 	}
-	return t;
+	return shape;
+}
+
+/* One component of the spec: (dtype, shape, name), None for what is not
+ * known (a dtype, a rank; a dimension is None in shape), name None when
+ * unnamed. */
+static PyObject *
+component_spec(void *dataset, size_t i)
+{
+	const cachew_dataset *ds = dataset;
+	int64_t dims[CACHEW_MAX_RANK];
+	const char *name = NULL;
+	cachew_dtype dtype;
+	PyObject *shape, *key, *r;
+	int rank;
+	cachew_err rv;
+
+	rv = cachew_dataset_component(ds, i, &dtype, &rank, dims, &name);
+	if (rv != CACHEW_OK)
+		return pyc_raise(rv, cachew_errmsg());
+	shape = shape_to_python(rank, dims);
+	if (shape == NULL)
+		return NULL;
+	key = name != NULL ? pyc_name(name) : Py_NewRef(Py_None);
+	if (key == NULL) {
+		Py_DECREF(shape);
+		return NULL;
+	}
+	r = Py_BuildValue("(zOO)", dtype == CACHEW_INVALID ? NULL
+	    : cachew_dtype_name(dtype), shape, key);
+	Py_DECREF(shape);
+	Py_DECREF(key);
+	return r;
+}
+
+/* The element spec: a tuple of (dtype, shape, name) per component, or
+ * None when it is not known (downstream of a function registered from C
+ * or a plugin: cachew_dataset_num_components is 0). */
+static PyObject *
+dataset_spec(pyc_dataset *o, PyObject *unused)
+{
+	size_t n = cachew_dataset_num_components(o->ds);
+
+	(void)unused;
+	if (n == 0)
+		Py_RETURN_NONE;
+	return pyc_tuple_of(n, component_spec, o->ds);
 }
 
 static PyMethodDef dataset_methods[] = {
+    {"cardinality", (PyCFunction)dataset_cardinality, METH_NOARGS,
+	"Elements per epoch, -1 (infinite) or -2 (unknown)."},
+    {"spec", (PyCFunction)dataset_spec, METH_NOARGS,
+	"The element spec: a tuple of (dtype, shape, name) per component "
+	"(None for what is not known), or None when not known."},
     {"to_string", (PyCFunction)dataset_to_string, METH_NOARGS,
 	"The canonical pipeline string."},
     {"fingerprint", (PyCFunction)dataset_fingerprint, METH_NOARGS,

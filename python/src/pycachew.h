@@ -22,6 +22,15 @@
  * returns NULL. */
 PyObject *pyc_raise(cachew_err code, const char *msg);
 
+/* A component's name as an interned str (bytes that are not UTF-8 kept
+ * as surrogates); a new reference, NULL with an exception set. */
+PyObject *pyc_name(const char *name);
+
+/* A tuple of n items, item i made by item(ctx, i) (a new reference, NULL
+ * with an exception set, which fails the whole). */
+PyObject *pyc_tuple_of(size_t n, PyObject *(*item)(void *ctx, size_t i),
+    void *ctx);
+
 typedef struct {
 	PyObject_HEAD
 	cachew_dataset *ds;

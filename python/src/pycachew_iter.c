@@ -1,8 +1,8 @@
 /*
  * pycachew_iter.c - cachew.Iterator: runs a pipeline with options given
- * as a dict and yields its elements as tuples of Tensors. The GIL is
- * released around creation (which may connect to a service), waits and
- * destroy; a wait is cut into WAIT_SLICE_MS slices of
+ * as a dict and yields its elements as tuples of Tensors, or dicts of
+ * them when the components are named. The GIL is released around
+ * creation (which may connect to a service), waits and destroy; a wait is cut into WAIT_SLICE_MS slices of
  * cachew_iterator_next_timeout with PyErr_CheckSignals in between.
  */
 #include "pycachew.h"
@@ -20,6 +20,9 @@ typedef struct {
 	 * that next() when it returns (the C iterator is one thread at a
 	 * time, and must not be destroyed under a call). */
 	bool busy, close_pending;
+	/* The dict keys made for the last named element, by position
+	 * (component_key). */
+	PyObject *keys[CACHEW_MAX_COMPONENTS];
 } IteratorObject;
 
 
@@ -124,6 +127,8 @@ static void
 iterator_dealloc(IteratorObject *o)
 {
 	iterator_close_it(o);
+	for (size_t i = 0; i < CACHEW_MAX_COMPONENTS; i++)
+		Py_CLEAR(o->keys[i]);
 	Py_TYPE(o)->tp_free((PyObject *)o);
 }
 
@@ -172,15 +177,74 @@ make_writable(cachew_element **ep)
 	return CACHEW_OK;
 }
 
-/* An element as Python sees it: a tuple of Tensors. (Named components
- * will make it a dict here.) Consumes the caller's reference to e. */
+/* The dict key of component i of e: its name, or its position when it
+ * is unnamed. The str made for position i is kept and given again while
+ * the elements name that position alike, so a stream of dicts makes no
+ * new strings. A new reference; NULL with an exception set. */
 static PyObject *
-element_to_python(cachew_element *e, bool writable)
+component_key(IteratorObject *o, const cachew_element *e, size_t i)
+{
+	const char *name = cachew_element_name(e, i);
+	PyObject *k;
+
+	if (name == NULL)
+		return PyLong_FromSize_t(i);
+	if (o->keys[i] != NULL) {
+		const char *cached = PyUnicode_AsUTF8(o->keys[i]);
+		if (cached != NULL && strcmp(cached, name) == 0)
+			return Py_NewRef(o->keys[i]);
+		PyErr_Clear(); /* a name kept as surrogates: made anew */
+	}
+	k = pyc_name(name);
+	if (k == NULL)
+		return NULL;
+	Py_XDECREF(o->keys[i]);
+	o->keys[i] = Py_NewRef(k);
+	return k;
+}
+
+static PyObject *
+tensor_of(void *element, size_t i)
+{
+	return pyc_tensor_new(element, i, false);
+}
+
+static PyObject *
+writable_tensor_of(void *element, size_t i)
+{
+	return pyc_tensor_new(element, i, true);
+}
+
+/* {name: Tensor} in component order; an unnamed component (enumerate's
+ * counter beside named ones, a zip of named and unnamed inputs) is keyed
+ * by its position, as component= addresses it. */
+static PyObject *
+element_dict(IteratorObject *o, cachew_element *e, size_t n)
+{
+	PyObject *d = PyDict_New();
+
+	for (size_t i = 0; d != NULL && i < n; i++) {
+		PyObject *k = component_key(o, e, i);
+		PyObject *c = k != NULL ? pyc_tensor_new(e, i, o->writable) : NULL;
+		if (c == NULL || PyDict_SetItem(d, k, c) < 0)
+			Py_CLEAR(d);
+		Py_XDECREF(k);
+		Py_XDECREF(c);
+	}
+	return d;
+}
+
+/* An element as Python sees it: a tuple of Tensors, or a dict when any
+ * component is named (docs/python.md). Consumes the caller's reference
+ * to e; each Tensor takes its own. */
+static PyObject *
+element_to_python(IteratorObject *o, cachew_element *e)
 {
 	size_t n;
-	PyObject *t;
+	bool named = false;
+	PyObject *r;
 
-	if (writable) {
+	if (o->writable) {
 		cachew_err rv = make_writable(&e);
 		if (rv != CACHEW_OK) {
 			cachew_element_release(e);
@@ -188,21 +252,15 @@ element_to_python(cachew_element *e, bool writable)
 		}
 	}
 	n = cachew_element_size(e);
-	t = PyTuple_New((Py_ssize_t)n);
-	for (size_t i = 0; t != NULL && i < n; i++) {
-		PyObject *c = pyc_tensor_new(e, i, writable);
-		if (c == NULL) {
-			Py_CLEAR(t);
-			break;
-		}
-		PyTuple_SET_ITEM(t, (Py_ssize_t)i, c);
-	}
+	assert(n <= CACHEW_MAX_COMPONENTS);
+	for (size_t i = 0; !named && i < n; i++)
+		named = cachew_element_name(e, i) != NULL;
+	r = named ? element_dict(o, e, n)
+		  : pyc_tuple_of(n, o->writable ? writable_tensor_of : tensor_of, e);
 	cachew_element_release(e);
-	return t;
+	return r;
 }
 
-/* The next element: what is ready is taken with the GIL held; a wait is
- * done without it, in slices, checking for signals in between. */
 /* Waits for the next element without the GIL, in slices, checking for
  * signals (whose handlers may run any Python code) in between. */
 static cachew_err
@@ -258,7 +316,7 @@ iterator_next(IteratorObject *o)
 		return NULL; /* StopIteration */
 	if (rv != CACHEW_OK)
 		return pyc_raise(rv, cachew_iterator_errmsg(o->it));
-	return element_to_python(e, o->writable);
+	return element_to_python(o, e);
 }
 
 static PyObject *
@@ -346,7 +404,8 @@ PyTypeObject pyc_iterator_type = {
     .tp_dealloc = (destructor)iterator_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Iterator(dataset, options=None, writable=False): runs a "
-	      "pipeline and yields its elements as tuples of Tensors.",
+	      "pipeline and yields its elements as tuples of Tensors, or dicts "
+	      "{name: Tensor} when the components are named.",
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)iterator_next,
     .tp_methods = iterator_methods,

@@ -94,3 +94,36 @@ def test_a_parent_that_used_the_service_forks_with_a_clear_error(cluster):
                         multiprocessing_context="forkserver")
     got = [v for (x,) in loader for v in x.tolist()]
     assert collections.Counter(got) == collections.Counter(range(100))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_named_components_are_dicts_of_torch_tensors(workers):
+    ds = cachew.Dataset.parse("range(100) | map(cast, dtype=f32) | enumerate | batch(10)")
+    named = cachew.from_tensors({"x": 1.5, "tag": "t"}).repeat(100).batch(10)
+    data = cachew.torch.IterableDataset(cachew.zip(ds, named), seed=2)
+    loader = DataLoader(data, batch_size=None, num_workers=workers)
+    got = list(loader)
+    assert len(got) == 10
+    seen = []
+    for item in got:
+        assert list(item) == [0, 1, "tag", "x"]
+        assert item[0].dtype == torch.int64 and item[1].dtype == torch.float32
+        assert item["x"].dtype == torch.float64 and item["x"].tolist() == [1.5] * 10
+        assert item["tag"] == [b"t"] * 10  # bytes: no torch dtype
+        seen.extend(item[0].tolist())
+    assert sorted(seen) == list(range(100))
+
+
+def test_len_is_the_epoch_over_all_workers_when_known():
+    data = cachew.torch.IterableDataset(PIPE, seed=5)
+    assert len(data) == 100
+    loader = DataLoader(data, batch_size=None, num_workers=2)
+    assert len(loader) == 100 and len(list(loader)) == 100
+    for pipeline, needle in [("range(10) | repeat", "infinite"),
+                             ('from_list(["a"]) | filter(is_valid_jpeg)', "unknown")]:
+        data = cachew.torch.IterableDataset(pipeline)
+        with pytest.raises(TypeError, match=needle):
+            len(data)
+        with pytest.raises(TypeError, match=needle):
+            len(DataLoader(data, batch_size=None))
+        assert data

@@ -173,6 +173,14 @@ ssl_err(nng_tls_engine_conn *ec, int ret)
 		} else if (ERR_peek_error() == 0) {
 			rv = NNG_ECONNSHUT; /* EOF where a record was due */
 		}
+		/* A client that drops the connection right after our
+		 * certificate flight refused it: its alert may be lost to the
+		 * reset its close sends (it leaves the rest of our flight
+		 * unread), so say what the alert would have said. A port
+		 * probe that never sent a ClientHello stays a reset. */
+		if (SSL_is_server(ec->ssl) && !SSL_is_init_finished(ec->ssl) &&
+		    SSL_get_state(ec->ssl) == TLS_ST_SW_SRVR_DONE)
+			rv = NNG_ECRYPTO;
 		break;
 	default:
 		break;
