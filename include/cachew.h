@@ -847,6 +847,13 @@ CACHEW_API cachew_err cachew_dataset_filter(cachew_dataset **out,
  * take_while). Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_take_while(cachew_dataset **out,
     cachew_dataset *in, const char *fn, const cachew_params *fn_params);
+/* Yields the first occurrence of each distinct value of in, in in's order
+ * (tf.data's unique). in's elements must be one scalar integer (u8, i32,
+ * i64) or string component: other specs are CACHEW_ETYPE here. Every
+ * distinct value is held (strings copied) until the iterator is
+ * destroyed. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_unique(cachew_dataset **out,
+    cachew_dataset *in);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

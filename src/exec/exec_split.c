@@ -32,6 +32,7 @@ static const struct {
 } client_ops[] = {
     {"take", "selects by position in the whole stream"},
     {"take_while", "ends the whole stream at the first element it rejects"},
+    {"unique", "keeps the first occurrence of a value in the whole stream"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},

@@ -232,6 +232,13 @@ cachew_dataset_take_while(cachew_dataset **out, cachew_dataset *in,
 }
 
 cachew_err
+cachew_dataset_unique(cachew_dataset **out, cachew_dataset *in)
+{
+	BEGIN;
+	return kv_build(&b, out, "unique", &in, 1);
+}
+
+cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)
 {
