@@ -854,6 +854,27 @@ CACHEW_API cachew_err cachew_dataset_take_while(cachew_dataset **out,
  * destroyed. Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_unique(cachew_dataset **out,
     cachew_dataset *in);
+/* Yields the running state of a built-in reducer after each element of in
+ * (tf.data's scan with a function whose output is its new state).
+ * reducer is "sum", "prod", "min" or "max", combining the elements value
+ * by value (every element must have the first's dtypes and shapes: u8,
+ * i32, i64, f32 or f64; integers wrap), or "count" (an i64 scalar
+ * counting the elements). initial is the state's first value in every
+ * value, as a number literal ("0", "-3", "0.5"), or NULL for the
+ * reducer's own (sum 0, prod 1, count 0; min and max start from the first
+ * element). Reducers are named rather than user functions because a
+ * function (cachew_op_def) carries no running state. Unknown reducers are
+ * CACHEW_EINVAL, elements they cannot take CACHEW_ETYPE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_scan(cachew_dataset **out,
+    cachew_dataset *in, const char *reducer, const char *initial);
+/* Reads the whole of in and yields one element, the reducer's final state
+ * (tf.data's Dataset.reduce, as a dataset of one element); reducer and
+ * initial as for cachew_dataset_scan. An empty input yields the initial
+ * state, shaped by in's element spec (which must then be known, with
+ * initial given for min and max). An infinite in is CACHEW_EINVAL here.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_reduce(cachew_dataset **out,
+    cachew_dataset *in, const char *reducer, const char *initial);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

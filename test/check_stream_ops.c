@@ -1,6 +1,6 @@
 /*
  * check_stream_ops.c - operators whose output depends on the whole
- * stream rather than on one element: unique. Modelled on the examples of
+ * stream rather than on one element: unique, scan and reduce. Modelled on the examples of
  * tf.data's docstrings, run in-process and through service=embedded,
  * with their specs, refusals and saved positions.
  */
@@ -224,6 +224,145 @@ START_TEST(unique_resumes_strings)
 }
 END_TEST
 
+/* ---- scan and reduce ------------------------------------------------------- */
+
+/* tf.data: range(10).scan(0, lambda s, i: (s + i, s + i)) is 0, 1, 3, 6,
+ * 10, 15, 21, 28, 36, 45. */
+START_TEST(scan_as_in_tf_data_docs)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		cwt_seq_is("range(10) | scan(sum)", o,
+		    "0,1,3,6,10,15,21,28,36,45");
+		cwt_seq_is("range(4) | scan(sum, initial=100)", o,
+		    "100,101,103,106");
+		cwt_seq_is("range(1, 6) | scan(prod)", o, "1,2,6,24,120");
+		cwt_seq_is("from_list([\"a\", \"b\", \"c\"]) | scan(count)", o,
+		    "1,2,3");
+		cwt_seq_is("from_list([3, 1, 4, 1, 5]) | scan(max)", o,
+		    "3,3,4,4,5");
+		cwt_seq_is("from_list([3, 1, 4]) | scan(min, initial=2)", o,
+		    "2,1,1");
+		/* Tensors combine value by value. */
+		cwt_seq_is("range(3) | batch(3) | repeat(3) | scan(sum)", o,
+		    "[0 1 2],[0 2 4],[0 3 6]");
+		/* Integers wrap, as tf.data's do. */
+		cwt_seq_is("from_list([2147483647, 1]) | map(cast, dtype=i32) "
+			   "| scan(sum) | map(cast, dtype=i64)", o,
+		    "2147483647,-2147483648");
+		cwt_seq_is("range(0) | scan(sum)", o, "");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+/* tf.data: range(5).reduce(0, lambda x, _: x + 1) is 5, and
+ * range(5).reduce(0, lambda x, y: x + y) is 10; here a dataset of one
+ * element. */
+START_TEST(reduce_as_in_tf_data_docs)
+{
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char errmsg[512] = "";
+
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		cwt_seq_is("range(5) | reduce(count)", o, "5");
+		cwt_seq_is("range(5) | reduce(sum)", o, "10");
+		cwt_seq_is("range(1, 6) | reduce(prod)", o, "120");
+		cwt_seq_is("from_list([3, 9, 4]) | reduce(max)", o, "9");
+		/* An empty input yields the initial state. */
+		cwt_seq_is("range(0) | reduce(sum)", o, "0");
+		cwt_seq_is("range(0) | reduce(count, initial=7)", o, "7");
+		cwt_seq_is("range(0) | reduce(min, initial=-4)", o, "-4");
+		cwt_seq_is("range(3) | batch(3) | repeat(2) | reduce(sum)", o,
+		    "[0 2 4]");
+		cwt_seq_is("range(10) | reduce(sum) | repeat(2)", o, "45,45");
+		cwt_run_fails("range(0) | reduce(min)", o, CACHEW_EINVAL,
+		    "reduce(min): the input is empty and there is no initial "
+		    "value to yield");
+		cachew_options_destroy(o);
+	}
+	ck_assert_int_eq(cwt_run("range(4) | map(cast, dtype=f64) | "
+	    "reduce(sum, initial=0.5)", NULL, &v, &n, errmsg, sizeof(errmsg)),
+	    CACHEW_OK);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_double_eq(cwt_f64(v[0], 0), 6.5);
+	cwt_free(v, n);
+}
+END_TEST
+
+START_TEST(scan_reduce_specs_cardinality_and_builders)
+{
+	cachew_dataset *in, *ds;
+	char *s = NULL;
+
+	spec_card_is("range(10) | scan(sum)", "i64[]", 10);
+	spec_card_is("from_list([\"a\"]) | scan(count)", "i64[]", 1);
+	spec_card_is("range(10) | batch(3) | scan(max)", "i64[-1]", 4);
+	spec_card_is("range(10) | reduce(sum)", "i64[]", 1);
+	spec_card_is("range(0) | reduce(count)", "i64[]", 1);
+	spec_card_is("range(3) | repeat() | scan(sum)", "i64[]",
+	    CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(cachew_dataset_range(&in, 0, 10, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_scan(&ds, in, "sum", NULL), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=10, step=1) | "
+			    "scan(reducer=sum)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ck_assert_int_eq(cachew_dataset_reduce(&ds, in, "min", "-2"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=10, step=1) | "
+			    "reduce(reducer=min, initial=-2)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_scan(&ds, in, "mean", NULL),
+	    CACHEW_EINVAL);
+	ck_assert_ptr_null(ds);
+	ck_assert_int_eq(cachew_dataset_reduce(&ds, in, "sum", "0.5"),
+	    CACHEW_ETYPE);
+	ck_assert_ptr_null(ds);
+	cachew_dataset_release(in);
+}
+END_TEST
+
+START_TEST(scan_reduce_refuse_what_they_cannot_take)
+{
+	cwt_build_refused("range(3) | scan(mean)", CACHEW_EINVAL,
+	    "scan: unknown reducer 'mean': the reducers are sum, prod, min, "
+	    "max and count");
+	cwt_build_refused("from_list([\"a\"]) | scan(sum)", CACHEW_ETYPE,
+	    "scan(sum): component 0 is bytes; the reducer takes u8, i32, "
+	    "i64, f32 or f64");
+	cwt_build_refused("range(3) | reduce(sum, initial=0.5)", CACHEW_ETYPE,
+	    "and a fractional initial only for f32 and f64");
+	cwt_build_refused("range(3) | scan(count, initial=1.5)",
+	    CACHEW_EINVAL, "scan(count): initial must be an integer");
+	cwt_build_refused("range(3) | reduce(sum, initial=\"x\")",
+	    CACHEW_EINVAL, "reduce: initial must be a number");
+	cwt_build_refused("counter() | reduce(count)", CACHEW_EINVAL,
+	    "reduce: the input is infinite");
+	/* Elements whose shape changes cannot fold into one state. */
+	cwt_run_fails("range(3) | batch(2) | scan(sum)", NULL, CACHEW_ETYPE,
+	    "scan(sum): component 0 of element 1 is i64[1] but the state's "
+	    "is i64[2]");
+}
+END_TEST
+
+START_TEST(scan_reduce_resume)
+{
+	resumes_at_every_cut("range(8) | scan(sum)", "0,1,3,6,10,15,21,28", 8);
+	resumes_at_every_cut("from_list([5, 2, 7]) | scan(min)", "5,2,2", 3);
+	resumes_at_every_cut("range(5) | reduce(sum) | repeat(3)",
+	    "10,10,10", 3);
+}
+END_TEST
+
 Suite *
 cwt_stream_ops_suite(void)
 {
@@ -237,6 +376,15 @@ cwt_stream_ops_suite(void)
 	tcase_add_test(tc, unique_refuses_other_elements);
 	tcase_add_test(tc, unique_resumes);
 	tcase_add_test(tc, unique_resumes_strings);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("scan_reduce");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, scan_as_in_tf_data_docs);
+	tcase_add_test(tc, reduce_as_in_tf_data_docs);
+	tcase_add_test(tc, scan_reduce_specs_cardinality_and_builders);
+	tcase_add_test(tc, scan_reduce_refuse_what_they_cannot_take);
+	tcase_add_test(tc, scan_reduce_resume);
 	suite_add_tcase(s, tc);
 	return s;
 }

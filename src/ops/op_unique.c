@@ -174,6 +174,10 @@ unique_next(cwi_iter *it, cwi_chunk *out, size_t max)
 
 	do {
 		size_t kept = n0;
+		/* An endless input of repeats never yields: let the
+		 * iterator's destruction stop it. */
+		if (cwi_pipeline_cancelled(it->pl))
+			return CACHEW_ECANCELED;
 		rv = cwi_iter_next(u->input, out, max);
 		if (rv != CACHEW_OK)
 			return rv;
@@ -397,4 +401,8 @@ const cwi_dataset_op cwi_op_unique = {
     .saves = "the count of input elements read, every distinct value seen "
 	"so far, and the input",
     .infer = unique_infer,
+    .note = "Every distinct value is held until the iterator ends, as in "
+	"tf.data. Through the service it runs in the client part, in split "
+	"order in a private job, so it keeps the same first occurrences as "
+	"in-process.",
 };

@@ -238,6 +238,31 @@ cachew_dataset_unique(cachew_dataset **out, cachew_dataset *in)
 	return kv_build(&b, out, "unique", &in, 1);
 }
 
+static cachew_err
+scan_build(cachew_dataset **out, cachew_dataset *in, const char *op,
+    const char *reducer, const char *initial)
+{
+	BEGIN;
+	kv_str(&b, "reducer", reducer);
+	if (initial != NULL)
+		kv_literal(&b, "initial", initial);
+	return kv_build(&b, out, op, &in, 1);
+}
+
+cachew_err
+cachew_dataset_scan(cachew_dataset **out, cachew_dataset *in,
+    const char *reducer, const char *initial)
+{
+	return scan_build(out, in, "scan", reducer, initial);
+}
+
+cachew_err
+cachew_dataset_reduce(cachew_dataset **out, cachew_dataset *in,
+    const char *reducer, const char *initial)
+{
+	return scan_build(out, in, "reduce", reducer, initial);
+}
+
 cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)

@@ -42,7 +42,7 @@ static bool
 needs_order(const client_ctx *ctx)
 {
 	static const char *const positional[] = {"take", "skip", "shard",
-	    "enumerate", "take_while", "unique"};
+	    "enumerate", "take_while", "unique", "scan", "reduce"};
 	const cwi_node *b = ctx->plan->boundary;
 
 	if (b == NULL || ctx->opts.job_name[0] != '\0')
