@@ -875,6 +875,17 @@ CACHEW_API cachew_err cachew_dataset_scan(cachew_dataset **out,
  * Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_reduce(cachew_dataset **out,
     cachew_dataset *in, const char *reducer, const char *initial);
+/* Yields windows of in (tf.data's window): window k starts at position
+ * k * shift (shift 0: size) and holds the elements at start, start +
+ * stride, ..., size of them, or fewer at the end of in unless
+ * drop_remainder. tf.data yields each window as a nested dataset; here a
+ * window is one element, its elements stacked as batch stacks them (a
+ * leading dimension of the window's length), i.e. tf.data's
+ * window(...).flat_map(lambda w: w.batch(size)). size, shift and stride
+ * from 1 to INT32_MAX (CACHEW_ERANGE otherwise). Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_window(cachew_dataset **out,
+    cachew_dataset *in, int64_t size, int64_t shift, int64_t stride,
+    int drop_remainder);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

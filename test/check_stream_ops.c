@@ -1,6 +1,6 @@
 /*
  * check_stream_ops.c - operators whose output depends on the whole
- * stream rather than on one element: unique, scan and reduce. Modelled on the examples of
+ * stream rather than on one element: unique, scan, reduce and window. Modelled on the examples of
  * tf.data's docstrings, run in-process and through service=embedded,
  * with their specs, refusals and saved positions.
  */
@@ -363,6 +363,96 @@ START_TEST(scan_reduce_resume)
 }
 END_TEST
 
+/* ---- window ------------------------------------------------------------------ */
+
+/* tf.data's window docstring, each window batched (its
+ * window(...).flat_map(lambda w: w.batch(3))). */
+START_TEST(window_as_in_tf_data_docs)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		cwt_seq_is("range(7) | window(3)", o, "[0 1 2],[3 4 5],[6]");
+		cwt_seq_is("range(7) | window(3, drop_remainder=true)", o,
+		    "[0 1 2],[3 4 5]");
+		cwt_seq_is("range(7) | window(3, shift=2, "
+			   "drop_remainder=true)", o,
+		    "[0 1 2],[2 3 4],[4 5 6]");
+		cwt_seq_is("range(7) | window(3, shift=1, "
+			   "drop_remainder=true)", o,
+		    "[0 1 2],[1 2 3],[2 3 4],[3 4 5],[4 5 6]");
+		cwt_seq_is("range(7) | window(3, shift=1, stride=2, "
+			   "drop_remainder=true)", o,
+		    "[0 2 4],[1 3 5],[2 4 6]");
+		/* Without drop_remainder a window starts at every shift. */
+		cwt_seq_is("range(7) | window(3, shift=1)", o,
+		    "[0 1 2],[1 2 3],[2 3 4],[3 4 5],[4 5 6],[5 6],[6]");
+		/* A shift past the window skips elements. */
+		cwt_seq_is("range(10) | window(2, shift=4)", o,
+		    "[0 1],[4 5],[8 9]");
+		cwt_seq_is("range(0) | window(3)", o, "");
+		cwt_seq_is("range(2) | window(3, drop_remainder=true)", o, "");
+		cwt_seq_is("range(3) | repeat() | window(2, shift=3) | take(3)",
+		    o, "[0 1],[0 1],[0 1]");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(window_specs_cardinality_and_builder)
+{
+	cachew_dataset *in, *ds = NULL;
+	char *s = NULL;
+
+	spec_card_is("range(7) | window(3)", "i64[-1]", 3);
+	spec_card_is("range(7) | window(3, drop_remainder=true)", "i64[3]", 2);
+	spec_card_is("range(7) | window(3, shift=1)", "i64[-1]", 7);
+	spec_card_is("range(7) | window(3, shift=1, stride=2, "
+		     "drop_remainder=true)", "i64[3]", 3);
+	spec_card_is("range(2) | window(3, drop_remainder=true)", "i64[3]", 0);
+	spec_card_is("range(7) | enumerate | window(2, shift=5)",
+	    "(i64[-1], i64[-1])", 2);
+	spec_card_is("counter() | window(2)", "i64[-1]",
+	    CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(cachew_dataset_range(&in, 0, 7, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_window(&ds, in, 3, 1, 2, 1),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=7, step=1) | window(size=3, "
+			    "shift=1, stride=2, drop_remainder=true)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_window(&ds, in, 0, 0, 1, 0),
+	    CACHEW_ERANGE);
+	ck_assert_ptr_null(ds);
+	cachew_dataset_release(in);
+}
+END_TEST
+
+START_TEST(window_refuses_bad_parameters)
+{
+	cwt_build_refused("range(7) | window(0)", CACHEW_ERANGE, "size");
+	cwt_build_refused("range(7) | window(3, shift=0)", CACHEW_ERANGE,
+	    "window: shift must be an integer from 1");
+	cwt_build_refused("range(7) | window(3, stride=0)", CACHEW_ERANGE,
+	    "stride");
+	cwt_build_refused("range(7) | window()", CACHEW_EINVAL, "size");
+	/* Elements of another shape cannot stack into one window. */
+	cwt_run_fails("range(3) | batch(2) | window(2)", NULL, CACHEW_ETYPE,
+	    "window: ");
+}
+END_TEST
+
+START_TEST(window_resumes)
+{
+	resumes_at_every_cut("range(7) | window(3, shift=1)",
+	    "[0 1 2],[1 2 3],[2 3 4],[3 4 5],[4 5 6],[5 6],[6]", 7);
+	resumes_at_every_cut("range(12) | window(2, shift=5, stride=2)",
+	    "[0 2],[5 7],[10]", 3);
+}
+END_TEST
+
 Suite *
 cwt_stream_ops_suite(void)
 {
@@ -385,6 +475,14 @@ cwt_stream_ops_suite(void)
 	tcase_add_test(tc, scan_reduce_specs_cardinality_and_builders);
 	tcase_add_test(tc, scan_reduce_refuse_what_they_cannot_take);
 	tcase_add_test(tc, scan_reduce_resume);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("window");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, window_as_in_tf_data_docs);
+	tcase_add_test(tc, window_specs_cardinality_and_builder);
+	tcase_add_test(tc, window_refuses_bad_parameters);
+	tcase_add_test(tc, window_resumes);
 	suite_add_tcase(s, tc);
 	return s;
 }

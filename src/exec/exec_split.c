@@ -35,6 +35,7 @@ static const struct {
     {"unique", "keeps the first occurrence of a value in the whole stream"},
     {"scan", "carries a state across the whole stream"},
     {"reduce", "reduces the whole stream to one element"},
+    {"window", "groups elements by position in the whole stream"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},

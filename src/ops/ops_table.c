@@ -13,6 +13,7 @@ const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_unique,
     &cwi_op_scan,
     &cwi_op_reduce,
+    &cwi_op_window,
     &cwi_op_shuffle,
     &cwi_op_repeat,
     &cwi_op_take,

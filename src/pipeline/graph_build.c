@@ -264,6 +264,19 @@ cachew_dataset_reduce(cachew_dataset **out, cachew_dataset *in,
 }
 
 cachew_err
+cachew_dataset_window(cachew_dataset **out, cachew_dataset *in, int64_t size,
+    int64_t shift, int64_t stride, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "size", size);
+	if (shift != 0)
+		kv_int(&b, "shift", shift);
+	kv_int(&b, "stride", stride);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "window", &in, 1);
+}
+
+cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)
 {
