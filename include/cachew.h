@@ -847,6 +847,45 @@ CACHEW_API cachew_err cachew_dataset_filter(cachew_dataset **out,
  * take_while). Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_take_while(cachew_dataset **out,
     cachew_dataset *in, const char *fn, const cachew_params *fn_params);
+/* Yields the first occurrence of each distinct value of in, in in's order
+ * (tf.data's unique). in's elements must be one scalar integer (u8, i32,
+ * i64) or string component: other specs are CACHEW_ETYPE here. Every
+ * distinct value is held (strings copied) until the iterator is
+ * destroyed. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_unique(cachew_dataset **out,
+    cachew_dataset *in);
+/* Yields the running state of a built-in reducer after each element of in
+ * (tf.data's scan with a function whose output is its new state).
+ * reducer is "sum", "prod", "min" or "max", combining the elements value
+ * by value (every element must have the first's dtypes and shapes: u8,
+ * i32, i64, f32 or f64; integers wrap), or "count" (an i64 scalar
+ * counting the elements). initial is the state's first value in every
+ * value, as a number literal ("0", "-3", "0.5"), or NULL for the
+ * reducer's own (sum 0, prod 1, count 0; min and max start from the first
+ * element). Reducers are named rather than user functions because a
+ * function (cachew_op_def) carries no running state. Unknown reducers are
+ * CACHEW_EINVAL, elements they cannot take CACHEW_ETYPE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_scan(cachew_dataset **out,
+    cachew_dataset *in, const char *reducer, const char *initial);
+/* Reads the whole of in and yields one element, the reducer's final state
+ * (tf.data's Dataset.reduce, as a dataset of one element); reducer and
+ * initial as for cachew_dataset_scan. An empty input yields the initial
+ * state, shaped by in's element spec (which must then be known, with
+ * initial given for min and max). An infinite in is CACHEW_EINVAL here.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_reduce(cachew_dataset **out,
+    cachew_dataset *in, const char *reducer, const char *initial);
+/* Yields windows of in (tf.data's window): window k starts at position
+ * k * shift (shift 0: size) and holds the elements at start, start +
+ * stride, ..., size of them, or fewer at the end of in unless
+ * drop_remainder. tf.data yields each window as a nested dataset; here a
+ * window is one element, its elements stacked as batch stacks them (a
+ * leading dimension of the window's length), i.e. tf.data's
+ * window(...).flat_map(lambda w: w.batch(size)). size, shift and stride
+ * from 1 to INT32_MAX (CACHEW_ERANGE otherwise). Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_window(cachew_dataset **out,
+    cachew_dataset *in, int64_t size, int64_t shift, int64_t stride,
+    int drop_remainder);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

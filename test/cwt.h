@@ -45,6 +45,8 @@ Suite *cwt_resume_suite(void);    /* check_resume.c: saving and restoring
 Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
 Suite *cwt_cancel_suite(void);    /* check_cancel.c: timeouts, cancel,
                                    * fork */
+Suite *cwt_stream_ops_suite(void); /* check_stream_ops.c: operators
+                                   * over the whole stream (unique) */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may
@@ -60,6 +62,16 @@ cachew_err cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
 void cwt_free(cachew_element **v, size_t n);
 /* Parses a pipeline that must build (fails the test with the errmsg). */
 cachew_dataset *cwt_parse(const char *pipeline);
+/* The cardinality and the spec (text; free with cachew_free) of a
+ * pipeline that must build; cwt_spec_is fails the test unless the spec
+ * reads `want`. */
+int64_t cwt_card(const char *pipeline);
+char *cwt_spec(const char *pipeline);
+void cwt_spec_is(const char *pipeline, const char *want);
+/* Building a pipeline fails with `code`, and the message holds `needle`, a
+ * column and a caret line. */
+void cwt_build_refused(const char *pipeline, cachew_err code,
+    const char *needle);
 /* Runs a pipeline (opts NULL: the defaults) that must fail with `code` and
  * a message (parser's or iterator's) containing `needle`. */
 void cwt_run_fails(const char *pipeline, const cachew_options *opts,
@@ -81,6 +93,10 @@ char *cwt_join_i64(cachew_element **v, size_t n, size_t c);
 /* Runs `pipeline` with opts and returns cwt_join_i64 of component 0;
  * fails the test (with the errmsg) when the run fails. */
 char *cwt_seq(const char *pipeline, const cachew_options *opts);
+/* Fails the test unless cwt_seq(pipeline, opts) reads `want`, naming the
+ * pipeline and what it yielded. */
+void cwt_seq_is(const char *pipeline, const cachew_options *opts,
+    const char *want);
 
 /* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
  * after use. */

@@ -27,6 +27,53 @@ cwt_parse(const char *pipeline)
 	return ds;
 }
 
+int64_t
+cwt_card(const char *pipeline)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+	int64_t c = cachew_dataset_cardinality(ds);
+
+	cachew_dataset_release(ds);
+	return c;
+}
+
+char *
+cwt_spec(const char *pipeline)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+	char *s = NULL;
+
+	ck_assert_int_eq(cachew_dataset_spec_str(ds, &s), CACHEW_OK);
+	cachew_dataset_release(ds);
+	return s;
+}
+
+void
+cwt_spec_is(const char *pipeline, const char *want)
+{
+	char *s = cwt_spec(pipeline);
+
+	ck_assert_msg(strcmp(s, want) == 0, "%s: spec %s, want %s", pipeline,
+	    s, want);
+	cachew_free(s);
+}
+
+void
+cwt_build_refused(const char *pipeline, cachew_err code, const char *needle)
+{
+	cachew_dataset *ds = NULL;
+	cachew_err rv = cachew_dataset_parse(&ds, pipeline);
+	const char *msg = cachew_errmsg();
+
+	ck_assert_msg(rv == code, "%s: got %s (%s), want %s", pipeline,
+	    cachew_strerror(rv), msg, cachew_strerror(code));
+	ck_assert_ptr_null(ds);
+	ck_assert_msg(strstr(msg, needle) != NULL, "%s: '%s' lacks '%s'",
+	    pipeline, msg, needle);
+	ck_assert_msg(strstr(msg, "column ") != NULL && strstr(msg, "^") !=
+	    NULL, "%s: '%s' has no column and caret", pipeline, msg);
+}
+
 cachew_err
 cwt_run_ds(cachew_dataset *ds, const cachew_options *opts,
     cachew_element ***out, size_t *n, char *errmsg, size_t errlen)
@@ -201,6 +248,16 @@ cwt_seq(const char *pipeline, const cachew_options *opts)
 	s = cwt_join_i64(v, n, 0);
 	cwt_free(v, n);
 	return s;
+}
+
+void
+cwt_seq_is(const char *pipeline, const cachew_options *opts, const char *want)
+{
+	char *s = cwt_seq(pipeline, opts);
+
+	ck_assert_msg(strcmp(s, want) == 0, "%s: yields %s, want %s", pipeline,
+	    s, want);
+	free(s);
 }
 
 cachew_options *

@@ -32,6 +32,10 @@ static const struct {
 } client_ops[] = {
     {"take", "selects by position in the whole stream"},
     {"take_while", "ends the whole stream at the first element it rejects"},
+    {"unique", "keeps the first occurrence of a value in the whole stream"},
+    {"scan", "carries a state across the whole stream"},
+    {"reduce", "reduces the whole stream to one element"},
+    {"window", "groups elements by position in the whole stream"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},
@@ -604,11 +608,17 @@ placeholder_new(const cwi_split_plan *p, const cwi_stream_source *src,
 	rv = cwi_value_set_str(&v, hex, strlen(hex));
 	if (rv == CACHEW_OK)
 		rv = cwi_map_set(&n->params.map, "fingerprint", &v);
+	/* It yields what the worker part does: the client part's operators
+	 * see the same spec and count as in the whole pipeline (reduce of an
+	 * empty stream shapes its initial state by it). */
+	if (rv == CACHEW_OK)
+		rv = cwi_spec_copy(&n->spec, &p->worker->spec);
 	if (rv != CACHEW_OK) {
 		cwi_value_free(&v);
 		cachew_dataset_release(n);
 		return rv;
 	}
+	n->card = p->worker->card;
 	n->fn_state = (void *)src;
 	n->fp_value = p->worker_fp;
 	n->seed_fp = p->worker->seed_fp;

@@ -176,6 +176,10 @@ typedef struct cwi_dataset_op {
 	 * (graph_spec.c), refusing inputs it cannot take. NULL: the input's
 	 * for CWI_OPF_PASSTHROUGH, unknown otherwise. */
 	cachew_err (*infer)(cwi_node *node);
+	/* Optional: a paragraph for docs/operators.md after doc, for what
+	 * a reader of tf.data would not expect (a design choice, a
+	 * difference). */
+	const char *note;
 } cwi_dataset_op;
 
 /* ---- function operators ------------------------------------------------- */

@@ -12,6 +12,10 @@ extern const cwi_dataset_op cwi_op_unbatch;       /* op_unbatch.c */
 extern const cwi_dataset_op cwi_op_filter;        /* op_filter.c */
 extern const cwi_dataset_op cwi_op_flat_map;      /* op_filter.c */
 extern const cwi_dataset_op cwi_op_take_while;    /* op_filter.c */
+extern const cwi_dataset_op cwi_op_unique;        /* op_unique.c */
+extern const cwi_dataset_op cwi_op_scan;          /* op_scan.c */
+extern const cwi_dataset_op cwi_op_reduce;        /* op_scan.c */
+extern const cwi_dataset_op cwi_op_window;        /* op_window.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */

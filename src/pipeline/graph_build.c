@@ -232,6 +232,51 @@ cachew_dataset_take_while(cachew_dataset **out, cachew_dataset *in,
 }
 
 cachew_err
+cachew_dataset_unique(cachew_dataset **out, cachew_dataset *in)
+{
+	BEGIN;
+	return kv_build(&b, out, "unique", &in, 1);
+}
+
+static cachew_err
+scan_build(cachew_dataset **out, cachew_dataset *in, const char *op,
+    const char *reducer, const char *initial)
+{
+	BEGIN;
+	kv_str(&b, "reducer", reducer);
+	if (initial != NULL)
+		kv_literal(&b, "initial", initial);
+	return kv_build(&b, out, op, &in, 1);
+}
+
+cachew_err
+cachew_dataset_scan(cachew_dataset **out, cachew_dataset *in,
+    const char *reducer, const char *initial)
+{
+	return scan_build(out, in, "scan", reducer, initial);
+}
+
+cachew_err
+cachew_dataset_reduce(cachew_dataset **out, cachew_dataset *in,
+    const char *reducer, const char *initial)
+{
+	return scan_build(out, in, "reduce", reducer, initial);
+}
+
+cachew_err
+cachew_dataset_window(cachew_dataset **out, cachew_dataset *in, int64_t size,
+    int64_t shift, int64_t stride, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "size", size);
+	if (shift != 0)
+		kv_int(&b, "shift", shift);
+	kv_int(&b, "stride", stride);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "window", &in, 1);
+}
+
+cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)
 {

@@ -1247,6 +1247,8 @@ ops_markdown_op(const cwi_dataset_op *op)
 	op_inputs(op, inputs, sizeof(inputs));
 	op_positional(op, pos, sizeof(pos), true);
 	printf("### `%s`\n\n%s.\n\n", op->name, op->doc != NULL ? op->doc : "");
+	if (op->note != NULL)
+		printf("%s\n\n", op->note);
 	printf("- Input pipelines: %s\n", inputs);
 	if (props[0] != '\0')
 		printf("- Properties: %s\n", props);
