@@ -174,13 +174,12 @@ lease_none(const cwi_dispatcher *d, const task *t,
 }
 
 static uint32_t
-active_tasks(const cwi_dispatcher *d, const job *j)
+active_tasks(const job *j)
 {
 	uint32_t n = 0;
 
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j &&
-		    TASK(d, i)->state == CWI_TASK_ACTIVE)
+	for (size_t i = 0; i < j->tasks.n; i++)
+		if (OWN_TASK(j, i)->state == CWI_TASK_ACTIVE)
 			n++;
 	return n;
 }
@@ -192,7 +191,7 @@ active_tasks(const cwi_dispatcher *d, const job *j)
 static uint64_t
 lease_count(const cwi_dispatcher *d, const job *j, uint32_t max_splits)
 {
-	uint32_t nactive = active_tasks(d, j);
+	uint32_t nactive = active_tasks(j);
 	uint64_t want = max_splits, fair;
 
 	fair = (j->ledger.npending + nactive - 1) / (nactive > 0 ? nactive : 1);
