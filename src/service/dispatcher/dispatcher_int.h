@@ -218,6 +218,11 @@ struct split_ledger {
 	uint64_t ring_head, ring_len;
 	uint64_t npending, nleased, nacked;
 	uint64_t nrecovering; /* exactly once: waiting for clients' reports */
+	/* At least the leased splits whose task went (task_id 0) or that
+	 * have credits: what the tick's orphan scan looks for. 0 skips the
+	 * scan, which scanned every split of every job 20 times a second
+	 * (W9); each scan counts them again. */
+	uint64_t orphan_hint;
 };
 
 /* How many workers a job gets: its worker count decision (count_fn), or
@@ -314,6 +319,7 @@ struct cwi_dispatcher {
 	uint64_t next_client_id, next_task_id;
 	uint64_t now; /* the current call's clock, for events */
 	uint64_t hb_seq; /* worker heartbeats answered (task.hb_seen) */
+	uint64_t nclients; /* clients of every job */
 	cwi_strbuf ev;
 	/* policy engine */
 	uint64_t next_decision_ns;
@@ -371,6 +377,9 @@ job *cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,
     uint64_t iteration);
 /* Live workers that are not draining. */
 uint32_t cwi_disp_workers_available(const cwi_dispatcher *d);
+/* The client heartbeat interval to tell clients now: the configured one,
+ * stretched with the number of clients (dispatcher_state.c). */
+uint32_t cwi_disp_client_interval_ms(const cwi_dispatcher *d);
 
 /* One event line: begin, fields, end (which writes it). */
 void cwi_disp_ev_begin(cwi_dispatcher *d, const char *name);

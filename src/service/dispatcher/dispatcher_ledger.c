@@ -468,6 +468,7 @@ cwi_ledger_task_gone(struct split_ledger *l, const task *t, uint64_t now)
 			s->task_id = 0;
 			s->delivered = true;
 			s->orphan_ns = now;
+			l->orphan_hint++;
 		}
 	}
 }
@@ -605,17 +606,25 @@ cwi_ledger_release_delivered(cwi_dispatcher *d, job *j)
 void
 cwi_ledger_release_orphans(cwi_dispatcher *d, job *j, uint64_t now)
 {
+	struct split_ledger *l = &j->ledger;
 	/* Ten client heartbeats, at least 2 s: an ack is sent the moment
 	 * the split's end arrives, so this only catches lost ones. */
 	uint64_t grace = (uint64_t)d->cfg.client_heartbeat_ms * 10000000u;
 
 	if (grace < 2000000000u)
 		grace = 2000000000u;
+	if (l->splits == NULL || l->orphan_hint == 0)
+		return;
 	if (j->exactly_once)
 		cwi_recover_tick(d, j, grace);
 	else if (now > grace)
 		release_splits(d, j, match_orphaned, now - grace,
 		    "unacknowledged", 0);
+	l->orphan_hint = 0;
+	for (uint64_t k = 0; l->splits != NULL && k < l->nsplits; k++)
+		if (l->splits[k].state == SPLIT_LEASED &&
+		    (l->splits[k].task_id == 0 || l->splits[k].credits > 0))
+			l->orphan_hint++;
 }
 
 /* ---- acknowledgement ----------------------------------------------------- */

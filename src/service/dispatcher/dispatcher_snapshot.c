@@ -846,6 +846,7 @@ load_ledger(cwi_mp_doc *x, const cwi_dispatcher *d, struct split_ledger *l)
 	}
 	if (x->rv == CACHEW_OK && check_splits(x, l))
 		load_ring(x, l);
+	l->orphan_hint = l->nsplits; /* the first tick counts them */
 out:
 	cwi_mp_doc_leave(x, mark);
 	return x->rv == CACHEW_OK;
@@ -1365,8 +1366,11 @@ cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
 	    (version == 1 || load_planner(&x, d)) &&
 	    (version < 3 || load_owners(&x, d)))
 		cwi_mp_doc_end(&x);
-	if (x.rv == CACHEW_OK)
+	if (x.rv == CACHEW_OK) {
+		for (size_t i = 0; i < d->jobs.n; i++)
+			d->nclients += JOB(d, i)->nclients;
 		return CACHEW_OK;
+	}
 	cwi_disp_clear(d);
 	d->lineage = lineage;
 	d->incarnation = incarnation;

@@ -311,6 +311,7 @@ cwi_disp_clear(cwi_dispatcher *d)
 	d->npass_ends = d->cappass_ends = 0;
 	d->next_worker_id = d->next_dataset_id = d->next_job_id = 1;
 	d->next_client_id = d->next_task_id = 1;
+	d->nclients = 0;
 	d->now = 0;
 	d->next_decision_ns = 0;
 	d->pool_target = d->cfg.min_workers;
@@ -735,6 +736,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 	memmove(&j->clients[idx], &j->clients[idx + 1],
 	    (j->nclients - idx - 1) * sizeof(*c));
 	j->nclients--;
+	d->nclients--;
 	if (j->nclients == 0) {
 		job_finish(d, j, strcmp(event, "client_released") == 0
 			? "released"
@@ -935,6 +937,7 @@ client_add(cwi_dispatcher *d, job *j, int64_t consumer_index, uint64_t now)
 		j->capclients = cap;
 	}
 	c = &j->clients[j->nclients++];
+	d->nclients++;
 	memset(c, 0, sizeof(*c));
 	c->id = d->next_client_id++;
 	c->consumer_index = consumer_index;
@@ -1040,7 +1043,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	rep->processing_mode = j->mode;
 	rep->num_consumers = j->num_consumers;
 	rep->compression = j->compression;
-	rep->heartbeat_interval_ms = d->cfg.client_heartbeat_ms;
+	rep->heartbeat_interval_ms = cwi_disp_client_interval_ms(d);
 	rep->units = j->ledger.nunits;
 	rep->units_per_split = j->ledger.units_per_split;
 	if (created) {
@@ -1049,6 +1052,27 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		cwi_disp_reconcile(d);
 	}
 	return CACHEW_OK;
+}
+
+/* Clients a dispatcher hears at the configured interval; beyond, the
+ * interval grows with their number, so that an idle dispatcher answers
+ * about as many heartbeats per second with thousands of clients (issue
+ * 18: 2,000 embedded iterators heartbeating every 100 ms kept a core
+ * busy), up to a quarter of the client timeout. */
+#define CLIENTS_AT_BASE_INTERVAL 200u
+
+uint32_t
+cwi_disp_client_interval_ms(const cwi_dispatcher *d)
+{
+	uint64_t ms = d->cfg.client_heartbeat_ms;
+	uint64_t cap = d->cfg.client_timeout_ns / NS_PER_MS / 4;
+
+	if (d->nclients > CLIENTS_AT_BASE_INTERVAL)
+		ms = ms * d->nclients / CLIENTS_AT_BASE_INTERVAL;
+	if (ms > cap)
+		ms = cap > d->cfg.client_heartbeat_ms ? cap
+						      : d->cfg.client_heartbeat_ms;
+	return (uint32_t)ms;
 }
 
 cachew_err
@@ -1258,6 +1282,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		cwi_sched_update(d, j);
 	}
 	rep->job_finished = j->data_done;
+	rep->heartbeat_interval_ms = cwi_disp_client_interval_ms(d);
 	rep->splits_total = j->ledger.nsplits;
 	rep->splits_acked = j->ledger.nacked;
 	if (j->coord.target != CWI_ROUND_NONE) {
