@@ -103,12 +103,28 @@ def one_run(cachewd, load, n, window, extra):
             stop_dispatcher(p)
     if r.returncode != 0:
         raise h.BenchError(f"w9_load {n}: exit {r.returncode}: "
+                           f"{broke_summary(r.stdout)}"
                            f"{r.stderr.strip()[-2000:]}\n{r.stdout[-2000:]}")
     out, _ = h.last_json(r.stdout, f"w9_load {n}")
     for op in OPS:
         if out.get(op, {}).get("n", 0) == 0:
             raise h.BenchError(f"w9_load {n}: no {op} answered: {out}")
     return out
+
+
+def broke_summary(stdout):
+    """What went wrong, on one line, from w9_load's JSON (if any)."""
+    try:
+        out, _ = h.last_json(stdout, "w9_load")
+    except h.BenchError:
+        return ""
+    parts = [f"dispatcher {out['dispatcher_cores']:.2f} cores, RSS "
+             f"{out['dispatcher_rss_kib'] / 1024:.0f} MiB"]
+    for op in TARGET_OPS + ["job_get_or_create"]:
+        o = out.get(op, {})
+        parts.append(f"{op} {o.get('n', 0)} answered, {o.get('errors', 0)} "
+                     f"failed, p99 {o.get('p99_ms', 0):.0f} ms")
+    return "; ".join(parts)
 
 
 def med(runs, op, key):

@@ -112,6 +112,12 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	 * the others idle. */
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
+	/* A job of a fixed worker count never has more tasks: sized for the
+	 * pool, 1,000 such jobs of 10 workers each on 10,000 workers held
+	 * 80,000 splits each, 4.5 GB (W9). */
+	if (j->policy == CWI_WORKERS_FIXED && j->num_workers > 0 &&
+	    j->num_workers < w)
+		w = j->num_workers;
 
 	if (j->pass.graph != NULL)
 		l->nunits = j->pass.units;
