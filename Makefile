@@ -217,7 +217,8 @@ bench: deps
 
 # W6: raw nng push/pull and the same transfer through our transports.
 bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost \
-	$(BUILD)/journal_gen $(BUILD)/resume_cost
+	$(BUILD)/journal_gen $(BUILD)/resume_cost $(BUILD)/live_iters \
+	$(BUILD)/w9_load
 
 $(BUILD)/nng_raw: bench/nng_raw.c
 	@mkdir -p $(dir $@)
@@ -228,6 +229,14 @@ $(BUILD)/transport_bench: bench/transport_bench.c $(BUILD)/libcachew.a
 
 # The fixed cost of an iterator (docs/performance.md, the embedded default).
 $(BUILD)/iter_cost: bench/iter_cost.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# Many live iterators on one embedded dispatcher (docs/performance.md).
+$(BUILD)/live_iters: bench/live_iters.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# W9: simulated workers and clients against one real dispatcher.
+$(BUILD)/w9_load: bench/w9_load.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 # W8: what saving and restoring an iterator's position costs.

@@ -2369,6 +2369,103 @@ START_TEST(test_dispatcher_restarted_worker_replaces_old_one)
 }
 END_TEST
 
+/* Each worker's tasks, in id order, from the status (at most cap). */
+static size_t
+tasks_of_worker(harness *h, uint64_t wid, uint64_t *ids, size_t cap)
+{
+	cwi_msg_status_reply st;
+	size_t n = 0;
+
+	ck_assert_int_eq(cwi_dispatcher_status(h->d, h->now, &st), CACHEW_OK);
+	for (size_t i = 0; i < st.ntasks; i++)
+		if (st.tasks[i].worker_id == wid && n < cap)
+			ids[n++] = st.tasks[i].task_id;
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
+	return n;
+}
+
+/* A heartbeat reporting nothing is told to start exactly the worker's
+ * tasks, in id order; one reporting them all and an unknown id is told
+ * to start none and to stop the unknown one. */
+static void
+check_worker_lists(harness *h, uint64_t wid)
+{
+	uint64_t want[400], rep_ids[401];
+	size_t n = tasks_of_worker(h, wid, want, 400);
+	cwi_msg_worker_heartbeat_reply wr;
+
+	worker_hb(h, wid, NULL, 0, NULL, 0, &wr);
+	ck_assert_uint_eq(wr.nstart, n);
+	ck_assert_uint_eq(wr.nstop, 0);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_uint_eq(wr.start[i].task_id, want[i]);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+	memcpy(rep_ids, want, n * sizeof(*want));
+	rep_ids[n] = 999999;
+	worker_hb(h, wid, rep_ids, n + 1, NULL, 0, &wr);
+	ck_assert_uint_eq(wr.nstart, 0);
+	ck_assert_uint_eq(wr.nstop, 1);
+	ck_assert_uint_eq(wr.stop[0], 999999);
+	cwi_pmsg_body_free(CWI_MSG_WORKER_HEARTBEAT_REPLY, &wr);
+}
+
+/* Jobs, tasks and workers are found by id, and each job and worker keeps
+ * its own tasks: after jobs end out of order and a worker leaves, every
+ * client's task list and every worker's heartbeat reply name exactly
+ * the tasks the status shows, in id order, also after a snapshot. */
+START_TEST(test_dispatcher_many_jobs_keep_their_own_tasks)
+{
+	harness *h = harness_new(), *h2 = harness_new();
+	uint64_t ds = add_dataset(h, 1, 64, NULL), w[3], job[300], c[300];
+	job_opts one = {.fixed_workers = 1};
+	cwi_msg_client_heartbeat_reply cr;
+	cwi_msg_worker_deregister dr = {0};
+	uint8_t *snap;
+	size_t len;
+
+	for (size_t i = 0; i < 3; i++) {
+		char addr[32];
+		snprintf(addr, sizeof(addr), "tcp://w%zu:1", i);
+		w[i] = add_worker(h, addr);
+	}
+	for (size_t i = 0; i < 300; i++)
+		join(h, ds, &one, &job[i], &c[i]);
+	for (size_t i = 0; i < 300; i += 3) {
+		cwi_msg_job_release rel = {.job_id = job[i], .client_id = c[i]};
+		ck_assert_int_eq(cwi_dispatcher_job_release(h->d, h->now, &rel),
+		    CACHEW_OK);
+	}
+	dr.worker_id = w[1];
+	ck_assert_int_eq(cwi_dispatcher_worker_deregister(h->d, h->now, &dr),
+	    CACHEW_OK);
+	for (size_t i = 1; i < 300; i++) {
+		if (i % 3 == 0)
+			continue;
+		client_hb(h, job[i], c[i], 0, &cr);
+		ck_assert_uint_eq(cr.ntasks, 1);
+		ck_assert_uint_eq(cr.tasks[0].task_id,
+		    task_of(h, cr.tasks[0].worker_id, job[i], NULL));
+		ck_assert_uint_ne(cr.tasks[0].worker_id, w[1]);
+		cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &cr);
+	}
+	check_worker_lists(h, w[0]);
+	check_worker_lists(h, w[2]);
+	ck_assert_int_eq(cwi_dispatcher_snapshot_save(h->d, &snap, &len),
+	    CACHEW_OK);
+	cwi_dispatcher_destroy(h2->d);
+	ck_assert_int_eq(cwi_dispatcher_create(&h2->d, cwi_dispatcher_config_of(
+	    h->d)), CACHEW_OK);
+	ck_assert_msg(cwi_dispatcher_snapshot_load(h2->d, snap, len) ==
+	    CACHEW_OK, "%s", cachew_errmsg());
+	free(snap);
+	h2->now = h->now;
+	check_worker_lists(h2, w[0]);
+	check_worker_lists(h2, w[2]);
+	harness_free(h2);
+	harness_free(h);
+}
+END_TEST
+
 START_TEST(test_dispatcher_parallel_epochs_tasks_read_everything)
 {
 	harness *h = harness_new();
@@ -3488,6 +3585,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_deregistered_worker_leaves_delivered_splits_to_acks);
 	tcase_add_test(disp, test_dispatcher_restarted_worker_replaces_old_one);
+	tcase_add_test(disp, test_dispatcher_many_jobs_keep_their_own_tasks);
 	tcase_add_test(disp, test_dispatcher_parallel_epochs_tasks_read_everything);
 	tcase_add_test(disp, test_dispatcher_fixed_worker_count);
 	tcase_add_test(disp, test_dispatcher_coordinated_reads_schedule);

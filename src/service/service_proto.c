@@ -312,6 +312,7 @@ static const field f_client_heartbeat_reply[] = {
     OBJS(cwi_msg_client_heartbeat_reply, ops, 0, CWI_PROTO_MAX_OPS,
 	s_op_counters),
     U64S(cwi_msg_client_heartbeat_reply, stop_tasks, 0, CWI_PROTO_MAX_TASKS),
+    U32(cwi_msg_client_heartbeat_reply, heartbeat_interval_ms, 0),
 };
 
 static const field f_task_stats[] = {

@@ -424,6 +424,9 @@ typedef struct cwi_msg_client_heartbeat_reply {
 	 * name them in the next heartbeat's stopped_tasks with progress. */
 	uint64_t *stop_tasks;
 	size_t nstop_tasks;
+	/* How often to heartbeat from now on (0: as before): the dispatcher
+	 * stretches it when it has many clients. */
+	uint32_t heartbeat_interval_ms;
 } cwi_msg_client_heartbeat_reply;
 
 typedef struct cwi_msg_split_lease {

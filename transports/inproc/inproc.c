@@ -50,6 +50,9 @@ struct ip_conn {
 	unsigned refs;    /* the owner's + one per request held by a server */
 	ip_listener *l;   /* bound listener or NULL */
 	ip_conn *lnext;   /* on l->conns */
+	ip_conn **lprevp; /* what points to it there: unbinding is O(1)
+			   * (2,000 embedded iterators took 1.6 s to close
+			   * their connections one list walk each) */
 	ip_req *inflight; /* requests not answered yet (ip_req.next) */
 };
 
@@ -192,19 +195,28 @@ batch_complete(pend_batch *b, const char *why)
 }
 
 static void
+conn_bind_locked(ip_conn *c, ip_listener *l)
+{
+	c->l = l;
+	c->lnext = l->conns;
+	c->lprevp = &l->conns;
+	if (l->conns != NULL)
+		l->conns->lprevp = &c->lnext;
+	l->conns = c;
+}
+
+static void
 conn_unbind_locked(ip_conn *c)
 {
 	ip_listener *l = c->l;
 
 	if (l == NULL)
 		return;
-	for (ip_conn **pp = &l->conns; *pp != NULL; pp = &(*pp)->lnext) {
-		if (*pp == c) {
-			*pp = c->lnext;
-			break;
-		}
-	}
+	*c->lprevp = c->lnext;
+	if (c->lnext != NULL)
+		c->lnext->lprevp = c->lprevp;
 	c->lnext = NULL;
+	c->lprevp = NULL;
 	c->l = NULL;
 }
 
@@ -409,9 +421,7 @@ ip_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 			    "%s: connection refused (no listener)",
 			    c->base.url);
 		}
-		c->l = l;
-		c->lnext = l->conns;
-		l->conns = c;
+		conn_bind_locked(c, l);
 	}
 	l = c->l;
 	if (size > l->max_msg) {
@@ -511,11 +521,8 @@ ip_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	}
 	pthread_mutex_lock(&lock);
 	l = names_find_locked(c->name);
-	if (l != NULL) {
-		c->l = l;
-		c->lnext = l->conns;
-		l->conns = c;
-	}
+	if (l != NULL)
+		conn_bind_locked(c, l);
 	pthread_mutex_unlock(&lock);
 	if (l == NULL && !opts->dial_async) {
 		conn_free(c);

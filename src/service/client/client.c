@@ -868,6 +868,13 @@ on_heartbeat(session *s, cwi_completion *c)
 			update_tasks(s, &rep.u.client_heartbeat_reply);
 			cwi_client_rows_from_reply(s,
 			    &rep.u.client_heartbeat_reply);
+			/* As the job reply's: 0 and nonsense keep it. */
+			if (rep.u.client_heartbeat_reply.heartbeat_interval_ms >
+				0 &&
+			    rep.u.client_heartbeat_reply.heartbeat_interval_ms <=
+				10000)
+				s->heartbeat_ms = rep.u.client_heartbeat_reply
+						      .heartbeat_interval_ms;
 			s->last_hb_ok_ns = now;
 		} else if (rep.type == CWI_MSG_ERROR && rep.u.error.lineage != 0 &&
 			   s->lineage != 0 && rep.u.error.lineage != s->lineage) {
@@ -959,12 +966,14 @@ on_completion(session *s, cwi_completion *c)
 }
 
 /* How long the fetch thread may wait for a completion: until the next
- * heartbeat or the next retry of a task, at most 50 ms (the consumer wakes
- * it when it makes room that a request waits for). */
+ * heartbeat or the next retry of a task, at most idle_wait_ms (the
+ * consumer wakes it when it makes room that a request waits for). */
+#define FETCH_WAIT_MS 50u
+
 static int
 fetch_wait_ms(const session *s, uint64_t now)
 {
-	uint64_t until = now + 50 * UINT64_C(1000000);
+	uint64_t until = now + s->idle_wait_ms * UINT64_C(1000000);
 
 	if (!s->hb_inflight && s->next_hb_ns < until)
 		until = s->next_hb_ns;
@@ -1046,6 +1055,7 @@ fetch_main(void *arg)
 	session *s = arg;
 
 	s->last_hb_ok_ns = cwi_now_ns();
+	s->idle_wait_ms = FETCH_WAIT_MS;
 	send_heartbeat(s);
 	while (!atomic_load(&s->closing)) {
 		cwi_completion c;
@@ -1084,8 +1094,15 @@ fetch_main(void *arg)
 		release_heap(s, now);
 		cwi_client_auto_tick(s, now);
 		wait_ms = fetch_wait_ms(s, now);
-		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK)
+		if (cwi_cq_wait(s->cq, wait_ms, &c) != CACHEW_OK) {
+			s->idle_wait_ms = s->idle_wait_ms * 2 > s->heartbeat_ms
+			    ? (s->heartbeat_ms > FETCH_WAIT_MS ? s->heartbeat_ms
+							       : FETCH_WAIT_MS)
+			    : s->idle_wait_ms * 2;
 			continue;
+		}
+		if (c.tag != TAG_HEARTBEAT)
+			s->idle_wait_ms = FETCH_WAIT_MS; /* data flows */
 		on_completion(s, &c);
 		/* Take whatever else completed before going round again. */
 		while (cwi_cq_wait(s->cq, 0, &c) == CACHEW_OK)

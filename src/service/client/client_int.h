@@ -159,6 +159,10 @@ struct session {
 	uint64_t units, units_per_split;
 	const cwi_client_resume *resume;
 	uint32_t heartbeat_ms;
+	/* The fetch thread's longest wait: 50 ms, doubled after each wait
+	 * in which nothing completed, up to heartbeat_ms (an idle iterator
+	 * wakes a few times per heartbeat, not 20 times a second). */
+	uint32_t idle_wait_ms;
 
 	pthread_t fetcher;
 	bool fetcher_started;

@@ -20,13 +20,13 @@
  * nobody can be reading from it: no client has seen a task list yet, or
  * no task serves now or later (changes still pending do not count). */
 static bool
-schedule_empty(const cwi_dispatcher *d, const job *j)
+schedule_empty(const job *j)
 {
 	if (!j->coord.published)
 		return true;
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job == j && t->start_round != CWI_ROUND_NONE &&
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
+		if (t->start_round != CWI_ROUND_NONE &&
 		    t->end_round == CWI_ROUND_NONE)
 			return false;
 	}
@@ -51,9 +51,9 @@ consumer_round(const job *j, bool max)
  * for; otherwise at a round announced to every consumer first (the caller
  * announces it: cwi_sched_open). */
 void
-cwi_sched_place(const cwi_dispatcher *d, task *t)
+cwi_sched_place(task *t)
 {
-	if (schedule_empty(d, t->job)) {
+	if (schedule_empty(t->job)) {
 		t->start_round = consumer_round(t->job, false);
 	} else {
 		t->state = CWI_TASK_STARTING;
@@ -86,13 +86,11 @@ coord_commit(cwi_dispatcher *d, job *j, uint64_t round)
 	size_t ns = 0, ne = 0;
 
 	if (cwi_disp_events_on(d)) {
-		started = malloc((d->tasks.n + 1) * sizeof(*started));
-		ended = malloc((d->tasks.n + 1) * sizeof(*ended));
+		started = malloc((j->tasks.n + 1) * sizeof(*started));
+		ended = malloc((j->tasks.n + 1) * sizeof(*ended));
 	}
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		task *t = OWN_TASK(j, i);
 		if (t->state == CWI_TASK_STARTING) {
 			t->state = CWI_TASK_ACTIVE;
 			t->start_round = round;
@@ -132,14 +130,14 @@ cwi_sched_update(cwi_dispatcher *d, job *j)
 		bool all = true;
 		for (size_t i = 0; i < j->nclients; i++)
 			all = all && j->clients[i].ready;
-		if (j->nclients == 0 || schedule_empty(d, j))
+		if (j->nclients == 0 || schedule_empty(j))
 			coord_commit(d, j, consumer_round(j, false));
 		else if (all)
 			coord_commit(d, j, j->coord.target);
 	}
-	for (size_t i = 0; i < d->tasks.n;) {
-		task *t = TASK(d, i);
-		if (t->job == j && t->state == CWI_TASK_REMOVING &&
+	for (size_t i = 0; i < j->tasks.n;) {
+		task *t = OWN_TASK(j, i);
+		if (t->state == CWI_TASK_REMOVING &&
 		    t->end_round != CWI_ROUND_NONE &&
 		    (j->nclients == 0 ||
 			consumer_round(j, false) >= t->end_round)) {

@@ -138,17 +138,16 @@ cwi_counters_received(job *j, client *c, uint64_t elements, uint64_t bytes)
 }
 
 cachew_err
-cwi_counters_job_ops(const cwi_dispatcher *d, const job *j,
+cwi_counters_job_ops(const job *j,
     cwi_msg_client_heartbeat_reply *rep)
 {
 	cachew_err rv = CACHEW_OK;
 
 	for (size_t k = 0; rv == CACHEW_OK && k < j->nops_done; k++)
 		rv = ops_add(&rep->ops, &rep->nops, &j->ops_done[k]);
-	for (size_t i = 0; rv == CACHEW_OK && i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		for (size_t k = 0; rv == CACHEW_OK && t->job == j &&
-				   k < t->nops; k++)
+	for (size_t i = 0; rv == CACHEW_OK && i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
+		for (size_t k = 0; rv == CACHEW_OK && k < t->nops; k++)
 			rv = ops_add(&rep->ops, &rep->nops, &t->ops[k]);
 	}
 	return rv;

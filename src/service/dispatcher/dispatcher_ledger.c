@@ -112,6 +112,12 @@ cwi_ledger_init(cwi_dispatcher *d, job *j)
 	 * the others idle. */
 	if (d->cfg.autoscale && d->cfg.max_workers > w)
 		w = d->cfg.max_workers < 256 ? d->cfg.max_workers : 256;
+	/* A job of a fixed worker count never has more tasks: sized for the
+	 * pool, 1,000 such jobs of 10 workers each on 10,000 workers held
+	 * 80,000 splits each, 4.5 GB (W9). */
+	if (j->policy == CWI_WORKERS_FIXED && j->num_workers > 0 &&
+	    j->num_workers < w)
+		w = j->num_workers;
 
 	if (j->pass.graph != NULL)
 		l->nunits = j->pass.units;
@@ -174,13 +180,12 @@ lease_none(const cwi_dispatcher *d, const task *t,
 }
 
 static uint32_t
-active_tasks(const cwi_dispatcher *d, const job *j)
+active_tasks(const job *j)
 {
 	uint32_t n = 0;
 
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j &&
-		    TASK(d, i)->state == CWI_TASK_ACTIVE)
+	for (size_t i = 0; i < j->tasks.n; i++)
+		if (OWN_TASK(j, i)->state == CWI_TASK_ACTIVE)
 			n++;
 	return n;
 }
@@ -192,7 +197,7 @@ active_tasks(const cwi_dispatcher *d, const job *j)
 static uint64_t
 lease_count(const cwi_dispatcher *d, const job *j, uint32_t max_splits)
 {
-	uint32_t nactive = active_tasks(d, j);
+	uint32_t nactive = active_tasks(j);
 	uint64_t want = max_splits, fair;
 
 	fair = (j->ledger.npending + nactive - 1) / (nactive > 0 ? nactive : 1);
@@ -469,6 +474,7 @@ cwi_ledger_task_gone(struct split_ledger *l, const task *t, uint64_t now)
 			s->task_id = 0;
 			s->delivered = true;
 			s->orphan_ns = now;
+			l->orphan_hint++;
 		}
 	}
 }
@@ -606,17 +612,25 @@ cwi_ledger_release_delivered(cwi_dispatcher *d, job *j)
 void
 cwi_ledger_release_orphans(cwi_dispatcher *d, job *j, uint64_t now)
 {
+	struct split_ledger *l = &j->ledger;
 	/* Ten client heartbeats, at least 2 s: an ack is sent the moment
 	 * the split's end arrives, so this only catches lost ones. */
 	uint64_t grace = (uint64_t)d->cfg.client_heartbeat_ms * 10000000u;
 
 	if (grace < 2000000000u)
 		grace = 2000000000u;
+	if (l->splits == NULL || l->orphan_hint == 0)
+		return;
 	if (j->exactly_once)
 		cwi_recover_tick(d, j, grace);
 	else if (now > grace)
 		release_splits(d, j, match_orphaned, now - grace,
 		    "unacknowledged", 0);
+	l->orphan_hint = 0;
+	for (uint64_t k = 0; l->splits != NULL && k < l->nsplits; k++)
+		if (l->splits[k].state == SPLIT_LEASED &&
+		    (l->splits[k].task_id == 0 || l->splits[k].credits > 0))
+			l->orphan_hint++;
 }
 
 /* ---- acknowledgement ----------------------------------------------------- */

@@ -122,16 +122,13 @@ cwi_pass_finish(cwi_dispatcher *d, job *j, bool complete)
 	memset(pe, 0, sizeof(*pe));
 	pe->job_id = j->id;
 	pe->complete = complete;
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j)
-			nops += TASK(d, i)->nops;
+	for (size_t i = 0; i < j->tasks.n; i++)
+		nops += OWN_TASK(j, i)->nops;
 	pe->ops = calloc(nops + 1, sizeof(*pe->ops));
 	if (pe->ops == NULL)
 		goto oom;
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
 		pe->workers++;
 		for (size_t k = 0; k < t->nops; k++) {
 			cwi_op_counters *c = &pe->ops[pe->nops];

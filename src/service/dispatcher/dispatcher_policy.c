@@ -32,7 +32,8 @@ cwi_worker_count_default(void *ctx, const cwi_job_view *view)
 }
 
 void
-cwi_sizing_job_view(const cwi_dispatcher *d, const job *j, cwi_job_view *v)
+cwi_sizing_job_view(const cwi_dispatcher *d, const job *j, uint32_t avail,
+    cwi_job_view *v)
 {
 	uint64_t bt = 0, wt = 0, nbt = 0;
 
@@ -48,11 +49,9 @@ cwi_sizing_job_view(const cwi_dispatcher *d, const job *j, cwi_job_view *v)
 	 * gets tasks only where they are loaded. */
 	v->workers_available = j->ds->nneeds > 0
 	    ? cwi_fns_workers_for(d, j->ds)
-	    : cwi_disp_workers_available(d);
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
+	    : avail;
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
 		v->elements_per_s += t->elements_per_s;
 		if (t->state != CWI_TASK_REMOVING)
 			v->tasks++;
@@ -71,11 +70,12 @@ cwi_sizing_job_view(const cwi_dispatcher *d, const job *j, cwi_job_view *v)
 }
 
 uint32_t
-cwi_sizing_target(cwi_dispatcher *d, job *j, cwi_job_view *v)
+cwi_sizing_target(cwi_dispatcher *d, job *j, uint32_t avail,
+    cwi_job_view *v)
 {
 	uint32_t target;
 
-	cwi_sizing_job_view(d, j, v);
+	cwi_sizing_job_view(d, j, avail, v);
 	if (j->sizing.count_fn == NULL)
 		target = j->sizing.granted; /* the policy engine's */
 	else
@@ -170,7 +170,7 @@ cwi_sizing_task_busy(task *t, const cwi_task_report *r)
  * consumption, its tasks' stall time, its workers' CPU. Resets the
  * accumulators. */
 static void
-job_sample(cwi_dispatcher *d, job *j, uint64_t now, cwi_scale_sample *smp)
+job_sample(job *j, uint64_t now, cwi_scale_sample *smp)
 {
 	uint64_t nb = 0, ne = 0, nw = 0, run = 0, stall = 0;
 	double fill = 0, cpu = 0;
@@ -190,10 +190,8 @@ job_sample(cwi_dispatcher *d, job *j, uint64_t now, cwi_scale_sample *smp)
 		c->acc_fill = 0;
 		c->acc_reports = 0;
 	}
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		task *t = TASK(d, i);
-		if (t->job != j)
-			continue;
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		task *t = OWN_TASK(j, i);
 		run += t->acc_run_ns;
 		stall += t->acc_stall_ns;
 		t->acc_run_ns = t->acc_stall_ns = 0;
@@ -291,7 +289,7 @@ job_decide(cwi_dispatcher *d, job *j, uint64_t now)
 	cwi_scale_sample smp;
 	cwi_scale_decision dec;
 
-	job_sample(d, j, now, &smp);
+	job_sample(j, now, &smp);
 	memset(&dec, 0, sizeof(dec));
 	cwi_scaler_observe(j->sizing.scaler, &smp, &dec);
 	dec.reason[sizeof(dec.reason) - 1] = '\0';

@@ -179,6 +179,7 @@ cwi_recover_client_gone(cwi_dispatcher *d, job *j, uint64_t client_id)
 			continue;
 		s->credits++;
 		s->orphan_ns = d->now;
+		l->orphan_hint++;
 		if (s->parts_need > 0 &&
 		    s->part_acks + s->credits >= s->parts_need)
 			split_done(d, l, s);

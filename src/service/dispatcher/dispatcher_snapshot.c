@@ -452,59 +452,6 @@ cwi_dispatcher_snapshot_save(const cwi_dispatcher *d, uint8_t **buf,
 /* Every getter below reads into a struct already attached to d, so that a
  * failure anywhere leaves nothing cwi_disp_clear does not free. */
 
-static uint64_t
-worker_id_of(const void *p)
-{
-	return ((const worker *)p)->id;
-}
-
-static uint64_t
-dataset_id_of(const void *p)
-{
-	return ((const dataset *)p)->id;
-}
-
-static uint64_t
-job_id_of(const void *p)
-{
-	return ((const job *)p)->id;
-}
-
-static uint64_t
-task_id_of(const void *p)
-{
-	return ((const task *)p)->id;
-}
-
-/* The index in v (in increasing id order) of the entry with that id, or
- * v->n: a binary search, as hostile documents may hold many. */
-static size_t
-vec_index(const vec *v, uint64_t id, uint64_t (*id_of)(const void *))
-{
-	size_t lo = 0, hi = v->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		uint64_t m = id_of(v->v[mid]);
-		if (m == id)
-			return mid;
-		if (m < id)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return v->n;
-}
-
-/* The entry of v with that id, or NULL. */
-static void *
-vec_find(const vec *v, uint64_t id, uint64_t (*id_of)(const void *))
-{
-	size_t i = vec_index(v, id, id_of);
-
-	return i < v->n ? v->v[i] : NULL;
-}
-
 /* An array of n entries for vector v (filled by the caller). */
 static bool
 vec_reserve(cwi_mp_doc *x, vec *v, uint64_t n)
@@ -899,6 +846,7 @@ load_ledger(cwi_mp_doc *x, const cwi_dispatcher *d, struct split_ledger *l)
 	}
 	if (x->rv == CACHEW_OK && check_splits(x, l))
 		load_ring(x, l);
+	l->orphan_hint = l->nsplits; /* the first tick counts them */
 out:
 	cwi_mp_doc_leave(x, mark);
 	return x->rv == CACHEW_OK;
@@ -1084,7 +1032,7 @@ load_job_options(cwi_mp_doc *x, cwi_dispatcher *d, job *j, uint64_t prev)
 	cwi_mp_doc_strdup(x, "name", CWI_PROTO_MAX_NAME, true, &j->name);
 	cwi_mp_doc_u64(x, "iteration", 0, UINT64_MAX, &j->iteration);
 	if (cwi_mp_doc_u64(x, "dataset_id", 1, UINT64_MAX, &ds_id) &&
-	    (j->ds = vec_find(&d->datasets, ds_id, dataset_id_of)) == NULL)
+	    (j->ds = cwi_vec_find(&d->datasets, ds_id)) == NULL)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "dataset_id",
 		    "dataset %" PRIu64 " does not exist", ds_id);
 	cwi_mp_doc_u32(x, "mode", CWI_MODE_DISTRIBUTED_EPOCH,
@@ -1150,13 +1098,13 @@ load_task(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t prev)
 	cwi_mp_doc_record(x, NULL, TASK_FIELDS);
 	load_id(x, "id", prev, d->next_task_id, &t->id);
 	if (cwi_mp_doc_u64(x, "job_id", 1, UINT64_MAX, &job_id) &&
-	    ((t->job = vec_find(&d->jobs, job_id, job_id_of)) == NULL ||
+	    ((t->job = cwi_vec_find(&d->jobs, job_id)) == NULL ||
 		t->job->finished))
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "job_id",
 		    "job %" PRIu64 " %s", job_id,
 		    t->job == NULL ? "does not exist" : "is finished");
 	if (cwi_mp_doc_u64(x, "worker_id", 1, UINT64_MAX, &worker_id) &&
-	    (t->w = vec_find(&d->workers, worker_id, worker_id_of)) == NULL)
+	    (t->w = cwi_vec_find(&d->workers, worker_id)) == NULL)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "worker_id",
 		    "worker %" PRIu64 " does not exist", worker_id);
 	cwi_mp_doc_u32(x, "state", CWI_TASK_ACTIVE, CWI_TASK_REMOVING, &state);
@@ -1184,9 +1132,13 @@ load_task(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t prev)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "lease_group",
 		    "split %" PRIu64 " is beyond the job's %" PRIu64,
 		    t->lease_group, t->job->ledger.nsplits);
-	if (x->rv == CACHEW_OK)
-		t->w->ntasks++;
-	return x->rv == CACHEW_OK;
+	if (x->rv != CACHEW_OK)
+		return false;
+	/* Tasks come in id order: so do their job's and worker's lists. */
+	if (!cwi_vec_push(&t->job->tasks, t) || !cwi_vec_push(&t->w->tasks, t))
+		return cwi_mp_doc_fail(x, CACHEW_ENOMEM, NULL, "out of memory");
+	t->w->ntasks++;
+	return true;
 }
 
 /* A leased split's task, when it has one, is a task of its job, and a
@@ -1206,7 +1158,7 @@ check_lessees(cwi_mp_doc *x, const cwi_dispatcher *d)
 			size_t t;
 			if (s->state != SPLIT_LEASED || s->task_id == 0)
 				continue;
-			t = vec_index(&d->tasks, s->task_id, task_id_of);
+			t = cwi_vec_index(&d->tasks, s->task_id);
 			if (t == d->tasks.n || TASK(d, t)->job != j) {
 				cwi_mp_doc_fail(x, CACHEW_ECORRUPT, NULL,
 				    "jobs[%zu].ledger.splits[%" PRIu64 "]: "
@@ -1318,8 +1270,7 @@ load_owners(cwi_mp_doc *x, cwi_dispatcher *d)
 /* Loads n entries of one registry vector with `one`. */
 static bool
 load_vec(cwi_mp_doc *x, cwi_dispatcher *d, const char *name, vec *v,
-    bool (*one)(cwi_mp_doc *, cwi_dispatcher *, uint64_t),
-    uint64_t (*id_of)(const void *))
+    bool (*one)(cwi_mp_doc *, cwi_dispatcher *, uint64_t))
 {
 	uint64_t n;
 
@@ -1328,7 +1279,7 @@ load_vec(cwi_mp_doc *x, cwi_dispatcher *d, const char *name, vec *v,
 		return false;
 	for (uint64_t i = 0; i < n && x->rv == CACHEW_OK; i++) {
 		size_t mark = cwi_mp_doc_enter_at(x, name, i);
-		one(x, d, i > 0 ? id_of(v->v[i - 1]) : 0);
+		one(x, d, i > 0 ? cwi_vec_entry_id(v->v[i - 1]) : 0);
 		cwi_mp_doc_leave(x, mark);
 	}
 	return x->rv == CACHEW_OK;
@@ -1407,18 +1358,19 @@ cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
 					       "dispatcher is not empty");
 	cwi_mp_doc_init(&x, "dispatcher snapshot", buf, len);
 	if (load_head(&x, d, &version) &&
-	    load_vec(&x, d, "workers", &d->workers, load_worker,
-		worker_id_of) &&
-	    load_vec(&x, d, "datasets", &d->datasets, load_dataset,
-		dataset_id_of) &&
-	    load_vec(&x, d, "jobs", &d->jobs, load_job, job_id_of) &&
-	    load_vec(&x, d, "tasks", &d->tasks, load_task, task_id_of) &&
+	    load_vec(&x, d, "workers", &d->workers, load_worker) &&
+	    load_vec(&x, d, "datasets", &d->datasets, load_dataset) &&
+	    load_vec(&x, d, "jobs", &d->jobs, load_job) &&
+	    load_vec(&x, d, "tasks", &d->tasks, load_task) &&
 	    check_lessees(&x, d) && load_pass_ends(&x, d) &&
 	    (version == 1 || load_planner(&x, d)) &&
 	    (version < 3 || load_owners(&x, d)))
 		cwi_mp_doc_end(&x);
-	if (x.rv == CACHEW_OK)
+	if (x.rv == CACHEW_OK) {
+		for (size_t i = 0; i < d->jobs.n; i++)
+			d->nclients += JOB(d, i)->nclients;
 		return CACHEW_OK;
+	}
 	cwi_disp_clear(d);
 	d->lineage = lineage;
 	d->incarnation = incarnation;

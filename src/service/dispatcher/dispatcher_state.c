@@ -9,12 +9,25 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/random.h>
 #include <unistd.h>
 
-static bool
-vec_push(vec *v, void *p)
+/* cwi_vec_find reads an entry's id as its first member. */
+_Static_assert(offsetof(worker, id) == 0, "worker id first");
+_Static_assert(offsetof(dataset, id) == 0, "dataset id first");
+_Static_assert(offsetof(struct job, id) == 0, "job id first");
+_Static_assert(offsetof(task, id) == 0, "task id first");
+
+uint64_t
+cwi_vec_entry_id(const void *p)
+{
+	return *(const uint64_t *)p;
+}
+
+bool
+cwi_vec_push(vec *v, void *p)
 {
 	if (v->n == v->cap) {
 		size_t cap = v->cap != 0 ? v->cap * 2 : 16;
@@ -28,17 +41,41 @@ vec_push(vec *v, void *p)
 	return true;
 }
 
-static void
-vec_remove(vec *v, void *p)
+size_t
+cwi_vec_index(const vec *v, uint64_t id)
 {
-	for (size_t i = 0; i < v->n; i++) {
-		if (v->v[i] == p) {
-			memmove(&v->v[i], &v->v[i + 1],
-			    (v->n - i - 1) * sizeof(*v->v));
-			v->n--;
-			return;
-		}
+	size_t lo = 0, hi = v->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		uint64_t m = cwi_vec_entry_id(v->v[mid]);
+		if (m == id)
+			return mid;
+		if (m < id)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
+	return v->n;
+}
+
+void *
+cwi_vec_find(const vec *v, uint64_t id)
+{
+	size_t i = cwi_vec_index(v, id);
+
+	return i < v->n ? v->v[i] : NULL;
+}
+
+void
+cwi_vec_remove(vec *v, const void *p)
+{
+	size_t i = cwi_vec_index(v, cwi_vec_entry_id(p));
+
+	if (i == v->n || v->v[i] != p)
+		return;
+	memmove(&v->v[i], &v->v[i + 1], (v->n - i - 1) * sizeof(*v->v));
+	v->n--;
 }
 
 /* ---- events -------------------------------------------------------------- */
@@ -220,6 +257,7 @@ job_free(const cwi_dispatcher *d, job *j)
 	cwi_recover_free(j);
 	cwi_counters_job_free(j);
 	cwi_scaler_destroy(j->sizing.scaler);
+	free(j->tasks.v);
 	free(j->clients);
 	free(j->name);
 	free(j->owner);
@@ -244,6 +282,7 @@ worker_free(worker *w)
 	free(w->build);
 	free(w->owner);
 	free(w->fns);
+	free(w->tasks.v);
 	free(w);
 }
 
@@ -272,6 +311,7 @@ cwi_disp_clear(cwi_dispatcher *d)
 	d->npass_ends = d->cappass_ends = 0;
 	d->next_worker_id = d->next_dataset_id = d->next_job_id = 1;
 	d->next_client_id = d->next_task_id = 1;
+	d->nclients = 0;
 	d->now = 0;
 	d->next_decision_ns = 0;
 	d->pool_target = d->cfg.min_workers;
@@ -294,37 +334,25 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 worker *
 cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id)
 {
-	for (size_t i = 0; i < d->workers.n; i++)
-		if (WORKER(d, i)->id == id)
-			return WORKER(d, i);
-	return NULL;
+	return cwi_vec_find(&d->workers, id);
 }
 
 task *
 cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id)
 {
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->id == id)
-			return TASK(d, i);
-	return NULL;
+	return cwi_vec_find(&d->tasks, id);
 }
 
 job *
 cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id)
 {
-	for (size_t i = 0; i < d->jobs.n; i++)
-		if (JOB(d, i)->id == id)
-			return JOB(d, i);
-	return NULL;
+	return cwi_vec_find(&d->jobs, id);
 }
 
 dataset *
 cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id)
 {
-	for (size_t i = 0; i < d->datasets.n; i++)
-		if (DATASET(d, i)->id == id)
-			return DATASET(d, i);
-	return NULL;
+	return cwi_vec_find(&d->datasets, id);
 }
 
 static client *
@@ -406,7 +434,9 @@ cwi_disp_task_drop(cwi_dispatcher *d, task *t, const char *reason)
 	cwi_ledger_task_gone(&t->job->ledger, t, d->now);
 	t->w->ntasks--;
 	cwi_counters_retire(t->job, t);
-	vec_remove(&d->tasks, t);
+	cwi_vec_remove(&t->job->tasks, t);
+	cwi_vec_remove(&t->w->tasks, t);
+	cwi_vec_remove(&d->tasks, t);
 	task_free(t);
 }
 
@@ -415,11 +445,26 @@ task_add(cwi_dispatcher *d, job *j, worker *w)
 {
 	task *t = calloc(1, sizeof(*t));
 
-	if (t == NULL || !vec_push(&d->tasks, t)) {
+	if (t == NULL)
+		return NULL;
+	/* Its id is above every task's: each vector stays in id order. */
+	t->id = d->next_task_id;
+	if (!cwi_vec_push(&d->tasks, t)) {
 		free(t);
 		return NULL;
 	}
-	t->id = d->next_task_id++;
+	if (!cwi_vec_push(&j->tasks, t)) {
+		d->tasks.n--;
+		free(t);
+		return NULL;
+	}
+	if (!cwi_vec_push(&w->tasks, t)) {
+		d->tasks.n--;
+		j->tasks.n--;
+		free(t);
+		return NULL;
+	}
+	d->next_task_id++;
 	t->job = j;
 	t->w = w;
 	t->state = CWI_TASK_ACTIVE;
@@ -428,7 +473,7 @@ task_add(cwi_dispatcher *d, job *j, worker *w)
 	t->lease_group = NO_GROUP;
 	w->ntasks++;
 	if (job_coordinated(j))
-		cwi_sched_place(d, t);
+		cwi_sched_place(t);
 	cwi_disp_task_event(d, "task_added", t);
 	if (job_coordinated(j) && t->start_round != CWI_ROUND_NONE)
 		cwi_disp_ev_u64(d, "start_round", t->start_round);
@@ -478,9 +523,8 @@ task_done(cwi_dispatcher *d, task *t)
 		j->any_task_done = true;
 	cwi_disp_task_drop(d, t, "done");
 	if (j->mode == CWI_MODE_PARALLEL_EPOCHS && !j->data_done) {
-		for (size_t i = 0; i < d->tasks.n; i++)
-			if (TASK(d, i)->job == j)
-				return;
+		if (j->tasks.n > 0)
+			return;
 		j->data_done = true;
 		cwi_disp_ev_begin(d, "epoch_done");
 		cwi_disp_ev_u64(d, "job_id", j->id);
@@ -496,9 +540,9 @@ drop_finished_removals(cwi_dispatcher *d, job *j)
 {
 	bool dropped = false;
 
-	for (size_t i = 0; i < d->tasks.n;) {
-		task *t = TASK(d, i);
-		if (t->job == j && t->state == CWI_TASK_REMOVING &&
+	for (size_t i = 0; i < j->tasks.n;) {
+		task *t = OWN_TASK(j, i);
+		if (t->state == CWI_TASK_REMOVING &&
 		    !job_coordinated(j) && t->nleased == 0) {
 			cwi_disp_task_drop(d, t, "removed");
 			dropped = true;
@@ -512,10 +556,16 @@ drop_finished_removals(cwi_dispatcher *d, job *j)
 /* ---- a job's tasks to its target ----------------------------------------- */
 
 static bool
-worker_has_task_of(const cwi_dispatcher *d, const worker *w, const job *j)
+worker_has_task_of(const worker *w, const job *j)
 {
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->w == w && TASK(d, i)->job == j)
+	if (w->tasks.n <= j->tasks.n) {
+		for (size_t i = 0; i < w->tasks.n; i++)
+			if (OWN_TASK(w, i)->job == j)
+				return true;
+		return false;
+	}
+	for (size_t i = 0; i < j->tasks.n; i++)
+		if (OWN_TASK(j, i)->w == w)
 			return true;
 	return false;
 }
@@ -530,7 +580,7 @@ pick_worker(const cwi_dispatcher *d, const job *j)
 
 	for (size_t i = 0; i < d->workers.n; i++) {
 		worker *w = WORKER(d, i);
-		if (w->draining || worker_has_task_of(d, w, j) ||
+		if (w->draining || worker_has_task_of(w, j) ||
 		    !cwi_fns_worker_can_run(w, j->ds))
 			continue;
 		if (best == NULL || w->ntasks < best->ntasks)
@@ -541,13 +591,13 @@ pick_worker(const cwi_dispatcher *d, const job *j)
 
 /* The task to take away: on the busiest worker, then the newest. */
 static task *
-pick_victim(const cwi_dispatcher *d, const job *j)
+pick_victim(const job *j)
 {
 	task *best = NULL;
 
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		task *t = TASK(d, i);
-		if (t->job != j || t->state == CWI_TASK_REMOVING)
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		task *t = OWN_TASK(j, i);
+		if (t->state == CWI_TASK_REMOVING)
 			continue;
 		if (best == NULL || t->w->ntasks >= best->w->ntasks)
 			best = t;
@@ -557,14 +607,14 @@ pick_victim(const cwi_dispatcher *d, const job *j)
 
 /* Brings the job's task count to what its decision says. */
 static void
-reconcile_job(cwi_dispatcher *d, job *j)
+reconcile_job(cwi_dispatcher *d, job *j, uint32_t avail)
 {
 	cwi_job_view v;
 	uint32_t target;
 
 	if (j->finished || j->data_done || j->any_task_done)
 		return;
-	target = cwi_sizing_target(d, j, &v);
+	target = cwi_sizing_target(d, j, avail, &v);
 	/* Coordinated, once every split is leased: a new task could only
 	 * end at once, after making every consumer wait for a schedule
 	 * change. */
@@ -577,7 +627,7 @@ reconcile_job(cwi_dispatcher *d, job *j)
 		v.tasks++;
 	}
 	while (v.tasks > target) {
-		task *t = pick_victim(d, j);
+		task *t = pick_victim(j);
 		if (t == NULL)
 			break;
 		task_begin_remove(d, t, "scaled_down");
@@ -593,9 +643,12 @@ reconcile_job(cwi_dispatcher *d, job *j)
 void
 cwi_disp_reconcile(cwi_dispatcher *d)
 {
+	/* Reconciling a job adds or removes tasks, never a worker. */
+	uint32_t avail = cwi_disp_workers_available(d);
+
 	cwi_sizing_share(d, false);
 	for (size_t i = 0; i < d->jobs.n; i++)
-		reconcile_job(d, JOB(d, i));
+		reconcile_job(d, JOB(d, i), avail);
 }
 
 /* ---- jobs ---------------------------------------------------------------- */
@@ -607,13 +660,15 @@ cwi_disp_reconcile(cwi_dispatcher *d)
 static void
 gc_datasets(cwi_dispatcher *d)
 {
+	for (size_t i = 0; i < d->datasets.n; i++)
+		DATASET(d, i)->in_use = false;
+	for (size_t k = 0; k < d->jobs.n; k++)
+		JOB(d, k)->ds->in_use = true;
 	for (size_t i = 0; i < d->datasets.n;) {
 		dataset *ds = DATASET(d, i);
-		bool used = ds->last_used_ns >= d->now ||
+		bool used = ds->in_use || ds->last_used_ns >= d->now ||
 			    d->now - ds->last_used_ns <= d->cfg.client_timeout_ns;
 
-		for (size_t k = 0; k < d->jobs.n && !used; k++)
-			used = JOB(d, k)->ds == ds;
 		if (used) {
 			i++;
 			continue;
@@ -621,7 +676,7 @@ gc_datasets(cwi_dispatcher *d)
 		cwi_disp_ev_begin(d, "dataset_dropped");
 		cwi_disp_ev_u64(d, "dataset_id", ds->id);
 		cwi_disp_ev_end(d);
-		vec_remove(&d->datasets, ds);
+		cwi_vec_remove(&d->datasets, ds);
 		dataset_free(ds);
 	}
 }
@@ -640,7 +695,7 @@ gc_finished(cwi_dispatcher *d)
 	     i < d->jobs.n && nfinished > d->cfg.max_finished_jobs;) {
 		job *j = JOB(d, i);
 		if (j->finished) {
-			vec_remove(&d->jobs, j);
+			cwi_vec_remove(&d->jobs, j);
 			job_free(d, j);
 			nfinished--;
 			continue;
@@ -654,14 +709,8 @@ static void
 job_finish(cwi_dispatcher *d, job *j, const char *reason)
 {
 	cwi_pass_finish(d, j, false); /* no-op when the data was done */
-	for (size_t i = 0; i < d->tasks.n;) {
-		task *t = TASK(d, i);
-		if (t->job == j) {
-			cwi_disp_task_drop(d, t, "job_finished");
-			continue;
-		}
-		i++;
-	}
+	while (j->tasks.n > 0)
+		cwi_disp_task_drop(d, OWN_TASK(j, 0), "job_finished");
 	j->finished = true;
 	j->coord.target = CWI_ROUND_NONE;
 	cwi_ledger_free(&j->ledger);
@@ -687,6 +736,7 @@ client_leave(cwi_dispatcher *d, job *j, client *c, const char *event)
 	memmove(&j->clients[idx], &j->clients[idx + 1],
 	    (j->nclients - idx - 1) * sizeof(*c));
 	j->nclients--;
+	d->nclients--;
 	if (j->nclients == 0) {
 		job_finish(d, j, strcmp(event, "client_released") == 0
 			? "released"
@@ -850,11 +900,12 @@ job_create(cwi_dispatcher *d, const cwi_msg_job_get_or_create *r,
 		if (rv != CACHEW_OK)
 			goto fail;
 	}
-	if (!vec_push(&d->jobs, j)) {
+	j->id = d->next_job_id;
+	if (!cwi_vec_push(&d->jobs, j)) {
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	j->id = d->next_job_id++;
+	d->next_job_id++;
 	job_created_event(d, j);
 	if (r->resume_units_per_split != 0) {
 		cwi_disp_ev_begin(d, "job_resumed");
@@ -886,6 +937,7 @@ client_add(cwi_dispatcher *d, job *j, int64_t consumer_index, uint64_t now)
 		j->capclients = cap;
 	}
 	c = &j->clients[j->nclients++];
+	d->nclients++;
 	memset(c, 0, sizeof(*c));
 	c->id = d->next_client_id++;
 	c->consumer_index = consumer_index;
@@ -977,7 +1029,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		c = client_add(d, j, req->consumer_index, now_ns);
 		if (c == NULL) {
 			if (created) {
-				vec_remove(&d->jobs, j);
+				cwi_vec_remove(&d->jobs, j);
 				job_free(d, j);
 			}
 			return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -991,7 +1043,7 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 	rep->processing_mode = j->mode;
 	rep->num_consumers = j->num_consumers;
 	rep->compression = j->compression;
-	rep->heartbeat_interval_ms = d->cfg.client_heartbeat_ms;
+	rep->heartbeat_interval_ms = cwi_disp_client_interval_ms(d);
 	rep->units = j->ledger.nunits;
 	rep->units_per_split = j->ledger.units_per_split;
 	if (created) {
@@ -1000,6 +1052,27 @@ cwi_dispatcher_job_get_or_create(cwi_dispatcher *d, uint64_t now_ns,
 		cwi_disp_reconcile(d);
 	}
 	return CACHEW_OK;
+}
+
+/* Clients a dispatcher hears at the configured interval; beyond, the
+ * interval grows with their number, so that an idle dispatcher answers
+ * about as many heartbeats per second with thousands of clients (issue
+ * 18: 2,000 embedded iterators heartbeating every 100 ms kept a core
+ * busy), up to a quarter of the client timeout. */
+#define CLIENTS_AT_BASE_INTERVAL 200u
+
+uint32_t
+cwi_disp_client_interval_ms(const cwi_dispatcher *d)
+{
+	uint64_t ms = d->cfg.client_heartbeat_ms;
+	uint64_t cap = d->cfg.client_timeout_ns / NS_PER_MS / 4;
+
+	if (d->nclients > CLIENTS_AT_BASE_INTERVAL)
+		ms = ms * d->nclients / CLIENTS_AT_BASE_INTERVAL;
+	if (ms > cap)
+		ms = cap > d->cfg.client_heartbeat_ms ? cap
+						      : d->cfg.client_heartbeat_ms;
+	return (uint32_t)ms;
 }
 
 cachew_err
@@ -1147,21 +1220,14 @@ static cachew_err
 fill_task_list(const cwi_dispatcher *d, const job *j,
     cwi_msg_client_heartbeat_reply *rep)
 {
-	size_t n = 0;
-
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->job == j)
-			n++;
-	if (n == 0)
+	if (j->tasks.n == 0)
 		return CACHEW_OK;
-	rep->tasks = calloc(n, sizeof(*rep->tasks));
+	rep->tasks = calloc(j->tasks.n, sizeof(*rep->tasks));
 	if (rep->tasks == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
 		cwi_task_info *ti;
-		if (t->job != j)
-			continue;
 		ti = &rep->tasks[rep->ntasks++];
 		ti->task_id = t->id;
 		ti->worker_id = t->w->id;
@@ -1216,6 +1282,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		cwi_sched_update(d, j);
 	}
 	rep->job_finished = j->data_done;
+	rep->heartbeat_interval_ms = cwi_disp_client_interval_ms(d);
 	rep->splits_total = j->ledger.nsplits;
 	rep->splits_acked = j->ledger.nacked;
 	if (j->coord.target != CWI_ROUND_NONE) {
@@ -1226,7 +1293,7 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 	if (rep->ntasks > 0)
 		j->coord.published = true;
 	if (rv == CACHEW_OK)
-		(void)cwi_counters_job_ops(d, j, rep); /* metrics only */
+		(void)cwi_counters_job_ops(j, rep); /* metrics only */
 	return rv;
 }
 
@@ -1249,15 +1316,9 @@ worker_remove(cwi_dispatcher *d, worker *w, const char *event,
 		if (!j->finished)
 			cwi_ledger_release_worker(d, j, w->id, reason);
 	}
-	for (size_t i = 0; i < d->tasks.n;) {
-		task *t = TASK(d, i);
-		if (t->w == w) {
-			cwi_disp_task_drop(d, t, "worker_gone");
-			continue;
-		}
-		i++;
-	}
-	vec_remove(&d->workers, w);
+	while (w->tasks.n > 0)
+		cwi_disp_task_drop(d, OWN_TASK(w, 0), "worker_gone");
+	cwi_vec_remove(&d->workers, w);
 	worker_free(w);
 	for (size_t i = 0; i < d->jobs.n; i++)
 		cwi_sched_update(d, JOB(d, i));
@@ -1276,11 +1337,14 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 		return cwi_fail(CACHEW_EINVAL, "worker_register: empty "
 					       "address");
 	w = calloc(1, sizeof(*w));
+	/* Its id before it joins the vector, which stays in id order. */
+	if (w != NULL)
+		w->id = d->next_worker_id;
 	if (w == NULL || (w->address = cwi_strdup(req->address)) == NULL ||
 	    (req->build != NULL &&
 		(w->build = cwi_strdup(req->build)) == NULL) ||
 	    (rv = cwi_fns_of_worker(w, req)) != CACHEW_OK ||
-	    !vec_push(&d->workers, w)) {
+	    !cwi_vec_push(&d->workers, w)) {
 		worker_free(w);
 		return rv != CACHEW_OK ? rv
 				       : cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1295,7 +1359,7 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 			break;
 		}
 	}
-	w->id = d->next_worker_id++;
+	d->next_worker_id++;
 	w->cores = req->cores;
 	w->memory_bytes = req->memory_bytes;
 	w->last_seen_ns = now_ns;
@@ -1360,14 +1424,6 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 		task_done(d, t);
 }
 
-static bool
-reported(const cwi_msg_worker_heartbeat *req, uint64_t task_id)
-{
-	for (size_t i = 0; i < req->ntasks; i++)
-		if (req->tasks[i].task_id == task_id)
-			return true;
-	return false;
-}
 
 static cachew_err
 fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
@@ -1398,22 +1454,26 @@ fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 }
 
 /* Tasks the worker should have and did not report (start) and tasks it
- * reported that are not its (stop). */
+ * reported that are not its (stop). Its reported tasks are stamped with
+ * this heartbeat's number first, so that each list costs one pass. */
 static cachew_err
 fill_worker_reply(cwi_dispatcher *d, const worker *w,
     const cwi_msg_worker_heartbeat *req, cwi_msg_worker_heartbeat_reply *rep)
 {
+	uint64_t seq = ++d->hb_seq;
 	size_t nstart = 0, nstop = 0;
 	cachew_err rv;
 
-	for (size_t i = 0; i < d->tasks.n; i++)
-		if (TASK(d, i)->w == w && !reported(req, TASK(d, i)->id))
-			nstart++;
 	for (size_t i = 0; i < req->ntasks; i++) {
 		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
 		if (t == NULL || t->w != w)
 			nstop++;
+		else
+			t->hb_seen = seq;
 	}
+	for (size_t i = 0; i < w->tasks.n; i++)
+		if (OWN_TASK(w, i)->hb_seen != seq)
+			nstart++;
 	if (nstart > 0)
 		rep->start = calloc(nstart, sizeof(*rep->start));
 	if (nstop > 0)
@@ -1421,9 +1481,9 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 	if ((nstart > 0 && rep->start == NULL) ||
 	    (nstop > 0 && rep->stop == NULL))
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (size_t i = 0; i < d->tasks.n; i++) {
-		const task *t = TASK(d, i);
-		if (t->w != w || reported(req, t->id))
+	for (size_t i = 0; i < w->tasks.n; i++) {
+		const task *t = OWN_TASK(w, i);
+		if (t->hb_seen == seq)
 			continue;
 		rv = fill_task_def(t, d->cfg.lease_size,
 		    &rep->start[rep->nstart++]);
@@ -1461,9 +1521,8 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		cwi_disp_ev_begin(d, "worker_draining");
 		cwi_disp_ev_u64(d, "worker_id", w->id);
 		cwi_disp_ev_end(d);
-		for (size_t i = 0; i < d->tasks.n;) {
-			task *t = TASK(d, i);
-			if (t->w == w && task_begin_remove(d, t, "draining"))
+		for (size_t i = 0; i < w->tasks.n;) {
+			if (task_begin_remove(d, OWN_TASK(w, i), "draining"))
 				continue;
 			i++;
 		}
@@ -1518,7 +1577,8 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	/* The user functions its jobs' workers must have; a graph that does
 	 * not decode could run on no worker. */
 	rv = cwi_fns_of_dataset(ds);
-	if (rv != CACHEW_OK || !vec_push(&d->datasets, ds)) {
+	ds->id = d->next_dataset_id;
+	if (rv != CACHEW_OK || !cwi_vec_push(&d->datasets, ds)) {
 		dataset_free(ds);
 		return rv != CACHEW_OK ? rv
 				       : cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1527,7 +1587,7 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	ds->split_units = req->splittable ? req->split_units : 0;
 	ds->splittable = req->splittable;
 	ds->last_used_ns = now_ns;
-	ds->id = d->next_dataset_id++;
+	d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
 	cwi_disp_ev_begin(d, "dataset_registered");
 	cwi_disp_ev_u64(d, "dataset_id", ds->id);

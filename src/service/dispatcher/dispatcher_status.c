@@ -86,7 +86,7 @@ status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 	cwi_job_view v;
 	cachew_err rv;
 
-	cwi_sizing_job_view(d, j, &v);
+	cwi_sizing_job_view(d, j, cwi_disp_workers_available(d), &v);
 	js->job_id = j->id;
 	js->iteration = j->iteration;
 	js->dataset_id = j->ds->id;
@@ -103,9 +103,8 @@ status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 	js->elements = j->elements;
 	js->bytes = j->bytes;
 	js->elements_per_s = v.elements_per_s;
-	for (size_t k = 0; k < d->tasks.n; k++)
-		if (TASK(d, k)->job == j)
-			js->bytes_per_s += TASK(d, k)->bytes_per_s;
+	for (size_t k = 0; k < j->tasks.n; k++)
+		js->bytes_per_s += OWN_TASK(j, k)->bytes_per_s;
 	js->batch_time_ns = v.batch_time_ns;
 	js->client_wait = status_client_wait(j);
 	js->data_done = j->data_done;
