@@ -2694,6 +2694,7 @@ hostile_trickles_stay_within_the_budget(bool secure)
 	    "with the peers, %ld after they closed", rss0, rss1, rss2);
 #else
 	(void)back_kb;
+	(void)rss1;
 	(void)rss2;
 #endif
 	cwt_cluster_stop(&c);
@@ -2760,6 +2761,9 @@ START_TEST(cluster_slow_consumer_stays_within_client_buffer)
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 	ck_assert_msg(max_kb > 0 && max_kb < limit_kb,
 	    "the client's RSS reached %ld kB (limit %ld)", max_kb, limit_kb);
+#else
+	(void)limit_kb;
+	(void)max_kb;
 #endif
 	cwt_cluster_stop(&c);
 }
