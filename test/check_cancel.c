@@ -449,7 +449,14 @@ START_TEST(child_of_an_nng_user_gets_a_clear_error)
 	    "%s", err);
 	ck_assert_uint_eq(n, 50);
 	cwt_free(v, n);
+	/* Not under valgrind or ASan, whose runtimes do not survive a
+	 * fork of a process with nng's threads reliably (under ASan the test
+	 * process was seen SIGKILLed in 2 of 2 full runs, never alone). */
+#if defined(__SANITIZE_ADDRESS__)
+	if (false) {
+#else
 	if (getenv("CWT_VALGRIND") == NULL) {
+#endif
 		pid = fork();
 		ck_assert_int_ge(pid, 0);
 		if (pid == 0) {
