@@ -77,13 +77,16 @@ emb_fork_register(void)
 	    emb_fork_child);
 }
 
-/* The dispatcher answered a job's creation or its last acknowledgement:
- * its workers heartbeat now. After a creation this waits for those
- * heartbeats (at most 100 ms each), so the job's tasks have started when
- * its client reads the reply; after the last acknowledgement it does not
- * wait, and their runners' waits for splits end at once. */
+/* The dispatcher answered a job's creation or its last acknowledgement.
+ * After a creation its workers start the job's tasks now, from the
+ * dispatcher's start orders (a worker not registered yet heartbeats, and
+ * this waits for that, at most 100 ms), so the job's tasks have started
+ * when its client reads the reply; after the last acknowledgement they
+ * heartbeat without a wait, and their runners' waits for splits end at
+ * once. A heartbeat per creation carried every task the worker held: with
+ * thousands of live iterators, creating one cost milliseconds. */
 static void
-emb_job_hook(void *arg, bool created)
+emb_job_hook(void *arg, bool created, uint64_t job_id)
 {
 	emb_instance *in = arg;
 
@@ -94,10 +97,21 @@ emb_job_hook(void *arg, bool created)
 		return;
 	pthread_mutex_lock(&emb_lock);
 	for (size_t i = 0; i < in->nworkers; i++) {
-		if (created)
-			cwi_worker_poke_wait(in->workers[i], 100);
-		else
-			cwi_worker_poke(in->workers[i]);
+		cwi_worker *w = in->workers[i];
+		uint64_t worker_id = created ? cwi_worker_id(w) : 0;
+		cwi_pmsg starts;
+
+		if (!created) {
+			cwi_worker_poke(w);
+		} else if (worker_id == 0 ||
+			   cwi_dispatcher_server_job_starts(in->dispatcher,
+			       job_id, worker_id, &starts) != CACHEW_OK) {
+			cwi_worker_poke_wait(w, 100);
+		} else {
+			cwi_worker_start_tasks(w,
+			    &starts.u.worker_heartbeat_reply);
+			cwi_pmsg_free(&starts);
+		}
 	}
 	pthread_mutex_unlock(&emb_lock);
 }

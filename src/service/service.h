@@ -11,6 +11,7 @@
 #define CWI_SERVICE_H
 
 #include "service_config.h"
+#include "service_proto.h"
 
 #include <pthread.h>
 
@@ -29,10 +30,21 @@ void cwi_dispatcher_server_stop(cwi_dispatcher_server *d);
  * its workers with it, so that they start a new job's tasks, or end a
  * finished job's, now rather than at their next heartbeat; over inproc the
  * handler runs on the client's thread, so a new job's tasks have started
- * when the client reads the reply. Set before any client has the URL. */
-typedef void (*cwi_dispatcher_job_hook)(void *arg, bool created);
+ * when the client reads the reply. Set before any client has the URL.
+ * job_id: the job created or finished. */
+typedef void (*cwi_dispatcher_job_hook)(void *arg, bool created,
+    uint64_t job_id);
 void cwi_dispatcher_server_set_job_hook(cwi_dispatcher_server *d,
     cwi_dispatcher_job_hook fn, void *arg);
+/* The orders to start the tasks of job_id placed on worker_id, as a
+ * heartbeat reply carries them: fills out (a cwi_pmsg of type
+ * CWI_MSG_WORKER_HEARTBEAT_REPLY, freed by the caller with
+ * cwi_pmsg_free), none when there are none. The embedded service hands them
+ * to its workers when a job is created, rather than a heartbeat of every
+ * task they hold per job (with thousands of live iterators, creating one
+ * cost milliseconds). Takes the dispatcher's lock. */
+cachew_err cwi_dispatcher_server_job_starts(cwi_dispatcher_server *d,
+    uint64_t job_id, uint64_t worker_id, cwi_pmsg *out);
 
 /* Starts a worker: listens for clients on cfg->listen and registers with
  * cfg->dispatcher (retrying until it answers). With cfg->user it switches
@@ -67,5 +79,12 @@ void cwi_worker_poke(cwi_worker *w);
 /* The same, then waits (up to timeout_ms) until a heartbeat that began
  * after the poke has ended: the tasks it was given have started. */
 void cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms);
+/* The worker's id at the dispatcher; 0 until it registered. */
+uint64_t cwi_worker_id(cwi_worker *w);
+/* Starts the tasks of a heartbeat reply's start list that the worker does
+ * not hold yet (none while it drains), as its heartbeat does: the
+ * embedded service's start of a new job (cwi_dispatcher_server_job_starts). */
+void cwi_worker_start_tasks(cwi_worker *w,
+    const cwi_msg_worker_heartbeat_reply *starts);
 
 #endif /* CWI_SERVICE_H */

@@ -77,6 +77,11 @@ void cwi_vec_remove(vec *v, const void *p);
 size_t cwi_vec_index(const vec *v, uint64_t id);
 /* The entry with that id, or NULL. */
 void *cwi_vec_find(const vec *v, uint64_t id);
+/* cwi_vec_find for ids looked up in rising order: *hint (0 at first) is
+ * where the last one was found plus one, and a lookup from there gallops
+ * forward, so a heartbeat's tasks (in the order the worker got them) cost
+ * one or two probes each rather than a search of every task. */
+void *cwi_vec_find_near(const vec *v, uint64_t id, size_t *hint);
 
 typedef struct worker {
 	uint64_t id;

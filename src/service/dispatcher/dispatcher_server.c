@@ -234,10 +234,12 @@ static void
 send_reply(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
     bool hook, bool created)
 {
+	uint64_t job_id = created ? rep->u.job_get_or_create_reply.job_id : 0;
+
 	cwi_rpc_reply(r, rep);
 	cwi_pmsg_free(rep);
 	if (hook && d->job_hook != NULL)
-		d->job_hook(d->job_hook_arg, created);
+		d->job_hook(d->job_hook_arg, created, job_id);
 }
 
 /* Replies once the reply's record is durable: at once without a journal,
@@ -1103,6 +1105,20 @@ on_http(void *arg, const char *path, char **body, size_t *len,
 	cwi_metrics_source src = {metrics_render, metrics_ready, arg};
 
 	return cwi_metrics_reply(path, &src, body, len, type);
+}
+
+cachew_err
+cwi_dispatcher_server_job_starts(cwi_dispatcher_server *d, uint64_t job_id,
+    uint64_t worker_id, cwi_pmsg *out)
+{
+	cachew_err rv;
+
+	cwi_pmsg_init(out, CWI_MSG_WORKER_HEARTBEAT_REPLY);
+	pthread_mutex_lock(&d->lock);
+	rv = cwi_dispatcher_job_starts(d->state, job_id, worker_id,
+	    &out->u.worker_heartbeat_reply);
+	pthread_mutex_unlock(&d->lock);
+	return rv;
 }
 
 void

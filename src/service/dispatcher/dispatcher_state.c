@@ -67,6 +67,36 @@ cwi_vec_find(const vec *v, uint64_t id)
 	return i < v->n ? v->v[i] : NULL;
 }
 
+void *
+cwi_vec_find_near(const vec *v, uint64_t id, size_t *hint)
+{
+	size_t lo = *hint < v->n ? *hint : v->n, hi, step = 1;
+
+	/* Invariant: the entries before lo are below id. */
+	if (lo > 0 && cwi_vec_entry_id(v->v[lo - 1]) >= id)
+		lo = 0; /* not rising: search from the start */
+	for (hi = lo; hi < v->n && cwi_vec_entry_id(v->v[hi]) < id;
+	     step *= 2) {
+		lo = hi + 1;
+		hi = v->n - lo > step ? lo + step : v->n;
+	}
+	/* hi is v->n or an entry at or above id: the first such is in
+	 * [lo, hi] */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (cwi_vec_entry_id(v->v[mid]) < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*hint = lo;
+	if (lo < v->n && cwi_vec_entry_id(v->v[lo]) == id) {
+		*hint = lo + 1;
+		return v->v[lo];
+	}
+	return NULL;
+}
+
 void
 cwi_vec_remove(vec *v, const void *p)
 {
@@ -1461,11 +1491,12 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
     const cwi_msg_worker_heartbeat *req, cwi_msg_worker_heartbeat_reply *rep)
 {
 	uint64_t seq = ++d->hb_seq;
-	size_t nstart = 0, nstop = 0;
+	size_t nstart = 0, nstop = 0, hint = 0;
 	cachew_err rv;
 
 	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
+		task *t = cwi_vec_find_near(&d->tasks, req->tasks[i].task_id,
+		    &hint);
 		if (t == NULL || t->w != w)
 			nstop++;
 		else
@@ -1492,10 +1523,47 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 		rep->start[rep->nstart - 1].secret =
 		    cwi_owner_task_secret(d, t->id);
 	}
-	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
+	hint = 0;
+	for (size_t i = 0; i < req->ntasks && rep->nstop < nstop; i++) {
+		task *t = cwi_vec_find_near(&d->tasks, req->tasks[i].task_id,
+		    &hint);
 		if (t == NULL || t->w != w)
 			rep->stop[rep->nstop++] = req->tasks[i].task_id;
+	}
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_dispatcher_job_starts(cwi_dispatcher *d, uint64_t job_id,
+    uint64_t worker_id, cwi_msg_worker_heartbeat_reply *rep)
+{
+	const job *j = cwi_disp_find_job(d, job_id);
+	size_t n = 0;
+	cachew_err rv;
+
+	if (j == NULL)
+		return CACHEW_OK;
+	for (size_t i = 0; i < j->tasks.n; i++) {
+		const task *t = OWN_TASK(j, i);
+		if (t->w != NULL && t->w->id == worker_id &&
+		    t->state != CWI_TASK_REMOVING)
+			n++;
+	}
+	if (n == 0)
+		return CACHEW_OK;
+	if ((rep->start = calloc(n, sizeof(*rep->start))) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < j->tasks.n && rep->nstart < n; i++) {
+		const task *t = OWN_TASK(j, i);
+		if (t->w == NULL || t->w->id != worker_id ||
+		    t->state == CWI_TASK_REMOVING)
+			continue;
+		rv = fill_task_def(t, d->cfg.lease_size,
+		    &rep->start[rep->nstart++]);
+		if (rv != CACHEW_OK)
+			return rv;
+		rep->start[rep->nstart - 1].secret =
+		    cwi_owner_task_secret(d, t->id);
 	}
 	return CACHEW_OK;
 }
@@ -1514,9 +1582,12 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 					       "dispatcher restarted): "
 					       "register again",
 		    req->worker_id);
+	size_t hint = 0;
+	bool drain = req->draining && !w->draining;
+
 	w->last_seen_ns = now_ns;
 	w->cpu_use = req->cpu_use;
-	if (req->draining && !w->draining) {
+	if (drain) {
 		w->draining = true;
 		cwi_disp_ev_begin(d, "worker_draining");
 		cwi_disp_ev_u64(d, "worker_id", w->id);
@@ -1528,7 +1599,10 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		}
 	}
 	for (size_t i = 0; i < req->ntasks; i++) {
-		task *t = cwi_disp_find_task(d, req->tasks[i].task_id);
+		task *t = cwi_vec_find_near(&d->tasks, req->tasks[i].task_id,
+		    &hint);
+		/* task_report may drop t (done), shifting the tasks after
+		 * it: the hint's check then starts the next lookup over */
 		if (t != NULL && t->w == w)
 			task_report(d, t, &req->tasks[i], now_ns);
 	}

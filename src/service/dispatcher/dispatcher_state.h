@@ -153,6 +153,10 @@ cachew_err cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_register *req, cwi_msg_worker_register_reply *rep);
 cachew_err cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_heartbeat *req, cwi_msg_worker_heartbeat_reply *rep);
+/* The start orders of job_id's tasks on worker_id (rep->start), as its
+ * next heartbeat reply would give them; none for an unknown job. */
+cachew_err cwi_dispatcher_job_starts(cwi_dispatcher *d, uint64_t job_id,
+    uint64_t worker_id, cwi_msg_worker_heartbeat_reply *rep);
 cachew_err cwi_dispatcher_worker_deregister(cwi_dispatcher *d,
     uint64_t now_ns, const cwi_msg_worker_deregister *req);
 cachew_err cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,

@@ -43,6 +43,7 @@ struct cwi_worker {
 	uint64_t hb_begun, hb_done;
 
 	pthread_mutex_t lock;
+	pthread_mutex_t start_lock; /* start_tasks, before lock */
 	pthread_cond_t cond; /* drained, registered */
 	cwi_wtask **tasks;
 	size_t ntasks, captasks;
@@ -50,6 +51,11 @@ struct cwi_worker {
 	uint64_t worker_id;
 
 	uint64_t cpu_prev_ns, wall_prev_ns;
+	double cpu_last; /* cpu_use's last figure */
+	/* The next heartbeat reports every task in full (heartbeat thread):
+	 * the first after registering and any after a failed one, which a
+	 * restarted dispatcher may not have seen. */
+	bool hb_full;
 };
 
 /* ---- the data listener --------------------------------------------------------- */
@@ -129,6 +135,12 @@ cpu_use(cwi_worker *w)
 	uint64_t cpu, wall = cwi_now_ns();
 	double use = 0;
 
+	/* getrusage sums every thread of the process: with thousands of
+	 * live iterators it was 5% of a heartbeat, and heartbeats poked
+	 * back to back (one per job created) need no new figure. */
+	if (w->wall_prev_ns != 0 && wall > w->wall_prev_ns &&
+	    wall - w->wall_prev_ns < 100 * UINT64_C(1000000))
+		return w->cpu_last;
 	if (getrusage(RUSAGE_SELF, &ru) != 0)
 		return 0;
 	cpu = (uint64_t)ru.ru_utime.tv_sec * 1000000000u +
@@ -140,6 +152,7 @@ cpu_use(cwi_worker *w)
 		      (double)(wall - w->wall_prev_ns);
 	w->cpu_prev_ns = cpu;
 	w->wall_prev_ns = wall;
+	w->cpu_last = use;
 	return use;
 }
 
@@ -250,6 +263,9 @@ do_register(cwi_worker *w)
 static void
 start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
 {
+	/* The heartbeat and the embedded service's job hook both start
+	 * tasks: one at a time, or both would start a task neither held. */
+	pthread_mutex_lock(&w->start_lock);
 	for (size_t i = 0; i < hr->nstart; i++) {
 		cwi_wtask *t, *dup = task_find(w, hr->start[i].task_id);
 
@@ -279,6 +295,7 @@ start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
 		    (unsigned long long)hr->start[i].job_id,
 		    cwi_processing_mode_name(hr->start[i].processing_mode));
 	}
+	pthread_mutex_unlock(&w->start_lock);
 }
 
 static void
@@ -369,19 +386,24 @@ do_heartbeat(cwi_worker *w, bool *all_drained)
 		req.u.worker_heartbeat.ntasks = n;
 		for (size_t i = 0; i < n; i++)
 			(void)cwi_wtask_report(v[i],
-			    &req.u.worker_heartbeat.tasks[i]);
+			    &req.u.worker_heartbeat.tasks[i], w->hb_full);
 	}
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < n; i++)
 		if (!cwi_wtask_drained(v[i]))
 			*all_drained = false;
-		cwi_wtask_unref(v[i]);
-	}
-	free(v);
 	rv = cwi_pmsg_set_token(&req, w->env.token);
 	if (rv == CACHEW_OK)
 		rv = cwi_rpc_call(w->dispatcher, &req,
 		    CWI_MSG_WORKER_HEARTBEAT_REPLY,
 		    (int)w->cfg.heartbeat_ms * 4, &rep);
+	w->hb_full = rv != CACHEW_OK;
+	for (size_t i = 0; i < n; i++) {
+		if (rv == CACHEW_OK && req.u.worker_heartbeat.tasks != NULL)
+			cwi_wtask_report_acked(v[i],
+			    &req.u.worker_heartbeat.tasks[i]);
+		cwi_wtask_unref(v[i]);
+	}
+	free(v);
 	cwi_pmsg_free(&req);
 	if (rv != CACHEW_OK)
 		return rv;
@@ -446,6 +468,25 @@ cwi_worker_poke(cwi_worker *w)
 	pthread_mutex_unlock(&w->lock);
 }
 
+uint64_t
+cwi_worker_id(cwi_worker *w)
+{
+	uint64_t id;
+
+	pthread_mutex_lock(&w->lock);
+	id = w->worker_id;
+	pthread_mutex_unlock(&w->lock);
+	return id;
+}
+
+void
+cwi_worker_start_tasks(cwi_worker *w,
+    const cwi_msg_worker_heartbeat_reply *starts)
+{
+	if (!atomic_load(&w->draining))
+		start_tasks(w, starts);
+}
+
 void
 cwi_worker_poke_wait(cwi_worker *w, int64_t timeout_ms)
 {
@@ -475,6 +516,7 @@ heartbeat_main(void *arg)
 			if (do_register(w) != CACHEW_OK)
 				break; /* stopped */
 			registered = true;
+			w->hb_full = true;
 		}
 		pthread_mutex_lock(&w->lock);
 		uint64_t hb = ++w->hb_begun;
@@ -659,6 +701,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	atomic_init(&w->stop, false);
 	atomic_init(&w->draining, false);
 	pthread_mutex_init(&w->lock, NULL);
+	pthread_mutex_init(&w->start_lock, NULL);
 	cwi_cond_init_monotonic(&w->cond);
 	rv = cachew_options_create(&w->opts);
 	if (rv == CACHEW_OK && cfg->token_file[0] != '\0')
@@ -819,5 +862,6 @@ cwi_worker_stop(cwi_worker *w)
 	free(w->token);
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
+	pthread_mutex_destroy(&w->start_lock);
 	free(w);
 }

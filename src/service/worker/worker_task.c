@@ -1299,7 +1299,7 @@ expire_held(cwi_wtask *t)
 }
 
 cachew_err
-cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
+cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep, bool full)
 {
 	if (!t->inline_run)
 		expire_held(t);
@@ -1315,9 +1315,22 @@ cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep)
 	rep->nsplits_delivered = t->ndelivered;
 	t->delivered = NULL;
 	t->ndelivered = t->capdelivered = 0;
-	(void)cwi_wtask_report_ops(t, rep); /* metrics only */
+	if (full || t->ops_leases != t->ops_leases_acked)
+		(void)cwi_wtask_report_ops(t, rep); /* metrics only */
+	else
+		rep->ops_leases = t->ops_leases;
 	pthread_mutex_unlock(&t->lock);
 	return CACHEW_OK;
+}
+
+void
+cwi_wtask_report_acked(cwi_wtask *t, const cwi_task_report *rep)
+{
+	/* Rows that failed to build (ENOMEM: nops short) are sent again. */
+	pthread_mutex_lock(&t->lock);
+	if (rep->nops == t->nops && rep->ops_leases == t->ops_leases)
+		t->ops_leases_acked = rep->ops_leases;
+	pthread_mutex_unlock(&t->lock);
 }
 
 bool

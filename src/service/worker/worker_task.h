@@ -117,8 +117,14 @@ void cwi_wtask_get_elements_direct(cwi_wtask *t, cwi_request *r,
 void cwi_wtask_task_stats(cwi_wtask *t, cwi_request *r);
 
 /* Fills a heartbeat report (allocations owned by the report: free with
- * cwi_pmsg_body_free-compatible free() of its arrays). */
-cachew_err cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep);
+ * cwi_pmsg_body_free-compatible free() of its arrays). Its operator rows
+ * are left out when the dispatcher took the same ones in a heartbeat
+ * (cwi_wtask_report_acked), unless full: a dispatcher that keeps a task's
+ * rows when a report has none reads the same state either way. */
+cachew_err cwi_wtask_report(cwi_wtask *t, cwi_task_report *rep, bool full);
+/* The dispatcher answered the heartbeat that carried rep (made by
+ * cwi_wtask_report): it has the task's rows of rep->ops_leases leases. */
+void cwi_wtask_report_acked(cwi_wtask *t, const cwi_task_report *rep);
 /* True once the runner finished and every queued element and split end
  * was handed to a client. */
 bool cwi_wtask_drained(cwi_wtask *t);

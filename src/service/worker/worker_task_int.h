@@ -178,6 +178,11 @@ struct cwi_wtask {
 	task_row *ops;
 	size_t nops;
 	uint64_t ops_leases; /* leases summed in ops */
+	/* The ops_leases of the ops the dispatcher last took in a heartbeat
+	 * (0: none, as there are none before a lease ends): a heartbeat
+	 * leaves out rows it already has, which were most of an idle
+	 * task's report. */
+	uint64_t ops_leases_acked;
 
 	/* Direct (worker_direct.c): no runner; the thread that sends a
 	 * get_elements runs the lease pipeline, one at a time (pull_lock). */
