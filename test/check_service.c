@@ -2369,6 +2369,71 @@ START_TEST(test_dispatcher_restarted_worker_replaces_old_one)
 }
 END_TEST
 
+/* The live workers, from the status. */
+static size_t
+live_workers(harness *h)
+{
+	cwi_msg_status_reply st;
+	size_t n;
+
+	ck_assert_int_eq(cwi_dispatcher_status(h->d, h->now, &st), CACHEW_OK);
+	n = st.nworkers;
+	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
+	return n;
+}
+
+/* Registrations find the worker they replace through an address index:
+ * it follows workers that leave and come back, grows past its first size,
+ * and is rebuilt after a snapshot load replaced the workers whole. */
+START_TEST(test_dispatcher_worker_addresses_stay_indexed)
+{
+	harness *h = harness_new(), *h2;
+	cwi_msg_worker_deregister dr = {0};
+	uint64_t ids[300];
+	char addr[64];
+	uint8_t *snap;
+	size_t len;
+
+	for (int i = 0; i < 300; i++) {
+		snprintf(addr, sizeof(addr), "tcp://w%d:1", i);
+		ids[i] = add_worker(h, addr);
+	}
+	for (int i = 0; i < 300; i += 3) {
+		dr.worker_id = ids[i];
+		ck_assert_int_eq(cwi_dispatcher_worker_deregister(h->d, h->now,
+				     &dr),
+		    CACHEW_OK);
+	}
+	ck_assert_uint_eq(live_workers(h), 200);
+	/* Every address again: the 200 live ones are replaced, the 100 that
+	 * left are new. */
+	for (int i = 0; i < 300; i++) {
+		snprintf(addr, sizeof(addr), "tcp://w%d:1", i);
+		(void)add_worker(h, addr);
+	}
+	ck_assert_uint_eq(live_workers(h), 300);
+	ck_assert(has_event(h, "\"worker_id\":2,\"reason\":\"replaced\""));
+	ck_assert(!has_event(h, "\"worker_id\":1,\"reason\":\"replaced\""));
+	/* A dispatcher loaded from a snapshot replaces the same workers. */
+	ck_assert_int_eq(cwi_dispatcher_snapshot_save(h->d, &snap, &len),
+	    CACHEW_OK);
+	h2 = harness_new();
+	ck_assert_int_eq(cwi_dispatcher_snapshot_load(h2->d, snap, len),
+	    CACHEW_OK);
+	free(snap);
+	ck_assert_uint_eq(live_workers(h2), 300);
+	for (int i = 0; i < 300; i += 2) {
+		snprintf(addr, sizeof(addr), "tcp://w%d:1", i);
+		(void)add_worker(h2, addr);
+	}
+	ck_assert_uint_eq(live_workers(h2), 300);
+	(void)add_worker(h2, "tcp://w300:1");
+	ck_assert_uint_eq(live_workers(h2), 301);
+	harness_free(h2);
+	harness_free(h);
+}
+END_TEST
+
 /* Each worker's tasks, in id order, from the status (at most cap). */
 static size_t
 tasks_of_worker(harness *h, uint64_t wid, uint64_t *ids, size_t cap)
@@ -3585,6 +3650,7 @@ cwt_service_suite(void)
 	tcase_add_test(disp,
 	    test_dispatcher_deregistered_worker_leaves_delivered_splits_to_acks);
 	tcase_add_test(disp, test_dispatcher_restarted_worker_replaces_old_one);
+	tcase_add_test(disp, test_dispatcher_worker_addresses_stay_indexed);
 	tcase_add_test(disp, test_dispatcher_many_jobs_keep_their_own_tasks);
 	tcase_add_test(disp, test_dispatcher_parallel_epochs_tasks_read_everything);
 	tcase_add_test(disp, test_dispatcher_fixed_worker_count);

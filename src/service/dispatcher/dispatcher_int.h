@@ -323,6 +323,10 @@ struct cwi_dispatcher {
 	bool quiet; /* replaying a journal: no events (not saved) */
 	uint64_t replay_diverged; /* replayed requests that failed */
 	vec workers, datasets, jobs, tasks;
+	/* The live workers by address (dispatcher_state.c): a registration
+	 * looks up the worker it replaces, and the owner check the worker
+	 * whose address it claims, without comparing every worker's. */
+	struct worker_addrs *addrs;
 	uint64_t next_worker_id, next_dataset_id, next_job_id;
 	uint64_t next_client_id, next_task_id;
 	uint64_t now; /* the current call's clock, for events */
@@ -379,6 +383,11 @@ uint64_t cwi_owner_task_secret(const cwi_dispatcher *d, uint64_t task_id);
 worker *cwi_disp_find_worker(const cwi_dispatcher *d, uint64_t id);
 task *cwi_disp_find_task(const cwi_dispatcher *d, uint64_t id);
 job *cwi_disp_find_job(const cwi_dispatcher *d, uint64_t id);
+/* The address index must be rebuilt (the workers were replaced whole). */
+void cwi_disp_addrs_stale(cwi_dispatcher *d);
+/* The live worker registered with that address, or NULL. */
+worker *cwi_disp_find_worker_by_address(const cwi_dispatcher *d,
+    const char *address);
 dataset *cwi_disp_find_dataset(const cwi_dispatcher *d, uint64_t id);
 /* The running job of that name and iteration, or NULL. */
 job *cwi_disp_find_named_job(const cwi_dispatcher *d, const char *name,

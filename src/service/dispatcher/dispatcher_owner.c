@@ -52,14 +52,14 @@ static cachew_err
 address_owned(const cwi_dispatcher *d, const char *address,
     const char *identity)
 {
-	for (size_t i = 0; address != NULL && i < d->workers.n; i++) {
-		const worker *w = WORKER(d, i);
-		if (strcmp(w->address, address) == 0 &&
-		    !cwi_owner_same(w->owner, identity))
-			return cwi_fail(CACHEW_EPERM, "worker_register: address "
-			    "%s is worker %" PRIu64 "'s, of another identity",
-			    address, w->id);
-	}
+	const worker *w = address != NULL
+	    ? cwi_disp_find_worker_by_address(d, address)
+	    : NULL;
+
+	if (w != NULL && !cwi_owner_same(w->owner, identity))
+		return cwi_fail(CACHEW_EPERM, "worker_register: address %s is "
+		    "worker %" PRIu64 "'s, of another identity", address,
+		    w->id);
 	return CACHEW_OK;
 }
 

@@ -1366,6 +1366,7 @@ cwi_dispatcher_snapshot_load(cwi_dispatcher *d, const uint8_t *buf,
 	    (version == 1 || load_planner(&x, d)) &&
 	    (version < 3 || load_owners(&x, d)))
 		cwi_mp_doc_end(&x);
+	cwi_disp_addrs_stale(d);
 	if (x.rv == CACHEW_OK) {
 		for (size_t i = 0; i < d->jobs.n; i++)
 			d->nclients += JOB(d, i)->nclients;

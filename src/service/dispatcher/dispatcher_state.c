@@ -6,6 +6,7 @@
  * files are in dispatcher_int.h.
  */
 #include "dispatcher_int.h"
+#include "../../core/siphash.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -65,6 +66,138 @@ cwi_vec_find(const vec *v, uint64_t id)
 	size_t i = cwi_vec_index(v, id);
 
 	return i < v->n ? v->v[i] : NULL;
+}
+
+/* ---- workers by address ------------------------------------------------- */
+
+/* Open addressing over (hash, worker) with tombstones, at most half full;
+ * keyed SipHash so that addresses a peer picks cannot be made to collide.
+ * The index is rebuilt from d->workers when it is marked stale (after a
+ * snapshot load, a clear, or an allocation failure), so it never answers
+ * from a set that differs from the vector's. */
+struct worker_addrs {
+	uint8_t key[16];
+	struct addr_slot {
+		uint64_t hash;
+		worker *w; /* NULL: empty; ADDR_TOMB: deleted */
+	} *slot;
+	size_t cap, used; /* used counts tombstones */
+	bool stale;
+};
+
+static worker addr_tomb;
+#define ADDR_TOMB (&addr_tomb)
+
+static uint64_t
+addr_hash(const struct worker_addrs *a, const char *address)
+{
+	return cwi_siphash24(a->key, address, strlen(address));
+}
+
+static bool
+addrs_put(struct worker_addrs *a, worker *w)
+{
+	uint64_t h;
+	size_t i;
+
+	if ((a->used + 1) * 2 > a->cap)
+		return false;
+	h = addr_hash(a, w->address);
+	for (i = h & (a->cap - 1); a->slot[i].w != NULL &&
+	     a->slot[i].w != ADDR_TOMB; i = (i + 1) & (a->cap - 1))
+		;
+	if (a->slot[i].w == NULL)
+		a->used++;
+	a->slot[i].hash = h;
+	a->slot[i].w = w;
+	return true;
+}
+
+/* Rebuilds the table for the workers (and room for as many again). */
+static bool
+addrs_rebuild(const cwi_dispatcher *d, struct worker_addrs *a)
+{
+	size_t cap = 64;
+	struct addr_slot *v;
+
+	while (cap < (d->workers.n + 1) * 4)
+		cap *= 2;
+	if ((v = calloc(cap, sizeof(*v))) == NULL)
+		return false;
+	free(a->slot);
+	a->slot = v;
+	a->cap = cap;
+	a->used = 0;
+	for (size_t i = 0; i < d->workers.n; i++)
+		(void)addrs_put(a, WORKER(d, i));
+	a->stale = false;
+	return true;
+}
+
+static struct worker_addrs *
+addrs_of(const cwi_dispatcher *d)
+{
+	struct worker_addrs *a = d->addrs;
+
+	if (a == NULL || (a->stale && !addrs_rebuild(d, a)))
+		return NULL;
+	return a;
+}
+
+static void
+addrs_add(cwi_dispatcher *d, worker *w)
+{
+	struct worker_addrs *a = d->addrs;
+
+	if (a == NULL || a->stale)
+		return; /* the next lookup rebuilds it */
+	if (!addrs_put(a, w) && !addrs_rebuild(d, a))
+		a->stale = true;
+}
+
+static void
+addrs_del(cwi_dispatcher *d, const worker *w)
+{
+	struct worker_addrs *a = d->addrs;
+	uint64_t h;
+
+	if (a == NULL || a->stale)
+		return;
+	h = addr_hash(a, w->address);
+	for (size_t i = h & (a->cap - 1); a->slot[i].w != NULL;
+	     i = (i + 1) & (a->cap - 1))
+		if (a->slot[i].w == w) {
+			a->slot[i].w = ADDR_TOMB;
+			return;
+		}
+}
+
+worker *
+cwi_disp_find_worker_by_address(const cwi_dispatcher *d, const char *address)
+{
+	struct worker_addrs *a = addrs_of(d);
+	uint64_t h;
+
+	if (a == NULL) { /* out of memory: the long way */
+		for (size_t i = 0; i < d->workers.n; i++)
+			if (strcmp(WORKER(d, i)->address, address) == 0)
+				return WORKER(d, i);
+		return NULL;
+	}
+	h = addr_hash(a, address);
+	for (size_t i = h & (a->cap - 1); a->slot[i].w != NULL;
+	     i = (i + 1) & (a->cap - 1))
+		if (a->slot[i].w != ADDR_TOMB && a->slot[i].hash == h &&
+		    strcmp(a->slot[i].w->address, address) == 0)
+			return a->slot[i].w;
+	return NULL;
+}
+
+void
+cwi_disp_addrs_stale(cwi_dispatcher *d)
+{
+	if (d->addrs != NULL)
+		d->addrs->stale = true;
 }
 
 void *
@@ -259,10 +392,20 @@ cwi_dispatcher_create(cwi_dispatcher **out, const cwi_dispatcher_config *cfg)
 	d->pool_target = d->cfg.min_workers;
 	d->pool_recent = calloc(d->cfg.pool_down_intervals,
 	    sizeof(*d->pool_recent));
-	if (d->pool_recent == NULL) {
+	d->addrs = calloc(1, sizeof(*d->addrs));
+	if (d->pool_recent == NULL || d->addrs == NULL) {
+		free(d->pool_recent);
+		free(d->addrs);
 		free(d);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
+	/* the table's key: a peer's addresses cannot aim at its buckets */
+	if (getrandom(d->addrs->key, sizeof(d->addrs->key), GRND_NONBLOCK) !=
+	    (ssize_t)sizeof(d->addrs->key)) {
+		uint64_t k[2] = {cwi_now_ns(), (uint64_t)getpid()};
+		memcpy(d->addrs->key, k, sizeof(k));
+	}
+	d->addrs->stale = true; /* built at the first lookup */
 	*out = d;
 	return CACHEW_OK;
 }
@@ -334,6 +477,7 @@ cwi_disp_clear(cwi_dispatcher *d)
 	free(d->datasets.v);
 	free(d->workers.v);
 	memset(&d->workers, 0, sizeof(d->workers));
+	cwi_disp_addrs_stale(d);
 	memset(&d->datasets, 0, sizeof(d->datasets));
 	memset(&d->jobs, 0, sizeof(d->jobs));
 	memset(&d->tasks, 0, sizeof(d->tasks));
@@ -358,6 +502,9 @@ cwi_dispatcher_destroy(cwi_dispatcher *d)
 	cwi_disp_clear(d);
 	cwi_strbuf_free(&d->ev);
 	free(d->pool_recent);
+	if (d->addrs != NULL)
+		free(d->addrs->slot);
+	free(d->addrs);
 	free(d);
 }
 
@@ -1348,6 +1495,7 @@ worker_remove(cwi_dispatcher *d, worker *w, const char *event,
 	}
 	while (w->tasks.n > 0)
 		cwi_disp_task_drop(d, OWN_TASK(w, 0), "worker_gone");
+	addrs_del(d, w);
 	cwi_vec_remove(&d->workers, w);
 	worker_free(w);
 	for (size_t i = 0; i < d->jobs.n; i++)
@@ -1359,13 +1507,14 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_worker_register *req, cwi_msg_worker_register_reply *rep)
 {
 	cachew_err rv = CACHEW_OK;
-	worker *w;
+	worker *w, *old;
 
 	cwi_pmsg_body_init(CWI_MSG_WORKER_REGISTER_REPLY, rep);
 	d->now = now_ns;
 	if (req->address == NULL || req->address[0] == '\0')
 		return cwi_fail(CACHEW_EINVAL, "worker_register: empty "
 					       "address");
+	old = cwi_disp_find_worker_by_address(d, req->address);
 	w = calloc(1, sizeof(*w));
 	/* Its id before it joins the vector, which stays in id order. */
 	if (w != NULL)
@@ -1382,13 +1531,9 @@ cwi_dispatcher_worker_register(cwi_dispatcher *d, uint64_t now_ns,
 	w->direct = req->direct;
 	/* A worker restarted faster than its timeout: the old incarnation
 	 * is gone, and so is what it held. */
-	for (size_t i = 0; i < d->workers.n; i++) {
-		worker *old = WORKER(d, i);
-		if (old != w && strcmp(old->address, w->address) == 0) {
-			worker_remove(d, old, "worker_dead", "replaced");
-			break;
-		}
-	}
+	if (old != NULL)
+		worker_remove(d, old, "worker_dead", "replaced");
+	addrs_add(d, w);
 	d->next_worker_id++;
 	w->cores = req->cores;
 	w->memory_bytes = req->memory_bytes;
@@ -1582,7 +1727,7 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 					       "dispatcher restarted): "
 					       "register again",
 		    req->worker_id);
-	size_t hint = 0;
+	size_t ntasks = d->tasks.n, hint = 0;
 	bool drain = req->draining && !w->draining;
 
 	w->last_seen_ns = now_ns;
@@ -1606,7 +1751,13 @@ cwi_dispatcher_worker_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		if (t != NULL && t->w == w)
 			task_report(d, t, &req->tasks[i], now_ns);
 	}
-	cwi_disp_reconcile(d);
+	/* Tasks went (done, drained): their jobs and workers are sized
+	 * again now, so that the reply carries what replaces them. Rates
+	 * alone wait for the tick (every 50 ms), which reconciles every job:
+	 * doing so at each heartbeat made 10,000 workers' heartbeats cost
+	 * jobs x workers. */
+	if (drain || d->tasks.n != ntasks)
+		cwi_disp_reconcile(d);
 	return fill_worker_reply(d, w, req, rep);
 }
 
