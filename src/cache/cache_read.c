@@ -32,6 +32,8 @@
  * The default readahead (128-256 KiB) leaves a fast disk idle while a
  * frame is decoded; 8 MiB windows keep it busy. */
 #define READAHEAD_BYTES (8u << 20)
+/* Bytes read and hashed at a time: well inside a core's L2. */
+#define READ_PIECE (128u << 10)
 
 struct cwi_cache_reader {
 	cwi_cache_root *root;
@@ -94,8 +96,13 @@ read_exact(cwi_cache_reader *rd, void *dst, size_t len)
 		(void)posix_fadvise(fd, (off_t)from, (off_t)(rd->ra_end - from),
 		    POSIX_FADV_WILLNEED);
 	}
+	/* In pieces that stay in the core's cache between the copy out of
+	 * the page cache and the hash: hashing a whole frame after reading
+	 * it read it all back from memory (a quarter of cache_get's time). */
 	while (done < len) {
-		rv = cwi_file_read(rd->f, (uint8_t *)dst + done, len - done, &got);
+		size_t want = len - done < READ_PIECE ? len - done : READ_PIECE;
+
+		rv = cwi_file_read(rd->f, (uint8_t *)dst + done, want, &got);
 		if (rv != CACHEW_OK)
 			return rv;
 		if (got == 0)
@@ -104,9 +111,9 @@ read_exact(cwi_cache_reader *rd, void *dst, size_t len)
 			    "manifest says %llu bytes",
 			    rd->path, (unsigned long long)(rd->pos + done),
 			    (unsigned long long)rd->want_bytes);
+		XXH64_update(&rd->hash, (uint8_t *)dst + done, got);
 		done += got;
 	}
-	XXH64_update(&rd->hash, dst, len);
 	rd->pos += len;
 	return CACHEW_OK;
 }
