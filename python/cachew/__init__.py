@@ -428,6 +428,16 @@ def options():
     return _cachew.options()
 
 
+def load_plugin(path):
+    """Loads a plugin (a shared object with ``cachew_plugin_init``, as
+    ``cachew_plugin_load`` in C): its operators become builders and
+    pipeline-string operators like the library's. Loading the same file
+    twice is a no-op; a plugin is never unloaded. Raises ``NotFoundError``
+    for a missing file or one without the init symbol, and what the
+    plugin's init returned otherwise, with the library's message."""
+    _cachew.load_plugin(path)
+
+
 # -- logging --
 
 # cachew's levels (error, warn, info, debug) and Python's.

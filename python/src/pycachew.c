@@ -24,6 +24,7 @@
  * named (element_to_python, pycachew_iter.c).
  */
 #include "pycachew.h"
+#include <dlfcn.h>
 
 /* ---- errors -------------------------------------------------------------------- */
 
@@ -365,6 +366,53 @@ mod_parse(PyObject *self, PyObject *arg)
 	return dataset_wrap(ds);
 }
 
+/* A plugin calls the library's functions as the host process's: Python
+ * opened this module RTLD_LOCAL, so its cachew_* symbols (the library is
+ * linked in, and exports them) go global before the first plugin. */
+static bool
+symbols_global(void)
+{
+	static bool done;
+	Dl_info info;
+	void *h;
+
+	if (done)
+		return true;
+	if (dladdr((void *)symbols_global, &info) == 0 ||
+	    info.dli_fname == NULL)
+		return false;
+	h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+	if (h == NULL)
+		return false;
+	done = true; /* the reference stays: the module is never unloaded */
+	return true;
+}
+
+/* Loads a plugin (cachew_plugin_load): its operators are then reachable as
+ * builders and in pipeline strings, as the C library's. */
+static PyObject *
+mod_load_plugin(PyObject *self, PyObject *arg)
+{
+	PyObject *path = NULL;
+	cachew_err rv;
+
+	(void)self;
+	if (!symbols_global()) {
+		PyErr_Format(PyExc_ImportError, "cachew: cannot make the "
+		    "library's symbols visible to plugins: %s", dlerror());
+		return NULL;
+	}
+	if (!PyUnicode_FSConverter(arg, &path))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rv = cachew_plugin_load(PyBytes_AS_STRING(path));
+	Py_END_ALLOW_THREADS
+	Py_DECREF(path);
+	if (rv != CACHEW_OK)
+		return pyc_raise(rv, cachew_errmsg());
+	Py_RETURN_NONE;
+}
+
 /* ---- module --------------------------------------------------------------------- */
 
 static PyObject *
@@ -401,6 +449,8 @@ mod_options(PyObject *self, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"parse", mod_parse, METH_O,
 	"parse(text) -> Dataset: parses a pipeline string."},
+    {"load_plugin", mod_load_plugin, METH_O,
+	"load_plugin(path): loads a plugin's operators (cachew_plugin_load)."},
     {"version", mod_version, METH_NOARGS,
 	"The version of the linked libcachew."},
     {"options", mod_options, METH_NOARGS,

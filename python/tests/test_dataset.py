@@ -142,3 +142,14 @@ def test_library_log_lines_reach_python_logging(tmp_path, caplog):
         assert recs[0].levelno == logging.INFO
     finally:
         cachew.enable_logging(None)
+
+
+def test_a_plugin_loaded_from_python_gives_its_operators():
+    missing = os.path.join(BUILD, "no_such_plugin.so")
+    with pytest.raises(cachew.NotFoundError, match="no_such_plugin.so"):
+        cachew.load_plugin(missing)
+    cachew.load_plugin(os.path.join(BUILD, "plugin_example.so"))
+    cachew.load_plugin(os.path.join(BUILD, "plugin_example.so"))  # no-op
+    ds = cachew.range(6).map("square").filter("is_even")
+    assert values(ds) == [(0,), (4,), (16,)]
+    assert [v for (v,) in values(cachew.Dataset.parse("range(4) | map(square)"))] == [0, 1, 4, 9]
