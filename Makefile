@@ -160,7 +160,7 @@ python: $(BUILD)/libcachew.a
 		--inplace --build-temp $(PYBUILD)/python
 
 # Its pytest suite (real cachewd processes, forked DataLoader workers).
-pytest: python $(BUILD)/cachew $(BUILD)/cachewd
+pytest: python $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so
 	cd python && CACHEW_BUILD=$(PYBUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 asan: deps
