@@ -16,6 +16,9 @@ extern const cwi_dataset_op cwi_op_unique;        /* op_unique.c */
 extern const cwi_dataset_op cwi_op_scan;          /* op_scan.c */
 extern const cwi_dataset_op cwi_op_reduce;        /* op_scan.c */
 extern const cwi_dataset_op cwi_op_window;        /* op_window.c */
+extern const cwi_dataset_op cwi_op_group_by_window; /* op_group_by_window.c */
+extern const cwi_dataset_op cwi_op_bucket_by_sequence_length; /* same */
+extern const cwi_dataset_op cwi_op_ragged_batch;  /* op_ragged_batch.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */
