@@ -597,31 +597,9 @@ bucket_validate(cwi_node *node)
 static cachew_err
 grouped_spec(cwi_node *node, int64_t lead)
 {
-	const cwi_spec *in = &node->inputs[0]->spec;
-	char label[96];
-	cachew_err rv;
-
 	node->card = node->inputs[0]->card == 0 ? 0
 						: CACHEW_CARDINALITY_UNKNOWN;
-	if (!in->known)
-		return CACHEW_OK;
-	rv = cwi_spec_copy(&node->spec, in);
-	for (uint32_t i = 0; rv == CACHEW_OK && i < in->n; i++) {
-		cwi_comp_spec *s = &node->spec.comp[i];
-		if (s->rank == CWI_RANK_UNKNOWN)
-			continue;
-		if (s->rank == CACHEW_MAX_RANK) {
-			cwi_spec_free(&node->spec);
-			return cwi_fail(CACHEW_ETYPE, "%s: %s already has rank "
-			    "%d, the most a tensor has", node->op->name,
-			    cwi_comp_spec_label(in, i, label, sizeof(label)),
-			    CACHEW_MAX_RANK);
-		}
-		memmove(s->shape + 1, s->shape, s->rank * sizeof(s->shape[0]));
-		s->shape[0] = lead;
-		s->rank++;
-	}
-	return rv;
+	return cwi_spec_batched(node, lead);
 }
 
 static cachew_err

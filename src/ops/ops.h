@@ -67,6 +67,12 @@ cachew_err cwi_stack_padded(cwi_element *const *elems, size_t k,
     const cwi_pad_spec *spec, uint64_t max_bytes, cwi_element **out,
     char *err, size_t errlen);
 
+/* node->spec = its input's, every component of known rank gaining a
+ * leading dimension of `lead` (-1: unknown), as batch, window and the
+ * grouping operators give it; nothing when the input's spec is not known.
+ * A rank-8 component is CACHEW_ETYPE naming the operator (op_window.c). */
+cachew_err cwi_spec_batched(cwi_node *node, int64_t lead);
+
 /* "i64[2]" for a one-component element, "(i64[2], f32[])" otherwise, into
  * buf; returns buf. */
 const char *cwi_element_spec_str(const cwi_element *e, char *buf, size_t len);
