@@ -47,3 +47,16 @@ def test_group_by_window_and_buckets(service):
         [[1, 2, 3, 4], [5, 6, 7, 0]],
         [[7, 8, 9, 10, 11, 0], [13, 14, 15, 16, 19, 20]],
         [[0, 0], [21, 22]]]
+
+
+def test_on_two_real_workers(cluster2):
+    """Through a dispatcher and two cachewd workers: the grouping runs in
+    the client part over the stream in split order, so the output is the
+    in-process one."""
+    g = cachew.range(40).group_by_window("mod", 4, value=3)
+    want = [e[0].tolist() for e in g]
+    assert [e[0].tolist() for e in g.iterator(service=cluster2.url)] == want
+    lists = ", ".join(str(list(range(k % 5))) for k in range(30))
+    r = cachew.Dataset.parse("from_list([%s])" % lists).ragged_batch(4)
+    want = [rows(*e) for e in r]
+    assert [rows(*e) for e in r.iterator(service=cluster2.url)] == want
