@@ -886,6 +886,59 @@ CACHEW_API cachew_err cachew_dataset_reduce(cachew_dataset **out,
 CACHEW_API cachew_err cachew_dataset_window(cachew_dataset **out,
     cachew_dataset *in, int64_t size, int64_t shift, int64_t stride,
     int drop_remainder);
+/* Groups the elements of in by key and yields each group of window_size
+ * elements as one batch (tf.data's group_by_window with the reduce_func
+ * `lambda key, window: window.batch(window_size)`). key_fn names a
+ * registered map function (built-in such as "mod", registered from C or
+ * from a plugin) whose output for an element is its key, one i64 scalar;
+ * key_fn_params (NULL: none) go to its init. A group yields its batch as
+ * soon as it holds window_size elements; at the end of in the groups
+ * left are yielded in ascending key order, or dropped when drop_remainder
+ * is nonzero. Every element of a group must have one shape (as for
+ * batch). window_size from 1 to INT32_MAX (CACHEW_ERANGE otherwise); a
+ * key function whose known output is not one i64 scalar is CACHEW_ETYPE
+ * here, one that yields another key while iterating fails the iterator
+ * with CACHEW_ETYPE. The groups hold their elements (references, no
+ * copy) until they fill or in ends. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_group_by_window(cachew_dataset **out,
+    cachew_dataset *in, const char *key_fn, const cachew_params *key_fn_params,
+    int64_t window_size, int drop_remainder);
+/* Batches elements of similar length (tf.data's
+ * bucket_by_sequence_length). An element's length is dimension 0 of its
+ * component element_length: a component's name, or its index in decimal
+ * ("0", "2"); NULL is "0". The nboundaries bucket_boundaries must
+ * increase strictly (each >= 1); bucket i holds the lengths in
+ * [bucket_boundaries[i-1], bucket_boundaries[i]) and yields a batch when
+ * it holds bucket_batch_sizes[i] elements (nboundaries + 1 sizes, each >=
+ * 1). A batch is padded with pad_value (converted to each dtype; bytes
+ * pad with empty strings) to its longest element, or with
+ * pad_to_bucket_boundary nonzero every dimension in's element spec does
+ * not know is padded to the bucket's boundary - 1 (an element of the
+ * last bucket then fails the iterator with CACHEW_ERANGE, as in
+ * tf.data); with no_padding nonzero it is stacked as batch stacks.
+ * At the end of in the partial batches are yielded in bucket order, or
+ * dropped when drop_remainder is nonzero. The arrays are copied.
+ * Malformed boundaries or sizes are CACHEW_EINVAL, an unknown component
+ * name CACHEW_ENOENT, a scalar length component CACHEW_ETYPE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_bucket_by_sequence_length(
+    cachew_dataset **out, cachew_dataset *in, const char *element_length,
+    const int64_t *bucket_boundaries, size_t nboundaries,
+    const int64_t *bucket_batch_sizes, double pad_value,
+    int pad_to_bucket_boundary, int no_padding, int drop_remainder);
+/* Batches n consecutive elements whose dimension 0 may vary (tf.data's
+ * ragged_batch). A component whose shape in's element spec does not fully
+ * know becomes two components: its flat values (the elements' rows one
+ * after the other) and its row splits, a rank-1 tensor of n + 1 values of
+ * row_splits_dtype (CACHEW_I64 or CACHEW_I32, else CACHEW_EINVAL) where
+ * element i's rows are values[splits[i] .. splits[i+1]); the layout of a
+ * tf.RaggedTensor of ragged_rank 1 (docs/element-spec.md). Components of
+ * a fully known shape are stacked as batch stacks them. The elements'
+ * dimensions after the first must agree within a batch (the iterator
+ * fails with CACHEW_ETYPE otherwise). A short last batch is dropped when
+ * drop_remainder is nonzero. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_ragged_batch(cachew_dataset **out,
+    cachew_dataset *in, int64_t n, int drop_remainder,
+    cachew_dtype row_splits_dtype);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

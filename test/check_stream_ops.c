@@ -1,11 +1,14 @@
 /*
  * check_stream_ops.c - operators whose output depends on the whole
- * stream rather than on one element: unique, scan, reduce and window. Modelled on the examples of
+ * stream rather than on one element: unique, scan, reduce, window,
+ * group_by_window, bucket_by_sequence_length and ragged_batch. Modelled
+ * on the examples of
  * tf.data's docstrings, run in-process and through service=embedded,
  * with their specs, refusals and saved positions.
  */
 #include "cwt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -453,6 +456,486 @@ START_TEST(window_resumes)
 }
 END_TEST
 
+/* ---- group_by_window, bucket_by_sequence_length, ragged_batch --------------- */
+
+/* Every element of a run as "shape{values}" per component, components
+ * joined by '|', elements by ','; i64, i32 and bytes values. Free with
+ * free(). */
+static char *
+elems_str(const char *pipeline, const cachew_options *opts)
+{
+	cachew_element **v = NULL;
+	size_t n = 0, len = 0, cap = 8192;
+	char errmsg[512] = "";
+	char *s = calloc(1, cap);
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg));
+
+	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, errmsg);
+	ck_assert_ptr_nonnull(s);
+	for (size_t i = 0; i < n; i++) {
+		for (size_t c = 0; c < cachew_element_size(v[i]); c++) {
+			const cachew_tensor *t = cachew_element_component(v[i],
+			    c);
+			cachew_dtype dt = cachew_tensor_dtype(t);
+			const int64_t *shape = cachew_tensor_shape(t);
+			int64_t numel = cachew_tensor_numel(t);
+
+			len += (size_t)snprintf(s + len, cap - len, "%s%s",
+			    c > 0 ? "|" : i > 0 ? "," : "",
+			    dt == CACHEW_I32 ? "i32:" : "");
+			for (unsigned d = 0; d < cachew_tensor_rank(t); d++)
+				len += (size_t)snprintf(s + len, cap - len,
+				    d > 0 ? "x%lld" : "%lld",
+				    (long long)shape[d]);
+			len += (size_t)snprintf(s + len, cap - len, "{");
+			for (int64_t j = 0; j < numel; j++) {
+				const char *sep = j > 0 ? " " : "";
+				if (dt == CACHEW_BYTES) {
+					const void *data;
+					size_t dlen;
+					ck_assert_int_eq(cachew_tensor_bytes_at(t,
+					    j, &data, &dlen), CACHEW_OK);
+					len += (size_t)snprintf(s + len, cap - len,
+					    "%s'%.*s'", sep, (int)dlen,
+					    (const char *)data);
+				} else if (dt == CACHEW_I32) {
+					len += (size_t)snprintf(s + len, cap - len,
+					    "%s%d", sep, ((const int32_t *)
+					    cachew_tensor_data(t))[j]);
+				} else {
+					ck_assert_int_eq(dt, CACHEW_I64);
+					len += (size_t)snprintf(s + len, cap - len,
+					    "%s%lld", sep, (long long)((const int64_t *)
+					    cachew_tensor_data(t))[j]);
+				}
+			}
+			len += (size_t)snprintf(s + len, cap - len, "}");
+			ck_assert_uint_lt(len, cap - 64);
+		}
+	}
+	cwt_free(v, n);
+	return s;
+}
+
+static void
+elems_are(const char *pipeline, const cachew_options *opts, const char *want)
+{
+	char *s = elems_str(pipeline, opts);
+
+	ck_assert_msg(strcmp(s, want) == 0, "%s: yields %s, want %s", pipeline,
+	    s, want);
+	free(s);
+}
+
+/* A key function registered from C, as a plugin's would be: the length
+ * of dimension 0 of component 0 (0 for a scalar), as one i64 scalar. */
+static cachew_err
+length_key(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	const cachew_tensor *t = cachew_element_component(in, 0);
+	int64_t len = cachew_tensor_rank(t) > 0 ? cachew_tensor_shape(t)[0] : 0;
+	cachew_tensor *k = NULL;
+	cachew_element *e = NULL;
+	cachew_err rv;
+
+	rv = cachew_tensor_create_scalar(&k, CACHEW_I64, &len);
+	if (rv == CACHEW_OK)
+		rv = cachew_element_create(&e, 1);
+	if (rv == CACHEW_OK)
+		rv = cachew_element_set(e, 0, k);
+	cachew_tensor_release(k);
+	cachew_element_release(in);
+	if (rv != CACHEW_OK) {
+		cachew_element_release(e);
+		return cachew_op_ctx_fail(ctx, "%s", cachew_errmsg());
+	}
+	*out = e;
+	return CACHEW_OK;
+}
+
+/* A key function that yields no key: its element unchanged (an f64). */
+static cachew_err
+same_key(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	(void)ctx;
+	*out = in;
+	return CACHEW_OK;
+}
+
+static void
+register_key_fns(void)
+{
+	static const cachew_op_def len_def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "gbw_test_length",
+	    .kind = CACHEW_OP_MAP,
+	    .map = length_key,
+	};
+	static const cachew_op_def same_def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "gbw_test_same",
+	    .kind = CACHEW_OP_MAP,
+	    .map = same_key,
+	};
+	cachew_err rv = cachew_op_register(&len_def);
+
+	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+	rv = cachew_op_register(&same_def);
+	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+}
+
+/* tf.data's group_by_window docstring (range(10), key x % 2, window 5)
+ * and its kernel test (the groups left at the end come in key order). */
+START_TEST(group_by_window_as_in_tf_data_docs)
+{
+	register_key_fns();
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		cwt_seq_is("range(10) | group_by_window(mod, 5, value=2)", o,
+		    "[0 2 4 6 8],[1 3 5 7 9]");
+		cwt_seq_is("from_list([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]) | "
+			   "group_by_window(fn=mod, window_size=4, value=2)", o,
+		    "[0 0 0 0],[1 1 1 1],[0 0 0],[1]");
+		cwt_seq_is("from_list([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]) | "
+			   "group_by_window(mod, 4, value=2, "
+			   "drop_remainder=true)", o, "[0 0 0 0],[1 1 1 1]");
+		/* No group fills: all come at the end, by ascending key,
+		 * negative keys first. */
+		cwt_seq_is("from_list([5, 3, 5, -1, 3]) | "
+			   "group_by_window(identity, 3)", o,
+		    "[-1],[3 3],[5 5]");
+		cwt_seq_is("range(7) | group_by_window(mod, 1, value=3)", o,
+		    "[0],[1],[2],[3],[4],[5],[6]");
+		cwt_seq_is("range(0) | group_by_window(mod, 2, value=2)", o, "");
+		/* An endless input: groups fill as it goes. */
+		cwt_seq_is("counter() | group_by_window(mod, 2, value=3) | "
+			   "take(4)", o, "[0 3],[1 4],[2 5],[6 9]");
+		/* A key function registered from C: sequences by length. */
+		elems_are("from_list([[1], [2, 3], [4], [5, 6], [7, 8, 9]]) | "
+			  "group_by_window(gbw_test_length, 2)", o,
+		    "2x1{1 4},2x2{2 3 5 6},1x3{7 8 9}");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(group_by_window_specs_cardinality_and_builder)
+{
+	cachew_dataset *in, *ds = NULL;
+	cachew_params *p = NULL;
+	char *s = NULL;
+
+	spec_card_is("range(10) | group_by_window(mod, 5, value=2)", "i64[-1]",
+	    CACHEW_CARDINALITY_UNKNOWN);
+	spec_card_is("range(10) | group_by_window(mod, 5, value=2, "
+		     "drop_remainder=true)", "i64[5]",
+	    CACHEW_CARDINALITY_UNKNOWN);
+	spec_card_is("range(0) | group_by_window(mod, 5, value=2)", "i64[-1]",
+	    0);
+	ck_assert_int_eq(cachew_dataset_range(&in, 0, 10, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_create(&p), CACHEW_OK);
+	ck_assert_int_eq(cachew_params_set_int(p, "value", 2), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_group_by_window(&ds, in, "mod", p, 5,
+	    1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=10, step=1) | "
+			    "group_by_window(mod, window_size=5, "
+			    "drop_remainder=true, value=2)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_group_by_window(&ds, in, "mod", p, 0,
+	    0), CACHEW_ERANGE);
+	ck_assert_ptr_null(ds);
+	ck_assert_int_eq(cachew_dataset_group_by_window(&ds, in, "nope", p, 2,
+	    0), CACHEW_ENOENT);
+	ck_assert_ptr_null(ds);
+	cachew_params_destroy(p);
+	cachew_dataset_release(in);
+}
+END_TEST
+
+START_TEST(group_by_window_refuses_bad_keys)
+{
+	register_key_fns();
+	/* The key function's known output must be one i64 scalar. */
+	cwt_build_refused("range(4) | group_by_window(uniform, 2)",
+	    CACHEW_ETYPE, "group_by_window: the key function uniform yields "
+	    "(i64[], f64[]); a key is one i64 scalar");
+	cwt_build_refused("range(4) | map(cast, dtype=f32) | "
+			  "group_by_window(mod, 2, value=2)", CACHEW_ETYPE,
+	    "mod: component 0 is f32[]");
+	cwt_build_refused("range(4) | group_by_window(mod, 0, value=2)",
+	    CACHEW_ERANGE, "window_size");
+	cwt_build_refused("range(4) | group_by_window(mod, value=2)",
+	    CACHEW_EINVAL, "window_size");
+	cwt_build_refused("range(4) | group_by_window(mod, 2)", CACHEW_EINVAL,
+	    "missing required parameter 'value'");
+	cwt_build_refused("range(4) | group_by_window(nope, 2)",
+	    CACHEW_ENOENT, "unknown function 'nope'");
+	/* A function registered from C says nothing at build time: a wrong
+	 * key fails the iterator, naming the element. */
+	cwt_run_fails("range(4) | map(cast, dtype=f64) | "
+		      "group_by_window(gbw_test_same, 2)", NULL, CACHEW_ETYPE,
+	    "group_by_window(gbw_test_same): the key of element 0 is f64[]; "
+	    "a key is one i64 scalar");
+	/* Elements of one key must stack. */
+	cwt_run_fails("from_list([[[1]], [[1, 2]]]) | "
+		      "group_by_window(gbw_test_length, 2)", NULL, CACHEW_ETYPE,
+	    "group_by_window: key 1: element 1 component 0 is i64[1,2]");
+}
+END_TEST
+
+START_TEST(group_by_window_resumes)
+{
+	resumes_at_every_cut("from_list([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]) "
+			     "| group_by_window(mod, 4, value=2)",
+	    "[0 0 0 0],[1 1 1 1],[0 0 0],[1]", 4);
+	resumes_at_every_cut("from_list([5, 3, 5, -1, 3, 7, 7]) | "
+			     "group_by_window(identity, 2)",
+	    "[5 5],[3 3],[7 7],[-1]", 4);
+}
+END_TEST
+
+static const char *const seqs =
+    "from_list([[0], [1, 2, 3, 4], [5, 6, 7], [7, 8, 9, 10, 11], "
+    "[13, 14, 15, 16, 19, 20], [21, 22]])";
+
+/* tf.data's bucket_by_sequence_length docstring: its two examples, and
+ * the options it documents. */
+START_TEST(bucket_by_sequence_length_as_in_tf_data_docs)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		char *p;
+
+		p = cwt_fmt("%s | bucket_by_sequence_length(0, [3, 5], "
+			    "[2, 2, 2])", seqs);
+		elems_are(p, o, "2x4{1 2 3 4 5 6 7 0},"
+				"2x6{7 8 9 10 11 0 13 14 15 16 19 20},"
+				"2x2{0 0 21 22}");
+		free(p);
+		p = cwt_fmt("%s | bucket_by_sequence_length(bucket_boundaries="
+			    "[4, 7], bucket_batch_sizes=[2, 2, 2], "
+			    "pad_to_bucket_boundary=true, pad_value=-1)", seqs);
+		elems_are(p, o, "2x3{0 -1 -1 5 6 7},"
+				"2x6{1 2 3 4 -1 -1 7 8 9 10 11 -1},"
+				"1x3{21 22 -1},1x6{13 14 15 16 19 20}");
+		free(p);
+		p = cwt_fmt("%s | bucket_by_sequence_length(0, [3, 5], "
+			    "[2, 2, 3], drop_remainder=true)", seqs);
+		elems_are(p, o, "2x4{1 2 3 4 5 6 7 0},2x2{0 0 21 22}");
+		free(p);
+		/* One bucket: padded_batch by arrival. */
+		p = cwt_fmt("%s | bucket_by_sequence_length(0, [], [4])", seqs);
+		elems_are(p, o, "4x5{0 0 0 0 0 1 2 3 4 0 5 6 7 0 0 7 8 9 10 11},"
+				"2x6{13 14 15 16 19 20 21 22 0 0 0 0}");
+		free(p);
+		/* no_padding: a bucket per length, stacked as batch. */
+		elems_are("from_list([[1, 2], [3], [4, 5], [6]]) | "
+			  "bucket_by_sequence_length(0, [2], [2, 2], "
+			  "no_padding=true)", o, "2x2{1 2 4 5},2x1{3 6}");
+		/* By name (components come in name order), with bytes padded
+		 * by empty strings. */
+		elems_are("from_list([{t=[\"a\", \"b\"], id=1}, {t=[\"c\"], "
+			  "id=2}, {t=[\"d\", \"e\", \"f\"], id=3}]) | "
+			  "bucket_by_sequence_length(\"t\", [3], [2, 1])", o,
+		    "2{1 2}|2x2{'a' 'b' 'c' ''},1{3}|1x3{'d' 'e' 'f'}");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(bucket_by_sequence_length_specs_cardinality_and_builder)
+{
+	const int64_t bounds[] = {3, 5}, sizes[] = {2, 2, 2}, same[] = {4, 4, 4};
+	cachew_dataset *in, *ds = NULL;
+	char *s = NULL, *p;
+
+	p = cwt_fmt("%s | bucket_by_sequence_length(0, [3, 5], [2, 2, 2])",
+	    seqs);
+	spec_card_is(p, "i64[-1,-1]", CACHEW_CARDINALITY_UNKNOWN);
+	free(p);
+	p = cwt_fmt("%s | bucket_by_sequence_length(0, [3, 5], [2, 2, 2], "
+		    "drop_remainder=true)", seqs);
+	spec_card_is(p, "i64[2,-1]", CACHEW_CARDINALITY_UNKNOWN);
+	free(p);
+	spec_card_is("from_tensors({a=[1, 2], b=3}) | "
+		     "bucket_by_sequence_length(\"a\", [3], [2, 3])",
+	    "{a: i64[-1,2], b: i64[-1]}", CACHEW_CARDINALITY_UNKNOWN);
+	spec_card_is("from_list([[1]]) | take(0) | bucket_by_sequence_length("
+		     "0, [3], [2, 3])", "i64[-1,1]", 0);
+	ck_assert_int_eq(cachew_dataset_parse(&in, seqs), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_bucket_by_sequence_length(&ds, in,
+	    NULL, bounds, 2, sizes, -1, 1, 0, 0), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_ptr_nonnull(strstr(s, "| bucket_by_sequence_length("
+	    "element_length=0, bucket_boundaries=[3, 5], bucket_batch_sizes="
+	    "[2, 2, 2], pad_value=-1.0, pad_to_bucket_boundary=true, "
+	    "no_padding=false, drop_remainder=false)"));
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_bucket_by_sequence_length(&ds, in,
+	    "0", bounds, 2, same, 0, 0, 0, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_cardinality(ds),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	ck_assert_int_eq(cachew_dataset_spec_str(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "i64[4,-1]");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_bucket_by_sequence_length(&ds, in,
+	    "len", bounds, 2, sizes, 0, 0, 0, 0), CACHEW_ENOENT);
+	ck_assert_int_eq(cachew_dataset_bucket_by_sequence_length(&ds, in,
+	    NULL, same, 2, sizes, 0, 0, 0, 0), CACHEW_EINVAL);
+	ck_assert_ptr_null(ds);
+	cachew_dataset_release(in);
+}
+END_TEST
+
+START_TEST(bucket_by_sequence_length_refuses_bad_buckets)
+{
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(0, "
+			  "[5, 3], [1, 1, 1])", CACHEW_EINVAL,
+	    "bucket_boundaries must increase: 3 after 5");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(0, "
+			  "[3], [1, 1, 1])", CACHEW_EINVAL,
+	    "bucket_batch_sizes has 3 values; it must have one per bucket, "
+	    "len(bucket_boundaries) + 1 = 2");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(0, "
+			  "[3], [1, 0])", CACHEW_EINVAL,
+	    "bucket_batch_sizes[1] must be an integer >= 1");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(0, "
+			  "[0], [1, 1])", CACHEW_EINVAL,
+	    "bucket_boundaries[0] must be an integer >= 1");
+	cwt_build_refused("range(3) | bucket_by_sequence_length(0, [3], "
+			  "[1, 1])", CACHEW_ETYPE,
+	    "element_length is component 0, a scalar");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(\"x\", "
+			  "[3], [1, 1])", CACHEW_ENOENT,
+	    "no component is named 'x'");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(2, "
+			  "[3], [1, 1])", CACHEW_EINVAL,
+	    "element_length 2 is not a component of the input");
+	cwt_build_refused("from_list([[1]]) | bucket_by_sequence_length(0, "
+			  "bucket_boundaries=[3])", CACHEW_EINVAL,
+	    "bucket_batch_sizes");
+	/* tf.data: with pad_to_bucket_boundary no element may reach the last
+	 * boundary. */
+	cwt_run_fails("from_list([[1], [1, 2, 3]]) | bucket_by_sequence_length("
+		      "0, [3], [2, 2], pad_to_bucket_boundary=true)", NULL,
+	    CACHEW_ERANGE, "element 1 has length 3; with "
+	    "pad_to_bucket_boundary=true, elements must have length < "
+	    "max(bucket_boundaries) (3)");
+	/* no_padding: elements of one bucket must have one shape. */
+	cwt_run_fails("from_list([[1], [1, 2]]) | bucket_by_sequence_length("
+		      "0, [5], [2, 2], no_padding=true)", NULL, CACHEW_ETYPE,
+	    "bucket_by_sequence_length: key 0: element 1 component 0 is "
+	    "i64[2]");
+}
+END_TEST
+
+START_TEST(bucket_by_sequence_length_resumes)
+{
+	/* Component 0 of each batch, its rows flattened. */
+	resumes_at_every_cut("from_list([[1], [2, 3], [4], [5, 6, 7], [8, 9], "
+			     "[10]]) | bucket_by_sequence_length(0, [2], "
+			     "[2, 2])",
+	    "[1 4],[2 3 0 5 6 7],[10],[8 9]", 4);
+}
+END_TEST
+
+/* tf.data's ragged_batch docstring: range(6) mapped to tf.range(x), then
+ * ragged_batch(5): [[], [0], [0, 1], [0, 1, 2], [0, 1, 2, 3]] and
+ * [[0, 1, 2, 3, 4]], here as flat values and row splits. */
+START_TEST(ragged_batch_as_in_tf_data_docs)
+{
+	static const char *const ranges = "from_list([[], [0], [0, 1], "
+	    "[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4]])";
+
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		char *p;
+
+		p = cwt_fmt("%s | ragged_batch(5)", ranges);
+		elems_are(p, o, "10{0 0 1 0 1 2 0 1 2 3}|6{0 0 1 3 6 10},"
+				"5{0 1 2 3 4}|2{0 5}");
+		free(p);
+		p = cwt_fmt("%s | ragged_batch(4, drop_remainder=true, "
+			    "row_splits_dtype=i32)", ranges);
+		elems_are(p, o, "6{0 0 1 0 1 2}|i32:5{0 0 1 3 6}");
+		free(p);
+		/* A fully known component stays dense, as in tf.data. */
+		p = cwt_fmt("%s | enumerate | ragged_batch(3)", ranges);
+		elems_are(p, o, "3{0 1 2}|3{0 0 1}|4{0 0 1 3},"
+				"3{3 4 5}|12{0 1 2 0 1 2 3 0 1 2 3 4}|4{0 3 7 12}");
+		free(p);
+		/* Rows of rank 2 and strings. */
+		elems_are("from_list([[[1, 2], [3, 4]], [[5, 6]], [[7, 8]]]) | "
+			  "ragged_batch(2)", o,
+		    "3x2{1 2 3 4 5 6}|3{0 2 3},1x2{7 8}|2{0 1}");
+		elems_are("from_list([[\"a\", \"b\"], [\"\"], [\"c\"]]) | "
+			  "ragged_batch(3)", o, "4{'a' 'b' '' 'c'}|4{0 2 3 4}");
+		elems_are("range(0) | map(cast, dtype=i32) | ragged_batch(2)", o,
+		    "");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(ragged_batch_specs_cardinality_and_builder)
+{
+	cachew_dataset *in, *ds = NULL;
+	char *s = NULL;
+
+	spec_card_is("from_list([[1], [2, 3]]) | ragged_batch(5)",
+	    "(i64[-1], i64[-1])", 1);
+	spec_card_is("from_list([[1], [2, 3]]) | ragged_batch(1, "
+		     "drop_remainder=true, row_splits_dtype=i32)",
+	    "(i64[-1], i32[2])", 2);
+	spec_card_is("from_list([{a=[1, 2], b=7}, {a=[3], b=8}]) | "
+		     "ragged_batch(2)",
+	    "{a: i64[-1], a_row_splits: i64[-1], b: i64[-1]}", 1);
+	spec_card_is("from_list([[[1, 2]], [[3, 4], [5, 6]]]) | ragged_batch(2, "
+		     "drop_remainder=true)", "(i64[-1,2], i64[3])", 1);
+	spec_card_is("range(5) | batch(2, drop_remainder=true) | "
+		     "ragged_batch(2, drop_remainder=true)", "i64[2,2]", 1);
+	spec_card_is("counter() | ragged_batch(2)", "i64[-1]",
+	    CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(cachew_dataset_parse(&in, "from_list([[1], [2, 3]])"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_ragged_batch(&ds, in, 2, 1,
+	    CACHEW_I32), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "from_list(values=[[1], [2, 3]]) | ragged_batch("
+			    "n=2, drop_remainder=true, row_splits_dtype=i32)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ds = NULL;
+	ck_assert_int_eq(cachew_dataset_ragged_batch(&ds, in, 2, 0,
+	    CACHEW_F32), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_dataset_ragged_batch(&ds, in, 0, 0,
+	    CACHEW_I64), CACHEW_ERANGE);
+	ck_assert_ptr_null(ds);
+	cachew_dataset_release(in);
+	cwt_build_refused("range(3) | ragged_batch(2, row_splits_dtype=f32)",
+	    CACHEW_EINVAL, "row_splits_dtype 'f32' is neither i64 nor i32");
+	/* Only dimension 0 may vary within a batch. */
+	cwt_run_fails("from_list([[[1, 2], [3, 4]], [[5]]]) | ragged_batch(2)",
+	    NULL, CACHEW_ETYPE, "ragged_batch: element 1 component 0 is "
+	    "i64[1,1], expected i64[2,2] with only dimension 0 varying");
+}
+END_TEST
+
+START_TEST(ragged_batch_resumes)
+{
+	resumes_at_every_cut("from_list([[1], [], [2, 3], [4], [5, 6]]) | "
+			     "ragged_batch(2)", "[1],[2 3 4],[5 6]", 3);
+}
+END_TEST
+
 Suite *
 cwt_stream_ops_suite(void)
 {
@@ -483,6 +966,22 @@ cwt_stream_ops_suite(void)
 	tcase_add_test(tc, window_specs_cardinality_and_builder);
 	tcase_add_test(tc, window_refuses_bad_parameters);
 	tcase_add_test(tc, window_resumes);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("grouping");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, group_by_window_as_in_tf_data_docs);
+	tcase_add_test(tc, group_by_window_specs_cardinality_and_builder);
+	tcase_add_test(tc, group_by_window_refuses_bad_keys);
+	tcase_add_test(tc, group_by_window_resumes);
+	tcase_add_test(tc, bucket_by_sequence_length_as_in_tf_data_docs);
+	tcase_add_test(tc,
+	    bucket_by_sequence_length_specs_cardinality_and_builder);
+	tcase_add_test(tc, bucket_by_sequence_length_refuses_bad_buckets);
+	tcase_add_test(tc, bucket_by_sequence_length_resumes);
+	tcase_add_test(tc, ragged_batch_as_in_tf_data_docs);
+	tcase_add_test(tc, ragged_batch_specs_cardinality_and_builder);
+	tcase_add_test(tc, ragged_batch_resumes);
 	suite_add_tcase(s, tc);
 	return s;
 }

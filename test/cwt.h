@@ -46,7 +46,10 @@ Suite *cwt_auth_suite(void);      /* check_auth.c: tokens, roles, owners */
 Suite *cwt_cancel_suite(void);    /* check_cancel.c: timeouts, cancel,
                                    * fork */
 Suite *cwt_stream_ops_suite(void); /* check_stream_ops.c: operators
-                                   * over the whole stream (unique) */
+                                   * over the whole stream (unique,
+                                   * scan, window, group_by_window,
+                                   * bucket_by_sequence_length,
+                                   * ragged_batch) */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may

@@ -100,6 +100,19 @@ rule_same(const cwi_node *node, const cwi_spec *in, cwi_spec *out)
 	return cwi_spec_copy(out, in);
 }
 
+/* mod: integer components only. */
+static cachew_err
+rule_mod(const cwi_node *node, const cwi_spec *in, cwi_spec *out)
+{
+	cachew_err rv = CACHEW_OK;
+
+	for (uint32_t c = 0; rv == CACHEW_OK && c < in->n; c++)
+		rv = fn_want(node, in, c, DT(CACHEW_U8) | DT(CACHEW_I32) |
+		    DT(CACHEW_I64), 0, CACHEW_MAX_RANK, "an integer (u8, i32 "
+		    "or i64)");
+	return rv != CACHEW_OK ? rv : cwi_spec_copy(out, in);
+}
+
 static cachew_err
 rule_cast(const cwi_node *node, const cwi_spec *in, cwi_spec *out)
 {
@@ -373,6 +386,7 @@ rule_parse_example(const cwi_node *node, const cwi_spec *in, cwi_spec *out)
 const cwi_fn_spec cwi_builtin_fn_specs[] = {
     {"add", rule_same},
     {"mul", rule_same},
+    {"mod", rule_mod},
     {"cast", rule_cast},
     {"identity", rule_same},
     {"sleep_us", rule_same},

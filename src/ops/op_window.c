@@ -262,28 +262,13 @@ window_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
-/* As batch: every component gains a leading dimension, size with
- * drop_remainder, else -1. A count of c elements gives ceil(c / shift)
- * windows, or with drop_remainder those whose whole span fits. */
-static cachew_err
-window_infer(cwi_node *node)
+cachew_err
+cwi_spec_batched(cwi_node *node, int64_t lead)
 {
 	const cwi_spec *in = &node->inputs[0]->spec;
-	int64_t size = cwi_node_int(node, "size");
-	int64_t shift = window_shift(node);
-	int64_t stride = cwi_node_int(node, "stride");
-	bool drop = cwi_node_bool(node, "drop_remainder");
-	int64_t c = node->inputs[0]->card;
-	int64_t span = (size - 1) * stride + 1;
 	char label[96];
 	cachew_err rv;
 
-	if (c < 0)
-		node->card = c;
-	else if (drop)
-		node->card = c < span ? 0 : (c - span) / shift + 1;
-	else
-		node->card = c / shift + (c % shift != 0);
 	if (!in->known)
 		return CACHEW_OK;
 	rv = cwi_spec_copy(&node->spec, in);
@@ -293,16 +278,38 @@ window_infer(cwi_node *node)
 			continue;
 		if (s->rank == CACHEW_MAX_RANK) {
 			cwi_spec_free(&node->spec);
-			return cwi_fail(CACHEW_ETYPE, "window: %s already has "
-			    "rank %d, the most a tensor has",
+			return cwi_fail(CACHEW_ETYPE, "%s: %s already has rank "
+			    "%d, the most a tensor has", node->op->name,
 			    cwi_comp_spec_label(in, i, label, sizeof(label)),
 			    CACHEW_MAX_RANK);
 		}
 		memmove(s->shape + 1, s->shape, s->rank * sizeof(s->shape[0]));
-		s->shape[0] = drop ? size : -1;
+		s->shape[0] = lead;
 		s->rank++;
 	}
 	return rv;
+}
+
+/* As batch: every component gains a leading dimension, size with
+ * drop_remainder, else -1. A count of c elements gives ceil(c / shift)
+ * windows, or with drop_remainder those whose whole span fits. */
+static cachew_err
+window_infer(cwi_node *node)
+{
+	int64_t size = cwi_node_int(node, "size");
+	int64_t shift = window_shift(node);
+	int64_t stride = cwi_node_int(node, "stride");
+	bool drop = cwi_node_bool(node, "drop_remainder");
+	int64_t c = node->inputs[0]->card;
+	int64_t span = (size - 1) * stride + 1;
+
+	if (c < 0)
+		node->card = c;
+	else if (drop)
+		node->card = c < span ? 0 : (c - span) / shift + 1;
+	else
+		node->card = c / shift + (c % shift != 0);
+	return cwi_spec_batched(node, drop ? size : -1);
 }
 
 static const cwi_param_spec window_params[] = {

@@ -16,6 +16,9 @@ extern const cwi_dataset_op cwi_op_unique;        /* op_unique.c */
 extern const cwi_dataset_op cwi_op_scan;          /* op_scan.c */
 extern const cwi_dataset_op cwi_op_reduce;        /* op_scan.c */
 extern const cwi_dataset_op cwi_op_window;        /* op_window.c */
+extern const cwi_dataset_op cwi_op_group_by_window; /* op_group_by_window.c */
+extern const cwi_dataset_op cwi_op_bucket_by_sequence_length; /* same */
+extern const cwi_dataset_op cwi_op_ragged_batch;  /* op_ragged_batch.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */
@@ -63,6 +66,12 @@ cachew_err cwi_pad_spec_init(cwi_pad_spec *spec, const cwi_node *node);
 cachew_err cwi_stack_padded(cwi_element *const *elems, size_t k,
     const cwi_pad_spec *spec, uint64_t max_bytes, cwi_element **out,
     char *err, size_t errlen);
+
+/* node->spec = its input's, every component of known rank gaining a
+ * leading dimension of `lead` (-1: unknown), as batch, window and the
+ * grouping operators give it; nothing when the input's spec is not known.
+ * A rank-8 component is CACHEW_ETYPE naming the operator (op_window.c). */
+cachew_err cwi_spec_batched(cwi_node *node, int64_t lead);
 
 /* "i64[2]" for a one-component element, "(i64[2], f32[])" otherwise, into
  * buf; returns buf. */

@@ -277,6 +277,79 @@ cachew_dataset_window(cachew_dataset **out, cachew_dataset *in, int64_t size,
 }
 
 cachew_err
+cachew_dataset_group_by_window(cachew_dataset **out, cachew_dataset *in,
+    const char *key_fn, const cachew_params *key_fn_params,
+    int64_t window_size, int drop_remainder)
+{
+	BEGIN;
+	kv_fn(&b, key_fn, key_fn_params);
+	kv_int(&b, "window_size", window_size);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "group_by_window", &in, 1);
+}
+
+static void
+kv_ints(kv_builder *b, const char *key, const int64_t *v, size_t n)
+{
+	cwi_value list = {.type = CWI_V_LIST};
+
+	if (v == NULL && n > 0 && b->rv == CACHEW_OK)
+		b->rv = cwi_fail(CACHEW_EINVAL, "'%s' is NULL", key);
+	for (size_t i = 0; i < n && b->rv == CACHEW_OK; i++) {
+		cwi_value x = {.type = CWI_V_INT, .u.i = v[i]};
+		b->rv = cwi_value_list_push(&list, &x);
+	}
+	kv_put(b, key, &list);
+}
+
+/* A component's name, or its index in decimal. */
+static void
+kv_component(kv_builder *b, const char *key, const char *comp)
+{
+	size_t len = comp != NULL ? strlen(comp) : 0;
+	bool digits = len > 0 && len < 4;
+
+	for (size_t i = 0; digits && i < len; i++)
+		digits = comp[i] >= '0' && comp[i] <= '9';
+	if (comp == NULL)
+		kv_int(b, key, 0);
+	else if (digits)
+		kv_int(b, key, strtoll(comp, NULL, 10));
+	else
+		kv_str(b, key, comp);
+}
+
+cachew_err
+cachew_dataset_bucket_by_sequence_length(cachew_dataset **out,
+    cachew_dataset *in, const char *element_length,
+    const int64_t *bucket_boundaries, size_t nboundaries,
+    const int64_t *bucket_batch_sizes, double pad_value,
+    int pad_to_bucket_boundary, int no_padding, int drop_remainder)
+{
+	BEGIN;
+	kv_component(&b, "element_length", element_length);
+	kv_ints(&b, "bucket_boundaries", bucket_boundaries, nboundaries);
+	kv_ints(&b, "bucket_batch_sizes", bucket_batch_sizes,
+	    bucket_batch_sizes != NULL ? nboundaries + 1 : 0);
+	kv_float(&b, "pad_value", pad_value);
+	kv_bool(&b, "pad_to_bucket_boundary", pad_to_bucket_boundary);
+	kv_bool(&b, "no_padding", no_padding);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "bucket_by_sequence_length", &in, 1);
+}
+
+cachew_err
+cachew_dataset_ragged_batch(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, int drop_remainder, cachew_dtype row_splits_dtype)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	kv_str(&b, "row_splits_dtype", cachew_dtype_name(row_splits_dtype));
+	return kv_build(&b, out, "ragged_batch", &in, 1);
+}
+
+cachew_err
 cachew_dataset_flat_map(cachew_dataset **out, cachew_dataset *in,
     const char *fn, const cachew_params *fn_params)
 {

@@ -43,7 +43,8 @@ needs_order(const client_ctx *ctx)
 {
 	static const char *const positional[] = {"take", "skip", "shard",
 	    "enumerate", "take_while", "unique", "scan", "reduce",
-	    "window"};
+	    "window", "group_by_window", "bucket_by_sequence_length",
+	    "ragged_batch"};
 	const cwi_node *b = ctx->plan->boundary;
 
 	if (b == NULL || ctx->opts.job_name[0] != '\0')
