@@ -2386,12 +2386,36 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 				       "counter\n") &&
 			  strstr(body, "process_resident_memory_bytes "),
 	    "%s", body);
+	/* Lease and ack latencies as histograms (each of the job's splits
+	 * was leased and acknowledged), the job's operator rows (range made
+	 * exactly its 100 elements), its slowest operator, its cache hits
+	 * and the scaling decisions' family. */
+	ck_assert_msg(strstr(body, "# TYPE cachew_dispatcher_request_duration_"
+				   "seconds histogram\n") &&
+			  strstr(body, "cachew_dispatcher_request_duration_"
+				       "seconds_bucket{request=\"split_lease\","
+				       "le=\"+Inf\"} ") &&
+			  strstr(body, "cachew_dispatcher_request_duration_"
+				       "seconds_count{request=\"split_ack\"} ") &&
+			  strstr(body, "cachew_job_operator_elements_total{"
+				       "job_id=\"1\",operator=\"0:range\"} "
+				       "100\n") &&
+			  strstr(body, "cachew_job_slowest_operator_ratio{"
+				       "job_id=\"1\",operator=\"0:range\"} ") &&
+			  strstr(body, "cachew_job_cache_hit_bytes_total{"
+				       "job_id=\"1\"} 0\n") &&
+			  strstr(body, "# TYPE cachew_scale_decisions_total "
+				       "counter\n"),
+	    "%s", body);
 	promtool_check(dir, body);
 	free(body);
 	body = http_get(wm, "/metrics", &status);
 	ck_assert_int_eq(status, 200);
-	ck_assert_msg(strstr(body, "cachew_worker_registered 1\n") != NULL,
-	    "%s", body);
+	ck_assert_msg(strstr(body, "cachew_worker_registered 1\n") != NULL &&
+	    strstr(body, "# TYPE cachew_worker_lease_duration_seconds "
+			 "histogram\n") != NULL &&
+	    strstr(body, "cachew_worker_lease_duration_seconds_count 0\n") ==
+		NULL, "%s", body);
 	promtool_check(dir, body);
 	free(body);
 	body = http_get(dm, "/healthz", &status);
@@ -2861,7 +2885,7 @@ top_title(const char *pane)
 
 /* issue 17 item 4: `cachew top URL` in a terminal (a tmux pane, 140x30)
  * shows the dispatcher's running job (its name, rate, workers wanted and
- * granted) and its worker (address, CPU, tasks), redraws in place (the
+ * granted, its slowest operator) and its worker (address, CPU, tasks), redraws in place (the
  * clock moves, one title on the screen), and `q` quits with status 0,
  * giving the shell its screen back (the alternate screen is left).
  * Without a terminal, --once prints one plain frame and the live view
@@ -2891,8 +2915,10 @@ START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
 	    sock, cwt_build_dir(), c.dispatcher.url);
 	ck_assert_int_eq(system(cmd), 0);
 	free(cmd);
+	/* The job's slowest operator, from its tasks' operator rows: the
+	 * map that sleeps 200 us per element. */
 	static const char *const live[] = {"JOBS 1", "top-job", "WAIT%",
-	    "WORKERS 1", " live"};
+	    "WORKERS 1", " live", "slowest 1:map/sleep_us "};
 	pane = tmux_await(sock, live, sizeof(live) / sizeof(live[0]));
 	for (size_t k = 0; k < sizeof(live) / sizeof(live[0]); k++)
 		ck_assert_msg(strstr(pane, live[k]) != NULL, "no '%s' in:\n%s",

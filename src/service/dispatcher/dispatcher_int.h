@@ -329,6 +329,9 @@ struct cwi_dispatcher {
 	uint32_t pool_target;
 	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
 	uint32_t npool_recent;
+	/* scaling decisions so far (cwi_dispatcher_metrics); not saved */
+	cwi_scale_tally scale_tally[CWI_SCALE_TALLIES];
+	size_t nscale_tally;
 	/* autocaching */
 	cwi_job_pass *offered;  /* the next job created takes it */
 	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
@@ -598,5 +601,11 @@ void cwi_counters_received(job *j, client *c, uint64_t elements,
  * by operator. ENOMEM. */
 cachew_err cwi_counters_job_ops(const job *j,
     cwi_msg_client_heartbeat_reply *rep);
+/* From job j's operator counters (cwi_counters_job_ops): the operator
+ * whose own work per thread took longest (*slowest, heap, NULL before any
+ * busy row) with that time's share of the sum over its operators, and the
+ * bytes its cache_get operators produced. ENOMEM. */
+cachew_err cwi_counters_job_summary(const job *j, char **slowest,
+    double *share, uint64_t *cache_hit_bytes);
 
 #endif /* CWI_DISPATCHER_INT_H */

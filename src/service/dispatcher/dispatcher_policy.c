@@ -282,6 +282,37 @@ out:
 	free(weight);
 }
 
+/* Counts one decision of job j's policy (cwi_scale_tally): up or down
+ * from the count it wanted before, else a change of settled. */
+static void
+scale_tally(cwi_dispatcher *d, const job *j, uint32_t old_want,
+    const cwi_scale_decision *dec)
+{
+	const char *what = dec->workers > old_want   ? "up"
+			   : dec->workers < old_want ? "down"
+			   : dec->settled	     ? "settled"
+						     : "unsettled";
+	size_t kind = strcspn(j->sizing.scale_name, ":"), i;
+	char policy[16];
+
+	snprintf(policy, sizeof(policy), "%.*s", (int)kind,
+	    j->sizing.scale_name);
+	for (i = 0; i < d->nscale_tally; i++)
+		if (strcmp(d->scale_tally[i].policy, policy) == 0 &&
+		    strcmp(d->scale_tally[i].decision, what) == 0)
+			break;
+	if (i == d->nscale_tally) {
+		if (i == CWI_SCALE_TALLIES)
+			return; /* 3 policies x 4 outcomes fit */
+		snprintf(d->scale_tally[i].policy,
+		    sizeof(d->scale_tally[i].policy), "%s", policy);
+		snprintf(d->scale_tally[i].decision,
+		    sizeof(d->scale_tally[i].decision), "%s", what);
+		d->nscale_tally++;
+	}
+	d->scale_tally[i].n++;
+}
+
 /* Feeds job j's sample to its scaler; an event when the decision moved. */
 static void
 job_decide(cwi_dispatcher *d, job *j, uint64_t now)
@@ -295,6 +326,7 @@ job_decide(cwi_dispatcher *d, job *j, uint64_t now)
 	dec.reason[sizeof(dec.reason) - 1] = '\0';
 	if (dec.workers == j->sizing.want && dec.settled == j->sizing.settled)
 		return;
+	scale_tally(d, j, j->sizing.want, &dec);
 	j->sizing.want = dec.workers;
 	j->sizing.settled = dec.settled;
 	snprintf(j->sizing.reason, sizeof(j->sizing.reason), "%s", dec.reason);
