@@ -12,10 +12,12 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
+#include <jansson.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -2449,6 +2451,153 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 }
 END_TEST
 
+/* ---- a real Prometheus server ------------------------------------------ */
+
+/* Whether something accepts on 127.0.0.1:port now. */
+static bool
+loopback_accepts(int port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+	    .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool ok;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* The first sample of a Prometheus instant query's vector (GET
+ * /api/v1/query on the server at url), -1 when the vector is empty; the
+ * reply is checked to be a successful vector. */
+static double
+prom_query(const char *url, const char *query)
+{
+	char path[1024], *body;
+	size_t n = 0;
+	json_t *root, *result, *value;
+	json_error_t err;
+	double v = -1;
+	int status;
+
+	n = (size_t)snprintf(path, sizeof(path), "/api/v1/query?query=");
+	for (const unsigned char *q = (const unsigned char *)query;
+	     *q != 0 && n + 4 < sizeof(path); q++)
+		n += (size_t)(isalnum(*q) || *q == '_'
+			? snprintf(path + n, sizeof(path) - n, "%c", *q)
+			: snprintf(path + n, sizeof(path) - n, "%%%02X", *q));
+	body = http_get(url, path, &status);
+	ck_assert_msg(status == 200, "%s: %d %s", query, status, body);
+	root = json_loads(body, 0, &err);
+	ck_assert_msg(root != NULL, "%s: %s", err.text, body);
+	ck_assert_str_eq(json_string_value(json_object_get(root, "status")),
+	    "success");
+	result = json_object_get(json_object_get(root, "data"), "result");
+	ck_assert_msg(json_is_array(result), "%s", body);
+	if (json_array_size(result) > 0) {
+		value = json_object_get(json_array_get(result, 0), "value");
+		v = strtod(json_string_value(json_array_get(value, 1)), NULL);
+	}
+	json_decref(root);
+	free(body);
+	return v;
+}
+
+/* issue 17, item 3: Debian's Prometheus server (2.42), on loopback with
+ * its storage in a temporary directory, scrapes a running dispatcher's and
+ * worker's /metrics every second while a named job runs; queried through
+ * its HTTP API, both targets are up, the worker reports itself registered
+ * and the job's element rate, rate() of cachew_job_elements_total, is
+ * above 0. Every wait is bounded; the server is stopped by its pid.
+ * Skipped, saying so, when prometheus is not installed. */
+START_TEST(prometheus_scrapes_dispatcher_and_worker_and_rates_a_job)
+{
+	char *dir, *cfg, *cmd, dm[128], wm[128], purl[64], port[64];
+	pid_t prom, reader;
+	double rate = -1, up = -1, registered = -1;
+	cwt_daemon d, w;
+	int status, p;
+
+	if (system("command -v prometheus >/dev/null 2>&1") != 0) {
+		printf("cluster: skipping the Prometheus test: prometheus is "
+		       "not installed (sh .ci/test-deps.sh installs it)\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+	    (char *)NULL);
+	log_value(d.log, "event=metrics_listening", "url=", dm, sizeof(dm));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", "--metrics-listen",
+	    "127.0.0.1:0", "--threads", "1", (char *)NULL);
+	log_value(w.log, "event=metrics_listening", "url=", wm, sizeof(wm));
+	/* About 5,000 elements/s for a minute: it runs through the test. */
+	cmd = cwt_fmt("exec %s/cachew run --quiet --set service=%s --set "
+		      "job_name=prom-job \"range(300000) | map(sleep_us, "
+		      "us=200)\" >/dev/null 2>&1",
+	    cwt_build_dir(), d.url);
+	char *const rargv[] = {"sh", "-c", cmd, NULL};
+	reader = cwt_spawn(rargv, NULL);
+	free(cmd);
+
+	cfg = cwt_fmt("global:\n  scrape_interval: 1s\n  evaluation_interval: "
+		      "1s\nscrape_configs:\n  - job_name: cachew\n    "
+		      "static_configs:\n      - targets: ['%s', '%s']\n",
+	    dm + strlen("http://"), wm + strlen("http://"));
+	cmd = cwt_fmt("%s/prometheus.yml", dir);
+	cwt_write_file(cmd, cfg, strlen(cfg));
+	free(cfg);
+	free(cmd);
+	cwt_refused_url(port, sizeof(port));
+	p = atoi(strrchr(port, ':') + 1);
+	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", p);
+	cmd = cwt_fmt("exec prometheus --config.file=%s/prometheus.yml "
+		      "--storage.tsdb.path=%s/tsdb --web.listen-address="
+		      "127.0.0.1:%d > %s/prometheus.log 2>&1",
+	    dir, dir, p, dir);
+	char *const pargv[] = {"sh", "-c", cmd, NULL};
+	prom = cwt_spawn(pargv, NULL);
+	free(cmd);
+
+	/* Ready (/-/ready 200), then scraped twice or more with the job
+	 * running: the rate is over the last 5 s. */
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(60000);
+	     cwt_now_ms() < end && !(rate > 0 && up == 2 && registered == 1);
+	     cwt_nap_ms(500)) {
+		char *body;
+
+		ck_assert_msg(waitpid(prom, &status, WNOHANG) == 0,
+		    "prometheus exited: see %s/prometheus.log", dir);
+		if (!loopback_accepts(p))
+			continue;
+		body = http_get(purl, "/-/ready", &status);
+		free(body);
+		if (status != 200)
+			continue;
+		up = prom_query(purl, "sum(up{job=\"cachew\"})");
+		registered = prom_query(purl, "cachew_worker_registered");
+		rate = prom_query(purl, "rate(cachew_job_elements_total{"
+					"job_name=\"prom-job\"}[5s])");
+	}
+	ck_assert_msg(up == 2, "targets up: %g (see %s/prometheus.log)", up,
+	    dir);
+	ck_assert_msg(registered == 1, "cachew_worker_registered %g",
+	    registered);
+	ck_assert_msg(rate > 0, "rate of prom-job's elements: %g", rate);
+	cwt_stop_pid(prom);
+	cwt_stop_pid(reader);
+	/* The reader left with splits unread: a SIGTERM would drain them
+	 * for a minute. */
+	cwt_daemon_stop(&w, SIGKILL);
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* A worker that is not registered is alive (/healthz 200) but not ready
  * (/readyz 503, saying why): a Kubernetes readiness probe keeps it out. */
 START_TEST(worker_without_its_dispatcher_is_live_but_not_ready)
@@ -3365,6 +3514,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
 	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
 	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
+	tcase_add_test(ops, prometheus_scrapes_dispatcher_and_worker_and_rates_a_job);
 	tcase_add_test(ops, top_shows_jobs_and_workers_live_and_q_quits);
 	suite_add_tcase(s, ops);
 
