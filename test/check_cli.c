@@ -444,6 +444,59 @@ START_TEST(run_progress_shows_total_percent_and_eta_when_known)
 }
 END_TEST
 
+/* `cachew plot` refuses what is not a dispatcher's events log, naming the
+ * file and the line: a missing file, a line that is not JSON, an object
+ * that is no event, a log without job samples; and a usage error without
+ * --out (exit 2). */
+START_TEST(plot_refuses_a_bad_events_log_naming_the_line)
+{
+	char *dir = cwt_tmpdir(), *ev = cwt_fmt("%s/events.jsonl", dir);
+	char *out = cwt_fmt("%s/plots", dir), *missing = cwt_fmt("%s/none",
+	    dir);
+	static const char good[] = "{\"ts_ns\":5,\"event\":\"job_created\","
+				   "\"job_id\":1}\n";
+	cli_result r;
+
+	r = cli("plot", missing, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "none: No such file") != NULL, "%s", r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, "{\"ts_ns\":5,\"event\":\"job_created\"}\n{oops\n",
+	    strlen("{\"ts_ns\":5,\"event\":\"job_created\"}\n{oops\n"));
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "events.jsonl:2: not JSON") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, "[1, 2]\n", 7);
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "events.jsonl:1: not an event") != NULL,
+	    "%s", r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, good, strlen(good));
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "no job_sample events") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+
+	r = cli("plot", ev);
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "--out DIR is required") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+	free(ev);
+	free(out);
+	free(missing);
+}
+END_TEST
+
 START_TEST(run_stats_prints_a_row_per_operator)
 {
 	cli_result r = cli("run", "--stats", "range(100) | batch(10)");
@@ -1508,6 +1561,7 @@ cwt_cli_suite(void)
 	tcase_add_test(run, run_epochs_draw_anew_each_epoch);
 	tcase_add_test(run, run_prints_human_summary);
 	tcase_add_test(run, run_progress_shows_total_percent_and_eta_when_known);
+	tcase_add_test(run, plot_refuses_a_bad_events_log_naming_the_line);
 	tcase_add_test(run, run_stats_prints_a_row_per_operator);
 	tcase_add_test(run, run_parse_error_exits_2_naming_the_column);
 	tcase_add_test(run, run_unknown_operator_exits_2);

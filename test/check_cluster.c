@@ -2451,6 +2451,92 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 }
 END_TEST
 
+/* ---- cachew plot ---------------------------------------------------------- */
+
+/* Whether path is a PNG file: its 8-byte signature, then an IHDR chunk of
+ * 13 bytes whose width and height are not 0; *w and *h get them. */
+static bool
+is_png(const char *path, unsigned *w, unsigned *h)
+{
+	static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n',
+	    0x1a, '\n'};
+	unsigned char b[24];
+	FILE *f = fopen(path, "rb");
+	bool ok;
+
+	if (f == NULL)
+		return false;
+	ok = fread(b, 1, sizeof(b), f) == sizeof(b) &&
+	     memcmp(b, sig, 8) == 0 && memcmp(b + 8, "\0\0\0\rIHDR", 8) == 0;
+	fclose(f);
+	*w = (unsigned)b[16] << 24 | (unsigned)b[17] << 16 |
+	     (unsigned)b[18] << 8 | b[19];
+	*h = (unsigned)b[20] << 24 | (unsigned)b[21] << 16 |
+	     (unsigned)b[22] << 8 | b[23];
+	return ok && *w > 0 && *h > 0;
+}
+
+/* issue 17, item 5: a named job runs through a dispatcher (work dir, so
+ * an events log) and 2 workers for a second or two; `cachew plot` on that
+ * log writes job-1.png, a valid PNG (1000x1000), with the data it drew
+ * (job-1.dat: one line per job_sample event of the log) and names it on
+ * standard output. Skipped, saying so, without gnuplot. */
+START_TEST(plot_draws_each_job_of_a_real_events_log)
+{
+	cwt_cluster c;
+	char *cmd, *path, *out, *dat, *log;
+	unsigned w = 0, h = 0;
+	int st, samples;
+
+	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+		printf("cluster: skipping the cachew plot test: gnuplot is not "
+		       "installed (sh .ci/test-deps.sh installs gnuplot-nox)\n");
+		return;
+	}
+	cwt_cluster_start(&c, 2);
+	cmd = cwt_fmt("%s/cachew run --quiet --set service=%s --set "
+		      "job_name=plot-job \"range(4000) | map(sleep_us, us=500)\""
+		      " > %s/run.out 2>&1",
+	    cwt_build_dir(), c.dispatcher.url, c.dir);
+	st = system(cmd);
+	free(cmd);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "cachew run: %d",
+	    st);
+	cmd = cwt_fmt("%s/cachew plot %s/work/events.jsonl --out %s/plots > "
+		      "%s/plot.out 2>&1",
+	    cwt_build_dir(), c.dir, c.dir, c.dir);
+	st = system(cmd);
+	free(cmd);
+	path = cwt_fmt("%s/plot.out", c.dir);
+	out = cwt_slurp(path);
+	free(path);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "cachew plot: %s",
+	    out);
+	path = cwt_fmt("%s/plots/job-1.png", c.dir);
+	ck_assert_msg(strstr(out, "job 1 (plot-job): ") != NULL &&
+	    strstr(out, path) != NULL, "%s", out);
+	ck_assert_msg(is_png(path, &w, &h), "%s is not a PNG", path);
+	ck_assert_uint_eq(w, 1000);
+	ck_assert_uint_eq(h, 1000);
+	free(path);
+	/* The data drawn: a line per job_sample of job 1 in the log. */
+	path = cwt_fmt("%s/work/events.jsonl", c.dir);
+	log = cwt_slurp(path);
+	free(path);
+	samples = cwt_count(log, "\"event\":\"job_sample\",\"job_id\":1,");
+	ck_assert_int_ge(samples, 1);
+	path = cwt_fmt("%s/plots/job-1.dat", c.dir);
+	dat = cwt_slurp(path);
+	free(path);
+	ck_assert_ptr_nonnull(dat);
+	ck_assert_int_eq(cwt_count(dat, "\n"), samples + 1); /* + header */
+	free(dat);
+	free(log);
+	free(out);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 /* ---- a real Prometheus server ------------------------------------------ */
 
 /* Whether something accepts on 127.0.0.1:port now. */
@@ -3515,6 +3601,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
 	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
 	tcase_add_test(ops, prometheus_scrapes_dispatcher_and_worker_and_rates_a_job);
+	tcase_add_test(ops, plot_draws_each_job_of_a_real_events_log);
 	tcase_add_test(ops, top_shows_jobs_and_workers_live_and_q_quits);
 	suite_add_tcase(s, ops);
 

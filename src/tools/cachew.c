@@ -66,6 +66,9 @@ static const char usage_text[] =
     "  top [URL] [--interval MS]    a live view of a dispatcher: jobs (rate,\n"
     "                               workers wanted/granted, cache mode) and\n"
     "                               workers (CPU, tasks); q quits\n"
+    "  plot EVENTS.jsonl --out DIR  draw each job of a dispatcher's events\n"
+    "                               log: workers, throughput, client wait,\n"
+    "                               cache mode over time (gnuplot PNGs)\n"
     "  sim autoscale|multitenant|autocache [--json] [--plot DIR]\n"
     "                               simulate the policies in virtual time\n"
     "                               (cachew sim --help)\n"
@@ -1522,6 +1525,7 @@ static const command commands[] = {
     {"cache", cwi_cache_cli},
     {"status", cwi_status_cli},
     {"top", cwi_top_cli},
+    {"plot", cwi_plot_cli},
     {"sim", cwi_sim_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
@@ -1546,6 +1550,7 @@ main(int argc, char **argv)
 	 * help. */
 	if (strcmp(argv[1], "cache") != 0 && strcmp(argv[1], "status") != 0 &&
 	    strcmp(argv[1], "top") != 0 && strcmp(argv[1], "sim") != 0 &&
+	    strcmp(argv[1], "plot") != 0 &&
 	    wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {

@@ -329,6 +329,7 @@ struct cwi_dispatcher {
 	uint32_t pool_target;
 	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
 	uint32_t npool_recent;
+	uint64_t next_sample_ns; /* the next job_sample events */
 	/* scaling decisions so far (cwi_dispatcher_metrics); not saved */
 	cwi_scale_tally scale_tally[CWI_SCALE_TALLIES];
 	size_t nscale_tally;
@@ -520,6 +521,14 @@ void cwi_sizing_job_view(const cwi_dispatcher *d, const job *j,
  * changed; *v is the view it was decided on. */
 uint32_t cwi_sizing_target(cwi_dispatcher *d, job *j, uint32_t avail,
     cwi_job_view *v);
+/* The mean share of time job j's clients spent waiting for data, over
+ * those that reported batches or waits (0..1). */
+double cwi_job_client_wait(const job *j);
+/* Every CWI_DISP_SAMPLE_NS, a job_sample event per running job (its
+ * tasks, wanted and granted workers, rate, client wait, cache mode): what
+ * `cachew plot` draws. No-op without an events log. */
+#define CWI_DISP_SAMPLE_NS 500000000ull
+void cwi_disp_sample_jobs(cwi_dispatcher *d, uint64_t now);
 /* Weighted fair share of the available workers over the autoscaled jobs
  * (no-op when autoscale is off); `tell`: a job granted less than it wants
  * tells its scaler (once per decision interval). */

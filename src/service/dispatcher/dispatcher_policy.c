@@ -537,3 +537,38 @@ cwi_sizing_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 	j->sizing.count_ctx = NULL;
 	return CACHEW_OK;
 }
+
+/* ---- samples for plots --------------------------------------------------- */
+
+void
+cwi_disp_sample_jobs(cwi_dispatcher *d, uint64_t now)
+{
+	uint32_t avail;
+
+	if (!cwi_disp_events_on(d) || now < d->next_sample_ns)
+		return;
+	d->next_sample_ns = now + CWI_DISP_SAMPLE_NS;
+	avail = cwi_disp_workers_available(d);
+	for (size_t i = 0; i < d->jobs.n; i++) {
+		const job *j = JOB(d, i);
+		cwi_job_view v;
+
+		if (j->finished)
+			continue;
+		cwi_sizing_job_view(d, j, avail, &v);
+		cwi_disp_ev_begin(d, "job_sample");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "tasks", v.tasks);
+		if (j->sizing.scale_name[0] != '\0') {
+			cwi_disp_ev_u64(d, "want", j->sizing.want);
+			cwi_disp_ev_u64(d, "granted", j->sizing.granted);
+		}
+		cwi_disp_ev_u64(d, "elements", j->elements);
+		cwi_strbuf_printf(&d->ev, ",\"elements_per_s\":%.1f,"
+		    "\"client_wait\":%.4f", v.elements_per_s,
+		    cwi_job_client_wait(j));
+		if (j->pass.cache_mode[0] != '\0')
+			cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
+		cwi_disp_ev_end(d);
+	}
+}

@@ -65,8 +65,8 @@ status_job_decisions(const job *j, cwi_job_status *js)
 
 /* The mean share of time its clients spent waiting for data, over those
  * that reported batches or waits. */
-static double
-status_client_wait(const job *j)
+double
+cwi_job_client_wait(const job *j)
 {
 	double sum = 0;
 	size_t n = 0;
@@ -107,7 +107,7 @@ status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 	for (size_t k = 0; k < j->tasks.n; k++)
 		js->bytes_per_s += OWN_TASK(j, k)->bytes_per_s;
 	js->batch_time_ns = v.batch_time_ns;
-	js->client_wait = status_client_wait(j);
+	js->client_wait = cwi_job_client_wait(j);
 	js->data_done = j->data_done;
 	js->finished = j->finished;
 	rv = status_job_decisions(j, js);
