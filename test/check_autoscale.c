@@ -818,6 +818,26 @@ START_TEST(autoscale_proto_new_fields_round_trip)
 	m.u.worker_heartbeat.ntasks = 0;
 	cwi_pmsg_free(&m);
 	cwi_pmsg_free(&out);
+
+	/* A job's slowest operator and cache hits in a status reply. */
+	cwi_pmsg_init(&m, CWI_MSG_STATUS_REPLY);
+	m.u.status_reply.jobs = calloc(1, sizeof(cwi_job_status));
+	ck_assert_ptr_nonnull(m.u.status_reply.jobs);
+	m.u.status_reply.njobs = 1;
+	m.u.status_reply.jobs[0].job_id = 4;
+	m.u.status_reply.jobs[0].dataset_id = 1;
+	m.u.status_reply.jobs[0].slowest_op = cwi_strdup("1:map/decode_jpeg");
+	m.u.status_reply.jobs[0].slowest_op_share = 0.75;
+	m.u.status_reply.jobs[0].cache_hit_bytes = 1ull << 40;
+	round_trip(&m, &out);
+	ck_assert_uint_eq(out.u.status_reply.njobs, 1);
+	ck_assert_str_eq(out.u.status_reply.jobs[0].slowest_op,
+	    "1:map/decode_jpeg");
+	ck_assert(out.u.status_reply.jobs[0].slowest_op_share == 0.75);
+	ck_assert_uint_eq(out.u.status_reply.jobs[0].cache_hit_bytes,
+	    1ull << 40);
+	cwi_pmsg_free(&m);
+	cwi_pmsg_free(&out);
 }
 END_TEST
 

@@ -163,6 +163,16 @@ op_time_per_thread(const cwi_op_counters *c)
 	    c->parallelism : 1);
 }
 
+/* A row named "<index>:cache_get" (a worker's rows carry the node's index
+ * before the operator's name). */
+static bool
+is_cache_get(const char *name)
+{
+	const char *op = strchr(name, ':');
+
+	return strcmp(op != NULL ? op + 1 : name, "cache_get") == 0;
+}
+
 cachew_err
 cwi_counters_job_summary(const job *j, char **slowest, double *share,
     uint64_t *cache_hit_bytes)
@@ -183,7 +193,7 @@ cwi_counters_job_summary(const job *j, char **slowest, double *share,
 		if (c->busy_ns > 0 && (max == NULL ||
 		    op_time_per_thread(c) > op_time_per_thread(max)))
 			max = c;
-		if (strncmp(c->name, "cache_get", 9) == 0)
+		if (is_cache_get(c->name))
 			*cache_hit_bytes = sat_add(*cache_hit_bytes, c->bytes);
 	}
 	if (rv == CACHEW_OK && max != NULL) {

@@ -524,11 +524,8 @@ uint32_t cwi_sizing_target(cwi_dispatcher *d, job *j, uint32_t avail,
 /* The mean share of time job j's clients spent waiting for data, over
  * those that reported batches or waits (0..1). */
 double cwi_job_client_wait(const job *j);
-/* Every CWI_DISP_SAMPLE_NS, a job_sample event per running job (its
- * tasks, wanted and granted workers, rate, client wait, cache mode): what
- * `cachew plot` draws. No-op without an events log. */
+/* The interval of cwi_dispatcher_sample_jobs. */
 #define CWI_DISP_SAMPLE_NS 500000000ull
-void cwi_disp_sample_jobs(cwi_dispatcher *d, uint64_t now);
 /* Weighted fair share of the available workers over the autoscaled jobs
  * (no-op when autoscale is off); `tell`: a job granted less than it wants
  * tells its scaler (once per decision interval). */

@@ -541,10 +541,11 @@ cwi_sizing_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 /* ---- samples for plots --------------------------------------------------- */
 
 void
-cwi_disp_sample_jobs(cwi_dispatcher *d, uint64_t now)
+cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now)
 {
 	uint32_t avail;
 
+	d->now = now;
 	if (!cwi_disp_events_on(d) || now < d->next_sample_ns)
 		return;
 	d->next_sample_ns = now + CWI_DISP_SAMPLE_NS;

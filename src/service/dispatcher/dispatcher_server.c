@@ -1153,6 +1153,7 @@ ticker_main(void *arg)
 		pthread_mutex_lock(&d->lock);
 		uint64_t now = disp_now(d), lsn;
 		cwi_dispatcher_tick(d->state, now);
+		cwi_dispatcher_sample_jobs(d->state, now);
 		journal_add(d, d->journal != NULL ? cwi_jrec_tick(&d->jrec, now)
 						  : CACHEW_OK,
 		    &lsn, true);

@@ -1641,7 +1641,6 @@ cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns)
 		cwi_dispatcher_decide(d, now_ns);
 	else
 		cwi_disp_reconcile(d);
-	cwi_disp_sample_jobs(d, now_ns);
 	gc_finished(d);
 }
 

@@ -225,6 +225,12 @@ cachew_err cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns,
  * released, tasks moved, jobs finished). Call it at least once per
  * heartbeat interval; extra calls are cheap. */
 void cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns);
+/* At most every 0.5 s of now_ns, a job_sample event per running job (its
+ * tasks, wanted and granted workers, rate, client wait, cache mode), what
+ * `cachew plot` draws; no-op without an events log. Not a state change:
+ * nothing journals it and a replayed state need not repeat it, so the
+ * server's ticker calls it beside cwi_dispatcher_tick, not inside it. */
+void cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now_ns);
 
 /* Replaces a job's worker count decision (fn NULL: the default) and
  * applies it at once. CACHEW_ENOENT for an unknown or finished job. */
