@@ -37,17 +37,11 @@ import threading
 import time
 import urllib.request
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from w5 import proc_cpu_s  # noqa: E402  (utime + stime of a pid, or None)
+
 START_TIMEOUT_S = 15.0
-
-
-def proc_cpu_s(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def wait_log(path, pattern, proc, what):
@@ -95,7 +89,7 @@ class Cluster:
         return self
 
     def cpu(self):
-        return sum(proc_cpu_s(p.pid) for p in self.procs)
+        return sum(proc_cpu_s(p.pid) or 0.0 for p in self.procs)
 
     def __exit__(self, *exc):
         for p in reversed(self.procs):

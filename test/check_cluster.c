@@ -2539,22 +2539,6 @@ END_TEST
 
 /* ---- a real Prometheus server ------------------------------------------ */
 
-/* Whether something accepts on 127.0.0.1:port now. */
-static bool
-loopback_accepts(int port)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-	    .sin_port = htons((uint16_t)port)};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	bool ok;
-
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
 /* The first sample of a Prometheus instant query's vector (GET
  * /api/v1/query on the server at url), -1 when the vector is empty; the
  * reply is checked to be a successful vector. */
@@ -2657,7 +2641,7 @@ START_TEST(prometheus_scrapes_dispatcher_and_worker_and_rates_a_job)
 
 		ck_assert_msg(waitpid(prom, &status, WNOHANG) == 0,
 		    "prometheus exited: see %s/prometheus.log", dir);
-		if (!loopback_accepts(p))
+		if (!cwt_port_accepts(p))
 			continue;
 		body = http_get(purl, "/-/ready", &status);
 		free(body);

@@ -84,9 +84,8 @@ cwi_metrics_histogram(cwi_strbuf *sb, const char *name, const char *labels,
 	    cum);
 }
 
-/* A label value with \, " and newlines escaped, as the format wants. */
-static void
-label_value(cwi_strbuf *sb, const char *v)
+void
+cwi_metrics_label_value(cwi_strbuf *sb, const char *v)
 {
 	for (; *v != '\0'; v++) {
 		if (*v == '\\' || *v == '"')
@@ -106,7 +105,7 @@ job_series(cwi_strbuf *sb, const char *name, const cwi_job_status *j,
 	cwi_strbuf_printf(sb, "%s{job_id=\"%" PRIu64 "\"", name, j->job_id);
 	if (j->name != NULL) {
 		cwi_strbuf_puts(sb, ",job_name=\"");
-		label_value(sb, j->name);
+		cwi_metrics_label_value(sb, j->name);
 		cwi_strbuf_puts(sb, "\"");
 	}
 	cwi_strbuf_printf(sb, "%s} ", extra != NULL ? extra : "");
@@ -259,7 +258,7 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 			continue;
 		cwi_strbuf_init(&op);
 		cwi_strbuf_puts(&op, ",operator=\"");
-		label_value(&op, st->jobs[i].slowest_op);
+		cwi_metrics_label_value(&op, st->jobs[i].slowest_op);
 		cwi_strbuf_puts(&op, "\"");
 		job_series(sb, "cachew_job_slowest_operator_ratio",
 		    &st->jobs[i], op.oom ? "" : op.data);

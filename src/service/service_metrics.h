@@ -33,6 +33,9 @@ bool cwi_histogram_any(const cwi_histogram *h);
  * family's HELP and TYPE lines are the caller's (cwi_metrics_family). */
 void cwi_metrics_histogram(cwi_strbuf *sb, const char *name,
     const char *labels, const cwi_histogram *h);
+/* Appends v as a label value: backslashes, quotes and newlines escaped,
+ * as the format wants (a peer's text may hold any of them). */
+void cwi_metrics_label_value(cwi_strbuf *sb, const char *v);
 /* `# HELP name help` and `# TYPE name type` lines. */
 void cwi_metrics_family(cwi_strbuf *sb, const char *name, const char *type,
     const char *help);

@@ -41,22 +41,15 @@ render_scale(cwi_strbuf *sb, const cwi_dispatcher_metrics *m)
 		    m->scale[i].decision, m->scale[i].n);
 }
 
-/* An operator row's name as a label value: names are "<op>[<index>]",
- * but a worker's report is a peer's text, so escape anyway. */
+/* An operator row's name as a label value: names are "<index>:<op>",
+ * but a worker's report is a peer's text, so escaped anyway. */
 static void
 op_series(cwi_strbuf *sb, const char *family, uint64_t job_id,
     const char *op)
 {
 	cwi_strbuf_printf(sb, "%s{job_id=\"%" PRIu64 "\",operator=\"", family,
 	    job_id);
-	for (; *op != '\0'; op++) {
-		if (*op == '\\' || *op == '"')
-			cwi_strbuf_printf(sb, "\\%c", *op);
-		else if (*op == '\n')
-			cwi_strbuf_puts(sb, "\\n");
-		else
-			cwi_strbuf_append(sb, op, 1);
-	}
+	cwi_metrics_label_value(sb, op);
 	cwi_strbuf_puts(sb, "\"} ");
 }
 
