@@ -2634,7 +2634,7 @@ START_TEST(prometheus_scrapes_dispatcher_and_worker_and_rates_a_job)
 
 	/* Ready (/-/ready 200), then scraped twice or more with the job
 	 * running: the rate is over the last 5 s. */
-	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(60000);
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(40000);
 	     cwt_now_ms() < end && !(rate > 0 && up == 2 && registered == 1);
 	     cwt_nap_ms(500)) {
 		char *body;
