@@ -330,6 +330,9 @@ struct cwi_dispatcher {
 	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
 	uint32_t npool_recent;
 	uint64_t next_sample_ns; /* the next job_sample events */
+	/* Events are written but not flushed until it is cleared (the
+	 * samples of every job go out in one write, not one each). */
+	bool ev_hold;
 	/* scaling decisions so far (cwi_dispatcher_metrics); not saved */
 	cwi_scale_tally scale_tally[CWI_SCALE_TALLIES];
 	size_t nscale_tally;

@@ -550,6 +550,7 @@ cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now)
 		return;
 	d->next_sample_ns = now + CWI_DISP_SAMPLE_NS;
 	avail = cwi_disp_workers_available(d);
+	d->ev_hold = true;
 	for (size_t i = 0; i < d->jobs.n; i++) {
 		const job *j = JOB(d, i);
 		cwi_job_view v;
@@ -572,4 +573,7 @@ cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now)
 			cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
 		cwi_disp_ev_end(d);
 	}
+	d->ev_hold = false;
+	if (d->cfg.event_file != NULL)
+		fflush(d->cfg.event_file);
 }
