@@ -19,7 +19,9 @@
 #      provisioner) and an I/O-bound job (2 ms of sleep per element, a
 #      consumer 4x faster than one worker): the `model` policy's decisions
 #      from the events log as they come (the pool every 3 s meanwhile), the
-#      count it settled on, then autocaching over four epochs.
+#      count it settled on, then autocaching over four epochs; at the end
+#      each of its jobs drawn by `cachew plot` (workers, throughput, client
+#      wait and cache mode over time: <build>/demo-data/plots/job-N.png).
 # On a terminal each run shows a live progress line; then the per-operator
 # counters (--stats) and the summary. Usage: sh examples/demo.sh [BUILD_DIR]
 set -eu
@@ -289,6 +291,21 @@ autoscale_demo() {
 	kill -TERM "$dpid" 2>/dev/null || true
 	wait 2>/dev/null || true
 	trap - EXIT
+	plot_jobs "$logs/work/events.jsonl" "$DATA/plots"
+}
+
+# Each job of the events log as a PNG (workers, throughput, client wait,
+# cache mode over time), naming the files; without gnuplot, says so.
+plot_jobs() {
+	echo
+	if ! command -v gnuplot >/dev/null 2>&1 && [ -z "${CACHEW_GNUPLOT:-}" ]; then
+		echo "   (no plots: gnuplot is not installed; sh .ci/test-deps.sh installs gnuplot-nox)"
+		return 0
+	fi
+	echo "   \$ $CACHEW plot $1 --out $2"
+	rm -rf "$2"
+	"$CACHEW" plot "$1" --out "$2" | sed 's/^/   /' ||
+	    echo "   (cachew plot failed)"
 }
 
 if [ -x "$BUILD/cachewd" ] && [ -x "$BUILD/train_loop" ]; then

@@ -372,6 +372,63 @@ START_TEST(autoscale_model_jumps_to_demand_in_one_interval)
 }
 END_TEST
 
+/* The count of a scaling decision of the given policy and outcome in the
+ * dispatcher's /metrics tally (0: none). */
+static uint64_t
+scale_tally(harness *h, const char *policy, const char *decision)
+{
+	cwi_dispatcher_metrics m;
+	uint64_t n = 0;
+
+	ck_assert_int_eq(cwi_dispatcher_metrics_get(h->d, &m), CACHEW_OK);
+	for (size_t i = 0; i < m.nscale; i++)
+		if (strcmp(m.scale[i].policy, policy) == 0 &&
+		    strcmp(m.scale[i].decision, decision) == 0)
+			n = m.scale[i].n;
+	cwi_dispatcher_metrics_free(&m);
+	return n;
+}
+
+/* issue 17, item 3: /metrics counts scaling decisions by policy and what
+ * they did: the model's jump from 1 to 4 workers is one "up"; shedding 8
+ * stalled workers to 5 one "down"; an interval that changes nothing counts
+ * nothing. */
+START_TEST(scale_decisions_are_counted_by_policy_and_direction)
+{
+	harness *h = harness_new("model");
+	uint64_t w[8], ds, job, client;
+	job_opts o = {.policy = "model"};
+
+	ds = add_dataset(h);
+	join(h, ds, &o, &job, &client);
+	add_workers(h, w, 8);
+	ck_assert_uint_eq(scale_tally(h, "model", "up"), 0);
+	h->now += 1000 * MS;
+	client_hb(h, job, client, 100, 10, 666.667);
+	for (int i = 0; i < 8; i++)
+		worker_hb(h, w[i], 1 * SEC, 0, 1.0);
+	cwi_dispatcher_decide(h->d, h->now);
+	ck_assert_uint_eq(job_get(h, job).want, 4);
+	ck_assert_uint_eq(scale_tally(h, "model", "up"), 1);
+	ck_assert_uint_eq(scale_tally(h, "model", "down"), 0);
+	harness_free(h);
+
+	h = harness_new("model");
+	add_workers(h, w, 8);
+	ds = add_dataset(h);
+	join(h, ds, &o, &job, &client);
+	h->now += 1000 * MS;
+	client_hb(h, job, client, 200, 5, 0);
+	for (int i = 0; i < 8; i++)
+		worker_hb(h, w[i], 1 * SEC, SEC / 2, 1.0);
+	cwi_dispatcher_decide(h->d, h->now);
+	ck_assert_uint_eq(job_get(h, job).want, 5);
+	ck_assert_uint_eq(scale_tally(h, "model", "down"), 1);
+	ck_assert_uint_eq(scale_tally(h, "model", "up"), 0);
+	harness_free(h);
+}
+END_TEST
+
 /* Workers that stall on full queues half the time are twice as many as
  * the demand needs: the model sheds them (a static pool starts a job with
  * every worker). */
@@ -761,6 +818,26 @@ START_TEST(autoscale_proto_new_fields_round_trip)
 	m.u.worker_heartbeat.ntasks = 0;
 	cwi_pmsg_free(&m);
 	cwi_pmsg_free(&out);
+
+	/* A job's slowest operator and cache hits in a status reply. */
+	cwi_pmsg_init(&m, CWI_MSG_STATUS_REPLY);
+	m.u.status_reply.jobs = calloc(1, sizeof(cwi_job_status));
+	ck_assert_ptr_nonnull(m.u.status_reply.jobs);
+	m.u.status_reply.njobs = 1;
+	m.u.status_reply.jobs[0].job_id = 4;
+	m.u.status_reply.jobs[0].dataset_id = 1;
+	m.u.status_reply.jobs[0].slowest_op = cwi_strdup("1:map/decode_jpeg");
+	m.u.status_reply.jobs[0].slowest_op_share = 0.75;
+	m.u.status_reply.jobs[0].cache_hit_bytes = 1ull << 40;
+	round_trip(&m, &out);
+	ck_assert_uint_eq(out.u.status_reply.njobs, 1);
+	ck_assert_str_eq(out.u.status_reply.jobs[0].slowest_op,
+	    "1:map/decode_jpeg");
+	ck_assert(out.u.status_reply.jobs[0].slowest_op_share == 0.75);
+	ck_assert_uint_eq(out.u.status_reply.jobs[0].cache_hit_bytes,
+	    1ull << 40);
+	cwi_pmsg_free(&m);
+	cwi_pmsg_free(&out);
 }
 END_TEST
 
@@ -1041,6 +1118,7 @@ cwt_autoscale_suite(void)
 	tcase_add_test(tc, status_client_wait_is_the_share_of_time_clients_wait);
 	tcase_add_test(tc, autoscale_model_jumps_to_demand_in_one_interval);
 	tcase_add_test(tc, autoscale_model_sheds_stalled_workers);
+	tcase_add_test(tc, scale_decisions_are_counted_by_policy_and_direction);
 	tcase_add_test(tc, autoscale_weights_2_to_1_share_9_workers_6_3);
 	tcase_add_test(tc, autoscale_jobs_arriving_and_leaving_move_workers);
 	tcase_add_test(tc, autoscale_hpa_reacts_to_cpu);

@@ -5,6 +5,8 @@
  */
 #include "cwt.h"
 
+#include <math.h>
+#include <pty.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -335,6 +337,163 @@ START_TEST(run_prints_human_summary)
 	/* stderr is not a terminal here: no progress line. */
 	ck_assert_str_eq(r.err, "");
 	cli_free(&r);
+}
+END_TEST
+
+/* Runs `cachew run ARGS...` (NULL-terminated) with its stdout and stderr
+ * on a pseudo-terminal, as in a shell, so that it draws its progress
+ * line; everything the terminal showed (heap, NUL-terminated). */
+static char *
+run_on_a_terminal(int *status, ...)
+{
+	char bin[512], *argv[16], *text = calloc(1, 1 << 16);
+	size_t n = 2, len = 0;
+	va_list ap;
+	int master, st;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(text);
+	snprintf(bin, sizeof(bin), "%s/cachew", cwt_build_dir());
+	argv[0] = bin;
+	argv[1] = "run";
+	va_start(ap, status);
+	while ((argv[n] = va_arg(ap, char *)) != NULL && n < 14)
+		n++;
+	va_end(ap);
+	argv[n] = NULL;
+	fflush(NULL);
+	pid = forkpty(&master, NULL, NULL, NULL);
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		execv(bin, argv);
+		_exit(127);
+	}
+	/* Read until the child closes the terminal (EIO on Linux). */
+	for (;;) {
+		ssize_t got = read(master, text + len, (1 << 16) - 1 - len);
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+	}
+	close(master);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	*status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return text;
+}
+
+/* Checks every frame "\rN / TOTAL elements  P%  ETA ..." of a progress
+ * line: TOTAL as given, P = 100 N / TOTAL; returns how many there were. */
+static int
+progress_frames_agree(const char *text, unsigned total)
+{
+	int frames = 0;
+
+	for (const char *p = strchr(text, '\r'); p != NULL;
+	     p = strchr(p + 1, '\r')) {
+		unsigned n, t;
+		double pct;
+		char eta[8];
+
+		if (sscanf(p + 1, "%u / %u elements %lf%% %3s", &n, &t, &pct,
+			eta) != 4)
+			continue;
+		ck_assert_uint_eq(t, total);
+		ck_assert_msg(fabs(pct - 100.0 * n / t) < 0.051, "%u / %u "
+		    "shown as %.1f%%", n, t, pct);
+		ck_assert_str_eq(eta, "ETA");
+		frames++;
+	}
+	return frames;
+}
+
+/* issue 17, item 2: on a terminal, the progress line of a run whose
+ * cardinality is known shows the count out of the total, the percentage
+ * and an ETA (2 epochs of 40: out of 80; infinite but cut by --save-at:
+ * out of the cut); an unknown cardinality (unique) shows the count and
+ * the rate only. Each pipeline sleeps 20 ms per element, so each lasts
+ * long enough (>= 0.3 s) for the line's 200 ms redraw to come. */
+START_TEST(run_progress_shows_total_percent_and_eta_when_known)
+{
+	char *dir = cwt_tmpdir(), *state = cwt_fmt("%s/state", dir), *text;
+	int status;
+
+	text = run_on_a_terminal(&status, "--epochs", "2",
+	    "range(40) | map(sleep_us, us=20000)", (char *)NULL);
+	ck_assert_msg(status == 0, "exit %d: %s", status, text);
+	ck_assert_msg(progress_frames_agree(text, 80) >= 1, "%s", text);
+	ck_assert_msg(strstr(text, "elements     80") != NULL, "%s", text);
+	free(text);
+
+	text = run_on_a_terminal(&status, "--save-at", "15", "--state", state,
+	    "range(20) | repeat() | map(sleep_us, us=20000)", (char *)NULL);
+	ck_assert_msg(status == 0, "exit %d: %s", status, text);
+	ck_assert_msg(progress_frames_agree(text, 15) >= 1, "%s", text);
+	free(text);
+
+	text = run_on_a_terminal(&status, "range(20) | unique | "
+	    "map(sleep_us, us=20000)", (char *)NULL);
+	ck_assert_msg(status == 0, "exit %d: %s", status, text);
+	ck_assert_msg(strstr(text, " elements  ") != NULL &&
+	    strstr(text, "elements/s") != NULL, "%s", text);
+	ck_assert_msg(strstr(text, "ETA") == NULL && strstr(text, " / ") ==
+	    NULL && strchr(text, '%') == NULL, "%s", text);
+	free(text);
+	cwt_rmtree(dir);
+	free(dir);
+	free(state);
+}
+END_TEST
+
+/* `cachew plot` refuses what is not a dispatcher's events log, naming the
+ * file and the line: a missing file, a line that is not JSON, an object
+ * that is no event, a log without job samples; and a usage error without
+ * --out (exit 2). */
+START_TEST(plot_refuses_a_bad_events_log_naming_the_line)
+{
+	char *dir = cwt_tmpdir(), *ev = cwt_fmt("%s/events.jsonl", dir);
+	char *out = cwt_fmt("%s/plots", dir), *missing = cwt_fmt("%s/none",
+	    dir);
+	static const char good[] = "{\"ts_ns\":5,\"event\":\"job_created\","
+				   "\"job_id\":1}\n";
+	cli_result r;
+
+	r = cli("plot", missing, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "none: No such file") != NULL, "%s", r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, "{\"ts_ns\":5,\"event\":\"job_created\"}\n{oops\n",
+	    strlen("{\"ts_ns\":5,\"event\":\"job_created\"}\n{oops\n"));
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "events.jsonl:2: not JSON") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, "[1, 2]\n", 7);
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "events.jsonl:1: not an event") != NULL,
+	    "%s", r.err);
+	cli_free(&r);
+
+	cwt_write_file(ev, good, strlen(good));
+	r = cli("plot", ev, "--out", out);
+	ck_assert_int_eq(r.status, 1);
+	ck_assert_msg(strstr(r.err, "no job_sample events") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+
+	r = cli("plot", ev);
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_msg(strstr(r.err, "--out DIR is required") != NULL, "%s",
+	    r.err);
+	cli_free(&r);
+	cwt_rmtree(dir);
+	free(dir);
+	free(ev);
+	free(out);
+	free(missing);
 }
 END_TEST
 
@@ -1401,6 +1560,8 @@ cwt_cli_suite(void)
 	tcase_add_test(run, run_epochs_multiply_the_count);
 	tcase_add_test(run, run_epochs_draw_anew_each_epoch);
 	tcase_add_test(run, run_prints_human_summary);
+	tcase_add_test(run, run_progress_shows_total_percent_and_eta_when_known);
+	tcase_add_test(run, plot_refuses_a_bad_events_log_naming_the_line);
 	tcase_add_test(run, run_stats_prints_a_row_per_operator);
 	tcase_add_test(run, run_parse_error_exits_2_naming_the_column);
 	tcase_add_test(run, run_unknown_operator_exits_2);

@@ -12,10 +12,12 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
+#include <jansson.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -2386,12 +2388,36 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 				       "counter\n") &&
 			  strstr(body, "process_resident_memory_bytes "),
 	    "%s", body);
+	/* Lease and ack latencies as histograms (each of the job's splits
+	 * was leased and acknowledged), the job's operator rows (range made
+	 * exactly its 100 elements), its slowest operator, its cache hits
+	 * and the scaling decisions' family. */
+	ck_assert_msg(strstr(body, "# TYPE cachew_dispatcher_request_duration_"
+				   "seconds histogram\n") &&
+			  strstr(body, "cachew_dispatcher_request_duration_"
+				       "seconds_bucket{request=\"split_lease\","
+				       "le=\"+Inf\"} ") &&
+			  strstr(body, "cachew_dispatcher_request_duration_"
+				       "seconds_count{request=\"split_ack\"} ") &&
+			  strstr(body, "cachew_job_operator_elements_total{"
+				       "job_id=\"1\",operator=\"0:range\"} "
+				       "100\n") &&
+			  strstr(body, "cachew_job_slowest_operator_ratio{"
+				       "job_id=\"1\",operator=\"0:range\"} ") &&
+			  strstr(body, "cachew_job_cache_hit_bytes_total{"
+				       "job_id=\"1\"} 0\n") &&
+			  strstr(body, "# TYPE cachew_scale_decisions_total "
+				       "counter\n"),
+	    "%s", body);
 	promtool_check(dir, body);
 	free(body);
 	body = http_get(wm, "/metrics", &status);
 	ck_assert_int_eq(status, 200);
-	ck_assert_msg(strstr(body, "cachew_worker_registered 1\n") != NULL,
-	    "%s", body);
+	ck_assert_msg(strstr(body, "cachew_worker_registered 1\n") != NULL &&
+	    strstr(body, "# TYPE cachew_worker_lease_duration_seconds "
+			 "histogram\n") != NULL &&
+	    strstr(body, "cachew_worker_lease_duration_seconds_count 0\n") ==
+		NULL, "%s", body);
 	promtool_check(dir, body);
 	free(body);
 	body = http_get(dm, "/healthz", &status);
@@ -2420,6 +2446,223 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 			  NULL, "%s", seq);
 	free(seq);
 	free(body);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* ---- cachew plot ---------------------------------------------------------- */
+
+/* Whether path is a PNG file: its 8-byte signature, then an IHDR chunk of
+ * 13 bytes whose width and height are not 0; *w and *h get them. */
+static bool
+is_png(const char *path, unsigned *w, unsigned *h)
+{
+	static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n',
+	    0x1a, '\n'};
+	unsigned char b[24];
+	FILE *f = fopen(path, "rb");
+	bool ok;
+
+	if (f == NULL)
+		return false;
+	ok = fread(b, 1, sizeof(b), f) == sizeof(b) &&
+	     memcmp(b, sig, 8) == 0 && memcmp(b + 8, "\0\0\0\rIHDR", 8) == 0;
+	fclose(f);
+	*w = (unsigned)b[16] << 24 | (unsigned)b[17] << 16 |
+	     (unsigned)b[18] << 8 | b[19];
+	*h = (unsigned)b[20] << 24 | (unsigned)b[21] << 16 |
+	     (unsigned)b[22] << 8 | b[23];
+	return ok && *w > 0 && *h > 0;
+}
+
+/* issue 17, item 5: a named job runs through a dispatcher (work dir, so
+ * an events log) and 2 workers for a second or two; `cachew plot` on that
+ * log writes job-1.png, a valid PNG (1000x1000), with the data it drew
+ * (job-1.dat: one line per job_sample event of the log) and names it on
+ * standard output. Skipped, saying so, without gnuplot. */
+START_TEST(plot_draws_each_job_of_a_real_events_log)
+{
+	cwt_cluster c;
+	char *cmd, *path, *out, *dat, *log;
+	unsigned w = 0, h = 0;
+	int st, samples;
+
+	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+		printf("cluster: skipping the cachew plot test: gnuplot is not "
+		       "installed (sh .ci/test-deps.sh installs gnuplot-nox)\n");
+		return;
+	}
+	cwt_cluster_start(&c, 2);
+	cmd = cwt_fmt("%s/cachew run --quiet --set service=%s --set "
+		      "job_name=plot-job \"range(4000) | map(sleep_us, us=500)\""
+		      " > %s/run.out 2>&1",
+	    cwt_build_dir(), c.dispatcher.url, c.dir);
+	st = system(cmd);
+	free(cmd);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "cachew run: %d",
+	    st);
+	cmd = cwt_fmt("%s/cachew plot %s/work/events.jsonl --out %s/plots > "
+		      "%s/plot.out 2>&1",
+	    cwt_build_dir(), c.dir, c.dir, c.dir);
+	st = system(cmd);
+	free(cmd);
+	path = cwt_fmt("%s/plot.out", c.dir);
+	out = cwt_slurp(path);
+	free(path);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "cachew plot: %s",
+	    out);
+	path = cwt_fmt("%s/plots/job-1.png", c.dir);
+	ck_assert_msg(strstr(out, "job 1 (plot-job): ") != NULL &&
+	    strstr(out, path) != NULL, "%s", out);
+	ck_assert_msg(is_png(path, &w, &h), "%s is not a PNG", path);
+	ck_assert_uint_eq(w, 1000);
+	ck_assert_uint_eq(h, 1000);
+	free(path);
+	/* The data drawn: a line per job_sample of job 1 in the log. */
+	path = cwt_fmt("%s/work/events.jsonl", c.dir);
+	log = cwt_slurp(path);
+	free(path);
+	samples = cwt_count(log, "\"event\":\"job_sample\",\"job_id\":1,");
+	ck_assert_int_ge(samples, 1);
+	path = cwt_fmt("%s/plots/job-1.dat", c.dir);
+	dat = cwt_slurp(path);
+	free(path);
+	ck_assert_ptr_nonnull(dat);
+	ck_assert_int_eq(cwt_count(dat, "\n"), samples + 1); /* + header */
+	free(dat);
+	free(log);
+	free(out);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* ---- a real Prometheus server ------------------------------------------ */
+
+/* The first sample of a Prometheus instant query's vector (GET
+ * /api/v1/query on the server at url), -1 when the vector is empty; the
+ * reply is checked to be a successful vector. */
+static double
+prom_query(const char *url, const char *query)
+{
+	char path[1024], *body;
+	size_t n = 0;
+	json_t *root, *result, *value;
+	json_error_t err;
+	double v = -1;
+	int status;
+
+	n = (size_t)snprintf(path, sizeof(path), "/api/v1/query?query=");
+	for (const unsigned char *q = (const unsigned char *)query;
+	     *q != 0 && n + 4 < sizeof(path); q++)
+		n += (size_t)(isalnum(*q) || *q == '_'
+			? snprintf(path + n, sizeof(path) - n, "%c", *q)
+			: snprintf(path + n, sizeof(path) - n, "%%%02X", *q));
+	body = http_get(url, path, &status);
+	ck_assert_msg(status == 200, "%s: %d %s", query, status, body);
+	root = json_loads(body, 0, &err);
+	ck_assert_msg(root != NULL, "%s: %s", err.text, body);
+	ck_assert_str_eq(json_string_value(json_object_get(root, "status")),
+	    "success");
+	result = json_object_get(json_object_get(root, "data"), "result");
+	ck_assert_msg(json_is_array(result), "%s", body);
+	if (json_array_size(result) > 0) {
+		value = json_object_get(json_array_get(result, 0), "value");
+		v = strtod(json_string_value(json_array_get(value, 1)), NULL);
+	}
+	json_decref(root);
+	free(body);
+	return v;
+}
+
+/* issue 17, item 3: Debian's Prometheus server (2.42), on loopback with
+ * its storage in a temporary directory, scrapes a running dispatcher's and
+ * worker's /metrics every second while a named job runs; queried through
+ * its HTTP API, both targets are up, the worker reports itself registered
+ * and the job's element rate, rate() of cachew_job_elements_total, is
+ * above 0. Every wait is bounded; the server is stopped by its pid.
+ * Skipped, saying so, when prometheus is not installed. */
+START_TEST(prometheus_scrapes_dispatcher_and_worker_and_rates_a_job)
+{
+	char *dir, *cfg, *cmd, dm[128], wm[128], purl[64], port[64];
+	pid_t prom, reader;
+	double rate = -1, up = -1, registered = -1;
+	cwt_daemon d, w;
+	int status, p;
+
+	if (system("command -v prometheus >/dev/null 2>&1") != 0) {
+		printf("cluster: skipping the Prometheus test: prometheus is "
+		       "not installed (sh .ci/test-deps.sh installs it)\n");
+		return;
+	}
+	dir = cwt_tmpdir();
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+	    (char *)NULL);
+	log_value(d.log, "event=metrics_listening", "url=", dm, sizeof(dm));
+	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", "--metrics-listen",
+	    "127.0.0.1:0", "--threads", "1", (char *)NULL);
+	log_value(w.log, "event=metrics_listening", "url=", wm, sizeof(wm));
+	/* About 5,000 elements/s for a minute: it runs through the test. */
+	cmd = cwt_fmt("exec %s/cachew run --quiet --set service=%s --set "
+		      "job_name=prom-job \"range(300000) | map(sleep_us, "
+		      "us=200)\" >/dev/null 2>&1",
+	    cwt_build_dir(), d.url);
+	char *const rargv[] = {"sh", "-c", cmd, NULL};
+	reader = cwt_spawn(rargv, NULL);
+	free(cmd);
+
+	cfg = cwt_fmt("global:\n  scrape_interval: 1s\n  evaluation_interval: "
+		      "1s\nscrape_configs:\n  - job_name: cachew\n    "
+		      "static_configs:\n      - targets: ['%s', '%s']\n",
+	    dm + strlen("http://"), wm + strlen("http://"));
+	cmd = cwt_fmt("%s/prometheus.yml", dir);
+	cwt_write_file(cmd, cfg, strlen(cfg));
+	free(cfg);
+	free(cmd);
+	cwt_refused_url(port, sizeof(port));
+	p = atoi(strrchr(port, ':') + 1);
+	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", p);
+	cmd = cwt_fmt("exec prometheus --config.file=%s/prometheus.yml "
+		      "--storage.tsdb.path=%s/tsdb --web.listen-address="
+		      "127.0.0.1:%d > %s/prometheus.log 2>&1",
+	    dir, dir, p, dir);
+	char *const pargv[] = {"sh", "-c", cmd, NULL};
+	prom = cwt_spawn(pargv, NULL);
+	free(cmd);
+
+	/* Ready (/-/ready 200), then scraped twice or more with the job
+	 * running: the rate is over the last 5 s. */
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(40000);
+	     cwt_now_ms() < end && !(rate > 0 && up == 2 && registered == 1);
+	     cwt_nap_ms(500)) {
+		char *body;
+
+		ck_assert_msg(waitpid(prom, &status, WNOHANG) == 0,
+		    "prometheus exited: see %s/prometheus.log", dir);
+		if (!cwt_port_accepts(p))
+			continue;
+		body = http_get(purl, "/-/ready", &status);
+		free(body);
+		if (status != 200)
+			continue;
+		up = prom_query(purl, "sum(up{job=\"cachew\"})");
+		registered = prom_query(purl, "cachew_worker_registered");
+		rate = prom_query(purl, "rate(cachew_job_elements_total{"
+					"job_name=\"prom-job\"}[5s])");
+	}
+	ck_assert_msg(up == 2, "targets up: %g (see %s/prometheus.log)", up,
+	    dir);
+	ck_assert_msg(registered == 1, "cachew_worker_registered %g",
+	    registered);
+	ck_assert_msg(rate > 0, "rate of prom-job's elements: %g", rate);
+	cwt_stop_pid(prom);
+	cwt_stop_pid(reader);
+	/* The reader left with splits unread: a SIGTERM would drain them
+	 * for a minute. */
+	cwt_daemon_stop(&w, SIGKILL);
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -2861,7 +3104,7 @@ top_title(const char *pane)
 
 /* issue 17 item 4: `cachew top URL` in a terminal (a tmux pane, 140x30)
  * shows the dispatcher's running job (its name, rate, workers wanted and
- * granted) and its worker (address, CPU, tasks), redraws in place (the
+ * granted, its slowest operator) and its worker (address, CPU, tasks), redraws in place (the
  * clock moves, one title on the screen), and `q` quits with status 0,
  * giving the shell its screen back (the alternate screen is left).
  * Without a terminal, --once prints one plain frame and the live view
@@ -2891,8 +3134,10 @@ START_TEST(top_shows_jobs_and_workers_live_and_q_quits)
 	    sock, cwt_build_dir(), c.dispatcher.url);
 	ck_assert_int_eq(system(cmd), 0);
 	free(cmd);
+	/* The job's slowest operator, from its tasks' operator rows: the
+	 * map that sleeps 200 us per element. */
 	static const char *const live[] = {"JOBS 1", "top-job", "WAIT%",
-	    "WORKERS 1", " live"};
+	    "WORKERS 1", " live", "slowest 1:map/sleep_us "};
 	pane = tmux_await(sock, live, sizeof(live) / sizeof(live[0]));
 	for (size_t k = 0; k < sizeof(live) / sizeof(live[0]); k++)
 		ck_assert_msg(strstr(pane, live[k]) != NULL, "no '%s' in:\n%s",
@@ -3339,6 +3584,8 @@ cwt_cluster_suite(void)
 	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
 	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
 	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
+	tcase_add_test(ops, prometheus_scrapes_dispatcher_and_worker_and_rates_a_job);
+	tcase_add_test(ops, plot_draws_each_job_of_a_real_events_log);
 	tcase_add_test(ops, top_shows_jobs_and_workers_live_and_q_quits);
 	suite_add_tcase(s, ops);
 

@@ -771,10 +771,13 @@ worker_for(cwt_daemon *w, const char *dir, const char *name, const char *url)
 #define SERVICE_PIPELINE \
 	"range(600) | map(sleep_us, us=500) | map(add, value=1)"
 
+static void status_durable(const char *dir, const char *url);
+static int count_in(const char *path, const char *needle);
+
 START_TEST(service_profiles_writes_then_reads_across_epochs)
 {
 	const char *pipeline = SERVICE_PIPELINE;
-	char *dir = cwt_tmpdir(), events[600], modes[256];
+	char *dir = cwt_tmpdir(), events[600], modes[256], status[600];
 	cwt_daemon disp, w[2];
 	uint64_t n, local, remote;
 
@@ -794,6 +797,13 @@ START_TEST(service_profiles_writes_then_reads_across_epochs)
 	snprintf(events, sizeof(events), "%s/work/events.jsonl", dir);
 	job_modes(events, modes, sizeof(modes));
 	ck_assert_str_eq(modes, "profile put get get");
+	/* The two passes that read the cache read its 600 i64 elements
+	 * (4800 bytes) each, which status (and /metrics) call cache hits;
+	 * the passes that computed hit nothing. */
+	status_durable(dir, disp.url);
+	snprintf(status, sizeof(status), "%s/status.json", dir);
+	ck_assert_int_eq(count_in(status, "\"cache_hit_bytes\":4800}"), 2);
+	ck_assert_int_eq(count_in(status, "\"cache_hit_bytes\":0}"), 2);
 	ck_assert_int_eq(cwt_dispatcher_stop_verified(&disp), 0);
 
 	/* A restarted dispatcher knows the cache: the first job reads it. */

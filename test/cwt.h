@@ -196,6 +196,8 @@ pid_t cwt_spawn(char *const argv[], const char *node_path);
  * for that port on 127.0.0.1 to accept; -1 when pid exits or time runs
  * out. */
 int cwt_await_port(const char *portfile, pid_t pid);
+/* Whether something accepts connections on 127.0.0.1:port now. */
+bool cwt_port_accepts(int port);
 /* SIGTERM, then SIGKILL after 2 s; waits for pid. No-op for pid <= 0. */
 void cwt_stop_pid(pid_t pid);
 

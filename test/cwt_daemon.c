@@ -281,8 +281,8 @@ cwt_spawn(char *const argv[], const char *node_path)
 	return pid;
 }
 
-static bool
-port_open(int port)
+bool
+cwt_port_accepts(int port)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET,
 	    .sin_port = htons((uint16_t)port)};
@@ -307,7 +307,7 @@ cwt_await_port(const char *portfile, pid_t pid)
 				port = 0;
 			fclose(f);
 		}
-		if (port > 0 && port_open(port))
+		if (port > 0 && cwt_port_accepts(port))
 			return port;
 		if (waitpid(pid, NULL, WNOHANG) == pid)
 			return -1;

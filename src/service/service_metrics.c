@@ -25,9 +25,67 @@ family(cwi_strbuf *sb, const char *name, const char *type, const char *help)
 	    type);
 }
 
-/* A label value with \, " and newlines escaped, as the format wants. */
-static void
-label_value(cwi_strbuf *sb, const char *v)
+void
+cwi_metrics_family(cwi_strbuf *sb, const char *name, const char *type,
+    const char *help)
+{
+	family(sb, name, type, help);
+}
+
+/* ---- histograms ------------------------------------------------------------ */
+
+static const double hist_bounds[CWI_HIST_NBOUNDS] = {0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
+
+void
+cwi_histogram_observe(cwi_histogram *h, uint64_t ns)
+{
+	double s = (double)ns / 1e9;
+	size_t i = 0;
+
+	/* Counted in its own bucket only; the rendering sums them up. */
+	while (i < CWI_HIST_NBOUNDS && s > hist_bounds[i])
+		i++;
+	atomic_fetch_add_explicit(&h->le[i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+}
+
+bool
+cwi_histogram_any(const cwi_histogram *h)
+{
+	for (size_t i = 0; i <= CWI_HIST_NBOUNDS; i++)
+		if (atomic_load_explicit(&h->le[i], memory_order_relaxed) > 0)
+			return true;
+	return false;
+}
+
+void
+cwi_metrics_histogram(cwi_strbuf *sb, const char *name, const char *labels,
+    const cwi_histogram *h)
+{
+	const char *sep = labels[0] != '\0' ? "," : "";
+	uint64_t cum = 0;
+
+	for (size_t i = 0; i <= CWI_HIST_NBOUNDS; i++) {
+		cum += atomic_load_explicit(&h->le[i], memory_order_relaxed);
+		if (i < CWI_HIST_NBOUNDS)
+			cwi_strbuf_printf(sb, "%s_bucket{%s%sle=\"%g\"} %"
+			    PRIu64 "\n", name, labels, sep, hist_bounds[i], cum);
+		else
+			cwi_strbuf_printf(sb, "%s_bucket{%s%sle=\"+Inf\"} %"
+			    PRIu64 "\n", name, labels, sep, cum);
+	}
+	cwi_strbuf_printf(sb, "%s_sum%s%s%s %.9f\n", name,
+	    labels[0] != '\0' ? "{" : "", labels, labels[0] != '\0' ? "}" : "",
+	    (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) /
+		1e9);
+	cwi_strbuf_printf(sb, "%s_count%s%s%s %" PRIu64 "\n", name,
+	    labels[0] != '\0' ? "{" : "", labels, labels[0] != '\0' ? "}" : "",
+	    cum);
+}
+
+void
+cwi_metrics_label_value(cwi_strbuf *sb, const char *v)
 {
 	for (; *v != '\0'; v++) {
 		if (*v == '\\' || *v == '"')
@@ -47,7 +105,7 @@ job_series(cwi_strbuf *sb, const char *name, const cwi_job_status *j,
 	cwi_strbuf_printf(sb, "%s{job_id=\"%" PRIu64 "\"", name, j->job_id);
 	if (j->name != NULL) {
 		cwi_strbuf_puts(sb, ",job_name=\"");
-		label_value(sb, j->name);
+		cwi_metrics_label_value(sb, j->name);
 		cwi_strbuf_puts(sb, "\"");
 	}
 	cwi_strbuf_printf(sb, "%s} ", extra != NULL ? extra : "");
@@ -137,6 +195,7 @@ static double jv_want(const cwi_job_status *j) { return j->want; }
 static double jv_granted(const cwi_job_status *j) { return j->granted; }
 static double jv_batch(const cwi_job_status *j) { return (double)j->batch_time_ns / 1e9; }
 static double jv_wait(const cwi_job_status *j) { return j->client_wait; }
+static double jv_hits(const cwi_job_status *j) { return (double)j->cache_hit_bytes; }
 
 static void
 job_family(cwi_strbuf *sb, const cwi_msg_status_reply *st, const char *name,
@@ -187,6 +246,25 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	    "Workers a job's scaling policy asks for.", jv_want);
 	job_family(sb, st, "cachew_job_workers_granted", "gauge",
 	    "Workers fair share gives a job.", jv_granted);
+	job_family(sb, st, "cachew_job_cache_hit_bytes_total", "counter",
+	    "Bytes a job read from caches (what its cache_get operators "
+	    "produced).", jv_hits);
+	family(sb, "cachew_job_slowest_operator_ratio", "gauge",
+	    "A job's slowest operator (own work per thread) and that time's "
+	    "share of its operators' (0..1).");
+	for (size_t i = 0; i < st->njobs; i++) {
+		cwi_strbuf op;
+		if (st->jobs[i].slowest_op == NULL)
+			continue;
+		cwi_strbuf_init(&op);
+		cwi_strbuf_puts(&op, ",operator=\"");
+		cwi_metrics_label_value(&op, st->jobs[i].slowest_op);
+		cwi_strbuf_puts(&op, "\"");
+		job_series(sb, "cachew_job_slowest_operator_ratio",
+		    &st->jobs[i], op.oom ? "" : op.data);
+		cwi_strbuf_free(&op);
+		cwi_strbuf_printf(sb, "%.6g\n", st->jobs[i].slowest_op_share);
+	}
 	family(sb, "cachew_job_cache_mode", "gauge",
 	    "1 for a job's autocaching mode (profile, put, get, compute).");
 	for (size_t i = 0; i < st->njobs; i++) {

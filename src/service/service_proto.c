@@ -425,6 +425,9 @@ static const field f_job_status[] = {
     STR(cwi_job_status, cache_mode, 0, CWI_PROTO_MAX_POLICY),
     STR(cwi_job_status, cache_reason, 0, CWI_PROTO_MAX_REASON),
     F64(cwi_job_status, client_wait),
+    STR(cwi_job_status, slowest_op, 0, CWI_PROTO_MAX_NAME),
+    F64(cwi_job_status, slowest_op_share),
+    U64(cwi_job_status, cache_hit_bytes, 0),
 };
 static const schema s_job_status = SCHEMA("job_status", cwi_job_status,
     f_job_status);

@@ -554,6 +554,13 @@ typedef struct cwi_job_status {
 	/* Autocaching (absent when the dispatcher has no cache root). */
 	char *cache_mode;       /* "profile", "put", "get", "compute" */
 	char *cache_reason;     /* what the planner decided and why */
+	/* From its tasks' operator rows (those done included): the
+	 * operator whose own work per thread took longest, and that time's
+	 * share of the sum over its operators (0..1); NULL/0 before any
+	 * row. cache_hit_bytes: what its cache_get operators produced. */
+	char *slowest_op;
+	double slowest_op_share;
+	uint64_t cache_hit_bytes;
 } cwi_job_status;
 
 typedef struct cwi_task_status {

@@ -66,6 +66,9 @@ static const char usage_text[] =
     "  top [URL] [--interval MS]    a live view of a dispatcher: jobs (rate,\n"
     "                               workers wanted/granted, cache mode) and\n"
     "                               workers (CPU, tasks); q quits\n"
+    "  plot EVENTS.jsonl --out DIR  draw each job of a dispatcher's events\n"
+    "                               log: workers, throughput, client wait,\n"
+    "                               cache mode over time (gnuplot PNGs)\n"
     "  sim autoscale|multitenant|autocache [--json] [--plot DIR]\n"
     "                               simulate the policies in virtual time\n"
     "                               (cachew sim --help)\n"
@@ -318,6 +321,10 @@ typedef struct stats_row {
 
 typedef struct run_totals {
 	uint64_t elements, bytes;
+	/* Elements the whole run will yield (every epoch, up to --save-at)
+	 * when the cardinality is a count; -1 when it is infinite or
+	 * unknown (the progress line then shows the rate only). */
+	int64_t total;
 	bool digest_on;
 	uint64_t digest; /* sum of cachew_element_hash mod 2^64 */
 	uint64_t t0_ns, elapsed_ns;
@@ -343,14 +350,49 @@ progress_init(progress *p, bool on)
 	p->next_draw_ns = p->last_check_ns + PROGRESS_INTERVAL_NS;
 }
 
+/* "12.3 s", "4 min 05 s" or "1 h 02 min": an ETA readable at a glance. */
+static void
+format_eta(char *buf, size_t len, double s)
+{
+	uint64_t t = s > 0 ? (uint64_t)(s + 0.5) : 0;
+
+	if (s < 60)
+		snprintf(buf, len, "%.1f s", s > 0 ? s : 0.0);
+	else if (t < 3600)
+		snprintf(buf, len, "%" PRIu64 " min %02" PRIu64 " s", t / 60,
+		    t % 60);
+	else
+		snprintf(buf, len, "%" PRIu64 " h %02" PRIu64 " min", t / 3600,
+		    t / 60 % 60);
+}
+
+/* With a known total: "N / TOTAL elements  P%  ETA T", then the rate;
+ * without: the count and the rate. The ETA assumes the mean rate so far
+ * holds (none before the first element). */
 static void
 progress_draw(const run_totals *t, uint64_t now)
 {
 	double s = (double)(now - t->t0_ns) / 1e9;
+	double eps = s > 0 ? (double)t->elements / s : 0.0;
 
-	fprintf(stderr,
-	    "\r%" PRIu64 " elements  %.0f elements/s  %.1f MB/s  %.1f s\033[K",
-	    t->elements, s > 0 ? (double)t->elements / s : 0.0,
+	if (t->total >= 0) {
+		uint64_t total = (uint64_t)t->total;
+		double pct = total > 0 ? 100.0 * (double)t->elements /
+		    (double)total : 100.0;
+		char eta[32];
+
+		if (eps > 0 && total >= t->elements)
+			format_eta(eta, sizeof(eta),
+			    (double)(total - t->elements) / eps);
+		else
+			snprintf(eta, sizeof(eta), "?");
+		fprintf(stderr,
+		    "\r%" PRIu64 " / %" PRIu64 " elements  %.1f%%  ETA %s  ",
+		    t->elements, total, pct > 100.0 ? 100.0 : pct, eta);
+	} else {
+		fprintf(stderr, "\r%" PRIu64 " elements  ", t->elements);
+	}
+	fprintf(stderr, "%.0f elements/s  %.1f MB/s  %.1f s\033[K", eps,
 	    s > 0 ? (double)t->bytes / 1e6 / s : 0.0, s);
 	fflush(stderr);
 }
@@ -726,6 +768,24 @@ run_parse_args(int argc, char **argv, run_args *a)
 	return rc;
 }
 
+/* The elements the whole run yields when that is known beforehand: the
+ * cardinality times the epochs, cut at --save-at; -1 for an infinite or
+ * unknown cardinality, and after --resume (the position restored is not
+ * counted). */
+static int64_t
+run_total(const cachew_dataset *ds, const run_args *a)
+{
+	int64_t card = cachew_dataset_cardinality(ds), total;
+
+	if (card < 0 || a->resume != NULL)
+		return a->save_at >= 0 && card == CACHEW_CARDINALITY_INFINITE
+		    && a->resume == NULL ? a->save_at : -1;
+	if (card > 0 && a->epochs > INT64_MAX / card)
+		return -1;
+	total = card * a->epochs;
+	return a->save_at >= 0 && a->save_at < total ? a->save_at : total;
+}
+
 static int
 cmd_run(int argc, char **argv)
 {
@@ -754,6 +814,7 @@ cmd_run(int argc, char **argv)
 	(void)cachew_dataset_fingerprint(ds, &fp);
 	cachew_fingerprint_hex(&fp, hex);
 	t.digest_on = a.json && !a.no_digest;
+	t.total = run_total(ds, &a);
 	rc = run_epochs(ds, &a, &t);
 	if (rc != 0)
 		goto done;
@@ -1464,6 +1525,7 @@ static const command commands[] = {
     {"cache", cwi_cache_cli},
     {"status", cwi_status_cli},
     {"top", cwi_top_cli},
+    {"plot", cwi_plot_cli},
     {"sim", cwi_sim_cli},
     {"version", cmd_version},
     {"--version", cmd_version},
@@ -1488,6 +1550,7 @@ main(int argc, char **argv)
 	 * help. */
 	if (strcmp(argv[1], "cache") != 0 && strcmp(argv[1], "status") != 0 &&
 	    strcmp(argv[1], "top") != 0 && strcmp(argv[1], "sim") != 0 &&
+	    strcmp(argv[1], "plot") != 0 &&
 	    wants_help(argc, argv))
 		return cmd_help(argc, argv);
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {

@@ -276,8 +276,8 @@ cwi_sim_have_gnuplot(void)
 
 /* gnuplot's single-quoted strings end at a quote (doubled to escape it);
  * titles become plain text without quotes or control characters. */
-static void
-put_gp_str(FILE *f, const char *s)
+void
+cwi_sim_put_gp_str(FILE *f, const char *s)
 {
 	fputc('\'', f);
 	for (const char *p = s; *p; p++) {
@@ -327,13 +327,13 @@ write_plot_script(const char *path, const char *png, const char *data,
 		    path, strerror(errno));
 	fputs("set terminal pngcairo size 1000,520 noenhanced\n", f);
 	fputs("set output ", f);
-	put_gp_str(f, png);
+	cwi_sim_put_gp_str(f, png);
 	fputs("\nset title ", f);
-	put_gp_str(f, title);
+	cwi_sim_put_gp_str(f, title);
 	fputs("\nset xlabel ", f);
-	put_gp_str(f, xlabel);
+	cwi_sim_put_gp_str(f, xlabel);
 	fputs("\nset ylabel ", f);
-	put_gp_str(f, ylabel);
+	cwi_sim_put_gp_str(f, ylabel);
 	fputs("\nset grid\nset key outside right top\nset yrange [0:*]\n"
 	      "set offsets 0, 0, graph 0.05, 0\n"
 	      "plot ",
@@ -341,9 +341,9 @@ write_plot_script(const char *path, const char *png, const char *data,
 	for (size_t s = 0; s < nseries; s++) {
 		if (s > 0)
 			fputs(", \\\n     ", f);
-		put_gp_str(f, data);
+		cwi_sim_put_gp_str(f, data);
 		fprintf(f, " index %zu using 1:2 with steps lw 2 title ", s);
-		put_gp_str(f, series[s].title);
+		cwi_sim_put_gp_str(f, series[s].title);
 	}
 	fputs("\n", f);
 	if (fclose(f) != 0)
@@ -383,6 +383,17 @@ run_gnuplot(const char *gnuplot, const char *script, const char *png)
 		return cwi_fail(CACHEW_EIO, "sim plot: %s failed writing %s",
 		    gnuplot, png);
 	return CACHEW_OK;
+}
+
+cachew_err
+cwi_sim_gnuplot(const char *script, const char *png)
+{
+	char gnuplot[4096];
+
+	if (!find_gnuplot(gnuplot, sizeof(gnuplot)))
+		return cwi_fail(CACHEW_ENOENT, "gnuplot not found (CACHEW_GNUPLOT "
+		    "or the PATH; Debian: apt-get install gnuplot-nox)");
+	return run_gnuplot(gnuplot, script, png);
 }
 
 cachew_err

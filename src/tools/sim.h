@@ -71,6 +71,13 @@ cachew_err cwi_sim_plot(const char *png_path, const char *title,
     const char *xlabel, const char *ylabel, const cwi_sim_series *series,
     size_t nseries);
 
+/* Runs gnuplot on script, which writes png: ENOENT naming the package when
+ * gnuplot is not found, EIO when it fails (its stderr is ours). */
+cachew_err cwi_sim_gnuplot(const char *script, const char *png);
+/* Writes s as a gnuplot single-quoted string (quotes doubled, control
+ * characters dropped). */
+void cwi_sim_put_gp_str(FILE *f, const char *s);
+
 /* Whether cwi_sim_plot would run gnuplot (it is found). */
 bool cwi_sim_have_gnuplot(void);
 

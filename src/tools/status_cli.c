@@ -106,6 +106,11 @@ print_text(const cwi_msg_status_reply *s)
 		if (j->cache_mode != NULL)
 			printf("         cache %s; %s\n", j->cache_mode,
 			    j->cache_reason != NULL ? j->cache_reason : "");
+		if (j->slowest_op != NULL)
+			printf("         slowest operator %s (%.0f%% of the "
+			       "operators' time per thread); cache hits %"
+			       PRIu64 " bytes\n", j->slowest_op,
+			    j->slowest_op_share * 100, j->cache_hit_bytes);
 	}
 	printf("tasks (%zu)\n", s->ntasks);
 	for (size_t i = 0; i < s->ntasks; i++) {
@@ -202,7 +207,13 @@ print_json(const cwi_msg_status_reply *s)
 			printf(",\"cache\":");
 			json_str(j->cache_reason != NULL ? j->cache_reason : "");
 		}
-		printf("}");
+		if (j->slowest_op != NULL) {
+			printf(",\"slowest_op\":");
+			json_str(j->slowest_op);
+			printf(",\"slowest_op_share\":%.4f",
+			    j->slowest_op_share);
+		}
+		printf(",\"cache_hit_bytes\":%" PRIu64 "}", j->cache_hit_bytes);
 	}
 	printf("],\"tasks\":[");
 	for (size_t i = 0; i < s->ntasks; i++) {

@@ -22,6 +22,10 @@ int cwi_cache_cli(int argc, char **argv);
 int cwi_status_cli(int argc, char **argv);
 /* `cachew top [URL]` (argv[0] == "top"): the live view; the exit code. */
 int cwi_top_cli(int argc, char **argv);
+/* `cachew plot EVENTS.jsonl --out DIR` (argv[0] == "plot", plot_cli.c):
+ * each job of a dispatcher's events log as a PNG of its workers,
+ * throughput, client wait and cache mode over time; the exit code. */
+int cwi_plot_cli(int argc, char **argv);
 
 /* One element as `cachew head` prints it (head_print.c): a line
  * "index: value" in numpy's style, or with json one JSON object

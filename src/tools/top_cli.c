@@ -175,6 +175,9 @@ frame_jobs(top_frame *f, bool ansi, const cwi_msg_status_reply *s)
 		    j->splits_acked,
 		    j->splits_total,
 		    j->finished ? " finished" : j->data_done ? " done" : "");
+		if (j->slowest_op != NULL)
+			frame_line(f, ansi, "         slowest %s %.0f%%",
+			    j->slowest_op, j->slowest_op_share * 100);
 		if (j->scale_policy != NULL && j->reason != NULL &&
 		    j->reason[0] != '\0')
 			frame_line(f, ansi, "         %s: %s", j->scale_policy,

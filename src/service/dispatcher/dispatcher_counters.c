@@ -152,3 +152,55 @@ cwi_counters_job_ops(const job *j,
 	}
 	return rv;
 }
+
+/* An operator's own work per thread it ran on: what makes it the one the
+ * pipeline waits for (a map on 4 threads with 4 times the busy time of a
+ * one-thread batch is not slower than it). */
+static double
+op_time_per_thread(const cwi_op_counters *c)
+{
+	return (double)c->busy_ns / (double)(c->parallelism > 0 ?
+	    c->parallelism : 1);
+}
+
+/* A row named "<index>:cache_get" (a worker's rows carry the node's index
+ * before the operator's name). */
+static bool
+is_cache_get(const char *name)
+{
+	const char *op = strchr(name, ':');
+
+	return strcmp(op != NULL ? op + 1 : name, "cache_get") == 0;
+}
+
+cachew_err
+cwi_counters_job_summary(const job *j, char **slowest, double *share,
+    uint64_t *cache_hit_bytes)
+{
+	cwi_msg_client_heartbeat_reply rows;
+	const cwi_op_counters *max = NULL;
+	double sum = 0;
+	cachew_err rv;
+
+	*slowest = NULL;
+	*share = 0;
+	*cache_hit_bytes = 0;
+	memset(&rows, 0, sizeof(rows));
+	rv = cwi_counters_job_ops(j, &rows);
+	for (size_t i = 0; rv == CACHEW_OK && i < rows.nops; i++) {
+		const cwi_op_counters *c = &rows.ops[i];
+		sum += op_time_per_thread(c);
+		if (c->busy_ns > 0 && (max == NULL ||
+		    op_time_per_thread(c) > op_time_per_thread(max)))
+			max = c;
+		if (is_cache_get(c->name))
+			*cache_hit_bytes = sat_add(*cache_hit_bytes, c->bytes);
+	}
+	if (rv == CACHEW_OK && max != NULL) {
+		*share = sum > 0 ? op_time_per_thread(max) / sum : 0;
+		if ((*slowest = cwi_strdup(max->name)) == NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	ops_free(rows.ops, rows.nops);
+	return rv;
+}

@@ -338,6 +338,13 @@ struct cwi_dispatcher {
 	uint32_t pool_target;
 	uint32_t *pool_recent; /* the last pool_down_intervals raw targets */
 	uint32_t npool_recent;
+	uint64_t next_sample_ns; /* the next job_sample events */
+	/* Events are written but not flushed until it is cleared (the
+	 * samples of every job go out in one write, not one each). */
+	bool ev_hold;
+	/* scaling decisions so far (cwi_dispatcher_metrics); not saved */
+	cwi_scale_tally scale_tally[CWI_SCALE_TALLIES];
+	size_t nscale_tally;
 	/* autocaching */
 	cwi_job_pass *offered;  /* the next job created takes it */
 	cwi_pass_end *pass_ends; /* queued for take_pass_ends */
@@ -531,6 +538,11 @@ void cwi_sizing_job_view(const cwi_dispatcher *d, const job *j,
  * changed; *v is the view it was decided on. */
 uint32_t cwi_sizing_target(cwi_dispatcher *d, job *j, uint32_t avail,
     cwi_job_view *v);
+/* The mean share of time job j's clients spent waiting for data, over
+ * those that reported batches or waits (0..1). */
+double cwi_job_client_wait(const job *j);
+/* The interval of cwi_dispatcher_sample_jobs. */
+#define CWI_DISP_SAMPLE_NS 500000000ull
 /* Weighted fair share of the available workers over the autoscaled jobs
  * (no-op when autoscale is off); `tell`: a job granted less than it wants
  * tells its scaler (once per decision interval). */
@@ -612,5 +624,11 @@ void cwi_counters_received(job *j, client *c, uint64_t elements,
  * by operator. ENOMEM. */
 cachew_err cwi_counters_job_ops(const job *j,
     cwi_msg_client_heartbeat_reply *rep);
+/* From job j's operator counters (cwi_counters_job_ops): the operator
+ * whose own work per thread took longest (*slowest, heap, NULL before any
+ * busy row) with that time's share of the sum over its operators, and the
+ * bytes its cache_get operators produced. ENOMEM. */
+cachew_err cwi_counters_job_summary(const job *j, char **slowest,
+    double *share, uint64_t *cache_hit_bytes);
 
 #endif /* CWI_DISPATCHER_INT_H */

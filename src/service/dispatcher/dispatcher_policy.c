@@ -282,6 +282,37 @@ out:
 	free(weight);
 }
 
+/* Counts one decision of job j's policy (cwi_scale_tally): up or down
+ * from the count it wanted before, else a change of settled. */
+static void
+scale_tally(cwi_dispatcher *d, const job *j, uint32_t old_want,
+    const cwi_scale_decision *dec)
+{
+	const char *what = dec->workers > old_want   ? "up"
+			   : dec->workers < old_want ? "down"
+			   : dec->settled	     ? "settled"
+						     : "unsettled";
+	size_t kind = strcspn(j->sizing.scale_name, ":"), i;
+	char policy[16];
+
+	snprintf(policy, sizeof(policy), "%.*s", (int)kind,
+	    j->sizing.scale_name);
+	for (i = 0; i < d->nscale_tally; i++)
+		if (strcmp(d->scale_tally[i].policy, policy) == 0 &&
+		    strcmp(d->scale_tally[i].decision, what) == 0)
+			break;
+	if (i == d->nscale_tally) {
+		if (i == CWI_SCALE_TALLIES)
+			return; /* 3 policies x 4 outcomes fit */
+		snprintf(d->scale_tally[i].policy,
+		    sizeof(d->scale_tally[i].policy), "%s", policy);
+		snprintf(d->scale_tally[i].decision,
+		    sizeof(d->scale_tally[i].decision), "%s", what);
+		d->nscale_tally++;
+	}
+	d->scale_tally[i].n++;
+}
+
 /* Feeds job j's sample to its scaler; an event when the decision moved. */
 static void
 job_decide(cwi_dispatcher *d, job *j, uint64_t now)
@@ -295,6 +326,7 @@ job_decide(cwi_dispatcher *d, job *j, uint64_t now)
 	dec.reason[sizeof(dec.reason) - 1] = '\0';
 	if (dec.workers == j->sizing.want && dec.settled == j->sizing.settled)
 		return;
+	scale_tally(d, j, j->sizing.want, &dec);
 	j->sizing.want = dec.workers;
 	j->sizing.settled = dec.settled;
 	snprintf(j->sizing.reason, sizeof(j->sizing.reason), "%s", dec.reason);
@@ -504,4 +536,44 @@ cwi_sizing_init(cwi_dispatcher *d, job *j, const cwi_msg_job_get_or_create *r)
 	j->sizing.count_fn = NULL;
 	j->sizing.count_ctx = NULL;
 	return CACHEW_OK;
+}
+
+/* ---- samples for plots --------------------------------------------------- */
+
+void
+cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now)
+{
+	uint32_t avail;
+
+	d->now = now;
+	if (!cwi_disp_events_on(d) || now < d->next_sample_ns)
+		return;
+	d->next_sample_ns = now + CWI_DISP_SAMPLE_NS;
+	avail = cwi_disp_workers_available(d);
+	d->ev_hold = true;
+	for (size_t i = 0; i < d->jobs.n; i++) {
+		const job *j = JOB(d, i);
+		cwi_job_view v;
+
+		if (j->finished)
+			continue;
+		cwi_sizing_job_view(d, j, avail, &v);
+		cwi_disp_ev_begin(d, "job_sample");
+		cwi_disp_ev_u64(d, "job_id", j->id);
+		cwi_disp_ev_u64(d, "tasks", v.tasks);
+		if (j->sizing.scale_name[0] != '\0') {
+			cwi_disp_ev_u64(d, "want", j->sizing.want);
+			cwi_disp_ev_u64(d, "granted", j->sizing.granted);
+		}
+		cwi_disp_ev_u64(d, "elements", j->elements);
+		cwi_strbuf_printf(&d->ev, ",\"elements_per_s\":%.1f,"
+		    "\"client_wait\":%.4f", v.elements_per_s,
+		    cwi_job_client_wait(j));
+		if (j->pass.cache_mode[0] != '\0')
+			cwi_disp_ev_str(d, "cache_mode", j->pass.cache_mode);
+		cwi_disp_ev_end(d);
+	}
+	d->ev_hold = false;
+	if (d->cfg.event_file != NULL)
+		fflush(d->cfg.event_file);
 }

@@ -21,6 +21,7 @@
 #include "../service_user.h"
 
 #include "dispatcher_autocache.h"
+#include "dispatcher_metrics.h"
 #include "dispatcher_state.h"
 #include "../service_auth.h"
 #include "../service_metrics.h"
@@ -44,6 +45,9 @@ struct cwi_dispatcher_server {
 	cwi_dispatcher *state;
 	cwi_listener *listener;
 	cwi_http_listener *metrics; /* --metrics-listen; NULL: none */
+	/* Per request type: arrival to reply sent, the wait for the
+	 * journal's commit included (what the peer waits, less the link). */
+	cwi_histogram latency[CWI_MSG_NTYPES];
 	FILE *events;
 	bool events_owned;
 	pthread_mutex_t lock;
@@ -142,6 +146,8 @@ typedef struct pending_reply {
 	cwi_pmsg rep;
 	uint64_t lsn;
 	bool hook, created;
+	cwi_msg_type type; /* the request's, for its latency */
+	uint64_t t0;       /* when it arrived (cwi_now_ns) */
 } pending_reply;
 
 /* The journal cannot keep what the dispatcher does any more (a write or
@@ -232,12 +238,14 @@ journal_request(cwi_dispatcher_server *d, uint64_t now, const cwi_request *r,
 
 static void
 send_reply(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
-    bool hook, bool created)
+    bool hook, bool created, cwi_msg_type type, uint64_t t0)
 {
 	uint64_t job_id = created ? rep->u.job_get_or_create_reply.job_id : 0;
 
 	cwi_rpc_reply(r, rep);
 	cwi_pmsg_free(rep);
+	if (type > CWI_MSG_NONE && type < CWI_MSG_NTYPES)
+		cwi_histogram_observe(&d->latency[type], cwi_now_ns() - t0);
 	if (hook && d->job_hook != NULL)
 		d->job_hook(d->job_hook_arg, created, job_id);
 }
@@ -246,12 +254,12 @@ send_reply(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
  * else on the replier thread (a transport handler must not block). */
 static void
 reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
-    uint64_t lsn, bool hook, bool created)
+    uint64_t lsn, bool hook, bool created, cwi_msg_type type, uint64_t t0)
 {
 	pending_reply *p;
 
 	if (lsn == 0 || d->journal == NULL) {
-		send_reply(d, r, rep, hook, created);
+		send_reply(d, r, rep, hook, created, type, t0);
 		return;
 	}
 	pthread_mutex_lock(&d->reply_lock);
@@ -259,7 +267,7 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 		/* Stopping: the replier is gone or going. */
 		pthread_mutex_unlock(&d->reply_lock);
 		(void)cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX);
-		send_reply(d, r, rep, hook, created);
+		send_reply(d, r, rep, hook, created, type, t0);
 		return;
 	}
 	if (d->nreplies == d->capreplies) {
@@ -270,7 +278,7 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 			/* Out of memory: wait here rather than lose it. */
 			(void)cwi_journal_wait_durable(d->journal, lsn,
 			    UINT64_MAX);
-			send_reply(d, r, rep, hook, created);
+			send_reply(d, r, rep, hook, created, type, t0);
 			return;
 		}
 		d->replies = v;
@@ -282,6 +290,8 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 	p->lsn = lsn;
 	p->hook = hook;
 	p->created = created;
+	p->type = type;
+	p->t0 = t0;
 	pthread_cond_signal(&d->reply_cond);
 	pthread_mutex_unlock(&d->reply_lock);
 }
@@ -318,7 +328,7 @@ replier_main(void *arg)
 			journal_failed(d, "commit");
 		for (size_t i = 0; i < n; i++)
 			send_reply(d, v[i].r, &v[i].rep, v[i].hook,
-			    v[i].created);
+			    v[i].created, v[i].type, v[i].t0);
 		free(v);
 	}
 	return NULL;
@@ -1016,7 +1026,8 @@ on_request(void *arg, cwi_request *r)
 	cwi_dispatcher_server *d = arg;
 	cwi_pmsg req, rep;
 	bool created, finished;
-	uint64_t lsn = 0, now;
+	uint64_t lsn = 0, now, t0 = cwi_now_ns();
+	cwi_msg_type type;
 	sender who;
 	cachew_err rv;
 
@@ -1060,8 +1071,9 @@ on_request(void *arg, cwi_request *r)
 	created = rep.type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
 		  rep.u.job_get_or_create_reply.created;
 	finished = rep.type == CWI_MSG_OK && rep.u.ok.job_finished;
+	type = req.type;
 	cwi_pmsg_free(&req);
-	reply_after(d, r, &rep, lsn, created || finished, created);
+	reply_after(d, r, &rep, lsn, created || finished, created, type, t0);
 }
 
 /* ---- metrics and health (--metrics-listen) ---------------------------- */
@@ -1072,16 +1084,23 @@ metrics_render(void *arg, cwi_strbuf *sb)
 {
 	cwi_dispatcher_server *d = arg;
 	cwi_msg_status_reply st;
+	cwi_dispatcher_metrics m;
 	cachew_err rv;
 
 	pthread_mutex_lock(&d->lock);
 	rv = cwi_dispatcher_status(d->state, disp_now(d), &st);
+	if (rv == CACHEW_OK)
+		rv = cwi_dispatcher_metrics_get(d->state, &m);
+	else
+		memset(&m, 0, sizeof(m));
 	pthread_mutex_unlock(&d->lock);
 	if (rv == CACHEW_OK) {
 		status_provisioner(d, &st);
 		status_journal(d, &st);
 		cwi_metrics_dispatcher(sb, &st);
+		cwi_dispatcher_metrics_render(sb, &m, d->latency);
 	}
+	cwi_dispatcher_metrics_free(&m);
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
 	return rv;
 }
@@ -1150,6 +1169,7 @@ ticker_main(void *arg)
 		pthread_mutex_lock(&d->lock);
 		uint64_t now = disp_now(d), lsn;
 		cwi_dispatcher_tick(d->state, now);
+		cwi_dispatcher_sample_jobs(d->state, now);
 		journal_add(d, d->journal != NULL ? cwi_jrec_tick(&d->jrec, now)
 						  : CACHEW_OK,
 		    &lsn, true);

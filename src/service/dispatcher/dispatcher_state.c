@@ -305,7 +305,8 @@ cwi_disp_ev_end(cwi_dispatcher *d)
 	if (d->cfg.event_file != NULL) {
 		fwrite(d->ev.data, 1, d->ev.len, d->cfg.event_file);
 		fputc('\n', d->cfg.event_file);
-		fflush(d->cfg.event_file);
+		if (!d->ev_hold)
+			fflush(d->cfg.event_file);
 	}
 }
 

@@ -177,6 +177,36 @@ cachew_err cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
  * is ENOENT (the worker drops the counters). */
 cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_task_counters *req);
+/* Scaling decisions made since the process started, counted by the
+ * policy's kind ("model", "cachew", "fixed": its spelling before any ':')
+ * and what the decision did: "up", "down" (the count wanted moved),
+ * "settled" or "unsettled" (the count stayed, the policy's convergence
+ * changed). The reason text is not a label: it carries numbers. */
+#define CWI_SCALE_TALLIES 16
+typedef struct cwi_scale_tally {
+	char policy[16];
+	char decision[12];
+	uint64_t n;
+} cwi_scale_tally;
+
+/* What /metrics shows beyond the status reply: the scaling decisions and
+ * each job's operator rows (summed over its tasks, as its clients get
+ * them). Free with cwi_dispatcher_metrics_free. */
+typedef struct cwi_dispatcher_metrics {
+	cwi_scale_tally scale[CWI_SCALE_TALLIES];
+	size_t nscale;
+	struct cwi_job_ops {
+		uint64_t job_id;
+		cwi_op_counters *ops;
+		size_t nops;
+	} *jobs;
+	size_t njobs;
+} cwi_dispatcher_metrics;
+
+/* Fills *m (zeroed first); ENOMEM leaves what was filled to free. */
+cachew_err cwi_dispatcher_metrics_get(const cwi_dispatcher *d,
+    cwi_dispatcher_metrics *m);
+void cwi_dispatcher_metrics_free(cwi_dispatcher_metrics *m);
 /* A snapshot of everything, in id order. */
 cachew_err cwi_dispatcher_status(cwi_dispatcher *d, uint64_t now_ns,
     cwi_msg_status_reply *rep);
@@ -199,6 +229,12 @@ cachew_err cwi_dispatcher_handle(cwi_dispatcher *d, uint64_t now_ns,
  * released, tasks moved, jobs finished). Call it at least once per
  * heartbeat interval; extra calls are cheap. */
 void cwi_dispatcher_tick(cwi_dispatcher *d, uint64_t now_ns);
+/* At most every 0.5 s of now_ns, a job_sample event per running job (its
+ * tasks, wanted and granted workers, rate, client wait, cache mode), what
+ * `cachew plot` draws; no-op without an events log. Not a state change:
+ * nothing journals it and a replayed state need not repeat it, so the
+ * server's ticker calls it beside cwi_dispatcher_tick, not inside it. */
+void cwi_dispatcher_sample_jobs(cwi_dispatcher *d, uint64_t now_ns);
 
 /* Replaces a job's worker count decision (fn NULL: the default) and
  * applies it at once. CACHEW_ENOENT for an unknown or finished job. */

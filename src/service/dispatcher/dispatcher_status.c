@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- the status reply ---------------------------------------------------- */
 
@@ -64,8 +65,8 @@ status_job_decisions(const job *j, cwi_job_status *js)
 
 /* The mean share of time its clients spent waiting for data, over those
  * that reported batches or waits. */
-static double
-status_client_wait(const job *j)
+double
+cwi_job_client_wait(const job *j)
 {
 	double sum = 0;
 	size_t n = 0;
@@ -106,10 +107,13 @@ status_job(const cwi_dispatcher *d, const job *j, cwi_job_status *js)
 	for (size_t k = 0; k < j->tasks.n; k++)
 		js->bytes_per_s += OWN_TASK(j, k)->bytes_per_s;
 	js->batch_time_ns = v.batch_time_ns;
-	js->client_wait = status_client_wait(j);
+	js->client_wait = cwi_job_client_wait(j);
 	js->data_done = j->data_done;
 	js->finished = j->finished;
 	rv = status_job_decisions(j, js);
+	if (rv == CACHEW_OK)
+		rv = cwi_counters_job_summary(j, &js->slowest_op,
+		    &js->slowest_op_share, &js->cache_hit_bytes);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (j->name != NULL && (js->name = cwi_strdup(j->name)) == NULL)
@@ -211,4 +215,45 @@ cwi_dispatcher_task_ops(const cwi_dispatcher *d, uint64_t task_id,
 	*ops = t->ops;
 	*nops = t->nops;
 	return CACHEW_OK;
+}
+
+/* ---- what /metrics adds -------------------------------------------------- */
+
+cachew_err
+cwi_dispatcher_metrics_get(const cwi_dispatcher *d, cwi_dispatcher_metrics *m)
+{
+	memset(m, 0, sizeof(*m));
+	memcpy(m->scale, d->scale_tally, sizeof(m->scale));
+	m->nscale = d->nscale_tally;
+	if (d->jobs.n == 0)
+		return CACHEW_OK;
+	m->jobs = calloc(d->jobs.n, sizeof(*m->jobs));
+	if (m->jobs == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < d->jobs.n; i++) {
+		cwi_msg_client_heartbeat_reply rows;
+		cachew_err rv;
+
+		memset(&rows, 0, sizeof(rows));
+		rv = cwi_counters_job_ops(JOB(d, i), &rows);
+		m->jobs[m->njobs].job_id = JOB(d, i)->id;
+		m->jobs[m->njobs].ops = rows.ops;
+		m->jobs[m->njobs++].nops = rows.nops;
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	return CACHEW_OK;
+}
+
+void
+cwi_dispatcher_metrics_free(cwi_dispatcher_metrics *m)
+{
+	for (size_t i = 0; i < m->njobs; i++) {
+		for (size_t k = 0; k < m->jobs[i].nops; k++)
+			free(m->jobs[i].ops[k].name);
+		free(m->jobs[i].ops);
+	}
+	free(m->jobs);
+	m->jobs = NULL;
+	m->njobs = 0;
 }

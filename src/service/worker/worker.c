@@ -30,6 +30,7 @@ struct cwi_worker {
 	char url[CWI_CFG_STR_MAX];
 	cachew_options *opts;
 	cwi_wtask_env env;
+	cwi_histogram lease_latency; /* env.lease_latency */
 	char *token; /* --token-file's (env.token); NULL: none */
 
 	cwi_http_listener *metrics; /* --metrics-listen; NULL: none */
@@ -612,6 +613,11 @@ metrics_render(void *arg, cwi_strbuf *sb)
 	cwi_strbuf_puts(sb, "# HELP cachew_worker_tasks Tasks this worker "
 			    "runs.\n# TYPE cachew_worker_tasks gauge\n");
 	cwi_strbuf_printf(sb, "cachew_worker_tasks %zu\n", ntasks);
+	cwi_metrics_family(sb, "cachew_worker_lease_duration_seconds",
+	    "histogram", "Split lease calls to the dispatcher that got a "
+	    "reply: request to reply, retries included.");
+	cwi_metrics_histogram(sb, "cachew_worker_lease_duration_seconds", "",
+	    &w->lease_latency);
 	cwi_metrics_process(sb);
 	return CACHEW_OK;
 }
@@ -752,6 +758,7 @@ worker_start(cwi_worker **out, const cwi_service_config *cfg, bool inline_run)
 	/* inproc clients take element pointers: compressing saves nothing. */
 	w->env.inproc = strncmp(w->url, "inproc://", 9) == 0;
 	w->env.inline_run = inline_run && w->env.inproc;
+	w->env.lease_latency = &w->lease_latency;
 	if (pthread_create(&w->heartbeat, NULL, heartbeat_main, w) != 0) {
 		rv = cwi_fail(CACHEW_ENOMEM, "worker: cannot start a thread");
 		goto fail;

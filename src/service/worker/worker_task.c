@@ -1122,7 +1122,8 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	/* Each round of retries is bounded by the call timeout (a stop is
 	 * seen between rounds); an unreachable dispatcher (a restart) is
 	 * ridden out for absence_ms in all. */
-	uint64_t until = cwi_now_ns() + (uint64_t)t->env->absence_ms * 1000000u;
+	uint64_t t0 = cwi_now_ns();
+	uint64_t until = t0 + (uint64_t)t->env->absence_ms * 1000000u;
 	do {
 		rv = cwi_rpc_call_retry(t->env->dispatcher, &req,
 		    CWI_MSG_SPLIT_LEASE_REPLY, t->env->rpc_timeout_ms, &t->stop,
@@ -1130,6 +1131,9 @@ cwi_wtask_lease_splits(cwi_wtask *t, cwi_pmsg *rep)
 	} while ((rv == CACHEW_ETIMEDOUT || rv == CACHEW_EIO ||
 		     rv == CACHEW_ECLOSED) &&
 		 !atomic_load(&t->stop) && cwi_now_ns() < until);
+	if (rv == CACHEW_OK && t->env->lease_latency != NULL)
+		cwi_histogram_observe(t->env->lease_latency,
+		    cwi_now_ns() - t0);
 	cwi_pmsg_free(&req);
 	return rv;
 }

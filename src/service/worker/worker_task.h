@@ -38,6 +38,7 @@
 #ifndef CWI_WORKER_TASK_H
 #define CWI_WORKER_TASK_H
 
+#include "../service_metrics.h"
 #include "../service_rpc.h"
 #include "../../exec/exec_split.h"
 
@@ -67,6 +68,9 @@ typedef struct cwi_wtask_env {
 	 * thread, which inproc makes the client's own (an embedded worker's,
 	 * so that the embedded service costs what the plain executor does). */
 	bool inline_run;
+	/* Split lease calls that got a reply, retries included (its
+	 * /metrics); NULL: not measured. */
+	cwi_histogram *lease_latency;
 } cwi_wtask_env;
 
 /* Creates a task from its definition (graph decoded and planned) and
