@@ -936,6 +936,31 @@ CACHEW_API cachew_err cachew_dataset_zip(
 /* Yields a's elements, then b's (same components and dtypes). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_concatenate(
     cachew_dataset **out, cachew_dataset *a, cachew_dataset *b);
+/* Draws each element from one of the n inputs (1 to 64) at random, input
+ * i with probability weights[i] / sum(weights) (tf.data's
+ * sample_from_datasets: the data mixtures of pre-training). weights holds
+ * n finite values >= 0, not all 0, and is copied; NULL draws uniformly.
+ * seed -1 derives the draws from the pipeline seed; they change each
+ * epoch. An input that ends leaves the draw and the others go on, unless
+ * stop_on_empty_dataset is nonzero: then the first input found empty
+ * ends the dataset. The inputs' element specs must agree (CACHEW_ETYPE
+ * here otherwise); a weights array of another length or with a negative
+ * value is CACHEW_EINVAL. The inputs array stays the caller's.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_sample_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, const double *weights,
+    int64_t seed, int stop_on_empty_dataset);
+/* For each element of choice (scalar integers), yields the next element
+ * of inputs[that integer] (tf.data's choose_from_datasets): deterministic
+ * given the choice dataset. With stop_on_empty_dataset nonzero (tf.data's
+ * default) the first choice of an input that has ended ends the dataset;
+ * with 0 such choices are skipped. A choice outside [0, n) fails the
+ * iteration with CACHEW_EINVAL. n from 1 to 63; the inputs' element specs
+ * must agree and choice's must be a scalar integer (CACHEW_ETYPE here
+ * otherwise). The inputs array stays the caller's. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_choose_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, cachew_dataset *choice,
+    int stop_on_empty_dataset);
 /* Prepends an i64 counter component, counting from start. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_enumerate(
     cachew_dataset **out, cachew_dataset *in, int64_t start);

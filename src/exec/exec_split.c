@@ -42,6 +42,8 @@ static const struct {
     {"enumerate", "numbers the elements of the whole stream"},
     {"zip", "joins whole inputs element by element"},
     {"concatenate", "joins whole inputs one after the other"},
+    {"sample_from_datasets", "draws from whole inputs at random"},
+    {"choose_from_datasets", "draws from whole inputs by a choice dataset"},
     /* One writer per lease would each commit a cache of one lease under
      * the same fingerprint; a distributed write (cache_put with a
      * write_id, which the dispatcher sets) writes a part per lease and
