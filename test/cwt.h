@@ -49,6 +49,8 @@ Suite *cwt_stream_ops_suite(void); /* check_stream_ops.c: operators
                                    * over the whole stream (unique) */
 Suite *cwt_mixture_suite(void);   /* check_mixture.c: sample_ and
                                    * choose_from_datasets */
+Suite *cwt_usersrc_suite(void);   /* check_usersrc.c: sources defined
+                                   * by callbacks, from C and plugins */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may

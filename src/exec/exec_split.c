@@ -198,6 +198,8 @@ unit_kind(const cwi_node *source)
 		return "files";
 	if (strcmp(source->op->name, "cache_get") == 0)
 		return "chunks";
+	if (strcmp(source->op->name, "user_source") == 0)
+		return "splits";
 	return "elements";
 }
 
