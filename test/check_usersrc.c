@@ -404,8 +404,7 @@ END_TEST
 
 /* Real worker processes that load the plugin run its source: two workers
  * share its splits in distributed_epoch (each element once, the
- * in-process multiset); a worker without the plugin is never given the
- * job. */
+ * in-process multiset), the elements named as the source declared. */
 START_TEST(cluster_workers_run_plugin_sources)
 {
 	const char *p = "squares(count=2000, splits=16) | map(add, value=1)";
