@@ -414,7 +414,7 @@ START_TEST(cluster_workers_run_plugin_sources)
 	load_plugin(so, sizeof(so));
 	cwt_cluster_start(&c, 0);
 	for (int i = 0; i < 2; i++) {
-		char name[16];
+		char name[32];
 		snprintf(name, sizeof(name), "worker%d", i);
 		cwt_daemon_start(&c.workers[i], c.dir, name, "--role=worker",
 		    "--dispatcher", c.dispatcher.url, "--listen",

@@ -506,8 +506,10 @@ const cwi_dataset_op cwi_op_sample_from_datasets = {
 	"a weight above 0 is left (tf.data would keep drawing an input of "
 	"weight 0 forever). Unlike tf.data's default, the draws change each "
 	"epoch (rerandomize_each_iteration=true, as shuffle reshuffles); "
-	"false repeats them. Through the service the mixture and its inputs "
-	"run as one unit on one worker (docs/cachewd.md).",
+	"false repeats them. tf.data's weights given as a dataset (weights "
+	"that change per element) are not taken: weights are a list. Through "
+	"the service the mixture and its inputs run as one unit on one "
+	"worker, as zip does.",
 };
 
 const cwi_dataset_op cwi_op_choose_from_datasets = {
