@@ -10,34 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The strings of component 0 of a run, comma-joined; free with free(). */
-static char *
-str_seq(const char *pipeline, const cachew_options *opts)
-{
-	cachew_element **v = NULL;
-	size_t n = 0, len = 0;
-	char errmsg[512] = "";
-	char *s = calloc(1, 4096);
-	cachew_err rv = cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg));
-
-	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, errmsg);
-	ck_assert_ptr_nonnull(s);
-	for (size_t i = 0; i < n; i++) {
-		const void *data;
-		size_t dlen;
-		ck_assert_int_eq(cachew_tensor_bytes_at(
-		    cachew_element_component(v[i], 0), 0, &data, &dlen),
-		    CACHEW_OK);
-		ck_assert_uint_lt(len + dlen + 2, 4096);
-		if (i > 0)
-			s[len++] = ',';
-		memcpy(s + len, data, dlen);
-		len += dlen;
-	}
-	cwt_free(v, n);
-	return s;
-}
-
 /* The i64 values of a run (component 0), *n of them; free with free(). */
 static int64_t *
 i64_run(const char *pipeline, const cachew_options *opts, size_t *n)
@@ -324,48 +296,19 @@ START_TEST(sample_refuses_what_it_cannot_take)
 END_TEST
 
 /* Saves after every count of elements and checks that the restored
- * iterator yields the rest. */
+ * iterator yields the rest of the run at that seed. */
 static void
 resumes_at_every_cut(const char *pipeline, int64_t seed)
 {
-	cachew_dataset *ds = cwt_parse(pipeline);
 	cachew_options *o = cwt_opts(seed, 1);
 	char *want = cwt_seq(pipeline, o);
-	size_t total = 1;
+	int total = 1;
 
 	for (const char *c = want; *c != '\0'; c++)
 		total += *c == ',';
-	for (size_t cut = 0; cut <= total; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[64];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_uint_le(total, 64);
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
-		for (size_t i = 0; i < cut && i < total; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, o, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %zu: %s, want %s",
-		    pipeline, cut, s, want);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
+	cwt_resumes_at_every_cut(pipeline, o, want, total);
 	free(want);
 	cachew_options_destroy(o);
-	cachew_dataset_release(ds);
 }
 
 START_TEST(mixtures_resume)
@@ -395,7 +338,7 @@ START_TEST(choose_as_in_tf_data_docs)
 
 	for (size_t s = 0; s < sizeof(services) / sizeof(services[0]); s++) {
 		cachew_options *o = cwt_opts_at(1, 0, services[s]);
-		char *got = str_seq(p, o);
+		char *got = cwt_str_seq(p, o);
 		ck_assert_msg(strcmp(got, "foo,bar,baz,foo,bar,baz,foo,bar,baz")
 			== 0, "%s on %s: %s", p,
 		    services[s] != NULL ? services[s] : "default", got);

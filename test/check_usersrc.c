@@ -306,40 +306,11 @@ END_TEST
 
 START_TEST(c_source_resumes_at_every_position)
 {
-	const char *p = "tally(n=3, splits=3)";
-	cachew_dataset *ds;
-
 	register_tally();
-	ds = cwt_parse(p);
-	for (int cut = 0; cut <= 9; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[16];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-		    CACHEW_OK);
-		for (int i = 0; i < cut; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 16 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, "0,1,2,100,101,102,200,201,202") == 0,
-		    "cut at %d: %s", cut, s);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
-	cachew_dataset_release(ds);
+	cwt_resumes_at_every_cut("tally(n=3, splits=3)", NULL,
+	    "0,1,2,100,101,102,200,201,202", 9);
+	cwt_resumes_at_every_cut("tally(n=2, splits=3) | batch(4)", NULL,
+	    "[0 1 100 101],[200 201]", 2);
 }
 END_TEST
 

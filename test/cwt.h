@@ -102,6 +102,15 @@ char *cwt_seq(const char *pipeline, const cachew_options *opts);
 void cwt_seq_is(const char *pipeline, const cachew_options *opts,
     const char *want);
 
+/* The bytes of component 0 (a bytes scalar) of every element of a run,
+ * comma-joined; fails the test when the run fails. Free with free(). */
+char *cwt_str_seq(const char *pipeline, const cachew_options *opts);
+/* Saves an iterator of pipeline (opts may be NULL) after every count of
+ * elements up to total (at most 64), restores it and checks that the run
+ * reads `want` (cwt_join_i64 of component 0) every time. */
+void cwt_resumes_at_every_cut(const char *pipeline,
+    const cachew_options *opts, const char *want, int total);
+
 /* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
  * after use. */
 cachew_options *cwt_opts_at(int64_t seed, int64_t epoch, const char *service);

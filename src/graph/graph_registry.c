@@ -138,6 +138,24 @@ fn_find_locked(const char *name)
 	return NULL;
 }
 
+/* Room for one more function entry; false on ENOMEM. reg_lock held. */
+static bool
+fns_reserve_locked(void)
+{
+	size_t ncap;
+	cwi_fn **p;
+
+	if (nfns < capfns)
+		return true;
+	ncap = capfns != 0 ? capfns * 2 : 32;
+	p = realloc(fns, ncap * sizeof(*p));
+	if (p == NULL)
+		return false;
+	fns = p;
+	capfns = ncap;
+	return true;
+}
+
 static cachew_err
 fn_add_locked(const cachew_op_def *def, bool builtin)
 {
@@ -176,14 +194,8 @@ fn_add_locked(const cachew_op_def *def, bool builtin)
 		return cwi_fail(CACHEW_EINVAL, "operator '%s' has an invalid kind",
 		    def->name);
 	}
-	if (nfns == capfns) {
-		size_t ncap = capfns != 0 ? capfns * 2 : 32;
-		cwi_fn **p = realloc(fns, ncap * sizeof(*p));
-		if (p == NULL)
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		fns = p;
-		capfns = ncap;
-	}
+	if (!fns_reserve_locked())
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	fn = calloc(1, sizeof(*fn));
 	if (fn == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -354,14 +366,8 @@ source_add_locked(const cachew_source_def *def)
 	if (def->open == NULL || def->next == NULL)
 		return cwi_fail(CACHEW_EINVAL, "source '%s' lacks its %s "
 		    "callback", def->name, def->open == NULL ? "open" : "next");
-	if (nfns == capfns) {
-		size_t ncap = capfns != 0 ? capfns * 2 : 32;
-		cwi_fn **p = realloc(fns, ncap * sizeof(*p));
-		if (p == NULL)
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		fns = p;
-		capfns = ncap;
-	}
+	if (!fns_reserve_locked())
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	fn = calloc(1, sizeof(*fn));
 	if (fn == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
