@@ -373,9 +373,28 @@ START_TEST(plugin_source_runs_in_process_and_embedded)
 }
 END_TEST
 
+/* Waits (bounded) until worker i's log shows `event`; whether it did. */
+static bool
+worker_logged(const cwt_cluster *c, int i, const char *event, int ms)
+{
+	uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(ms);
+	bool seen = false;
+
+	while (!seen) {
+		char *log = cwt_slurp(c->workers[i].log);
+		seen = log != NULL && strstr(log, event) != NULL;
+		free(log);
+		if (seen || cwt_now_ms() >= end)
+			break;
+		cwt_nap_ms(10);
+	}
+	return seen;
+}
+
 /* Real worker processes that load the plugin run its source: two workers
  * share its splits in distributed_epoch (each element once, the
- * in-process multiset), the elements named as the source declared. */
+ * in-process multiset, both workers run tasks), the elements named as the
+ * source declared; a third worker, without the plugin, gets no task. */
 START_TEST(cluster_workers_run_plugin_sources)
 {
 	const char *p = "squares(count=2000, splits=16) | map(add, value=1)";
@@ -392,7 +411,11 @@ START_TEST(cluster_workers_run_plugin_sources)
 		    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--threads",
 		    "1", "--plugin", so, (char *)NULL);
 	}
-	c.nworkers = 2;
+	cwt_cluster_worker_start(&c, 2); /* no plugin */
+	c.nworkers = 3;
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(worker_logged(&c, i, "event=registered", 10000),
+		    "worker %d never registered", i);
 	cachew_options *o = cwt_opts_at(3, 0, c.dispatcher.url);
 	ck_assert_int_eq(cachew_options_set_str(o, "processing_mode",
 	    "distributed_epoch"), CACHEW_OK);
@@ -408,6 +431,10 @@ START_TEST(cluster_workers_run_plugin_sources)
 	ck_assert_int_eq(sn, 44850);
 	ck_assert_int_eq(ssq, 8955050);
 	cachew_options_destroy(o);
+	ck_assert(worker_logged(&c, 0, "event=task_started", 100));
+	ck_assert(worker_logged(&c, 1, "event=task_started", 100));
+	ck_assert_msg(!worker_logged(&c, 2, "event=task_started", 0),
+	    "the worker without the plugin ran a task");
 	cwt_cluster_stop(&c);
 }
 END_TEST
