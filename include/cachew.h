@@ -689,8 +689,99 @@ typedef struct cachew_op_def {
  * earlier keep the definitions they resolved. Since 0.1. */
 CACHEW_API cachew_err cachew_op_register(const cachew_op_def *def);
 
+/* ------------------------------------------------------------------------ */
+/* User sources: datasets made by callbacks (tf.data's from_generator)      */
+/* ------------------------------------------------------------------------ */
+
+/* The layout version of cachew_source_def this header declares, under the
+ * rules of CACHEW_OP_DEF_VERSION (the first field states it; versions only
+ * grow, fields are only appended).
+ *   1  version, name, doc, flags, element_spec, init, fini, splits, open,
+ *      next, close
+ * Since 0.2. */
+#define CACHEW_SOURCE_DEF_VERSION 1
+
+/* A source defined by callbacks, registered by name with
+ * cachew_source_register(): a pipeline names it as an operator with its
+ * parameters, `my_source(n=10, path="...")` (or, in the canonical form,
+ * `user_source(fn=my_source, n=10, ...)`), which go to init as they go to
+ * a function's init.
+ *
+ * Its output is a sequence of splits, 0 .. nsplits-1 in order, each opened
+ * on its own: open(ctx, split) starts split `split`, next yields its
+ * elements one by one (CACHEW_EOF at its end), close ends it. With a
+ * splits callback the service hands splits to several workers
+ * (distributed_epoch: each split to one worker, each element once), so a
+ * split must yield the same elements whichever process opens it; without
+ * one the source is one split, run whole by one worker. In-process, every
+ * split is read in order. A saved iterator position (cachew_iterator_save)
+ * is the split and the count of its elements read: restoring opens the
+ * split again and reads past that many.
+ *
+ * element_spec declares what every element holds, in the text that
+ * cachew_dataset_spec_str() prints: "i64[]", "(i64[], bytes[])",
+ * "{id: i64[], text: bytes[]}" (named components), with -1 for a
+ * dimension that varies; NULL or "?" leaves it unknown (checks downstream
+ * are then skipped, as after a user map function). An element that does
+ * not match the declared spec (component count, dtype, rank or a declared
+ * dimension) fails the iteration with CACHEW_ETYPE naming the source, the
+ * split and the element: a spec is a promise the library checks.
+ *
+ * Lifetimes and threads: as cachew_op_def. name, doc and element_spec are
+ * copied when registering; the functions, and the code behind them, must
+ * stay valid for the life of the process. init runs on the thread that
+ * builds a dataset naming the source (its state is shared read-only by
+ * every iterator of that dataset, fini frees it with the dataset's last
+ * reference); splits runs when a pipeline is built or planned, from any
+ * thread; open may run on several threads at once (several iterators,
+ * several leases on a worker), each sequence's next and close on one
+ * thread at a time. ctx (cachew_op_ctx_seed, _random, _fail) is valid
+ * only during the call it is passed to. */
+typedef struct cachew_source_def {
+	/* CACHEW_SOURCE_DEF_VERSION of the header the definition was written
+	 * against. 0 (unset) is refused. */
+	unsigned version;
+	const char *name;         /* [a-z_][a-z0-9_]*, at most 63 characters;
+				   * not a built-in operator's name */
+	const char *doc;          /* optional: one line for `cachew ops` */
+	unsigned flags;           /* CACHEW_OP_RANDOM when it uses ctx's
+				   * randomness */
+	const char *element_spec; /* optional: see above */
+	/* Optional: validates params (reject unknown keys) and builds the
+	 * state shared by its sequences; a reason into err on failure. */
+	cachew_err (*init)(const cachew_params *params, void **state,
+	    char *err, size_t errlen);
+	void (*fini)(void *state);
+	/* Optional: the number of splits (>= 0) into *nsplits; NULL: one.
+	 * A reason into err on failure. */
+	cachew_err (*splits)(void *state, uint64_t *nsplits, char *err,
+	    size_t errlen);
+	/* Required: opens split `split` (< nsplits) into *seq.
+	 * cachew_op_ctx_state(ctx) is init's state. */
+	cachew_err (*open)(cachew_op_ctx *ctx, uint64_t split, void **seq);
+	/* Required: the next element into *out (the caller owns it), or
+	 * CACHEW_EOF at the end of the split, or an error (with
+	 * cachew_op_ctx_fail for its reason). */
+	cachew_err (*next)(cachew_op_ctx *ctx, void *seq, cachew_element **out);
+	/* Optional: ends a sequence open returned (after its EOF, or
+	 * earlier when the iterator is destroyed). */
+	void (*close)(void *seq);
+} cachew_source_def;
+
+/* Registers a user source under def->name; the definition is copied (def
+ * is only read during the call). From a plugin's init, the source carries
+ * the plugin's identity as its functions do: workers that load the same
+ * plugin build run it, and its fingerprint names that build. CACHEW_EEXIST
+ * when the name is taken by a function, a source or a built-in operator;
+ * CACHEW_EINVAL for a malformed definition (a bad name, no open or next,
+ * an element_spec that does not parse: cachew_errmsg() names the column)
+ * or version 0; CACHEW_ENOTSUP for a version newer than
+ * CACHEW_SOURCE_DEF_VERSION. Thread safe. Since 0.2. */
+CACHEW_API cachew_err cachew_source_register(const cachew_source_def *def);
+
 /* The symbol a plugin exports, and its signature. The plugin registers its
- * operators with cachew_op_register() and returns CACHEW_OK, or an error
+ * operators with cachew_op_register() (and its sources with
+ * cachew_source_register()) and returns CACHEW_OK, or an error
  * (CACHEW_ENOTSUP for a library it was not built for) to fail the load.
  * abi is CACHEW_VERSION_NUMBER of the loading library. It runs once per
  * plugin file, on the loading thread, with the load serialised against
@@ -989,6 +1080,31 @@ CACHEW_API cachew_err cachew_dataset_zip(
 /* Yields a's elements, then b's (same components and dtypes). Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_concatenate(
     cachew_dataset **out, cachew_dataset *a, cachew_dataset *b);
+/* Draws each element from one of the n inputs (1 to 64) at random, input
+ * i with probability weights[i] / sum(weights) (tf.data's
+ * sample_from_datasets: the data mixtures of pre-training). weights holds
+ * n finite values >= 0, not all 0, and is copied; NULL draws uniformly.
+ * seed -1 derives the draws from the pipeline seed; they change each
+ * epoch. An input that ends leaves the draw and the others go on, unless
+ * stop_on_empty_dataset is nonzero: then the first input found empty
+ * ends the dataset. The inputs' element specs must agree (CACHEW_ETYPE
+ * here otherwise); a weights array of another length or with a negative
+ * value is CACHEW_EINVAL. The inputs array stays the caller's.
+ * Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_sample_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, const double *weights,
+    int64_t seed, int stop_on_empty_dataset);
+/* For each element of choice (scalar integers), yields the next element
+ * of inputs[that integer] (tf.data's choose_from_datasets): deterministic
+ * given the choice dataset. With stop_on_empty_dataset nonzero (tf.data's
+ * default) the first choice of an input that has ended ends the dataset;
+ * with 0 such choices are skipped. A choice outside [0, n) fails the
+ * iteration with CACHEW_EINVAL. n from 1 to 63; the inputs' element specs
+ * must agree and choice's must be a scalar integer (CACHEW_ETYPE here
+ * otherwise). The inputs array stays the caller's. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_choose_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, cachew_dataset *choice,
+    int stop_on_empty_dataset);
 /* Prepends an i64 counter component, counting from start. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_enumerate(
     cachew_dataset **out, cachew_dataset *in, int64_t start);

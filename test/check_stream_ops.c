@@ -14,78 +14,11 @@
 
 static const char *const services[] = {NULL, "embedded"};
 
-/* The strings of component 0 of a run, comma-joined; free with free(). */
-static char *
-str_seq(const char *pipeline, const cachew_options *opts)
-{
-	cachew_element **v = NULL;
-	size_t n = 0, len = 0;
-	char errmsg[512] = "";
-	char *s = calloc(1, 4096);
-	cachew_err rv = cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg));
-
-	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, errmsg);
-	ck_assert_ptr_nonnull(s);
-	for (size_t i = 0; i < n; i++) {
-		const void *data;
-		size_t dlen;
-		ck_assert_int_eq(cachew_tensor_bytes_at(
-		    cachew_element_component(v[i], 0), 0, &data, &dlen),
-		    CACHEW_OK);
-		ck_assert_uint_lt(len + dlen + 2, 4096);
-		if (i > 0)
-			s[len++] = ',';
-		memcpy(s + len, data, dlen);
-		len += dlen;
-	}
-	cwt_free(v, n);
-	return s;
-}
-
 static void
 spec_card_is(const char *pipeline, const char *want, int64_t card)
 {
 	cwt_spec_is(pipeline, want);
 	ck_assert_int_eq(cwt_card(pipeline), card);
-}
-
-/* Saves after every count of elements `cut` and checks that the restored
- * iterator yields the rest: the whole run is `want` (cwt_join_i64). */
-static void
-resumes_at_every_cut(const char *pipeline, const char *want, int total)
-{
-	cachew_dataset *ds = cwt_parse(pipeline);
-
-	for (int cut = 0; cut <= total; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[64];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_int_le(total, 64);
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-		    CACHEW_OK);
-		for (int i = 0; i < cut; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
-		    pipeline, cut, s, want);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
-	cachew_dataset_release(ds);
 }
 
 /* ---- unique ------------------------------------------------------------- */
@@ -100,7 +33,7 @@ START_TEST(unique_as_in_tf_data_docs)
 
 		cwt_seq_is("from_list([1, 37, 2, 37, 2, 1]) | unique", o,
 		    "1,37,2");
-		s = str_seq("from_list([\"a\", \"b\", \"a\", \"\", \"c\", "
+		s = cwt_str_seq("from_list([\"a\", \"b\", \"a\", \"\", \"c\", "
 			    "\"b\", \"\", \"ab\"]) | unique", o);
 		ck_assert_str_eq(s, "a,b,,c,ab");
 		free(s);
@@ -182,10 +115,10 @@ END_TEST
 
 START_TEST(unique_resumes)
 {
-	resumes_at_every_cut("from_list([4, 4, 1, 4, 2, 1, 3, 3]) | unique",
-	    "4,1,2,3", 4);
-	resumes_at_every_cut("range(6) | repeat(3) | unique | batch(4)",
-	    "[0 1 2 3],[4 5]", 2);
+	cwt_resumes_at_every_cut("from_list([4, 4, 1, 4, 2, 1, 3, 3]) | "
+	    "unique", NULL, "4,1,2,3", 4);
+	cwt_resumes_at_every_cut("range(6) | repeat(3) | unique | batch(4)",
+	    NULL, "[0 1 2 3],[4 5]", 2);
 }
 END_TEST
 
@@ -359,9 +292,11 @@ END_TEST
 
 START_TEST(scan_reduce_resume)
 {
-	resumes_at_every_cut("range(8) | scan(sum)", "0,1,3,6,10,15,21,28", 8);
-	resumes_at_every_cut("from_list([5, 2, 7]) | scan(min)", "5,2,2", 3);
-	resumes_at_every_cut("range(5) | reduce(sum) | repeat(3)",
+	cwt_resumes_at_every_cut("range(8) | scan(sum)", NULL,
+	    "0,1,3,6,10,15,21,28", 8);
+	cwt_resumes_at_every_cut("from_list([5, 2, 7]) | scan(min)", NULL,
+	    "5,2,2", 3);
+	cwt_resumes_at_every_cut("range(5) | reduce(sum) | repeat(3)", NULL,
 	    "10,10,10", 3);
 }
 END_TEST
@@ -449,10 +384,10 @@ END_TEST
 
 START_TEST(window_resumes)
 {
-	resumes_at_every_cut("range(7) | window(3, shift=1)",
+	cwt_resumes_at_every_cut("range(7) | window(3, shift=1)", NULL,
 	    "[0 1 2],[1 2 3],[2 3 4],[3 4 5],[4 5 6],[5 6],[6]", 7);
-	resumes_at_every_cut("range(12) | window(2, shift=5, stride=2)",
-	    "[0 2],[5 7],[10]", 3);
+	cwt_resumes_at_every_cut("range(12) | window(2, shift=5, stride=2)",
+	    NULL, "[0 2],[5 7],[10]", 3);
 }
 END_TEST
 

@@ -50,6 +50,10 @@ Suite *cwt_stream_ops_suite(void); /* check_stream_ops.c: operators
                                    * scan, window, group_by_window,
                                    * bucket_by_sequence_length,
                                    * ragged_batch) */
+Suite *cwt_mixture_suite(void);   /* check_mixture.c: sample_ and
+                                   * choose_from_datasets */
+Suite *cwt_usersrc_suite(void);   /* check_usersrc.c: sources defined
+                                   * by callbacks, from C and plugins */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may
@@ -100,6 +104,15 @@ char *cwt_seq(const char *pipeline, const cachew_options *opts);
  * pipeline and what it yielded. */
 void cwt_seq_is(const char *pipeline, const cachew_options *opts,
     const char *want);
+
+/* The bytes of component 0 (a bytes scalar) of every element of a run,
+ * comma-joined; fails the test when the run fails. Free with free(). */
+char *cwt_str_seq(const char *pipeline, const cachew_options *opts);
+/* Saves an iterator of pipeline (opts may be NULL) after every count of
+ * elements up to total (at most 64), restores it and checks that the run
+ * reads `want` (cwt_join_i64 of component 0) every time. */
+void cwt_resumes_at_every_cut(const char *pipeline,
+    const cachew_options *opts, const char *want, int total);
 
 /* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
  * after use. */

@@ -458,3 +458,71 @@ cwt_tls_file(const char *name)
 	snprintf(p, sizeof(paths[0]), "%s/%s", tls_fixture_dir, name);
 	return p;
 }
+
+/* The strings of component 0 of a run, comma-joined; free with free(). */
+char *
+cwt_str_seq(const char *pipeline, const cachew_options *opts)
+{
+	cachew_element **v = NULL;
+	size_t n = 0, len = 0;
+	char errmsg[512] = "";
+	char *s = calloc(1, 4096);
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg));
+
+	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, errmsg);
+	ck_assert_ptr_nonnull(s);
+	for (size_t i = 0; i < n; i++) {
+		const void *data;
+		size_t dlen;
+		ck_assert_int_eq(cachew_tensor_bytes_at(
+		    cachew_element_component(v[i], 0), 0, &data, &dlen),
+		    CACHEW_OK);
+		ck_assert_uint_lt(len + dlen + 2, 4096);
+		if (i > 0)
+			s[len++] = ',';
+		memcpy(s + len, data, dlen);
+		len += dlen;
+	}
+	cwt_free(v, n);
+	return s;
+}
+
+/* Saves after every count of elements `cut` and checks that the restored
+ * iterator yields the rest: the whole run is `want` (cwt_join_i64). */
+void
+cwt_resumes_at_every_cut(const char *pipeline, const cachew_options *opts,
+    const char *want, int total)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+
+	for (int cut = 0; cut <= total; cut++) {
+		cachew_iterator *it, *back;
+		cachew_element *v[64];
+		void *state;
+		size_t len, n = 0;
+		char *s;
+
+		ck_assert_int_le(total, 64);
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, opts),
+		    CACHEW_OK);
+		for (int i = 0; i < cut; i++)
+			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
+			    CACHEW_OK);
+		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+		    CACHEW_OK);
+		cachew_iterator_destroy(it);
+		ck_assert_int_eq(cachew_iterator_restore(&back, ds, opts, state,
+		    len), CACHEW_OK);
+		cachew_free(state);
+		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
+			n++;
+		s = cwt_join_i64(v, n, 0);
+		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
+		    pipeline, cut, s, want);
+		free(s);
+		for (size_t i = 0; i < n; i++)
+			cachew_element_release(v[i]);
+		cachew_iterator_destroy(back);
+	}
+	cachew_dataset_release(ds);
+}

@@ -46,6 +46,8 @@ static const struct {
     {"enumerate", "numbers the elements of the whole stream"},
     {"zip", "joins whole inputs element by element"},
     {"concatenate", "joins whole inputs one after the other"},
+    {"sample_from_datasets", "draws from whole inputs at random"},
+    {"choose_from_datasets", "draws from whole inputs by a choice dataset"},
     /* One writer per lease would each commit a cache of one lease under
      * the same fingerprint; a distributed write (cache_put with a
      * write_id, which the dispatcher sets) writes a part per lease and
@@ -200,6 +202,8 @@ unit_kind(const cwi_node *source)
 		return "files";
 	if (strcmp(source->op->name, "cache_get") == 0)
 		return "chunks";
+	if (strcmp(source->op->name, "user_source") == 0)
+		return "splits";
 	return "elements";
 }
 

@@ -66,6 +66,14 @@ cwi_names *cwi_spec_names(const cwi_spec *s);
 const char *cwi_comp_spec_label(const cwi_spec *s, uint32_t i, char *buf,
     size_t len);
 
+/* Parses a spec's text, as cwi_spec_print writes it ("i64[]", "(i64[],
+ * bytes[-1])", "{image: u8[-1,-1,3], label: i64[]}", "?" for unknown;
+ * '?' also stands for an unknown dimension, "[?]" for an unknown rank).
+ * NULL text is unknown. CACHEW_EINVAL with a reason naming the column in
+ * err; out is then empty. */
+cachew_err cwi_spec_parse(const char *text, cwi_spec *out, char *err,
+    size_t errlen);
+
 /* Cardinality: a count, CACHEW_CARDINALITY_INFINITE or _UNKNOWN. */
 int64_t cwi_card_add(int64_t a, int64_t b);
 int64_t cwi_card_mul(int64_t a, int64_t k);
@@ -136,7 +144,10 @@ typedef struct cwi_param_spec {
 				  * "fingerprint" (32 hex digits): the node
 				  * yields what that pipeline did */
 
-#define CWI_OPF_FN_ANY (CWI_OPF_FN_MAP | CWI_OPF_FN_FILTER | CWI_OPF_FN_FLAT)
+#define CWI_OPF_FN_SOURCE 0x800u /* takes fn= a user source (user_source) */
+
+#define CWI_OPF_FN_ANY \
+	(CWI_OPF_FN_MAP | CWI_OPF_FN_FILTER | CWI_OPF_FN_FLAT | CWI_OPF_FN_SOURCE)
 #define CWI_MAX_POSITIONAL 4
 #define CWI_MAX_INPUTS 64
 
@@ -213,14 +224,24 @@ typedef struct cwi_seq_resume {
 typedef cachew_err (*cwi_fn_spec_rule)(
     const cwi_node *node, const cwi_spec *in, cwi_spec *out);
 
+/* The kind of a user source's cwi_fn (cachew_source_register): after
+ * cachew_op_kind's values, never one of a cachew_op_def. */
+#define CWI_FN_SOURCE 4
+
 typedef struct cwi_fn {
-	cachew_op_def def; /* def.name points at name below */
+	cachew_op_def def; /* def.name points at name below; a source's
+			    * kind is CWI_FN_SOURCE, its init and fini
+			    * are the source's */
 	char name[64];
 	bool builtin;
 	const cwi_plugin *plugin; /* the plugin that registered it, or NULL
 				   * (built in, or registered from C) */
 	const cwi_seq_resume *resume; /* a built-in flat function's, or NULL */
 	cwi_fn_spec_rule spec;        /* a built-in map function's, or NULL */
+	/* CWI_FN_SOURCE: the definition (doc and name pointing at this
+	 * entry's copies) and the element spec it declared. */
+	cachew_source_def source;
+	cwi_spec source_spec;
 } cwi_fn;
 
 /* What identifies a user function (one that is not built in) across
@@ -342,6 +363,7 @@ const cwi_fn *cwi_fn_at(size_t i);
 /* cachew_op_register and cachew_plugin_load (cachew.h), once the registry
  * has its built-ins. */
 cachew_err cwi_registry_register(const cachew_op_def *def);
+cachew_err cwi_registry_register_source(const cachew_source_def *def);
 cachew_err cwi_registry_plugin_load(const char *path);
 
 /* ---- parsing, printing, serialisation (graph_parse.c etc.) --------------- */

@@ -311,7 +311,8 @@ resolve_component(cwi_node *node, cwi_value *fn_params)
 static cachew_err
 resolve_fn(cwi_node *node, cwi_value *fn_params)
 {
-	static const char *const kinds[] = {"?", "map", "filter", "flat_map"};
+	static const char *const kinds[] = {"?", "map", "filter", "flat_map",
+	    "source"};
 	const cwi_dataset_op *op = node->op;
 	const char *name = cwi_node_str(node, "fn");
 	cachew_op_kind want;
@@ -324,6 +325,7 @@ resolve_fn(cwi_node *node, cwi_value *fn_params)
 		    op->name, name);
 	want = (op->flags & CWI_OPF_FN_MAP)	   ? CACHEW_OP_MAP
 	    : (op->flags & CWI_OPF_FN_FILTER) ? CACHEW_OP_FILTER
+	    : (op->flags & CWI_OPF_FN_SOURCE) ? (cachew_op_kind)CWI_FN_SOURCE
 					      : CACHEW_OP_FLAT_MAP;
 	if (node->fn->def.kind != want)
 		return cwi_fail(CACHEW_EINVAL,
@@ -734,6 +736,41 @@ node_free(cwi_node *node)
 	free(node);
 }
 
+/* `my_source(n=10)` names a user source (cachew_source_register): it is
+ * user_source(fn=my_source, n=10), as a map alias is a map. Anything else
+ * is an unknown operator. */
+static cachew_err
+user_source_build(cwi_node **out, const char *name, cwi_node *const *inputs,
+    size_t ninputs, const cwi_value *pos, const cwi_value *named)
+{
+	const cwi_fn *fn = cwi_fn_lookup(name);
+	cwi_value args = {.type = CWI_V_MAP}, fnv = {0};
+	cachew_err rv;
+
+	if (fn == NULL || fn->def.kind != (cachew_op_kind)CWI_FN_SOURCE)
+		return cwi_fail(CACHEW_ENOENT, "unknown operator '%s'", name);
+	if (pos != NULL && pos->type == CWI_V_LIST && pos->u.list.n > 0)
+		return cwi_fail(CACHEW_EINVAL, "%s: a user source takes its "
+		    "parameters by name (%s(key=value, ...))", name, name);
+	if (named != NULL && named->type == CWI_V_MAP &&
+	    cwi_map_get(named, "fn") != NULL)
+		return cwi_fail(CACHEW_EINVAL, "%s: 'fn' is not a parameter a "
+		    "user source can take", name);
+	rv = named != NULL ? cwi_value_copy(&args, named) : CACHEW_OK;
+	if (rv == CACHEW_OK && args.type != CWI_V_MAP)
+		rv = cwi_fail(CACHEW_EINVAL, "named values must be a map");
+	if (rv == CACHEW_OK)
+		rv = cwi_value_set_str(&fnv, name, strlen(name));
+	if (rv == CACHEW_OK)
+		rv = cwi_map_set(&args, "fn", &fnv);
+	if (rv == CACHEW_OK)
+		rv = cwi_node_build(out, "user_source", inputs, ninputs, NULL,
+		    &args);
+	cwi_value_free(&fnv);
+	cwi_value_free(&args);
+	return rv;
+}
+
 cachew_err
 cwi_node_build(cwi_node **out, const char *opname, cwi_node *const *inputs,
     size_t ninputs, const cwi_value *pos, const cwi_value *named)
@@ -745,7 +782,8 @@ cwi_node_build(cwi_node **out, const char *opname, cwi_node *const *inputs,
 	cachew_err rv;
 
 	if (op == NULL)
-		return cwi_fail(CACHEW_ENOENT, "unknown operator '%s'", opname);
+		return user_source_build(out, opname, inputs, ninputs, pos,
+		    named);
 	if (op->map_alias != NULL) {
 		/* `read_file` is map(fn=read_file, <its params>); positional
 		 * values fill the function's parameters the alias names

@@ -138,6 +138,24 @@ fn_find_locked(const char *name)
 	return NULL;
 }
 
+/* Room for one more function entry; false on ENOMEM. reg_lock held. */
+static bool
+fns_reserve_locked(void)
+{
+	size_t ncap;
+	cwi_fn **p;
+
+	if (nfns < capfns)
+		return true;
+	ncap = capfns != 0 ? capfns * 2 : 32;
+	p = realloc(fns, ncap * sizeof(*p));
+	if (p == NULL)
+		return false;
+	fns = p;
+	capfns = ncap;
+	return true;
+}
+
 static cachew_err
 fn_add_locked(const cachew_op_def *def, bool builtin)
 {
@@ -176,14 +194,8 @@ fn_add_locked(const cachew_op_def *def, bool builtin)
 		return cwi_fail(CACHEW_EINVAL, "operator '%s' has an invalid kind",
 		    def->name);
 	}
-	if (nfns == capfns) {
-		size_t ncap = capfns != 0 ? capfns * 2 : 32;
-		cwi_fn **p = realloc(fns, ncap * sizeof(*p));
-		if (p == NULL)
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		fns = p;
-		capfns = ncap;
-	}
+	if (!fns_reserve_locked())
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	fn = calloc(1, sizeof(*fn));
 	if (fn == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -317,6 +329,92 @@ cwi_registry_register(const cachew_op_def *def)
 		cwi_log(CACHEW_LOG_DEBUG, "registry", "registered operator '%s'",
 		    def->name);
 	else if (tls_plugin != NULL) /* its init may go on regardless */
+		cwi_log(CACHEW_LOG_WARN, "registry", "%s", cwi_errmsg_get());
+	return rv;
+}
+
+/* A user source: a cwi_fn of kind CWI_FN_SOURCE, its definition copied
+ * (doc too: the caller's strings are read during the call only). */
+static cachew_err
+source_add_locked(const cachew_source_def *def)
+{
+	char err[256] = "";
+	cwi_fn *fn;
+	cachew_err rv;
+
+	if (def == NULL)
+		return cwi_fail(CACHEW_EINVAL, "source definition is NULL");
+	if (def->version == 0)
+		return cwi_fail(CACHEW_EINVAL, "source '%.63s': "
+		    "cachew_source_def version 0: set .version = "
+		    "CACHEW_SOURCE_DEF_VERSION (this library reads version "
+		    "%d)", def->name != NULL ? def->name : "(null)",
+		    CACHEW_SOURCE_DEF_VERSION);
+	if (def->version > CACHEW_SOURCE_DEF_VERSION)
+		return cwi_fail(CACHEW_ENOTSUP, "a source: cachew_source_def "
+		    "version %u is newer than this library's %d: build it "
+		    "against this library's cachew.h or upgrade cachew",
+		    def->version, CACHEW_SOURCE_DEF_VERSION);
+	if (!valid_name(def->name))
+		return cwi_fail(CACHEW_EINVAL,
+		    "source name '%s' must match [a-z_][a-z0-9_]{0,62}",
+		    def->name != NULL ? def->name : "(null)");
+	if (fn_find_locked(def->name) != NULL || op_find(def->name) != NULL)
+		return cwi_fail(CACHEW_EEXIST, "source '%s': the name is "
+		    "taken by %s", def->name, op_find(def->name) != NULL
+		    ? "a built-in operator" : "a function or source");
+	if (def->open == NULL || def->next == NULL)
+		return cwi_fail(CACHEW_EINVAL, "source '%s' lacks its %s "
+		    "callback", def->name, def->open == NULL ? "open" : "next");
+	if (!fns_reserve_locked())
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	fn = calloc(1, sizeof(*fn));
+	if (fn == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_spec_parse(def->element_spec, &fn->source_spec, err,
+	    sizeof(err));
+	if (rv != CACHEW_OK) {
+		free(fn);
+		return cwi_fail(rv, "source '%s': %s", def->name, err);
+	}
+	fn->source = *def;
+	snprintf(fn->name, sizeof(fn->name), "%s", def->name);
+	fn->source.name = fn->name;
+	fn->source.element_spec = NULL;
+	if (def->doc != NULL) {
+		fn->source.doc = cwi_strdup(def->doc);
+		if (fn->source.doc == NULL) {
+			cwi_spec_free(&fn->source_spec);
+			free(fn);
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
+		}
+	}
+	fn->def.version = CACHEW_OP_DEF_VERSION;
+	fn->def.name = fn->name;
+	fn->def.kind = (cachew_op_kind)CWI_FN_SOURCE;
+	fn->def.flags = def->flags;
+	fn->def.init = def->init;
+	fn->def.fini = def->fini;
+	fn->def.doc = fn->source.doc;
+	fn->plugin = tls_plugin_id;
+	fns[nfns++] = fn;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_registry_register_source(const cachew_source_def *def)
+{
+	cachew_err rv;
+
+	(void)reg_ready();
+	cwi_clear_errmsg();
+	pthread_mutex_lock(&reg_lock);
+	rv = source_add_locked(def);
+	pthread_mutex_unlock(&reg_lock);
+	if (rv == CACHEW_OK)
+		cwi_log(CACHEW_LOG_DEBUG, "registry", "registered source '%s'",
+		    def->name);
+	else if (tls_plugin != NULL)
 		cwi_log(CACHEW_LOG_WARN, "registry", "%s", cwi_errmsg_get());
 	return rv;
 }

@@ -10,6 +10,8 @@
  */
 #include "graph.h"
 
+#include <errno.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -449,4 +451,191 @@ cachew_dataset_spec_str(const cachew_dataset *ds, char **out)
 	cwi_strbuf_init(&sb);
 	cwi_spec_print(&sb, &ds->spec);
 	return cwi_strbuf_finish(&sb, out, NULL);
+}
+
+/* ---- parsing a spec's text (user sources declare theirs) ---------------- */
+
+typedef struct spec_text {
+	const char *s;
+	size_t pos;
+	char *err;
+	size_t errlen;
+} spec_text;
+
+static void
+spec_skip(spec_text *t)
+{
+	while (t->s[t->pos] == ' ' || t->s[t->pos] == '\t')
+		t->pos++;
+}
+
+static bool
+spec_bad(spec_text *t, const char *what)
+{
+	snprintf(t->err, t->errlen, "element spec \"%.80s\": column %zu: %s",
+	    t->s, t->pos + 1, what);
+	return false;
+}
+
+/* An identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 characters) into buf. */
+static bool
+spec_word(spec_text *t, char *buf, size_t len, const char *what)
+{
+	size_t n = 0;
+
+	spec_skip(t);
+	while (((t->s[t->pos] | 32) >= 'a' && (t->s[t->pos] | 32) <= 'z') ||
+	    t->s[t->pos] == '_' ||
+	    (n > 0 && t->s[t->pos] >= '0' && t->s[t->pos] <= '9')) {
+		if (n + 1 >= len)
+			return spec_bad(t, "a name longer than 63 characters");
+		buf[n++] = t->s[t->pos++];
+	}
+	buf[n] = '\0';
+	return n > 0 || spec_bad(t, what);
+}
+
+/* dtype[d0,d1,...] with d = -1 (or ?) for an unknown dimension; [?] is an
+ * unknown rank. */
+static bool
+spec_comp(spec_text *t, cwi_comp_spec *c)
+{
+	char dt[64];
+	cachew_dtype dtype;
+
+	if (!spec_word(t, dt, sizeof(dt), "expected a dtype (i64, f32, "
+	    "bytes, ...)"))
+		return false;
+	if (cachew_dtype_from_name(dt, &dtype) != CACHEW_OK) {
+		t->pos -= strlen(dt);
+		return spec_bad(t, "unknown dtype");
+	}
+	c->dtype = (uint8_t)dtype;
+	c->rank = 0;
+	spec_skip(t);
+	if (t->s[t->pos] != '[')
+		return spec_bad(t, "expected '[' and the shape ('[]' for a "
+		    "scalar)");
+	t->pos++;
+	spec_skip(t);
+	if (t->s[t->pos] == '?') {
+		t->pos++;
+		c->rank = CWI_RANK_UNKNOWN;
+		spec_skip(t);
+	}
+	while (c->rank != CWI_RANK_UNKNOWN && t->s[t->pos] != ']') {
+		char *end;
+		long long d;
+		if (c->rank > 0) {
+			if (t->s[t->pos] != ',')
+				return spec_bad(t, "expected ',' or ']'");
+			t->pos++;
+			spec_skip(t);
+		}
+		if (c->rank == CACHEW_MAX_RANK)
+			return spec_bad(t, "more dimensions than the maximum "
+			    "rank of 8");
+		if (t->s[t->pos] == '?') {
+			d = -1;
+			end = (char *)t->s + t->pos + 1;
+		} else {
+			errno = 0;
+			d = strtoll(t->s + t->pos, &end, 10);
+			if (end == t->s + t->pos || errno != 0 || d < -1)
+				return spec_bad(t, "expected a dimension (a "
+				    "size >= 0, or -1 for unknown)");
+		}
+		c->shape[c->rank++] = d;
+		t->pos = (size_t)(end - t->s);
+		spec_skip(t);
+	}
+	if (t->s[t->pos] != ']')
+		return spec_bad(t, "expected ']'");
+	t->pos++;
+	return true;
+}
+
+static bool
+spec_push(spec_text *t, cwi_spec *out, const char *name)
+{
+	cwi_comp_spec *comp;
+
+	if (out->n == CACHEW_MAX_COMPONENTS)
+		return spec_bad(t, "more than 64 components");
+	comp = realloc(out->comp, (out->n + 1) * sizeof(*comp));
+	if (comp == NULL)
+		return spec_bad(t, "out of memory");
+	out->comp = comp;
+	memset(&comp[out->n], 0, sizeof(comp[0]));
+	out->n++;
+	if (name != NULL && cwi_spec_find(out, name) >= 0)
+		return spec_bad(t, "a component name given twice");
+	if (name != NULL && cwi_comp_spec_name(&comp[out->n - 1], name) !=
+	    CACHEW_OK)
+		return spec_bad(t, "out of memory");
+	return spec_comp(t, &comp[out->n - 1]);
+}
+
+static bool
+spec_list(spec_text *t, cwi_spec *out, char close)
+{
+	char name[64];
+
+	t->pos++;
+	do {
+		spec_skip(t);
+		if (close == '}') {
+			if (!spec_word(t, name, sizeof(name), "expected a "
+			    "component name"))
+				return false;
+			spec_skip(t);
+			if (t->s[t->pos] != ':')
+				return spec_bad(t, "expected ':' after the name");
+			t->pos++;
+		}
+		if (!spec_push(t, out, close == '}' ? name : NULL))
+			return false;
+		spec_skip(t);
+	} while (t->s[t->pos] == ',' && ++t->pos);
+	if (t->s[t->pos] != close)
+		return spec_bad(t, close == '}' ? "expected ',' or '}'"
+						: "expected ',' or ')'");
+	t->pos++;
+	return true;
+}
+
+cachew_err
+cwi_spec_parse(const char *text, cwi_spec *out, char *err, size_t errlen)
+{
+	spec_text t = {.s = text, .err = err, .errlen = errlen};
+	bool ok;
+
+	memset(out, 0, sizeof(*out));
+	if (text == NULL)
+		return CACHEW_OK; /* unknown */
+	spec_skip(&t);
+	if (text[t.pos] == '?' ) {
+		t.pos++;
+		spec_skip(&t);
+		if (text[t.pos] == '\0')
+			return CACHEW_OK;
+		spec_bad(&t, "unexpected text after '?'");
+		return CACHEW_EINVAL;
+	}
+	out->known = true;
+	if (text[t.pos] == '(')
+		ok = spec_list(&t, out, ')');
+	else if (text[t.pos] == '{')
+		ok = spec_list(&t, out, '}');
+	else
+		ok = spec_push(&t, out, NULL);
+	if (ok) {
+		spec_skip(&t);
+		ok = text[t.pos] == '\0' ||
+		    spec_bad(&t, "unexpected text after the spec");
+	}
+	if (ok)
+		return CACHEW_OK;
+	cwi_spec_free(out);
+	return CACHEW_EINVAL;
 }

@@ -26,6 +26,8 @@ extern const cwi_dataset_op cwi_op_skip;          /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_shard;         /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_zip;           /* op_zip.c */
 extern const cwi_dataset_op cwi_op_concatenate;   /* op_zip.c */
+extern const cwi_dataset_op cwi_op_sample_from_datasets; /* op_sample.c */
+extern const cwi_dataset_op cwi_op_choose_from_datasets; /* op_sample.c */
 extern const cwi_dataset_op cwi_op_enumerate;     /* op_zip.c */
 extern const cwi_dataset_op cwi_op_autocache;     /* op_autocache.c */
 extern const cwi_dataset_op cwi_op_tfrecord_write; /* op_tfrecord_write.c */

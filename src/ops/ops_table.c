@@ -24,6 +24,8 @@ const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_shard,
     &cwi_op_zip,
     &cwi_op_concatenate,
+    &cwi_op_sample_from_datasets,
+    &cwi_op_choose_from_datasets,
     &cwi_op_enumerate,
     &cwi_op_autocache,
     &cwi_op_tfrecord_write,

@@ -470,6 +470,57 @@ cachew_dataset_concatenate(
 	return kv_build(&b, out, "concatenate", in, 2);
 }
 
+static void
+kv_floats(kv_builder *b, const char *key, const double *f, size_t n)
+{
+	cwi_value list = {.type = CWI_V_LIST};
+	for (size_t i = 0; i < n && b->rv == CACHEW_OK; i++) {
+		cwi_value v = {.type = CWI_V_FLOAT, .u.f = f[i]};
+		b->rv = cwi_value_list_push(&list, &v);
+	}
+	kv_put(b, key, &list);
+}
+
+cachew_err
+cachew_dataset_sample_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, const double *weights,
+    int64_t seed, int stop_on_empty_dataset)
+{
+	BEGIN;
+	if (inputs == NULL && n > 0)
+		b.rv = cwi_fail(CACHEW_EINVAL, "sample_from_datasets: inputs is "
+		    "NULL");
+	if (weights != NULL)
+		kv_floats(&b, "weights", weights, n);
+	kv_int(&b, "seed", seed);
+	kv_bool(&b, "stop_on_empty_dataset", stop_on_empty_dataset);
+	return kv_build(&b, out, "sample_from_datasets", inputs, n);
+}
+
+cachew_err
+cachew_dataset_choose_from_datasets(cachew_dataset **out,
+    cachew_dataset *const *inputs, size_t n, cachew_dataset *choice,
+    int stop_on_empty_dataset)
+{
+	cachew_dataset *in[CWI_MAX_INPUTS];
+	BEGIN;
+	if ((inputs == NULL && n > 0) || choice == NULL)
+		b.rv = cwi_fail(CACHEW_EINVAL, "choose_from_datasets: %s is "
+		    "NULL", choice == NULL ? "choice" : "inputs");
+	else if (n + 1 > CWI_MAX_INPUTS)
+		b.rv = cwi_fail(CACHEW_EINVAL, "choose_from_datasets: %zu "
+		    "datasets and the choice dataset are more than %d inputs",
+		    n, CWI_MAX_INPUTS);
+	else {
+		for (size_t i = 0; i < n; i++)
+			in[i] = inputs[i];
+		in[n] = choice;
+	}
+	kv_bool(&b, "stop_on_empty_dataset", stop_on_empty_dataset);
+	return kv_build(&b, out, "choose_from_datasets", in, b.rv == CACHEW_OK
+	    ? n + 1 : 0);
+}
+
 cachew_err
 cachew_dataset_enumerate(cachew_dataset **out, cachew_dataset *in, int64_t start)
 {

@@ -40,6 +40,13 @@ cachew_op_register(const cachew_op_def *def)
 }
 
 cachew_err
+cachew_source_register(const cachew_source_def *def)
+{
+	cwi_builtins_ready();
+	return cwi_registry_register_source(def);
+}
+
+cachew_err
 cachew_plugin_load(const char *path)
 {
 	cwi_builtins_ready();

@@ -22,6 +22,7 @@ extern const cachew_op_def cwi_fn_fixed_length_records;
 extern const cachew_op_def cwi_fn_read_file;
 
 extern const cwi_dataset_op cwi_op_tfrecord;   /* src_tfrecord.c */
+extern const cwi_dataset_op cwi_op_user_source; /* src_user.c */
 extern const cachew_op_def cwi_fn_tfrecord;    /* src_tfrecord.c */
 
 /* Random access into the sequences of the file functions (cwi_fn.resume):

@@ -13,6 +13,7 @@ const cwi_dataset_op *const cwi_source_ops[] = {
     &cwi_op_fixed_length_records,
     &cwi_op_read_file,
     &cwi_op_tfrecord,
+    &cwi_op_user_source,
     NULL,
 };
 

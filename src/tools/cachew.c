@@ -1227,6 +1227,8 @@ fn_kind(cachew_op_kind kind)
 	case CACHEW_OP_FLAT_MAP:
 		return "flat_map";
 	}
+	if ((int)kind == CWI_FN_SOURCE)
+		return "source";
 	return "?";
 }
 
@@ -1274,7 +1276,7 @@ ops_text(void)
 	printf("Dataset operators (%zu):\n\n", cwi_dataset_op_count());
 	for (size_t i = 0; i < cwi_dataset_op_count(); i++)
 		ops_text_op(cwi_dataset_op_at(i));
-	printf("Functions for map/filter/flat_map/interleave (%zu):\n",
+	printf("Functions for map/filter/flat_map/interleave, and user sources (%zu):\n",
 	    cwi_fn_count());
 	for (size_t i = 0; i < cwi_fn_count(); i++) {
 		const cwi_fn *fn = cwi_fn_at(i);
