@@ -624,11 +624,11 @@ END_TEST
 
 START_TEST(group_by_window_resumes)
 {
-	resumes_at_every_cut("from_list([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]) "
-			     "| group_by_window(mod, 4, value=2)",
+	cwt_resumes_at_every_cut("from_list([0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]) "
+			     "| group_by_window(mod, 4, value=2)", NULL,
 	    "[0 0 0 0],[1 1 1 1],[0 0 0],[1]", 4);
-	resumes_at_every_cut("from_list([5, 3, 5, -1, 3, 7, 7]) | "
-			     "group_by_window(identity, 2)",
+	cwt_resumes_at_every_cut("from_list([5, 3, 5, -1, 3, 7, 7]) | "
+			     "group_by_window(identity, 2)", NULL,
 	    "[5 5],[3 3],[7 7],[-1]", 4);
 }
 END_TEST
@@ -775,9 +775,9 @@ END_TEST
 START_TEST(bucket_by_sequence_length_resumes)
 {
 	/* Component 0 of each batch, its rows flattened. */
-	resumes_at_every_cut("from_list([[1], [2, 3], [4], [5, 6, 7], [8, 9], "
+	cwt_resumes_at_every_cut("from_list([[1], [2, 3], [4], [5, 6, 7], [8, 9], "
 			     "[10]]) | bucket_by_sequence_length(0, [2], "
-			     "[2, 2])",
+			     "[2, 2])", NULL,
 	    "[1 4],[2 3 0 5 6 7],[10],[8 9]", 4);
 }
 END_TEST
@@ -866,8 +866,8 @@ END_TEST
 
 START_TEST(ragged_batch_resumes)
 {
-	resumes_at_every_cut("from_list([[1], [], [2, 3], [4], [5, 6]]) | "
-			     "ragged_batch(2)", "[1],[2 3 4],[5 6]", 3);
+	cwt_resumes_at_every_cut("from_list([[1], [], [2, 3], [4], [5, 6]]) | "
+			     "ragged_batch(2)", NULL, "[1],[2 3 4],[5 6]", 3);
 }
 END_TEST
 
