@@ -872,6 +872,67 @@ START_TEST(cluster_text_files_equal_in_process)
 }
 END_TEST
 
+/* Fixed-length records that leave a worker unread: the worker maps the
+ * files (its log says files=mapped) and sends the records from the
+ * mappings; the client gets what the in-process run gives, with
+ * compression none and zstd (the worker compresses a copy read from the
+ * file, never the mapping: buffer_map.c). 3 files of 1,700 records of
+ * 5,000 bytes after a 13-byte header: more than one mapping block each,
+ * records off page boundaries. */
+START_TEST(cluster_fixed_records_from_mapped_files_equal_in_process)
+{
+	static const char *const compression[] = {"none", "zstd"};
+	size_t rb = 5000, nrec = 1700, size = 13 + nrec * rb;
+	uint8_t *data = malloc(size);
+	char pipeline[900];
+	cwt_cluster c;
+	char *log;
+
+	cwt_cluster_start(&c, 2);
+	for (int f = 0; f < 3; f++) {
+		char path[700];
+		snprintf(path, sizeof(path), "%s/rec-%d.bin", c.dir, f);
+		for (size_t i = 0; i < size; i++) /* half zeros: compressible */
+			data[i] = (i / 64) % 2 ? 0 : (uint8_t)(i * 13 + f);
+		cwt_write_file(path, data, size);
+	}
+	free(data);
+	snprintf(pipeline, sizeof(pipeline), "fixed_length_records("
+	    "\"%s/rec-*.bin\", record_bytes=5000, header_bytes=13)", c.dir);
+	run_sum local = run_digest(pipeline, NULL, NULL);
+	ck_assert_uint_eq(local.n, 3 * nrec);
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts(7, 1);
+		cachew_element **v;
+		size_t n;
+		char err[512];
+		uint64_t digest = 0;
+
+		ck_assert_int_eq(cachew_options_set_str(o, "service",
+				     c.dispatcher.url), CACHEW_OK);
+		ck_assert_int_eq(cachew_options_set_str(o, "compression",
+				     compression[k]), CACHEW_OK);
+		ck_assert_msg(cwt_run(pipeline, o, &v, &n, err, sizeof(err)) ==
+			CACHEW_OK, "compression %s: %s", compression[k], err);
+		for (size_t i = 0; i < n; i++)
+			digest += cachew_element_hash(v[i]);
+		ck_assert_msg(n == local.n && digest == local.digest,
+		    "compression %s: %zu records, digest %016" PRIx64
+		    "; in-process %" PRIu64 ", %016" PRIx64, compression[k],
+		    n, digest, local.n, local.digest);
+		cwt_free(v, n);
+		cachew_options_destroy(o);
+	}
+	log = cwt_slurp(c.workers[0].log);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "event=task_started") != NULL &&
+		strstr(log, "files=read") == NULL &&
+		strstr(log, "files=mapped") != NULL, "%s", log);
+	free(log);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 /* A client-side tail (take) runs after the service. */
 START_TEST(cluster_client_part_runs_after_the_service)
 {
@@ -3276,6 +3337,7 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, cluster_fixed_records_from_mapped_files_equal_in_process);
 	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_job_runs_only_on_workers_with_its_plugin);

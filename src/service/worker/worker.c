@@ -271,13 +271,16 @@ start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
 			cwi_wtask_unref(t);
 			continue;
 		}
+		bool mapped = cwi_wtask_maps_files(t);
 		w->tasks = p;
 		w->tasks[w->ntasks++] = t;
 		pthread_mutex_unlock(&w->lock);
 		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_started task=%llu "
-		    "job=%llu mode=%s", (unsigned long long)hr->start[i].task_id,
+		    "job=%llu mode=%s files=%s",
+		    (unsigned long long)hr->start[i].task_id,
 		    (unsigned long long)hr->start[i].job_id,
-		    cwi_processing_mode_name(hr->start[i].processing_mode));
+		    cwi_processing_mode_name(hr->start[i].processing_mode),
+		    mapped ? "mapped" : "read");
 	}
 }
 
