@@ -933,6 +933,39 @@ START_TEST(cluster_fixed_records_from_mapped_files_equal_in_process)
 }
 END_TEST
 
+/* A client asking a worker for a task the worker has not heard of makes
+ * it heartbeat at once: with a worker heartbeat of 10 minutes (and a
+ * dispatcher that waits an hour before calling it dead), jobs after the
+ * first (created once the worker's first heartbeat is over) still run;
+ * without the poke each would wait out the interval, past this test's
+ * timeout. */
+START_TEST(cluster_worker_learns_a_new_task_when_a_client_asks)
+{
+	char *dir = cwt_tmpdir();
+	char work[600];
+	cwt_daemon d, w;
+
+	snprintf(work, sizeof(work), "%s/work", dir);
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--work-dir", work, "--heartbeat-ms", "50",
+	    "--worker-timeout-ms", "3600000", NULL);
+	cwt_daemon_start(&w, dir, "worker0", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "600000",
+	    "--threads", "1", NULL);
+	for (int k = 0; k < 3; k++) {
+		run_sum s = run_digest("range(100) | map(add, value=1)", d.url,
+		    NULL);
+		ck_assert_uint_eq(s.n, 100);
+		ck_assert_int_eq(s.min, 1);
+		ck_assert_int_eq(s.max, 100);
+	}
+	cwt_daemon_stop(&w, SIGKILL);
+	cwt_daemon_stop(&d, SIGTERM);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* A client-side tail (take) runs after the service. */
 START_TEST(cluster_client_part_runs_after_the_service)
 {
@@ -3338,6 +3371,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
 	tcase_add_test(tc, cluster_fixed_records_from_mapped_files_equal_in_process);
+	tcase_add_test(tc, cluster_worker_learns_a_new_task_when_a_client_asks);
 	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_job_runs_only_on_workers_with_its_plugin);
