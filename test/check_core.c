@@ -1166,6 +1166,7 @@ START_TEST(mapped_buffer_views_a_file_and_fails_cleanly_once_it_shrank)
 	size_t size = 3 * 4096 + 100, off = 5000, len = size - off;
 	uint8_t *data = malloc(size);
 	cwi_buffer *b, *c;
+	cwi_map_file *mf;
 	cwi_element *e = cwi_element_new(1);
 	int fd, pfd[2];
 
@@ -1174,8 +1175,10 @@ START_TEST(mapped_buffer_views_a_file_and_fails_cleanly_once_it_shrank)
 	cwt_write_file(path, data, size);
 	fd = open(path, O_RDONLY);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(cwi_buffer_map_file(&b, fd, off, len), CACHEW_OK);
-	close(fd); /* the buffer keeps its own descriptor */
+	ck_assert_int_eq(cwi_map_file_open(&mf, fd), CACHEW_OK);
+	close(fd); /* the map file keeps its own descriptor */
+	ck_assert_int_eq(cwi_buffer_map_file(&b, mf, off, len), CACHEW_OK);
+	cwi_map_file_unref(mf); /* the buffer keeps a reference */
 	ck_assert(cwi_buffer_mapped(b));
 	ck_assert_uint_eq(b->size, len);
 	ck_assert_int_eq(memcmp(b->data, data + off, len), 0);

@@ -23,12 +23,49 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* One open file's descriptor, shared by its mappings (one descriptor per
+ * file, not per block: a worker with many tasks would run out). */
+struct cwi_map_file {
+	atomic_uint refs;
+	int fd; /* a dup of the file's descriptor: for copies */
+};
+
 typedef struct file_map {
-	void *base;   /* the mapping, page aligned */
-	size_t len;   /* its length */
-	int fd;       /* a dup of the file's descriptor: for copies */
-	uint64_t off; /* the file offset of the buffer's first byte */
+	void *base;         /* the mapping, page aligned */
+	size_t len;         /* its length */
+	cwi_map_file *file; /* a reference */
+	uint64_t off;       /* the file offset of the buffer's first byte */
 } file_map;
+
+cachew_err
+cwi_map_file_open(cwi_map_file **out, int fd)
+{
+	cwi_map_file *f = malloc(sizeof(*f));
+
+	*out = NULL;
+	if (f == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	f->fd = dup(fd);
+	if (f->fd < 0) {
+		cachew_err rv = cwi_fail(errno == EMFILE || errno == ENFILE
+					     ? CACHEW_ENOMEM : CACHEW_EIO,
+		    "cannot map a file: dup: %s", strerror(errno));
+		free(f);
+		return rv;
+	}
+	atomic_init(&f->refs, 1);
+	*out = f;
+	return CACHEW_OK;
+}
+
+void
+cwi_map_file_unref(cwi_map_file *f)
+{
+	if (f == NULL || atomic_fetch_sub(&f->refs, 1) != 1)
+		return;
+	close(f->fd);
+	free(f);
+}
 
 static void
 file_map_free(void *ctx, void *data)
@@ -37,12 +74,13 @@ file_map_free(void *ctx, void *data)
 
 	(void)data;
 	munmap(m->base, m->len);
-	close(m->fd);
+	cwi_map_file_unref(m->file);
 	free(m);
 }
 
 cachew_err
-cwi_buffer_map_file(cwi_buffer **out, int fd, uint64_t off, size_t len)
+cwi_buffer_map_file(cwi_buffer **out, cwi_map_file *file, uint64_t off,
+    size_t len)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	uint64_t skew = off % (uint64_t)(page > 0 ? page : 4096);
@@ -58,28 +96,20 @@ cwi_buffer_map_file(cwi_buffer **out, int fd, uint64_t off, size_t len)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	m->off = off;
 	m->len = (size_t)skew + len;
-	m->fd = dup(fd);
-	if (m->fd < 0) {
-		rv = cwi_fail(errno == EMFILE || errno == ENFILE
-				  ? CACHEW_ENOMEM : CACHEW_EIO,
-		    "cannot map byte offset %llu: dup: %s",
-		    (unsigned long long)off, strerror(errno));
-		free(m);
-		return rv;
-	}
 	/* MAP_POPULATE: the page tables are filled in one call rather than
 	 * by a fault every few pages when the socket reads them. */
 	m->base = mmap(NULL, m->len, PROT_READ, MAP_SHARED | MAP_POPULATE,
-	    fd, (off_t)(off - skew));
+	    file->fd, (off_t)(off - skew));
 	if (m->base == MAP_FAILED) {
 		rv = cwi_fail(errno == ENOMEM ? CACHEW_ENOMEM : CACHEW_ENOTSUP,
 		    "cannot map %zu bytes at byte offset %llu: %s", len,
 		    (unsigned long long)off, strerror(errno));
-		close(m->fd);
 		free(m);
 		return rv;
 	}
 	(void)madvise(m->base, m->len, MADV_SEQUENTIAL);
+	atomic_fetch_add(&file->refs, 1);
+	m->file = file;
 	rv = cwi_buffer_wrap(out, (uint8_t *)m->base + skew, len,
 	    file_map_free, m);
 	if (rv != CACHEW_OK)
@@ -111,7 +141,7 @@ cwi_buffer_map_copy(cwi_buffer **out, const cwi_buffer *b, size_t start,
 	if (rv != CACHEW_OK)
 		return rv;
 	while (done < len) {
-		ssize_t n = pread(m->fd, c->data + done, len - done,
+		ssize_t n = pread(m->file->fd, c->data + done, len - done,
 		    (off_t)(at + done));
 		if (n < 0 && errno == EINTR)
 			continue;

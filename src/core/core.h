@@ -138,13 +138,19 @@ typedef struct cwi_buffer {
 cachew_err cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero);
 cachew_err cwi_buffer_wrap(cwi_buffer **out, void *data, size_t size,
     void (*free_fn)(void *ctx, void *data), void *ctx);
-/* A buffer over len bytes of the local file fd from byte offset off, read
- * only, mapped (buffer_map.c; fd is duplicated, the caller keeps its own).
- * Only for bytes nothing in the process reads (the kernel sends them):
- * a thread reading a page of a file that shrank after the mapping gets
- * SIGBUS. CACHEW_ENOTSUP when the file cannot be mapped, ENOMEM, EIO. */
-cachew_err cwi_buffer_map_file(cwi_buffer **out, int fd, uint64_t off,
-    size_t len);
+/* An open local file that buffers may map (cwi_buffer_map_file): holds a
+ * duplicate of fd (the caller keeps its own) for copies; each mapping
+ * holds a reference. CACHEW_ENOMEM (no descriptor left), EIO. */
+typedef struct cwi_map_file cwi_map_file;
+cachew_err cwi_map_file_open(cwi_map_file **out, int fd);
+void cwi_map_file_unref(cwi_map_file *f);
+/* A buffer over len bytes of file from byte offset off, read only, mapped
+ * (buffer_map.c). Only for bytes nothing in the process reads (the kernel
+ * sends them): a thread reading a page of a file that shrank after the
+ * mapping gets SIGBUS. CACHEW_ENOTSUP when the file cannot be mapped,
+ * ENOMEM, EINVAL. */
+cachew_err cwi_buffer_map_file(cwi_buffer **out, cwi_map_file *file,
+    uint64_t off, size_t len);
 /* Whether b maps a file (cwi_buffer_map_file). */
 bool cwi_buffer_mapped(const cwi_buffer *b);
 /* A copy of bytes [start, start + len) of mapped buffer b in a new owned

@@ -75,6 +75,7 @@ typedef struct cwi_rec_reader {
 	char *path;
 	struct cwi_file *file; /* src/io; NULL when closed */
 	cwi_buffer *block; /* bytes [0, len) are valid; pos is the next one */
+	cwi_map_file *mapped; /* cfg.map: the open file, once mapped */
 	size_t pos, len;
 	size_t scanned;    /* text: [pos, scanned) holds no newline */
 	uint64_t file_off; /* file offset of the next read */

@@ -47,6 +47,8 @@ cwi_rec_close(cwi_rec_reader *r)
 	r->file = NULL;
 	cwi_buffer_unref(r->block);
 	r->block = NULL;
+	cwi_map_file_unref(r->mapped);
+	r->mapped = NULL;
 	free(r->path);
 	r->path = NULL;
 	r->pos = r->len = r->scanned = 0;
@@ -148,6 +150,8 @@ cwi_rec_seek(cwi_rec_reader *r, uint64_t off)
 		return rec_io_fail(r, rv);
 	cwi_file_close(r->file);
 	r->file = f;
+	cwi_map_file_unref(r->mapped); /* mappings keep their references */
+	r->mapped = NULL;
 	r->file_off = off;
 	r->pos = r->len = r->scanned = 0;
 	r->eof = false;
@@ -218,7 +222,10 @@ rec_map(cwi_rec_reader *r, uint64_t limit)
 		len = rb;
 	if (len > limit)
 		len = (size_t)limit;
-	if (cwi_buffer_map_file(&b, fd, r->file_off, len) != CACHEW_OK) {
+	if ((r->mapped == NULL &&
+		cwi_map_file_open(&r->mapped, fd) != CACHEW_OK) ||
+	    cwi_buffer_map_file(&b, r->mapped, r->file_off, len) !=
+		CACHEW_OK) {
 		r->cfg.map = false;
 		/* The file's read position is where this file was opened or
 		 * last sought: move it to the records not yet mapped. */
