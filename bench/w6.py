@@ -18,9 +18,10 @@ cachew service: `cachewd` dispatcher + 1 or 2 workers (`--threads 1`),
 the client `cachew run --json --no-digest` with CACHEW_SERVICE, the
 pipeline `fixed_length_records(files=[...], record_bytes=S)` over
 generated files (bench/data/w6-*: deterministic bytes, 8 files, listed
-several times so that a run moves several GB): each worker reads its
-splits (files) from the page cache and streams the records to the client
-(its get_elements replies carry up to 8 MiB of elements). Also, for
+several times so that a run moves several GB): each worker maps its
+splits (files) and streams the records to the client from the page cache
+(its get_elements replies carry up to 8 MiB of elements; the worker's
+log says files=mapped). Also, for
 reference, the same pipeline in-process (how fast the source alone is).
 Unit: GB/s (1e9 bytes of element payload per second), at the receiver.
 
@@ -28,8 +29,8 @@ Each ratio line also gives the CPU seconds per GB of payload: raw nng
 (its one process, both ends) and the service's client and workers apart,
 so that a change can be judged by the side it costs (medians per run).
 
-Target (issue 5): the service's 1 MiB transfer >= 80% of raw nng
-push/pull in the same run. TLS (issue 14) is reported beside tcp: each
+Target (issue 18, was 80% in issue 5): the service's 1 MiB transfer >=
+90% of raw nng push/pull in the same run. TLS (issue 14) is reported beside tcp: each
 tls+tcp configuration against the same one on plain tcp (no target; the
 TLS runs move files x MiB x tls_passes, fewer bytes, as TLS is slower).
 The last line gives the tcp:// 1 MiB ratio with 1 worker (one sender and
@@ -58,7 +59,7 @@ SIZES = {
 ELEMENT_SIZES = (1 * MIB, 64 * 1024)
 TRANSPORTS = ("tcp", "ipc", "tls")
 WORKER_COUNTS = (1, 2)
-TARGET = 0.8
+TARGET = 0.9
 
 
 def data_dir(files, file_mib, seed):

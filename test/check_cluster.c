@@ -874,6 +874,100 @@ START_TEST(cluster_text_files_equal_in_process)
 }
 END_TEST
 
+/* Fixed-length records that leave a worker unread: the worker maps the
+ * files (its log says files=mapped) and sends the records from the
+ * mappings; the client gets what the in-process run gives, with
+ * compression none and zstd (the worker compresses a copy read from the
+ * file, never the mapping: buffer_map.c). 3 files of 1,700 records of
+ * 5,000 bytes after a 13-byte header: more than one mapping block each,
+ * records off page boundaries. */
+START_TEST(cluster_fixed_records_from_mapped_files_equal_in_process)
+{
+	static const char *const compression[] = {"none", "zstd"};
+	size_t rb = 5000, nrec = 1700, size = 13 + nrec * rb;
+	uint8_t *data = malloc(size);
+	char pipeline[900];
+	cwt_cluster c;
+	char *log;
+
+	cwt_cluster_start(&c, 2);
+	for (int f = 0; f < 3; f++) {
+		char path[700];
+		snprintf(path, sizeof(path), "%s/rec-%d.bin", c.dir, f);
+		for (size_t i = 0; i < size; i++) /* half zeros: compressible */
+			data[i] = (i / 64) % 2 ? 0 : (uint8_t)(i * 13 + f);
+		cwt_write_file(path, data, size);
+	}
+	free(data);
+	snprintf(pipeline, sizeof(pipeline), "fixed_length_records("
+	    "\"%s/rec-*.bin\", record_bytes=5000, header_bytes=13)", c.dir);
+	run_sum local = run_digest(pipeline, NULL, NULL);
+	ck_assert_uint_eq(local.n, 3 * nrec);
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts(7, 1);
+		cachew_element **v;
+		size_t n;
+		char err[512];
+		uint64_t digest = 0;
+
+		ck_assert_int_eq(cachew_options_set_str(o, "service",
+				     c.dispatcher.url), CACHEW_OK);
+		ck_assert_int_eq(cachew_options_set_str(o, "compression",
+				     compression[k]), CACHEW_OK);
+		ck_assert_msg(cwt_run(pipeline, o, &v, &n, err, sizeof(err)) ==
+			CACHEW_OK, "compression %s: %s", compression[k], err);
+		for (size_t i = 0; i < n; i++)
+			digest += cachew_element_hash(v[i]);
+		ck_assert_msg(n == local.n && digest == local.digest,
+		    "compression %s: %zu records, digest %016" PRIx64
+		    "; in-process %" PRIu64 ", %016" PRIx64, compression[k],
+		    n, digest, local.n, local.digest);
+		cwt_free(v, n);
+		cachew_options_destroy(o);
+	}
+	log = cwt_slurp(c.workers[0].log);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "event=task_started") != NULL &&
+		strstr(log, "files=read") == NULL &&
+		strstr(log, "files=mapped") != NULL, "%s", log);
+	free(log);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A client asking a worker for a task the worker has not heard of makes
+ * it heartbeat at once: with a worker heartbeat of 10 minutes (and a
+ * dispatcher that waits an hour before calling it dead), jobs after the
+ * first (created once the worker's first heartbeat is over) still run;
+ * without the poke each would wait out the interval, past this test's
+ * timeout. */
+START_TEST(cluster_worker_learns_a_new_task_when_a_client_asks)
+{
+	char *dir = cwt_tmpdir();
+	char work[600];
+	cwt_daemon d, w;
+
+	snprintf(work, sizeof(work), "%s/work", dir);
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--work-dir", work, "--heartbeat-ms", "50",
+	    "--worker-timeout-ms", "3600000", NULL);
+	cwt_daemon_start(&w, dir, "worker0", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "600000",
+	    "--threads", "1", NULL);
+	for (int k = 0; k < 3; k++) {
+		run_sum s = run_digest("range(100) | map(add, value=1)", d.url,
+		    NULL);
+		ck_assert_uint_eq(s.n, 100);
+		ck_assert_int_eq(s.min, 1);
+		ck_assert_int_eq(s.max, 100);
+	}
+	cwt_daemon_stop(&w, SIGKILL);
+	cwt_daemon_stop(&d, SIGTERM);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* A client-side tail (take) runs after the service. */
 START_TEST(cluster_client_part_runs_after_the_service)
 {
@@ -3521,6 +3615,8 @@ cwt_cluster_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, cluster_distributed_epoch_equals_in_process);
 	tcase_add_test(tc, cluster_text_files_equal_in_process);
+	tcase_add_test(tc, cluster_fixed_records_from_mapped_files_equal_in_process);
+	tcase_add_test(tc, cluster_worker_learns_a_new_task_when_a_client_asks);
 	tcase_add_test(tc, dispatcher_creates_its_work_dir_with_parents);
 	tcase_add_test(tc, cluster_workers_run_plugin_functions);
 	tcase_add_test(tc, cluster_job_runs_only_on_workers_with_its_plugin);

@@ -6,6 +6,7 @@
 #include "../src/core/core.h"
 #include "../src/graph/graph.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- errors and version ---------------------------------------------------- */
 
@@ -1149,6 +1151,82 @@ START_TEST(batch_stacks_exact_values)
 }
 END_TEST
 
+/* ---- buffers that map a file ------------------------------------------------ */
+
+/* A mapped buffer views the file's bytes from any offset; once the file
+ * shrank, the kernel's reads of the mapping (a write into a pipe, as a
+ * socket send does) fail with EFAULT rather than raise SIGBUS, and a copy
+ * (what a compressor takes: cwi_element_unmap) fails with an error naming
+ * the offset. Before that, an unmapped element holds the same bytes in a
+ * buffer of its own. */
+START_TEST(mapped_buffer_views_a_file_and_fails_cleanly_once_it_shrank)
+{
+	char *d = cwt_tmpdir();
+	char *path = cwt_fmt("%s/m.bin", d);
+	size_t size = 3 * 4096 + 100, off = 5000, len = size - off;
+	uint8_t *data = malloc(size);
+	cwi_buffer *b, *c;
+	cwi_map_file *mf;
+	cwi_element *e = cwi_element_new(1);
+	int fd, pfd[2];
+
+	for (size_t i = 0; i < size; i++)
+		data[i] = (uint8_t)(i * 7 + i / 251);
+	cwt_write_file(path, data, size);
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(cwi_map_file_open(&mf, fd), CACHEW_OK);
+	close(fd); /* the map file keeps its own descriptor */
+	ck_assert_int_eq(cwi_buffer_map_file(&b, mf, off, len), CACHEW_OK);
+	cwi_map_file_unref(mf); /* the buffer keeps a reference */
+	ck_assert(cwi_buffer_mapped(b));
+	ck_assert_uint_eq(b->size, len);
+	ck_assert_int_eq(memcmp(b->data, data + off, len), 0);
+	ck_assert_int_eq(cwi_buffer_map_copy(&c, b, 10, 4096), CACHEW_OK);
+	ck_assert(!cwi_buffer_mapped(c));
+	ck_assert_int_eq(memcmp(c->data, data + off + 10, 4096), 0);
+	cwi_buffer_unref(c);
+	ck_assert_int_eq(cwi_buffer_map_copy(&c, b, len - 1, 2),
+	    CACHEW_ERANGE);
+
+	/* A record viewing the mapping, unmapped: its own bytes. */
+	cwi_tensor_init_bytes_view(&e->comp[0], b, 100, 3000);
+	cwi_element_retain(e);
+	cwi_element *u = e;
+	ck_assert_int_eq(cwi_element_unmap(&u), CACHEW_OK);
+	ck_assert_ptr_ne(u, e); /* e was shared: u is a clone */
+	ck_assert(!cwi_buffer_mapped(u->comp[0].buf));
+	ck_assert(cwi_buffer_mapped(e->comp[0].buf));
+	const void *rec;
+	size_t rlen;
+	ck_assert_int_eq(cachew_tensor_bytes_at(&u->comp[0], 0, &rec, &rlen),
+	    CACHEW_OK);
+	ck_assert_uint_eq(rlen, 3000);
+	ck_assert_int_eq(memcmp(rec, data + off + 100, 3000), 0);
+	cwi_element_release(u);
+
+	/* The file shrinks under the mapping. */
+	ck_assert_int_eq(truncate(path, 4096), 0);
+	ck_assert_int_eq(pipe(pfd), 0);
+	errno = 0;
+	ck_assert_int_eq(write(pfd[1], b->data + 4096, 4096), -1);
+	ck_assert_int_eq(errno, EFAULT);
+	close(pfd[0]);
+	close(pfd[1]);
+	u = e;
+	ck_assert_int_eq(cwi_element_unmap(&u), CACHEW_ECORRUPT);
+	ck_assert_ptr_null(u); /* released with the error */
+	ck_assert_str_eq(cachew_errmsg(), "the file ends at byte offset 5100, "
+	    "inside records already read (it is shorter than when it was "
+	    "opened)");
+	cwi_buffer_unref(b);
+	free(data);
+	free(path);
+	cwt_rmtree(d);
+	free(d);
+}
+END_TEST
+
 Suite *
 cwt_core_suite(void)
 {
@@ -1166,6 +1244,8 @@ cwt_core_suite(void)
 	tcase_add_test(tc, tensor_copy_and_destroy_still_retain_and_release);
 	tcase_add_test(tc, tensor_rejects_bad_shapes);
 	tcase_add_test(tc, tensor_wrap_frees_after_last_view);
+	tcase_add_test(tc,
+	    mapped_buffer_views_a_file_and_fails_cleanly_once_it_shrank);
 	tcase_add_test(tc, tensor_slice_checks_bounds);
 	tcase_add_test(tc, bytes_tensor_holds_strings_and_slices);
 	tcase_add_test(tc, element_set_and_read_components);

@@ -1131,6 +1131,87 @@ START_TEST(test_fixed_length_records_binary_data)
 }
 END_TEST
 
+/* The records a mapping reader gives (cfg.map: a worker whose records
+ * leave unread) are the ones a reading reader gives, byte for byte, across
+ * mapping blocks (CWI_MAP_BLOCK) and with a header that puts records off
+ * page boundaries; records of at least CWI_MAP_MIN bytes view mappings,
+ * smaller ones are read. After a seek (a restore) it maps from there. */
+START_TEST(test_fixed_length_records_mapped_equal_read)
+{
+	char *d = cwt_tmpdir();
+	char *path = fmt("%s/m.bin", d);
+	size_t rb = 5000, nrec = 2 * CWI_MAP_BLOCK / 5000 + 7;
+	size_t hdr = 13, ftr = 5, size = hdr + nrec * rb + ftr;
+	uint8_t *data = malloc(size);
+
+	for (size_t i = 0; i < size; i++)
+		data[i] = (uint8_t)(i * 31 + i / 4099);
+	cwt_write_file(path, data, size);
+	for (int small = 0; small < 2; small++) {
+		cwi_rec_config cfg = {
+		    .record_bytes = small ? 1000 : (int64_t)rb,
+		    .header_bytes = (int64_t)hdr,
+		    .footer_bytes = (int64_t)ftr,
+		    .buffer_size = CWI_READ_BLOCK,
+		    .map = true,
+		};
+		size_t want = small ? 0 : nrec, got = 0;
+		cwi_rec_reader r;
+		cwi_tensor t;
+		cachew_err rv;
+
+		if (small) { /* 13 + 5 + 1000 k: the body is whole records */
+			cfg.footer_bytes = (int64_t)((size - hdr) % 1000);
+			want = (size - hdr) / 1000;
+		}
+		cwi_rec_init(&r, &cfg);
+		ck_assert_int_eq(cwi_rec_open(&r, path, strlen(path)),
+		    CACHEW_OK);
+		while ((rv = cwi_rec_next(&r, &t)) == CACHEW_OK) {
+			size_t len = (size_t)cfg.record_bytes;
+			const void *rec;
+			size_t rlen;
+
+			ck_assert_int_eq(cachew_tensor_bytes_at(&t, 0, &rec,
+					     &rlen), CACHEW_OK);
+			ck_assert_uint_eq(rlen, len);
+			ck_assert_msg(memcmp(rec, data + hdr + got * len, len) ==
+				0, "record %zu differs", got);
+			ck_assert_int_eq(cwi_buffer_mapped(t.buf), !small);
+			cwi_tensor_clear(&t);
+			got++;
+		}
+		ck_assert_int_eq(rv, CACHEW_EOF);
+		ck_assert_uint_eq(got, want);
+		if (!small) {
+			/* Reopened at the second last record (a restore). */
+			const void *rec;
+			size_t rlen;
+
+			ck_assert_int_eq(cwi_rec_open(&r, path, strlen(path)),
+			    CACHEW_OK);
+			ck_assert_int_eq(cwi_rec_seek(&r, hdr + (nrec - 2) * rb),
+			    CACHEW_OK);
+			ck_assert_int_eq(cwi_rec_next(&r, &t), CACHEW_OK);
+			ck_assert(cwi_buffer_mapped(t.buf));
+			ck_assert_int_eq(cachew_tensor_bytes_at(&t, 0, &rec,
+					     &rlen), CACHEW_OK);
+			ck_assert_int_eq(memcmp(rec, data + hdr +
+					     (nrec - 2) * rb, rb), 0);
+			cwi_tensor_clear(&t);
+			ck_assert_int_eq(cwi_rec_next(&r, &t), CACHEW_OK);
+			cwi_tensor_clear(&t);
+			ck_assert_int_eq(cwi_rec_next(&r, &t), CACHEW_EOF);
+		}
+		cwi_rec_close(&r);
+	}
+	free(data);
+	free(path);
+	cwt_rmtree(d);
+	free(d);
+}
+END_TEST
+
 START_TEST(test_fixed_length_records_partial_record_fails)
 {
 	char *d = cwt_tmpdir();
@@ -1775,6 +1856,7 @@ cwt_sources_suite(void)
 	tcase_add_test(files, test_fixed_length_records_splits_file);
 	tcase_add_test(files, test_fixed_length_records_header_and_footer);
 	tcase_add_test(files, test_fixed_length_records_binary_data);
+	tcase_add_test(files, test_fixed_length_records_mapped_equal_read);
 	tcase_add_test(files, test_fixed_length_records_partial_record_fails);
 	tcase_add_test(files, test_fixed_length_records_record_bytes_required);
 	tcase_add_test(files, test_fixed_length_records_c_builder);

@@ -138,6 +138,27 @@ typedef struct cwi_buffer {
 cachew_err cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero);
 cachew_err cwi_buffer_wrap(cwi_buffer **out, void *data, size_t size,
     void (*free_fn)(void *ctx, void *data), void *ctx);
+/* An open local file that buffers may map (cwi_buffer_map_file): holds a
+ * duplicate of fd (the caller keeps its own) for copies; each mapping
+ * holds a reference. CACHEW_ENOMEM (no descriptor left), EIO. */
+typedef struct cwi_map_file cwi_map_file;
+cachew_err cwi_map_file_open(cwi_map_file **out, int fd);
+void cwi_map_file_unref(cwi_map_file *f);
+/* A buffer over len bytes of file from byte offset off, read only, mapped
+ * (buffer_map.c). Only for bytes nothing in the process reads (the kernel
+ * sends them): a thread reading a page of a file that shrank after the
+ * mapping gets SIGBUS. CACHEW_ENOTSUP when the file cannot be mapped,
+ * ENOMEM, EINVAL. */
+cachew_err cwi_buffer_map_file(cwi_buffer **out, cwi_map_file *file,
+    uint64_t off, size_t len);
+/* Whether b maps a file (cwi_buffer_map_file). */
+bool cwi_buffer_mapped(const cwi_buffer *b);
+/* A copy of bytes [start, start + len) of mapped buffer b in a new owned
+ * buffer, read from the file with pread(2): CACHEW_ECORRUPT naming the
+ * offset when the file has shrunk since, CACHEW_EIO, ERANGE, ENOMEM
+ * (through cwi_fail). */
+cachew_err cwi_buffer_map_copy(cwi_buffer **out, const cwi_buffer *b,
+    size_t start, size_t len);
 
 static inline cwi_buffer *
 cwi_buffer_ref(cwi_buffer *b)
@@ -502,6 +523,11 @@ cwi_element *cwi_element_compact(cwi_element *e);
 /* Makes e unshared (cloning it if needed) and returns it. On ENOMEM returns
  * NULL and e is released. */
 cwi_element *cwi_element_make_unique(cwi_element *e);
+/* Makes every component of *e that views a mapped file (cwi_buffer_mapped)
+ * view a copy read from the file instead, for code that reads the bytes
+ * (cloning *e if shared). Errors as cwi_buffer_map_copy; then *e is
+ * released and NULL. */
+cachew_err cwi_element_unmap(cwi_element **e);
 
 /* ---- values: the parameter model --------------------------------------- */
 

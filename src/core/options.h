@@ -47,6 +47,10 @@ typedef struct cwi_opts {
 	char tls_cert[CWI_OPT_STR_MAX];
 	char tls_key[CWI_OPT_STR_MAX];
 	char tls_server_name[CWI_OPT_STR_MAX];
+	/* Not an option a user sets (no table entry): a worker sets it for
+	 * the leases of a task whose records only the kernel reads, so file
+	 * sources may map files rather than read them (cwi_rec_config.map). */
+	int map_reads;
 } cwi_opts;
 
 void cwi_opts_defaults(cwi_opts *o);

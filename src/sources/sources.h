@@ -52,7 +52,18 @@ typedef struct cwi_rec_config {
 	int64_t header_bytes; /* fixed-length: bytes skipped at the start */
 	int64_t footer_bytes; /* fixed-length: bytes ignored at the end */
 	int64_t buffer_size;  /* bytes per read(2) */
+	/* Fixed-length records of at least CWI_MAP_MIN bytes from a local
+	 * file: map blocks of the file (cwi_buffer_map_file) instead of
+	 * reading them, where only the kernel reads the records (a worker
+	 * sending them: cwi_opts.map_reads). */
+	bool map;
 } cwi_rec_config;
+
+/* Mapped reading: records of at least this size (smaller ones are copied
+ * into the messages that carry them), in blocks of up to CWI_MAP_BLOCK
+ * bytes (one mmap and one munmap each). */
+#define CWI_MAP_MIN (4 << 10)
+#define CWI_MAP_BLOCK (4 << 20)
 
 /*
  * Reads one file as a sequence of bytes scalars. Blocks of buffer_size
@@ -65,6 +76,7 @@ typedef struct cwi_rec_reader {
 	char *path;
 	struct cwi_file *file; /* src/io; NULL when closed */
 	cwi_buffer *block; /* bytes [0, len) are valid; pos is the next one */
+	cwi_map_file *mapped; /* cfg.map: the open file, once mapped */
 	size_t pos, len;
 	size_t scanned;    /* text: [pos, scanned) holds no newline */
 	uint64_t file_off; /* file offset of the next read */

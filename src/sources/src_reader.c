@@ -47,6 +47,8 @@ cwi_rec_close(cwi_rec_reader *r)
 	r->file = NULL;
 	cwi_buffer_unref(r->block);
 	r->block = NULL;
+	cwi_map_file_unref(r->mapped);
+	r->mapped = NULL;
 	free(r->path);
 	r->path = NULL;
 	r->pos = r->len = r->scanned = 0;
@@ -148,6 +150,8 @@ cwi_rec_seek(cwi_rec_reader *r, uint64_t off)
 		return rec_io_fail(r, rv);
 	cwi_file_close(r->file);
 	r->file = f;
+	cwi_map_file_unref(r->mapped); /* mappings keep their references */
+	r->mapped = NULL;
 	r->file_off = off;
 	r->pos = r->len = r->scanned = 0;
 	r->eof = false;
@@ -194,6 +198,46 @@ cwi_rec_open(cwi_rec_reader *r, const char *path, size_t len)
 	if (rv == CACHEW_OK)
 		rv = rec_skip_header(r, (uint64_t)size);
 	return rv;
+}
+
+/*
+ * Mapped reading (cfg.map): the next records, whole, as one mapping of
+ * the file. CACHEW_ENOTSUP when they are to be read instead: not a local
+ * file, records under CWI_MAP_MIN, or a mapping that failed (this reader
+ * then reads the rest of the file from where the mappings stopped).
+ */
+static cachew_err
+rec_map(cwi_rec_reader *r, uint64_t limit)
+{
+	size_t rb = (size_t)r->cfg.record_bytes;
+	size_t len = CWI_MAP_BLOCK / rb * rb;
+	int fd = cwi_file_fd(r->file);
+	cwi_buffer *b;
+	cachew_err rv;
+
+	if (!r->cfg.map || rb < CWI_MAP_MIN || r->len != r->pos || fd < 0 ||
+	    limit == 0)
+		return CACHEW_ENOTSUP;
+	if (len < rb)
+		len = rb;
+	if (len > limit)
+		len = (size_t)limit;
+	if ((r->mapped == NULL &&
+		cwi_map_file_open(&r->mapped, fd) != CACHEW_OK) ||
+	    cwi_buffer_map_file(&b, r->mapped, r->file_off, len) !=
+		CACHEW_OK) {
+		r->cfg.map = false;
+		/* The file's read position is where this file was opened or
+		 * last sought: move it to the records not yet mapped. */
+		rv = cwi_rec_seek(r, r->file_off);
+		return rv == CACHEW_OK ? CACHEW_ENOTSUP : rv;
+	}
+	cwi_buffer_unref(r->block);
+	r->block = b;
+	r->pos = r->scanned = 0;
+	r->len = len;
+	r->file_off += (uint64_t)len;
+	return CACHEW_OK;
 }
 
 /*
@@ -327,6 +371,11 @@ rec_next_fixed(cwi_rec_reader *r, cwi_tensor *out)
 			    "opened)",
 			    (unsigned long long)(r->file_off - keep), keep, rb);
 		}
+		rv = rec_map(r, r->end - r->file_off);
+		if (rv == CACHEW_OK)
+			continue;
+		if (rv != CACHEW_ENOTSUP)
+			return rv;
 		/* Whole records per block: reads stay record-aligned. */
 		cap = (size_t)r->cfg.buffer_size / rb * rb;
 		if (cap < rb)

@@ -204,6 +204,7 @@ records_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 
 	if (cfg.buffer_size <= 0)
 		cfg.buffer_size = CWI_READ_BLOCK;
+	cfg.map = cfg.record_bytes > 0 && args->pl->opts.map_reads;
 	r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");

@@ -100,6 +100,25 @@ fault_roll(void)
 
 static void *runner_main(void *arg);
 
+/* Whether the task's records leave this process unread, so that file
+ * sources may map files rather than read them (cwi_buffer_map_file): the
+ * worker part is the source alone (no operator reads its output), the
+ * stream goes to other processes over plain tcp or ipc (not inproc's
+ * pointers, not through TLS, which encrypts in this process), and not in
+ * coordinated rounds. A reply to compress is unmapped first
+ * (compress_msg). */
+static bool
+records_unread(const cwi_wtask *t)
+{
+	const char *url = t->env->address != NULL ? t->env->address : "";
+
+	return t->plan != NULL && t->plan->source != NULL &&
+	       t->plan->source == t->plan->root && t->plan->nworker == 1 &&
+	       !t->env->inproc && t->ncons == 0 &&
+	       (strncmp(url, "tcp://", 6) == 0 ||
+		   strncmp(url, "ipc://", 6) == 0);
+}
+
 /* The worker's executor options with the job's epoch: a reshuffle, a
  * per-epoch file order and random functions draw from it, as they would
  * in the client's process for this epoch. */
@@ -109,6 +128,7 @@ lease_options(cwi_wtask *t)
 	cwi_opts v = *cwi_options_values(t->env->opts);
 
 	v.epoch = (int64_t)t->epoch;
+	v.map_reads = records_unread(t);
 	t->lease_opts = cwi_options_from_values(&v);
 	return t->lease_opts != NULL ? CACHEW_OK
 				     : cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -174,9 +194,6 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 	rv = cwi_zstd_pool_create(&t->zstd);
 	if (rv != CACHEW_OK)
 		goto fail;
-	rv = lease_options(t);
-	if (rv != CACHEW_OK)
-		goto fail;
 	rv = cachew_dataset_from_msgpack(&t->root, def->graph, def->graph_len);
 	if (rv != CACHEW_OK) {
 		start_failed(t, rv);
@@ -199,6 +216,9 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		    cwi_errmsg_get());
 		goto fail;
 	}
+	rv = lease_options(t);
+	if (rv != CACHEW_OK)
+		goto fail;
 	if (env->inline_run && t->ncons == 0 &&
 	    t->mode == CWI_MODE_DISTRIBUTED_EPOCH) {
 		t->inline_run = true;
@@ -222,6 +242,13 @@ uint64_t
 cwi_wtask_id(const cwi_wtask *t)
 {
 	return t->id;
+}
+
+bool
+cwi_wtask_maps_files(const cwi_wtask *t)
+{
+	return t->lease_opts != NULL &&
+	       cwi_options_values(t->lease_opts)->map_reads;
 }
 
 bool
@@ -641,12 +668,25 @@ compress_msg(cwi_wtask *t, cwi_msg **msg, const char *peer)
 
 	if (v == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	for (size_t i = 0; i < n; i++)
+	rv = CACHEW_OK;
+	for (size_t i = 0; i < n; i++) {
 		v[i] = cwi_msg_element(*msg, i);
+		/* The compressor reads the bytes: not from a mapping. */
+		if (rv == CACHEW_OK) {
+			cwi_element_retain(v[i]);
+			rv = cwi_element_unmap(&v[i]);
+		} else {
+			v[i] = NULL;
+		}
+	}
 	int level = zstd_level(t);
-	rv = cwi_payload_compress(t->zstd, level, v, n, &frame, &content);
+	if (rv == CACHEW_OK)
+		rv = cwi_payload_compress(t->zstd, level, v, n, &frame,
+		    &content);
 	if (rv == CACHEW_OK)
 		zstd_result(t, level, content, cwi_element_nbytes(frame));
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(v[i]);
 	if (v != &one)
 		free(v);
 	if (rv == CACHEW_OK)

@@ -84,6 +84,9 @@ uint64_t cwi_wtask_id(const cwi_wtask *t);
 /* Whether a request carrying `secret` may read the task: its def had
  * none (0), or the same. */
 bool cwi_wtask_secret_ok(const cwi_wtask *t, uint64_t secret);
+/* Whether the task's file sources map local files rather than read them
+ * (its records leave the process unread: worker_task.c, records_unread). */
+bool cwi_wtask_maps_files(const cwi_wtask *t);
 void cwi_wtask_ref(cwi_wtask *t);
 /* Drops a reference; the last one frees the task (stopped first). */
 void cwi_wtask_unref(cwi_wtask *t);
