@@ -886,6 +886,16 @@ CACHEW_API cachew_err cachew_dataset_reduce(cachew_dataset **out,
 CACHEW_API cachew_err cachew_dataset_window(cachew_dataset **out,
     cachew_dataset *in, int64_t size, int64_t shift, int64_t stride,
     int drop_remainder);
+/* Yields in's elements, dropping those whose map or filter function (below
+ * it in the pipeline) failed with a data error: CACHEW_ECORRUPT (a corrupt
+ * image given to decode_jpeg), CACHEW_ETYPE, CACHEW_ERANGE or CACHEW_EOP
+ * (a function refused the element), as tf.data's ignore_errors. Other
+ * errors (I/O, memory, cancellation, bad parameters) still end the
+ * stream. Each dropped element counts in the node's `dropped`
+ * (cachew_iterator_stats); with log_warning each is also logged at
+ * CACHEW_LOG_WARN with the count so far. Cardinality unknown. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_ignore_errors(
+    cachew_dataset **out, cachew_dataset *in, int log_warning);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,
@@ -1188,6 +1198,9 @@ typedef struct cachew_op_stats {
 	int parallelism;      /* current threads (1 when inline) */
 	int64_t buffer_limit; /* elements it may buffer (0 = none) */
 	int64_t buffered;     /* elements buffered now */
+	uint64_t dropped;     /* ignore_errors: elements dropped for a data
+			       * error below it (0 for other operators).
+			       * Since 0.2. */
 } cachew_op_stats;
 
 /* Copies up to cap rows into the caller's out and the total count into *n

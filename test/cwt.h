@@ -47,6 +47,8 @@ Suite *cwt_cancel_suite(void);    /* check_cancel.c: timeouts, cancel,
                                    * fork */
 Suite *cwt_stream_ops_suite(void); /* check_stream_ops.c: operators
                                    * over the whole stream (unique) */
+Suite *cwt_tfdata_ops_suite(void); /* check_tfdata_ops.c: ignore_errors,
+                                    * rebatch, random, ... (issue 15 A) */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may

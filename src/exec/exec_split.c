@@ -23,7 +23,7 @@
  */
 static const char *const per_lease_ops[] = {
     "map", "filter", "flat_map", "interleave", "batch", "padded_batch",
-    "unbatch", "shuffle", "prefetch", "autocache",
+    "unbatch", "shuffle", "prefetch", "autocache", "ignore_errors",
 };
 
 static const struct {

@@ -411,3 +411,14 @@ cachew_dataset_autocache(cachew_dataset **out, cachew_dataset *in)
 	BEGIN;
 	return kv_build(&b, out, "autocache", &in, 1);
 }
+
+/* ---- issue 15, part A --------------------------------------------------- */
+
+cachew_err
+cachew_dataset_ignore_errors(cachew_dataset **out, cachew_dataset *in,
+    int log_warning)
+{
+	BEGIN;
+	kv_bool(&b, "log_warning", log_warning);
+	return kv_build(&b, out, "ignore_errors", &in, 1);
+}

@@ -1,0 +1,405 @@
+/*
+ * check_tfdata_ops.c - more of tf.data (issue 15, part A): ignore_errors
+ * (with decode_jpeg over a truncated JPEG), rebatch, range(output_type=),
+ * random, padded_batch's per-component padding, batch(parallel=) and the
+ * in-memory cache(). Modelled on tf.data's docstring examples, run
+ * in-process and through service=embedded.
+ */
+#include "cwt.h"
+#include "../src/tools/gen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const services[] = {NULL, "embedded"};
+
+/* The value of a scalar of any number dtype, as a double. */
+static double
+scalar_f64(const cachew_tensor *t)
+{
+	const void *p = cachew_tensor_data(t);
+
+	ck_assert_int_eq(cachew_tensor_numel(t), 1);
+	switch (cachew_tensor_dtype(t)) {
+	case CACHEW_F64: return *(const double *)p;
+	case CACHEW_F32: return *(const float *)p;
+	case CACHEW_I64: return (double)*(const int64_t *)p;
+	case CACHEW_I32: return *(const int32_t *)p;
+	case CACHEW_U8: return *(const uint8_t *)p;
+	default: ck_abort_msg("dtype %s is not a number",
+	    cachew_dtype_name(cachew_tensor_dtype(t)));
+	}
+	return 0;
+}
+
+static cachew_err
+element_f64(cachew_element **out, double x)
+{
+	void *p;
+	cachew_err rv = cachew_element_create(out, 1);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	rv = cachew_element_alloc(*out, 0, CACHEW_F64, 0, NULL, &p);
+	if (rv != CACHEW_OK) {
+		cachew_element_release(*out);
+		return rv;
+	}
+	*(double *)p = x;
+	return CACHEW_OK;
+}
+
+/* "1,0.5,0.25": component c (a scalar of any number dtype) of every
+ * element of a run, %g, comma-joined. Free with free(). */
+static char *
+num_seq(const char *pipeline, const cachew_options *opts, size_t c)
+{
+	cachew_element **v = NULL;
+	size_t n = 0, len = 0;
+	char errmsg[512] = "";
+	char *s = calloc(1, 8192);
+	cachew_err rv = cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg));
+
+	ck_assert_msg(rv == CACHEW_OK, "%s: %s", pipeline, errmsg);
+	ck_assert_ptr_nonnull(s);
+	for (size_t i = 0; i < n; i++) {
+		double x = scalar_f64(cachew_element_component(v[i], c));
+		len += (size_t)snprintf(s + len, 8192 - len, "%s%g",
+		    i > 0 ? "," : "", x);
+		ck_assert_uint_lt(len, 8000);
+	}
+	cwt_free(v, n);
+	return s;
+}
+
+static void
+num_seq_is(const char *pipeline, const cachew_options *opts, size_t c,
+    const char *want)
+{
+	char *s = num_seq(pipeline, opts, c);
+	ck_assert_msg(strcmp(s, want) == 0, "%s: %s, want %s", pipeline, s,
+	    want);
+	free(s);
+}
+
+/* ---- ignore_errors ---------------------------------------------------------- */
+
+/* tf.debugging.check_numerics(1. / x): fails (EOP) where x is 0. */
+static cachew_err
+recip_checked_map(cachew_op_ctx *ctx, cachew_element *in,
+    cachew_element **out)
+{
+	double x = scalar_f64(cachew_element_component(in, 0));
+	cachew_element *e;
+
+	cachew_element_release(in);
+	if (x == 0)
+		return cachew_op_ctx_fail(ctx, "1/x is not finite (x = 0)");
+	if (element_f64(&e, 1.0 / x) != CACHEW_OK)
+		return CACHEW_ENOMEM;
+	*out = e;
+	return CACHEW_OK;
+}
+
+/* An I/O failure on 3 (not a data error: ignore_errors keeps it). */
+static cachew_err
+io_on_three_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	double x = scalar_f64(cachew_element_component(in, 0));
+
+	(void)ctx;
+	if (x == 3) {
+		cachew_element_release(in);
+		return CACHEW_EIO;
+	}
+	*out = in;
+	return CACHEW_OK;
+}
+
+/* A filter that fails (ECORRUPT) on odd values and keeps the rest. */
+static cachew_err
+odd_corrupt_filter(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	double x = scalar_f64(cachew_element_component(in, 0));
+
+	if ((int64_t)x % 2 != 0)
+		return CACHEW_ECORRUPT;
+	(void)ctx;
+	*keep = 1;
+	return CACHEW_OK;
+}
+
+static void
+register_error_fns(void)
+{
+	static const cachew_op_def recip = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "tfd_recip_checked",
+	    .kind = CACHEW_OP_MAP,
+	    .map = recip_checked_map,
+	};
+	static const cachew_op_def io = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "tfd_io_on_three",
+	    .kind = CACHEW_OP_MAP,
+	    .map = io_on_three_map,
+	};
+	static const cachew_op_def odd = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "tfd_odd_corrupt",
+	    .kind = CACHEW_OP_FILTER,
+	    .filter = odd_corrupt_filter,
+	};
+	ck_assert_int_eq(cachew_op_register(&recip), CACHEW_OK);
+	ck_assert_int_eq(cachew_op_register(&io), CACHEW_OK);
+	ck_assert_int_eq(cachew_op_register(&odd), CACHEW_OK);
+}
+
+/* The `dropped` of the ignore_errors row of a run read to its end. */
+static uint64_t
+dropped_of(const char *pipeline, const cachew_options *opts, size_t *count)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+	cachew_op_stats rows[32];
+	cachew_iterator *it;
+	cachew_element *e;
+	uint64_t dropped = UINT64_MAX;
+	size_t n = 0;
+	cachew_err rv;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, opts), CACHEW_OK);
+	*count = 0;
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		cachew_element_release(e);
+		(*count)++;
+	}
+	ck_assert_msg(rv == CACHEW_EOF, "%s: %s", pipeline,
+	    cachew_iterator_errmsg(it));
+	ck_assert_int_eq(cachew_iterator_stats(it, rows, 32, &n), CACHEW_OK);
+	for (size_t i = 0; i < n && i < 32; i++)
+		if (strcmp(rows[i].name, "ignore_errors") == 0)
+			dropped = rows[i].dropped;
+		else
+			ck_assert_uint_eq(rows[i].dropped, 0);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	return dropped;
+}
+
+/* tf.data's docstring: from_tensor_slices([1., 2., 0., 4.]).map(lambda x:
+ * check_numerics(1. / x)) fails at 0; .ignore_errors() yields 1.0, 0.5,
+ * 0.25. Inline and parallel maps, in-process and through the service. */
+START_TEST(ignore_errors_as_in_tf_data_docs)
+{
+	register_error_fns();
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		size_t count = 0;
+
+		cwt_run_fails("from_list([1.0, 2.0, 0.0, 4.0]) | "
+			      "map(tfd_recip_checked)", o, CACHEW_EOP,
+		    "1/x is not finite");
+		num_seq_is("from_list([1.0, 2.0, 0.0, 4.0]) | "
+			   "map(tfd_recip_checked) | ignore_errors", o, 0,
+		    "1,0.5,0.25");
+		num_seq_is("from_list([1.0, 2.0, 0.0, 4.0]) | "
+			   "map(tfd_recip_checked, parallel=2) | "
+			   "ignore_errors()", o, 0, "1,0.5,0.25");
+		/* Every element failing: an empty stream, not an error. */
+		num_seq_is("from_list([0.0, 0.0]) | map(tfd_recip_checked) | "
+			   "ignore_errors", o, 0, "");
+		/* Operators between the function and ignore_errors. */
+		num_seq_is("from_list([0.0, 1.0, 0.0, 2.0, 4.0]) | "
+			   "map(tfd_recip_checked) | batch(2) | unbatch | "
+			   "ignore_errors", o, 0, "1,0.5,0.25");
+		/* A filter's data error drops the element too. */
+		num_seq_is("range(7) | filter(tfd_odd_corrupt) | ignore_errors",
+		    o, 0, "0,2,4,6");
+		ck_assert_uint_eq(dropped_of("range(1000) | map(cast, dtype=f64) | "
+		    "map(tfd_recip_checked, parallel=2) | ignore_errors", o,
+		    &count), 1);
+		ck_assert_uint_eq(count, 999);
+		ck_assert_uint_eq(dropped_of("range(100) | "
+		    "filter(tfd_odd_corrupt) | ignore_errors", o, &count), 50);
+		ck_assert_uint_eq(count, 50);
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+/* Only data errors are dropped: an I/O failure, a bad parameter and a
+ * function above ignore_errors still end the stream. */
+START_TEST(ignore_errors_keeps_other_errors)
+{
+	register_error_fns();
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		cwt_run_fails("range(6) | map(cast, dtype=f64) | "
+			      "map(tfd_io_on_three) | ignore_errors", o,
+		    CACHEW_EIO, "tfd_io_on_three");
+		cwt_run_fails("range(6) | map(cast, dtype=f64) | "
+			      "map(tfd_io_on_three, parallel=2) | "
+			      "ignore_errors", o, CACHEW_EIO,
+		    "tfd_io_on_three");
+		cwt_run_fails("from_list([1.0, 0.0]) | ignore_errors | "
+			      "map(tfd_recip_checked)", o, CACHEW_EOP,
+		    "not finite");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+typedef struct log_capture {
+	int warnings;
+	char last[512];
+} log_capture;
+
+static void
+capture_log(void *ctx, cachew_log_level level, const char *module,
+    const char *msg)
+{
+	log_capture *c = ctx;
+
+	if (level == CACHEW_LOG_WARN && strcmp(module, "ignore_errors") == 0) {
+		c->warnings++;
+		snprintf(c->last, sizeof(c->last), "%s", msg);
+	}
+}
+
+/* log_warning=true: one counted warning per dropped element, naming the
+ * function's reason; none without it. */
+START_TEST(ignore_errors_logs_counted_warnings)
+{
+	log_capture cap = {0};
+	char *s;
+
+	register_error_fns();
+	cachew_log_set(capture_log, &cap, CACHEW_LOG_WARN);
+	s = num_seq("from_list([0.0, 1.0, 0.0, 2.0, 0.0]) | "
+		    "map(tfd_recip_checked) | ignore_errors", NULL, 0);
+	ck_assert_str_eq(s, "1,0.5");
+	free(s);
+	ck_assert_int_eq(cap.warnings, 0);
+	s = num_seq("from_list([0.0, 1.0, 0.0, 2.0, 0.0]) | "
+		    "map(tfd_recip_checked) | ignore_errors(log_warning=true)",
+	    NULL, 0);
+	ck_assert_str_eq(s, "1,0.5");
+	free(s);
+	cachew_log_set(NULL, NULL, CACHEW_LOG_ERROR);
+	ck_assert_int_eq(cap.warnings, 3);
+	ck_assert_msg(strstr(cap.last, "dropped element 4 of "
+				       "map(tfd_recip_checked): 1/x is not "
+				       "finite (x = 0) (3 dropped so far)") !=
+		NULL, "%s", cap.last);
+}
+END_TEST
+
+/* decode_jpeg over real JPEGs (cachew gen imagenet's encoder), one of them
+ * truncated and one overwritten with garbage: without ignore_errors the
+ * epoch fails with ECORRUPT; with it the good images come through, in
+ * order, and the two bad ones count as dropped. */
+START_TEST(ignore_errors_drops_corrupt_jpegs)
+{
+	char *dir = cwt_tmpdir(), *list = NULL, *p;
+	size_t listlen = 0, count = 0;
+	FILE *f = open_memstream(&list, &listlen);
+
+	ck_assert_ptr_nonnull(f);
+	fputs("from_list([", f);
+	for (int i = 0; i < 6; i++) {
+		uint8_t *jpeg;
+		size_t len;
+		char err[256];
+		char *path = cwt_fmt("%s/img%d.jpg", dir, i);
+
+		ck_assert_msg(cwi_gen_imagenet_jpeg(7, i, 40 + i, 30, 85, &jpeg,
+				  &len, err, sizeof(err)) == CACHEW_OK,
+		    "%s", err);
+		if (i == 2)
+			len /= 3; /* truncated */
+		if (i == 4)
+			memset(jpeg + 2, 0x5a, len - 2); /* garbage after SOI */
+		cwt_write_file(path, jpeg, len);
+		free(jpeg);
+		fprintf(f, "%s\"%s\"", i > 0 ? ", " : "", path);
+		free(path);
+	}
+	fputs("]) | read_file | decode_jpeg", f);
+	ck_assert_int_eq(fclose(f), 0);
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		cachew_element **v = NULL;
+		size_t n = 0;
+		char errmsg[512];
+
+		cwt_run_fails(list, o, CACHEW_ECORRUPT, "decode_jpeg");
+		p = cwt_fmt("%s | ignore_errors", list);
+		ck_assert_int_eq(cwt_run(p, o, &v, &n, errmsg, sizeof(errmsg)),
+		    CACHEW_OK);
+		ck_assert_uint_eq(n, 4);
+		/* The widths say which images came: 40, 41, 43, 45. */
+		{
+			const int64_t want[4] = {40, 41, 43, 45};
+			for (size_t i = 0; i < n; i++) {
+				const cachew_tensor *t =
+				    cachew_element_component(v[i], 0);
+				const int64_t *shape = cachew_tensor_shape(t);
+				ck_assert_uint_eq(cachew_tensor_rank(t), 3);
+				ck_assert_int_eq(shape[0], 30);
+				ck_assert_int_eq(shape[1], want[i]);
+			}
+		}
+		cwt_free(v, n);
+		ck_assert_uint_eq(dropped_of(p, o, &count), 2);
+		ck_assert_uint_eq(count, 4);
+		free(p);
+		p = cwt_fmt("%s | map(identity, parallel=2) | ignore_errors",
+		    list);
+		ck_assert_uint_eq(dropped_of(p, o, &count), 2);
+		free(p);
+		cachew_options_destroy(o);
+	}
+	free(list);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(ignore_errors_spec_cardinality_and_builder)
+{
+	cachew_dataset *r, *ds;
+	char *s;
+
+	cwt_spec_is("range(4) | ignore_errors", "i64[]");
+	ck_assert_int_eq(cwt_card("range(4) | ignore_errors"),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	ck_assert_int_eq(cachew_dataset_range(&r, 0, 3, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_ignore_errors(&ds, r, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_msg(strstr(s, "ignore_errors(log_warning=true)") != NULL,
+	    "%s", s);
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	cachew_dataset_release(r);
+	cwt_build_refused("range(4) | ignore_errors(log_warning=3)",
+	    CACHEW_EINVAL, "log_warning");
+}
+END_TEST
+
+Suite *
+cwt_tfdata_ops_suite(void)
+{
+	Suite *s = suite_create("tfdata_ops");
+	TCase *tc = tcase_create("ignore_errors");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, ignore_errors_as_in_tf_data_docs);
+	tcase_add_test(tc, ignore_errors_keeps_other_errors);
+	tcase_add_test(tc, ignore_errors_logs_counted_warnings);
+	tcase_add_test(tc, ignore_errors_drops_corrupt_jpegs);
+	tcase_add_test(tc, ignore_errors_spec_cardinality_and_builder);
+	suite_add_tcase(s, tc);
+	return s;
+}
