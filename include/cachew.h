@@ -896,6 +896,17 @@ CACHEW_API cachew_err cachew_dataset_window(cachew_dataset **out,
  * CACHEW_LOG_WARN with the count so far. Cardinality unknown. Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_ignore_errors(
     cachew_dataset **out, cachew_dataset *in, int log_warning);
+/* Regroups the rows of in's batched elements (every component with the
+ * same leading dimension) into batches of sizes[0] rows, or with nsizes >
+ * 1 of sizes[0], sizes[1], ... in turn, taking rows across in's batch
+ * boundaries (tf.data's rebatch). The last batch is smaller, or dropped
+ * with drop_remainder, when the rows run out. sizes is read during the
+ * call only. nsizes from 1 to 1024 and each size from 1 to INT32_MAX
+ * (CACHEW_ERANGE otherwise); a scalar component is CACHEW_ETYPE. Since
+ * 0.2. */
+CACHEW_API cachew_err cachew_dataset_rebatch(cachew_dataset **out,
+    cachew_dataset *in, const int64_t *sizes, size_t nsizes,
+    int drop_remainder);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

@@ -388,6 +388,162 @@ START_TEST(ignore_errors_spec_cardinality_and_builder)
 }
 END_TEST
 
+/* ---- rebatch ------------------------------------------------------------------ */
+
+/* Saves after every count `cut` of elements and checks that the restored
+ * iterator yields the rest: the whole run reads `want` (cwt_join_i64). */
+static void
+resumes_at_every_cut(const char *pipeline, const char *want, int total)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+
+	ck_assert_int_le(total, 64);
+	for (int cut = 0; cut <= total; cut++) {
+		cachew_iterator *it, *back;
+		cachew_element *v[64];
+		void *state;
+		size_t len, n = 0;
+		char *s;
+
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+		    CACHEW_OK);
+		for (int i = 0; i < cut; i++)
+			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
+			    CACHEW_OK);
+		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+		    CACHEW_OK);
+		cachew_iterator_destroy(it);
+		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
+		    len), CACHEW_OK);
+		cachew_free(state);
+		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
+			n++;
+		s = cwt_join_i64(v, n, 0);
+		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
+		    pipeline, cut, s, want);
+		free(s);
+		for (size_t i = 0; i < n; i++)
+			cachew_element_release(v[i]);
+		cachew_iterator_destroy(back);
+	}
+	cachew_dataset_release(ds);
+}
+
+/* tf.data's docstring: range(8).batch(4).rebatch(2) and
+ * range(16).batch(4).rebatch([2, 1, 1]); batches cross the input's
+ * boundaries; drop_remainder; two components. */
+START_TEST(rebatch_as_in_tf_data_docs)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		char *s;
+
+		cwt_seq_is("range(8) | batch(4) | rebatch(2)", o,
+		    "[0 1],[2 3],[4 5],[6 7]");
+		cwt_seq_is("range(16) | batch(4) | rebatch([2, 1, 1])", o,
+		    "[0 1],[2],[3],[4 5],[6],[7],[8 9],[10],[11],[12 13],"
+		    "[14],[15]");
+		cwt_seq_is("range(6) | batch(4) | rebatch(3)", o,
+		    "[0 1 2],[3 4 5]");
+		cwt_seq_is("range(7) | batch(3) | rebatch(5)", o,
+		    "[0 1 2 3 4],[5 6]");
+		cwt_seq_is("range(7) | batch(3) | rebatch(5, "
+			   "drop_remainder=true)", o, "[0 1 2 3 4]");
+		cwt_seq_is("range(7) | batch(2) | rebatch(batch_size=[3, 1], "
+			   "drop_remainder=true)", o, "[0 1 2],[3],[4 5 6]");
+		cwt_seq_is("range(0) | batch(2) | rebatch(3)", o, "");
+		cwt_seq_is("range(5) | batch(5) | rebatch(1) | take(3)", o,
+		    "[0],[1],[2]");
+		/* Every component is cut alike. */
+		s = cwt_seq("range(10, 15) | enumerate | batch(2) | "
+			    "rebatch(3) | map(identity)", o);
+		ck_assert_str_eq(s, "[0 1 2],[3 4]");
+		free(s);
+		cachew_options_destroy(o);
+	}
+	{
+		cachew_element **v = NULL;
+		size_t n = 0;
+		char *s;
+		ck_assert_int_eq(cwt_run("range(10, 15) | enumerate | batch(2) "
+					 "| rebatch(3)", NULL, &v, &n, NULL, 0),
+		    CACHEW_OK);
+		s = cwt_join_i64(v, n, 1);
+		ck_assert_str_eq(s, "[10 11 12],[13 14]");
+		free(s);
+		cwt_free(v, n);
+	}
+}
+END_TEST
+
+START_TEST(rebatch_specs_cardinality_and_builder)
+{
+	const int64_t sizes[3] = {2, 1, 1};
+	cachew_dataset *r, *b, *ds;
+	char *s;
+
+	cwt_spec_is("range(8) | batch(4) | rebatch(2)", "i64[-1]");
+	cwt_spec_is("range(8) | batch(4) | rebatch(2, drop_remainder=true)",
+	    "i64[2]");
+	cwt_spec_is("range(8) | batch(4) | rebatch([2, 2], "
+		    "drop_remainder=true)", "i64[-1]");
+	/* Rows unknown (the last input batch may be short): unknown. */
+	ck_assert_int_eq(cwt_card("range(8) | batch(4) | rebatch(3)"),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	ck_assert_int_eq(cwt_card("range(8) | batch(4, drop_remainder=true) | "
+				  "rebatch(3)"), 3);
+	ck_assert_int_eq(cwt_card("range(8) | batch(4, drop_remainder=true) | "
+				  "rebatch(3, drop_remainder=true)"), 2);
+	ck_assert_int_eq(cwt_card("range(16) | batch(4, drop_remainder=true) "
+				  "| rebatch([2, 1, 1])"), 12);
+	ck_assert_int_eq(cwt_card("range(7) | batch(1, drop_remainder=true) | "
+				  "rebatch([3, 1])"), 3);
+	ck_assert_int_eq(cwt_card("range(6) | batch(1, drop_remainder=true) | "
+				  "rebatch([3, 1], drop_remainder=true)"), 2);
+	ck_assert_int_eq(cwt_card("counter | batch(2) | rebatch(3)"),
+	    CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(cachew_dataset_range(&r, 0, 16, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_batch(&b, r, 4, 0), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_rebatch(&ds, b, sizes, 3, 0),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_msg(strstr(s, "rebatch(batch_size=[2, 1, 1], "
+				"drop_remainder=false)") != NULL, "%s", s);
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ck_assert_int_eq(cachew_dataset_rebatch(&ds, b, sizes, 0, 0),
+	    CACHEW_ERANGE);
+	ck_assert_int_eq(cachew_dataset_rebatch(&ds, b, NULL, 1, 0),
+	    CACHEW_EINVAL);
+	cachew_dataset_release(b);
+	cachew_dataset_release(r);
+}
+END_TEST
+
+START_TEST(rebatch_refuses_bad_parameters)
+{
+	cwt_build_refused("range(8) | batch(4) | rebatch(0)", CACHEW_ERANGE,
+	    "batch size 0");
+	cwt_build_refused("range(8) | batch(4) | rebatch([2, -1])",
+	    CACHEW_ERANGE, "item 1");
+	cwt_build_refused("range(8) | batch(4) | rebatch([])", CACHEW_ERANGE,
+	    "lists 0 sizes");
+	cwt_build_refused("range(8) | batch(4) | rebatch(\"2\")",
+	    CACHEW_EINVAL, "integer or a list of integers");
+	cwt_build_refused("range(8) | rebatch(2)", CACHEW_ETYPE,
+	    "is a scalar");
+}
+END_TEST
+
+START_TEST(rebatch_resumes)
+{
+	resumes_at_every_cut("range(16) | batch(4) | rebatch([2, 1, 3])",
+	    "[0 1],[2],[3 4 5],[6 7],[8],[9 10 11],[12 13],[14],[15]", 9);
+	resumes_at_every_cut("range(7) | batch(3) | rebatch(5)",
+	    "[0 1 2 3 4],[5 6]", 2);
+}
+END_TEST
+
 Suite *
 cwt_tfdata_ops_suite(void)
 {
@@ -400,6 +556,14 @@ cwt_tfdata_ops_suite(void)
 	tcase_add_test(tc, ignore_errors_logs_counted_warnings);
 	tcase_add_test(tc, ignore_errors_drops_corrupt_jpegs);
 	tcase_add_test(tc, ignore_errors_spec_cardinality_and_builder);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("rebatch");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, rebatch_as_in_tf_data_docs);
+	tcase_add_test(tc, rebatch_specs_cardinality_and_builder);
+	tcase_add_test(tc, rebatch_refuses_bad_parameters);
+	tcase_add_test(tc, rebatch_resumes);
 	suite_add_tcase(s, tc);
 	return s;
 }

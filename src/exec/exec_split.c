@@ -36,6 +36,7 @@ static const struct {
     {"scan", "carries a state across the whole stream"},
     {"reduce", "reduces the whole stream to one element"},
     {"window", "groups elements by position in the whole stream"},
+    {"rebatch", "regroups rows by position in the whole stream"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},

@@ -17,6 +17,7 @@ extern const cwi_dataset_op cwi_op_scan;          /* op_scan.c */
 extern const cwi_dataset_op cwi_op_reduce;        /* op_scan.c */
 extern const cwi_dataset_op cwi_op_window;        /* op_window.c */
 extern const cwi_dataset_op cwi_op_ignore_errors; /* op_ignore_errors.c */
+extern const cwi_dataset_op cwi_op_rebatch;       /* op_rebatch.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */

@@ -16,6 +16,7 @@ const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_window,
     /* issue 15, part A */
     &cwi_op_ignore_errors,
+    &cwi_op_rebatch,
     &cwi_op_shuffle,
     &cwi_op_repeat,
     &cwi_op_take,

@@ -422,3 +422,34 @@ cachew_dataset_ignore_errors(cachew_dataset **out, cachew_dataset *in,
 	kv_bool(&b, "log_warning", log_warning);
 	return kv_build(&b, out, "ignore_errors", &in, 1);
 }
+
+cachew_err
+cachew_dataset_rebatch(cachew_dataset **out, cachew_dataset *in,
+    const int64_t *sizes, size_t nsizes, int drop_remainder)
+{
+	cwi_strbuf text = {0};
+	cachew_err rv;
+
+	if (sizes == NULL || nsizes == 0 || nsizes > 1024) {
+		cwi_clear_errmsg();
+		return cwi_fail(sizes == NULL ? CACHEW_EINVAL : CACHEW_ERANGE,
+		    "rebatch: %zu sizes; give 1 to 1024", nsizes);
+	}
+	cwi_strbuf_append(&text, "[", 1);
+	for (size_t i = 0; i < nsizes; i++)
+		cwi_strbuf_printf(&text, "%s%lld", i > 0 ? ", " : "",
+		    (long long)sizes[i]);
+	cwi_strbuf_append(&text, "]", 1);
+	if (text.oom) {
+		cwi_strbuf_free(&text);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	{
+		BEGIN;
+		kv_literal(&b, "batch_size", text.data);
+		kv_bool(&b, "drop_remainder", drop_remainder);
+		rv = kv_build(&b, out, "rebatch", &in, 1);
+	}
+	cwi_strbuf_free(&text);
+	return rv;
+}

@@ -43,7 +43,7 @@ needs_order(const client_ctx *ctx)
 {
 	static const char *const positional[] = {"take", "skip", "shard",
 	    "enumerate", "take_while", "unique", "scan", "reduce",
-	    "window"};
+	    "window", "rebatch"};
 	const cwi_node *b = ctx->plan->boundary;
 
 	if (b == NULL || ctx->opts.job_name[0] != '\0')
