@@ -907,6 +907,13 @@ CACHEW_API cachew_err cachew_dataset_ignore_errors(
 CACHEW_API cachew_err cachew_dataset_rebatch(cachew_dataset **out,
     cachew_dataset *in, const int64_t *sizes, size_t nsizes,
     int drop_remainder);
+/* cachew_dataset_range with values of output_type (tf.data's
+ * range(output_type=)): CACHEW_I64, CACHEW_I32, CACHEW_U8, CACHEW_F32 or
+ * CACHEW_F64 (others are CACHEW_EINVAL). Integer dtypes must hold every
+ * value (CACHEW_ERANGE otherwise); floats take the nearest value.
+ * CACHEW_I64 builds the same dataset as cachew_dataset_range. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_range_typed(cachew_dataset **out,
+    int64_t start, int64_t stop, int64_t step, cachew_dtype output_type);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

@@ -544,6 +544,104 @@ START_TEST(rebatch_resumes)
 }
 END_TEST
 
+/* ---- range(output_type=) ------------------------------------------------------ */
+
+/* The dtype of component 0 of every element of a run: all `want`. */
+static void
+dtypes_are(const char *pipeline, const cachew_options *opts,
+    cachew_dtype want)
+{
+	cachew_element **v = NULL;
+	size_t n = 0;
+	char errmsg[512] = "";
+
+	ck_assert_msg(cwt_run(pipeline, opts, &v, &n, errmsg, sizeof(errmsg)) ==
+	    CACHEW_OK, "%s: %s", pipeline, errmsg);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_int_eq(cachew_tensor_dtype(
+		    cachew_element_component(v[i], 0)), want);
+	cwt_free(v, n);
+}
+
+/* tf.data's docstring: range(2, 5, output_type=tf.int32) is [2, 3, 4],
+ * range(1, 5, 2, output_type=tf.float32) is [1.0, 3.0]; and the rest of
+ * its examples (i64). */
+START_TEST(range_output_type_as_in_tf_data_docs)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+
+		num_seq_is("range(5)", o, 0, "0,1,2,3,4");
+		num_seq_is("range(2, 5)", o, 0, "2,3,4");
+		num_seq_is("range(1, 5, 2)", o, 0, "1,3");
+		num_seq_is("range(1, 5, -2)", o, 0, "");
+		num_seq_is("range(5, 1)", o, 0, "");
+		num_seq_is("range(5, 1, -2)", o, 0, "5,3");
+		num_seq_is("range(2, 5, output_type=i32)", o, 0, "2,3,4");
+		dtypes_are("range(2, 5, output_type=i32)", o, CACHEW_I32);
+		num_seq_is("range(1, 5, 2, output_type=f32)", o, 0, "1,3");
+		dtypes_are("range(1, 5, 2, output_type=float32)", o,
+		    CACHEW_F32);
+		num_seq_is("range(250, 256, 2, output_type=u8)", o, 0,
+		    "250,252,254");
+		dtypes_are("range(250, 256, 2, output_type=uint8)", o,
+		    CACHEW_U8);
+		num_seq_is("range(-3, 3, 2, output_type=f64) | "
+			   "map(mul, value=0.5)", o, 0, "-1.5,-0.5,0.5");
+		dtypes_are("range(3, output_type=f64)", o, CACHEW_F64);
+		/* A split source through the service, batched. */
+		cwt_seq_is("range(7, output_type=i32) | map(cast, dtype=i64) | "
+			   "batch(3)", o, "[0 1 2],[3 4 5],[6]");
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(range_output_type_spec_and_refusals)
+{
+	cachew_dataset *ds;
+	char *s;
+
+	cwt_spec_is("range(3, output_type=i32)", "i32[]");
+	cwt_spec_is("range(3, output_type=float32) | batch(2)", "f32[-1]");
+	cwt_spec_is("range(3)", "i64[]");
+	ck_assert_int_eq(cwt_card("range(1, 5, 2, output_type=f32)"), 2);
+	cwt_build_refused("range(3, output_type=bool)", CACHEW_EINVAL,
+	    "output_type must be one of");
+	cwt_build_refused("range(3, output_type=3)", CACHEW_EINVAL,
+	    "output_type");
+	cwt_build_refused("range(250, 257, output_type=u8)", CACHEW_ERANGE,
+	    "values from 250 to 256 do not fit output_type u8");
+	cwt_build_refused("range(0, -2, -1, output_type=u8)", CACHEW_ERANGE,
+	    "values from -1 to 0 do not fit");
+	cwt_spec_is("range(0, -1, -1, output_type=u8)", "u8[]");
+	cwt_build_refused("range(2147483647, 2147483649, output_type=i32)",
+	    CACHEW_ERANGE, "do not fit output_type i32");
+	/* The canonical form names a dtype one way. */
+	ck_assert_int_eq(cachew_dataset_range_typed(&ds, 1, 5, 2, CACHEW_F32),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=1, stop=5, step=2, output_type=f32)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ck_assert_int_eq(cachew_dataset_range_typed(&ds, 1, 5, 2, CACHEW_I64),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=1, stop=5, step=2)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	ck_assert_int_eq(cachew_dataset_range_typed(&ds, 0, 3, 1, CACHEW_BOOL),
+	    CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_dataset_range_typed(&ds, 0, 300, 1, CACHEW_U8),
+	    CACHEW_ERANGE);
+	ds = cwt_parse("range(start=0, stop=3, output_type=float32)");
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=3, step=1, output_type=f32)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 Suite *
 cwt_tfdata_ops_suite(void)
 {
@@ -564,6 +662,12 @@ cwt_tfdata_ops_suite(void)
 	tcase_add_test(tc, rebatch_specs_cardinality_and_builder);
 	tcase_add_test(tc, rebatch_refuses_bad_parameters);
 	tcase_add_test(tc, rebatch_resumes);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("range_output_type");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, range_output_type_as_in_tf_data_docs);
+	tcase_add_test(tc, range_output_type_spec_and_refusals);
 	suite_add_tcase(s, tc);
 	return s;
 }

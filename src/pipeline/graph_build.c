@@ -453,3 +453,19 @@ cachew_dataset_rebatch(cachew_dataset **out, cachew_dataset *in,
 	cwi_strbuf_free(&text);
 	return rv;
 }
+
+cachew_err
+cachew_dataset_range_typed(cachew_dataset **out, int64_t start, int64_t stop,
+    int64_t step, cachew_dtype output_type)
+{
+	const char *name = cachew_dtype_name(output_type);
+
+	if (output_type == CACHEW_I64)
+		return cachew_dataset_range(out, start, stop, step);
+	BEGIN;
+	kv_int(&b, "start", start);
+	kv_int(&b, "stop", stop);
+	kv_int(&b, "step", step);
+	kv_str(&b, "output_type", name != NULL ? name : "?");
+	return kv_build(&b, out, "range", NULL, 0);
+}
