@@ -914,6 +914,14 @@ CACHEW_API cachew_err cachew_dataset_rebatch(cachew_dataset **out,
  * CACHEW_I64 builds the same dataset as cachew_dataset_range. Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_range_typed(cachew_dataset **out,
     int64_t start, int64_t stop, int64_t step, cachew_dtype output_type);
+/* Endless i64 pseudorandom values, uniform over [0, 2^63) (tf.data's
+ * Dataset.random): cardinality CACHEW_CARDINALITY_INFINITE. seed >= 0
+ * fixes the values; -1 derives them from the pipeline seed (the seed
+ * option). With rerandomize_each_iteration each epoch (and each
+ * repetition under repeat) gets new values, else every epoch repeats the
+ * first's. seed below -1 is CACHEW_ERANGE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_random(cachew_dataset **out,
+    int64_t seed, int rerandomize_each_iteration);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

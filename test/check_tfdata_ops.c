@@ -642,6 +642,173 @@ START_TEST(range_output_type_spec_and_refusals)
 }
 END_TEST
 
+/* ---- random ------------------------------------------------------------------- */
+
+/* tf.data's docstring: Dataset.random(seed=4).take(10) is the same ten
+ * values every time; here too, in-process and through the service, and
+ * epoch after epoch unless rerandomize_each_iteration. */
+START_TEST(random_as_in_tf_data_docs)
+{
+	cachew_options *o0 = cwt_opts_at(7, 0, NULL);
+	cachew_options *o1 = cwt_opts_at(7, 1, NULL);
+	cachew_options *e0 = cwt_opts_at(7, 0, "embedded");
+	cachew_options *e1 = cwt_opts_at(7, 1, "embedded");
+	cachew_options *other = cwt_opts_at(8, 0, NULL);
+	char *a, *b;
+
+	a = cwt_seq("random(seed=4) | take(10)", o0);
+	b = cwt_seq("random(seed=4) | take(10)", other);
+	ck_assert_str_eq(a, b); /* a fixed seed ignores the pipeline's */
+	free(b);
+	b = cwt_seq("random(seed=4) | take(10)", e1);
+	ck_assert_str_eq(a, b); /* the service, another epoch */
+	free(b);
+	b = cwt_seq("random(seed=5) | take(10)", o0);
+	ck_assert_str_ne(a, b);
+	free(b);
+	/* The first epoch's values repeat under repeat() ... */
+	b = cwt_seq("random(seed=4) | take(10) | repeat(2) | skip(10)", o0);
+	ck_assert_str_eq(a, b);
+	free(b);
+	/* ... but not with rerandomize_each_iteration. */
+	free(a);
+	a = cwt_seq("random(seed=4, rerandomize_each_iteration=true) | "
+		    "take(10)", o0);
+	b = cwt_seq("random(seed=4, rerandomize_each_iteration=true) | "
+		    "take(10) | repeat(2) | skip(10)", o0);
+	ck_assert_str_ne(a, b);
+	free(b);
+	b = cwt_seq("random(seed=4, rerandomize_each_iteration=true) | "
+		    "take(10)", o1);
+	ck_assert_str_ne(a, b); /* epoch 1 */
+	free(b);
+	b = cwt_seq("random(seed=4, rerandomize_each_iteration=true) | "
+		    "take(10)", e0);
+	ck_assert_str_eq(a, b); /* epoch 0 through the service */
+	free(b);
+	free(a);
+	/* seed -1: the pipeline seed's values, the same on the service. */
+	a = cwt_seq("random | take(10)", o0);
+	b = cwt_seq("random | take(10)", e0);
+	ck_assert_str_eq(a, b);
+	free(b);
+	b = cwt_seq("random | take(10)", other);
+	ck_assert_str_ne(a, b);
+	free(b);
+	b = cwt_seq("random(seed=-1) | take(10)", o1);
+	ck_assert_str_eq(a, b); /* not rerandomized: epoch 1 alike */
+	free(b);
+	free(a);
+	cachew_options_destroy(o0);
+	cachew_options_destroy(o1);
+	cachew_options_destroy(e0);
+	cachew_options_destroy(e1);
+	cachew_options_destroy(other);
+}
+END_TEST
+
+/* 20,000 values: all in [0, 2^63), all distinct, mean near 2^62 and each
+ * of the low bits set about half the time. */
+START_TEST(random_values_are_uniform)
+{
+	cachew_options *o = cwt_opts_at(3, 0, NULL);
+	cachew_element **v = NULL;
+	size_t n = 0, ones[4] = {0};
+	double mean = 0;
+	char errmsg[256];
+
+	ck_assert_int_eq(cwt_run("random | take(20000)", o, &v, &n, errmsg,
+			     sizeof(errmsg)), CACHEW_OK);
+	ck_assert_uint_eq(n, 20000);
+	for (size_t i = 0; i < n; i++) {
+		int64_t x = cwt_i64(v[i], 0);
+		ck_assert_int_ge(x, 0);
+		mean += (double)x / 9223372036854775808.0 / (double)n;
+		for (int bit = 0; bit < 4; bit++)
+			ones[bit] += (size_t)((x >> bit) & 1);
+	}
+	/* Standard error of the mean 0.29/sqrt(20000) = 0.002. */
+	ck_assert_msg(mean > 0.49 && mean < 0.51, "mean %f", mean);
+	for (int bit = 0; bit < 4; bit++)
+		ck_assert_msg(ones[bit] > 9700 && ones[bit] < 10300,
+		    "bit %d set %zu times", bit, ones[bit]);
+	cwt_free(v, n);
+	ck_assert_int_eq(cwt_run("random | take(20000) | unique", o, &v, &n,
+			     errmsg, sizeof(errmsg)), CACHEW_OK);
+	ck_assert_uint_eq(n, 20000);
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+}
+END_TEST
+
+START_TEST(random_spec_cardinality_builder_and_resume)
+{
+	cachew_options *o = cwt_opts_at(3, 0, NULL);
+	cachew_dataset *ds, *t;
+	char *s, *want, *got;
+
+	cwt_spec_is("random", "i64[]");
+	ck_assert_int_eq(cwt_card("random(seed=1)"),
+	    CACHEW_CARDINALITY_INFINITE);
+	ck_assert_int_eq(cwt_card("random | take(5)"), 5);
+	cwt_build_refused("random(seed=-2)", CACHEW_ERANGE, "seed");
+	cwt_build_refused("range(3) | random", CACHEW_EINVAL, "random");
+	ck_assert_int_eq(cachew_dataset_random(&ds, 4, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "random(seed=4, rerandomize_each_iteration=true)");
+	cachew_free(s);
+	ck_assert_int_eq(cachew_dataset_take(&t, ds, 8), CACHEW_OK);
+	want = cwt_seq("random(seed=4, rerandomize_each_iteration=true) | "
+		       "take(8)", o);
+	{
+		cachew_element **v = NULL;
+		size_t n = 0;
+		ck_assert_int_eq(cwt_run_ds(t, o, &v, &n, NULL, 0), CACHEW_OK);
+		got = cwt_join_i64(v, n, 0);
+		cwt_free(v, n);
+	}
+	ck_assert_str_eq(got, want);
+	free(got);
+	free(want);
+	cachew_dataset_release(t);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	{
+		/* Saved after k values, the rest are the same values. */
+		cachew_dataset *d = cwt_parse("random(seed=9) | take(6)");
+		char *all = cwt_seq("random(seed=9) | take(6)", NULL);
+		for (int cut = 0; cut <= 6; cut++) {
+			cachew_iterator *it, *back;
+			cachew_element *v[6];
+			void *state;
+			size_t len, n = 0;
+			ck_assert_int_eq(cachew_iterator_create(&it, d, NULL),
+			    CACHEW_OK);
+			for (int i = 0; i < cut; i++)
+				ck_assert_int_eq(cachew_iterator_next(it,
+				    &v[n++]), CACHEW_OK);
+			ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+			    CACHEW_OK);
+			cachew_iterator_destroy(it);
+			ck_assert_int_eq(cachew_iterator_restore(&back, d, NULL,
+			    state, len), CACHEW_OK);
+			cachew_free(state);
+			while (n < 6 && cachew_iterator_next(back, &v[n]) ==
+			    CACHEW_OK)
+				n++;
+			got = cwt_join_i64(v, n, 0);
+			ck_assert_str_eq(got, all);
+			free(got);
+			for (size_t i = 0; i < n; i++)
+				cachew_element_release(v[i]);
+			cachew_iterator_destroy(back);
+		}
+		free(all);
+		cachew_dataset_release(d);
+	}
+}
+END_TEST
+
 Suite *
 cwt_tfdata_ops_suite(void)
 {
@@ -668,6 +835,13 @@ cwt_tfdata_ops_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, range_output_type_as_in_tf_data_docs);
 	tcase_add_test(tc, range_output_type_spec_and_refusals);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("random");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, random_as_in_tf_data_docs);
+	tcase_add_test(tc, random_values_are_uniform);
+	tcase_add_test(tc, random_spec_cardinality_builder_and_resume);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -469,3 +469,13 @@ cachew_dataset_range_typed(cachew_dataset **out, int64_t start, int64_t stop,
 	kv_str(&b, "output_type", name != NULL ? name : "?");
 	return kv_build(&b, out, "range", NULL, 0);
 }
+
+cachew_err
+cachew_dataset_random(cachew_dataset **out, int64_t seed,
+    int rerandomize_each_iteration)
+{
+	BEGIN;
+	kv_int(&b, "seed", seed);
+	kv_bool(&b, "rerandomize_each_iteration", rerandomize_each_iteration);
+	return kv_build(&b, out, "random", NULL, 0);
+}

@@ -410,3 +410,117 @@ const cwi_dataset_op cwi_op_counter = {
     .saves = "the next value",
     .infer = counter_infer,
 };
+
+/* ---- random ------------------------------------------------------------------- */
+
+/* tf.data's Dataset.random: endless i64 values, uniform over [0, 2^63).
+ * Value i is a pure function of (key, i) -- splitmix64's i-th output --
+ * so a saved position is the index alone. The key: seed, or the pipeline
+ * seed for -1, mixed with the node's structure (two random sources of one
+ * pipeline differ) and, with rerandomize_each_iteration, the epoch (each
+ * repetition under repeat() too), as shuffle derives its own. Not
+ * splittable: the service runs it whole. */
+typedef struct random_iter {
+	cwi_iter base;
+	uint64_t key;
+	uint64_t index;
+} random_iter;
+
+static cachew_err
+random_next(cwi_iter *it, cwi_chunk *out, size_t max)
+{
+	random_iter *r = (random_iter *)it;
+
+	for (size_t got = 0; got < max; got++) {
+		cwi_element *e = cwi_element_new(1);
+		uint64_t x;
+		if (e == NULL)
+			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
+			    "random: out of memory");
+		r->index++;
+		x = cwi_mix64(r->key + r->index * 0x9e3779b97f4a7c15ULL);
+		cwi_tensor_init_i64(&e->comp[0], (int64_t)(x >> 1));
+		cwi_chunk_push(out, e);
+	}
+	return CACHEW_OK;
+}
+
+/* [values yielded]. */
+static cachew_err
+random_save(cwi_iter *it, cwi_state_writer *w)
+{
+	cwi_sw_array(w, 1);
+	cwi_sw_uint(w, ((random_iter *)it)->index);
+	return CACHEW_OK;
+}
+
+static cachew_err
+random_restore(cwi_iter *it, cwi_state_reader *rd)
+{
+	random_iter *r = (random_iter *)it;
+
+	if (!cwi_sr_array(rd, "random", 1) ||
+	    !cwi_sr_uint(rd, "index", &r->index, UINT64_MAX))
+		return cwi_sr_error(rd);
+	return CACHEW_OK;
+}
+
+static const cwi_iter_ops random_iter_ops = {
+    .next = random_next,
+    .destroy = range_destroy,
+    .save = random_save,
+    .restore = random_restore,
+};
+
+static cachew_err
+random_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
+{
+	random_iter *r = calloc(1, sizeof(*r));
+	int64_t seed = cwi_node_int(node, "seed");
+	uint64_t key;
+
+	if (r == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	r->base.ops = &random_iter_ops;
+	key = seed == -1 ? args->pl->seed : (uint64_t)seed;
+	key = cwi_seed_derive(key, node->seed_fp.hi ^ node->seed_fp.lo);
+	if (cwi_node_bool(node, "rerandomize_each_iteration"))
+		key = cwi_seed_derive(key, args->epoch);
+	r->key = key;
+	*out = &r->base;
+	return CACHEW_OK;
+}
+
+static cachew_err
+random_infer(cwi_node *node)
+{
+	node->card = CACHEW_CARDINALITY_INFINITE;
+	return cwi_spec_scalar(&node->spec, CACHEW_I64);
+}
+
+static const cwi_param_spec random_params[] = {
+    {.name = "seed", .type = CWI_P_INT, .def_int = -1, .min = -1,
+	.max = INT64_MAX, .help = "seed; -1 = derived from the pipeline seed"},
+    {.name = "rerandomize_each_iteration", .type = CWI_P_BOOL, .def_int = 0,
+	.help = "new values for each epoch (each repetition under repeat)"},
+};
+
+const cwi_dataset_op cwi_op_random = {
+    .name = "random",
+    .doc = "endless i64 pseudorandom values, uniform over [0, 2^63) "
+	   "(tf.data's Dataset.random)",
+    .params = random_params,
+    .nparams = sizeof(random_params) / sizeof(random_params[0]),
+    .min_inputs = 0,
+    .max_inputs = 0,
+    .flags = CWI_OPF_SOURCE | CWI_OPF_RANDOM,
+    .iter_create = random_create,
+    .saves = "the count of values yielded",
+    .infer = random_infer,
+    .note = "The values are splitmix64's, not TensorFlow's Philox stream: "
+	"the same seed gives the same values in every cachew run, not those "
+	"of tf.data. Without rerandomize_each_iteration every epoch (and "
+	"every repetition under repeat) yields the same values, as in "
+	"tf.data.",
+};
+
