@@ -922,6 +922,18 @@ CACHEW_API cachew_err cachew_dataset_range_typed(cachew_dataset **out,
  * first's. seed below -1 is CACHEW_ERANGE. Since 0.2. */
 CACHEW_API cachew_err cachew_dataset_random(cachew_dataset **out,
     int64_t seed, int rerandomize_each_iteration);
+/* cachew_dataset_padded_batch with a padding value per component
+ * (tf.data's padding_values): pad_values is a literal in pipeline syntax,
+ * a number ("0"), a list of one number per component ("[-1, 100]") or a
+ * map by component name ("{label=-1}", the components it leaves out pad
+ * with 0; it needs in's component names). Each value is converted to its
+ * component's dtype (bytes components pad with empty strings). A list of
+ * the wrong length, a name of no component or a non-number is
+ * CACHEW_EINVAL here; a value a dtype cannot hold fails the iterator.
+ * pad_values is read during the call only. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_padded_batch_values(
+    cachew_dataset **out, cachew_dataset *in, int64_t n,
+    const char *pad_values, int drop_remainder);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

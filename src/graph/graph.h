@@ -99,7 +99,9 @@ typedef enum cwi_ptype {
 	CWI_P_STR,   /* string or identifier */
 	CWI_P_STRS,  /* string or list of strings (file lists, globs) */
 	CWI_P_LIST,  /* any list */
-	CWI_P_ANY    /* any value (literals of from_tensors) */
+	CWI_P_ANY,   /* any value (literals of from_tensors) */
+	CWI_P_FLOATS /* a number, a list of numbers or a map of numbers by
+		      * name (ints stored as floats); default def_float */
 } cwi_ptype;
 
 #define CWI_PF_REQUIRED 0x1u /* no default: must be given */

@@ -461,8 +461,10 @@ padded_batch_infer(cwi_node *node)
 static const cwi_param_spec padded_batch_params[] = {
     {.name = "n", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = 1,
 	.max = INT32_MAX, .help = "elements per batch"},
-    {.name = "pad_value", .type = CWI_P_FLOAT, .def_float = 0.0,
-	.help = "value of the padding, converted to each dtype"},
+    {.name = "pad_value", .type = CWI_P_FLOATS, .def_float = 0.0,
+	.help = "value of the padding, converted to each dtype: one for "
+		"every component, a list of one per component, or a map "
+		"by component name (others pad with 0)"},
     {.name = "drop_remainder", .type = CWI_P_BOOL, .def_int = 0,
 	.help = "drop a last batch smaller than n"},
     {.name = "shape", .type = CWI_P_LIST, .flags = CWI_PF_OPTIONAL,

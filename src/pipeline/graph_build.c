@@ -479,3 +479,14 @@ cachew_dataset_random(cachew_dataset **out, int64_t seed,
 	kv_bool(&b, "rerandomize_each_iteration", rerandomize_each_iteration);
 	return kv_build(&b, out, "random", NULL, 0);
 }
+
+cachew_err
+cachew_dataset_padded_batch_values(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, const char *pad_values, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_literal(&b, "pad_value", pad_values);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "padded_batch", &in, 1);
+}

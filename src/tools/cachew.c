@@ -1043,6 +1043,8 @@ ptype_name(const cwi_param_spec *s)
 		return "list";
 	case CWI_P_ANY:
 		return "any";
+	case CWI_P_FLOATS:
+		return "float|[float]|{name=float}";
 	}
 	return "?";
 }
@@ -1062,6 +1064,7 @@ pdefault(const cwi_param_spec *s, char *buf, size_t len)
 		snprintf(buf, len, "%" PRId64, s->def_int);
 		return buf;
 	case CWI_P_FLOAT:
+	case CWI_P_FLOATS:
 		snprintf(buf, len, "%g", s->def_float);
 		return buf;
 	case CWI_P_BOOL:
