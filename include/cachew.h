@@ -934,6 +934,16 @@ CACHEW_API cachew_err cachew_dataset_random(cachew_dataset **out,
 CACHEW_API cachew_err cachew_dataset_padded_batch_values(
     cachew_dataset **out, cachew_dataset *in, int64_t n,
     const char *pad_values, int drop_remainder);
+/* cachew_dataset_batch whose copy of each batch of 1 MiB or more is shared
+ * by `parallel` threads (tf.data's num_parallel_calls for batch; 1 to 64,
+ * or CACHEW_AUTO for the threads option, which also caps it): worth it for
+ * large elements (decoded images). The batches are the same at any
+ * parallelism and come in input order; deterministic is accepted for
+ * tf.data's sake (nonzero or zero: the same order). Neither changes the
+ * fingerprint. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_batch_parallel(cachew_dataset **out,
+    cachew_dataset *in, int64_t n, int drop_remainder, int parallel,
+    int deterministic);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

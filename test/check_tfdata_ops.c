@@ -945,6 +945,150 @@ START_TEST(padded_batch_values_refusals_and_builder)
 }
 END_TEST
 
+/* ---- batch(parallel=, deterministic=) ---------------------------------------------- */
+
+#define BIG_ROW_BYTES (64 * 1024)
+
+/* Element i becomes i followed by a u8 [BIG_ROW_BYTES] row of bytes
+ * (i * 7 + j) % 251: large enough that batch(20) copies over 1 MiB. */
+static cachew_err
+big_row_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	int64_t shape[1] = {BIG_ROW_BYTES};
+	int64_t i = (int64_t)scalar_f64(cachew_element_component(in, 0));
+	cachew_element *e;
+	uint8_t *p;
+	void *data;
+
+	(void)ctx;
+	if (cachew_element_create(&e, 2) != CACHEW_OK) {
+		cachew_element_release(in);
+		return CACHEW_ENOMEM;
+	}
+	(void)cachew_element_set(e, 0, cachew_element_component(in, 0));
+	cachew_element_release(in);
+	if (cachew_element_alloc(e, 1, CACHEW_U8, 1, shape, &data) !=
+	    CACHEW_OK) {
+		cachew_element_release(e);
+		return CACHEW_ENOMEM;
+	}
+	p = data;
+	for (int64_t j = 0; j < BIG_ROW_BYTES; j++)
+		p[j] = (uint8_t)((i * 7 + j) % 251);
+	*out = e;
+	return CACHEW_OK;
+}
+
+static void
+register_big_row(void)
+{
+	static const cachew_op_def def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "tfd_big_row",
+	    .kind = CACHEW_OP_MAP,
+	    .map = big_row_map,
+	};
+	cachew_err rv = cachew_op_register(&def);
+	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+}
+
+/* tf.data: range(8).batch(3, num_parallel_calls=..., deterministic=True)
+ * is [0 1 2], [3 4 5], [6 7]: the same batches as batch(3). Here also
+ * batches of 1.3 MiB, which the threads share, byte for byte alike at
+ * every parallelism, in-process and through the service. */
+START_TEST(batch_parallel_as_in_tf_data_docs)
+{
+	register_big_row();
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 0, services[k]);
+		char *want, *got;
+
+		ck_assert_int_eq(cachew_options_set_int(o, "threads", 2),
+		    CACHEW_OK);
+		cwt_seq_is("range(8) | batch(3, parallel=2, "
+			   "deterministic=true)", o, "[0 1 2],[3 4 5],[6 7]");
+		cwt_seq_is("range(8) | batch(3, true, parallel=auto, "
+			   "deterministic=false)", o, "[0 1 2],[3 4 5]");
+		want = cwt_hash_seq("range(65) | map(tfd_big_row) | batch(20)",
+		    o, 0);
+		got = cwt_hash_seq("range(65) | map(tfd_big_row) | batch(20, "
+				   "parallel=2)", o, 0);
+		ck_assert_str_eq(got, want);
+		free(got);
+		got = cwt_hash_seq("range(65) | map(tfd_big_row) | batch(20, "
+				   "parallel=auto, deterministic=false)", o, 0);
+		ck_assert_str_eq(got, want);
+		free(got);
+		free(want);
+		cwt_seq_is("range(65) | map(tfd_big_row) | batch(20, "
+			   "parallel=2) | unbatch | map(identity)", o,
+		    "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,"
+		    "22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,"
+		    "41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,"
+		    "60,61,62,63,64");
+		cachew_options_destroy(o);
+	}
+	{
+		/* The rows land where they belong. */
+		cachew_options *o = cwt_opts(1, 2);
+		cachew_element **v = NULL;
+		size_t n = 0;
+		const uint8_t *p;
+
+		ck_assert_int_eq(cwt_run("range(40) | map(tfd_big_row) | "
+					 "batch(40, parallel=2)", o, &v, &n,
+				     NULL, 0), CACHEW_OK);
+		ck_assert_uint_eq(n, 1);
+		p = cachew_tensor_data(cachew_element_component(v[0], 1));
+		for (int64_t i = 0; i < 40; i += 13)
+			for (int64_t j = 0; j < BIG_ROW_BYTES; j += 4099)
+				ck_assert_uint_eq(p[i * BIG_ROW_BYTES + j],
+				    (uint8_t)((i * 7 + j) % 251));
+		cwt_free(v, n);
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
+START_TEST(batch_parallel_fingerprint_refusals_and_builder)
+{
+	cachew_dataset *a = cwt_parse("range(8) | batch(3)");
+	cachew_dataset *b = cwt_parse("range(8) | batch(3, parallel=2, "
+				      "deterministic=false)");
+	cachew_dataset *r, *ds;
+	cachew_fingerprint fa, fb;
+	char *s;
+
+	/* Speed only: the same data, the same fingerprint. */
+	ck_assert_int_eq(cachew_dataset_fingerprint(a, &fa), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_fingerprint(b, &fb), CACHEW_OK);
+	ck_assert_mem_eq(&fa, &fb, sizeof(fa));
+	ck_assert_int_eq(cachew_dataset_to_string(a, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=8, step=1) | batch(n=3, "
+			    "drop_remainder=false)");
+	cachew_free(s);
+	cachew_dataset_release(a);
+	cachew_dataset_release(b);
+	cwt_spec_is("range(8) | batch(3, true, parallel=2)", "i64[3]");
+	cwt_build_refused("range(8) | batch(3, parallel=0)", CACHEW_ERANGE,
+	    "parallel");
+	cwt_build_refused("range(8) | batch(3, parallel=65)", CACHEW_ERANGE,
+	    "parallel");
+	cwt_build_refused("range(8) | batch(3, deterministic=2)",
+	    CACHEW_EINVAL, "deterministic");
+	ck_assert_int_eq(cachew_dataset_range(&r, 0, 8, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_batch_parallel(&ds, r, 3, 0,
+			     CACHEW_AUTO, 1), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_to_string(ds, &s), CACHEW_OK);
+	ck_assert_str_eq(s, "range(start=0, stop=8, step=1) | batch(n=3, "
+			    "drop_remainder=false, parallel=auto, "
+			    "deterministic=true)");
+	cachew_free(s);
+	cachew_dataset_release(ds);
+	cachew_dataset_release(r);
+}
+END_TEST
+
 Suite *
 cwt_tfdata_ops_suite(void)
 {
@@ -984,6 +1128,12 @@ cwt_tfdata_ops_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, padded_batch_values_as_in_tf_data_docs);
 	tcase_add_test(tc, padded_batch_values_refusals_and_builder);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("batch_parallel");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, batch_parallel_as_in_tf_data_docs);
+	tcase_add_test(tc, batch_parallel_fingerprint_refusals_and_builder);
 	suite_add_tcase(s, tc);
 	return s;
 }

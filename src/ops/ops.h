@@ -37,6 +37,12 @@ extern const cachew_op_def cwi_fn_parse_example;  /* fn_example.c */
  * component. The inputs stay the caller's. */
 cachew_err cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out,
     char *err, size_t errlen);
+/* cwi_stack with the copy of a batch of 1 MiB or more shared by up to
+ * `parallel` threads (this one included; at most CWI_STACK_MAX_PARALLEL).
+ * The result is the same at any parallelism. */
+#define CWI_STACK_MAX_PARALLEL 64
+cachew_err cwi_stack_parallel(cwi_element *const *elems, size_t k,
+    int parallel, cwi_element **out, char *err, size_t errlen);
 
 /* How padded_batch pads one batch: the value that fills the padding and
  * the optional target shapes. */

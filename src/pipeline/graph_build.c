@@ -490,3 +490,15 @@ cachew_dataset_padded_batch_values(cachew_dataset **out, cachew_dataset *in,
 	kv_bool(&b, "drop_remainder", drop_remainder);
 	return kv_build(&b, out, "padded_batch", &in, 1);
 }
+
+cachew_err
+cachew_dataset_batch_parallel(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, int drop_remainder, int parallel, int deterministic)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	kv_int(&b, "parallel", parallel);
+	kv_bool(&b, "deterministic", deterministic);
+	return kv_build(&b, out, "batch", &in, 1);
+}
