@@ -944,6 +944,16 @@ CACHEW_API cachew_err cachew_dataset_padded_batch_values(
 CACHEW_API cachew_err cachew_dataset_batch_parallel(cachew_dataset **out,
     cachew_dataset *in, int64_t n, int drop_remainder, int parallel,
     int deterministic);
+/* Caches in's elements in memory (tf.data's cache() without a filename):
+ * the first pass over the result that reads to its end keeps its
+ * elements (references, no copy) with the dataset; later passes (new
+ * iterators of *out, or repetitions under repeat) read them without
+ * running in. A pass cut short keeps nothing. memory_limit bounds the
+ * bytes held (0: the ram_budget option): a pass past it fails with
+ * CACHEW_ENOMEM. The memory is freed with the dataset. Negative
+ * memory_limit is CACHEW_ERANGE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_cache_memory(cachew_dataset **out,
+    cachew_dataset *in, int64_t memory_limit);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,

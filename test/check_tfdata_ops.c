@@ -8,6 +8,7 @@
 #include "cwt.h"
 #include "../src/tools/gen.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1089,6 +1090,212 @@ START_TEST(batch_parallel_fingerprint_refusals_and_builder)
 }
 END_TEST
 
+/* ---- cache() in memory --------------------------------------------------------- */
+
+static _Atomic long count_calls;
+
+static cachew_err
+count_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	(void)ctx;
+	atomic_fetch_add(&count_calls, 1);
+	*out = in;
+	return CACHEW_OK;
+}
+
+static void
+register_count(void)
+{
+	static const cachew_op_def def = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "tfd_count",
+	    .kind = CACHEW_OP_MAP,
+	    .map = count_map,
+	};
+	cachew_err rv = cachew_op_register(&def);
+	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+}
+
+/* The elements of a run of ds (hash per element, comma-joined), reading
+ * at most `max` of them. */
+static char *
+hashes_of(cachew_dataset *ds, const cachew_options *o, size_t max)
+{
+	cachew_iterator *it;
+	cachew_element *e;
+	char *s = calloc(1, max * 17 + 1);
+	size_t n = 0;
+
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (n < max && cachew_iterator_next(it, &e) == CACHEW_OK) {
+		snprintf(s + n * 17, 18, "%016llx,",
+		    (unsigned long long)cachew_element_hash(e));
+		cachew_element_release(e);
+		n++;
+	}
+	cachew_iterator_destroy(it);
+	return s;
+}
+
+/* tf.data's docstring: range(5).map(f).cache(): the first epoch runs f
+ * on every element, the second reads memory (f never runs). Random
+ * values (drawn per epoch) show which epoch's elements come. */
+START_TEST(cache_in_memory_as_in_tf_data_docs)
+{
+	cachew_options *e0 = cwt_opts_at(1, 0, NULL);
+	cachew_options *e1 = cwt_opts_at(1, 1, NULL);
+	cachew_options *e2 = cwt_opts_at(1, 2, NULL);
+	cachew_dataset *ds;
+	char *a, *b, *c;
+
+	register_count();
+	cwt_seq_is("range(5) | cache() | repeat(2)", NULL, "0,1,2,3,4,0,1,2,3,"
+							 "4");
+	ds = cwt_parse("range(5) | map(tfd_count) | cache()");
+	atomic_store(&count_calls, 0);
+	a = hashes_of(ds, e0, 100);
+	ck_assert_int_eq(atomic_load(&count_calls), 5);
+	b = hashes_of(ds, e1, 100);
+	ck_assert_int_eq(atomic_load(&count_calls), 5); /* from memory */
+	ck_assert_str_eq(a, b);
+	free(a);
+	free(b);
+	cachew_dataset_release(ds);
+	/* Values drawn per epoch: without the cache the epochs differ. */
+	ds = cwt_parse("range(6) | map(uniform) | cache()");
+	a = hashes_of(ds, e0, 100);
+	b = hashes_of(ds, e1, 100);
+	ck_assert_str_eq(a, b);
+	free(b);
+	free(a);
+	cachew_dataset_release(ds);
+	a = cwt_hash_seq("range(6) | map(uniform)", e0, 0);
+	b = cwt_hash_seq("range(6) | map(uniform)", e1, 0);
+	ck_assert_str_ne(a, b);
+	free(a);
+	free(b);
+	/* A partial first pass is discarded: the next full pass computes
+	 * (its own epoch's values) and fills; the one after reads it. */
+	ds = cwt_parse("range(6) | map(uniform) | cache()");
+	a = hashes_of(ds, e0, 2);
+	b = hashes_of(ds, e1, 100);
+	c = cwt_hash_seq("range(6) | map(uniform)", e1, 0);
+	ck_assert_uint_eq(strlen(b), 6 * 17);
+	ck_assert_int_eq(strncmp(b, c, strlen(c)), 0);
+	ck_assert_int_ne(strncmp(a, b, strlen(a)), 0);
+	free(a);
+	a = hashes_of(ds, e2, 100);
+	ck_assert_str_eq(a, b);
+	free(a);
+	free(b);
+	free(c);
+	cachew_dataset_release(ds);
+	/* Through the service: the repetitions of one iterator. */
+	{
+		cachew_options *o = cwt_opts_at(1, 0, "embedded");
+		char *run = cwt_hash_seq("range(4) | map(uniform) | cache() | "
+					 "repeat(2)", o, 0);
+		ck_assert_uint_eq(strlen(run), 8 * 17 - 1);
+		ck_assert_int_eq(strncmp(run, run + 4 * 17, 4 * 17 - 1), 0);
+		free(run);
+		run = cwt_hash_seq("range(4) | map(uniform) | repeat(2)", o, 0);
+		ck_assert_int_ne(strncmp(run, run + 4 * 17, 4 * 17 - 1), 0);
+		free(run);
+		cwt_seq_is("range(5) | cache() | repeat(2)", o,
+		    "0,1,2,3,4,0,1,2,3,4");
+		cachew_options_destroy(o);
+	}
+	cachew_options_destroy(e0);
+	cachew_options_destroy(e1);
+	cachew_options_destroy(e2);
+}
+END_TEST
+
+/* Past memory_limit a pass fails with ENOMEM naming the limit, and fills
+ * nothing: a later pass computes again. */
+START_TEST(cache_in_memory_limit_and_resume)
+{
+	cachew_dataset *ds;
+	char *s;
+
+	cwt_run_fails("range(1000) | cache(memory_limit=800)", NULL,
+	    CACHEW_ENOMEM, "past its memory_limit of 800 bytes");
+	cwt_seq_is("range(100) | cache(memory_limit=800) | take(3)", NULL,
+	    "0,1,2");
+	cwt_seq_is("range(100) | cache(memory_limit=800)", NULL,
+	    "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,"
+	    "24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,"
+	    "45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,"
+	    "66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,"
+	    "87,88,89,90,91,92,93,94,95,96,97,98,99");
+	cwt_build_refused("range(3) | cache(memory_limit=0)", CACHEW_ERANGE,
+	    "memory_limit");
+	{
+		cachew_dataset *r, *c;
+		cachew_element **v = NULL;
+		size_t n = 0;
+		char errmsg[256] = "";
+		ck_assert_int_eq(cachew_dataset_range(&r, 0, 100, 1), CACHEW_OK);
+		ck_assert_int_eq(cachew_dataset_cache_memory(&c, r, -1),
+		    CACHEW_ERANGE);
+		ck_assert_int_eq(cachew_dataset_cache_memory(&c, r, 400),
+		    CACHEW_OK);
+		ck_assert_int_eq(cwt_run_ds(c, NULL, &v, &n, errmsg,
+				     sizeof(errmsg)), CACHEW_ENOMEM);
+		ck_assert_msg(strstr(errmsg, "memory_limit of 400") != NULL,
+		    "%s", errmsg);
+		cachew_dataset_release(c);
+		ck_assert_int_eq(cachew_dataset_cache_memory(&c, r, 0),
+		    CACHEW_OK);
+		ck_assert_int_eq(cwt_run_ds(c, NULL, &v, &n, NULL, 0),
+		    CACHEW_OK);
+		ck_assert_uint_eq(n, 100);
+		cwt_free(v, n);
+		cachew_dataset_release(c);
+		cachew_dataset_release(r);
+	}
+	cwt_spec_is("range(3) | cache()", "i64[]");
+	ck_assert_int_eq(cwt_card("range(3) | cache()"), 3);
+	/* Saved while filling, while reading, restored in either state. */
+	ds = cwt_parse("range(6) | cache()");
+	for (int pass = 0; pass < 2; pass++) {
+		for (int cut = 0; cut <= 6; cut++) {
+			cachew_iterator *it, *back;
+			cachew_element *v[6];
+			void *state;
+			size_t len, n = 0;
+			ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+			    CACHEW_OK);
+			for (int i = 0; i < cut; i++)
+				ck_assert_int_eq(cachew_iterator_next(it,
+				    &v[n++]), CACHEW_OK);
+			ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+			    CACHEW_OK);
+			ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL,
+			    state, len), CACHEW_OK);
+			cachew_free(state);
+			while (n < 6 && cachew_iterator_next(back, &v[n]) ==
+			    CACHEW_OK)
+				n++;
+			s = cwt_join_i64(v, n, 0);
+			ck_assert_str_eq(s, "0,1,2,3,4,5");
+			free(s);
+			for (size_t i = 0; i < n; i++)
+				cachew_element_release(v[i]);
+			cachew_iterator_destroy(back);
+			/* Pass 0: `it` fills the cache when read to the end. */
+			if (pass == 0 && cut == 6) {
+				cachew_element *e;
+				ck_assert_int_eq(cachew_iterator_next(it, &e),
+				    CACHEW_EOF);
+			}
+			cachew_iterator_destroy(it);
+		}
+	}
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 Suite *
 cwt_tfdata_ops_suite(void)
 {
@@ -1134,6 +1341,12 @@ cwt_tfdata_ops_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, batch_parallel_as_in_tf_data_docs);
 	tcase_add_test(tc, batch_parallel_fingerprint_refusals_and_builder);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("cache_in_memory");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, cache_in_memory_as_in_tf_data_docs);
+	tcase_add_test(tc, cache_in_memory_limit_and_resume);
 	suite_add_tcase(s, tc);
 	return s;
 }

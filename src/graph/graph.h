@@ -272,6 +272,12 @@ struct cachew_dataset {
 	char *detail; /* "add" for map(add): for stats and explain */
 	cwi_spec spec; /* what its elements hold (graph_spec.c) */
 	int64_t card;  /* elements per epoch, or CACHEW_CARDINALITY_* */
+	/* The one mutable part of a built node: state its operator keeps
+	 * across the node's iterators (the in-memory cache's elements),
+	 * set once under the operator's own lock and freed with the node
+	 * by op_state_free. NULL when the operator keeps none. */
+	_Atomic(void *) op_state;
+	void (*op_state_free)(void *state);
 };
 
 /* Typed accessors of canonical params (values are present and typed after

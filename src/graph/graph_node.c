@@ -764,6 +764,8 @@ node_free(cwi_node *node)
 	if (node->fn != NULL && node->fn->def.fini != NULL &&
 	    node->fn_state != NULL)
 		node->fn->def.fini(node->fn_state);
+	if (node->op_state_free != NULL && atomic_load(&node->op_state) != NULL)
+		node->op_state_free(atomic_load(&node->op_state));
 	for (size_t i = 0; i < node->ninputs; i++)
 		cachew_dataset_release(node->inputs[i]);
 	free(node->inputs);

@@ -502,3 +502,16 @@ cachew_dataset_batch_parallel(cachew_dataset **out, cachew_dataset *in,
 	kv_bool(&b, "deterministic", deterministic);
 	return kv_build(&b, out, "batch", &in, 1);
 }
+
+cachew_err
+cachew_dataset_cache_memory(cachew_dataset **out, cachew_dataset *in,
+    int64_t memory_limit)
+{
+	BEGIN;
+	if (memory_limit < 0 && b.rv == CACHEW_OK)
+		b.rv = cwi_fail(CACHEW_ERANGE, "cache: memory_limit %lld is "
+		    "negative", (long long)memory_limit);
+	if (memory_limit > 0)
+		kv_int(&b, "memory_limit", memory_limit);
+	return kv_build(&b, out, "cache", &in, 1);
+}
