@@ -14,7 +14,9 @@
  *                           shares one prebuilt buffer (no copy, no fill),
  *                           so that what follows (batch) pays the copy;
  *   bench_fail_every(k=K)   fails (CACHEW_EOP, a data error) on every K-th
- *                           i64 value, for ignore_errors.
+ *                           i64 value, for ignore_errors;
+ * and a filter function, bench_below(n=N), keeping i64 values below N
+ * (filter and take_while).
  */
 #include <cachew.h>
 
@@ -24,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_PIPELINES 16
+#define MAX_PIPELINES 32
 #define MAX_REPS 31
 
 static double
@@ -119,9 +121,46 @@ fail_every_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	return CACHEW_OK;
 }
 
+/* ---- bench_below ------------------------------------------------------------ */
+
+static cachew_err
+below_filter(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
+{
+	const int64_t *n = cachew_op_ctx_state(ctx);
+	const int64_t *v =
+	    cachew_tensor_data(cachew_element_component(in, 0));
+
+	*keep = *v < *n;
+	return CACHEW_OK;
+}
+
+static cachew_err
+below_init(const cachew_params *params, void **state, char *err,
+    size_t errlen)
+{
+	int64_t *n = malloc(sizeof(*n));
+
+	(void)err;
+	(void)errlen;
+	if (n == NULL)
+		return CACHEW_ENOMEM;
+	*n = INT64_MAX;
+	(void)cachew_params_get_int(params, "n", n);
+	*state = n;
+	return CACHEW_OK;
+}
+
 static void
 register_functions(void)
 {
+	static const cachew_op_def below = {
+	    .version = CACHEW_OP_DEF_VERSION,
+	    .name = "bench_below",
+	    .kind = CACHEW_OP_FILTER,
+	    .init = below_init,
+	    .fini = free,
+	    .filter = below_filter,
+	};
 	static const cachew_op_def big = {
 	    .version = CACHEW_OP_DEF_VERSION,
 	    .name = "bench_big_row",
@@ -138,7 +177,8 @@ register_functions(void)
 	    .map = fail_every_map,
 	};
 	if (cachew_op_register(&big) != CACHEW_OK ||
-	    cachew_op_register(&fail) != CACHEW_OK) {
+	    cachew_op_register(&fail) != CACHEW_OK ||
+	    cachew_op_register(&below) != CACHEW_OK) {
 		fprintf(stderr, "op_bench: cannot register: %s\n",
 		    cachew_errmsg());
 		exit(1);
