@@ -131,35 +131,7 @@ odd_corrupt_filter(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
 	return CACHEW_OK;
 }
 
-static void
-register_error_fns(void)
-{
-	static const cachew_op_def recip = {
-	    .version = CACHEW_OP_DEF_VERSION,
-	    .name = "tfd_recip_checked",
-	    .kind = CACHEW_OP_MAP,
-	    .map = recip_checked_map,
-	};
-	static const cachew_op_def io = {
-	    .version = CACHEW_OP_DEF_VERSION,
-	    .name = "tfd_io_on_three",
-	    .kind = CACHEW_OP_MAP,
-	    .map = io_on_three_map,
-	};
-	static const cachew_op_def odd = {
-	    .version = CACHEW_OP_DEF_VERSION,
-	    .name = "tfd_odd_corrupt",
-	    .kind = CACHEW_OP_FILTER,
-	    .filter = odd_corrupt_filter,
-	};
-	const cachew_op_def *defs[3] = {&recip, &io, &odd};
-
-	/* Once per process (CK_FORK=no runs every test in one). */
-	for (size_t i = 0; i < 3; i++) {
-		cachew_err rv = cachew_op_register(defs[i]);
-		ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
-	}
-}
+static void register_test_fns(void);
 
 /* The `dropped` of the ignore_errors row of a run read to its end. */
 static uint64_t
@@ -197,7 +169,7 @@ dropped_of(const char *pipeline, const cachew_options *opts, size_t *count)
  * 0.25. Inline and parallel maps, in-process and through the service. */
 START_TEST(ignore_errors_as_in_tf_data_docs)
 {
-	register_error_fns();
+	register_test_fns();
 	for (size_t k = 0; k < 2; k++) {
 		cachew_options *o = cwt_opts_at(1, 0, services[k]);
 		size_t count = 0;
@@ -237,7 +209,7 @@ END_TEST
  * function above ignore_errors still end the stream. */
 START_TEST(ignore_errors_keeps_other_errors)
 {
-	register_error_fns();
+	register_test_fns();
 	for (size_t k = 0; k < 2; k++) {
 		cachew_options *o = cwt_opts_at(1, 0, services[k]);
 
@@ -280,7 +252,7 @@ START_TEST(ignore_errors_logs_counted_warnings)
 	log_capture cap = {0};
 	char *s;
 
-	register_error_fns();
+	register_test_fns();
 	cachew_log_set(capture_log, &cap, CACHEW_LOG_WARN);
 	s = num_seq("from_list([0.0, 1.0, 0.0, 2.0, 0.0]) | "
 		    "map(tfd_recip_checked) | ignore_errors", NULL, 0);
@@ -395,45 +367,6 @@ END_TEST
 
 /* ---- rebatch ------------------------------------------------------------------ */
 
-/* Saves after every count `cut` of elements and checks that the restored
- * iterator yields the rest: the whole run reads `want` (cwt_join_i64). */
-static void
-resumes_at_every_cut(const char *pipeline, const char *want, int total)
-{
-	cachew_dataset *ds = cwt_parse(pipeline);
-
-	ck_assert_int_le(total, 64);
-	for (int cut = 0; cut <= total; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[64];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-		    CACHEW_OK);
-		for (int i = 0; i < cut; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
-		    pipeline, cut, s, want);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
-	cachew_dataset_release(ds);
-}
-
 /* tf.data's docstring: range(8).batch(4).rebatch(2) and
  * range(16).batch(4).rebatch([2, 1, 1]); batches cross the input's
  * boundaries; drop_remainder; two components. */
@@ -542,9 +475,9 @@ END_TEST
 
 START_TEST(rebatch_resumes)
 {
-	resumes_at_every_cut("range(16) | batch(4) | rebatch([2, 1, 3])",
+	cwt_resumes_at_every_cut("range(16) | batch(4) | rebatch([2, 1, 3])",
 	    "[0 1],[2],[3 4 5],[6 7],[8],[9 10 11],[12 13],[14],[15]", 9);
-	resumes_at_every_cut("range(7) | batch(3) | rebatch(5)",
+	cwt_resumes_at_every_cut("range(7) | batch(3) | rebatch(5)",
 	    "[0 1 2 3 4],[5 6]", 2);
 }
 END_TEST
@@ -778,39 +711,10 @@ START_TEST(random_spec_cardinality_builder_and_resume)
 	cachew_dataset_release(t);
 	cachew_dataset_release(ds);
 	cachew_options_destroy(o);
-	{
-		/* Saved after k values, the rest are the same values. */
-		cachew_dataset *d = cwt_parse("random(seed=9) | take(6)");
-		char *all = cwt_seq("random(seed=9) | take(6)", NULL);
-		for (int cut = 0; cut <= 6; cut++) {
-			cachew_iterator *it, *back;
-			cachew_element *v[6];
-			void *state;
-			size_t len, n = 0;
-			ck_assert_int_eq(cachew_iterator_create(&it, d, NULL),
-			    CACHEW_OK);
-			for (int i = 0; i < cut; i++)
-				ck_assert_int_eq(cachew_iterator_next(it,
-				    &v[n++]), CACHEW_OK);
-			ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-			    CACHEW_OK);
-			cachew_iterator_destroy(it);
-			ck_assert_int_eq(cachew_iterator_restore(&back, d, NULL,
-			    state, len), CACHEW_OK);
-			cachew_free(state);
-			while (n < 6 && cachew_iterator_next(back, &v[n]) ==
-			    CACHEW_OK)
-				n++;
-			got = cwt_join_i64(v, n, 0);
-			ck_assert_str_eq(got, all);
-			free(got);
-			for (size_t i = 0; i < n; i++)
-				cachew_element_release(v[i]);
-			cachew_iterator_destroy(back);
-		}
-		free(all);
-		cachew_dataset_release(d);
-	}
+	/* Saved after k values, the rest are the same values. */
+	want = cwt_seq("random(seed=9) | take(6)", NULL);
+	cwt_resumes_at_every_cut("random(seed=9) | take(6)", want, 6);
+	free(want);
 }
 END_TEST
 
@@ -914,7 +818,7 @@ START_TEST(padded_batch_values_refusals_and_builder)
 	p = cwt_fmt("%s | padded_batch(2, pad_value=[\"x\", 1])", src);
 	cwt_build_refused(p, CACHEW_EINVAL, "a number, a list of numbers");
 	free(p);
-	register_error_fns();
+	register_test_fns();
 	cwt_build_refused("range(3) | map(tfd_recip_checked) | "
 			  "padded_batch(2, pad_value={a=1})",
 	    CACHEW_EINVAL, "needs the input's component names");
@@ -980,18 +884,6 @@ big_row_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	return CACHEW_OK;
 }
 
-static void
-register_big_row(void)
-{
-	static const cachew_op_def def = {
-	    .version = CACHEW_OP_DEF_VERSION,
-	    .name = "tfd_big_row",
-	    .kind = CACHEW_OP_MAP,
-	    .map = big_row_map,
-	};
-	cachew_err rv = cachew_op_register(&def);
-	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
-}
 
 /* tf.data: range(8).batch(3, num_parallel_calls=..., deterministic=True)
  * is [0 1 2], [3 4 5], [6 7]: the same batches as batch(3). Here also
@@ -999,7 +891,7 @@ register_big_row(void)
  * every parallelism, in-process and through the service. */
 START_TEST(batch_parallel_as_in_tf_data_docs)
 {
-	register_big_row();
+	register_test_fns();
 	for (size_t k = 0; k < 2; k++) {
 		cachew_options *o = cwt_opts_at(1, 0, services[k]);
 		char *want, *got;
@@ -1103,18 +995,6 @@ count_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
 	return CACHEW_OK;
 }
 
-static void
-register_count(void)
-{
-	static const cachew_op_def def = {
-	    .version = CACHEW_OP_DEF_VERSION,
-	    .name = "tfd_count",
-	    .kind = CACHEW_OP_MAP,
-	    .map = count_map,
-	};
-	cachew_err rv = cachew_op_register(&def);
-	ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
-}
 
 /* The elements of a run of ds (hash per element, comma-joined), reading
  * at most `max` of them. */
@@ -1148,7 +1028,7 @@ START_TEST(cache_in_memory_as_in_tf_data_docs)
 	cachew_dataset *ds;
 	char *a, *b, *c;
 
-	register_count();
+	register_test_fns();
 	cwt_seq_is("range(5) | cache() | repeat(2)", NULL, "0,1,2,3,4,0,1,2,3,"
 							 "4");
 	ds = cwt_parse("range(5) | map(tfd_count) | cache()");
@@ -1256,45 +1136,40 @@ START_TEST(cache_in_memory_limit_and_resume)
 	}
 	cwt_spec_is("range(3) | cache()", "i64[]");
 	ck_assert_int_eq(cwt_card("range(3) | cache()"), 3);
-	/* Saved while filling, while reading, restored in either state. */
+	/* Saved while filling (restored passes fill nothing), then while
+	 * reading memory once a whole pass has filled it. */
 	ds = cwt_parse("range(6) | cache()");
-	for (int pass = 0; pass < 2; pass++) {
-		for (int cut = 0; cut <= 6; cut++) {
-			cachew_iterator *it, *back;
-			cachew_element *v[6];
-			void *state;
-			size_t len, n = 0;
-			ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-			    CACHEW_OK);
-			for (int i = 0; i < cut; i++)
-				ck_assert_int_eq(cachew_iterator_next(it,
-				    &v[n++]), CACHEW_OK);
-			ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-			    CACHEW_OK);
-			ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL,
-			    state, len), CACHEW_OK);
-			cachew_free(state);
-			while (n < 6 && cachew_iterator_next(back, &v[n]) ==
-			    CACHEW_OK)
-				n++;
-			s = cwt_join_i64(v, n, 0);
-			ck_assert_str_eq(s, "0,1,2,3,4,5");
-			free(s);
-			for (size_t i = 0; i < n; i++)
-				cachew_element_release(v[i]);
-			cachew_iterator_destroy(back);
-			/* Pass 0: `it` fills the cache when read to the end. */
-			if (pass == 0 && cut == 6) {
-				cachew_element *e;
-				ck_assert_int_eq(cachew_iterator_next(it, &e),
-				    CACHEW_EOF);
-			}
-			cachew_iterator_destroy(it);
-		}
-	}
+	cwt_resumes_ds(ds, "filling", "0,1,2,3,4,5", 6);
+	s = hashes_of(ds, NULL, 100);
+	free(s);
+	cwt_resumes_ds(ds, "reading", "0,1,2,3,4,5", 6);
 	cachew_dataset_release(ds);
 }
 END_TEST
+
+/* The test functions above, once per process (CK_FORK=no runs every test
+ * in one). */
+static void
+register_test_fns(void)
+{
+	static const cachew_op_def defs[] = {
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "tfd_recip_checked",
+		.kind = CACHEW_OP_MAP, .map = recip_checked_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "tfd_io_on_three",
+		.kind = CACHEW_OP_MAP, .map = io_on_three_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "tfd_odd_corrupt",
+		.kind = CACHEW_OP_FILTER, .filter = odd_corrupt_filter},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "tfd_big_row",
+		.kind = CACHEW_OP_MAP, .map = big_row_map},
+	    {.version = CACHEW_OP_DEF_VERSION, .name = "tfd_count",
+		.kind = CACHEW_OP_MAP, .map = count_map},
+	};
+
+	for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++) {
+		cachew_err rv = cachew_op_register(&defs[i]);
+		ck_assert(rv == CACHEW_OK || rv == CACHEW_EEXIST);
+	}
+}
 
 Suite *
 cwt_tfdata_ops_suite(void)
