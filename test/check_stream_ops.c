@@ -46,6 +46,45 @@ spec_card_is(const char *pipeline, const char *want, int64_t card)
 	ck_assert_int_eq(cwt_card(pipeline), card);
 }
 
+/* Saves after every count of elements `cut` and checks that the restored
+ * iterator yields the rest: the whole run is `want` (cwt_join_i64). */
+static void
+resumes_at_every_cut(const char *pipeline, const char *want, int total)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+
+	for (int cut = 0; cut <= total; cut++) {
+		cachew_iterator *it, *back;
+		cachew_element *v[64];
+		void *state;
+		size_t len, n = 0;
+		char *s;
+
+		ck_assert_int_le(total, 64);
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+		    CACHEW_OK);
+		for (int i = 0; i < cut; i++)
+			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
+			    CACHEW_OK);
+		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+		    CACHEW_OK);
+		cachew_iterator_destroy(it);
+		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
+		    len), CACHEW_OK);
+		cachew_free(state);
+		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
+			n++;
+		s = cwt_join_i64(v, n, 0);
+		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
+		    pipeline, cut, s, want);
+		free(s);
+		for (size_t i = 0; i < n; i++)
+			cachew_element_release(v[i]);
+		cachew_iterator_destroy(back);
+	}
+	cachew_dataset_release(ds);
+}
+
 /* ---- unique ------------------------------------------------------------- */
 
 /* tf.data: from_tensor_slices([1, 37, 2, 37, 2, 1]).unique() holds 1, 2
@@ -140,9 +179,9 @@ END_TEST
 
 START_TEST(unique_resumes)
 {
-	cwt_resumes_at_every_cut("from_list([4, 4, 1, 4, 2, 1, 3, 3]) | unique",
+	resumes_at_every_cut("from_list([4, 4, 1, 4, 2, 1, 3, 3]) | unique",
 	    "4,1,2,3", 4);
-	cwt_resumes_at_every_cut("range(6) | repeat(3) | unique | batch(4)",
+	resumes_at_every_cut("range(6) | repeat(3) | unique | batch(4)",
 	    "[0 1 2 3],[4 5]", 2);
 }
 END_TEST
@@ -317,9 +356,9 @@ END_TEST
 
 START_TEST(scan_reduce_resume)
 {
-	cwt_resumes_at_every_cut("range(8) | scan(sum)", "0,1,3,6,10,15,21,28", 8);
-	cwt_resumes_at_every_cut("from_list([5, 2, 7]) | scan(min)", "5,2,2", 3);
-	cwt_resumes_at_every_cut("range(5) | reduce(sum) | repeat(3)",
+	resumes_at_every_cut("range(8) | scan(sum)", "0,1,3,6,10,15,21,28", 8);
+	resumes_at_every_cut("from_list([5, 2, 7]) | scan(min)", "5,2,2", 3);
+	resumes_at_every_cut("range(5) | reduce(sum) | repeat(3)",
 	    "10,10,10", 3);
 }
 END_TEST
@@ -407,9 +446,9 @@ END_TEST
 
 START_TEST(window_resumes)
 {
-	cwt_resumes_at_every_cut("range(7) | window(3, shift=1)",
+	resumes_at_every_cut("range(7) | window(3, shift=1)",
 	    "[0 1 2],[1 2 3],[2 3 4],[3 4 5],[4 5 6],[5 6],[6]", 7);
-	cwt_resumes_at_every_cut("range(12) | window(2, shift=5, stride=2)",
+	resumes_at_every_cut("range(12) | window(2, shift=5, stride=2)",
 	    "[0 2],[5 7],[10]", 3);
 }
 END_TEST

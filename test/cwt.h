@@ -99,15 +99,6 @@ char *cwt_seq(const char *pipeline, const cachew_options *opts);
  * pipeline and what it yielded. */
 void cwt_seq_is(const char *pipeline, const cachew_options *opts,
     const char *want);
-/* For every cut in 0..total: reads cut elements of ds (at most 64 in all),
- * saves the position, restores it in a new iterator and reads the rest;
- * fails the test unless the whole run (cwt_join_i64 of component 0)
- * reads `want`. `what` names the run in messages. */
-void cwt_resumes_ds(cachew_dataset *ds, const char *what, const char *want,
-    int total);
-/* cwt_resumes_ds over the pipeline's dataset. */
-void cwt_resumes_at_every_cut(const char *pipeline, const char *want,
-    int total);
 
 /* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
  * after use. */

@@ -260,50 +260,6 @@ cwt_seq_is(const char *pipeline, const cachew_options *opts, const char *want)
 	free(s);
 }
 
-void
-cwt_resumes_ds(cachew_dataset *ds, const char *what, const char *want,
-    int total)
-{
-	ck_assert_int_le(total, 64);
-	for (int cut = 0; cut <= total; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[64];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-		    CACHEW_OK);
-		for (int i = 0; i < cut; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
-		    what, cut, s, want);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
-}
-
-void
-cwt_resumes_at_every_cut(const char *pipeline, const char *want, int total)
-{
-	cachew_dataset *ds = cwt_parse(pipeline);
-
-	cwt_resumes_ds(ds, pipeline, want, total);
-	cachew_dataset_release(ds);
-}
-
 cachew_options *
 cwt_opts_at(int64_t seed, int64_t epoch, const char *service)
 {
