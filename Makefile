@@ -218,7 +218,7 @@ bench: deps
 # W6: raw nng push/pull and the same transfer through our transports.
 bench-progs: $(BUILD)/nng_raw $(BUILD)/transport_bench $(BUILD)/iter_cost \
 	$(BUILD)/journal_gen $(BUILD)/resume_cost $(BUILD)/live_iters \
-	$(BUILD)/w9_load
+	$(BUILD)/w9_load $(BUILD)/op_bench
 
 $(BUILD)/nng_raw: bench/nng_raw.c
 	@mkdir -p $(dir $@)
@@ -237,6 +237,10 @@ $(BUILD)/live_iters: bench/live_iters.c $(BUILD)/libcachew.a
 
 # W9: simulated workers and clients against one real dispatcher.
 $(BUILD)/w9_load: bench/w9_load.c $(BUILD)/libcachew.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
+
+# Operators side by side (issue 15's micro-benchmark lines).
+$(BUILD)/op_bench: bench/op_bench.c $(BUILD)/libcachew.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libcachew.a $(DEP_LIBS)
 
 # W8: what saving and restoring an iterator's position costs.

@@ -1030,6 +1030,74 @@ CACHEW_API cachew_err cachew_dataset_bucket_by_sequence_length(
 CACHEW_API cachew_err cachew_dataset_ragged_batch(cachew_dataset **out,
     cachew_dataset *in, int64_t n, int drop_remainder,
     cachew_dtype row_splits_dtype);
+/* Yields in's elements, dropping those whose map or filter function (below
+ * it in the pipeline) failed with a data error: CACHEW_ECORRUPT (a corrupt
+ * image given to decode_jpeg), CACHEW_ETYPE, CACHEW_ERANGE or CACHEW_EOP
+ * (a function refused the element), as tf.data's ignore_errors. Other
+ * errors (I/O, memory, cancellation, bad parameters) still end the
+ * stream. Each dropped element counts in the node's `dropped`
+ * (cachew_iterator_stats); with log_warning each is also logged at
+ * CACHEW_LOG_WARN with the count so far. Cardinality unknown. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_ignore_errors(
+    cachew_dataset **out, cachew_dataset *in, int log_warning);
+/* Regroups the rows of in's batched elements (every component with the
+ * same leading dimension) into batches of sizes[0] rows, or with nsizes >
+ * 1 of sizes[0], sizes[1], ... in turn, taking rows across in's batch
+ * boundaries (tf.data's rebatch). The last batch is smaller, or dropped
+ * with drop_remainder, when the rows run out. sizes is read during the
+ * call only. nsizes from 1 to 1024 and each size from 1 to INT32_MAX
+ * (CACHEW_ERANGE otherwise); a scalar component is CACHEW_ETYPE. Since
+ * 0.2. */
+CACHEW_API cachew_err cachew_dataset_rebatch(cachew_dataset **out,
+    cachew_dataset *in, const int64_t *sizes, size_t nsizes,
+    int drop_remainder);
+/* cachew_dataset_range with values of output_type (tf.data's
+ * range(output_type=)): CACHEW_I64, CACHEW_I32, CACHEW_U8, CACHEW_F32 or
+ * CACHEW_F64 (others are CACHEW_EINVAL). Integer dtypes must hold every
+ * value (CACHEW_ERANGE otherwise); floats take the nearest value.
+ * CACHEW_I64 builds the same dataset as cachew_dataset_range. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_range_typed(cachew_dataset **out,
+    int64_t start, int64_t stop, int64_t step, cachew_dtype output_type);
+/* Endless i64 pseudorandom values, uniform over [0, 2^63) (tf.data's
+ * Dataset.random): cardinality CACHEW_CARDINALITY_INFINITE. seed >= 0
+ * fixes the values; -1 derives them from the pipeline seed (the seed
+ * option). With rerandomize_each_iteration each epoch (and each
+ * repetition under repeat) gets new values, else every epoch repeats the
+ * first's. seed below -1 is CACHEW_ERANGE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_random(cachew_dataset **out,
+    int64_t seed, int rerandomize_each_iteration);
+/* cachew_dataset_padded_batch with a padding value per component
+ * (tf.data's padding_values): pad_values is a literal in pipeline syntax,
+ * a number ("0"), a list of one number per component ("[-1, 100]") or a
+ * map by component name ("{label=-1}", the components it leaves out pad
+ * with 0; it needs in's component names). Each value is converted to its
+ * component's dtype (bytes components pad with empty strings). A list of
+ * the wrong length, a name of no component or a non-number is
+ * CACHEW_EINVAL here; a value a dtype cannot hold fails the iterator.
+ * pad_values is read during the call only. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_padded_batch_values(
+    cachew_dataset **out, cachew_dataset *in, int64_t n,
+    const char *pad_values, int drop_remainder);
+/* cachew_dataset_batch whose copy of each batch of 1 MiB or more is shared
+ * by `parallel` threads (tf.data's num_parallel_calls for batch; 1 to 64,
+ * or CACHEW_AUTO for the threads option, which also caps it): worth it for
+ * large elements (decoded images). The batches are the same at any
+ * parallelism and come in input order; deterministic is accepted for
+ * tf.data's sake (nonzero or zero: the same order). Neither changes the
+ * fingerprint. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_batch_parallel(cachew_dataset **out,
+    cachew_dataset *in, int64_t n, int drop_remainder, int parallel,
+    int deterministic);
+/* Caches in's elements in memory (tf.data's cache() without a filename):
+ * the first pass over the result that reads to its end keeps its
+ * elements (references, no copy) with the dataset; later passes (new
+ * iterators of *out, or repetitions under repeat) read them without
+ * running in. A pass cut short keeps nothing. memory_limit bounds the
+ * bytes held (0: the ram_budget option): a pass past it fails with
+ * CACHEW_ENOMEM. The memory is freed with the dataset. Negative
+ * memory_limit is CACHEW_ERANGE. Since 0.2. */
+CACHEW_API cachew_err cachew_dataset_cache_memory(cachew_dataset **out,
+    cachew_dataset *in, int64_t memory_limit);
 /* Replaces every element by the sequence the flat_map function fn yields
  * for it. Since 0.1. */
 CACHEW_API cachew_err cachew_dataset_flat_map(cachew_dataset **out,
@@ -1357,6 +1425,9 @@ typedef struct cachew_op_stats {
 	int parallelism;      /* current threads (1 when inline) */
 	int64_t buffer_limit; /* elements it may buffer (0 = none) */
 	int64_t buffered;     /* elements buffered now */
+	uint64_t dropped;     /* ignore_errors: elements dropped for a data
+			       * error below it (0 for other operators).
+			       * Since 0.2. */
 } cachew_op_stats;
 
 /* Copies up to cap rows into the caller's out and the total count into *n

@@ -801,7 +801,7 @@ static run_out
 run_split(cachew_dataset *ds, const cwi_unit_range *ranges, size_t nranges)
 {
 	cwi_pipeline pl;
-	cwi_iter_args args;
+	cwi_iter_args args = {0};
 	cwi_iter *it = NULL;
 	cwi_chunk c = {0};
 	run_out r;

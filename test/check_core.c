@@ -738,7 +738,8 @@ START_TEST(apply_reports_bad_graphs)
 	ck_assert_int_eq(cachew_dataset_apply(&d, "batch", &r, 1, p),
 	    CACHEW_EINVAL);
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(),
-	    "batch: unknown parameter 'size' (parameters: n, drop_remainder)"));
+	    "batch: unknown parameter 'size' (parameters: n, drop_remainder, "
+	    "parallel, deterministic)"));
 	ck_assert_int_eq(cachew_dataset_apply(&d, "range", &r, 1, NULL),
 	    CACHEW_EINVAL);
 	ck_assert_int_eq(cachew_dataset_map(&d, r, "no_such_fn", NULL, 1),

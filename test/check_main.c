@@ -51,6 +51,7 @@ main(void)
 	srunner_add_suite(sr, cwt_stream_ops_suite());
 	srunner_add_suite(sr, cwt_mixture_suite());
 	srunner_add_suite(sr, cwt_usersrc_suite());
+	srunner_add_suite(sr, cwt_tfdata_ops_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -54,6 +54,8 @@ Suite *cwt_mixture_suite(void);   /* check_mixture.c: sample_ and
                                    * choose_from_datasets */
 Suite *cwt_usersrc_suite(void);   /* check_usersrc.c: sources defined
                                    * by callbacks, from C and plugins */
+Suite *cwt_tfdata_ops_suite(void); /* check_tfdata_ops.c: ignore_errors,
+                                    * rebatch, random, ... (issue 15 A) */
 Suite *cwt_spec_suite(void);      /* check_spec.c: element specs,
                                    * cardinality, named components */
 Suite *cwt_security_suite(void);  /* check_security.c: what a worker may

@@ -366,7 +366,7 @@ iterator_stats(IteratorObject *o, PyObject *unused)
 	l = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; l != NULL && i < n; i++) {
 		PyObject *d = Py_BuildValue(
-		    "{s:s,s:s,s:i,s:K,s:K,s:K,s:K,s:i,s:L,s:L}", "name",
+		    "{s:s,s:s,s:i,s:K,s:K,s:K,s:K,s:i,s:L,s:L,s:K}", "name",
 		    rows[i].name, "detail", rows[i].detail, "node", rows[i].node,
 		    "elements", (unsigned long long)rows[i].elements, "bytes",
 		    (unsigned long long)rows[i].bytes, "busy_ns",
@@ -374,7 +374,8 @@ iterator_stats(IteratorObject *o, PyObject *unused)
 		    (unsigned long long)rows[i].wait_ns, "parallelism",
 		    rows[i].parallelism, "buffer_limit",
 		    (long long)rows[i].buffer_limit, "buffered",
-		    (long long)rows[i].buffered);
+		    (long long)rows[i].buffered, "dropped",
+		    (unsigned long long)rows[i].dropped);
 		if (d == NULL) {
 			Py_CLEAR(l);
 			break;

@@ -280,6 +280,9 @@ cachew_err cwi_cache_plan_get(cwi_node *top, const cwi_node *at,
 extern const cwi_dataset_op cwi_op_cache_put;
 extern const cwi_dataset_op cwi_op_cache_get;
 extern const cwi_dataset_op cwi_op_cache;
+/* cache() without a root: the in-memory cache's iterator (op_cache_mem.c). */
+cachew_err cwi_mem_cache_create(
+    cwi_iter **out, const cwi_node *node, const cwi_iter_args *args);
 
 /* Creates a local directory and its parents (mkdir -p); errors name the
  * directory that could not be made. The dispatcher's work dir uses it too. */

@@ -1320,6 +1320,10 @@ cache_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	cwi_cache_manifest *m = NULL;
 	cachew_err rv;
 
+	if (cwi_node_value(node, "root") == NULL) {
+		free(c);
+		return cwi_mem_cache_create(out, node, args);
+	}
 	if (c == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	c->base.ops = &cache_iter_ops;
@@ -1389,11 +1393,17 @@ static const cwi_param_spec put_params[] = {
 };
 
 static const cwi_param_spec cache_params[] = {
-    P_ROOT("cache root: a directory (created if missing), a shared file "
-	   "system path or s3://bucket/prefix"),
+    {.name = "root", .type = CWI_P_STR, .flags = CWI_PF_OPTIONAL,
+	.help = "cache root: a directory (created if missing), a shared "
+		"file system path or s3://bucket/prefix; absent: cache in "
+		"memory"},
     P_THREADS("reader threads (reading) or encoder threads (writing), or "
 	      "auto"),
     P_WRITE_PARAMS,
+    {.name = "memory_limit", .type = CWI_P_INT,
+	.flags = CWI_PF_OPTIONAL | CWI_PF_PERF, .min = 1, .max = INT64_MAX,
+	.help = "without a root: bytes the in-memory cache may hold (absent: "
+		"the ram_budget option); a pass past it fails with ENOMEM"},
 };
 
 /* cache_get's root is a location, not data: leave it out of the
@@ -1449,7 +1459,8 @@ const cwi_dataset_op cwi_op_cache = {
     .doc = "tf.data's cache: reads the complete cache of the input's "
 	   "fingerprint under root without starting the input, else passes "
 	   "the input through and writes it at the end of a complete pass; "
-	   "a corrupt cache is marked bad and recomputed",
+	   "a corrupt cache is marked bad and recomputed; without a root, "
+	   "caches in memory",
     .params = cache_params,
     .nparams = sizeof(cache_params) / sizeof(cache_params[0]),
     .min_inputs = 1,
@@ -1460,4 +1471,15 @@ const cwi_dataset_op cwi_op_cache = {
 	"restore reads past them in a complete cache, or resumes (or "
 	"recomputes) "
 	"the input and then writes no cache",
+    .note = "Without a root (`cache()`), tf.data's in-memory cache: the "
+	"elements are kept (by reference) with the dataset, so every "
+	"iterator of it shares them; the first pass read to its end fills "
+	"the cache and later passes (a new iterator, the next repetition "
+	"under repeat) read memory without starting the input. A pass cut "
+	"short is discarded, as in tf.data; while one pass fills it, others "
+	"compute. memory_limit (default: the ram_budget option) bounds it: "
+	"a pass past it fails with ENOMEM. Through the service it runs in "
+	"the client part, whose graph each iterator builds anew: there the "
+	"cache serves the repetitions of one iterator (repeat), not later "
+	"iterators.",
 };

@@ -41,6 +41,7 @@ typedef struct cwi_stats {
 	_Atomic int parallelism;
 	_Atomic int64_t buffer_limit;
 	_Atomic int64_t buffered;
+	_Atomic uint64_t dropped; /* ignore_errors: elements dropped below it */
 } cwi_stats;
 
 static inline void
@@ -111,11 +112,22 @@ cwi_stats *cwi_pipeline_stats(cwi_pipeline *pl, const cwi_node *node);
 
 /* ---- iterators ----------------------------------------------------------- */
 
+/* What an ignore_errors above an iterator asks of the functions below it:
+ * an element whose function fails with a data error (cwi_err_is_data) is
+ * dropped, counted in `stats` (the ignore_errors row's `dropped`) and,
+ * with `log`, logged as a warning, instead of failing the pipeline. Owned
+ * by the ignore_errors iterator, which outlives its inputs. */
+typedef struct cwi_drop {
+	cwi_stats *stats; /* may be NULL */
+	bool log;
+} cwi_drop;
+
 struct cwi_iter_args {
 	cwi_pipeline *pl;
 	uint64_t epoch; /* the epoch option, or what repeat passes for each
 			 * repetition; reshuffles, per-epoch file orders
 			 * and random functions draw from it */
+	const cwi_drop *drop; /* the nearest ignore_errors above, or NULL */
 };
 
 struct cwi_state_writer;
@@ -146,6 +158,7 @@ struct cwi_iter {
 			   * an op may set it in create or in next() (the
 			   * wrapper reads it after the call) */
 	uint64_t epoch;
+	const cwi_drop *drop; /* args->drop when it was created */
 };
 
 /* Creates the iterator of a node (and, through the op, of its inputs). */
@@ -224,9 +237,26 @@ cwi_apply_map(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
 	return CACHEW_OK;
 }
 
-/* Runs a filter function; *keep is set on success. */
-cachew_err cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node,
-    cwi_pipeline *pl, const cwi_element *in, bool *keep);
+/* Whether a function's failure on one element is about that element's
+ * data: CACHEW_ECORRUPT (corrupt input, a decode failure), CACHEW_ETYPE,
+ * CACHEW_ERANGE and CACHEW_EOP (a function refused the element). Other
+ * codes (I/O, memory, cancellation, bad parameters, internal errors)
+ * are never dropped by ignore_errors. */
+bool cwi_err_is_data(cachew_err rv);
+
+/* Below an ignore_errors (it->drop set) and rv a data error: counts and
+ * (when asked) logs the element that ctx's function failed on, and
+ * returns true: the caller drops it and goes on. False otherwise: the
+ * caller fails as it would without ignore_errors. Thread safe (parallel
+ * map workers call it). */
+bool cwi_iter_drop(const cwi_iter *it, const cachew_op_ctx *ctx,
+    cachew_err rv);
+
+/* Runs it's filter function on in; *keep is set on success. With
+ * may_drop, an element the function fails on with a data error below an
+ * ignore_errors is dropped (*keep false, CACHEW_OK; cwi_iter_drop). */
+cachew_err cwi_apply_filter(cachew_op_ctx *ctx, const cwi_iter *it,
+    bool may_drop, const cwi_element *in, bool *keep);
 
 /* Flat-map sequences opened from a function op (interleave, flat_map and
  * the file sources share this). */

@@ -121,6 +121,7 @@ cwi_iter_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	 * inline one is not); the op flag marks all of them. */
 	it->async = it->async || (node->op->flags & CWI_OPF_ASYNC) != 0;
 	it->epoch = args->epoch;
+	it->drop = args->drop;
 	*out = it;
 	return CACHEW_OK;
 }
@@ -340,14 +341,46 @@ cwi_fn_failed(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
 	    (unsigned long long)ctx->index);
 }
 
+bool
+cwi_err_is_data(cachew_err rv)
+{
+	return rv == CACHEW_ECORRUPT || rv == CACHEW_ETYPE ||
+	    rv == CACHEW_ERANGE || rv == CACHEW_EOP;
+}
+
+bool
+cwi_iter_drop(const cwi_iter *it, const cachew_op_ctx *ctx, cachew_err rv)
+{
+	const cwi_drop *d = it->drop;
+	uint64_t n = 1;
+
+	if (d == NULL || !cwi_err_is_data(rv))
+		return false;
+	if (d->stats != NULL)
+		n += atomic_fetch_add_explicit(&d->stats->dropped, 1,
+		    memory_order_relaxed);
+	if (d->log)
+		cwi_log(CACHEW_LOG_WARN, "ignore_errors",
+		    "dropped element %llu of %s(%s): %s (%llu dropped so far)",
+		    (unsigned long long)ctx->index, it->node->op->name,
+		    it->node->fn != NULL ? it->node->fn->name : "",
+		    ctx->errmsg[0] != '\0' ? ctx->errmsg : cachew_strerror(rv),
+		    (unsigned long long)n);
+	return true;
+}
+
 cachew_err
-cwi_apply_filter(cachew_op_ctx *ctx, const cwi_node *node, cwi_pipeline *pl,
+cwi_apply_filter(cachew_op_ctx *ctx, const cwi_iter *it, bool may_drop,
     const cwi_element *in, bool *keep)
 {
 	int k = 0;
-	cachew_err rv = node->fn->def.filter(ctx, in, &k);
+	cachew_err rv = it->node->fn->def.filter(ctx, in, &k);
+	if (rv != CACHEW_OK && may_drop && cwi_iter_drop(it, ctx, rv)) {
+		*keep = false;
+		return CACHEW_OK;
+	}
 	if (rv != CACHEW_OK)
-		return cwi_fn_failed(ctx, node, pl, rv);
+		return cwi_fn_failed(ctx, it->node, it->pl, rv);
 	*keep = k != 0;
 	return CACHEW_OK;
 }
@@ -537,7 +570,7 @@ iterator_alloc(cachew_dataset *ds, const cachew_options *opts)
 static cachew_err
 iterator_start(cachew_iterator **out, cachew_iterator *it)
 {
-	cwi_iter_args args;
+	cwi_iter_args args = {0};
 	size_t cap = 0;
 	cachew_err rv;
 
@@ -1013,6 +1046,7 @@ cachew_iterator_stats(
 		out[i].parallelism = atomic_load_explicit(&s->parallelism, memory_order_relaxed);
 		out[i].buffer_limit = atomic_load_explicit(&s->buffer_limit, memory_order_relaxed);
 		out[i].buffered = atomic_load_explicit(&s->buffered, memory_order_relaxed);
+		out[i].dropped = atomic_load_explicit(&s->dropped, memory_order_relaxed);
 	}
 	if (n != NULL)
 		*n = k + own;

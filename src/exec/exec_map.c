@@ -59,6 +59,40 @@ typedef struct map_iter {
 	size_t pos;
 } map_iter;
 
+/* Applies the function to out->v[n0..n) in place. An element dropped by
+ * an ignore_errors above (cwi_iter_drop) leaves no result; on another
+ * failure the results before it stay and the rest of the chunk is
+ * released (exec.h). */
+static cachew_err
+map_apply_chunk(map_iter *m, cwi_chunk *out, size_t n0)
+{
+	cwi_iter *it = &m->base;
+	size_t w = n0;
+	cachew_err rv;
+
+	for (size_t i = n0; i < out->n; i++) {
+		cwi_element *res = NULL;
+		cwi_op_ctx_at(&m->ctx, m->index++);
+		rv = m->ctx.fn->def.map(&m->ctx, out->v[i], &res);
+		if (rv == CACHEW_OK && res != NULL) {
+			out->v[w++] = res;
+			continue;
+		}
+		/* v[i] was consumed either way. */
+		cwi_element_release(res);
+		if (rv != CACHEW_OK && cwi_iter_drop(it, &m->ctx, rv))
+			continue;
+		if (rv == CACHEW_OK)
+			rv = cachew_op_ctx_fail(&m->ctx, "returned no element");
+		for (size_t j = i + 1; j < out->n; j++)
+			cwi_element_release(out->v[j]);
+		out->n = w;
+		return cwi_fn_failed(&m->ctx, it->node, it->pl, rv);
+	}
+	out->n = w;
+	return CACHEW_OK;
+}
+
 static cachew_err
 map_next(cwi_iter *it, cwi_chunk *out, size_t max)
 {
@@ -71,22 +105,15 @@ map_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			cwi_chunk_push(out, m->restored.v[m->pos++]);
 		return CACHEW_OK;
 	}
-	rv = cwi_iter_next(m->input, out, max);
-	if (rv != CACHEW_OK)
-		return rv;
-	for (size_t i = n0; i < out->n; i++) {
-		cwi_element *res = NULL;
-		cwi_op_ctx_at(&m->ctx, m->index++);
-		rv = cwi_apply_map(&m->ctx, it->node, it->pl, out->v[i], &res);
-		if (rv != CACHEW_OK) {
-			/* v[i] was consumed; drop the rest of the chunk. The
-			 * results before it go out first (exec.h). */
-			for (size_t j = i + 1; j < out->n; j++)
-				cwi_element_release(out->v[j]);
-			out->n = i;
+	/* Below an ignore_errors a whole chunk may be dropped: pull again
+	 * (next() returns at least one element or the end). */
+	while (out->n == n0) {
+		rv = cwi_iter_next(m->input, out, max);
+		if (rv != CACHEW_OK)
 			return rv;
-		}
-		out->v[i] = res;
+		rv = map_apply_chunk(m, out, n0);
+		if (rv != CACHEW_OK)
+			return rv;
 	}
 	return CACHEW_OK;
 }
@@ -288,7 +315,7 @@ pmap_apply(pmap_iter *m, cachew_op_ctx *ctx, map_chunk *c, uint64_t pull_ns,
     bool worker)
 {
 	const cwi_fn *fn = m->node->fn;
-	size_t n = c->elems.n, done = 0, bytes = 0;
+	size_t n = c->elems.n, done = 0, kept = 0, bytes = 0;
 	uint64_t t0 = cwi_now_ns(), dt;
 
 	for (; done < n; done++) {
@@ -300,18 +327,20 @@ pmap_apply(pmap_iter *m, cachew_op_ctx *ctx, map_chunk *c, uint64_t pull_ns,
 		if (rv != CACHEW_OK || res == NULL) {
 			/* The function released its input. */
 			cwi_element_release(res);
+			if (rv != CACHEW_OK && cwi_iter_drop(&m->base, ctx, rv))
+				continue;
 			for (size_t j = done + 1; j < n; j++)
 				cwi_element_release(c->elems.v[j]);
-			c->elems.n = done;
 			c->err = cwi_fn_errcode(rv);
 			c->errmsg = cwi_fn_errmsg(m->node, ctx, c->err);
 			break;
 		}
-		c->elems.v[done] = res;
+		c->elems.v[kept++] = res;
 		/* What the consumer runs it takes at once: no RAM held. */
 		if (worker)
 			bytes += cwi_element_nbytes(res);
 	}
+	c->elems.n = kept;
 	dt = cwi_now_ns() - t0;
 	c->bytes = bytes;
 	cwi_sizer_update(&m->sizer, done + (c->err != CACHEW_OK), dt + pull_ns);

@@ -23,7 +23,7 @@
  */
 static const char *const per_lease_ops[] = {
     "map", "filter", "flat_map", "interleave", "batch", "padded_batch",
-    "unbatch", "shuffle", "prefetch", "autocache",
+    "unbatch", "shuffle", "prefetch", "autocache", "ignore_errors",
 };
 
 static const struct {
@@ -40,6 +40,7 @@ static const struct {
     {"bucket_by_sequence_length",
 	"groups elements by length across the whole stream"},
     {"ragged_batch", "batches consecutive elements of the whole stream"},
+    {"rebatch", "regroups rows by position in the whole stream"},
     {"skip", "selects by position in the whole stream"},
     {"shard", "selects by position in the whole stream"},
     {"repeat", "repeats the whole input"},

@@ -107,7 +107,9 @@ typedef enum cwi_ptype {
 	CWI_P_STR,   /* string or identifier */
 	CWI_P_STRS,  /* string or list of strings (file lists, globs) */
 	CWI_P_LIST,  /* any list */
-	CWI_P_ANY    /* any value (literals of from_tensors) */
+	CWI_P_ANY,   /* any value (literals of from_tensors) */
+	CWI_P_FLOATS /* a number, a list of numbers or a map of numbers by
+		      * name (ints stored as floats); default def_float */
 } cwi_ptype;
 
 #define CWI_PF_REQUIRED 0x1u /* no default: must be given */
@@ -291,6 +293,12 @@ struct cachew_dataset {
 	char *detail; /* "add" for map(add): for stats and explain */
 	cwi_spec spec; /* what its elements hold (graph_spec.c) */
 	int64_t card;  /* elements per epoch, or CACHEW_CARDINALITY_* */
+	/* The one mutable part of a built node: state its operator keeps
+	 * across the node's iterators (the in-memory cache's elements),
+	 * set once under the operator's own lock and freed with the node
+	 * by op_state_free. NULL when the operator keeps none. */
+	_Atomic(void *) op_state;
+	void (*op_state_free)(void *state);
 };
 
 /* Typed accessors of canonical params (values are present and typed after

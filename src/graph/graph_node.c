@@ -62,6 +62,39 @@ refuse_nul(const cwi_dataset_op *op, const cwi_param_spec *s,
 }
 
 /* Converts *v in place to the spec's type, or fails naming the param. */
+
+/* A number becomes a float; true for a number, or a list or map of them
+ * (CWI_P_FLOATS), whose numbers become floats too. */
+static bool
+float_item(cwi_value *v)
+{
+	if (v->type == CWI_V_INT) {
+		double f = (double)v->u.i;
+		v->type = CWI_V_FLOAT;
+		v->u.f = f;
+	}
+	return v->type == CWI_V_FLOAT;
+}
+
+static bool
+floats_value(cwi_value *v)
+{
+	if (v->type == CWI_V_LIST) {
+		for (size_t i = 0; i < v->u.list.n; i++)
+			if (!float_item(&v->u.list.items[i]))
+				return false;
+		v->tuple = false;
+		return true;
+	}
+	if (v->type == CWI_V_MAP) {
+		for (size_t i = 0; i < v->u.map.n; i++)
+			if (!float_item(&v->u.map.items[i].val))
+				return false;
+		return true;
+	}
+	return float_item(v);
+}
+
 static cachew_err
 coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
 {
@@ -137,6 +170,11 @@ coerce(const cwi_dataset_op *op, const cwi_param_spec *s, cwi_value *v)
 		break;
 	case CWI_P_ANY:
 		break;
+	case CWI_P_FLOATS:
+		want = floats_value(v) ? NULL
+				       : "a number, a list of numbers or a map "
+					 "of numbers by component name";
+		break;
 	}
 	if (want != NULL)
 		return cwi_fail(CACHEW_EINVAL, "%s: parameter '%s' must be %s",
@@ -156,6 +194,7 @@ set_default(cwi_value *params, const cwi_param_spec *s)
 		v.u.i = s->def_int;
 		break;
 	case CWI_P_FLOAT:
+	case CWI_P_FLOATS:
 		v.type = CWI_V_FLOAT;
 		v.u.f = s->def_float;
 		break;
@@ -727,6 +766,8 @@ node_free(cwi_node *node)
 	if (node->fn != NULL && node->fn->def.fini != NULL &&
 	    node->fn_state != NULL)
 		node->fn->def.fini(node->fn_state);
+	if (node->op_state_free != NULL && atomic_load(&node->op_state) != NULL)
+		node->op_state_free(atomic_load(&node->op_state));
 	for (size_t i = 0; i < node->ninputs; i++)
 		cachew_dataset_release(node->inputs[i]);
 	free(node->inputs);

@@ -6,11 +6,71 @@
 #include "ops.h"
 #include "../exec/exec_state.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+/* batch(parallel=N) copies a batch's rows on N threads when the batch is
+ * at least this large: below it a thread's start (tens of microseconds)
+ * costs more than the copy it takes over. */
+#define STACK_PARALLEL_MIN_BYTES (1u << 20)
+
+/* Rows [from, to) of component c, copied into their places at dst. */
+typedef struct stack_part {
+	cwi_element *const *elems;
+	uint32_t c;
+	size_t row, from, to;
+	uint8_t *dst;
+} stack_part;
+
+static void *
+stack_part_run(void *arg)
+{
+	const stack_part *sp = arg;
+
+	for (size_t i = sp->from; i < sp->to; i++)
+		memcpy(sp->dst + i * sp->row,
+		    cwi_tensor_data(&sp->elems[i]->comp[sp->c]), sp->row);
+	return NULL;
+}
+
+/* Copies the k rows of component c into p, on up to `parallel` threads
+ * (this one included) for a large batch. A thread that cannot start
+ * leaves its rows to this one: the result is the same either way. */
+static void
+stack_rows(cwi_element *const *elems, size_t k, uint32_t c, size_t row,
+    uint8_t *p, int parallel)
+{
+	stack_part parts[CWI_STACK_MAX_PARALLEL];
+	pthread_t tid[CWI_STACK_MAX_PARALLEL];
+	bool started[CWI_STACK_MAX_PARALLEL] = {false};
+	size_t np = parallel < 1 ? 1 : (size_t)parallel;
+
+	if (np > CWI_STACK_MAX_PARALLEL)
+		np = CWI_STACK_MAX_PARALLEL;
+	if (np > k)
+		np = k;
+	if (np <= 1 || (uint64_t)k * row < STACK_PARALLEL_MIN_BYTES)
+		np = 1;
+	for (size_t t = 0; t < np; t++) {
+		parts[t] = (stack_part){.elems = elems, .c = c, .row = row,
+		    .from = k * t / np, .to = k * (t + 1) / np, .dst = p};
+		if (t > 0)
+			started[t] = pthread_create(&tid[t], NULL,
+			    stack_part_run, &parts[t]) == 0;
+	}
+	(void)stack_part_run(&parts[0]);
+	for (size_t t = 1; t < np; t++) {
+		if (started[t])
+			pthread_join(tid[t], NULL);
+		else
+			(void)stack_part_run(&parts[t]);
+	}
+}
+
 static cachew_err
-stack_fixed(cwi_element *const *elems, size_t k, uint32_t c, cwi_tensor *dst)
+stack_fixed(cwi_element *const *elems, size_t k, uint32_t c, cwi_tensor *dst,
+    int parallel)
 {
 	const cwi_tensor *t0 = &elems[0]->comp[c];
 	int64_t shape[CACHEW_MAX_RANK];
@@ -31,9 +91,7 @@ stack_fixed(cwi_element *const *elems, size_t k, uint32_t c, cwi_tensor *dst)
 		for (size_t i = 0; i < k; i++)
 			memcpy(p + i * 8, cwi_tensor_data(&elems[i]->comp[c]), 8);
 	} else {
-		for (size_t i = 0; i < k; i++)
-			memcpy(p + i * row, cwi_tensor_data(&elems[i]->comp[c]),
-			    row);
+		stack_rows(elems, k, c, row, p, parallel);
 	}
 	/* Inline results point into dst: nothing else to do. */
 	return CACHEW_OK;
@@ -131,6 +189,13 @@ cachew_err
 cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out, char *err,
     size_t errlen)
 {
+	return cwi_stack_parallel(elems, k, 1, out, err, errlen);
+}
+
+cachew_err
+cwi_stack_parallel(cwi_element *const *elems, size_t k, int parallel,
+    cwi_element **out, char *err, size_t errlen)
+{
 	const cwi_element *e0 = elems[0];
 	cwi_element *res;
 	char want[96], got[96];
@@ -176,7 +241,7 @@ cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out, char *err,
 		if (e0->comp[c].dtype == CACHEW_BYTES)
 			rv = stack_bytes(elems, k, c, &res->comp[c]);
 		else
-			rv = stack_fixed(elems, k, c, &res->comp[c]);
+			rv = stack_fixed(elems, k, c, &res->comp[c], parallel);
 	}
 	if (rv != CACHEW_OK) {
 		snprintf(err, errlen, "%s", cwi_errmsg_get());
@@ -198,6 +263,7 @@ typedef struct batch_iter {
 	cwi_chunk pending;
 	uint64_t pending_bytes; /* of the pending elements */
 	cwi_pad_spec *pad; /* padded_batch; NULL for batch */
+	int parallel;      /* batch: threads copying a large batch */
 } batch_iter;
 
 /* Elements requested from the input at a time while filling a batch. */
@@ -261,8 +327,8 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			    cwi_pipeline_max_element(it->pl), &res, err,
 			    sizeof(err));
 		else
-			rv = cwi_stack(b->pending.v, b->pending.n, &res, err,
-			    sizeof(err));
+			rv = cwi_stack_parallel(b->pending.v, b->pending.n,
+			    b->parallel, &res, err, sizeof(err));
 		if (rv != CACHEW_OK)
 			return cwi_pipeline_fail(it->pl, rv, "%s: %s", name, err);
 		cwi_chunk_clear(&b->pending);
@@ -337,6 +403,15 @@ batch_create_common(cwi_iter **out, const cwi_node *node,
 	b->base.ops = &batch_iter_ops;
 	b->n = (size_t)cwi_node_int(node, "n");
 	b->drop_remainder = cwi_node_bool(node, "drop_remainder");
+	b->parallel = 1;
+	if (!padded && cwi_node_value(node, "parallel") != NULL) {
+		/* auto: the pipeline's threads. Order is the input's either
+		 * way: the threads share each batch's copy (fork-join). */
+		int64_t par = cwi_node_int(node, "parallel");
+		if (par == CACHEW_AUTO || par > args->pl->opts.threads)
+			par = args->pl->opts.threads;
+		b->parallel = par < 1 ? 1 : (int)par;
+	}
 	if (padded) {
 		b->pad = malloc(sizeof(*b->pad));
 		if (b->pad == NULL)
@@ -426,6 +501,15 @@ static const cwi_param_spec batch_params[] = {
 	.max = INT32_MAX, .help = "elements per batch"},
     {.name = "drop_remainder", .type = CWI_P_BOOL, .def_int = 0,
 	.help = "drop a last batch smaller than n"},
+    {.name = "parallel", .type = CWI_P_INT,
+	.flags = CWI_PF_OPTIONAL | CWI_PF_PERF | CWI_PF_AUTO, .min = 1,
+	.max = CWI_STACK_MAX_PARALLEL,
+	.help = "threads that copy a batch of 1 MiB or more (auto: the "
+		"threads option; absent: 1)"},
+    {.name = "deterministic", .type = CWI_P_BOOL,
+	.flags = CWI_PF_OPTIONAL | CWI_PF_PERF,
+	.help = "accepted for tf.data's sake: batches always come in "
+		"input order"},
 };
 
 const cwi_dataset_op cwi_op_batch = {
@@ -438,6 +522,11 @@ const cwi_dataset_op cwi_op_batch = {
     .iter_create = batch_create,
     .saves = "the elements of the partial batch, and the input",
     .infer = batch_infer,
+    .note = "parallel=N is tf.data's num_parallel_calls: the copy of each "
+	"batch of 1 MiB or more is shared by N threads (capped by the "
+	"threads option), which helps with large elements such as decoded "
+	"images. The threads split one batch, so batches keep the input's "
+	"order whatever deterministic says.",
 };
 
 /* Checks the shape parameter when the node is built, so a malformed one is
@@ -461,8 +550,10 @@ padded_batch_infer(cwi_node *node)
 static const cwi_param_spec padded_batch_params[] = {
     {.name = "n", .type = CWI_P_INT, .flags = CWI_PF_REQUIRED, .min = 1,
 	.max = INT32_MAX, .help = "elements per batch"},
-    {.name = "pad_value", .type = CWI_P_FLOAT, .def_float = 0.0,
-	.help = "value of the padding, converted to each dtype"},
+    {.name = "pad_value", .type = CWI_P_FLOATS, .def_float = 0.0,
+	.help = "value of the padding, converted to each dtype: one for "
+		"every component, a list of one per component, or a map "
+		"by component name (others pad with 0)"},
     {.name = "drop_remainder", .type = CWI_P_BOOL, .def_int = 0,
 	.help = "drop a last batch smaller than n"},
     {.name = "shape", .type = CWI_P_LIST, .flags = CWI_PF_OPTIONAL,

@@ -51,8 +51,7 @@ filter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			cwi_element *e = out->v[i];
 			bool keep = false;
 			cwi_op_ctx_at(&f->ctx, f->index++);
-			rv = cwi_apply_filter(&f->ctx, it->node, it->pl, e,
-			    &keep);
+			rv = cwi_apply_filter(&f->ctx, it, true, e, &keep);
 			if (rv != CACHEW_OK) {
 				/* [n0, w) kept: delivered before the error
 				 * (exec.h); [w, i) gone, [i, n) unseen. */
@@ -172,7 +171,7 @@ take_while_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	for (size_t i = n0; i < out->n; i++) {
 		bool keep = false;
 		cwi_op_ctx_at(&t->ctx, t->index);
-		rv = cwi_apply_filter(&t->ctx, it->node, it->pl, out->v[i],
+		rv = cwi_apply_filter(&t->ctx, it, false, out->v[i],
 		    &keep);
 		if (rv != CACHEW_OK || !keep) {
 			release_range(out, i, out->n);

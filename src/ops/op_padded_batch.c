@@ -33,6 +33,62 @@ shape_from_list(const cwi_value *list, unsigned *rank, int64_t *shape,
 	return CACHEW_OK;
 }
 
+/* ---- the pad_value parameter ---------------------------------------------- */
+
+/* A map of pad values by name: each key names a component of the input's
+ * spec; the components it leaves out pad with 0. */
+static cachew_err
+pad_values_by_name(cwi_pad_spec *spec, const cwi_node *node,
+    const cwi_value *v)
+{
+	const cwi_spec *in = &node->inputs[0]->spec;
+
+	if (!in->known)
+		return cwi_fail(CACHEW_EINVAL, "padded_batch: pad_value by "
+		    "component name needs the input's component names, and "
+		    "its element spec is not known (give a list, one value "
+		    "per component)");
+	memset(spec->pad_values, 0, sizeof(spec->pad_values));
+	spec->npad = in->n;
+	for (size_t i = 0; i < v->u.map.n; i++) {
+		const cwi_kv *kv = &v->u.map.items[i];
+		int c = cwi_spec_find(in, kv->key);
+		if (c < 0)
+			return cwi_fail(CACHEW_EINVAL, "padded_batch: pad_value "
+			    "names '%s', which is no component of the input",
+			    kv->key);
+		spec->pad_values[c] = kv->val.u.f;
+	}
+	return CACHEW_OK;
+}
+
+static cachew_err
+pad_values_init(cwi_pad_spec *spec, const cwi_node *node)
+{
+	const cwi_value *v = cwi_node_value(node, "pad_value");
+	const cwi_spec *in = &node->inputs[0]->spec;
+
+	spec->pad_value = 0;
+	spec->npad = 0;
+	if (v == NULL || v->type == CWI_V_FLOAT) {
+		spec->pad_value = v != NULL ? v->u.f : 0;
+		return CACHEW_OK;
+	}
+	if (v->type == CWI_V_MAP)
+		return pad_values_by_name(spec, node, v);
+	if (v->u.list.n == 0 || v->u.list.n > CACHEW_MAX_COMPONENTS)
+		return cwi_fail(CACHEW_EINVAL, "padded_batch: pad_value lists "
+		    "%zu values; give one per component", v->u.list.n);
+	if (in->known && in->n != v->u.list.n)
+		return cwi_fail(CACHEW_EINVAL, "padded_batch: pad_value lists "
+		    "%zu values but the elements have %u components",
+		    v->u.list.n, in->n);
+	for (size_t c = 0; c < v->u.list.n; c++)
+		spec->pad_values[c] = v->u.list.items[c].u.f;
+	spec->npad = v->u.list.n;
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_pad_spec_init(cwi_pad_spec *spec, const cwi_node *node)
 {
@@ -41,7 +97,9 @@ cwi_pad_spec_init(cwi_pad_spec *spec, const cwi_node *node)
 	char what[64];
 	cachew_err rv;
 
-	spec->pad_value = cwi_node_float(node, "pad_value");
+	rv = pad_values_init(spec, node);
+	if (rv != CACHEW_OK)
+		return rv;
 	spec->ncomp = 0;
 	spec->shared = false;
 	if (v == NULL)
@@ -275,7 +333,8 @@ pad_fixed(cwi_element *const *elems, size_t k, uint32_t c,
 	bool need_fill = false, zero = true;
 	cachew_err rv;
 
-	rv = pad_bytes(spec->pad_value, dt, padv, c, err, errlen);
+	rv = pad_bytes(spec->npad > 0 ? spec->pad_values[c] : spec->pad_value,
+	    dt, padv, c, err, errlen);
 	if (rv != CACHEW_OK)
 		return rv;
 	for (size_t i = 0; i < es; i++)
@@ -509,6 +568,13 @@ cwi_stack_padded(cwi_element *const *elems, size_t k,
 		    "the shape parameter gives %zu component shapes but the "
 		    "elements have %u components",
 		    spec->ncomp, e0->n);
+		return CACHEW_ETYPE;
+	}
+	if (spec->npad > 0 && spec->npad != e0->n) {
+		snprintf(err, errlen,
+		    "pad_value gives %zu values but the elements have %u "
+		    "components",
+		    spec->npad, e0->n);
 		return CACHEW_ETYPE;
 	}
 	for (size_t i = 1; i < k; i++) {

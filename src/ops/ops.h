@@ -19,6 +19,8 @@ extern const cwi_dataset_op cwi_op_window;        /* op_window.c */
 extern const cwi_dataset_op cwi_op_group_by_window; /* op_group_by_window.c */
 extern const cwi_dataset_op cwi_op_bucket_by_sequence_length; /* same */
 extern const cwi_dataset_op cwi_op_ragged_batch;  /* op_ragged_batch.c */
+extern const cwi_dataset_op cwi_op_ignore_errors; /* op_ignore_errors.c */
+extern const cwi_dataset_op cwi_op_rebatch;       /* op_rebatch.c */
 extern const cwi_dataset_op cwi_op_shuffle;       /* op_shuffle.c */
 extern const cwi_dataset_op cwi_op_repeat;        /* op_repeat.c */
 extern const cwi_dataset_op cwi_op_take;          /* op_repeat.c */
@@ -40,11 +42,22 @@ extern const cachew_op_def cwi_fn_parse_example;  /* fn_example.c */
  * component. The inputs stay the caller's. */
 cachew_err cwi_stack(cwi_element *const *elems, size_t k, cwi_element **out,
     char *err, size_t errlen);
+/* cwi_stack with the copy of a batch of 1 MiB or more shared by up to
+ * `parallel` threads (this one included; at most CWI_STACK_MAX_PARALLEL).
+ * The result is the same at any parallelism. */
+#define CWI_STACK_MAX_PARALLEL 64
+cachew_err cwi_stack_parallel(cwi_element *const *elems, size_t k,
+    int parallel, cwi_element **out, char *err, size_t errlen);
 
 /* How padded_batch pads one batch: the value that fills the padding and
  * the optional target shapes. */
 typedef struct cwi_pad_spec {
-	double pad_value;
+	double pad_value; /* every component's, when npad == 0 */
+	/* pad_value given per component (a list, or a map by name resolved
+	 * against the input's spec): pad_values[c] for component c < npad,
+	 * which must be the element's component count. */
+	size_t npad;
+	double pad_values[CACHEW_MAX_COMPONENTS];
 	/* Per component: shape[c] has rank[c] dims, -1 = the batch maximum.
 	 * ncomp == 0: pad every dimension to the batch maximum. ncomp == 1
 	 * with `shared`: the one shape applies to every component. */
@@ -55,8 +68,10 @@ typedef struct cwi_pad_spec {
 } cwi_pad_spec;
 
 /* Reads padded_batch's `shape` parameter (absent, a list of ints, or a list
- * of such lists, one per component) into spec. CACHEW_EINVAL through
- * cwi_fail when it is malformed. */
+ * of such lists, one per component) and `pad_value` (a number, a list of
+ * one per component, or a map by component name of the input's spec, the
+ * components it leaves out padding with 0) into spec. CACHEW_EINVAL
+ * through cwi_fail when one is malformed or names no component. */
 cachew_err cwi_pad_spec_init(cwi_pad_spec *spec, const cwi_node *node);
 
 /* Stacks k >= 1 elements whose components agree in dtype and rank, padding

@@ -17,6 +17,9 @@ const cwi_dataset_op *const cwi_transform_ops[] = {
     &cwi_op_group_by_window,
     &cwi_op_bucket_by_sequence_length,
     &cwi_op_ragged_batch,
+    /* issue 15, part A */
+    &cwi_op_ignore_errors,
+    &cwi_op_rebatch,
     &cwi_op_shuffle,
     &cwi_op_repeat,
     &cwi_op_take,

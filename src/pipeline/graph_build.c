@@ -535,3 +535,107 @@ cachew_dataset_autocache(cachew_dataset **out, cachew_dataset *in)
 	BEGIN;
 	return kv_build(&b, out, "autocache", &in, 1);
 }
+
+/* ---- issue 15, part A --------------------------------------------------- */
+
+cachew_err
+cachew_dataset_ignore_errors(cachew_dataset **out, cachew_dataset *in,
+    int log_warning)
+{
+	BEGIN;
+	kv_bool(&b, "log_warning", log_warning);
+	return kv_build(&b, out, "ignore_errors", &in, 1);
+}
+
+cachew_err
+cachew_dataset_rebatch(cachew_dataset **out, cachew_dataset *in,
+    const int64_t *sizes, size_t nsizes, int drop_remainder)
+{
+	cwi_strbuf text = {0};
+	cachew_err rv;
+
+	if (sizes == NULL || nsizes == 0 || nsizes > 1024) {
+		cwi_clear_errmsg();
+		return cwi_fail(sizes == NULL ? CACHEW_EINVAL : CACHEW_ERANGE,
+		    "rebatch: %zu sizes; give 1 to 1024", nsizes);
+	}
+	cwi_strbuf_append(&text, "[", 1);
+	for (size_t i = 0; i < nsizes; i++)
+		cwi_strbuf_printf(&text, "%s%lld", i > 0 ? ", " : "",
+		    (long long)sizes[i]);
+	cwi_strbuf_append(&text, "]", 1);
+	if (text.oom) {
+		cwi_strbuf_free(&text);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	{
+		BEGIN;
+		kv_literal(&b, "batch_size", text.data);
+		kv_bool(&b, "drop_remainder", drop_remainder);
+		rv = kv_build(&b, out, "rebatch", &in, 1);
+	}
+	cwi_strbuf_free(&text);
+	return rv;
+}
+
+cachew_err
+cachew_dataset_range_typed(cachew_dataset **out, int64_t start, int64_t stop,
+    int64_t step, cachew_dtype output_type)
+{
+	const char *name = cachew_dtype_name(output_type);
+
+	if (output_type == CACHEW_I64)
+		return cachew_dataset_range(out, start, stop, step);
+	BEGIN;
+	kv_int(&b, "start", start);
+	kv_int(&b, "stop", stop);
+	kv_int(&b, "step", step);
+	kv_str(&b, "output_type", name != NULL ? name : "?");
+	return kv_build(&b, out, "range", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_random(cachew_dataset **out, int64_t seed,
+    int rerandomize_each_iteration)
+{
+	BEGIN;
+	kv_int(&b, "seed", seed);
+	kv_bool(&b, "rerandomize_each_iteration", rerandomize_each_iteration);
+	return kv_build(&b, out, "random", NULL, 0);
+}
+
+cachew_err
+cachew_dataset_padded_batch_values(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, const char *pad_values, int drop_remainder)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_literal(&b, "pad_value", pad_values);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	return kv_build(&b, out, "padded_batch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_batch_parallel(cachew_dataset **out, cachew_dataset *in,
+    int64_t n, int drop_remainder, int parallel, int deterministic)
+{
+	BEGIN;
+	kv_int(&b, "n", n);
+	kv_bool(&b, "drop_remainder", drop_remainder);
+	kv_int(&b, "parallel", parallel);
+	kv_bool(&b, "deterministic", deterministic);
+	return kv_build(&b, out, "batch", &in, 1);
+}
+
+cachew_err
+cachew_dataset_cache_memory(cachew_dataset **out, cachew_dataset *in,
+    int64_t memory_limit)
+{
+	BEGIN;
+	if (memory_limit < 0 && b.rv == CACHEW_OK)
+		b.rv = cwi_fail(CACHEW_ERANGE, "cache: memory_limit %lld is "
+		    "negative", (long long)memory_limit);
+	if (memory_limit > 0)
+		kv_int(&b, "memory_limit", memory_limit);
+	return kv_build(&b, out, "cache", &in, 1);
+}

@@ -194,6 +194,7 @@ typedef struct cwi_op_counters {
 			    * rows only (heartbeats: the name's prefix) */
 	int64_t parallelism;  /* threads (summed over a job's tasks) */
 	int64_t buffer_limit; /* elements it may buffer */
+	uint64_t dropped;     /* ignore_errors: elements dropped below it */
 } cwi_op_counters;
 
 typedef struct cwi_task_report {

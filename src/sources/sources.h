@@ -10,6 +10,7 @@
 
 extern const cwi_dataset_op cwi_op_range;
 extern const cwi_dataset_op cwi_op_counter;
+extern const cwi_dataset_op cwi_op_random;  /* src_range.c */
 extern const cwi_dataset_op cwi_op_from_tensors;
 extern const cwi_dataset_op cwi_op_from_list;
 extern const cwi_dataset_op cwi_op_list_files;

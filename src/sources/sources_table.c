@@ -6,6 +6,7 @@
 const cwi_dataset_op *const cwi_source_ops[] = {
     &cwi_op_range,
     &cwi_op_counter,
+    &cwi_op_random, /* issue 15, part A */
     &cwi_op_from_tensors,
     &cwi_op_from_list,
     &cwi_op_list_files,

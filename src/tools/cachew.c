@@ -1104,6 +1104,8 @@ ptype_name(const cwi_param_spec *s)
 		return "list";
 	case CWI_P_ANY:
 		return "any";
+	case CWI_P_FLOATS:
+		return "float|[float]|{name=float}";
 	}
 	return "?";
 }
@@ -1123,6 +1125,7 @@ pdefault(const cwi_param_spec *s, char *buf, size_t len)
 		snprintf(buf, len, "%" PRId64, s->def_int);
 		return buf;
 	case CWI_P_FLOAT:
+	case CWI_P_FLOATS:
 		snprintf(buf, len, "%g", s->def_float);
 		return buf;
 	case CWI_P_BOOL:

@@ -44,7 +44,7 @@ needs_order(const client_ctx *ctx)
 	static const char *const positional[] = {"take", "skip", "shard",
 	    "enumerate", "take_while", "unique", "scan", "reduce",
 	    "window", "group_by_window", "bucket_by_sequence_length",
-	    "ragged_batch"};
+	    "ragged_batch", "rebatch"};
 	const cwi_node *b = ctx->plan->boundary;
 
 	if (b == NULL || ctx->opts.job_name[0] != '\0')

@@ -52,6 +52,7 @@ ops_add(cwi_op_counters **v, size_t *n, const cwi_op_counters *c)
 	o->elements += c->elements;
 	o->bytes += c->bytes;
 	o->busy_ns += c->busy_ns;
+	o->dropped += c->dropped;
 	o->wait_ns += c->wait_ns;
 	o->buffered += c->buffered;
 	/* Threads and buffer room of the job, over its workers. */
