@@ -1346,6 +1346,79 @@ ops_markdown_op(const cwi_dataset_op *op)
 	printf("\n");
 }
 
+/* The tf.data operators with no operator of their own here, and why: a
+ * fixed text, kept with the generator so the file says it next to the
+ * table it is about. */
+static void
+ops_markdown_left_out(void)
+{
+	static const char *const rows[][3] = {
+	    {"`map`, `filter`, `flat_map` with a Python function",
+		"a registered function (built-in, C, plugin)",
+		"a worker is a C process: it runs what it has loaded, and a "
+		"function's name and build are part of the fingerprint"},
+	    {"`from_generator`", "a user source (`cachew_source_register`)",
+		"the same reason; a source's splits are what lets the service "
+		"share it among workers"},
+	    {"`from_tensor_slices`", "`from_list`", "the same, by another name"},
+	    {"`dense_to_ragged_batch`", "`ragged_batch`", "the same"},
+	    {"`snapshot`, `save`, `load`",
+		"`cache_put`, `cache_get`, `cache(root)`, `autocache`",
+		"one verified cache format serves all of them, shared across "
+		"jobs by fingerprint"},
+	    {"`group_by_reducer`; `group_by_window`'s general `reduce_func` "
+		"and `window_size_func`",
+		"`group_by_window` that batches each window, "
+		"`bucket_by_sequence_length`",
+		"a pipeline string has no lambdas, and a registered function "
+		"maps an element to an element, not a dataset to a dataset"},
+	    {"`sparse_batch`, `from_sparse_tensor_slices`", "none",
+		"elements are dense tensors (ragged batches as values and "
+		"row splits); no sparse type"},
+	    {"`rejection_resample`", "`filter` per class and "
+		"`sample_from_datasets`",
+		"it estimates the class distribution online with a Python "
+		"class function; the mixture with fixed weights covers the "
+		"common use"},
+	    {"`assert_cardinality`", "`cachew_dataset_cardinality`",
+		"cardinality is computed when the pipeline is built and "
+		"printed by `cachew explain`"},
+	    {"`get_single_element`", "`reduce`, or one `cachew_iterator_next`",
+		"no graph-mode tensors to return"},
+	    {"`apply`, `options`, `with_options`",
+		"pipeline strings compose; iterator options",
+		"options belong to an iterator (or `cachew.Dataset.with_options` "
+		"in Python), not to the graph, so one graph runs anywhere"},
+	    {"`shuffle_and_repeat`, `map_and_batch`, `parallel_interleave`",
+		"`shuffle | repeat`, `map(parallel=) | batch`, "
+		"`interleave(parallel=)`",
+		"tf.data deprecated these fusions"},
+	    {"`prefetch_to_device`, `copy_to_device`", "none",
+		"no accelerators here; the Python package hands tensors to "
+		"torch without a copy (DLPack)"},
+	    {"`CsvDataset`, `SqlDataset`, `LMDBDataset`",
+		"`text_lines` and map functions, or a user source",
+		"formats outside the TFRecord family are a plugin's job"},
+	    {"`distribute` (tf.data service)", "`CACHEW_SERVICE`, `service=`",
+		"the service is the same pipeline on remote workers, chosen "
+		"by configuration"},
+	};
+
+	printf("\n## tf.data operators left out\n\n"
+	       "What tf.data offers that has no operator of its own here, "
+	       "what to use instead, and why.\n\n"
+	       "| tf.data | here | why |\n|---|---|---|\n");
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		printf("| ");
+		md_cell(rows[i][0]);
+		printf(" | ");
+		md_cell(rows[i][1]);
+		printf(" | ");
+		md_cell(rows[i][2]);
+		printf(" |\n");
+	}
+}
+
 static void
 ops_markdown(void)
 {
@@ -1378,6 +1451,7 @@ ops_markdown(void)
 		md_cell(fn->def.doc != NULL ? fn->def.doc : "");
 		printf(" |\n");
 	}
+	ops_markdown_left_out();
 }
 
 static int
