@@ -1102,6 +1102,32 @@ START_TEST(head_json_is_one_object_per_element)
 }
 END_TEST
 
+/* Named components print as a dict (text) and carry "name" (JSON), in
+ * process and through the embedded service. */
+START_TEST(head_names_named_components)
+{
+	const char *p = "from_tensors({image=[1, 2], label=3})";
+	cli_result r = cli("head", p);
+
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: {image: i64[2] [1 2], label: 3}\n");
+	cli_free(&r);
+	r = cli("head", "--json", p);
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out,
+	    "{\"index\":0,\"components\":[{\"name\":\"image\",\"dtype\":"
+	    "\"i64\",\"shape\":[2],\"value\":[1,2]},{\"name\":\"label\","
+	    "\"dtype\":\"i64\",\"shape\":[],\"value\":3}]}\n");
+	cli_free(&r);
+	r = cli("head", "--set", "service=embedded", "-n", "2",
+	    "from_tensors({a=1, b=[2, 3]}) | repeat(2)");
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_str_eq(r.out, "0: {a: 1, b: i64[2] [2 3]}\n"
+				"1: {a: 1, b: i64[2] [2 3]}\n");
+	cli_free(&r);
+}
+END_TEST
+
 /* Five by default, and it stops there: an endless pipeline ends. */
 START_TEST(head_takes_five_by_default_even_of_an_endless_pipeline)
 {
@@ -1590,6 +1616,7 @@ cwt_cli_suite(void)
 	tcase_add_test(other, head_prints_values_tuples_and_quoted_strings);
 	tcase_add_test(other, head_abbreviates_long_tensors_and_strings_as_numpy);
 	tcase_add_test(other, head_json_is_one_object_per_element);
+	tcase_add_test(other, head_names_named_components);
 	tcase_add_test(other,
 	    head_takes_five_by_default_even_of_an_endless_pipeline);
 	tcase_add_test(other, head_failure_prints_what_came_then_exits_1);

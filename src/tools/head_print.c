@@ -267,14 +267,16 @@ put_text_tensor(FILE *out, const cachew_tensor *t)
 	    cachew_tensor_numel(t) > SUMMARY_THRESHOLD, false);
 }
 
+/* A tensor's JSON fields and the object's closing brace (the caller wrote
+ * the opening one, and a name before them if it has one). */
 static void
-put_json_tensor(FILE *out, const cachew_tensor *t)
+put_json_tensor_fields(FILE *out, const cachew_tensor *t)
 {
 	unsigned rank = cachew_tensor_rank(t);
 	const int64_t *shape = cachew_tensor_shape(t);
 	int64_t numel = cachew_tensor_numel(t);
 
-	fprintf(out, "{\"dtype\":\"%s\",\"shape\":[",
+	fprintf(out, "\"dtype\":\"%s\",\"shape\":[",
 	    cachew_dtype_name(cachew_tensor_dtype(t)));
 	for (unsigned k = 0; k < rank; k++)
 		fprintf(out, "%s%" PRId64, k > 0 ? "," : "", shape[k]);
@@ -297,26 +299,54 @@ put_json_tensor(FILE *out, const cachew_tensor *t)
 	fputs("],\"truncated\":true}", out);
 }
 
+/* A tensor as one JSON object: dtype, shape, then value or head. */
+static void
+put_json_tensor(FILE *out, const cachew_tensor *t)
+{
+	fputc('{', out);
+	put_json_tensor_fields(out, t);
+}
+
 void
 cwi_head_print(FILE *out, const cachew_element *e, uint64_t index, bool json)
 {
 	size_t n = cachew_element_size(e);
+	/* Named components (parse_example's, a map literal's) print as a
+	 * dict, as Python sees them; unnamed ones as a tuple. */
+	bool named = n > 0 && cachew_element_name(e, 0) != NULL;
 
 	if (json) {
 		fprintf(out, "{\"index\":%" PRIu64 ",\"components\":[", index);
 		for (size_t c = 0; c < n; c++) {
+			const char *name = cachew_element_name(e, c);
+
 			if (c > 0)
 				fputc(',', out);
-			put_json_tensor(out, cachew_element_component(e, c));
+			if (name != NULL) {
+				/* {"name":...,"dtype":...}: the tensor's object
+				 * with the name first */
+				fputs("{\"name\":", out);
+				put_json_string(out, (const uint8_t *)name,
+				    strlen(name));
+				fputc(',', out);
+				put_json_tensor_fields(out,
+				    cachew_element_component(e, c));
+			} else {
+				put_json_tensor(out, cachew_element_component(e, c));
+			}
 		}
 		fputs("]}\n", out);
 		return;
 	}
-	fprintf(out, "%" PRIu64 ": %s", index, n == 1 ? "" : "(");
+	fprintf(out, "%" PRIu64 ": %s", index, named ? "{" : n == 1 ? "" : "(");
 	for (size_t c = 0; c < n; c++) {
+		const char *name = cachew_element_name(e, c);
+
 		if (c > 0)
 			fputs(", ", out);
+		if (named && name != NULL)
+			fprintf(out, "%s: ", name);
 		put_text_tensor(out, cachew_element_component(e, c));
 	}
-	fputs(n == 1 ? "\n" : ")\n", out);
+	fputs(named ? "}\n" : n == 1 ? "\n" : ")\n", out);
 }
