@@ -152,14 +152,19 @@ def rss_kb():
 def rss(a):
     d = w2_data(a.images)
     ds = cachew.Dataset.parse(w2_pipeline(d, a.threads))
-    seen = []
+    seen, rates = [], []
     for epoch in range(a.epochs):
+        t0 = time.perf_counter()
         with ds.iterator(threads=a.threads, seed=1, epoch=epoch) as it:
             for e in it:
                 to_torch(e)
+        rates.append(a.images / (time.perf_counter() - t0))
         seen.append(rss_kb())
     print("RSS per epoch (KiB): " + " ".join(str(x) for x in seen))
-    print("growth from epoch 2 to %d: %.1f%%" % (a.epochs, 100.0 * (seen[-1] - seen[1]) / seen[1]))
+    print("images/s per epoch: " + summary(rates))
+    print("growth from epoch 2 to %d: %.1f%% (largest %.1f%% above epoch 2)"
+          % (a.epochs, 100.0 * (seen[-1] - seen[1]) / seen[1],
+             100.0 * (max(seen[1:]) - seen[1]) / seen[1]))
 
 
 def main():

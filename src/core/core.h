@@ -129,6 +129,7 @@ typedef struct cwi_buffer {
 	atomic_uint refs;
 	size_t size;
 	size_t capacity; /* owned: bytes allocated for data (>= size) */
+	size_t map_bytes; /* a mapping of its own (munmap), else 0 (free) */
 	uint8_t *data;
 	void (*free_fn)(void *ctx, void *data);
 	void *free_ctx;
