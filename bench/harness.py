@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -91,14 +92,72 @@ def last_json(stdout, what):
     return obj, "\n".join(lines[:-1]).strip("\n")
 
 
-def run_once(argv, what, env=None):
+def tree_pids(root):
+    """root and its descendants (/proc/<pid>/task/<tid>/children)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def pss_kib(pid):
+    """Proportional set size of a process (shared pages split between the
+    processes that map them), KiB; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class TreeSampler:
+    """Samples the summed PSS of a process tree every 50 ms on a thread:
+    the memory of a program and of the workers it forks (a DataLoader's),
+    each shared page counted once. peak_kib after stop()."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.peak_kib = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.done.wait(0.05):
+            total = sum(pss_kib(p) for p in tree_pids(self.pid)[1:])
+            self.peak_kib = max(self.peak_kib, total)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.peak_kib
+
+
+def run_once(argv, what, env=None, tree=False):
     """Runs argv under /usr/bin/time; returns (json, text before it,
-    peak_rss_kib, wall_s)."""
+    peak_rss_kib, wall_s), and with tree=True also the peak summed PSS
+    of the process tree (KiB, sampled every 50 ms; /usr/bin/time itself
+    left out) as a fifth item."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
         full = [TIME_BIN, "-f", "%M", "-o", tf.name] + list(argv)
         t0 = time.monotonic()
-        r = subprocess.run(full, capture_output=True, text=True,
-                           env=env, cwd=REPO_DIR)
+        p = subprocess.Popen(full, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env,
+                             cwd=REPO_DIR)
+        sampler = TreeSampler(p.pid) if tree else None
+        out, err = p.communicate()
+        tree_kib = sampler.stop() if sampler is not None else None
+        r = subprocess.CompletedProcess(full, p.returncode, out, err)
         wall = time.monotonic() - t0
         if r.returncode != 0:
             tail = "\n".join((r.stderr or r.stdout).splitlines()[-15:])
@@ -110,6 +169,8 @@ def run_once(argv, what, env=None):
     except (IndexError, ValueError):
         raise BenchError(f"{what}: no peak RSS from {TIME_BIN}")
     obj, head = last_json(r.stdout, what)
+    if tree:
+        return obj, head, rss_kib, wall, tree_kib
     return obj, head, rss_kib, wall
 
 
@@ -119,8 +180,9 @@ class Config:
     and an optional check(json) that raises BenchError on wrong data."""
 
     def __init__(self, side, label, parallelism, argv, units,
-                 seconds_key="seconds", check=None, env=None):
+                 seconds_key="seconds", check=None, env=None, tree=False):
         self.side = side
+        self.tree = tree  # also sample the process tree's summed PSS
         self.label = label
         self.parallelism = parallelism
         self.argv = argv
@@ -135,7 +197,8 @@ class Config:
         return f"{self.side} {self.label}"
 
     def run(self):
-        obj, head, rss, wall = run_once(self.argv, self.what, self.env)
+        got = run_once(self.argv, self.what, self.env, tree=self.tree)
+        obj, head, rss, wall = got[:4]
         if self.check is not None:
             self.check(obj)
         try:
@@ -147,6 +210,8 @@ class Config:
             raise BenchError(f"{self.what}: non-positive time {seconds}")
         rec = {"seconds": seconds, "rate": self.units / seconds,
                "rss_kib": rss, "wall": wall, "json": obj, "output": head}
+        if self.tree:
+            rec["tree_pss_kib"] = got[4]
         self.runs.append(rec)
         return rec
 
@@ -164,6 +229,12 @@ class Config:
 
     def peak_rss_mib(self):
         return max(r["rss_kib"] for r in self.runs) / 1024.0
+
+    def peak_tree_mib(self):
+        """The largest summed PSS of the process tree over the reps (MiB),
+        None when not sampled."""
+        v = [r["tree_pss_kib"] for r in self.runs if "tree_pss_kib" in r]
+        return max(v) / 1024.0 if v else None
 
 
 def run_interleaved(configs, reps):

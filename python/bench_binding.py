@@ -9,18 +9,23 @@ the C CLI on the same pipeline in the same run; medians of --reps runs.
             difference: what a dict element costs over a tuple
   w2        W2 (bench/w2.py's pipeline: TFRecord JPEGs -> fused random
             resized crop 224 -> flip -> batch 64 -> normalize) through
-            Python into torch tensors vs `cachew run` (target >= 0.95)
+            Python into torch tensors vs `cachew run` (target >= 0.95),
+            and vs torch's DataLoader on the same JPEGs with
+            --dl-workers worker processes (bench/peers/w2_torch.py; PIL
+            and torchvision.io.decode_jpeg: target >= 2.5x the best)
   rss       VmRSS after each of --epochs epochs of W2 through Python
             (target: growth under 5% from the second epoch on)
 
 Usage: /usr/bin/python3 python/bench_binding.py [overhead|named|w2|rss|all]
            [--reps 3] [--images 500] [--epochs 20] [--threads 1]
+           [--dl-workers 2] [--dl-decoders pil,tvio]
 Run `make python` first; W2's data is made by `cachew gen imagenet` into
 bench/data/ (as bench/w2.py does).
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -127,18 +132,75 @@ def to_torch(e):
     return [t.to_torch() for t in (e.values() if isinstance(e, dict) else e)]
 
 
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def dataloader_seconds(d, images, workers, decoder):
+    """torch's DataLoader on the same shards (bench/peers/w2_torch.py),
+    its own timing of the epoch."""
+    out = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "peers", "w2_torch.py"),
+                          "--data", d, "--workers", str(workers), "--batch", "64",
+                          "--expect", str(images), "--decoder", decoder],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+
+
 def w2(a):
+    """Wall time and CPU time (user + system of every thread and process
+    of a side: the CLI's, this interpreter's, the DataLoader's with its
+    workers) per image; on a loaded shared machine the CPU ratio is the
+    steadier figure (throughput tends to it when both sides are CPU-bound
+    on the same cores)."""
+    import torch  # noqa: F401  (imported outside the timed runs)
     d = w2_data(a.images)
     p = w2_pipeline(d, a.threads)
     opts = {"threads": a.threads, "seed": 1}
-    ratios = []
+    decoders = [x for x in a.dl_decoders.split(",") if x]
+    ratios, cpu_ratios, py_rates, py_cpu = [], [], [], []
+    dl_rates = {x: [] for x in decoders}
+    dl_cpu = {x: [] for x in decoders}
     for _ in range(a.reps):
+        c0 = children_cpu()
         c = cli_seconds(p, opts)
+        cc = children_cpu() - c0
+        p0 = time.process_time()
         s, _ = py_seconds(p, opts, to_torch)
+        pc = time.process_time() - p0
         ratios.append(c / s)
-        print("  cli %.3f s (%.0f img/s), python+torch %.3f s (%.0f img/s)"
-              % (c, a.images / c, s, a.images / s))
-    print("W2 python/cli (threads %d): %s" % (a.threads, summary(ratios)))
+        cpu_ratios.append(cc / pc)
+        py_rates.append(a.images / s)
+        py_cpu.append(pc / a.images * 1e3)
+        line = ("  cli %.3f s (%.0f img/s, %.2f CPU s), python+torch %.3f s (%.0f img/s, "
+                "%.2f CPU s)" % (c, a.images / c, cc, s, a.images / s, pc))
+        for x in decoders:
+            c0 = children_cpu()
+            t = dataloader_seconds(d, a.images, a.dl_workers, x)
+            tc = children_cpu() - c0
+            dl_rates[x].append(a.images / t)
+            dl_cpu[x].append(tc / a.images * 1e3)
+            line += ", DataLoader %s %.3f s (%.0f img/s, %.2f CPU s)" % (
+                x, t, a.images / t, tc)
+        print(line + ", load %s" % open("/proc/loadavg").read().split()[0])
+    print("W2 python/cli (threads %d): throughput %s; CPU per image cli/python %s"
+          % (a.threads, summary(ratios), summary(cpu_ratios)))
+    if not decoders:
+        return
+    py, pyc = statistics.median(py_rates), statistics.median(py_cpu)
+    print("python: %s images/s, %s CPU ms per image" % (summary(py_rates), summary(py_cpu)))
+    for x in decoders:
+        print("W2 python (threads %d) / DataLoader %s (num_workers=%d): throughput %.2fx, "
+              "CPU per image %.2fx (DataLoader %s images/s, %s CPU ms per image)"
+              % (a.threads, x, a.dl_workers, py / statistics.median(dl_rates[x]),
+                 statistics.median(dl_cpu[x]) / pyc, summary(dl_rates[x]), summary(dl_cpu[x])))
+    best = max(decoders, key=lambda x: statistics.median(dl_rates[x]))
+    r = py / statistics.median(dl_rates[best])
+    print("W2 python / the best DataLoader (%s): %.2fx (target >= 2.5x: %s)"
+          % (best, r, "met" if r >= 2.5 else "MISSED"))
+    best = min(decoders, key=lambda x: statistics.median(dl_cpu[x]))
+    r = statistics.median(dl_cpu[best]) / pyc
+    print("W2 CPU per image, the leanest DataLoader (%s) / python: %.2fx" % (best, r))
 
 
 def rss_kb():
@@ -152,14 +214,19 @@ def rss_kb():
 def rss(a):
     d = w2_data(a.images)
     ds = cachew.Dataset.parse(w2_pipeline(d, a.threads))
-    seen = []
+    seen, rates = [], []
     for epoch in range(a.epochs):
+        t0 = time.perf_counter()
         with ds.iterator(threads=a.threads, seed=1, epoch=epoch) as it:
             for e in it:
                 to_torch(e)
+        rates.append(a.images / (time.perf_counter() - t0))
         seen.append(rss_kb())
     print("RSS per epoch (KiB): " + " ".join(str(x) for x in seen))
-    print("growth from epoch 2 to %d: %.1f%%" % (a.epochs, 100.0 * (seen[-1] - seen[1]) / seen[1]))
+    print("images/s per epoch: " + summary(rates))
+    print("growth from epoch 2 to %d: %.1f%% (largest %.1f%% above epoch 2)"
+          % (a.epochs, 100.0 * (seen[-1] - seen[1]) / seen[1],
+             100.0 * (max(seen[1:]) - seen[1]) / seen[1]))
 
 
 def main():
@@ -169,6 +236,9 @@ def main():
     ap.add_argument("--images", type=int, default=500)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dl-workers", type=int, default=2)
+    ap.add_argument("--dl-decoders", default="pil,tvio",
+                    help="DataLoader decoders to run beside w2 (none: empty)")
     a = ap.parse_args()
     for name, fn in (("overhead", overhead), ("named", named), ("w2", w2), ("rss", rss)):
         if a.what in (name, "all"):

@@ -986,6 +986,44 @@ START_TEST(test_stats_map_parallel_3_reports_3)
 }
 END_TEST
 
+/* Large elements are taken one per chunk: 16 batches of 2 MiB through
+ * a function hinted at 5 ns per element, which chunks sized by time alone
+ * took 16 at a time (32 MiB held by one worker before any came out; W2's
+ * normalize took 5 batches of 38.5 MB of output per chunk). */
+START_TEST(test_map_parallel_takes_large_elements_one_per_chunk)
+{
+	cachew_options *o = cwt_opts(1, 0);
+	cachew_dataset *ds = NULL;
+	cachew_iterator *it;
+	cachew_element *e;
+	int64_t n = 0;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "local"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(4194304) | batch(262144) | "
+			     "map(add, value=1, parallel=2)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		const cachew_tensor *t = cachew_element_component(e, 0);
+		const int64_t *v = cachew_tensor_data(t);
+
+		ck_assert_int_eq(cachew_tensor_numel(t), 262144);
+		ck_assert_int_eq(v[0], n * 262144 + 1);
+		ck_assert_int_eq(v[262143], n * 262144 + 262144);
+		cachew_element_release(e);
+		n++;
+	}
+	ck_assert_int_eq(n, 16);
+	/* 2 workers: 2 x 2 + 2 chunks of one element each. */
+	ck_assert_int_eq(stats_of(it, "map").buffer_limit, 6);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+END_TEST
+
 START_TEST(test_stats_auto_within_thread_budget)
 {
 	cachew_options *o = cwt_opts(1, 2);
@@ -1203,6 +1241,7 @@ cwt_exec_suite(void)
 	tcase_add_test(tc, test_interleave_text_lines_parallel_same_order);
 	tcase_add_test(tc, test_stats_map_parallel_3_reports_3);
 	tcase_add_test(tc, test_stats_auto_within_thread_budget);
+	tcase_add_test(tc, test_map_parallel_takes_large_elements_one_per_chunk);
 	tcase_add_test(tc, test_threads_1_with_parallel_auto);
 	tcase_add_test(tc, test_tiny_ram_budget_still_progresses);
 	tcase_add_test(tc, test_autotune_rules);

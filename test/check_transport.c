@@ -32,6 +32,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -2965,6 +2966,110 @@ START_TEST(test_tls_credentials_are_checked_at_listen_and_dial)
 END_TEST
 
 
+/* ---- the heap of the process: a user's malloc is the user's ------------- */
+
+/* Whether the tests share one process (CK_FORK=no). */
+static bool
+tests_share_a_process(void)
+{
+	const char *v = getenv("CK_FORK");
+
+	return v != NULL && strcmp(v, "no") == 0;
+}
+
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* glibc's arenas so far: the <heap nr=...> entries of malloc_info. */
+static int
+arena_count(void)
+{
+	char *xml = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&xml, &len);
+	int n;
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(malloc_info(0, f), 0);
+	fclose(f);
+	n = cwt_count(xml, "<heap nr=");
+	free(xml);
+	return n;
+}
+
+static pthread_barrier_t arena_barrier;
+
+/* Allocates while the other threads do, so none can take an arena that
+ * another left free. */
+static void *
+arena_thread(void *arg)
+{
+	void *p = malloc(1000);
+
+	(void)arg;
+	pthread_barrier_wait(&arena_barrier);
+	free(p);
+	return NULL;
+}
+
+/* Listens and dials over tcp like a service client (nng starts its
+ * threads), then runs 2 threads that allocate at once: returns how many
+ * arenas glibc has then. */
+static int
+arenas_after_a_socket_and_threads(void)
+{
+	pthread_t t[2];
+	cwi_conn *c = NULL;
+	tsrv s;
+	int n;
+
+	srv_start(&s, 1, NULL);
+	ck_assert_int_eq(dial_url(&c, cwi_listener_url(s.l), NULL), CACHEW_OK);
+	pthread_barrier_init(&arena_barrier, NULL, 3);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(
+		    pthread_create(&t[i], NULL, arena_thread, NULL), 0);
+	pthread_barrier_wait(&arena_barrier);
+	n = arena_count();
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&arena_barrier);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+	return n;
+}
+#endif
+
+/* A process using the library is the user's: opening nng sockets leaves
+ * its malloc as glibc set it (issue 18: the library had put every later
+ * thread, a trainer's included, on one arena). */
+START_TEST(test_sockets_leave_a_users_malloc_alone)
+{
+	/* valgrind's malloc has no arenas; without fork the process decided
+	 * in an earlier test. */
+	if (getenv("CWT_VALGRIND") != NULL || tests_share_a_process())
+		return;
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+	unsetenv("CACHEW_MALLOPT");
+	ck_assert_int_gt(arenas_after_a_socket_and_threads(), 1);
+	ck_assert(!cwi_heap_tune(false));
+#endif
+}
+END_TEST
+
+/* CACHEW_MALLOPT=1 asks for cachewd's tuning in a user's process: one
+ * arena from the first socket on. */
+START_TEST(test_mallopt_1_tunes_a_users_malloc_at_the_first_socket)
+{
+	if (getenv("CWT_VALGRIND") != NULL || tests_share_a_process())
+		return;
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+	setenv("CACHEW_MALLOPT", "1", 1);
+	ck_assert_int_eq(arenas_after_a_socket_and_threads(), 1);
+	ck_assert(cwi_heap_tune(false));
+#endif
+}
+END_TEST
+
+
 Suite *
 cwt_transport_suite(void)
 {
@@ -2974,6 +3079,7 @@ cwt_transport_suite(void)
 	TCase *hostile = tcase_create("hostile");
 	TCase *wire = tcase_create("wire");
 	TCase *tls = tcase_create("tls");
+	TCase *heap = tcase_create("heap");
 
 	(void)tnames;
 	tcase_set_timeout(conf, 60);
@@ -3025,6 +3131,11 @@ cwt_transport_suite(void)
 
 	tcase_add_test(msg, test_msg_ownership_and_size);
 	suite_add_tcase(s, msg);
+
+	tcase_add_test(heap, test_sockets_leave_a_users_malloc_alone);
+	tcase_add_test(heap,
+	    test_mallopt_1_tunes_a_users_malloc_at_the_first_socket);
+	suite_add_tcase(s, heap);
 
 	tcase_set_timeout(hostile, 60);
 	tcase_add_test(hostile, test_hostile_garbage_bytes);

@@ -2,10 +2,22 @@
 """W2 peer: the ImageNet input pipeline on torch.utils.data.DataLoader.
 
 TFRecord shards of tf.train.Example (written by `cachew gen imagenet`) ->
-the JPEG bytes and label of each record -> PIL decode -> torchvision
-RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
-Normalize(ImageNet mean/std) -> batch_size=64, default collate;
-num_workers 0 or N.
+the JPEG bytes and label of each record -> decode, random resized crop
+224, random horizontal flip, to float, Normalize(ImageNet mean/std) ->
+batch_size=64, default collate; num_workers 0 or N. Three decoders, the
+CPU paths a PyTorch user would pick (--decoder):
+
+  pil        PIL decode + torchvision RandomResizedCrop(224),
+             RandomHorizontalFlip(), ToTensor(), Normalize: the tutorial's
+  pil-draft  the crop box drawn first (RandomResizedCrop.get_params), then
+             PIL's Image.draft() asks libjpeg for the smallest DCT scale
+             (1/2, 1/4, 1/8) that still gives the box at least 224 pixels
+             a side, and one Image.resize(box=) crops and scales: the
+             reduced decode fast loaders use, as cachew's fused crop does
+  tvio       torchvision.io.decode_jpeg (libjpeg-turbo into a uint8 CHW
+             tensor), then the same transforms on the tensor:
+             RandomResizedCrop(224), RandomHorizontalFlip(),
+             ConvertImageDtype(float32), Normalize
 
 The records are read by a small pure-Python TFRecord reader (length,
 length CRC, data, data CRC; the CRCs are skipped, as
@@ -15,7 +27,8 @@ the SAME files. Each DataLoader worker reads a disjoint set of shards
 (shard i goes to worker i % num_workers).
 
 Prints one JSON line: {"images", "batches", "seconds", "images_per_s",
-"workers", "torch", "checksum"}; checksum is the sum of the labels.
+"workers", "decoder", "torch", "checksum"}; checksum is the sum of the
+labels.
 Exits non-zero when the image count is not --expect (if given).
 
 Run with Debian's interpreter: /usr/bin/python3 (python3-torch 1.13).
@@ -32,6 +45,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision import transforms
+from torchvision.io import ImageReadMode, decode_jpeg
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -119,16 +133,58 @@ def parse_example(record):
     return image, label
 
 
+SIZE = 224
+DCT_SCALES = (8, 4, 2)  # libjpeg's reductions, largest first
+
+
+def pil_draft(jpeg, crop, flip):
+    """Decodes at the smallest DCT scale that keeps the random crop box at
+    least SIZE pixels a side, then crops and resizes it in one step."""
+    img = Image.open(io.BytesIO(jpeg))
+    i, j, h, w = crop.get_params(img, crop.scale, crop.ratio)
+    full_w, full_h = img.size
+    for r in DCT_SCALES:
+        if w // r >= SIZE and h // r >= SIZE:
+            img.draft("RGB", (-(-full_w // r), -(-full_h // r)))
+            break
+    img = img.convert("RGB")
+    fx, fy = img.size[0] / full_w, img.size[1] / full_h
+    img = img.resize((SIZE, SIZE), Image.BILINEAR,
+                     box=(j * fx, i * fy, (j + w) * fx, (i + h) * fy))
+    return flip(img)
+
+
 class ImageNetRecords(IterableDataset):
-    def __init__(self, files):
+    def __init__(self, files, decoder):
         super().__init__()
         self.files = files
-        self.transform = transforms.Compose([
-            transforms.RandomResizedCrop(224),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize(MEAN, STD),
-        ])
+        self.decoder = decoder
+        self.crop = transforms.RandomResizedCrop(SIZE)
+        self.flip = transforms.RandomHorizontalFlip()
+        if decoder == "tvio":
+            self.transform = transforms.Compose([
+                self.crop, self.flip,
+                transforms.ConvertImageDtype(torch.float32),
+                transforms.Normalize(MEAN, STD),
+            ])
+        elif decoder == "pil-draft":
+            self.transform = transforms.Compose([
+                transforms.ToTensor(), transforms.Normalize(MEAN, STD),
+            ])
+        else:
+            self.transform = transforms.Compose([
+                self.crop, self.flip, transforms.ToTensor(),
+                transforms.Normalize(MEAN, STD),
+            ])
+
+    def image(self, jpeg):
+        if self.decoder == "tvio":
+            data = torch.frombuffer(jpeg, dtype=torch.uint8)
+            return self.transform(decode_jpeg(data, ImageReadMode.RGB))
+        if self.decoder == "pil-draft":
+            return self.transform(pil_draft(jpeg, self.crop, self.flip))
+        img = Image.open(io.BytesIO(jpeg)).convert("RGB")
+        return self.transform(img)
 
     def __iter__(self):
         info = get_worker_info()
@@ -138,8 +194,7 @@ class ImageNetRecords(IterableDataset):
         for path in files:
             for record in tfrecords(path):
                 jpeg, label = parse_example(record)
-                img = Image.open(io.BytesIO(jpeg)).convert("RGB")
-                yield self.transform(img), label
+                yield self.image(jpeg), label
 
 
 def worker_init(_worker_id):
@@ -151,6 +206,8 @@ def main():
     ap.add_argument("--data", required=True, help="directory of shards")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--decoder", choices=["pil", "pil-draft", "tvio"],
+                    default="pil", help="how images are decoded (above)")
     ap.add_argument("--expect", type=int, default=-1,
                     help="the number of images there must be")
     args = ap.parse_args()
@@ -160,7 +217,8 @@ def main():
         return 1
     torch.set_num_threads(1)
     torch.manual_seed(1)
-    loader = DataLoader(ImageNetRecords(files), batch_size=args.batch,
+    loader = DataLoader(ImageNetRecords(files, args.decoder),
+                        batch_size=args.batch,
                         num_workers=args.workers,
                         worker_init_fn=worker_init if args.workers else None)
     images = batches = checksum = 0
@@ -177,7 +235,8 @@ def main():
     print(json.dumps({
         "images": images, "batches": batches, "seconds": seconds,
         "images_per_s": images / seconds if seconds > 0 else 0.0,
-        "workers": args.workers, "torch": torch.__version__,
+        "workers": args.workers, "decoder": args.decoder,
+        "torch": torch.__version__,
         "checksum": checksum,
     }))
     if args.expect >= 0 and images != args.expect:

@@ -2,11 +2,14 @@
 only by default, writable on request; the element lives while a view does."""
 import gc
 import io
+import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import cachew
+from conftest import BUILD, run_python
 
 
 def first(ds, **opts):
@@ -115,3 +118,44 @@ def test_many_batches_keep_rss_flat():
         if i == 500:
             base = rss_kb()
     assert rss_kb() < base + 64 * 1024
+
+
+EPOCHS_CODE = r"""
+import sys
+import cachew
+import numpy as np
+
+def rss_kb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+
+ds = cachew.Dataset.parse(
+    'tfrecord(files="%s/*.tfrecord") | parse_example(image="image/encoded:bytes", '
+    'label="image/class/label:i64") | random_resized_crop(size=224, parallel=2) | '
+    'flip_left_right | batch(32) | normalize(mean=[0.485, 0.456, 0.406], '
+    'std=[0.229, 0.224, 0.225], channels_first=true, parallel=2)' % sys.argv[1])
+seen = []
+for epoch in range(12):
+    with ds.iterator(threads=2, seed=1, epoch=epoch) as it:
+        for e in it:
+            assert np.asarray(e["image"]).shape[1:] == (3, 224, 224)
+    seen.append(rss_kb())
+print(" ".join(map(str, seen)))
+"""
+
+
+def test_rss_stays_flat_over_epochs_of_image_batches(tmp_path):
+    """Batches made on the executor's threads and freed on the consumer's
+    give their memory back: RSS after each of 12 epochs of a W2-like
+    pipeline (2 threads, f32 batches of 19 MB) stays within 5% of the
+    second epoch's. (On glibc's heap it rose 5-27%: a freed block goes back
+    to the arena of the thread that allocated it, issue 16.)"""
+    subprocess.run([os.path.join(BUILD, "cachew"), "gen", "imagenet", "--out", str(tmp_path),
+                    "--images", "256", "--shards", "4", "--seed", "1"],
+                   check=True, capture_output=True)
+    r = run_python(EPOCHS_CODE.replace("sys.argv[1]", repr(str(tmp_path))), timeout=300)
+    assert r.returncode == 0, r.stderr
+    seen = [int(x) for x in r.stdout.split()]
+    assert max(seen[1:]) <= seen[1] * 1.05, "RSS per epoch (KiB): %s" % seen

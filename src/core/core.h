@@ -129,6 +129,7 @@ typedef struct cwi_buffer {
 	atomic_uint refs;
 	size_t size;
 	size_t capacity; /* owned: bytes allocated for data (>= size) */
+	size_t map_bytes; /* a mapping of its own (munmap), else 0 (free) */
 	uint8_t *data;
 	void (*free_fn)(void *ctx, void *data);
 	void *free_ctx;
@@ -177,6 +178,14 @@ void cwi_buffer_cache_drop(void);
  * pages (malloc_trim). Costs a walk of the heap: call it after bursts,
  * never per message. Thread safe. */
 void cwi_heap_release(void);
+/* Tunes glibc's malloc for a process that moves large messages, once per
+ * process: one arena, 64 MiB mmap and trim thresholds (core_util.c says
+ * why and what it costs). CACHEW_MALLOPT=1 in the environment tunes, 0
+ * leaves malloc alone; otherwise `by_default` decides: true in cachewd's
+ * main, false in a library user's process (the nng transport's first
+ * listen or dial), whose other threads it would change too. Returns
+ * whether malloc is tuned. Thread safe. */
+bool cwi_heap_tune(bool by_default);
 
 static inline void
 cwi_buffer_unref(cwi_buffer *b)

@@ -307,9 +307,64 @@ cwi_heap_release(void)
 	cwi_buffer_cache_drop();
 #ifdef __GLIBC__
 	/* Returns the free pages of every arena, not only the heap's top
-	 * (the nng transport keeps up to 64 MiB of top: cwi_nng_heap_tune). */
+	 * (a tuned heap keeps up to 64 MiB of top: cwi_heap_tune). */
 	(void)malloc_trim(0);
 #endif
+}
+
+/*
+ * The heap of a process that moves large messages: one arena (M_ARENA_MAX
+ * 1: threads that start later share the main heap; tcache still serves
+ * small blocks without its lock), blocks up to 64 MiB in the heap, and a
+ * free top kept up to 64 MiB. It was the cure for the client's page
+ * faults when nng's threads allocated every received message (W2 through
+ * the service: client CPU 0.88-0.92 -> 0.39-0.45 s); since received
+ * bodies and large tensors are buffers of their own mapping, recycled
+ * (tensor.c), it changes little there (docs/performance.md, "malloc
+ * tuning"), and it is process-wide: in a user's trainer it would put
+ * PyTorch's threads on one arena and keep its freed tensors resident.
+ * So only cachewd tunes by default, before it starts a thread.
+ */
+#define HEAP_MMAP_BYTES (64 << 20)
+#define HEAP_TRIM_BYTES (64 << 20)
+
+static pthread_mutex_t heap_tune_lock = PTHREAD_MUTEX_INITIALIZER;
+static int heap_tune_state = -1; /* -1: not decided yet, 0: left, 1: tuned */
+
+static int
+heap_tune_decide(bool by_default)
+{
+	const char *v = getenv("CACHEW_MALLOPT");
+	bool on = by_default;
+
+	if (v != NULL && strcmp(v, "0") == 0)
+		on = false;
+	else if (v != NULL && strcmp(v, "1") == 0)
+		on = true;
+#ifdef __GLIBC__
+	if (on) {
+		mallopt(M_ARENA_MAX, 1);
+		mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES);
+		mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES);
+		return 1;
+	}
+#endif
+	return 0;
+}
+
+bool
+cwi_heap_tune(bool by_default)
+{
+	int state;
+
+	/* The first call decides: cachewd's, in main, or a user process's
+	 * first listen or dial. */
+	pthread_mutex_lock(&heap_tune_lock);
+	if (heap_tune_state < 0)
+		heap_tune_state = heap_tune_decide(by_default);
+	state = heap_tune_state;
+	pthread_mutex_unlock(&heap_tune_lock);
+	return state == 1;
 }
 
 void

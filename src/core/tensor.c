@@ -1,8 +1,9 @@
 /*
  * tensor.c - dtypes, refcounted buffers and tensor values.
  *
- * No locks: buffers are shared through atomic reference counts and are
- * immutable once shared.
+ * Buffers are shared through atomic reference counts and are immutable
+ * once shared. One lock: bigbuf_lock, around the list of large buffers
+ * kept for reuse (never held while calling out).
  */
 #include "core.h"
 
@@ -11,6 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+#ifndef RUNNING_ON_VALGRIND
+#define RUNNING_ON_VALGRIND 0
+#endif
 
 /* ---- dtypes ------------------------------------------------------------ */
 
@@ -78,16 +89,30 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
 #define BUF_ALIGN 64
 
 /*
- * Freed large buffers kept for reuse. Pipelines allocate the same large
- * sizes over and over (a 224x224x3 crop, a batch of 64 of them), and glibc
- * serves each from fresh mmap'd pages once they pass its mmap threshold, so
- * every one is page-faulted in again: a quarter of W2's CPU time. A few
- * recently freed buffers (bounded in count and bytes, oldest evicted) are
- * handed back out when one fits within 25 %. A buffer nobody took within
- * BIGBUF_AGE_NS is freed: a hot allocate-free cycle takes it back within
- * milliseconds, and one left from a burst (a client's first large replies,
- * a hostile peer's buffers) would otherwise stay until 32 others pushed it
- * out, up to 256 MiB held for nothing. Sanitizer builds keep none.
+ * Large buffers (BIGBUF_MIN and up) are mappings of their own, never
+ * glibc's heap. glibc's mmap threshold is adaptive: once a mapped block
+ * of n bytes is freed, blocks up to n come from the arenas, and a process
+ * has an arena per thread (up to 8 per core). An element allocated on an
+ * executor thread and freed on the consumer's goes back to the executor
+ * thread's arena, whose free pages are kept as fragments between live
+ * blocks: W2 read through Python for 20 epochs grew its RSS by 15-21 %
+ * (MALLOC_ARENA_MAX=1 or a fixed 64 KiB threshold kept it flat). A
+ * mapping goes back whole on munmap, whichever thread frees it, and
+ * leaves glibc's threshold alone. (The process-wide tuning that also
+ * cured it, one arena and 64 MiB thresholds, belongs to the daemons:
+ * cwi_nng_heap_tune.)
+ *
+ * Freed large buffers are kept for reuse. Pipelines allocate the same
+ * large sizes over and over (a 224x224x3 crop, a batch of 64 of them),
+ * and a fresh mapping is page-faulted in again, zero-filled page by page:
+ * a quarter of W2's CPU time. A few recently freed buffers (bounded in
+ * count and bytes, oldest evicted) are handed back out when one fits
+ * within 25 %. A buffer nobody took within BIGBUF_AGE_NS is unmapped: a
+ * hot allocate-free cycle takes it back within milliseconds, and one left
+ * from a burst (a client's first large replies, a hostile peer's buffers)
+ * would otherwise stay until 32 others pushed it out, up to 256 MiB held
+ * for nothing. Sanitizer builds and runs under valgrind keep none and
+ * allocate every buffer with malloc, where they check its bounds.
  */
 #define BIGBUF_MIN ((size_t)64 << 10)
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -103,7 +128,56 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
 #define BIGBUF_MAX_BYTES ((size_t)256 << 20)
 #define BIGBUF_AGE_NS (UINT64_C(1000000000))
 
+/* The header is padded to the alignment so data is 64-byte aligned too. */
+#define BUF_HDR ((sizeof(cwi_buffer) + BUF_ALIGN - 1) & ~(size_t)(BUF_ALIGN - 1))
+
+/* Returns b's memory to the system, whichever way it was allocated. */
+static void
+buffer_release(cwi_buffer *b)
+{
+	if (b->map_bytes > 0)
+		(void)munmap(b, b->map_bytes);
+	else
+		free(b);
+}
+
 #if BIGBUF_SLOTS > 0
+static pthread_once_t bigbuf_once = PTHREAD_ONCE_INIT;
+static size_t bigbuf_page; /* 0: large buffers come from malloc */
+
+static void
+bigbuf_init(void)
+{
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (page > 0 && !RUNNING_ON_VALGRIND)
+		bigbuf_page = (size_t)page;
+}
+
+/* A new large buffer of its own mapping with room for cap bytes, its
+ * capacity the whole mapping; NULL when mappings are not used or the
+ * system refuses one (the caller then tries malloc, which says so). */
+static cwi_buffer *
+bigbuf_map(size_t cap)
+{
+	size_t len;
+	void *p;
+	cwi_buffer *b;
+
+	pthread_once(&bigbuf_once, bigbuf_init);
+	if (bigbuf_page == 0 || cap > SIZE_MAX - BUF_HDR - bigbuf_page)
+		return NULL;
+	len = (BUF_HDR + cap + bigbuf_page - 1) & ~(bigbuf_page - 1);
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+	    -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	b = p;
+	b->map_bytes = len;
+	b->capacity = len - BUF_HDR;
+	return b;
+}
+
 static pthread_mutex_t bigbuf_lock = PTHREAD_MUTEX_INITIALIZER;
 static cwi_buffer *bigbuf[BIGBUF_SLOTS]; /* oldest first */
 static uint64_t bigbuf_at[BIGBUF_SLOTS]; /* when each was put */
@@ -149,7 +223,7 @@ static void
 bigbuf_free(cwi_buffer **v, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		free(v[i]);
+		buffer_release(v[i]);
 }
 
 static cwi_buffer *
@@ -213,32 +287,37 @@ cwi_buffer_cache_drop(void)
 cachew_err
 cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero)
 {
-	/* Header padded to the alignment so data is 64-byte aligned too. */
-	size_t hdr = (sizeof(cwi_buffer) + BUF_ALIGN - 1) & ~(size_t)(BUF_ALIGN - 1);
 	size_t cap;
 	cwi_buffer *b = NULL;
+	bool zeroed = false;
 
-	if (size > SIZE_MAX - hdr - BUF_ALIGN)
+	if (size > SIZE_MAX - BUF_HDR - BUF_ALIGN)
 		return cwi_fail(CACHEW_ENOMEM, "buffer of %zu bytes is too large",
 		    size);
 	cap = (size + BUF_ALIGN - 1) & ~(size_t)(BUF_ALIGN - 1);
 #if BIGBUF_SLOTS > 0
-	if (size >= BIGBUF_MIN)
+	if (size >= BIGBUF_MIN) {
 		b = bigbuf_take(size);
+		if (b == NULL) {
+			b = bigbuf_map(cap);
+			zeroed = b != NULL; /* fresh anonymous pages */
+		}
+	}
 #endif
 	if (b == NULL) {
-		b = aligned_alloc(BUF_ALIGN, hdr + cap);
+		b = aligned_alloc(BUF_ALIGN, BUF_HDR + cap);
 		if (b == NULL)
 			return cwi_fail(CACHEW_ENOMEM,
 			    "out of memory allocating %zu bytes", size);
 		b->capacity = cap;
+		b->map_bytes = 0;
 	}
 	atomic_init(&b->refs, 1);
 	b->size = size;
-	b->data = (uint8_t *)b + hdr;
+	b->data = (uint8_t *)b + BUF_HDR;
 	b->free_fn = NULL;
 	b->free_ctx = NULL;
-	if (zero)
+	if (zero && !zeroed)
 		memset(b->data, 0, size);
 	*out = b;
 	return CACHEW_OK;
@@ -254,6 +333,7 @@ cwi_buffer_wrap(cwi_buffer **out, void *data, size_t size,
 	atomic_init(&b->refs, 1);
 	b->size = size;
 	b->capacity = 0; /* never reused: its memory is the caller's */
+	b->map_bytes = 0;
 	b->data = data;
 	b->free_fn = free_fn;
 	b->free_ctx = ctx;
@@ -281,7 +361,7 @@ cwi_buffer_unref_slow(cwi_buffer *b)
 		return;
 	}
 #endif
-	free(b);
+	buffer_release(b);
 }
 
 /* ---- tensor values ----------------------------------------------------- */

@@ -1009,6 +1009,10 @@ cachew_iterator_destroy(cachew_iterator *it)
 	if (it->release != NULL)
 		it->release(it->release_arg);
 	free(it);
+	/* The elements in flight just went into the reuse list (tensor.c)
+	 * all at once, up to its 256 MiB: an iterator per epoch would keep
+	 * them past its end until a later allocation found them stale. */
+	cwi_buffer_cache_drop();
 }
 
 void

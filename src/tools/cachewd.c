@@ -250,8 +250,10 @@ main(int argc, char **argv)
 	 * only what --allow-read and --cache-root allow. */
 	cfg.confined = true;
 	cachew_log_set(cachew_log_stderr, NULL, level_of(cfg.log_level));
-	/* malloc is tuned for large messages by the nng transport at the
-	 * first socket (transports/nng/nng_transport.c, CACHEW_MALLOPT). */
+	/* A daemon's process is its own: malloc tuned for large messages
+	 * before any thread starts (cwi_heap_tune; CACHEW_MALLOPT=0 opts
+	 * out). A library user's process is left alone. */
+	(void)cwi_heap_tune(true);
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);

@@ -679,7 +679,8 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 		conn_free(c);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
-	cwi_nng_heap_tune();
+	/* A user's process: only if asked (CACHEW_MALLOPT=1). */
+	cwi_heap_tune(false);
 	if ((nrv = nng_stream_dialer_alloc(&c->d, url)) != 0 ||
 	    (nrv = nng_aio_alloc(&c->dial, cli_dial_cb, c)) != 0 ||
 	    (nrv = nng_aio_alloc(&c->reap_aio, cli_reap_cb, c)) != 0) {

@@ -341,9 +341,6 @@ cachew_err cwi_nng_tls_diagnose(const cwi_nng_tls *t, const char *url,
 /* Maps an nng error to a cachew_err with a message naming url and what
  * failed. */
 cachew_err cwi_nng_err(int rv, const char *url, const char *what);
-/* Tunes glibc's malloc for large messages, once per process (at the
- * first listen or dial); CACHEW_MALLOPT=0 opts out. */
-void cwi_nng_heap_tune(void);
 /* Called first by every listen and dial: CACHEW_ENOTSUP, with a message
  * naming url, in a child forked after this process (or an ancestor) used
  * nng, which would abort there (nng_transport.c, "fork()"). */

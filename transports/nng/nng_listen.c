@@ -509,7 +509,8 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	l->budget.link_limit = 2 * (opts->max_msg_size + SP_BT_MAX);
 	if (l->budget.link_limit > l->budget.limit)
 		l->budget.link_limit = l->budget.limit;
-	cwi_nng_heap_tune();
+	/* A user's process: only if asked (CACHEW_MALLOPT=1). */
+	cwi_heap_tune(false);
 	if ((nrv = nng_stream_listener_alloc(&l->sl, url)) != 0) {
 		rv = cwi_nng_err(nrv, url, "listen");
 		goto fail;

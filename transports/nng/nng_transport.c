@@ -26,13 +26,12 @@
  * mutex; the janitor's mutex is a leaf. Requests are completed and the
  * handler and owner callbacks run with none of these held.
  *
- * Process-wide: the first listen or dial tunes glibc's malloc for large
- * messages (cwi_nng_heap_tune; CACHEW_MALLOPT=0 opts out), and watches
- * for fork() (cwi_nng_fork_check).
+ * Process-wide: the first listen or dial tunes glibc's malloc only where
+ * the user asked (cwi_heap_tune(false): CACHEW_MALLOPT=1; cachewd tunes
+ * its own at start), and watches for fork() (cwi_nng_fork_check).
  */
 #include "nng_int.h"
 
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -67,47 +66,6 @@ cwi_nng_err(int rv, const char *url, const char *what)
 		return cwi_fail(CACHEW_EIO, "%s: %s: %s", url, what,
 		    nng_strerror(rv));
 	}
-}
-
-/*
- * The heap of a process that moves large messages. glibc gives each
- * thread an arena of its own; a thread arena's heaps are at most 64 MiB
- * and a heap that becomes free is unmapped at once, whatever the trim
- * threshold, and above the mmap threshold (adaptive, at most 32 MiB)
- * every block is a fresh mapping. Either way a large block page-faults
- * in, zero-filled page by page by the kernel: for W2's batches of 38.5
- * MB, clear_page and the faults were half of the client's CPU and part of
- * the workers' (docs/performance.md, W5). So, once per process, at its
- * first listen or dial: one arena (M_ARENA_MAX 1: nng's threads, which
- * attach to an arena on their first malloc, then share the main heap),
- * blocks up to 64 MiB in the heap, and a free top kept up to 64 MiB.
- * Measured on W2 through the service (2000 images): the client's CPU
- * 0.88-0.92 -> 0.39-0.45 s against glibc's defaults. The price: threads
- * that start after this share one arena's lock (tcache still serves
- * small blocks without it), and freed memory stays resident up to the
- * trim threshold. CACHEW_MALLOPT=0 in the environment leaves malloc
- * alone, for a program that tunes it itself.
- */
-#define HEAP_MMAP_BYTES (64 << 20)
-#define HEAP_TRIM_BYTES (64 << 20)
-
-static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
-
-static void
-heap_tune_once(void)
-{
-	const char *v = getenv("CACHEW_MALLOPT");
-
-	if (v != NULL && strcmp(v, "0") == 0)
-		return;
-	mallopt(M_ARENA_MAX, 1);
-	mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES);
-	mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES);
-}
-void
-cwi_nng_heap_tune(void)
-{
-	pthread_once(&heap_once, heap_tune_once);
 }
 
 /*
