@@ -84,54 +84,6 @@ num_seq_is(const char *pipeline, const cachew_options *opts, size_t c,
 	free(s);
 }
 
-/* For every cut in 0..total: reads cut elements of ds (at most 64 in all),
- * saves the position, restores it in a new iterator and reads the rest;
- * fails unless the whole run (cwt_join_i64 of component 0) reads `want`.
- * On one dataset, so that a cache() keeps its memory between runs. (Main
- * has cwt_resumes_at_every_cut for a pipeline string.) */
-static void
-resumes_ds(cachew_dataset *ds, const char *what, const char *want, int total)
-{
-	ck_assert_int_le(total, 64);
-	for (int cut = 0; cut <= total; cut++) {
-		cachew_iterator *it, *back;
-		cachew_element *v[64];
-		void *state;
-		size_t len, n = 0;
-		char *s;
-
-		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
-		    CACHEW_OK);
-		for (int i = 0; i < cut; i++)
-			ck_assert_int_eq(cachew_iterator_next(it, &v[n++]),
-			    CACHEW_OK);
-		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
-		    CACHEW_OK);
-		cachew_iterator_destroy(it);
-		ck_assert_int_eq(cachew_iterator_restore(&back, ds, NULL, state,
-		    len), CACHEW_OK);
-		cachew_free(state);
-		while (n < 64 && cachew_iterator_next(back, &v[n]) == CACHEW_OK)
-			n++;
-		s = cwt_join_i64(v, n, 0);
-		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
-		    what, cut, s, want);
-		free(s);
-		for (size_t i = 0; i < n; i++)
-			cachew_element_release(v[i]);
-		cachew_iterator_destroy(back);
-	}
-}
-
-static void
-resumes_at_every_cut(const char *pipeline, const char *want, int total)
-{
-	cachew_dataset *ds = cwt_parse(pipeline);
-
-	resumes_ds(ds, pipeline, want, total);
-	cachew_dataset_release(ds);
-}
-
 /* ---- ignore_errors ---------------------------------------------------------- */
 
 /* tf.debugging.check_numerics(1. / x): fails (EOP) where x is 0. */
@@ -523,9 +475,9 @@ END_TEST
 
 START_TEST(rebatch_resumes)
 {
-	resumes_at_every_cut("range(16) | batch(4) | rebatch([2, 1, 3])",
+	cwt_resumes_at_every_cut("range(16) | batch(4) | rebatch([2, 1, 3])", NULL,
 	    "[0 1],[2],[3 4 5],[6 7],[8],[9 10 11],[12 13],[14],[15]", 9);
-	resumes_at_every_cut("range(7) | batch(3) | rebatch(5)",
+	cwt_resumes_at_every_cut("range(7) | batch(3) | rebatch(5)", NULL,
 	    "[0 1 2 3 4],[5 6]", 2);
 }
 END_TEST
@@ -761,7 +713,7 @@ START_TEST(random_spec_cardinality_builder_and_resume)
 	cachew_options_destroy(o);
 	/* Saved after k values, the rest are the same values. */
 	want = cwt_seq("random(seed=9) | take(6)", NULL);
-	resumes_at_every_cut("random(seed=9) | take(6)", want, 6);
+	cwt_resumes_at_every_cut("random(seed=9) | take(6)", NULL, want, 6);
 	free(want);
 }
 END_TEST
@@ -1187,10 +1139,10 @@ START_TEST(cache_in_memory_limit_and_resume)
 	/* Saved while filling (restored passes fill nothing), then while
 	 * reading memory once a whole pass has filled it. */
 	ds = cwt_parse("range(6) | cache()");
-	resumes_ds(ds, "filling", "0,1,2,3,4,5", 6);
+	cwt_resumes_ds_at_every_cut(ds, "filling", NULL, "0,1,2,3,4,5", 6);
 	s = hashes_of(ds, NULL, 100);
 	free(s);
-	resumes_ds(ds, "reading", "0,1,2,3,4,5", 6);
+	cwt_resumes_ds_at_every_cut(ds, "reading", NULL, "0,1,2,3,4,5", 6);
 	cachew_dataset_release(ds);
 }
 END_TEST

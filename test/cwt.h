@@ -115,6 +115,9 @@ char *cwt_str_seq(const char *pipeline, const cachew_options *opts);
  * reads `want` (cwt_join_i64 of component 0) every time. */
 void cwt_resumes_at_every_cut(const char *pipeline,
     const cachew_options *opts, const char *want, int total);
+/* The same on a dataset (`what` names it in failures). */
+void cwt_resumes_ds_at_every_cut(cachew_dataset *ds, const char *what,
+    const cachew_options *opts, const char *want, int total);
 
 /* Options with a fixed seed and epoch, and `service` unless NULL. Destroy
  * after use. */

@@ -488,13 +488,13 @@ cwt_str_seq(const char *pipeline, const cachew_options *opts)
 }
 
 /* Saves after every count of elements `cut` and checks that the restored
- * iterator yields the rest: the whole run is `want` (cwt_join_i64). */
+ * iterator yields the rest: the whole run is `want` (cwt_join_i64). On one
+ * dataset throughout, so that a cache() keeps its memory between runs. */
 void
-cwt_resumes_at_every_cut(const char *pipeline, const cachew_options *opts,
-    const char *want, int total)
+cwt_resumes_ds_at_every_cut(cachew_dataset *ds, const char *what,
+    const cachew_options *opts, const char *want, int total)
 {
-	cachew_dataset *ds = cwt_parse(pipeline);
-
+	ck_assert_int_le(total, 64);
 	for (int cut = 0; cut <= total; cut++) {
 		cachew_iterator *it, *back;
 		cachew_element *v[64];
@@ -502,7 +502,6 @@ cwt_resumes_at_every_cut(const char *pipeline, const cachew_options *opts,
 		size_t len, n = 0;
 		char *s;
 
-		ck_assert_int_le(total, 64);
 		ck_assert_int_eq(cachew_iterator_create(&it, ds, opts),
 		    CACHEW_OK);
 		for (int i = 0; i < cut; i++)
@@ -518,11 +517,20 @@ cwt_resumes_at_every_cut(const char *pipeline, const cachew_options *opts,
 			n++;
 		s = cwt_join_i64(v, n, 0);
 		ck_assert_msg(strcmp(s, want) == 0, "%s cut at %d: %s, want %s",
-		    pipeline, cut, s, want);
+		    what, cut, s, want);
 		free(s);
 		for (size_t i = 0; i < n; i++)
 			cachew_element_release(v[i]);
 		cachew_iterator_destroy(back);
 	}
+}
+
+void
+cwt_resumes_at_every_cut(const char *pipeline, const cachew_options *opts,
+    const char *want, int total)
+{
+	cachew_dataset *ds = cwt_parse(pipeline);
+
+	cwt_resumes_ds_at_every_cut(ds, pipeline, opts, want, total);
 	cachew_dataset_release(ds);
 }
