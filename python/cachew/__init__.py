@@ -423,6 +423,38 @@ def zip(*datasets):  # noqa: A001
     return first.zip(*rest)
 
 
+def counter(start=None, step=None):
+    """Endless i64 scalars start, start+step, ... (tf.data's Counter)."""
+    return _source("counter", start=start, step=step)
+
+
+def random(seed=None, rerandomize_each_iteration=None):
+    """Endless i64 values uniform over [0, 2^63) (tf.data's
+    Dataset.random); seed None follows the pipeline seed."""
+    return _source("random", seed=seed,
+                   rerandomize_each_iteration=rerandomize_each_iteration)
+
+
+def sample_from_datasets(datasets, weights=None, seed=None,
+                         stop_on_empty_dataset=None,
+                         rerandomize_each_iteration=None):
+    """Each element drawn from one of ``datasets`` at random, input i with
+    probability weights[i] / sum(weights) (tf.data's
+    sample_from_datasets: a data mixture)."""
+    first, rest = datasets[0], list(datasets[1:])
+    return first.apply("sample_from_datasets", *rest, weights=weights,
+                       seed=seed, stop_on_empty_dataset=stop_on_empty_dataset,
+                       rerandomize_each_iteration=rerandomize_each_iteration)
+
+
+def choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset=None):
+    """For each integer of ``choice_dataset``, the next element of
+    ``datasets[that integer]`` (tf.data's choose_from_datasets)."""
+    first, rest = datasets[0], list(datasets[1:])
+    return first.apply("choose_from_datasets", *rest, choice_dataset,
+                       stop_on_empty_dataset=stop_on_empty_dataset)
+
+
 def options():
     """The option table: (name, type, default, help) tuples."""
     return _cachew.options()

@@ -153,3 +153,14 @@ def test_a_plugin_loaded_from_python_gives_its_operators():
     ds = cachew.range(6).map("square").filter("is_even")
     assert values(ds) == [(0,), (4,), (16,)]
     assert [v for (v,) in values(cachew.Dataset.parse("range(4) | map(square)"))] == [0, 1, 4, 9]
+
+
+def test_mixture_and_endless_sources_as_module_functions():
+    a, b = cachew.range(3), cachew.range(10, 13)
+    mixed = sorted(v for (v,) in values(cachew.sample_from_datasets([a, b], weights=[1, 3], seed=7)))
+    assert mixed == [0, 1, 2, 10, 11, 12]
+    chosen = cachew.choose_from_datasets([a, b], cachew.from_list([1, 0, 1, 1, 0]))
+    assert [v for (v,) in values(chosen)] == [10, 0, 11, 12, 1]
+    assert [v for (v,) in values(cachew.counter(start=5, step=2).take(3))] == [5, 7, 9]
+    r1 = values(cachew.random(seed=3).take(4))
+    assert r1 == values(cachew.random(seed=3).take(4)) and len(set(r1)) == 4
