@@ -179,6 +179,7 @@ job_status_free(cwi_job_status *js)
 	free(js->reason);
 	free(js->cache_mode);
 	free(js->cache_reason);
+	free(js->slowest_op);
 }
 
 void
