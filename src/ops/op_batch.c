@@ -256,18 +256,97 @@ cwi_stack_parallel(cwi_element *const *elems, size_t k, int parallel,
 
 typedef struct batch_iter {
 	cwi_iter base;
-	cwi_iter *input;
-	size_t n;
+	cwi_batch_group g;
 	bool drop_remainder;
-	bool input_done;
-	cwi_chunk pending;
-	uint64_t pending_bytes; /* of the pending elements */
 	cwi_pad_spec *pad; /* padded_batch; NULL for batch */
 	int parallel;      /* batch: threads copying a large batch */
 } batch_iter;
 
 /* Elements requested from the input at a time while filling a batch. */
 #define BATCH_PULL_MAX 4096
+
+cachew_err
+cwi_batch_group_init(cwi_batch_group *g, const cwi_node *node,
+    const cwi_iter_args *args)
+{
+	cachew_err rv;
+
+	memset(g, 0, sizeof(*g));
+	g->n = (size_t)cwi_node_int(node, "n");
+	rv = cwi_chunk_reserve(&g->pending,
+	    g->n < BATCH_PULL_MAX ? g->n : BATCH_PULL_MAX);
+	if (rv == CACHEW_OK)
+		rv = cwi_iter_create(&g->input, node->inputs[0], args);
+	if (rv != CACHEW_OK)
+		cwi_chunk_free(&g->pending);
+	return rv;
+}
+
+void
+cwi_batch_group_fini(cwi_batch_group *g)
+{
+	cwi_iter_destroy(g->input);
+	cwi_chunk_free(&g->pending);
+}
+
+cachew_err
+cwi_batch_group_fill(cwi_batch_group *g, cwi_iter *it)
+{
+	cachew_err rv;
+
+	while (!g->input_done && g->pending.n < g->n) {
+		/* cwi_iter_next reserves room for what is asked: ask in
+		 * bounded steps, so batch(n=1e9) | take(1) does not reserve
+		 * gigabytes up front. */
+		size_t want = g->n - g->pending.n, n0 = g->pending.n;
+		rv = cwi_iter_next(g->input, &g->pending,
+		    want < BATCH_PULL_MAX ? want : BATCH_PULL_MAX);
+		if (rv == CACHEW_EOF)
+			g->input_done = true;
+		else if (rv != CACHEW_OK)
+			return rv;
+		/* The group is copied whole into the batch: over
+		 * max_element_bytes, it fails before it grows more. */
+		for (size_t i = n0; i < g->pending.n; i++)
+			g->pending_bytes += cwi_element_nbytes(g->pending.v[i]);
+		rv = cwi_pipeline_check_bytes(it->pl, it->node,
+		    g->pending_bytes, "a batch of %zu elements (of %zu)",
+		    g->pending.n, g->n);
+		if (rv != CACHEW_OK)
+			return rv;
+	}
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_batch_group_save(const cwi_batch_group *g, cwi_state_writer *w)
+{
+	cachew_err rv;
+
+	cwi_sw_array(w, 3);
+	cwi_sw_bool(w, g->input_done);
+	rv = cwi_sw_elements(w, g->pending.v, g->pending.n);
+	return rv != CACHEW_OK ? rv : cwi_iter_save(g->input, w);
+}
+
+cachew_err
+cwi_batch_group_restore(cwi_batch_group *g, cwi_state_reader *r,
+    const char *op)
+{
+	if (!cwi_sr_array(r, op, 3) ||
+	    !cwi_sr_bool(r, "input done", &g->input_done) ||
+	    !cwi_sr_elements(r, "partial group", &g->pending))
+		return cwi_sr_error(r);
+	if (g->pending.n >= g->n) {
+		cwi_sr_fail(r, CACHEW_ECORRUPT,
+		    "a partial group of %zu elements, for groups of %zu",
+		    g->pending.n, g->n);
+		return cwi_sr_error(r);
+	}
+	for (size_t i = 0; i < g->pending.n; i++)
+		g->pending_bytes += cwi_element_nbytes(g->pending.v[i]);
+	return cwi_iter_restore(g->input, r);
+}
 
 static cachew_err
 batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
@@ -279,60 +358,41 @@ batch_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	cachew_err rv;
 
 	while (got < max) {
-		while (!b->input_done && b->pending.n < b->n) {
-			/* cwi_iter_next reserves room for what is asked: ask
-			 * in bounded steps, so batch(n=1e9) | take(1) does
-			 * not reserve gigabytes up front. */
-			size_t want = b->n - b->pending.n, n0 = b->pending.n;
-			rv = cwi_iter_next(b->input, &b->pending,
-			    want < BATCH_PULL_MAX ? want : BATCH_PULL_MAX);
-			if (rv == CACHEW_EOF)
-				b->input_done = true;
-			else if (rv != CACHEW_OK)
-				return rv;
-			/* The group is copied whole into the batch: over
-			 * max_element_bytes, it fails before it grows more. */
-			for (size_t i = n0; i < b->pending.n; i++)
-				b->pending_bytes +=
-				    cwi_element_nbytes(b->pending.v[i]);
-			rv = cwi_pipeline_check_bytes(it->pl, it->node,
-			    b->pending_bytes, "a batch of %zu elements (of %zu)",
-			    b->pending.n, b->n);
-			if (rv != CACHEW_OK)
-				return rv;
-		}
-		if (b->pending.n > 0 && b->pending.n < b->n) {
+		rv = cwi_batch_group_fill(&b->g, it);
+		if (rv != CACHEW_OK)
+			return rv;
+		if (b->g.pending.n > 0 && b->g.pending.n < b->g.n) {
 			/* The last, partial group of a lease that keeps its
 			 * tails: the client stitches it with other leases'. */
 			cwi_chunk *tail = cwi_pipeline_tail_slot(it->pl,
 			    it->node);
 			if (tail != NULL) {
-				if (!cwi_chunk_move_all(tail, &b->pending))
+				if (!cwi_chunk_move_all(tail, &b->g.pending))
 					return cwi_pipeline_fail(it->pl,
 					    CACHEW_ENOMEM, "%s: out of memory",
 					    name);
-				b->pending_bytes = 0;
+				b->g.pending_bytes = 0;
 				break;
 			}
 		}
-		if (b->pending.n == 0 ||
-		    (b->pending.n < b->n && b->drop_remainder)) {
-			cwi_chunk_clear(&b->pending);
-			b->pending_bytes = 0;
+		if (b->g.pending.n == 0 ||
+		    (b->g.pending.n < b->g.n && b->drop_remainder)) {
+			cwi_chunk_clear(&b->g.pending);
+			b->g.pending_bytes = 0;
 			break;
 		}
 		cwi_element *res = NULL;
 		if (b->pad != NULL)
-			rv = cwi_stack_padded(b->pending.v, b->pending.n, b->pad,
+			rv = cwi_stack_padded(b->g.pending.v, b->g.pending.n, b->pad,
 			    cwi_pipeline_max_element(it->pl), &res, err,
 			    sizeof(err));
 		else
-			rv = cwi_stack_parallel(b->pending.v, b->pending.n,
+			rv = cwi_stack_parallel(b->g.pending.v, b->g.pending.n,
 			    b->parallel, &res, err, sizeof(err));
 		if (rv != CACHEW_OK)
 			return cwi_pipeline_fail(it->pl, rv, "%s: %s", name, err);
-		cwi_chunk_clear(&b->pending);
-		b->pending_bytes = 0;
+		cwi_chunk_clear(&b->g.pending);
+		b->g.pending_bytes = 0;
 		cwi_chunk_push(out, res);
 		got++;
 	}
@@ -343,45 +403,23 @@ static void
 batch_destroy(cwi_iter *it)
 {
 	batch_iter *b = (batch_iter *)it;
-	cwi_iter_destroy(b->input);
-	cwi_chunk_free(&b->pending);
+
+	cwi_batch_group_fini(&b->g);
 	free(b->pad);
 	free(b);
 }
 
-/* [input done, the partial group, input]. */
 static cachew_err
 batch_save(cwi_iter *it, cwi_state_writer *w)
 {
-	batch_iter *b = (batch_iter *)it;
-	cachew_err rv;
-
-	cwi_sw_array(w, 3);
-	cwi_sw_bool(w, b->input_done);
-	rv = cwi_sw_elements(w, b->pending.v, b->pending.n);
-	if (rv == CACHEW_OK)
-		rv = cwi_iter_save(b->input, w);
-	return rv;
+	return cwi_batch_group_save(&((batch_iter *)it)->g, w);
 }
 
 static cachew_err
 batch_restore(cwi_iter *it, cwi_state_reader *r)
 {
-	batch_iter *b = (batch_iter *)it;
-
-	if (!cwi_sr_array(r, it->node->op->name, 3) ||
-	    !cwi_sr_bool(r, "input done", &b->input_done) ||
-	    !cwi_sr_elements(r, "partial group", &b->pending))
-		return cwi_sr_error(r);
-	if (b->pending.n >= b->n) {
-		cwi_sr_fail(r, CACHEW_ECORRUPT,
-		    "a partial group of %zu elements, for groups of %zu",
-		    b->pending.n, b->n);
-		return cwi_sr_error(r);
-	}
-	for (size_t i = 0; i < b->pending.n; i++)
-		b->pending_bytes += cwi_element_nbytes(b->pending.v[i]);
-	return cwi_iter_restore(b->input, r);
+	return cwi_batch_group_restore(&((batch_iter *)it)->g, r,
+	    it->node->op->name);
 }
 
 static const cwi_iter_ops batch_iter_ops = {
@@ -401,7 +439,6 @@ batch_create_common(cwi_iter **out, const cwi_node *node,
 	if (b == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	b->base.ops = &batch_iter_ops;
-	b->n = (size_t)cwi_node_int(node, "n");
 	b->drop_remainder = cwi_node_bool(node, "drop_remainder");
 	b->parallel = 1;
 	if (!padded && cwi_node_value(node, "parallel") != NULL) {
@@ -420,12 +457,8 @@ batch_create_common(cwi_iter **out, const cwi_node *node,
 			rv = cwi_pad_spec_init(b->pad, node);
 	}
 	if (rv == CACHEW_OK)
-		rv = cwi_chunk_reserve(&b->pending,
-		    b->n < BATCH_PULL_MAX ? b->n : BATCH_PULL_MAX);
-	if (rv == CACHEW_OK)
-		rv = cwi_iter_create(&b->input, node->inputs[0], args);
+		rv = cwi_batch_group_init(&b->g, node, args);
 	if (rv != CACHEW_OK) {
-		cwi_chunk_free(&b->pending);
 		free(b->pad);
 		free(b);
 		return rv;

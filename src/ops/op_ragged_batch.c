@@ -19,24 +19,17 @@
  * left out): elements whose other dimensions differ are refused.
  */
 #include "ops.h"
-#include "../exec/exec_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#define RAGGED_PULL_MAX 4096
-
 typedef struct ragged_iter {
 	cwi_iter base;
-	cwi_iter *input;
-	size_t n;
+	cwi_batch_group g;
 	bool drop_remainder;
-	bool input_done;
 	bool spec_known;   /* else: every rank >= 1 component is ragged */
 	bool ragged[CACHEW_MAX_COMPONENTS];
 	cachew_dtype splits_dtype;
-	cwi_chunk pending;
-	uint64_t pending_bytes;
 } ragged_iter;
 
 /* A component of a known spec is ragged when it has a dimension the spec
@@ -263,8 +256,8 @@ is_ragged(const ragged_iter *r, const cwi_element *e0, uint32_t c)
 static cachew_err
 ragged_stack(ragged_iter *r, cwi_element **out, char *err, size_t errlen)
 {
-	cwi_element *const *elems = r->pending.v;
-	size_t k = r->pending.n;
+	cwi_element *const *elems = r->g.pending.v;
+	size_t k = r->g.pending.n;
 	const cwi_element *e0 = elems[0];
 	uint32_t nout = 0, o = 0;
 	cwi_element *res;
@@ -319,27 +312,13 @@ ragged_next(cwi_iter *it, cwi_chunk *out, size_t max)
 	cachew_err rv;
 
 	while (got < max) {
-		while (!r->input_done && r->pending.n < r->n) {
-			size_t want = r->n - r->pending.n, n0 = r->pending.n;
-			rv = cwi_iter_next(r->input, &r->pending,
-			    want < RAGGED_PULL_MAX ? want : RAGGED_PULL_MAX);
-			if (rv == CACHEW_EOF)
-				r->input_done = true;
-			else if (rv != CACHEW_OK)
-				return rv;
-			for (size_t i = n0; i < r->pending.n; i++)
-				r->pending_bytes +=
-				    cwi_element_nbytes(r->pending.v[i]);
-			rv = cwi_pipeline_check_bytes(it->pl, it->node,
-			    r->pending_bytes, "a batch of %zu elements (of %zu)",
-			    r->pending.n, r->n);
-			if (rv != CACHEW_OK)
-				return rv;
-		}
-		if (r->pending.n == 0 ||
-		    (r->pending.n < r->n && r->drop_remainder)) {
-			cwi_chunk_clear(&r->pending);
-			r->pending_bytes = 0;
+		rv = cwi_batch_group_fill(&r->g, it);
+		if (rv != CACHEW_OK)
+			return rv;
+		if (r->g.pending.n == 0 ||
+		    (r->g.pending.n < r->g.n && r->drop_remainder)) {
+			cwi_chunk_clear(&r->g.pending);
+			r->g.pending_bytes = 0;
 			break;
 		}
 		cwi_element *res = NULL;
@@ -347,8 +326,8 @@ ragged_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		if (rv != CACHEW_OK)
 			return cwi_pipeline_fail(it->pl, rv, "ragged_batch: %s",
 			    err);
-		cwi_chunk_clear(&r->pending);
-		r->pending_bytes = 0;
+		cwi_chunk_clear(&r->g.pending);
+		r->g.pending_bytes = 0;
 		if (cwi_chunk_reserve(out, 1) != CACHEW_OK) {
 			cwi_element_release(res);
 			return cwi_pipeline_fail(it->pl, CACHEW_ENOMEM,
@@ -365,42 +344,21 @@ ragged_destroy(cwi_iter *it)
 {
 	ragged_iter *r = (ragged_iter *)it;
 
-	cwi_iter_destroy(r->input);
-	cwi_chunk_free(&r->pending);
+	cwi_batch_group_fini(&r->g);
 	free(r);
 }
 
-/* [input done, the partial batch, input]. */
 static cachew_err
 ragged_save(cwi_iter *it, cwi_state_writer *w)
 {
-	ragged_iter *r = (ragged_iter *)it;
-	cachew_err rv;
-
-	cwi_sw_array(w, 3);
-	cwi_sw_bool(w, r->input_done);
-	rv = cwi_sw_elements(w, r->pending.v, r->pending.n);
-	return rv != CACHEW_OK ? rv : cwi_iter_save(r->input, w);
+	return cwi_batch_group_save(&((ragged_iter *)it)->g, w);
 }
 
 static cachew_err
 ragged_restore(cwi_iter *it, cwi_state_reader *rd)
 {
-	ragged_iter *r = (ragged_iter *)it;
-
-	if (!cwi_sr_array(rd, "ragged_batch", 3) ||
-	    !cwi_sr_bool(rd, "input done", &r->input_done) ||
-	    !cwi_sr_elements(rd, "partial batch", &r->pending))
-		return cwi_sr_error(rd);
-	if (r->pending.n >= r->n) {
-		cwi_sr_fail(rd, CACHEW_ECORRUPT, "ragged_batch: a partial "
-		    "batch of %zu elements, for batches of %zu", r->pending.n,
-		    r->n);
-		return cwi_sr_error(rd);
-	}
-	for (size_t i = 0; i < r->pending.n; i++)
-		r->pending_bytes += cwi_element_nbytes(r->pending.v[i]);
-	return cwi_iter_restore(r->input, rd);
+	return cwi_batch_group_restore(&((ragged_iter *)it)->g, rd,
+	    "ragged_batch");
 }
 
 static const cwi_iter_ops ragged_iter_ops = {
@@ -420,19 +378,14 @@ ragged_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	if (r == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	r->base.ops = &ragged_iter_ops;
-	r->n = (size_t)cwi_node_int(node, "n");
 	r->drop_remainder = cwi_node_bool(node, "drop_remainder");
 	r->spec_known = in->known;
 	for (uint32_t c = 0; in->known && c < in->n; c++)
 		r->ragged[c] = comp_is_ragged(&in->comp[c]);
 	rv = splits_dtype_of(node, &r->splits_dtype);
 	if (rv == CACHEW_OK)
-		rv = cwi_chunk_reserve(&r->pending,
-		    r->n < RAGGED_PULL_MAX ? r->n : RAGGED_PULL_MAX);
-	if (rv == CACHEW_OK)
-		rv = cwi_iter_create(&r->input, node->inputs[0], args);
+		rv = cwi_batch_group_init(&r->g, node, args);
 	if (rv != CACHEW_OK) {
-		cwi_chunk_free(&r->pending);
 		free(r);
 		return rv;
 	}

@@ -5,6 +5,33 @@
 #define CWI_OPS_H
 
 #include "../exec/exec.h"
+#include "../exec/exec_state.h"
+
+/* The group a batching operator fills before it combines it (op_batch.c):
+ * batch, padded_batch and ragged_batch share how it is filled, saved and
+ * restored; they differ in how the group becomes one element. */
+typedef struct cwi_batch_group {
+	cwi_iter *input;
+	size_t n;               /* elements per group */
+	bool input_done;
+	cwi_chunk pending;      /* the group so far */
+	uint64_t pending_bytes; /* of the pending elements */
+} cwi_batch_group;
+
+/* Sets n (from the node's "n"), reserves the group's room and creates the
+ * input's iterator; on failure nothing is left to free. */
+cachew_err cwi_batch_group_init(cwi_batch_group *g, const cwi_node *node,
+    const cwi_iter_args *args);
+void cwi_batch_group_fini(cwi_batch_group *g);
+/* Pulls from the input until the group holds n elements or the input
+ * ended, failing (through it->pl) once the group would pass
+ * max_element_bytes. */
+cachew_err cwi_batch_group_fill(cwi_batch_group *g, cwi_iter *it);
+/* [input done, the partial group, input]. */
+cachew_err cwi_batch_group_save(const cwi_batch_group *g,
+    cwi_state_writer *w);
+cachew_err cwi_batch_group_restore(cwi_batch_group *g, cwi_state_reader *r,
+    const char *op);
 
 extern const cwi_dataset_op cwi_op_batch;         /* op_batch.c */
 extern const cwi_dataset_op cwi_op_padded_batch;  /* op_batch.c */
