@@ -1601,8 +1601,10 @@ task_report(cwi_dispatcher *d, task *t, const cwi_task_report *r,
 }
 
 
+/* A task's start order, as a heartbeat reply or the embedded service's
+ * job hook gives it to its worker. */
 static cachew_err
-fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
+fill_task_def(const cwi_dispatcher *d, const task *t, cwi_task_def *td)
 {
 	const dataset *ds = t->job->ds;
 	const uint8_t *graph = t->job->pass.graph != NULL ? t->job->pass.graph
@@ -1620,7 +1622,8 @@ fill_task_def(const task *t, uint32_t lease_size, cwi_task_def *td)
 	td->epoch = t->job->epoch;
 	td->exactly_once = t->job->exactly_once;
 	td->num_consumers = t->job->num_consumers;
-	td->lease_size = lease_size;
+	td->lease_size = d->cfg.lease_size;
+	td->secret = cwi_owner_task_secret(d, t->id);
 	td->graph = malloc(len);
 	if (td->graph == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
@@ -1662,12 +1665,9 @@ fill_worker_reply(cwi_dispatcher *d, const worker *w,
 		const task *t = OWN_TASK(w, i);
 		if (t->hb_seen == seq)
 			continue;
-		rv = fill_task_def(t, d->cfg.lease_size,
-		    &rep->start[rep->nstart++]);
+		rv = fill_task_def(d, t, &rep->start[rep->nstart++]);
 		if (rv != CACHEW_OK)
 			return rv;
-		rep->start[rep->nstart - 1].secret =
-		    cwi_owner_task_secret(d, t->id);
 	}
 	hint = 0;
 	for (size_t i = 0; i < req->ntasks && rep->nstop < nstop; i++) {
@@ -1704,12 +1704,9 @@ cwi_dispatcher_job_starts(cwi_dispatcher *d, uint64_t job_id,
 		if (t->w == NULL || t->w->id != worker_id ||
 		    t->state == CWI_TASK_REMOVING)
 			continue;
-		rv = fill_task_def(t, d->cfg.lease_size,
-		    &rep->start[rep->nstart++]);
+		rv = fill_task_def(d, t, &rep->start[rep->nstart++]);
 		if (rv != CACHEW_OK)
 			return rv;
-		rep->start[rep->nstart - 1].secret =
-		    cwi_owner_task_secret(d, t->id);
 	}
 	return CACHEW_OK;
 }
