@@ -950,27 +950,34 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 	}
 }
 
-/* Adds the provisioner's side to a status reply (outside d->lock). */
+/* Adds the provisioner's side to a status reply (outside d->lock), and
+ * puts the provisioner's own status in *ps (all 0, kind NULL: none). */
 static void
-status_provisioner(cwi_dispatcher_server *d, cwi_msg_status_reply *st)
+status_provisioner(cwi_dispatcher_server *d, cwi_msg_status_reply *st,
+    cwi_prov_status *ps)
 {
-	cwi_prov_status ps;
-
+	memset(ps, 0, sizeof(*ps));
 	pthread_mutex_lock(&d->prov_lock);
 	if (d->prov == NULL) {
 		pthread_mutex_unlock(&d->prov_lock);
 		return;
 	}
-	memset(&ps, 0, sizeof(ps));
-	cwi_provisioner_status(d->prov, &ps);
+	cwi_provisioner_status(d->prov, ps);
 	pthread_mutex_unlock(&d->prov_lock);
-	ps.last_error[sizeof(ps.last_error) - 1] = '\0';
-	st->provisioner = cwi_strdup(ps.kind != NULL ? ps.kind : "?");
-	st->provisioner_running = ps.running;
-	st->provisioner_requests = ps.requests;
-	st->provisioner_failures = ps.failures;
-	if (ps.last_error[0] != '\0')
-		st->provisioner_error = cwi_strdup(ps.last_error);
+	ps->last_error[sizeof(ps->last_error) - 1] = '\0';
+	if (ps->pool_registered) {
+		/* static: what runs is who registered and is not leaving. */
+		uint32_t live = 0;
+		for (size_t i = 0; i < st->nworkers; i++)
+			live += !st->workers[i].draining;
+		ps->running = live;
+	}
+	st->provisioner = cwi_strdup(ps->kind != NULL ? ps->kind : "?");
+	st->provisioner_running = ps->running;
+	st->provisioner_requests = ps->requests;
+	st->provisioner_failures = ps->failures;
+	if (ps->last_error[0] != '\0')
+		st->provisioner_error = cwi_strdup(ps->last_error);
 }
 
 /* Adds the journal's side to a status reply. */
@@ -1065,7 +1072,8 @@ on_request(void *arg, cwi_request *r)
 		pthread_mutex_unlock(&d->lock);
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY) {
-		status_provisioner(d, &rep.u.status_reply);
+		cwi_prov_status ps;
+		status_provisioner(d, &rep.u.status_reply, &ps);
 		status_journal(d, &rep.u.status_reply);
 	}
 	created = rep.type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
@@ -1085,6 +1093,7 @@ metrics_render(void *arg, cwi_strbuf *sb)
 	cwi_dispatcher_server *d = arg;
 	cwi_msg_status_reply st;
 	cwi_dispatcher_metrics m;
+	cwi_prov_status ps;
 	cachew_err rv;
 
 	pthread_mutex_lock(&d->lock);
@@ -1095,9 +1104,9 @@ metrics_render(void *arg, cwi_strbuf *sb)
 		memset(&m, 0, sizeof(m));
 	pthread_mutex_unlock(&d->lock);
 	if (rv == CACHEW_OK) {
-		status_provisioner(d, &st);
+		status_provisioner(d, &st, &ps);
 		status_journal(d, &st);
-		cwi_metrics_dispatcher(sb, &st);
+		cwi_metrics_dispatcher(sb, &st, &ps);
 		cwi_dispatcher_metrics_render(sb, &m, d->latency);
 	}
 	cwi_dispatcher_metrics_free(&m);
