@@ -271,8 +271,9 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	job_family(sb, st, "cachew_job_workers_granted", "gauge",
 	    "Workers fair share gives a job.", jv_granted);
 	job_family(sb, st, "cachew_job_cache_hit_bytes_total", "counter",
-	    "Bytes a job read from caches (what its cache_get operators "
-	    "produced).", jv_hits);
+	    "Bytes a job's operators on workers read from caches rather "
+	    "than computed (cache_get; cache and the in-memory cache() on a "
+	    "pass that found their cache complete).", jv_hits);
 	family(sb, "cachew_job_slowest_operator_ratio", "gauge",
 	    "A job's slowest operator (own work per thread) and that time's "
 	    "share of its operators' (0..1).");
