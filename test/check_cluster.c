@@ -2510,7 +2510,9 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 			  strstr(body, "cachew_job_cache_hit_bytes_total{"
 				       "job_id=\"1\"} 0\n") &&
 			  strstr(body, "# TYPE cachew_scale_decisions_total "
-				       "counter\n"),
+				       "counter\n") &&
+			  strstr(body, "\ncachew_dispatcher_scrape_lock_seconds_"
+				       "count 1\n"),
 	    "%s", body);
 	promtool_check(dir, body);
 	free(body);

@@ -74,9 +74,17 @@ render_ops(cwi_strbuf *sb, const cwi_dispatcher_metrics *m, const char *name,
 
 void
 cwi_dispatcher_metrics_render(cwi_strbuf *sb, const cwi_dispatcher_metrics *m,
-    const cwi_histogram *latency)
+    const cwi_histogram *latency, const cwi_histogram *scrape_lock)
 {
+	static const char lock[] = "cachew_dispatcher_scrape_lock_seconds";
+
 	render_latency(sb, latency);
+	/* Requests wait for the lock a scrape holds: what the endpoint costs
+	 * the data path (bench/metrics_cost.py reads it). */
+	cwi_metrics_family(sb, lock, "histogram", "Time each /metrics scrape "
+	    "held the dispatcher's lock to copy its state (formatting runs "
+	    "after, without it).");
+	cwi_metrics_histogram(sb, lock, "", scrape_lock);
 	render_scale(sb, m);
 	render_ops(sb, m, "cachew_job_operator_elements_total", "Elements a "
 	    "job's operator produced, summed over its tasks as their workers "

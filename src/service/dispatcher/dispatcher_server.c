@@ -48,6 +48,10 @@ struct cwi_dispatcher_server {
 	/* Per request type: arrival to reply sent, the wait for the
 	 * journal's commit included (what the peer waits, less the link). */
 	cwi_histogram latency[CWI_MSG_NTYPES];
+	/* How long each /metrics scrape held d->lock: it copies the state
+	 * there and formats after (issue 17 measured 9 us median, 88 us
+	 * max, beside 0.24 ms of formatting, with W1 running). */
+	cwi_histogram scrape_lock;
 	FILE *events;
 	bool events_owned;
 	pthread_mutex_t lock;
@@ -1095,19 +1099,23 @@ metrics_render(void *arg, cwi_strbuf *sb)
 	cwi_dispatcher_metrics m;
 	cwi_prov_status ps;
 	cachew_err rv;
+	uint64_t t0;
 
 	pthread_mutex_lock(&d->lock);
+	t0 = cwi_now_ns();
 	rv = cwi_dispatcher_status(d->state, disp_now(d), &st);
 	if (rv == CACHEW_OK)
 		rv = cwi_dispatcher_metrics_get(d->state, &m);
 	else
 		memset(&m, 0, sizeof(m));
+	cwi_histogram_observe(&d->scrape_lock, cwi_now_ns() - t0);
 	pthread_mutex_unlock(&d->lock);
 	if (rv == CACHEW_OK) {
 		status_provisioner(d, &st, &ps);
 		status_journal(d, &st);
 		cwi_metrics_dispatcher(sb, &st, &ps);
-		cwi_dispatcher_metrics_render(sb, &m, d->latency);
+		cwi_dispatcher_metrics_render(sb, &m, d->latency,
+		    &d->scrape_lock);
 	}
 	cwi_dispatcher_metrics_free(&m);
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);
