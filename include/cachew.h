@@ -1428,6 +1428,12 @@ typedef struct cachew_op_stats {
 	uint64_t dropped;     /* ignore_errors: elements dropped for a data
 			       * error below it (0 for other operators).
 			       * Since 0.2. */
+	uint64_t cache_hit_bytes; /* of bytes, those read from a cache rather
+				   * than computed: all of a cache_get's, a
+				   * cache's on a pass that found its cache
+				   * complete, an in-memory cache()'s after
+				   * its first pass (0 for other
+				   * operators). Since 0.4. */
 } cachew_op_stats;
 
 /* Copies up to cap rows into the caller's out and the total count into *n

@@ -7,6 +7,7 @@
  */
 #include "cwt.h"
 
+#include "../src/service/dispatcher/dispatcher_metrics.h"
 #include "../src/service/dispatcher/dispatcher_state.h"
 #include "../src/service/service_rpc.h"
 
@@ -372,8 +373,8 @@ START_TEST(autoscale_model_jumps_to_demand_in_one_interval)
 }
 END_TEST
 
-/* The count of a scaling decision of the given policy and outcome in the
- * dispatcher's /metrics tally (0: none). */
+/* The count of scaling decisions of the given policy and outcome in the
+ * dispatcher's /metrics tally, over every kind of reason (0: none). */
 static uint64_t
 scale_tally(harness *h, const char *policy, const char *decision)
 {
@@ -384,15 +385,38 @@ scale_tally(harness *h, const char *policy, const char *decision)
 	for (size_t i = 0; i < m.nscale; i++)
 		if (strcmp(m.scale[i].policy, policy) == 0 &&
 		    strcmp(m.scale[i].decision, decision) == 0)
-			n = m.scale[i].n;
+			n += m.scale[i].n;
 	cwi_dispatcher_metrics_free(&m);
 	return n;
+}
+
+/* Whether the dispatcher's /metrics text holds the line `series`. */
+static bool
+metrics_has(harness *h, const char *series)
+{
+	cwi_dispatcher_metrics m;
+	cwi_histogram none[CWI_MSG_NTYPES], lock;
+	cwi_strbuf sb;
+	bool has;
+
+	memset(none, 0, sizeof(none));
+	memset(&lock, 0, sizeof(lock));
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_dispatcher_metrics_get(h->d, &m), CACHEW_OK);
+	cwi_dispatcher_metrics_render(&sb, &m, none, &lock);
+	cwi_dispatcher_metrics_free(&m);
+	ck_assert(!sb.oom);
+	has = strstr(sb.data, series) != NULL;
+	ck_assert_msg(has, "no '%s' in:\n%s", series, sb.data);
+	cwi_strbuf_free(&sb);
+	return has;
 }
 
 /* issue 17, item 3: /metrics counts scaling decisions by policy and what
  * they did: the model's jump from 1 to 4 workers is one "up"; shedding 8
  * stalled workers to 5 one "down"; an interval that changes nothing counts
- * nothing. */
+ * nothing. Item 5: and by the kind of their reason, a bounded label (the
+ * text, with its numbers, stays in the events and the status). */
 START_TEST(scale_decisions_are_counted_by_policy_and_direction)
 {
 	harness *h = harness_new("model");
@@ -411,6 +435,8 @@ START_TEST(scale_decisions_are_counted_by_policy_and_direction)
 	ck_assert_uint_eq(job_get(h, job).want, 4);
 	ck_assert_uint_eq(scale_tally(h, "model", "up"), 1);
 	ck_assert_uint_eq(scale_tally(h, "model", "down"), 0);
+	ck_assert(metrics_has(h, "\ncachew_scale_decisions_total{policy="
+	    "\"model\",decision=\"up\",reason=\"demand\"} 1\n"));
 	harness_free(h);
 
 	h = harness_new("model");
@@ -425,6 +451,8 @@ START_TEST(scale_decisions_are_counted_by_policy_and_direction)
 	ck_assert_uint_eq(job_get(h, job).want, 5);
 	ck_assert_uint_eq(scale_tally(h, "model", "down"), 1);
 	ck_assert_uint_eq(scale_tally(h, "model", "up"), 0);
+	ck_assert(metrics_has(h, "\ncachew_scale_decisions_total{policy="
+	    "\"model\",decision=\"down\",reason=\"demand\"} 1\n"));
 	harness_free(h);
 }
 END_TEST

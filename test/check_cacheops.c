@@ -936,31 +936,36 @@ END_TEST
 
 /* ---- cache(): tf.data semantics ---------------------------------------------------- */
 
-/* Elements the node named `op` produced in a run of ds. */
-static uint64_t
-op_elements(cachew_iterator *it, const char *op)
+/* The counters of the nodes named `op` in a run, summed: elements, bytes
+ * and cache_hit_bytes. */
+static cachew_op_stats
+op_row(cachew_iterator *it, const char *op)
 {
-	cachew_op_stats s[16];
+	cachew_op_stats s[16], sum = {.name = op};
 	size_t n = 0;
-	uint64_t sum = 0;
 
 	ck_assert_int_eq(cachew_iterator_stats(it, s, 16, &n), CACHEW_OK);
-	for (size_t i = 0; i < n && i < 16; i++)
-		if (strcmp(s[i].name, op) == 0)
-			sum += s[i].elements;
+	for (size_t i = 0; i < n && i < 16; i++) {
+		if (strcmp(s[i].name, op) != 0)
+			continue;
+		sum.elements += s[i].elements;
+		sum.bytes += s[i].bytes;
+		sum.cache_hit_bytes += s[i].cache_hit_bytes;
+	}
 	return sum;
 }
 
-/* Runs p to its end; returns the elements the node `op` produced. */
-static uint64_t
-run_counting(const char *p, const char *op, run_out *want)
+/* Runs p to its end, checking it yields want; returns the counters of the
+ * node `op`. */
+static cachew_op_stats
+run_row(const char *p, const char *op, const run_out *want)
 {
 	cachew_dataset *ds;
 	cachew_iterator *it;
 	cachew_element *e;
 	cachew_options *o = cwt_opts(SEED, 2);
 	cachew_err rv;
-	uint64_t produced;
+	cachew_op_stats produced;
 	size_t n = 0;
 
 	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
@@ -974,7 +979,7 @@ run_counting(const char *p, const char *op, run_out *want)
 	}
 	ck_assert_int_eq(rv, CACHEW_EOF);
 	ck_assert_uint_eq(n, want->n);
-	produced = op_elements(it, op);
+	produced = op_row(it, op);
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(ds);
 	cachew_options_destroy(o);
@@ -990,13 +995,61 @@ START_TEST(cache_first_pass_computes_and_second_reads)
 	run_out want = run_ok(in);
 
 	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
-	ck_assert_uint_eq(run_counting(p, "range", &want), 2000);
+	ck_assert_uint_eq(run_row(p, "range", &want).elements, 2000);
 	ck_assert_int_eq(lookup(root, &fp), CACHEW_OK);
 	/* The second pass reads: the input is not even started. */
-	ck_assert_uint_eq(run_counting(p, "range", &want), 0);
-	ck_assert_uint_eq(run_counting(p, "cache", &want), 400);
+	ck_assert_uint_eq(run_row(p, "range", &want).elements, 0);
+	ck_assert_uint_eq(run_row(p, "cache", &want).elements, 400);
 	run_free(&want);
 	cwt_rmtree(dir);
+	free(p);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* issue 17: the bytes an operator read from a cache are counted apart
+ * (cachew_op_stats.cache_hit_bytes; the dispatcher's
+ * cachew_job_cache_hit_bytes_total sums them): none on the pass that
+ * computes and writes, all of them on the pass that reads, for cache()
+ * on disk and cache_get alike, and for the in-memory cache() the
+ * repetitions after its first. */
+START_TEST(cache_hit_bytes_count_what_is_read_from_a_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
+	const char *in = "range(300) | map(add, value=1) | batch(4)";
+	char *p = fmt("%s | cache(\"%s\", chunk_bytes=4096)", in, root);
+	char hex[33], *get;
+	run_out want = run_ok(in), twice;
+	cachew_op_stats first, second, r;
+
+	first = run_row(p, "cache", &want);
+	ck_assert_uint_eq(first.elements, 75);
+	ck_assert_uint_gt(first.bytes, 0);
+	ck_assert_uint_eq(first.cache_hit_bytes, 0);
+	second = run_row(p, "cache", &want);
+	ck_assert_uint_eq(second.bytes, first.bytes);
+	ck_assert_uint_eq(second.cache_hit_bytes, first.bytes);
+	fp_hex(in, hex);
+	get = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	r = run_row(get, "cache_get", &want);
+	ck_assert_uint_eq(r.cache_hit_bytes, first.bytes);
+	/* In memory, under repeat: the first repetition fills, the second
+	 * replays. */
+	free(p);
+	p = fmt("%s | cache() | repeat(2)", in);
+	twice = run_ok(p);
+	r = run_row(p, "cache", &twice);
+	ck_assert_uint_eq(r.bytes, 2 * first.bytes);
+	ck_assert_uint_eq(r.cache_hit_bytes, first.bytes);
+	/* What computes is no hit. */
+	r = run_row(p, "batch", &twice);
+	ck_assert_uint_eq(r.bytes, first.bytes);
+	ck_assert_uint_eq(r.cache_hit_bytes, 0);
+	run_free(&twice);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(get);
 	free(p);
 	free(root);
 	free(dir);
@@ -2059,6 +2112,7 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_reads_only_its_split_ranges_in_order);
 	tcase_add_test(ops, get_destroyed_midway_stops_its_readers);
 	tcase_add_test(ops, cache_first_pass_computes_and_second_reads);
+	tcase_add_test(ops, cache_hit_bytes_count_what_is_read_from_a_cache);
 	tcase_add_test(ops, cache_second_pass_yields_the_cached_data);
 	tcase_add_test(ops, cache_cut_short_leaves_no_cache);
 	tcase_add_test(ops, cache_under_repeat_fills_then_reads);

@@ -2449,6 +2449,18 @@ promtool_check(const char *dir, const char *text)
 	free(out);
 }
 
+/* A dispatcher with --metrics-listen on loopback (heartbeats every 50
+ * ms); url gets its metrics URL. */
+static void
+metrics_dispatcher_start(cwt_daemon *d, const char *dir, char *url,
+    size_t len)
+{
+	cwt_daemon_start(d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--metrics-listen",
+	    "127.0.0.1:0", (char *)NULL);
+	log_value(d->log, "event=metrics_listening", "url=", url, len);
+}
+
 /* --metrics-listen: the dispatcher's /metrics in Prometheus's format (as
  * promtool checks it) with a job's elements and splits, the worker's, and
  * /healthz and /readyz of both. */
@@ -2460,10 +2472,7 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 	char *seq;
 	int status;
 
-	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
-	    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--metrics-listen",
-	    "127.0.0.1:0", (char *)NULL);
-	log_value(d.log, "event=metrics_listening", "url=", dm, sizeof(dm));
+	metrics_dispatcher_start(&d, dir, dm, sizeof(dm));
 	cwt_daemon_start(&w, dir, "worker", "--role=worker", "--dispatcher",
 	    d.url, "--listen", "tcp://127.0.0.1:0", "--heartbeat-ms", "50",
 	    "--metrics-listen", "http://127.0.0.1:0", (char *)NULL);
@@ -2501,7 +2510,9 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 			  strstr(body, "cachew_job_cache_hit_bytes_total{"
 				       "job_id=\"1\"} 0\n") &&
 			  strstr(body, "# TYPE cachew_scale_decisions_total "
-				       "counter\n"),
+				       "counter\n") &&
+			  strstr(body, "\ncachew_dispatcher_scrape_lock_seconds_"
+				       "count 1\n"),
 	    "%s", body);
 	promtool_check(dir, body);
 	free(body);
@@ -2540,6 +2551,96 @@ START_TEST(metrics_and_health_endpoints_of_dispatcher_and_worker)
 			  NULL, "%s", seq);
 	free(seq);
 	free(body);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* The dispatcher's /metrics once it shows `want` (a registration is
+ * asynchronous): bounded, failing with the last body. Free it. */
+static char *
+scrape_until(const char *url, const char *want)
+{
+	char *body = NULL;
+	int status = 0;
+
+	for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);;
+	     cwt_nap_ms(50)) {
+		free(body);
+		body = http_get(url, "/metrics", &status);
+		if (status == 200 && strstr(body, want) != NULL)
+			return body;
+		ck_assert_msg(cwt_now_ms() < end, "no '%s' in /metrics: %s",
+		    want, body);
+	}
+}
+
+/* issue 17: with the static provisioner (the default) the workers the
+ * provisioner "runs" are the live registered ones: 1, then 2 when a
+ * second worker joins (it said the pool target, 8 beside 1 live worker
+ * in the field, 0 here), and it takes no action, so its actions family
+ * has no series. */
+START_TEST(static_provisioner_reports_its_live_registered_workers)
+{
+	char *dir = cwt_tmpdir(), dm[128], *body;
+	cwt_daemon d, w1, w2;
+
+	metrics_dispatcher_start(&d, dir, dm, sizeof(dm));
+	cwt_daemon_start(&w1, dir, "worker1", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", (char *)NULL);
+	body = scrape_until(dm, "cachew_workers{state=\"live\"} 1\n");
+	ck_assert_msg(strstr(body, "\ncachew_provisioner_running_workers 1\n")
+			  != NULL, "%s", body);
+	ck_assert_msg(strstr(body, "# TYPE cachew_provisioner_actions_total "
+				   "counter\n# HELP cachew_provisioner_failures_"
+				   "total ") != NULL, "%s", body);
+	promtool_check(dir, body);
+	free(body);
+	cwt_daemon_start(&w2, dir, "worker2", "--role=worker", "--dispatcher",
+	    d.url, "--listen", "tcp://127.0.0.1:0", (char *)NULL);
+	body = scrape_until(dm, "cachew_workers{state=\"live\"} 2\n");
+	ck_assert_msg(strstr(body, "\ncachew_provisioner_running_workers 2\n")
+			  != NULL, "%s", body);
+	free(body);
+	ck_assert_int_eq(cwt_daemon_stop(&w2, SIGTERM), 0);
+	ck_assert_int_eq(cwt_daemon_stop(&w1, SIGTERM), 0);
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* issue 17: the process provisioner's actions by kind and result. With
+ * --min-workers 1 it starts one worker (start ok 1, the restart and stop
+ * series at 0) and runs it (running 1, a live worker); promtool checks
+ * the labelled family. */
+START_TEST(process_provisioner_actions_by_kind_in_metrics)
+{
+	char *dir = cwt_tmpdir(), dm[128], *body;
+	cwt_daemon d;
+
+	cwt_daemon_start(&d, dir, "dispatcher", "--role=dispatcher", "--listen",
+	    "tcp://127.0.0.1:0", "--heartbeat-ms", "50", "--metrics-listen",
+	    "127.0.0.1:0", "--provisioner", "process", "--min-workers", "1",
+	    "--max-workers", "2", "--worker-threads", "1", (char *)NULL);
+	log_value(d.log, "event=metrics_listening", "url=", dm, sizeof(dm));
+	body = scrape_until(dm, "cachew_workers{state=\"live\"} 1\n");
+	ck_assert_msg(strstr(body, "\ncachew_provisioner_running_workers 1\n")
+			  != NULL &&
+		strstr(body, "\ncachew_provisioner_actions_total{action="
+			     "\"start\",result=\"ok\"} 1\n") != NULL &&
+		strstr(body, "\ncachew_provisioner_actions_total{action="
+			     "\"start\",result=\"failed\"} 0\n") != NULL &&
+		strstr(body, "\ncachew_provisioner_actions_total{action="
+			     "\"restart\",result=\"ok\"} 0\n") != NULL &&
+		strstr(body, "\ncachew_provisioner_actions_total{action="
+			     "\"stop\",result=\"ok\"} 0\n") != NULL &&
+		strstr(body, "action=\"scale\"") == NULL,
+	    "%s", body);
+	promtool_check(dir, body);
+	free(body);
+	/* It stops the worker it started (SIGTERM: it drains and exits). */
+	ck_assert_int_eq(cwt_daemon_stop(&d, SIGTERM), 0);
 	cwt_rmtree(dir);
 	free(dir);
 }
@@ -3679,6 +3780,8 @@ cwt_cluster_suite(void)
 	    service_at_a_dead_address_fails_fast_naming_the_refusal);
 	tcase_add_test(ops, worker_on_a_wildcard_address_warns_naming_advertise);
 	tcase_add_test(ops, metrics_and_health_endpoints_of_dispatcher_and_worker);
+	tcase_add_test(ops, static_provisioner_reports_its_live_registered_workers);
+	tcase_add_test(ops, process_provisioner_actions_by_kind_in_metrics);
 	tcase_add_test(ops, worker_without_its_dispatcher_is_live_but_not_ready);
 	tcase_add_test(ops, prometheus_scrapes_dispatcher_and_worker_and_rates_a_job);
 	tcase_add_test(ops, plot_draws_each_job_of_a_real_events_log);

@@ -203,6 +203,7 @@ START_TEST(test_cachew_adds_one_worker_per_window_while_r_above_7pct)
 	ck_assert_uint_eq(dec.workers, 2);
 	ck_assert_str_eq(dec.reason,
 	    "cachew: batch time 1000.0 ms at 1 workers -> 2");
+	ck_assert_int_eq(dec.why, CWI_WHY_SEARCH);
 	/* Then 15 discarded + 50 measured per step: r = 50 %, 33 %,
 	 * 25 %, 20 %. */
 	for (uint32_t n = 3; n <= 6; n++) {
@@ -211,6 +212,7 @@ START_TEST(test_cachew_adds_one_worker_per_window_while_r_above_7pct)
 		ck_assert(!dec.settled);
 	}
 	ck_assert_str_eq(dec.reason, "cachew: r = 20.0% > 7% at 5 workers -> 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_GAIN);
 	ck_assert_uint_eq(cwi_scaler_windows(s), 5);
 	cwi_scaler_destroy(s);
 }
@@ -231,6 +233,7 @@ START_TEST(test_cachew_settles_on_the_smaller_count)
 	ck_assert_uint_eq(dec.workers, 5);
 	ck_assert(dec.settled);
 	ck_assert_str_eq(dec.reason, "cachew: r = 0.0% <= 7% -> settle at 5");
+	ck_assert_int_eq(dec.why, CWI_WHY_NO_GAIN);
 	/* Settled: nothing moves while nothing drifts. */
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	ck_assert_uint_eq(dec.workers, 5);
@@ -255,6 +258,7 @@ START_TEST(test_cachew_drift_in_batch_time_moves_by_one)
 	ck_assert_uint_eq(dec.workers, 6);
 	ck_assert_str_eq(dec.reason,
 	    "cachew: drift (batch time 2.00x, queue 0.00 vs 0.00) -> 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_DRIFT);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -332,6 +336,7 @@ START_TEST(test_model_jumps_to_the_computed_count_then_probes_once)
 	ck_assert_uint_eq(dec.workers, 6);
 	ck_assert_str_eq(dec.reason, "model: demand 5.0 b/s, 1.00 b/s per "
 				     "worker -> 6 (+10% headroom)");
+	ck_assert_int_eq(dec.why, CWI_WHY_DEMAND);
 	ck_assert(!dec.settled);
 	/* At 6 (15 discarded, 30 measured) the estimate holds; the probe
 	 * tries 5, the count without headroom. */
@@ -340,6 +345,7 @@ START_TEST(test_model_jumps_to_the_computed_count_then_probes_once)
 	ck_assert_str_eq(dec.reason, "model: probe 5 workers (5.0 b/s at "
 				     "1.00 per worker; 6 with headroom: "
 				     "200.0 ms)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE);
 	/* 5 is as fast: kept, settled, and nothing moves after. */
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	ck_assert_uint_eq(dec.workers, 5);
@@ -347,6 +353,7 @@ START_TEST(test_model_jumps_to_the_computed_count_then_probes_once)
 	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
 				     "+0.0% of a batch <= 7% (batch time "
 				     "+0.0%)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_KEPT);
 	/* The jump, the confirmation, the probe, and one more window of
 	 * the probe's 120 s watch. */
 	ck_assert_uint_eq(cwi_scaler_windows(s), 4);
@@ -372,6 +379,7 @@ START_TEST(test_model_probe_rejected_goes_back)
 	ck_assert_str_eq(dec.reason, "model: probe rejected: waits +20.0% "
 				     "of a batch > 7% (batch time +20.0%) "
 				     "-> back to 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_REJECTED);
 	ck_assert_int_eq(until_change(s, &w, 1000, &dec), 1000);
 	cwi_scaler_destroy(s);
 }
@@ -443,6 +451,7 @@ START_TEST(test_model_jump_that_gains_nothing_goes_back)
 	ck_assert_str_eq(dec.reason, "model: 8 workers gave 1000.0 b/s, 1 "
 				     "gave 1000.0 b/s: more workers do not "
 				     "help -> 1");
+	ck_assert_int_eq(dec.why, CWI_WHY_SATURATED);
 	ck_assert_int_eq(until_change(s, &w, 100000, &dec), 100000);
 	ck_assert_uint_eq(dec.workers, 1);
 	cwi_scaler_destroy(s);
@@ -516,6 +525,7 @@ START_TEST(test_model_granted_less_keeps_asking)
 	ck_assert(dec.settled);
 	ck_assert_str_eq(dec.reason, "model: demand 5.0 b/s, 1.00 b/s per "
 				     "worker wants 6, granted 3");
+	ck_assert_int_eq(dec.why, CWI_WHY_GRANTED);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -653,6 +663,7 @@ bworld_to_probe(bworld *w, cwi_scale_config *c)
 	ck_assert_str_eq(dec.reason, "model: probe 5 workers (5.0 b/s at "
 				     "1.00 per worker; 6 with headroom: "
 				     "200.0 ms)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE);
 	return s;
 }
 
@@ -689,12 +700,14 @@ START_TEST(test_model_probe_hidden_by_the_buffer_goes_back_up)
 	ck_assert_str_eq(dec.reason, "model: probe 5 workers: buffer drains "
 				     "(fill 0.0714 -> 0.0354), waits +0.0% "
 				     "-> until the client waits");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE);
 	ck_assert_int_eq(bworld_until_decided(s, &w, 1000, &dec), 57);
 	ck_assert_uint_eq(dec.workers, 6);
 	ck_assert(dec.settled);
 	ck_assert_str_eq(dec.reason, "model: probe rejected once the buffer "
 				     "ran dry: waits +13.6% of a batch > 7% "
 				     "(batch time +13.6%) -> back to 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_REJECTED);
 	for (int i = 0; i < 1000; i++) {
 		bworld_feed(s, &w, 1, &dec);
 		ck_assert_uint_eq(dec.workers, 6);
@@ -724,6 +737,7 @@ START_TEST(test_model_probe_watch_catches_a_late_shortfall)
 	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
 				     "+0.0% of a batch <= 7% (batch time "
 				     "+0.0%), watching");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_KEPT);
 	for (int i = 0; i < 1000 && cwi_scaler_target(s) == 5; i++)
 		bworld_feed(s, &w, 1, &dec);
 	ck_assert_uint_eq(dec.workers, 6);
@@ -731,6 +745,7 @@ START_TEST(test_model_probe_watch_catches_a_late_shortfall)
 	ck_assert_str_eq(dec.reason, "model: probe rejected once the buffer "
 				     "ran dry: waits +13.3% of a batch > 7% "
 				     "(batch time +13.3%) -> back to 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_REJECTED);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -754,6 +769,7 @@ START_TEST(test_model_probe_short_within_improve_is_kept_once_dry)
 	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers once the "
 				     "buffer ran dry: waits +3.0% of a batch "
 				     "<= 7% (batch time +3.0%)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_KEPT);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -777,6 +793,7 @@ START_TEST(test_model_probe_draining_without_a_wait_is_ambiguous)
 	ck_assert_str_eq(dec.reason, "model: probe ambiguous: buffer drained "
 				     "100 s and the client never waited -> "
 				     "back to 6");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_REJECTED);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -800,6 +817,7 @@ START_TEST(test_model_probe_ignores_a_slower_consumer)
 	ck_assert_str_eq(dec.reason, "model: probe kept 5 workers: waits "
 				     "+0.0% of a batch <= 7% (batch time "
 				     "+20.0%)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE_KEPT);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -829,6 +847,7 @@ START_TEST(test_model_probe_granted_fewer_settles)
 	ck_assert(dec.settled);
 	ck_assert_str_eq(dec.reason,
 	    "model: probe of 5 workers granted 4 -> settle");
+	ck_assert_int_eq(dec.why, CWI_WHY_GRANTED);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -852,6 +871,7 @@ START_TEST(test_model_probe_uses_the_larger_demand)
 	ck_assert_str_eq(dec.reason, "model: probe 5 workers (5.0 b/s at "
 				     "1.00 per worker; 6 with headroom: "
 				     "270.3 ms)");
+	ck_assert_int_eq(dec.why, CWI_WHY_PROBE);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -903,6 +923,7 @@ START_TEST(test_model_confirm_short_by_more_than_improve_goes_up)
 	ck_assert(dec.settled);
 	ck_assert_str_eq(dec.reason, "model: confirm: demand 4.4 b/s needs 5 "
 				     "workers at 1.00 per worker -> 5");
+	ck_assert_int_eq(dec.why, CWI_WHY_DEMAND);
 	cwi_scaler_destroy(s);
 }
 END_TEST
@@ -968,6 +989,7 @@ START_TEST(test_hpa_scales_by_utilisation_over_target)
 	ck_assert_int_eq(hpa_until_change(s, &now, 1.0, 100, &dec), 31);
 	ck_assert_uint_eq(dec.workers, 5);
 	ck_assert_str_eq(dec.reason, "hpa:80: cpu 100% of 4 workers -> 5");
+	ck_assert_int_eq(dec.why, CWI_WHY_CPU);
 	/* Within the 10 % tolerance (86 % / 80 % = 1.075): stays. */
 	ck_assert_int_eq(hpa_until_change(s, &now, 0.86, 300, &dec), 300);
 	ck_assert_uint_eq(dec.workers, 5);

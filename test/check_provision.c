@@ -110,11 +110,15 @@ START_TEST(static_records_targets_within_bounds)
 	st = status_of(p);
 	ck_assert_str_eq(st.kind, "static");
 	ck_assert_uint_eq(st.target, 1);
-	ck_assert_uint_eq(st.running, 1);
+	/* It runs nothing: the dispatcher counts who registered (issue
+	 * 17: reporting the target showed 8 running beside 1 worker). */
+	ck_assert(st.pool_registered);
+	ck_assert_uint_eq(st.running, 0);
+	ck_assert_uint_eq(st.action_mask, 0);
 	ck_assert_int_eq(cwi_provisioner_set_target(p, 3), CACHEW_OK);
 	st = status_of(p);
 	ck_assert_uint_eq(st.target, 3);
-	ck_assert_uint_eq(st.running, 3);
+	ck_assert_uint_eq(st.running, 0);
 	ck_assert_int_eq(cwi_provisioner_set_target(p, 9), CACHEW_OK);
 	ck_assert_uint_eq(status_of(p).target, 5);
 	ck_assert_int_eq(cwi_provisioner_set_target(p, 0), CACHEW_OK);
@@ -504,6 +508,13 @@ START_TEST(process_scales_up_down_and_to_zero)
 	ck_assert(pid_gone(w1));
 	await_registered(&f, 0);
 	ck_assert_uint_eq(st.requests, 4); /* 2 starts, 2 stops */
+	ck_assert(!st.pool_registered);
+	ck_assert_uint_eq(st.actions[CWI_PROV_START][0], 2);
+	ck_assert_uint_eq(st.actions[CWI_PROV_STOP][0], 2);
+	ck_assert_uint_eq(st.actions[CWI_PROV_RESTART][0], 0);
+	ck_assert_uint_eq(st.actions[CWI_PROV_SCALE][0], 0);
+	ck_assert_uint_eq(st.action_mask, 1u << CWI_PROV_START |
+	    1u << CWI_PROV_RESTART | 1u << CWI_PROV_STOP);
 	ck_assert_uint_eq(st.failures, 0);
 	ck_assert_str_eq(st.last_error, "");
 	proc_teardown(&f);
@@ -526,6 +537,11 @@ START_TEST(process_restarts_a_killed_worker)
 	st = await_status(f.p, settled_at, 1, "the restart");
 	ck_assert_uint_eq(st.failures, 1);
 	ck_assert_uint_eq(st.requests, 2);
+	/* The death is its start's failure, not an action of its own; the
+	 * new process is a restart. */
+	ck_assert_uint_eq(st.actions[CWI_PROV_START][0], 1);
+	ck_assert_uint_eq(st.actions[CWI_PROV_START][1], 0);
+	ck_assert_uint_eq(st.actions[CWI_PROV_RESTART][0], 1);
 	char *want = fmt("process: worker 1 (pid %d) was killed by signal 9",
 	    (int)first);
 	ck_assert_msg(strncmp(st.last_error, want, strlen(want)) == 0,
@@ -833,6 +849,8 @@ START_TEST(k8s_patch_is_exact_and_status_replicas_are_reported)
 	ck_assert_uint_eq(st.running, 2);
 	ck_assert_uint_eq(st.target, 3);
 	ck_assert_uint_eq(st.failures, 0);
+	ck_assert_uint_eq(st.actions[CWI_PROV_SCALE][0], 1);
+	ck_assert_uint_eq(st.action_mask, 1u << CWI_PROV_SCALE);
 	ck_assert_str_eq(st.last_error, "");
 	cwi_provisioner_destroy(p);
 	char *log = requests_log(&f);
@@ -1021,6 +1039,8 @@ START_TEST(k8s_403_is_reported_with_the_status_message)
 	st = status_of(p);
 	ck_assert_uint_eq(st.requests, 1);
 	ck_assert_uint_eq(st.failures, 1);
+	ck_assert_uint_eq(st.actions[CWI_PROV_SCALE][0], 0);
+	ck_assert_uint_eq(st.actions[CWI_PROV_SCALE][1], 1);
 	cwi_provisioner_destroy(p);
 	char *log = requests_log(&f);
 	ck_assert_int_eq(cwt_count(log, "\n"), 1);

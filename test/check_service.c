@@ -94,9 +94,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		h->tasks[0].nops = 2;
 		h->tasks[0].ops = xcalloc(2, sizeof(cwi_op_counters));
 		h->tasks[0].ops[0] = (cwi_op_counters){xstrdup("range#0"), 1000,
-		    8000, 5000, 0, 0, NULL, 0, 0, 0, 0};
+		    8000, 5000, 0, 0, NULL, 0, 0, 0, 0, 0};
 		h->tasks[0].ops[1] = (cwi_op_counters){xstrdup("map#1"), 999,
-		    7992, 123456789, 42, 17, NULL, 0, 4, 64, 7};
+		    7992, 123456789, 42, 17, NULL, 0, 4, 64, 7, 0};
 		h->tasks[0].ops_leases = 3;
 		h->tasks[1].task_id = 12;
 		break;
@@ -300,9 +300,9 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		t->nops = 2;
 		t->ops = xcalloc(2, sizeof(*t->ops));
 		t->ops[0] = (cwi_op_counters){xstrdup("range"), 100, 800, 5000,
-		    0, 0, xstrdup(""), 0, 1, 0, 0};
+		    0, 0, xstrdup(""), 0, 1, 0, 0, 0};
 		t->ops[1] = (cwi_op_counters){xstrdup("map"), 100, 800, 9000,
-		    300, 4, xstrdup("add"), 1, 2, 16, 3};
+		    300, 4, xstrdup("add"), 1, 2, 16, 3, 0};
 		t->busy = false;
 		break;
 	}
@@ -314,7 +314,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		t->nops = 1;
 		t->ops = xcalloc(1, sizeof(*t->ops));
 		t->ops[0] = (cwi_op_counters){xstrdup("1:map/add"), 100, 800,
-		    9000, 300, 0, NULL, 0, 2, 16, 0};
+		    9000, 300, 0, NULL, 0, 2, 16, 0, 512};
 		break;
 	}
 	default:
@@ -2683,7 +2683,8 @@ START_TEST(test_dispatcher_status_reports_progress_and_rates)
 	uint64_t ds = add_dataset(h, 1, 64, NULL), job, c, w1, t1;
 	cwi_msg_worker_heartbeat req = {0};
 	cwi_msg_worker_heartbeat_reply wr;
-	cwi_op_counters op = {"map#1", 1000, 8000, 5 * MS, MS, 12, NULL, 0, 0, 0, 0};
+	cwi_op_counters op = {"map#1", 1000, 8000, 5 * MS, MS, 12, NULL, 0, 0, 0,
+	    0, 0};
 	cwi_task_report tr = {0};
 	cwi_msg_status_reply st;
 	const cwi_op_counters *ops;

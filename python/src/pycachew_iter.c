@@ -366,7 +366,7 @@ iterator_stats(IteratorObject *o, PyObject *unused)
 	l = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; l != NULL && i < n; i++) {
 		PyObject *d = Py_BuildValue(
-		    "{s:s,s:s,s:i,s:K,s:K,s:K,s:K,s:i,s:L,s:L,s:K}", "name",
+		    "{s:s,s:s,s:i,s:K,s:K,s:K,s:K,s:i,s:L,s:L,s:K,s:K}", "name",
 		    rows[i].name, "detail", rows[i].detail, "node", rows[i].node,
 		    "elements", (unsigned long long)rows[i].elements, "bytes",
 		    (unsigned long long)rows[i].bytes, "busy_ns",
@@ -375,7 +375,8 @@ iterator_stats(IteratorObject *o, PyObject *unused)
 		    rows[i].parallelism, "buffer_limit",
 		    (long long)rows[i].buffer_limit, "buffered",
 		    (long long)rows[i].buffered, "dropped",
-		    (unsigned long long)rows[i].dropped);
+		    (unsigned long long)rows[i].dropped, "cache_hit_bytes",
+		    (unsigned long long)rows[i].cache_hit_bytes);
 		if (d == NULL) {
 			Py_CLEAR(l);
 			break;

@@ -123,6 +123,14 @@ def test_stats_list_the_operators():
     rows = it.stats()
     assert [r["name"] for r in rows] == ["range", "map"]
     assert rows[1]["elements"] == 10 and rows[1]["detail"] == "add"
+    assert rows[1]["cache_hit_bytes"] == 0
+
+
+def test_stats_count_the_bytes_an_in_memory_cache_replays():
+    it = cachew.range(10).cache().repeat(2).iterator(service="local")
+    assert len(list(it)) == 20
+    cache = [r for r in it.stats() if r["name"] == "cache"][0]
+    assert cache["bytes"] == 160 and cache["cache_hit_bytes"] == 80
 
 
 def test_library_log_lines_reach_python_logging(tmp_path, caplog):

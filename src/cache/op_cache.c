@@ -1064,6 +1064,7 @@ get_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	g->base.ops = &get_iter_ops;
 	g->base.async = true;
+	g->base.cache_hit = true;
 	rv = get_lookup(node, &g->root, &g->fp, &m);
 	if (rv == CACHEW_OK) {
 		g->rd_ready = true;
@@ -1143,6 +1144,7 @@ cache_recompute(cache_iter *c, cachew_err why)
 	rd_fini(&c->rd);
 	c->reading = false;
 	c->base.async = false;
+	c->base.cache_hit = false;
 	c->skip = c->yielded;
 	rv = cwi_iter_create(&c->input, node->inputs[0], &c->args);
 	if (rv != CACHEW_OK)
@@ -1341,6 +1343,7 @@ cache_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 		/* A complete cache: the input is not even started. */
 		c->reading = true;
 		c->base.async = true;
+		c->base.cache_hit = true;
 		rv = rd_init(&c->rd, node, args->pl, c->root, m);
 	} else {
 		rv = cwi_iter_create(&c->input, node->inputs[0], args);

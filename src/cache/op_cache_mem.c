@@ -281,6 +281,7 @@ cwi_mem_cache_create(
 		m->mode = MEM_PASS;
 	}
 	pthread_mutex_unlock(&m->store->lock);
+	m->base.cache_hit = m->mode == MEM_READ;
 	if (m->mode != MEM_READ)
 		rv = cwi_iter_create(&m->input, node->inputs[0], args);
 	if (rv != CACHEW_OK) {

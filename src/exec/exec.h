@@ -42,6 +42,7 @@ typedef struct cwi_stats {
 	_Atomic int64_t buffer_limit;
 	_Atomic int64_t buffered;
 	_Atomic uint64_t dropped; /* ignore_errors: elements dropped below it */
+	_Atomic uint64_t cache_hit_bytes; /* of bytes, read from a cache */
 } cwi_stats;
 
 static inline void
@@ -157,6 +158,9 @@ struct cwi_iter {
 	bool async;       /* consumer time in next() is wait, not busy;
 			   * an op may set it in create or in next() (the
 			   * wrapper reads it after the call) */
+	bool cache_hit;   /* its elements come from a cache (not its
+			   * input): their bytes count as cache hits too;
+			   * set like async */
 	uint64_t epoch;
 	const cwi_drop *drop; /* args->drop when it was created */
 };

@@ -197,8 +197,11 @@ cwi_iter_next(cwi_iter *it, cwi_chunk *out, size_t max)
 		else
 			cwi_stat_add(&s->busy_ns, self);
 		if (rv == CACHEW_OK) {
+			uint64_t bytes = chunk_bytes(out, n0);
 			cwi_stat_add(&s->elements, out->n - n0);
-			cwi_stat_add(&s->bytes, chunk_bytes(out, n0));
+			cwi_stat_add(&s->bytes, bytes);
+			if (it->cache_hit)
+				cwi_stat_add(&s->cache_hit_bytes, bytes);
 		}
 	}
 	if (rv != CACHEW_OK) {
@@ -1051,6 +1054,8 @@ cachew_iterator_stats(
 		out[i].buffer_limit = atomic_load_explicit(&s->buffer_limit, memory_order_relaxed);
 		out[i].buffered = atomic_load_explicit(&s->buffered, memory_order_relaxed);
 		out[i].dropped = atomic_load_explicit(&s->dropped, memory_order_relaxed);
+		out[i].cache_hit_bytes = atomic_load_explicit(
+		    &s->cache_hit_bytes, memory_order_relaxed);
 	}
 	if (n != NULL)
 		*n = k + own;

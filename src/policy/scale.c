@@ -73,6 +73,8 @@ struct cwi_scaler {
 	uint32_t target;  /* the current decision */
 	uint32_t have;    /* what the job has (granted or observed) */
 	bool settled;
+	cwi_scale_why why; /* of reason; not journaled (RESTORED after a
+			    * recovery, until the next decision) */
 	char reason[192];
 	uint32_t windows; /* decision windows completed */
 	bool changed_ever;
@@ -237,14 +239,41 @@ clamp(const cwi_scaler *s, uint64_t n)
 	return (uint32_t)n;
 }
 
-static void
-set_reason(cwi_scaler *s, const char *fmt, ...) CACHEW_PRINTF(2, 3);
+const char *
+cwi_scale_why_name(cwi_scale_why w)
+{
+	static const char *const names[CWI_WHY_N] = {
+	    [CWI_WHY_RESTORED] = "restored",
+	    [CWI_WHY_START] = "start",
+	    [CWI_WHY_FIXED] = "fixed",
+	    [CWI_WHY_BOUND] = "bound",
+	    [CWI_WHY_SEARCH] = "search",
+	    [CWI_WHY_GAIN] = "gain",
+	    [CWI_WHY_NO_GAIN] = "no_gain",
+	    [CWI_WHY_DEMAND] = "demand",
+	    [CWI_WHY_SATURATED] = "saturated",
+	    [CWI_WHY_PROBE] = "probe",
+	    [CWI_WHY_PROBE_KEPT] = "probe_kept",
+	    [CWI_WHY_PROBE_REJECTED] = "probe_rejected",
+	    [CWI_WHY_NO_WAIT] = "no_wait",
+	    [CWI_WHY_GRANTED] = "granted",
+	    [CWI_WHY_DRIFT] = "drift",
+	    [CWI_WHY_CPU] = "cpu",
+	};
+
+	return (unsigned)w < CWI_WHY_N ? names[w] : "?";
+}
 
 static void
-set_reason(cwi_scaler *s, const char *fmt, ...)
+set_reason(cwi_scaler *s, cwi_scale_why why, const char *fmt, ...)
+    CACHEW_PRINTF(3, 4);
+
+static void
+set_reason(cwi_scaler *s, cwi_scale_why why, const char *fmt, ...)
 {
 	va_list ap;
 
+	s->why = why;
 	va_start(ap, fmt);
 	vsnprintf(s->reason, sizeof(s->reason), fmt, ap);
 	va_end(ap);
@@ -386,15 +415,17 @@ cachew_window(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 		s->prev_n = n;
 		s->prev_t = t;
 		if (n >= s->cfg.max_workers) {
-			set_reason(s, "cachew: %" PRIu32 " workers is the "
-				      "maximum -> settle",
+			set_reason(s, CWI_WHY_BOUND,
+			    "cachew: %" PRIu32 " workers is the "
+			    "maximum -> settle",
 			    n);
 			settle(s, t, fill);
 			return;
 		}
 		if (change_to(s, now, (uint64_t)n + 1))
-			set_reason(s, "cachew: batch time %.1f ms at %" PRIu32
-				      " workers -> %" PRIu32,
+			set_reason(s, CWI_WHY_SEARCH,
+			    "cachew: batch time %.1f ms at %" PRIu32
+			    " workers -> %" PRIu32,
 			    t * 1e3, n, s->target);
 		else
 			s->have_prev = false; /* retry when cooled down */
@@ -405,8 +436,9 @@ cachew_window(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 	    n < s->cfg.max_workers) {
 		if (!change_to(s, now, (uint64_t)n + 1))
 			return;
-		set_reason(s, "cachew: r = %.1f%% > %.0f%% at %" PRIu32
-			      " workers -> %" PRIu32,
+		set_reason(s, CWI_WHY_GAIN,
+		    "cachew: r = %.1f%% > %.0f%% at %" PRIu32
+		    " workers -> %" PRIu32,
 		    r * 100, s->cfg.improve * 100, n, s->target);
 		s->prev_n = n;
 		s->prev_t = t;
@@ -417,8 +449,9 @@ cachew_window(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 		 * whose batch time is the drift reference. */
 		if (!change_to(s, now, s->prev_n))
 			return;
-		set_reason(s, "cachew: r = %.1f%% <= %.0f%% -> settle at "
-			      "%" PRIu32,
+		set_reason(s, CWI_WHY_NO_GAIN,
+		    "cachew: r = %.1f%% <= %.0f%% -> settle at "
+		    "%" PRIu32,
 		    r * 100, s->cfg.improve * 100, s->target);
 		settle(s, s->prev_t, -1);
 		return;
@@ -426,7 +459,8 @@ cachew_window(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 	/* No gain from the last step, or it was not granted. */
 	if (!change_to(s, now, n))
 		return;
-	set_reason(s, "cachew: settle at %" PRIu32 " (r = %.1f%%)", n,
+	set_reason(s, CWI_WHY_NO_GAIN,
+	    "cachew: settle at %" PRIu32 " (r = %.1f%%)", n,
 	    r * 100);
 	settle(s, t, fill);
 }
@@ -465,8 +499,9 @@ model_jump_gained_nothing(cwi_scaler *s, uint64_t now, uint32_t n)
 		return false;
 	if (!change_to(s, now, s->n_jump))
 		return true;
-	set_reason(s, "model: %" PRIu32 " workers gave %.1f b/s, %" PRIu32
-		      " gave %.1f b/s: more workers do not help -> %" PRIu32,
+	set_reason(s, CWI_WHY_SATURATED,
+	    "model: %" PRIu32 " workers gave %.1f b/s, %" PRIu32
+	    " gave %.1f b/s: more workers do not help -> %" PRIu32,
 	    n, r, s->n_jump, s->r_jump, s->target);
 	s->gain_cap = s->n_jump;
 	s->n_jump = 0; /* once: drift re-estimates from here */
@@ -526,8 +561,9 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	uint64_t to = (uint64_t)n - 1;
 
 	if (n <= s->cfg.min_workers) {
-		set_reason(s, "model: %" PRIu32 " workers is the minimum -> "
-			      "settle",
+		set_reason(s, CWI_WHY_BOUND,
+		    "model: %" PRIu32 " workers is the minimum -> "
+		    "settle",
 		    n);
 		settle(s, t, fill);
 		return;
@@ -556,9 +592,10 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 			 * tolerance: too few is the costly mistake. */
 			if (!change_to(s, now, (uint64_t)bare))
 				return;
-			set_reason(s, "model: confirm: demand %.1f b/s needs "
-				      "%.0f workers at %.2f per worker -> "
-				      "%" PRIu32,
+			set_reason(s, CWI_WHY_DEMAND,
+			    "model: confirm: demand %.1f b/s needs "
+			    "%.0f workers at %.2f per worker -> "
+			    "%" PRIu32,
 			    demand, bare, per_worker, s->target);
 			s->settled = true;
 			s->ph = PH_REF;
@@ -568,8 +605,9 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 			/* Held below the demand (bounds or fair share), or
 			 * n supplies it within the probe's tolerance: fewer
 			 * cannot do. */
-			set_reason(s, "model: demand needs %.0f workers, has "
-				      "%" PRIu32 ", asks %" PRIu32 " -> settle",
+			set_reason(s, CWI_WHY_DEMAND,
+			    "model: demand needs %.0f workers, has "
+			    "%" PRIu32 ", asks %" PRIu32 " -> settle",
 			    bare, n, s->target);
 			settle(s, t, fill);
 			return;
@@ -586,8 +624,9 @@ model_start_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	    ? (double)s->win.wait_ns / 1e9 / (double)s->win.batches
 	    : 0;
 	s->ph = PH_PROBE;
-	set_reason(s, "model: probe %" PRIu32 " workers (%.1f b/s at %.2f "
-		      "per worker; %" PRIu32 " with headroom: %.1f ms)",
+	set_reason(s, CWI_WHY_PROBE,
+	    "model: probe %" PRIu32 " workers (%.1f b/s at %.2f "
+	    "per worker; %" PRIu32 " with headroom: %.1f ms)",
 	    s->target, demand, per_worker, n, t * 1e3);
 }
 
@@ -613,8 +652,9 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 		want = s->gain_cap;
 	if (want == 0) {
 		/* Not the bottleneck and capacity unknown: probe down. */
-		set_reason(s, "model: client never waits at %" PRIu32
-			      " workers, busy unknown -> probe",
+		set_reason(s, CWI_WHY_NO_WAIT,
+		    "model: client never waits at %" PRIu32
+		    " workers, busy unknown -> probe",
 		    n);
 		want = n;
 	}
@@ -626,9 +666,10 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 		if (want == n ||
 		    (n < want && (double)n * per_worker *
 				(1.0 + s->cfg.improve) >= demand)) {
-			set_reason(s, "model: re-estimate keeps %" PRIu32
-				      " workers (demand %.1f b/s, %.2f b/s "
-				      "per worker)",
+			set_reason(s, CWI_WHY_DEMAND,
+			    "model: re-estimate keeps %" PRIu32
+			    " workers (demand %.1f b/s, %.2f b/s "
+			    "per worker)",
 			    n, demand, per_worker);
 			s->redo = false;
 			settle(s, t, fill);
@@ -636,8 +677,9 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 		}
 		if (!change_to(s, now, want))
 			return;
-		set_reason(s, "model: re-estimate: demand %.1f b/s, %.2f b/s "
-			      "per worker -> %" PRIu32,
+		set_reason(s, CWI_WHY_DEMAND,
+		    "model: re-estimate: demand %.1f b/s, %.2f b/s "
+		    "per worker -> %" PRIu32,
 		    demand, per_worker, s->target);
 		s->redo = false;
 		s->settled = true;
@@ -647,8 +689,9 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	if (want > n && s->target >= want && s->jumps > 0) {
 		/* Asked for enough already; fair share or the pool holds
 		 * the job at n. */
-		set_reason(s, "model: demand %.1f b/s, %.2f b/s per worker "
-			      "wants %" PRIu32 ", granted %" PRIu32,
+		set_reason(s, CWI_WHY_GRANTED,
+		    "model: demand %.1f b/s, %.2f b/s per worker "
+		    "wants %" PRIu32 ", granted %" PRIu32,
 		    demand, per_worker, want, n);
 		settle(s, t, fill);
 		return;
@@ -666,8 +709,9 @@ model_measure(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 		s->jumps++;
 		s->p_jump = per_worker;
 		s->d_jump = demand;
-		set_reason(s, "model: demand %.1f b/s, %.2f b/s per worker "
-			      "-> %" PRIu32 " (+%.0f%% headroom)",
+		set_reason(s, CWI_WHY_DEMAND,
+		    "model: demand %.1f b/s, %.2f b/s per worker "
+		    "-> %" PRIu32 " (+%.0f%% headroom)",
 		    demand, per_worker, s->target, s->cfg.headroom * 100);
 		return;
 	}
@@ -695,8 +739,9 @@ probe_held(cwi_scaler *s, uint32_t n, double t, double fill)
 {
 	if (n >= s->target)
 		return false;
-	set_reason(s, "model: probe of %" PRIu32 " workers granted %" PRIu32
-		      " -> settle",
+	set_reason(s, CWI_WHY_GRANTED,
+	    "model: probe of %" PRIu32 " workers granted %" PRIu32
+	    " -> settle",
 	    s->target, n);
 	settle(s, t, fill);
 	return true;
@@ -728,14 +773,16 @@ model_probe_keep(cwi_scaler *s, uint32_t n, double t, double fill,
 	if (s->probe_ns < s->cfg.probe_watch_ns) {
 		s->settled = true;
 		s->ph = PH_PROBE;
-		set_reason(s, "model: probe kept %" PRIu32 " workers%s: waits "
-			      "%+.1f%% of a batch <= %.0f%% (batch time "
-			      "%+.1f%%), watching",
+		set_reason(s, CWI_WHY_PROBE_KEPT,
+		    "model: probe kept %" PRIu32 " workers%s: waits "
+		    "%+.1f%% of a batch <= %.0f%% (batch time "
+		    "%+.1f%%), watching",
 		    n, when, slow * 100, s->cfg.improve * 100, worse * 100);
 		return;
 	}
-	set_reason(s, "model: probe kept %" PRIu32 " workers%s: waits "
-		      "%+.1f%% of a batch <= %.0f%% (batch time %+.1f%%)",
+	set_reason(s, CWI_WHY_PROBE_KEPT,
+	    "model: probe kept %" PRIu32 " workers%s: waits "
+	    "%+.1f%% of a batch <= %.0f%% (batch time %+.1f%%)",
 	    n, when, slow * 100, s->cfg.improve * 100, worse * 100);
 	settle(s, t, fill);
 }
@@ -757,9 +804,10 @@ model_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 	if (slow > s->cfg.improve) {
 		if (!model_probe_back(s, now))
 			return;
-		set_reason(s, "model: probe rejected: waits %+.1f%% of a batch "
-			      "> %.0f%% (batch time %+.1f%%) -> back to "
-			      "%" PRIu32,
+		set_reason(s, CWI_WHY_PROBE_REJECTED,
+		    "model: probe rejected: waits %+.1f%% of a batch "
+		    "> %.0f%% (batch time %+.1f%%) -> back to "
+		    "%" PRIu32,
 		    slow * 100, s->cfg.improve * 100, worse * 100, s->target);
 		return;
 	}
@@ -770,9 +818,10 @@ model_probe(cwi_scaler *s, uint64_t now, uint32_t n, double t, double fill)
 	    window_drains(&s->recent, s->cfg.drift_factor, &from, &to)) {
 		s->ph = PH_DRAIN;
 		s->drain_ns = s->win.elapsed_ns;
-		set_reason(s, "model: probe %" PRIu32 " workers: buffer "
-			      "drains (fill %.3g -> %.3g), waits %+.1f%% "
-			      "-> until the client waits",
+		set_reason(s, CWI_WHY_PROBE,
+		    "model: probe %" PRIu32 " workers: buffer "
+		    "drains (fill %.3g -> %.3g), waits %+.1f%% "
+		    "-> until the client waits",
 		    n, from, to, slow * 100);
 		return;
 	}
@@ -793,9 +842,10 @@ model_probe_dry(cwi_scaler *s, uint64_t now, uint32_t n, double t,
 	if (slow > s->cfg.improve) {
 		if (!model_probe_back(s, now))
 			return;
-		set_reason(s, "model: probe rejected once the buffer ran dry: "
-			      "waits %+.1f%% of a batch > %.0f%% (batch time "
-			      "%+.1f%%) -> back to %" PRIu32,
+		set_reason(s, CWI_WHY_PROBE_REJECTED,
+		    "model: probe rejected once the buffer ran dry: "
+		    "waits %+.1f%% of a batch > %.0f%% (batch time "
+		    "%+.1f%%) -> back to %" PRIu32,
 		    slow * 100, s->cfg.improve * 100, worse * 100, s->target);
 		return;
 	}
@@ -818,8 +868,9 @@ model_drain_observe(cwi_scaler *s, const cwi_scale_sample *smp, uint32_t n)
 		if (!model_probe_back(s, smp->now_ns))
 			return;
 		s->windows++;
-		set_reason(s, "model: probe ambiguous: buffer drained %.0f s "
-			      "and the client never waited -> back to %" PRIu32,
+		set_reason(s, CWI_WHY_PROBE_REJECTED,
+		    "model: probe ambiguous: buffer drained %.0f s "
+		    "and the client never waited -> back to %" PRIu32,
 		    (double)s->drain_ns / 1e9, s->target);
 		return;
 	}
@@ -857,8 +908,9 @@ drift_check(cwi_scaler *s, uint64_t now)
 	}
 	if (s->cfg.kind == CWI_SCALE_MODEL) {
 		/* The model re-estimates instead of stepping by one. */
-		set_reason(s, "model: drift (batch time %.2fx, queue %.2f vs "
-			      "%.2f) -> re-estimate",
+		set_reason(s, CWI_WHY_DRIFT,
+		    "model: drift (batch time %.2fx, queue %.2f vs "
+		    "%.2f) -> re-estimate",
 		    s->ref_t > 0 ? t / s->ref_t : 0, fill, s->ref_fill);
 		s->settled = false;
 		s->ph = PH_MEASURE;
@@ -878,8 +930,9 @@ drift_check(cwi_scaler *s, uint64_t now)
 	if (!change_to(s, now, dir > 0 ? (uint64_t)s->target + 1
 				       : (uint64_t)s->target - 1))
 		return;
-	set_reason(s, "cachew: drift (batch time %.2fx, queue %.2f vs %.2f) "
-		      "-> %" PRIu32,
+	set_reason(s, CWI_WHY_DRIFT,
+	    "cachew: drift (batch time %.2fx, queue %.2f vs %.2f) "
+	    "-> %" PRIu32,
 	    s->ref_t > 0 ? t / s->ref_t : 0, fill, s->ref_fill, s->target);
 	s->ph = PH_REF;
 }
@@ -951,8 +1004,9 @@ hpa_observe(cwi_scaler *s, const cwi_scale_sample *smp, uint32_t n)
 	}
 	if (change_to(s, smp->now_ns, rec)) {
 		s->settled = false;
-		set_reason(s, "hpa:%d: cpu %.0f%% of %" PRIu32 " workers -> "
-			      "%" PRIu32,
+		set_reason(s, CWI_WHY_CPU,
+		    "hpa:%d: cpu %.0f%% of %" PRIu32 " workers -> "
+		    "%" PRIu32,
 		    (int)lround(s->cfg.hpa_target * 100), util * 100, n,
 		    s->target);
 	}
@@ -1017,13 +1071,15 @@ cwi_scaler_reset(cwi_scaler *s, uint32_t workers)
 	case CWI_SCALE_FIXED:
 		s->target = clamp(s, s->cfg.fixed);
 		s->settled = true;
-		set_reason(s, "fixed: %" PRIu32 " workers", s->target);
+		set_reason(s, CWI_WHY_FIXED,
+		    "fixed: %" PRIu32 " workers", s->target);
 		break;
 	case CWI_SCALE_CACHEW:
 		s->target = clamp(s, 1); /* Cachew starts over at one */
 		s->settled = false;
 		s->ph = PH_SEARCH;
-		set_reason(s, "cachew: start at %" PRIu32 " workers",
+		set_reason(s, CWI_WHY_START,
+		    "cachew: start at %" PRIu32 " workers",
 		    s->target);
 		break;
 	case CWI_SCALE_HPA:
@@ -1031,14 +1087,16 @@ cwi_scaler_reset(cwi_scaler *s, uint32_t workers)
 		s->settled = false;
 		s->hpa_nrec = 0;
 		s->hpa_started = false;
-		set_reason(s, "hpa: start at %" PRIu32 " workers", s->target);
+		set_reason(s, CWI_WHY_START,
+		    "hpa: start at %" PRIu32 " workers", s->target);
 		break;
 	case CWI_SCALE_MODEL:
 	default:
 		s->target = clamp(s, workers);
 		s->settled = false;
 		s->ph = PH_MEASURE;
-		set_reason(s, "model: measure at %" PRIu32 " workers",
+		set_reason(s, CWI_WHY_START,
+		    "model: measure at %" PRIu32 " workers",
 		    s->target);
 		break;
 	}
@@ -1227,6 +1285,7 @@ cwi_scaler_observe(cwi_scaler *s, const cwi_scale_sample *smp,
 	dec->workers = s->target;
 	dec->changed = s->target != before;
 	dec->settled = s->settled;
+	dec->why = s->why;
 	snprintf(dec->reason, sizeof(dec->reason), "%s", s->reason);
 }
 

@@ -112,10 +112,42 @@ typedef struct cwi_scale_sample {
 				* fraction of their cores (0..1; < 0: unknown) */
 } cwi_scale_sample;
 
+/* The kind of a decision's reason: a fixed set, so a bounded label
+ * (cachew_scale_decisions_total{reason}); the reason's text carries the
+ * numbers. */
+typedef enum cwi_scale_why {
+	CWI_WHY_RESTORED = 0, /* recovered from the journal: the text is
+			       * the one before the restart */
+	CWI_WHY_START,        /* the first count (cachew, hpa; model:
+			       * measure) */
+	CWI_WHY_FIXED,        /* fixed:N */
+	CWI_WHY_BOUND,        /* at min_workers or max_workers */
+	CWI_WHY_SEARCH,       /* cachew: first batch time: one more */
+	CWI_WHY_GAIN,         /* cachew: the last worker paid: one more */
+	CWI_WHY_NO_GAIN,      /* cachew: it did not (or was not granted):
+			       * settle */
+	CWI_WHY_DEMAND,       /* model: the demand's estimate needs this
+			       * many (estimate, confirm, re-estimate) */
+	CWI_WHY_SATURATED,    /* model: more workers did not help */
+	CWI_WHY_PROBE,        /* model: trying a count */
+	CWI_WHY_PROBE_KEPT,   /* model: the probe held */
+	CWI_WHY_PROBE_REJECTED, /* model: the probe failed or was
+				 * ambiguous: back */
+	CWI_WHY_NO_WAIT,      /* model: the client never waits: probe */
+	CWI_WHY_GRANTED,      /* model: fewer were granted than asked */
+	CWI_WHY_DRIFT,        /* the settled count's batch time drifted */
+	CWI_WHY_CPU,          /* hpa: CPU utilisation */
+	CWI_WHY_N
+} cwi_scale_why;
+
+/* The label value of w ("restored", "start", ..., "cpu"; static). */
+const char *cwi_scale_why_name(cwi_scale_why w);
+
 typedef struct cwi_scale_decision {
 	uint32_t workers; /* the count the job should have now */
 	bool changed;     /* differs from the previous decision */
 	bool settled;     /* the policy considers the count converged */
+	cwi_scale_why why; /* the kind of reason */
 	char reason[192]; /* one line for the events log and status */
 } cwi_scale_decision;
 

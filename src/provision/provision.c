@@ -12,6 +12,7 @@
 
 #include "../core/core.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -76,29 +77,48 @@ cwi_prov_set_running(cwi_provisioner *p, uint32_t running, uint32_t stopping)
 	pthread_mutex_unlock(&p->mtx);
 }
 
-void
-cwi_prov_note_request(cwi_provisioner *p, bool clear_error)
+const char *
+cwi_prov_action_name(cwi_prov_action a)
 {
+	static const char *const names[CWI_PROV_NACTIONS] = {
+	    [CWI_PROV_START] = "start",
+	    [CWI_PROV_RESTART] = "restart",
+	    [CWI_PROV_STOP] = "stop",
+	    [CWI_PROV_SCALE] = "scale",
+	};
+
+	return (unsigned)a < CWI_PROV_NACTIONS ? names[a] : "?";
+}
+
+void
+cwi_prov_note_request(cwi_provisioner *p, cwi_prov_action a,
+    bool clear_error)
+{
+	assert((unsigned)a < CWI_PROV_NACTIONS);
 	pthread_mutex_lock(&p->mtx);
 	p->st.requests++;
+	p->st.actions[a][0]++;
 	if (clear_error)
 		p->st.last_error[0] = '\0';
 	pthread_mutex_unlock(&p->mtx);
 }
 
 void
-cwi_prov_note_failure(cwi_provisioner *p, bool new_request, const char *fmt,
-    ...)
+cwi_prov_note_failure(cwi_provisioner *p, cwi_prov_action a,
+    const char *fmt, ...)
 {
 	char msg[sizeof(p->st.last_error)];
 	va_list ap;
 
+	assert((unsigned)a <= CWI_PROV_EARLIER);
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	pthread_mutex_lock(&p->mtx);
-	if (new_request)
+	if (a != CWI_PROV_EARLIER) {
 		p->st.requests++;
+		p->st.actions[a][1]++;
+	}
 	p->st.failures++;
 	memcpy(p->st.last_error, msg, sizeof(msg));
 	pthread_mutex_unlock(&p->mtx);
@@ -207,8 +227,8 @@ cwi_provisioner_create(cwi_provisioner **out, const cwi_prov_config *cfg)
 	}
 	p->st.kind = kind->name;
 	p->st.target = p->min_workers;
-	if (kind->step == NULL)
-		p->st.running = p->st.target;
+	p->st.pool_registered = kind->step == NULL;
+	p->st.action_mask = kind->actions;
 	atomic_init(&p->closing, false);
 	pthread_mutex_init(&p->mtx, NULL);
 	pthread_condattr_init(&ca);
@@ -245,8 +265,6 @@ cwi_provisioner_set_target(cwi_provisioner *p, uint32_t n)
 		    p->kind->name);
 	pthread_mutex_lock(&p->mtx);
 	p->st.target = clamp_target(p, n);
-	if (p->kind->step == NULL)
-		p->st.running = p->st.target;
 	p->target_gen++;
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mtx);
@@ -279,6 +297,8 @@ cwi_provisioner_destroy(cwi_provisioner *p)
 }
 
 /* ---- static: the pool is whoever registered -------------------------------- */
+/* It runs nothing, so its status leaves running at 0 with pool_registered
+ * set: the dispatcher, which knows who registered, fills it in. */
 
 static cachew_err
 static_init(void **state, const cwi_prov_config *cfg, cwi_provisioner *p)
@@ -298,6 +318,7 @@ static_fini(void *state)
 const cwi_prov_kind cwi_prov_static = {
     .name = "static",
     .default_max = UINT32_MAX,
+    .actions = 0, /* it takes none */
     .init = static_init,
     .step = NULL,
     .stop = NULL,

@@ -7,7 +7,8 @@
  * number to its provisioner. Each provisioner is a static const ops table
  * registered by name, like a transport:
  * - "static": the pool is whatever workers registered; set_target only
- *   records the number (status shows the shortfall).
+ *   records the number (status shows the shortfall), and running is the
+ *   dispatcher's to fill (pool_registered).
  * - "process": starts `cachewd --role=worker` processes on this host up to
  *   the target (at most max_workers) and stops the newest ones beyond it
  *   with SIGTERM (they drain: finish leased splits, deregister, exit 0),
@@ -74,17 +75,44 @@ typedef struct cwi_prov_config {
 /* Fills c with the defaults above for kind "static". */
 void cwi_prov_config_default(cwi_prov_config *c);
 
+/* What a provisioner did, by kind of action (the label of
+ * cachew_provisioner_actions_total: a fixed set, so a bounded one). */
+typedef enum cwi_prov_action {
+	CWI_PROV_START,   /* process: a worker started for the target */
+	CWI_PROV_RESTART, /* process: a worker that died started again */
+	CWI_PROV_STOP,    /* process: a worker sent SIGTERM */
+	CWI_PROV_SCALE,   /* kubernetes: a PATCH of the replicas */
+	CWI_PROV_NACTIONS,
+	/* cwi_prov_note_failure's: the failure of an action counted
+	 * before (a started worker that died), not a new one. */
+	CWI_PROV_EARLIER = CWI_PROV_NACTIONS
+} cwi_prov_action;
+
+/* "start", "restart", "stop", "scale" (a static string). */
+const char *cwi_prov_action_name(cwi_prov_action a);
+
 typedef struct cwi_prov_status {
 	const char *kind;   /* static string */
 	uint32_t target;    /* last target asked for (after the bounds) */
 	uint32_t running;   /* process: live children not being stopped;
 			     * kubernetes: the replicas last acknowledged by
 			     * the API server (status.replicas, else
-			     * spec.replicas); static: the target */
+			     * spec.replicas); static: 0, see
+			     * pool_registered */
+	/* static: the provisioner runs nothing, so it cannot say how many
+	 * run: the pool is whoever registered, which only the dispatcher
+	 * knows (it reports its live workers as running). Reporting the
+	 * target instead showed 8 running beside 1 live worker. */
+	bool pool_registered;
 	uint32_t stopping;  /* process: children sent SIGTERM and not yet
 			     * reaped; 0 for the other kinds */
 	uint64_t requests;  /* actions taken: processes started/stopped,
-			     * PATCH requests sent */
+			     * PATCH requests sent (the sum of actions) */
+	/* requests by kind of action and result ([a][0] succeeded,
+	 * [a][1] failed as it was taken); action_mask has bit a set for
+	 * each action the kind takes (the series shown even at 0). */
+	uint64_t actions[CWI_PROV_NACTIONS][2];
+	uint32_t action_mask;
 	uint64_t failures;  /* of those, failed (process: a child that died
 			     * unasked or did not exit 0 when stopped counts
 			     * against its start or stop) */
@@ -134,6 +162,8 @@ void cwi_provisioner_destroy(cwi_provisioner *p);
 typedef struct cwi_prov_kind {
 	const char *name;
 	uint32_t default_max; /* max_workers when the config says 0 */
+	uint32_t actions;     /* bit a set for each cwi_prov_action a it
+			       * takes */
 	/* Does nothing until the first set_target (kubernetes: a restarted
 	 * dispatcher must not scale a running Deployment to min_workers
 	 * before its policy has spoken). */
@@ -161,12 +191,13 @@ extern const cwi_prov_kind cwi_prov_kubernetes;
 /* Records the workers that exist now. */
 void cwi_prov_set_running(cwi_provisioner *p, uint32_t running,
     uint32_t stopping);
-/* Counts one action; clear_error empties last_error. */
-void cwi_prov_note_request(cwi_provisioner *p, bool clear_error);
-/* Counts one failure (of a new action when new_request, else of one
- * already counted) and makes the message last_error; also logged as a
- * warning under "provision". */
-void cwi_prov_note_failure(cwi_provisioner *p, bool new_request,
+/* Counts one action a that succeeded; clear_error empties last_error. */
+void cwi_prov_note_request(cwi_provisioner *p, cwi_prov_action a,
+    bool clear_error);
+/* Counts one failure (of a new action a that failed, or with
+ * CWI_PROV_EARLIER of one already counted) and makes the message
+ * last_error; also logged as a warning under "provision". */
+void cwi_prov_note_failure(cwi_provisioner *p, cwi_prov_action a,
     const char *fmt, ...) CACHEW_PRINTF(3, 4);
 /* True once destroy began: a long step (a PATCH) gives up early. */
 bool cwi_prov_closing(cwi_provisioner *p);

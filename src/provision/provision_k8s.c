@@ -402,7 +402,8 @@ token_refresh(k8s_state *s, bool force, bool *changed)
 	tok = token_read(s->token_file, &st, why, sizeof(why));
 	if (tok == NULL) {
 		if (!s->token_bad)
-			cwi_prov_note_failure(s->p, false, "kubernetes: %s", why);
+			cwi_prov_note_failure(s->p, CWI_PROV_EARLIER,
+			    "kubernetes: %s", why);
 		s->token_bad = true;
 		return false;
 	}
@@ -598,7 +599,7 @@ on_success(k8s_state *s, uint32_t target)
 	s->acked_target = target;
 	s->attempts = 0;
 	cwi_prov_set_running(s->p, running, 0);
-	cwi_prov_note_request(s->p, true);
+	cwi_prov_note_request(s->p, CWI_PROV_SCALE, true);
 	cwi_log(CACHEW_LOG_INFO, "provision", "event=scaled kind=kubernetes "
 	    "replicas=%u acknowledged=%u", target, running);
 }
@@ -613,8 +614,8 @@ on_failure(k8s_state *s, CURLcode rc, long code, uint64_t now)
 	if (rc == CURLE_OK && (code == 401 || code == 403)) {
 		reply_message(s, msg, sizeof(msg));
 		s->auth_blocked = true;
-		cwi_prov_note_failure(s->p, true, "kubernetes: %ld %s from PATCH "
-		    "%s: %s (not retried until %s changes)", code,
+		cwi_prov_note_failure(s->p, CWI_PROV_SCALE, "kubernetes: %ld "
+		    "%s from PATCH %s: %s (not retried until %s changes)", code,
 		    reason_phrase(code), s->path, msg, s->token_file);
 		return K8S_TOKEN_POLL_MS < s->retry_max_ms ? K8S_TOKEN_POLL_MS
 		    : s->retry_max_ms;
@@ -626,9 +627,9 @@ on_failure(k8s_state *s, CURLcode rc, long code, uint64_t now)
 		bool tls = rc == CURLE_PEER_FAILED_VERIFICATION ||
 		    rc == CURLE_SSL_CACERT_BADFILE ||
 		    rc == CURLE_SSL_CONNECT_ERROR;
-		cwi_prov_note_failure(s->p, true, "kubernetes: %sPATCH %s: %s "
-		    "(%s)%s%s; retry %u in %llu ms", tls ? "TLS: " : "",
-		    s->url, curl_easy_strerror(rc),
+		cwi_prov_note_failure(s->p, CWI_PROV_SCALE, "kubernetes: "
+		    "%sPATCH %s: %s (%s)%s%s; retry %u in %llu ms",
+		    tls ? "TLS: " : "", s->url, curl_easy_strerror(rc),
 		    s->errbuf[0] != '\0' ? s->errbuf : "no detail",
 		    tls ? ", CA file " : "",
 		    tls ? (s->ca_file != NULL ? s->ca_file : "(libcurl default)")
@@ -636,9 +637,9 @@ on_failure(k8s_state *s, CURLcode rc, long code, uint64_t now)
 		    s->attempts, (unsigned long long)delay);
 	} else {
 		reply_message(s, msg, sizeof(msg));
-		cwi_prov_note_failure(s->p, true, "kubernetes: %ld %s from PATCH "
-		    "%s: %s; retry %u in %llu ms", code, reason_phrase(code),
-		    s->path, msg, s->attempts, (unsigned long long)delay);
+		cwi_prov_note_failure(s->p, CWI_PROV_SCALE, "kubernetes: %ld "
+		    "%s from PATCH %s: %s; retry %u in %llu ms", code,
+		    reason_phrase(code), s->path, msg, s->attempts, (unsigned long long)delay);
 	}
 	return delay;
 }
@@ -687,6 +688,7 @@ k8s_step(void *state, uint32_t target)
 const cwi_prov_kind cwi_prov_kubernetes = {
     .name = "kubernetes",
     .default_max = 1000,
+    .actions = 1u << CWI_PROV_SCALE,
     .wait_first_target = true,
     .init = k8s_init,
     .step = k8s_step,

@@ -356,14 +356,14 @@ child_gone(proc_state *s, const proc_child *c, int st, uint64_t now)
 		describe_status(st, how, sizeof(how));
 	if (c->stopping) {
 		if (c->killed)
-			cwi_prov_note_failure(s->p, false, "process: worker %u "
-			    "(pid %d) did not stop within %u ms of SIGTERM and "
-			    "was killed", c->slot, (int)c->pid,
-			    s->stop_timeout_ms);
+			cwi_prov_note_failure(s->p, CWI_PROV_EARLIER,
+			    "process: worker %u (pid %d) did not stop within "
+			    "%u ms of SIGTERM and was killed", c->slot,
+			    (int)c->pid, s->stop_timeout_ms);
 		else if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-			cwi_prov_note_failure(s->p, false, "process: worker %u "
-			    "(pid %d) %s when stopped", c->slot, (int)c->pid,
-			    how);
+			cwi_prov_note_failure(s->p, CWI_PROV_EARLIER,
+			    "process: worker %u (pid %d) %s when stopped",
+			    c->slot, (int)c->pid, how);
 		else
 			cwi_log(CACHEW_LOG_INFO, "provision", "event=worker_stopped "
 			    "slot=%u pid=%d", c->slot, (int)c->pid);
@@ -375,8 +375,8 @@ child_gone(proc_state *s, const proc_child *c, int st, uint64_t now)
 		s->quick_deaths = 1;
 	s->restarts_due++;
 	s->next_start_ns = now + backoff_ms(s) * 1000000u;
-	cwi_prov_note_failure(s->p, false, "process: worker %u (pid %d) %s; "
-	    "restarting in %llu ms", c->slot, (int)c->pid, how,
+	cwi_prov_note_failure(s->p, CWI_PROV_EARLIER, "process: worker %u "
+	    "(pid %d) %s; restarting in %llu ms", c->slot, (int)c->pid, how,
 	    (unsigned long long)backoff_ms(s));
 }
 
@@ -428,15 +428,17 @@ start_one(proc_state *s, uint64_t now)
 		/* The backoff also ends the caller's loop of starts. */
 		s->quick_deaths++;
 		s->next_start_ns = now + backoff_ms(s) * 1000000u;
-		cwi_prov_note_failure(s->p, true, "process: worker %u: %s; "
-		    "retrying in %llu ms", slot, msg,
+		cwi_prov_note_failure(s->p, s->restarts_due > 0 ?
+		    CWI_PROV_RESTART : CWI_PROV_START, "process: worker %u: "
+		    "%s; retrying in %llu ms", slot, msg,
 		    (unsigned long long)backoff_ms(s));
 		return;
 	}
 	s->kids[s->nkids++] = (proc_child){.pid = pid, .slot = slot,
 	    .started_ns = now};
 	/* A restart does not clear a death from last_error. */
-	cwi_prov_note_request(s->p, s->restarts_due == 0);
+	cwi_prov_note_request(s->p, s->restarts_due > 0 ? CWI_PROV_RESTART
+	    : CWI_PROV_START, s->restarts_due == 0);
 	if (s->restarts_due > 0)
 		s->restarts_due--;
 	cwi_log(CACHEW_LOG_INFO, "provision", "event=worker_started slot=%u "
@@ -454,11 +456,11 @@ stop_newest(proc_state *s, uint64_t now)
 		c->stopping = true;
 		c->kill_at_ns = now + (uint64_t)s->stop_timeout_ms * 1000000u;
 		if (kill(c->pid, SIGTERM) != 0)
-			cwi_prov_note_failure(s->p, true, "process: worker %u "
-			    "(pid %d): SIGTERM: %s", c->slot, (int)c->pid,
-			    strerror(errno));
+			cwi_prov_note_failure(s->p, CWI_PROV_STOP, "process: "
+			    "worker %u (pid %d): SIGTERM: %s", c->slot,
+			    (int)c->pid, strerror(errno));
 		else
-			cwi_prov_note_request(s->p, true);
+			cwi_prov_note_request(s->p, CWI_PROV_STOP, true);
 		return;
 	}
 }
@@ -540,6 +542,8 @@ proc_stop(void *state)
 const cwi_prov_kind cwi_prov_process = {
     .name = "process",
     .default_max = 8,
+    .actions = 1u << CWI_PROV_START | 1u << CWI_PROV_RESTART |
+	       1u << CWI_PROV_STOP,
     .init = proc_init,
     .step = proc_step,
     .stop = proc_stop,

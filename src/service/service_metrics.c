@@ -161,8 +161,33 @@ dispatcher_workers(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	cwi_strbuf_printf(sb, "cachew_worker_tasks %" PRIu64 "\n", tasks);
 }
 
+/* cachew_provisioner_actions_total by action and result: the series of
+ * the actions the kind takes (at 0 too, so rate() has a start), and any
+ * other that happened. Both labels come from fixed sets. */
 static void
-dispatcher_pool(cwi_strbuf *sb, const cwi_msg_status_reply *st)
+provisioner_actions(cwi_strbuf *sb, const cwi_prov_status *ps)
+{
+	static const char *const result[2] = {"ok", "failed"};
+
+	family(sb, "cachew_provisioner_actions_total", "counter",
+	    "Actions the provisioner took, by kind (start, restart, stop: "
+	    "worker processes; scale: requests to the Kubernetes API) and "
+	    "result (ok, failed as taken).");
+	for (int a = 0; a < CWI_PROV_NACTIONS; a++)
+		for (int r = 0; r < 2; r++) {
+			if (!(ps->action_mask & 1u << a) &&
+			    ps->actions[a][r] == 0)
+				continue;
+			cwi_strbuf_printf(sb, "cachew_provisioner_actions_total"
+			    "{action=\"%s\",result=\"%s\"} %" PRIu64 "\n",
+			    cwi_prov_action_name((cwi_prov_action)a), result[r],
+			    ps->actions[a][r]);
+		}
+}
+
+static void
+dispatcher_pool(cwi_strbuf *sb, const cwi_msg_status_reply *st,
+    const cwi_prov_status *ps)
 {
 	family(sb, "cachew_pool_target_workers", "gauge",
 	    "Workers every job together wants within the dispatcher's "
@@ -170,16 +195,15 @@ dispatcher_pool(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	cwi_strbuf_printf(sb, "cachew_pool_target_workers %" PRIu32 "\n",
 	    st->pool_target);
 	family(sb, "cachew_provisioner_running_workers", "gauge",
-	    "Workers the provisioner runs.");
+	    "Workers the provisioner runs (process: its live children; "
+	    "kubernetes: the replicas the API server acknowledged; static: "
+	    "the live registered workers).");
 	cwi_strbuf_printf(sb, "cachew_provisioner_running_workers %" PRIu32
 	    "\n", st->provisioner_running);
-	family(sb, "cachew_provisioner_actions_total", "counter",
-	    "Actions the provisioner took (workers started or stopped, "
-	    "scale requests).");
-	cwi_strbuf_printf(sb, "cachew_provisioner_actions_total %" PRIu64 "\n",
-	    st->provisioner_requests);
+	provisioner_actions(sb, ps);
 	family(sb, "cachew_provisioner_failures_total", "counter",
-	    "Provisioner actions that failed.");
+	    "Provisioner failures: actions that failed as taken, and "
+	    "workers it started that died or did not stop cleanly.");
 	cwi_strbuf_printf(sb, "cachew_provisioner_failures_total %" PRIu64
 	    "\n", st->provisioner_failures);
 }
@@ -247,8 +271,9 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 	job_family(sb, st, "cachew_job_workers_granted", "gauge",
 	    "Workers fair share gives a job.", jv_granted);
 	job_family(sb, st, "cachew_job_cache_hit_bytes_total", "counter",
-	    "Bytes a job read from caches (what its cache_get operators "
-	    "produced).", jv_hits);
+	    "Bytes a job's operators on workers read from caches rather "
+	    "than computed (cache_get; cache and the in-memory cache() on a "
+	    "pass that found their cache complete).", jv_hits);
 	family(sb, "cachew_job_slowest_operator_ratio", "gauge",
 	    "A job's slowest operator (own work per thread) and that time's "
 	    "share of its operators' (0..1).");
@@ -279,10 +304,11 @@ dispatcher_jobs(cwi_strbuf *sb, const cwi_msg_status_reply *st)
 }
 
 void
-cwi_metrics_dispatcher(cwi_strbuf *sb, const cwi_msg_status_reply *st)
+cwi_metrics_dispatcher(cwi_strbuf *sb, const cwi_msg_status_reply *st,
+    const cwi_prov_status *ps)
 {
 	dispatcher_workers(sb, st);
-	dispatcher_pool(sb, st);
+	dispatcher_pool(sb, st, ps);
 	dispatcher_jobs(sb, st);
 	cwi_metrics_process(sb);
 }

@@ -9,6 +9,7 @@
 #include "../core/core.h"
 #include "../../transports/transport.h"
 #include "service_proto.h"
+#include "../provision/provision.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -62,8 +63,10 @@ int cwi_metrics_reply(const char *path, const cwi_metrics_source *src,
 
 /* The dispatcher's families, from its status (workers, pool and
  * provisioner, jobs with their splits, elements, rates, scaling and cache
- * mode), then the process's. */
-void cwi_metrics_dispatcher(cwi_strbuf *sb, const cwi_msg_status_reply *st);
+ * mode) and its provisioner's (ps: the actions by kind; kind NULL: it has
+ * none), then the process's. */
+void cwi_metrics_dispatcher(cwi_strbuf *sb, const cwi_msg_status_reply *st,
+    const cwi_prov_status *ps);
 /* process_resident_memory_bytes and process_cpu_seconds_total. */
 void cwi_metrics_process(cwi_strbuf *sb);
 

@@ -156,6 +156,7 @@ static const field f_op_counters[] = {
     I64D(cwi_op_counters, parallelism, 0),
     I64D(cwi_op_counters, buffer_limit, 0),
     U64(cwi_op_counters, dropped, 0),
+    U64(cwi_op_counters, cache_hit_bytes, 0),
 };
 static const schema s_op_counters = SCHEMA("op_counters", cwi_op_counters,
     f_op_counters);

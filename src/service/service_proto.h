@@ -195,6 +195,7 @@ typedef struct cwi_op_counters {
 	int64_t parallelism;  /* threads (summed over a job's tasks) */
 	int64_t buffer_limit; /* elements it may buffer */
 	uint64_t dropped;     /* ignore_errors: elements dropped below it */
+	uint64_t cache_hit_bytes; /* of bytes, read from a cache */
 } cwi_op_counters;
 
 typedef struct cwi_task_report {
@@ -558,7 +559,8 @@ typedef struct cwi_job_status {
 	/* From its tasks' operator rows (those done included): the
 	 * operator whose own work per thread took longest, and that time's
 	 * share of the sum over its operators (0..1); NULL/0 before any
-	 * row. cache_hit_bytes: what its cache_get operators produced. */
+	 * row. cache_hit_bytes: the sum of its rows' (cache_get, cache
+	 * reading its cache, the in-memory cache replaying). */
 	char *slowest_op;
 	double slowest_op_share;
 	uint64_t cache_hit_bytes;

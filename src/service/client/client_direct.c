@@ -446,6 +446,7 @@ rows_take(client_ctx *ctx, const cwi_msg_task_stats_reply *r)
 		w->s.bytes = c->bytes;
 		w->s.busy_ns = c->busy_ns;
 		w->s.dropped = c->dropped;
+		w->s.cache_hit_bytes = c->cache_hit_bytes;
 		w->s.wait_ns = c->wait_ns;
 		w->s.parallelism = (int)c->parallelism;
 		w->s.buffer_limit = c->buffer_limit;

@@ -77,6 +77,7 @@ row_from_counters(client_ctx *ctx, const cwi_op_counters *c, size_t *extent)
 	w->s.bytes = c->bytes;
 	w->s.busy_ns = c->busy_ns;
 	w->s.dropped = c->dropped;
+	w->s.cache_hit_bytes = c->cache_hit_bytes;
 	w->s.wait_ns = c->wait_ns;
 	w->s.parallelism = c->parallelism > 0 && c->parallelism <= INT32_MAX
 	    ? (int)c->parallelism : 1;
@@ -122,6 +123,7 @@ rows_retire(client_ctx *ctx)
 		d->bytes += r->bytes;
 		d->busy_ns += r->busy_ns;
 		d->dropped += r->dropped;
+		d->cache_hit_bytes += r->cache_hit_bytes;
 		d->wait_ns += r->wait_ns;
 		d->parallelism = r->parallelism;
 		d->buffer_limit = r->buffer_limit;
@@ -168,6 +170,8 @@ cwi_client_part_stats(void *arg, cachew_op_stats *out, size_t cap,
 			out[i].bytes += ctx->done[i].bytes;
 			out[i].busy_ns += ctx->done[i].busy_ns;
 			out[i].dropped += ctx->done[i].dropped;
+			out[i].cache_hit_bytes +=
+			    ctx->done[i].cache_hit_bytes;
 			out[i].wait_ns += ctx->done[i].wait_ns;
 		}
 	}

@@ -53,6 +53,7 @@ ops_add(cwi_op_counters **v, size_t *n, const cwi_op_counters *c)
 	o->bytes += c->bytes;
 	o->busy_ns += c->busy_ns;
 	o->dropped += c->dropped;
+	o->cache_hit_bytes += c->cache_hit_bytes;
 	o->wait_ns += c->wait_ns;
 	o->buffered += c->buffered;
 	/* Threads and buffer room of the job, over its workers. */
@@ -174,6 +175,17 @@ is_cache_get(const char *name)
 	return strcmp(op != NULL ? op + 1 : name, "cache_get") == 0;
 }
 
+/* The bytes a row read from a cache. A worker built before rows carried
+ * cache_hit_bytes reports 0 there: its cache_get's output is all hits
+ * still (its cache and cache() reads stay uncounted). */
+static uint64_t
+row_hit_bytes(const cwi_op_counters *c)
+{
+	if (c->cache_hit_bytes == 0 && is_cache_get(c->name))
+		return c->bytes;
+	return c->cache_hit_bytes;
+}
+
 cachew_err
 cwi_counters_job_summary(const job *j, char **slowest, double *share,
     uint64_t *cache_hit_bytes)
@@ -194,8 +206,7 @@ cwi_counters_job_summary(const job *j, char **slowest, double *share,
 		if (c->busy_ns > 0 && (max == NULL ||
 		    op_time_per_thread(c) > op_time_per_thread(max)))
 			max = c;
-		if (is_cache_get(c->name))
-			*cache_hit_bytes = sat_add(*cache_hit_bytes, c->bytes);
+		*cache_hit_bytes = sat_add(*cache_hit_bytes, row_hit_bytes(c));
 	}
 	if (rv == CACHEW_OK && max != NULL) {
 		*share = sum > 0 ? op_time_per_thread(max) / sum : 0;

@@ -33,12 +33,14 @@ static void
 render_scale(cwi_strbuf *sb, const cwi_dispatcher_metrics *m)
 {
 	cwi_metrics_family(sb, "cachew_scale_decisions_total", "counter",
-	    "Scaling decisions, by policy and what they did (up, down: the "
-	    "count wanted moved; settled, unsettled: it stayed).");
+	    "Scaling decisions, by policy, what they did (up, down: the "
+	    "count wanted moved; settled, unsettled: it stayed) and the kind "
+	    "of their reason (start, demand, probe, gain, drift, ...).");
 	for (size_t i = 0; i < m->nscale; i++)
 		cwi_strbuf_printf(sb, "cachew_scale_decisions_total{policy=\"%s\","
-		    "decision=\"%s\"} %" PRIu64 "\n", m->scale[i].policy,
-		    m->scale[i].decision, m->scale[i].n);
+		    "decision=\"%s\",reason=\"%s\"} %" PRIu64 "\n",
+		    m->scale[i].policy, m->scale[i].decision,
+		    cwi_scale_why_name(m->scale[i].why), m->scale[i].n);
 }
 
 /* An operator row's name as a label value: names are "<index>:<op>",
@@ -74,9 +76,17 @@ render_ops(cwi_strbuf *sb, const cwi_dispatcher_metrics *m, const char *name,
 
 void
 cwi_dispatcher_metrics_render(cwi_strbuf *sb, const cwi_dispatcher_metrics *m,
-    const cwi_histogram *latency)
+    const cwi_histogram *latency, const cwi_histogram *scrape_lock)
 {
+	static const char lock[] = "cachew_dispatcher_scrape_lock_seconds";
+
 	render_latency(sb, latency);
+	/* Requests wait for the lock a scrape holds: what the endpoint costs
+	 * the data path (bench/metrics_cost.py reads it). */
+	cwi_metrics_family(sb, lock, "histogram", "Time each /metrics scrape "
+	    "held the dispatcher's lock to copy its state (formatting runs "
+	    "after, without it).");
+	cwi_metrics_histogram(sb, lock, "", scrape_lock);
 	render_scale(sb, m);
 	render_ops(sb, m, "cachew_job_operator_elements_total", "Elements a "
 	    "job's operator produced, summed over its tasks as their workers "

@@ -299,15 +299,17 @@ scale_tally(cwi_dispatcher *d, const job *j, uint32_t old_want,
 	    j->sizing.scale_name);
 	for (i = 0; i < d->nscale_tally; i++)
 		if (strcmp(d->scale_tally[i].policy, policy) == 0 &&
-		    strcmp(d->scale_tally[i].decision, what) == 0)
+		    strcmp(d->scale_tally[i].decision, what) == 0 &&
+		    d->scale_tally[i].why == dec->why)
 			break;
 	if (i == d->nscale_tally) {
 		if (i == CWI_SCALE_TALLIES)
-			return; /* 3 policies x 4 outcomes fit */
+			return; /* every pair's outcomes fit: not reached */
 		snprintf(d->scale_tally[i].policy,
 		    sizeof(d->scale_tally[i].policy), "%s", policy);
 		snprintf(d->scale_tally[i].decision,
 		    sizeof(d->scale_tally[i].decision), "%s", what);
+		d->scale_tally[i].why = dec->why;
 		d->nscale_tally++;
 	}
 	d->scale_tally[i].n++;

@@ -48,6 +48,10 @@ struct cwi_dispatcher_server {
 	/* Per request type: arrival to reply sent, the wait for the
 	 * journal's commit included (what the peer waits, less the link). */
 	cwi_histogram latency[CWI_MSG_NTYPES];
+	/* How long each /metrics scrape held d->lock: it copies the state
+	 * there and formats after (issue 17 measured 9 us median, 88 us
+	 * max, beside 0.24 ms of formatting, with W1 running). */
+	cwi_histogram scrape_lock;
 	FILE *events;
 	bool events_owned;
 	pthread_mutex_t lock;
@@ -955,27 +959,34 @@ handle_job_request(cwi_dispatcher_server *d, const cwi_request *r,
 	}
 }
 
-/* Adds the provisioner's side to a status reply (outside d->lock). */
+/* Adds the provisioner's side to a status reply (outside d->lock), and
+ * puts the provisioner's own status in *ps (all 0, kind NULL: none). */
 static void
-status_provisioner(cwi_dispatcher_server *d, cwi_msg_status_reply *st)
+status_provisioner(cwi_dispatcher_server *d, cwi_msg_status_reply *st,
+    cwi_prov_status *ps)
 {
-	cwi_prov_status ps;
-
+	memset(ps, 0, sizeof(*ps));
 	pthread_mutex_lock(&d->prov_lock);
 	if (d->prov == NULL) {
 		pthread_mutex_unlock(&d->prov_lock);
 		return;
 	}
-	memset(&ps, 0, sizeof(ps));
-	cwi_provisioner_status(d->prov, &ps);
+	cwi_provisioner_status(d->prov, ps);
 	pthread_mutex_unlock(&d->prov_lock);
-	ps.last_error[sizeof(ps.last_error) - 1] = '\0';
-	st->provisioner = cwi_strdup(ps.kind != NULL ? ps.kind : "?");
-	st->provisioner_running = ps.running;
-	st->provisioner_requests = ps.requests;
-	st->provisioner_failures = ps.failures;
-	if (ps.last_error[0] != '\0')
-		st->provisioner_error = cwi_strdup(ps.last_error);
+	ps->last_error[sizeof(ps->last_error) - 1] = '\0';
+	if (ps->pool_registered) {
+		/* static: what runs is who registered and is not leaving. */
+		uint32_t live = 0;
+		for (size_t i = 0; i < st->nworkers; i++)
+			live += !st->workers[i].draining;
+		ps->running = live;
+	}
+	st->provisioner = cwi_strdup(ps->kind != NULL ? ps->kind : "?");
+	st->provisioner_running = ps->running;
+	st->provisioner_requests = ps->requests;
+	st->provisioner_failures = ps->failures;
+	if (ps->last_error[0] != '\0')
+		st->provisioner_error = cwi_strdup(ps->last_error);
 }
 
 /* Adds the journal's side to a status reply. */
@@ -1070,7 +1081,8 @@ on_request(void *arg, cwi_request *r)
 		pthread_mutex_unlock(&d->lock);
 	}
 	if (rep.type == CWI_MSG_STATUS_REPLY) {
-		status_provisioner(d, &rep.u.status_reply);
+		cwi_prov_status ps;
+		status_provisioner(d, &rep.u.status_reply, &ps);
 		status_journal(d, &rep.u.status_reply);
 	}
 	created = rep.type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
@@ -1090,20 +1102,25 @@ metrics_render(void *arg, cwi_strbuf *sb)
 	cwi_dispatcher_server *d = arg;
 	cwi_msg_status_reply st;
 	cwi_dispatcher_metrics m;
+	cwi_prov_status ps;
 	cachew_err rv;
+	uint64_t t0;
 
 	pthread_mutex_lock(&d->lock);
+	t0 = cwi_now_ns();
 	rv = cwi_dispatcher_status(d->state, disp_now(d), &st);
 	if (rv == CACHEW_OK)
 		rv = cwi_dispatcher_metrics_get(d->state, &m);
 	else
 		memset(&m, 0, sizeof(m));
+	cwi_histogram_observe(&d->scrape_lock, cwi_now_ns() - t0);
 	pthread_mutex_unlock(&d->lock);
 	if (rv == CACHEW_OK) {
-		status_provisioner(d, &st);
+		status_provisioner(d, &st, &ps);
 		status_journal(d, &st);
-		cwi_metrics_dispatcher(sb, &st);
-		cwi_dispatcher_metrics_render(sb, &m, d->latency);
+		cwi_metrics_dispatcher(sb, &st, &ps);
+		cwi_dispatcher_metrics_render(sb, &m, d->latency,
+		    &d->scrape_lock);
 	}
 	cwi_dispatcher_metrics_free(&m);
 	cwi_pmsg_body_free(CWI_MSG_STATUS_REPLY, &st);

@@ -178,14 +178,18 @@ cachew_err cwi_dispatcher_job_release(cwi_dispatcher *d, uint64_t now_ns,
 cachew_err cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_task_counters *req);
 /* Scaling decisions made since the process started, counted by the
- * policy's kind ("model", "cachew", "fixed": its spelling before any ':')
- * and what the decision did: "up", "down" (the count wanted moved),
- * "settled" or "unsettled" (the count stayed, the policy's convergence
- * changed). The reason text is not a label: it carries numbers. */
-#define CWI_SCALE_TALLIES 16
+ * policy's kind ("model", "cachew", "fixed": its spelling before any ':'),
+ * what the decision did: "up", "down" (the count wanted moved), "settled"
+ * or "unsettled" (the count stayed, the policy's convergence changed), and
+ * the kind of its reason (cwi_scale_why). The reason text is not a label:
+ * it carries numbers. Each kind of reason belongs to one or two policies
+ * (23 pairs, "restored" with each) and takes one to three of the four
+ * outcomes: 96 rows hold every pair with all four. */
+#define CWI_SCALE_TALLIES 96
 typedef struct cwi_scale_tally {
 	char policy[16];
 	char decision[12];
+	cwi_scale_why why;
 	uint64_t n;
 } cwi_scale_tally;
 

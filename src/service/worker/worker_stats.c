@@ -46,6 +46,7 @@ rows_add(cwi_wtask *t, const cachew_op_stats *rows, size_t n)
 		s->bytes += rows[i].bytes;
 		s->busy_ns += rows[i].busy_ns;
 		s->dropped += rows[i].dropped;
+		s->cache_hit_bytes += rows[i].cache_hit_bytes;
 		s->wait_ns += rows[i].wait_ns;
 		if (rows[i].parallelism > s->parallelism)
 			s->parallelism = rows[i].parallelism;
@@ -89,6 +90,7 @@ counters_of(cwi_op_counters *c, const cachew_op_stats *s)
 	c->bytes = s->bytes;
 	c->busy_ns = s->busy_ns;
 	c->dropped = s->dropped;
+	c->cache_hit_bytes = s->cache_hit_bytes;
 	c->wait_ns = s->wait_ns;
 	c->buffered = s->buffered > 0 ? (uint64_t)s->buffered : 0;
 	c->parallelism = s->parallelism;
@@ -204,6 +206,7 @@ row_now(const cwi_wtask *t, const cachew_op_stats *live, size_t nlive,
 	r.s.bytes += live[i].bytes;
 	r.s.busy_ns += live[i].busy_ns;
 	r.s.dropped += live[i].dropped;
+	r.s.cache_hit_bytes += live[i].cache_hit_bytes;
 	r.s.wait_ns += live[i].wait_ns;
 	r.s.parallelism = live[i].parallelism;
 	r.s.buffer_limit = live[i].buffer_limit;
