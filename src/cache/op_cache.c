@@ -1534,6 +1534,14 @@ const cwi_dataset_op cwi_op_cache_get = {
     .iter_create = get_create,
     .split_units = get_split_units,
     .saves = "the count of elements delivered: a restore reads past them",
+    .note = "Element spec and cardinality: when the cache exists as the "
+	"pipeline is built, its manifest's spec (with the component names "
+	"the cached dataset had) and its element count, so elements come "
+	"out named and a mismatch downstream is refused at build; when it "
+	"does not exist yet, or its manifest cannot be read then (damaged, "
+	"marked bad, or storage that does not answer in one short attempt), "
+	"both are unknown (`spec=?`) and the run reports what is wrong as "
+	"before (docs/cache.md).",
 };
 
 const cwi_dataset_op cwi_op_cache = {
