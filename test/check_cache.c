@@ -1810,7 +1810,10 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	char mod[512], *dir, *store, *seed, *portfile, *cmd, url[64];
 	const char *npm = getenv("CACHEW_NPM_DIR");
 	cachew_fingerprint fp = fp_of(90), other = fp_of(91);
-	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300};
+	cwi_names *names = names_of(2, "pixels", "index");
+	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300,
+	    .names = names};
+	char hex[33], *get;
 	cwi_cache_writer *w = NULL;
 	cwi_cache_manifest *m = NULL;
 	cwi_cache_root *r = NULL;
@@ -1868,6 +1871,25 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
 	    CACHEW_EEXIST);
 	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	/* Names through an S3 root: cache_get knows the spec, names and
+	 * cardinality at build from the object store's manifest, and names
+	 * the elements. */
+	ck_assert_str_eq(m->names->name[0], "pixels");
+	cachew_fingerprint_hex(&fp, hex);
+	get = cwi_asprintf("cache_get(\"s3://bkt/caches/\", \"%s\")", hex);
+	cwt_spec_is(get, "{pixels: u8[-1], index: i64[]}");
+	ck_assert_int_eq(cwt_card(get), 40);
+	{
+		cachew_element **named;
+		size_t nnamed;
+		ck_assert_msg(cwt_run(get, NULL, &named, &nnamed, err,
+				  sizeof(err)) == CACHEW_OK, "%s", err);
+		ck_assert_uint_eq(nnamed, 40);
+		ck_assert_str_eq(cachew_element_name(named[39], 0), "pixels");
+		ck_assert_str_eq(cachew_element_name(named[39], 1), "index");
+		ck_assert_int_eq(cwt_i64(named[39], 1), 39);
+		cwt_free(named, nnamed);
+	}
 	/* An aborted write leaves nothing. */
 	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &other, "p", &o),
 	    CACHEW_OK);
@@ -1901,6 +1923,9 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
 	ck_assert_uint_eq(n, 1);
 	ck_assert_int_eq(v[0].state, CWI_CACHE_BAD);
+	/* Marked bad: unknown at build again. */
+	cwt_spec_is(get, "?");
+	free(get);
 	cwi_cache_entries_free(v, n);
 	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
@@ -1911,6 +1936,7 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	cwi_cache_root_close(r);
 	for (int i = 0; i < 40; i++)
 		cwi_element_release(e[i]);
+	cwi_names_unref(names);
 	cwt_stop_pid(pid);
 	unsetenv("AWS_ENDPOINT_URL");
 	unsetenv("AWS_ACCESS_KEY_ID");

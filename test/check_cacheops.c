@@ -17,14 +17,17 @@
 #include "../src/exec/exec_tune.h"
 #include "../src/tools/gen.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1343,6 +1346,43 @@ START_TEST(get_of_a_manifest_without_names_reads_unnamed)
 }
 END_TEST
 
+/* Building never waits long on storage: an S3 endpoint that takes the
+ * connection and never answers leaves cache_get's spec unknown after one
+ * short attempt (CWI_CACHE_PEEK_STALL_SECS), where a run's reads would
+ * retry for minutes. The test case's timeout bounds it. */
+START_TEST(get_build_gives_up_on_an_s3_root_that_does_not_answer)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t alen = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char url[64], *get;
+	cachew_dataset *ds;
+
+	ck_assert_int_ge(fd, 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(fd, 16), 0); /* never accepted */
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", ntohs(a.sin_port));
+	setenv("AWS_ENDPOINT_URL", url, 1);
+	setenv("AWS_ACCESS_KEY_ID", "K", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "S", 1);
+	get = fmt("cache_get(\"s3://bkt/caches\", \"%032x\")", 7);
+	/* One stalled attempt of a few seconds, not the default 30 s stall
+	 * times 9 attempts (which the suite's 60 s timeout would cut). */
+	ds = cwt_parse(get);
+	ck_assert_uint_eq(cachew_dataset_num_components(ds), 0);
+	ck_assert_int_eq(cachew_dataset_cardinality(ds),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	cachew_dataset_release(ds);
+	unsetenv("AWS_ENDPOINT_URL");
+	unsetenv("AWS_ACCESS_KEY_ID");
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	close(fd);
+	free(get);
+}
+END_TEST
+
 /* ---- the CLI ------------------------------------------------------------------------ */
 
 typedef struct cli_result {
@@ -2296,6 +2336,7 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_spec_mismatch_is_refused_at_build);
 	tcase_add_test(ops, get_of_a_cache_missing_at_build_is_unknown_then_named);
 	tcase_add_test(ops, get_of_a_manifest_without_names_reads_unnamed);
+	tcase_add_test(ops, get_build_gives_up_on_an_s3_root_that_does_not_answer);
 
 	tcase_set_timeout(cli_tc, 60);
 	tcase_add_test(cli_tc, cli_cache_help_lists_the_commands);
