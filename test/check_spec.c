@@ -455,6 +455,25 @@ START_TEST(user_functions_name_their_output)
 	ck_assert_uint_eq(i, 0);
 	ck_assert_int_eq(cwt_i64(v[2], i), 2);
 	cwt_free(v, n);
+	/* Through a cache: the spec is not known, so the writer records the
+	 * names the elements carry, and the pass that reads the cache (the
+	 * function is not run) gives them back from the manifest. */
+	{
+		char *dir = cwt_tmpdir();
+		char *p = cwt_fmt("range(3) | map(spec_test_naming) | "
+				  "cache(\"%s\")", dir);
+		for (int pass = 0; pass < 2; pass++) {
+			ck_assert_msg(cwt_run(p, NULL, &v, &n, err,
+					  sizeof(err)) == CACHEW_OK, "%s", err);
+			ck_assert_uint_eq(n, 3);
+			ck_assert_str_eq(cachew_element_name(v[2], 0), "value");
+			ck_assert_int_eq(cwt_i64(v[2], 0), 2);
+			cwt_free(v, n);
+		}
+		cwt_rmtree(dir);
+		free(p);
+		free(dir);
+	}
 }
 END_TEST
 
