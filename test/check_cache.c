@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -1178,6 +1179,311 @@ START_TEST(test_manifest_round_trips_and_rejects_bad_fields)
 }
 END_TEST
 
+/* ---- component names in the manifest ------------------------------------ */
+
+static cwi_names *
+names_of(uint32_t n, const char *a, const char *b)
+{
+	const char *v[2] = {a, b};
+	cwi_names *t = cwi_names_create(n, v);
+
+	ck_assert_ptr_nonnull(t);
+	return t;
+}
+
+/* The manifest `in` with the first `find` of its body replaced by `repl`
+ * and a trailer recomputed for the new body: what a writer with other
+ * ideas (or damage with a valid checksum) would leave. msgpack containers
+ * count items, not bytes, so a string may change length. */
+static void
+splice_manifest(const cwi_strbuf *in, const void *find, size_t flen,
+    const void *repl, size_t rlen, cwi_strbuf *out)
+{
+	size_t body = in->len - 16, at = 0;
+	uint8_t trailer[16];
+	uint64_t h;
+
+	while (at + flen <= body && memcmp(in->data + at, find, flen) != 0)
+		at++;
+	ck_assert_msg(at + flen <= body, "splice: pattern not in the body");
+	cwi_strbuf_init(out);
+	cwi_strbuf_append(out, in->data, at);
+	cwi_strbuf_append(out, repl, rlen);
+	cwi_strbuf_append(out, in->data + at + flen, body - at - flen);
+	h = XXH64(out->data, out->len, 0);
+	memcpy(trailer, "CWMF", 4);
+	for (unsigned i = 0; i < 4; i++)
+		trailer[4 + i] = (uint8_t)(out->len >> (8 * i));
+	for (unsigned i = 0; i < 8; i++)
+		trailer[8 + i] = (uint8_t)(h >> (8 * i));
+	cwi_strbuf_append(out, trailer, 16);
+	ck_assert(!out->oom);
+}
+
+static void
+expect_bad_body(const cwi_strbuf *in, const void *find, size_t flen,
+    const void *repl, size_t rlen, const char *needle)
+{
+	cwi_cache_manifest *m = NULL;
+	cwi_strbuf sb;
+
+	splice_manifest(in, find, flen, repl, rlen, &sb);
+	ck_assert_int_eq(cwi_cache_manifest_decode(sb.data, sb.len, &m),
+	    CACHEW_ECORRUPT);
+	ck_assert_ptr_null(m);
+	ck_assert_msg(strstr(cachew_errmsg(), needle) != NULL,
+	    "wanted '%s' in: %s", needle, cachew_errmsg());
+	cwi_strbuf_free(&sb);
+}
+
+START_TEST(test_manifest_names_round_trip_and_bad_names_are_refused)
+{
+	cwi_cache_chunk_info ch[1] = {{.name = "chunk-000000-x.cwc",
+	    .elements = 5, .bytes = 100, .xxh64 = 7}};
+	cwi_cache_spec spec[2] = {{.dtype = CACHEW_I64, .rank = 1,
+				      .shape = {2}},
+	    {.dtype = CACHEW_I64, .rank = 0}};
+	cwi_cache_manifest in = {.fp = fp_of(78), .pipeline = "p",
+	    .writer_version = 100, .cache_id = 9, .created_unix = 1,
+	    .elements = 5, .bytes = 100, .ncomponents = 2, .spec = spec,
+	    .nchunks = 1, .chunks = ch};
+	cwi_cache_manifest *out = NULL;
+	cwi_strbuf sb, plain;
+	char long_name[300];
+
+	/* Named, and partly named (a zip of named and unnamed inputs). */
+	in.names = names_of(2, "image", "label");
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &sb), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_manifest_decode(sb.data, sb.len, &out),
+	    CACHEW_OK);
+	ck_assert_ptr_nonnull(out->names);
+	ck_assert_uint_eq(out->names->n, 2);
+	ck_assert_str_eq(out->names->name[0], "image");
+	ck_assert_str_eq(out->names->name[1], "label");
+	cwi_cache_manifest_free(out);
+	cwi_names_unref(in.names);
+	in.names = names_of(2, NULL, "label");
+	cwi_strbuf_init(&plain);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &plain), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_manifest_decode(plain.data, plain.len,
+			     &out), CACHEW_OK);
+	ck_assert_ptr_null(out->names->name[0]);
+	ck_assert_str_eq(out->names->name[1], "label");
+	cwi_cache_manifest_free(out);
+	cwi_strbuf_free(&plain);
+	/* No names: spec maps of two keys, as before names, and no table
+	 * on decode. */
+	cwi_names_unref(in.names);
+	in.names = NULL;
+	cwi_strbuf_init(&plain);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &plain), CACHEW_OK);
+	ck_assert_ptr_null(memmem(plain.data, plain.len, "\x83\xa5" "dtype", 7));
+	ck_assert_ptr_nonnull(memmem(plain.data, plain.len, "\x82\xa5" "dtype",
+	    7));
+	ck_assert_int_eq(cwi_cache_manifest_decode(plain.data, plain.len,
+			     &out), CACHEW_OK);
+	ck_assert_ptr_null(out->names);
+	cwi_cache_manifest_free(out);
+	cwi_strbuf_free(&plain);
+
+	/* The decoder trusts no name: a control character, a NUL, a name
+	 * over 255 bytes, an empty one, one that is no string, two alike. */
+	expect_bad_body(&sb, "\xa5image", 6, "\xa5im\tge", 6,
+	    "spec component 0: the name is not 1 to 255 bytes");
+	expect_bad_body(&sb, "\xa5image", 6, "\xa5im\0ge", 6,
+	    "spec component 0: the name is not");
+	memset(long_name, 'y', sizeof(long_name));
+	long_name[0] = (char)0xd9;
+	long_name[1] = (char)0xff; /* 255 bytes: still fine */
+	{
+		cwi_strbuf ok;
+		splice_manifest(&sb, "\xa5image", 6, long_name, 257, &ok);
+		ck_assert_int_eq(cwi_cache_manifest_decode(ok.data, ok.len,
+				     &out), CACHEW_OK);
+		ck_assert_uint_eq(strlen(out->names->name[0]), 255);
+		cwi_cache_manifest_free(out);
+		cwi_strbuf_free(&ok);
+	}
+	long_name[0] = (char)0xda; /* str16 of 256 bytes */
+	long_name[1] = 0x01;
+	long_name[2] = 0x00;
+	expect_bad_body(&sb, "\xa5image", 6, long_name, 259,
+	    "spec component 0: the name is not 1 to 255 bytes");
+	expect_bad_body(&sb, "\xa5image", 6, "\xa0", 1,
+	    "spec component 0: the name is not");
+	expect_bad_body(&sb, "\xa5image", 6, "\xcc\x05", 2,
+	    "spec component 0: 'name' is not a string");
+	expect_bad_body(&sb, "\xa5label", 6, "\xa5image", 6,
+	    "spec components 0 and 1 are both named 'image'");
+
+	/* The encoder refuses what the decoder would: its manifests always
+	 * read back. */
+	in.names = names_of(2, "same", "same");
+	cwi_strbuf_init(&plain);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &plain),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "both named 'same'") != NULL,
+	    "%s", cachew_errmsg());
+	cwi_names_unref(in.names);
+	in.names = names_of(1, "one", NULL);
+	ck_assert_int_eq(cwi_cache_manifest_encode(&in, &plain),
+	    CACHEW_ETYPE);
+	ck_assert_msg(strstr(cachew_errmsg(), "1 component names for 2 "
+					      "components") != NULL,
+	    "%s", cachew_errmsg());
+	cwi_names_unref(in.names);
+	cwi_strbuf_free(&plain);
+	cwi_strbuf_free(&sb);
+}
+END_TEST
+
+/* A manifest an older writer wrote (the fuzz corpus's, committed before
+ * names existed) reads as unnamed and re-encodes to the same bytes: the
+ * new key changed nothing for unnamed caches. */
+START_TEST(test_manifest_of_an_older_writer_reads_unnamed)
+{
+	cwi_cache_manifest *m = NULL;
+	cwi_strbuf sb;
+	uint8_t *old;
+	size_t len;
+
+	old = slurp("test/fuzz/corpus/fuzz_cache_manifest/valid_two_chunks",
+	    &len);
+	ck_assert_msg(cwi_cache_manifest_decode(old, len, &m) == CACHEW_OK,
+	    "%s", cachew_errmsg());
+	ck_assert_uint_gt(m->ncomponents, 0);
+	ck_assert_ptr_null(m->names);
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(m, &sb), CACHEW_OK);
+	/* The writer string and version are this build's: compare the
+	 * decoded spec, and the bytes up to the "version" key. */
+	ck_assert_ptr_null(memmem(sb.data, sb.len, "\x83\xa5" "dtype", 7));
+	ck_assert_ptr_nonnull(memmem(old, len, "\xa4spec", 5));
+	{
+		const uint8_t *a = memmem(old, len, "\xa7version", 8);
+		const char *b = memmem(sb.data, sb.len, "\xa7version", 8);
+		ck_assert_ptr_nonnull(a);
+		ck_assert_ptr_nonnull(b);
+		ck_assert_uint_eq((size_t)(a - old), (size_t)(b - sb.data));
+		ck_assert_int_eq(memcmp(old, sb.data, (size_t)(a - old)), 0);
+	}
+	cwi_strbuf_free(&sb);
+	cwi_cache_manifest_free(m);
+	free(old);
+}
+END_TEST
+
+START_TEST(test_writer_records_the_names_it_is_given)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(79), empty = fp_of(80), bad = fp_of(81);
+	cwi_names *two = names_of(2, "image", "label");
+	cwi_cache_writer_opts o = {.names = two};
+	cwi_cache_writer *w = NULL;
+	cwi_cache_manifest *m;
+	cwi_element *e = elem_new(2), *one = elem_i64(5);
+	int64_t shape[1] = {2};
+
+	set_fixed(e, 0, CACHEW_I64, 1, shape, 1);
+	cwi_tensor_init_i64(&e->comp[1], 3);
+	write_cache(r, &fp, &e, 1, &o);
+	m = lookup_ok(r, &fp);
+	ck_assert_ptr_nonnull(m->names);
+	ck_assert_str_eq(m->names->name[0], "image");
+	ck_assert_str_eq(m->names->name[1], "label");
+	cwi_cache_manifest_free(m);
+	/* An empty cache has no components to name. */
+	write_cache(r, &empty, NULL, 0, &o);
+	m = lookup_ok(r, &empty);
+	ck_assert_uint_eq(m->ncomponents, 0);
+	ck_assert_ptr_null(m->names);
+	cwi_cache_manifest_free(m);
+	/* Names for another count of components fail the commit: nothing
+	 * becomes visible. */
+	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &bad, "p", &o),
+	    CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_add(w, &one, 1), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_writer_commit(w), CACHEW_ETYPE);
+	ck_assert_msg(strstr(cachew_errmsg(), "2 component names for 1") !=
+			  NULL, "%s", cachew_errmsg());
+	cwi_cache_writer_destroy(w);
+	ck_assert_int_eq(cwi_cache_lookup(r, &bad, &m), CACHEW_ENOENT);
+	/* The writer held its own reference. */
+	ck_assert_uint_eq(atomic_load(&two->refs), 1);
+	cwi_names_unref(two);
+	cwi_element_release(e);
+	cwi_element_release(one);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* The build-time read: no directory made, nothing marked bad, a FIFO
+ * never waited on. */
+START_TEST(test_peek_reads_a_manifest_without_side_effects)
+{
+	char *dir = cwt_tmpdir();
+	char *missing = cwi_asprintf("%s/not/there", dir);
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(82), fifo = fp_of(83);
+	cwi_names *names = names_of(1, "x", NULL);
+	cwi_cache_writer_opts o = {.names = names};
+	cwi_cache_manifest *m = NULL;
+	cwi_element *e = elem_i64(4);
+	char *manifest = path_in(dir, &fp, "manifest");
+	char *fifo_dir = path_in(dir, &fifo, "");
+	char *fifo_path = path_in(dir, &fifo, "manifest");
+	char *bad = path_in(dir, &fp, "BAD");
+	uint8_t *orig;
+	size_t len;
+
+	ck_assert_int_eq(cwi_cache_peek(missing, &fp, &m), CACHEW_ENOENT);
+	ck_assert(!exists(missing));
+	write_cache(r, &fp, &e, 1, &o);
+	ck_assert_msg(cwi_cache_peek(dir, &fp, &m) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	ck_assert_uint_eq(m->elements, 1);
+	ck_assert_str_eq(m->names->name[0], "x");
+	cwi_cache_manifest_free(m);
+	/* Damaged: an error, but the cache is not marked bad by a peek (the
+	 * run's lookup finds the damage and reports it itself). */
+	orig = slurp(manifest, &len);
+	orig[len / 2] ^= 1;
+	cwt_write_file(manifest, orig, len);
+	ck_assert_int_eq(cwi_cache_peek(dir, &fp, &m), CACHEW_ECORRUPT);
+	ck_assert_ptr_null(m);
+	ck_assert(!exists(bad));
+	ck_assert_int_eq(cwi_cache_lookup(r, &fp, &m), CACHEW_ECORRUPT);
+	ck_assert(exists(bad));
+	/* Marked bad (by that lookup), with the manifest good again: not a
+	 * cache. */
+	orig[len / 2] ^= 1;
+	cwt_write_file(manifest, orig, len);
+	ck_assert_int_eq(cwi_cache_peek(dir, &fp, &m), CACHEW_ENOENT);
+	ck_assert_msg(strstr(cachew_errmsg(), "marked bad") != NULL, "%s",
+	    cachew_errmsg());
+	/* A FIFO named like the manifest fails at once. */
+	ck_assert_int_eq(mkdir(fifo_dir, 0755), 0);
+	ck_assert_int_eq(mkfifo(fifo_path, 0644), 0);
+	ck_assert_int_ne(cwi_cache_peek(dir, &fifo, &m), CACHEW_OK);
+	ck_assert_ptr_null(m);
+	cwi_names_unref(names);
+	cwi_element_release(e);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(orig);
+	free(bad);
+	free(fifo_path);
+	free(fifo_dir);
+	free(manifest);
+	free(missing);
+	free(dir);
+}
+END_TEST
+
 /* ---- bad markers and management ----------------------------------------- */
 
 START_TEST(test_mark_bad_hides_the_cache_and_a_writer_replaces_it)
@@ -1504,7 +1810,10 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	char mod[512], *dir, *store, *seed, *portfile, *cmd, url[64];
 	const char *npm = getenv("CACHEW_NPM_DIR");
 	cachew_fingerprint fp = fp_of(90), other = fp_of(91);
-	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300};
+	cwi_names *names = names_of(2, "pixels", "index");
+	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300,
+	    .names = names};
+	char hex[33], *get;
 	cwi_cache_writer *w = NULL;
 	cwi_cache_manifest *m = NULL;
 	cwi_cache_root *r = NULL;
@@ -1562,6 +1871,25 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &fp, "p", NULL),
 	    CACHEW_EEXIST);
 	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	/* Names through an S3 root: cache_get knows the spec, names and
+	 * cardinality at build from the object store's manifest, and names
+	 * the elements. */
+	ck_assert_str_eq(m->names->name[0], "pixels");
+	cachew_fingerprint_hex(&fp, hex);
+	get = cwi_asprintf("cache_get(\"s3://bkt/caches/\", \"%s\")", hex);
+	cwt_spec_is(get, "{pixels: u8[-1], index: i64[]}");
+	ck_assert_int_eq(cwt_card(get), 40);
+	{
+		cachew_element **named;
+		size_t nnamed;
+		ck_assert_msg(cwt_run(get, NULL, &named, &nnamed, err,
+				  sizeof(err)) == CACHEW_OK, "%s", err);
+		ck_assert_uint_eq(nnamed, 40);
+		ck_assert_str_eq(cachew_element_name(named[39], 0), "pixels");
+		ck_assert_str_eq(cachew_element_name(named[39], 1), "index");
+		ck_assert_int_eq(cwt_i64(named[39], 1), 39);
+		cwt_free(named, nnamed);
+	}
 	/* An aborted write leaves nothing. */
 	ck_assert_int_eq(cwi_cache_writer_create(&w, r, &other, "p", &o),
 	    CACHEW_OK);
@@ -1595,6 +1923,9 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
 	ck_assert_uint_eq(n, 1);
 	ck_assert_int_eq(v[0].state, CWI_CACHE_BAD);
+	/* Marked bad: unknown at build again. */
+	cwt_spec_is(get, "?");
+	free(get);
 	cwi_cache_entries_free(v, n);
 	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_list(r, &v, &n), CACHEW_OK);
@@ -1605,6 +1936,7 @@ START_TEST(test_s3_root_round_trip_corruption_and_management)
 	cwi_cache_root_close(r);
 	for (int i = 0; i < 40; i++)
 		cwi_element_release(e[i]);
+	cwi_names_unref(names);
 	cwt_stop_pid(pid);
 	unsetenv("AWS_ENDPOINT_URL");
 	unsetenv("AWS_ACCESS_KEY_ID");
@@ -1624,13 +1956,13 @@ END_TEST
 
 /* Writes units [b, e) (element i = value i) as one part of write_id. */
 static void
-write_part(cwi_cache_root *r, const cachew_fingerprint *fp,
+write_part_named(cwi_cache_root *r, const cachew_fingerprint *fp,
     uint64_t write_id, const cwi_unit_range *units, size_t nunits,
-    bool commit)
+    bool commit, cwi_names *names)
 {
 	cwi_cache_writer_opts o = {.chunk_bytes = 4096, .frame_bytes = 256,
 	    .part_write_id = write_id, .part_units = units,
-	    .npart_units = nunits};
+	    .npart_units = nunits, .names = names};
 	cwi_cache_writer *w = NULL;
 	cachew_err rv = cwi_cache_writer_create(&w, r, fp, "range(100)", &o);
 
@@ -1646,6 +1978,14 @@ write_part(cwi_cache_root *r, const cachew_fingerprint *fp,
 		ck_assert_msg(cwi_cache_writer_commit(w) == CACHEW_OK, "%s",
 		    cachew_errmsg());
 	cwi_cache_writer_destroy(w);
+}
+
+static void
+write_part(cwi_cache_root *r, const cachew_fingerprint *fp,
+    uint64_t write_id, const cwi_unit_range *units, size_t nunits,
+    bool commit)
+{
+	write_part_named(r, fp, write_id, units, nunits, commit, NULL);
 }
 
 /* The multiset of values read back, as a count per value 0..99. */
@@ -1703,6 +2043,41 @@ START_TEST(test_parts_commit_holds_every_unit_once)
 			     NULL),
 	    CACHEW_EEXIST);
 	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+START_TEST(test_parts_commit_keeps_the_names_the_parts_agree_on)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cachew_fingerprint fp = fp_of(48), other = fp_of(49);
+	cwi_unit_range a[] = {{0, 50}}, b[] = {{50, 100}};
+	cwi_names *n = names_of(1, "value", NULL), *k = names_of(1, "key", NULL);
+	cwi_cache_manifest *m;
+
+	write_part_named(r, &fp, 5, a, 1, true, n);
+	write_part_named(r, &fp, 5, b, 1, true, n);
+	ck_assert_msg(cwi_cache_parts_commit(r, &fp, "range(100)", 5, 100,
+			  NULL) == CACHEW_OK, "%s", cachew_errmsg());
+	m = lookup_ok(r, &fp);
+	ck_assert_ptr_nonnull(m->names);
+	ck_assert_str_eq(m->names->name[0], "value");
+	cwi_cache_manifest_free(m);
+	/* Parts that name their components otherwise (or not at all) are
+	 * not one cache. */
+	write_part_named(r, &other, 6, a, 1, true, n);
+	write_part_named(r, &other, 6, b, 1, true, k);
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &other, "range(100)", 6,
+			     100, NULL), CACHEW_ETYPE);
+	ck_assert_msg(strstr(cachew_errmsg(), "names its components "
+					      "otherwise") != NULL,
+	    "%s", cachew_errmsg());
+	ck_assert_int_eq(cwi_cache_lookup(r, &other, &m), CACHEW_ENOENT);
+	cwi_names_unref(n);
+	cwi_names_unref(k);
 	cwi_cache_root_close(r);
 	cwt_rmtree(dir);
 	free(dir);
@@ -1915,6 +2290,10 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_flipped_bits_in_the_manifest_are_detected);
 	tcase_add_test(tc, test_a_different_spec_or_count_is_detected);
 	tcase_add_test(tc, test_manifest_round_trips_and_rejects_bad_fields);
+	tcase_add_test(tc, test_manifest_names_round_trip_and_bad_names_are_refused);
+	tcase_add_test(tc, test_manifest_of_an_older_writer_reads_unnamed);
+	tcase_add_test(tc, test_writer_records_the_names_it_is_given);
+	tcase_add_test(tc, test_peek_reads_a_manifest_without_side_effects);
 	tcase_add_test(tc, test_mark_bad_hides_the_cache_and_a_writer_replaces_it);
 	tcase_add_test(tc, test_list_reports_every_state);
 	tcase_add_test(tc, test_verify_passes_a_good_cache_and_marks_a_bad_one);
@@ -1927,6 +2306,7 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_s3_root_round_trip_corruption_and_management);
 	tcase_add_test(tc, test_parts_commit_holds_every_unit_once);
 	tcase_add_test(tc, test_parts_replayed_and_crashed_leases_are_dropped);
+	tcase_add_test(tc, test_parts_commit_keeps_the_names_the_parts_agree_on);
 	tcase_add_test(tc, test_parts_commit_rejects_damaged_or_foreign_parts);
 	tcase_add_test(tc, test_part_writer_excludes_single_writer);
 	tcase_add_test(tc, test_uncommitted_parts_count_against_capacity);

@@ -17,14 +17,17 @@
 #include "../src/exec/exec_tune.h"
 #include "../src/tools/gen.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1194,6 +1197,245 @@ START_TEST(cache_recomputes_after_a_damaged_manifest)
 }
 END_TEST
 
+/* ---- component names ----------------------------------------------------------- */
+
+#define NAMED_INPUT "from_tensors({image=[1, 2], label=3}) | repeat(3)"
+
+/* Writes the cache of NAMED_INPUT under root with cache_put; *get is the
+ * cache_get pipeline that reads it (heap string). */
+static void
+named_put(const char *root, char **get)
+{
+	char hex[33], *p = fmt(NAMED_INPUT " | cache_put(\"%s\")", root);
+	run_out r = run_ok(p);
+
+	ck_assert_uint_eq(r.n, 3);
+	run_free(&r);
+	free(p);
+	fp_hex(NAMED_INPUT, hex);
+	*get = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+}
+
+/* Three elements {image: [1 2], label: 3}; with `named` false unnamed. */
+static void
+assert_named_run(cachew_element **v, size_t n, bool named, const char *what)
+{
+	char *s;
+
+	ck_assert_msg(n == 3, "%s: %zu elements", what, n);
+	s = cwt_join_i64(v, n, 0);
+	ck_assert_str_eq(s, "[1 2],[1 2],[1 2]");
+	free(s);
+	s = cwt_join_i64(v, n, 1);
+	ck_assert_str_eq(s, "3,3,3");
+	free(s);
+	for (size_t i = 0; i < n; i++) {
+		const char *a = cachew_element_name(v[i], 0);
+		const char *b = cachew_element_name(v[i], 1);
+		if (!named) {
+			ck_assert_msg(a == NULL && b == NULL,
+			    "%s: element %zu is named", what, i);
+			continue;
+		}
+		ck_assert_msg(a != NULL && strcmp(a, "image") == 0 &&
+				  b != NULL && strcmp(b, "label") == 0,
+		    "%s: element %zu is named %s, %s", what, i,
+		    a != NULL ? a : "(none)", b != NULL ? b : "(none)");
+	}
+}
+
+/* cache_put records the names; cache_get knows the spec and cardinality
+ * at build and yields named elements, in-process and through the
+ * embedded service; cache reading its cache does too. */
+START_TEST(named_components_survive_put_then_get)
+{
+	static const char *const services[] = {NULL, "embedded"};
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *get = NULL;
+	char *cached = fmt(NAMED_INPUT " | cache(\"%s\")", root);
+	char *by_name;
+	cachew_fingerprint fp = fp_of(NAMED_INPUT);
+	cwi_cache_manifest *m;
+	cachew_err rv;
+
+	named_put(root, &get);
+	m = manifest_of(root, &fp, &rv);
+	ck_assert_int_eq(rv, CACHEW_OK);
+	ck_assert_str_eq(m->names->name[0], "image");
+	ck_assert_str_eq(m->names->name[1], "label");
+	cwi_cache_manifest_free(m);
+	cwt_spec_is(get, "{image: i64[2], label: i64[]}");
+	ck_assert_int_eq(cwt_card(get), 3);
+	ck_assert_int_eq(cwt_card(cached), 3);
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(SEED, 0, services[k]);
+		const char *const pipes[] = {get, cached};
+		for (size_t p = 0; p < 2; p++) {
+			cachew_element **v;
+			size_t n;
+			char err[512];
+			ck_assert_msg(cwt_run(pipes[p], o, &v, &n, err,
+					  sizeof(err)) == CACHEW_OK,
+			    "%s: %s", pipes[p], err);
+			assert_named_run(v, n, true, pipes[p]);
+			cwt_free(v, n);
+		}
+		cachew_options_destroy(o);
+	}
+	/* A name resolves against the cache's spec when the stage is
+	 * built. */
+	by_name = fmt("%s | pad_truncate(len=3, component=\"image\")", get);
+	cwt_seq_is(by_name, NULL, "[1 2 0],[1 2 0],[1 2 0]");
+	cwt_spec_is(by_name, "{image: i64[3], label: i64[]}");
+	free(by_name);
+	free(cached);
+	free(get);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* With the cache's spec known at build, a mismatch is refused there, at
+ * the column of the operator, as for any other source. */
+START_TEST(get_spec_mismatch_is_refused_at_build)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *get = NULL;
+	char *p;
+
+	named_put(root, &get);
+	p = fmt("%s | concatenate(range(3))", get);
+	cwt_build_refused(p, CACHEW_ETYPE, "elements of 2 and of 1 "
+	    "components ({image: i64[2], label: i64[]} against i64[])");
+	free(p);
+	p = fmt("%s | pad_truncate(len=3, component=\"mask\")", get);
+	cwt_build_refused(p, CACHEW_ENOENT, "mask");
+	free(p);
+	free(get);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* A cache that does not exist (or cannot be read) at build leaves the
+ * spec and cardinality unknown; one written after the build still names
+ * the elements it yields, from its manifest. A damaged manifest builds
+ * as unknown and fails the run as it always did. */
+START_TEST(get_of_a_cache_missing_at_build_is_unknown_then_named)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *get, *man;
+	cachew_element **v;
+	cachew_dataset *ds;
+	size_t n;
+	char hex[33], err[512];
+
+	fp_hex(NAMED_INPUT, hex);
+	get = fmt("cache_get(\"%s\", \"%s\")", root, hex);
+	cwt_spec_is(get, "?");
+	ck_assert_int_eq(cwt_card(get), CACHEW_CARDINALITY_UNKNOWN);
+	ck_assert_int_eq(access(root, F_OK), -1); /* building made nothing */
+	ds = cwt_parse(get);
+	free(get);
+	named_put(root, &get);
+	ck_assert_msg(cwt_run_ds(ds, NULL, &v, &n, err, sizeof(err)) ==
+			  CACHEW_OK, "%s", err);
+	assert_named_run(v, n, true, "built before the cache was written");
+	cwt_free(v, n);
+	cachew_dataset_release(ds);
+	/* Damaged: unknown at build, ECORRUPT at run, marked bad then. */
+	man = fmt("%s/%s/manifest", root, hex);
+	ck_assert_int_eq(truncate(man, 10), 0);
+	cwt_spec_is(get, "?");
+	ck_assert_int_eq(cwt_card(get), CACHEW_CARDINALITY_UNKNOWN);
+	cwt_run_fails(get, NULL, CACHEW_ECORRUPT, "corrupt");
+	free(man);
+	free(get);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* A manifest without names (written before names existed, here by the
+ * encoder with none) reads as before: the same data, unnamed. */
+START_TEST(get_of_a_manifest_without_names_reads_unnamed)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *get = NULL;
+	cachew_fingerprint fp = fp_of(NAMED_INPUT);
+	cwi_cache_manifest *m;
+	cachew_element **v;
+	cwi_strbuf sb;
+	size_t n;
+	char hex[33], err[512], *man;
+	cachew_err rv;
+	FILE *f;
+
+	named_put(root, &get);
+	m = manifest_of(root, &fp, &rv);
+	ck_assert_int_eq(rv, CACHEW_OK);
+	cwi_names_unref(m->names);
+	m->names = NULL;
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_cache_manifest_encode(m, &sb), CACHEW_OK);
+	cachew_fingerprint_hex(&fp, hex);
+	man = fmt("%s/%s/manifest", root, hex);
+	f = fopen(man, "wb");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(sb.data, 1, sb.len, f), sb.len);
+	ck_assert_int_eq(fclose(f), 0);
+	cwi_strbuf_free(&sb);
+	cwi_cache_manifest_free(m);
+	cwt_spec_is(get, "(i64[2], i64[])");
+	ck_assert_int_eq(cwt_card(get), 3);
+	ck_assert_msg(cwt_run(get, NULL, &v, &n, err, sizeof(err)) ==
+			  CACHEW_OK, "%s", err);
+	assert_named_run(v, n, false, "a manifest without names");
+	cwt_free(v, n);
+	free(man);
+	free(get);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* Building never waits long on storage: an S3 endpoint that takes the
+ * connection and never answers leaves cache_get's spec unknown after one
+ * short attempt (CWI_CACHE_PEEK_STALL_SECS), where a run's reads would
+ * retry for minutes. The test case's timeout bounds it. */
+START_TEST(get_build_gives_up_on_an_s3_root_that_does_not_answer)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t alen = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char url[64], *get;
+	cachew_dataset *ds;
+
+	ck_assert_int_ge(fd, 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(fd, 16), 0); /* never accepted */
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d", ntohs(a.sin_port));
+	setenv("AWS_ENDPOINT_URL", url, 1);
+	setenv("AWS_ACCESS_KEY_ID", "K", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "S", 1);
+	get = fmt("cache_get(\"s3://bkt/caches\", \"%032x\")", 7);
+	/* One stalled attempt of a few seconds, not the default 30 s stall
+	 * times 9 attempts (which the suite's 60 s timeout would cut). */
+	ds = cwt_parse(get);
+	ck_assert_uint_eq(cachew_dataset_num_components(ds), 0);
+	ck_assert_int_eq(cachew_dataset_cardinality(ds),
+	    CACHEW_CARDINALITY_UNKNOWN);
+	cachew_dataset_release(ds);
+	unsetenv("AWS_ENDPOINT_URL");
+	unsetenv("AWS_ACCESS_KEY_ID");
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	close(fd);
+	free(get);
+}
+END_TEST
+
 /* ---- the CLI ------------------------------------------------------------------------ */
 
 typedef struct cli_result {
@@ -1267,6 +1509,32 @@ cli_put(const char *root, const char *in)
 	cli_free(&r);
 	free(p);
 }
+
+/* `cachew head` prints the components of a named cache by name, and
+ * `cachew explain` its spec and cardinality. */
+START_TEST(cli_head_and_explain_of_a_named_cache)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *get = NULL;
+	cli_result r;
+
+	named_put(root, &get);
+	r = cli("head", "-n", "2", get);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_msg(strstr(r.out, "0: {image: i64[2] [1 2], label: 3}\n"
+				    "1: {image: i64[2] [1 2], label: 3}\n") !=
+			  NULL, "%s", r.out);
+	cli_free(&r);
+	r = cli("explain", get);
+	ck_assert_msg(r.status == 0, "%s", r.err);
+	ck_assert_msg(strstr(r.out, "spec={image: i64[2], label: i64[]} "
+				    "card=3") != NULL, "%s", r.out);
+	cli_free(&r);
+	free(get);
+	cwt_rmtree(dir);
+	free(root);
+	free(dir);
+}
+END_TEST
 
 START_TEST(cli_cache_help_lists_the_commands)
 {
@@ -2118,9 +2386,15 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, cache_under_repeat_fills_then_reads);
 	tcase_add_test(ops, cache_recomputes_after_a_corrupt_chunk);
 	tcase_add_test(ops, cache_recomputes_after_a_damaged_manifest);
+	tcase_add_test(ops, named_components_survive_put_then_get);
+	tcase_add_test(ops, get_spec_mismatch_is_refused_at_build);
+	tcase_add_test(ops, get_of_a_cache_missing_at_build_is_unknown_then_named);
+	tcase_add_test(ops, get_of_a_manifest_without_names_reads_unnamed);
+	tcase_add_test(ops, get_build_gives_up_on_an_s3_root_that_does_not_answer);
 
 	tcase_set_timeout(cli_tc, 60);
 	tcase_add_test(cli_tc, cli_cache_help_lists_the_commands);
+	tcase_add_test(cli_tc, cli_head_and_explain_of_a_named_cache);
 	tcase_add_test(cli_tc, cli_cache_usage_errors_exit_2);
 	tcase_add_test(cli_tc, cli_cache_ls_lists_fingerprint_state_and_pipeline);
 	tcase_add_test(cli_tc, cli_cache_ls_json_is_one_array);

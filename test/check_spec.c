@@ -297,6 +297,27 @@ START_TEST(elements_read_by_name)
 }
 END_TEST
 
+/* n batches of {image, label} whose labels are [7 8], named. */
+static void
+assert_label_batches(cachew_element **v, size_t n, size_t want)
+{
+	size_t i = 99;
+	char *s;
+
+	ck_assert_uint_eq(n, want);
+	s = cwt_join_i64(v, n, 1);
+	for (size_t j = 0; j < n; j++)
+		ck_assert_msg(strncmp(s + j * 6, "[7 8]", 5) == 0, "%s", s);
+	ck_assert_uint_eq(strlen(s), n * 6 - 1);
+	free(s);
+	for (size_t j = 0; j < n; j++) {
+		ck_assert_str_eq(cachew_element_name(v[j], 0), "image");
+		ck_assert_int_eq(cachew_element_find(v[j], "label", &i),
+		    CACHEW_OK);
+		ck_assert_uint_eq(i, 1);
+	}
+}
+
 /* Real worker processes send elements over tcp without names: the client
  * names them from the pipeline it submitted. */
 START_TEST(names_survive_remote_workers)
@@ -306,26 +327,56 @@ START_TEST(names_survive_remote_workers)
 	cwt_cluster c;
 	cachew_options *o;
 	cachew_element **v;
-	size_t n, i = 99;
-	char err[256], *s;
+	size_t n;
+	char err[256];
 
 	cwt_cluster_start(&c, 1);
 	o = cwt_opts_at(1, 0, c.dispatcher.url);
 	ck_assert_msg(cwt_run(p, o, &v, &n, err, sizeof(err)) == CACHEW_OK,
 	    "%s", err);
-	ck_assert_uint_eq(n, 3);
-	s = cwt_join_i64(v, n, 1);
-	ck_assert_str_eq(s, "[7 8],[7 8],[7 8]");
-	free(s);
-	for (size_t j = 0; j < n; j++) {
-		ck_assert_str_eq(cachew_element_name(v[j], 0), "image");
-		ck_assert_int_eq(cachew_element_find(v[j], "label", &i),
-		    CACHEW_OK);
-		ck_assert_uint_eq(i, 1);
-	}
+	assert_label_batches(v, n, 3);
 	cwt_free(v, n);
 	cachew_options_destroy(o);
 	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A cache of named components read by cache_get on a real worker process:
+ * the client knows the names from the cache's manifest at build and
+ * names what the worker sends. */
+START_TEST(cache_get_names_survive_remote_workers)
+{
+	const char *in = "from_list([{image=[1, 2], label=7}, {image=[3, 4], "
+			 "label=8}]) | repeat(2)";
+	cachew_dataset *ds = cwt_parse(in);
+	cachew_fingerprint fp;
+	cwt_cluster c;
+	cachew_options *o;
+	cachew_element **v;
+	size_t n;
+	char err[256], hex[33], *put, *get;
+
+	ck_assert_int_eq(cachew_dataset_fingerprint(ds, &fp), CACHEW_OK);
+	cachew_dataset_release(ds);
+	cachew_fingerprint_hex(&fp, hex);
+	/* Under the cluster's cache root: what its workers may read. */
+	cwt_cluster_start(&c, 1);
+	put = cwt_fmt("%s | cache_put(\"%s/cache\")", in, c.dir);
+	ck_assert_int_eq(cwt_run(put, NULL, &v, &n, err, sizeof(err)),
+	    CACHEW_OK);
+	cwt_free(v, n);
+	get = cwt_fmt("cache_get(\"%s/cache\", \"%s\") | batch(2)", c.dir,
+	    hex);
+	cwt_spec_is(get, "{image: i64[-1,2], label: i64[-1]}");
+	o = cwt_opts_at(1, 0, c.dispatcher.url);
+	ck_assert_msg(cwt_run(get, o, &v, &n, err, sizeof(err)) == CACHEW_OK,
+	    "%s", err);
+	assert_label_batches(v, n, 2);
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+	cwt_cluster_stop(&c);
+	free(get);
+	free(put);
 }
 END_TEST
 
@@ -404,6 +455,25 @@ START_TEST(user_functions_name_their_output)
 	ck_assert_uint_eq(i, 0);
 	ck_assert_int_eq(cwt_i64(v[2], i), 2);
 	cwt_free(v, n);
+	/* Through a cache: the spec is not known, so the writer records the
+	 * names the elements carry, and the pass that reads the cache (the
+	 * function is not run) gives them back from the manifest. */
+	{
+		char *dir = cwt_tmpdir();
+		char *p = cwt_fmt("range(3) | map(spec_test_naming) | "
+				  "cache(\"%s\")", dir);
+		for (int pass = 0; pass < 2; pass++) {
+			ck_assert_msg(cwt_run(p, NULL, &v, &n, err,
+					  sizeof(err)) == CACHEW_OK, "%s", err);
+			ck_assert_uint_eq(n, 3);
+			ck_assert_str_eq(cachew_element_name(v[2], 0), "value");
+			ck_assert_int_eq(cwt_i64(v[2], 0), 2);
+			cwt_free(v, n);
+		}
+		cwt_rmtree(dir);
+		free(p);
+		free(dir);
+	}
 }
 END_TEST
 
@@ -705,6 +775,7 @@ cwt_spec_suite(void)
 	tc = tcase_create("service");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, names_survive_remote_workers);
+	tcase_add_test(tc, cache_get_names_survive_remote_workers);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("take_while");

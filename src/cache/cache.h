@@ -78,6 +78,12 @@ typedef struct cwi_cache_manifest {
 	uint64_t bytes;         /* sum of chunk file sizes */
 	size_t ncomponents;     /* 0 for an empty cache */
 	cwi_cache_spec *spec;
+	/* The components' names (one reference, ncomponents entries, each
+	 * may be NULL), or NULL when none is named: what the dataset's spec
+	 * named when the cache was written. Kept apart from spec, which is
+	 * copied by value, so that the table is shared, never copied: the
+	 * elements read from the cache take references to it. */
+	cwi_names *names;
 	size_t nchunks;
 	cwi_cache_chunk_info *chunks;
 	/* Part files only (cwi_cache_parts_commit): the split units of the
@@ -103,6 +109,20 @@ cachew_err cwi_cache_manifest_decode(
  * there is none (no manifest, or marked bad), CACHEW_ECORRUPT when the
  * manifest is damaged (the cache is then marked bad). */
 cachew_err cwi_cache_lookup(cwi_cache_root *r, const cachew_fingerprint *fp,
+    cwi_cache_manifest **out);
+
+/* The manifest of fp under the root path `root`, read for a pipeline being
+ * built: unlike cwi_cache_lookup it has no side effect (no directory is
+ * created, a damaged manifest is not marked bad: the run that reads the
+ * cache reports it as before) and a remote read makes one attempt with
+ * short timeouts (CWI_CACHE_PEEK_*), so that building never waits long
+ * on slow storage. Local files must be regular (a FIFO never blocks it).
+ * CACHEW_ENOENT when there is no manifest or the cache is marked bad;
+ * CACHEW_ECORRUPT, CACHEW_EIO, CACHEW_EINVAL, CACHEW_ETIMEDOUT otherwise,
+ * with a message; the caller treats all of them as "not known". */
+#define CWI_CACHE_PEEK_CONNECT_MS 2000
+#define CWI_CACHE_PEEK_STALL_SECS 5
+cachew_err cwi_cache_peek(const char *root, const cachew_fingerprint *fp,
     cwi_cache_manifest **out);
 
 /* Marks a cache bad (reason recorded, logged at WARN): lookups no longer
@@ -132,6 +152,11 @@ typedef struct cwi_cache_writer_opts {
 	uint64_t part_write_id;
 	const cwi_unit_range *part_units;
 	size_t npart_units;
+	/* The names of the elements' components for the manifest (the
+	 * dataset's spec's), or NULL: borrowed, the writer takes its own
+	 * reference. Their count must be the elements' component count
+	 * (else the commit fails with CACHEW_ETYPE). */
+	cwi_names *names;
 } cwi_cache_writer_opts;
 
 /* Starts writing the cache of fp. CACHEW_EEXIST when a complete cache of

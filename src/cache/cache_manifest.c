@@ -24,12 +24,15 @@
 #define TRAILER_MAGIC "CWMF"
 #define TRAILER_SIZE 16
 #define MAX_NAME 255
+/* A component name: what cachew_element_set_name allows. */
+#define MAX_COMPONENT_NAME 255
 
 void
 cwi_cache_manifest_clear(cwi_cache_manifest *m)
 {
 	free(m->pipeline);
 	free(m->spec);
+	cwi_names_unref(m->names);
 	for (size_t i = 0; i < m->nchunks; i++)
 		free(m->chunks[i].name);
 	free(m->chunks);
@@ -69,6 +72,59 @@ put_u64(cwi_strbuf *sb, uint64_t v)
 	cwi_msgpack_put_int(sb, (int64_t)v);
 }
 
+/* A component name a manifest may hold: 1 to 255 bytes, none of them a
+ * control character (names are printed by `cachew head` and in messages,
+ * and a NUL would cut the C string short). Unique names are checked by
+ * the callers. */
+static bool
+component_name_ok(const char *s, size_t len)
+{
+	if (len == 0 || len > MAX_COMPONENT_NAME)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			return false;
+	return true;
+}
+
+/* The name of component i, or NULL. */
+static const char *
+component_name(const cwi_cache_manifest *m, size_t i)
+{
+	return m->names != NULL && i < m->names->n ? m->names->name[i] : NULL;
+}
+
+/* The writer refuses what the reader would: a manifest it writes always
+ * reads back. */
+static cachew_err
+check_names(const cwi_cache_manifest *m)
+{
+	if (m->names == NULL)
+		return CACHEW_OK;
+	if (m->names->n != m->ncomponents)
+		return cwi_fail(CACHEW_ETYPE,
+		    "manifest: %u component names for %zu components",
+		    m->names->n, m->ncomponents);
+	for (size_t i = 0; i < m->ncomponents; i++) {
+		const char *a = component_name(m, i);
+		if (a == NULL)
+			continue;
+		if (!component_name_ok(a, strlen(a)))
+			return cwi_fail(CACHEW_EINVAL,
+			    "manifest: component %zu's name is not 1 to %d "
+			    "bytes without control characters",
+			    i, MAX_COMPONENT_NAME);
+		for (size_t j = 0; j < i; j++) {
+			const char *b = component_name(m, j);
+			if (b != NULL && strcmp(a, b) == 0)
+				return cwi_fail(CACHEW_EINVAL,
+				    "manifest: components %zu and %zu are "
+				    "both named '%s'", j, i, a);
+		}
+	}
+	return CACHEW_OK;
+}
+
 cachew_err
 cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 {
@@ -77,9 +133,13 @@ cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 	uint8_t trailer[TRAILER_SIZE];
 	char fp[33];
 	uint64_t h;
+	cachew_err rv;
 
 	if (m->elements > INT64_MAX || m->bytes > INT64_MAX)
 		return cwi_fail(CACHEW_ERANGE, "manifest: totals out of range");
+	rv = check_names(m);
+	if (rv != CACHEW_OK)
+		return rv;
 	cachew_fingerprint_hex(&m->fp, fp);
 	/* Keys in strcmp order: the encoding is canonical. */
 	cwi_msgpack_put_map(sb, m->nunits > 0 ? 13 : 12);
@@ -128,9 +188,17 @@ cwi_cache_manifest_encode(const cwi_cache_manifest *m, cwi_strbuf *sb)
 	for (size_t i = 0; i < m->ncomponents; i++) {
 		const cwi_cache_spec *s = &m->spec[i];
 		const char *dt = cachew_dtype_name(s->dtype);
-		cwi_msgpack_put_map(sb, 2);
+		const char *name = component_name(m, i);
+		/* "name" only where there is one: a manifest of unnamed
+		 * components is byte for byte what writers before names
+		 * wrote. */
+		cwi_msgpack_put_map(sb, name != NULL ? 3 : 2);
 		put_key(sb, "dtype");
 		put_key(sb, dt != NULL ? dt : "");
+		if (name != NULL) {
+			put_key(sb, "name");
+			put_key(sb, name);
+		}
 		put_key(sb, "shape");
 		cwi_msgpack_put_array(sb, s->rank);
 		for (unsigned d = 0; d < s->rank; d++)
@@ -277,6 +345,48 @@ safe_name(const char *s, size_t len)
 	return true;
 }
 
+/* The optional "name" of each spec map (docs/cache-format.md, section
+ * 5): checked like everything else, then made the manifest's one shared
+ * names table when any component has one. */
+static cachew_err
+dec_names(const cwi_value *list, cwi_cache_manifest *m)
+{
+	const char *names[CACHEW_MAX_COMPONENTS] = {NULL};
+	char *copy[CACHEW_MAX_COMPONENTS] = {NULL};
+	cachew_err rv = CACHEW_OK;
+	bool any = false;
+	size_t n = list->u.list.n;
+
+	for (size_t i = 0; i < n && rv == CACHEW_OK; i++) {
+		const cwi_value *v = cwi_map_get(&list->u.list.items[i], "name");
+		if (v == NULL)
+			continue;
+		if (v->type != CWI_V_STR)
+			rv = bad("spec component %zu: 'name' is not a string", i);
+		else if (!component_name_ok(v->u.s.ptr, v->u.s.len))
+			rv = bad("spec component %zu: the name is not 1 to %d "
+				 "bytes without control characters",
+			    i, MAX_COMPONENT_NAME);
+		else if ((copy[i] = cwi_strndup(v->u.s.ptr, v->u.s.len)) ==
+		    NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		for (size_t j = 0; rv == CACHEW_OK && j < i; j++)
+			if (copy[j] != NULL && strcmp(copy[j], copy[i]) == 0)
+				rv = bad("spec components %zu and %zu are both "
+					 "named '%s'", j, i, copy[i]);
+		names[i] = copy[i];
+		any = true;
+	}
+	if (rv == CACHEW_OK && any) {
+		m->names = cwi_names_create((uint32_t)n, names);
+		if (m->names == NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < n; i++)
+		free(copy[i]);
+	return rv;
+}
+
 static cachew_err
 dec_spec(const cwi_value *list, cwi_cache_manifest *m)
 {
@@ -324,7 +434,7 @@ dec_spec(const cwi_value *list, cwi_cache_manifest *m)
 			s->shape[d] = dim->u.i;
 		}
 	}
-	return CACHEW_OK;
+	return dec_names(list, m);
 }
 
 /* The optional "writer_id" and "index" of a chunk (both or neither):

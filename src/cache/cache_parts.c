@@ -257,8 +257,24 @@ pick_cover(parts *p, uint64_t units_total, const char *dir)
 	return CACHEW_OK;
 }
 
-/* The picked parts' element specs, merged: same components, dtypes and
- * ranks; a dimension that differs varies (-1). */
+/* Both unnamed, or the same name for every component. */
+static bool
+names_equal(const cwi_names *a, const cwi_names *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	if (a->n != b->n)
+		return false;
+	for (uint32_t i = 0; i < a->n; i++)
+		if ((a->name[i] == NULL) != (b->name[i] == NULL) ||
+		    (a->name[i] != NULL && strcmp(a->name[i], b->name[i]) != 0))
+			return false;
+	return true;
+}
+
+/* The picked parts' element specs, merged: same components, dtypes,
+ * ranks and names (every lease runs the same pipeline); a dimension that
+ * differs varies (-1). */
 static cachew_err
 merge_spec(const parts *p, cwi_cache_manifest *out, const char *dir)
 {
@@ -275,6 +291,7 @@ merge_spec(const parts *p, cwi_cache_manifest *out, const char *dir)
 			memcpy(out->spec, m->spec,
 			    m->ncomponents * sizeof(*m->spec));
 			out->ncomponents = m->ncomponents;
+			out->names = cwi_names_ref(m->names);
 			first = false;
 			continue;
 		}
@@ -295,6 +312,11 @@ merge_spec(const parts *p, cwi_cache_manifest *out, const char *dir)
 				if (m->spec[c].shape[d] != s->shape[d])
 					s->shape[d] = -1;
 		}
+		if (!names_equal(m->names, out->names))
+			return cwi_fail(CACHEW_ETYPE,
+			    "cache %s: part %s names its components otherwise "
+			    "than the other parts", dir,
+			    base_name(p->v[i].path));
 	}
 	return CACHEW_OK;
 }

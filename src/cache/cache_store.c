@@ -127,14 +127,15 @@ cwi_cache_fsync_dir(const char *dir)
 
 /* ---- roots and paths ---------------------------------------------------- */
 
-cachew_err
-cwi_cache_root_open(
-    cwi_cache_root **out, const char *root, uint64_t capacity_bytes)
+/* A root's path as given, checked and without trailing '/'; nothing is
+ * created. */
+static cachew_err
+root_parse(cwi_cache_root **out, const char *root, uint64_t capacity_bytes)
 {
 	cwi_cache_root *r;
 	size_t len;
-	cachew_err rv;
 
+	*out = NULL;
 	if (root == NULL || *root == '\0')
 		return cwi_fail(CACHEW_EINVAL, "cache root: no path given");
 	if (strncmp(root, "file://", 7) == 0)
@@ -158,21 +159,33 @@ cwi_cache_root_open(
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
 	if (r->s3 && (len <= 5 || strchr(r->path + 5, '/') == r->path + 5)) {
-		rv = cwi_fail(CACHEW_EINVAL, "cache root %s: no bucket", root);
-		goto fail;
+		cwi_cache_root_close(r);
+		return cwi_fail(CACHEW_EINVAL, "cache root %s: no bucket", root);
 	}
+	*out = r;
+	return CACHEW_OK;
+}
+
+cachew_err
+cwi_cache_root_open(
+    cwi_cache_root **out, const char *root, uint64_t capacity_bytes)
+{
+	cwi_cache_root *r;
+	cachew_err rv = root_parse(&r, root, capacity_bytes);
+
+	if (rv != CACHEW_OK)
+		return rv;
 	/* A root a confined worker only reads (cache_get under an
 	 * --allow-read directory) is not created. */
 	if (!r->s3 && cwi_io_may_write(r->path)) {
 		rv = cwi_cache_mkdirs(r->path);
-		if (rv != CACHEW_OK)
-			goto fail;
+		if (rv != CACHEW_OK) {
+			cwi_cache_root_close(r);
+			return rv;
+		}
 	}
 	*out = r;
 	return CACHEW_OK;
-fail:
-	cwi_cache_root_close(r);
-	return rv;
 }
 
 void
@@ -226,19 +239,17 @@ cwi_cache_io_opts(cwi_io_opts *o)
 	o->regular_only = true;
 }
 
-cachew_err
-cwi_cache_read_small(const char *path, size_t limit, cwi_buffer **out,
-    size_t *len)
+static cachew_err
+read_small_opts(const char *path, size_t limit, const cwi_io_opts *io,
+    cwi_buffer **out, size_t *len)
 {
-	cwi_io_opts io;
 	cwi_file *f = NULL;
 	cwi_buffer *b = NULL;
 	size_t total = 0, got;
 	int64_t size;
 	cachew_err rv;
 
-	cwi_cache_io_opts(&io);
-	rv = cwi_file_open(&f, path, &io);
+	rv = cwi_file_open(&f, path, io);
 	if (rv != CACHEW_OK)
 		return rv;
 	size = cwi_file_size(f);
@@ -274,6 +285,16 @@ done:
 	*out = b;
 	*len = total;
 	return CACHEW_OK;
+}
+
+cachew_err
+cwi_cache_read_small(const char *path, size_t limit, cwi_buffer **out,
+    size_t *len)
+{
+	cwi_io_opts io;
+
+	cwi_cache_io_opts(&io);
+	return read_small_opts(path, limit, &io, out, len);
 }
 
 static cachew_err
@@ -667,6 +688,74 @@ cwi_cache_lookup(cwi_cache_root *r, const cachew_fingerprint *fp,
 done:
 	cwi_buffer_unref(b);
 	free(path);
+	return rv;
+}
+
+/* The reads of a build: one attempt, short timeouts (cache.h). */
+static void
+peek_io_opts(cwi_io_opts *o)
+{
+	cwi_cache_io_opts(o);
+	o->max_retries = 0;
+	if (o->connect_timeout_ms > CWI_CACHE_PEEK_CONNECT_MS)
+		o->connect_timeout_ms = CWI_CACHE_PEEK_CONNECT_MS;
+	if (o->low_speed_secs > CWI_CACHE_PEEK_STALL_SECS)
+		o->low_speed_secs = CWI_CACHE_PEEK_STALL_SECS;
+}
+
+cachew_err
+cwi_cache_peek(const char *root, const cachew_fingerprint *fp,
+    cwi_cache_manifest **out)
+{
+	cwi_cache_root *r = NULL;
+	cwi_cache_manifest *m = NULL;
+	cwi_buffer *b = NULL;
+	char *path = NULL, *bad = NULL;
+	cwi_io_opts io;
+	size_t len = 0;
+	cachew_err rv;
+
+	*out = NULL;
+	peek_io_opts(&io);
+	/* A confined worker (io_policy.h) builds only what it may read. */
+	rv = cwi_io_check_read(root);
+	if (rv == CACHEW_OK)
+		rv = root_parse(&r, root, 0);
+	if (rv != CACHEW_OK)
+		return rv;
+	path = cwi_cache_file_path(r, fp, CWI_CACHE_FILE_MANIFEST);
+	bad = cwi_cache_file_path(r, fp, CWI_CACHE_FILE_BAD);
+	if (path == NULL || bad == NULL) {
+		rv = CACHEW_ENOMEM;
+		goto done;
+	}
+	rv = read_small_opts(path, CWI_CACHE_MAX_MANIFEST_BYTES, &io, &b, &len);
+	if (rv == CACHEW_OK)
+		rv = cwi_cache_manifest_decode(b->data, len, &m);
+	if (rv == CACHEW_OK && (m->fp.hi != fp->hi || m->fp.lo != fp->lo))
+		rv = cwi_fail(CACHEW_ECORRUPT,
+		    "%s: the manifest is that of another fingerprint", path);
+	cwi_buffer_unref(b);
+	b = NULL;
+	/* A cache marked bad is not one (cwi_cache_lookup); a marker that
+	 * cannot be read counts as one. */
+	if (rv == CACHEW_OK &&
+	    (r->s3 || access(bad, F_OK) == 0 || errno != ENOENT)) {
+		cachew_err brv = read_small_opts(bad, CWI_CACHE_MAX_REASON,
+		    &io, &b, &len);
+		if (brv != CACHEW_ENOENT)
+			rv = cwi_fail(CACHEW_ENOENT, "%s: the cache is marked bad",
+			    bad);
+		cwi_buffer_unref(b);
+	}
+	if (rv == CACHEW_OK)
+		*out = m;
+	else
+		cwi_cache_manifest_free(m);
+done:
+	free(bad);
+	free(path);
+	cwi_cache_root_close(r);
 	return rv;
 }
 

@@ -821,6 +821,7 @@ apply_opts(cwi_cache_writer *w, const cwi_cache_writer_opts *opts)
 {
 	if (opts != NULL)
 		w->o = *opts;
+	cwi_names_ref(w->o.names); /* destroy drops it */
 	if (w->o.part_write_id != 0) {
 		if (w->o.npart_units == 0 || w->o.npart_units > (1u << 20))
 			return cwi_fail(CACHEW_EINVAL,
@@ -958,6 +959,8 @@ cwi_cache_writer_commit(cwi_cache_writer *w)
 	m.bytes = w->chunk_bytes_total;
 	m.ncomponents = w->ncomp;
 	m.spec = w->spec;
+	/* An empty cache has no components to name. */
+	m.names = w->ncomp > 0 ? w->o.names : NULL;
 	m.nchunks = w->nchunks;
 	m.chunks = w->chunks;
 	m.units = w->part_units;
@@ -1051,6 +1054,7 @@ cwi_cache_writer_destroy(cwi_cache_writer *w)
 	cwi_strbuf_free(&w->cur.mem);
 	free(w->threads);
 	free(w->part_units);
+	cwi_names_unref(w->o.names);
 	free(w->pipeline);
 	free(w->dir);
 	free(w->errmsg);

@@ -188,6 +188,20 @@ put_warn(put_pass *p, const char *what, cachew_err rv)
 
 static cwi_cache_root *put_root_open(const cwi_node *node, uint64_t capacity);
 
+/* The component names the manifest records (one reference, or NULL): the
+ * dataset's spec's; where the spec is not known (after a user function),
+ * the names the first element carries, which a function gives with
+ * cachew_element_set_name and the iterator keeps. */
+static cwi_names *
+put_names(const cwi_node *node, const cwi_chunk *v, size_t first)
+{
+	if (node->spec.known)
+		return cwi_spec_names(&node->spec);
+	if (v != NULL && first < v->n)
+		return cwi_names_ref(v->v[first]->names);
+	return NULL;
+}
+
 /* Starts the writer with the first elements pulled, v[first..n) (an
  * iterator that is created and destroyed unused writes nothing). */
 static void
@@ -206,6 +220,7 @@ put_begin(put_pass *p, const cwi_chunk *v, size_t first)
 	if (p->root == NULL)
 		return;
 	o = writer_opts(node, v, first);
+	o.names = put_names(node, v, first);
 	o.part_write_id = p->part_write_id;
 	o.part_units = p->part_units;
 	o.npart_units = p->npart_units;
@@ -228,6 +243,7 @@ put_begin(put_pass *p, const cwi_chunk *v, size_t first)
 		rv = cwi_cache_writer_create(
 		    &p->w, p->root, cwi_node_fp(node), pipeline, &o);
 	cachew_free(pipeline);
+	cwi_names_unref(o.names);
 	if (rv == CACHEW_EEXIST) {
 		char hex[33];
 		cachew_fingerprint_hex(cwi_node_fp(node), hex);
@@ -379,6 +395,11 @@ typedef struct get_read {
 	bool cons_waiting;
 	int work_waiting;
 	char errmsg[1024];       /* consumer: the failure rd_take returned */
+	/* The manifest's names (borrowed from m) when the node's spec was
+	 * not known at build (the cache did not exist yet, or a user
+	 * function came before `cache`): the elements then carry them
+	 * themselves, since the iterator has no spec to name them from. */
+	cwi_names *names;
 } get_read;
 
 static void
@@ -571,6 +592,27 @@ rd_start(get_read *g)
 	return CACHEW_OK;
 }
 
+/* Gives out->v[first..n) the manifest's names (rd_init says when). The
+ * reader's elements are new, so this is a reference each; a shared one
+ * is cloned (a shared element is immutable). ENOMEM leaves one unnamed. */
+static void
+rd_name(const get_read *g, cwi_chunk *out, size_t first)
+{
+	for (size_t i = first; g->names != NULL && i < out->n; i++) {
+		cwi_element *e = out->v[i], *c;
+		if (e->n != g->names->n || e->names == g->names)
+			continue;
+		if (!cwi_element_unique(e)) {
+			c = cwi_element_clone(e);
+			if (c == NULL)
+				continue;
+			cwi_element_release(e);
+			out->v[i] = e = c;
+		}
+		cwi_element_set_names(e, g->names);
+	}
+}
+
 /* Moves up to max elements in read order into out. CACHEW_EOF after the
  * last chunk; a read failure is returned (with its message in g->errmsg)
  * once every element before it was delivered. */
@@ -654,6 +696,7 @@ rd_take(get_read *g, cwi_chunk *out, size_t max)
 	pthread_mutex_unlock(&g->lock);
 	if (wake)
 		pthread_cond_broadcast(&g->cv_work);
+	rd_name(g, out, out->n - got);
 	return rv;
 }
 
@@ -708,6 +751,7 @@ rd_init(get_read *g, const cwi_node *node, cwi_pipeline *pl,
 	g->stats = cwi_pipeline_stats(pl, node);
 	g->root = root;
 	g->m = m;
+	g->names = node->spec.known ? NULL : m->names;
 	cwi_mutex_init(&g->lock);
 	pthread_cond_init(&g->cv_work, NULL);
 	pthread_cond_init(&g->cv_cons, NULL);
@@ -1109,6 +1153,43 @@ get_validate(cwi_node *node)
 	return CACHEW_OK;
 }
 
+/* The spec and cardinality of a cache that exists when the node is built:
+ * its manifest's (names included), so that a mismatch downstream is
+ * refused at build and the elements are named. A cache that does not
+ * exist yet, or cannot be read now (slow or unreachable storage: the
+ * read makes one short attempt, cwi_cache_peek), leaves both unknown;
+ * the run reports what is wrong with it as it always did. An empty
+ * cache has a cardinality of 0 and no spec to give. */
+static cachew_err
+get_infer(cwi_node *node)
+{
+	cwi_cache_manifest *m = NULL;
+	cachew_fingerprint fp;
+	cachew_err rv;
+
+	if (!fp_parse(cwi_node_str(node, "fingerprint"), &fp))
+		return CACHEW_OK;
+	rv = cwi_cache_peek(cwi_node_str(node, "root"), &fp, &m);
+	if (rv != CACHEW_OK) {
+		cwi_clear_errmsg();
+		return CACHEW_OK;
+	}
+	node->card = (int64_t)m->elements; /* < 2^63: decoded */
+	rv = CACHEW_OK;
+	if (m->ncomponents > 0)
+		rv = cwi_spec_init(&node->spec, (uint32_t)m->ncomponents);
+	for (size_t i = 0; rv == CACHEW_OK && i < m->ncomponents; i++) {
+		cwi_comp_spec *c = &node->spec.comp[i];
+		c->dtype = (uint8_t)m->spec[i].dtype;
+		c->rank = (uint8_t)m->spec[i].rank;
+		memcpy(c->shape, m->spec[i].shape, sizeof(c->shape));
+		if (m->names != NULL)
+			rv = cwi_comp_spec_name(c, m->names->name[i]);
+	}
+	cwi_cache_manifest_free(m);
+	return rv;
+}
+
 /* ---- cache -------------------------------------------------------------------- */
 
 typedef struct cache_iter {
@@ -1452,9 +1533,18 @@ const cwi_dataset_op cwi_op_cache_get = {
     .flags = CWI_OPF_SOURCE | CWI_OPF_SPLITTABLE | CWI_OPF_ASYNC |
 		CWI_OPF_FP_PARAM,
     .validate = get_validate,
+    .infer = get_infer,
     .iter_create = get_create,
     .split_units = get_split_units,
     .saves = "the count of elements delivered: a restore reads past them",
+    .note = "Element spec and cardinality: when the cache exists as the "
+	"pipeline is built, its manifest's spec (with the component names "
+	"the cached dataset had) and its element count, so elements come "
+	"out named and a mismatch downstream is refused at build; when it "
+	"does not exist yet, or its manifest cannot be read then (damaged, "
+	"marked bad, or storage that does not answer in one short attempt), "
+	"both are unknown (`spec=?`) and the run reports what is wrong as "
+	"before (docs/cache.md).",
 };
 
 const cwi_dataset_op cwi_op_cache = {

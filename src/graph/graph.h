@@ -81,7 +81,9 @@ void cwi_card_print(cwi_strbuf *sb, int64_t card);
 
 /* Sets node->spec and node->card from its op's infer rule (or the default
  * one), after its params are bound and validated; refusals are
- * CACHEW_EINVAL naming the operator. */
+ * CACHEW_EINVAL naming the operator. A rule reads no element; cache_get's
+ * reads its cache's manifest, bounded (cwi_cache_peek: one short attempt,
+ * never a FIFO), and takes a failure as "not known". */
 cachew_err cwi_node_infer(cwi_node *node);
 /* Rules operators share: the input's spec and cardinality; the input's
  * spec with an unknown cardinality. */
@@ -312,8 +314,10 @@ const cwi_value *cwi_node_value(const cwi_node *n, const char *key);
 /* The node's fingerprint (docs/graph-format.md, section 5), valid as long
  * as the node. Building a node computes it, except where the node or one
  * upstream of it reads s3:// or gs:// globs: listing the bucket for the
- * objects' identity is network I/O, which building never does, so the
- * first call lists it (and may then block for as long as that takes).
+ * objects' identity is network I/O of any length (pages, retries), which
+ * building never waits for (cache_get's one bounded manifest read is the
+ * only I/O of a build), so the first call lists it (and may then block
+ * for as long as that takes).
  * Cannot fail: a listing that fails hashes the pattern's text instead.
  * Thread-safe. */
 const cachew_fingerprint *cwi_node_fp(const cwi_node *n);

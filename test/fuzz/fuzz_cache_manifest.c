@@ -3,8 +3,8 @@
  *
  * Decoding must end in CACHEW_OK or CACHEW_ECORRUPT ("manifest: ...").
  * A manifest that decodes must be consistent (the chunks' sums are the
- * totals, names are plain file names) and must re-encode to bytes that
- * decode to the same manifest. The input is also tried with its trailer
+ * totals, names are plain file names, component names are checked) and
+ * must re-encode to bytes that decode to the same manifest. The input is also tried with its trailer
  * recomputed, so that the fuzzer reaches the body's checks past the
  * checksum.
  */
@@ -41,6 +41,21 @@ same(const cwi_cache_manifest *a, const cwi_cache_manifest *b)
 		    a->chunks[i].writer_id != b->chunks[i].writer_id ||
 		    a->chunks[i].index != b->chunks[i].index)
 			abort();
+	/* Names: both unnamed, or the same table (decoded names are
+	 * 1 to 255 bytes without control characters, and unique). */
+	if ((a->names == NULL) != (b->names == NULL))
+		abort();
+	for (uint32_t i = 0; a->names != NULL && i < a->names->n; i++) {
+		const char *x = a->names->name[i], *y = b->names->name[i];
+		if (a->names->n != b->names->n || a->names->n != a->ncomponents ||
+		    (x == NULL) != (y == NULL) ||
+		    (x != NULL && (strcmp(x, y) != 0 || x[0] == '\0' ||
+				      strlen(x) > 255)))
+			abort();
+		for (const char *c = x; c != NULL && *c != '\0'; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				abort();
+	}
 	if (a->nunits != b->nunits)
 		abort();
 	for (size_t i = 0; i < a->nunits; i++)
