@@ -4,10 +4,11 @@
  *
  * A cache lives in <root>/<fingerprint hex>/ where root is a local or
  * shared-file-system directory or s3://bucket/prefix. Writers produce chunk
- * files (header + zstd frames of msgpack elements) under temporary names,
+ * files (header + records of msgpack elements, each a zstd frame or stored
+ * as they are when they do not compress) under temporary names,
  * fsync and rename them, then write the manifest last by atomic rename:
  * without a manifest a cache does not exist. Readers verify everything they
- * read (frame checksums, chunk sizes and checksums from the manifest, the
+ * read (record checksums, chunk sizes and checksums from the manifest, the
  * element spec) and report a mismatch naming the file; a bad cache is
  * marked bad and never read again.
  *
