@@ -329,7 +329,8 @@ fail:
 	return rv;
 }
 
-/* The trailer: the counts, the size and the whole-file checksum. */
+/* The trailer: the counts, the size and the manifest's XXH64 (of the whole
+ * file, or of its skeleton). */
 static cachew_err
 finish(cwi_cache_reader *rd)
 {
