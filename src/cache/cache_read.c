@@ -56,7 +56,7 @@ struct cwi_cache_reader {
 	uint32_t version;     /* the chunk format, from its header */
 	size_t rec_size;      /* its record header size */
 	XXH64_state_t hash;   /* the manifest's: whole file, or skeleton */
-	XXH3_state_t content; /* a stored record's payload */
+	XXH3_state_t content; /* a format 2 record's payload */
 	uint64_t pos; /* bytes read from the file */
 	uint64_t ra_end; /* local: readahead requested up to here */
 	uint64_t elements, ubytes;
@@ -310,8 +310,8 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 		    rd->path);
 	else if (rv == CACHEW_EINVAL) /* not a regular file: damage */
 		rv = cwi_fail(CACHEW_ECORRUPT, "%s", cwi_errmsg_get());
-	/* Read front to back once: the kernel may read ahead twice as far
-	 * and drop pages behind (a cold read is then the disk's rate). */
+	/* Read front to back once: Linux then doubles its readahead window
+	 * for the file, besides the WILLNEED windows read_exact asks for. */
 	if (rv == CACHEW_OK && cwi_file_fd(rd->f) >= 0)
 		(void)posix_fadvise(cwi_file_fd(rd->f), 0, 0,
 		    POSIX_FADV_SEQUENTIAL);
