@@ -639,6 +639,261 @@ START_TEST(test_chunk_decode_reads_a_chunk_in_memory)
 }
 END_TEST
 
+/* ---- chunk formats: stored records, format 1 ---------------------------- */
+
+/* Elements whose u8 payload (`bytes` each) is random (incompressible) or
+ * zeros (compressible), with their index as an i64. */
+static void
+elems_payload(cwi_element **v, size_t n, size_t bytes, bool random)
+{
+	for (size_t i = 0; i < n; i++) {
+		int64_t s[1] = {(int64_t)bytes};
+		cwi_element *e = elem_new(2);
+		if (random) {
+			set_random(e, 0, 1, s, i + 1);
+		} else {
+			uint8_t *p;
+			ck_assert_int_eq(cwi_tensor_init_alloc(&e->comp[0],
+					     CACHEW_U8, 1, s, true, &p),
+			    CACHEW_OK);
+		}
+		cwi_tensor_init_i64(&e->comp[1], (int64_t)i);
+		v[i] = e;
+	}
+}
+
+/* Releases n elements of an array the caller owns. */
+static void
+elems_release(cwi_element **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(v[i]);
+}
+
+/* The chunk format version, and the kinds and element counts of the
+ * records of a chunk file (read off its bytes as docs/cache-format.md
+ * lays them out). */
+static uint32_t
+chunk_kinds(const char *path, uint32_t *kinds, uint32_t *nelems, size_t max,
+    size_t *nkinds)
+{
+	size_t len, pos = CWI_CHUNK_HEADER_SIZE;
+	uint8_t *p = slurp(path, &len);
+	uint32_t version;
+	cwi_chunk_header h;
+
+	ck_assert_int_eq(cwi_chunk_header_parse(p, path, &h), CACHEW_OK);
+	version = h.version;
+	*nkinds = 0;
+	for (;;) {
+		cwi_chunk_rec r;
+		bool trailer;
+		ck_assert_int_eq(cwi_chunk_rec_parse(p + pos, version, path,
+				     pos, &r, &trailer),
+		    CACHEW_OK);
+		if (trailer)
+			break;
+		ck_assert_uint_lt(*nkinds, max);
+		nelems[*nkinds] = r.nelem;
+		kinds[(*nkinds)++] = r.kind;
+		pos += cwi_chunk_rec_size(version) + r.clen;
+	}
+	free(p);
+	return version;
+}
+
+/* Writes n elements in the given chunk format (0: the current one) and
+ * checks what its one chunk holds: its version and that every record is
+ * of kind `kind`. The records' element counts go to nelems (64), and
+ * their number is returned. */
+static size_t
+write_and_check_kinds(cwi_cache_root *r, const char *dir,
+    const cachew_fingerprint *fp, cwi_element **v, size_t n,
+    uint32_t chunk_version, uint32_t want_version, uint32_t kind,
+    uint32_t *nelems)
+{
+	cwi_cache_writer_opts o = {.frame_bytes = 50000,
+	    .chunk_version = chunk_version};
+	uint32_t kinds[64];
+	size_t nkinds;
+	cwi_cache_manifest *m;
+	char *chunk;
+
+	write_cache(r, fp, v, n, &o);
+	m = lookup_ok(r, fp);
+	ck_assert_uint_eq(m->nchunks, 1);
+	chunk = path_in(dir, fp, m->chunks[0].name);
+	ck_assert_uint_eq(chunk_kinds(chunk, kinds, nelems, 64, &nkinds),
+	    want_version);
+	ck_assert_uint_ge(nkinds, 2);
+	for (size_t i = 0; i < nkinds; i++)
+		ck_assert_msg(kinds[i] == kind, "record %zu is of kind %u, not %u",
+		    i, kinds[i], kind);
+	free(chunk);
+	cwi_cache_manifest_free(m);
+	return nkinds;
+}
+
+/* Writers write format 2, with incompressible frames stored and
+ * compressible ones as zstd frames; format 1 (all zstd) still reads;
+ * both read back every element, and both pass verify. */
+START_TEST(test_chunk_formats_1_and_2_both_read)
+{
+	char *dir = cwt_tmpdir();
+	cwi_cache_root *r = root_at(dir, 0);
+	cwi_element *noise[20], *zeros[20];
+	struct {
+		cwi_element **v;
+		uint32_t version, want, kind;
+	} cases[] = {
+	    {noise, 0, 2, CWI_CHUNK_REC_STORED},
+	    {zeros, 0, 2, CWI_CHUNK_REC_ZSTD},
+	    {noise, 1, 1, CWI_CHUNK_REC_ZSTD},
+	    {zeros, 1, 1, CWI_CHUNK_REC_ZSTD},
+	};
+
+	elems_payload(noise, 20, 20000, true);
+	elems_payload(zeros, 20, 20000, false);
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		cachew_fingerprint fp = fp_of(100 + c);
+		cwi_element **got = NULL;
+		size_t ngot = 0;
+		char err[512];
+		uint32_t nelems[64];
+
+		write_and_check_kinds(r, dir, &fp, cases[c].v, 20,
+		    cases[c].version, cases[c].want, cases[c].kind, nelems);
+		ck_assert_msg(read_cache(r, &fp, &got, &ngot, err,
+				  sizeof(err)) == CACHEW_OK,
+		    "case %zu: %s", c, err);
+		assert_same(got, ngot, cases[c].v, 20);
+		elems_free(got, ngot);
+		ck_assert_msg(cwi_cache_verify(r, &fp) == CACHEW_OK,
+		    "case %zu: %s", c, cachew_errmsg());
+	}
+	elems_release(noise, 20);
+	elems_release(zeros, 20);
+	cwi_cache_root_close(r);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
+/* A cache of 20 incompressible elements of 20 KB in one chunk of stored
+ * records. */
+typedef struct stored_cache {
+	char *dir;
+	cwi_cache_root *r;
+	cachew_fingerprint fp;
+	cwi_element *v[20];
+	uint32_t nelems[64]; /* elements per record */
+	size_t nrec;
+} stored_cache;
+
+static void
+stored_setup(stored_cache *c)
+{
+	c->dir = cwt_tmpdir();
+	c->r = root_at(c->dir, 0);
+	c->fp = fp_of(120);
+	elems_payload(c->v, 20, 20000, true);
+	c->nrec = write_and_check_kinds(c->r, c->dir, &c->fp, c->v, 20, 0, 2,
+	    CWI_CHUNK_REC_STORED, c->nelems);
+}
+
+static void
+stored_teardown(stored_cache *c)
+{
+	elems_release(c->v, 20);
+	cwi_cache_root_close(c->r);
+	cwt_rmtree(c->dir);
+	free(c->dir);
+}
+
+/* A stored record's elements point into the buffer the record was read
+ * into: no copy after the read (one buffer per record, shared). */
+START_TEST(test_stored_records_are_slices_of_the_read_buffer)
+{
+	stored_cache c;
+	cwi_element **got = NULL;
+	size_t ngot = 0, first = 0, shared = 0;
+	const uint32_t *nelems = c.nelems;
+	char err[512];
+
+	stored_setup(&c);
+	ck_assert_msg(read_cache(c.r, &c.fp, &got, &ngot, err, sizeof(err)) ==
+		CACHEW_OK,
+	    "%s", err);
+	assert_same(got, ngot, c.v, 20);
+	/* Every element of a record, every component, points into one
+	 * buffer of the record's size; the next record has another. */
+	for (size_t k = 0; k < c.nrec; first += nelems[k++]) {
+		const cwi_buffer *b = got[first]->comp[0].buf;
+		ck_assert_ptr_nonnull(b);
+		ck_assert_uint_ge(b->size, nelems[k] * 20000u);
+		ck_assert_uint_lt(b->size, nelems[k] * 20100u);
+		if (k > 0)
+			ck_assert_ptr_ne(b, got[first - 1]->comp[0].buf);
+		for (size_t i = first; i < first + nelems[k]; i++) {
+			const cwi_tensor *t = &got[i]->comp[0];
+			ck_assert_ptr_eq(t->buf, b);
+			ck_assert(cwi_tensor_data(t) >= b->data &&
+			    cwi_tensor_data(t) + 20000 <= b->data + b->size);
+			/* Aligned as section 4 promises. */
+			ck_assert_uint_eq((uintptr_t)cwi_tensor_data(t) % 16, 0);
+			shared += nelems[k] > 1;
+		}
+	}
+	ck_assert_uint_eq(first, 20);
+	ck_assert_uint_gt(shared, 10);
+	elems_free(got, ngot);
+	stored_teardown(&c);
+}
+END_TEST
+
+/* A byte changed inside a stored record's payload is found by its XXH3
+ * before any of its elements is yielded, and the error names the chunk,
+ * the record and where its payload starts. */
+START_TEST(test_damaged_stored_record_is_named)
+{
+	stored_cache c;
+	cwi_element **got = NULL;
+	size_t ngot = 0, len, pos = CWI_CHUNK_HEADER_SIZE;
+	char err[512], want[64];
+	cwi_cache_manifest *m;
+	char *chunk;
+	uint8_t *p;
+	cwi_chunk_rec rec;
+	bool trailer;
+
+	stored_setup(&c);
+	m = lookup_ok(c.r, &c.fp);
+	chunk = path_in(c.dir, &c.fp, m->chunks[0].name);
+	p = slurp(chunk, &len);
+	/* Record 1's payload: after record 0's header and payload. */
+	ck_assert_int_eq(cwi_chunk_rec_parse(p + pos, 2, chunk, pos, &rec,
+			     &trailer),
+	    CACHEW_OK);
+	pos += CWI_CHUNK_REC2_SIZE + rec.clen + CWI_CHUNK_REC2_SIZE;
+	p[pos + 5000] ^= 0x01;
+	cwt_write_file(chunk, p, len);
+	ck_assert_int_eq(read_cache(c.r, &c.fp, &got, &ngot, err, sizeof(err)),
+	    CACHEW_ECORRUPT);
+	/* Record 0's elements, none of record 1's. */
+	ck_assert_uint_eq(ngot, c.nelems[0]);
+	assert_prefix(got, ngot, c.v, 20);
+	snprintf(want, sizeof(want), "from byte %zu", pos);
+	ck_assert_msg(strstr(err, chunk) != NULL && strstr(err, "record 1") &&
+		strstr(err, want) != NULL && strstr(err, "XXH3") != NULL,
+	    "%s", err);
+	elems_free(got, ngot);
+	free(p);
+	free(chunk);
+	cwi_cache_manifest_free(m);
+	stored_teardown(&c);
+}
+END_TEST
+
 /* ---- writers: abort, exclusion, dead writers ---------------------------- */
 
 START_TEST(test_abort_leaves_nothing_visible)
@@ -841,9 +1096,10 @@ typedef struct damaged {
 
 /* A cache of 3 chunks of mixed elements to damage. */
 static void
-damaged_setup(damaged *d)
+damaged_setup_version(damaged *d, uint32_t chunk_version)
 {
-	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300};
+	cwi_cache_writer_opts o = {.chunk_bytes = 1000, .frame_bytes = 300,
+	    .chunk_version = chunk_version};
 	cwi_cache_manifest *m;
 
 	memset(d, 0, sizeof(*d));
@@ -874,6 +1130,13 @@ damaged_setup(damaged *d)
 	d->manifest = path_in(d->dir, &d->fp, "manifest");
 	d->bad = path_in(d->dir, &d->fp, "BAD");
 	d->morig = slurp(d->manifest, &d->mlen);
+}
+
+/* A damaged-cache fixture in the format writers write. */
+static void
+damaged_setup(damaged *d)
+{
+	damaged_setup_version(d, 0);
 }
 
 /* Rewrites what differs from the original (rewriting a file costs
@@ -941,12 +1204,14 @@ expect_detected(damaged *d, const char *file, const char *what)
 	ck_assert_int_eq(cwi_cache_lookup(d->r, &d->fp, &m), CACHEW_ENOENT);
 }
 
-START_TEST(test_flipped_bits_in_chunks_are_detected)
+/* Flips every 37th bit of every chunk, one at a time: each is found. */
+static void
+expect_flips_detected(uint32_t chunk_version)
 {
 	damaged d;
 	size_t flips = 0;
 
-	damaged_setup(&d);
+	damaged_setup_version(&d, chunk_version);
 	for (size_t c = 0; c < d.nchunks; c++) {
 		/* Every byte of the header, record headers, frames and
 		 * trailer is covered by some flip (step coprime with 8). */
@@ -965,6 +1230,19 @@ START_TEST(test_flipped_bits_in_chunks_are_detected)
 	}
 	ck_assert_uint_gt(flips, 100);
 	damaged_free(&d);
+}
+
+START_TEST(test_flipped_bits_in_chunks_are_detected)
+{
+	expect_flips_detected(0);
+}
+END_TEST
+
+/* Caches written before chunk format 2 keep reading, with every defect
+ * still found. */
+START_TEST(test_flipped_bits_in_v1_chunks_are_detected)
+{
+	expect_flips_detected(1);
 }
 END_TEST
 
@@ -2285,6 +2563,10 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_dead_writer_leftovers_are_partial_and_replaced);
 	tcase_add_test(tc, test_elements_of_another_spec_fail_the_write);
 	tcase_add_test(tc, test_flipped_bits_in_chunks_are_detected);
+	tcase_add_test(tc, test_flipped_bits_in_v1_chunks_are_detected);
+	tcase_add_test(tc, test_chunk_formats_1_and_2_both_read);
+	tcase_add_test(tc, test_stored_records_are_slices_of_the_read_buffer);
+	tcase_add_test(tc, test_damaged_stored_record_is_named);
 	tcase_add_test(tc, test_truncated_and_extended_chunks_are_detected);
 	tcase_add_test(tc, test_missing_and_swapped_chunks_are_detected);
 	tcase_add_test(tc, test_flipped_bits_in_the_manifest_are_detected);

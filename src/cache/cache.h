@@ -4,10 +4,11 @@
  *
  * A cache lives in <root>/<fingerprint hex>/ where root is a local or
  * shared-file-system directory or s3://bucket/prefix. Writers produce chunk
- * files (header + zstd frames of msgpack elements) under temporary names,
+ * files (header + records of msgpack elements, each a zstd frame or stored
+ * as they are when they do not compress) under temporary names,
  * fsync and rename them, then write the manifest last by atomic rename:
  * without a manifest a cache does not exist. Readers verify everything they
- * read (frame checksums, chunk sizes and checksums from the manifest, the
+ * read (record checksums, chunk sizes and checksums from the manifest, the
  * element spec) and report a mismatch naming the file; a bad cache is
  * marked bad and never read again.
  *
@@ -21,6 +22,8 @@
 #include "../core/element_codec.h"
 #include "../exec/exec.h"
 
+/* The manifest's format version (docs/cache-format.md, section 5). Chunk
+ * files have their own (cache_int.h, CWI_CHUNK_VERSION). */
 #define CWI_CACHE_FORMAT_VERSION 1u
 
 /* Defaults; the cache_put/cache operators expose them as parameters. */
@@ -56,7 +59,10 @@ typedef struct cwi_cache_chunk_info {
 	char *name;        /* file name inside the cache directory */
 	uint64_t elements;
 	uint64_t bytes;    /* file size */
-	uint64_t xxh64;    /* XXH64 (seed 0) of the whole file */
+	/* XXH64 (seed 0) of the whole file (chunk format 1), or of its
+	 * skeleton: header, record headers and trailer, whose record headers
+	 * carry their payloads' hashes (format 2). */
+	uint64_t xxh64;
 	/* What the chunk's header says: the id of the writer that wrote it
 	 * and its index in that writer's output. A cache written by one
 	 * writer has writer_id == the manifest's cache_id and index == the
@@ -157,6 +163,9 @@ typedef struct cwi_cache_writer_opts {
 	 * reference. Their count must be the elements' component count
 	 * (else the commit fails with CACHEW_ETYPE). */
 	cwi_names *names;
+	/* The chunk format to write: 0 for the current one (2); 1 writes the
+	 * previous format, so tests can check that old caches still read. */
+	uint32_t chunk_version;
 } cwi_cache_writer_opts;
 
 /* Starts writing the cache of fp. CACHEW_EEXIST when a complete cache of
@@ -221,10 +230,12 @@ cachew_err cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
  * one; CACHEW_ECORRUPT naming the file on any mismatch (a bad frame, a
  * short file, more or fewer elements than the manifest says, an element
  * that does not match the spec). Elements are zero-copy views of the
- * decompressed frame. No element of a damaged frame is ever appended:
- * a frame is verified (zstd checksum, size, every element decoded and
+ * record's buffer: the bytes read (a stored record) or the decompressed
+ * frame. No element of a damaged record is ever appended: a record is
+ * verified (its XXH3 or zstd checksum, size, every element decoded and
  * checked against the spec) before any of its elements is handed out;
- * the whole-file size and XXH64 are checked after the last frame. On
+ * the file's size and XXH64 (of the whole file, or of its skeleton) are
+ * checked after the last record. On
  * CACHEW_ECORRUPT the reader has already marked the cache bad. Errors
  * are sticky. */
 cachew_err cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out,

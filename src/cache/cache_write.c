@@ -35,8 +35,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t in the writer */
-#include <xxhash.h>
 
 typedef struct wrec {
 	size_t len; /* bytes in job->out: record header + frame */
@@ -168,9 +166,8 @@ flush_frame(cwi_cache_writer *w, ZSTD_CCtx *cctx, cwi_strbuf *frame,
 	size_t before = j->out.len;
 	cachew_err rv;
 
-	(void)w;
-	rv = cwi_chunk_frame_encode(cctx, w->o.zstd_level, frame->data,
-	    frame->len, nelem, &j->out);
+	rv = cwi_chunk_frame_encode(cctx, w->o.chunk_version, w->o.zstd_level,
+	    frame->data, frame->len, nelem, &j->out);
 	if (rv == CACHEW_OK)
 		rv = job_push_rec(j, j->out.len - before, nelem,
 		    (uint32_t)frame->len);
@@ -216,13 +213,16 @@ encode_job(cwi_cache_writer *w, ZSTD_CCtx *cctx, cwi_strbuf *frame, wjob *j)
 
 /* ---- chunk files -------------------------------------------------------- */
 
+/* Appends len bytes to the chunk; the first `hashed` of them go into the
+ * manifest's hash of the chunk (all of them in format 1, only the record
+ * header of a record in format 2: the skeleton). */
 static cachew_err
-chunk_write(cwi_cache_writer *w, const void *data, size_t len)
+chunk_write(cwi_cache_writer *w, const void *data, size_t len, size_t hashed)
 {
 	chunk_out *c = &w->cur;
 	const uint8_t *p = data;
 
-	XXH64_update(&c->hash, data, len);
+	XXH64_update(&c->hash, data, hashed);
 	c->bytes += len;
 	if (w->root->s3) {
 		cwi_strbuf_append(&c->mem, data, len);
@@ -256,7 +256,7 @@ chunk_start(cwi_cache_writer *w)
 {
 	chunk_out *c = &w->cur;
 	uint8_t hdr[CWI_CHUNK_HEADER_SIZE];
-	cwi_chunk_header h = {.version = CWI_CACHE_FORMAT_VERSION,
+	cwi_chunk_header h = {.version = w->o.chunk_version,
 	    .cache_id = w->cache_id, .index = (uint32_t)w->nchunks};
 
 	memset(c, 0, sizeof(*c));
@@ -288,7 +288,7 @@ chunk_start(cwi_cache_writer *w)
 			    c->tmp_path, strerror(errno));
 	}
 	cwi_chunk_header_put(hdr, &h);
-	return chunk_write(w, hdr, sizeof(hdr));
+	return chunk_write(w, hdr, sizeof(hdr), sizeof(hdr));
 }
 
 /* Drops the current chunk's temporary file (abort). */
@@ -346,7 +346,7 @@ chunk_finish(cwi_cache_writer *w)
 	cachew_err rv;
 
 	cwi_chunk_trailer_put(tr, &t);
-	rv = chunk_write(w, tr, sizeof(tr));
+	rv = chunk_write(w, tr, sizeof(tr), sizeof(tr));
 	if (rv != CACHEW_OK)
 		return rv;
 	path = cwi_asprintf("%s/%s", w->dir, c->name);
@@ -468,7 +468,10 @@ write_job(cwi_cache_writer *w, wjob *j)
 			if (rv != CACHEW_OK)
 				return rv;
 		}
-		rv = chunk_write(w, j->out.data + off, r->len);
+		rv = chunk_write(w, j->out.data + off, r->len,
+		    w->o.chunk_version == CWI_CHUNK_VERSION_1
+			? r->len
+			: CWI_CHUNK_REC2_SIZE);
 		if (rv != CACHEW_OK)
 			return rv;
 		off += r->len;
@@ -859,6 +862,14 @@ apply_opts(cwi_cache_writer *w, const cwi_cache_writer_opts *opts)
 		return cwi_fail(CACHEW_ERANGE,
 		    "cache writer: zstd level %d is outside [%d, %d]",
 		    w->o.zstd_level, ZSTD_minCLevel(), ZSTD_maxCLevel());
+	if (w->o.chunk_version == 0)
+		w->o.chunk_version = CWI_CHUNK_VERSION;
+	if (w->o.chunk_version != CWI_CHUNK_VERSION_1 &&
+	    w->o.chunk_version != CWI_CHUNK_VERSION_2)
+		return cwi_fail(CACHEW_EINVAL,
+		    "cache writer: chunk format version %u is not one this "
+		    "writer knows (1 or 2)",
+		    w->o.chunk_version);
 	if (w->o.queue_bytes == 0)
 		w->o.queue_bytes = 4 * w->o.frame_bytes * (size_t)w->o.threads;
 	return CACHEW_OK;

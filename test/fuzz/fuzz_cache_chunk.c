@@ -100,11 +100,12 @@ elements(const uint8_t *data, size_t size, bool zero_copy)
 	cwi_buffer_unref(buf);
 }
 
-/* A well-formed chunk around one frame whose content is the input. */
+/* A well-formed chunk of the given format around one record whose
+ * content is the input (in format 2 stored when it does not compress). */
 static void
-wrapped(const uint8_t *data, size_t size)
+wrapped(const uint8_t *data, size_t size, uint32_t version)
 {
-	cwi_chunk_header h = {.version = CWI_CACHE_FORMAT_VERSION};
+	cwi_chunk_header h = {.version = version};
 	cwi_chunk_trailer t = {.records = 1};
 	uint8_t hdr[CWI_CHUNK_HEADER_SIZE], tr[CWI_CHUNK_TRAILER_SIZE];
 	ZSTD_CCtx *cctx;
@@ -123,7 +124,7 @@ wrapped(const uint8_t *data, size_t size)
 	cwi_strbuf_init(&sb);
 	cwi_chunk_header_put(hdr, &h);
 	cwi_strbuf_append(&sb, hdr, sizeof(hdr));
-	if (cwi_chunk_frame_encode(cctx, 1, data + 1, size - 1, nelem, &sb) ==
+	if (cwi_chunk_frame_encode(cctx, version, 1, data + 1, size - 1, nelem, &sb) ==
 	    CACHEW_OK) {
 		cwi_chunk_trailer_put(tr, &t);
 		cwi_strbuf_append(&sb, tr, sizeof(tr));
@@ -143,6 +144,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	    "chunk: ");
 	elements(data, size, true);
 	elements(data, size, false);
-	wrapped(data, size);
+	wrapped(data, size, CWI_CHUNK_VERSION_1);
+	wrapped(data, size, CWI_CHUNK_VERSION_2);
 	return 0;
 }
