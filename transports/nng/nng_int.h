@@ -395,11 +395,13 @@ int cwi_nng_ossl_config_create(nng_tls_engine_config **out, bool server,
     const char *key_pem, const char *server_name);
 /* NULL is a no-op. */
 void cwi_nng_ossl_config_destroy(nng_tls_engine_config *cfg);
-/* A BIO method of a source-sink named name reading with rd and writing
- * with wr (nothing to flush, no other control). NULL: out of memory. */
+/* A BIO method of a source-sink named name reading with rd, writing
+ * with wr and controlled by ctrl (NULL: nothing to flush, no other
+ * control). NULL: out of memory. */
 struct bio_method_st *cwi_nng_ossl_bio_method(const char *name,
     int (*rd)(struct bio_st *, char *, int),
-    int (*wr)(struct bio_st *, const char *, int));
+    int (*wr)(struct bio_st *, const char *, int),
+    long (*ctrl)(struct bio_st *, int, long, void *));
 /* A session of cfg's (which must outlive it) over the BIO b (taken, even
  * on failure). nng errors. */
 int cwi_nng_ossl_conn_create(nng_tls_engine_conn **out,

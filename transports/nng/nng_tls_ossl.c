@@ -136,13 +136,14 @@ static pthread_once_t method_once = PTHREAD_ONCE_INIT;
 
 BIO_METHOD *
 cwi_nng_ossl_bio_method(const char *name, int (*rd)(BIO *, char *, int),
-    int (*wr)(BIO *, const char *, int))
+    int (*wr)(BIO *, const char *, int), long (*ctrl)(BIO *, int, long, void *))
 {
 	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
 	    name);
 
 	if (m == NULL || !BIO_meth_set_write(m, wr) ||
-	    !BIO_meth_set_read(m, rd) || !BIO_meth_set_ctrl(m, bio_ctrl) ||
+	    !BIO_meth_set_read(m, rd) ||
+	    !BIO_meth_set_ctrl(m, ctrl != NULL ? ctrl : bio_ctrl) ||
 	    !BIO_meth_set_create(m, bio_create)) {
 		BIO_meth_free(m);
 		return NULL;
@@ -153,7 +154,8 @@ cwi_nng_ossl_bio_method(const char *name, int (*rd)(BIO *, char *, int),
 static void
 method_make(void)
 {
-	bio_method = cwi_nng_ossl_bio_method("cachew-nng", bio_read, bio_write);
+	bio_method = cwi_nng_ossl_bio_method("cachew-nng", bio_read, bio_write,
+	    NULL);
 }
 
 /* ---- errors ----------------------------------------------------------------- */

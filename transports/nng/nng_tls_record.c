@@ -20,7 +20,22 @@
  * Bytes reach OpenSSL through a BIO of our own over two buffers: `in`,
  * the ciphertext received and not yet read by OpenSSL, and `pend`, the
  * ciphertext OpenSSL wrote (records, handshake flights, alerts) and the
- * link has not taken yet. A record's length is OpenSSL's to check (a
+ * link has not taken yet.
+ *
+ * Sealing: OpenSSL's own records cost two copies of every byte sent
+ * (into its write buffer, then out through the BIO), as much CPU as the
+ * cipher. So the BIO offers itself as a kernel TLS socket would: when the
+ * send keys change (the ChangeCipherSpec), OpenSSL hands them to the BIO
+ * (its kTLS interface, BIO_CTRL_SET_KTLS) and from then on writes
+ * plaintext to it, naming the type of any record that is not data; the
+ * BIO seals each record itself with AES-GCM (EVP), straight from the
+ * caller's bytes into `pend`, and the link's data skips SSL_write
+ * altogether. The record is RFC 5288's: the 8-byte explicit nonce (the
+ * one OpenSSL handed over, counting up), then the ciphertext and the
+ * 16-byte tag, the sequence number, type, version and length in the
+ * additional data. Suites other than AES-GCM (ChaCha20-Poly1305), or an
+ * OpenSSL without kTLS, keep OpenSSL's records. Receiving stays
+ * OpenSSL's. A record's length is OpenSSL's to check (a
  * record over 2^14 + 2048 bytes is a fatal record_overflow) before it
  * reads the record; `in` holds at least one whole record and at most
  * IN_MAX bytes, `pend` at most OUT_MAX.
@@ -30,7 +45,10 @@
 #include "nng_int.h"
 
 #include <openssl/bio.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
+
+#include <linux/tls.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,10 +65,29 @@
  * smaller (TLS_TX_BATCH, nng_link.c); a handshake flight is a few KiB. */
 #define OUT_MAX ((size_t)4 << 20)
 
+/* A record's plaintext at most, and what sealing adds to it: the header,
+ * the explicit nonce, the tag. */
+#define PLAIN_MAX 16384
+#define SEAL_HEAD (5 + 8)
+#define SEAL_TAG 16
+
+/* OpenSSL 3.0's BIO controls for kTLS (its include/internal/bio.h; the
+ * public header names only the GET ones). */
+#define CTRL_SET_KTLS 72
+#define CTRL_SET_KTLS_TX_SEND_CTRL_MSG 74
+#define CTRL_CLEAR_KTLS_TX_CTRL_MSG 75
+
 typedef struct ctbuf {
 	uint8_t *p;
 	size_t len, cap;
 } ctbuf;
+
+/* The send direction's keys once OpenSSL handed them over. */
+typedef struct sealer {
+	EVP_CIPHER_CTX *ctx; /* NULL: OpenSSL seals */
+	uint8_t salt[4], nonce[8], seq[8];
+	int next_type; /* the next write's record type (0: data) */
+} sealer;
 
 struct cwi_tls_rec {
 	nng_tls_engine_conn *ec;
@@ -59,6 +96,7 @@ struct cwi_tls_rec {
 	size_t in_off, in_len, in_cap;
 	bool in_filled; /* the last read filled the room: grow it */
 	ctbuf pend, flight;
+	sealer seal;
 };
 
 /* ---- the BIO over the buffers ---------------------------------------------- */
@@ -82,29 +120,164 @@ rec_bio_read(BIO *b, char *buf, int len)
 	return (int)n;
 }
 
+/* Room for n more bytes in `pend`, within OUT_MAX. */
+static bool
+pend_reserve(cwi_tls_rec *r, size_t n)
+{
+	ctbuf *o = &r->pend;
+	size_t cap = o->cap == 0 ? 2 * RECORD_MAX : o->cap;
+	uint8_t *p;
+
+	if (o->len + n <= o->cap)
+		return true;
+	while (cap < o->len + n)
+		cap *= 2;
+	if (cap > OUT_MAX || (p = realloc(o->p, cap)) == NULL)
+		return false;
+	o->p = p;
+	o->cap = cap;
+	return true;
+}
+
+/* The big-endian counter c of 8 bytes, plus one. */
+static void
+count_up(uint8_t c[8])
+{
+	for (int i = 7; i >= 0 && ++c[i] == 0; i--) {
+	}
+}
+
+/* Seals len bytes of plaintext into records of type `type` in `pend`
+ * (see the top of the file). False when out of room or EVP fails: the
+ * session cannot go on. */
+static bool
+seal(cwi_tls_rec *r, uint8_t type, const uint8_t *p, size_t len)
+{
+	sealer *x = &r->seal;
+
+	while (len > 0) {
+		size_t n = len < PLAIN_MAX ? len : PLAIN_MAX;
+		size_t body = 8 + n + SEAL_TAG;
+		uint8_t *o, aad[13], iv[12];
+		int outl;
+
+		if (!pend_reserve(r, 5 + body))
+			return false;
+		o = r->pend.p + r->pend.len;
+		o[0] = type;
+		o[1] = 3;
+		o[2] = 3;
+		o[3] = (uint8_t)(body >> 8);
+		o[4] = (uint8_t)body;
+		memcpy(o + 5, x->nonce, 8);
+		memcpy(iv, x->salt, 4);
+		memcpy(iv + 4, x->nonce, 8);
+		memcpy(aad, x->seq, 8);
+		aad[8] = type;
+		aad[9] = 3;
+		aad[10] = 3;
+		aad[11] = (uint8_t)(n >> 8);
+		aad[12] = (uint8_t)n;
+		if (EVP_EncryptInit_ex(x->ctx, NULL, NULL, NULL, iv) != 1 ||
+		    EVP_EncryptUpdate(x->ctx, NULL, &outl, aad, 13) != 1 ||
+		    EVP_EncryptUpdate(x->ctx, o + SEAL_HEAD, &outl, p,
+			(int)n) != 1 ||
+		    EVP_EncryptFinal_ex(x->ctx, o + SEAL_HEAD + n, &outl) != 1 ||
+		    EVP_CIPHER_CTX_ctrl(x->ctx, EVP_CTRL_GCM_GET_TAG, SEAL_TAG,
+			o + SEAL_HEAD + n) != 1)
+			return false;
+		count_up(x->seq);
+		count_up(x->nonce);
+		r->pend.len += 5 + body;
+		p += n;
+		len -= n;
+	}
+	return true;
+}
+
+/* OpenSSL hands over the send keys (ptr: the kernel's
+ * tls12_crypto_info_*): true when we seal from now on. */
+static bool
+seal_start(cwi_tls_rec *r, const void *ptr)
+{
+	const struct tls_crypto_info *ci = ptr;
+	const struct tls12_crypto_info_aes_gcm_128 *g128 = ptr;
+	const struct tls12_crypto_info_aes_gcm_256 *g256 = ptr;
+	sealer *x = &r->seal;
+	const EVP_CIPHER *c;
+	const uint8_t *key;
+
+	if (x->ctx != NULL || ci->version != TLS_1_2_VERSION)
+		return false;
+	if (ci->cipher_type == TLS_CIPHER_AES_GCM_128) {
+		c = EVP_aes_128_gcm();
+		key = g128->key;
+		memcpy(x->salt, g128->salt, 4);
+		memcpy(x->nonce, g128->iv, 8);
+		memcpy(x->seq, g128->rec_seq, 8);
+	} else if (ci->cipher_type == TLS_CIPHER_AES_GCM_256) {
+		c = EVP_aes_256_gcm();
+		key = g256->key;
+		memcpy(x->salt, g256->salt, 4);
+		memcpy(x->nonce, g256->iv, 8);
+		memcpy(x->seq, g256->rec_seq, 8);
+	} else {
+		return false; /* ChaCha20-Poly1305: OpenSSL seals */
+	}
+	if ((x->ctx = EVP_CIPHER_CTX_new()) == NULL ||
+	    EVP_EncryptInit_ex(x->ctx, c, NULL, key, NULL) != 1) {
+		EVP_CIPHER_CTX_free(x->ctx);
+		x->ctx = NULL;
+		return false;
+	}
+	return true;
+}
+
 static int
 rec_bio_write(BIO *b, const char *buf, int len)
 {
 	cwi_tls_rec *r = BIO_get_data(b);
-	ctbuf *o = &r->pend;
-	size_t n = (size_t)len;
+	int type = r->seal.next_type != 0 ? r->seal.next_type : 23;
 
 	BIO_clear_retry_flags(b);
-	if (o->len + n > o->cap) {
-		size_t cap = o->cap == 0 ? 2 * RECORD_MAX : o->cap;
-		uint8_t *p;
-
-		while (cap < o->len + n)
-			cap *= 2;
-		/* Never more: a failed write fails the SSL call. */
-		if (cap > OUT_MAX || (p = realloc(o->p, cap)) == NULL)
-			return -1;
-		o->p = p;
-		o->cap = cap;
+	if (r->seal.ctx != NULL) {
+		/* OpenSSL's own records (a Finished, an alert) after the
+		 * keys came: plaintext, one record's worth. */
+		r->seal.next_type = 0;
+		return seal(r, (uint8_t)type, (const uint8_t *)buf, (size_t)len)
+			   ? len : -1;
 	}
-	memcpy(o->p + o->len, buf, n);
-	o->len += n;
+	/* Never more than OUT_MAX: a failed write fails the SSL call. */
+	if (!pend_reserve(r, (size_t)len))
+		return -1;
+	memcpy(r->pend.p + r->pend.len, buf, (size_t)len);
+	r->pend.len += (size_t)len;
 	return len;
+}
+
+static long
+rec_bio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+	cwi_tls_rec *r = BIO_get_data(b);
+
+	switch (cmd) {
+	case BIO_CTRL_FLUSH:
+		return 1; /* the link sends what is pending */
+	case BIO_CTRL_GET_KTLS_SEND:
+		return r->seal.ctx != NULL;
+	case CTRL_SET_KTLS:
+		/* num != 0 (SSL3_CC_WRITE): the send keys; receiving stays
+		 * OpenSSL's. */
+		return num != 0 && seal_start(r, ptr);
+	case CTRL_SET_KTLS_TX_SEND_CTRL_MSG:
+		r->seal.next_type = (int)num;
+		return 1;
+	case CTRL_CLEAR_KTLS_TX_CTRL_MSG:
+		r->seal.next_type = 0;
+		return 1;
+	default:
+		return 0;
+	}
 }
 
 static BIO_METHOD *rec_method;
@@ -114,7 +287,7 @@ static void
 rec_method_make(void)
 {
 	rec_method = cwi_nng_ossl_bio_method("cachew-tls-record", rec_bio_read,
-	    rec_bio_write);
+	    rec_bio_write, rec_bio_ctrl);
 }
 
 /* ---- sessions ------------------------------------------------------------- */
@@ -143,6 +316,8 @@ cwi_tls_rec_create(cwi_tls_rec **out, const cwi_nng_tls *t)
 		    nng_strerror(rv));
 	}
 	r->ssl = cwi_nng_ossl_conn_ssl(r->ec);
+	/* The send keys come to rec_bio_ctrl (see the top of the file). */
+	SSL_set_options(r->ssl, SSL_OP_ENABLE_KTLS);
 	*out = r;
 	return CACHEW_OK;
 }
@@ -153,6 +328,7 @@ cwi_tls_rec_destroy(cwi_tls_rec *r)
 	if (r == NULL)
 		return;
 	cwi_nng_ossl_conn_destroy(r->ec);
+	EVP_CIPHER_CTX_free(r->seal.ctx); /* cleanses the key */
 	free(r->in);
 	free(r->pend.p);
 	free(r->flight.p);
@@ -233,6 +409,12 @@ cwi_tls_rec_write(cwi_tls_rec *r, const uint8_t *src, size_t len,
     const char **why)
 {
 	*why = NULL;
+	if (r->seal.ctx != NULL) {
+		if (seal(r, 23, src, len))
+			return 0;
+		*why = "sealing a record failed (out of memory)";
+		return NNG_ECRYPTO;
+	}
 	while (len > 0) {
 		size_t n = 0;
 		int ret = SSL_write_ex(r->ssl, src, len, &n);
