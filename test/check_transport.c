@@ -3062,20 +3062,29 @@ raw_tls_client(const char *url, int *fd)
 	return ssl;
 }
 
-/* Sends len forged bytes on a TLS connection to s (raw_tls_client) and
- * checks that s resets it, logging that it refused a record. */
+/* Sends len forged bytes on a TLS connection to s (raw_tls_client), or
+ * with bytes NULL asks for a renegotiation, and checks that s resets it,
+ * logging that it refused a record for `reason`. */
 static void
-assert_forged_record_resets(const tsrv *s, const uint8_t *bytes, size_t len)
+assert_forged_record_resets(const tsrv *s, const uint8_t *bytes, size_t len,
+    const char *reason)
 {
+	char want[160];
 	SSL *ssl;
 	int fd;
 
 	log_start();
 	ssl = raw_tls_client(cwi_listener_url(s->l), &fd);
-	send_all(fd, bytes, len);
+	if (bytes != NULL) {
+		send_all(fd, bytes, len);
+	} else {
+		ck_assert_int_eq(SSL_renegotiate(ssl), 1);
+		(void)SSL_do_handshake(ssl); /* refused: an error */
+	}
 	ck_assert(closed_by_server(fd));
-	ck_assert_msg(log_wait("reason=\"TLS record refused: "), "%s",
-	    log_buf);
+	snprintf(want, sizeof(want), "reason=\"TLS record refused: %s",
+	    reason);
+	ck_assert_msg(log_wait(want), "%s", log_buf);
 	log_stop();
 	SSL_free(ssl);
 	close(fd);
@@ -3083,10 +3092,11 @@ assert_forged_record_resets(const tsrv *s, const uint8_t *bytes, size_t len)
 
 /*
  * cachew's record layer takes the records a peer sends as hostile input:
- * a record whose authentication tag does not verify, and a record header
+ * a record whose authentication tag does not verify, a record header
  * claiming more than any record may hold (refused from the header alone,
- * its body never sent), each reset their sender with a logged reason;
- * the listener serves everyone else meanwhile.
+ * its body never sent), and a renegotiation properly sealed each reset
+ * their sender with a logged reason; the listener serves everyone else
+ * meanwhile.
  */
 START_TEST(test_tls_forged_records_reset_only_their_sender)
 {
@@ -3100,8 +3110,11 @@ START_TEST(test_tls_forged_records_reset_only_their_sender)
 	/* Application data of 1 KiB, not encrypted by the session's key. */
 	memcpy(forged, (const uint8_t[]){0x17, 0x03, 0x03, 1024 >> 8, 0}, 5);
 	memset(forged + 5, 0xa5, 1024);
-	assert_forged_record_resets(&s, forged, sizeof(forged));
-	assert_forged_record_resets(&s, overlong, sizeof(overlong));
+	assert_forged_record_resets(&s, forged, sizeof(forged),
+	    "bad record mac");
+	assert_forged_record_resets(&s, overlong, sizeof(overlong),
+	    "record length out of bounds");
+	assert_forged_record_resets(&s, NULL, 0, "renegotiation refused");
 	c = dial(&s);
 	call_ok(c, "echo still", "echo still");
 	cwi_conn_destroy(c);

@@ -34,8 +34,23 @@
  * one OpenSSL handed over, counting up), then the ciphertext and the
  * 16-byte tag, the sequence number, type, version and length in the
  * additional data. Suites other than AES-GCM (ChaCha20-Poly1305), or an
- * OpenSSL without kTLS, keep OpenSSL's records. Receiving stays
- * OpenSSL's. A record's length is OpenSSL's to check (a
+ * OpenSSL without kTLS, keep OpenSSL's records.
+ *
+ * Opening: receiving through OpenSSL costs two copies as well (into its
+ * read buffer, out to the caller). OpenSSL offers the receive keys the
+ * same way when the peer's ChangeCipherSpec arrives; the BIO keeps a copy
+ * and declines, so that OpenSSL still reads the handshake's last records
+ * (the peer's Finished), and counts the records OpenSSL reads from then
+ * on (their sequence numbers). Once the handshake is done and OpenSSL
+ * holds no record, whole or in part, the session opens every record
+ * itself (`opener`): it checks the header (type, version, a length
+ * between a tag's and 2^14 bytes of plaintext past it) before it waits
+ * for the body, then decrypts and authenticates the record straight from
+ * `in` into the caller's buffer when its plaintext fits there, else into
+ * `plain` first. Data is returned; a close_notify ends the session as
+ * OpenSSL's SSL_read would (NNG_ECLOSED); any other alert, a handshake
+ * record (renegotiation is refused anyway) or a record that does not
+ * authenticate is fatal (NNG_ECRYPTO, with the reason). A record's length is OpenSSL's to check (a
  * record over 2^14 + 2048 bytes is a fatal record_overflow) before it
  * reads the record; `in` holds at least one whole record and at most
  * IN_MAX bytes, `pend` at most OUT_MAX.
@@ -89,6 +104,21 @@ typedef struct sealer {
 	int next_type; /* the next write's record type (0: data) */
 } sealer;
 
+/* The receive direction's keys (see the top of the file). */
+typedef struct opener {
+	EVP_CIPHER_CTX *ctx; /* NULL: no keys offered (or not AES-GCM) */
+	uint8_t salt[4], seq[8];
+	bool on;             /* we open records; OpenSSL reads no more */
+	/* The records OpenSSL reads through the BIO since the keys came:
+	 * the header being read (hdr_got bytes of it), the body left. */
+	uint8_t hdr[5];
+	size_t hdr_got, body_left;
+	uint64_t counted;
+	/* A record opened into `plain`, not all of it returned yet. */
+	uint8_t *plain;
+	size_t plain_off, plain_len;
+} opener;
+
 struct cwi_tls_rec {
 	nng_tls_engine_conn *ec;
 	SSL *ssl;
@@ -97,9 +127,36 @@ struct cwi_tls_rec {
 	bool in_filled; /* the last read filled the room: grow it */
 	ctbuf pend, flight;
 	sealer seal;
+	opener open;
 };
 
 /* ---- the BIO over the buffers ---------------------------------------------- */
+
+/* Follows the records OpenSSL reads (n bytes at p) after the receive
+ * keys came: their count is the sequence number of the next. */
+static void
+open_count(opener *x, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		size_t k;
+
+		if (x->hdr_got < 5) {
+			x->hdr[x->hdr_got++] = *p++;
+			n--;
+			if (x->hdr_got == 5)
+				x->body_left = (size_t)x->hdr[3] << 8 | x->hdr[4];
+		} else {
+			k = n < x->body_left ? n : x->body_left;
+			x->body_left -= k;
+			p += k;
+			n -= k;
+		}
+		if (x->hdr_got == 5 && x->body_left == 0) {
+			x->hdr_got = 0;
+			x->counted++;
+		}
+	}
+}
 
 static int
 rec_bio_read(BIO *b, char *buf, int len)
@@ -116,6 +173,8 @@ rec_bio_read(BIO *b, char *buf, int len)
 	if (n > (size_t)len)
 		n = (size_t)len;
 	memcpy(buf, r->in + r->in_off, n);
+	if (r->open.ctx != NULL)
+		open_count(&r->open, r->in + r->in_off, n);
 	r->in_off += n;
 	return (int)n;
 }
@@ -195,42 +254,71 @@ seal(cwi_tls_rec *r, uint8_t type, const uint8_t *p, size_t len)
 	return true;
 }
 
-/* OpenSSL hands over the send keys (ptr: the kernel's
- * tls12_crypto_info_*): true when we seal from now on. */
-static bool
-seal_start(cwi_tls_rec *r, const void *ptr)
+/* The AES-GCM keys of a direction OpenSSL hands over (ptr: the kernel's
+ * tls12_crypto_info_*) in a context for encrypting (enc) or decrypting,
+ * with the salt, the explicit nonce and the sequence number; NULL for
+ * another version or suite (ChaCha20-Poly1305 stays OpenSSL's). */
+static EVP_CIPHER_CTX *
+keys_take(const void *ptr, bool enc, uint8_t salt[4], uint8_t nonce[8],
+    uint8_t seq[8])
 {
 	const struct tls_crypto_info *ci = ptr;
 	const struct tls12_crypto_info_aes_gcm_128 *g128 = ptr;
 	const struct tls12_crypto_info_aes_gcm_256 *g256 = ptr;
-	sealer *x = &r->seal;
 	const EVP_CIPHER *c;
 	const uint8_t *key;
+	EVP_CIPHER_CTX *ctx;
 
-	if (x->ctx != NULL || ci->version != TLS_1_2_VERSION)
-		return false;
+	if (ci->version != TLS_1_2_VERSION)
+		return NULL;
 	if (ci->cipher_type == TLS_CIPHER_AES_GCM_128) {
 		c = EVP_aes_128_gcm();
 		key = g128->key;
-		memcpy(x->salt, g128->salt, 4);
-		memcpy(x->nonce, g128->iv, 8);
-		memcpy(x->seq, g128->rec_seq, 8);
+		memcpy(salt, g128->salt, 4);
+		memcpy(nonce, g128->iv, 8);
+		memcpy(seq, g128->rec_seq, 8);
 	} else if (ci->cipher_type == TLS_CIPHER_AES_GCM_256) {
 		c = EVP_aes_256_gcm();
 		key = g256->key;
-		memcpy(x->salt, g256->salt, 4);
-		memcpy(x->nonce, g256->iv, 8);
-		memcpy(x->seq, g256->rec_seq, 8);
+		memcpy(salt, g256->salt, 4);
+		memcpy(nonce, g256->iv, 8);
+		memcpy(seq, g256->rec_seq, 8);
 	} else {
-		return false; /* ChaCha20-Poly1305: OpenSSL seals */
+		return NULL;
 	}
-	if ((x->ctx = EVP_CIPHER_CTX_new()) == NULL ||
-	    EVP_EncryptInit_ex(x->ctx, c, NULL, key, NULL) != 1) {
-		EVP_CIPHER_CTX_free(x->ctx);
-		x->ctx = NULL;
+	if ((ctx = EVP_CIPHER_CTX_new()) == NULL ||
+	    EVP_CipherInit_ex(ctx, c, NULL, key, NULL, enc ? 1 : 0) != 1) {
+		EVP_CIPHER_CTX_free(ctx);
+		return NULL;
+	}
+	return ctx;
+}
+
+/* OpenSSL hands over the send keys: true when we seal from now on. */
+static bool
+seal_start(cwi_tls_rec *r, const void *ptr)
+{
+	sealer *x = &r->seal;
+
+	if (x->ctx != NULL)
 		return false;
-	}
-	return true;
+	x->ctx = keys_take(ptr, true, x->salt, x->nonce, x->seq);
+	return x->ctx != NULL;
+}
+
+/* OpenSSL offers the receive keys: kept, declined (see the top of the
+ * file). */
+static void
+open_keep(cwi_tls_rec *r, const void *ptr)
+{
+	opener *x = &r->open;
+	uint8_t nonce[8];
+
+	if (x->ctx != NULL)
+		return;
+	x->ctx = keys_take(ptr, false, x->salt, nonce, x->seq);
+	x->hdr_got = x->body_left = 0;
+	x->counted = 0;
 }
 
 static int
@@ -266,9 +354,12 @@ rec_bio_ctrl(BIO *b, int cmd, long num, void *ptr)
 	case BIO_CTRL_GET_KTLS_SEND:
 		return r->seal.ctx != NULL;
 	case CTRL_SET_KTLS:
-		/* num != 0 (SSL3_CC_WRITE): the send keys; receiving stays
-		 * OpenSSL's. */
-		return num != 0 && seal_start(r, ptr);
+		/* num != 0 (SSL3_CC_WRITE): the send keys; else the receive
+		 * keys, which OpenSSL keeps using until the handshake ends. */
+		if (num != 0)
+			return seal_start(r, ptr);
+		open_keep(r, ptr);
+		return 0;
 	case CTRL_SET_KTLS_TX_SEND_CTRL_MSG:
 		r->seal.next_type = (int)num;
 		return 1;
@@ -329,6 +420,8 @@ cwi_tls_rec_destroy(cwi_tls_rec *r)
 		return;
 	cwi_nng_ossl_conn_destroy(r->ec);
 	EVP_CIPHER_CTX_free(r->seal.ctx); /* cleanses the key */
+	EVP_CIPHER_CTX_free(r->open.ctx);
+	free(r->open.plain);
 	free(r->in);
 	free(r->pend.p);
 	free(r->flight.p);
@@ -394,13 +487,122 @@ cwi_tls_rec_in_commit(cwi_tls_rec *r, size_t n)
 	r->in_len += n;
 }
 
+/* Whether the session can open the records from now on: it has the
+ * receive keys, the handshake is over and OpenSSL holds no record. Then
+ * the sequence number moves on by the records OpenSSL read. */
+static bool
+open_begin(cwi_tls_rec *r)
+{
+	opener *x = &r->open;
+
+	if (x->ctx == NULL || !SSL_is_init_finished(r->ssl) ||
+	    SSL_pending(r->ssl) > 0 || x->hdr_got != 0 || x->body_left != 0 ||
+	    (x->plain == NULL && (x->plain = malloc(PLAIN_MAX)) == NULL))
+		return false;
+	for (; x->counted > 0; x->counted--)
+		count_up(x->seq);
+	x->on = true;
+	return true;
+}
+
+/* Opens the record of `len` bytes of body at p (its header h) into out:
+ * true when it authenticates. */
+static bool
+open_record(opener *x, const uint8_t *h, const uint8_t *p, size_t len,
+    uint8_t *out)
+{
+	size_t n = len - 8 - SEAL_TAG;
+	uint8_t aad[13], iv[12];
+	int outl;
+
+	memcpy(iv, x->salt, 4);
+	memcpy(iv + 4, p, 8);
+	memcpy(aad, x->seq, 8);
+	memcpy(aad + 8, h, 3);
+	aad[11] = (uint8_t)(n >> 8);
+	aad[12] = (uint8_t)n;
+	return EVP_DecryptInit_ex(x->ctx, NULL, NULL, NULL, iv) == 1 &&
+	       EVP_DecryptUpdate(x->ctx, NULL, &outl, aad, 13) == 1 &&
+	       EVP_DecryptUpdate(x->ctx, out, &outl, p + 8, (int)n) == 1 &&
+	       EVP_CIPHER_CTX_ctrl(x->ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG,
+		   (void *)(p + 8 + n)) == 1 &&
+	       EVP_DecryptFinal_ex(x->ctx, out + n, &outl) == 1;
+}
+
+/* The session's own read (see the top of the file): as
+ * cwi_tls_rec_read. */
+static int
+open_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
+    const char **why)
+{
+	opener *x = &r->open;
+
+	for (;;) {
+		const uint8_t *h = r->in + r->in_off;
+		size_t have = r->in_len - r->in_off, body, n;
+		uint8_t *out;
+
+		if (x->plain_off < x->plain_len) {
+			n = x->plain_len - x->plain_off;
+			*got = n < len ? n : len;
+			memcpy(dst, x->plain + x->plain_off, *got);
+			x->plain_off += *got;
+			return 0;
+		}
+		if (have < 5)
+			return NNG_EAGAIN;
+		body = (size_t)h[3] << 8 | h[4];
+		if (h[1] != 3 || h[2] != 3 || (h[0] != 21 && h[0] != 22 &&
+		    h[0] != 23)) {
+			*why = "not a TLS 1.2 record of this session";
+			return NNG_ECRYPTO;
+		}
+		/* The length, checked before the body is waited for. */
+		if (body < 8 + SEAL_TAG || body > 8 + PLAIN_MAX + SEAL_TAG) {
+			*why = "record length out of bounds";
+			return NNG_ECRYPTO;
+		}
+		if (have < 5 + body)
+			return NNG_EAGAIN;
+		n = body - 8 - SEAL_TAG;
+		out = h[0] == 23 && n <= len ? dst : x->plain;
+		if (!open_record(x, h, h + 5, body, out)) {
+			*why = "bad record mac";
+			return NNG_ECRYPTO;
+		}
+		count_up(x->seq);
+		r->in_off += 5 + body;
+		if (h[0] == 21) {
+			/* An alert: a close_notify (warning level, 0) ends
+			 * the session; any other ends it in error. */
+			if (n == 2 && out[1] == 0)
+				return NNG_ECLOSED;
+			*why = "the peer sent an alert";
+			return NNG_ECRYPTO;
+		}
+		if (h[0] == 22) {
+			*why = "renegotiation refused";
+			return NNG_ECRYPTO;
+		}
+		if (out == dst && n > 0) {
+			*got = n;
+			return 0;
+		}
+		x->plain_off = 0;
+		x->plain_len = out == dst ? 0 : n;
+	}
+}
+
 int
 cwi_tls_rec_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
     const char **why)
 {
-	int ret = SSL_read_ex(r->ssl, dst, len, got);
+	int ret;
 
 	*why = NULL;
+	if (r->open.on || open_begin(r))
+		return open_read(r, dst, len, got, why);
+	ret = SSL_read_ex(r->ssl, dst, len, got);
 	return ret == 1 ? 0 : cwi_nng_ossl_conn_err(r->ec, ret, why);
 }
 
