@@ -418,12 +418,15 @@ int cwi_nng_ossl_conn_err(nng_tls_engine_conn *ec, int ret, const char **why);
 
 /* ---- cachew's TLS record layer (nng_tls_record.c) --------------------- */
 
-/* One link's TLS session: the link moves ciphertext in (in_room,
+/*
+ * One link's TLS session: the link moves ciphertext in (in_room,
  * in_commit) and out (pending, take) on its stream, and asks for the
  * handshake, plaintext (read) and encryption (write). One thread at a
- * time (the link's mutex). */
-/* A session of t's (cwi_nng_tls_ossl(t) != NULL; t outlives it).
- * CACHEW_ENOMEM. */
+ * time (the link's mutex).
+ *
+ * cwi_tls_rec_create: a session of t's (cwi_nng_tls_ossl(t) != NULL; t
+ * outlives it). CACHEW_ENOMEM.
+ */
 cachew_err cwi_tls_rec_create(cwi_tls_rec **out, const cwi_nng_tls *t);
 /* NULL is a no-op. */
 void cwi_tls_rec_destroy(cwi_tls_rec *r);
