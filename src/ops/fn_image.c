@@ -1679,12 +1679,54 @@ normalize_u8(const normalize_state *s, const uint8_t *src, float *dst,
 	}
 }
 
+/* One RGB image of `spatial` pixels into its three planes, four pixels
+ * at a time: the table lookups stay scalar (SSE2 has no gather), but the
+ * planes are written 16 bytes at a time from one read of the pixels
+ * instead of three strided passes (60 -> 50 us per 224 x 224 crop alone;
+ * normalize's share of W2's CPU time 6.1-6.6 % -> 4.4-4.5 %, perf record
+ * at one thread). The same table values, bit for bit. */
+static void
+normalize_u8_rgb_planes(const normalize_state *s, const uint8_t *in,
+    float *p0, float *p1, float *p2, int64_t spatial)
+{
+	const float *l0 = s->lut[0];
+	const float *l1 = s->lut[s->n == 1 ? 0 : 1];
+	const float *l2 = s->lut[s->n == 1 ? 0 : 2];
+	int64_t p = 0;
+
+#ifdef __SSE2__
+	for (; p + 4 <= spatial; p += 4) {
+		const uint8_t *q = in + 3 * p;
+		_mm_storeu_ps(p0 + p,
+		    _mm_set_ps(l0[q[9]], l0[q[6]], l0[q[3]], l0[q[0]]));
+		_mm_storeu_ps(p1 + p,
+		    _mm_set_ps(l1[q[10]], l1[q[7]], l1[q[4]], l1[q[1]]));
+		_mm_storeu_ps(p2 + p,
+		    _mm_set_ps(l2[q[11]], l2[q[8]], l2[q[5]], l2[q[2]]));
+	}
+#endif
+	for (; p < spatial; p++) {
+		p0[p] = l0[in[3 * p]];
+		p1[p] = l1[in[3 * p + 1]];
+		p2[p] = l2[in[3 * p + 2]];
+	}
+}
+
 /* Channels last in, first out, in the same pass: `outer` images of
  * `spatial` pixels of c channels become c planes per image. */
 static void
 normalize_u8_chw(const normalize_state *s, const uint8_t *src, float *dst,
     int64_t outer, int64_t c, int64_t spatial)
 {
+	if (c == 3) {
+		for (int64_t o = 0; o < outer; o++) {
+			float *p0 = dst + (size_t)(o * 3 * spatial);
+			normalize_u8_rgb_planes(s, src + (size_t)(o * 3 *
+			    spatial), p0, p0 + spatial, p0 + 2 * spatial,
+			    spatial);
+		}
+		return;
+	}
 	for (int64_t o = 0; o < outer; o++) {
 		const uint8_t *in = src + (size_t)(o * spatial * c);
 		for (int64_t k = 0; k < c; k++) {
