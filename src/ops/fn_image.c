@@ -564,10 +564,10 @@ round_sums_u8(const int32_t *sum, uint8_t *o, size_t n)
 }
 
 /* The y-first resize of a 3-channel u8 job with filled plans; acc holds
- * resize_span_values(j) u16, sum 3 * ow + 4 i32. The lower row of an
- * output row is asked for first, then the upper one (i1 is i0 or i0 +
- * 1), which the row source still has: both stay valid until the next
- * call, and the rows asked for in all are those of x first. */
+ * resize_span_values(j) u16, sum 3 * ow + 4 i32. Of an output row's two
+ * source rows, i1 is asked for first, then i0 (i1 is i0 or i0 + 1),
+ * which the row source still has: both pointers stay valid until the
+ * next call, and the rows asked for in all are those of x first. */
 static void
 resize_run_c3(const resize_job *j, const axis_plan *x, const axis_plan *y,
     uint16_t *acc, int32_t *sum)
@@ -595,9 +595,9 @@ resize_span_values(const resize_job *j)
 	return (size_t)(3 * (j->x_hi - j->x_lo + 1));
 }
 
-/* Bytes of one resampled row in scratch: rw 4-byte values (f32) or u16
- * values, plus 16 bytes the 8-byte stores of resize_row_u8_c3 may touch,
- * rounded up to keep the next row 16-aligned. */
+/* Bytes of one resampled row in scratch: rw 4-byte values (f32, u16 or
+ * the i32 sums of hpass_u8_c3), plus 16 bytes the 16-byte stores of
+ * hpass_u8_c3 may touch, rounded up to keep the next row 16-aligned. */
 static size_t
 resize_row_bytes(const resize_job *j)
 {
@@ -1307,12 +1307,10 @@ decode_crop(dec_job *job, const uint8_t *data, size_t len,
 		cw++;
 	jpeg_crop_scanline(ci, &xoff, &cw);
 	stride = (size_t)cw * (size_t)c;
-	/* Zeroed, with slack: the SSE2 resize loads 8 bytes to use 6, so the
-	 * last buffered row is read 2 bytes past its end (multiplied by zero
-	 * weights, but never-written bytes would still be uninitialised). */
+	/* The resize reads only bytes libjpeg wrote: the columns up to xhi
+	 * of rows read (no vector load goes past them), so no zeroing. */
 	rs.rows = (*ci->mem->alloc_large)((j_common_ptr)ci, JPOOL_IMAGE,
-	    stride * (STREAM_ROWS + 1) + 16);
-	memset(rs.rows, 0, stride * (STREAM_ROWS + 1) + 16);
+	    stride * (STREAM_ROWS + 1));
 	if (ylo > 0)
 		(void)jpeg_skip_scanlines(ci, (JDIMENSION)ylo);
 	rs.job = job;
