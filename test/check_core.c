@@ -361,6 +361,65 @@ START_TEST(compact_copies_small_views_of_big_blocks)
 }
 END_TEST
 
+/* Sanitizer builds keep no freed buffers (tensor.c): they check bounds
+ * on fresh malloc'd memory instead. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CWT_BUFFER_REUSE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CWT_BUFFER_REUSE 0
+#endif
+#endif
+#ifndef CWT_BUFFER_REUSE
+#define CWT_BUFFER_REUSE 1
+#endif
+
+/* W2's cycle: a freed f32 batch ([64, 3, 224, 224], 38.5 MB), then the
+ * next batch's 64 crops (224x224x3 u8) allocated and freed together by
+ * batch(64), then the next f32 batch. The crops must not push the batch
+ * out of the reuse list (a list of 32 did: every batch was page-faulted
+ * in again, a sixth of W2's CPU time), and a fit goes to the buffer freed
+ * last. */
+START_TEST(freed_batch_buffer_survives_a_batch_of_freed_crops)
+{
+	enum { CROPS = 64 };
+	const size_t batch_bytes = (size_t)64 * 3 * 224 * 224 * 4;
+	const size_t crop_bytes = (size_t)224 * 224 * 3;
+	cwi_buffer *batch, *crops[CROPS], *again;
+	uint8_t *batch_data, *last_crop;
+
+	if (!CWT_BUFFER_REUSE)
+		return;
+	ck_assert_int_eq(cwi_buffer_alloc(&batch, batch_bytes, false),
+	    CACHEW_OK);
+	/* Marks: a fresh mapping at the same address would read zeros. */
+	batch_data = batch->data;
+	batch_data[0] = 0xa5;
+	batch_data[batch_bytes - 1] = 0x5a;
+	cwi_buffer_unref(batch);
+	for (int i = 0; i < CROPS; i++) {
+		ck_assert_int_eq(cwi_buffer_alloc(&crops[i], crop_bytes, false),
+		    CACHEW_OK);
+		crops[i]->data[0] = (uint8_t)(i + 1);
+	}
+	last_crop = crops[CROPS - 1]->data;
+	for (int i = 0; i < CROPS; i++)
+		cwi_buffer_unref(crops[i]);
+	ck_assert_int_eq(cwi_buffer_alloc(&again, batch_bytes, false),
+	    CACHEW_OK);
+	ck_assert_ptr_eq(again->data, batch_data);
+	ck_assert_uint_eq(again->data[0], 0xa5);
+	ck_assert_uint_eq(again->data[batch_bytes - 1], 0x5a);
+	cwi_buffer_unref(again);
+	ck_assert_int_eq(cwi_buffer_alloc(&again, crop_bytes, false),
+	    CACHEW_OK);
+	ck_assert_ptr_eq(again->data, last_crop);
+	ck_assert_uint_eq(again->data[0], CROPS);
+	cwi_buffer_unref(again);
+	cwi_buffer_cache_drop();
+}
+END_TEST
+
 /* ---- params and options --------------------------------------------------------- */
 
 START_TEST(params_typed_get_and_set)
@@ -1253,6 +1312,7 @@ cwt_core_suite(void)
 	tcase_add_test(tc, shared_element_is_immutable);
 	tcase_add_test(tc, mutable_data_copies_shared_buffers);
 	tcase_add_test(tc, compact_copies_small_views_of_big_blocks);
+	tcase_add_test(tc, freed_batch_buffer_survives_a_batch_of_freed_crops);
 	tcase_add_test(tc, params_typed_get_and_set);
 	tcase_add_test(tc, options_defaults_and_validation);
 	tcase_add_test(tc, option_table_is_described);

@@ -1014,6 +1014,65 @@ START_TEST(normalize_channels_first_equals_transpose_then_normalize)
 }
 END_TEST
 
+/* channels_first on RGB u8 writes each plane four pixels at a time, then
+ * a tail: a batch of two 3 x 3 images (9 pixels: two groups of four and
+ * one left over) gets the formula's exact value at every position, with
+ * per-channel and with one broadcast mean and std. */
+START_TEST(normalize_channels_first_rgb_exact_at_every_position)
+{
+	static const double mean3[3] = {0.485, 0.456, 0.406};
+	static const double sd3[3] = {0.229, 0.224, 0.225};
+	char list[2048], pipe[2600];
+	size_t len = 0;
+
+	len += (size_t)snprintf(list + len, sizeof(list) - len, "[");
+	for (int o = 0; o < 2; o++) {
+		len += (size_t)snprintf(list + len, sizeof(list) - len, "%s[",
+		    o ? ", " : "");
+		for (int y = 0; y < 3; y++) {
+			len += (size_t)snprintf(list + len, sizeof(list) - len,
+			    "%s[", y ? ", " : "");
+			for (int x = 0; x < 3; x++)
+				len += (size_t)snprintf(list + len,
+				    sizeof(list) - len, "%s[%d, %d, %d]",
+				    x ? ", " : "", (o * 27 + y * 9 + x * 3) * 9 % 256,
+				    (o * 27 + y * 9 + x * 3 + 1) * 9 % 256,
+				    (o * 27 + y * 9 + x * 3 + 2) * 9 % 256);
+			len += (size_t)snprintf(list + len, sizeof(list) - len,
+			    "]");
+		}
+		len += (size_t)snprintf(list + len, sizeof(list) - len, "]");
+	}
+	snprintf(list + len, sizeof(list) - len, "]");
+	for (int broadcast = 0; broadcast < 2; broadcast++) {
+		cachew_element **v;
+		const float *f;
+		size_t n;
+
+		snprintf(pipe, sizeof(pipe), "from_tensors(%s) | map(cast, "
+		    "dtype=u8) | normalize(%s, channels_first=true)", list,
+		    broadcast ? "mean=[0.485], std=[0.229]"
+			      : "mean=[0.485, 0.456, 0.406], std=[0.229, "
+				"0.224, 0.225]");
+		v = run_literal(pipe, &n);
+		ck_assert_uint_eq(n, 1);
+		assert_shape(comp(v[0], 0), CACHEW_F32, 4, 2, 3, 3);
+		ck_assert_int_eq(cachew_tensor_shape(comp(v[0], 0))[3], 3);
+		f = cachew_tensor_data(comp(v[0], 0));
+		for (int o = 0; o < 2; o++)
+			for (int k = 0; k < 3; k++)
+				for (int p = 0; p < 9; p++) {
+					int px = (o * 27 + p * 3 + k) * 9 % 256;
+					int ch = broadcast ? 0 : k;
+					ck_assert_float_eq(f[(o * 3 + k) * 9 + p],
+					    (float)((px / 255.0 - mean3[ch]) /
+						sd3[ch]));
+				}
+		cwt_free(v, n);
+	}
+}
+END_TEST
+
 /* A strong downscale (a large crop to 8 x 8) asks the fused decoder for
  * rows more than its 16-row buffer apart: each must still arrive (this
  * aborted on a 4000 x 3000 photo before the refill skipped ahead). */
@@ -1168,6 +1227,7 @@ cwt_image_suite(void)
 	tcase_add_test(tc, flip_left_right_values_and_rate);
 	tcase_add_test(tc, normalize_exact_values);
 	tcase_add_test(tc, normalize_channels_first_equals_transpose_then_normalize);
+	tcase_add_test(tc, normalize_channels_first_rgb_exact_at_every_position);
 	tcase_add_test(tc, random_resized_crop_fused_downscales_large_images);
 	tcase_add_test(tc, transpose_permutes_axes);
 	tcase_add_test(tc, tokenize_exact_ids);

@@ -110,9 +110,14 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
  * within 25 %. A buffer nobody took within BIGBUF_AGE_NS is unmapped: a
  * hot allocate-free cycle takes it back within milliseconds, and one left
  * from a burst (a client's first large replies, a hostile peer's buffers)
- * would otherwise stay until 32 others pushed it out, up to 256 MiB held
- * for nothing. Sanitizer builds and runs under valgrind keep none and
- * allocate every buffer with malloc, where they check its bounds.
+ * would otherwise stay until others pushed it out, up to 256 MiB held
+ * for nothing. The list has room for more than a batch's worth of
+ * elements: batch(64) frees its 64 crops at once, and with 32 slots they
+ * pushed out the freed 38.5 MB f32 batch and half of themselves, so W2
+ * page-faulted every batch and 34 crops of 64 in again (394,000 faults,
+ * 13 % of its CPU time at one thread; 20,000 with 128 slots). Sanitizer
+ * builds and runs under valgrind keep none and allocate every buffer
+ * with malloc, where they check its bounds.
  */
 #define BIGBUF_MIN ((size_t)64 << 10)
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -123,7 +128,7 @@ cachew_dtype_from_name(const char *name, cachew_dtype *out)
 #endif
 #endif
 #ifndef BIGBUF_SLOTS
-#define BIGBUF_SLOTS 32
+#define BIGBUF_SLOTS 128
 #endif
 #define BIGBUF_MAX_BYTES ((size_t)256 << 20)
 #define BIGBUF_AGE_NS (UINT64_C(1000000000))
@@ -256,7 +261,9 @@ bigbuf_take(size_t size)
 
 	pthread_mutex_lock(&bigbuf_lock);
 	nevict = bigbuf_evict_locked(bigbuf_stale(cwi_now_ns()), 0, evict);
-	for (size_t i = 0; i < bigbuf_n; i++) {
+	/* Newest first: of equal fits the last one freed, whose pages are
+	 * the likeliest still in this core's cache. */
+	for (size_t i = bigbuf_n; i-- > 0;) {
 		size_t cap = bigbuf[i]->capacity;
 		if (cap >= size && cap - size <= size / 4 &&
 		    (b == NULL || cap < b->capacity)) {
