@@ -111,7 +111,7 @@ cli_free(cli_result *r)
 static void
 plugin_path(char *buf, size_t len)
 {
-	snprintf(buf, len, "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(buf, len, "plugin_example.so");
 }
 
 /* ---- a strict checker for the flat JSON object of `run --json` ----------- */
@@ -904,7 +904,7 @@ START_TEST(plugin_with_a_newer_op_def_is_refused_naming_it)
 	char so[512], why[1024], want[2048];
 	cachew_dataset *ds = NULL;
 
-	snprintf(so, sizeof(so), "%s/plugin_newer_def.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_newer_def.so");
 	snprintf(why, sizeof(why),
 	    "operator 'future_pass' (plugin '%s'): cachew_op_def version %d "
 	    "is newer than this library's %d: build it against this "

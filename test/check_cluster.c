@@ -528,7 +528,7 @@ START_TEST(cluster_workers_run_plugin_functions)
 	char so[600], cmd[1600], log[700];
 	cwt_cluster c;
 
-	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_example.so");
 	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
 	cwt_cluster_start(&c, 0);
 	cwt_daemon_start(&c.workers[0], c.dir, "worker0", "--role=worker",
@@ -621,7 +621,7 @@ START_TEST(cluster_job_runs_only_on_workers_with_its_plugin)
 	uint64_t bare;
 	cwt_cluster c;
 
-	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_example.so");
 	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
 	cwt_cluster_start(&c, 1); /* worker0: no plugin */
 	plugin_worker_start(&c, 1, so);
@@ -663,8 +663,8 @@ START_TEST(cluster_job_no_worker_can_run_is_refused_naming_it)
 	size_t n = 0;
 	cwt_cluster c;
 
-	snprintf(v1, sizeof(v1), "%s/plugin_example.so", cwt_build_dir());
-	snprintf(v2, sizeof(v2), "%s/plugin_example_v2.so", cwt_build_dir());
+	cwt_build_file(v1, sizeof(v1), "plugin_example.so");
+	cwt_build_file(v2, sizeof(v2), "plugin_example_v2.so");
 	ck_assert_int_eq(cachew_plugin_load(v1), CACHEW_OK);
 	cwt_cluster_start(&c, 1);
 	plugin_worker_start(&c, 1, v2);
@@ -780,7 +780,7 @@ START_TEST(cluster_worker_fails_a_task_it_cannot_run_naming_itself)
 	cwi_pmsg req, rep;
 	cachew_err rv;
 
-	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_example.so");
 	ck_assert_int_eq(cachew_plugin_load(so), CACHEW_OK);
 	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(10) | map(square)"),
 	    CACHEW_OK);
