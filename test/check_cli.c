@@ -1604,6 +1604,12 @@ cwt_cli_suite(void)
 	tcase_add_test(run, run_missing_plugin_exits_1_naming_it);
 	suite_add_tcase(s, run);
 
+	/* These start processes: `cachew`, and for the layer check three
+	 * compilers and two Python interpreters (about 0.3 s of CPU). Check's
+	 * default of 4 s timed the layer check out on the 2-core CI machine
+	 * under load (wall time is CPU time times the run queue), so the
+	 * bound is the run tcase's: a hang still fails, a slow machine not. */
+	tcase_set_timeout(other, 30);
 	tcase_add_test(
 	    other, explain_prints_tree_canonical_string_and_round_trip);
 	tcase_add_test(other, explain_parse_error_exits_2);
@@ -1629,6 +1635,9 @@ cwt_cli_suite(void)
 	tcase_add_test(install, man_pages_render_cleanly_and_name_everything);
 	suite_add_tcase(s, install);
 
+	/* One test starts an embedded service: the run tcase's bound, as
+	 * above, rather than Check's default of 4 s. */
+	tcase_set_timeout(plugin, 30);
 	tcase_add_test(plugin, plugin_square_maps_values);
 	tcase_add_test(plugin, plugin_square_maps_batches_in_place);
 	tcase_add_test(plugin, plugin_square_maps_f64);
