@@ -1422,7 +1422,7 @@ START_TEST(embedded_worker_dropped_mid_epoch_loses_nothing)
 		ck_assert_uint_eq(drop_workers(c), 1);
 		/* Until the new task runs: the worker stopped the old one
 		 * in the same heartbeat that started it. */
-		for (uint64_t end = cwt_now_ms() + 20000;
+		for (uint64_t end = cwt_now_ms() + (uint64_t)cwt_bound_ms(20000);
 		     now <= old && cwt_now_ms() < end;
 		     cwt_nap_ms(10))
 			now = active_task(c);
@@ -1875,7 +1875,7 @@ slow_main(void *arg)
 static void
 wait_received(slow_arg *a, int n)
 {
-	uint64_t deadline = cwt_now_ms() + 20000;
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(20000);
 
 	while (atomic_load(&a->received) < n && cwt_now_ms() < deadline)
 		cwt_nap_ms(5);
@@ -1926,7 +1926,7 @@ START_TEST(cluster_worker_added_mid_epoch_takes_splits)
 	cwt_cluster_worker_start(&c, 1);
 	/* The events log shows the second worker's task (id 2) leasing. */
 	snprintf(path, sizeof(path), "%s/work/events.jsonl", c.dir);
-	deadline = cwt_now_ms() + 20000;
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(20000);
 	while (cwt_now_ms() < deadline) {
 		free(events);
 		events = cwt_slurp(path);
@@ -2087,7 +2087,7 @@ START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 	    (char *)NULL);
 	cwt_cluster_worker_start(&c, 0);
 	snprintf(path, sizeof(path), "%s/events.jsonl", work);
-	deadline = cwt_now_ms() + 10000;
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
 	while (cwt_now_ms() < deadline &&
 	       (ev == NULL || strstr(ev, "\"worker_registered\"") == NULL)) {
 		free(ev);
@@ -2103,7 +2103,7 @@ START_TEST(cluster_paused_dispatcher_keeps_its_workers)
 	ck_assert_int_eq(kill(c.dispatcher.pid, SIGCONT), 0);
 	ck_assert_int_eq(kill(c.workers[0].pid, SIGCONT), 0);
 	/* The first tick after the pause notices it; wait for its line. */
-	deadline = cwt_now_ms() + 10000;
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
 	while (cwt_now_ms() < deadline &&
 	       (log == NULL || strstr(log, "event=paused") == NULL)) {
 		free(log);
