@@ -3120,9 +3120,9 @@ hostile_trickles_stay_within_the_budget(bool secure)
 	/* The budget is full once the dispatcher has read 32 MiB of what
 	 * the peers sent. It reads on its own threads, after our sends
 	 * returned into the socket buffers: on a loaded machine the RSS
-	 * below looked settled (two samples 100 ms apart within 256 kB)
-	 * while it had not read that far, and the log then lacked the
-	 * line. So the line first, waited for, then the RSS. */
+	 * below can look settled (two samples 100 ms apart within 256 kB)
+	 * before it has read that far, and the log then lack the line.
+	 * So the line first, waited for, then the RSS. */
 	free(log_holding(c.dispatcher.log, "over its limit of 33554432"));
 	status_answers(&c);
 	rss1 = settled_rss_kb(c.dispatcher.pid);
