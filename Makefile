@@ -80,7 +80,17 @@ $(BUILD)/cachewd: $(BUILD)/obj/src/tools/cachewd.o $(BUILD)/libcachew_tools.a $(
 	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS)
 
 # ---- tests ---------------------------------------------------------------
-$(BUILD)/check_cachew: $(TEST_OBJ) $(BUILD)/libcachew_tools.a $(BUILD)/libcachew.a
+# What the suites run or load besides themselves: the programs they start
+# and the plugins they load. Order-only prerequisites of the test binary,
+# so that a focused run (make $(BUILD)/check_cachew, then CK_RUN_SUITE=...)
+# builds them too: a test that loads plugin_example_v2.so failed when run
+# before `make check` had built it. A change to one does not relink the
+# tests ($^ leaves order-only prerequisites out); make still rebuilds one
+# when its own sources change.
+TEST_ARTEFACTS := $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
+	$(BUILD)/plugin_example_v2.so $(BUILD)/plugin_newer_def.so
+
+$(BUILD)/check_cachew: $(TEST_OBJ) $(BUILD)/libcachew_tools.a $(BUILD)/libcachew.a | $(TEST_ARTEFACTS)
 	$(CC) $(SAN) -rdynamic -o $@ $^ $(DEP_LIBS) $(CHECK_LIBS)
 
 $(BUILD)/obj/test/%.o: test/%.c
@@ -131,8 +141,7 @@ check-symbols: $(BUILD)/libcachew.a $(BUILD)/libcachew.so
 check-layers: $(BUILD)/libcachew.a
 	@/usr/bin/python3 test/module_graph.py $(BUILD)/obj $(LIB_OBJ)
 
-check: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
-	$(BUILD)/plugin_example_v2.so $(BUILD)/plugin_newer_def.so $(FUZZ_REPLAY) check-symbols check-layers
+check: $(BUILD)/check_cachew $(TEST_ARTEFACTS) $(FUZZ_REPLAY) check-symbols check-layers
 	@for f in $(FUZZ_REPLAY); do \
 		n=$$(basename $$f _replay); \
 		$$f test/fuzz/corpus/$$n || exit 1; \
@@ -180,8 +189,7 @@ tsan: deps
 # a test that exits without exec (a provisioner's failed exec) is a copy of
 # the whole test process: its leak report is not the suite's, so children
 # stay silent.
-valgrind: $(BUILD)/check_cachew $(BUILD)/cachew $(BUILD)/cachewd $(BUILD)/plugin_example.so \
-	$(BUILD)/plugin_example_v2.so $(BUILD)/plugin_newer_def.so
+valgrind: $(BUILD)/check_cachew $(TEST_ARTEFACTS)
 	CK_FORK=no CWT_VALGRIND=1 CACHEW_BUILD=$(BUILD) valgrind -q --leak-check=full \
 		--child-silent-after-fork=yes \
 		--errors-for-leak-kinds=definite,indirect --error-exitcode=1 \

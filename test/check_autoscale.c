@@ -1038,7 +1038,7 @@ assert_exactly_once(const consumer *a)
 static void
 wait_pool_empty(const char *url)
 {
-	uint64_t deadline = cwt_now_ms() + 30000;
+	uint64_t deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(30000);
 	pool_view v;
 
 	do {

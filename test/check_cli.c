@@ -111,7 +111,7 @@ cli_free(cli_result *r)
 static void
 plugin_path(char *buf, size_t len)
 {
-	snprintf(buf, len, "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(buf, len, "plugin_example.so");
 }
 
 /* ---- a strict checker for the flat JSON object of `run --json` ----------- */
@@ -904,7 +904,7 @@ START_TEST(plugin_with_a_newer_op_def_is_refused_naming_it)
 	char so[512], why[1024], want[2048];
 	cachew_dataset *ds = NULL;
 
-	snprintf(so, sizeof(so), "%s/plugin_newer_def.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_newer_def.so");
 	snprintf(why, sizeof(why),
 	    "operator 'future_pass' (plugin '%s'): cachew_op_def version %d "
 	    "is newer than this library's %d: build it against this "
@@ -1604,6 +1604,12 @@ cwt_cli_suite(void)
 	tcase_add_test(run, run_missing_plugin_exits_1_naming_it);
 	suite_add_tcase(s, run);
 
+	/* These start processes: `cachew`, and for the layer check three
+	 * compilers and two Python interpreters (about 0.3 s of CPU). Check's
+	 * default of 4 s timed the layer check out on the 2-core CI machine
+	 * under load (wall time is CPU time times the run queue), so the
+	 * bound is the run tcase's: a hang still fails, a slow machine not. */
+	tcase_set_timeout(other, 30);
 	tcase_add_test(
 	    other, explain_prints_tree_canonical_string_and_round_trip);
 	tcase_add_test(other, explain_parse_error_exits_2);
@@ -1629,6 +1635,9 @@ cwt_cli_suite(void)
 	tcase_add_test(install, man_pages_render_cleanly_and_name_everything);
 	suite_add_tcase(s, install);
 
+	/* One test starts an embedded service: the run tcase's bound, as
+	 * above, rather than Check's default of 4 s. */
+	tcase_set_timeout(plugin, 30);
 	tcase_add_test(plugin, plugin_square_maps_values);
 	tcase_add_test(plugin, plugin_square_maps_batches_in_place);
 	tcase_add_test(plugin, plugin_square_maps_f64);

@@ -89,7 +89,7 @@ cluster_start(cluster *c, int nworkers)
 		live_copy = *c;
 	}
 	c->nworkers = nworkers;
-	deadline = cwt_now_ms() + 10000;
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
 	for (;;) {
 		/* (A worker whose first registration reply came late
 		 * registers again, replacing itself.) */

@@ -1663,7 +1663,7 @@ load_example_plugin(void)
 {
 	char so[600];
 
-	snprintf(so, sizeof(so), "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(so, sizeof(so), "plugin_example.so");
 	ck_assert_msg(cachew_plugin_load(so) == CACHEW_OK, "%s",
 	    cachew_errmsg());
 }
@@ -1723,8 +1723,8 @@ START_TEST(test_fingerprint_changes_with_the_plugin_build)
 	char fp1[33], fp2[33], fps[33], fpr[33], fpb[33];
 	char *dir = cwt_tmpdir();
 
-	snprintf(v1, sizeof(v1), "%s/plugin_example.so", cwt_build_dir());
-	snprintf(v2, sizeof(v2), "%s/plugin_example_v2.so", cwt_build_dir());
+	cwt_build_file(v1, sizeof(v1), "plugin_example.so");
+	cwt_build_file(v2, sizeof(v2), "plugin_example_v2.so");
 	snprintf(same, sizeof(same), "%s/renamed_copy.so", dir);
 	snprintf(rebuilt, sizeof(rebuilt), "%s/plugin_example.so", dir);
 	copy_file(v1, same, "");

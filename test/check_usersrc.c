@@ -341,7 +341,7 @@ END_TEST
 static void
 load_plugin(char *so, size_t len)
 {
-	snprintf(so, len, "%s/plugin_example.so", cwt_build_dir());
+	cwt_build_file(so, len, "plugin_example.so");
 	ck_assert_msg(cachew_plugin_load(so) == CACHEW_OK, "%s",
 	    cachew_errmsg());
 }

@@ -137,6 +137,10 @@ char *cwt_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 /* The build directory (CACHEW_BUILD or "build"); a fresh temporary
  * directory (removed by cwt_rmtree). */
 const char *cwt_build_dir(void);
+/* The path of a file the build makes for the tests (a plugin: name is
+ * "plugin_example_v2.so") in buf; fails the test, naming the make target,
+ * when it is not there. */
+void cwt_build_file(char *buf, size_t len, const char *name);
 char *cwt_tmpdir(void);
 void cwt_rmtree(const char *path);
 /* Writes len bytes to path; fails the test on error. */

@@ -171,7 +171,7 @@ cwt_daemon_startv(cwt_daemon *d, const char *dir, const char *name,
 	posix_spawn_file_actions_destroy(&fa);
 	ck_assert_msg(rc == 0, "posix_spawn %s: %s", bin, strerror(rc));
 	live_add(d->pid);
-	deadline = cwt_now_ms() + 10000;
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(10000);
 	while (cwt_now_ms() < deadline) {
 		char *log = cwt_slurp(d->log), *p;
 		if (log != NULL && (p = strstr(log, "event=listening")) != NULL &&

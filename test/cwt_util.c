@@ -316,6 +316,16 @@ cwt_build_dir(void)
 	return b != NULL && b[0] != '\0' ? b : "build";
 }
 
+void
+cwt_build_file(char *buf, size_t len, const char *name)
+{
+	snprintf(buf, len, "%s/%s", cwt_build_dir(), name);
+	/* A focused run on a build that lacks it would otherwise fail
+	 * further on with "cannot load", which says nothing about why. */
+	ck_assert_msg(access(buf, R_OK) == 0, "%s is missing: build it first "
+	    "(make %s; make check builds every file the tests use)", buf, buf);
+}
+
 char *
 cwt_tmpdir(void)
 {
