@@ -1621,6 +1621,45 @@ START_TEST(cluster_stats_sum_every_worker_exactly)
 }
 END_TEST
 
+/* The stats of an embedded iterator stay exact after its epoch, however
+ * long the consumer waits before asking: the direct task's rows are taken
+ * before its splits are acknowledged (the acknowledgement lets the
+ * dispatcher end the job and the worker drop the task with its rows;
+ * embedded_stats_sum_every_worker_exactly once saw none when they were
+ * asked of the task only at the epoch's end). */
+START_TEST(embedded_stats_stay_exact_once_the_task_is_gone)
+{
+	cachew_options *o = cwt_opts(7, 1);
+	cachew_op_stats st[16];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	size_t got = 0, n = 0;
+
+	ck_assert_int_eq(cachew_options_set_str(o, "service", "embedded"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(20000) | map(add, value=1) | batch(64)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, o), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		cachew_element_release(e);
+		got++;
+	}
+	ck_assert_uint_eq(got, 313);
+	cwt_nap_ms(1000);
+	ck_assert_int_eq(cachew_iterator_stats(it, st, 16, &n), CACHEW_OK);
+	ck_assert_uint_ge(n, 3);
+	ck_assert_str_eq(st[0].name, "range");
+	ck_assert_uint_eq(st[0].elements, 20000);
+	ck_assert_uint_eq(st[1].elements, 20000);
+	ck_assert_uint_eq(st[2].elements, 313);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+}
+END_TEST
+
 START_TEST(embedded_stats_sum_every_worker_exactly)
 {
 	assert_stats_sum_every_worker("embedded");
@@ -3782,6 +3821,7 @@ cwt_cluster_suite(void)
 	tcase_add_test(tc, cluster_stats_show_the_worker_part);
 	tcase_add_test(tc, cluster_stats_sum_every_worker_exactly);
 	tcase_add_test(tc, embedded_stats_sum_every_worker_exactly);
+	tcase_add_test(tc, embedded_stats_stay_exact_once_the_task_is_gone);
 	tcase_add_test(tc, cluster_status_counts_what_the_client_received);
 	tcase_add_test(tc, embedded_status_counts_what_the_client_received);
 	tcase_add_test(tc, embedded_pipeline_error_reaches_the_client);
