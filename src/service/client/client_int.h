@@ -272,6 +272,9 @@ struct session {
 	struct cgroup *groups;
 	size_t ngroups, capgroups, lastgroup;
 	struct cwi_stitch *stitch;
+	/* The names the replies tell (ctx->wire_names; one reference, NULL:
+	 * none yet), for the batches the stitcher makes of their tails. */
+	cwi_names *stitch_names;
 	uint64_t dups; /* elements received twice, dropped */
 	/* Ordered delivery (a private job whose client part starts by
 	 * selecting by position: take, skip, shard, enumerate): groups go
@@ -351,6 +354,9 @@ cachew_err cwi_client_reply_elements(session *s, ctask *t, cwi_msg *msg,
  * shared element is cloned (immutable); ENOMEM leaves one unnamed. */
 void cwi_client_name_elements(const session *s,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n);
+/* Gives the unnamed ones of v[0..n) with names->n components `names`
+ * (NULL: nothing), as cwi_client_name_elements does. */
+void cwi_client_give_names(cwi_names *names, cwi_element **v, size_t n);
 /* Auto compression's decision, once per window (fetch thread). */
 void cwi_client_auto_tick(session *s, uint64_t now);
 

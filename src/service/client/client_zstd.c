@@ -152,6 +152,13 @@ name_one(cwi_element **e, cwi_names *names)
 }
 
 void
+cwi_client_give_names(cwi_names *names, cwi_element **v, size_t n)
+{
+	for (size_t i = 0; names != NULL && i < n; i++)
+		name_one(&v[i], names);
+}
+
+void
 cwi_client_name_elements(const session *s,
     const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n)
 {
@@ -160,8 +167,7 @@ cwi_client_name_elements(const session *s,
 	if (!s->ctx->wire_names || r->names == NULL)
 		return;
 	if (r->nruns == 0) {
-		for (size_t i = 0; i < n; i++)
-			name_one(&v[i], r->names);
+		cwi_client_give_names(r->names, v, n);
 		return;
 	}
 	for (size_t k = 0; k < r->nruns && at < n; k++) {
