@@ -1362,6 +1362,7 @@ END_TEST
 typedef struct svc_way {
 	const char *what;
 	const char *key, *value;
+	bool coordinated; /* one consumer of a coordinated read */
 } svc_way;
 
 /* ds through the cluster at url read `way`: elements named or not. */
@@ -1380,6 +1381,12 @@ assert_service_names(cachew_dataset *ds, const char *url, const svc_way *way,
 	else if (way->key != NULL)
 		ck_assert_int_eq(cachew_options_set_bool(o, way->key, false),
 		    CACHEW_OK);
+	if (way->coordinated) {
+		ck_assert_int_eq(cachew_options_set_int(o, "num_consumers", 1),
+		    CACHEW_OK);
+		ck_assert_int_eq(cachew_options_set_int(o, "consumer_index",
+				     0), CACHEW_OK);
+	}
 	ck_assert_msg(cwt_run_ds(ds, o, &v, &n, err, sizeof(err)) ==
 			  CACHEW_OK, "%s: %s", way->what, err);
 	assert_named_run(v, n, named, way->what);
@@ -1396,10 +1403,11 @@ assert_service_names(cachew_dataset *ds, const char *url, const svc_way *way,
 START_TEST(service_names_elements_the_client_could_not_name_at_build)
 {
 	static const svc_way ways[] = {
-	    {"exactly once", NULL, NULL},
-	    {"at least once", "exactly_once", NULL},
-	    {"compressed", "compression", "zstd"},
-	    {"parallel_epochs", "processing_mode", "parallel_epochs"},
+	    {"exactly once", NULL, NULL, false},
+	    {"at least once", "exactly_once", NULL, false},
+	    {"compressed", "compression", "zstd", false},
+	    {"parallel_epochs", "processing_mode", "parallel_epochs", false},
+	    {"coordinated", "job_name", "named-coordinated", true},
 	};
 	cwt_cluster c;
 	char *root, *away, *get = NULL;
