@@ -1628,6 +1628,13 @@ rd_names(reader *r, const field *f, void *body)
 		if (rv == CACHEW_OK)
 			path_pop(r, saved);
 	}
+	/* The table's own size counts against the budget too (the names'
+	 * copies were counted as they were read). */
+	if (rv == CACHEW_OK && any &&
+	    sizeof(cwi_names) + n * sizeof(char *) > r->budget)
+		rv = rd_fail(r, "decoded size exceeds %u times the message's "
+			       "size",
+		    CWI_PROTO_EXPANSION);
 	if (rv == CACHEW_OK && any) {
 		cwi_names *t = cwi_names_create((uint32_t)n,
 		    (const char *const *)names);
@@ -1635,6 +1642,7 @@ rd_names(reader *r, const field *f, void *body)
 			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		else
 			*AT(body, f->off, cwi_names *) = t;
+		r->budget -= sizeof(cwi_names) + n * sizeof(char *);
 	}
 	for (k = 0; k < n; k++)
 		free(names[k]);
