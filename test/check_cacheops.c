@@ -1356,6 +1356,143 @@ START_TEST(get_of_a_cache_missing_at_build_is_unknown_then_named)
 }
 END_TEST
 
+/* How a client reads through the service in service_names_...: an
+ * option and its value (value NULL: the boolean option off; key NULL:
+ * the defaults, exactly once). */
+typedef struct svc_way {
+	const char *what;
+	const char *key, *value;
+	bool coordinated; /* one consumer of a coordinated read */
+} svc_way;
+
+/* ds through the cluster at url read `way`: elements named or not. */
+static void
+assert_service_names(cachew_dataset *ds, const char *url, const svc_way *way,
+    bool named)
+{
+	cachew_options *o = cwt_opts_at(SEED, 0, url);
+	cachew_element **v;
+	size_t n;
+	char err[512];
+
+	if (way->key != NULL && way->value != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, way->key,
+				     way->value), CACHEW_OK);
+	else if (way->key != NULL)
+		ck_assert_int_eq(cachew_options_set_bool(o, way->key, false),
+		    CACHEW_OK);
+	if (way->coordinated) {
+		ck_assert_int_eq(cachew_options_set_int(o, "num_consumers", 1),
+		    CACHEW_OK);
+		ck_assert_int_eq(cachew_options_set_int(o, "consumer_index",
+				     0), CACHEW_OK);
+	}
+	ck_assert_msg(cwt_run_ds(ds, o, &v, &n, err, sizeof(err)) ==
+			  CACHEW_OK, "%s: %s", way->what, err);
+	assert_named_run(v, n, named, way->what);
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+}
+
+/* A cache the client cannot read when it builds (on the service the
+ * root is the workers' storage; here it was elsewhere at the client's
+ * build) leaves the client's spec unknown. The worker reads the
+ * manifest when it builds its task and tells the names in its replies:
+ * the elements arrive named however the client reads, as they do
+ * in-process; before, they arrived unnamed. */
+START_TEST(service_names_elements_the_client_could_not_name_at_build)
+{
+	static const svc_way ways[] = {
+	    {"exactly once", NULL, NULL, false},
+	    {"at least once", "exactly_once", NULL, false},
+	    {"compressed", "compression", "zstd", false},
+	    {"parallel_epochs", "processing_mode", "parallel_epochs", false},
+	    {"coordinated", "job_name", "named-coordinated", true},
+	};
+	cwt_cluster c;
+	char *root, *away, *get = NULL;
+	cachew_dataset *unknown, *known;
+
+	cwt_cluster_start(&c, 1);
+	root = fmt("%s/named", c.dir);
+	away = fmt("%s/named.away", c.dir);
+	named_put(root, &get);
+	ck_assert_int_eq(rename(root, away), 0);
+	cwt_spec_is(get, "?");
+	unknown = cwt_parse(get);
+	ck_assert_int_eq(rename(away, root), 0);
+	known = cwt_parse(get);
+	for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
+		assert_service_names(unknown, c.dispatcher.url, &ways[i], true);
+		/* The client's own names, as before. */
+		assert_service_names(known, c.dispatcher.url, &ways[i], true);
+	}
+	cachew_dataset_release(unknown);
+	cachew_dataset_release(known);
+	cwt_cluster_stop(&c);
+	free(get);
+	free(away);
+	free(root);
+}
+END_TEST
+
+/* The same with a batch in the worker part over a cache of many chunks
+ * (splits), read exactly once by two workers: each lease ends in a
+ * partial batch the client stitches, and the stitched batches are named
+ * as the others. */
+START_TEST(service_names_stitched_batches_the_client_could_not_name)
+{
+	const char *input = "from_tensors({image=[1, 2], label=3}) | "
+			    "repeat(20000)";
+	cwt_cluster c;
+	char *root, *away, *p, *get, hex[33], err[512];
+	cachew_options *o;
+	cachew_element **v;
+	cachew_dataset *ds;
+	run_out r;
+	size_t n, rows = 0;
+
+	cwt_cluster_start(&c, 2);
+	root = fmt("%s/named", c.dir);
+	away = fmt("%s/named.away", c.dir);
+	/* 4 KiB chunks stored nearly raw: about 30 splits. */
+	p = fmt("%s | cache_put(\"%s\", chunk_bytes=4096, level=-7)", input,
+	    root);
+	r = run_ok(p);
+	ck_assert_uint_eq(r.n, 20000);
+	run_free(&r);
+	free(p);
+	fp_hex(input, hex);
+	get = fmt("cache_get(\"%s\", \"%s\") | batch(7)", root, hex);
+	ck_assert_int_eq(rename(root, away), 0);
+	cwt_spec_is(get, "?");
+	ds = cwt_parse(get);
+	ck_assert_int_eq(rename(away, root), 0);
+	o = cwt_opts_at(SEED, 0, c.dispatcher.url);
+	ck_assert_msg(cwt_run_ds(ds, o, &v, &n, err, sizeof(err)) ==
+			  CACHEW_OK, "%s", err);
+	for (size_t i = 0; i < n; i++) {
+		const char *a = cachew_element_name(v[i], 0);
+		const char *b = cachew_element_name(v[i], 1);
+		ck_assert_msg(a != NULL && strcmp(a, "image") == 0 &&
+				  b != NULL && strcmp(b, "label") == 0,
+		    "batch %zu of %zu is named %s, %s", i, n,
+		    a != NULL ? a : "(none)", b != NULL ? b : "(none)");
+		rows += (size_t)cachew_tensor_shape(
+		    cachew_element_component(v[i], 0))[0];
+	}
+	ck_assert_uint_eq(rows, 20000);
+	ck_assert_uint_eq(n, (20000 + 6) / 7); /* full batches: stitched */
+	cwt_free(v, n);
+	cachew_options_destroy(o);
+	cachew_dataset_release(ds);
+	cwt_cluster_stop(&c);
+	free(get);
+	free(away);
+	free(root);
+}
+END_TEST
+
 /* A manifest without names (written before names existed, here by the
  * encoder with none) reads as before: the same data, unnamed. */
 START_TEST(get_of_a_manifest_without_names_reads_unnamed)
@@ -2354,6 +2491,7 @@ cwt_cacheops_suite(void)
 	TCase *ops = tcase_create("operators");
 	TCase *cli_tc = tcase_create("cli");
 	TCase *harsh = tcase_create("crash_corruption_gc");
+	TCase *svc_tc = tcase_create("service_names");
 
 	tcase_set_timeout(ops, 60);
 	tcase_add_test(ops, put_then_get_range_map_batch_is_exact);
@@ -2392,6 +2530,11 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_of_a_manifest_without_names_reads_unnamed);
 	tcase_add_test(ops, get_build_gives_up_on_an_s3_root_that_does_not_answer);
 
+	/* Real dispatcher and worker processes. */
+	tcase_set_timeout(svc_tc, 120);
+	tcase_add_test(svc_tc, service_names_elements_the_client_could_not_name_at_build);
+	tcase_add_test(svc_tc, service_names_stitched_batches_the_client_could_not_name);
+
 	tcase_set_timeout(cli_tc, 60);
 	tcase_add_test(cli_tc, cli_cache_help_lists_the_commands);
 	tcase_add_test(cli_tc, cli_head_and_explain_of_a_named_cache);
@@ -2413,5 +2556,6 @@ cwt_cacheops_suite(void)
 	suite_add_tcase(s, ops);
 	suite_add_tcase(s, cli_tc);
 	suite_add_tcase(s, harsh);
+	suite_add_tcase(s, svc_tc);
 	return s;
 }

@@ -46,6 +46,17 @@ ids_of(size_t n, uint64_t first)
 	return v;
 }
 
+/* {image, (unnamed), label}: the component names of a sample reply. */
+static cwi_names *
+sample_names(void)
+{
+	const char *const v[] = {"image", NULL, "label"};
+	cwi_names *t = cwi_names_create(3, v);
+
+	ck_assert_ptr_nonnull(t);
+	return t;
+}
+
 /* A message of `type` with every field set away from its default. */
 static void
 sample_msg(cwi_msg_type type, cwi_pmsg *m)
@@ -290,6 +301,7 @@ sample_msg(cwi_msg_type type, cwi_pmsg *m)
 		g->round = 12;
 		g->compression = CWI_COMPRESSION_ZSTD;
 		g->retry_ms = 20;
+		g->names = sample_names();
 		break;
 	}
 	case CWI_MSG_TASK_STATS:
@@ -876,6 +888,189 @@ START_TEST(test_proto_encoder_refuses_over_limit)
 	ck_assert_int_eq(cwi_pmsg_encode(&m, &sb), CACHEW_EINVAL);
 	cwi_pmsg_free(&m);
 	cwi_strbuf_free(&sb);
+}
+END_TEST
+
+/* A get_elements_reply header with its required fields and room for
+ * `extra` more entries, which the caller writes. */
+static void
+reply_head(cwi_strbuf *sb, size_t extra)
+{
+	hdr_begin(sb, 3 + extra, "get_elements_reply");
+	put_key(sb, "task_id");
+	cwi_msgpack_put_int(sb, 5);
+	put_key(sb, "seq");
+	cwi_msgpack_put_int(sb, 0);
+	put_key(sb, "elements");
+	cwi_msgpack_put_int(sb, 2);
+}
+
+/* ... then `names`, a list of n items the caller writes raw. */
+static void
+reply_with_names(cwi_strbuf *sb, size_t n)
+{
+	reply_head(sb, 1);
+	put_key(sb, "names");
+	cwi_msgpack_put_array(sb, n);
+}
+
+/* The names a worker tells travel as one string per component ("" for
+ * an unnamed one); a reply without them (a worker before names) decodes
+ * to none, as does a list that names nothing. */
+START_TEST(test_proto_element_names_travel_and_absent_is_none)
+{
+	cwi_pmsg m, back;
+	cwi_strbuf sb;
+	const cwi_names *t;
+
+	sample_msg(CWI_MSG_GET_ELEMENTS_REPLY, &m);
+	encode_ok(&m, &sb);
+	ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len, &back),
+	    CACHEW_OK);
+	t = back.u.get_elements_reply.names;
+	ck_assert_ptr_nonnull(t);
+	ck_assert_uint_eq(t->n, 3);
+	ck_assert_str_eq(t->name[0], "image");
+	ck_assert_ptr_null(t->name[1]);
+	ck_assert_str_eq(t->name[2], "label");
+	cwi_pmsg_free(&m);
+	cwi_pmsg_free(&back);
+	cwi_strbuf_free(&sb);
+
+	/* An old worker's reply: no key at all. */
+	reply_head(&sb, 0);
+	ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len, &back),
+	    CACHEW_OK);
+	ck_assert_uint_eq(back.u.get_elements_reply.elements, 2);
+	ck_assert_ptr_null(back.u.get_elements_reply.names);
+	cwi_pmsg_free(&back);
+	cwi_strbuf_free(&sb);
+
+	/* nil, and a list of unnamed components only: none either. */
+	reply_head(&sb, 1);
+	put_key(&sb, "names");
+	cwi_strbuf_append(&sb, "\xc0", 1);
+	ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len, &back),
+	    CACHEW_OK);
+	ck_assert_ptr_null(back.u.get_elements_reply.names);
+	cwi_pmsg_free(&back);
+	cwi_strbuf_free(&sb);
+	reply_with_names(&sb, 2);
+	cwi_msgpack_put_str(&sb, "", 0);
+	cwi_msgpack_put_str(&sb, "", 0);
+	ck_assert_int_eq(cwi_pmsg_decode((uint8_t *)sb.data, sb.len, &back),
+	    CACHEW_OK);
+	ck_assert_ptr_null(back.u.get_elements_reply.names);
+	cwi_pmsg_free(&back);
+	cwi_strbuf_free(&sb);
+
+	/* 64 components, the longest name: the limits themselves pass. */
+	{
+		char longest[CWI_PROTO_MAX_COMPONENT_NAME];
+		reply_with_names(&sb, CACHEW_MAX_COMPONENTS);
+		memset(longest, 'n', sizeof(longest));
+		cwi_msgpack_put_str(&sb, longest, sizeof(longest));
+		for (int i = 1; i < CACHEW_MAX_COMPONENTS; i++) {
+			char nm[8];
+			snprintf(nm, sizeof(nm), "c%d", i);
+			cwi_msgpack_put_str(&sb, nm, strlen(nm));
+		}
+		ck_assert_msg(cwi_pmsg_decode((uint8_t *)sb.data, sb.len,
+				  &back) == CACHEW_OK, "%s", cachew_errmsg());
+		t = back.u.get_elements_reply.names;
+		ck_assert_uint_eq(t->n, CACHEW_MAX_COMPONENTS);
+		ck_assert_uint_eq(strlen(t->name[0]),
+		    CWI_PROTO_MAX_COMPONENT_NAME);
+		ck_assert_str_eq(t->name[63], "c63");
+		cwi_pmsg_free(&back);
+		cwi_strbuf_free(&sb);
+	}
+}
+END_TEST
+
+/* Names from a peer are refused, naming the problem, when one is too
+ * long, holds a NUL or a control character, two are alike, there are
+ * more than CACHEW_MAX_COMPONENTS or the list is not one of strings; the
+ * encoder refuses to send what the decoder would refuse. */
+START_TEST(test_proto_hostile_element_names_refused)
+{
+	static const char *const bad_bytes[] = {"ima\0ge", "ima\nge",
+	    "ima\x7fge"};
+	char big[CWI_PROTO_MAX_COMPONENT_NAME + 1];
+	cwi_strbuf sb;
+	cwi_pmsg m;
+
+	memset(big, 'x', sizeof(big));
+	reply_with_names(&sb, 2);
+	cwi_msgpack_put_str(&sb, "a", 1);
+	cwi_msgpack_put_str(&sb, big, sizeof(big));
+	decode_fails(sb.data, sb.len, "get_elements_reply: names[1]: a "
+	    "component name of 256 bytes exceeds the limit of 255");
+	cwi_strbuf_free(&sb);
+
+	reply_with_names(&sb, 3);
+	cwi_msgpack_put_str(&sb, "image", 5);
+	cwi_msgpack_put_str(&sb, "", 0);
+	cwi_msgpack_put_str(&sb, "image", 5);
+	decode_fails(sb.data, sb.len, "names[2]: components 0 and 2 are both "
+				      "named 'image'");
+	cwi_strbuf_free(&sb);
+
+	/* A NUL would cut the C string short; a newline or DEL would
+	 * garble what prints names. */
+	for (size_t i = 0; i < sizeof(bad_bytes) / sizeof(bad_bytes[0]); i++) {
+		reply_with_names(&sb, 1);
+		cwi_msgpack_put_str(&sb, bad_bytes[i], 6);
+		decode_fails(sb.data, sb.len, "names[0]: a component name "
+					      "holds a control character or "
+					      "NUL");
+		cwi_strbuf_free(&sb);
+	}
+
+	reply_with_names(&sb, CACHEW_MAX_COMPONENTS + 1);
+	for (int i = 0; i <= CACHEW_MAX_COMPONENTS; i++) {
+		char nm[8];
+		snprintf(nm, sizeof(nm), "c%d", i);
+		cwi_msgpack_put_str(&sb, nm, strlen(nm));
+	}
+	decode_fails(sb.data, sb.len, "names: array of 65 items exceeds the "
+				      "limit of 64");
+	cwi_strbuf_free(&sb);
+
+	/* A count claiming more than the bytes that follow. */
+	reply_with_names(&sb, 60);
+	cwi_msgpack_put_str(&sb, "a", 1);
+	decode_fails(sb.data, sb.len, "names: array of 60 items overruns the "
+				      "message");
+	cwi_strbuf_free(&sb);
+
+	reply_with_names(&sb, 1);
+	cwi_msgpack_put_int(&sb, 7);
+	decode_fails(sb.data, sb.len, "names[0]: expected a string");
+	cwi_strbuf_free(&sb);
+
+	reply_head(&sb, 1);
+	put_key(&sb, "names");
+	cwi_msgpack_put_str(&sb, "image", 5);
+	decode_fails(sb.data, sb.len, "names: expected an array");
+	cwi_strbuf_free(&sb);
+
+	/* The encoder: duplicate names are never sent. */
+	{
+		const char *const dup[] = {"a", "a"};
+		cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS_REPLY);
+		m.u.get_elements_reply.names = cwi_names_create(2, dup);
+		ck_assert_ptr_nonnull(m.u.get_elements_reply.names);
+		ck_assert(!cwi_proto_names_ok(m.u.get_elements_reply.names));
+		cwi_strbuf_init(&sb);
+		ck_assert_int_eq(cwi_pmsg_encode(&m, &sb), CACHEW_EINVAL);
+		ck_assert_msg(strstr(cachew_errmsg(), "get_elements_reply."
+			      "names: a name is not 1 to 255 bytes") != NULL,
+		    "%s", cachew_errmsg());
+		ck_assert_uint_eq(sb.len, 0);
+		cwi_pmsg_free(&m);
+		cwi_strbuf_free(&sb);
+	}
 }
 END_TEST
 
@@ -3617,6 +3812,8 @@ cwt_service_suite(void)
 	tcase_add_test(proto, test_proto_garbage_never_crashes);
 	tcase_add_test(proto, test_proto_encoder_refuses_over_limit);
 	tcase_add_test(proto, test_proto_enum_names_parse);
+	tcase_add_test(proto, test_proto_element_names_travel_and_absent_is_none);
+	tcase_add_test(proto, test_proto_hostile_element_names_refused);
 	tcase_add_test(proto, test_proto_split_units_span_uint64);
 	tcase_add_test(proto, test_coord_round_task_rotates_over_serving_tasks);
 	tcase_set_timeout(proto, 60);

@@ -41,7 +41,10 @@ typedef enum ftype {
 	F_OBJS, /* array of `sub` structs at off, size_t count at off_n */
 	/* A unit count: uint64_t at off, bool "has one" at off_n; an
 	 * integer on the wire, -1 for none (the default), else 0..2^64-1. */
-	F_UNITS
+	F_UNITS,
+	/* Component names: cwi_names * at off (one reference, NULL: none);
+	 * a list of strings on the wire, "" for an unnamed component. */
+	F_NAMES
 } ftype;
 
 #define F_REQ 1u /* required: absence is an error */
@@ -89,6 +92,8 @@ struct schema {
 	{#m, F_OBJS, fl, OFF(T, m), OFF(T, n##m), mx, 0, &sc, NULL, 0}
 #define UNITS(T, m, has) \
 	{#m, F_UNITS, 0, OFF(T, m), OFF(T, has), 0, 0, NULL, NULL, 0}
+#define NAMES(T, m) \
+	{#m, F_NAMES, 0, OFF(T, m), 0, CACHEW_MAX_COMPONENTS, 0, NULL, NULL, 0}
 #define SCHEMA(nm, T, f) \
 	{nm, sizeof(T), f, sizeof(f) / sizeof(f[0])}
 
@@ -521,6 +526,7 @@ static const field f_get_elements_reply[] = {
     U64(cwi_msg_get_elements_reply, queued_bytes, 0),
     U32(cwi_msg_get_elements_reply, retry_ms, 0),
     OBJS(cwi_msg_get_elements_reply, runs, 0, CWI_PROTO_MAX_SPLITS, s_run),
+    NAMES(cwi_msg_get_elements_reply, names),
 };
 
 /* Indexed by cwi_msg_type. A body without fields has nfields 0. */
@@ -696,6 +702,9 @@ obj_free(const schema *s, void *body)
 		case F_U64S:
 			free(*AT(body, f->off, uint64_t *));
 			break;
+		case F_NAMES:
+			cwi_names_unref(*AT(body, f->off, cwi_names *));
+			break;
 		case F_OBJS: {
 			char *items = *AT(body, f->off, char *);
 			size_t n = *AT(body, f->off_n, size_t);
@@ -834,6 +843,8 @@ is_default(const field *f, const void *body)
 		return !*CAT(body, f->off, bool);
 	case F_STR:
 		return *CAT(body, f->off, char *) == NULL;
+	case F_NAMES:
+		return *CAT(body, f->off, cwi_names *) == NULL;
 	case F_ENUM:
 		return *CAT(body, f->off, int) == 0;
 	case F_BIN:
@@ -857,6 +868,64 @@ enc_fail_range(const char *msg, const schema *s, const field *f, size_t n,
 	return cwi_fail(CACHEW_ERANGE, "service message %s: %s.%s: %zu "
 				       "exceeds the limit of %u",
 	    msg, s->name, f->key, n, max);
+}
+
+/* A component name the wire carries (the cache manifest's rule): 1 to
+ * CWI_PROTO_MAX_COMPONENT_NAME bytes, no control character (names are
+ * printed in messages and by `cachew head`; a NUL would cut the C string
+ * short). */
+static bool
+component_name_ok(const uint8_t *p, size_t len)
+{
+	if (len == 0 || len > CWI_PROTO_MAX_COMPONENT_NAME)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (p[i] < 0x20 || p[i] == 0x7f)
+			return false;
+	return true;
+}
+
+bool
+cwi_proto_names_ok(const cwi_names *names)
+{
+	if (names == NULL)
+		return true;
+	if (names->n > CACHEW_MAX_COMPONENTS)
+		return false;
+	for (uint32_t i = 0; i < names->n; i++) {
+		const char *a = names->name[i];
+		if (a == NULL)
+			continue;
+		if (!component_name_ok((const uint8_t *)a, strlen(a)))
+			return false;
+		for (uint32_t j = 0; j < i; j++)
+			if (names->name[j] != NULL &&
+			    strcmp(names->name[j], a) == 0)
+				return false;
+	}
+	return true;
+}
+
+/* The encoder refuses what the decoder would, so a peer never sends names
+ * the other side must refuse. */
+static cachew_err
+enc_names(const schema *s, const field *f, const cwi_names *names,
+    cwi_strbuf *sb, const char *msg)
+{
+	if (names->n > f->max)
+		return enc_fail_range(msg, s, f, names->n, f->max);
+	if (!cwi_proto_names_ok(names))
+		return cwi_fail(CACHEW_EINVAL, "service message %s: %s.%s: a "
+		    "name is not 1 to %u bytes without control characters, "
+		    "or two components share one",
+		    msg, s->name, f->key, CWI_PROTO_MAX_COMPONENT_NAME);
+	cwi_msgpack_put_array(sb, names->n);
+	for (uint32_t i = 0; i < names->n; i++) {
+		const char *a = names->name[i];
+		cwi_msgpack_put_str(sb, a != NULL ? a : "",
+		    a != NULL ? strlen(a) : 0);
+	}
+	return CACHEW_OK;
 }
 
 static cachew_err
@@ -926,6 +995,9 @@ enc_field(const schema *s, const field *f, const void *body, cwi_strbuf *sb,
 			put_uint(sb, v[i]);
 		return CACHEW_OK;
 	}
+	case F_NAMES:
+		return enc_names(s, f, *CAT(body, f->off, cwi_names *), sb,
+		    msg);
 	case F_OBJS: {
 		const char *items = *CAT(body, f->off, char *);
 		size_t n = *CAT(body, f->off_n, size_t);
@@ -1502,6 +1574,81 @@ rd_objs(reader *r, const field *f, void *body, unsigned depth)
 	return CACHEW_OK;
 }
 
+/* One name of a names list into names[k] (a copy; NULL for ""). */
+static cachew_err
+rd_one_name(reader *r, char **names, size_t k)
+{
+	const uint8_t *p;
+	uint64_t len;
+	bool is;
+	cachew_err rv = rd_bytes(r, false, &p, &len, &is);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	if (!is)
+		return rd_fail(r, "expected a string");
+	if (len == 0)
+		return CACHEW_OK; /* an unnamed component */
+	if (len > CWI_PROTO_MAX_COMPONENT_NAME)
+		return rd_fail(r, "a component name of %llu bytes exceeds the "
+				  "limit of %u",
+		    (unsigned long long)len, CWI_PROTO_MAX_COMPONENT_NAME);
+	if (!component_name_ok(p, (size_t)len))
+		return rd_fail(r, "a component name holds a control "
+				  "character or NUL");
+	for (size_t j = 0; j < k; j++)
+		if (names[j] != NULL && strlen(names[j]) == len &&
+		    memcmp(names[j], p, (size_t)len) == 0)
+			return rd_fail(r, "components %zu and %zu are both "
+					  "named '%s'",
+			    j, k, names[j]);
+	if (len + 1 > r->budget)
+		return rd_alloc_fail(r, (size_t)len + 1, 1);
+	names[k] = cwi_strndup((const char *)p, (size_t)len);
+	if (names[k] == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	r->budget -= (size_t)len + 1;
+	return CACHEW_OK;
+}
+
+/* A names list: checked whole (count, each name, uniqueness) before the
+ * shared table is made; a list with no name at all is none. */
+static cachew_err
+rd_names(reader *r, const field *f, void *body)
+{
+	char *names[CACHEW_MAX_COMPONENTS] = {NULL};
+	size_t n = 0, k;
+	bool any = false;
+	cachew_err rv = rd_array_count(r, f, &n);
+
+	for (k = 0; rv == CACHEW_OK && k < n; k++) {
+		size_t saved = path_push(r, NULL, k);
+		rv = rd_one_name(r, names, k);
+		any = any || names[k] != NULL;
+		if (rv == CACHEW_OK)
+			path_pop(r, saved);
+	}
+	/* The table's own size counts against the budget too (the names'
+	 * copies were counted as they were read). */
+	if (rv == CACHEW_OK && any &&
+	    sizeof(cwi_names) + n * sizeof(char *) > r->budget)
+		rv = rd_fail(r, "decoded size exceeds %u times the message's "
+			       "size",
+		    CWI_PROTO_EXPANSION);
+	if (rv == CACHEW_OK && any) {
+		cwi_names *t = cwi_names_create((uint32_t)n,
+		    (const char *const *)names);
+		if (t == NULL)
+			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		else
+			*AT(body, f->off, cwi_names *) = t;
+		r->budget -= sizeof(cwi_names) + n * sizeof(char *);
+	}
+	for (k = 0; k < n; k++)
+		free(names[k]);
+	return rv;
+}
+
 static cachew_err
 rd_str_field(reader *r, const field *f, void *body)
 {
@@ -1636,6 +1783,8 @@ rd_field(reader *r, const field *f, void *body, unsigned depth)
 		return rd_fingerprint(r, AT(body, f->off, cachew_fingerprint));
 	case F_U64S:
 		return rd_u64s(r, f, body);
+	case F_NAMES:
+		return rd_names(r, f, body);
 	case F_OBJS:
 		return rd_objs(r, f, body, depth);
 	default:

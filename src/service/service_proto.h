@@ -65,6 +65,10 @@
 #define CWI_PROTO_FN_HASH 32u             /* a plugin's hash: hex digits */
 #define CWI_PROTO_MAX_TOKEN 256u          /* the envelope's "k" */
 #define CWI_PROTO_MAX_IDENTITY 64u        /* the envelope's "i" */
+/* A component name on the wire: the cache manifest's rule (1 to 255
+ * bytes, no control character), so a name a manifest gave a worker always
+ * travels; at most CACHEW_MAX_COMPONENTS of them in a list. */
+#define CWI_PROTO_MAX_COMPONENT_NAME 255u
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -692,6 +696,13 @@ typedef struct cwi_msg_get_elements_reply {
 	 * `elements`). */
 	cwi_run *runs;
 	size_t nruns;
+	/* The component names of the worker part's output as the worker
+	 * knows them (one reference; NULL: not told, which is what a worker
+	 * before names sends). On the wire a list with one string per
+	 * component, "" for an unnamed one; the client gives them to the
+	 * elements only where its own spec of that output has no names (a
+	 * cache whose manifest it could not read at build). */
+	cwi_names *names;
 } cwi_msg_get_elements_reply;
 
 /* A task's operator rows, live (the lease pipeline being read) or of its
@@ -763,6 +774,13 @@ typedef struct cwi_pmsg {
 
 /* The wire name of a type ("worker_heartbeat"), "?" for an invalid one. */
 const char *cwi_msg_type_name(cwi_msg_type type);
+/* Whether names may travel as a get_elements reply's `names`: at most
+ * CACHEW_MAX_COMPONENTS, each NULL (unnamed) or 1 to
+ * CWI_PROTO_MAX_COMPONENT_NAME bytes without a control character, no two
+ * alike. A worker whose spec holds other names sends none (the encoder
+ * would refuse them). */
+bool cwi_proto_names_ok(const cwi_names *names);
+
 /* The wire names of the enumerations; "?" for invalid values. */
 const char *cwi_processing_mode_name(cwi_processing_mode mode);
 const char *cwi_compression_name(cwi_compression c);

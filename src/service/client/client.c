@@ -1673,6 +1673,7 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
     bool restoring, client_ctx **ctxp)
 {
 	client_ctx *ctx = calloc(1, sizeof(*ctx));
+	cwi_names *own_names;
 	cachew_err rv;
 
 	*out = NULL;
@@ -1694,6 +1695,9 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
 		rv = cwi_fail(rv, "service %s: %s", url, cwi_errmsg_get());
 		goto fail;
 	}
+	own_names = cwi_spec_names(&ctx->plan->worker->spec);
+	ctx->wire_names = own_names == NULL;
+	cwi_names_unref(own_names);
 	rv = cachew_dataset_to_msgpack(ctx->plan->worker,
 	    (void **)&ctx->graph, &ctx->graph_len);
 	if (rv != CACHEW_OK)

@@ -232,10 +232,12 @@ direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
 	cachew_err rv;
 
 	if (!s->exact) {
+		size_t first = out->n;
 		if (count > max)
 			count = max;
 		for (size_t i = 0; i < count; i++)
 			cwi_chunk_push(out, cwi_msg_take(msg, i));
+		cwi_client_name_elements(s, g, out->v + first, out->n - first);
 		*n = count;
 		return true;
 	}
@@ -246,6 +248,7 @@ direct_elements(session *s, cwi_msg *msg, const cwi_msg_get_elements_reply *g,
 	}
 	for (size_t i = 0; i < count; i++)
 		v[i] = cwi_msg_take(msg, i);
+	cwi_client_name_elements(s, g, v, count);
 	rv = cwi_client_exact_reply(s, cwi_conn_url(s->inl.conn), g, v, count,
 	    &ordered, false, err, sizeof(err));
 	free(v);

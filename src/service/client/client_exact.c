@@ -80,6 +80,7 @@ cwi_client_exact_free(session *s)
 	}
 	free(s->groups);
 	cwi_stitch_destroy(s->stitch);
+	cwi_names_unref(s->stitch_names);
 	free(s->stopped);
 	free(s->failed);
 	free(s->stop_direct);
@@ -232,6 +233,7 @@ take_run(session *s, const char *worker, const cwi_run *run, cwi_element **v,
 	if (run->tail > 0) {
 		cwi_chunk made = {0};
 		rv = cwi_stitch_drain(s->stitch, false, &made, err, errlen);
+		cwi_client_give_names(s->stitch_names, made.v, made.n);
 		for (size_t k = 0; k < made.n; k++)
 			if (rv == CACHEW_OK && !emit(s, g, made.v[k], out))
 				rv = CACHEW_ENOMEM;
@@ -277,6 +279,13 @@ cwi_client_exact_reply(session *s, const char *worker,
 		return CACHEW_ENOMEM;
 	}
 	pthread_mutex_lock(&s->exact_lock);
+	/* Tails are left unnamed (cwi_client_name_elements): the batches
+	 * stitched of them are outputs of the part and take the names. */
+	if (s->ctx->wire_names && r->names != NULL &&
+	    s->stitch_names != r->names) {
+		cwi_names_unref(s->stitch_names);
+		s->stitch_names = cwi_names_ref(r->names);
+	}
 	e = 0;
 	for (size_t i = 0; i < r->nruns && rv == CACHEW_OK; i++)
 		rv = take_run(s, worker, &r->runs[i], v, &e, out, err, errlen);
@@ -321,8 +330,13 @@ cwi_client_exact_finish(session *s, cwi_chunk *out, char *err, size_t errlen)
 			rv = CACHEW_ENOMEM;
 	}
 	if (rv == CACHEW_OK && s->stitch != NULL &&
-	    cwi_stitch_held(s->stitch) > 0)
+	    cwi_stitch_held(s->stitch) > 0) {
+		size_t before = out->n;
 		rv = cwi_stitch_drain(s->stitch, true, out, err, errlen);
+		if (rv == CACHEW_OK)
+			cwi_client_give_names(s->stitch_names,
+			    out->v + before, out->n - before);
+	}
 	if (rv == CACHEW_ENOMEM)
 		snprintf(err, errlen, "out of memory");
 	if (rv == CACHEW_OK && out->n > 0)

@@ -123,6 +123,12 @@ typedef struct client_ctx {
 	 * none. */
 	char *token;
 	cwi_split_plan *plan;
+	/* The client's own spec of the worker part's output names no
+	 * component (not known: a cache whose manifest it could not read at
+	 * build): received elements take the names their worker tells
+	 * (cwi_client_name_elements). Where the client knows names, its own
+	 * win. */
+	bool wire_names;
 	uint8_t *graph;
 	size_t graph_len;
 	cwi_stream_source src;
@@ -266,6 +272,9 @@ struct session {
 	struct cgroup *groups;
 	size_t ngroups, capgroups, lastgroup;
 	struct cwi_stitch *stitch;
+	/* The names the replies tell (ctx->wire_names; one reference, NULL:
+	 * none yet), for the batches the stitcher makes of their tails. */
+	cwi_names *stitch_names;
 	uint64_t dups; /* elements received twice, dropped */
 	/* Ordered delivery (a private job whose client part starts by
 	 * selecting by position: take, skip, shard, enumerate): groups go
@@ -337,6 +346,17 @@ cwi_compression cwi_client_ask_compression(const session *s,
  * reply that breaks the protocol, naming the worker), CACHEW_ENOMEM. */
 cachew_err cwi_client_reply_elements(session *s, ctask *t, cwi_msg *msg,
     const cwi_msg_get_elements_reply *r, cwi_element ***out, size_t *n);
+/* Gives v[0..n), a reply r's elements in order, the component names
+ * r tells (r->names), when the client's own spec names none
+ * (ctx->wire_names): only elements of the part's output with as many
+ * components as names (an exactly-once tail, a partial group of an
+ * operator below the output, is left as it came), only unnamed ones. A
+ * shared element is cloned (immutable); ENOMEM leaves one unnamed. */
+void cwi_client_name_elements(const session *s,
+    const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n);
+/* Gives the unnamed ones of v[0..n) with names->n components `names`
+ * (NULL: nothing), as cwi_client_name_elements does. */
+void cwi_client_give_names(cwi_names *names, cwi_element **v, size_t n);
 /* Auto compression's decision, once per window (fetch thread). */
 void cwi_client_auto_tick(session *s, uint64_t now);
 

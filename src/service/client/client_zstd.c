@@ -5,6 +5,8 @@
  * service_payload.h). Owns the session's zstd state: zstd_on, the
  * decompression context (dctx) and what auto compression measures
  * (s->auto_); the job's `compression` comes from join_job (client.c).
+ * The decoded elements take the component names their reply tells where
+ * the client's spec has none (cwi_client_name_elements).
  *
  * Runs on the fetch thread; auto_measure takes s->lock briefly for the
  * consumer's wait time.
@@ -123,11 +125,57 @@ cwi_client_reply_elements(session *s, ctask *t, cwi_msg *msg,
 	    : zstd_elements(s, t, msg, r, out, n, &raw);
 	if (rv != CACHEW_OK)
 		return rv;
+	cwi_client_name_elements(s, r, *out, *n);
 	s->auto_.replies++;
 	if (r->queued_bytes > 0)
 		s->auto_.backlogged++;
 	s->auto_.raw_bytes += raw;
 	return CACHEW_OK;
+}
+
+/* Names element *e (replaced by a named clone when shared). */
+static void
+name_one(cwi_element **e, cwi_names *names)
+{
+	cwi_element *c;
+
+	if (*e == NULL || (*e)->names != NULL || (*e)->n != names->n)
+		return;
+	if (!cwi_element_unique(*e)) {
+		c = cwi_element_clone(*e);
+		if (c == NULL)
+			return;
+		cwi_element_release(*e);
+		*e = c;
+	}
+	cwi_element_set_names(*e, names);
+}
+
+void
+cwi_client_give_names(cwi_names *names, cwi_element **v, size_t n)
+{
+	for (size_t i = 0; names != NULL && i < n; i++)
+		name_one(&v[i], names);
+}
+
+void
+cwi_client_name_elements(const session *s,
+    const cwi_msg_get_elements_reply *r, cwi_element **v, size_t n)
+{
+	size_t at = 0;
+
+	if (!s->ctx->wire_names || r->names == NULL)
+		return;
+	if (r->nruns == 0) {
+		cwi_client_give_names(r->names, v, n);
+		return;
+	}
+	for (size_t k = 0; k < r->nruns && at < n; k++) {
+		size_t end = r->runs[k].n < n - at ? at + r->runs[k].n : n;
+		for (; at < end; at++)
+			if (r->runs[k].tail == 0)
+				name_one(&v[at], r->names);
+	}
 }
 
 /* What one window of auto compression measured. */

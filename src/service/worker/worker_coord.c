@@ -306,7 +306,7 @@ cwi_wtask_coord_reply(cwi_wtask *t, const cwi_msg_get_elements *m,
 	rep.u.get_elements_reply.task_round = k;
 	rep.u.get_elements_reply.queued_bytes = t->qbytes + t->slot_bytes;
 	free_taken_rounds(t);
-	return cwi_wtask_reply_finish(msg, &rep, st); /* frees ends */
+	return cwi_wtask_reply_finish(t, msg, &rep, st); /* frees ends */
 nomem:
 	cwi_msg_destroy(msg);
 	/* A round half formed cannot be repaired: the task fails. */

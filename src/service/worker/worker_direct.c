@@ -339,6 +339,9 @@ direct_reply(cwi_wtask *t, cwi_chunk *out, pulled *r, cwi_msg **msg)
 	r->nruns = 0;
 	rep.u.get_elements_reply.end_of_task = r->end_of_task;
 	rep.u.get_elements_reply.retry_ms = r->retry_ms;
+	if (out->n > 0)
+		rep.u.get_elements_reply.names =
+		    cwi_wtask_reply_names(t, *msg);
 	if (rv == CACHEW_OK)
 		rv = cwi_wtask_set_header(*msg, &rep); /* frees ends */
 	else

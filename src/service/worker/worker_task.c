@@ -216,6 +216,11 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		    cwi_errmsg_get());
 		goto fail;
 	}
+	t->spec_names = cwi_spec_names(&t->plan->root->spec);
+	if (!cwi_proto_names_ok(t->spec_names)) {
+		cwi_names_unref(t->spec_names);
+		t->spec_names = NULL;
+	}
 	rv = lease_options(t);
 	if (rv != CACHEW_OK)
 		goto fail;
@@ -301,6 +306,7 @@ cwi_wtask_unref(cwi_wtask *t)
 	cwi_wtask_stats_free(t);
 	cwi_wtask_rounds_free(t);
 	cwi_zstd_pool_destroy(t->zstd);
+	cwi_names_unref(t->spec_names);
 	cwi_split_plan_destroy(t->plan);
 	cachew_dataset_release(t->root);
 	cachew_options_destroy(t->lease_opts);
@@ -476,9 +482,32 @@ cwi_wtask_reply_init(cwi_pmsg *rep, const cwi_wtask *t, client_rec *c,
 	    st->compress ? CWI_COMPRESSION_ZSTD : CWI_COMPRESSION_NONE;
 }
 
-cwi_msg *
-cwi_wtask_reply_finish(cwi_msg *msg, cwi_pmsg *rep, reply_status *st)
+cwi_names *
+cwi_wtask_reply_names(const cwi_wtask *t, const cwi_msg *msg)
 {
+	const cwi_element *e;
+
+	if (t->spec_names != NULL)
+		return cwi_names_ref(t->spec_names);
+	if (cwi_msg_count(msg) == 0)
+		return NULL;
+	e = cwi_msg_element(msg, 0);
+	if (e == NULL || e->names == NULL || !cwi_proto_names_ok(e->names))
+		return NULL;
+	return cwi_names_ref(e->names);
+}
+
+cwi_msg *
+cwi_wtask_reply_finish(const cwi_wtask *t, cwi_msg *msg, cwi_pmsg *rep,
+    reply_status *st)
+{
+	/* Every reply with elements, not only a task's first: a client
+	 * takes replies from several tasks and rounds, and may miss any
+	 * one (a retry, a consumer joining late); a name list costs a
+	 * few bytes against the reply's payload. */
+	if (rep->type == CWI_MSG_GET_ELEMENTS_REPLY &&
+	    rep->u.get_elements_reply.elements > 0)
+		rep->u.get_elements_reply.names = cwi_wtask_reply_names(t, msg);
 	st->err = cwi_wtask_set_header(msg, rep);
 	if (st->err != CACHEW_OK) {
 		cwi_msg_destroy(msg);
@@ -580,7 +609,7 @@ build_stream_reply(cwi_wtask *t, const cwi_msg_get_elements *m, bool remote,
 	rep.u.get_elements_reply.end_of_task =
 	    t->produced_all && t->qlen == 0;
 	rep.u.get_elements_reply.queued_bytes = t->qbytes;
-	return cwi_wtask_reply_finish(msg, &rep, st); /* frees ends, runs */
+	return cwi_wtask_reply_finish(t, msg, &rep, st); /* frees ends, runs */
 nomem:
 	free(ends);
 	free(runs);
@@ -1333,7 +1362,7 @@ expire_held(cwi_wtask *t)
 		    &v[n].st);
 		rep.u.get_elements_reply.queued_bytes = t->qbytes;
 		v[n].r = h->r;
-		v[n].msg = cwi_wtask_reply_finish(msg, &rep, &v[n].st);
+		v[n].msg = cwi_wtask_reply_finish(t, msg, &rep, &v[n].st);
 		n++;
 	}
 	t->nheld = keep;

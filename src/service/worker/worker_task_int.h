@@ -114,6 +114,10 @@ struct cwi_wtask {
 	const cwi_wtask_env *env;
 	cachew_dataset *root;
 	cwi_split_plan *plan;
+	/* The component names of the task's output by its spec (one
+	 * reference; NULL: the spec is not known or names nothing, or its
+	 * names cannot travel): what its data replies tell the client. */
+	cwi_names *spec_names;
 	/* Exactly once (task_def.exactly_once): leases are numbered groups
 	 * that keep their tails and leave out their `skip` ranges; replies
 	 * carry runs. */
@@ -268,9 +272,16 @@ void cwi_wtask_reply_init(cwi_pmsg *rep, const cwi_wtask *t, client_rec *c,
     const cwi_msg_get_elements *m, bool remote, uint32_t count,
     reply_status *st);
 /* Encodes rep as msg's header (rep is freed, its split ends with it) and
- * returns msg; NULL with st->err set (msg destroyed) on failure. */
-cwi_msg *cwi_wtask_reply_finish(cwi_msg *msg, cwi_pmsg *rep,
-    reply_status *st);
+ * returns msg; NULL with st->err set (msg destroyed) on failure. A reply
+ * with elements tells t's component names (cwi_wtask_reply_names). */
+cwi_msg *cwi_wtask_reply_finish(const cwi_wtask *t, cwi_msg *msg,
+    cwi_pmsg *rep, reply_status *st);
+/* The component names a data reply whose elements msg holds tells its
+ * client (one reference, or NULL): the task's spec's, else, where the
+ * spec is not known at the worker either, those the first element
+ * carries (an operator such as cache_get named it). Names that cannot
+ * travel (cwi_proto_names_ok) are not told. */
+cwi_names *cwi_wtask_reply_names(const cwi_wtask *t, const cwi_msg *msg);
 
 /* Coordinated (worker_coord.c), t->lock held. The reply to a coordinated
  * request: consumer i's element of the task's round m->task_round, formed
