@@ -971,7 +971,7 @@ START_TEST(test_proto_element_names_travel_and_absent_is_none)
 		memset(longest, 'n', sizeof(longest));
 		cwi_msgpack_put_str(&sb, longest, sizeof(longest));
 		for (int i = 1; i < CACHEW_MAX_COMPONENTS; i++) {
-			char nm[8];
+			char nm[16];
 			snprintf(nm, sizeof(nm), "c%d", i);
 			cwi_msgpack_put_str(&sb, nm, strlen(nm));
 		}
@@ -1029,7 +1029,7 @@ START_TEST(test_proto_hostile_element_names_refused)
 
 	reply_with_names(&sb, CACHEW_MAX_COMPONENTS + 1);
 	for (int i = 0; i <= CACHEW_MAX_COMPONENTS; i++) {
-		char nm[8];
+		char nm[16];
 		snprintf(nm, sizeof(nm), "c%d", i);
 		cwi_msgpack_put_str(&sb, nm, strlen(nm));
 	}
