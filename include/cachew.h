@@ -469,7 +469,8 @@ CACHEW_API cachew_err cachew_element_find(
     const cachew_element *e, const char *name, size_t *index);
 /* Names component i of an unshared element (NULL: unnamed), copying name:
  * how a function registered from C names what it builds. A name has 1 to
- * 255 bytes and is unique within the element. CACHEW_ERANGE for i out of
+ * 255 bytes, no control character (caches and the service carry names by
+ * that rule), and is unique within the element. CACHEW_ERANGE for i out of
  * range, CACHEW_EINVAL for a shared element or a bad name, CACHEW_EEXIST
  * when another component has the name, CACHEW_ENOMEM; e unchanged on
  * failure. One thread at a time, as for cachew_element_set. Since 0.2. */

@@ -1061,7 +1061,7 @@ START_TEST(test_proto_hostile_element_names_refused)
 		cwi_pmsg_init(&m, CWI_MSG_GET_ELEMENTS_REPLY);
 		m.u.get_elements_reply.names = cwi_names_create(2, dup);
 		ck_assert_ptr_nonnull(m.u.get_elements_reply.names);
-		ck_assert(!cwi_proto_names_ok(m.u.get_elements_reply.names));
+		ck_assert(!cwi_names_ok(m.u.get_elements_reply.names));
 		cwi_strbuf_init(&sb);
 		ck_assert_int_eq(cwi_pmsg_encode(&m, &sb), CACHEW_EINVAL);
 		ck_assert_msg(strstr(cachew_errmsg(), "get_elements_reply."

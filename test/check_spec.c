@@ -411,6 +411,9 @@ START_TEST(set_name_builds_named_elements)
 	ck_assert_int_eq(cachew_element_set_name(e, 1, "label"), CACHEW_EEXIST);
 	ck_assert_int_eq(cachew_element_set_name(e, 3, "x"), CACHEW_ERANGE);
 	ck_assert_int_eq(cachew_element_set_name(e, 1, ""), CACHEW_EINVAL);
+	/* A name caches and the service could not carry is refused here. */
+	ck_assert_int_eq(cachew_element_set_name(e, 1, "a\nb"), CACHEW_EINVAL);
+	ck_assert_int_eq(cachew_element_set_name(e, 1, "tab\there"), CACHEW_EINVAL);
 	ck_assert_int_eq(cachew_element_set_name(e, 2, NULL), CACHEW_OK);
 	ck_assert_ptr_null(cachew_element_name(e, 2));
 	shared = cachew_element_retain(e);

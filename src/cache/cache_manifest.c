@@ -25,7 +25,7 @@
 #define TRAILER_SIZE 16
 #define MAX_NAME 255
 /* A component name: what cachew_element_set_name allows. */
-#define MAX_COMPONENT_NAME 255
+#define MAX_COMPONENT_NAME CWI_COMPONENT_NAME_MAX
 
 void
 cwi_cache_manifest_clear(cwi_cache_manifest *m)
@@ -72,21 +72,6 @@ put_u64(cwi_strbuf *sb, uint64_t v)
 	cwi_msgpack_put_int(sb, (int64_t)v);
 }
 
-/* A component name a manifest may hold: 1 to 255 bytes, none of them a
- * control character (names are printed by `cachew head` and in messages,
- * and a NUL would cut the C string short). Unique names are checked by
- * the callers. */
-static bool
-component_name_ok(const char *s, size_t len)
-{
-	if (len == 0 || len > MAX_COMPONENT_NAME)
-		return false;
-	for (size_t i = 0; i < len; i++)
-		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-			return false;
-	return true;
-}
-
 /* The name of component i, or NULL. */
 static const char *
 component_name(const cwi_cache_manifest *m, size_t i)
@@ -109,9 +94,9 @@ check_names(const cwi_cache_manifest *m)
 		const char *a = component_name(m, i);
 		if (a == NULL)
 			continue;
-		if (!component_name_ok(a, strlen(a)))
+		if (!cwi_component_name_ok(a, strlen(a)))
 			return cwi_fail(CACHEW_EINVAL,
-			    "manifest: component %zu's name is not 1 to %d "
+			    "manifest: component %zu's name is not 1 to %u "
 			    "bytes without control characters",
 			    i, MAX_COMPONENT_NAME);
 		for (size_t j = 0; j < i; j++) {
@@ -363,8 +348,8 @@ dec_names(const cwi_value *list, cwi_cache_manifest *m)
 			continue;
 		if (v->type != CWI_V_STR)
 			rv = bad("spec component %zu: 'name' is not a string", i);
-		else if (!component_name_ok(v->u.s.ptr, v->u.s.len))
-			rv = bad("spec component %zu: the name is not 1 to %d "
+		else if (!cwi_component_name_ok(v->u.s.ptr, v->u.s.len))
+			rv = bad("spec component %zu: the name is not 1 to %u "
 				 "bytes without control characters",
 			    i, MAX_COMPONENT_NAME);
 		else if ((copy[i] = cwi_strndup(v->u.s.ptr, v->u.s.len)) ==

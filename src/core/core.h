@@ -359,6 +359,19 @@ typedef struct cwi_names {
 	char *name[]; /* n entries */
 } cwi_names;
 
+/* The longest component name, in bytes. */
+#define CWI_COMPONENT_NAME_MAX 255u
+
+/* A component name every format carries (an element, a cache manifest,
+ * the wire): 1 to CWI_COMPONENT_NAME_MAX bytes, none a control character
+ * (names are printed by `cachew head` and in messages, and a NUL would
+ * cut the C string short). */
+bool cwi_component_name_ok(const char *s, size_t len);
+/* A names table the formats carry: at most CACHEW_MAX_COMPONENTS entries,
+ * each NULL or a name cwi_component_name_ok takes, no two alike. NULL is
+ * fine (unnamed). */
+bool cwi_names_ok(const cwi_names *names);
+
 /* A names table of n entries copied from names (each may be NULL); NULL
  * on ENOMEM. */
 cwi_names *cwi_names_create(uint32_t n, const char *const *names);

@@ -172,6 +172,38 @@ cwi_element_clone(const cwi_element *e)
 
 static cachew_err check_writable(const cachew_element *e, size_t i);
 
+bool
+cwi_component_name_ok(const char *s, size_t len)
+{
+	if (len == 0 || len > CWI_COMPONENT_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			return false;
+	return true;
+}
+
+bool
+cwi_names_ok(const cwi_names *names)
+{
+	if (names == NULL)
+		return true;
+	if (names->n > CACHEW_MAX_COMPONENTS)
+		return false;
+	for (uint32_t i = 0; i < names->n; i++) {
+		const char *a = names->name[i];
+		if (a == NULL)
+			continue;
+		if (!cwi_component_name_ok(a, strlen(a)))
+			return false;
+		for (uint32_t j = 0; j < i; j++)
+			if (names->name[j] != NULL &&
+			    strcmp(names->name[j], a) == 0)
+				return false;
+	}
+	return true;
+}
+
 cwi_names *
 cwi_names_create(uint32_t n, const char *const *names)
 {
@@ -243,9 +275,10 @@ cachew_element_set_name(cachew_element *e, size_t i, const char *name)
 	rv = check_writable(e, i);
 	if (rv != CACHEW_OK)
 		return rv;
-	if (name != NULL && (name[0] == '\0' || strlen(name) > 255))
-		return cwi_fail(CACHEW_EINVAL, "a component name has 1 to 255 "
-		    "characters");
+	if (name != NULL && !cwi_component_name_ok(name, strlen(name)))
+		return cwi_fail(CACHEW_EINVAL, "a component name has 1 to %u "
+		    "bytes and no control character (caches and the service "
+		    "carry names by that rule)", CWI_COMPONENT_NAME_MAX);
 	for (uint32_t k = 0; k < e->n; k++)
 		names[k] = e->names != NULL && k < e->names->n
 		    ? e->names->name[k]

@@ -870,42 +870,6 @@ enc_fail_range(const char *msg, const schema *s, const field *f, size_t n,
 	    msg, s->name, f->key, n, max);
 }
 
-/* A component name the wire carries (the cache manifest's rule): 1 to
- * CWI_PROTO_MAX_COMPONENT_NAME bytes, no control character (names are
- * printed in messages and by `cachew head`; a NUL would cut the C string
- * short). */
-static bool
-component_name_ok(const uint8_t *p, size_t len)
-{
-	if (len == 0 || len > CWI_PROTO_MAX_COMPONENT_NAME)
-		return false;
-	for (size_t i = 0; i < len; i++)
-		if (p[i] < 0x20 || p[i] == 0x7f)
-			return false;
-	return true;
-}
-
-bool
-cwi_proto_names_ok(const cwi_names *names)
-{
-	if (names == NULL)
-		return true;
-	if (names->n > CACHEW_MAX_COMPONENTS)
-		return false;
-	for (uint32_t i = 0; i < names->n; i++) {
-		const char *a = names->name[i];
-		if (a == NULL)
-			continue;
-		if (!component_name_ok((const uint8_t *)a, strlen(a)))
-			return false;
-		for (uint32_t j = 0; j < i; j++)
-			if (names->name[j] != NULL &&
-			    strcmp(names->name[j], a) == 0)
-				return false;
-	}
-	return true;
-}
-
 /* The encoder refuses what the decoder would, so a peer never sends names
  * the other side must refuse. */
 static cachew_err
@@ -914,7 +878,7 @@ enc_names(const schema *s, const field *f, const cwi_names *names,
 {
 	if (names->n > f->max)
 		return enc_fail_range(msg, s, f, names->n, f->max);
-	if (!cwi_proto_names_ok(names))
+	if (!cwi_names_ok(names))
 		return cwi_fail(CACHEW_EINVAL, "service message %s: %s.%s: a "
 		    "name is not 1 to %u bytes without control characters, "
 		    "or two components share one",
@@ -1593,7 +1557,7 @@ rd_one_name(reader *r, char **names, size_t k)
 		return rd_fail(r, "a component name of %llu bytes exceeds the "
 				  "limit of %u",
 		    (unsigned long long)len, CWI_PROTO_MAX_COMPONENT_NAME);
-	if (!component_name_ok(p, (size_t)len))
+	if (!cwi_component_name_ok((const char *)p, (size_t)len))
 		return rd_fail(r, "a component name holds a control "
 				  "character or NUL");
 	for (size_t j = 0; j < k; j++)

@@ -68,7 +68,7 @@
 /* A component name on the wire: the cache manifest's rule (1 to 255
  * bytes, no control character), so a name a manifest gave a worker always
  * travels; at most CACHEW_MAX_COMPONENTS of them in a list. */
-#define CWI_PROTO_MAX_COMPONENT_NAME 255u
+#define CWI_PROTO_MAX_COMPONENT_NAME CWI_COMPONENT_NAME_MAX
 /* Decoded structs may take at most this many times the input's size (plus
  * CWI_PROTO_EXPANSION_SLACK bytes). */
 #define CWI_PROTO_EXPANSION 16u
@@ -774,12 +774,6 @@ typedef struct cwi_pmsg {
 
 /* The wire name of a type ("worker_heartbeat"), "?" for an invalid one. */
 const char *cwi_msg_type_name(cwi_msg_type type);
-/* Whether names may travel as a get_elements reply's `names`: at most
- * CACHEW_MAX_COMPONENTS, each NULL (unnamed) or 1 to
- * CWI_PROTO_MAX_COMPONENT_NAME bytes without a control character, no two
- * alike. A worker whose spec holds other names sends none (the encoder
- * would refuse them). */
-bool cwi_proto_names_ok(const cwi_names *names);
 
 /* The wire names of the enumerations; "?" for invalid values. */
 const char *cwi_processing_mode_name(cwi_processing_mode mode);

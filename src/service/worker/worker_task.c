@@ -217,7 +217,7 @@ cwi_wtask_start(cwi_wtask **out, const cwi_task_def *def,
 		goto fail;
 	}
 	t->spec_names = cwi_spec_names(&t->plan->root->spec);
-	if (!cwi_proto_names_ok(t->spec_names)) {
+	if (!cwi_names_ok(t->spec_names)) {
 		cwi_names_unref(t->spec_names);
 		t->spec_names = NULL;
 	}
@@ -492,7 +492,7 @@ cwi_wtask_reply_names(const cwi_wtask *t, const cwi_msg *msg)
 	if (cwi_msg_count(msg) == 0)
 		return NULL;
 	e = cwi_msg_element(msg, 0);
-	if (e == NULL || e->names == NULL || !cwi_proto_names_ok(e->names))
+	if (e == NULL || e->names == NULL || !cwi_names_ok(e->names))
 		return NULL;
 	return cwi_names_ref(e->names);
 }

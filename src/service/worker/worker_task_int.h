@@ -280,7 +280,7 @@ cwi_msg *cwi_wtask_reply_finish(const cwi_wtask *t, cwi_msg *msg,
  * client (one reference, or NULL): the task's spec's, else, where the
  * spec is not known at the worker either, those the first element
  * carries (an operator such as cache_get named it). Names that cannot
- * travel (cwi_proto_names_ok) are not told. */
+ * travel (cwi_names_ok) are not told. */
 cwi_names *cwi_wtask_reply_names(const cwi_wtask *t, const cwi_msg *msg);
 
 /* Coordinated (worker_coord.c), t->lock held. The reply to a coordinated
