@@ -766,6 +766,123 @@ START_TEST(get_yields_only_verified_elements_before_corruption)
 }
 END_TEST
 
+/* Random i64 values barely compress: records stored (format 2), about
+ * 1 MiB each, all in one chunk of the default 64 MiB. */
+static const char one_chunk_input[] =
+    "random(seed=5) | take(1100000) | batch(1000)";
+
+/* The records of a chunk file: each one's payload offset, payload size,
+ * element count and kind (docs/cache-format.md, section 3.2). */
+typedef struct rec_info {
+	uint64_t payload_at;
+	uint32_t clen, nelem, kind;
+} rec_info;
+
+static size_t
+chunk_records(const char *path, rec_info *out, size_t max)
+{
+	size_t len, n = 0;
+	char *b = read_all(path, &len);
+	uint64_t pos = 32;
+
+	for (;;) {
+		uint32_t w[4];
+		ck_assert_uint_le(pos + 32, len);
+		memcpy(w, b + pos, sizeof(w)); /* little-endian host */
+		if (w[0] == 0)
+			break;
+		ck_assert_uint_lt(n, max);
+		out[n++] = (rec_info){.payload_at = pos + 32, .clen = w[0],
+		    .nelem = w[2], .kind = w[3]};
+		pos += 32 + (uint64_t)w[0];
+	}
+	free(b);
+	return n;
+}
+
+/* The reader threads share one chunk's records (a claim walks the record
+ * headers, the loads run at once): the elements still come in the written
+ * order, whatever the number of threads. */
+START_TEST(get_threads_share_one_chunk_in_written_order)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *path;
+	cachew_fingerprint fp = fp_of(one_chunk_input);
+	run_out want = put(one_chunk_input, root, "");
+	rec_info recs[64];
+	uint64_t bytes;
+	size_t n;
+
+	ck_assert_uint_eq(want.n, 1100);
+	path = chunk_path(root, &fp, 0, &bytes);
+	n = chunk_records(path, recs, 64);
+	ck_assert_uint_ge(n, 8);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_uint_eq(recs[i].kind, 2); /* stored */
+	assert_get(one_chunk_input, root, &want, ", threads=2");
+	assert_get(one_chunk_input, root, &want, ", threads=4");
+	assert_get(one_chunk_input, root, &want, ", threads=1");
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(path);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* A damaged record in the middle of a chunk that four threads read: every
+ * element of the records before it, in order, then CACHEW_ECORRUPT naming
+ * the file and the record, whichever load finished first. */
+START_TEST(get_of_a_damaged_record_mid_chunk_yields_the_records_before_it)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *path, *p;
+	cachew_fingerprint fp = fp_of(one_chunk_input);
+	run_out want = put(one_chunk_input, root, "");
+	rec_info recs[64];
+	uint64_t bytes;
+	size_t n, before = 0, got = 0;
+	char hex[33];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+
+	path = chunk_path(root, &fp, 0, &bytes);
+	n = chunk_records(path, recs, 64);
+	ck_assert_uint_ge(n, 8);
+	for (size_t i = 0; i < 4; i++)
+		before += recs[i].nelem;
+	flip_bit(path, (recs[4].payload_at + recs[4].clen / 2) * 8 + 3);
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\", threads=4)", root, hex);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	log_capture();
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		ck_assert_uint_lt(got, before);
+		ck_assert_msg(cwi_element_equal(e, want.v[got]),
+		    "element %zu differs", got);
+		cachew_element_release(e);
+		got++;
+	}
+	log_release();
+	ck_assert_int_eq(rv, CACHEW_ECORRUPT);
+	ck_assert_uint_eq(got, before);
+	ck_assert_msg(strstr(cachew_iterator_errmsg(it),
+			  strrchr(path, '/') + 1) != NULL &&
+		strstr(cachew_iterator_errmsg(it), "record 4 (stored") != NULL,
+	    "%s", cachew_iterator_errmsg(it));
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(path);
+	free(root);
+	free(dir);
+}
+END_TEST
+
 START_TEST(get_split_units_are_the_chunks)
 {
 	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir);
@@ -2514,6 +2631,8 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_of_a_corrupt_chunk_fails_naming_it_and_marks_bad);
 	tcase_add_test(ops, get_yields_only_verified_elements_before_corruption);
 	tcase_add_test(ops, get_of_a_fifo_chunk_fails_at_once_and_cache_recomputes);
+	tcase_add_test(ops, get_threads_share_one_chunk_in_written_order);
+	tcase_add_test(ops, get_of_a_damaged_record_mid_chunk_yields_the_records_before_it);
 	tcase_add_test(ops, get_split_units_are_the_chunks);
 	tcase_add_test(ops, get_reads_only_its_split_ranges_in_order);
 	tcase_add_test(ops, get_destroyed_midway_stops_its_readers);

@@ -240,6 +240,43 @@ cachew_err cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
  * are sticky. */
 cachew_err cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out,
     size_t max);
+
+/* A record claimed from a reader, to be loaded by any thread. */
+typedef struct cwi_cache_rec_job {
+	uint64_t at;         /* the record header's byte offset in the chunk */
+	uint64_t payload_at; /* its payload's */
+	uint64_t hash;       /* the payload's XXH3, from the header */
+	uint32_t clen, ulen, nelem;
+	uint32_t record;     /* its index in the chunk */
+	/* Decoded and verified by the claim already (a zstd record, format 1,
+	 * a remote file), or NULL: the load reads the stored payload. Owned
+	 * by the job until loaded or discarded. */
+	cwi_element **els;
+} cwi_cache_rec_job;
+
+/* Claims the next record of a chunk so that several threads can read one
+ * chunk: the claim walks the chunk's skeleton (it reads the record header
+ * after the claimed payload, hashes it into the skeleton's XXH64 and
+ * advances), and cwi_cache_reader_load() then reads, verifies and decodes
+ * the payload, on any thread. A stored record of a local file is left to
+ * the load; any other record is read and verified by the claim itself
+ * (job->els). Returns CACHEW_OK with *job filled, CACHEW_EOF after the
+ * trailer was verified (counts, size, the manifest's XXH64), or an error
+ * as cwi_cache_reader_next() (sticky; ECORRUPT marks the cache bad).
+ * Claims are made one at a time (the caller serialises them) and not
+ * mixed with cwi_cache_reader_next() on one reader; the reader must stay
+ * open until every load of its claims returned. */
+cachew_err cwi_cache_reader_claim(cwi_cache_reader *rd,
+    cwi_cache_rec_job *job);
+/* Loads a claimed record: its job->nelem elements into out[] (room for
+ * them), all verified (the payload's XXH3, every element decoded and
+ * matched against the spec) before any is stored; on failure out[] holds
+ * none and ECORRUPT has marked the cache bad. Thread-safe against other
+ * loads and claims of the same reader. Consumes the job either way. */
+cachew_err cwi_cache_reader_load(cwi_cache_reader *rd, cwi_cache_rec_job *job,
+    cwi_element **out);
+/* Releases a claimed job that will not be loaded. NULL-safe. */
+void cwi_cache_rec_job_discard(cwi_cache_rec_job *job);
 void cwi_cache_reader_close(cwi_cache_reader *rd);
 
 /* Decodes a whole chunk file held in memory, calling fn for each element

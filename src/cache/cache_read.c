@@ -2,11 +2,15 @@
  * cache_read.c - reading one chunk of a cache, verified against its
  * manifest (docs/cache-format.md, "What a reader checks").
  *
- * The chunk is read sequentially through cwi_file (local paths and s3://
- * alike), one record at a time. A stored record (format 2) is read into a
- * buffer of its own from the recycled large-buffer pool and hashed with
- * XXH3 as it arrives; a zstd record is decompressed (zstd verifies its
- * content checksum). Every element is then decoded and checked against
+ * A record is claimed, then loaded. The claims walk the chunk in file
+ * order, one at a time: a record header, then the one after its payload
+ * (the skeleton). A stored record (format 2) of a local file is loaded
+ * apart, by any thread, with pread(2) at its offset, so that several
+ * threads read one chunk (op_cache.c); its bytes go into a buffer of
+ * their own from the recycled large-buffer pool and are hashed with XXH3
+ * as they arrive. Any other record (a zstd frame, which zstd's content
+ * checksum also covers; format 1; a remote file, read in order through
+ * cwi_file) is read and verified by its claim. Every element is then decoded and checked against
  * the spec, and only then are the record's elements handed out, as
  * zero-copy slices of the buffer read (stored) or decompressed (zstd); so
  * a damaged record never yields an element. The record headers and the
@@ -103,38 +107,80 @@ hash_piece(cwi_cache_reader *rd, read_hash how, const void *p, size_t len)
 		(void)XXH3_64bits_update(&rd->content, p, len);
 }
 
-/* Reads exactly len bytes (the caller checked they lie within the size
- * the manifest gives). */
+/* Asks the kernel for the next window of a local file while this one
+ * is decoded; len is what is about to be read at rd->pos. */
+static void
+read_ahead(cwi_cache_reader *rd, uint64_t len)
+{
+	int fd = cwi_file_fd(rd->f);
+	uint64_t from;
+
+	if (fd < 0 || rd->pos + len + READAHEAD_BYTES / 2 < rd->ra_end ||
+	    rd->ra_end >= rd->want_bytes)
+		return;
+	from = rd->ra_end > rd->pos ? rd->ra_end : rd->pos;
+	rd->ra_end = from + len + READAHEAD_BYTES;
+	(void)posix_fadvise(fd, (off_t)from, (off_t)(rd->ra_end - from),
+	    POSIX_FADV_WILLNEED);
+}
+
+/* One read of up to len bytes at byte off. A local file is read with
+ * pread(2) at off, so that loads on several threads and the claims share
+ * its descriptor; a remote one is read in order (off is then its own
+ * position: remote records are all read by claims, one at a time). */
+static cachew_err
+read_some(cwi_cache_reader *rd, void *dst, size_t len, uint64_t off,
+    size_t *got)
+{
+	int fd = cwi_file_fd(rd->f);
+	ssize_t n;
+
+	if (fd < 0)
+		return cwi_file_read(rd->f, dst, len, got);
+	do
+		n = pread(fd, dst, len, (off_t)off);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		*got = 0;
+		return cwi_fail(CACHEW_EIO,
+		    "%s: read failed at byte offset %llu: %s", rd->path,
+		    (unsigned long long)off, strerror(errno));
+	}
+	*got = (size_t)n;
+	return CACHEW_OK;
+}
+
+static cachew_err
+truncated(const cwi_cache_reader *rd, uint64_t at)
+{
+	return cwi_fail(CACHEW_ECORRUPT,
+	    "%s: truncated: the file ends at byte %llu, the manifest says %llu "
+	    "bytes",
+	    rd->path, (unsigned long long)at,
+	    (unsigned long long)rd->want_bytes);
+}
+
+/* Reads exactly len bytes at rd->pos (the caller checked they lie within
+ * the size the manifest gives). */
 static cachew_err
 read_exact(cwi_cache_reader *rd, void *dst, size_t len, read_hash how)
 {
 	size_t done = 0, got;
-	int fd = cwi_file_fd(rd->f);
 	cachew_err rv;
 
-	/* Ask for the next window while this one is decoded. */
-	if (fd >= 0 && rd->pos + len + READAHEAD_BYTES / 2 >= rd->ra_end &&
-	    rd->ra_end < rd->want_bytes) {
-		uint64_t from = rd->ra_end > rd->pos ? rd->ra_end : rd->pos;
-		rd->ra_end = from + len + READAHEAD_BYTES;
-		(void)posix_fadvise(fd, (off_t)from, (off_t)(rd->ra_end - from),
-		    POSIX_FADV_WILLNEED);
-	}
+	read_ahead(rd, len);
 	/* In pieces that stay in the core's cache between the copy out of
 	 * the page cache and the hash: hashing a whole frame after reading
 	 * it read it all back from memory (a quarter of cache_get's time). */
 	while (done < len) {
 		size_t want = len - done < READ_PIECE ? len - done : READ_PIECE;
 
-		rv = cwi_file_read(rd->f, (uint8_t *)dst + done, want, &got);
+		rv = read_some(rd, (uint8_t *)dst + done, want, rd->pos + done,
+		    &got);
 		if (rv != CACHEW_OK)
 			return rv;
 		if (got == 0)
-			return cwi_fail(CACHEW_ECORRUPT,
-			    "%s: truncated: the file ends at byte %llu, the "
-			    "manifest says %llu bytes",
-			    rd->path, (unsigned long long)(rd->pos + done),
-			    (unsigned long long)rd->want_bytes);
+			return truncated(rd, rd->pos + done);
 		hash_piece(rd, how, (uint8_t *)dst + done, got);
 		done += got;
 	}
@@ -368,7 +414,7 @@ finish(cwi_cache_reader *rd)
 		    "%s: %llu elements, the manifest says %llu", rd->path,
 		    (unsigned long long)rd->elements,
 		    (unsigned long long)rd->want_elements);
-	rv = cwi_file_read(rd->f, &extra, 1, &got);
+	rv = read_some(rd, &extra, 1, rd->pos, &got);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (got != 0)
@@ -387,7 +433,8 @@ finish(cwi_cache_reader *rd)
 /* Format 1: the frame and the next record header in one read, hashed
  * whole into the file's XXH64. */
 static cachew_err
-load_frame_v1(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
+load_frame_v1(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at,
+    cwi_element **out)
 {
 	cachew_err rv = grow_buf(rd, (size_t)r->clen + CWI_CHUNK_REC1_SIZE);
 
@@ -397,31 +444,33 @@ load_frame_v1(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
 	if (rv != CACHEW_OK)
 		return rv;
 	memcpy(rd->hdr, rd->buf + r->clen, CWI_CHUNK_REC1_SIZE);
-	return cwi_chunk_frame_decode(rd->dctx, rd->path, at, r, rd->buf,
-	    rd->pend);
+	return cwi_chunk_frame_decode(rd->dctx, rd->path, at, r, rd->buf, out);
 }
 
-/* Format 2: whether the payload just read has the XXH3 its header
- * gives; the error names the chunk, the record and its bytes. */
+/* Format 2: whether a payload has the XXH3 its header gives; the error
+ * names the chunk, the record and its bytes. */
 static cachew_err
-check_payload(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
+check_payload(const cwi_cache_reader *rd, uint64_t digest,
+    const cwi_chunk_rec *r, uint32_t record, uint64_t at)
 {
-	if (XXH3_64bits_digest(&rd->content) == r->hash)
+	if (digest == r->hash)
 		return CACHEW_OK;
 	return cwi_fail(CACHEW_ECORRUPT,
 	    "%s: record %u (%s, %u bytes from byte %llu): XXH3 of its "
 	    "payload differs from its header's: the bytes are damaged",
-	    rd->path, rd->records,
+	    rd->path, record,
 	    r->kind == CWI_CHUNK_REC_STORED ? "stored" : "zstd", r->clen,
 	    (unsigned long long)(at + rd->rec_size));
 }
 
-/* Format 2, a stored record: its bytes go into a buffer that its elements
- * then share (no copy after the one out of the page cache), hashed with
- * XXH3 piece by piece as they arrive, while they are in the core's cache.
- * The next record header is read apart: it belongs to the skeleton. */
+/* Format 2, a stored record read by the claim (a remote file): its bytes
+ * go into a buffer that its elements then share (no copy after the one
+ * out of the page cache), hashed with XXH3 piece by piece as they arrive,
+ * while they are in the core's cache. The next record header is read
+ * apart: it belongs to the skeleton. */
 static cachew_err
-load_stored(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
+load_stored(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at,
+    cwi_element **out)
 {
 	cwi_buffer *buf = NULL;
 	cachew_err rv = cwi_buffer_alloc(&buf, r->clen, false);
@@ -431,11 +480,12 @@ load_stored(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
 	(void)XXH3_64bits_reset(&rd->content);
 	rv = read_exact(rd, buf->data, r->clen, HASH_CONTENT);
 	if (rv == CACHEW_OK)
-		rv = check_payload(rd, r, at);
+		rv = check_payload(rd, XXH3_64bits_digest(&rd->content), r,
+		    rd->records, at);
 	if (rv == CACHEW_OK)
 		rv = read_exact(rd, rd->hdr, rd->rec_size, HASH_FILE);
 	if (rv == CACHEW_OK)
-		rv = cwi_chunk_stored_decode(buf, rd->path, at, r, rd->pend);
+		rv = cwi_chunk_stored_decode(buf, rd->path, at, r, out);
 	cwi_buffer_unref(buf);
 	return rv;
 }
@@ -444,7 +494,8 @@ load_stored(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
  * decompressed, which checks its content checksum), then the next record
  * header. */
 static cachew_err
-load_frame_v2(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
+load_frame_v2(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at,
+    cwi_element **out)
 {
 	cachew_err rv = grow_buf(rd, r->clen);
 
@@ -452,22 +503,74 @@ load_frame_v2(cwi_cache_reader *rd, const cwi_chunk_rec *r, uint64_t at)
 	if (rv == CACHEW_OK)
 		rv = read_exact(rd, rd->buf, r->clen, HASH_CONTENT);
 	if (rv == CACHEW_OK)
-		rv = check_payload(rd, r, at);
+		rv = check_payload(rd, XXH3_64bits_digest(&rd->content), r,
+		    rd->records, at);
 	if (rv == CACHEW_OK)
 		rv = read_exact(rd, rd->hdr, rd->rec_size, HASH_FILE);
 	if (rv != CACHEW_OK)
 		return rv;
-	return cwi_chunk_frame_decode(rd->dctx, rd->path, at, r, rd->buf,
-	    rd->pend);
+	return cwi_chunk_frame_decode(rd->dctx, rd->path, at, r, rd->buf, out);
 }
 
-/* Reads, verifies and decodes the next record into rd->pend. */
+/* Every element of a decoded record matches the manifest's spec; else
+ * they are all released. */
 static cachew_err
-load_record(cwi_cache_reader *rd)
+check_spec(const cwi_cache_reader *rd, uint64_t at, cwi_element **v,
+    uint32_t n)
+{
+	char why[256];
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (cwi_cache_spec_match(rd->spec, rd->ncomp, v[i], why,
+			sizeof(why)))
+			continue;
+		for (uint32_t k = 0; k < n; k++) {
+			cwi_element_release(v[k]);
+			v[k] = NULL;
+		}
+		return cwi_fail(CACHEW_ECORRUPT,
+		    "%s: record at byte %llu: element %u does not match the "
+		    "manifest's spec: %s",
+		    rd->path, (unsigned long long)at, i, why);
+	}
+	return CACHEW_OK;
+}
+
+/* A claimed record the claim reads itself: its elements into job->els. */
+static cachew_err
+claim_load(cwi_cache_reader *rd, const cwi_chunk_rec *r,
+    cwi_cache_rec_job *job)
+{
+	cwi_element **els = calloc(r->nelem, sizeof(*els));
+	cachew_err rv;
+
+	if (els == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (rd->version == CWI_CHUNK_VERSION_1)
+		rv = load_frame_v1(rd, r, job->at, els);
+	else if (r->kind == CWI_CHUNK_REC_STORED)
+		rv = load_stored(rd, r, job->at, els);
+	else
+		rv = load_frame_v2(rd, r, job->at, els);
+	if (rv == CACHEW_OK)
+		rv = check_spec(rd, job->at, els, r->nelem);
+	if (rv != CACHEW_OK) {
+		free(els);
+		return rv;
+	}
+	job->els = els;
+	return CACHEW_OK;
+}
+
+/* Claims the next record (or reads the trailer: CACHEW_EOF). A stored
+ * record of a local file is only skipped here: the claim reads the record
+ * header after it, and its payload is left to a load, which may run on
+ * another thread while this one claims the next record. */
+static cachew_err
+claim_record(cwi_cache_reader *rd, cwi_cache_rec_job *job)
 {
 	uint64_t at = rd->pos - rd->rec_size;
 	cwi_chunk_rec r;
-	char why[256];
 	bool trailer;
 	cachew_err rv;
 
@@ -488,34 +591,19 @@ load_record(cwi_cache_reader *rd)
 		return cwi_fail(CACHEW_ECORRUPT,
 		    "%s: more elements than the manifest's %llu", rd->path,
 		    (unsigned long long)rd->want_elements);
-	if (r.nelem > rd->pend_cap) {
-		cwi_element **p = realloc(rd->pend, r.nelem * sizeof(*p));
-		if (p == NULL)
-			return cwi_fail(CACHEW_ENOMEM, "out of memory");
-		rd->pend = p;
-		rd->pend_cap = r.nelem;
+	*job = (cwi_cache_rec_job){.at = at, .payload_at = rd->pos,
+	    .hash = r.hash, .clen = r.clen, .ulen = r.ulen, .nelem = r.nelem,
+	    .record = rd->records};
+	if (cwi_file_fd(rd->f) >= 0 && rd->version != CWI_CHUNK_VERSION_1 &&
+	    r.kind == CWI_CHUNK_REC_STORED) {
+		read_ahead(rd, (uint64_t)r.clen + rd->rec_size);
+		rd->pos += r.clen;
+		rv = read_exact(rd, rd->hdr, rd->rec_size, HASH_FILE);
+	} else {
+		rv = claim_load(rd, &r, job);
 	}
-	if (rd->version == CWI_CHUNK_VERSION_1)
-		rv = load_frame_v1(rd, &r, at);
-	else if (r.kind == CWI_CHUNK_REC_STORED)
-		rv = load_stored(rd, &r, at);
-	else
-		rv = load_frame_v2(rd, &r, at);
 	if (rv != CACHEW_OK)
 		return rv;
-	for (uint32_t i = 0; i < r.nelem; i++) {
-		if (!cwi_cache_spec_match(rd->spec, rd->ncomp, rd->pend[i], why,
-			sizeof(why))) {
-			for (uint32_t k = 0; k < r.nelem; k++)
-				cwi_element_release(rd->pend[k]);
-			return cwi_fail(CACHEW_ECORRUPT,
-			    "%s: record at byte %llu: element %u does not match "
-			    "the manifest's spec: %s",
-			    rd->path, (unsigned long long)at, i, why);
-		}
-	}
-	rd->npend = r.nelem;
-	rd->ipend = 0;
 	rd->records++;
 	rd->elements += r.nelem;
 	rd->ubytes += r.ulen;
@@ -523,8 +611,117 @@ load_record(cwi_cache_reader *rd)
 }
 
 cachew_err
+cwi_cache_reader_claim(cwi_cache_reader *rd, cwi_cache_rec_job *job)
+{
+	cachew_err rv;
+
+	memset(job, 0, sizeof(*job));
+	if (rd->err != CACHEW_OK)
+		return cwi_fail(rd->err, "%s",
+		    rd->errmsg != NULL ? rd->errmsg : "cache reader failed");
+	if (rd->eof)
+		return CACHEW_EOF;
+	rv = claim_record(rd, job);
+	if (rv == CACHEW_EOF)
+		rd->eof = true;
+	else if (rv != CACHEW_OK)
+		return corrupt(rd, rv);
+	return rv;
+}
+
+/* A stored payload read at its offset into a buffer its elements then
+ * share, hashed piece by piece while the piece is in the core's cache;
+ * only rd's immutable fields and the descriptor are used, so loads of
+ * one chunk run on several threads at once. */
+static cachew_err
+load_claimed(cwi_cache_reader *rd, const cwi_cache_rec_job *job,
+    cwi_element **out)
+{
+	cwi_chunk_rec r = {.clen = job->clen, .ulen = job->ulen,
+	    .nelem = job->nelem, .kind = CWI_CHUNK_REC_STORED,
+	    .hash = job->hash};
+	XXH3_state_t st;
+	cwi_buffer *buf = NULL;
+	size_t done = 0, got;
+	cachew_err rv = cwi_buffer_alloc(&buf, job->clen, false);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	(void)XXH3_64bits_reset(&st);
+	while (rv == CACHEW_OK && done < job->clen) {
+		size_t want = job->clen - done < READ_PIECE ? job->clen - done
+							    : READ_PIECE;
+		rv = read_some(rd, buf->data + done, want,
+		    job->payload_at + done, &got);
+		if (rv == CACHEW_OK && got == 0)
+			rv = truncated(rd, job->payload_at + done);
+		if (rv == CACHEW_OK)
+			(void)XXH3_64bits_update(&st, buf->data + done, got);
+		done += got;
+	}
+	if (rv == CACHEW_OK)
+		rv = check_payload(rd, XXH3_64bits_digest(&st), &r, job->record,
+		    job->at);
+	if (rv == CACHEW_OK)
+		rv = cwi_chunk_stored_decode(buf, rd->path, job->at, &r, out);
+	if (rv == CACHEW_OK)
+		rv = check_spec(rd, job->at, out, job->nelem);
+	cwi_buffer_unref(buf);
+	return rv;
+}
+
+cachew_err
+cwi_cache_reader_load(cwi_cache_reader *rd, cwi_cache_rec_job *job,
+    cwi_element **out)
+{
+	char *msg;
+	cachew_err rv;
+
+	if (job->els != NULL) {
+		memcpy(out, job->els, job->nelem * sizeof(*out));
+		free(job->els);
+		job->els = NULL;
+		return CACHEW_OK;
+	}
+	rv = load_claimed(rd, job, out);
+	if (rv != CACHEW_ECORRUPT)
+		return rv;
+	/* Marking the cache bad logs and writes a file: keep the message. */
+	msg = cwi_strdup(cachew_errmsg());
+	if (msg == NULL)
+		return rv;
+	(void)cwi_cache_mark_bad(rd->root, &rd->fp, msg);
+	rv = cwi_fail(rv, "%s", msg);
+	free(msg);
+	return rv;
+}
+
+void
+cwi_cache_rec_job_discard(cwi_cache_rec_job *job)
+{
+	if (job == NULL || job->els == NULL)
+		return;
+	for (uint32_t i = 0; i < job->nelem; i++)
+		cwi_element_release(job->els[i]);
+	free(job->els);
+	job->els = NULL;
+}
+
+/* Records a failure of a load as sticky, without marking the cache bad a
+ * second time (the load did). */
+static cachew_err
+load_failed(cwi_cache_reader *rd, cachew_err rv)
+{
+	rd->err = rv;
+	free(rd->errmsg);
+	rd->errmsg = cwi_strdup(cachew_errmsg());
+	return rv;
+}
+
+cachew_err
 cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out, size_t max)
 {
+	cwi_cache_rec_job job;
 	size_t k;
 	cachew_err rv;
 
@@ -536,13 +733,25 @@ cwi_cache_reader_next(cwi_cache_reader *rd, cwi_chunk *out, size_t max)
 	if (max == 0)
 		return CACHEW_OK;
 	if (rd->ipend == rd->npend) {
-		rv = load_record(rd);
-		if (rv == CACHEW_EOF) {
-			rd->eof = true;
-			return rv;
-		}
+		rv = cwi_cache_reader_claim(rd, &job);
 		if (rv != CACHEW_OK)
-			return corrupt(rd, rv);
+			return rv;
+		if (job.nelem > rd->pend_cap) {
+			cwi_element **p = realloc(rd->pend,
+			    job.nelem * sizeof(*p));
+			if (p == NULL) {
+				cwi_cache_rec_job_discard(&job);
+				return load_failed(rd, cwi_fail(CACHEW_ENOMEM,
+				    "out of memory"));
+			}
+			rd->pend = p;
+			rd->pend_cap = job.nelem;
+		}
+		rv = cwi_cache_reader_load(rd, &job, rd->pend);
+		if (rv != CACHEW_OK)
+			return load_failed(rd, rv);
+		rd->npend = job.nelem;
+		rd->ipend = 0;
 	}
 	k = rd->npend - rd->ipend;
 	if (k > max)

@@ -20,10 +20,18 @@
  * input, skips the elements already yielded (they were good) and goes on,
  * so the job never sees a bad or duplicated element.
  *
- * The reader runs N threads, each decoding one chunk of a window of N
- * chunks ahead of the consumer into that chunk's queue of batches (bounded
- * by RD_SLOT_BYTES); the consumer drains the queues in chunk order, so the
- * order within and across chunks is the written one.
+ * The reader runs N threads over a ring of records ahead of the consumer
+ * (bounded by RD_RING records and RD_AHEAD_BYTES of payload). Claims are
+ * serial: one thread at a time walks the chunks' skeletons in the read
+ * order (cwi_cache_reader_claim: a record header, then the next), and
+ * the loads of the claimed records (pread, XXH3, decode) run on all the
+ * threads at once, each into its record's ring entry; the consumer drains
+ * the ring in sequence, so the order within and across chunks is the
+ * written one. Why records and not chunks: with a thread per chunk, the
+ * thread of the next chunk stopped after its 8 MiB queue while the
+ * consumer drained the current 64 MiB chunk, so reading was one stream;
+ * and a queue of a whole chunk per thread cost 2-3x the RSS and fresh
+ * pages for every buffer.
  *
  * Lock order: a reader's lock only; it is never held while reading a
  * file, calling the store or calling into another iterator. The tuner
@@ -39,11 +47,14 @@
 #include <stdlib.h>
 #include <zstd.h>
 
-/* Elements per cwi_cache_reader_next() call of a reader thread. */
+/* Elements skipped at a time when a restored read resumes. */
 #define RD_BATCH 256u
-/* Decoded bytes a chunk's queue may hold before its reader waits: a few
- * 1 MiB frames, so a window of chunks stays well under the RAM budget. */
-#define RD_SLOT_BYTES (8u << 20)
+/* Records read ahead of the consumer, at most: a ring of them. */
+#define RD_RING 32u
+/* Payload bytes read ahead of the consumer before the readers wait (one
+ * record always): a few 1 MiB frames, well under the RAM budget, few
+ * enough that their buffers come back to the large-buffer cache warm. */
+#define RD_AHEAD_BYTES (8u << 20)
 /* Reader threads of threads=auto: decoding runs at several hundred MB/s
  * per thread, so more than this only competes with the consumer. */
 #define RD_AUTO_MAX 4
@@ -346,25 +357,26 @@ put_root_open(const cwi_node *node, uint64_t capacity)
 	return NULL;
 }
 
-/* ---- reading: a window of chunks decoded ahead by reader threads ---------- */
+/* ---- reading: records decoded ahead by reader threads -------------------- */
 
-typedef struct rd_batch {
-	struct rd_batch *next;
-	cwi_chunk elems; /* v[pos..n) not yet taken */
-	size_t pos;
-	size_t bytes;
-} rd_batch;
-
-/* The queue of one chunk being read. Position p of the read order uses
- * slots[p % window]. */
-typedef struct rd_slot {
-	size_t chunk;     /* manifest chunk index */
-	rd_batch *head, *tail;
-	size_t bytes;     /* decoded bytes queued */
-	bool done;        /* the reader finished: err says how */
-	cachew_err err;   /* CACHEW_EOF: the whole chunk was read */
+/* One record of the read order, in ring[seq % RD_RING]. */
+typedef struct rd_rec {
+	cwi_element **v;  /* its elements; v[pos..n) not yet taken */
+	size_t n, pos;
+	size_t bytes;     /* their decoded bytes */
+	size_t payload;   /* its bytes in the file: the read-ahead bound */
+	bool done;        /* loaded, or the end or a failure: err says */
+	cachew_err err;   /* CACHEW_OK: v holds it; CACHEW_EOF: the end */
 	char *errmsg;
-} rd_slot;
+} rd_rec;
+
+/* An open chunk: closed once it was claimed to its end and every load of
+ * its records returned (a load uses its descriptor and names). */
+typedef struct rd_open {
+	cwi_cache_reader *rd;
+	unsigned loads;   /* claimed records not loaded yet */
+	bool drained;     /* claimed to its trailer (or failed) */
+} rd_open;
 
 typedef struct get_read {
 	cwi_pipeline *pl;
@@ -379,7 +391,6 @@ typedef struct get_read {
 	cachew_err pin_err;      /* the pin found the first chunk corrupt */
 	size_t *order;           /* chunk indices in read order */
 	size_t norder;
-	size_t window;           /* chunks in flight = reader threads */
 	pthread_t *tids;
 	int nthreads, started;
 	cwi_tune_op tune;
@@ -387,10 +398,14 @@ typedef struct get_read {
 
 	pthread_mutex_t lock;
 	pthread_cond_t cv_work, cv_cons;
-	rd_slot *slots;
-	size_t next_claim;       /* next position a reader takes */
-	size_t opened;           /* positions [0, opened) were opened */
-	size_t cons_pos;         /* position the consumer drains */
+	rd_rec ring[RD_RING];
+	uint64_t next_seq;       /* the next record to claim */
+	uint64_t cons_seq;       /* the record the consumer drains */
+	size_t ahead;            /* payload bytes of [cons_seq, next_seq) */
+	rd_open *cur;            /* the chunk claims read; NULL: open next */
+	size_t next_pos;         /* the next position of order to open */
+	bool claiming;           /* a thread is claiming: claims are serial */
+	bool finished;           /* the end or a failure was claimed */
 	bool stop, cancel;
 	bool cons_waiting;
 	int work_waiting;
@@ -403,135 +418,173 @@ typedef struct get_read {
 } get_read;
 
 static void
-rd_batch_free(rd_batch *b)
+rd_rec_clear(rd_rec *r)
 {
-	while (b != NULL) {
-		rd_batch *next = b->next;
-		for (size_t i = b->pos; i < b->elems.n; i++)
-			cwi_element_release(b->elems.v[i]);
-		free(b->elems.v);
-		free(b);
-		b = next;
-	}
+	for (size_t i = r->pos; i < r->n; i++)
+		cwi_element_release(r->v[i]);
+	free(r->v);
+	free(r->errmsg);
+	memset(r, 0, sizeof(*r));
 }
 
-static void
-rd_slot_clear(rd_slot *s)
-{
-	rd_batch_free(s->head);
-	free(s->errmsg);
-	memset(s, 0, sizeof(*s));
-}
-
-/* Queues a batch in its slot and waits while the slot is over its bound.
- * Returns false when the reader must stop. (lock not held) */
-static bool
-rd_push(get_read *g, rd_slot *s, rd_batch *b)
-{
-	bool wake, go;
-
-	pthread_mutex_lock(&g->lock);
-	if (s->tail != NULL)
-		s->tail->next = b;
-	else
-		s->head = b;
-	s->tail = b;
-	s->bytes += b->bytes;
-	cwi_tune_bytes_add(&g->tune, (int64_t)b->bytes);
-	wake = g->cons_waiting;
-	while (s->bytes > RD_SLOT_BYTES && !g->stop && !g->cancel) {
-		if (wake) {
-			pthread_cond_signal(&g->cv_cons);
-			wake = false;
-		}
-		g->work_waiting++;
-		pthread_cond_wait(&g->cv_work, &g->lock);
-		g->work_waiting--;
-	}
-	go = !g->stop && !g->cancel;
-	pthread_mutex_unlock(&g->lock);
-	if (wake)
-		pthread_cond_signal(&g->cv_cons);
-	return go;
-}
-
-/* Opens the chunk of position pos once every earlier position was
- * opened: a reader that finds a chunk corrupt marks the whole cache bad,
- * after which no chunk can be opened, so opening in order keeps every
- * element before the first defect readable (and the reported error the
- * defect itself, not "marked bad"). (lock not held) */
+/* The chunk of the next position, opened after every earlier one (claims
+ * are serial): a reader that finds a chunk corrupt marks the whole cache
+ * bad, after which no chunk can be opened, so opening in order keeps
+ * every element before the first defect readable (and the reported error
+ * the defect itself, not "marked bad"). (lock not held; g->claiming) */
 static cachew_err
-rd_open_in_order(get_read *g, size_t pos, cwi_cache_reader **rd)
+rd_open_next(get_read *g)
 {
-	cachew_err rv = CACHEW_ECANCELED;
-	bool go;
-
-	*rd = NULL;
-	pthread_mutex_lock(&g->lock);
-	while (g->opened < pos && !g->stop && !g->cancel) {
-		g->work_waiting++;
-		pthread_cond_wait(&g->cv_work, &g->lock);
-		g->work_waiting--;
-	}
-	go = !g->stop && !g->cancel;
-	pthread_mutex_unlock(&g->lock);
-	if (go)
-		rv = cwi_cache_reader_open(rd, g->root, g->m, g->order[pos]);
-	pthread_mutex_lock(&g->lock);
-	g->opened = pos + 1;
-	if (g->work_waiting > 0)
-		pthread_cond_broadcast(&g->cv_work);
-	pthread_mutex_unlock(&g->lock);
-	return rv;
-}
-
-/* Reads the chunk of position pos into its slot (lock not held). */
-static void
-rd_chunk(get_read *g, size_t pos, rd_slot *s)
-{
-	cwi_cache_reader *rd = NULL;
-	char *msg = NULL;
+	rd_open *o = calloc(1, sizeof(*o));
 	cachew_err rv;
 
-	rv = rd_open_in_order(g, pos, &rd);
-	while (rv == CACHEW_OK) {
-		rd_batch *b = calloc(1, sizeof(*b));
-		uint64_t t0 = cwi_now_ns();
+	if (o == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	rv = cwi_cache_reader_open(&o->rd, g->root, g->m, g->order[g->next_pos]);
+	if (rv != CACHEW_OK) {
+		free(o);
+		return rv;
+	}
+	g->next_pos++;
+	g->cur = o;
+	return CACHEW_OK;
+}
 
-		if (b == NULL || cwi_chunk_reserve(&b->elems, RD_BATCH) !=
-				     CACHEW_OK) {
-			rd_batch_free(b);
-			rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
-			break;
+/* One fewer load, or the claims' end, of o: closes it when both are
+ * over. (lock held) Returns the reader to close (lock not held). */
+static cwi_cache_reader *
+rd_open_release(rd_open *o, bool load_done)
+{
+	cwi_cache_reader *rd;
+
+	if (load_done)
+		o->loads--;
+	else
+		o->drained = true;
+	if (!o->drained || o->loads > 0)
+		return NULL;
+	rd = o->rd;
+	free(o);
+	return rd;
+}
+
+/* Claims the next record of the read order, opening the chunks in turn:
+ * CACHEW_OK (*from its chunk), CACHEW_EOF after the last chunk's trailer,
+ * or a failure. (lock not held; g->claiming) */
+static cachew_err
+rd_claim(get_read *g, cwi_cache_rec_job *job, rd_open **from)
+{
+	cwi_cache_reader *done;
+	cachew_err rv;
+
+	for (;;) {
+		if (g->cur == NULL) {
+			if (g->next_pos >= g->norder)
+				return CACHEW_EOF;
+			rv = rd_open_next(g);
+			if (rv != CACHEW_OK)
+				return rv;
 		}
-		rv = cwi_cache_reader_next(rd, &b->elems, RD_BATCH);
-		for (size_t i = 0; i < b->elems.n; i++)
-			b->bytes += cwi_element_nbytes(b->elems.v[i]);
-		if (g->stats != NULL)
-			cwi_stat_add(&g->stats->busy_ns, cwi_now_ns() - t0);
-		if (b->elems.n == 0) {
-			rd_batch_free(b);
-			if (rv == CACHEW_OK)
-				rv = cwi_fail(CACHEW_EINTERNAL,
-				    "cache reader returned no element and no "
-				    "end");
-			break;
+		rv = cwi_cache_reader_claim(g->cur->rd, job);
+		if (rv == CACHEW_OK) {
+			*from = g->cur;
+			return CACHEW_OK;
 		}
-		if (!rd_push(g, s, b) && rv == CACHEW_OK)
-			rv = CACHEW_ECANCELED;
+		pthread_mutex_lock(&g->lock);
+		done = rd_open_release(g->cur, false);
+		g->cur = NULL;
+		pthread_mutex_unlock(&g->lock);
+		cwi_cache_reader_close(done);
+		if (rv != CACHEW_EOF)
+			return rv;
 	}
-	if (rv != CACHEW_EOF && rv != CACHEW_ECANCELED) {
-		const char *m = cwi_errmsg_get();
-		msg = cwi_strdup(m[0] != '\0' ? m : cachew_strerror(rv));
+}
+
+/* Loads a claimed record into r's elements. (lock not held) */
+static cachew_err
+rd_load(rd_open *from, cwi_cache_rec_job *job, rd_rec *r)
+{
+	cwi_element **v = calloc(job->nelem, sizeof(*v));
+	cachew_err rv;
+
+	if (v == NULL) {
+		cwi_cache_rec_job_discard(job);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
-	cwi_cache_reader_close(rd);
+	rv = cwi_cache_reader_load(from->rd, job, v);
+	if (rv != CACHEW_OK) {
+		free(v);
+		return rv;
+	}
+	r->v = v;
+	r->n = job->nelem;
+	for (size_t i = 0; i < r->n; i++)
+		r->bytes += cwi_element_nbytes(v[i]);
+	return CACHEW_OK;
+}
+
+/* Whether a reader thread may claim: one claim at a time, at most
+ * RD_RING records and RD_AHEAD_BYTES of payload ahead of the consumer
+ * (one record always, however large). (lock held) */
+static bool
+rd_may_claim(const get_read *g)
+{
+	return !g->claiming && !g->finished &&
+	    g->next_seq - g->cons_seq < RD_RING &&
+	    (g->ahead < RD_AHEAD_BYTES || g->next_seq == g->cons_seq);
+}
+
+/* Claims one record and loads it into its ring entry; the next claim may
+ * start as soon as this one is made, so the loads of consecutive records
+ * run on several threads. (lock held on entry and return) */
+static void
+rd_step(get_read *g)
+{
+	uint64_t seq = g->next_seq, t0 = cwi_now_ns();
+	rd_rec *r = &g->ring[seq % RD_RING];
+	cwi_cache_rec_job job;
+	cwi_cache_reader *done = NULL;
+	rd_open *from = NULL;
+	cachew_err rv;
+
+	g->claiming = true;
+	pthread_mutex_unlock(&g->lock);
+	rv = rd_claim(g, &job, &from);
 	pthread_mutex_lock(&g->lock);
-	s->done = true;
-	s->err = rv;
-	s->errmsg = msg;
+	g->claiming = false;
+	g->next_seq++;
+	if (rv == CACHEW_OK) {
+		from->loads++;
+		r->payload = job.clen;
+		g->ahead += job.clen;
+		if (g->work_waiting > 0)
+			pthread_cond_broadcast(&g->cv_work);
+		pthread_mutex_unlock(&g->lock);
+		rv = rd_load(from, &job, r);
+		pthread_mutex_lock(&g->lock);
+		done = rd_open_release(from, true);
+	} else {
+		g->finished = true;
+	}
+	if (rv != CACHEW_OK && rv != CACHEW_EOF) {
+		const char *m = cwi_errmsg_get();
+		r->errmsg = cwi_strdup(m[0] != '\0' ? m : cachew_strerror(rv));
+	}
+	r->err = rv;
+	r->done = true;
+	if (rv != CACHEW_OK)
+		g->finished = true;
+	else
+		cwi_tune_bytes_add(&g->tune, (int64_t)r->bytes);
+	if (g->stats != NULL)
+		cwi_stat_add(&g->stats->busy_ns, cwi_now_ns() - t0);
 	if (g->cons_waiting)
 		pthread_cond_signal(&g->cv_cons);
-	pthread_mutex_unlock(&g->lock);
+	if (done != NULL) {
+		pthread_mutex_unlock(&g->lock);
+		cwi_cache_reader_close(done);
+		pthread_mutex_lock(&g->lock);
+	}
 }
 
 static void *
@@ -541,16 +594,8 @@ rd_main(void *arg)
 
 	pthread_mutex_lock(&g->lock);
 	while (!g->stop && !g->cancel) {
-		if (g->next_claim < g->norder &&
-		    g->next_claim < g->cons_pos + g->window) {
-			size_t pos = g->next_claim++;
-			rd_slot *s = &g->slots[pos % g->window];
-			/* Position pos - window was drained and cleared when
-			 * the consumer moved past it. */
-			s->chunk = g->order[pos];
-			pthread_mutex_unlock(&g->lock);
-			rd_chunk(g, pos, s);
-			pthread_mutex_lock(&g->lock);
+		if (rd_may_claim(g)) {
+			rd_step(g);
 			continue;
 		}
 		g->work_waiting++;
@@ -625,59 +670,44 @@ rd_take(get_read *g, cwi_chunk *out, size_t max)
 
 	if (g->pin_err != CACHEW_OK)
 		return g->pin_err;
-	if (g->started == 0 && g->norder > 0) {
+	if (g->norder == 0)
+		return CACHEW_EOF;
+	if (g->started == 0) {
 		rv = rd_start(g);
 		if (rv != CACHEW_OK)
 			return rv;
 	}
 	pthread_mutex_lock(&g->lock);
-	for (;;) {
-		rd_slot *s;
-		rd_batch *b;
+	while (got < max) {
+		rd_rec *r = &g->ring[g->cons_seq % RD_RING];
+		size_t take;
 
-		if (g->cons_pos >= g->norder) {
-			rv = got > 0 ? CACHEW_OK : CACHEW_EOF;
-			break;
-		}
-		s = &g->slots[g->cons_pos % g->window];
-		b = s->head;
-		if (b != NULL) {
-			size_t take = b->elems.n - b->pos;
+		if (r->done && r->err == CACHEW_OK) {
+			take = r->n - r->pos;
 			if (take > max - got)
 				take = max - got;
-			memcpy(out->v + out->n, b->elems.v + b->pos,
+			memcpy(out->v + out->n, r->v + r->pos,
 			    take * sizeof(*out->v));
 			out->n += take;
-			b->pos += take;
+			r->pos += take;
 			got += take;
-			if (b->pos == b->elems.n) {
-				s->head = b->next;
-				if (s->head == NULL)
-					s->tail = NULL;
-				s->bytes -= b->bytes;
-				cwi_tune_bytes_add(&g->tune, -(int64_t)b->bytes);
-				b->next = NULL;
-				b->pos = b->elems.n = 0;
-				rd_batch_free(b);
-				if (s->bytes <= RD_SLOT_BYTES / 2)
-					wake = true;
+			if (r->pos == r->n) {
+				cwi_tune_bytes_add(&g->tune, -(int64_t)r->bytes);
+				g->ahead -= r->payload;
+				rd_rec_clear(r);
+				g->cons_seq++;
+				wake = true;
 			}
-			if (got == max)
-				break;
-			continue;
-		}
-		if (s->done && s->err == CACHEW_EOF) {
-			rd_slot_clear(s);
-			g->cons_pos++;
-			wake = true;
 			continue;
 		}
 		if (got > 0)
 			break;
-		if (s->done) {
-			rv = s->err;
-			snprintf(g->errmsg, sizeof(g->errmsg), "%s",
-			    s->errmsg != NULL ? s->errmsg : cachew_strerror(rv));
+		if (r->done) {
+			rv = r->err;
+			if (rv != CACHEW_EOF)
+				snprintf(g->errmsg, sizeof(g->errmsg), "%s",
+				    r->errmsg != NULL ? r->errmsg
+						      : cachew_strerror(rv));
 			break;
 		}
 		if (g->cancel) {
@@ -765,13 +795,12 @@ rd_init(get_read *g, const cwi_node *node, cwi_pipeline *pl,
 	}
 	if (threads < 1)
 		threads = 1;
-	if ((size_t)threads > g->norder)
-		threads = g->norder > 0 ? (int64_t)g->norder : 1;
+	/* Not bounded by the chunks: the threads share a chunk's records. */
+	if (g->norder == 0)
+		threads = 1;
 	g->nthreads = (int)threads;
-	g->window = (size_t)threads;
 	g->tids = calloc((size_t)threads, sizeof(pthread_t));
-	g->slots = calloc((size_t)threads, sizeof(rd_slot));
-	if (g->tids == NULL || g->slots == NULL)
+	if (g->tids == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	rv = cwi_tune_attach(&g->tune, pl, rd_wake, g);
 	if (rv != CACHEW_OK)
@@ -807,12 +836,17 @@ rd_fini(get_read *g)
 	pthread_mutex_unlock(&g->lock);
 	for (int i = 0; i < g->started; i++)
 		pthread_join(g->tids[i], NULL);
-	for (size_t i = 0; g->slots != NULL && i < g->window; i++)
-		rd_slot_clear(&g->slots[i]);
+	for (size_t i = 0; i < RD_RING; i++)
+		rd_rec_clear(&g->ring[i]);
+	/* The threads are joined: no load is left, only the chunk claims
+	 * stopped in. */
+	if (g->cur != NULL) {
+		cwi_cache_reader_close(g->cur->rd);
+		free(g->cur);
+	}
 	cwi_cache_reader_close(g->pin);
 	if (g->attached)
 		cwi_tune_detach(&g->tune);
-	free(g->slots);
 	free(g->tids);
 	free(g->order);
 	cwi_cache_manifest_free(g->m);
@@ -1500,8 +1534,8 @@ static const cwi_param_spec get_params[] = {
     {.name = "fingerprint", .type = CWI_P_STR, .flags = CWI_PF_REQUIRED,
 	.help = "the cache: the fingerprint of the cached pipeline, 32 hex "
 		"digits"},
-    P_THREADS("reader threads decoding chunks ahead, or auto (the "
-	      "pipeline's threads, at most 4)"),
+    P_THREADS("reader threads loading records ahead (several share a "
+	      "chunk), or auto (the pipeline's threads, at most 4)"),
 };
 
 const cwi_dataset_op cwi_op_cache_put = {
