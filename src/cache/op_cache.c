@@ -557,8 +557,10 @@ rd_step(get_read *g)
 		from->loads++;
 		r->payload = job.clen;
 		g->ahead += job.clen;
-		if (g->work_waiting > 0)
-			pthread_cond_broadcast(&g->cv_work);
+		/* One waiting thread claims next (it passes the turn on in
+		 * turn): a broadcast woke every thread for one claim. */
+		if (g->work_waiting > 0 && rd_may_claim(g))
+			pthread_cond_signal(&g->cv_work);
 		pthread_mutex_unlock(&g->lock);
 		rv = rd_load(from, &job, r);
 		pthread_mutex_lock(&g->lock);
@@ -578,7 +580,8 @@ rd_step(get_read *g)
 		cwi_tune_bytes_add(&g->tune, (int64_t)r->bytes);
 	if (g->stats != NULL)
 		cwi_stat_add(&g->stats->busy_ns, cwi_now_ns() - t0);
-	if (g->cons_waiting)
+	/* The consumer waits for the record at cons_seq only. */
+	if (g->cons_waiting && seq == g->cons_seq)
 		pthread_cond_signal(&g->cv_cons);
 	if (done != NULL) {
 		pthread_mutex_unlock(&g->lock);
@@ -715,7 +718,7 @@ rd_take(get_read *g, cwi_chunk *out, size_t max)
 			break;
 		}
 		if (wake && g->work_waiting > 0) {
-			pthread_cond_broadcast(&g->cv_work);
+			pthread_cond_signal(&g->cv_work);
 			wake = false;
 		}
 		g->cons_waiting = true;
@@ -725,7 +728,7 @@ rd_take(get_read *g, cwi_chunk *out, size_t max)
 	wake = wake && g->work_waiting > 0;
 	pthread_mutex_unlock(&g->lock);
 	if (wake)
-		pthread_cond_broadcast(&g->cv_work);
+		pthread_cond_signal(&g->cv_work);
 	rd_name(g, out, out->n - got);
 	return rv;
 }
