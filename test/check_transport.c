@@ -29,6 +29,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/tls/tls.h>
+#include <openssl/ssl.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -454,13 +455,16 @@ collect_hold_replies(cwi_cq *q, int n)
 
 static pthread_mutex_t log_mtx = PTHREAD_MUTEX_INITIALIZER;
 static char log_buf[16384];
+/* The lines captured: up to WARN, or up to INFO (what a listener says of
+ * itself) when a test sets this. */
+static cachew_log_level log_level = CACHEW_LOG_WARN;
 
 static void
 log_sink(void *ctx, cachew_log_level level, const char *module,
     const char *msg)
 {
 	(void)ctx;
-	if (level > CACHEW_LOG_WARN)
+	if (level > log_level)
 		return;
 	pthread_mutex_lock(&log_mtx);
 	size_t n = strlen(log_buf);
@@ -2715,26 +2719,37 @@ assert_names(const char *msg, const char *url, const char *reason)
 	    msg, reason);
 }
 
-START_TEST(test_tls_mutual_auth_required_and_satisfied)
+/* Dials s with a client certificate (o), and calls "echo" and
+ * call_echo_elements on the connection: all must come back equal. */
+static void
+tls_echo_all(const tsrv *s, const cwi_transport_opts *o)
 {
-	cwi_transport_opts o = tls_client_opts("client.pem", "client.key");
 	cwi_element *sent[16];
 	cwi_msg *reply;
 	cwi_conn *c;
 	size_t n;
-	tsrv s;
 
-	tls_srv_start(&s, "server.pem", "server.key",
-	    CWI_TLS_CLIENT_AUTH_REQUIRED);
-	ck_assert_int_eq(cwi_dial(&c, cwi_listener_url(s.l), &o), CACHEW_OK);
+	ck_assert_msg(cwi_dial(&c, cwi_listener_url(s->l), o) == CACHEW_OK,
+	    "dial: %s", cachew_errmsg());
 	call_ok(c, "echo mutual", "echo mutual");
 	reply = call_echo_elements(c, sent, &n);
 	for (size_t i = 0; i < n; i++) {
-		ck_assert(cwi_element_equal(cwi_msg_element(reply, i), sent[i]));
+		ck_assert_msg(cwi_element_equal(cwi_msg_element(reply, i),
+				  sent[i]), "element %zu", i);
 		cwi_element_release(sent[i]);
 	}
 	cwi_msg_destroy(reply);
 	cwi_conn_destroy(c);
+}
+
+START_TEST(test_tls_mutual_auth_required_and_satisfied)
+{
+	cwi_transport_opts o = tls_client_opts("client.pem", "client.key");
+	tsrv s;
+
+	tls_srv_start(&s, "server.pem", "server.key",
+	    CWI_TLS_CLIENT_AUTH_REQUIRED);
+	tls_echo_all(&s, &o);
 	srv_stop(&s);
 }
 END_TEST
@@ -2980,6 +2995,147 @@ START_TEST(test_tls_credentials_are_checked_at_listen_and_dial)
 }
 END_TEST
 
+/* Which TLS layer this process's next listens and dials take
+ * (transports/nng/nng_tls.c): "cachew" (its own record layer, the
+ * default), "nng" (nng's TLS streams on the engine cachew registers,
+ * OpenSSL) or "mbedtls" (nng's streams on nng's mbedTLS engine). */
+static void
+tls_layer_set(const char *layer)
+{
+	ck_assert_int_eq(unsetenv("CACHEW_TLS_LAYER"), 0);
+	ck_assert_int_eq(unsetenv("CACHEW_TLS_ENGINE"), 0);
+	if (strcmp(layer, "nng") == 0)
+		ck_assert_int_eq(setenv("CACHEW_TLS_LAYER", "nng", 1), 0);
+	else if (strcmp(layer, "mbedtls") == 0)
+		ck_assert_int_eq(setenv("CACHEW_TLS_ENGINE", "mbedtls", 1), 0);
+}
+
+/*
+ * cachew's record layer and nng's TLS streams (on mbedTLS, and on the
+ * OpenSSL engine) talk to each other whichever listens, with mutual TLS:
+ * every element comes back equal, an 8 MiB one (records and send batches
+ * cut across it) and empty ones. The mbedTLS pairs go first: once this
+ * process registers the OpenSSL engine, nng's streams keep it.
+ */
+START_TEST(test_tls_layers_interoperate_both_ways)
+{
+	/* listener, dialer, what the listener logs */
+	static const char *const pairs[][3] = {
+	    {"cachew", "mbedtls", "layer=cachew engine=openssl"},
+	    {"mbedtls", "cachew", "layer=nng engine="},
+	    {"cachew", "nng", "layer=cachew engine=openssl"},
+	    {"nng", "cachew", "layer=nng engine=cachew-openssl"},
+	};
+	cwi_transport_opts o = tls_client_opts("client.pem", "client.key");
+	tsrv s;
+
+	for (size_t p = 0; p < sizeof(pairs) / sizeof(pairs[0]); p++) {
+		log_buf[0] = '\0';
+		log_level = CACHEW_LOG_INFO;
+		cachew_log_set(log_sink, NULL, CACHEW_LOG_INFO);
+		tls_layer_set(pairs[p][0]);
+		tls_srv_start(&s, "server.pem", "server.key",
+		    CWI_TLS_CLIENT_AUTH_REQUIRED);
+		ck_assert_msg(log_wait(pairs[p][2]), "listener on %s: %s",
+		    pairs[p][0], log_buf);
+		tls_layer_set(pairs[p][1]);
+		tls_echo_all(&s, &o);
+		srv_stop(&s);
+		log_stop();
+		log_level = CACHEW_LOG_WARN;
+	}
+	tls_layer_set("cachew");
+}
+END_TEST
+
+/* A peer that speaks TLS itself over a raw socket connected to a
+ * tls+tcp:// url: its handshake done (the server's certificate taken on
+ * trust) and its SP header sent, the socket (*fd) free for forged
+ * bytes. Reads on it give up after WAIT_MS. */
+static SSL *
+raw_tls_client(const char *url, int *fd)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	struct timeval tv = {.tv_sec = WAIT_MS / 1000};
+	uint8_t h[8];
+	SSL *ssl;
+
+	ck_assert_ptr_nonnull(ctx);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+	ck_assert_int_eq(SSL_CTX_set_max_proto_version(ctx, TLS1_2_VERSION),
+	    1);
+	*fd = raw_connect(url + 4); /* tcp://... */
+	ck_assert_int_eq(setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv,
+			     sizeof(tv)), 0);
+	ssl = SSL_new(ctx);
+	SSL_CTX_free(ctx); /* ssl holds it */
+	ck_assert_ptr_nonnull(ssl);
+	ck_assert_int_eq(SSL_set_fd(ssl, *fd), 1);
+	ck_assert_int_eq(SSL_connect(ssl), 1);
+	sp_header(h, SP_REQ0);
+	ck_assert_int_eq(SSL_write(ssl, h, sizeof(h)), (int)sizeof(h));
+	return ssl;
+}
+
+/* Sends len forged bytes on a TLS connection to s (raw_tls_client), or
+ * with bytes NULL asks for a renegotiation, and checks that s resets it,
+ * logging that it refused a record for `reason`. */
+static void
+assert_forged_record_resets(const tsrv *s, const uint8_t *bytes, size_t len,
+    const char *reason)
+{
+	char want[160];
+	SSL *ssl;
+	int fd;
+
+	log_start();
+	ssl = raw_tls_client(cwi_listener_url(s->l), &fd);
+	if (bytes != NULL) {
+		send_all(fd, bytes, len);
+	} else {
+		ck_assert_int_eq(SSL_renegotiate(ssl), 1);
+		(void)SSL_do_handshake(ssl); /* refused: an error */
+	}
+	ck_assert(closed_by_server(fd));
+	snprintf(want, sizeof(want), "reason=\"TLS record refused: %s",
+	    reason);
+	ck_assert_msg(log_wait(want), "%s", log_buf);
+	log_stop();
+	SSL_free(ssl);
+	close(fd);
+}
+
+/*
+ * cachew's record layer takes the records a peer sends as hostile input:
+ * a record whose authentication tag does not verify, a record header
+ * claiming more than any record may hold (refused from the header alone,
+ * its body never sent), and a renegotiation properly sealed each reset
+ * their sender with a logged reason; the listener serves everyone else
+ * meanwhile.
+ */
+START_TEST(test_tls_forged_records_reset_only_their_sender)
+{
+	static const uint8_t overlong[5] = {0x17, 0x03, 0x03, 0xff, 0xff};
+	uint8_t forged[5 + 1024];
+	cwi_conn *c;
+	tsrv s;
+
+	tls_layer_set("cachew");
+	srv_start(&s, TLS_T, NULL);
+	/* Application data of 1 KiB, not encrypted by the session's key. */
+	memcpy(forged, (const uint8_t[]){0x17, 0x03, 0x03, 1024 >> 8, 0}, 5);
+	memset(forged + 5, 0xa5, 1024);
+	assert_forged_record_resets(&s, forged, sizeof(forged),
+	    "bad record mac");
+	assert_forged_record_resets(&s, overlong, sizeof(overlong),
+	    "record length out of bounds");
+	assert_forged_record_resets(&s, NULL, 0, "renegotiation refused");
+	c = dial(&s);
+	call_ok(c, "echo still", "echo still");
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
 
 /* ---- the heap of the process: a user's malloc is the user's ------------- */
 
@@ -3208,6 +3364,8 @@ cwt_transport_suite(void)
 	tcase_add_test(tls, test_tls_plaintext_client_on_tls_listener_is_refused);
 	tcase_add_test(tls, test_tls_client_on_plaintext_listener_is_refused);
 	tcase_add_test(tls, test_tls_credentials_are_checked_at_listen_and_dial);
+	tcase_add_test(tls, test_tls_layers_interoperate_both_ways);
+	tcase_add_test(tls, test_tls_forged_records_reset_only_their_sender);
 	suite_add_tcase(s, tls);
 	return s;
 }
