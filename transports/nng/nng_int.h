@@ -271,6 +271,9 @@ struct slink {
 	 * when the message being read must be whole */
 	rx_budget *budget;
 	_Atomic size_t charged;
+	/* Of the budget, the bytes of rec's ciphertext buffer (counted in
+	 * the listener's total, not in the link's share) */
+	size_t tls_charged;
 	uint64_t rx_deadline_ns;
 	struct slink *next, *prev; /* the owner's list of links */
 	struct slink *pnext;       /* a listener's parked links */
@@ -439,9 +442,17 @@ bool cwi_tls_rec_ready(const cwi_tls_rec *r);
  * hangs up on a server's certificate refused it (its alert can be lost
  * to the reset), NNG_ECRYPTO; otherwise rv. */
 int cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv);
-/* Where the next read of ciphertext goes and how much fits there (at
- * least one whole record). */
-uint8_t *cwi_tls_rec_in_room(cwi_tls_rec *r, size_t *room);
+/* The size the ciphertext buffer needs for the next read (*need: room
+ * for the whole record being opened, never more than one record before
+ * the handshake is done) and would like (*want: more when reads fill
+ * it, up to 256 KiB). */
+void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, size_t *need, size_t *want);
+/* The ciphertext buffer's size now (0 before the first read). */
+size_t cwi_tls_rec_in_cap(const cwi_tls_rec *r);
+/* Where the next read of ciphertext goes and how much fits there, the
+ * buffer grown to cap bytes first when smaller (cap >= what in_sizes
+ * said it needs). NULL: out of memory (the buffer is as it was). */
+uint8_t *cwi_tls_rec_in_room(cwi_tls_rec *r, size_t cap, size_t *room);
 /* n bytes of ciphertext arrived in the room. */
 void cwi_tls_rec_in_commit(cwi_tls_rec *r, size_t n);
 /* Decrypts up to len bytes of plaintext into dst: 0 with *got > 0,
@@ -453,6 +464,11 @@ int cwi_tls_rec_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
  * ciphertext. 0, or a failure and why. */
 int cwi_tls_rec_write(cwi_tls_rec *r, const uint8_t *src, size_t len,
     const char **why);
+/* Makes room at once for len bytes of plaintext about to be written
+ * (in one batch of writes): the pending ciphertext is sized to the batch
+ * instead of doubling to it. False: out of memory, or over the 4 MiB
+ * the pending ciphertext may hold. */
+bool cwi_tls_rec_reserve(cwi_tls_rec *r, size_t len);
 /* Bytes of ciphertext waiting to be sent. */
 size_t cwi_tls_rec_pending(const cwi_tls_rec *r);
 /* Takes the pending ciphertext to send: *p stays valid until the next

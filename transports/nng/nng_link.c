@@ -117,6 +117,8 @@ static slink *jan_q;
 static bool jan_running;
 static pthread_once_t jan_once = PTHREAD_ONCE_INIT;
 
+static void budget_return(slink *lk, size_t n);
+
 static void
 link_destroy(slink *lk)
 {
@@ -132,6 +134,8 @@ link_destroy(slink *lk)
 	cwi_nng_tx_free_list(lk->txq);
 	if (lk->rxbuf != NULL && lk->budget != NULL)
 		cwi_nng_budget_give(lk, lk->rxbuf->size);
+	if (lk->tls_charged > 0)
+		budget_return(lk, lk->tls_charged);
 	cwi_buffer_unref(lk->rxbuf);
 	pthread_mutex_destroy(&lk->mtx);
 	free(lk);
@@ -243,6 +247,21 @@ tx_send_ct_locked(slink *lk)
 	nng_stream_send(lk->s, lk->txa);
 }
 
+/* The bytes of the queue, from where it was written up to, that the next
+ * send encrypts: TLS_TX_BATCH at most. */
+static size_t
+tx_batch_locked(const slink *lk)
+{
+	size_t total = 0;
+
+	for (const txmsg *t = lk->txq; t != NULL && total < TLS_TX_BATCH;
+	     t = t->next)
+		for (unsigned i = t == lk->txq ? t->cur : 0; i < t->niov; i++)
+			total += t->iov[i].iov_len -
+			    (t == lk->txq && i == t->cur ? t->off : 0);
+	return total < TLS_TX_BATCH ? total : TLS_TX_BATCH;
+}
+
 /* Encrypts up to TLS_TX_BATCH bytes of the queue, from where it was
  * written up to, into the pending ciphertext; lk->tx_plain is how many.
  * Pieces of a whole record or more go to OpenSSL as they are, smaller
@@ -255,6 +274,10 @@ tx_encrypt_locked(slink *lk, const char **why)
 	int rv = 0;
 
 	*why = NULL;
+	if (!cwi_tls_rec_reserve(lk->rec, tx_batch_locked(lk))) {
+		*why = "out of memory for TLS records";
+		return NNG_ENOMEM;
+	}
 	for (txmsg *t = lk->txq; t != NULL && total < TLS_TX_BATCH && rv == 0;
 	     t = t->next) {
 		for (unsigned i = t == lk->txq ? t->cur : 0;
@@ -518,11 +541,21 @@ cwi_nng_link_set_budget(slink *lk, rx_budget *b)
  * within the link's share whatever the total: when peers that trickle
  * large messages hold the total, the small requests of the others still
  * come in (a listener holds at most RX_FIRST per connection more). */
+static void
+budget_peak(rx_budget *b, size_t used)
+{
+	size_t peak = atomic_load(&b->peak);
+
+	while (used > peak && !atomic_compare_exchange_weak(&b->peak, &peak,
+				  used)) {
+	}
+}
+
 static const char *
 budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
 {
 	rx_budget *b = lk->budget;
-	size_t mine = atomic_load(&lk->charged), used, peak;
+	size_t mine = atomic_load(&lk->charged), used;
 
 	if (mine + n > b->link_limit) {
 		snprintf(buf, len, "connection would hold %zu bytes of "
@@ -539,22 +572,38 @@ budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
 		return buf;
 	}
 	atomic_fetch_add(&lk->charged, n);
-	peak = atomic_load(&b->peak);
-	while (used > peak && !atomic_compare_exchange_weak(&b->peak, &peak,
-				  used)) {
-	}
+	budget_peak(b, used);
 	return NULL;
 }
 
-void
-cwi_nng_budget_give(slink *lk, size_t n)
+/* cachew's TLS layer at a listener: n more bytes of the link's
+ * ciphertext buffer. They count in the listener's total, so that many
+ * links that read large records hold no more than the budget; not in the
+ * link's share, which is for the messages it reads. `needed` (the room
+ * of the record being read, without which the link cannot go on) is
+ * granted whatever the total, as a message's first bytes are. */
+static bool
+tls_budget_take(slink *lk, size_t n, bool needed)
+{
+	rx_budget *b = lk->budget;
+	size_t used = atomic_fetch_add(&b->used, n) + n;
+
+	if (used > b->limit && !needed) {
+		atomic_fetch_sub(&b->used, n);
+		return false;
+	}
+	lk->tls_charged += n;
+	budget_peak(b, used);
+	return true;
+}
+
+/* n bytes of the listener's total given back (lk's). */
+static void
+budget_return(slink *lk, size_t n)
 {
 	rx_budget *b = lk->budget;
 	size_t used, peak;
 
-	if (b == NULL || n == 0)
-		return;
-	atomic_fetch_sub(&lk->charged, n);
 	used = atomic_fetch_sub(&b->used, n) - n;
 	peak = atomic_load(&b->peak);
 	if (peak >= BUDGET_RELEASE_PEAK && used < peak / 8 &&
@@ -564,6 +613,15 @@ cwi_nng_budget_give(slink *lk, size_t n)
 		    "now %zu\"", lk->url, peak, used);
 		cwi_heap_release();
 	}
+}
+
+void
+cwi_nng_budget_give(slink *lk, size_t n)
+{
+	if (lk->budget == NULL || n == 0)
+		return;
+	atomic_fetch_sub(&lk->charged, n);
+	budget_return(lk, n);
 }
 
 /* ---- link: receiving ---------------------------------------------------- */
@@ -793,18 +851,32 @@ rx_step_locked(slink *lk, int rv, size_t n, txmsg **q)
 }
 
 /* Reads ciphertext (cachew's TLS layer) into the session's room, for as
- * long as the receive state may wait. */
-static void
-tls_read_locked(slink *lk)
+ * long as the receive state may wait: room for the record being read,
+ * more when reads fill it (at a listener, while its budget allows).
+ * Returns as rx_step_locked (true: out of memory, the link is dead). */
+static bool
+tls_read_locked(slink *lk, txmsg **q)
 {
+	size_t need, want, cap = cwi_tls_rec_in_cap(lk->rec), room;
 	nng_iov v;
-	size_t room;
 
-	v.iov_buf = cwi_tls_rec_in_room(lk->rec, &room);
+	cwi_tls_rec_in_sizes(lk->rec, &need, &want);
+	if (lk->budget != NULL && want > cap &&
+	    !tls_budget_take(lk, want - cap, false)) {
+		want = need;
+		if (want > cap)
+			(void)tls_budget_take(lk, want - cap, true);
+	}
+	v.iov_buf = cwi_tls_rec_in_room(lk->rec, want, &room);
+	if (v.iov_buf == NULL) {
+		*q = link_kill_locked(lk, "out of memory for TLS records");
+		return true;
+	}
 	v.iov_len = room;
 	(void)nng_aio_set_iov(lk->rxa, 1, &v);
 	nng_aio_set_timeout(lk->rxa, rx_timeout_locked(lk));
 	nng_stream_recv(lk->s, lk->rxa);
+	return false;
 }
 
 /* The TLS handshake failed (err, OpenSSL's reason ossl_why): the link
@@ -830,8 +902,7 @@ tls_handshake_failed_locked(slink *lk, int err, const char *ossl_why,
 	}
 	lk->tls_failing = true;
 	tx_arm_locked(lk);
-	tls_read_locked(lk);
-	return false;
+	return tls_read_locked(lk, q);
 }
 
 /* A record that does not decrypt (err, OpenSSL's reason ossl_why), or
@@ -849,6 +920,13 @@ tls_record_failed_locked(slink *lk, int err, const char *ossl_why,
 	cwi_log(CACHEW_LOG_WARN, "transport",
 	    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer, lk->url,
 	    why);
+	if (!lk->txbusy && cwi_tls_rec_pending(lk->rec) > 0) {
+		/* OpenSSL's alert goes first (as a refused handshake's). */
+		snprintf(lk->tls_fail_why, sizeof(lk->tls_fail_why), "%s", why);
+		lk->tls_failing = true;
+		tx_arm_locked(lk);
+		return tls_read_locked(lk, q);
+	}
 	*q = link_kill_locked(lk, why);
 	return true;
 }
@@ -893,7 +971,7 @@ tls_rx_locked(slink *lk, int rv, size_t n, txmsg **q)
 					tx_arm_locked(lk);
 				if (err == 0)
 					continue;
-				tls_read_locked(lk);
+				down = tls_read_locked(lk, q);
 				break;
 			}
 			down = tls_handshake_failed_locked(lk, err, why, q);
@@ -908,13 +986,18 @@ tls_rx_locked(slink *lk, int rv, size_t n, txmsg **q)
 			lk->rx_want = false;
 			down = rx_step_locked(lk, 0, got, q);
 		} else if (err == NNG_EAGAIN) {
-			tls_read_locked(lk);
+			down = tls_read_locked(lk, q);
 			break;
 		} else {
 			down = tls_record_failed_locked(lk, err, why, q);
 		}
 	}
 	lk->rx_in_cb = false;
+	/* What OpenSSL wrote while reading (an alert: a warning such as its
+	 * refusal of a renegotiation) goes now, not with the next message. */
+	if (!down && !lk->dead && !lk->txbusy &&
+	    cwi_tls_rec_pending(lk->rec) > 0)
+		tx_arm_locked(lk);
 	return down || lk->dead;
 }
 

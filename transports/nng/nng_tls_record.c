@@ -46,14 +46,33 @@
  * itself (`opener`): it checks the header (type, version, a length
  * between a tag's and 2^14 bytes of plaintext past it) before it waits
  * for the body, then decrypts and authenticates the record straight from
- * `in` into the caller's buffer when its plaintext fits there, else into
- * `plain` first. Data is returned; a close_notify ends the session as
- * OpenSSL's SSL_read would (NNG_ECLOSED); any other alert, a handshake
- * record (renegotiation is refused anyway) or a record that does not
- * authenticate is fatal (NNG_ECRYPTO, with the reason). A record's length is OpenSSL's to check (a
- * record over 2^14 + 2048 bytes is a fatal record_overflow) before it
- * reads the record; `in` holds at least one whole record and at most
- * IN_MAX bytes, `pend` at most OUT_MAX.
+ * `in` into the caller's buffer when its plaintext fits there, else in
+ * place in `in` (GCM decrypts in place), returned from there as asked.
+ * Nothing that fails authentication is left readable: the bytes a
+ * refused record decrypted to are cleared. Data is returned; a
+ * close_notify ends the session as OpenSSL's SSL_read would
+ * (NNG_ECLOSED); any other alert, a handshake record (renegotiation is
+ * refused anyway) or a record that does not authenticate is fatal
+ * (NNG_ECRYPTO, with the reason). Before that, a record's length is
+ * OpenSSL's to check (a record over 2^14 + 2048 bytes is a fatal
+ * record_overflow) before it reads the record.
+ *
+ * Memory: a link holds what it does, not what it might do. Issue 14: a
+ * peer that finished a handshake and was reset at its first message
+ * had made the dispatcher allocate 258 KiB (valgrind's DHAT); under
+ * ASan, whose quarantine keeps what is freed, 300 such peers grew its
+ * RSS by 76 MB (nng's TLS streams: 61 MB).
+ * So nothing is allocated before a byte needs it: `in` holds
+ * IN_HANDSHAKE bytes until the handshake is done (OpenSSL keeps a
+ * partial record itself), then as much as the record being opened needs
+ * (at most OPEN_RECORD_MAX), and grows only when reads fill it, up to
+ * IN_MAX (at a listener, within its receive budget: nng_link.c); `pend`
+ * starts at PEND_MIN, enough for a handshake flight, and is sized to the
+ * batch being sealed; there is no plaintext buffer. Once the session
+ * opens and seals every record itself, OpenSSL's own record buffers (two
+ * of 16.7 KiB) are freed, and come back only for an alert. Such a link
+ * now allocates 140 KiB, nearly all of it OpenSSL's handshake (its
+ * message buffer, record buffers, key exchange), freed when it ends.
  *
  * Threads: none of its own; one thread at a time (the link's mutex).
  */
@@ -68,23 +87,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The largest TLS 1.2 record (2^14 bytes of plaintext and up to 2048 of
- * expansion) and its header: `in` always has room for one. */
-#define RECORD_MAX (5 + 16384 + 2048)
-/* `in` starts at this and doubles, up to IN_MAX, each time a read fills
- * it: a link that only carries requests holds a few KiB, one that
- * carries batches reads 256 KiB at once. */
-#define IN_MIN (2 * RECORD_MAX)
-#define IN_MAX ((size_t)256 << 10)
-/* The most ciphertext waiting to be sent: the link encrypts batches far
- * smaller (TLS_TX_BATCH, nng_link.c); a handshake flight is a few KiB. */
-#define OUT_MAX ((size_t)4 << 20)
-
 /* A record's plaintext at most, and what sealing adds to it: the header,
  * the explicit nonce, the tag. */
 #define PLAIN_MAX 16384
 #define SEAL_HEAD (5 + 8)
 #define SEAL_TAG 16
+/* The largest record the session opens itself: `in` grows to hold one
+ * whole when its header says so. */
+#define OPEN_RECORD_MAX (SEAL_HEAD + PLAIN_MAX + SEAL_TAG)
+/* `in` until the handshake is done: a client's flights (its hello, a
+ * certificate chain, the key exchange) come in reads of this size. */
+#define IN_HANDSHAKE ((size_t)4 << 10)
+/* `in` doubles, up to this, each time a read fills it: a link that only
+ * carries requests holds a record's worth, one that carries batches
+ * reads 256 KiB at once. */
+#define IN_MAX ((size_t)256 << 10)
+/* `pend` at first: a server's handshake flight (its certificate chain
+ * of a few KiB), or a few small messages. */
+#define PEND_MIN ((size_t)4 << 10)
+/* The most ciphertext waiting to be sent: the link encrypts batches far
+ * smaller (TLS_TX_BATCH, nng_link.c); a handshake flight is a few KiB. */
+#define OUT_MAX ((size_t)4 << 20)
 
 /* OpenSSL 3.0's BIO controls for kTLS (its include/internal/bio.h; the
  * public header names only the GET ones). */
@@ -114,9 +137,9 @@ typedef struct opener {
 	uint8_t hdr[5];
 	size_t hdr_got, body_left;
 	uint64_t counted;
-	/* A record opened into `plain`, not all of it returned yet. */
-	uint8_t *plain;
-	size_t plain_off, plain_len;
+	/* A record opened in place in `in`, not all of it returned yet: its
+	 * plaintext left is in[plain_at, plain_at + plain_len). */
+	size_t plain_at, plain_len;
 } opener;
 
 struct cwi_tls_rec {
@@ -179,19 +202,24 @@ rec_bio_read(BIO *b, char *buf, int len)
 	return (int)n;
 }
 
-/* Room for n more bytes in `pend`, within OUT_MAX. */
+/* Room for n more bytes in `pend`, within OUT_MAX: doubling from
+ * PEND_MIN, or to exactly what is asked when that is more. */
 static bool
 pend_reserve(cwi_tls_rec *r, size_t n)
 {
 	ctbuf *o = &r->pend;
-	size_t cap = o->cap == 0 ? 2 * RECORD_MAX : o->cap;
+	size_t cap = o->cap == 0 ? PEND_MIN : 2 * o->cap;
 	uint8_t *p;
 
 	if (o->len + n <= o->cap)
 		return true;
-	while (cap < o->len + n)
-		cap *= 2;
-	if (cap > OUT_MAX || (p = realloc(o->p, cap)) == NULL)
+	if (o->len + n > OUT_MAX)
+		return false;
+	if (cap < o->len + n)
+		cap = o->len + n;
+	if (cap > OUT_MAX)
+		cap = OUT_MAX;
+	if ((p = realloc(o->p, cap)) == NULL)
 		return false;
 	o->p = p;
 	o->cap = cap;
@@ -393,12 +421,10 @@ cwi_tls_rec_create(cwi_tls_rec **out, const cwi_nng_tls *t)
 	*out = NULL;
 	pthread_once(&rec_method_once, rec_method_make);
 	if (r == NULL || rec_method == NULL ||
-	    (r->in = malloc(IN_MIN)) == NULL ||
 	    (b = BIO_new(rec_method)) == NULL) {
 		cwi_tls_rec_destroy(r);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
-	r->in_cap = IN_MIN;
 	BIO_set_data(b, r);
 	rv = cwi_nng_ossl_conn_create(&r->ec, cwi_nng_tls_ossl(t), b);
 	if (rv != 0) {
@@ -421,7 +447,6 @@ cwi_tls_rec_destroy(cwi_tls_rec *r)
 	cwi_nng_ossl_conn_destroy(r->ec);
 	EVP_CIPHER_CTX_free(r->seal.ctx); /* cleanses the key */
 	EVP_CIPHER_CTX_free(r->open.ctx);
-	free(r->open.plain);
 	free(r->in);
 	free(r->pend.p);
 	free(r->flight.p);
@@ -454,25 +479,63 @@ cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv)
 	return rv;
 }
 
-uint8_t *
-cwi_tls_rec_in_room(cwi_tls_rec *r, size_t *room)
+void
+cwi_tls_rec_in_sizes(const cwi_tls_rec *r, size_t *need, size_t *want)
 {
-	if (r->in_off == r->in_len) {
-		r->in_off = r->in_len = 0;
-	} else if (r->in_off > 0) {
-		/* Less than a record is left: move it to the front. */
-		memmove(r->in, r->in + r->in_off, r->in_len - r->in_off);
-		r->in_len -= r->in_off;
-		r->in_off = 0;
-	}
-	if (r->in_filled && r->in_cap < IN_MAX) {
-		uint8_t *p = realloc(r->in, r->in_cap * 2);
+	size_t have = r->in_len - r->in_off, rec = 0;
 
-		/* Out of memory: the buffer it has still works. */
-		if (p != NULL) {
-			r->in = p;
-			r->in_cap *= 2;
-		}
+	*need = r->in_cap > IN_HANDSHAKE ? r->in_cap : IN_HANDSHAKE;
+	*want = *need;
+	if (!SSL_is_init_finished(r->ssl))
+		return; /* nothing big before the handshake is done */
+	if (r->open.on && have >= 5) {
+		/* A record we open is read whole into `in`: its header, which
+		 * open_read checked, says how long it is. */
+		const uint8_t *h = r->in + r->in_off;
+
+		rec = 5 + ((size_t)h[3] << 8 | h[4]);
+		if (rec > OPEN_RECORD_MAX)
+			rec = OPEN_RECORD_MAX;
+		if (rec > *need)
+			*need = *want = rec;
+	}
+	if (r->in_filled && r->in_cap < IN_MAX)
+		*want = 2 * r->in_cap < IN_MAX ? 2 * r->in_cap : IN_MAX;
+	if (*want < *need)
+		*want = *need;
+}
+
+size_t
+cwi_tls_rec_in_cap(const cwi_tls_rec *r)
+{
+	return r->in_cap;
+}
+
+uint8_t *
+cwi_tls_rec_in_room(cwi_tls_rec *r, size_t cap, size_t *room)
+{
+	opener *x = &r->open;
+	/* What is kept: the bytes not read yet, and the plaintext of a
+	 * record opened in place not all returned yet. */
+	size_t keep = x->plain_len > 0 && x->plain_at < r->in_off
+	    ? x->plain_at : r->in_off;
+
+	if (keep == r->in_len) {
+		r->in_off = r->in_len = 0;
+	} else if (keep > 0) {
+		memmove(r->in, r->in + keep, r->in_len - keep);
+		r->in_len -= keep;
+		r->in_off -= keep;
+		if (x->plain_len > 0)
+			x->plain_at -= keep;
+	}
+	if (cap > r->in_cap) {
+		uint8_t *p = realloc(r->in, cap);
+
+		if (p == NULL)
+			return NULL;
+		r->in = p;
+		r->in_cap = cap;
 	}
 	r->in_filled = false;
 	*room = r->in_cap - r->in_len;
@@ -496,17 +559,23 @@ open_begin(cwi_tls_rec *r)
 	opener *x = &r->open;
 
 	if (x->ctx == NULL || !SSL_is_init_finished(r->ssl) ||
-	    SSL_pending(r->ssl) > 0 || x->hdr_got != 0 || x->body_left != 0 ||
-	    (x->plain == NULL && (x->plain = malloc(PLAIN_MAX)) == NULL))
+	    SSL_pending(r->ssl) > 0 || x->hdr_got != 0 || x->body_left != 0)
 		return false;
 	for (; x->counted > 0; x->counted--)
 		count_up(x->seq);
 	x->on = true;
+	/* OpenSSL reads no record from now on, and writes one only for an
+	 * alert (sealed by us): its record buffers go, and one that an
+	 * alert brings back goes again after it. */
+	SSL_set_mode(r->ssl, SSL_MODE_RELEASE_BUFFERS);
+	(void)SSL_free_buffers(r->ssl);
 	return true;
 }
 
-/* Opens the record of `len` bytes of body at p (its header h) into out:
- * true when it authenticates. */
+/* Opens the record of `len` bytes of body at p (its header h) into out
+ * (which may be p + 8: GCM decrypts in place): true when it
+ * authenticates. When it does not, the bytes decrypted into out are
+ * cleared: nothing unauthenticated is left where a caller could read. */
 static bool
 open_record(opener *x, const uint8_t *h, const uint8_t *p, size_t len,
     uint8_t *out)
@@ -521,12 +590,15 @@ open_record(opener *x, const uint8_t *h, const uint8_t *p, size_t len,
 	memcpy(aad + 8, h, 3);
 	aad[11] = (uint8_t)(n >> 8);
 	aad[12] = (uint8_t)n;
-	return EVP_DecryptInit_ex(x->ctx, NULL, NULL, NULL, iv) == 1 &&
-	       EVP_DecryptUpdate(x->ctx, NULL, &outl, aad, 13) == 1 &&
-	       EVP_DecryptUpdate(x->ctx, out, &outl, p + 8, (int)n) == 1 &&
-	       EVP_CIPHER_CTX_ctrl(x->ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG,
-		   (void *)(p + 8 + n)) == 1 &&
-	       EVP_DecryptFinal_ex(x->ctx, out + n, &outl) == 1;
+	if (EVP_DecryptInit_ex(x->ctx, NULL, NULL, NULL, iv) == 1 &&
+	    EVP_DecryptUpdate(x->ctx, NULL, &outl, aad, 13) == 1 &&
+	    EVP_DecryptUpdate(x->ctx, out, &outl, p + 8, (int)n) == 1 &&
+	    EVP_CIPHER_CTX_ctrl(x->ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG,
+		(void *)(p + 8 + n)) == 1 &&
+	    EVP_DecryptFinal_ex(x->ctx, out + n, &outl) == 1)
+		return true;
+	memset(out, 0, n);
+	return false;
 }
 
 /* The session's own read (see the top of the file): as
@@ -538,19 +610,20 @@ open_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
 	opener *x = &r->open;
 
 	for (;;) {
-		const uint8_t *h = r->in + r->in_off;
 		size_t have = r->in_len - r->in_off, body, n;
-		uint8_t *out;
+		uint8_t *h, *out;
+		bool in_place;
 
-		if (x->plain_off < x->plain_len) {
-			n = x->plain_len - x->plain_off;
-			*got = n < len ? n : len;
-			memcpy(dst, x->plain + x->plain_off, *got);
-			x->plain_off += *got;
+		if (x->plain_len > 0) {
+			*got = x->plain_len < len ? x->plain_len : len;
+			memcpy(dst, r->in + x->plain_at, *got);
+			x->plain_at += *got;
+			x->plain_len -= *got;
 			return 0;
 		}
 		if (have < 5)
 			return NNG_EAGAIN;
+		h = r->in + r->in_off;
 		body = (size_t)h[3] << 8 | h[4];
 		if (h[1] != 3 || h[2] != 3 || (h[0] != 21 && h[0] != 22 &&
 		    h[0] != 23)) {
@@ -565,7 +638,10 @@ open_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
 		if (have < 5 + body)
 			return NNG_EAGAIN;
 		n = body - 8 - SEAL_TAG;
-		out = h[0] == 23 && n <= len ? dst : x->plain;
+		/* Data that fits goes straight to the caller; the rest (more
+		 * than asked, an alert) is opened where it lies. */
+		in_place = h[0] != 23 || n > len;
+		out = in_place ? h + SEAL_HEAD : dst;
 		if (!open_record(x, h, h + 5, body, out)) {
 			*why = "bad record mac";
 			return NNG_ECRYPTO;
@@ -584,12 +660,12 @@ open_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
 			*why = "renegotiation refused";
 			return NNG_ECRYPTO;
 		}
-		if (out == dst && n > 0) {
+		if (!in_place && n > 0) {
 			*got = n;
 			return 0;
 		}
-		x->plain_off = 0;
-		x->plain_len = out == dst ? 0 : n;
+		x->plain_at = (size_t)(out - r->in);
+		x->plain_len = in_place ? n : 0;
 	}
 }
 
@@ -627,6 +703,17 @@ cwi_tls_rec_write(cwi_tls_rec *r, const uint8_t *src, size_t len,
 		len -= n;
 	}
 	return 0;
+}
+
+bool
+cwi_tls_rec_reserve(cwi_tls_rec *r, size_t len)
+{
+	size_t records = len / PLAIN_MAX + 1;
+
+	/* Sealing only: OpenSSL's own records (a cipher we do not seal)
+	 * grow `pend` as they come. */
+	return r->seal.ctx == NULL ||
+	       pend_reserve(r, len + records * (SEAL_HEAD + SEAL_TAG));
 }
 
 size_t
