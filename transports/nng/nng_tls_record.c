@@ -664,8 +664,10 @@ open_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
 			*got = n;
 			return 0;
 		}
-		x->plain_at = (size_t)(out - r->in);
-		x->plain_len = in_place ? n : 0;
+		if (in_place) {
+			x->plain_at = r->in_off - SEAL_TAG - n;
+			x->plain_len = n;
+		}
 	}
 }
 
