@@ -3307,7 +3307,7 @@ suite_via_dialer(const char *suite)
 	SSL_CTX *ctx = one_suite_ctx(suite, true);
 	cwi_transport_opts o = tls_client_opts(NULL, NULL);
 	char url[256], tls_url[300];
-	uint8_t *req, *reply, got_id[4];
+	uint8_t *req, *reply, got_id[4], prefix[8], want_prefix[8];
 	size_t len, rlen, hlen;
 	cwi_msg *m, *back;
 	cwi_conn *c;
@@ -3330,8 +3330,10 @@ suite_via_dialer(const char *suite)
 	ck_assert_int_ge(fd, 0);
 	ssl = suite_session(ctx, fd, suite, true);
 	/* The request: any id with the high bit, then the same body. */
-	ck_assert(ssl_read_exact(ssl, got_id, 8)); /* the prefix */
-	ck_assert(ssl_read_exact(ssl, got_id, 4));
+	put_be64(want_prefix, len);
+	ck_assert(ssl_read_exact(ssl, prefix, sizeof(prefix)));
+	ck_assert_int_eq(memcmp(prefix, want_prefix, sizeof(prefix)), 0);
+	ck_assert(ssl_read_exact(ssl, got_id, sizeof(got_id)));
 	ck_assert_msg(got_id[0] & 0x80, "request id");
 	memcpy(req, got_id, 4);
 	reply = malloc(len - 4);
