@@ -185,7 +185,10 @@ typedef struct cwi_nng_tls cwi_nng_tls;
  * and the requests received and not yet answered. A link that would go
  * over its share or take the total over the limit is reset with a logged
  * reason: a peer that claims a large message and trickles it reserves
- * only what it sent, and all peers together at most `limit`.
+ * only what it sent, and all peers together at most `limit`. On cachew's
+ * TLS layer each link's ciphertext buffer counts in the total too (not
+ * in the link's share): it grows past a record's room only while the
+ * total allows.
  */
 typedef struct rx_budget {
 	_Atomic size_t used;      /* across the listener's links */

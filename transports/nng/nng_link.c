@@ -536,11 +536,7 @@ cwi_nng_link_set_budget(slink *lk, rx_budget *b)
 	lk->budget = b;
 }
 
-/* Takes n more bytes of lk's budget. NULL when granted, else the reason
- * (written into buf). The first RX_FIRST bytes of a message are granted
- * within the link's share whatever the total: when peers that trickle
- * large messages hold the total, the small requests of the others still
- * come in (a listener holds at most RX_FIRST per connection more). */
+/* Raises b's peak to used if it is higher. */
 static void
 budget_peak(rx_budget *b, size_t used)
 {
@@ -551,6 +547,11 @@ budget_peak(rx_budget *b, size_t used)
 	}
 }
 
+/* Takes n more bytes of lk's budget. NULL when granted, else the reason
+ * (written into buf). The first RX_FIRST bytes of a message are granted
+ * within the link's share whatever the total: when peers that trickle
+ * large messages hold the total, the small requests of the others still
+ * come in (a listener holds at most RX_FIRST per connection more). */
 static const char *
 budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
 {
