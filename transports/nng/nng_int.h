@@ -448,13 +448,17 @@ int cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv);
 /* The size the ciphertext buffer needs for the next read (*need: room
  * for the whole record being opened, never more than one record before
  * the handshake is done) and would like (*want: more when reads fill
- * it, up to 256 KiB). */
-void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, size_t *need, size_t *want);
+ * it, up to 256 KiB). lean (a listener's link, whose buffer counts in
+ * its budget): an empty buffer that reads use under a quarter of may
+ * shrink back to 4 KiB (*want below its size); else it never shrinks. */
+void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, size_t *need,
+    size_t *want);
 /* The ciphertext buffer's size now (0 before the first read). */
 size_t cwi_tls_rec_in_cap(const cwi_tls_rec *r);
 /* Where the next read of ciphertext goes and how much fits there, the
  * buffer grown to cap bytes first when smaller (cap >= what in_sizes
- * said it needs). NULL: out of memory (the buffer is as it was). */
+ * said it needs), or shrunk to it when larger and empty. NULL: out of
+ * memory for growing (the buffer is as it was). */
 uint8_t *cwi_tls_rec_in_room(cwi_tls_rec *r, size_t cap, size_t *room);
 /* n bytes of ciphertext arrived in the room. */
 void cwi_tls_rec_in_commit(cwi_tls_rec *r, size_t n);

@@ -861,7 +861,7 @@ tls_read_locked(slink *lk, txmsg **q)
 	size_t need, want, cap = cwi_tls_rec_in_cap(lk->rec), room;
 	nng_iov v;
 
-	cwi_tls_rec_in_sizes(lk->rec, &need, &want);
+	cwi_tls_rec_in_sizes(lk->rec, lk->budget != NULL, &need, &want);
 	if (lk->budget != NULL && want > cap &&
 	    !tls_budget_take(lk, want - cap, false)) {
 		want = need;
@@ -872,6 +872,11 @@ tls_read_locked(slink *lk, txmsg **q)
 	if (v.iov_buf == NULL) {
 		*q = link_kill_locked(lk, "out of memory for TLS records");
 		return true;
+	}
+	if (lk->budget != NULL && cwi_tls_rec_in_cap(lk->rec) < cap) {
+		/* An idle buffer shrank: its bytes go back to the budget. */
+		lk->tls_charged -= cap - cwi_tls_rec_in_cap(lk->rec);
+		budget_return(lk, cap - cwi_tls_rec_in_cap(lk->rec));
 	}
 	v.iov_len = room;
 	(void)nng_aio_set_iov(lk->rxa, 1, &v);

@@ -66,8 +66,9 @@
  * IN_HANDSHAKE bytes until the handshake is done (OpenSSL keeps a
  * partial record itself), then as much as the record being opened needs
  * (at most OPEN_RECORD_MAX), and grows only when reads fill it, up to
- * IN_MAX (at a listener, within its receive budget: nng_link.c); `pend`
- * starts at PEND_MIN, enough for a handshake flight, and is sized to the
+ * IN_MAX (at a listener, within its receive budget, and back to
+ * IN_HANDSHAKE once empty while reads use under a quarter of it:
+ * nng_link.c); `pend` starts at PEND_MIN, enough for a handshake flight, and is sized to the
  * batch being sealed; there is no plaintext buffer. Once the session
  * opens and seals every record itself, OpenSSL's own record buffers (two
  * of 16.7 KiB) are freed, and come back only for an alert. Such a link
@@ -148,6 +149,7 @@ struct cwi_tls_rec {
 	uint8_t *in;
 	size_t in_off, in_len, in_cap;
 	bool in_filled; /* the last read filled the room: grow it */
+	size_t in_last; /* the bytes the last read that got any got */
 	ctbuf pend, flight;
 	sealer seal;
 	opener open;
@@ -480,11 +482,15 @@ cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv)
 }
 
 void
-cwi_tls_rec_in_sizes(const cwi_tls_rec *r, size_t *need, size_t *want)
+cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, size_t *need,
+    size_t *want)
 {
-	size_t have = r->in_len - r->in_off, rec = 0;
+	size_t have = r->in_len - r->in_off, rec;
 
-	*need = r->in_cap > IN_HANDSHAKE ? r->in_cap : IN_HANDSHAKE;
+	/* What holds bytes keeps its size; so does a buffer reads use. */
+	*need = IN_HANDSHAKE;
+	if ((have > 0 || !lean) && r->in_cap > *need)
+		*need = r->in_cap;
 	*want = *need;
 	if (!SSL_is_init_finished(r->ssl))
 		return; /* nothing big before the handshake is done */
@@ -501,6 +507,8 @@ cwi_tls_rec_in_sizes(const cwi_tls_rec *r, size_t *need, size_t *want)
 	}
 	if (r->in_filled && r->in_cap < IN_MAX)
 		*want = 2 * r->in_cap < IN_MAX ? 2 * r->in_cap : IN_MAX;
+	else if (r->in_last >= r->in_cap / 4)
+		*want = r->in_cap; /* in use: kept */
 	if (*want < *need)
 		*want = *need;
 }
@@ -529,13 +537,16 @@ cwi_tls_rec_in_room(cwi_tls_rec *r, size_t cap, size_t *room)
 		if (x->plain_len > 0)
 			x->plain_at -= keep;
 	}
-	if (cap > r->in_cap) {
+	/* Grown, or shrunk when empty (a lean link's idle buffer). */
+	if (cap > r->in_cap || (cap < r->in_cap && r->in_len == 0)) {
 		uint8_t *p = realloc(r->in, cap);
 
-		if (p == NULL)
+		if (p == NULL && cap > r->in_cap)
 			return NULL;
-		r->in = p;
-		r->in_cap = cap;
+		if (p != NULL) {
+			r->in = p;
+			r->in_cap = cap;
+		}
 	}
 	r->in_filled = false;
 	*room = r->in_cap - r->in_len;
@@ -547,6 +558,8 @@ cwi_tls_rec_in_commit(cwi_tls_rec *r, size_t n)
 {
 	if (n > 0 && r->in_len + n == r->in_cap)
 		r->in_filled = true;
+	if (n > 0)
+		r->in_last = n;
 	r->in_len += n;
 }
 
