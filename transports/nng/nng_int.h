@@ -449,10 +449,11 @@ int cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv);
  * for the whole record being opened, never more than one record before
  * the handshake is done) and would like (*want: more when reads fill
  * it, up to 256 KiB). lean (a listener's link, whose buffer counts in
- * its budget): an empty buffer that reads use under a quarter of may
- * shrink back to 4 KiB (*want below its size); else it never shrinks. */
-void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, size_t *need,
-    size_t *want);
+ * its budget): an empty buffer shrinks back to 4 KiB (*want below its
+ * size) between messages (between), or when reads use under a quarter
+ * of it; else it never shrinks. */
+void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, bool between,
+    size_t *need, size_t *want);
 /* The ciphertext buffer's size now (0 before the first read). */
 size_t cwi_tls_rec_in_cap(const cwi_tls_rec *r);
 /* Where the next read of ciphertext goes and how much fits there, the

@@ -861,7 +861,8 @@ tls_read_locked(slink *lk, txmsg **q)
 	size_t need, want, cap = cwi_tls_rec_in_cap(lk->rec), room;
 	nng_iov v;
 
-	cwi_tls_rec_in_sizes(lk->rec, lk->budget != NULL, &need, &want);
+	cwi_tls_rec_in_sizes(lk->rec, lk->budget != NULL, lk->rx == RX_HEAD,
+	    &need, &want);
 	if (lk->budget != NULL && want > cap &&
 	    !tls_budget_take(lk, want - cap, false)) {
 		want = need;

@@ -67,8 +67,8 @@
  * partial record itself), then as much as the record being opened needs
  * (at most OPEN_RECORD_MAX), and grows only when reads fill it, up to
  * IN_MAX (at a listener, within its receive budget, and back to
- * IN_HANDSHAKE once empty while reads use under a quarter of it:
- * nng_link.c); `pend` starts at PEND_MIN, enough for a handshake flight, and is sized to the
+ * IN_HANDSHAKE once empty between messages or while reads use under a
+ * quarter of it: nng_link.c); `pend` starts at PEND_MIN, enough for a handshake flight, and is sized to the
  * batch being sealed; there is no plaintext buffer. Once the session
  * opens and seals every record itself, OpenSSL's own record buffers (two
  * of 16.7 KiB) are freed, and come back only for an alert. Such a link
@@ -482,8 +482,8 @@ cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv)
 }
 
 void
-cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, size_t *need,
-    size_t *want)
+cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, bool between,
+    size_t *need, size_t *want)
 {
 	size_t have = r->in_len - r->in_off, rec;
 
@@ -507,7 +507,7 @@ cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, size_t *need,
 	}
 	if (r->in_filled && r->in_cap < IN_MAX)
 		*want = 2 * r->in_cap < IN_MAX ? 2 * r->in_cap : IN_MAX;
-	else if (r->in_last >= r->in_cap / 4)
+	else if (!(lean && between) && r->in_last >= r->in_cap / 4)
 		*want = r->in_cap; /* in use: kept */
 	if (*want < *need)
 		*want = *need;
