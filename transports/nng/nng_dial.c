@@ -469,7 +469,7 @@ cli_dial_cb(void *arg)
 
 	err = cwi_nng_link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
 	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
-	    c->send_timeout_ms);
+	    c->send_timeout_ms, c->tls);
 	pthread_mutex_lock(&c->mtx);
 	if (err != CACHEW_OK) {
 		c->refs--;
@@ -656,6 +656,8 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	slink *lk;
 	cachew_err rv;
 	int nrv;
+	bool own_tls = cwi_nng_url_is_tls(url) && cwi_nng_tls_own_layer();
+	char *stream_url;
 
 	if ((rv = cwi_nng_fork_check(url)) != CACHEW_OK) {
 		free(c);
@@ -681,7 +683,14 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	}
 	/* A user's process: only if asked (CACHEW_MALLOPT=1). */
 	cwi_heap_tune(false);
-	if ((nrv = nng_stream_dialer_alloc(&c->d, url)) != 0 ||
+	/* cachew's TLS layer dials tcp:// and runs TLS on the link. */
+	if ((stream_url = cwi_nng_tls_stream_url(url, own_tls)) == NULL) {
+		conn_free(c);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	nrv = nng_stream_dialer_alloc(&c->d, stream_url);
+	free(stream_url);
+	if (nrv != 0 ||
 	    (nrv = nng_aio_alloc(&c->dial, cli_dial_cb, c)) != 0 ||
 	    (nrv = nng_aio_alloc(&c->reap_aio, cli_reap_cb, c)) != 0) {
 		rv = cwi_nng_err(nrv, url, "dial");
@@ -689,7 +698,7 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 		return rv;
 	}
 	if (cwi_nng_url_is_tls(url)) {
-		rv = cwi_nng_tls_create(&c->tls, url, opts, false);
+		rv = cwi_nng_tls_create(&c->tls, url, opts, false, own_tls);
 		if (rv == CACHEW_OK &&
 		    (nrv = cwi_nng_tls_set_dialer(c->tls, c->d)) != 0)
 			rv = cwi_nng_err(nrv, url, "dial");
@@ -723,7 +732,7 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	nng_aio_free(a);
 	rv = cwi_nng_link_create(&lk, s, c->ipc, SP_PROTO_REQ0, SP_PROTO_REP0,
 	    &cli_link_ops, c, c->base.url, c->max_msg + SP_ID_BYTES,
-	    c->send_timeout_ms);
+	    c->send_timeout_ms, c->tls);
 	if (rv != CACHEW_OK) {
 		conn_free(c);
 		return rv;

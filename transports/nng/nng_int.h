@@ -15,8 +15,14 @@
  *                    hands out and the back-pressure past max_inflight.
  *   nng_dial.c       the client: a connection's link, request ids, the
  *                    replies matched to them, redial with backoff.
- *   nng_tls.c        tls+tcp: credentials checked and handed to nng's
- *                    TLS, and the reason of a refused handshake.
+ *   nng_tls.c        tls+tcp: credentials checked and handed to the
+ *                    TLS layer, and the reason of a refused handshake.
+ *   nng_tls_record.c cachew's own TLS record layer (the default): a
+ *                    link's bytes through OpenSSL, the ciphertext on a
+ *                    plain tcp stream in large reads and writes.
+ *   nng_tls_ossl.c   the OpenSSL side: configurations, verification,
+ *                    error codes; also an engine for nng's TLS streams
+ *                    (CACHEW_TLS_LAYER=nng).
  *   nng_transport.c  the transport's table and what is process-wide (the
  *                    heap tuning, nng's error codes).
  *
@@ -32,6 +38,7 @@
 #include "../../src/core/element_codec.h"
 
 #include <nng/nng.h>
+#include <nng/supplemental/tls/engine.h>
 
 #include <pthread.h>
 
@@ -168,6 +175,8 @@ cachew_err cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off,
 #define TX_IOV 8
 
 typedef struct slink slink;
+typedef struct cwi_tls_rec cwi_tls_rec;
+typedef struct cwi_nng_tls cwi_nng_tls;
 
 /*
  * What a listener's links may hold of the bytes peers sent
@@ -176,7 +185,10 @@ typedef struct slink slink;
  * and the requests received and not yet answered. A link that would go
  * over its share or take the total over the limit is reset with a logged
  * reason: a peer that claims a large message and trickles it reserves
- * only what it sent, and all peers together at most `limit`.
+ * only what it sent, and all peers together at most `limit`. On cachew's
+ * TLS layer each link's ciphertext buffer counts in the total too (not
+ * in the link's share): it grows past a record's room only while the
+ * total allows.
  */
 typedef struct rx_budget {
 	_Atomic size_t used;      /* across the listener's links */
@@ -219,6 +231,21 @@ struct slink {
 	bool ipc;
 	uint16_t peer_proto; /* what the peer must announce */
 	bool tls;            /* a tls+tcp stream */
+	/* tls+tcp on cachew's record layer (NULL otherwise): s is a plain
+	 * tcp stream carrying rec's ciphertext, and the bytes below (the
+	 * send queue, rxhead, rxbuf) are the plaintext. */
+	cwi_tls_rec *rec;
+	bool rx_want;  /* rec: the receive state waits for plaintext */
+	bool rx_in_cb; /* rec: link_rx_cb's loop runs and will read it */
+	bool rx_waking; /* rec: rxa is a zero sleep that wakes that loop */
+	size_t tx_plain; /* rec: the queue's bytes the send in flight holds */
+	uint8_t *tx_ct;  /* rec: the ciphertext in flight */
+	size_t tx_ct_len, tx_ct_off;
+	/* rec: a handshake that failed sends its alert first, then the
+	 * link dies of this */
+	bool tls_failing;
+	char tls_fail_why[300];
+	uint64_t hs_deadline_ns; /* the peer's handshake is due by then */
 	/* The nng error that ended the link before the peer's handshake
 	 * arrived (a TLS handshake refused, a peer that hung up), for the
 	 * owner's on_down; 0 otherwise. */
@@ -247,6 +274,9 @@ struct slink {
 	 * when the message being read must be whole */
 	rx_budget *budget;
 	_Atomic size_t charged;
+	/* Of the budget, the bytes of rec's ciphertext buffer (counted in
+	 * the listener's total, not in the link's share) */
+	size_t tls_charged;
 	uint64_t rx_deadline_ns;
 	struct slink *next, *prev; /* the owner's list of links */
 	struct slink *pnext;       /* a listener's parked links */
@@ -260,11 +290,15 @@ struct slink {
  * started, reads; the caller adds it to its lists before it starts it
  * (the first callback needs the peer's handshake first). max_len is the
  * largest length prefix accepted (the receive limit plus the room of the
- * request id or backtrace). CACHEW_ENOMEM, nng's errors (cwi_nng_err).
+ * request id or backtrace). tls: a tls+tcp:// owner's credentials, NULL
+ * otherwise; on cachew's record layer (cwi_nng_tls_ossl) s is a plain tcp
+ * stream and the link runs the TLS handshake first. CACHEW_ENOMEM, nng's
+ * errors (cwi_nng_err).
  */
 cachew_err cwi_nng_link_create(slink **out, nng_stream *s, bool ipc,
     uint16_t my_proto, uint16_t peer_proto, const link_ops *ops, void *owner,
-    const char *url, size_t max_len, int send_timeout_ms);
+    const char *url, size_t max_len, int send_timeout_ms,
+    const cwi_nng_tls *tls);
 /* Starts the handshake: sends ours, reads theirs. */
 void cwi_nng_link_start(slink *lk);
 /* Queues t; on CACHEW_ECLOSED (the link is dead) the caller keeps it. */
@@ -300,20 +334,34 @@ cachew_err cwi_nng_dial(cwi_conn **out, const char *url,
 
 /* ---- TLS (nng_tls.c) --------------------------------------------------- */
 
-/* A dialer's or a listener's TLS credentials, checked, with the nng
- * configuration made of them. Immutable once created. */
-typedef struct cwi_nng_tls cwi_nng_tls;
+/* A dialer's or a listener's TLS credentials, checked, with the
+ * configuration of its layer made of them. Immutable once created. */
 
 bool cwi_nng_url_is_tls(const char *url);
 /* Reads and checks o's tls_* files for url (server: a listener), naming
- * the option and the file in errors: CACHEW_EINVAL (missing, malformed,
- * a key that is not the certificate's), CACHEW_ENOENT, CACHEW_EIO,
- * CACHEW_EAUTH (our certificate has expired), CACHEW_ENOMEM. */
+ * the option and the file in errors, and makes the configuration of a
+ * layer (own_layer: cachew's record layer, else nng's TLS streams):
+ * CACHEW_EINVAL (missing, malformed, a key that is not the
+ * certificate's), CACHEW_ENOENT, CACHEW_EIO, CACHEW_EAUTH (our
+ * certificate has expired), CACHEW_ENOMEM. */
 cachew_err cwi_nng_tls_create(cwi_nng_tls **out, const char *url,
-    const cwi_transport_opts *o, bool server);
+    const cwi_transport_opts *o, bool server, bool own_layer);
 /* NULL is a no-op. */
 void cwi_nng_tls_destroy(cwi_nng_tls *t);
-/* Sets t's configuration on an nng dialer or listener (nng errors). */
+/* Whether tls+tcp:// runs on cachew's own record layer
+ * (nng_tls_record.c), the default, rather than nng's TLS streams:
+ * CACHEW_TLS_LAYER=nng, or CACHEW_TLS_ENGINE=mbedtls (an engine only
+ * nng's streams have). Read at each listen and dial. */
+bool cwi_nng_tls_own_layer(void);
+/* t's OpenSSL configuration on cachew's record layer; NULL when t
+ * configures nng's TLS streams. */
+nng_tls_engine_config *cwi_nng_tls_ossl(const cwi_nng_tls *t);
+/* The URL nng dials or listens on for url: tcp:// for a tls+tcp:// url
+ * on cachew's record layer (t's), url itself otherwise. NULL: out of
+ * memory. Free it. */
+char *cwi_nng_tls_stream_url(const char *url, bool own_layer);
+/* Sets t's configuration on an nng dialer or listener (nng errors); a
+ * no-op on cachew's record layer. */
 int cwi_nng_tls_set_dialer(cwi_nng_tls *t, nng_stream_dialer *d);
 int cwi_nng_tls_set_listener(cwi_nng_tls *t, nng_stream_listener *l);
 /* What an nng error ending a TLS link before the peer's handshake says
@@ -337,6 +385,103 @@ const char *cwi_nng_tls_engine(void);
  */
 cachew_err cwi_nng_tls_diagnose(const cwi_nng_tls *t, const char *url,
     char *buf, size_t len);
+
+/* ---- OpenSSL (nng_tls_ossl.c), shared by both layers ------------------ */
+
+/* OpenSSL's, named without its headers. */
+struct bio_st;
+struct bio_method_st;
+struct ssl_st;
+
+/* A configuration as nng_tls_ossl.c's engine makes one (TLS 1.2, its
+ * cipher suites, its verification) from PEM text (NULL: none). nng
+ * errors. */
+int cwi_nng_ossl_config_create(nng_tls_engine_config **out, bool server,
+    nng_tls_auth_mode auth, const char *ca_pem, const char *cert_pem,
+    const char *key_pem, const char *server_name);
+/* NULL is a no-op. */
+void cwi_nng_ossl_config_destroy(nng_tls_engine_config *cfg);
+/* A BIO method of a source-sink named name reading with rd, writing
+ * with wr and controlled by ctrl (NULL: nothing to flush, no other
+ * control). NULL: out of memory. */
+struct bio_method_st *cwi_nng_ossl_bio_method(const char *name,
+    int (*rd)(struct bio_st *, char *, int),
+    int (*wr)(struct bio_st *, const char *, int),
+    long (*ctrl)(struct bio_st *, int, long, void *));
+/* A session of cfg's (which must outlive it) over the BIO b (taken, even
+ * on failure). nng errors. */
+int cwi_nng_ossl_conn_create(nng_tls_engine_conn **out,
+    nng_tls_engine_config *cfg, struct bio_st *b);
+/* NULL is a no-op. */
+void cwi_nng_ossl_conn_destroy(nng_tls_engine_conn *ec);
+struct ssl_st *cwi_nng_ossl_conn_ssl(nng_tls_engine_conn *ec);
+/* The nng error of an SSL call that returned ret (NNG_EAGAIN: it waits
+ * for bytes; NNG_EPEERAUTH: the peer's certificate is missing or fails
+ * verification; NNG_ECRYPTO: any other failure; NNG_ECLOSED: the peer's
+ * close_notify), and OpenSSL's reason in *why (valid until the next call
+ * on ec). Clears OpenSSL's error queue. */
+int cwi_nng_ossl_conn_err(nng_tls_engine_conn *ec, int ret, const char **why);
+
+/* ---- cachew's TLS record layer (nng_tls_record.c) --------------------- */
+
+/*
+ * One link's TLS session: the link moves ciphertext in (in_room,
+ * in_commit) and out (pending, take) on its stream, and asks for the
+ * handshake, plaintext (read) and encryption (write). One thread at a
+ * time (the link's mutex).
+ *
+ * cwi_tls_rec_create: a session of t's (cwi_nng_tls_ossl(t) != NULL; t
+ * outlives it). CACHEW_ENOMEM.
+ */
+cachew_err cwi_tls_rec_create(cwi_tls_rec **out, const cwi_nng_tls *t);
+/* NULL is a no-op. */
+void cwi_tls_rec_destroy(cwi_tls_rec *r);
+/* Runs the handshake on the ciphertext received: 0 when done, NNG_EAGAIN
+ * while it waits for the peer's, else the failure (cwi_nng_ossl_conn_err)
+ * and why. Either way its output may be pending. */
+int cwi_tls_rec_handshake(cwi_tls_rec *r, const char **why);
+bool cwi_tls_rec_ready(const cwi_tls_rec *r);
+/* What the stream's error rv ending the handshake means: a client that
+ * hangs up on a server's certificate refused it (its alert can be lost
+ * to the reset), NNG_ECRYPTO; otherwise rv. */
+int cwi_tls_rec_stream_err(const cwi_tls_rec *r, int rv);
+/* The size the ciphertext buffer needs for the next read (*need: room
+ * for the whole record being opened, never more than one record before
+ * the handshake is done) and would like (*want: more when reads fill
+ * it, up to 256 KiB). lean (a listener's link, whose buffer counts in
+ * its budget): an empty buffer shrinks back to 4 KiB (*want below its
+ * size) between messages (between), or when reads use under a quarter
+ * of it; else it never shrinks. */
+void cwi_tls_rec_in_sizes(const cwi_tls_rec *r, bool lean, bool between,
+    size_t *need, size_t *want);
+/* The ciphertext buffer's size now (0 before the first read). */
+size_t cwi_tls_rec_in_cap(const cwi_tls_rec *r);
+/* Where the next read of ciphertext goes and how much fits there, the
+ * buffer grown to cap bytes first when smaller (cap >= what in_sizes
+ * said it needs), or shrunk to it when larger and empty. NULL: out of
+ * memory for growing (the buffer is as it was). */
+uint8_t *cwi_tls_rec_in_room(cwi_tls_rec *r, size_t cap, size_t *room);
+/* n bytes of ciphertext arrived in the room. */
+void cwi_tls_rec_in_commit(cwi_tls_rec *r, size_t n);
+/* Decrypts up to len bytes of plaintext into dst: 0 with *got > 0,
+ * NNG_EAGAIN when a record is incomplete (read more ciphertext), else a
+ * failure (NNG_ECLOSED: the peer's close_notify) and why. */
+int cwi_tls_rec_read(cwi_tls_rec *r, uint8_t *dst, size_t len, size_t *got,
+    const char **why);
+/* Encrypts len bytes (records of at most 16 KiB) into the pending
+ * ciphertext. 0, or a failure and why. */
+int cwi_tls_rec_write(cwi_tls_rec *r, const uint8_t *src, size_t len,
+    const char **why);
+/* Makes room at once for len bytes of plaintext about to be written
+ * (in one batch of writes): the pending ciphertext is sized to the batch
+ * instead of doubling to it. False: out of memory, or over the 4 MiB
+ * the pending ciphertext may hold. */
+bool cwi_tls_rec_reserve(cwi_tls_rec *r, size_t len);
+/* Bytes of ciphertext waiting to be sent. */
+size_t cwi_tls_rec_pending(const cwi_tls_rec *r);
+/* Takes the pending ciphertext to send: *p stays valid until the next
+ * take (the link sends one buffer at a time). */
+void cwi_tls_rec_take(cwi_tls_rec *r, uint8_t **p, size_t *len);
 
 /* Maps an nng error to a cachew_err with a message naming url and what
  * failed. */

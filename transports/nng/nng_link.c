@@ -10,6 +10,17 @@
  * reported to its owner once (on_down), always from the receive path.
  * What the bytes mean is nng_frame.c's: a link only moves them.
  *
+ * tls+tcp on cachew's record layer (lk->rec, nng_tls_record.c): the
+ * stream is plain tcp and the link runs the TLS handshake before the SP
+ * one. Sending encrypts up to TLS_TX_BATCH bytes of the queue into one
+ * buffer, sent with one send; the queue's bytes are consumed once all of
+ * it is written. Receiving reads as much ciphertext as has come (one
+ * receive) and, in a loop on the receive callback, decrypts whole
+ * records straight into what the receive state reads (rxhead, rxbuf)
+ * while it wants bytes: many messages per receive, no thread hand-off
+ * between them. A link parked by its owner leaves its ciphertext unread
+ * (back-pressure, as on tcp).
+ *
  * Lifetime: links are reference counted (their owner holds one, each
  * server request one). The last reference hands the link to the
  * janitor, a thread that stops its aios and frees the stream: nng_aio_stop
@@ -30,8 +41,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* A peer that does not finish its handshake in this time is dropped. */
+/* A peer that does not finish its handshake (TLS's and SP's, from the
+ * link's start) in this time is dropped. */
 #define HANDSHAKE_TIMEOUT_MS 10000
+/* cachew's TLS layer encrypts at most this much of the send queue per
+ * send: large enough that a send's cost (a syscall, a callback on
+ * another thread) is small beside the bytes', small enough to stay in
+ * the caches while OpenSSL reads it and the kernel copies it. */
+#define TLS_TX_BATCH ((size_t)256 << 10)
+/* The plaintext of a full TLS record: smaller pieces of the queue (the
+ * frame heads, small elements) are gathered to this before encrypted, so
+ * that a record is not spent on a few bytes. */
+#define TLS_RECORD 16384
 
 /* The remote address of a stream, for logs. */
 static void
@@ -96,6 +117,8 @@ static slink *jan_q;
 static bool jan_running;
 static pthread_once_t jan_once = PTHREAD_ONCE_INIT;
 
+static void budget_return(slink *lk, size_t n);
+
 static void
 link_destroy(slink *lk)
 {
@@ -107,9 +130,12 @@ link_destroy(slink *lk)
 	nng_stream_free(lk->s);
 	nng_aio_free(lk->txa);
 	nng_aio_free(lk->rxa);
+	cwi_tls_rec_destroy(lk->rec);
 	cwi_nng_tx_free_list(lk->txq);
 	if (lk->rxbuf != NULL && lk->budget != NULL)
 		cwi_nng_budget_give(lk, lk->rxbuf->size);
+	if (lk->tls_charged > 0)
+		budget_return(lk, lk->tls_charged);
 	cwi_buffer_unref(lk->rxbuf);
 	pthread_mutex_destroy(&lk->mtx);
 	free(lk);
@@ -206,11 +232,130 @@ cwi_nng_link_unref(slink *lk)
 
 /* ---- link: sending ------------------------------------------------------ */
 
+static txmsg *link_kill_locked(slink *lk, const char *why);
+
+/* Sends the rest of the ciphertext in flight (cachew's TLS layer). */
+static void
+tx_send_ct_locked(slink *lk)
+{
+	nng_iov v = {.iov_buf = lk->tx_ct + lk->tx_ct_off,
+	    .iov_len = lk->tx_ct_len - lk->tx_ct_off};
+
+	(void)nng_aio_set_iov(lk->txa, 1, &v);
+	nng_aio_set_timeout(lk->txa, lk->send_timeout_ms);
+	lk->txbusy = true;
+	nng_stream_send(lk->s, lk->txa);
+}
+
+/* The bytes of the queue, from where it was written up to, that the next
+ * send encrypts: TLS_TX_BATCH at most. */
+static size_t
+tx_batch_locked(const slink *lk)
+{
+	size_t total = 0;
+
+	for (const txmsg *t = lk->txq; t != NULL && total < TLS_TX_BATCH;
+	     t = t->next)
+		for (unsigned i = t == lk->txq ? t->cur : 0; i < t->niov; i++)
+			total += t->iov[i].iov_len -
+			    (t == lk->txq && i == t->cur ? t->off : 0);
+	return total < TLS_TX_BATCH ? total : TLS_TX_BATCH;
+}
+
+/* Encrypts up to TLS_TX_BATCH bytes of the queue, from where it was
+ * written up to, into the pending ciphertext; lk->tx_plain is how many.
+ * Pieces of a whole record or more go to OpenSSL as they are, smaller
+ * ones through `stage`. 0 or an nng error (and why). */
+static int
+tx_encrypt_locked(slink *lk, const char **why)
+{
+	uint8_t stage[TLS_RECORD];
+	size_t staged = 0, total = 0;
+	int rv = 0;
+
+	*why = NULL;
+	if (!cwi_tls_rec_reserve(lk->rec, tx_batch_locked(lk))) {
+		*why = "out of memory for TLS records";
+		return NNG_ENOMEM;
+	}
+	for (txmsg *t = lk->txq; t != NULL && total < TLS_TX_BATCH && rv == 0;
+	     t = t->next) {
+		for (unsigned i = t == lk->txq ? t->cur : 0;
+		     i < t->niov && total < TLS_TX_BATCH && rv == 0; i++) {
+			size_t off = t == lk->txq && i == t->cur ? t->off : 0;
+			const uint8_t *p = (const uint8_t *)t->iov[i].iov_buf + off;
+			size_t len = t->iov[i].iov_len - off, n;
+
+			if (len > TLS_TX_BATCH - total)
+				len = TLS_TX_BATCH - total;
+			total += len;
+			for (; len > 0 && rv == 0; p += n, len -= n) {
+				if (staged == 0 && len >= TLS_RECORD) {
+					n = len - len % TLS_RECORD;
+					rv = cwi_tls_rec_write(lk->rec, p, n, why);
+					continue;
+				}
+				n = len < TLS_RECORD - staged ? len
+							     : TLS_RECORD - staged;
+				memcpy(stage + staged, p, n);
+				staged += n;
+				if (staged == TLS_RECORD) {
+					rv = cwi_tls_rec_write(lk->rec, stage,
+					    staged, why);
+					staged = 0;
+				}
+			}
+		}
+	}
+	if (rv == 0 && staged > 0)
+		rv = cwi_tls_rec_write(lk->rec, stage, staged, why);
+	lk->tx_plain = total;
+	return rv;
+}
+
+/* cachew's TLS layer: once the handshake is done, encrypts a batch of
+ * the queue behind what OpenSSL has pending (a handshake flight, an
+ * alert) and sends it all with one send; nothing pending, nothing sent.
+ * A failed encryption (out of memory) kills the link; its queue stays
+ * for link_destroy to free, off this lock. */
+static void
+tx_arm_tls_locked(slink *lk)
+{
+	const char *why = NULL;
+	char buf[300];
+	txmsg *q;
+
+	lk->tx_plain = 0;
+	if (cwi_tls_rec_ready(lk->rec) && !lk->tls_failing &&
+	    lk->txq != NULL && tx_encrypt_locked(lk, &why) != 0) {
+		snprintf(buf, sizeof(buf), "TLS encryption failed: %s", why);
+		cwi_log(CACHEW_LOG_WARN, "transport",
+		    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer,
+		    lk->url, buf);
+		if ((q = link_kill_locked(lk, buf)) != NULL) {
+			lk->txq = lk->txtail = q;
+			while (lk->txtail->next != NULL)
+				lk->txtail = lk->txtail->next;
+		}
+		return;
+	}
+	if (cwi_tls_rec_pending(lk->rec) == 0)
+		return;
+	cwi_tls_rec_take(lk->rec, &lk->tx_ct, &lk->tx_ct_len);
+	lk->tx_ct_off = 0;
+	tx_send_ct_locked(lk);
+}
+
 /* Writes what the queue holds, up to TX_IOV iovecs across messages. */
 static void
 tx_arm_locked(slink *lk)
 {
 	unsigned n = 0;
+
+	if (lk->rec != NULL) {
+		tx_arm_tls_locked(lk);
+		return;
+	}
 
 	for (txmsg *t = lk->txq; t != NULL && n < TX_IOV; t = t->next) {
 		for (unsigned i = t == lk->txq ? t->cur : 0;
@@ -305,10 +450,18 @@ link_tx_cb(void *arg)
 
 	pthread_mutex_lock(&lk->mtx);
 	lk->txbusy = false;
-	if (rv != 0 || lk->dead) {
+	if (rv != 0 && lk->rec != NULL && !cwi_tls_rec_ready(lk->rec))
+		rv = cwi_tls_rec_stream_err(lk->rec, rv);
+	if (rv != 0 || lk->dead || (lk->tls_failing &&
+	    lk->tx_ct_off + n == lk->tx_ct_len &&
+	    cwi_tls_rec_pending(lk->rec) == 0)) {
 		char why[300];
 
-		if (lk->dead || rv == 0 ||
+		if (lk->tls_failing && !lk->dead) {
+			/* A refused handshake's alert went (or could not):
+			 * the link dies of the refusal. */
+			snprintf(why, sizeof(why), "%s", lk->tls_fail_why);
+		} else if (lk->dead || rv == 0 ||
 		    early_death_locked(lk, rv, why, sizeof(why)) == NULL) {
 			if (rv == NNG_ETIMEDOUT)
 				snprintf(why, sizeof(why),
@@ -326,6 +479,18 @@ link_tx_cb(void *arg)
 		pthread_mutex_unlock(&lk->mtx);
 		cwi_nng_tx_free_list(done);
 		return;
+	}
+	if (lk->rec != NULL) {
+		/* The ciphertext first, whole; then the queue's bytes it
+		 * holds are written. */
+		lk->tx_ct_off += n;
+		if (lk->tx_ct_off < lk->tx_ct_len) {
+			tx_send_ct_locked(lk);
+			pthread_mutex_unlock(&lk->mtx);
+			return;
+		}
+		n = lk->tx_plain;
+		lk->tx_plain = 0;
 	}
 	/* Consume n bytes from the head of the queue. */
 	while (lk->txq != NULL) {
@@ -351,7 +516,8 @@ link_tx_cb(void *arg)
 		*tail = t;
 		tail = &t->next;
 	}
-	if (lk->txq != NULL)
+	if (lk->txq != NULL ||
+	    (lk->rec != NULL && cwi_tls_rec_pending(lk->rec) > 0))
 		tx_arm_locked(lk);
 	pthread_mutex_unlock(&lk->mtx);
 	/* The messages (and their elements) go outside the lock. */
@@ -370,6 +536,17 @@ cwi_nng_link_set_budget(slink *lk, rx_budget *b)
 	lk->budget = b;
 }
 
+/* Raises b's peak to used if it is higher. */
+static void
+budget_peak(rx_budget *b, size_t used)
+{
+	size_t peak = atomic_load(&b->peak);
+
+	while (used > peak && !atomic_compare_exchange_weak(&b->peak, &peak,
+				  used)) {
+	}
+}
+
 /* Takes n more bytes of lk's budget. NULL when granted, else the reason
  * (written into buf). The first RX_FIRST bytes of a message are granted
  * within the link's share whatever the total: when peers that trickle
@@ -379,7 +556,7 @@ static const char *
 budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
 {
 	rx_budget *b = lk->budget;
-	size_t mine = atomic_load(&lk->charged), used, peak;
+	size_t mine = atomic_load(&lk->charged), used;
 
 	if (mine + n > b->link_limit) {
 		snprintf(buf, len, "connection would hold %zu bytes of "
@@ -396,22 +573,38 @@ budget_take(slink *lk, size_t n, bool first, char *buf, size_t len)
 		return buf;
 	}
 	atomic_fetch_add(&lk->charged, n);
-	peak = atomic_load(&b->peak);
-	while (used > peak && !atomic_compare_exchange_weak(&b->peak, &peak,
-				  used)) {
-	}
+	budget_peak(b, used);
 	return NULL;
 }
 
-void
-cwi_nng_budget_give(slink *lk, size_t n)
+/* cachew's TLS layer at a listener: n more bytes of the link's
+ * ciphertext buffer. They count in the listener's total, so that many
+ * links that read large records hold no more than the budget; not in the
+ * link's share, which is for the messages it reads. `needed` (the room
+ * of the record being read, without which the link cannot go on) is
+ * granted whatever the total, as a message's first bytes are. */
+static bool
+tls_budget_take(slink *lk, size_t n, bool needed)
+{
+	rx_budget *b = lk->budget;
+	size_t used = atomic_fetch_add(&b->used, n) + n;
+
+	if (used > b->limit && !needed) {
+		atomic_fetch_sub(&b->used, n);
+		return false;
+	}
+	lk->tls_charged += n;
+	budget_peak(b, used);
+	return true;
+}
+
+/* n bytes of the listener's total given back (lk's). */
+static void
+budget_return(slink *lk, size_t n)
 {
 	rx_budget *b = lk->budget;
 	size_t used, peak;
 
-	if (b == NULL || n == 0)
-		return;
-	atomic_fetch_sub(&lk->charged, n);
 	used = atomic_fetch_sub(&b->used, n) - n;
 	peak = atomic_load(&b->peak);
 	if (peak >= BUDGET_RELEASE_PEAK && used < peak / 8 &&
@@ -423,12 +616,21 @@ cwi_nng_budget_give(slink *lk, size_t n)
 	}
 }
 
+void
+cwi_nng_budget_give(slink *lk, size_t n)
+{
+	if (lk->budget == NULL || n == 0)
+		return;
+	atomic_fetch_sub(&lk->charged, n);
+	budget_return(lk, n);
+}
+
 /* ---- link: receiving ---------------------------------------------------- */
 
-static void
-rx_arm_locked(slink *lk)
+/* Where the bytes the receive state waits for go. */
+static nng_iov
+rx_dest_locked(slink *lk)
 {
-	nng_duration ms = NNG_DURATION_INFINITE;
 	nng_iov v;
 
 	if (lk->rx == RX_BODY) {
@@ -438,18 +640,47 @@ rx_arm_locked(slink *lk)
 		v.iov_buf = lk->rxhead + lk->got;
 		v.iov_len = lk->need - lk->got;
 	}
-	if (lk->rx == RX_HANDSHAKE) {
-		ms = HANDSHAKE_TIMEOUT_MS;
-	} else if (lk->rx == RX_BODY && lk->budget != NULL) {
-		uint64_t now = cwi_now_ns();
-		ms = now < lk->rx_deadline_ns
-			 ? (nng_duration)((lk->rx_deadline_ns - now) / 1000000u)
-			 : 0;
-		if (ms < 1)
-			ms = 1;
+	return v;
+}
+
+/* How long a read may wait: the rest of the handshake's time, the rest
+ * of a message's under a budget, else for ever. */
+static nng_duration
+rx_timeout_locked(slink *lk)
+{
+	uint64_t due, now;
+	nng_duration ms;
+
+	if (lk->rx == RX_HANDSHAKE)
+		due = lk->hs_deadline_ns;
+	else if (lk->rx == RX_BODY && lk->budget != NULL)
+		due = lk->rx_deadline_ns;
+	else
+		return NNG_DURATION_INFINITE;
+	now = cwi_now_ns();
+	ms = now < due ? (nng_duration)((due - now) / 1000000u) : 0;
+	return ms < 1 ? 1 : ms;
+}
+
+/* Reads what the receive state waits for. On cachew's TLS layer the
+ * state only says it wants bytes: the receive callback's loop decrypts
+ * them (tls_rx_locked), woken by a zero sleep when it does not run. */
+static void
+rx_arm_locked(slink *lk)
+{
+	nng_iov v;
+
+	if (lk->rec != NULL) {
+		lk->rx_want = true;
+		if (!lk->rx_in_cb) {
+			lk->rx_waking = true;
+			nng_sleep_aio(0, lk->rxa);
+		}
+		return;
 	}
+	v = rx_dest_locked(lk);
 	(void)nng_aio_set_iov(lk->rxa, 1, &v);
-	nng_aio_set_timeout(lk->rxa, ms);
+	nng_aio_set_timeout(lk->rxa, rx_timeout_locked(lk));
 	nng_stream_recv(lk->s, lk->rxa);
 }
 
@@ -542,17 +773,18 @@ rx_deliver_locked(slink *lk)
 	return true;
 }
 
-static void
-link_rx_cb(void *arg)
+/*
+ * The receive state machine: n more bytes of what the state reads came
+ * (rv 0), or its read failed (rv). Reads on, delivers or parks, and
+ * returns false; true when the link is dead and its death is to be
+ * reported (*q: a send queue to free then).
+ */
+static bool
+rx_step_locked(slink *lk, int rv, size_t n, txmsg **q)
 {
-	slink *lk = arg;
-	int rv = nng_aio_result(lk->rxa);
-	size_t n = nng_aio_count(lk->rxa);
 	char why[300];
 	const char *bad = NULL;
-	txmsg *q = NULL;
 
-	pthread_mutex_lock(&lk->mtx);
 	if (!lk->dead && rv != 0) {
 		if (rv == NNG_ETIMEDOUT && lk->rx == RX_HANDSHAKE) {
 			snprintf(why, sizeof(why),
@@ -560,14 +792,14 @@ link_rx_cb(void *arg)
 			bad = why;
 		} else if (early_death_locked(lk, rv, why, sizeof(why)) !=
 			   NULL) {
-			q = link_kill_locked(lk, why);
+			*q = link_kill_locked(lk, why);
 		} else if (rv == NNG_ETIMEDOUT && lk->rx == RX_BODY) {
 			snprintf(why, sizeof(why), "a message of %zu bytes did "
 			    "not come whole within %d ms (%zu came)", lk->need,
 			    lk->send_timeout_ms, lk->got + n);
 			bad = why;
 		} else {
-			q = link_kill_locked(lk,
+			*q = link_kill_locked(lk,
 			    rv == NNG_ECLOSED || rv == NNG_ECONNSHUT ||
 				    rv == NNG_ECONNRESET
 				? "connection reset by peer"
@@ -581,8 +813,7 @@ link_rx_cb(void *arg)
 			bad = rx_grow_locked(lk, why, sizeof(why));
 		if (bad == NULL && lk->got < lk->need) {
 			rx_arm_locked(lk);
-			pthread_mutex_unlock(&lk->mtx);
-			return;
+			return false;
 		}
 	}
 	if (!lk->dead && bad == NULL) {
@@ -593,23 +824,19 @@ link_rx_cb(void *arg)
 			if (bad == NULL) {
 				rx_expect_head_locked(lk);
 				rx_arm_locked(lk);
-				pthread_mutex_unlock(&lk->mtx);
-				return;
+				return false;
 			}
 			break;
 		case RX_HEAD:
 			bad = head_check_locked(lk, why, sizeof(why));
 			if (bad == NULL) {
 				rx_arm_locked(lk);
-				pthread_mutex_unlock(&lk->mtx);
-				return;
+				return false;
 			}
 			break;
 		case RX_BODY:
-			if (rx_deliver_locked(lk)) {
-				pthread_mutex_unlock(&lk->mtx);
-				return;
-			}
+			if (rx_deliver_locked(lk))
+				return false;
 			break;
 		default:
 			break;
@@ -619,7 +846,193 @@ link_rx_cb(void *arg)
 		cwi_log(CACHEW_LOG_WARN, "transport",
 		    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer,
 		    lk->url, bad);
-		q = link_kill_locked(lk, bad);
+		*q = link_kill_locked(lk, bad);
+	}
+	return true;
+}
+
+/* Reads ciphertext (cachew's TLS layer) into the session's room, for as
+ * long as the receive state may wait: room for the record being read,
+ * more when reads fill it (at a listener, while its budget allows).
+ * Returns as rx_step_locked (true: out of memory, the link is dead). */
+static bool
+tls_read_locked(slink *lk, txmsg **q)
+{
+	size_t need, want, cap = cwi_tls_rec_in_cap(lk->rec), room;
+	nng_iov v;
+
+	cwi_tls_rec_in_sizes(lk->rec, lk->budget != NULL, lk->rx == RX_HEAD,
+	    &need, &want);
+	if (lk->budget != NULL && want > cap &&
+	    !tls_budget_take(lk, want - cap, false)) {
+		want = need;
+		if (want > cap)
+			(void)tls_budget_take(lk, want - cap, true);
+	}
+	v.iov_buf = cwi_tls_rec_in_room(lk->rec, want, &room);
+	if (v.iov_buf == NULL) {
+		*q = link_kill_locked(lk, "out of memory for TLS records");
+		return true;
+	}
+	if (lk->budget != NULL && cwi_tls_rec_in_cap(lk->rec) < cap) {
+		/* An idle buffer shrank: its bytes go back to the budget. */
+		lk->tls_charged -= cap - cwi_tls_rec_in_cap(lk->rec);
+		budget_return(lk, cap - cwi_tls_rec_in_cap(lk->rec));
+	}
+	v.iov_len = room;
+	(void)nng_aio_set_iov(lk->rxa, 1, &v);
+	nng_aio_set_timeout(lk->rxa, rx_timeout_locked(lk));
+	nng_stream_recv(lk->s, lk->rxa);
+	return false;
+}
+
+/* The TLS handshake failed (err, OpenSSL's reason ossl_why): the link
+ * dies of it as of a refused handshake on nng's TLS streams
+ * (early_death_locked), once its alert is sent when one is pending
+ * (then the tx callback kills it, and the read armed here reports the
+ * death). Returns as rx_step_locked. */
+static bool
+tls_handshake_failed_locked(slink *lk, int err, const char *ossl_why,
+    txmsg **q)
+{
+	char buf[300];
+	const char *why = early_death_locked(lk, err, buf, sizeof(buf));
+
+	if (why == NULL)
+		snprintf(lk->tls_fail_why, sizeof(lk->tls_fail_why),
+		    "TLS handshake failed: %s", ossl_why);
+	else
+		snprintf(lk->tls_fail_why, sizeof(lk->tls_fail_why), "%s", why);
+	if (lk->txbusy || cwi_tls_rec_pending(lk->rec) == 0) {
+		*q = link_kill_locked(lk, lk->tls_fail_why);
+		return true;
+	}
+	lk->tls_failing = true;
+	tx_arm_locked(lk);
+	return tls_read_locked(lk, q);
+}
+
+/* A record that does not decrypt (err, OpenSSL's reason ossl_why), or
+ * the peer's close_notify (NNG_ECLOSED). Returns as rx_step_locked. */
+static bool
+tls_record_failed_locked(slink *lk, int err, const char *ossl_why,
+    txmsg **q)
+{
+	char why[300];
+
+	if (err == NNG_ECLOSED || lk->rx == RX_HANDSHAKE)
+		return rx_step_locked(lk, err == NNG_ECLOSED ? NNG_ECONNSHUT
+							    : err, 0, q);
+	snprintf(why, sizeof(why), "TLS record refused: %s", ossl_why);
+	cwi_log(CACHEW_LOG_WARN, "transport",
+	    "peer=%s url=%s reason=\"%s\" action=reset", lk->peer, lk->url,
+	    why);
+	if (!lk->txbusy && cwi_tls_rec_pending(lk->rec) > 0) {
+		/* OpenSSL's alert goes first (as a refused handshake's). */
+		snprintf(lk->tls_fail_why, sizeof(lk->tls_fail_why), "%s", why);
+		lk->tls_failing = true;
+		tx_arm_locked(lk);
+		return tls_read_locked(lk, q);
+	}
+	*q = link_kill_locked(lk, why);
+	return true;
+}
+
+/*
+ * cachew's TLS layer: n bytes of ciphertext came (rv 0; n is 0 after a
+ * wake-up), or the stream failed (rv). Runs the handshake to its end,
+ * then decrypts straight into what the receive state reads for as long
+ * as it wants bytes and whole records are in, many messages per call;
+ * reads more ciphertext when a record is incomplete. Returns as
+ * rx_step_locked.
+ */
+static bool
+tls_rx_locked(slink *lk, int rv, size_t n, txmsg **q)
+{
+	bool down = false;
+
+	if (lk->tls_failing && !lk->dead) {
+		/* The peer answered or hung up before our alert went. */
+		*q = link_kill_locked(lk, lk->tls_fail_why);
+		return true;
+	}
+	if (rv != 0 || lk->dead) {
+		if (rv != 0 && !cwi_tls_rec_ready(lk->rec))
+			rv = cwi_tls_rec_stream_err(lk->rec, rv);
+		return rx_step_locked(lk, rv, 0, q);
+	}
+	cwi_tls_rec_in_commit(lk->rec, n);
+	lk->rx_in_cb = true;
+	while (!down && !lk->dead) {
+		const char *why;
+		size_t got = 0;
+		nng_iov v;
+		int err;
+
+		if (!cwi_tls_rec_ready(lk->rec)) {
+			err = cwi_tls_rec_handshake(lk->rec, &why);
+			if (err == 0 || err == NNG_EAGAIN) {
+				/* A flight to send, or the SP handshake
+				 * (queued first) once it is done. */
+				if (!lk->txbusy)
+					tx_arm_locked(lk);
+				if (err == 0)
+					continue;
+				down = tls_read_locked(lk, q);
+				break;
+			}
+			down = tls_handshake_failed_locked(lk, err, why, q);
+			break;
+		}
+		if (!lk->rx_want)
+			break; /* parked: the ciphertext waits */
+		v = rx_dest_locked(lk);
+		err = cwi_tls_rec_read(lk->rec, v.iov_buf, v.iov_len, &got,
+		    &why);
+		if (err == 0) {
+			lk->rx_want = false;
+			down = rx_step_locked(lk, 0, got, q);
+		} else if (err == NNG_EAGAIN) {
+			down = tls_read_locked(lk, q);
+			break;
+		} else {
+			down = tls_record_failed_locked(lk, err, why, q);
+		}
+	}
+	lk->rx_in_cb = false;
+	/* What OpenSSL wrote while reading (an alert: a warning such as its
+	 * refusal of a renegotiation) goes now, not with the next message. */
+	if (!down && !lk->dead && !lk->txbusy &&
+	    cwi_tls_rec_pending(lk->rec) > 0)
+		tx_arm_locked(lk);
+	return down || lk->dead;
+}
+
+static void
+link_rx_cb(void *arg)
+{
+	slink *lk = arg;
+	int rv = nng_aio_result(lk->rxa);
+	size_t n = nng_aio_count(lk->rxa);
+	char why[300];
+	txmsg *q = NULL;
+	bool down;
+
+	pthread_mutex_lock(&lk->mtx);
+	if (lk->rec == NULL) {
+		down = rx_step_locked(lk, rv, n, &q);
+	} else {
+		/* A wake-up (rx_arm_locked) reads nothing and fails not. */
+		if (lk->rx_waking && rv == NNG_ETIMEDOUT)
+			rv = 0;
+		if (lk->rx_waking)
+			n = 0;
+		lk->rx_waking = false;
+		down = tls_rx_locked(lk, rv, n, &q);
+	}
+	if (!down) {
+		pthread_mutex_unlock(&lk->mtx);
+		return;
 	}
 	/* Dead: report it once. */
 	if (lk->rx == RX_DOWN) {
@@ -657,7 +1070,7 @@ cwi_nng_link_resume(slink *lk)
 cachew_err
 cwi_nng_link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
     uint16_t peer_proto, const link_ops *ops, void *owner, const char *url,
-    size_t max_len, int send_timeout_ms)
+    size_t max_len, int send_timeout_ms, const cwi_nng_tls *tls)
 {
 	slink *lk = calloc(1, sizeof(*lk));
 	txmsg *hs;
@@ -686,13 +1099,18 @@ cwi_nng_link_create(slink **out, nng_stream *s, bool ipc, uint16_t my_proto,
 	lk->max_len = max_len;
 	lk->id_room = peer_proto == SP_PROTO_REQ0 ? SP_BT_MAX : SP_ID_BYTES;
 	lk->send_timeout_ms = send_timeout_ms;
-	/* Only a TLS stream knows this option. */
-	lk->tls = nng_stream_get_bool(s, NNG_OPT_TLS_VERIFIED, &verified) == 0;
+	/* cachew's TLS layer runs on a tcp stream; only nng's TLS streams
+	 * know this option. */
+	lk->tls = cwi_nng_tls_ossl(tls) != NULL ||
+	    nng_stream_get_bool(s, NNG_OPT_TLS_VERIFIED, &verified) == 0;
 	stream_peer(s, ipc, lk->tls, lk->peer, sizeof(lk->peer));
 	if (!ipc)
 		(void)nng_stream_set_bool(s, NNG_OPT_TCP_NODELAY, true);
 	/* The handshake is the first thing sent: a message of its own. */
-	if (cwi_nng_tx_handshake(&hs, my_proto) != CACHEW_OK) {
+	if ((cwi_nng_tls_ossl(tls) != NULL &&
+		cwi_tls_rec_create(&lk->rec, tls) != CACHEW_OK) ||
+	    cwi_nng_tx_handshake(&hs, my_proto) != CACHEW_OK) {
+		cwi_tls_rec_destroy(lk->rec);
 		nng_aio_free(lk->txa);
 		nng_aio_free(lk->rxa);
 		nng_stream_free(s);
@@ -713,6 +1131,8 @@ cwi_nng_link_start(slink *lk)
 	lk->rx = RX_HANDSHAKE;
 	lk->got = 0;
 	lk->need = SP_HANDSHAKE;
+	lk->hs_deadline_ns = cwi_now_ns() +
+	    (uint64_t)HANDSHAKE_TIMEOUT_MS * 1000000u;
 	rx_arm_locked(lk);
 	if (lk->txq != NULL && !lk->txbusy)
 		tx_arm_locked(lk);

@@ -398,7 +398,7 @@ srv_accept_cb(void *arg)
 
 	err = cwi_nng_link_create(&lk, s, l->ipc, SP_PROTO_REP0, SP_PROTO_REQ0,
 	    &srv_link_ops, l, l->base.url, l->max_msg + SP_BT_MAX,
-	    l->send_timeout_ms);
+	    l->send_timeout_ms, l->tls);
 	pthread_mutex_lock(&l->mtx);
 	if (err != CACHEW_OK) {
 		l->refs--;
@@ -484,6 +484,8 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	slistener *l = calloc(1, sizeof(*l));
 	cachew_err rv;
 	int nrv;
+	bool own_tls = cwi_nng_url_is_tls(url) && cwi_nng_tls_own_layer();
+	char *stream_url;
 
 	if ((rv = cwi_nng_fork_check(url)) != CACHEW_OK) {
 		free(l);
@@ -511,12 +513,20 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 		l->budget.link_limit = l->budget.limit;
 	/* A user's process: only if asked (CACHEW_MALLOPT=1). */
 	cwi_heap_tune(false);
-	if ((nrv = nng_stream_listener_alloc(&l->sl, url)) != 0) {
+	/* cachew's TLS layer listens on tcp:// and runs TLS on the link. */
+	if ((stream_url = cwi_nng_tls_stream_url(url, own_tls)) == NULL) {
+		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+		goto fail;
+	}
+	nrv = nng_stream_listener_alloc(&l->sl, stream_url);
+	free(stream_url);
+	if (nrv != 0) {
 		rv = cwi_nng_err(nrv, url, "listen");
 		goto fail;
 	}
 	if (cwi_nng_url_is_tls(url)) {
-		if ((rv = cwi_nng_tls_create(&l->tls, url, opts, true)) !=
+		if ((rv = cwi_nng_tls_create(&l->tls, url, opts, true,
+			 own_tls)) !=
 			CACHEW_OK)
 			goto fail;
 		if ((nrv = cwi_nng_tls_set_listener(l->tls, l->sl)) != 0) {

@@ -1,9 +1,14 @@
 /*
  * nng_tls.c - TLS for the nng transport: tls+tcp://host:port is a tcp
- * link whose bytes go through nng 1.5's TLS streams (TLS 1.2, its mbedTLS
- * engine); the framing above is unchanged (docs/protocol.md, "Transport
- * framing"). What this file owns:
+ * link whose bytes go through TLS 1.2; the framing above is unchanged
+ * (docs/protocol.md, "Transport framing"). Two layers can carry it:
+ * cachew's own record layer (nng_tls_record.c, the default: a plain tcp
+ * stream, OpenSSL driven by the link) and nng 1.5's TLS streams
+ * (CACHEW_TLS_LAYER=nng; the engine nng_tls_ossl.c registers, or nng's
+ * mbedTLS one with CACHEW_TLS_ENGINE=mbedtls). What this file owns:
  *
+ *   layers        which one a listener or a dialer uses, and its
+ *                 configuration made of the credentials.
  *   credentials   the PEM files of cwi_transport_opts .tls_*, read and
  *                 checked here with mbedTLS before nng sees them, so that
  *                 a missing file, a key that is not the certificate's,
@@ -67,7 +72,8 @@
 #define DIAG_BUDGET_MS 1500
 
 struct cwi_nng_tls {
-	nng_tls_config *cfg;
+	nng_tls_config *cfg;          /* on nng's TLS streams */
+	nng_tls_engine_config *ossl; /* on cachew's record layer */
 	bool server;
 	/* The dialer's, for the diagnosis: PEM text (NUL-terminated). */
 	char *ca_pem, *cert_pem, *key_pem;
@@ -81,6 +87,32 @@ bool
 cwi_nng_url_is_tls(const char *url)
 {
 	return strncmp(url, "tls+tcp://", 10) == 0;
+}
+
+bool
+cwi_nng_tls_own_layer(void)
+{
+	const char *layer = getenv("CACHEW_TLS_LAYER");
+	const char *engine = getenv("CACHEW_TLS_ENGINE");
+
+	if (engine != NULL && strcmp(engine, "mbedtls") == 0)
+		return false;
+	return layer == NULL || strcmp(layer, "nng") != 0;
+}
+
+nng_tls_engine_config *
+cwi_nng_tls_ossl(const cwi_nng_tls *t)
+{
+	return t != NULL ? t->ossl : NULL;
+}
+
+char *
+cwi_nng_tls_stream_url(const char *url, bool own_layer)
+{
+	/* "tls+tcp://..." less its "tls+". */
+	if (own_layer && cwi_nng_url_is_tls(url))
+		return cwi_strdup(url + 4);
+	return cwi_strdup(url);
 }
 
 static const char *
@@ -272,7 +304,7 @@ creds_required(const char *url, const cwi_transport_opts *o, bool server)
 
 /* Hands the checked credentials to nng. */
 static cachew_err
-nng_config_build(cwi_nng_tls *t, const char *url)
+nng_config_build(cwi_nng_tls *t, const char *url, bool own_layer)
 {
 	static const nng_tls_auth_mode modes[] = {
 	    [CWI_TLS_CLIENT_AUTH_NONE] = NNG_TLS_AUTH_MODE_NONE,
@@ -281,6 +313,14 @@ nng_config_build(cwi_nng_tls *t, const char *url)
 	};
 	int nrv;
 
+	if (own_layer) {
+		nrv = cwi_nng_ossl_config_create(&t->ossl, t->server, t->server
+			? modes[t->client_auth] : NNG_TLS_AUTH_MODE_REQUIRED,
+		    t->ca_pem, t->cert_pem, t->key_pem,
+		    t->server ? NULL : t->server_name);
+		return nrv == 0 ? CACHEW_OK
+				: cwi_nng_err(nrv, url, "TLS configuration");
+	}
 	if ((nrv = cwi_nng_tls_engine_use()) != 0)
 		return cwi_nng_err(nrv, url, "TLS engine");
 	if ((nrv = nng_tls_config_alloc(&t->cfg, t->server
@@ -302,7 +342,7 @@ nng_config_build(cwi_nng_tls *t, const char *url)
 
 cachew_err
 cwi_nng_tls_create(cwi_nng_tls **out, const char *url,
-    const cwi_transport_opts *o, bool server)
+    const cwi_transport_opts *o, bool server, bool own_layer)
 {
 	cwi_nng_tls *t = calloc(1, sizeof(*t));
 	cachew_err rv;
@@ -340,12 +380,13 @@ cwi_nng_tls_create(cwi_nng_tls **out, const char *url,
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	if ((rv = nng_config_build(t, url)) != CACHEW_OK)
+	if ((rv = nng_config_build(t, url, own_layer)) != CACHEW_OK)
 		goto fail;
 	if (server)
 		cwi_log(CACHEW_LOG_INFO, "transport", "event=tls_listener "
-		    "url=%s engine=%s client_auth=%s", url,
-		    cwi_nng_tls_engine(),
+		    "url=%s layer=%s engine=%s client_auth=%s", url,
+		    own_layer ? "cachew" : "nng",
+		    own_layer ? "openssl" : cwi_nng_tls_engine(),
 		    t->client_auth == CWI_TLS_CLIENT_AUTH_REQUIRED ? "required"
 		    : t->client_auth == CWI_TLS_CLIENT_AUTH_OPTIONAL ? "optional"
 								   : "none");
@@ -363,6 +404,7 @@ cwi_nng_tls_destroy(cwi_nng_tls *t)
 		return;
 	if (t->cfg != NULL)
 		nng_tls_config_free(t->cfg);
+	cwi_nng_ossl_config_destroy(t->ossl);
 	free(t->ca_pem);
 	free(t->cert_pem);
 	if (t->key_pem != NULL) {
@@ -381,12 +423,16 @@ cwi_nng_tls_destroy(cwi_nng_tls *t)
 int
 cwi_nng_tls_set_dialer(cwi_nng_tls *t, nng_stream_dialer *d)
 {
+	if (t->cfg == NULL)
+		return 0; /* cachew's layer: d dials tcp:// */
 	return nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, t->cfg);
 }
 
 int
 cwi_nng_tls_set_listener(cwi_nng_tls *t, nng_stream_listener *l)
 {
+	if (t->cfg == NULL)
+		return 0; /* cachew's layer: l listens on tcp:// */
 	return nng_stream_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, t->cfg);
 }
 

@@ -44,6 +44,7 @@
 
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +67,7 @@ struct nng_tls_engine_conn {
 	void *tls; /* nng's, for nng_tls_engine_send/recv */
 	int io_err; /* the transport's error that failed a BIO call */
 	const char *name; /* a client's: the name the server must carry */
+	char why[160]; /* OpenSSL's reason for the last failure */
 };
 
 /* ---- the BIO: bytes to and from nng's stream ------------------------------ */
@@ -118,7 +120,8 @@ bio_ctrl(BIO *b, int cmd, long num, void *ptr)
 	(void)b;
 	(void)num;
 	(void)ptr;
-	/* Writes go straight to nng: nothing to flush. */
+	/* Writes go straight to nng (or to the record layer's buffer, which
+	 * the link sends): nothing to flush. */
 	return cmd == BIO_CTRL_FLUSH ? 1 : 0;
 }
 
@@ -131,19 +134,28 @@ bio_create(BIO *b)
 
 static pthread_once_t method_once = PTHREAD_ONCE_INIT;
 
+BIO_METHOD *
+cwi_nng_ossl_bio_method(const char *name, int (*rd)(BIO *, char *, int),
+    int (*wr)(BIO *, const char *, int), long (*ctrl)(BIO *, int, long, void *))
+{
+	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+	    name);
+
+	if (m == NULL || !BIO_meth_set_write(m, wr) ||
+	    !BIO_meth_set_read(m, rd) ||
+	    !BIO_meth_set_ctrl(m, ctrl != NULL ? ctrl : bio_ctrl) ||
+	    !BIO_meth_set_create(m, bio_create)) {
+		BIO_meth_free(m);
+		return NULL;
+	}
+	return m;
+}
+
 static void
 method_make(void)
 {
-	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
-	    "cachew-nng");
-
-	if (m == NULL || !BIO_meth_set_write(m, bio_write) ||
-	    !BIO_meth_set_read(m, bio_read) || !BIO_meth_set_ctrl(m, bio_ctrl) ||
-	    !BIO_meth_set_create(m, bio_create)) {
-		BIO_meth_free(m);
-		return;
-	}
-	bio_method = m;
+	bio_method = cwi_nng_ossl_bio_method("cachew-nng", bio_read, bio_write,
+	    NULL);
 }
 
 /* ---- errors ----------------------------------------------------------------- */
@@ -158,6 +170,8 @@ ssl_err(nng_tls_engine_conn *ec, int ret)
 	int e = SSL_get_error(ec->ssl, ret);
 	unsigned long code;
 	int rv = NNG_ECRYPTO;
+
+	ec->why[0] = '\0';
 
 	switch (e) {
 	case SSL_ERROR_WANT_READ:
@@ -186,6 +200,10 @@ ssl_err(nng_tls_engine_conn *ec, int ret)
 		break;
 	}
 	while ((code = ERR_get_error()) != 0) {
+		/* The first reason is the one worth a log line. */
+		if (ec->why[0] == '\0' && ERR_reason_error_string(code) != NULL)
+			snprintf(ec->why, sizeof(ec->why), "%s",
+			    ERR_reason_error_string(code));
 		if (ERR_GET_LIB(code) != ERR_LIB_SSL)
 			continue;
 		switch (ERR_GET_REASON(code)) {
@@ -243,23 +261,14 @@ client_verify(int ok, X509_STORE_CTX *x)
 	return 0;
 }
 
+/* ec's SSL of cfg's, over b (taken, even on failure). */
 static int
-conn_init(nng_tls_engine_conn *ec, void *tls, nng_tls_engine_config *cfg)
+conn_setup(nng_tls_engine_conn *ec, nng_tls_engine_config *cfg, BIO *b)
 {
-	BIO *b;
-
-	ec->tls = tls;
-	pthread_once(&method_once, method_make);
-	if (bio_method == NULL)
-		return NNG_ENOMEM;
-	if ((ec->ssl = SSL_new(cfg->ctx)) == NULL)
-		return NNG_ENOMEM;
-	if ((b = BIO_new(bio_method)) == NULL) {
-		SSL_free(ec->ssl);
-		ec->ssl = NULL;
+	if ((ec->ssl = SSL_new(cfg->ctx)) == NULL) {
+		BIO_free(b);
 		return NNG_ENOMEM;
 	}
-	BIO_set_data(b, ec);
 	SSL_set_bio(ec->ssl, b, b); /* the SSL owns it */
 	SSL_set_mode(ec->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE |
 				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -279,6 +288,19 @@ conn_init(nng_tls_engine_conn *ec, void *tls, nng_tls_engine_config *cfg)
 	if (cfg->server_name != NULL && !is_ip(cfg->server_name))
 		(void)SSL_set_tlsext_host_name(ec->ssl, cfg->server_name);
 	return 0;
+}
+
+static int
+conn_init(nng_tls_engine_conn *ec, void *tls, nng_tls_engine_config *cfg)
+{
+	BIO *b;
+
+	ec->tls = tls;
+	pthread_once(&method_once, method_make);
+	if (bio_method == NULL || (b = BIO_new(bio_method)) == NULL)
+		return NNG_ENOMEM;
+	BIO_set_data(b, ec);
+	return conn_setup(ec, cfg, b);
 }
 
 static void
@@ -524,6 +546,89 @@ static const nng_tls_engine engine = {
     .description = "OpenSSL (libssl), for cachew",
     .fips_mode = false,
 };
+
+/* ---- for cachew's own record layer (nng_tls_record.c) -------------------------- */
+
+int
+cwi_nng_ossl_config_create(nng_tls_engine_config **out, bool server,
+    nng_tls_auth_mode auth, const char *ca_pem, const char *cert_pem,
+    const char *key_pem, const char *server_name)
+{
+	nng_tls_engine_config *cfg = calloc(1, sizeof(*cfg));
+	int rv;
+
+	*out = NULL;
+	if (cfg == NULL)
+		return NNG_ENOMEM;
+	rv = config_init(cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT);
+	if (rv == 0)
+		rv = config_auth_mode(cfg, auth);
+	if (rv == 0 && ca_pem != NULL)
+		rv = config_ca_chain(cfg, ca_pem, NULL);
+	if (rv == 0 && cert_pem != NULL)
+		rv = config_own_cert(cfg, cert_pem, key_pem, NULL);
+	if (rv == 0 && server_name != NULL)
+		rv = config_server_name(cfg, server_name);
+	if (rv != 0) {
+		cwi_nng_ossl_config_destroy(cfg);
+		return rv;
+	}
+	*out = cfg;
+	return 0;
+}
+
+void
+cwi_nng_ossl_config_destroy(nng_tls_engine_config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	config_fini(cfg);
+	free(cfg);
+}
+
+int
+cwi_nng_ossl_conn_create(nng_tls_engine_conn **out, nng_tls_engine_config *cfg,
+    BIO *b)
+{
+	nng_tls_engine_conn *ec = calloc(1, sizeof(*ec));
+	int rv;
+
+	*out = NULL;
+	if (ec == NULL) {
+		BIO_free(b);
+		return NNG_ENOMEM;
+	}
+	if ((rv = conn_setup(ec, cfg, b)) != 0) {
+		free(ec);
+		return rv;
+	}
+	*out = ec;
+	return 0;
+}
+
+void
+cwi_nng_ossl_conn_destroy(nng_tls_engine_conn *ec)
+{
+	if (ec == NULL)
+		return;
+	conn_fini(ec);
+	free(ec);
+}
+
+SSL *
+cwi_nng_ossl_conn_ssl(nng_tls_engine_conn *ec)
+{
+	return ec->ssl;
+}
+
+int
+cwi_nng_ossl_conn_err(nng_tls_engine_conn *ec, int ret, const char **why)
+{
+	int rv = ssl_err(ec, ret);
+
+	*why = ec->why[0] != '\0' ? ec->why : nng_strerror(rv);
+	return rv;
+}
 
 /* ---- installing it ------------------------------------------------------------- */
 
