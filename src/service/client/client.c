@@ -1132,6 +1132,21 @@ cwi_client_end_epoch(session *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* A named job that runs another dataset refused this client, whose
+ * worker part is narrower than its pipeline's (client_tail=on): says
+ * which setting makes the worker parts agree. */
+static cachew_err
+tail_refused(const client_ctx *ctx, cachew_err rv)
+{
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
+	return cwi_fail(rv, "%s (client_tail=on runs %s on this client, so "
+	    "its workers run a narrower pipeline than a client that keeps it "
+	    "on the workers: give every client of job '%s' the same "
+	    "client_tail)", msg, ctx->plan->tail_why, ctx->opts.job_name);
+}
+
 static cachew_err
 join_job(session *s)
 {
@@ -1195,6 +1210,9 @@ join_job(session *s)
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
+	if (rv == CACHEW_EINVAL && ctx->plan->ntail > 0 &&
+	    ctx->opts.job_name[0] != '\0')
+		return tail_refused(ctx, rv);
 	if (rv != CACHEW_OK)
 		return rv;
 	s->job_id = rep.u.job_get_or_create_reply.job_id;
