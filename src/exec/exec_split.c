@@ -219,21 +219,18 @@ cwi_split_possible(const cwi_node *root)
 }
 
 static bool
-op_is(const cwi_node *n, const char *const *names, size_t nnames)
-{
-	for (size_t i = 0; i < nnames; i++)
-		if (strcmp(n->op->name, names[i]) == 0)
-			return true;
-	return false;
-}
-
-static bool
 op_is_named(const char *name, const char *const *names, size_t nnames)
 {
 	for (size_t i = 0; i < nnames; i++)
 		if (strcmp(name, names[i]) == 0)
 			return true;
 	return false;
+}
+
+static bool
+op_is(const cwi_node *n, const char *const *names, size_t nnames)
+{
+	return op_is_named(n->op->name, names, nnames);
 }
 
 static bool
