@@ -1821,7 +1821,8 @@ cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
     const cachew_options *opts, const char *url, uint64_t seed,
     cwi_state_reader *r)
 {
-	cwi_state_reader again = *r;
+	cwi_state_reader again = *r, first;
+	char msg[512];
 	bool moved, movable;
 	unsigned placed;
 	cachew_err rv;
@@ -1833,9 +1834,15 @@ cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 	 * the embedded service, with another client_tail, by a build that
 	 * does not move it) holds another client part: its operator states
 	 * tell at once, before the stream joins a job. It continues with the
-	 * tail where it was. */
+	 * tail where it was. When that fails too, the first failure is the
+	 * one to report. */
 	placed = moved ? 0 : CWI_SPLIT_CLIENT_TAIL;
+	first = *r;
+	snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
 	*r = again;
-	return restore_placed(out, ds, opts, url, seed, r, (int)placed, &moved,
-	    &movable);
+	if (restore_placed(out, ds, opts, url, seed, r, (int)placed, &moved,
+		&movable) == CACHEW_OK)
+		return CACHEW_OK;
+	*r = first;
+	return cwi_fail(rv, "%s", msg);
 }
