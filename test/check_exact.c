@@ -661,13 +661,20 @@ tail_rows_add(tail_rows *r, const cachew_element *e)
 	r->batches++;
 }
 
+/* Something done while a run reads: fn(arg) once `after` batches came. */
+typedef struct tail_event {
+	int64_t after;
+	void (*fn)(void *arg);
+	void *arg;
+} tail_event;
+
 /* Reads pipeline on service with client_tail; a job_name unless NULL;
- * after kill_after batches (0: never) SIGKILLs worker 0 of c and starts
- * another. The iterator's error, with its message in err. */
+ * ev (unless NULL) happens on the way. The iterator's error, with its
+ * message in err. */
 static cachew_err
 tail_read(const char *pipeline, const char *service, const char *tail,
-    const char *job_name, int kill_after, cwt_cluster *c, tail_rows *r,
-    char *err, size_t errlen)
+    const char *job_name, const tail_event *ev, tail_rows *r, char *err,
+    size_t errlen)
 {
 	cachew_options *o = cwt_opts(7, 2);
 	cachew_dataset *ds = NULL;
@@ -690,10 +697,8 @@ tail_read(const char *pipeline, const char *service, const char *tail,
 	       (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
 		tail_rows_add(r, e);
 		cachew_element_release(e);
-		if (kill_after > 0 && r->batches == kill_after) {
-			cwt_daemon_stop(&c->workers[0], SIGKILL);
-			cwt_cluster_worker_start(c, c->nworkers++);
-		}
+		if (ev != NULL && r->batches == ev->after)
+			ev->fn(ev->arg);
 	}
 	snprintf(err, errlen, "%s", it != NULL ? cachew_iterator_errmsg(it)
 					       : cachew_errmsg());
@@ -709,8 +714,8 @@ tail_rows_of(const char *pipeline, const char *service, const char *tail)
 	tail_rows r;
 	char err[512];
 
-	ck_assert_msg(tail_read(pipeline, service, tail, NULL, 0, NULL, &r,
-			  err, sizeof(err)) == CACHEW_OK,
+	ck_assert_msg(tail_read(pipeline, service, tail, NULL, NULL, &r, err,
+			  sizeof(err)) == CACHEW_OK,
 	    "%s on %s (client_tail=%s): %s", pipeline, service, tail, err);
 	return r;
 }
@@ -811,6 +816,16 @@ START_TEST(tail_w2_over_tcp_is_in_process)
 }
 END_TEST
 
+/* SIGKILLs worker 0 of the cluster and starts another. */
+static void
+tail_kill_worker(void *arg)
+{
+	cwt_cluster *c = arg;
+
+	cwt_daemon_stop(&c->workers[0], SIGKILL);
+	cwt_cluster_worker_start(c, c->nworkers++);
+}
+
 /* A worker killed mid-epoch: its leases are replayed, the client skips
  * what it has, stitches the tails and normalizes: every row once, every
  * batch but the last full. */
@@ -818,6 +833,7 @@ START_TEST(tail_exactly_once_while_a_worker_dies)
 {
 	cwt_cluster c;
 	tail_rows local, got;
+	tail_event kill_at_2 = {.after = 2, .fn = tail_kill_worker, .arg = &c};
 	char *det, *slow, err[512];
 
 	cwt_cluster_start(&c, 2);
@@ -828,8 +844,9 @@ START_TEST(tail_exactly_once_while_a_worker_dies)
 		       "center_crop(24, 24) | batch(%d) | " TAIL_NORM, c.dir,
 	    TAIL_BATCH, "");
 	local = tail_rows_of(det, "local", "auto");
-	ck_assert_msg(tail_read(slow, c.dispatcher.url, "auto", NULL, 2, &c,
-			  &got, err, sizeof(err)) == CACHEW_OK, "%s", err);
+	ck_assert_msg(tail_read(slow, c.dispatcher.url, "auto", NULL,
+			  &kill_at_2, &got, err, sizeof(err)) == CACHEW_OK,
+	    "%s", err);
 	tail_rows_are(&got, &local, "a worker killed after 2 batches");
 	free(det);
 	free(slow);
@@ -844,17 +861,26 @@ END_TEST
  * narrower worker part: the dispatcher refuses it, and it says why. */
 typedef struct tail_reader {
 	const char *pipeline, *url, *tail;
+	atomic_int *reading; /* readers that got their first batch */
 	tail_rows rows;
 	cachew_err rv;
 	char err[512];
 } tail_reader;
 
+static void
+tail_count_reader(void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
 static void *
 tail_reader_main(void *arg)
 {
 	tail_reader *a = arg;
+	tail_event first = {.after = 1, .fn = tail_count_reader,
+	    .arg = a->reading};
 
-	a->rv = tail_read(a->pipeline, a->url, a->tail, "tail-shared", 0, NULL,
+	a->rv = tail_read(a->pipeline, a->url, a->tail, "tail-shared", &first,
 	    &a->rows, a->err, sizeof(a->err));
 	return NULL;
 }
@@ -866,11 +892,14 @@ START_TEST(tail_named_job_keeps_one_worker_part)
 	pthread_t th[2];
 	tail_rows local, both, refused;
 	char *slow, err[512];
+	atomic_int reading = 0;
+	uint64_t deadline;
 	cachew_err rv;
 
 	cwt_cluster_start(&c, 2);
 	tail_images(c.dir);
-	slow = cwt_fmt(TAIL_SRC " | map(sleep_us, us=20000) | decode_jpeg | "
+	/* 50 ms per image: the shared epoch lasts about 1.5 s. */
+	slow = cwt_fmt(TAIL_SRC " | map(sleep_us, us=50000) | decode_jpeg | "
 		       "center_crop(24, 24) | batch(%d) | " TAIL_NORM, c.dir,
 	    TAIL_BATCH, "");
 	local = tail_rows_of(slow, "local", "auto");
@@ -880,12 +909,15 @@ START_TEST(tail_named_job_keeps_one_worker_part)
 	for (int i = 0; i < 2; i++) {
 		r[i].pipeline = slow;
 		r[i].url = c.dispatcher.url;
+		r[i].reading = &reading;
 		ck_assert_int_eq(pthread_create(&th[i], NULL, tail_reader_main,
 				     &r[i]), 0);
 	}
-	/* While they read, a client with on asks for the same job. */
-	cwt_nap_ms(150);
-	rv = tail_read(slow, c.dispatcher.url, "on", "tail-shared", 0, NULL,
+	/* Once both read, a client with on asks for the same job. */
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(30000);
+	while (atomic_load(&reading) < 2 && cwt_now_ms() < deadline)
+		cwt_nap_ms(2);
+	rv = tail_read(slow, c.dispatcher.url, "on", "tail-shared", NULL,
 	    &refused, err, sizeof(err));
 	for (int i = 0; i < 2; i++)
 		pthread_join(th[i], NULL);
@@ -900,17 +932,13 @@ START_TEST(tail_named_job_keeps_one_worker_part)
 	    "shared: %lld + %lld rows, expected %lld once each",
 	    (long long)r[0].rows.rows, (long long)r[1].rows.rows,
 	    (long long)local.rows);
-	/* The job may have finished before it asked (then it made its own). */
-	if (rv != CACHEW_OK) {
-		ck_assert_int_eq(rv, CACHEW_EINVAL);
-		ck_assert_msg(strstr(err, "client_tail=on runs map(normalize): "
-					  "u8 -> f32 (image) on this client") !=
-			NULL && strstr(err, "job 'tail-shared'") != NULL,
-		    "%s", err);
-	} else {
-		fprintf(stderr, "tail_named_job_keeps_one_worker_part: the "
-		    "shared job ended before the client with on joined\n");
-	}
+	/* It asked while both read (about 1.4 s of the epoch left). */
+	ck_assert_msg(rv == CACHEW_EINVAL, "client_tail=on in the shared job: "
+	    "%s (%s)", cachew_strerror(rv), err);
+	ck_assert_msg(strstr(err, "client_tail=on runs map(normalize): u8 -> "
+				  "f32 (image) on this client") != NULL &&
+		strstr(err, "job 'tail-shared'") != NULL,
+	    "%s", err);
 	free(slow);
 	cwt_cluster_stop(&c);
 }
