@@ -41,7 +41,12 @@ on what else runs on the machine. Targets (issue 5): W2 through the service >=
 0.9x in-process over both transports; W1 through the service >= 1M
 elements/s. The last line gives the W2 tcp:// ratio.
 
-Usage: /usr/bin/python3 bench/w5.py [--quick] [--reps R]   (or bench/run W5)
+Usage: /usr/bin/python3 bench/w5.py [--quick] [--reps R] [--transports T,..]
+       [--client-tail auto,off] [--no-w1]   (or bench/run W5)
+--client-tail auto,off runs W2 through the service both ways, interleaved
+(issues 14, 18: the client normalizes and the workers send u8, or the
+workers send f32), and prints CPU per image of the client and the workers
+and the wire bytes (the job's payload bytes in `cachew status`).
 """
 import argparse
 import atexit
@@ -401,6 +406,23 @@ class Service:
         return lines
 
 
+def job_bytes(cachew, svc, job_id):
+    """The payload bytes the dispatcher counted for a job (what its client
+    received from the workers: the wire's element bytes), from `cachew
+    status --json`; None when it cannot tell."""
+    r = subprocess.run([cachew, "status", svc.url, "--json"],
+                       env=svc.client_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True, timeout=30)
+    try:
+        jobs = json.loads(r.stdout).get("jobs", [])
+    except ValueError:
+        return None
+    for j in jobs:
+        if j.get("id") == job_id:
+            return j.get("bytes")
+    return None
+
+
 def job_summary(events, job_id):
     """Splits of a job and how many each worker was leased."""
     splits, per_worker = None, {}
@@ -516,6 +538,7 @@ class Served(h.Config):
                 c1 = children_cpu_s()
                 d1 = svc.cpu()
                 hwm = svc.hwm_kib()
+                rec["wire_bytes"] = job_bytes(self.cachew, svc, 2)
                 if self.after is not None:
                     self.after(svc, rec)
             events = svc.events()
@@ -596,7 +619,10 @@ def counts_check(label, units, unit_bytes, exact_batches):
 W2_UNIT_BYTES = 3 * 224 * 224 * 4 + 8  # f32 image + i64 label
 
 
-def w2_configs(cachew, cachewd, d, passes, n, seed, limit_s):
+def w2_configs(cachew, cachewd, d, passes, n, seed, limit_s,
+               tails=("auto",)):
+    """In-process, then per transport one service config per client_tail
+    value (the option's --set; a single value keeps W5's labels)."""
     out = []
     check, _ = counts_check("W2 in-process", n, W2_UNIT_BYTES, True)
     out.append(InProcess(
@@ -605,15 +631,19 @@ def w2_configs(cachew, cachewd, d, passes, n, seed, limit_s):
          "--set", "service=local",
          "--seed", str(seed), w2_pipeline(d, passes, 2)], n, check=check))
     for tr in TRANSPORTS:
-        check, check_splits = counts_check(f"W2 {tr}", n, W2_UNIT_BYTES,
-                                           False)
-        c = Served(cachew, cachewd, tr, limit_s, "service", f"W2 {tr}",
-                   f"{WORKERS}x{WORKER_THREADS}",
-                   [cachew, "run", "--json", "--no-digest", "--quiet",
-                    "--seed", str(seed), w2_pipeline(d, passes, 1)], n,
-                   check=check)
-        c.check_splits = check_splits
-        out.append(c)
+        for tail in tails:
+            label = f"W2 {tr}" + (f" tail={tail}" if len(tails) > 1 else "")
+            check, check_splits = counts_check(label, n, W2_UNIT_BYTES,
+                                               False)
+            c = Served(cachew, cachewd, tr, limit_s, "service", label,
+                       f"{WORKERS}x{WORKER_THREADS}",
+                       [cachew, "run", "--json", "--no-digest", "--quiet",
+                        "--seed", str(seed), "--set",
+                        f"client_tail={tail}", w2_pipeline(d, passes, 1)],
+                       n, check=check)
+            c.check_splits = check_splits
+            c.tail = tail
+            out.append(c)
     return out
 
 
@@ -713,14 +743,27 @@ def rows_for(configs):
             f"{c.peak_rss_mib():.1f}",
             fmt_mib(max(run["worker_hwm_kib"] for run in c.runs)) if served
             else "-",
+            fmt_mb(med([run.get("wire_bytes") for run in c.runs]))
+            if served else "-",
         ])
     return rows
+
+
+def fmt_mb(b):
+    return "-" if b is None else f"{b / 1e6:.0f}"
 
 
 HEADER = ["config", "transport", "pipeline threads", "median /s", "min",
           "max", "median s", "setup s", "client CPU s", "workers CPU s",
           "dispatcher CPU s", "total CPU s", "client peak RSS MiB",
-          "worker peak RSS MiB"]
+          "worker peak RSS MiB", "wire MB"]
+
+
+def cpu_per_image(run, units):
+    """(client, workers) CPU milliseconds per unit of a service run."""
+    x = run["cpu"]
+    return (1000 * x["client"] / units,
+            1000 * (x.get("workers") or 0) / units)
 
 
 def cpu_total(x):
@@ -750,9 +793,21 @@ def main():
                     "tls+auth (TLS and role tokens); default ipc,tcp. With "
                     "tls+auth and tcp, also prints tls+auth / tcp; a full "
                     "run not on the default writes the TLS section")
+    ap.add_argument("--client-tail", default="auto",
+                    help="comma-separated client_tail values for W2's "
+                    "service runs, each its own row, interleaved (auto: "
+                    "the client normalizes, the workers send u8; off: the "
+                    "workers normalize and send f32); default auto. The "
+                    "ratios are of the first")
+    ap.add_argument("--no-w1", action="store_true",
+                    help="W2 only (W1 has no client tail to compare)")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be >= 1")
+    tails = tuple(t for t in args.client_tail.split(",") if t)
+    if not tails or any(t not in ("auto", "on", "off") for t in tails):
+        ap.error(f"--client-tail {args.client_tail}: auto, on or off, "
+                 "comma-separated")
     default_transports = TRANSPORTS
     TRANSPORTS = tuple(t for t in args.transports.split(",") if t)
     bad = [t for t in TRANSPORTS if t not in ("ipc", "tcp", "tls",
@@ -776,13 +831,17 @@ def main():
     limit_s = CLIENT_LIMIT_S[mode]
     verify_hangs = verify(cachew, cachewd, d, args.seed, limit_s)
 
-    w2c = w2_configs(cachew, cachewd, d, sz["passes"], n_images, args.seed,
-                     limit_s)
-    w1c = w1_configs(cachew, cachewd, sz["w1"], args.seed, limit_s)
-    configs = w2c + w1c
+    w2all = w2_configs(cachew, cachewd, d, sz["passes"], n_images,
+                       args.seed, limit_s, tails)
+    w1c = [] if args.no_w1 else w1_configs(cachew, cachewd, sz["w1"],
+                                           args.seed, limit_s)
+    configs = w2all + w1c
     h.run_interleaved(configs, args.reps)
     info["loadavg_end"] = h.loadavg()
 
+    # The ratios are of the first client_tail value; the others get a
+    # line each comparing them with it.
+    w2c = [w2all[0]] + [c for c in w2all[1:] if c.tail == tails[0]]
     w2_ratio = {c.transport: c.median() / w2c[0].median() for c in w2c[1:]}
     w2_tcp = next(c for c in w2c if c.transport == "tcp")
     w1_ratio = {c.transport: c.median() / w1c[0].median() for c in w1c[1:]}
@@ -801,7 +860,7 @@ def main():
             f"{verdict(w2_ratio[tr] >= TARGETS['w2_ratio'])}); CPU per "
             f"image in-process / service = "
             f"{cpu_ratio(w2c[0], served):.2f}x")
-    for tr in TRANSPORTS:
+    for tr in TRANSPORTS if w1c else ():
         served = next(c for c in w1c if c.transport == tr)
         ratio_lines.append(
             f"W1 {tr}://: service {w1_rate[tr]:,.0f} elements/s (target >= "
@@ -809,8 +868,30 @@ def main():
             f"{verdict(w1_rate[tr] >= TARGETS['w1_rate'])}); "
             f"{w1_ratio[tr]:.2f}x in-process; CPU per element in-process / "
             f"service = {cpu_ratio(w1c[0], served):.2f}x")
+    for c in w2all[1:]:
+        if c.tail == tails[0]:
+            continue
+        base = next(b for b in w2c if b.transport == c.transport)
+        ratio_lines.append(
+            f"W2 {c.transport}:// client_tail={c.tail} / "
+            f"client_tail={tails[0]} = {c.median() / base.median():.2f}x; "
+            f"service / in-process = {c.median() / w2c[0].median():.2f}x; "
+            f"CPU per image in-process / service = "
+            f"{cpu_ratio(w2c[0], c):.2f}x")
+    for c in w2all[1:]:
+        per = [cpu_per_image(r, c.units) for r in c.runs]
+        ratio_lines.append(
+            f"{c.label}: CPU ms per image client "
+            f"{med([p[0] for p in per]):.3f}, workers "
+            f"{med([p[1] for p in per]):.3f}; wire "
+            f"{fmt_mb(med([r.get('wire_bytes') for r in c.runs]))} MB")
+    ratio_lines.append(
+        f"{w2c[0].label} in-process: CPU ms per image "
+        f"{med([1000 * cpu_total(r['cpu']) / w2c[0].units for r in w2c[0].runs]):.3f}")
     for tr in [t for t in TRANSPORTS if t in ("tls", "tls+auth")]:
         for name, cs in (("W2", w2c), ("W1", w1c)):
+            if not cs:
+                continue
             a = next(c for c in cs if c.transport == tr)
             b = next(c for c in cs if c.transport == "tcp")
             ratio_lines.append(
@@ -822,7 +903,7 @@ def main():
     warning = h.load_warning(info)
     if warning is not None:
         ratio_lines.append(warning)
-    for c in w2c + w1c:
+    for c in w2all + w1c:
         if c.side != "service":
             continue
         spw = [r["splits_per_worker"] for r in c.runs]

@@ -5,7 +5,9 @@
  * real cachewd processes; and exactly-once delivery while workers die.
  */
 #include "cwt.h"
+#include "../src/tools/gen.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* ---- what a run gave: batch sizes in order, values as a multiset ---- */
 
@@ -593,17 +596,391 @@ START_TEST(dispatcher_back_without_state)
 }
 END_TEST
 
+/* ---- the client tail: normalize on the client (issues 14, 18) ------------ */
+
+/*
+ * W2's shape on generated JPEGs: 6 shards of 10 images (6 splits over 2
+ * workers), batches of 4 (each lease ends with a partial batch the client
+ * stitches), then normalize, which a remote service's client runs itself.
+ * TAIL_DET crops the centre (in-process yields the same rows); TAIL_RAND
+ * is W2's random crop and flip (the same rows wherever normalize runs, for
+ * the same splits: lease seeds do not depend on it).
+ */
+#define TAIL_SRC "tfrecord(files=\"%s/img/*.tfrecord\") | parse_example(" \
+	"image=\"image/encoded:bytes\", label=\"image/class/label:i64\")"
+#define TAIL_NORM "normalize(mean=[0.485, 0.456, 0.406], std=[0.229, " \
+	"0.224, 0.225], channels_first=true%s)"
+#define TAIL_DET TAIL_SRC " | decode_jpeg | center_crop(24, 24) | " \
+	"batch(%d) | " TAIL_NORM
+#define TAIL_RAND TAIL_SRC " | random_resized_crop(size=24) | " \
+	"flip_left_right | batch(%d) | " TAIL_NORM
+#define TAIL_IMAGES 60
+#define TAIL_BATCH 4
+
+static void
+tail_images(const char *dir)
+{
+	char *out = cwt_fmt("%s/img", dir), err[256];
+	cwi_gen_imagenet_config cfg = {.out_dir = out, .images = TAIL_IMAGES,
+	    .shards = 6, .seed = 5, .width = 64, .height = 48, .quality = 85};
+
+	ck_assert_msg(cwi_gen_imagenet(&cfg, NULL, err, sizeof(err)) ==
+			  CACHEW_OK, "%s", err);
+	free(out);
+}
+
+/* What a run of [image f32 [B, 3, H, W], label i64 [B]] batches held,
+ * independent of which rows shared a batch: the sum of a hash of each
+ * row (image bytes, seeded by its label), the rows, and the batches
+ * smaller than TAIL_BATCH before the last one (none when stitched). */
+typedef struct tail_rows {
+	uint64_t sum;
+	int64_t rows, batches, short_before_last;
+	bool last_short;
+	cachew_dtype dtype;
+} tail_rows;
+
+static void
+tail_rows_add(tail_rows *r, const cachew_element *e)
+{
+	const cachew_tensor *img = cachew_element_component(e, 0);
+	const cachew_tensor *lab = cachew_element_component(e, 1);
+	const uint8_t *px = cachew_tensor_data(img);
+	const int64_t *label = cachew_tensor_data(lab);
+	int64_t b = cachew_tensor_shape(img)[0];
+	size_t row = b > 0 ? cachew_tensor_nbytes(img) / (size_t)b : 0;
+
+	ck_assert_int_eq(cachew_tensor_dtype(lab), CACHEW_I64);
+	r->dtype = cachew_tensor_dtype(img);
+	for (int64_t i = 0; i < b; i++)
+		r->sum += XXH3_64bits_withSeed(px + (size_t)i * row, row,
+		    (uint64_t)label[i]);
+	r->rows += b;
+	r->short_before_last += r->last_short;
+	r->last_short = b < TAIL_BATCH;
+	r->batches++;
+}
+
+/* Something done while a run reads: fn(arg) once `after` batches came. */
+typedef struct tail_event {
+	int64_t after;
+	void (*fn)(void *arg);
+	void *arg;
+} tail_event;
+
+/* Reads pipeline on service with client_tail; a job_name unless NULL;
+ * ev (unless NULL) happens on the way. The iterator's error, with its
+ * message in err. */
+static cachew_err
+tail_read(const char *pipeline, const char *service, const char *tail,
+    const char *job_name, const tail_event *ev, tail_rows *r, char *err,
+    size_t errlen)
+{
+	cachew_options *o = cwt_opts(7, 2);
+	cachew_dataset *ds = NULL;
+	cachew_iterator *it = NULL;
+	cachew_element *e;
+	cachew_err rv;
+
+	memset(r, 0, sizeof(*r));
+	err[0] = '\0';
+	ck_assert_int_eq(cachew_options_set_str(o, "service", service),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(o, "client_tail", tail),
+	    CACHEW_OK);
+	if (job_name != NULL)
+		ck_assert_int_eq(cachew_options_set_str(o, "job_name",
+				     job_name), CACHEW_OK);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline), CACHEW_OK);
+	rv = cachew_iterator_create(&it, ds, o);
+	while (rv == CACHEW_OK &&
+	       (rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+		tail_rows_add(r, e);
+		cachew_element_release(e);
+		if (ev != NULL && r->batches == ev->after)
+			ev->fn(ev->arg);
+	}
+	snprintf(err, errlen, "%s", it != NULL ? cachew_iterator_errmsg(it)
+					       : cachew_errmsg());
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	cachew_options_destroy(o);
+	return rv == CACHEW_EOF ? CACHEW_OK : rv;
+}
+
+static tail_rows
+tail_rows_of(const char *pipeline, const char *service, const char *tail)
+{
+	tail_rows r;
+	char err[512];
+
+	ck_assert_msg(tail_read(pipeline, service, tail, NULL, NULL, &r, err,
+			  sizeof(err)) == CACHEW_OK,
+	    "%s on %s (client_tail=%s): %s", pipeline, service, tail, err);
+	return r;
+}
+
+static void
+tail_rows_are(const tail_rows *got, const tail_rows *want, const char *what)
+{
+	ck_assert_msg(got->sum == want->sum && got->rows == want->rows &&
+		got->batches == want->batches && got->dtype == CACHEW_F32 &&
+		got->short_before_last == 0,
+	    "%s: rows %lld (sum %016llx) in %lld batches (%lld short before "
+	    "the last), dtype %d; expected %lld (sum %016llx) in %lld",
+	    what, (long long)got->rows, (unsigned long long)got->sum,
+	    (long long)got->batches, (long long)got->short_before_last,
+	    (int)got->dtype, (long long)want->rows,
+	    (unsigned long long)want->sum, (long long)want->batches);
+}
+
+/* The payload bytes the dispatcher counted for its newest job (what its
+ * client received), from `cachew status --json`. */
+static int64_t
+newest_job_bytes(const cwt_cluster *c)
+{
+	char *path = cwt_fmt("%s/status.json", c->dir);
+	char *cmd = cwt_fmt("%s/cachew status %s --json > %s", cwt_build_dir(),
+	    c->dispatcher.url, path);
+	json_error_t jerr;
+	json_t *root, *jobs;
+	int64_t bytes;
+
+	ck_assert_int_eq(system(cmd), 0);
+	root = json_load_file(path, 0, &jerr);
+	ck_assert_msg(root != NULL, "%s: %s", path, jerr.text);
+	jobs = json_object_get(root, "jobs");
+	ck_assert_uint_gt(json_array_size(jobs), 0);
+	bytes = json_integer_value(json_object_get(json_array_get(jobs,
+	    json_array_size(jobs) - 1), "bytes"));
+	json_decref(root);
+	free(cmd);
+	free(path);
+	return bytes;
+}
+
+/* The elements of pipeline through the service at url (client_tail
+ * auto) are in-process's, as a multiset of element hashes. */
+static void
+tail_elements_are_in_process(const char *pipeline, const char *url)
+{
+	cachew_options *o = cwt_opts_at(7, 0, "local");
+	char *want = cwt_hash_seq(pipeline, o, 1), *got;
+
+	cachew_options_destroy(o);
+	o = cwt_opts_at(7, 0, url);
+	got = cwt_hash_seq(pipeline, o, 1);
+	ck_assert_str_eq(got, want);
+	free(got);
+	free(want);
+	cachew_options_destroy(o);
+}
+
+/* Over tcp the client normalizes: the workers send u8 (a quarter of the
+ * f32 bytes), and the rows are in-process's byte for byte, stitched
+ * batches whole; client_tail=off sends f32 and gives the same. Where the
+ * batches need no stitching (5 divides a lease's 10), each element is
+ * in-process's too. */
+START_TEST(tail_w2_over_tcp_is_in_process)
+{
+	cwt_cluster c;
+	char *det, *rand, *det5;
+	tail_rows local, on, off;
+	int64_t on_bytes, off_bytes, image = 3 * 24 * 24;
+
+	cwt_cluster_start(&c, 2);
+	tail_images(c.dir);
+	det = cwt_fmt(TAIL_DET, c.dir, TAIL_BATCH, ", parallel=2");
+	rand = cwt_fmt(TAIL_RAND, c.dir, TAIL_BATCH, "");
+	det5 = cwt_fmt(TAIL_DET, c.dir, 5, "");
+	local = tail_rows_of(det, "local", "auto");
+	ck_assert_int_eq(local.rows, TAIL_IMAGES);
+	on = tail_rows_of(det, c.dispatcher.url, "auto");
+	on_bytes = newest_job_bytes(&c);
+	tail_rows_are(&on, &local, "tcp, client_tail=auto");
+	off = tail_rows_of(det, c.dispatcher.url, "off");
+	off_bytes = newest_job_bytes(&c);
+	tail_rows_are(&off, &local, "tcp, client_tail=off");
+	ck_assert_int_eq(on_bytes, TAIL_IMAGES * (image + 8));
+	ck_assert_int_eq(off_bytes, TAIL_IMAGES * (4 * image + 8));
+	/* Random crops: each lease draws from its own seed, wherever the
+	 * normalize runs. */
+	on = tail_rows_of(rand, c.dispatcher.url, "auto");
+	off = tail_rows_of(rand, c.dispatcher.url, "off");
+	tail_rows_are(&on, &off, "random crops, client_tail=auto");
+	tail_elements_are_in_process(det5, c.dispatcher.url);
+	free(det);
+	free(rand);
+	free(det5);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* SIGKILLs worker 0 of the cluster and starts another. */
+static void
+tail_kill_worker(void *arg)
+{
+	cwt_cluster *c = arg;
+
+	cwt_daemon_stop(&c->workers[0], SIGKILL);
+	cwt_cluster_worker_start(c, c->nworkers++);
+}
+
+/* A worker killed mid-epoch: its leases are replayed, the client skips
+ * what it has, stitches the tails and normalizes: every row once, every
+ * batch but the last full. */
+START_TEST(tail_exactly_once_while_a_worker_dies)
+{
+	cwt_cluster c;
+	tail_rows local, got;
+	tail_event kill_at_2 = {.after = 2, .fn = tail_kill_worker, .arg = &c};
+	char *det, *slow, err[512];
+
+	cwt_cluster_start(&c, 2);
+	tail_images(c.dir);
+	det = cwt_fmt(TAIL_DET, c.dir, TAIL_BATCH, "");
+	/* 20 ms per image: the epoch lasts ~0.6 s, the kill comes early. */
+	slow = cwt_fmt(TAIL_SRC " | map(sleep_us, us=20000) | decode_jpeg | "
+		       "center_crop(24, 24) | batch(%d) | " TAIL_NORM, c.dir,
+	    TAIL_BATCH, "");
+	local = tail_rows_of(det, "local", "auto");
+	ck_assert_msg(tail_read(slow, c.dispatcher.url, "auto", NULL,
+			  &kill_at_2, &got, err, sizeof(err)) == CACHEW_OK,
+	    "%s", err);
+	tail_rows_are(&got, &local, "a worker killed after 2 batches");
+	free(det);
+	free(slow);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* A named job's clients share one worker part: with auto the tail stays
+ * on the workers for a named job, so a client that keeps it there (off,
+ * or a build without the client tail) and an auto one share the job and
+ * both get f32; between them every row once. A client with on runs a
+ * narrower worker part: the dispatcher refuses it, and it says why. */
+typedef struct tail_reader {
+	const char *pipeline, *url, *tail;
+	atomic_int *reading; /* readers that got their first batch */
+	tail_rows rows;
+	cachew_err rv;
+	char err[512];
+} tail_reader;
+
+static void
+tail_count_reader(void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void *
+tail_reader_main(void *arg)
+{
+	tail_reader *a = arg;
+	tail_event first = {.after = 1, .fn = tail_count_reader,
+	    .arg = a->reading};
+
+	a->rv = tail_read(a->pipeline, a->url, a->tail, "tail-shared", &first,
+	    &a->rows, a->err, sizeof(a->err));
+	return NULL;
+}
+
+START_TEST(tail_named_job_keeps_one_worker_part)
+{
+	cwt_cluster c;
+	tail_reader r[2];
+	pthread_t th[2];
+	tail_rows local, both, refused;
+	char *slow, err[512];
+	atomic_int reading = 0;
+	uint64_t deadline;
+	cachew_err rv;
+
+	cwt_cluster_start(&c, 2);
+	tail_images(c.dir);
+	/* 50 ms per image: the shared epoch lasts about 1.5 s. */
+	slow = cwt_fmt(TAIL_SRC " | map(sleep_us, us=50000) | decode_jpeg | "
+		       "center_crop(24, 24) | batch(%d) | " TAIL_NORM, c.dir,
+	    TAIL_BATCH, "");
+	local = tail_rows_of(slow, "local", "auto");
+	memset(r, 0, sizeof(r));
+	r[0].tail = "off";
+	r[1].tail = "auto";
+	for (int i = 0; i < 2; i++) {
+		r[i].pipeline = slow;
+		r[i].url = c.dispatcher.url;
+		r[i].reading = &reading;
+		ck_assert_int_eq(pthread_create(&th[i], NULL, tail_reader_main,
+				     &r[i]), 0);
+	}
+	/* Once both read, a client with on asks for the same job. */
+	deadline = cwt_now_ms() + (uint64_t)cwt_bound_ms(30000);
+	while (atomic_load(&reading) < 2 && cwt_now_ms() < deadline)
+		cwt_nap_ms(2);
+	rv = tail_read(slow, c.dispatcher.url, "on", "tail-shared", NULL,
+	    &refused, err, sizeof(err));
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(r[i].rv == CACHEW_OK, "client_tail=%s: %s",
+		    r[i].tail, r[i].err);
+	both = r[0].rows;
+	both.sum += r[1].rows.sum;
+	both.rows += r[1].rows.rows;
+	ck_assert_int_eq(r[1].rows.dtype, CACHEW_F32);
+	ck_assert_msg(both.sum == local.sum && both.rows == local.rows,
+	    "shared: %lld + %lld rows, expected %lld once each",
+	    (long long)r[0].rows.rows, (long long)r[1].rows.rows,
+	    (long long)local.rows);
+	/* It asked while both read (about 1.4 s of the epoch left). */
+	ck_assert_msg(rv == CACHEW_EINVAL, "client_tail=on in the shared job: "
+	    "%s (%s)", cachew_strerror(rv), err);
+	ck_assert_msg(strstr(err, "client_tail=on runs map(normalize): u8 -> "
+				  "f32 (image) on this client") != NULL &&
+		strstr(err, "job 'tail-shared'") != NULL,
+	    "%s", err);
+	free(slow);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
+/* normalize under a per-lease shuffle: nothing moves (the shuffle would
+ * have to move too, and would then mix leases), and the service still
+ * yields in-process's batches. */
+START_TEST(tail_stays_under_a_per_lease_shuffle)
+{
+	cwt_cluster c;
+	char *p;
+
+	cwt_cluster_start(&c, 2);
+	tail_images(c.dir);
+	p = cwt_fmt(TAIL_DET " | shuffle(3, seed=2)", c.dir, 5, "");
+	tail_elements_are_in_process(p, c.dispatcher.url);
+	ck_assert_int_eq(newest_job_bytes(&c),
+	    TAIL_IMAGES * (4 * 3 * 24 * 24 + 8));
+	free(p);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 Suite *
 cwt_exact_suite(void)
 {
 	Suite *s = suite_create("exact");
 	TCase *tc = tcase_create("exact");
 	TCase *chaos = tcase_create("chaos");
+	TCase *tail = tcase_create("tail");
 
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, exact_tfdata_behaviours_embedded);
 	tcase_add_test(tc, exact_tfdata_behaviours_cluster);
 	suite_add_tcase(s, tc);
+	tcase_set_timeout(tail, 600);
+	tcase_add_test(tail, tail_w2_over_tcp_is_in_process);
+	tcase_add_test(tail, tail_exactly_once_while_a_worker_dies);
+	tcase_add_test(tail, tail_named_job_keeps_one_worker_part);
+	tcase_add_test(tail, tail_stays_under_a_per_lease_shuffle);
+	suite_add_tcase(s, tail);
 	tcase_set_timeout(chaos, 3600);
 	tcase_add_test(chaos, chaos_private_job_workers_die);
 	tcase_add_test(chaos, chaos_shared_job_workers_die);

@@ -15,6 +15,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -873,6 +874,97 @@ START_TEST(service_positions_resume_through_a_cluster)
 }
 END_TEST
 
+/*
+ * The client tail (a remote service's client normalizes): range(200) of
+ * u8 in batches of 16, normalized to x / 255; cut at k, saved with
+ * client_tail `saved` on service `from`, restored with `restored` on
+ * `to`. A position whose client part holds the normalize and one whose
+ * workers ran it continue either way: every value once, one partial
+ * batch at most.
+ */
+static void
+check_tail_cut(const char *from, const char *saved, const char *to,
+    const char *restored, size_t k)
+{
+	const char *p = "range(200, output_type=\"u8\") | batch(16) | "
+			"normalize(mean=[0.0], std=[1.0])";
+	cachew_dataset *ds = parse(p);
+	cachew_options *so = service_opts(from), *ro = service_opts(to);
+	cachew_iterator *it = NULL, *back = NULL;
+	cachew_element *e;
+	unsigned char seen[200] = {0};
+	size_t len = 0, partial = 0, got = 0;
+	void *state = NULL;
+	cachew_err rv = CACHEW_OK;
+
+	ck_assert_int_eq(cachew_options_set_str(so, "client_tail", saved),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set_str(ro, "client_tail", restored),
+	    CACHEW_OK);
+	ck_assert_msg(cachew_iterator_create(&it, ds, so) == CACHEW_OK, "%s",
+	    cachew_errmsg());
+	for (int pass = 0; pass < 2; pass++) {
+		cachew_iterator *cur = pass == 0 ? it : back;
+		for (size_t i = 0; pass == 1 || i < k; i++) {
+			rv = cachew_iterator_next(cur, &e);
+			if (rv != CACHEW_OK)
+				break;
+			const cachew_tensor *t = cachew_element_component(e, 0);
+			const float *v = cachew_tensor_data(t);
+			size_t n = (size_t)cachew_tensor_numel(t);
+			ck_assert_int_eq(cachew_tensor_dtype(t), CACHEW_F32);
+			partial += n != 16;
+			for (size_t j = 0; j < n; j++) {
+				long x = lroundf(v[j] * 255.0f);
+				ck_assert(x >= 0 && x < 200);
+				seen[x]++;
+			}
+			got += n;
+			cachew_element_release(e);
+		}
+		ck_assert_msg(rv == CACHEW_OK || rv == CACHEW_EOF,
+		    "%s (%s) -> %s (%s) at %zu: %s", from, saved, to, restored,
+		    k, cachew_iterator_errmsg(cur));
+		if (pass == 1)
+			break;
+		save_state(it, &state, &len);
+		cachew_iterator_destroy(it);
+		rv = cachew_iterator_restore(&back, ds, ro, state, len);
+		ck_assert_msg(rv == CACHEW_OK, "%s (%s) -> %s (%s) at %zu: "
+		    "restore: %s", from, saved, to, restored, k,
+		    cachew_errmsg());
+	}
+	cachew_iterator_destroy(back);
+	ck_assert_int_eq(rv, CACHEW_EOF);
+	ck_assert_msg(got == 200 && partial <= 1, "%s (%s) -> %s (%s) at %zu: "
+	    "%zu values, %zu partial batches", from, saved, to, restored, k,
+	    got, partial);
+	for (int x = 0; x < 200; x++)
+		ck_assert_msg(seen[x] == 1, "%s (%s) -> %s (%s) at %zu: value "
+		    "%d seen %d times", from, saved, to, restored, k, x,
+		    seen[x]);
+	free(state);
+	cachew_options_destroy(so);
+	cachew_options_destroy(ro);
+	cachew_dataset_release(ds);
+}
+
+START_TEST(service_positions_resume_with_the_client_tail_either_side)
+{
+	cwt_cluster c;
+	const char *url;
+
+	cwt_cluster_start(&c, 2);
+	url = c.dispatcher.url;
+	check_tail_cut(url, "auto", url, "auto", 5);
+	check_tail_cut(url, "off", url, "auto", 5);
+	check_tail_cut(url, "auto", url, "off", 6);
+	check_tail_cut("embedded", "auto", url, "auto", 3);
+	check_tail_cut(url, "auto", "embedded", "auto", 7);
+	cwt_cluster_stop(&c);
+}
+END_TEST
+
 /* What cannot resume through a service says why, and a position goes back
  * only where it can continue. */
 START_TEST(service_positions_refused_say_why)
@@ -1267,6 +1359,7 @@ cwt_resume_suite(void)
 	tcase_set_timeout(tc, 180);
 	tcase_add_test(tc, service_positions_resume_on_the_embedded_service);
 	tcase_add_test(tc, service_positions_resume_through_a_cluster);
+	tcase_add_test(tc, service_positions_resume_with_the_client_tail_either_side);
 	suite_add_tcase(s, tc);
 	return s;
 }

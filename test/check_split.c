@@ -233,8 +233,9 @@ run_plain(const char *pipeline, int threads, elems *out)
 	run_plain_at(pipeline, threads, 0, out);
 }
 
+/* The plan of a pipeline, with cwi_split_plan_create_for's flags. */
 static cwi_split_plan *
-plan_of(const char *pipeline)
+plan_of_for(const char *pipeline, unsigned flags)
 {
 	cachew_dataset *ds = NULL;
 	cwi_split_plan *p = NULL;
@@ -243,11 +244,17 @@ plan_of(const char *pipeline)
 	rv = cachew_dataset_parse(&ds, pipeline);
 	ck_assert_msg(rv == CACHEW_OK, "parse '%s': %s", pipeline,
 	    cachew_errmsg());
-	rv = cwi_split_plan_create(&p, ds);
+	rv = cwi_split_plan_create_for(&p, ds, flags);
 	ck_assert_msg(rv == CACHEW_OK, "plan '%s': %s: %s", pipeline,
 	    cachew_strerror(rv), cachew_errmsg());
 	cachew_dataset_release(ds); /* the plan holds its own reference */
 	return p;
+}
+
+static cwi_split_plan *
+plan_of(const char *pipeline)
+{
+	return plan_of_for(pipeline, 0);
 }
 
 /* One lease of the job seeded SEED at an epoch (the worker runs it with
@@ -1225,6 +1232,121 @@ START_TEST(plan_describe_names_both_parts)
 }
 END_TEST
 
+/* ---- the client tail ---------------------------------------------------- */
+
+static cwi_split_plan *
+tail_plan_of(const char *pipeline)
+{
+	return plan_of_for(pipeline, CWI_SPLIT_CLIENT_TAIL);
+}
+
+#define TAIL_NORMALIZE "normalize(mean=[0.5], std=[0.25])"
+
+/* W2's shape: the workers stop at the u8 batch (stitched across leases),
+ * the client widens; every node keeps its fingerprint. */
+START_TEST(plan_client_tail_moves_a_widening_top)
+{
+	const char *pipeline = "range(40, output_type=\"u8\") | batch(4) | "
+	    TAIL_NORMALIZE " | prefetch(2) | take(9)";
+	cwi_split_plan *p = tail_plan_of(pipeline), *q = plan_of(pipeline);
+	cwi_node *client = NULL;
+	cachew_fingerprint fp;
+
+	ck_assert_uint_eq(p->ncandidate, 2);
+	ck_assert_uint_eq(p->ntail, 2);
+	ck_assert_str_eq(p->worker->op->name, "batch");
+	ck_assert_uint_eq(p->nworker, 2);
+	ck_assert_uint_eq(p->nclient, 3);
+	ck_assert_str_eq(p->boundary->op->name, "take");
+	ck_assert_str_eq(p->tail_why, "map(normalize): u8 -> f32 (component 0)");
+	ck_assert_uint_eq(p->ngroups, 1);
+	ck_assert_ptr_eq(p->groups[0], p->worker);
+	ck_assert_int_eq(cachew_dataset_fingerprint(p->worker, &fp), CACHEW_OK);
+	ck_assert(fp.hi == p->worker_fp.hi && fp.lo == p->worker_fp.lo);
+	ck_assert_int_eq(cwi_split_client_graph(p, NULL, &client), CACHEW_OK);
+	ck_assert_str_eq(client->op->name, "take");
+	ck_assert_str_eq(client->inputs[0]->inputs[0]->detail, "normalize");
+	ck_assert(memcmp(cwi_node_fp(client), cwi_node_fp(p->root),
+		      sizeof(cachew_fingerprint)) == 0);
+	ck_assert(memcmp(&client->seed_fp, &p->root->seed_fp,
+		      sizeof(cachew_fingerprint)) == 0);
+	cachew_dataset_release(client);
+	/* Not asked for (the embedded service, a worker's own plan): the
+	 * candidate is known, nothing moves. */
+	ck_assert_uint_eq(q->ncandidate, 2);
+	ck_assert_uint_eq(q->ntail, 0);
+	ck_assert_str_eq(q->worker->op->name, "prefetch");
+	ck_assert_uint_eq(q->nclient, 1);
+	cwi_split_plan_destroy(p);
+	cwi_split_plan_destroy(q);
+	/* A cast to a wider dtype moves too, with the normalize above it. */
+	p = tail_plan_of("range(8, output_type=\"u8\") | batch(4) | "
+			 "map(cast, dtype=\"f64\")");
+	ck_assert_uint_eq(p->ntail, 1);
+	ck_assert_str_eq(p->tail_why, "map(cast): u8 -> f64 (component 0)");
+	cwi_split_plan_destroy(p);
+}
+END_TEST
+
+/* What must stay on the workers: a run not at the top (a per-lease
+ * operator above it would have to move and would then see the whole
+ * stream instead of a lease), what does not widen, what is random or not
+ * built in, and the widening that is the workers' real work. */
+START_TEST(plan_client_tail_stays_where_it_must)
+{
+	static const char *const stays[] = {
+	    "range(40, output_type=\"u8\") | batch(4) | " TAIL_NORMALIZE
+	    " | shuffle(3, seed=1)",
+	    "range(40, output_type=\"u8\") | batch(2) | " TAIL_NORMALIZE
+	    " | batch(4)",
+	    "range(40, output_type=\"u8\") | batch(2) | " TAIL_NORMALIZE
+	    " | map(add, value=1)",
+	    "range(40, output_type=\"f32\") | batch(4) | " TAIL_NORMALIZE,
+	    "range(40) | map(cast, dtype=\"u8\")",
+	    "range(40, output_type=\"u8\") | map(cast, dtype=\"bool\")",
+	    "range(40) | map(uniform)",
+	    "range(40, output_type=\"u8\") | prefetch(2)",
+	    "range(40, output_type=\"u8\") | batch(4) | map(add)",
+	};
+
+	for (size_t i = 0; i < sizeof(stays) / sizeof(stays[0]); i++) {
+		cwi_split_plan *p = tail_plan_of(stays[i]);
+		ck_assert_msg(p->ncandidate == 0 && p->ntail == 0 &&
+			p->worker == p->root && p->tail_why[0] == '\0',
+		    "%s: %zu operators moved (%s)", stays[i], p->ntail,
+		    p->tail_why);
+		cwi_split_plan_destroy(p);
+	}
+}
+END_TEST
+
+START_TEST(split_explain_shows_the_client_tail)
+{
+	cachew_dataset *ds = NULL;
+	cwi_strbuf sb;
+
+	ck_assert_int_eq(cachew_dataset_parse(&ds,
+			     "range(40, output_type=\"u8\") | batch(4) | "
+			     TAIL_NORMALIZE),
+	    CACHEW_OK);
+	cwi_strbuf_init(&sb);
+	ck_assert_int_eq(cwi_split_explain(ds, &sb), CACHEW_OK);
+	ck_assert_msg(strstr(sb.data, "worker part:  range(start=0, stop=40, "
+				      "step=1, output_type=u8) | batch(n=4, "
+				      "drop_remainder=false)  fp=") != NULL &&
+		strstr(sb.data, ") | map(normalize, parallel=1, "
+				"deterministic=true, mean=[0.5], "
+				"std=[0.25])\n") != NULL &&
+		strstr(sb.data, "\nclient tail:  map(normalize): u8 -> f32 "
+				"(component 0) runs on the client over a "
+				"remote service (client_tail=auto)") != NULL &&
+		strstr(sb.data, "boundary:") == NULL,
+	    "got '%s'", sb.data);
+	cwi_strbuf_free(&sb);
+	cachew_dataset_release(ds);
+}
+END_TEST
+
 START_TEST(split_explain_says_why_a_pipeline_is_not_split)
 {
 	cachew_dataset *ds = NULL;
@@ -1614,6 +1736,9 @@ cwt_split_suite(void)
 	tcase_add_test(plan, plan_of_a_whole_worker_part_is_itself);
 	tcase_add_test(plan, plan_writers_and_position_ops_run_on_the_client);
 	tcase_add_test(plan, plan_describe_names_both_parts);
+	tcase_add_test(plan, plan_client_tail_moves_a_widening_top);
+	tcase_add_test(plan, plan_client_tail_stays_where_it_must);
+	tcase_add_test(plan, split_explain_shows_the_client_tail);
 	tcase_add_test(plan, split_explain_says_why_a_pipeline_is_not_split);
 	tcase_add_test(plan, split_group_cuts_contiguous_even_splits);
 	suite_add_tcase(s, plan);

@@ -25,6 +25,7 @@ typedef struct opt_spec {
 static const char *const mode_choices[] = {
     "distributed_epoch", "parallel_epochs", NULL};
 static const char *const compression_choices[] = {"none", "zstd", "auto", NULL};
+static const char *const client_tail_choices[] = {"auto", "on", "off", NULL};
 
 #define OFF(f) offsetof(cwi_opts, f)
 
@@ -73,6 +74,12 @@ static const opt_spec table[] = {
 	"service: element payloads on the wire: none, zstd, or auto (zstd "
 	"only when the link is measured to be the bottleneck)", "none",
 	compression_choices},
+    {"client_tail", OPT_STR, 0, "auto", 0, 0, OFF(client_tail),
+	"service: where the trailing operators that widen elements "
+	"element-wise (normalize or cast of u8 to f32) run: auto = on the "
+	"client for a remote service's private job, so the workers send the "
+	"narrower elements; on = for named jobs too (every client of the job "
+	"must say on); off = on the workers", "auto", client_tail_choices},
     {"client_buffer", OPT_INT, 64 << 20, NULL, 1 << 16, INT64_MAX,
 	OFF(client_buffer),
 	"service: bytes of elements the client buffers ahead", "67108864",

@@ -32,6 +32,7 @@ typedef struct cwi_opts {
 	int64_t consumer_index;
 	int64_t workers;
 	char compression[CWI_OPT_STR_MAX];
+	char client_tail[CWI_OPT_STR_MAX];
 	int64_t client_buffer;
 	int exactly_once;
 	int64_t dispatcher_absence_ms;

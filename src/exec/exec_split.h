@@ -47,6 +47,26 @@
  *     therefore gets one worker's throughput.
  * The client part above it is as for a split source (take, skip, ...).
  *
+ * The client tail. Asked for (CWI_SPLIT_CLIENT_TAIL), a plan moves the
+ * trailing run at the top of the worker part of operators that widen
+ * their elements element-wise (map(normalize) or map(cast) whose output
+ * dtype is wider than their input's, u8 -> f32: 4x the bytes), with any
+ * prefetch above them, into the client part: the workers then send the
+ * narrower elements (W2's normalize: 0.9 GB on the wire instead of 3.6 GB
+ * for 6,000 images) and the client widens them. That gives the same bytes
+ * because the functions are built in (the same code on every process),
+ * deterministic (no seed, so nothing depends on the lease) and
+ * element-wise (a batch stitched from the tails of leases is widened as a
+ * whole one would be); every node keeps its fingerprint (the client part
+ * is rebuilt over a placeholder carrying the narrower worker part's
+ * fingerprint and seed fingerprint). Only a run at the very top moves:
+ * a per-lease operator above it (filter, shuffle, batch) would have to
+ * move too, and shuffle's per-lease buffer or batch's per-lease cut would
+ * then differ. The worker part is another pipeline then (its top is the
+ * narrower one), so its fingerprint, its dataset on the dispatcher and the
+ * caches autocaching makes of its output are those of the narrower
+ * elements, never mixed with the wider ones'.
+ *
  * Thread safety: a plan is immutable once made; the functions are safe
  * from any thread.
  */
@@ -77,10 +97,13 @@ typedef struct cwi_split_plan {
 				 * none, the worker part is one unit */
 	cwi_node *worker;       /* top of the worker part (in root's graph);
 				 * == root when the client part is empty */
-	const cwi_node *boundary; /* first client operator, or NULL */
+	const cwi_node *boundary; /* first operator that is not per lease
+				 * (the client part's first but for a client
+				 * tail below it), or NULL */
 	size_t nworker;         /* operators of the worker part, source
 				 * included */
-	size_t nclient;         /* operators of the client part */
+	size_t nclient;         /* operators of the client part, the
+				 * client tail included */
 	uint64_t units;         /* split units of the source (0..2^64-1);
 				 * 1 without a source */
 	const char *unit_kind;  /* "elements", "files", "chunks" or
@@ -96,7 +119,18 @@ typedef struct cwi_split_plan {
 	 * write): then every lease ends with its own partial groups. */
 	const cwi_node *groups[CWI_SPLIT_MAX_GROUPS];
 	size_t ngroups;
+	/* The client tail (see above): the operators of the run that may
+	 * move, counted from the top of the whole worker part (0: none), and
+	 * how many did move into the client part (ntail == ncandidate when
+	 * asked for, else 0). tail_why says what the run does to the
+	 * elements, for `cachew explain` ("map(normalize): u8 -> f32 (image)"). */
+	size_t ncandidate;
+	size_t ntail;
+	char tail_why[256];
 } cwi_split_plan;
+
+/* Flags of cwi_split_plan_create_for. */
+#define CWI_SPLIT_CLIENT_TAIL 0x1u /* move the client tail (see above) */
 
 /* Plans root: every pipeline has a plan, with a split source when root
  * is a chain over one splittable source, else without one (see "Pipelines
@@ -104,6 +138,13 @@ typedef struct cwi_split_plan {
  * (errors of the source, e.g. CACHEW_ENOENT for a pattern that matches
  * nothing). Takes a reference on root. */
 cachew_err cwi_split_plan_create(cwi_split_plan **out, cwi_node *root);
+/* As cwi_split_plan_create, with flags (CWI_SPLIT_CLIENT_TAIL: the client
+ * moves the client tail out of the worker part; a remote service's client
+ * does, the embedded service and the workers themselves do not: a worker
+ * plans the worker part it was sent, whose top is already the narrower
+ * one). */
+cachew_err cwi_split_plan_create_for(cwi_split_plan **out, cwi_node *root,
+    unsigned flags);
 /* Whether root's plan has a split source (a chain over one splittable
  * source), from the graph's shape alone: nothing is read. */
 bool cwi_split_possible(const cwi_node *root);
@@ -127,11 +168,13 @@ void cwi_split_plan_destroy(cwi_split_plan *p);
  *     (or "none, the worker part runs whole as one unit (<why>)")
  *   worker part:  <canonical string>  fp=<hex>
  *   client part:  service_stream(...) | take(n=5)   (or "none")
- *   boundary:     take: <why>
+ *   client tail:  <the run> runs on the client: <why>  (only with one)
+ *   boundary:     take: <why>   (only with one)
  */
 cachew_err cwi_split_plan_describe(const cwi_split_plan *p, cwi_strbuf *sb);
 
-/* For `cachew explain`: plans root and appends its description, or one
+/* For `cachew explain`: plans root as a remote service's client does
+ * (with the client tail moved) and appends its description, or one
  * line "split: <why not>" when its units cannot be counted. Fails only
  * with CACHEW_ENOMEM. */
 cachew_err cwi_split_explain(cwi_node *root, cwi_strbuf *sb);

@@ -1132,6 +1132,21 @@ cwi_client_end_epoch(session *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* A named job that runs another dataset refused this client, whose
+ * worker part is narrower than its pipeline's (client_tail=on): says
+ * which setting makes the worker parts agree. */
+static cachew_err
+tail_refused(const client_ctx *ctx, cachew_err rv)
+{
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
+	return cwi_fail(rv, "%s (client_tail=on runs %s on this client, so "
+	    "its workers run a narrower pipeline than a client that keeps it "
+	    "on the workers: give every client of job '%s' the same "
+	    "client_tail)", msg, ctx->plan->tail_why, ctx->opts.job_name);
+}
+
 static cachew_err
 join_job(session *s)
 {
@@ -1195,6 +1210,9 @@ join_job(session *s)
 	rv = cwi_rpc_call_retry(s->dispatcher, &req,
 	    CWI_MSG_JOB_GET_OR_CREATE_REPLY, total, &s->closing, &rep);
 	cwi_pmsg_free(&req);
+	if (rv == CACHEW_EINVAL && ctx->plan->ntail > 0 &&
+	    ctx->opts.job_name[0] != '\0')
+		return tail_refused(ctx, rv);
 	if (rv != CACHEW_OK)
 		return rv;
 	s->job_id = rep.u.job_get_or_create_reply.job_id;
@@ -1665,12 +1683,38 @@ read_token(client_ctx *ctx)
 	return cwi_auth_token_read(path, &ctx->token);
 }
 
+/*
+ * Whether this client moves the plan's client tail (exec_split.h) out of
+ * the worker part. Only for a remote service: over it each byte a worker
+ * sends costs serialisation, a kernel copy on both sides and with TLS the
+ * cipher (~0.38 CPU s per GB), so widening u8 -> f32 on the client cuts
+ * W2's wire bytes 4x. The embedded service moves pointers: there the
+ * widening would only move from the worker's threads onto the consumer's.
+ * auto leaves a named job's tail on the workers: its clients may be of
+ * builds that do not move it, or say off, and a job's clients must all
+ * run the same worker part (the dispatcher refuses the others with
+ * EINVAL); on moves it for a named job too.
+ */
+static unsigned
+tail_flags(const client_ctx *ctx)
+{
+	const char *mode = ctx->opts.client_tail;
+
+	if (strncmp(ctx->url, "inproc://", 9) == 0 || strcmp(mode, "off") == 0)
+		return 0;
+	if (strcmp(mode, "on") != 0 && ctx->opts.job_name[0] != '\0')
+		return 0;
+	return CWI_SPLIT_CLIENT_TAIL;
+}
+
 /* The iterator of ds on the service at url, with pipeline seed `seed`;
- * `restoring`: its streams wait for a saved position. */
+ * `restoring`: its streams wait for a saved position. tail: the client
+ * tail's placement (CWI_SPLIT_CLIENT_TAIL or 0), or -1 for the options'
+ * (tail_flags). */
 static cachew_err
 iterator_make(cachew_iterator **out, cachew_dataset *ds,
     const cachew_options *opts, const char *url, uint64_t seed,
-    bool restoring, client_ctx **ctxp)
+    bool restoring, int tail, client_ctx **ctxp)
 {
 	client_ctx *ctx = calloc(1, sizeof(*ctx));
 	cwi_names *own_names;
@@ -1690,7 +1734,8 @@ iterator_make(cachew_iterator **out, cachew_dataset *ds,
 	rv = read_token(ctx);
 	if (rv != CACHEW_OK)
 		goto fail;
-	rv = cwi_split_plan_create(&ctx->plan, ds);
+	rv = cwi_split_plan_create_for(&ctx->plan, ds,
+	    tail >= 0 ? (unsigned)tail : tail_flags(ctx));
 	if (rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "service %s: %s", url, cwi_errmsg_get());
 		goto fail;
@@ -1742,20 +1787,26 @@ cwi_client_iterator_create(cachew_iterator **out, cachew_dataset *ds,
 
 	return iterator_make(out, ds, opts, url,
 	    o != NULL && o->seed >= 0 ? (uint64_t)o->seed : cwi_fresh_seed(),
-	    false, NULL);
+	    false, -1, NULL);
 }
 
-cachew_err
-cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
+/* Restores r into a new iterator whose client tail is placed by tail (as
+ * iterator_make's); *moved says whether the plan moved it, *movable
+ * whether it had one to move (false when the iterator was not made). */
+static cachew_err
+restore_placed(cachew_iterator **out, cachew_dataset *ds,
     const cachew_options *opts, const char *url, uint64_t seed,
-    cwi_state_reader *r)
+    cwi_state_reader *r, int tail, bool *moved, bool *movable)
 {
 	client_ctx *ctx;
 	cachew_err rv;
 
-	rv = iterator_make(out, ds, opts, url, seed, true, &ctx);
+	*moved = *movable = false;
+	rv = iterator_make(out, ds, opts, url, seed, true, tail, &ctx);
 	if (rv != CACHEW_OK)
 		return rv;
+	*moved = ctx->plan->ntail > 0;
+	*movable = ctx->plan->ncandidate > 0;
 	rv = cwi_exec_iterator_restore(*out, r);
 	ctx->restoring = false; /* later repetitions join as usual */
 	if (rv != CACHEW_OK) {
@@ -1763,4 +1814,35 @@ cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 		*out = NULL;
 	}
 	return rv;
+}
+
+cachew_err
+cwi_client_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
+    const cachew_options *opts, const char *url, uint64_t seed,
+    cwi_state_reader *r)
+{
+	cwi_state_reader again = *r, first;
+	char msg[512];
+	bool moved, movable;
+	unsigned placed;
+	cachew_err rv;
+
+	rv = restore_placed(out, ds, opts, url, seed, r, -1, &moved, &movable);
+	if (rv != CACHEW_EINVAL || !movable)
+		return rv;
+	/* A position saved with the client tail placed the other way (by
+	 * the embedded service, with another client_tail, by a build that
+	 * does not move it) holds another client part: its operator states
+	 * tell at once, before the stream joins a job. It continues with the
+	 * tail where it was. When that fails too, the first failure is the
+	 * one to report. */
+	placed = moved ? 0 : CWI_SPLIT_CLIENT_TAIL;
+	first = *r;
+	snprintf(msg, sizeof(msg), "%s", cwi_errmsg_get());
+	*r = again;
+	if (restore_placed(out, ds, opts, url, seed, r, (int)placed, &moved,
+		&movable) == CACHEW_OK)
+		return CACHEW_OK;
+	*r = first;
+	return cwi_fail(rv, "%s", msg);
 }
