@@ -43,12 +43,16 @@ struct cwi_worker {
 	/* Heartbeats begun and finished (lock): cwi_worker_poke_wait waits
 	 * for one that began after its poke. */
 	uint64_t hb_begun, hb_done;
-	bool hb_ok; /* the last heartbeat got its reply (lock) */
+	bool hb_ok; /* the last heartbeat or registering got a reply (lock) */
 	/* Requests for a task not known yet, held until a heartbeat that
 	 * began after they came has ended (lock): park_unknown. */
 	struct parked_request *parked;
 	size_t nparked, capparked;
 	uint64_t unknown_replies; /* "no task" errors sent (lock) */
+	uint64_t held_served, held_no_task; /* parked: outcomes (lock) */
+	/* The highest task id started (lock): the dispatcher numbers tasks
+	 * upwards, so an unknown id at or below it is gone, not to come. */
+	uint64_t max_task_id;
 
 	pthread_mutex_t lock;
 	pthread_mutex_t start_lock; /* start_tasks, before lock */
@@ -178,6 +182,7 @@ park_unknown(cwi_worker *w, cwi_request *r, cwi_pmsg *m)
 	pthread_mutex_lock(&w->lock);
 	if (w->worker_id != 0 && w->hb_ok && !atomic_load(&w->stop) &&
 	    !atomic_load(&w->draining) && w->nparked < PARKED_MAX &&
+	    m->u.get_elements.task_id > w->max_task_id &&
 	    CWI_GROW(w->parked, w->capparked, w->nparked + 1)) {
 		parked_request *p = &w->parked[w->nparked++];
 		p->r = r;
@@ -218,8 +223,16 @@ serve_parked(cwi_worker *w, uint64_t hb, bool stop)
 		w->poked = true;
 	pthread_mutex_unlock(&w->lock);
 	for (size_t i = 0; i < n; i++) {
-		if (stop || !serve_known(w, v[i].r, &v[i].m))
+		bool served = !stop && serve_known(w, v[i].r, &v[i].m);
+
+		if (!served)
 			reply_unknown(w, v[i].r, v[i].m.u.get_elements.task_id);
+		pthread_mutex_lock(&w->lock);
+		if (served)
+			w->held_served++;
+		else
+			w->held_no_task++;
+		pthread_mutex_unlock(&w->lock);
 		cwi_pmsg_free(&v[i].m);
 	}
 	free(v);
@@ -387,6 +400,9 @@ do_register(cwi_worker *w)
 	w->worker_id = rep.u.worker_register_reply.worker_id;
 	w->env.worker_id = w->worker_id;
 	w->env.lineage = rep.u.worker_register_reply.lineage;
+	/* The dispatcher answers: a task placed here since comes with the
+	 * heartbeat that follows at once (park_unknown). */
+	w->hb_ok = true;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	cwi_log(CACHEW_LOG_INFO, "worker", "event=registered worker=%llu "
@@ -426,6 +442,8 @@ start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
 		bool mapped = cwi_wtask_maps_files(t);
 		w->tasks = p;
 		w->tasks[w->ntasks++] = t;
+		if (hr->start[i].task_id > w->max_task_id)
+			w->max_task_id = hr->start[i].task_id;
 		pthread_mutex_unlock(&w->lock);
 		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_started task=%llu "
 		    "job=%llu mode=%s files=%s",
@@ -474,6 +492,7 @@ stop_all_tasks(cwi_worker *w)
 	n = w->ntasks;
 	w->tasks = NULL;
 	w->ntasks = 0;
+	w->max_task_id = 0; /* the new lineage numbers from 1 */
 	pthread_mutex_unlock(&w->lock);
 	for (size_t i = 0; i < n; i++) {
 		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_stopped task=%llu "
@@ -742,13 +761,15 @@ static cachew_err
 metrics_render(void *arg, cwi_strbuf *sb)
 {
 	cwi_worker *w = arg;
-	uint64_t id, unknown;
+	uint64_t id, unknown, held[2];
 	size_t ntasks;
 
 	pthread_mutex_lock(&w->lock);
 	id = w->worker_id;
 	ntasks = w->ntasks;
 	unknown = w->unknown_replies;
+	held[0] = w->held_served;
+	held[1] = w->held_no_task;
 	pthread_mutex_unlock(&w->lock);
 	cwi_strbuf_puts(sb, "# HELP cachew_worker_registered 1 once the "
 			    "dispatcher registered this worker.\n"
@@ -771,6 +792,17 @@ metrics_render(void *arg, cwi_strbuf *sb)
 			    "counter\n");
 	cwi_strbuf_printf(sb, "cachew_worker_unknown_task_replies_total %llu\n",
 	    (unsigned long long)unknown);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_held_requests_total "
+			    "get_elements for a task not started yet, held "
+			    "for the heartbeat that brings it: served, or "
+			    "answered \"no task\" when it did not.\n"
+			    "# TYPE cachew_worker_held_requests_total "
+			    "counter\n");
+	cwi_strbuf_printf(sb, "cachew_worker_held_requests_total{outcome="
+			      "\"served\"} %llu\n"
+			      "cachew_worker_held_requests_total{outcome="
+			      "\"no_task\"} %llu\n",
+	    (unsigned long long)held[0], (unsigned long long)held[1]);
 	cwi_metrics_family(sb, "cachew_worker_lease_duration_seconds",
 	    "histogram", "Split lease calls to the dispatcher that got a "
 	    "reply: request to reply, retries included.");
