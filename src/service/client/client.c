@@ -764,10 +764,13 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 		/* The worker has not started the task yet (it learns of it
 		 * at its next heartbeat, or at once when in this process) or
 		 * has dropped it; the job's task list tells which. Ask again
-		 * soon: after 1 ms, doubling up to 20. */
+		 * soon: after 1 ms, doubling up to 20 per round, not per
+		 * reply (the INFLIGHT replies of one round made it 8 ms). */
 		uint64_t gap;
-		t->unknown_ms = t->unknown_ms == 0 ? 1
-			      : t->unknown_ms < 20 ? t->unknown_ms * 2 : 20;
+		if (s->coord != NULL || t->retry_at_ns <= now)
+			t->unknown_ms = t->unknown_ms == 0 ? 1
+				      : t->unknown_ms < 20 ? t->unknown_ms * 2
+							   : 20;
 		gap = (uint64_t)t->unknown_ms * 1000000u;
 		if (s->coord != NULL)
 			cwi_coord_failed(s->coord, t->task_id, task_round,

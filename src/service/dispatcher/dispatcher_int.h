@@ -499,6 +499,8 @@ bool cwi_ledger_lease_again(cwi_dispatcher *d, task *t,
     cwi_msg_split_lease_reply *rep);
 cachew_err cwi_ledger_lease(cwi_dispatcher *d, task *t, uint32_t max_splits,
     cwi_msg_split_lease_reply *rep);
+/* Whether a lease for t now gets nothing but retry_ms. Changes nothing. */
+bool cwi_ledger_lease_waits(const cwi_dispatcher *d, const task *t);
 /* Task t's worker says it sent the last element of these splits. */
 void cwi_ledger_delivered(struct split_ledger *l, const task *t,
     const uint64_t *ids, size_t n);

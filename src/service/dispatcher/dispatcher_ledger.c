@@ -179,6 +179,14 @@ lease_none(const cwi_dispatcher *d, const task *t,
 	return false;
 }
 
+bool
+cwi_ledger_lease_waits(const cwi_dispatcher *d, const task *t)
+{
+	cwi_msg_split_lease_reply rep = {0};
+
+	return lease_none(d, t, &rep) && !rep.end_of_splits;
+}
+
 static uint32_t
 active_tasks(const job *j)
 {

@@ -1328,6 +1328,17 @@ cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
 	return rv;
 }
 
+bool
+cwi_dispatcher_lease_waits(cwi_dispatcher *d, const cwi_msg_split_lease *req)
+{
+	worker *w = cwi_disp_find_worker(d, req->worker_id);
+	task *t = cwi_disp_find_task(d, req->task_id);
+
+	return w != NULL && t != NULL && t->w == w &&
+	       t->job->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
+	       cwi_ledger_lease_waits(d, t);
+}
+
 cachew_err
 cwi_dispatcher_task_counters(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_task_counters *req)

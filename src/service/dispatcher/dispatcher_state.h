@@ -168,6 +168,13 @@ cachew_err cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_client_heartbeat *req, cwi_msg_client_heartbeat_reply *rep);
 cachew_err cwi_dispatcher_split_lease(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_lease *req, cwi_msg_split_lease_reply *rep);
+/* Whether a split_lease request handled now would get nothing but
+ * retry_ms: every split of an epoch not over is leased elsewhere (false
+ * for a request that would fail, or end its task). Changes nothing: the
+ * server holds such a request, and hands it to cwi_dispatcher_handle
+ * again once this turns false (docs/protocol.md, "Held leases"). */
+bool cwi_dispatcher_lease_waits(cwi_dispatcher *d,
+    const cwi_msg_split_lease *req);
 /* rep (may be NULL) says whether the job's data is now all acknowledged. */
 cachew_err cwi_dispatcher_split_ack(cwi_dispatcher *d, uint64_t now_ns,
     const cwi_msg_split_ack *req, cwi_msg_ok *rep);

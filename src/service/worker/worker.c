@@ -43,6 +43,16 @@ struct cwi_worker {
 	/* Heartbeats begun and finished (lock): cwi_worker_poke_wait waits
 	 * for one that began after its poke. */
 	uint64_t hb_begun, hb_done;
+	bool hb_ok; /* the last heartbeat or registering got a reply (lock) */
+	/* Requests for a task not known yet, held until a heartbeat that
+	 * began after they came has ended (lock): park_unknown. */
+	struct parked_request *parked;
+	size_t nparked, capparked;
+	uint64_t unknown_replies; /* "no task" errors sent (lock) */
+	uint64_t held_served, held_no_task; /* parked: outcomes (lock) */
+	/* The highest task id started (lock): the dispatcher numbers tasks
+	 * upwards, so an unknown id at or below it is gone, not to come. */
+	uint64_t max_task_id;
 
 	pthread_mutex_t lock;
 	pthread_mutex_t start_lock; /* start_tasks, before lock */
@@ -83,8 +93,11 @@ task_find(cwi_worker *w, uint64_t id)
  * just created, whose task the dispatcher hands out at this worker's next
  * heartbeat. That heartbeat goes now rather than at the interval (100 ms
  * to seconds: W6's runs spent a third of their time waiting for it), at
- * most once per UNKNOWN_POKE_NS however many clients ask. */
-#define UNKNOWN_POKE_NS ((uint64_t)5000000)
+ * most once per UNKNOWN_POKE_NS however many clients ask: a flood of
+ * requests for tasks that do not exist costs the dispatcher at most 1000
+ * heartbeats a second. A job's setup and end take about 1.5 ms on an
+ * idle machine: at 5 ms, each job of a `repeat` waited for the limit. */
+#define UNKNOWN_POKE_NS ((uint64_t)1000000)
 
 static void
 poke_for_unknown_task(cwi_worker *w)
@@ -100,12 +113,136 @@ poke_for_unknown_task(cwi_worker *w)
 	pthread_mutex_unlock(&w->lock);
 }
 
+/* Serves r when its task is here (true), else leaves it. */
+static bool
+serve_known(cwi_worker *w, cwi_request *r, cwi_pmsg *m)
+{
+	cwi_wtask *t;
+	uint64_t id;
+
+	id = m->type == CWI_MSG_GET_ELEMENTS ? m->u.get_elements.task_id
+					    : m->u.task_stats.task_id;
+	t = task_find(w, id);
+	if (t == NULL)
+		return false;
+	if (!cwi_wtask_secret_ok(t, m->type == CWI_MSG_GET_ELEMENTS
+					? m->u.get_elements.secret
+					: m->u.task_stats.secret)) {
+		cwi_rpc_reply_error(r, CACHEW_EPERM, "task %llu on worker %s: "
+		    "the request lacks the task's secret: only its job's "
+		    "clients may read it", (unsigned long long)id, w->url);
+		cwi_wtask_unref(t);
+		return true;
+	}
+	if (m->type == CWI_MSG_GET_ELEMENTS)
+		cwi_wtask_get_elements(t, r, &m->u.get_elements);
+	else
+		cwi_wtask_task_stats(t, r);
+	cwi_wtask_unref(t);
+	return true;
+}
+
+/*
+ * A get_elements for a task this worker has not heard of is held, not
+ * refused, while the registered worker's heartbeats work: the task of a
+ * job just created comes in the reply of a heartbeat that begins after
+ * the request came (the dispatcher placed it before the client could
+ * know it), which is poked now. The request is served once that
+ * heartbeat has ended, or gets ENOENT if the task still is not there
+ * (dropped, or never this worker's). Before, it got ENOENT at once and
+ * the client asked again after 1 to 20 ms: 8 ms of each job's setup
+ * through a remote service (issue 18). At most PARKED_MAX are held;
+ * beyond, and while the dispatcher does not answer, ENOENT at once.
+ */
+#define PARKED_MAX 256
+
+typedef struct parked_request {
+	cwi_request *r;
+	cwi_pmsg m;         /* a get_elements */
+	uint64_t hb_after; /* served once heartbeat hb_after + 1 ended */
+} parked_request;
+
+static void
+reply_unknown(cwi_worker *w, cwi_request *r, uint64_t id)
+{
+	pthread_mutex_lock(&w->lock);
+	w->unknown_replies++;
+	pthread_mutex_unlock(&w->lock);
+	cwi_rpc_reply_error(r, CACHEW_ENOENT, "no task %llu on worker %s",
+	    (unsigned long long)id, w->url);
+}
+
+/* Holds r (takes m) until a heartbeat that begins after now has ended;
+ * false when it may not be held. */
+static bool
+park_unknown(cwi_worker *w, cwi_request *r, cwi_pmsg *m)
+{
+	bool parked = false;
+
+	pthread_mutex_lock(&w->lock);
+	if (w->worker_id != 0 && w->hb_ok && !atomic_load(&w->stop) &&
+	    !atomic_load(&w->draining) && w->nparked < PARKED_MAX &&
+	    m->u.get_elements.task_id > w->max_task_id &&
+	    CWI_GROW(w->parked, w->capparked, w->nparked + 1)) {
+		parked_request *p = &w->parked[w->nparked++];
+		p->r = r;
+		p->m = *m;
+		p->hb_after = w->hb_begun;
+		parked = true;
+		/* A poke the rate limit kept back: sleep_interval sets
+		 * its end by the limit's instead. */
+		pthread_cond_broadcast(&w->cond);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return parked;
+}
+
+/* After heartbeat hb ended: serves the requests held for it (heartbeat
+ * thread); the later ones wait for the next, poked at once. With stop,
+ * every one gets ENOENT. */
+static void
+serve_parked(cwi_worker *w, uint64_t hb, bool stop)
+{
+	parked_request *v = NULL;
+	size_t n = 0, cap = 0;
+
+	pthread_mutex_lock(&w->lock);
+	for (size_t i = 0; i < w->nparked;) {
+		parked_request *p = &w->parked[i];
+
+		if (!stop && p->hb_after >= hb) {
+			i++;
+			continue;
+		}
+		if (!CWI_GROW(v, cap, n + 1))
+			break; /* out of memory: the next heartbeat serves it */
+		v[n++] = *p;
+		w->parked[i] = w->parked[--w->nparked];
+	}
+	if (w->nparked > 0)
+		w->poked = true;
+	pthread_mutex_unlock(&w->lock);
+	for (size_t i = 0; i < n; i++) {
+		bool served = !stop && serve_known(w, v[i].r, &v[i].m);
+
+		if (!served)
+			reply_unknown(w, v[i].r, v[i].m.u.get_elements.task_id);
+		pthread_mutex_lock(&w->lock);
+		if (served)
+			w->held_served++;
+		else
+			w->held_no_task++;
+		pthread_mutex_unlock(&w->lock);
+		cwi_pmsg_free(&v[i].m);
+	}
+	free(v);
+}
+
 static void
 on_request(void *arg, cwi_request *r)
 {
 	cwi_worker *w = arg;
 	cwi_pmsg m;
-	cwi_wtask *t;
 	uint64_t id;
 
 	if (cwi_rpc_unpack(cwi_request_msg(r), cwi_request_peer(r), &m) !=
@@ -122,32 +259,19 @@ on_request(void *arg, cwi_request *r)
 	}
 	id = m.type == CWI_MSG_GET_ELEMENTS ? m.u.get_elements.task_id
 					    : m.u.task_stats.task_id;
-	t = task_find(w, id);
-	if (t == NULL) {
-		if (m.type == CWI_MSG_GET_ELEMENTS)
-			poke_for_unknown_task(w);
-		cwi_rpc_reply_error(r, CACHEW_ENOENT, "no task %llu on worker %s",
-		    (unsigned long long)id, w->url);
+	if (serve_known(w, r, &m)) {
 		cwi_pmsg_free(&m);
 		return;
 	}
-	if (!cwi_wtask_secret_ok(t, m.type == CWI_MSG_GET_ELEMENTS
-					? m.u.get_elements.secret
-					: m.u.task_stats.secret)) {
-		cwi_rpc_reply_error(r, CACHEW_EPERM, "task %llu on worker %s: "
-		    "the request lacks the task's secret: only its job's "
-		    "clients may read it", (unsigned long long)id, w->url);
-		cwi_wtask_unref(t);
-		cwi_pmsg_free(&m);
-		return;
+	if (m.type == CWI_MSG_GET_ELEMENTS) {
+		poke_for_unknown_task(w);
+		if (park_unknown(w, r, &m))
+			return; /* took m */
 	}
-	if (m.type == CWI_MSG_GET_ELEMENTS)
-		cwi_wtask_get_elements(t, r, &m.u.get_elements);
-	else
-		cwi_wtask_task_stats(t, r);
-	cwi_wtask_unref(t);
+	reply_unknown(w, r, id);
 	cwi_pmsg_free(&m);
 }
+
 
 static void sleep_interval(cwi_worker *w);
 
@@ -276,6 +400,9 @@ do_register(cwi_worker *w)
 	w->worker_id = rep.u.worker_register_reply.worker_id;
 	w->env.worker_id = w->worker_id;
 	w->env.lineage = rep.u.worker_register_reply.lineage;
+	/* The dispatcher answers: a task placed here since comes with the
+	 * heartbeat that follows at once (park_unknown). */
+	w->hb_ok = true;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 	cwi_log(CACHEW_LOG_INFO, "worker", "event=registered worker=%llu "
@@ -315,6 +442,8 @@ start_tasks(cwi_worker *w, const cwi_msg_worker_heartbeat_reply *hr)
 		bool mapped = cwi_wtask_maps_files(t);
 		w->tasks = p;
 		w->tasks[w->ntasks++] = t;
+		if (hr->start[i].task_id > w->max_task_id)
+			w->max_task_id = hr->start[i].task_id;
 		pthread_mutex_unlock(&w->lock);
 		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_started task=%llu "
 		    "job=%llu mode=%s files=%s",
@@ -363,6 +492,7 @@ stop_all_tasks(cwi_worker *w)
 	n = w->ntasks;
 	w->tasks = NULL;
 	w->ntasks = 0;
+	w->max_task_id = 0; /* the new lineage numbers from 1 */
 	pthread_mutex_unlock(&w->lock);
 	for (size_t i = 0; i < n; i++) {
 		cwi_log(CACHEW_LOG_INFO, "worker", "event=task_stopped task=%llu "
@@ -476,6 +606,14 @@ sleep_interval(cwi_worker *w)
 	while (!atomic_load(&w->stop) && !w->poked) {
 		uint64_t now = cwi_now_ns();
 
+		/* Held requests whose poke the rate limit kept back: the
+		 * heartbeat goes once it allows. */
+		if (w->nparked > 0 &&
+		    w->unknown_poke_ns + UNKNOWN_POKE_NS < end) {
+			end = w->unknown_poke_ns + UNKNOWN_POKE_NS;
+			if (now >= end)
+				w->unknown_poke_ns = now;
+		}
 		if (now >= end)
 			break;
 		(void)cwi_cond_wait_ns(&w->cond, &w->lock,
@@ -552,8 +690,10 @@ heartbeat_main(void *arg)
 		cachew_err rv = do_heartbeat(w, &drained);
 		pthread_mutex_lock(&w->lock);
 		w->hb_done = hb;
+		w->hb_ok = rv == CACHEW_OK;
 		pthread_cond_broadcast(&w->cond);
 		pthread_mutex_unlock(&w->lock);
+		serve_parked(w, hb, false);
 		if (rv == CACHEW_ENOENT) {
 			uint64_t l = cwi_rpc_error_lineage();
 
@@ -621,12 +761,15 @@ static cachew_err
 metrics_render(void *arg, cwi_strbuf *sb)
 {
 	cwi_worker *w = arg;
-	uint64_t id;
+	uint64_t id, unknown, held[2];
 	size_t ntasks;
 
 	pthread_mutex_lock(&w->lock);
 	id = w->worker_id;
 	ntasks = w->ntasks;
+	unknown = w->unknown_replies;
+	held[0] = w->held_served;
+	held[1] = w->held_no_task;
 	pthread_mutex_unlock(&w->lock);
 	cwi_strbuf_puts(sb, "# HELP cachew_worker_registered 1 once the "
 			    "dispatcher registered this worker.\n"
@@ -640,6 +783,26 @@ metrics_render(void *arg, cwi_strbuf *sb)
 	cwi_strbuf_puts(sb, "# HELP cachew_worker_tasks Tasks this worker "
 			    "runs.\n# TYPE cachew_worker_tasks gauge\n");
 	cwi_strbuf_printf(sb, "cachew_worker_tasks %zu\n", ntasks);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_unknown_task_replies_total "
+			    "get_elements and task_stats requests answered "
+			    "\"no task\" (ENOENT): a task this worker did not "
+			    "have, not even after the heartbeat that followed "
+			    "the request.\n"
+			    "# TYPE cachew_worker_unknown_task_replies_total "
+			    "counter\n");
+	cwi_strbuf_printf(sb, "cachew_worker_unknown_task_replies_total %llu\n",
+	    (unsigned long long)unknown);
+	cwi_strbuf_puts(sb, "# HELP cachew_worker_held_requests_total "
+			    "get_elements for a task not started yet, held "
+			    "for the heartbeat that brings it: served, or "
+			    "answered \"no task\" when it did not.\n"
+			    "# TYPE cachew_worker_held_requests_total "
+			    "counter\n");
+	cwi_strbuf_printf(sb, "cachew_worker_held_requests_total{outcome="
+			      "\"served\"} %llu\n"
+			      "cachew_worker_held_requests_total{outcome="
+			      "\"no_task\"} %llu\n",
+	    (unsigned long long)held[0], (unsigned long long)held[1]);
 	cwi_metrics_family(sb, "cachew_worker_lease_duration_seconds",
 	    "histogram", "Split lease calls to the dispatcher that got a "
 	    "reply: request to reply, retries included.");
@@ -885,6 +1048,8 @@ cwi_worker_stop(cwi_worker *w)
 	for (size_t i = 0; i < w->ntasks; i++)
 		cwi_wtask_detach(w->tasks[i]);
 	cwi_listener_close(w->listener);
+	serve_parked(w, 0, true);
+	free(w->parked);
 	for (size_t i = 0; i < w->ntasks; i++)
 		cwi_wtask_unref(w->tasks[i]);
 	free(w->tasks);
