@@ -99,6 +99,7 @@ struct cwi_dispatcher_server {
 	cwi_auth_tokens *tokens; /* --auth-tokens (NULL: none, no checks) */
 	struct held_lease *held; /* held split_lease requests (d->lock) */
 	size_t nheld, capheld;
+	_Atomic uint64_t test_slowed_job; /* test_slow_last_heartbeat's */
 };
 
 /* What the server layer learnt of a request's sender before the state
@@ -1148,6 +1149,34 @@ held_send(cwi_dispatcher_server *d, held_reply *v, size_t n)
 	free(v);
 }
 
+/*
+ * Tests only: CACHEW_TEST_SLOW_LAST_HEARTBEAT=1 makes the dispatcher
+ * answer the first client_heartbeat of each job that it answers once the
+ * job's data is all acknowledged (the one a client sends for its exact
+ * operator rows) only 5 client heartbeat intervals later: past that
+ * heartbeat's own timeout (4 intervals), as a dispatcher on a loaded
+ * machine may. Later ones go at once. The handler's thread waits (over
+ * inproc, the client's), with no lock held. Job ids only grow, so the
+ * largest one slowed down says which jobs had theirs.
+ */
+static void
+test_slow_last_heartbeat(cwi_dispatcher_server *d, uint64_t job_id,
+    const cwi_msg_client_heartbeat_reply *rep)
+{
+	uint64_t last;
+
+	if (!rep->job_finished ||
+	    getenv("CACHEW_TEST_SLOW_LAST_HEARTBEAT") == NULL)
+		return;
+	last = atomic_load(&d->test_slowed_job);
+	do {
+		if (job_id <= last)
+			return;
+	} while (!atomic_compare_exchange_weak(&d->test_slowed_job, &last,
+	    job_id));
+	cwi_sleep_ns((uint64_t)rep->heartbeat_interval_ms * 5 * 1000000u);
+}
+
 static void
 on_request(void *arg, cwi_request *r)
 {
@@ -1210,6 +1239,9 @@ on_request(void *arg, cwi_request *r)
 		  rep.u.job_get_or_create_reply.created;
 	finished = rep.type == CWI_MSG_OK && rep.u.ok.job_finished;
 	type = req.type;
+	if (rep.type == CWI_MSG_CLIENT_HEARTBEAT_REPLY)
+		test_slow_last_heartbeat(d, req.u.client_heartbeat.job_id,
+		    &rep.u.client_heartbeat_reply);
 	cwi_pmsg_free(&req);
 	reply_after(d, r, &rep, lsn, created || finished, created, type, t0);
 }
@@ -1648,6 +1680,7 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	d->cfg = *cfg;
 	listen = cfg->listen[0] != '\0' ? cfg->listen : "tcp://0.0.0.0:7070";
 	atomic_init(&d->stop, false);
+	atomic_init(&d->test_slowed_job, 0);
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->prov_lock, NULL);
 	pthread_mutex_init(&d->pass_lock, NULL);
