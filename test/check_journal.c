@@ -517,6 +517,112 @@ START_TEST(lazy_records_wait_for_a_record_that_matters)
 }
 END_TEST
 
+/* What on_durable reported: each batch's LSN, and a failure. */
+typedef struct durable_seen {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	cwi_journal *j;
+	uint64_t lsn, calls, published_before;
+	cachew_err failed;
+	char failmsg[256];
+} durable_seen;
+
+static void
+durable_seen_init(durable_seen *ds)
+{
+	memset(ds, 0, sizeof(*ds));
+	pthread_mutex_init(&ds->mu, NULL);
+	cwi_cond_init_monotonic(&ds->cv);
+}
+
+static void
+durable_seen_destroy(durable_seen *ds)
+{
+	pthread_mutex_destroy(&ds->mu);
+	pthread_cond_destroy(&ds->cv);
+}
+
+static void
+on_durable_note(void *ctx, uint64_t lsn, cachew_err rv)
+{
+	durable_seen *ds = ctx;
+	/* Waiters must not know yet: what the callback answers goes out
+	 * before a flush returns. */
+	uint64_t published = rv == CACHEW_OK && ds->j != NULL
+	    ? cwi_journal_durable_lsn(ds->j)
+	    : 0;
+
+	pthread_mutex_lock(&ds->mu);
+	if (rv != CACHEW_OK) {
+		ds->failed = rv;
+		snprintf(ds->failmsg, sizeof(ds->failmsg), "%s",
+		    cachew_errmsg());
+	} else {
+		/* Ascending, one call per batch. */
+		if (lsn <= ds->lsn || published >= lsn)
+			ds->published_before++;
+		ds->lsn = lsn;
+	}
+	ds->calls++;
+	pthread_cond_broadcast(&ds->cv);
+	pthread_mutex_unlock(&ds->mu);
+}
+
+START_TEST(on_durable_reports_each_batch_before_its_waiters)
+{
+	char *dir = cwt_tmpdir();
+	cwi_journal_options o;
+	cwi_journal *j;
+	durable_seen ds;
+	uint64_t lsn = 0, t0, calls;
+
+	durable_seen_init(&ds);
+	cwi_journal_options_init(&o);
+	o.on_durable = on_durable_note;
+	o.on_durable_ctx = &ds;
+	ck_assert_int_eq(cwi_journal_open(&j, dir, &o, NULL, NULL), CACHEW_OK);
+	ds.j = j;
+	/* Five records held back make one batch, reported once. */
+	cwi_journal_test_hold(j, true);
+	for (int i = 0; i < 5; i++)
+		ck_assert_int_eq(cwi_journal_append(j, "rec", 3, &lsn),
+		    CACHEW_OK);
+	cwi_journal_test_hold(j, false);
+	ck_assert_int_eq(cwi_journal_wait_durable(j, lsn, UINT64_MAX),
+	    CACHEW_OK);
+	pthread_mutex_lock(&ds.mu);
+	ck_assert_uint_eq(ds.lsn, 5);
+	ck_assert_uint_eq(ds.calls, 1);
+	ck_assert_uint_eq(ds.published_before, 0);
+	pthread_mutex_unlock(&ds.mu);
+	/* Urged, a lazy record goes at once, not a second later, and it
+	 * is learnt from the callback alone (no wait urges it). */
+	ck_assert_int_eq(cwi_journal_append_lazy(j, "tick", 4, &lsn),
+	    CACHEW_OK);
+	t0 = cwt_now_ms();
+	cwi_journal_urge(j, lsn);
+	pthread_mutex_lock(&ds.mu);
+	while (ds.lsn < lsn && cwt_now_ms() - t0 < 5000)
+		cwi_cond_wait_ns(&ds.cv, &ds.mu, 10000000u);
+	ck_assert_uint_eq(ds.lsn, 6);
+	pthread_mutex_unlock(&ds.mu);
+	ck_assert_uint_lt(cwt_now_ms() - t0, 500);
+	/* An urge for a durable record does nothing. */
+	cwi_journal_urge(j, 3);
+	ck_assert_int_eq(cwi_journal_flush(j), CACHEW_OK);
+	pthread_mutex_lock(&ds.mu);
+	calls = ds.calls;
+	ck_assert_uint_eq(ds.published_before, 0);
+	ck_assert_int_eq(ds.failed, CACHEW_OK);
+	pthread_mutex_unlock(&ds.mu);
+	ck_assert_uint_eq(calls, 2);
+	cwi_journal_destroy(j);
+	durable_seen_destroy(&ds);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(append_fails_when_far_ahead_of_the_disk)
 {
 	char *dir = cwt_tmpdir();
@@ -1077,13 +1183,20 @@ fsize_child(const char *dir)
 {
 	struct rlimit rl = {.rlim_cur = 8192, .rlim_max = 8192};
 	static uint8_t big[16384];
+	cwi_journal_options o;
+	durable_seen ds;
 	cwi_journal *j;
 	uint64_t lsn;
+	int rv = 0;
 
 	signal(SIGXFSZ, SIG_IGN);
 	if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
 		return 10;
-	if (cwi_journal_open(&j, dir, NULL, NULL, NULL) != CACHEW_OK)
+	durable_seen_init(&ds);
+	cwi_journal_options_init(&o);
+	o.on_durable = on_durable_note;
+	o.on_durable_ctx = &ds;
+	if (cwi_journal_open(&j, dir, &o, NULL, NULL) != CACHEW_OK)
 		return 11;
 	if (cwi_journal_append(j, "small", 5, &lsn) != CACHEW_OK ||
 	    cwi_journal_wait_durable(j, lsn, NS_10S) != CACHEW_OK)
@@ -1106,7 +1219,13 @@ fsize_child(const char *dir)
 	    cwi_journal_snapshot_write(j, "s", 1, 1) != CACHEW_EIO)
 		return 17;
 	cwi_journal_destroy(j);
-	return 0;
+	/* on_durable heard of the durable record, then of the failure,
+	 * with the file named. */
+	if (ds.lsn != 1 || ds.failed != CACHEW_EIO || ds.calls != 2 ||
+	    strstr(ds.failmsg, "log-0000000000000001.cwj") == NULL)
+		rv = 18;
+	durable_seen_destroy(&ds);
+	return rv;
 }
 
 START_TEST(write_failure_fails_the_journal_with_the_file_named)
@@ -1206,6 +1325,7 @@ cwt_journal_suite(void)
 	tcase_add_test(tc, snapshot_due_counts_records_and_bytes_since_rotation);
 	tcase_add_test(tc, group_commit_one_fsync_for_waiting_threads);
 	tcase_add_test(tc, lazy_records_wait_for_a_record_that_matters);
+	tcase_add_test(tc, on_durable_reports_each_batch_before_its_waiters);
 	tcase_add_test(tc, append_fails_when_far_ahead_of_the_disk);
 	tcase_add_test(tc, torn_tail_at_every_byte_of_the_last_record);
 	tcase_add_test(tc, zeroed_tail_is_torn_but_garbage_before_the_tail_is_corrupt);

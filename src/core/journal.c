@@ -15,7 +15,8 @@
  * can end in a torn record.
  *
  * Lock order: the caller's lock, then snap_mu (snapshot_write only), then
- * mu. No callback runs after open returns; none runs with mu held. The
+ * mu. After open returns, only options.on_durable is called back, by the
+ * committer between batches; no callback runs with mu held. The
  * committer alone uses fd and seg_size; the segment list, LSNs, buffers
  * and counters are under mu.
  */
@@ -666,6 +667,7 @@ committer_main(void *arg)
 	cwi_journal *j = arg;
 	rotation *rot = NULL;
 	size_t rot_cap = 0;
+	cachew_err failed;
 
 	pthread_mutex_lock(&j->mu);
 	for (;;) {
@@ -714,6 +716,11 @@ committer_main(void *arg)
 
 		if (rv == CACHEW_OK)
 			rv = commit_batch(j, b, n, rot, nrot, &fsyncs);
+		/* Before the waiters: once flush returns, what the callback
+		 * answers for the records it waited for has gone out. */
+		if (rv == CACHEW_OK && j->opts.on_durable != NULL)
+			j->opts.on_durable(j->opts.on_durable_ctx, last,
+			    CACHEW_OK);
 
 		pthread_mutex_lock(&j->mu);
 		j->inflight = 0;
@@ -734,8 +741,14 @@ committer_main(void *arg)
 		pthread_cond_broadcast(&j->durable);
 	}
 	pthread_cond_broadcast(&j->durable);
+	failed = j->failed;
 	pthread_mutex_unlock(&j->mu);
 	free(rot);
+	/* failmsg is only written by this thread, once. */
+	if (failed != CACHEW_OK && j->opts.on_durable != NULL) {
+		(void)cwi_fail(failed, "%s", j->failmsg);
+		j->opts.on_durable(j->opts.on_durable_ctx, 0, failed);
+	}
 	return NULL;
 }
 
@@ -875,6 +888,20 @@ cwi_journal_wait_durable(cwi_journal *j, uint64_t lsn, uint64_t timeout_ns)
 		rv = wait_locked(j, lsn, 0, timeout_ns);
 	pthread_mutex_unlock(&j->mu);
 	return rv;
+}
+
+void
+cwi_journal_urge(cwi_journal *j, uint64_t lsn)
+{
+	pthread_mutex_lock(&j->mu);
+	/* A record not durable is in buf or in the batch being written;
+	 * only buf's wait for a reason to go. */
+	if (j->failed == CACHEW_OK && lsn > j->durable_lsn && !j->urgent &&
+	    j->len > 0) {
+		j->urgent = true;
+		pthread_cond_signal(&j->work);
+	}
+	pthread_mutex_unlock(&j->mu);
 }
 
 cachew_err

@@ -21,8 +21,9 @@
  * rotate and snapshot_due take only the journal's internal mutex for a
  * copy into memory: they never do I/O or wait for the disk, so the
  * caller may hold its own lock around them (lock order: caller's lock,
- * then the journal's). The journal never calls back into the caller
- * except during open. Every other call is safe from any thread;
+ * then the journal's). The journal calls back into the caller during
+ * open, and on the committer thread through options.on_durable (with no
+ * journal lock held). Every other call is safe from any thread;
  * destroy joins the committer and must not race with other calls.
  */
 #ifndef CWI_JOURNAL_H
@@ -58,6 +59,15 @@ typedef struct cwi_journal_options {
 	 * "<name>.discarded-<unix time>" (never deleted) and a new lineage
 	 * begins. No callback runs. */
 	bool discard;
+	/* Called by the committer thread after each batch it wrote and
+	 * fsync'd, with the highest LSN now durable (rv CACHEW_OK), before
+	 * any waiter learns it; once, with the failure (rv and this thread's
+	 * errmsg), when the journal fails. No journal lock is held: it may
+	 * call any journal function but destroy. NULL: none. It lets the
+	 * caller answer what waited for those records on the thread that
+	 * made them durable, without a thread of its own to wake (W9). */
+	void (*on_durable)(void *ctx, uint64_t durable_lsn, cachew_err rv);
+	void *on_durable_ctx;
 } cwi_journal_options;
 
 /* Fills o with the defaults. */
@@ -141,6 +151,12 @@ cachew_err cwi_journal_append_lazy(
  * so; reopening recovers them. */
 cachew_err cwi_journal_wait_durable(
     cwi_journal *j, uint64_t lsn, uint64_t timeout_ns);
+
+/* Asks for the record lsn to be made durable now even when it is a lazy
+ * one (cwi_journal_append_lazy), without waiting: what wait_durable does
+ * first, for a caller that learns of durability from on_durable. No I/O;
+ * a no-op for a durable or failed record. */
+void cwi_journal_urge(cwi_journal *j, uint64_t lsn);
 
 /* Writes and fsyncs everything appended so far (and performs pending
  * rotations): a clean stop calls it before destroy. */

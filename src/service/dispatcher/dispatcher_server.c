@@ -16,6 +16,9 @@
  * provisioner is called without d->lock: by the ticker (set_target), and
  * by status requests under d->prov_lock, which its destroy also takes so
  * that no status call runs into it. The two locks are never nested.
+ * reply_lock (the replies that wait for the journal) is a leaf: handlers
+ * take it after d->lock is released, the journal's committer (on_durable)
+ * with no lock of the journal's held, and nothing is called under it.
  */
 #include "../service.h"
 #include "../service_user.h"
@@ -76,22 +79,29 @@ struct cwi_dispatcher_server {
 	_Atomic uint64_t clock_offset;
 	/* The journal (docs/journal.md; NULL: none). Records are appended
 	 * under d->lock in the order the calls ran; replies wait for their
-	 * record to be durable, on the replier thread. */
+	 * record to be durable in replies, and the journal's committer sends
+	 * them (on_durable) once it is. */
 	cwi_journal *journal;
 	cwi_strbuf jrec; /* the record being built (d->lock) */
 	atomic_bool journal_failed_said;
 	atomic_bool serving; /* started: a journal failure stops it */
 	pthread_mutex_t reply_lock;
-	pthread_cond_t reply_cond;
-	struct pending_reply *replies;
+	struct pending_reply *replies; /* reply_lock */
 	size_t nreplies, capreplies;
-	pthread_t replier;
-	bool replier_started;
-	bool replier_stop;
+	uint64_t replied_lsn; /* the last on_durable's LSN (reply_lock) */
+	bool replies_wait;    /* stopping: handlers wait (reply_lock) */
+	/* Durable, to send: [ready_head, nready) (reply_lock); ready_left
+	 * is their count, for a look without the lock. */
+	struct pending_reply *ready;
+	size_t ready_head, nready, capready;
+	atomic_size_t ready_left;
 	uint8_t *snap;    /* a snapshot to write, ticker only */
 	size_t snap_len;
 	uint64_t snap_lsn;
 	uint64_t last_lsn; /* the last record appended (d->lock) */
+	/* The last one appended not lazy: any record up to it goes to disk
+	 * without being urged (written under d->lock, read without). */
+	_Atomic uint64_t last_urgent_lsn;
 	uint64_t ids_reserved; /* <work_dir>/ids (d->lock) */
 	uint64_t last_tick_ns; /* the ticker's, on cwi_now_ns */
 	cwi_dispatcher_job_hook job_hook; /* set before clients come */
@@ -200,6 +210,8 @@ journal_add(cwi_dispatcher_server *d, cachew_err rv, uint64_t *lsn,
 		return;
 	}
 	d->last_lsn = *lsn;
+	if (!lazy)
+		atomic_store(&d->last_urgent_lsn, *lsn);
 }
 
 static void
@@ -257,8 +269,52 @@ send_reply(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 		d->job_hook(d->job_hook_arg, created, job_id);
 }
 
-/* Replies once the reply's record is durable: at once without a journal,
- * else on the replier thread (a transport handler must not block). */
+/* How many durable replies a thread takes at a time: few, so that the
+ * handler threads that come by share a batch with the committer. */
+#define SEND_CHUNK 8
+
+/*
+ * Sends the durable replies waiting in d->ready, SEND_CHUNK at a time,
+ * until none is left. The committer calls it after each fsync, and every
+ * handler on its way out: a reply's send costs a system call and wakes
+ * its peer (20-50 us on these machines), so a batch of hundreds sent by
+ * the committer alone held the last of them for milliseconds, longer
+ * still whenever it lost its core; the handlers run anyway, and their
+ * help costs no wake-up.
+ */
+static void
+replies_send_ready(cwi_dispatcher_server *d)
+{
+	pending_reply chunk[SEND_CHUNK];
+	size_t n;
+
+	/* Most handlers find nothing ready: no lock for them. */
+	while (atomic_load(&d->ready_left) > 0) {
+		pthread_mutex_lock(&d->reply_lock);
+		n = d->nready - d->ready_head;
+		if (n > SEND_CHUNK)
+			n = SEND_CHUNK;
+		if (n > 0)
+			memcpy(chunk, d->ready + d->ready_head,
+			    n * sizeof(*chunk));
+		d->ready_head += n;
+		if (d->ready_head == d->nready)
+			d->ready_head = d->nready = 0;
+		atomic_store(&d->ready_left, d->nready - d->ready_head);
+		pthread_mutex_unlock(&d->reply_lock);
+		for (size_t i = 0; i < n; i++)
+			send_reply(d, chunk[i].r, &chunk[i].rep, chunk[i].hook,
+			    chunk[i].created, chunk[i].type, chunk[i].t0);
+	}
+}
+
+/* Replies once the reply's record is durable: at once without a journal
+ * or when it already is, else from the journal's committer (on_durable):
+ * a transport handler must not block. The committer sends what it made
+ * durable itself because a thread of ours in between (a replier) cost a
+ * second wake-up per request, and on 2 busy cores each costs
+ * milliseconds: W9's heartbeat p99 at 1,000 workers and 1,000 clients
+ * (docs/performance.md). */
 static void
 reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
     uint64_t lsn, bool hook, bool created, cwi_msg_type type, uint64_t t0)
@@ -270,8 +326,14 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 		return;
 	}
 	pthread_mutex_lock(&d->reply_lock);
-	if (d->replier_stop) {
-		/* Stopping: the replier is gone or going. */
+	if (lsn <= d->replied_lsn) {
+		pthread_mutex_unlock(&d->reply_lock);
+		send_reply(d, r, rep, hook, created, type, t0);
+		replies_send_ready(d);
+		return;
+	}
+	if (d->replies_wait) {
+		/* Stopping: the journal's last flush may have passed. */
 		pthread_mutex_unlock(&d->reply_lock);
 		(void)cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX);
 		send_reply(d, r, rep, hook, created, type, t0);
@@ -299,46 +361,71 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 	p->created = created;
 	p->type = type;
 	p->t0 = t0;
-	pthread_cond_signal(&d->reply_cond);
 	pthread_mutex_unlock(&d->reply_lock);
+	/* A borrowed LSN (a reply with no record) may be a lazy tick's,
+	 * which would wait up to a second for a reason to go. */
+	if (lsn > atomic_load(&d->last_urgent_lsn))
+		cwi_journal_urge(d->journal, lsn);
+	replies_send_ready(d);
 }
 
-/* Takes the waiting replies in batches: one wait for the batch's last
- * record (group commit makes it one fsync), then every reply of it. */
-static void *
-replier_main(void *arg)
+/* Moves the waiting replies whose records are durable up to lsn to the
+ * end of d->ready (reply_lock held); false when out of memory. Replies
+ * come in nearly LSN order, not exactly (handlers race from d->lock to
+ * here). */
+static bool
+replies_take_locked(cwi_dispatcher_server *d, uint64_t lsn)
 {
-	cwi_dispatcher_server *d = arg;
+	size_t keep = 0;
 
-	for (;;) {
-		pending_reply *v;
-		size_t n;
-		uint64_t max = 0;
-
-		pthread_mutex_lock(&d->reply_lock);
-		while (d->nreplies == 0 && !d->replier_stop)
-			pthread_cond_wait(&d->reply_cond, &d->reply_lock);
-		if (d->nreplies == 0) {
-			pthread_mutex_unlock(&d->reply_lock);
-			break;
-		}
-		v = d->replies;
-		n = d->nreplies;
-		d->replies = NULL;
-		d->nreplies = d->capreplies = 0;
-		pthread_mutex_unlock(&d->reply_lock);
-		for (size_t i = 0; i < n; i++)
-			if (v[i].lsn > max)
-				max = v[i].lsn;
-		if (cwi_journal_wait_durable(d->journal, max, UINT64_MAX) !=
-		    CACHEW_OK)
-			journal_failed(d, "commit");
-		for (size_t i = 0; i < n; i++)
-			send_reply(d, v[i].r, &v[i].rep, v[i].hook,
-			    v[i].created, v[i].type, v[i].t0);
-		free(v);
+	if (d->ready_head > 0) {
+		memmove(d->ready, d->ready + d->ready_head,
+		    (d->nready - d->ready_head) * sizeof(*d->ready));
+		d->nready -= d->ready_head;
+		d->ready_head = 0;
 	}
-	return NULL;
+	if (!CWI_GROW(d->ready, d->capready, d->nready + d->nreplies))
+		return false;
+	for (size_t i = 0; i < d->nreplies; i++) {
+		if (d->replies[i].lsn <= lsn)
+			d->ready[d->nready++] = d->replies[i];
+		else
+			d->replies[keep++] = d->replies[i];
+	}
+	d->nreplies = keep;
+	atomic_store(&d->ready_left, d->nready);
+	return true;
+}
+
+/* The journal's on_durable, on its committer thread: sends the replies
+ * whose records are now durable (group commit: one fsync for the batch),
+ * with the handlers' help, or stops the dispatcher when the journal
+ * failed. It returns once every one of them is sent or being sent by a
+ * handler (which a listener's close waits for). */
+static void
+on_durable(void *ctx, uint64_t lsn, cachew_err rv)
+{
+	cwi_dispatcher_server *d = ctx;
+	size_t waiting = 0;
+	bool ok;
+
+	if (rv != CACHEW_OK) {
+		journal_failed(d, "commit");
+		return;
+	}
+	pthread_mutex_lock(&d->reply_lock);
+	d->replied_lsn = lsn;
+	ok = replies_take_locked(d, lsn);
+	if (!ok)
+		waiting = d->nreplies;
+	pthread_mutex_unlock(&d->reply_lock);
+	if (!ok) {
+		(void)cwi_fail(CACHEW_ENOMEM, "out of memory for %zu replies",
+		    waiting);
+		journal_failed(d, "sending replies");
+		return;
+	}
+	replies_send_ready(d);
 }
 
 typedef struct replay_ctx {
@@ -401,6 +488,8 @@ start_journal(cwi_dispatcher_server *d)
 	 * 33 MiB) while an fsync runs. */
 	jo.max_buffered = (size_t)160 << 20;
 	jo.discard = c->journal_discard != 0;
+	jo.on_durable = on_durable;
+	jo.on_durable_ctx = d;
 	memset(&cb, 0, sizeof(cb));
 	cb.on_snapshot = replay_snapshot;
 	cb.on_record = replay_record;
@@ -451,10 +540,6 @@ start_journal(cwi_dispatcher_server *d)
 	    (unsigned long long)rec.torn_bytes,
 	    (unsigned long long)rec.files_discarded,
 	    (double)rec.duration_ns / 1e6, dir);
-	if (pthread_create(&d->replier, NULL, replier_main, d) != 0)
-		return cwi_fail(CACHEW_ENOMEM, "dispatcher: cannot start a "
-		    "thread");
-	d->replier_started = true;
 	return CACHEW_OK;
 }
 
@@ -1687,7 +1772,6 @@ cwi_dispatcher_server_start(cwi_dispatcher_server **out,
 	pthread_mutex_init(&d->tick_lock, NULL);
 	cwi_cond_init_monotonic(&d->tick_cond);
 	pthread_mutex_init(&d->reply_lock, NULL);
-	pthread_cond_init(&d->reply_cond, NULL);
 	cwi_strbuf_init(&d->jrec);
 	rv = start_auth(d, listen);
 	if (rv != CACHEW_OK)
@@ -1790,6 +1874,24 @@ cwi_dispatcher_server_url(const cwi_dispatcher_server *d)
 	return cwi_listener_url(d->listener);
 }
 
+/* At the end of a stop whose journal failed: the replies still waiting
+ * are dropped, never sent, since their records may be lost. */
+static void
+replies_drop(cwi_dispatcher_server *d)
+{
+	for (size_t i = 0; i < d->nreplies; i++) {
+		cwi_request_drop(d->replies[i].r);
+		cwi_pmsg_free(&d->replies[i].rep);
+	}
+	free(d->replies);
+	d->replies = NULL;
+	d->nreplies = 0;
+	/* None is left ready: on_durable returns only once each is taken. */
+	assert(d->ready_head == d->nready);
+	free(d->ready);
+	d->ready = NULL;
+}
+
 void
 cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 {
@@ -1811,14 +1913,14 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	d->prov = NULL;
 	pthread_mutex_unlock(&d->prov_lock);
 	/* The replies still waiting go out once their records are on disk,
-	 * while the listener can still send them; later ones are sent by
-	 * their handlers. */
-	if (d->replier_started) {
+	 * while the listener can still send them (the committer sends them
+	 * before the flush returns); later ones are sent by their handlers. */
+	if (d->journal != NULL) {
 		pthread_mutex_lock(&d->reply_lock);
-		d->replier_stop = true;
-		pthread_cond_signal(&d->reply_cond);
+		d->replies_wait = true;
 		pthread_mutex_unlock(&d->reply_lock);
-		pthread_join(d->replier, NULL);
+		if (cwi_journal_flush(d->journal) != CACHEW_OK)
+			journal_failed(d, "flush");
 	}
 	if (d->listener != NULL)
 		cwi_listener_close(d->listener);
@@ -1838,7 +1940,7 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 		journal_verify(d);
 	free(d->snap);
 	cwi_strbuf_free(&d->jrec);
-	free(d->replies);
+	replies_drop(d);
 	cwi_dispatcher_destroy(d->state);
 	cwi_dcache_destroy(d->dcache);
 	cwi_auth_tokens_destroy(d->tokens);
@@ -1850,6 +1952,5 @@ cwi_dispatcher_server_stop(cwi_dispatcher_server *d)
 	pthread_mutex_destroy(&d->tick_lock);
 	pthread_cond_destroy(&d->tick_cond);
 	pthread_mutex_destroy(&d->reply_lock);
-	pthread_cond_destroy(&d->reply_cond);
 	free(d);
 }
