@@ -28,6 +28,8 @@ Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
 Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 Suite *cwt_cluster_suite(void);   /* check_cluster.c: cachewd processes */
 Suite *cwt_exact_suite(void);     /* check_exact.c: service fidelity */
+Suite *cwt_dshuffle_suite(void);  /* check_dshuffle.c: shuffles through
+				   * the service */
 Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
 Suite *cwt_policy_suite(void);    /* check_policy.c: scalers, fair share */
 Suite *cwt_sim_suite(void);       /* check_sim.c: cachew sim */
