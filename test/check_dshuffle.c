@@ -203,9 +203,11 @@ START_TEST(in_process_shuffle_is_unchanged)
 }
 END_TEST
 
-/* A worker SIGKILLed mid-epoch: its leases are replayed elsewhere in the
- * same order, the client skips what it has: every value once. */
-START_TEST(shuffle_exactly_once_while_a_worker_dies)
+/* Reads range(1000) | map(sleep_us) | shuffle(1000) through two workers
+ * and does `act` to the cluster after `after` values: the epoch still
+ * comes whole, every value once, and still shuffled. */
+static void
+read_through(void (*act)(cwt_cluster *c), size_t after, const char *what)
 {
 	const char *p = "range(1000) | map(sleep_us, us=400) | "
 			"shuffle(1000, seed=9)";
@@ -220,19 +222,49 @@ START_TEST(shuffle_exactly_once_while_a_worker_dies)
 	o = cwt_opts_at(7, 0, c.dispatcher.url);
 	ck_assert_msg(cachew_iterator_create(&it, ds, o) == CACHEW_OK, "%s",
 	    cachew_errmsg());
-	rv = pull(it, 150, &r);
+	rv = pull(it, after, &r);
 	ck_assert_msg(rv == CACHEW_OK, "%s", cachew_iterator_errmsg(it));
-	cwt_daemon_stop(&c.workers[0], SIGKILL);
-	cwt_cluster_worker_start(&c, c.nworkers++);
+	act(&c);
 	rv = pull(it, SIZE_MAX, &r);
-	ck_assert_msg(rv == CACHEW_EOF, "%s", cachew_iterator_errmsg(it));
-	is_permutation(&r, N, "a worker killed after 150 values");
-	ck_assert_msg(fabs(spearman(&r)) < 0.1, "rho %.3f", spearman(&r));
+	ck_assert_msg(rv == CACHEW_EOF, "%s: %s", what,
+	    cachew_iterator_errmsg(it));
+	is_permutation(&r, N, what);
+	ck_assert_msg(fabs(spearman(&r)) < 0.1, "%s: rho %.3f", what,
+	    spearman(&r));
 	free(r.v);
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(ds);
 	cachew_options_destroy(o);
 	cwt_cluster_stop(&c);
+}
+
+static void
+kill_worker(cwt_cluster *c)
+{
+	cwt_daemon_stop(&c->workers[0], SIGKILL);
+	cwt_cluster_worker_start(c, c->nworkers++);
+}
+
+static void
+restart_dispatcher(cwt_cluster *c)
+{
+	cwt_cluster_dispatcher_restart(c, 200, false);
+}
+
+/* A worker SIGKILLed mid-epoch: its leases are replayed elsewhere in the
+ * same order, the client skips what it has. */
+START_TEST(shuffle_exactly_once_while_a_worker_dies)
+{
+	read_through(kill_worker, 150, "a worker killed after 150 values");
+}
+END_TEST
+
+/* The dispatcher SIGKILLed mid-epoch and started again from its journal:
+ * the replayed ledger holds the order it handed out. */
+START_TEST(shuffle_survives_a_dispatcher_restart)
+{
+	read_through(restart_dispatcher, 200,
+	    "the dispatcher restarted after 200 values");
 }
 END_TEST
 
@@ -293,6 +325,7 @@ cwt_dshuffle_suite(void)
 	tcase_add_test(tc, shuffle_epochs_follow_reshuffle_each_iteration);
 	tcase_add_test(tc, in_process_shuffle_is_unchanged);
 	tcase_add_test(tc, shuffle_exactly_once_while_a_worker_dies);
+	tcase_add_test(tc, shuffle_survives_a_dispatcher_restart);
 	tcase_add_test(tc, shuffle_position_resumes);
 	suite_add_tcase(s, tc);
 	return s;

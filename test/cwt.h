@@ -276,6 +276,11 @@ void cwt_cluster_start_secure(cwt_cluster *c, int nworkers,
     const char *client_auth);
 /* Starts worker i (its log is <dir>/worker<i>.log). */
 void cwt_cluster_worker_start(cwt_cluster *c, int i);
+/* Kills the dispatcher (SIGKILL) and starts it again on the same address
+ * and work dir after `away_ms`; with `discard`, it starts empty (its
+ * journal set aside). */
+void cwt_cluster_dispatcher_restart(cwt_cluster *c, unsigned away_ms,
+    bool discard);
 /* Kills the workers, stops the dispatcher, removes the directory. */
 void cwt_cluster_stop(cwt_cluster *c);
 
