@@ -400,26 +400,6 @@ chaos_run(uint64_t seed, int nreaders, int actions, int kinds, bool faults,
 
 /* ---- chaos: the dispatcher dies ------------------------------------------ */
 
-/* Kills the dispatcher (SIGKILL) and starts it again on the same address
- * and work dir after `away_ms`; with `discard`, it starts empty (its
- * journal set aside). */
-static void
-dispatcher_restart(cwt_cluster *c, unsigned away_ms, bool discard)
-{
-	char work[600], url[256];
-
-	snprintf(url, sizeof(url), "%s", c->dispatcher.url);
-	snprintf(work, sizeof(work), "%s/work", c->dir);
-	cwt_daemon_stop(&c->dispatcher, SIGKILL);
-	cwt_nap_ms(away_ms);
-	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher2",
-	    "--role=dispatcher", "--listen", url, "--work-dir", work,
-	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
-	    "--client-timeout-ms", "20000", "--journal-discard",
-	    discard ? "1" : "0", "--journal-verify", "1", (char *)NULL);
-	ck_assert_str_eq(c->dispatcher.url, url);
-}
-
 /*
  * 4 workers; two clients share a job and a third reads its own, each
  * range(n) | map(sleep_us); the dispatcher is killed `kills` times at
@@ -461,7 +441,7 @@ dispatcher_chaos_run(uint64_t seed, int kills)
 		snprintf(what + strlen(what), sizeof(what) - strlen(what),
 		    "%skill@%d+%ums", k > 0 ? "," : "", total_received(r, 3),
 		    away);
-		dispatcher_restart(&c, away, false);
+		cwt_cluster_dispatcher_restart(&c, away, false);
 	}
 	for (int i = 0; i < 3; i++)
 		pthread_join(th[i], NULL);
@@ -562,7 +542,7 @@ START_TEST(dispatcher_back_without_state)
 	ck_assert_int_eq(pthread_create(&th, NULL, reader_main, &r), 0);
 	while (atomic_load(&r.received) < 200)
 		cwt_nap_ms(5);
-	dispatcher_restart(&c, 100, true);
+	cwt_cluster_dispatcher_restart(&c, 100, true);
 	t0 = cwt_now_ms();
 	pthread_join(th, NULL);
 	ck_assert_int_eq(r.rv, CACHEW_EIO);

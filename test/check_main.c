@@ -34,6 +34,7 @@ main(void)
 	srunner_add_suite(sr, cwt_split_suite());
 	srunner_add_suite(sr, cwt_cluster_suite());
 	srunner_add_suite(sr, cwt_exact_suite());
+	srunner_add_suite(sr, cwt_dshuffle_suite());
 	srunner_add_suite(sr, cwt_coord_suite());
 	srunner_add_suite(sr, cwt_policy_suite());
 	srunner_add_suite(sr, cwt_sim_suite());

@@ -28,6 +28,8 @@ Suite *cwt_service_suite(void);   /* check_service.c: protocol, dispatcher */
 Suite *cwt_split_suite(void);     /* check_split.c: splittable sources */
 Suite *cwt_cluster_suite(void);   /* check_cluster.c: cachewd processes */
 Suite *cwt_exact_suite(void);     /* check_exact.c: service fidelity */
+Suite *cwt_dshuffle_suite(void);  /* check_dshuffle.c: shuffles through
+				   * the service */
 Suite *cwt_coord_suite(void);     /* check_coord.c: coordinated reads, zstd */
 Suite *cwt_policy_suite(void);    /* check_policy.c: scalers, fair share */
 Suite *cwt_sim_suite(void);       /* check_sim.c: cachew sim */
@@ -274,6 +276,11 @@ void cwt_cluster_start_secure(cwt_cluster *c, int nworkers,
     const char *client_auth);
 /* Starts worker i (its log is <dir>/worker<i>.log). */
 void cwt_cluster_worker_start(cwt_cluster *c, int i);
+/* Kills the dispatcher (SIGKILL) and starts it again on the same address
+ * and work dir after `away_ms`; with `discard`, it starts empty (its
+ * journal set aside). */
+void cwt_cluster_dispatcher_restart(cwt_cluster *c, unsigned away_ms,
+    bool discard);
 /* Kills the workers, stops the dispatcher, removes the directory. */
 void cwt_cluster_stop(cwt_cluster *c);
 

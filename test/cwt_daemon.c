@@ -500,6 +500,26 @@ cwt_cluster_start_secure(cwt_cluster *c, int nworkers, const char *client_auth)
 	cluster_start(c, nworkers, client_auth, true);
 }
 
+/* Kills the dispatcher (SIGKILL) and starts it again on the same address
+ * and work dir after `away_ms`; with `discard`, it starts empty (its
+ * journal set aside). */
+void
+cwt_cluster_dispatcher_restart(cwt_cluster *c, unsigned away_ms, bool discard)
+{
+	char work[600], url[256];
+
+	snprintf(url, sizeof(url), "%s", c->dispatcher.url);
+	snprintf(work, sizeof(work), "%s/work", c->dir);
+	cwt_daemon_stop(&c->dispatcher, SIGKILL);
+	cwt_nap_ms(away_ms);
+	cwt_daemon_start(&c->dispatcher, c->dir, "dispatcher2",
+	    "--role=dispatcher", "--listen", url, "--work-dir", work,
+	    "--heartbeat-ms", "50", "--worker-timeout-ms", "2000",
+	    "--client-timeout-ms", "20000", "--journal-discard",
+	    discard ? "1" : "0", "--journal-verify", "1", (char *)NULL);
+	ck_assert_str_eq(c->dispatcher.url, url);
+}
+
 void
 cwt_cluster_stop(cwt_cluster *c)
 {

@@ -14,8 +14,13 @@
  *   - batch/padded_batch make partial batches at each lease end, and
  *     drop_remainder=true drops each lease's remainder (as tf.data service
  *     does at each worker's end);
- *   - shuffle's buffer holds elements of one lease only (the dispatcher
- *     hands splits out in source order);
+ *   - shuffle's buffer holds elements of one lease only; what mixes an
+ *     epoch is the split order: the dispatcher hands a job whose worker
+ *     part holds a shuffle its splits in a seeded order (a buffered
+ *     shuffle of the splits through the shuffle's buffer, as tf.data
+ *     service's shuffle split provider) and cuts it finer
+ *     (dispatcher_ledger.c, "shuffled order"); other jobs get split
+ *     order;
  *   - interleave cycles through the files of one lease;
  *   - random functions draw from the lease's seed (cwi_split_lease_seed),
  *     the epoch and the element's index within the lease, so a lease

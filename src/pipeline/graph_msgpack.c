@@ -726,27 +726,49 @@ node_user_fn(const cwi_value *v, size_t i, size_t *path, cwi_fn_ident **set,
 	return CACHEW_OK;
 }
 
-cachew_err
-cwi_graph_user_fns(const void *buf, size_t len, cwi_fn_ident **out,
-    size_t *nout)
+/* Decodes a serialized graph's document for a walk over its nodes without
+ * building them: *doc (free with cwi_value_free, also on failure), its
+ * node count, and room for dec_node_shape's chain lengths (*path, free()). */
+static cachew_err
+graph_doc_open(const void *buf, size_t len, cwi_value *doc, size_t *n,
+    size_t **path)
 {
-	cwi_value doc = {0};
-	cwi_fn_ident *set = NULL;
-	size_t *path = NULL, used = 0, n = 0, nset = 0;
-	const cwi_value *nodes;
+	size_t used = 0;
 	cachew_err rv;
 
-	cwi_builtins_ready();
-	rv = cwi_value_from_msgpack(buf, len, &used, &doc, GRAPH_MAX_DEPTH);
+	*path = NULL;
+	*n = 0;
+	rv = cwi_value_from_msgpack(buf, len, &used, doc, GRAPH_MAX_DEPTH);
 	if (rv != CACHEW_OK)
 		return rv;
 	if (used != len)
 		rv = gfail("%zu bytes follow the graph map at byte %zu",
 		    len - used, used);
 	if (rv == CACHEW_OK)
-		rv = check_header(&doc, &n);
-	if (rv == CACHEW_OK && (path = calloc(n, sizeof(*path))) == NULL)
+		rv = check_header(doc, n);
+	if (rv == CACHEW_OK && (*path = calloc(*n, sizeof(**path))) == NULL)
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
+	if (rv != CACHEW_OK) {
+		cwi_value_free(doc);
+		*n = 0;
+	}
+	return rv;
+}
+
+cachew_err
+cwi_graph_user_fns(const void *buf, size_t len, cwi_fn_ident **out,
+    size_t *nout)
+{
+	cwi_value doc = {0};
+	cwi_fn_ident *set = NULL;
+	size_t *path = NULL, n = 0, nset = 0;
+	const cwi_value *nodes;
+	cachew_err rv;
+
+	cwi_builtins_ready();
+	rv = graph_doc_open(buf, len, &doc, &n, &path);
+	if (rv != CACHEW_OK)
+		return rv;
 	nodes = cwi_map_get(&doc, "nodes");
 	for (size_t i = 0; i < n && rv == CACHEW_OK; i++)
 		rv = node_user_fn(&nodes->u.list.items[i], i, path, &set, &nset);
@@ -759,4 +781,55 @@ cwi_graph_user_fns(const void *buf, size_t len, cwi_fn_ident **out,
 	*out = set;
 	*nout = nset;
 	return CACHEW_OK;
+}
+
+/* A shuffle node's parameters into *s; absent ones have shuffle's
+ * defaults (seed -1, reshuffle_each_iteration true). */
+static void
+node_shuffle(const cwi_value *params, cwi_graph_shuffles *s)
+{
+	const cwi_value *buffer = cwi_map_get(params, "buffer");
+	const cwi_value *seed = cwi_map_get(params, "seed");
+	const cwi_value *again = cwi_map_get(params, "reshuffle_each_iteration");
+	uint64_t b = buffer != NULL && buffer->type == CWI_V_INT &&
+		buffer->u.i > 0 ? (uint64_t)buffer->u.i : 1;
+
+	s->n++;
+	if (b > s->buffer)
+		s->buffer = b;
+	/* Each shuffle's seed (its position too, so that two shuffles of one
+	 * seed do not cancel out) mixes into one. */
+	s->seed = cwi_seed_derive(s->seed ^ s->n,
+	    seed != NULL && seed->type == CWI_V_INT ? (uint64_t)seed->u.i
+						    : UINT64_MAX);
+	if (again == NULL || again->type != CWI_V_BOOL || again->u.b)
+		s->reshuffle = true;
+}
+
+cachew_err
+cwi_graph_shuffles_of(const void *buf, size_t len, cwi_graph_shuffles *out)
+{
+	cwi_value doc = {0};
+	size_t *path = NULL, n = 0;
+	const cwi_value *nodes;
+	cachew_err rv;
+
+	memset(out, 0, sizeof(*out));
+	rv = graph_doc_open(buf, len, &doc, &n, &path);
+	if (rv != CACHEW_OK)
+		return rv;
+	nodes = cwi_map_get(&doc, "nodes");
+	for (size_t i = 0; i < n && rv == CACHEW_OK; i++) {
+		const cwi_value *op, *params, *inputs, *plugin;
+		rv = dec_node_shape(&nodes->u.list.items[i], i, path, &op,
+		    &params, &inputs, &plugin);
+		if (rv == CACHEW_OK && op->u.s.len == 7 &&
+		    memcmp(op->u.s.ptr, "shuffle", 7) == 0)
+			node_shuffle(params, out);
+	}
+	free(path);
+	cwi_value_free(&doc);
+	if (rv != CACHEW_OK)
+		memset(out, 0, sizeof(*out));
+	return rv;
 }

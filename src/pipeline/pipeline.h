@@ -29,6 +29,23 @@ void cwi_builtins_ready(void);
 cachew_err cwi_graph_user_fns(const void *buf, size_t len,
     cwi_fn_ident **out, size_t *n);
 
+/* The shuffles of a serialized graph, for the dispatcher, which orders a
+ * distributed_epoch job's splits by them (dispatcher_ledger.c) without
+ * building the graph (its plugins may not be loaded there). */
+typedef struct cwi_graph_shuffles {
+	uint32_t n;      /* shuffle nodes; 0: none (the rest is 0) */
+	uint64_t buffer; /* the largest buffer */
+	uint64_t seed;   /* their `seed` parameters (-1 included), mixed */
+	bool reshuffle;  /* one of them reshuffles each iteration */
+} cwi_graph_shuffles;
+
+/* Fills *out from the shuffle nodes of a serialized graph (absent
+ * parameters: shuffle's defaults). A document that does not decode is
+ * CACHEW_EPARSE as for cachew_dataset_from_msgpack (*out zeroed);
+ * CACHEW_ENOMEM. Thread safe. */
+cachew_err cwi_graph_shuffles_of(const void *buf, size_t len,
+    cwi_graph_shuffles *out);
+
 /* Built-in tables, NULL-terminated, one per module. */
 extern const cwi_dataset_op *const cwi_source_ops[];    /* src/sources */
 extern const cwi_dataset_op *const cwi_transform_ops[]; /* src/ops */

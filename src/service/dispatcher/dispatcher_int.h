@@ -231,6 +231,16 @@ struct split_ledger {
 	 * scan, which scanned every split of every job 20 times a second
 	 * (W9); each scan counts them again. */
 	uint64_t orphan_hint;
+	/* A worker part with a shuffle (dispatcher_ledger.c, "shuffled
+	 * order"): the pool is put in a seeded order, a buffered shuffle of
+	 * the splits through a window of shuffle_buffer units, at the first
+	 * lease of a worker that is not direct (shuffle_pending until then);
+	 * the key
+	 * is a function of the job's seed, its shuffles' seeds and, if one
+	 * reshuffles each iteration, its epoch. Not in a snapshot, which
+	 * holds what it is a function of (cwi_ledger_shuffle_loaded). */
+	bool shuffle_pending;
+	uint64_t shuffle_key, shuffle_buffer;
 };
 
 /* How many workers a job gets: its worker count decision (count_fn), or
@@ -478,6 +488,10 @@ cachew_err cwi_fns_check_job(const cwi_dispatcher *d, const dataset *ds);
 /* Splits job j's units (the pass's, or the dataset's) into its ledger, all
  * pending. CACHEW_ENOMEM (the caller frees what was made). */
 cachew_err cwi_ledger_init(cwi_dispatcher *d, job *j);
+/* A job j loaded from a snapshot: its ledger's shuffled order again (key,
+ * window, and pending when no split was leased yet), which a snapshot
+ * does not hold: it is a function of what it does hold. */
+void cwi_ledger_shuffle_loaded(job *j);
 /* Resumes a saved position in job j's new ledger (r->resume_units_per_split
  * != 0): cuts the units as the saved job did, acknowledges the groups the
  * client received whole and forms the others again (their splits, their

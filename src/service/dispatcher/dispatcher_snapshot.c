@@ -1082,6 +1082,7 @@ load_job(cwi_mp_doc *x, cwi_dispatcher *d, uint64_t prev)
 	cwi_mp_doc_bool(x, "exactly_once", &j->exactly_once);
 	if (!load_recoveries(x, d, j))
 		return false;
+	cwi_ledger_shuffle_loaded(j);
 	return check_job(x, j);
 }
 
