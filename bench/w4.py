@@ -68,6 +68,7 @@ TARGETS = {"par": 4.0, "put_overhead": 0.15, "read_fraction": 0.8}
 # Bytes the steady-state read row reads (the cache's files several times
 # over): at 301 MB in 47 ms, one pass of `cat` is short enough for fixed
 # costs (exec, thread start, the first page faults) to weigh.
+COLD_PER_REP = 3  # cold runs of each side per rep (storage_configs)
 STEADY_BYTES = 1_200_000_000
 PEER = os.path.join(h.BENCH_DIR, "peers", "w4_torch.py")
 MEAN, STD = w2.MEAN, w2.STD
@@ -408,8 +409,13 @@ def main():
     if mode == "full":
         plain1, put1 = put_configs(binary, d, n, 1, args.seed, put_root)
         costs += [plain1, put1]
+    # The cold pair runs COLD_PER_REP times a rep: on this kind of disk
+    # cat's own cold rate swings 4x between runs (311-1,709 MB/s in one
+    # run), so three samples of each say little.
     storage = [raw, read, raw_cold, read_cold, raw_k, read_k]
-    h.run_interleaved(configs + storage + costs, args.reps)
+    runs = ([raw, read] + [raw_cold, read_cold] * COLD_PER_REP +
+            [raw_k, read_k])
+    h.run_interleaved(configs + runs + costs, args.reps)
     info["loadavg_end"] = h.loadavg()
 
     seq_ratio = seq.median() / peer0.median()
@@ -447,7 +453,11 @@ def main():
         f"{verdict(read_frac >= TARGETS['read_fraction'])}); cold: "
         f"{read_cold.median():.0f} MB/s = {cold_frac:.2f} of `cat`'s "
         f"{raw_cold.median():.0f} MB/s "
-        f"({verdict(cold_frac >= TARGETS['read_fraction'])}); warm over "
+        f"({verdict(cold_frac >= TARGETS['read_fraction'])}; "
+        f"{len(raw_cold.rates())} runs each, cat {min(raw_cold.rates()):.0f}"
+        f"-{max(raw_cold.rates()):.0f}, cachew "
+        f"{min(read_cold.rates()):.0f}-{max(read_cold.rates()):.0f} MB/s); "
+        f"warm over "
         f"{raw_k.units:.0f} MB (the files {raw_k.units / raw.units:.0f} "
         f"times over, in one process each): {steady_frac:.2f} of `cat`; "
         f"whole processes (cachew's start-up and exit counted, as cat's "
