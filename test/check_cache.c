@@ -157,7 +157,7 @@ read_cache(cwi_cache_root *r, const cachew_fingerprint *fp,
 	*n = 0;
 	for (size_t i = 0; rv == CACHEW_OK && i < m->nchunks; i++) {
 		cwi_cache_reader *rd = NULL;
-		rv = cwi_cache_reader_open(&rd, r, m, i);
+		rv = cwi_cache_reader_open(&rd, r, m, i, true);
 		while (rv == CACHEW_OK)
 			rv = cwi_cache_reader_next(rd, &c, 5);
 		if (rv == CACHEW_EOF)
@@ -1875,7 +1875,7 @@ START_TEST(test_remove_deletes_but_not_while_read)
 
 	write_cache(r, &fp, &e, 1, NULL);
 	m = lookup_ok(r, &fp);
-	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_EIO);
 	ck_assert_msg(strstr(cachew_errmsg(), "being read or written") != NULL,
 	    "%s", cachew_errmsg());
@@ -1884,7 +1884,7 @@ START_TEST(test_remove_deletes_but_not_while_read)
 	ck_assert_uint_eq(count_entries(dir), 0);
 	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_ENOENT);
 	/* The manifest of a removed cache opens nothing. */
-	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_ENOENT);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_ENOENT);
 	cwi_cache_manifest_free(m);
 	cwi_element_release(e);
 	cwi_cache_root_close(r);
@@ -1976,7 +1976,7 @@ START_TEST(test_gc_leaves_caches_being_read_or_written)
 	uint64_t before = 0, after = 0;
 	cwi_cache_manifest *mb = NULL;
 	m = lookup_ok(r, &a);
-	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0), CACHEW_OK);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_reader_next(rd, &ch, 3), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_usage(r, NULL, &before), CACHEW_OK);
 	ck_assert_int_eq(cwi_cache_gc(r, 0, &freed), CACHEW_OK);

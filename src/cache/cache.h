@@ -219,13 +219,21 @@ cachew_err cwi_cache_parts_abort(cwi_cache_root *r,
 typedef struct cwi_cache_reader cwi_cache_reader;
 
 /* Opens chunk `index` of a manifest (found by cwi_cache_lookup on r) for
- * reading. Reading verifies the file against the manifest. While a reader
+ * reading. `willneed`: whether the reader asks the kernel for the next
+ * window of a local file ahead of its reads (POSIX_FADV_WILLNEED). A reader
+ * whose records several threads load at once passes false: their
+ * concurrent preads, with the kernel's own readahead of a file read in
+ * order (POSIX_FADV_SEQUENTIAL), kept a cold disk busier than windows
+ * asked for on the claiming thread, whose pages the kernel's readahead
+ * then no longer tracks (W4's cold read at 2 threads: 1,806 MB/s without,
+ * 1,349 with, `cat` 1,862; docs/cache.md); a single loader passes true
+ * (without, its rate swung 630-1,730 MB/s between runs, as `cat`'s does). Reading verifies the file against the manifest. While a reader
  * is open the cache holds a shared lock, so gc and rm leave it alone.
  * CACHEW_ENOENT when the cache was removed or replaced since the lookup
  * (not a defect: look it up again); CACHEW_ECORRUPT (the cache is then
  * already marked bad) when the chunk is missing or its header is bad. */
 cachew_err cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
-    const cwi_cache_manifest *m, size_t index);
+    const cwi_cache_manifest *m, size_t index, bool willneed);
 /* Appends up to max elements in written order; CACHEW_EOF after the last
  * one; CACHEW_ECORRUPT naming the file on any mismatch (a bad frame, a
  * short file, more or fewer elements than the manifest says, an element

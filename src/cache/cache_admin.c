@@ -304,7 +304,7 @@ cwi_cache_verify(cwi_cache_root *r, const cachew_fingerprint *fp)
 
 	for (size_t i = 0; rv == CACHEW_OK && i < m->nchunks; i++) {
 		cwi_cache_reader *rd = NULL;
-		rv = cwi_cache_reader_open(&rd, r, m, i);
+		rv = cwi_cache_reader_open(&rd, r, m, i, true);
 		while (rv == CACHEW_OK) {
 			rv = cwi_cache_reader_next(rd, &c, 256);
 			cwi_chunk_clear(&c);

@@ -118,7 +118,7 @@ probe_read(cwi_cache_root *r, const cachew_fingerprint *fp,
 	t0 = cwi_now_ns();
 	for (size_t i = 0; rv == CACHEW_OK && i < m->nchunks; i++) {
 		cwi_cache_reader *rd = NULL;
-		rv = cwi_cache_reader_open(&rd, r, m, i);
+		rv = cwi_cache_reader_open(&rd, r, m, i, true);
 		while (rv == CACHEW_OK) {
 			rv = cwi_cache_reader_next(rd, &c, 256);
 			for (size_t k = 0; k < c.n; k++)

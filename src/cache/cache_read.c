@@ -63,6 +63,7 @@ struct cwi_cache_reader {
 	XXH3_state_t content; /* a format 2 record's payload */
 	uint64_t pos; /* bytes read from the file */
 	uint64_t ra_end; /* local: readahead requested up to here */
+	bool no_willneed; /* opened with willneed false */
 	uint64_t elements, ubytes;
 	uint32_t records;
 	ZSTD_DCtx *dctx;
@@ -115,7 +116,8 @@ read_ahead(cwi_cache_reader *rd, uint64_t len)
 	int fd = cwi_file_fd(rd->f);
 	uint64_t from;
 
-	if (fd < 0 || rd->pos + len + READAHEAD_BYTES / 2 < rd->ra_end ||
+	if (fd < 0 || rd->no_willneed ||
+	    rd->pos + len + READAHEAD_BYTES / 2 < rd->ra_end ||
 	    rd->ra_end >= rd->want_bytes)
 		return;
 	from = rd->ra_end > rd->pos ? rd->ra_end : rd->pos;
@@ -308,7 +310,7 @@ done:
 
 cachew_err
 cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
-    const cwi_cache_manifest *m, size_t index)
+    const cwi_cache_manifest *m, size_t index, bool willneed)
 {
 	cwi_cache_reader *rd;
 	const cwi_cache_chunk_info *ci;
@@ -325,6 +327,7 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 	if (rd == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	rd->root = r;
+	rd->no_willneed = !willneed;
 	rd->fp = m->fp;
 	rd->lockfd = -1;
 	rd->ncomp = m->ncomponents;

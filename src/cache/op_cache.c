@@ -440,7 +440,10 @@ rd_open_next(get_read *g)
 
 	if (o == NULL)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
-	rv = cwi_cache_reader_open(&o->rd, g->root, g->m, g->order[g->next_pos]);
+	/* Several loaders: the kernel's readahead serves them better
+	 * (cwi_cache_reader_open). */
+	rv = cwi_cache_reader_open(&o->rd, g->root, g->m,
+	    g->order[g->next_pos], g->nthreads < 2);
 	if (rv != CACHEW_OK) {
 		free(o);
 		return rv;
@@ -813,7 +816,8 @@ rd_init(get_read *g, const cwi_node *node, cwi_pipeline *pl,
 	 * cache is then marked bad) is the first thing the consumer gets;
 	 * other failures are left for the reader thread to report. */
 	if (g->norder > 0) {
-		rv = cwi_cache_reader_open(&g->pin, root, m, g->order[0]);
+		rv = cwi_cache_reader_open(&g->pin, root, m, g->order[0],
+		    g->nthreads < 2);
 		if (rv == CACHEW_ECORRUPT) {
 			g->pin_err = rv;
 			snprintf(g->errmsg, sizeof(g->errmsg), "%s",
