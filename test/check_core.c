@@ -5,6 +5,7 @@
 #include "cwt.h"
 #include "../src/core/core.h"
 #include "../src/graph/graph.h"
+#include "../src/exec/exec.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -416,6 +417,107 @@ START_TEST(freed_batch_buffer_survives_a_batch_of_freed_crops)
 	ck_assert_ptr_eq(again->data, last_crop);
 	ck_assert_uint_eq(again->data[0], CROPS);
 	cwi_buffer_unref(again);
+	cwi_buffer_cache_drop();
+}
+END_TEST
+
+/* A freed large buffer, its first and last bytes marked: reallocating its
+ * size finds it again with the marks while the reuse list keeps it, and
+ * reads zeros (a fresh mapping) once it was freed. */
+#define CWT_REUSE_BYTES ((size_t)64 * 3 * 224 * 224 * 4)
+
+static uint8_t *
+freed_marked_buffer(void)
+{
+	cwi_buffer *b;
+	uint8_t *data;
+
+	ck_assert_int_eq(cwi_buffer_alloc(&b, CWT_REUSE_BYTES, false),
+	    CACHEW_OK);
+	data = b->data;
+	data[0] = 0xa5;
+	data[CWT_REUSE_BYTES - 1] = 0x5a;
+	cwi_buffer_unref(b);
+	return data;
+}
+
+static bool
+marked_buffer_kept(const uint8_t *data)
+{
+	cwi_buffer *b;
+	bool kept;
+
+	ck_assert_int_eq(cwi_buffer_alloc(&b, CWT_REUSE_BYTES, false),
+	    CACHEW_OK);
+	kept = b->data == data && b->data[0] == 0xa5 &&
+	       b->data[CWT_REUSE_BYTES - 1] == 0x5a;
+	if (!kept)
+		ck_assert_uint_eq(b->data[0], 0);
+	/* Unmarked as it goes back, so a later check cannot see old marks. */
+	b->data[0] = 0;
+	b->data[CWT_REUSE_BYTES - 1] = 0;
+	cwi_buffer_unref(b);
+	return kept;
+}
+
+/* A client that keeps its buffer full gives memory back every second
+ * (cwi_heap_release(false)): the buffers its next batches take stay (it
+ * dropped them all, and W2 through the service page-faulted its 38.5 MB
+ * batches in again every second); after a burst (all) they go. */
+START_TEST(heap_release_keeps_recent_buffers_unless_all)
+{
+	uint8_t *data;
+
+	if (!CWT_BUFFER_REUSE)
+		return;
+	cwi_buffer_cache_drop();
+	data = freed_marked_buffer();
+	cwi_heap_release(false);
+	cwi_buffer_cache_trim();
+	ck_assert(marked_buffer_kept(data));
+	data = freed_marked_buffer();
+	cwi_heap_release(true);
+	ck_assert(!marked_buffer_kept(data));
+	cwi_buffer_cache_drop();
+}
+END_TEST
+
+/* The user's iterator's end drops the reuse list (an epoch's elements in
+ * flight); the iterators the library makes while the user's runs (a
+ * worker's lease, the client's stitched runs: cwi_exec_iterator_create
+ * alone) leave it to the pipeline still running. */
+START_TEST(only_the_users_iterator_end_drops_the_reuse_list)
+{
+	cachew_dataset *ds;
+	cachew_options *opts;
+	cachew_iterator *it;
+	cachew_element *e;
+	uint8_t *data;
+	int n = 0;
+
+	if (!CWT_BUFFER_REUSE)
+		return;
+	cwi_buffer_cache_drop();
+	ck_assert_int_eq(cachew_dataset_parse(&ds, "range(5) | batch(2)"),
+	    CACHEW_OK);
+	ck_assert_int_eq(cachew_options_create(&opts), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_set(opts, "service", "local"),
+	    CACHEW_OK);
+	data = freed_marked_buffer();
+	ck_assert_int_eq(cwi_exec_iterator_create(&it, ds, opts), CACHEW_OK);
+	while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+		cachew_element_release(e);
+		n++;
+	}
+	ck_assert_int_eq(n, 3);
+	cachew_iterator_destroy(it);
+	ck_assert(marked_buffer_kept(data));
+	data = freed_marked_buffer();
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, opts), CACHEW_OK);
+	cachew_iterator_destroy(it);
+	ck_assert(!marked_buffer_kept(data));
+	cachew_options_destroy(opts);
+	cachew_dataset_release(ds);
 	cwi_buffer_cache_drop();
 }
 END_TEST
@@ -1313,6 +1415,8 @@ cwt_core_suite(void)
 	tcase_add_test(tc, mutable_data_copies_shared_buffers);
 	tcase_add_test(tc, compact_copies_small_views_of_big_blocks);
 	tcase_add_test(tc, freed_batch_buffer_survives_a_batch_of_freed_crops);
+	tcase_add_test(tc, heap_release_keeps_recent_buffers_unless_all);
+	tcase_add_test(tc, only_the_users_iterator_end_drops_the_reuse_list);
 	tcase_add_test(tc, params_typed_get_and_set);
 	tcase_add_test(tc, options_defaults_and_validation);
 	tcase_add_test(tc, option_table_is_described);

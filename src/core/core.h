@@ -173,11 +173,18 @@ void cwi_buffer_unref_slow(cwi_buffer *b);
 /* Frees the large buffers kept for reuse (tensor.c keeps recently freed
  * ones for a second). Thread safe. */
 void cwi_buffer_cache_drop(void);
-/* Gives memory back to the system after a burst that is over (hostile
- * connections closed): the buffers kept for reuse, and glibc's free heap
- * pages (malloc_trim). Costs a walk of the heap: call it after bursts,
- * never per message. Thread safe. */
-void cwi_heap_release(void);
+/* Frees only the kept buffers nobody took within their second (those a
+ * later allocation would free anyway): a process whose allocations
+ * stopped gives them back. Thread safe. */
+void cwi_buffer_cache_trim(void);
+/* Gives memory back to the system: glibc's free heap pages (malloc_trim)
+ * and the large buffers kept for reuse, all of them when `all` (after a
+ * burst that is over: hostile connections closed), else only the stale
+ * ones (a process that gives back while it keeps working: the buffers
+ * its next batches will take stay). Costs a walk of the heap: call it
+ * after bursts or at most every second, never per message. Thread
+ * safe. */
+void cwi_heap_release(bool all);
 /* Tunes glibc's malloc for a process that moves large messages, once per
  * process: one arena, 64 MiB mmap and trim thresholds (core_util.c says
  * why and what it costs). CACHEW_MALLOPT=1 in the environment tunes, 0

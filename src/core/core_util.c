@@ -302,9 +302,12 @@ cwi_now_ns(void)
 }
 
 void
-cwi_heap_release(void)
+cwi_heap_release(bool all)
 {
-	cwi_buffer_cache_drop();
+	if (all)
+		cwi_buffer_cache_drop();
+	else
+		cwi_buffer_cache_trim();
 #ifdef __GLIBC__
 	/* Returns the free pages of every arena, not only the heap's top
 	 * (a tuned heap keeps up to 64 MiB of top: cwi_heap_tune). */

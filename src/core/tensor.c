@@ -313,6 +313,20 @@ cwi_buffer_cache_drop(void)
 #endif
 }
 
+void
+cwi_buffer_cache_trim(void)
+{
+#if BIGBUF_SLOTS > 0
+	cwi_buffer *evict[BIGBUF_SLOTS];
+	size_t nevict;
+
+	pthread_mutex_lock(&bigbuf_lock);
+	nevict = bigbuf_evict_locked(bigbuf_stale(cwi_now_ns()), 0, evict);
+	pthread_mutex_unlock(&bigbuf_lock);
+	bigbuf_free(evict, nevict);
+#endif
+}
+
 cachew_err
 cwi_buffer_alloc(cwi_buffer **out, size_t size, bool zero)
 {

@@ -292,6 +292,11 @@ void cwi_seq_close(cwi_seq *s);
 cachew_err cwi_exec_iterator_create(
     cachew_iterator **out, cachew_dataset *ds, const cachew_options *opts);
 
+/* Marks it as the user's (cachew_iterator_create, _restore): its end
+ * frees the large buffers kept for reuse; the library's own iterators
+ * (a worker's lease, a stitched run) leave them to the running pipeline. */
+void cwi_iterator_mark_user(cachew_iterator *it);
+
 /* A fresh random pipeline seed (getrandom, else clock and pid). */
 uint64_t cwi_fresh_seed(void);
 /* Creates an iterator of ds with the given pipeline seed that calls

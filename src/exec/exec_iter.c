@@ -503,6 +503,7 @@ struct cachew_iterator {
 	void *release_arg;
 	cwi_part_stats_fn part_stats; /* rows run elsewhere (release_arg) */
 	bool service; /* a service client's (cwi_iterator_create_owned) */
+	bool user; /* the user's: its end drops the reuse list (destroy) */
 	pid_t pid; /* the process that created it (fork: see destroy) */
 	unsigned forks; /* fork_count when it was created */
 	/* cachew_iterator_cancel: set from any thread; the consumer then
@@ -1009,13 +1010,28 @@ cachew_iterator_destroy(cachew_iterator *it)
 	pthread_mutex_destroy(&it->pl.lock);
 	cachew_dataset_release(it->ds);
 	cwi_names_unref(it->names);
+	bool user = it->user;
+
 	if (it->release != NULL)
 		it->release(it->release_arg);
 	free(it);
 	/* The elements in flight just went into the reuse list (tensor.c)
 	 * all at once, up to its 256 MiB: an iterator per epoch would keep
-	 * them past its end until a later allocation found them stale. */
-	cwi_buffer_cache_drop();
+	 * them past its end until a later allocation found them stale. Only
+	 * the user's: the list is the process's, and the iterators the
+	 * library makes and ends while the user's runs (a worker's per
+	 * lease, the service client's per stitched run) emptied it under
+	 * the running pipeline, which then page-faulted its next batches in
+	 * again (W2 through the service: the client's 38.5 MB batches every
+	 * few hundred milliseconds). */
+	if (user)
+		cwi_buffer_cache_drop();
+}
+
+void
+cwi_iterator_mark_user(cachew_iterator *it)
+{
+	it->user = true;
 }
 
 void

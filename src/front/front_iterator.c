@@ -85,8 +85,14 @@ cachew_iterator_create(
 	if (strcmp(service, "local") != 0) {
 		rv = service_iterator(out, ds, opts, service, implicit,
 		    &fallback);
-		if (!fallback)
+		if (!fallback) {
+			if (rv == CACHEW_OK)
+				cwi_iterator_mark_user(*out);
 			return rv;
+		}
 	}
-	return cwi_exec_iterator_create(out, ds, opts);
+	rv = cwi_exec_iterator_create(out, ds, opts);
+	if (rv == CACHEW_OK)
+		cwi_iterator_mark_user(*out);
+	return rv;
 }

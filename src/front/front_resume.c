@@ -234,6 +234,7 @@ cachew_iterator_restore(cachew_iterator **out, cachew_dataset *ds,
 		cachew_iterator_destroy(it);
 		return cwi_fail(rv, "%s", r.errmsg);
 	}
+	cwi_iterator_mark_user(it);
 	*out = it;
 	return CACHEW_OK;
 }

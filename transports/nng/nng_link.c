@@ -612,7 +612,7 @@ budget_return(slink *lk, size_t n)
 		cwi_log(CACHEW_LOG_INFO, "transport",
 		    "url=%s event=heap_released reason=\"peers held %zu bytes, "
 		    "now %zu\"", lk->url, peak, used);
-		cwi_heap_release();
+		cwi_heap_release(true);
 	}
 }
 

@@ -1078,7 +1078,11 @@ final_rows(session *s)
  * without them. While the buffer stays full (the process then waits for
  * its consumer anyway: a fast consumer empties it within the second), the
  * free pages go back once a second: 1.8 ms with 40 MB free, nothing when
- * little is.
+ * little is. The large buffers kept for reuse stay, but for those nobody
+ * took within their second: dropping them all made a client that keeps
+ * its buffer full by running the pipeline's tail (W2's normalize) fault
+ * its next batches in again every second (W2 through the service: 134,000
+ * page faults in 6,000 images, 0.41 s of system time in 0.93).
  */
 #define HEAP_RELEASE_NS (UINT64_C(1) * 1000000000u)
 
@@ -1088,7 +1092,7 @@ release_heap(session *s, uint64_t now)
 	if (!s->buffer_full || now - s->full_since_ns < HEAP_RELEASE_NS ||
 	    now - s->heap_released_ns < HEAP_RELEASE_NS)
 		return;
-	cwi_heap_release();
+	cwi_heap_release(false);
 	s->heap_released_ns = now;
 }
 

@@ -750,6 +750,10 @@ heartbeat_main(void *arg)
 			pthread_mutex_unlock(&w->lock);
 			break;
 		}
+		/* The large buffers its leases' elements left for reuse are
+		 * the process's (its iterators' ends leave them, tensor.c):
+		 * an idle worker gives back the stale ones here. */
+		cwi_buffer_cache_trim();
 		sleep_interval(w);
 	}
 	return NULL;
