@@ -19,6 +19,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -29,6 +30,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -871,6 +873,114 @@ START_TEST(get_of_a_damaged_record_mid_chunk_yields_the_records_before_it)
 			  strrchr(path, '/') + 1) != NULL &&
 		strstr(cachew_iterator_errmsg(it), "record 4 (stored") != NULL,
 	    "%s", cachew_iterator_errmsg(it));
+	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(p);
+	free(path);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* Drops a file's pages from the page cache; true when its last byte then
+ * is out of it (a file system that keeps every page, tmpfs, says false). */
+static bool
+drop_pages(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	struct stat st;
+	struct iovec v;
+	char c;
+	ssize_t n;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	ck_assert_int_eq(fdatasync(fd), 0);
+	ck_assert_int_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+	v = (struct iovec){.iov_base = &c, .iov_len = 1};
+	n = preadv2(fd, &v, 1, st.st_size - 1, RWF_NOWAIT);
+	close(fd);
+	return n < 0 && errno == EAGAIN;
+}
+
+/* A chunk out of the page cache read by several threads: the claims read
+ * the payloads that are not in it, in file order (one stream for the
+ * disk), and the loads verify and decode them; the elements are those
+ * written, in order. Once the file is in the page cache, the loads read
+ * every payload themselves again. */
+START_TEST(get_of_a_cold_chunk_with_threads_reads_it_in_file_order)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *path;
+	cachew_fingerprint fp = fp_of(one_chunk_input);
+	run_out want = put(one_chunk_input, root, "");
+	uint64_t bytes, c0;
+	bool cold;
+
+	path = chunk_path(root, &fp, 0, &bytes);
+	cold = drop_pages(path);
+	c0 = cwi_cache_claimed_payloads();
+	assert_get(one_chunk_input, root, &want, ", threads=2");
+	if (cold)
+		ck_assert_uint_gt(cwi_cache_claimed_payloads(), c0);
+	else
+		fprintf(stderr, "%s: its pages stay in memory: the claims' "
+		    "reads are not tested\n", path);
+	cold = drop_pages(path);
+	assert_get(one_chunk_input, root, &want, ", threads=4");
+	/* Warm now: the loads read (and copy) every payload. */
+	c0 = cwi_cache_claimed_payloads();
+	assert_get(one_chunk_input, root, &want, ", threads=2");
+	ck_assert_uint_eq(cwi_cache_claimed_payloads(), c0);
+	/* One thread claims and loads alike: it reads its payloads itself. */
+	(void)drop_pages(path);
+	assert_get(one_chunk_input, root, &want, ", threads=1");
+	ck_assert_uint_eq(cwi_cache_claimed_payloads(), c0);
+	run_free(&want);
+	cwt_rmtree(dir);
+	free(path);
+	free(root);
+	free(dir);
+}
+END_TEST
+
+/* The first record of a cold chunk, damaged, read by the claim (its
+ * pages are surely not in the page cache): the load that hashes it finds
+ * the damage; no element comes, CACHEW_ECORRUPT names the record and the
+ * cache is marked bad. */
+START_TEST(get_of_a_cold_damaged_first_record_yields_nothing)
+{
+	char *dir = cwt_tmpdir(), *root = fmt("%s/cache", dir), *path, *p;
+	cachew_fingerprint fp = fp_of(one_chunk_input);
+	run_out want = put(one_chunk_input, root, "");
+	rec_info recs[64];
+	uint64_t bytes, c0;
+	char hex[33];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	cachew_err rv;
+	bool cold;
+
+	path = chunk_path(root, &fp, 0, &bytes);
+	ck_assert_uint_ge(chunk_records(path, recs, 64), 8);
+	flip_bit(path, (recs[0].payload_at + recs[0].clen / 3) * 8 + 5);
+	cold = drop_pages(path);
+	cachew_fingerprint_hex(&fp, hex);
+	p = fmt("cache_get(\"%s\", \"%s\", threads=2)", root, hex);
+	ck_assert_int_eq(cachew_dataset_parse(&ds, p), CACHEW_OK);
+	log_capture();
+	c0 = cwi_cache_claimed_payloads();
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	rv = cachew_iterator_next(it, &e);
+	log_release();
+	ck_assert_int_eq(rv, CACHEW_ECORRUPT);
+	if (cold)
+		ck_assert_uint_gt(cwi_cache_claimed_payloads(), c0);
+	ck_assert_msg(strstr(cachew_iterator_errmsg(it), "record 0 (stored") !=
+		NULL, "%s", cachew_iterator_errmsg(it));
 	ck_assert_int_eq(lookup(root, &fp), CACHEW_ENOENT);
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(ds);
@@ -2633,6 +2743,8 @@ cwt_cacheops_suite(void)
 	tcase_add_test(ops, get_of_a_fifo_chunk_fails_at_once_and_cache_recomputes);
 	tcase_add_test(ops, get_threads_share_one_chunk_in_written_order);
 	tcase_add_test(ops, get_of_a_damaged_record_mid_chunk_yields_the_records_before_it);
+	tcase_add_test(ops, get_of_a_cold_chunk_with_threads_reads_it_in_file_order);
+	tcase_add_test(ops, get_of_a_cold_damaged_first_record_yields_nothing);
 	tcase_add_test(ops, get_split_units_are_the_chunks);
 	tcase_add_test(ops, get_reads_only_its_split_ranges_in_order);
 	tcase_add_test(ops, get_destroyed_midway_stops_its_readers);

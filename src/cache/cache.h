@@ -260,6 +260,10 @@ typedef struct cwi_cache_rec_job {
 	 * a remote file), or NULL: the load reads the stored payload. Owned
 	 * by the job until loaded or discarded. */
 	cwi_element **els;
+	/* A stored payload of a local file whose pages were not in the page
+	 * cache, read by the claim (in file order; not yet hashed), or NULL.
+	 * Owned by the job until loaded or discarded. */
+	cwi_buffer *payload;
 } cwi_cache_rec_job;
 
 /* Claims the next record of a chunk so that several threads can read one
@@ -267,8 +271,10 @@ typedef struct cwi_cache_rec_job {
  * after the claimed payload, hashes it into the skeleton's XXH64 and
  * advances), and cwi_cache_reader_load() then reads, verifies and decodes
  * the payload, on any thread. A stored record of a local file is left to
- * the load; any other record is read and verified by the claim itself
- * (job->els). Returns CACHEW_OK with *job filled, CACHEW_EOF after the
+ * the load, but for its bytes when they are not in the page cache and
+ * several threads load (the claim reads them, job->payload, so that the
+ * disk sees one stream in file order); any other record is read and
+ * verified by the claim itself (job->els). Returns CACHEW_OK with *job filled, CACHEW_EOF after the
  * trailer was verified (counts, size, the manifest's XXH64), or an error
  * as cwi_cache_reader_next() (sticky; ECORRUPT marks the cache bad).
  * Claims are made one at a time (the caller serialises them) and not
@@ -285,6 +291,9 @@ cachew_err cwi_cache_reader_load(cwi_cache_reader *rd, cwi_cache_rec_job *job,
     cwi_element **out);
 /* Releases a claimed job that will not be loaded. NULL-safe. */
 void cwi_cache_rec_job_discard(cwi_cache_rec_job *job);
+/* How many stored payloads claims read since the process started (they
+ * were not in the page cache: cwi_cache_reader_claim); for tests. */
+uint64_t cwi_cache_claimed_payloads(void);
 void cwi_cache_reader_close(cwi_cache_reader *rd);
 
 /* Decodes a whole chunk file held in memory, calling fn for each element
