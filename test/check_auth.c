@@ -986,22 +986,33 @@ START_TEST(auth_restart_keeps_ownership)
 }
 END_TEST
 
-/* `cachewd --role=dispatcher` with `args`: its exit code (0 when it
- * started: then stopped with SIGTERM) and its log in *log. */
+/*
+ * `cachewd --role=dispatcher` with `args`: its exit code (0 when it
+ * started: then stopped with SIGTERM) and its log in *log. It has
+ * cwt_bound_ms(20000) to listen or exit, like cwt_daemon_start's daemons:
+ * a fixed 5 s of polls ran out on a loaded machine, and the shell then
+ * waited for ever on a dispatcher that was running (the test's timeout).
+ * timeout(1) ends it at the bound, which fails the test saying so.
+ */
 static int
 dispatcher_try(const char *dir, const char *args, char **log)
 {
+	int bound_ms = cwt_bound_ms(20000), rc;
 	char *path = cwt_fmt("%s/try.log", dir);
-	char *cmd = cwt_fmt("exec %s/cachewd --role=dispatcher %s "
-			    "--work-dir %s/w 2> %s & pid=$!; "
-			    "for i in $(seq 100); do "
+	char *cmd = cwt_fmt("exec timeout -s KILL %d %s/cachewd "
+			    "--role=dispatcher %s --work-dir %s/w 2> %s & "
+			    "pid=$!; for i in $(seq %d); do "
 			    "grep -q event=listening %s && "
 			    "{ kill $pid; wait $pid; exit 0; }; "
 			    "kill -0 $pid 2>/dev/null || break; sleep 0.05; "
 			    "done; wait $pid",
-	    cwt_build_dir(), args, dir, path, path);
+	    bound_ms / 1000, cwt_build_dir(), args, dir, path, bound_ms / 50,
+	    path);
 
-	return shell_run(cmd, path, log);
+	rc = shell_run(cmd, path, log);
+	ck_assert_msg(rc != 128 + SIGKILL, "cachewd %s neither listened nor "
+	    "exited within %d ms: %s", args, bound_ms, *log);
+	return rc;
 }
 
 /* The process provisioner gives the workers it starts the dispatcher's

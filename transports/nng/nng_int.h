@@ -381,7 +381,7 @@ const char *cwi_nng_tls_engine(void);
  * peer refuses for a reason that redialing will not change, returns
  * CACHEW_EAUTH with the reason in buf; CACHEW_OK when it found nothing
  * (the peer went away, or it all worked this time). Blocks for at most
- * 1.5 s: never on an nng thread.
+ * 10 s (as long as a link's handshake may take): never on an nng thread.
  */
 cachew_err cwi_nng_tls_diagnose(const cwi_nng_tls *t, const char *url,
     char *buf, size_t len);
