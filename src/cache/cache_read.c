@@ -27,8 +27,8 @@
 #include "cache_int.h"
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
@@ -581,6 +581,15 @@ byte_cached(int fd, uint64_t off)
 	return n == 1 || (n < 0 && errno != EAGAIN);
 }
 
+/* Payloads claims read (claim_read_payload), for tests. */
+static atomic_uint_fast64_t claimed_payloads;
+
+uint64_t
+cwi_cache_claimed_payloads(void)
+{
+	return atomic_load(&claimed_payloads);
+}
+
 /*
  * A stored payload a claim reads itself (into job->payload, unhashed: the
  * load hashes and decodes it). Two loads reading the records they claimed
@@ -593,14 +602,6 @@ byte_cached(int fd, uint64_t off)
  * the copying to the loads, which share it (the claim copying every
  * record capped two threads at 4.6 GB/s instead of 7.5-8.9).
  */
-static atomic_uint_fast64_t claimed_payloads;
-
-uint64_t
-cwi_cache_claimed_payloads(void)
-{
-	return atomic_load(&claimed_payloads);
-}
-
 static cachew_err
 claim_read_payload(cwi_cache_reader *rd, const cwi_chunk_rec *r,
     cwi_cache_rec_job *job)
