@@ -299,31 +299,34 @@ bigbuf_put(cwi_buffer *b)
 }
 #endif
 
-void
-cwi_buffer_cache_drop(void)
+/* Frees the kept buffers put before `before` (UINT64_MAX: all). */
+static void
+buffer_cache_evict(uint64_t before)
 {
 #if BIGBUF_SLOTS > 0
 	cwi_buffer *evict[BIGBUF_SLOTS];
 	size_t nevict;
 
 	pthread_mutex_lock(&bigbuf_lock);
-	nevict = bigbuf_evict_locked(UINT64_MAX, 0, evict);
+	nevict = bigbuf_evict_locked(before, 0, evict);
 	pthread_mutex_unlock(&bigbuf_lock);
 	bigbuf_free(evict, nevict);
+#else
+	(void)before;
 #endif
+}
+
+void
+cwi_buffer_cache_drop(void)
+{
+	buffer_cache_evict(UINT64_MAX);
 }
 
 void
 cwi_buffer_cache_trim(void)
 {
 #if BIGBUF_SLOTS > 0
-	cwi_buffer *evict[BIGBUF_SLOTS];
-	size_t nevict;
-
-	pthread_mutex_lock(&bigbuf_lock);
-	nevict = bigbuf_evict_locked(bigbuf_stale(cwi_now_ns()), 0, evict);
-	pthread_mutex_unlock(&bigbuf_lock);
-	bigbuf_free(evict, nevict);
+	buffer_cache_evict(bigbuf_stale(cwi_now_ns()));
 #endif
 }
 
