@@ -24,6 +24,7 @@
 
 #include "../src/core/element_codec.h"
 #include "../transports/transport.h"
+#include "../transports/nng/nng_int.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -40,7 +41,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -3517,6 +3521,335 @@ START_TEST(test_mallopt_1_tunes_a_users_malloc_at_the_first_socket)
 END_TEST
 
 
+/* ---- the same-host path (transports/nng/nng_shm.c) ---------------------- */
+
+/* Files of this process's regions left in /dev/shm. */
+static int
+shm_files_of_mine(void)
+{
+	char pre[64];
+	struct dirent *d;
+	DIR *dir = opendir("/dev/shm");
+	int n = 0;
+
+	if (dir == NULL)
+		return 0;
+	snprintf(pre, sizeof(pre), "cachew-%d-", (int)getpid());
+	while ((d = readdir(dir)) != NULL)
+		n += strncmp(d->d_name, pre, strlen(pre)) == 0;
+	closedir(dir);
+	return n;
+}
+
+/* Dials s with a region of shm_bytes offered (0: none). */
+static cwi_conn *
+dial_shm(const tsrv *s, size_t shm_bytes)
+{
+	cwi_transport_opts o, buf;
+	cwi_conn *c;
+
+	cwi_transport_opts_init(&o);
+	o.shm_bytes = shm_bytes;
+	ck_assert_msg(cwi_dial(&c, cwi_listener_url(s->l),
+			  tls_for(cwi_listener_url(s->l), &o, false, &buf)) ==
+		CACHEW_OK,
+	    "dial: %s", cachew_errmsg());
+	return c;
+}
+
+/* Echoes one u8 element of n bytes (pattern seed) and checks the reply;
+ * returns it (the caller destroys it). *blocks: whether it came as a
+ * block of the region. */
+static cwi_msg *
+echo_big(cwi_conn *c, size_t n, int seed, bool *block)
+{
+	int64_t shape[1] = {(int64_t)n};
+	cwi_element *e = mk_fixed(CACHEW_U8, 1, shape, seed);
+	uint64_t before = cwi_nng_shm_received();
+	cwi_msg *reply;
+
+	ck_assert_int_eq(cwi_conn_call(c, mk_elems("echo big", &e, 1), WAIT_MS,
+			     &reply),
+	    CACHEW_OK);
+	ck_assert_uint_eq(cwi_msg_count(reply), 1);
+	ck_assert(cwi_element_equal(cwi_msg_element(reply, 0), e));
+	cwi_element_release(e);
+	*block = cwi_nng_shm_received() > before;
+	return reply;
+}
+
+/* A client offering a region gets large replies in it, read in place
+ * (the received tensor views the mapping), with every dtype and string
+ * intact; small replies still come through the socket; the region's
+ * file is gone once the listener took it. */
+START_TEST(test_shm_large_replies_travel_in_shared_memory)
+{
+	cwi_element *sent[16];
+	cwi_msg *reply;
+	uint64_t before;
+	cwi_conn *c;
+	size_t n;
+	bool block;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	c = dial_shm(&s, 32 << 20);
+	call_ok(c, "echo small", "echo small");
+	before = cwi_nng_shm_received();
+	reply = call_echo_elements(c, sent, &n);
+	ck_assert_uint_eq(cwi_nng_shm_received(), before + 1);
+	for (size_t i = 0; i < n; i++) {
+		cwi_element *e = cwi_msg_element(reply, i);
+		ck_assert_msg(cwi_element_equal(e, sent[i]), "element %zu", i);
+	}
+	{
+		/* The 8 MiB tensor views the block: memory of the mapping,
+		 * not a buffer of ours (free_fn marks the block free). */
+		cwi_element *big = cwi_msg_element(reply, n - 1);
+		ck_assert_ptr_nonnull(big->comp[0].buf->free_fn);
+		ck_assert_uint_eq(
+		    (uintptr_t)cwi_tensor_data(&big->comp[0]) % 16, 0);
+	}
+	for (size_t i = 0; i < n; i++)
+		cwi_element_release(sent[i]);
+	/* The elements outlive their message and the connection. */
+	{
+		cwi_element *keep = cwi_msg_take(reply, n - 1);
+		int64_t shape[1] = {8 << 20};
+		cwi_element *want = mk_fixed(CACHEW_U8, 1, shape, 3);
+		cwi_msg_destroy(reply);
+		cwi_conn_destroy(c);
+		ck_assert(cwi_element_equal(keep, want));
+		cwi_element_release(keep);
+		cwi_element_release(want);
+	}
+	/* Many replies reuse the region's blocks. */
+	c = dial_shm(&s, 4 << 20);
+	for (int i = 0; i < 40; i++) {
+		reply = echo_big(c, (size_t)(1 << 20) + (size_t)i * 4097, i,
+		    &block);
+		ck_assert_msg(block, "reply %d came through the socket", i);
+		cwi_msg_destroy(reply);
+	}
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+	ck_assert_int_eq(shm_files_of_mine(), 0);
+}
+END_TEST
+
+/* A client holding replies fills its region: the next ones come through
+ * the socket, intact, and once it lets go the region serves again. */
+START_TEST(test_shm_full_region_falls_back_to_the_socket)
+{
+	cwi_msg *held[3], *reply;
+	cwi_conn *c;
+	bool block;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	c = dial_shm(&s, 1 << 20); /* the least: 1 MiB of blocks */
+	held[0] = echo_big(c, 600 << 10, 1, &block);
+	ck_assert(block);
+	held[1] = echo_big(c, 600 << 10, 2, &block);
+	ck_assert_msg(!block, "two 600 KiB blocks in a 1 MiB region");
+	held[2] = echo_big(c, 300 << 10, 3, &block);
+	ck_assert(block);
+	/* The held replies are still what was sent. */
+	for (int i = 0; i < 3; i++) {
+		int64_t shape[1] = {i == 2 ? 300 << 10 : 600 << 10};
+		cwi_element *want = mk_fixed(CACHEW_U8, 1, shape, i + 1);
+		ck_assert(cwi_element_equal(cwi_msg_element(held[i], 0), want));
+		cwi_element_release(want);
+		cwi_msg_destroy(held[i]);
+	}
+	reply = echo_big(c, 900 << 10, 4, &block);
+	ck_assert_msg(block, "the region was not reclaimed");
+	cwi_msg_destroy(reply);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A listener with CACHEW_SHM=0, and any TLS link, declines the region:
+ * the replies come through the stream, and the client removes its
+ * file. */
+START_TEST(test_shm_declined_by_tls_and_by_cachew_shm_0)
+{
+	cwi_msg *reply;
+	cwi_conn *c;
+	bool block;
+	tsrv s;
+
+	if (_i != TLS_T)
+		setenv("CACHEW_SHM", "0", 1);
+	srv_start(&s, _i, NULL);
+	unsetenv("CACHEW_SHM");
+	c = dial_shm(&s, 4 << 20);
+	for (int i = 0; i < 3; i++) {
+		reply = echo_big(c, 1 << 20, i, &block);
+		ck_assert(!block);
+		cwi_msg_destroy(reply);
+	}
+	ck_assert_int_eq(shm_files_of_mine(), 0);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
+/* A control frame (kind 2 or 3) as a raw peer sends it, payload len
+ * bytes, behind request id `id`. */
+static size_t
+raw_ctl(uint8_t *out, uint32_t id, int kind, const void *payload,
+    size_t len)
+{
+	put_be32(out, id);
+	memset(out + 4, 0, FRAME_HEAD_BYTES);
+	out[4] = 'C', out[5] = 'W', out[6] = 1, out[7] = (uint8_t)kind;
+	put_be32(out + 8, (uint32_t)len);
+	memcpy(out + 4 + FRAME_HEAD_BYTES, payload, len);
+	return 4 + FRAME_HEAD_BYTES + len;
+}
+
+/* The answer a raw peer gets to a hello: the kind 2 frame's one byte. */
+static int
+raw_hello_answer(int fd, bool ipc, uint32_t id)
+{
+	size_t len;
+	uint8_t *got = raw_recv_sp(fd, ipc, &len);
+	int yes;
+
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(len, 4 + FRAME_HEAD_BYTES + 1);
+	ck_assert_uint_eq(got[3] | got[2] << 8 | got[1] << 16 |
+			      (uint32_t)got[0] << 24,
+	    id);
+	ck_assert_uint_eq(got[7], 2);
+	yes = got[4 + FRAME_HEAD_BYTES];
+	free(got);
+	return yes;
+}
+
+/* Hostile clients: a hello naming a file outside the pattern, one named
+ * right but whose head lacks the nonce, a truncated hello: each is
+ * declined and the link goes on serving; a block frame sent as a request
+ * resets the link; the listener serves others throughout. */
+START_TEST(test_hostile_shm_hello_is_checked)
+{
+	bool ipc = _i == 2;
+	uint8_t msg[256], hello[FRAME_CTL_MAX];
+	char name[64], path[80];
+	size_t len;
+	tsrv s;
+	int fd, ffd;
+
+	srv_start(&s, _i, NULL);
+	fd = raw_connect_req(cwi_listener_url(s.l));
+	/* ../: refused by its name alone */
+	hello[0] = 14;
+	memcpy(hello + 1, "cachew-1-../ab", 14);
+	memset(hello + 15, 0, 24);
+	len = raw_ctl(msg, 0x80000001u, 2, hello, 15 + 24);
+	raw_send_sp(fd, ipc, msg, len);
+	ck_assert_int_eq(raw_hello_answer(fd, ipc, 0x80000001u), 0);
+	/* a file of the right name and size, but not the nonce sent */
+	snprintf(name, sizeof(name), "cachew-%d-00000000000000ff",
+	    (int)getpid());
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	ffd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	ck_assert_int_ge(ffd, 0);
+	ck_assert_int_eq(ftruncate(ffd, 8 << 20), 0);
+	close(ffd);
+	hello[0] = (uint8_t)strlen(name);
+	memcpy(hello + 1, name, strlen(name));
+	put_be64(hello + 1 + strlen(name), 8 << 20);
+	memset(hello + 9 + strlen(name), 0x5a, 16);
+	len = raw_ctl(msg, 0x80000002u, 2, hello, 25 + strlen(name));
+	raw_send_sp(fd, ipc, msg, len);
+	ck_assert_int_eq(raw_hello_answer(fd, ipc, 0x80000002u), 0);
+	unlink(path);
+	/* truncated */
+	len = raw_ctl(msg, 0x80000003u, 2, hello, 5);
+	raw_send_sp(fd, ipc, msg, len);
+	ck_assert_int_eq(raw_hello_answer(fd, ipc, 0x80000003u), 0);
+	/* the link still serves */
+	raw_send_msg(fd, ipc, 0x80000004u, "echo after hellos");
+	{
+		uint8_t *got = raw_recv_sp(fd, ipc, &len);
+		ck_assert_ptr_nonnull(got);
+		free(got);
+	}
+	/* a block frame is no request */
+	len = raw_ctl(msg, 0x80000005u, 3, hello, SHM_DESC);
+	raw_send_sp(fd, ipc, msg, len);
+	ck_assert(closed_by_server(fd));
+	close(fd);
+	assert_served(&s, "echo still here");
+	srv_stop(&s);
+}
+END_TEST
+
+/* Hostile servers: a block frame to a client that offered no region,
+ * and one naming bytes outside the region offered: the request fails
+ * naming the defect, nothing outside the region is read, and the
+ * connection redials and serves the next request. */
+START_TEST(test_hostile_server_block_frames_are_checked)
+{
+	bool ipc = _i == 2;
+	cwi_transport_opts o;
+	uint8_t msg[256], desc[SHM_DESC];
+	char url[256];
+	cwi_completion comp;
+	cwi_conn *c;
+	cwi_cq *q;
+	int lfd, fd;
+	uint32_t id;
+	size_t len;
+
+	lfd = raw_listen(_i, url, sizeof(url));
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	for (int offer = 0; offer < 2; offer++) {
+		cwi_transport_opts_init(&o);
+		o.dial_async = true;
+		o.shm_bytes = offer ? 2 << 20 : 0;
+		ck_assert_int_eq(cwi_dial(&c, url, &o), CACHEW_OK);
+		ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1),
+		    CACHEW_OK);
+		fd = raw_accept_req(lfd);
+		if (offer) {
+			/* The hello comes first; say yes without mapping. */
+			uint8_t *got = raw_recv_sp(fd, ipc, &len);
+			uint8_t yes = 1;
+			ck_assert_ptr_nonnull(got);
+			ck_assert_uint_eq(got[7], 2);
+			id = (uint32_t)got[0] << 24 | got[1] << 16 |
+			     got[2] << 8 | got[3];
+			free(got);
+			len = raw_ctl(msg, id, 2, &yes, 1);
+			raw_send_sp(fd, ipc, msg, len);
+		}
+		id = raw_read_request(fd, ipc, "ask");
+		/* slot 0, 1 MiB at 4 GiB: outside any region */
+		put_be32(desc, 0);
+		put_be64(desc + 4, (uint64_t)4 << 30);
+		put_be64(desc + 12, 1 << 20);
+		len = raw_ctl(msg, id, 3, desc, sizeof(desc));
+		raw_send_sp(fd, ipc, msg, len);
+		ck_assert_int_eq(cwi_cq_wait(q, WAIT_MS, &comp), CACHEW_OK);
+		ck_assert_int_eq(comp.err, CACHEW_EPROTO);
+		ck_assert_msg(strstr(cachew_errmsg(), offer ? "outside the region"
+					: "offered none") != NULL,
+		    "%s", cachew_errmsg());
+		ck_assert(closed_by_server(fd));
+		close(fd);
+		cwi_conn_destroy(c);
+	}
+	cwi_cq_destroy(q);
+	raw_unlisten(lfd, url);
+	ck_assert_int_eq(shm_files_of_mine(), 0);
+}
+END_TEST
+
+
 Suite *
 cwt_transport_suite(void)
 {
@@ -3527,6 +3860,7 @@ cwt_transport_suite(void)
 	TCase *wire = tcase_create("wire");
 	TCase *tls = tcase_create("tls");
 	TCase *heap = tcase_create("heap");
+	TCase *shm = tcase_create("shm");
 
 	(void)tnames;
 	tcase_set_timeout(conf, 60);
@@ -3626,6 +3960,20 @@ cwt_transport_suite(void)
 	    test_peer_hanging_up_at_once_is_redialed_with_backoff, 1,
 	    NTRANSPORTS);
 	suite_add_tcase(s, wire);
+
+	tcase_set_timeout(shm, 60);
+	tcase_add_unchecked_fixture(shm, cwt_tls_setup, cwt_tls_teardown);
+	tcase_add_loop_test(shm, test_shm_large_replies_travel_in_shared_memory,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm, test_shm_full_region_falls_back_to_the_socket,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm, test_shm_declined_by_tls_and_by_cachew_shm_0,
+	    1, NCONF);
+	tcase_add_loop_test(shm, test_hostile_shm_hello_is_checked, 1,
+	    NTRANSPORTS);
+	tcase_add_loop_test(shm, test_hostile_server_block_frames_are_checked,
+	    1, NTRANSPORTS);
+	suite_add_tcase(s, shm);
 
 	tcase_set_timeout(tls, 60);
 	tcase_add_unchecked_fixture(tls, cwt_tls_setup, cwt_tls_teardown);

@@ -12,7 +12,10 @@
  *                          element codec, payloads written from and read
  *                          into place (no copy besides the kernel's);
  *                          tls+tcp is the same over TLS 1.2 (nng's
- *                          mbedTLS engine; transports/nng/nng_tls.c)
+ *                          mbedTLS engine; transports/nng/nng_tls.c);
+ *                          on one host a client may offer a region of
+ *                          shared memory for its large replies
+ *                          (shm_bytes, transports/nng/nng_shm.c)
  *
  * The model is request/reply. A client dials a URL and gets a connection
  * (cwi_conn); it sends a request message and gets exactly one completion
@@ -152,6 +155,13 @@ typedef struct cwi_transport_opts {
 	/* Listeners: whether clients must show a certificate signed by
 	 * tls_ca. */
 	cwi_tls_client_auth tls_client_auth;
+	/* nng dialers, tcp:// and ipc:// (not tls+tcp://): offer each link's
+	 * listener a region of this many bytes of shared memory for its
+	 * large replies (transports/nng/nng_shm.c); a listener on the same
+	 * host and user takes it, others decline, and the replies then
+	 * travel as before. CACHEW_SHM=0 in either process turns it off.
+	 * Default 0: no offer. */
+	size_t shm_bytes;
 } cwi_transport_opts;
 
 /* Parses "none", "optional" or "required" ("" is none) for the option

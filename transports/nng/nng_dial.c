@@ -84,6 +84,15 @@ struct sconn {
 	bool unreachable;   /* c->refused is the unreachable state */
 	unsigned dial_fails; /* since the first, while never reached */
 	uint64_t first_fail_ns;
+	/* The same-host path (nng_shm.c): the region's size offered on
+	 * each link (0: none); the link whose hello awaits its answer and
+	 * the hello's id; shm_off once a listener declined or a link died
+	 * before answering (an older listener resets on a hello). */
+	size_t shm_bytes;
+	slink *hello_lk;
+	uint32_t hello_id;
+	unsigned hello_lost; /* links that died before answering, in a row */
+	bool shm_off;
 };
 
 static void
@@ -169,32 +178,112 @@ dial_arm_locked(sconn *c, int delay_ms)
 		nng_stream_dialer_dial(c->d, c->dial);
 }
 
+/* The listener's answer to our hello (buf, taken): whether it takes the
+ * region. Either way the region's name has done its work. */
+static void
+cli_shm_answer(sconn *c, slink *lk, cwi_buffer *buf)
+{
+	cwi_nng_frame_in fi;
+	cachew_err err = cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg,
+	    &fi);
+	cwi_shm *drop = NULL;
+	bool yes = err == CACHEW_OK && fi.ctl_kind == FRAME_KIND_SHM_HELLO &&
+		   fi.ctl_len == 1 && fi.ctl[0] == 1;
+
+	if (err == CACHEW_OK && fi.msg != NULL)
+		cwi_msg_destroy(fi.msg);
+	pthread_mutex_lock(&lk->mtx);
+	cwi_nng_shm_unlink(lk->shm);
+	if (!yes) {
+		drop = lk->shm;
+		lk->shm = NULL;
+	}
+	pthread_mutex_unlock(&lk->mtx);
+	cwi_nng_shm_unref(drop);
+	pthread_mutex_lock(&c->mtx);
+	c->hello_lost = 0;
+	if (!yes)
+		c->shm_off = true;
+	pthread_mutex_unlock(&c->mtx);
+	cwi_log(CACHEW_LOG_DEBUG, "transport", "url=%s event=%s", c->base.url,
+	    yes ? "shm_taken" : "shm_declined");
+}
+
+/* A block frame's reply (fi's payload): the message in the region,
+ * decoded in place. */
+static cachew_err
+cli_shm_reply(sconn *c, slink *lk, const uint8_t *id,
+    cwi_nng_frame_in *fi)
+{
+	cwi_buffer *blk;
+	cachew_err err;
+
+	err = cwi_nng_shm_block(lk->shm, fi->ctl, fi->ctl_len,
+	    c->max_msg + SP_ID_BYTES, &blk);
+	if (err != CACHEW_OK)
+		return err;
+	if (memcmp(blk->data, id, SP_ID_BYTES) != 0) {
+		cwi_buffer_unref(blk);
+		return cwi_fail(CACHEW_EPROTO, "a shared memory block whose "
+					       "request id is not its frame's");
+	}
+	err = cwi_nng_frame_decode(blk, SP_ID_BYTES, c->max_msg, fi);
+	if (err == CACHEW_OK && fi->ctl_kind != 0)
+		err = cwi_fail(CACHEW_EPROTO, "a control frame inside a "
+					      "shared memory block");
+	return err;
+}
+
 static bool
 cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
 	sconn *c = owner;
 	uint32_t id = cwi_nng_get_u32(buf->data);
+	uint8_t idb[SP_ID_BYTES];
 	char msg[FRAME_ERRMSG_MAX + 200];
 	cachew_err err;
 	cwi_msg *reply = NULL;
 	cwi_nng_frame_in fi;
 	creq *x;
+	bool hello;
 
 	pthread_mutex_lock(&c->mtx);
 	c->refused = CACHEW_OK; /* the peer talks to us */
-	for (x = c->reqs; x != NULL; x = x->next)
+	hello = lk == c->hello_lk && id == c->hello_id;
+	if (hello)
+		c->hello_lk = NULL;
+	for (x = hello ? NULL : c->reqs; x != NULL; x = x->next)
 		if (x->id == id && x->lk == lk)
 			break;
 	if (x != NULL)
 		req_unlist_locked(c, x);
 	pthread_mutex_unlock(&c->mtx);
+	if (hello) {
+		cli_shm_answer(c, lk, buf);
+		return true;
+	}
 	if (x == NULL) {
-		/* The reply to a request that timed out: nobody waits. */
-		cwi_buffer_unref(buf);
+		/* The reply to a request that timed out: nobody waits. A
+		 * block it names goes back to the listener. */
+		if (cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi) ==
+			CACHEW_OK) {
+			cwi_buffer *blk = NULL;
+			if (fi.ctl_kind == FRAME_KIND_SHM_BLOCK &&
+			    cwi_nng_shm_block(lk->shm, fi.ctl, fi.ctl_len,
+				c->max_msg + SP_ID_BYTES, &blk) == CACHEW_OK)
+				cwi_buffer_unref(blk);
+			cwi_msg_destroy(fi.msg);
+		}
 		return true;
 	}
 	msg[0] = '\0';
+	memcpy(idb, buf->data, SP_ID_BYTES);
 	err = cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
+	if (err == CACHEW_OK && fi.ctl_kind == FRAME_KIND_SHM_BLOCK)
+		err = cli_shm_reply(c, lk, idb, &fi);
+	else if (err == CACHEW_OK && fi.ctl_kind != 0)
+		err = cwi_fail(CACHEW_EPROTO, "a control frame of kind %d as "
+					      "a reply", fi.ctl_kind);
 	if (err == CACHEW_EPROTO) {
 		snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
 		    c->base.url, cwi_errmsg_get());
@@ -315,6 +404,13 @@ cli_on_down(void *owner, slink *lk, const char *why)
 		c->lk = NULL;
 		drop = true;
 	}
+	if (c->hello_lk == lk) {
+		/* Our hello unanswered: a listener of an older version
+		 * resets a link on it; twice in a row, offer no more. */
+		c->hello_lk = NULL;
+		if (++c->hello_lost >= 2)
+			c->shm_off = true;
+	}
 	suspect = drop && !c->closed && early_death_suspect(c, lk->early_rv);
 	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
 		nx = x->next;
@@ -365,6 +461,41 @@ static const link_ops cli_link_ops = {
     .release = cli_link_release,
 };
 
+/* A region for lk's replies (nng_shm.c), before lk starts: the client's
+ * half of the same-host path. Nothing when it cannot be made (no
+ * /dev/shm): the replies come through the socket. With c->mtx held. */
+static void
+conn_offer_shm_locked(sconn *c, slink *lk)
+{
+	if (c->shm_bytes == 0 || c->shm_off || c->tls != NULL)
+		return;
+	if (cwi_nng_shm_create(&lk->shm, c->shm_bytes) != CACHEW_OK) {
+		cwi_log(CACHEW_LOG_DEBUG, "transport", "url=%s event=shm_off "
+		    "reason=\"%s\"", c->base.url, cwi_errmsg_get());
+		c->shm_off = true;
+	}
+}
+
+/* The hello naming lk's region, first on the link. With c->mtx held. */
+static void
+conn_send_hello_locked(sconn *c, slink *lk)
+{
+	uint8_t id[SP_ID_BYTES], hello[FRAME_CTL_MAX];
+	size_t len = cwi_nng_shm_hello(lk->shm, hello);
+	txmsg *t;
+
+	c->hello_id = SP_ID_FLAG | c->next_id++;
+	cwi_nng_put_u32(id, c->hello_id);
+	if (cwi_nng_tx_build_ctl(&t, c->ipc, id, sizeof(id),
+		FRAME_KIND_SHM_HELLO, hello, len) != CACHEW_OK)
+		return; /* no hello: the listener never uses the region */
+	if (cwi_nng_link_send(lk, t) != CACHEW_OK) {
+		cwi_nng_tx_free(t);
+		return;
+	}
+	c->hello_lk = lk;
+}
+
 /* Makes s the connection's link and sends the waiting requests on it.
  * With c->mtx held. */
 static void
@@ -377,7 +508,10 @@ conn_attach_locked(sconn *c, slink *lk)
 		c->unreachable = false;
 		c->refused = CACHEW_OK;
 	}
+	conn_offer_shm_locked(c, lk);
 	cwi_nng_link_start(lk);
+	if (lk->shm != NULL)
+		conn_send_hello_locked(c, lk);
 	for (creq *x = c->reqs; x != NULL; x = x->next) {
 		if (x->lk != NULL || x->orphan)
 			continue;
@@ -681,6 +815,8 @@ cwi_nng_dial(cwi_conn **out, const char *url, const cwi_transport_opts *opts)
 	c->rmin_ms = opts->reconnect_min_ms;
 	c->rmax_ms = opts->reconnect_max_ms;
 	c->unreachable_ms = opts->unreachable_after_ms;
+	c->shm_bytes = cwi_nng_shm_enabled() && !cwi_nng_url_is_tls(url)
+			   ? opts->shm_bytes : 0;
 	c->next_id = (uint32_t)cwi_now_ns() & 0x7fffffffu;
 	c->jitter.state = cwi_now_ns() ^ (uint64_t)(uintptr_t)c;
 	c->base.url = cwi_strdup(url);

@@ -24,19 +24,6 @@
 #define SEND_REF_MIN 4096
 
 static void
-put_u64(uint8_t *p, uint64_t v)
-{
-	cwi_nng_put_u32(p, (uint32_t)(v >> 32));
-	cwi_nng_put_u32(p + 4, (uint32_t)v);
-}
-
-static uint64_t
-get_u64(const uint8_t *p)
-{
-	return (uint64_t)cwi_nng_get_u32(p) << 32 | cwi_nng_get_u32(p + 4);
-}
-
-static void
 put_head(uint8_t *h, int kind, size_t hdr_len, uint32_t count)
 {
 	h[0] = FRAME_MAGIC0;
@@ -89,7 +76,7 @@ tx_finish(txmsg *t, bool ipc)
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	if (ipc)
 		g->sb.data[0] = SP_IPC_MSG;
-	put_u64((uint8_t *)g->sb.data + (ipc ? 1 : 0),
+	cwi_nng_put_u64((uint8_t *)g->sb.data + (ipc ? 1 : 0),
 	    (uint64_t)(g->sb.len - pre + g->ref_bytes));
 	for (size_t i = 0; i < g->nrefs; i++) {
 		if (g->refs[i].at > prev) {
@@ -193,6 +180,29 @@ cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
 }
 
 cachew_err
+cwi_nng_tx_build_ctl(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
+    int kind, const uint8_t *payload, size_t len)
+{
+	uint8_t head[FRAME_HEAD];
+	txmsg *t;
+	cachew_err rv;
+
+	rv = tx_start(&t, ipc, id, idlen);
+	if (rv != CACHEW_OK)
+		return rv;
+	put_head(head, kind, len, 0);
+	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
+	cwi_strbuf_append(&t->g.sb, payload, len);
+	rv = tx_finish(t, ipc);
+	if (rv != CACHEW_OK) {
+		cwi_nng_tx_free(t);
+		return rv;
+	}
+	*out = t;
+	return CACHEW_OK;
+}
+
+cachew_err
 cwi_nng_tx_handshake(txmsg **out, uint16_t my_proto)
 {
 	txmsg *t = calloc(1, sizeof(*t));
@@ -256,7 +266,7 @@ cwi_nng_prefix_decode(const uint8_t *h, bool ipc, size_t max_len,
 		snprintf(buf, len, "unknown ipc message type %u", h[0]);
 		return buf;
 	}
-	n = get_u64(h + (ipc ? 1 : 0));
+	n = cwi_nng_get_u64(h + (ipc ? 1 : 0));
 	if (n > max_len) {
 		snprintf(buf, len,
 		    "message of %llu bytes (with %zu for its request id) "
@@ -409,6 +419,8 @@ cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off, size_t max_msg,
 	fi->msg = NULL;
 	fi->peer_err = CACHEW_OK;
 	fi->peer_msg[0] = '\0';
+	fi->ctl_kind = 0;
+	fi->ctl_len = 0;
 	rv = frame_head_check(body, len, max_msg, &hlen, &count);
 	if (rv == CACHEW_OK) {
 		switch (body[3]) {
@@ -418,6 +430,20 @@ cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off, size_t max_msg,
 		case FRAME_KIND_MSG:
 			rv = frame_elements_decode(buf, body_off + FRAME_HEAD,
 			    hlen, count, &fi->msg);
+			break;
+		case FRAME_KIND_SHM_HELLO:
+		case FRAME_KIND_SHM_BLOCK:
+			/* The payload only: its owner checks what it says. */
+			if (count != 0 || hlen > FRAME_CTL_MAX ||
+			    FRAME_HEAD + (size_t)hlen != len) {
+				rv = cwi_fail(CACHEW_EPROTO, "control frame of "
+				    "kind %u with %u bytes, count %u and %zu "
+				    "bytes in all", body[3], hlen, count, len);
+				break;
+			}
+			fi->ctl_kind = body[3];
+			fi->ctl_len = hlen;
+			memcpy(fi->ctl, body + FRAME_HEAD, hlen);
 			break;
 		default:
 			rv = cwi_fail(CACHEW_EPROTO, "unknown frame kind %u",

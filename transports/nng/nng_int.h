@@ -50,6 +50,12 @@
 #define FRAME_HEAD 16
 #define FRAME_KIND_MSG 0
 #define FRAME_KIND_ERROR 1
+/* The same-host path (nng_shm.c): a client's hello naming its region, and
+ * the server's answer; a reply whose bytes are a block of the region. */
+#define FRAME_KIND_SHM_HELLO 2
+#define FRAME_KIND_SHM_BLOCK 3
+/* The payload of a control frame (kinds 2 and 3) is at most this. */
+#define FRAME_CTL_MAX 128
 /* Error frames carry a short message. */
 #define FRAME_ERRMSG_MAX 1024
 
@@ -83,6 +89,19 @@ cwi_nng_get_u32(const uint8_t *p)
 {
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
 	       (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static inline void
+cwi_nng_put_u64(uint8_t *p, uint64_t v)
+{
+	cwi_nng_put_u32(p, (uint32_t)(v >> 32));
+	cwi_nng_put_u32(p + 4, (uint32_t)v);
+}
+
+static inline uint64_t
+cwi_nng_get_u64(const uint8_t *p)
+{
+	return (uint64_t)cwi_nng_get_u32(p) << 32 | cwi_nng_get_u32(p + 4);
 }
 
 /* The bytes of a message's length prefix. */
@@ -127,6 +146,10 @@ cachew_err cwi_nng_tx_build(txmsg **out, bool ipc, const uint8_t *id,
  * CACHEW_ENOMEM. */
 cachew_err cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
     size_t idlen, cachew_err err, const char *msg);
+/* A control frame of `kind` (FRAME_KIND_SHM_*) carrying len bytes
+ * (<= FRAME_CTL_MAX) of payload in place of a header. CACHEW_ENOMEM. */
+cachew_err cwi_nng_tx_build_ctl(txmsg **out, bool ipc, const uint8_t *id,
+    size_t idlen, int kind, const uint8_t *payload, size_t len);
 /* Our SP handshake, announcing my_proto: the first message a link sends.
  * CACHEW_ENOMEM. */
 cachew_err cwi_nng_tx_handshake(txmsg **out, uint16_t my_proto);
@@ -156,6 +179,11 @@ typedef struct cwi_nng_frame_in {
 	cwi_msg *msg;        /* kind message */
 	cachew_err peer_err; /* kind error: the code, msg == NULL */
 	char peer_msg[FRAME_ERRMSG_MAX + 1];
+	/* A control frame (kinds 2 and 3; msg NULL, peer_err CACHEW_OK):
+	 * its kind and payload; kind 0 otherwise */
+	int ctl_kind;
+	uint8_t ctl[FRAME_CTL_MAX];
+	size_t ctl_len;
 } cwi_nng_frame_in;
 
 /*
@@ -168,6 +196,51 @@ typedef struct cwi_nng_frame_in {
  */
 cachew_err cwi_nng_frame_decode(cwi_buffer *buf, size_t body_off,
     size_t max_msg, cwi_nng_frame_in *fi);
+
+/* ---- the same-host path (nng_shm.c) ------------------------------------ */
+
+typedef struct cwi_shm cwi_shm;
+/* A region's file name, with its directory. */
+#define SHM_NAME_MAX 64
+/* A block frame's payload: slot (4), offset (8), length (8). */
+#define SHM_DESC 20
+
+/* Client: a new region of about `bytes` of blocks (a sparse file in
+ * /dev/shm, mapped), one reference. CACHEW_EIO naming the file, ENOMEM. */
+cachew_err cwi_nng_shm_create(cwi_shm **out, size_t bytes);
+/* The hello's payload naming r, into buf (FRAME_CTL_MAX bytes); its
+ * length. */
+size_t cwi_nng_shm_hello(const cwi_shm *r, uint8_t *buf);
+/* Client: removes the region's name once the server answered (or the
+ * link died). Idempotent. */
+void cwi_nng_shm_unlink(cwi_shm *r);
+/* Server: maps the region a hello names, after checking it (a regular
+ * file of this user, of the size and with the nonce the hello says).
+ * CACHEW_EPROTO (a malformed hello), ENOENT (no such file: another host),
+ * EPERM, EIO, ENOMEM. */
+cachew_err cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello,
+    size_t len);
+/* NULL is a no-op. The last reference unmaps. */
+void cwi_nng_shm_unref(cwi_shm *r);
+/* Server: when t (a framed reply) carries at least min_len bytes and a
+ * block is free, copies its bytes after the stream prefix into a block
+ * and sets *small to the block frame to send instead (t is then the
+ * caller's to free); *small NULL: send t. CACHEW_ENOMEM. */
+cachew_err cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t,
+    size_t min_len, txmsg **small);
+/* Client: the block a block frame's payload (desc, len bytes) names, as a
+ * buffer that frees the block with its last reference. CACHEW_EPROTO for
+ * a frame naming anything but a block in use inside r (or r NULL: no
+ * region offered), ENOMEM. */
+cachew_err cwi_nng_shm_block(cwi_shm *r, const uint8_t *desc, size_t len,
+    size_t max_len, cwi_buffer **out);
+/* Whether this process offers and takes regions: CACHEW_SHM is not "0".
+ * Read at each listen and dial. */
+bool cwi_nng_shm_enabled(void);
+/* Replies sent as blocks and received as blocks by this process (for
+ * tests and benchmarks). */
+uint64_t cwi_nng_shm_packed(void);
+uint64_t cwi_nng_shm_received(void);
 
 /* ---- links (nng_link.c) ------------------------------------------------- */
 
@@ -278,6 +351,10 @@ struct slink {
 	 * the listener's total, not in the link's share) */
 	size_t tls_charged;
 	uint64_t rx_deadline_ns;
+	/* The same-host region (nng_shm.c) with a reference, or NULL: set
+	 * before the link starts (a client's offer) or by the server's
+	 * receive callback on the hello (under mtx); freed with the link. */
+	cwi_shm *shm;
 	struct slink *next, *prev; /* the owner's list of links */
 	struct slink *pnext;       /* a listener's parked links */
 	bool parked;              /* on that list (listener's lock) */

@@ -137,6 +137,8 @@ link_destroy(slink *lk)
 	if (lk->tls_charged > 0)
 		budget_return(lk, lk->tls_charged);
 	cwi_buffer_unref(lk->rxbuf);
+	cwi_nng_shm_unlink(lk->shm);
+	cwi_nng_shm_unref(lk->shm);
 	pthread_mutex_destroy(&lk->mtx);
 	free(lk);
 	ops->release(owner);

@@ -36,7 +36,12 @@ typedef struct slistener {
 	size_t max_msg;
 	int send_timeout_ms;
 	rx_budget budget;
+	bool shm_ok; /* accepts clients' regions (CACHEW_SHM is not 0) */
 } slistener;
+
+/* Replies smaller than this go through the socket even to a client with
+ * a region: a copy into it and a frame cost about what the socket does. */
+#define SHM_REPLY_MIN ((size_t)64 << 10)
 
 typedef struct sreq {
 	cwi_request base;
@@ -130,6 +135,42 @@ srv_consumed(slistener *l)
 
 static const cwi_request_ops nt_request_ops;
 
+/* Answers a client's offer of a region (nng_shm.c): yes when this
+ * process can map it (the same host and user), and the link's large
+ * replies go there from now on. Not on TLS links (their bytes are to be
+ * encrypted) nor where CACHEW_SHM=0. */
+static void
+srv_shm_hello(slistener *l, slink *lk, const uint8_t *bt, size_t btlen,
+    const cwi_nng_frame_in *fi)
+{
+	uint8_t yes = 0;
+	cwi_shm *r = NULL;
+	txmsg *t;
+
+	if (!l->shm_ok || lk->tls) {
+		cwi_log(CACHEW_LOG_DEBUG, "transport", "peer=%s url=%s "
+		    "event=shm_declined reason=\"%s\"", lk->peer, l->base.url,
+		    lk->tls ? "a TLS link" : "CACHEW_SHM=0");
+	} else if (cwi_nng_shm_open(&r, fi->ctl, fi->ctl_len) != CACHEW_OK) {
+		cwi_log(CACHEW_LOG_DEBUG, "transport", "peer=%s url=%s "
+		    "event=shm_declined reason=\"%s\"", lk->peer, l->base.url,
+		    cwi_errmsg_get());
+	} else {
+		pthread_mutex_lock(&lk->mtx);
+		if (lk->shm == NULL) {
+			__atomic_store_n(&lk->shm, r, __ATOMIC_RELEASE);
+			r = NULL;
+			yes = 1;
+		}
+		pthread_mutex_unlock(&lk->mtx);
+		cwi_nng_shm_unref(r); /* a second hello: the first stays */
+	}
+	if (cwi_nng_tx_build_ctl(&t, l->ipc, bt, btlen, FRAME_KIND_SHM_HELLO,
+		&yes, 1) == CACHEW_OK &&
+	    cwi_nng_link_send(lk, t) != CACHEW_OK)
+		cwi_nng_tx_free(t);
+}
+
 static bool
 srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 {
@@ -169,11 +210,20 @@ srv_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 		memcpy(r->bt, buf->data, btlen);
 		r->btlen = btlen;
 		rv = cwi_nng_frame_decode(buf, btlen, l->max_msg, &fi);
-		if (rv == CACHEW_OK && fi.msg == NULL)
+		if (rv == CACHEW_OK && fi.ctl_kind == FRAME_KIND_SHM_HELLO) {
+			srv_shm_hello(l, lk, r->bt, r->btlen, &fi);
+			free(r);
+			r = NULL;
+		} else if (rv == CACHEW_OK && fi.msg == NULL) {
 			rv = cwi_fail(CACHEW_EPROTO, "a request may not be an "
-						     "error frame");
+			    "error or a block frame");
+		}
 	}
-	if (rv != CACHEW_OK) {
+	if (rv == CACHEW_OK && r == NULL) {
+		/* A hello, answered by the transport itself. */
+		cwi_nng_budget_give(lk, charged);
+		srv_consumed(l);
+	} else if (rv != CACHEW_OK) {
 		free(r);
 		cwi_nng_budget_give(lk, charged);
 		if (rv == CACHEW_EPROTO)
@@ -296,7 +346,20 @@ nt_reply(cwi_request *rq, cwi_msg *reply)
 		}
 		return cwi_fail(rv, "%s", why);
 	}
-	/* The reply's elements must live until their bytes are written. */
+	/* A client on this host that offered a region: a large reply's
+	 * bytes go there, the socket carries the block's place. */
+	cwi_shm *shm = __atomic_load_n(&r->lk->shm, __ATOMIC_ACQUIRE);
+	if (shm != NULL) {
+		txmsg *small;
+		rv = cwi_nng_shm_pack(shm, l->ipc, t, SHM_REPLY_MIN, &small);
+		if (rv == CACHEW_OK && small != NULL) {
+			cwi_nng_tx_free(t);
+			t = small;
+		}
+	}
+	/* The reply's elements must live until their bytes are written
+	 * (or, as a block, until it is sent: the caller keeps the reply
+	 * when the send fails). */
 	t->msg = reply;
 	rv = srv_send(r, t);
 	if (rv != CACHEW_OK) {
@@ -503,6 +566,7 @@ cwi_nng_listen(cwi_listener **out, const char *url, const cwi_transport_opts *op
 	l->max_msg = opts->max_msg_size;
 	l->max_held = opts->max_inflight;
 	l->send_timeout_ms = opts->send_timeout_ms;
+	l->shm_ok = cwi_nng_shm_enabled();
 	atomic_init(&l->budget.used, 0);
 	atomic_init(&l->budget.peak, 0);
 	l->budget.limit = opts->max_pending_bytes;

@@ -1,0 +1,552 @@
+/*
+ * nng_shm.c - the same-host path of the nng transport: a reply's bytes
+ * in shared memory instead of through the socket (docs/protocol.md,
+ * "Same-host shared memory").
+ *
+ * A client whose connection asks for it (cwi_transport_opts.shm_bytes)
+ * creates a region on each new link: a sparse file in /dev/shm, mode
+ * 0600, mapped, its head naming a random nonce. It sends the file's name,
+ * size and nonce to the server in a hello frame (kind 2) before its other
+ * requests. A server that can open that file (the same host, the same
+ * user) and finds the nonce in it maps it, removes the name and answers
+ * yes; from then on it may send a large reply as a block of the region:
+ * it copies the reply's bytes (the request id and the frame, exactly as
+ * the socket would have carried them) into a free block and sends only a
+ * block frame (kind 3: slot, offset, length) on the socket. The client
+ * reads the block in place: the received tensors view the mapping, and
+ * when the last of them goes the block's slot is marked free in the
+ * region's head, where the server looks for free blocks. Nothing is
+ * copied on the client and the socket carries a few dozen bytes per
+ * reply instead of the batch (the W5 profile: the kernel's copies and
+ * the socket-buffer-sized hand-offs of a 9.6 MB batch).
+ *
+ * The server's allocator is private to it (the client writes only its
+ * slots' flags, which the server only reads): blocks are taken in order
+ * of allocation and reclaimed from the oldest, starting over at the
+ * region's start as soon as the oldest block has moved past the room a
+ * new one needs, so the pages touched stay near what is in flight. A
+ * reply that finds no room (a client holding many replies) goes through
+ * the socket as before.
+ *
+ * Trust: the region is shared by two processes of one user, which the
+ * system already lets read and write each other's memory; the server
+ * checks what it opens (a regular file of its user, the size the hello
+ * names, the nonce) and reads nothing from the region but the flags; the
+ * client checks every block frame against the region before it makes a
+ * buffer of it. A process forked after a block arrived never frees the
+ * parent's slots.
+ */
+#include "nng_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHM_DIR "/dev/shm/"
+#define SHM_PREFIX "cachew-"
+static const uint8_t shm_magic[8] = {'C', 'W', 'S', 'H', 'M', 0, 0, 1};
+
+/* The region's head: written by the client before its hello, then only
+ * the flags change. */
+#define HEAD_MAGIC 0
+#define HEAD_NONCE 8
+#define HEAD_NSLOTS 24
+#define HEAD_DATA_OFF 32
+#define HEAD_DATA_LEN 40
+#define HEAD_FLAGS 64
+#define SHM_NONCE 16
+#define SHM_SLOTS 256
+#define SHM_ALIGN 64
+#define SHM_MIN_DATA ((size_t)1 << 20)
+#define SHM_MAX_DATA ((size_t)4 << 30)
+
+/* hello: name length (1 byte), the name, the file's size (8), the nonce */
+#define HELLO_FIXED (1 + 8 + SHM_NONCE)
+
+typedef struct shm_slot {
+	cwi_shm *r;
+	uint32_t slot;
+} shm_slot;
+
+typedef struct shm_block {
+	uint32_t slot;
+	size_t off, len;
+} shm_block;
+
+struct cwi_shm {
+	atomic_uint refs;
+	bool server;
+	uint8_t *map;
+	size_t map_len;
+	_Atomic(uint32_t) *flags;
+	uint32_t nslots;
+	uint8_t *data;
+	size_t data_len;
+	char name[SHM_NAME_MAX + 1];
+	bool named; /* client: the file still has its name */
+	uint8_t nonce[SHM_NONCE];
+	pid_t pid; /* the client's: a child forked later frees nothing */
+	shm_slot *slots; /* client: the free callbacks' contexts */
+	/* server: the allocator (mtx) */
+	pthread_mutex_t mtx;
+	shm_block *fifo; /* nslots entries, oldest at start */
+	uint32_t start, n, next_slot;
+};
+
+static _Atomic uint64_t shm_packed, shm_unpacked;
+
+bool
+cwi_nng_shm_enabled(void)
+{
+	const char *v = getenv("CACHEW_SHM");
+
+	return v == NULL || strcmp(v, "0") != 0;
+}
+
+uint64_t
+cwi_nng_shm_packed(void)
+{
+	return atomic_load(&shm_packed);
+}
+
+static size_t
+head_bytes(uint32_t nslots)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t h = HEAD_FLAGS + (size_t)nslots * sizeof(uint32_t);
+
+	return (h + page - 1) / page * page;
+}
+
+static void
+shm_free(cwi_shm *r)
+{
+	if (r->map != NULL)
+		munmap(r->map, r->map_len);
+	if (r->named)
+		unlink(r->name);
+	pthread_mutex_destroy(&r->mtx);
+	free(r->slots);
+	free(r->fifo);
+	free(r);
+}
+
+void
+cwi_nng_shm_unref(cwi_shm *r)
+{
+	if (r != NULL && atomic_fetch_sub(&r->refs, 1) == 1)
+		shm_free(r);
+}
+
+static cwi_shm *
+shm_new(bool server)
+{
+	cwi_shm *r = calloc(1, sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	atomic_init(&r->refs, 1);
+	r->server = server;
+	pthread_mutex_init(&r->mtx, NULL);
+	return r;
+}
+
+/* r's layout from the mapping's head (already checked). */
+static void
+shm_layout(cwi_shm *r, uint32_t nslots, size_t data_off, size_t data_len)
+{
+	r->nslots = nslots;
+	r->flags = (_Atomic(uint32_t) *)(r->map + HEAD_FLAGS);
+	r->data = r->map + data_off;
+	r->data_len = data_len;
+}
+
+/* The nonce and the name need only be unguessable by other users and
+ * unique among a process's regions. */
+static void
+random_bytes(uint8_t *p, size_t n)
+{
+	uint64_t x = cwi_now_ns() ^ ((uint64_t)getpid() << 32) ^
+		     (uint64_t)(uintptr_t)p;
+
+	if (getrandom(p, n, 0) == (ssize_t)n)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+}
+
+static bool name_ok(const uint8_t *name, size_t n);
+
+/* A client killed between making a region and the listener's answer
+ * leaves its file named (sparse: a page or two). The first region a
+ * process makes removes those of processes gone. */
+static void
+sweep_dead(void)
+{
+	DIR *dir = opendir(SHM_DIR);
+	struct dirent *d;
+
+	if (dir == NULL)
+		return;
+	while ((d = readdir(dir)) != NULL) {
+		char path[SHM_NAME_MAX + 1];
+		long pid;
+		char *end;
+
+		if (strncmp(d->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) != 0 ||
+		    !name_ok((const uint8_t *)d->d_name, strlen(d->d_name)))
+			continue;
+		pid = strtol(d->d_name + strlen(SHM_PREFIX), &end, 10);
+		if (pid <= 0 || *end != '-' || kill((pid_t)pid, 0) == 0 ||
+		    errno != ESRCH)
+			continue;
+		snprintf(path, sizeof(path), SHM_DIR "%s", d->d_name);
+		unlink(path);
+	}
+	closedir(dir);
+}
+
+static pthread_once_t sweep_once = PTHREAD_ONCE_INIT;
+
+cachew_err
+cwi_nng_shm_create(cwi_shm **out, size_t bytes)
+{
+	cwi_shm *r = shm_new(false);
+	uint8_t id[8];
+	size_t hb = head_bytes(SHM_SLOTS);
+	int fd;
+
+	*out = NULL;
+	if (r == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	pthread_once(&sweep_once, sweep_dead);
+	if (bytes < SHM_MIN_DATA)
+		bytes = SHM_MIN_DATA;
+	if (bytes > SHM_MAX_DATA)
+		bytes = SHM_MAX_DATA;
+	bytes = (bytes + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+	random_bytes(id, sizeof(id));
+	random_bytes(r->nonce, sizeof(r->nonce));
+	snprintf(r->name, sizeof(r->name), SHM_DIR SHM_PREFIX "%d-%016llx",
+	    (int)getpid(), (unsigned long long)cwi_nng_get_u64(id));
+	fd = open(r->name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+	    0600);
+	if (fd < 0) {
+		cachew_err rv = cwi_fail(CACHEW_EIO, "%s: %s", r->name,
+		    strerror(errno));
+		shm_free(r);
+		return rv;
+	}
+	r->named = true;
+	r->map_len = hb + bytes;
+	/* Sparse: pages exist once the server writes a block there. */
+	if (ftruncate(fd, (off_t)r->map_len) != 0 ||
+	    (r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE,
+		 MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		cachew_err rv = cwi_fail(CACHEW_EIO, "%s: %s", r->name,
+		    strerror(errno));
+		r->map = NULL;
+		close(fd);
+		shm_free(r);
+		return rv;
+	}
+	close(fd);
+	r->slots = calloc(SHM_SLOTS, sizeof(*r->slots));
+	if (r->slots == NULL) {
+		shm_free(r);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	for (uint32_t i = 0; i < SHM_SLOTS; i++) {
+		r->slots[i].r = r;
+		r->slots[i].slot = i;
+	}
+	memcpy(r->map + HEAD_MAGIC, shm_magic, sizeof(shm_magic));
+	memcpy(r->map + HEAD_NONCE, r->nonce, SHM_NONCE);
+	cwi_nng_put_u32(r->map + HEAD_NSLOTS, SHM_SLOTS);
+	cwi_nng_put_u64(r->map + HEAD_DATA_OFF, hb);
+	cwi_nng_put_u64(r->map + HEAD_DATA_LEN, bytes);
+	shm_layout(r, SHM_SLOTS, hb, bytes);
+	r->pid = getpid();
+	*out = r;
+	return CACHEW_OK;
+}
+
+size_t
+cwi_nng_shm_hello(const cwi_shm *r, uint8_t *buf)
+{
+	size_t nlen = strlen(r->name) - strlen(SHM_DIR);
+
+	buf[0] = (uint8_t)nlen;
+	memcpy(buf + 1, r->name + strlen(SHM_DIR), nlen);
+	cwi_nng_put_u64(buf + 1 + nlen, r->map_len);
+	memcpy(buf + 1 + nlen + 8, r->nonce, SHM_NONCE);
+	return HELLO_FIXED + nlen;
+}
+
+void
+cwi_nng_shm_unlink(cwi_shm *r)
+{
+	if (r != NULL && r->named) {
+		unlink(r->name);
+		r->named = false;
+	}
+}
+
+/* Whether name (n bytes) is one a client makes: cachew-<pid>-<hex>. */
+static bool
+name_ok(const uint8_t *name, size_t n)
+{
+	size_t pre = strlen(SHM_PREFIX);
+
+	if (n <= pre || n > SHM_NAME_MAX - strlen(SHM_DIR) ||
+	    memcmp(name, SHM_PREFIX, pre) != 0)
+		return false;
+	for (size_t i = pre; i < n; i++)
+		if (!((name[i] >= '0' && name[i] <= '9') ||
+			(name[i] >= 'a' && name[i] <= 'f') || name[i] == '-'))
+			return false;
+	return true;
+}
+
+cachew_err
+cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
+{
+	cwi_shm *r;
+	struct stat st;
+	uint64_t size, data_off, data_len;
+	uint32_t nslots;
+	size_t nlen;
+	int fd;
+
+	*out = NULL;
+	if (len < HELLO_FIXED || (nlen = hello[0]) != len - HELLO_FIXED ||
+	    !name_ok(hello + 1, nlen))
+		return cwi_fail(CACHEW_EPROTO, "malformed shared memory hello "
+					       "(%zu bytes)", len);
+	size = cwi_nng_get_u64(hello + 1 + nlen);
+	if ((r = shm_new(true)) == NULL)
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	snprintf(r->name, sizeof(r->name), SHM_DIR "%.*s", (int)nlen,
+	    (const char *)hello + 1);
+	fd = open(r->name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		cachew_err rv = cwi_fail(CACHEW_ENOENT, "%s: %s (another host?)",
+		    r->name, strerror(errno));
+		shm_free(r);
+		return rv;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    st.st_uid != geteuid() || (uint64_t)st.st_size != size ||
+	    size < HEAD_FLAGS || size > SHM_MAX_DATA + head_bytes(SHM_SLOTS)) {
+		cachew_err rv = cwi_fail(CACHEW_EPERM, "%s: not a region "
+		    "of this user of %llu bytes", r->name,
+		    (unsigned long long)size);
+		close(fd);
+		shm_free(r);
+		return rv;
+	}
+	r->map_len = (size_t)size;
+	r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
+	    fd, 0);
+	close(fd);
+	if (r->map == MAP_FAILED) {
+		r->map = NULL;
+		shm_free(r);
+		return cwi_fail(CACHEW_EIO, "%s: mmap: %s", r->name,
+		    strerror(errno));
+	}
+	/* The head is the client's: read it once, check it, keep our own
+	 * copy of the layout. */
+	nslots = cwi_nng_get_u32(r->map + HEAD_NSLOTS);
+	data_off = cwi_nng_get_u64(r->map + HEAD_DATA_OFF);
+	data_len = cwi_nng_get_u64(r->map + HEAD_DATA_LEN);
+	if (memcmp(r->map + HEAD_MAGIC, shm_magic, sizeof(shm_magic)) != 0 ||
+	    memcmp(r->map + HEAD_NONCE, hello + 1 + nlen + 8, SHM_NONCE) != 0 ||
+	    nslots == 0 || nslots > 4096 || data_off != head_bytes(nslots) ||
+	    data_len < SHM_MIN_DATA || data_len > size - data_off ||
+	    data_off + data_len != size) {
+		cachew_err rv = cwi_fail(CACHEW_EPERM, "%s: not the region "
+		    "the hello names (its head differs)", r->name);
+		shm_free(r);
+		return rv;
+	}
+	r->fifo = calloc(nslots, sizeof(*r->fifo));
+	if (r->fifo == NULL) {
+		shm_free(r);
+		return cwi_fail(CACHEW_ENOMEM, "out of memory");
+	}
+	shm_layout(r, nslots, (size_t)data_off, (size_t)data_len);
+	/* Nobody else opens it; the client removes the name too. */
+	unlink(r->name);
+	*out = r;
+	return CACHEW_OK;
+}
+
+/* A block of len bytes (aligned), or false. (r->mtx held) */
+static bool
+alloc_locked(cwi_shm *r, size_t len, shm_block *out)
+{
+	size_t need = (len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN, off;
+
+	/* Reclaim from the oldest: the client frees in any order, the
+	 * oldest still held keeps what follows it. */
+	while (r->n > 0 &&
+	    atomic_load_explicit(&r->flags[r->fifo[r->start].slot],
+		memory_order_acquire) == 0) {
+		r->start = (r->start + 1) % r->nslots;
+		r->n--;
+	}
+	if (r->n == r->nslots || need > r->data_len)
+		return false;
+	if (r->n == 0) {
+		off = 0;
+	} else {
+		const shm_block *front = &r->fifo[r->start];
+		const shm_block *back = &r->fifo[(r->start + r->n - 1) %
+		    r->nslots];
+		size_t head = back->off +
+		    (back->len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+
+		if (back->off >= front->off) {
+			/* [front, head) in use: start over at 0 once the
+			 * oldest has moved past the room needed. */
+			if (need <= front->off)
+				off = 0;
+			else if (need <= r->data_len - head)
+				off = head;
+			else
+				return false;
+		} else if (need <= front->off - head) {
+			off = head;
+		} else {
+			return false;
+		}
+	}
+	out->slot = r->next_slot;
+	out->off = off;
+	out->len = len;
+	r->next_slot = (r->next_slot + 1) % r->nslots;
+	r->fifo[(r->start + r->n) % r->nslots] = *out;
+	r->n++;
+	atomic_store_explicit(&r->flags[out->slot], 1, memory_order_relaxed);
+	return true;
+}
+
+cachew_err
+cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
+    txmsg **small)
+{
+	size_t pre = cwi_nng_sp_prefix(ipc), len = 0, skip = pre, at;
+	uint8_t desc[SHM_DESC];
+	shm_block b;
+	bool ok;
+
+	*small = NULL;
+	for (unsigned i = 0; i < t->niov; i++)
+		len += t->iov[i].iov_len;
+	if (len < pre + min_len)
+		return CACHEW_OK;
+	len -= pre;
+	pthread_mutex_lock(&r->mtx);
+	ok = alloc_locked(r, len, &b);
+	pthread_mutex_unlock(&r->mtx);
+	if (!ok)
+		return CACHEW_OK;
+	at = b.off;
+	for (unsigned i = 0; i < t->niov; i++) {
+		const uint8_t *p = t->iov[i].iov_buf;
+		size_t n = t->iov[i].iov_len;
+		if (skip >= n) {
+			skip -= n;
+			continue;
+		}
+		memcpy(r->data + at, p + skip, n - skip);
+		at += n - skip;
+		skip = 0;
+	}
+	cwi_nng_put_u32(desc, b.slot);
+	cwi_nng_put_u64(desc + 4, b.off);
+	cwi_nng_put_u64(desc + 12, b.len);
+	/* The block starts with the request id (or backtrace), as the
+	 * socket's message would: its length is the small frame's too. */
+	{
+		const uint8_t *id = r->data + b.off;
+		size_t idlen = cwi_nng_backtrace_len(id, b.len);
+		cachew_err rv = cwi_nng_tx_build_ctl(small, ipc, id, idlen,
+		    FRAME_KIND_SHM_BLOCK, desc, sizeof(desc));
+		if (rv != CACHEW_OK) {
+			atomic_store(&r->flags[b.slot], 0);
+			return rv;
+		}
+	}
+	atomic_fetch_add_explicit(&shm_packed, 1, memory_order_relaxed);
+	return CACHEW_OK;
+}
+
+static void
+block_free(void *ctx, void *data)
+{
+	shm_slot *s = ctx;
+	cwi_shm *r = s->r;
+
+	(void)data;
+	if (getpid() == r->pid)
+		atomic_store_explicit(&r->flags[s->slot], 0,
+		    memory_order_release);
+	cwi_nng_shm_unref(r);
+}
+
+cachew_err
+cwi_nng_shm_block(cwi_shm *r, const uint8_t *desc, size_t len,
+    size_t max_len, cwi_buffer **out)
+{
+	uint32_t slot;
+	uint64_t off, blen;
+	cachew_err rv;
+
+	*out = NULL;
+	if (r == NULL || r->server)
+		return cwi_fail(CACHEW_EPROTO, "a shared memory block on a link "
+					       "that offered none");
+	if (len != SHM_DESC)
+		return cwi_fail(CACHEW_EPROTO, "shared memory block frame of "
+					       "%zu bytes", len);
+	slot = cwi_nng_get_u32(desc);
+	off = cwi_nng_get_u64(desc + 4);
+	blen = cwi_nng_get_u64(desc + 12);
+	if (slot >= r->nslots || off % SHM_ALIGN != 0 || off > r->data_len ||
+	    blen > r->data_len - off || blen > max_len ||
+	    blen < SP_ID_BYTES + FRAME_HEAD)
+		return cwi_fail(CACHEW_EPROTO, "shared memory block (slot %u, "
+		    "%llu bytes at %llu) outside the region of %zu bytes",
+		    slot, (unsigned long long)blen, (unsigned long long)off,
+		    r->data_len);
+	if (atomic_load_explicit(&r->flags[slot], memory_order_acquire) != 1)
+		return cwi_fail(CACHEW_EPROTO, "shared memory block in slot %u "
+					       "that is not in use", slot);
+	rv = cwi_buffer_wrap(out, r->data + off, (size_t)blen, block_free,
+	    &r->slots[slot]);
+	if (rv != CACHEW_OK)
+		return rv;
+	atomic_fetch_add(&r->refs, 1);
+	atomic_fetch_add_explicit(&shm_unpacked, 1, memory_order_relaxed);
+	return CACHEW_OK;
+}
+
+uint64_t
+cwi_nng_shm_received(void)
+{
+	return atomic_load(&shm_unpacked);
+}
