@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """W5 - W2 and W1 through the service: a dispatcher and 2 worker processes
 over ipc:// and over tcp://127.0.0.1, against cachew in-process on the same
-cores.
+cores. Client and workers share the host, so their links carry large
+replies in shared memory (transports/nng/nng_shm.c); the tcp-wire rows are
+tcp with it off (CACHEW_SHM=0 in the client), what the wire itself costs.
 
 cachew in-process (the reference): `cachew run --json --set service=local`
 (the plain executor; the default is the embedded service), threads 2, the
@@ -76,7 +78,9 @@ SIZES = {
 }
 VERIFY_N = 100_003
 TARGETS = {"w2_ratio": 0.9, "w1_rate": 1_000_000.0}
-TRANSPORTS = ("ipc", "tcp")
+# tcp-wire: tcp with the same-host shared memory off (CACHEW_SHM=0 in the
+# client, so it offers no region): what a worker on another host costs.
+TRANSPORTS = ("ipc", "tcp", "tcp-wire")
 WORKERS = 2
 WORKER_THREADS = 1
 HEARTBEAT_MS = 100
@@ -292,6 +296,8 @@ class Service:
         env = dict(os.environ, CACHEW_SERVICE=self.url)
         if self.transport in ("tls", "tls+auth"):
             env["CACHEW_TLS_CA"] = os.path.join(tls_dir(), "ca.pem")
+        if self.transport == "tcp-wire":
+            env["CACHEW_SHM"] = "0"
         if self.auth is not None:
             env["CACHEW_TOKEN_FILE"] = self.auth["client"]
         return env
@@ -789,8 +795,10 @@ def main():
                     help="repetitions per configuration (default 3)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--transports", default=",".join(TRANSPORTS),
-                    help="comma-separated, of ipc, tcp, tls (tls+tcp) and "
-                    "tls+auth (TLS and role tokens); default ipc,tcp. With "
+                    help="comma-separated, of ipc, tcp, tcp-wire (tcp "
+                    "without the same-host shared memory: CACHEW_SHM=0), tls "
+                    "(tls+tcp) and tls+auth (TLS and role tokens); default "
+                    "ipc,tcp,tcp-wire. With "
                     "tls+auth and tcp, also prints tls+auth / tcp; a full "
                     "run not on the default writes the TLS section")
     ap.add_argument("--client-tail", default="auto",
@@ -810,8 +818,8 @@ def main():
                  "comma-separated")
     default_transports = TRANSPORTS
     TRANSPORTS = tuple(t for t in args.transports.split(",") if t)
-    bad = [t for t in TRANSPORTS if t not in ("ipc", "tcp", "tls",
-                                              "tls+auth")]
+    bad = [t for t in TRANSPORTS if t not in ("ipc", "tcp", "tcp-wire",
+                                              "tls", "tls+auth")]
     if bad or not TRANSPORTS or "tcp" not in TRANSPORTS:
         ap.error(f"--transports {args.transports}: ipc, tcp, tls, "
                  "tls+auth, comma-separated, tcp among them (the reference "
@@ -941,6 +949,7 @@ def main():
     if mode == "full":
         over = " and ".join(
             {"ipc": "ipc://", "tcp": "tcp://127.0.0.1",
+             "tcp-wire": "tcp://127.0.0.1 without shared memory",
              "tls": "tls+tcp://127.0.0.1",
              "tls+auth": "tls+tcp://127.0.0.1 with role tokens"}[t]
             for t in TRANSPORTS)

@@ -147,10 +147,11 @@ conn_for(session *s, const char *address)
 		o.max_msg_size = CWI_TRANSPORT_MAX_MSG_DEFAULT;
 	s->data_limit = o.max_msg_size;
 	/* A worker on this host puts large replies in shared memory
-	 * (transports/nng/nng_shm.c): twice the buffer, as what is in
-	 * flight and what is queued both hold blocks; only the pages
-	 * written are ever allocated. */
-	o.shm_bytes = 2 * (size_t)s->ctx->opts.client_buffer;
+	 * (transports/nng/nng_shm.c): what the buffer holds of one worker's
+	 * replies is at most all of it (a reply that finds no room comes
+	 * through the socket); the pages written stay allocated while the
+	 * connection lives, so no more than that. */
+	o.shm_bytes = (size_t)s->ctx->opts.client_buffer;
 	o.dial_async = true;
 	cwi_rpc_client_tls(&s->ctx->opts, &o);
 	if (!CWI_GROW(s->conns, s->capconns, s->nconns + 1))
