@@ -3670,6 +3670,57 @@ START_TEST(test_shm_full_region_falls_back_to_the_socket)
 }
 END_TEST
 
+/* This process's resident pages of shared memory, in KiB (both ends of
+ * the link live here). */
+static long
+rss_shmem_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kib = -1;
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "RssShmem: %ld kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* After a burst of held replies, the pages written past what is in use
+ * go back to the system (nng_shm.c, trim_locked) instead of staying with
+ * the link while it lives. */
+START_TEST(test_shm_region_gives_back_pages_after_a_burst)
+{
+	cwi_msg *held[10], *reply;
+	long peak, after;
+	cwi_conn *c;
+	bool block;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	c = dial_shm(&s, 16 << 20);
+	for (int i = 0; i < 10; i++) {
+		held[i] = echo_big(c, 1 << 20, i, &block);
+		ck_assert(block);
+	}
+	peak = rss_shmem_kib();
+	for (int i = 0; i < 10; i++)
+		cwi_msg_destroy(held[i]);
+	/* 64 blocks in all make the listener look. */
+	for (int i = 0; i < 60; i++) {
+		reply = echo_big(c, 100 << 10, i, &block);
+		ck_assert(block);
+		cwi_msg_destroy(reply);
+	}
+	after = rss_shmem_kib();
+	ck_assert_msg(after < peak - 8 * 1024, "shared memory resident %ld KiB "
+	    "after the burst, %ld KiB at its peak", after, peak);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
 /* A listener with CACHEW_SHM=0, and any TLS link, declines the region:
  * the replies come through the stream, and the client removes its
  * file. */
@@ -3966,6 +4017,8 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(shm, test_shm_large_replies_travel_in_shared_memory,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_full_region_falls_back_to_the_socket,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm, test_shm_region_gives_back_pages_after_a_burst,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_declined_by_tls_and_by_cachew_shm_0,
 	    1, NCONF);

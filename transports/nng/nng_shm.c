@@ -24,7 +24,9 @@
  * slots' flags, which the server only reads): blocks are taken in order
  * of allocation and reclaimed from the oldest, starting over at the
  * region's start as soon as the oldest block has moved past the room a
- * new one needs, so the pages touched stay near what is in flight. A
+ * new one needs, so the pages touched stay near what is in flight, and
+ * the pages written past the blocks in use after a burst go back to the
+ * system (trim_locked). A
  * reply that finds no room (a client holding many replies) goes through
  * the socket as before.
  *
@@ -99,7 +101,14 @@ struct cwi_shm {
 	pthread_mutex_t mtx;
 	shm_block *fifo; /* nslots entries, oldest at start */
 	uint32_t start, n, next_slot;
+	size_t touched;  /* the end of the pages written so far */
+	unsigned allocs; /* since the last trim */
 };
+
+/* Every TRIM_EVERY blocks, pages written past the blocks in use by more
+ * than TRIM_SLACK go back to the system. */
+#define TRIM_EVERY 64
+#define TRIM_SLACK ((size_t)4 << 20)
 
 static _Atomic uint64_t shm_packed, shm_unpacked;
 
@@ -394,6 +403,26 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 	return CACHEW_OK;
 }
 
+/* After a burst the region keeps the pages written (a file's pages stay
+ * until it goes): those past the end of every block in use (the oldest
+ * reclaimed only, so freed blocks behind a held one count as in use) are
+ * given back, so a link holds about what is in flight. (r->mtx held) */
+static void
+trim_locked(cwi_shm *r)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), end = 0;
+
+	for (uint32_t i = 0; i < r->n; i++) {
+		const shm_block *b = &r->fifo[(r->start + i) % r->nslots];
+		if (b->off + b->len > end)
+			end = b->off + b->len;
+	}
+	end = (end + page - 1) / page * page;
+	if (r->touched > end + TRIM_SLACK &&
+	    madvise(r->data + end, r->touched - end, MADV_REMOVE) == 0)
+		r->touched = end;
+}
+
 /* A block of len bytes (aligned), or false. (r->mtx held) */
 static bool
 alloc_locked(cwi_shm *r, size_t len, shm_block *out)
@@ -437,10 +466,16 @@ alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 	out->slot = r->next_slot;
 	out->off = off;
 	out->len = len;
+	if (off + need > r->touched)
+		r->touched = off + need;
 	r->next_slot = (r->next_slot + 1) % r->nslots;
 	r->fifo[(r->start + r->n) % r->nslots] = *out;
 	r->n++;
 	atomic_store_explicit(&r->flags[out->slot], 1, memory_order_relaxed);
+	if (++r->allocs == TRIM_EVERY) {
+		r->allocs = 0;
+		trim_locked(r);
+	}
 	return true;
 }
 
