@@ -210,7 +210,6 @@ sweep_dead(void)
 	if (dir == NULL)
 		return;
 	while ((d = readdir(dir)) != NULL) {
-		char path[SHM_NAME_MAX + 1];
 		long pid;
 		char *end;
 
@@ -221,8 +220,7 @@ sweep_dead(void)
 		if (pid <= 0 || *end != '-' || kill((pid_t)pid, 0) == 0 ||
 		    errno != ESRCH)
 			continue;
-		snprintf(path, sizeof(path), SHM_DIR "%s", d->d_name);
-		unlink(path);
+		unlinkat(dirfd(dir), d->d_name, 0);
 	}
 	closedir(dir);
 }
