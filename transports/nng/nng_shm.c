@@ -10,8 +10,10 @@
  * requests. A server that can open that file (the same host, the same
  * user) and finds the nonce in it maps it, removes the name and answers
  * yes; from then on it may send a large reply as a block of the region:
- * it copies the reply's bytes (the request id and the frame, exactly as
- * the socket would have carried them) into a free block and sends only a
+ * it writes the reply's bytes (the request id and the frame, exactly as
+ * the socket would have carried them) into a free block of the file
+ * (pwritev from where the payloads lie: a full /dev/shm is then a failed
+ * write and the socket, never SIGBUS) and sends only a
  * block frame (kind 3: slot, offset, length) on the socket. The client
  * reads the block in place: the received tensors view the mapping, and
  * when the last of them goes the block's slot is marked free in the
@@ -50,6 +52,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define SHM_DIR "/dev/shm/"
@@ -91,7 +94,8 @@ struct cwi_shm {
 	_Atomic(uint32_t) *flags;
 	uint32_t nslots;
 	uint8_t *data;
-	size_t data_len;
+	size_t data_off, data_len;
+	int fd; /* server: the file, written with pwritev (-1: none) */
 	char name[SHM_NAME_MAX + 1];
 	bool named; /* client: the file still has its name */
 	uint8_t nonce[SHM_NONCE];
@@ -140,6 +144,8 @@ shm_free(cwi_shm *r)
 {
 	if (r->map != NULL)
 		munmap(r->map, r->map_len);
+	if (r->fd >= 0)
+		close(r->fd);
 	if (r->named)
 		unlink(r->name);
 	pthread_mutex_destroy(&r->mtx);
@@ -164,6 +170,7 @@ shm_new(bool server)
 		return NULL;
 	atomic_init(&r->refs, 1);
 	r->server = server;
+	r->fd = -1;
 	pthread_mutex_init(&r->mtx, NULL);
 	return r;
 }
@@ -175,6 +182,7 @@ shm_layout(cwi_shm *r, uint32_t nslots, size_t data_off, size_t data_len)
 	r->nslots = nslots;
 	r->flags = (_Atomic(uint32_t) *)(r->map + HEAD_FLAGS);
 	r->data = r->map + data_off;
+	r->data_off = data_off;
 	r->data_len = data_len;
 }
 
@@ -197,6 +205,27 @@ random_bytes(uint8_t *p, size_t n)
 }
 
 static bool name_ok(const uint8_t *name, size_t n);
+
+/* The head of a new region (hb bytes: the flags all 0), written to fd. */
+static bool
+write_head(int fd, const uint8_t *nonce, size_t hb, size_t bytes)
+{
+	uint8_t *h = calloc(1, hb);
+	bool ok;
+
+	if (h == NULL)
+		return false;
+	memcpy(h + HEAD_MAGIC, shm_magic, sizeof(shm_magic));
+	memcpy(h + HEAD_NONCE, nonce, SHM_NONCE);
+	cwi_nng_put_u32(h + HEAD_NSLOTS, SHM_SLOTS);
+	cwi_nng_put_u64(h + HEAD_DATA_OFF, hb);
+	cwi_nng_put_u64(h + HEAD_DATA_LEN, bytes);
+	ok = pwrite(fd, h, hb, 0) == (ssize_t)hb;
+	if (!ok && errno == 0)
+		errno = ENOSPC;
+	free(h);
+	return ok;
+}
 
 /* A client killed between making a region and the listener's answer
  * leaves its file named (sparse: a page or two). The first region a
@@ -258,8 +287,11 @@ cwi_nng_shm_create(cwi_shm **out, size_t bytes)
 	}
 	r->named = true;
 	r->map_len = hb + bytes;
-	/* Sparse: pages exist once the server writes a block there. */
+	/* Sparse: pages exist once the server writes a block there. The
+	 * head is written, not stored through the mapping: a full /dev/shm
+	 * (a container's 64 MB) is then ENOSPC here, not SIGBUS later. */
 	if (ftruncate(fd, (off_t)r->map_len) != 0 ||
+	    !write_head(fd, r->nonce, hb, bytes) ||
 	    (r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE,
 		 MAP_SHARED, fd, 0)) == MAP_FAILED) {
 		cachew_err rv = cwi_fail(CACHEW_EIO, "%s: %s", r->name,
@@ -279,11 +311,6 @@ cwi_nng_shm_create(cwi_shm **out, size_t bytes)
 		r->slots[i].r = r;
 		r->slots[i].slot = i;
 	}
-	memcpy(r->map + HEAD_MAGIC, shm_magic, sizeof(shm_magic));
-	memcpy(r->map + HEAD_NONCE, r->nonce, SHM_NONCE);
-	cwi_nng_put_u32(r->map + HEAD_NSLOTS, SHM_SLOTS);
-	cwi_nng_put_u64(r->map + HEAD_DATA_OFF, hb);
-	cwi_nng_put_u64(r->map + HEAD_DATA_LEN, bytes);
 	shm_layout(r, SHM_SLOTS, hb, bytes);
 	r->pid = getpid();
 	*out = r;
@@ -367,7 +394,7 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 	r->map_len = (size_t)size;
 	r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
 	    fd, 0);
-	close(fd);
+	r->fd = fd; /* blocks are written with pwritev (cwi_nng_shm_pack) */
 	if (r->map == MAP_FAILED) {
 		r->map = NULL;
 		shm_free(r);
@@ -417,7 +444,8 @@ trim_locked(cwi_shm *r)
 	}
 	end = (end + page - 1) / page * page;
 	if (r->touched > end + TRIM_SLACK &&
-	    madvise(r->data + end, r->touched - end, MADV_REMOVE) == 0)
+	    fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		(off_t)(r->data_off + end), (off_t)(r->touched - end)) == 0)
 		r->touched = end;
 }
 
@@ -477,19 +505,61 @@ alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 	return true;
 }
 
+/* Writes the bytes of t after skip into the file at off, in calls of at
+ * most 64 pieces. False on a failure (ENOSPC: /dev/shm is full). */
+static bool
+write_block(cwi_shm *r, const txmsg *t, size_t skip, size_t off)
+{
+	struct iovec v[64];
+	unsigned i = 0;
+	size_t at = r->data_off + off;
+
+	while (i < t->niov) {
+		unsigned n = 0;
+		size_t want = 0;
+		ssize_t got;
+
+		for (; i < t->niov && n < 64; i++) {
+			size_t len = t->iov[i].iov_len;
+			if (skip >= len) {
+				skip -= len;
+				continue;
+			}
+			v[n].iov_base = (uint8_t *)t->iov[i].iov_buf + skip;
+			v[n].iov_len = len - skip;
+			want += len - skip;
+			skip = 0;
+			n++;
+		}
+		if (n == 0)
+			break;
+		got = pwritev(r->fd, v, (int)n, (off_t)at);
+		if (got != (ssize_t)want) {
+			/* tmpfs writes all of it or fails; anything else is
+			 * a failure too */
+			return false;
+		}
+		at += want;
+	}
+	return true;
+}
+
 cachew_err
 cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
     txmsg **small)
 {
-	size_t pre = cwi_nng_sp_prefix(ipc), len = 0, skip = pre, at;
+	size_t pre = cwi_nng_sp_prefix(ipc), len = 0;
+	const uint8_t *id = (const uint8_t *)t->g.sb.data + pre;
+	size_t idlen = cwi_nng_backtrace_len(id, t->g.sb.len - pre);
 	uint8_t desc[SHM_DESC];
 	shm_block b;
+	cachew_err rv;
 	bool ok;
 
 	*small = NULL;
 	for (unsigned i = 0; i < t->niov; i++)
 		len += t->iov[i].iov_len;
-	if (len < pre + min_len)
+	if (len < pre + min_len || idlen == 0)
 		return CACHEW_OK;
 	len -= pre;
 	pthread_mutex_lock(&r->mtx);
@@ -497,32 +567,23 @@ cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
 	pthread_mutex_unlock(&r->mtx);
 	if (!ok)
 		return CACHEW_OK;
-	at = b.off;
-	for (unsigned i = 0; i < t->niov; i++) {
-		const uint8_t *p = t->iov[i].iov_buf;
-		size_t n = t->iov[i].iov_len;
-		if (skip >= n) {
-			skip -= n;
-			continue;
-		}
-		memcpy(r->data + at, p + skip, n - skip);
-		at += n - skip;
-		skip = 0;
+	/* Written, not stored through the mapping: a full /dev/shm fails
+	 * the write (the reply then takes the socket) instead of raising
+	 * SIGBUS. One copy, by the kernel, from where the payloads lie. */
+	if (!write_block(r, t, pre, b.off)) {
+		atomic_store(&r->flags[b.slot], 0);
+		return CACHEW_OK;
 	}
 	cwi_nng_put_u32(desc, b.slot);
 	cwi_nng_put_u64(desc + 4, b.off);
 	cwi_nng_put_u64(desc + 12, b.len);
 	/* The block starts with the request id (or backtrace), as the
-	 * socket's message would: its length is the small frame's too. */
-	{
-		const uint8_t *id = r->data + b.off;
-		size_t idlen = cwi_nng_backtrace_len(id, b.len);
-		cachew_err rv = cwi_nng_tx_build_ctl(small, ipc, id, idlen,
-		    FRAME_KIND_SHM_BLOCK, desc, sizeof(desc));
-		if (rv != CACHEW_OK) {
-			atomic_store(&r->flags[b.slot], 0);
-			return rv;
-		}
+	 * socket's message would; the block frame carries it too. */
+	rv = cwi_nng_tx_build_ctl(small, ipc, id, idlen, FRAME_KIND_SHM_BLOCK,
+	    desc, sizeof(desc));
+	if (rv != CACHEW_OK) {
+		atomic_store(&r->flags[b.slot], 0);
+		return rv;
 	}
 	atomic_fetch_add_explicit(&shm_packed, 1, memory_order_relaxed);
 	return CACHEW_OK;
