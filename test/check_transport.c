@@ -43,6 +43,8 @@
 #include <string.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -3721,6 +3723,50 @@ START_TEST(test_shm_region_gives_back_pages_after_a_burst)
 }
 END_TEST
 
+static bool tests_share_a_process(void);
+
+/* A full /dev/shm (a container's is 64 MB by default): the listener's
+ * write of a block fails and the reply takes the socket, intact; nothing
+ * raises SIGBUS. Needs a mount namespace of its own (root), in a forked
+ * test process: skipped otherwise, saying so. */
+START_TEST(test_shm_full_dev_shm_falls_back_to_the_socket)
+{
+	cwi_msg *held[6];
+	int blocks = 0;
+	cwi_conn *c;
+	bool block;
+	tsrv s;
+
+	if (tests_share_a_process())
+		return;
+	if (unshare(CLONE_NEWNS) != 0 ||
+	    mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+	    mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=2m") != 0) {
+		fprintf(stderr, "test_shm_full_dev_shm_falls_back_to_the_socket: "
+		    "skipped, no mount namespace here (%s)\n", strerror(errno));
+		return;
+	}
+	srv_start(&s, _i, NULL);
+	c = dial_shm(&s, 16 << 20);
+	for (int i = 0; i < 6; i++) {
+		held[i] = echo_big(c, 1 << 20, i, &block);
+		blocks += block;
+	}
+	/* 2 MiB of tmpfs: the head and one 1 MiB block */
+	ck_assert_int_eq(blocks, 1);
+	for (int i = 0; i < 6; i++) {
+		int64_t shape[1] = {1 << 20};
+		cwi_element *want = mk_fixed(CACHEW_U8, 1, shape, i);
+		ck_assert(cwi_element_equal(cwi_msg_element(held[i], 0), want));
+		cwi_element_release(want);
+		cwi_msg_destroy(held[i]);
+	}
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+	umount("/dev/shm");
+}
+END_TEST
+
 /* A listener with CACHEW_SHM=0, and any TLS link, declines the region:
  * the replies come through the stream, and the client removes its
  * file. */
@@ -4019,6 +4065,8 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(shm, test_shm_full_region_falls_back_to_the_socket,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_region_gives_back_pages_after_a_burst,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm, test_shm_full_dev_shm_falls_back_to_the_socket,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_declined_by_tls_and_by_cachew_shm_0,
 	    1, NCONF);
