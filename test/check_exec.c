@@ -685,34 +685,37 @@ START_TEST(test_prefetch_delivers_elements_before_input_error)
 }
 END_TEST
 
-START_TEST(test_prefetch_delivers_pulled_elements_while_input_stalls)
+/* Runs `concatenate(FIRST, range(3, 10) | map(exec_test_gate)) |
+ * prefetch(100)`, where FIRST yields n_first elements of value i % 3.
+ * The input stalls in the gate on 3: the consumer must get every element
+ * of FIRST while it stalls, not only once the input yields again; then,
+ * waiting on an empty queue, it must be woken by the producer's next
+ * append once the gate opens. */
+static void
+check_delivered_while_stalled(const char *first, int64_t n_first)
 {
+	char pipeline[256];
 	cachew_dataset *ds;
 	cachew_iterator *it;
 	cachew_element *e;
 	pthread_t opener;
 
-	/* Chunks of up to 100 elements over a cheap input: the chunk after
-	 * the first gets 1 and 2 from range(3), then the input stalls in
-	 * the gate on 3. The consumer must get 1 and 2 while it stalls,
-	 * not only once the input yields again. */
-	register_fns();
+	snprintf(pipeline, sizeof(pipeline),
+	    "concatenate(%s, range(%d, 10) | map(exec_test_gate)) | "
+	    "prefetch(100)",
+	    first, GATE_AT);
 	gate_set(false);
-	ck_assert_int_eq(cachew_dataset_parse(&ds,
-			     "concatenate(range(3), range(3, 10) | "
-			     "map(exec_test_gate)) | prefetch(100)"),
-	    CACHEW_OK);
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK, "%s: %s",
+	    pipeline, cachew_errmsg());
 	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
-	for (int64_t k = 0; k < GATE_AT; k++) {
+	for (int64_t k = 0; k < n_first; k++) {
 		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
-		ck_assert_int_eq(cwt_i64(e, 0), k);
+		ck_assert_int_eq(cwt_i64(e, 0), k % 3);
 		cachew_element_release(e);
 		ck_assert_msg(!gate_gave_up(),
-		    "element %lld came only after the input yielded again",
-		    (long long)k);
+		    "%s: element %lld came only after the input yielded again",
+		    pipeline, (long long)k);
 	}
-	/* Now the consumer waits on an empty queue until the gate opens:
-	 * the producer's next append must wake it. */
 	ck_assert_int_eq(
 	    pthread_create(&opener, NULL, gate_open_later, NULL), 0);
 	for (int64_t k = GATE_AT; k < 10; k++) {
@@ -722,9 +725,22 @@ START_TEST(test_prefetch_delivers_pulled_elements_while_input_stalls)
 	}
 	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
 	ck_assert_int_eq(pthread_join(opener, NULL), 0);
-	ck_assert_msg(!gate_gave_up(), "the gate gave up: nobody opened it");
+	ck_assert_msg(!gate_gave_up(), "%s: the gate gave up: nobody opened it",
+	    pipeline);
 	cachew_iterator_destroy(it);
 	cachew_dataset_release(ds);
+}
+
+START_TEST(test_prefetch_delivers_pulled_elements_while_input_stalls)
+{
+	register_fns();
+	/* An input that fills a chunk per call (the consumer waits for the
+	 * producer's signal): the second chunk gets 1 and 2, then the input
+	 * stalls. */
+	check_delivered_while_stalled("range(3)", 3);
+	/* One that returns at most 3 elements per call (the consumer first
+	 * waits with a timeout, as appends are not signalled). */
+	check_delivered_while_stalled("range(3) | repeat(40)", 120);
 }
 END_TEST
 

@@ -24,15 +24,20 @@
  * Wake-ups stay per chunk, never per element or per input call (a blocking
  * wake-up costs 5-50 us on these machines): each side signals the other
  * only when it is waiting; the producer signals a waiting consumer when it
- * closes a chunk, and the consumer wakes the producer only once half of
- * the buffer is free (or all of it). Elements appended to the open chunk
+ * has closed a chunk (once the next one is open, so that the consumer
+ * wakes to it), and the consumer wakes the producer only once half of the
+ * buffer is free (or all of it). Elements appended to the open chunk
  * are not signalled, so a consumer that finds the queue empty waits at
  * most PF_HOLD_NS and takes whatever arrived meanwhile; only if nothing
  * did is it "hungry": it then waits untimed and the producer signals it on
- * its next append of any size. A sparse input thus costs the consumer one
- * timed-out wait and one wake-up per element it waited for; a dense one
- * fills its chunk before the timeout and is woken once per chunk, as
- * before. An input error or EOF is delivered after every queued element.
+ * its next append of any size. Where that append is the one that closes
+ * the chunk anyway (the input filled the last chunk in one call, as an
+ * inline map does, or one element is missing) the consumer is hungry at
+ * once: it costs no wake-up more and saves arming a timer per wait. A
+ * sparse input thus costs the consumer at most one timed-out wait and one
+ * wake-up per element it waited for; a dense one is woken once per chunk,
+ * as before. An input error or EOF is delivered after every queued
+ * element.
  *
  * Saving a position (exec_state.h) stops the producer thread (the chunk it
  * was filling is closed with what it got) and writes the queue and the
@@ -86,6 +91,8 @@ typedef struct prefetch_iter {
 	bool cons_hungry; /* waits untimed: signal it on any append */
 	pf_chunk *head, *tail, *spare;
 	pf_chunk *open; /* the tail chunk the producer fills, or NULL */
+	size_t open_k;  /* the elements it is to hold */
+	size_t fill_calls; /* input calls that filled the last closed chunk */
 	size_t queued;  /* elements */
 	size_t limit;   /* elements */
 	size_t nchunks; /* auto: the limit in chunks of kmax */
@@ -185,6 +192,7 @@ pf_open(prefetch_iter *p, size_t k)
 		p->head = c;
 	p->tail = c;
 	p->open = c;
+	p->open_k = k;
 	return c;
 }
 
@@ -212,16 +220,17 @@ pf_append(prefetch_iter *p, pf_chunk *c, cwi_chunk *in, size_t bytes)
 
 /* Fills the open chunk c towards k elements, one input call at a time:
  * the lock is released around each call and each call's elements are
- * appended at once. Returns the input's end or error, or CACHEW_OK when
- * the chunk is full or the thread is asked to stop. (lock held) */
+ * appended at once. wake: a waiting consumer is owed a signal (the last
+ * chunk closed), sent at the first unlock, so that it wakes to this chunk
+ * already open. Returns the input's end or error, or CACHEW_OK when the
+ * chunk is full or the thread is asked to stop. (lock held) */
 static cachew_err
-pf_fill(prefetch_iter *p, pf_chunk *c, size_t k)
+pf_fill(prefetch_iter *p, pf_chunk *c, size_t k, bool wake)
 {
 	cwi_chunk *in = &p->scratch;
 	cachew_err rv = CACHEW_OK;
 	uint64_t busy_ns = 0;
-	size_t have = 0;
-	bool wake = false;
+	size_t have = 0, calls = 0;
 
 	while (have < k && rv == CACHEW_OK && !atomic_load(&p->halt)) {
 		size_t bytes = 0;
@@ -234,6 +243,7 @@ pf_fill(prefetch_iter *p, pf_chunk *c, size_t k)
 		t0 = cwi_now_ns();
 		rv = cwi_iter_next(p->input, in, k - have);
 		busy_ns += cwi_now_ns() - t0;
+		calls++;
 		for (size_t i = 0; i < in->n; i++)
 			bytes += cwi_element_nbytes(in->v[i]);
 		pthread_mutex_lock(&p->lock);
@@ -241,8 +251,10 @@ pf_fill(prefetch_iter *p, pf_chunk *c, size_t k)
 		wake = in->n > 0 && p->cons_hungry;
 		pf_append(p, c, in, bytes);
 	}
-	/* A wake-up still owed is paid by pf_main: the chunk is closed. */
+	/* A wake-up still owed is paid by pf_main once the chunk is closed. */
 	cwi_sizer_update(&p->sizer, have, busy_ns);
+	if (have == k)
+		p->fill_calls = calls;
 	return rv;
 }
 
@@ -276,6 +288,7 @@ static void *
 pf_main(void *arg)
 {
 	prefetch_iter *p = arg;
+	bool wake = false; /* the consumer waits for a chunk just closed */
 
 	pthread_mutex_lock(&p->lock);
 	while (!p->stop && !p->cancel) {
@@ -284,6 +297,9 @@ pf_main(void *arg)
 		cachew_err rv;
 
 		if (!pf_has_room(p, k)) {
+			if (wake)
+				pthread_cond_signal(&p->cv_cons);
+			wake = false;
 			p->prod_waiting = true;
 			pthread_cond_wait(&p->cv_prod, &p->lock);
 			p->prod_waiting = false;
@@ -291,7 +307,7 @@ pf_main(void *arg)
 		}
 		c = pf_open(p, k);
 		if (c != NULL) {
-			rv = pf_fill(p, c, k);
+			rv = pf_fill(p, c, k, wake);
 			pf_close(p, c);
 		} else {
 			pthread_mutex_unlock(&p->lock);
@@ -306,12 +322,7 @@ pf_main(void *arg)
 		pf_publish(p);
 		if (p->end)
 			break;
-		if (p->cons_waiting) {
-			/* Signal unlocked: the consumer wakes to a free lock. */
-			pthread_mutex_unlock(&p->lock);
-			pthread_cond_signal(&p->cv_cons);
-			pthread_mutex_lock(&p->lock);
-		}
+		wake = p->cons_waiting;
 	}
 	if (p->cons_waiting)
 		pthread_cond_signal(&p->cv_cons);
@@ -335,6 +346,16 @@ pf_wait(prefetch_iter *p, bool hungry)
 {
 	uint64_t t0 = cwi_now_ns();
 
+	/* Waiting hungry costs a signal per append, the timed wait a timer
+	 * (~5-10 us of CPU here per wait). The append that fills the open
+	 * chunk signals anyway: hungry is free when the input fills a chunk
+	 * in one call (an inline map: the last chunk took one) or one
+	 * element is missing (chunks of one: inputs slower than the chunk
+	 * target). Inputs that return parts (parallel maps, interleave) get
+	 * the timed wait. */
+	if (p->fill_calls <= 1 ||
+	    (p->open != NULL && p->open->elems.n + 1 >= p->open_k))
+		hungry = true;
 	p->cons_waiting = true;
 	p->cons_hungry = hungry;
 	if (hungry)
