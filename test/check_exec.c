@@ -8,6 +8,7 @@
 
 #include "../src/exec/exec_tune.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,9 +158,79 @@ rand_keep(cachew_op_ctx *ctx, const cachew_element *in, int *keep)
 	return CACHEW_OK;
 }
 
+/* Map: passes elements through, but the element GATE_AT waits until the
+ * test opens the gate. It gives up after GATE_GIVE_UP_S (recording that
+ * it did) so that a prefetch holding elements fails the test rather than
+ * hanging it. */
+#define GATE_AT 3
+#define GATE_GIVE_UP_S 10
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool open, gave_up;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+
+static cachew_err
+gate_map(cachew_op_ctx *ctx, cachew_element *in, cachew_element **out)
+{
+	struct timespec deadline;
+
+	(void)ctx;
+	if (scalar_i64(in) == GATE_AT) {
+		clock_gettime(CLOCK_REALTIME, &deadline);
+		deadline.tv_sec += GATE_GIVE_UP_S;
+		pthread_mutex_lock(&gate.lock);
+		while (!gate.open && !gate.gave_up)
+			gate.gave_up = pthread_cond_timedwait(&gate.cv,
+					   &gate.lock, &deadline) != 0 &&
+			    !gate.open;
+		pthread_mutex_unlock(&gate.lock);
+	}
+	*out = in;
+	return CACHEW_OK;
+}
+
+static void
+gate_set(bool open)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.open = open;
+	gate.gave_up = false;
+	pthread_cond_broadcast(&gate.cv);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+static bool
+gate_gave_up(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	bool r = gate.gave_up;
+	pthread_mutex_unlock(&gate.lock);
+	return r;
+}
+
+/* Opens the gate after 50 ms: the consumer is then waiting on an empty
+ * queue, past its timed wait. */
+static void *
+gate_open_later(void *arg)
+{
+	struct timespec ts = {0, 50 * 1000 * 1000};
+
+	(void)arg;
+	nanosleep(&ts, NULL);
+	pthread_mutex_lock(&gate.lock);
+	gate.open = true;
+	pthread_cond_broadcast(&gate.cv);
+	pthread_mutex_unlock(&gate.lock);
+	return NULL;
+}
+
 static const cachew_op_def test_fns[] = {
     {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_fail",
 	.kind = CACHEW_OP_MAP, .map = fail_map},
+    {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_gate",
+	.kind = CACHEW_OP_MAP, .map = gate_map},
     {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_perm",
 	.kind = CACHEW_OP_MAP, .map = perm_map},
     {.version = CACHEW_OP_DEF_VERSION, .name = "exec_test_count",
@@ -611,6 +682,65 @@ START_TEST(test_prefetch_delivers_elements_before_input_error)
 {
 	check_fails_at_1234(1, true);
 	check_fails_at_1234(2, true);
+}
+END_TEST
+
+/* Runs `concatenate(FIRST, range(3, 10) | map(exec_test_gate)) |
+ * prefetch(100)`, where FIRST yields n_first elements of value i % 3.
+ * The input stalls in the gate on 3: the consumer must get every element
+ * of FIRST while it stalls, not only once the input yields again; then,
+ * waiting on an empty queue, it must be woken by the producer's next
+ * append once the gate opens. */
+static void
+check_delivered_while_stalled(const char *first, int64_t n_first)
+{
+	char pipeline[256];
+	cachew_dataset *ds;
+	cachew_iterator *it;
+	cachew_element *e;
+	pthread_t opener;
+
+	snprintf(pipeline, sizeof(pipeline),
+	    "concatenate(%s, range(%d, 10) | map(exec_test_gate)) | "
+	    "prefetch(100)",
+	    first, GATE_AT);
+	gate_set(false);
+	ck_assert_msg(cachew_dataset_parse(&ds, pipeline) == CACHEW_OK, "%s: %s",
+	    pipeline, cachew_errmsg());
+	ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL), CACHEW_OK);
+	for (int64_t k = 0; k < n_first; k++) {
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		ck_assert_int_eq(cwt_i64(e, 0), k % 3);
+		cachew_element_release(e);
+		ck_assert_msg(!gate_gave_up(),
+		    "%s: element %lld came only after the input yielded again",
+		    pipeline, (long long)k);
+	}
+	ck_assert_int_eq(
+	    pthread_create(&opener, NULL, gate_open_later, NULL), 0);
+	for (int64_t k = GATE_AT; k < 10; k++) {
+		ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_OK);
+		ck_assert_int_eq(cwt_i64(e, 0), k);
+		cachew_element_release(e);
+	}
+	ck_assert_int_eq(cachew_iterator_next(it, &e), CACHEW_EOF);
+	ck_assert_int_eq(pthread_join(opener, NULL), 0);
+	ck_assert_msg(!gate_gave_up(), "%s: the gate gave up: nobody opened it",
+	    pipeline);
+	cachew_iterator_destroy(it);
+	cachew_dataset_release(ds);
+}
+
+START_TEST(test_prefetch_delivers_pulled_elements_while_input_stalls)
+{
+	register_fns();
+	/* An input that fills a chunk per call (the consumer waits for the
+	 * producer's signal): the second chunk gets 1 and 2, then the input
+	 * stalls. */
+	check_delivered_while_stalled("range(3)", 3);
+	/* One that returns at most 3 elements per call (the consumer first
+	 * waits with a timeout, as appends are not signalled). */
+	check_delivered_while_stalled("range(3) | repeat(40)", 120);
 }
 END_TEST
 
@@ -1229,6 +1359,8 @@ cwt_exec_suite(void)
 	tcase_add_test(tc, test_map_parallel_empty_input);
 	tcase_add_test(tc, test_prefetch_preserves_order);
 	tcase_add_test(tc, test_prefetch_delivers_elements_before_input_error);
+	tcase_add_test(
+	    tc, test_prefetch_delivers_pulled_elements_while_input_stalls);
 	tcase_add_test(tc, test_destroy_mid_stream_returns_promptly);
 	tcase_add_test(tc, test_destroy_before_first_next_and_when_blocked);
 	tcase_add_test(tc, test_destroy_at_many_points);

@@ -2,20 +2,45 @@
  * exec_prefetch.c - prefetch(n): a background thread pulls from the input
  * into a bounded queue of chunks so the consumer rarely waits.
  *
- * The producer thread (started by the first next()) pulls a chunk sized to
+ * The producer thread (started by the first next()) opens a chunk sized to
  * ~500 us of the input's work (exec_tune.c) whenever the queue has room
  * for it: `queued + k <= limit` elements, or the queue is empty; and while
  * the pipeline's buffers are under the RAM budget (an empty queue may
- * always take one chunk). The consumer takes up to max elements from the
- * head chunks. prefetch(n) has a fixed limit of n elements (chunks of at
- * most n); prefetch(auto) starts with two chunks and grows on the
- * autotuner's rule. Wake-ups: each side signals the other only when it is
- * waiting, and the consumer wakes the producer only once half of the
- * buffer is free (or all of it), so hand-offs happen per chunk, never per
- * element. An input error or EOF is delivered after every queued element.
+ * always take one chunk). The open chunk is linked at the tail of the
+ * queue from the start: the producer calls the input unlocked into a
+ * private scratch chunk and, under the lock, appends what each call
+ * returned to the open chunk, so the consumer may take an element as soon
+ * as the input call that made it returns. Publishing only full chunks held
+ * up to k-1 finished elements from the consumer for as long as the input
+ * then stalled (a filter that rarely passes, a source that blocks), for
+ * ever behind an endless filter. The consumer takes up to max elements
+ * from the head chunks and never recycles the open chunk; the producer
+ * closes it when it holds k elements, at the input's end or error, or when
+ * stopped.
  *
- * Saving a position (exec_state.h) stops the producer thread (a chunk it
- * was pulling is queued with what it got) and writes the queue and the
+ * prefetch(n) has a fixed limit of n elements (chunks of at most n);
+ * prefetch(auto) starts with two chunks and grows on the autotuner's rule.
+ *
+ * Wake-ups stay per chunk, never per element or per input call (a blocking
+ * wake-up costs 5-50 us on these machines): each side signals the other
+ * only when it is waiting; the producer signals a waiting consumer when it
+ * has closed a chunk (once the next one is open, so that the consumer
+ * wakes to it), and the consumer wakes the producer only once half of the
+ * buffer is free (or all of it). Elements appended to the open chunk
+ * are not signalled, so a consumer that finds the queue empty waits at
+ * most PF_HOLD_NS and takes whatever arrived meanwhile; only if nothing
+ * did is it "hungry": it then waits untimed and the producer signals it on
+ * its next append of any size. Where that append is the one that closes
+ * the chunk anyway (the input filled the last chunk in one call, as an
+ * inline map does, or one element is missing) the consumer is hungry at
+ * once: it costs no wake-up more and saves arming a timer per wait. A
+ * sparse input thus costs the consumer at most one timed-out wait and one
+ * wake-up per element it waited for; a dense one is woken once per chunk,
+ * as before. An input error or EOF is delivered after every queued
+ * element.
+ *
+ * Saving a position (exec_state.h) stops the producer thread (the chunk it
+ * was filling is closed with what it got) and writes the queue and the
  * input; the next next() starts a thread again. A restore queues the
  * saved elements as one chunk.
  *
@@ -27,6 +52,8 @@
 #include "exec_state.h"
 #include "exec_tune.h"
 
+#include <assert.h>
+#include <errno.h>
 #include <stdlib.h>
 
 typedef struct pf_chunk {
@@ -37,6 +64,12 @@ typedef struct pf_chunk {
 } pf_chunk;
 
 #define PF_MAX_CHUNKS 64
+
+/* How long a consumer facing an empty queue waits for the open chunk to
+ * fill before taking what it holds: four times the chunk target, so that
+ * a dense input's chunk closes (and signals) first even on a busy machine,
+ * while a sparse input's elements reach the consumer within 2 ms. */
+#define PF_HOLD_NS (4 * (uint64_t)CWI_CHUNK_TARGET_NS)
 
 typedef struct prefetch_iter {
 	cwi_iter base;
@@ -55,7 +88,11 @@ typedef struct prefetch_iter {
 	pthread_t thread;
 	bool started, stop, cancel;
 	bool prod_waiting, cons_waiting;
+	bool cons_hungry; /* waits untimed: signal it on any append */
 	pf_chunk *head, *tail, *spare;
+	pf_chunk *open; /* the tail chunk the producer fills, or NULL */
+	size_t open_k;  /* the elements it is to hold */
+	size_t fill_calls; /* input calls that filled the last closed chunk */
 	size_t queued;  /* elements */
 	size_t limit;   /* elements */
 	size_t nchunks; /* auto: the limit in chunks of kmax */
@@ -65,6 +102,9 @@ typedef struct prefetch_iter {
 	bool was_full;  /* since the last tuning step */
 	int64_t bytes;  /* of queued chunks */
 	uint64_t produced, produced_bytes; /* totals, for bytes per element */
+
+	/* Producer thread only: what one input call returned. */
+	cwi_chunk scratch;
 
 	/* Consumer thread only. */
 	uint64_t wait_ns;
@@ -132,25 +172,123 @@ pf_chunk_put(prefetch_iter *p, pf_chunk *c)
 	p->spare = c;
 }
 
-/* Pulls one chunk of k elements (unlocked). */
-static cachew_err
-pf_pull(prefetch_iter *p, pf_chunk *c, size_t k)
+/* Opens a chunk for k elements at the tail of the queue (its storage
+ * reserved now, so appends never move it under the consumer); NULL on
+ * ENOMEM. (lock held) */
+static pf_chunk *
+pf_open(prefetch_iter *p, size_t k)
 {
-	cachew_err rv = CACHEW_OK;
-	uint64_t t0 = cwi_now_ns();
+	pf_chunk *c = pf_chunk_get(p);
 
-	while (c->elems.n < k && rv == CACHEW_OK && !atomic_load(&p->halt))
-		rv = cwi_iter_next(p->input, &c->elems, k - c->elems.n);
-	cwi_sizer_update(&p->sizer, c->elems.n, cwi_now_ns() - t0);
-	for (size_t i = 0; i < c->elems.n; i++)
-		c->bytes += cwi_element_nbytes(c->elems.v[i]);
+	if (c == NULL)
+		return NULL;
+	if (cwi_chunk_reserve(&c->elems, k) != CACHEW_OK) {
+		pf_chunk_put(p, c);
+		return NULL;
+	}
+	if (p->tail != NULL)
+		p->tail->next = c;
+	else
+		p->head = c;
+	p->tail = c;
+	p->open = c;
+	p->open_k = k;
+	return c;
+}
+
+/* Moves what one input call returned (bytes in total) to the open chunk,
+ * where the consumer sees it. (lock held) */
+static void
+pf_append(prefetch_iter *p, pf_chunk *c, cwi_chunk *in, size_t bytes)
+{
+	if (in->n == 0)
+		return;
+	assert(c->elems.n + in->n <= c->elems.cap);
+	memcpy(c->elems.v + c->elems.n, in->v, in->n * sizeof(*in->v));
+	c->elems.n += in->n;
+	c->bytes += bytes;
+	p->queued += in->n;
+	p->bytes += (int64_t)bytes;
+	p->produced += in->n;
+	p->produced_bytes += bytes;
+	cwi_tune_bytes_add(&p->tune, (int64_t)bytes);
+	if (p->queued >= p->limit)
+		p->was_full = true;
+	in->n = 0;
+	pf_publish(p);
+}
+
+/* Fills the open chunk c towards k elements, one input call at a time:
+ * the lock is released around each call and each call's elements are
+ * appended at once. wake: a waiting consumer is owed a signal (the last
+ * chunk closed), sent at the first unlock, so that it wakes to this chunk
+ * already open. Returns the input's end or error, or CACHEW_OK when the
+ * chunk is full or the thread is asked to stop. (lock held) */
+static cachew_err
+pf_fill(prefetch_iter *p, pf_chunk *c, size_t k, bool wake)
+{
+	cwi_chunk *in = &p->scratch;
+	cachew_err rv = CACHEW_OK;
+	uint64_t busy_ns = 0;
+	size_t have = 0, calls = 0;
+
+	while (have < k && rv == CACHEW_OK && !atomic_load(&p->halt)) {
+		size_t bytes = 0;
+		uint64_t t0;
+
+		pthread_mutex_unlock(&p->lock);
+		/* Signal unlocked: the consumer wakes to a free lock. */
+		if (wake)
+			pthread_cond_signal(&p->cv_cons);
+		t0 = cwi_now_ns();
+		rv = cwi_iter_next(p->input, in, k - have);
+		busy_ns += cwi_now_ns() - t0;
+		calls++;
+		for (size_t i = 0; i < in->n; i++)
+			bytes += cwi_element_nbytes(in->v[i]);
+		pthread_mutex_lock(&p->lock);
+		have += in->n;
+		wake = in->n > 0 && p->cons_hungry;
+		pf_append(p, c, in, bytes);
+	}
+	/* A wake-up still owed is paid by pf_main once the chunk is closed. */
+	cwi_sizer_update(&p->sizer, have, busy_ns);
+	if (have == k)
+		p->fill_calls = calls;
 	return rv;
+}
+
+/* Closes the open chunk c, the tail; unlinks it if the consumer took all
+ * of it or nothing came, as the consumer only recycles chunks it empties
+ * and must not meet an empty one. Walking the queue is rare: a chunk that
+ * got elements and was emptied is the only one (the consumer takes chunks
+ * in order and recycles each other one it empties); one that got nothing
+ * ends the input or stops the thread. (lock held) */
+static void
+pf_close(prefetch_iter *p, pf_chunk *c)
+{
+	pf_chunk **link = &p->head, *prev = NULL;
+
+	p->open = NULL;
+	if (c->pos < c->elems.n)
+		return;
+	while (*link != c) {
+		prev = *link;
+		link = &prev->next;
+	}
+	assert(c->next == NULL && p->tail == c);
+	*link = NULL;
+	p->tail = prev;
+	p->bytes -= (int64_t)c->bytes;
+	cwi_tune_bytes_add(&p->tune, -(int64_t)c->bytes);
+	pf_chunk_put(p, c);
 }
 
 static void *
 pf_main(void *arg)
 {
 	prefetch_iter *p = arg;
+	bool wake = false; /* the consumer waits for a chunk just closed */
 
 	pthread_mutex_lock(&p->lock);
 	while (!p->stop && !p->cancel) {
@@ -159,32 +297,23 @@ pf_main(void *arg)
 		cachew_err rv;
 
 		if (!pf_has_room(p, k)) {
+			if (wake)
+				pthread_cond_signal(&p->cv_cons);
+			wake = false;
 			p->prod_waiting = true;
 			pthread_cond_wait(&p->cv_prod, &p->lock);
 			p->prod_waiting = false;
 			continue;
 		}
-		c = pf_chunk_get(p);
-		pthread_mutex_unlock(&p->lock);
-		rv = c != NULL ? pf_pull(p, c, k)
-			       : cwi_pipeline_fail(p->pl, CACHEW_ENOMEM,
-				     "prefetch: out of memory");
-		pthread_mutex_lock(&p->lock);
-		if (c != NULL && c->elems.n > 0) {
-			if (p->tail != NULL)
-				p->tail->next = c;
-			else
-				p->head = c;
-			p->tail = c;
-			p->queued += c->elems.n;
-			p->bytes += (int64_t)c->bytes;
-			p->produced += c->elems.n;
-			p->produced_bytes += c->bytes;
-			cwi_tune_bytes_add(&p->tune, (int64_t)c->bytes);
-			if (p->queued >= p->limit)
-				p->was_full = true;
-		} else if (c != NULL) {
-			pf_chunk_put(p, c);
+		c = pf_open(p, k);
+		if (c != NULL) {
+			rv = pf_fill(p, c, k, wake);
+			pf_close(p, c);
+		} else {
+			pthread_mutex_unlock(&p->lock);
+			rv = cwi_pipeline_fail(
+			    p->pl, CACHEW_ENOMEM, "prefetch: out of memory");
+			pthread_mutex_lock(&p->lock);
 		}
 		if (rv != CACHEW_OK) {
 			p->end = true;
@@ -193,17 +322,52 @@ pf_main(void *arg)
 		pf_publish(p);
 		if (p->end)
 			break;
-		if (p->cons_waiting) {
-			/* Signal unlocked: the consumer wakes to a free lock. */
-			pthread_mutex_unlock(&p->lock);
-			pthread_cond_signal(&p->cv_cons);
-			pthread_mutex_lock(&p->lock);
-		}
+		wake = p->cons_waiting;
 	}
 	if (p->cons_waiting)
 		pthread_cond_signal(&p->cv_cons);
 	pthread_mutex_unlock(&p->lock);
 	return NULL;
+}
+
+/* Whether the consumer may take an element now. (lock held) */
+static bool
+pf_any(const prefetch_iter *p)
+{
+	return p->head != NULL && p->head->pos < p->head->elems.n;
+}
+
+/* Waits for the producer (lock held). Not hungry: at most PF_HOLD_NS,
+ * as elements appended to the open chunk are not signalled; returns
+ * whether the consumer is now hungry (it timed out on an empty queue).
+ * Hungry: untimed, the producer signals its next append. */
+static bool
+pf_wait(prefetch_iter *p, bool hungry)
+{
+	uint64_t t0 = cwi_now_ns();
+
+	/* Waiting hungry costs a signal per append, the timed wait a timer
+	 * (~5-10 us of CPU here per wait). The append that fills the open
+	 * chunk signals anyway: hungry is free when the input fills a chunk
+	 * in one call (an inline map: the last chunk took one) or one
+	 * element is missing (chunks of one: inputs slower than the chunk
+	 * target). Inputs that return parts (parallel maps, interleave) get
+	 * the timed wait. */
+	if (p->fill_calls <= 1 ||
+	    (p->open != NULL && p->open->elems.n + 1 >= p->open_k))
+		hungry = true;
+	p->cons_waiting = true;
+	p->cons_hungry = hungry;
+	if (hungry)
+		pthread_cond_wait(&p->cv_cons, &p->lock);
+	else if (cwi_cond_wait_ns(&p->cv_cons, &p->lock, PF_HOLD_NS) ==
+		     ETIMEDOUT &&
+	    !pf_any(p))
+		hungry = true;
+	p->cons_waiting = false;
+	p->cons_hungry = false;
+	p->wait_ns += cwi_now_ns() - t0;
+	return hungry;
 }
 
 /* Sets *wake_producer when the producer waits and now has room (to be
@@ -213,10 +377,11 @@ pf_take(prefetch_iter *p, cwi_chunk *out, size_t max, bool *wake_producer)
 {
 	size_t got = 0;
 	cachew_err rv = CACHEW_OK;
+	bool hungry = false;
 
 	for (;;) {
 		pf_chunk *c = p->head;
-		if (c != NULL) {
+		if (pf_any(p)) {
 			size_t take = c->elems.n - c->pos;
 			if (take > max - got)
 				take = max - got;
@@ -226,7 +391,8 @@ pf_take(prefetch_iter *p, cwi_chunk *out, size_t max, bool *wake_producer)
 			c->pos += take;
 			got += take;
 			p->queued -= take;
-			if (c->pos == c->elems.n) {
+			/* The producer still appends to the open chunk. */
+			if (c->pos == c->elems.n && c != p->open) {
 				p->head = c->next;
 				if (p->head == NULL)
 					p->tail = NULL;
@@ -250,11 +416,7 @@ pf_take(prefetch_iter *p, cwi_chunk *out, size_t max, bool *wake_producer)
 		}
 		if (p->prod_waiting)
 			pthread_cond_signal(&p->cv_prod);
-		uint64_t t0 = cwi_now_ns();
-		p->cons_waiting = true;
-		pthread_cond_wait(&p->cv_cons, &p->lock);
-		p->cons_waiting = false;
-		p->wait_ns += cwi_now_ns() - t0;
+		hungry = pf_wait(p, hungry);
 	}
 	*wake_producer = p->prod_waiting &&
 	    (p->queued == 0 || p->queued <= p->limit / 2);
@@ -356,6 +518,7 @@ pf_free(prefetch_iter *p)
 {
 	pf_free_list(p->head);
 	pf_free_list(p->spare);
+	cwi_chunk_free(&p->scratch);
 	pthread_cond_destroy(&p->cv_cons);
 	pthread_cond_destroy(&p->cv_prod);
 	pthread_mutex_destroy(&p->lock);
@@ -383,7 +546,7 @@ pf_destroy(cwi_iter *it)
 	pf_free(p);
 }
 
-/* Stops the producer (a chunk it was pulling is queued with what it got)
+/* Stops the producer (the chunk it was filling is closed with what it got)
  * so that the queue and the input hold still; the next next() starts it
  * again. */
 static void
@@ -484,7 +647,7 @@ pf_create(cwi_iter **out, const cwi_node *node, const cwi_iter_args *args)
 	atomic_init(&p->halt, false);
 	cwi_mutex_init(&p->lock);
 	pthread_cond_init(&p->cv_prod, NULL);
-	pthread_cond_init(&p->cv_cons, NULL);
+	cwi_cond_init_monotonic(&p->cv_cons);
 	p->nchunks = 2;
 	p->kmax = 1;
 	p->limit = p->autosize ? p->nchunks * p->kmax : p->fixed_n;
