@@ -1178,19 +1178,27 @@ END_TEST
  * a listener on tcp:// or ipc://, or as a server that cwi_dial reaches.
  */
 
+/* A "<field>: N kB" line of /proc/self/status, in KiB. */
 static long
-rss_kib(void)
+status_kib(const char *field)
 {
 	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
+	char line[256], fmt[64];
 	long kib = -1;
 
 	ck_assert_ptr_nonnull(f);
+	snprintf(fmt, sizeof(fmt), "%s: %%ld kB", field);
 	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+		if (sscanf(line, fmt, &kib) == 1)
 			break;
 	fclose(f);
 	return kib;
+}
+
+static long
+rss_kib(void)
+{
+	return status_kib("VmRSS");
 }
 
 /* Fails the test unless the resident set grew by less than 64 MiB since
@@ -3677,16 +3685,7 @@ END_TEST
 static long
 rss_shmem_kib(void)
 {
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kib = -1;
-
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "RssShmem: %ld kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
+	return status_kib("RssShmem");
 }
 
 /* After a burst of held replies, the pages written past what is in use
@@ -3863,6 +3862,26 @@ START_TEST(test_hostile_shm_hello_is_checked)
 	len = raw_ctl(msg, 0x80000002u, 2, hello, 25 + strlen(name));
 	raw_send_sp(fd, ipc, msg, len);
 	ck_assert_int_eq(raw_hello_answer(fd, ipc, 0x80000002u), 0);
+	/* the nonce right, but a head whose offset and length wrap past
+	 * the file's 4 KiB (4096 slots: blocks at 20 KiB, 2^64 - 16 KiB of
+	 * them) */
+	{
+		uint8_t head[64] = {'C', 'W', 'S', 'H', 'M', 0, 0, 1};
+		memset(head + 8, 0x5a, 16);
+		put_be32(head + 24, 4096);
+		put_be64(head + 32, 20480);
+		put_be64(head + 40, UINT64_MAX - 16383);
+		ffd = open(path, O_RDWR | O_TRUNC);
+		ck_assert_int_ge(ffd, 0);
+		ck_assert_int_eq(pwrite(ffd, head, sizeof(head), 0),
+		    (ssize_t)sizeof(head));
+		ck_assert_int_eq(ftruncate(ffd, 4096), 0);
+		close(ffd);
+		put_be64(hello + 1 + strlen(name), 4096);
+		len = raw_ctl(msg, 0x80000006u, 2, hello, 25 + strlen(name));
+		raw_send_sp(fd, ipc, msg, len);
+		ck_assert_int_eq(raw_hello_answer(fd, ipc, 0x80000006u), 0);
+	}
 	unlink(path);
 	/* truncated */
 	len = raw_ctl(msg, 0x80000003u, 2, hello, 5);
@@ -3882,6 +3901,48 @@ START_TEST(test_hostile_shm_hello_is_checked)
 	close(fd);
 	assert_served(&s, "echo still here");
 	srv_stop(&s);
+}
+END_TEST
+
+/* A listener of an older version resets the link on the hello (a frame
+ * kind it does not know): the request waiting for the hello's answer is
+ * not lost but goes out on the next link, which carries no hello. */
+START_TEST(test_shm_older_listener_resetting_on_the_hello_loses_no_request)
+{
+	bool ipc = _i == 2;
+	cwi_transport_opts o;
+	char url[256];
+	cwi_msg *reply;
+	cwi_conn *c;
+	cwi_cq *q;
+	uint8_t *got;
+	size_t len;
+	int lfd, fd;
+
+	lfd = raw_listen(_i, url, sizeof(url));
+	ck_assert_int_eq(cwi_cq_create(&q), CACHEW_OK);
+	cwi_transport_opts_init(&o);
+	o.dial_async = true;
+	o.shm_bytes = 2 << 20;
+	o.reconnect_min_ms = 50;
+	ck_assert_int_eq(cwi_dial(&c, url, &o), CACHEW_OK);
+	ck_assert_int_eq(cwi_conn_send(c, mk("ask"), WAIT_MS, q, 1), CACHEW_OK);
+	fd = raw_accept_req(lfd);
+	got = raw_recv_sp(fd, ipc, &len);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(got[7], 2); /* the hello, first */
+	free(got);
+	close(fd); /* what an older listener does */
+	fd = raw_accept_req(lfd);
+	raw_answer(fd, ipc, "ask", "answered");
+	reply = cq_wait_ok(q, 1);
+	assert_hdr(reply, "answered");
+	cwi_msg_destroy(reply);
+	cwi_cq_destroy(q);
+	cwi_conn_destroy(c);
+	close(fd);
+	raw_unlisten(lfd, url);
+	ck_assert_int_eq(shm_files_of_mine(), 0);
 }
 END_TEST
 
@@ -4074,6 +4135,9 @@ cwt_transport_suite(void)
 	    NTRANSPORTS);
 	tcase_add_loop_test(shm, test_hostile_server_block_frames_are_checked,
 	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm,
+	    test_shm_older_listener_resetting_on_the_hello_loses_no_request, 1,
+	    NTRANSPORTS);
 	suite_add_tcase(s, shm);
 
 	tcase_set_timeout(tls, 60);

@@ -86,14 +86,16 @@ struct sconn {
 	uint64_t first_fail_ns;
 	/* The same-host path (nng_shm.c): the region's size offered on
 	 * each link (0: none); the link whose hello awaits its answer and
-	 * the hello's id; shm_off once a listener declined or a link died
-	 * before answering (an older listener resets on a hello). */
+	 * the hello's id (requests wait for its answer); shm_off once a
+	 * listener declined or a link died before answering (an older
+	 * listener resets on a hello). */
 	size_t shm_bytes;
 	slink *hello_lk;
 	uint32_t hello_id;
-	unsigned hello_lost; /* links that died before answering, in a row */
 	bool shm_off;
 };
+
+static void conn_send_waiting_locked(sconn *c, slink *lk);
 
 static void
 conn_free(sconn *c)
@@ -201,9 +203,10 @@ cli_shm_answer(sconn *c, slink *lk, cwi_buffer *buf)
 	pthread_mutex_unlock(&lk->mtx);
 	cwi_nng_shm_unref(drop);
 	pthread_mutex_lock(&c->mtx);
-	c->hello_lost = 0;
 	if (!yes)
 		c->shm_off = true;
+	if (c->lk == lk)
+		conn_send_waiting_locked(c, lk);
 	pthread_mutex_unlock(&c->mtx);
 	cwi_log(CACHEW_LOG_DEBUG, "transport", "url=%s event=%s", c->base.url,
 	    yes ? "shm_taken" : "shm_declined");
@@ -268,10 +271,17 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 		if (cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi) ==
 			CACHEW_OK) {
 			cwi_buffer *blk = NULL;
-			if (fi.ctl_kind == FRAME_KIND_SHM_BLOCK &&
-			    cwi_nng_shm_block(lk->shm, fi.ctl, fi.ctl_len,
-				c->max_msg + SP_ID_BYTES, &blk) == CACHEW_OK)
-				cwi_buffer_unref(blk);
+			if (fi.ctl_kind == FRAME_KIND_SHM_BLOCK) {
+				err = cwi_nng_shm_block(lk->shm, fi.ctl,
+				    fi.ctl_len, c->max_msg + SP_ID_BYTES, &blk);
+				if (err == CACHEW_OK)
+					cwi_buffer_unref(blk);
+				else if (err == CACHEW_EPROTO)
+					/* as on the normal path: a block
+					 * the region does not hold */
+					cwi_nng_link_reset(lk,
+					    cwi_errmsg_get());
+			}
 			cwi_msg_destroy(fi.msg);
 		}
 		return true;
@@ -406,10 +416,10 @@ cli_on_down(void *owner, slink *lk, const char *why)
 	}
 	if (c->hello_lk == lk) {
 		/* Our hello unanswered: a listener of an older version
-		 * resets a link on it; twice in a row, offer no more. */
+		 * resets a link on it. Offer no more; the requests held back
+		 * for the answer go out on the next link. */
 		c->hello_lk = NULL;
-		if (++c->hello_lost >= 2)
-			c->shm_off = true;
+		c->shm_off = true;
 	}
 	suspect = drop && !c->closed && early_death_suspect(c, lk->early_rv);
 	for (creq *x = c->reqs, *nx; x != NULL; x = nx) {
@@ -460,6 +470,20 @@ static const link_ops cli_link_ops = {
     .on_down = cli_on_down,
     .release = cli_link_release,
 };
+
+/* Sends the requests waiting for a link on lk. With c->mtx held. */
+static void
+conn_send_waiting_locked(sconn *c, slink *lk)
+{
+	for (creq *x = c->reqs; x != NULL; x = x->next) {
+		if (x->lk != NULL || x->orphan)
+			continue;
+		if (cwi_nng_link_send(lk, x->tx) != CACHEW_OK)
+			break;
+		x->tx = NULL;
+		x->lk = lk;
+	}
+}
 
 /* A region for lk's replies (nng_shm.c), before lk starts: the client's
  * half of the same-host path. Nothing when it cannot be made (no
@@ -512,14 +536,11 @@ conn_attach_locked(sconn *c, slink *lk)
 	cwi_nng_link_start(lk);
 	if (lk->shm != NULL)
 		conn_send_hello_locked(c, lk);
-	for (creq *x = c->reqs; x != NULL; x = x->next) {
-		if (x->lk != NULL || x->orphan)
-			continue;
-		if (cwi_nng_link_send(lk, x->tx) != CACHEW_OK)
-			break;
-		x->tx = NULL;
-		x->lk = lk;
-	}
+	/* With a hello out, the requests wait for its answer: a listener
+	 * of an older version resets the link on it, and those it never
+	 * read then go out on the next link instead of failing. */
+	if (c->hello_lk != lk)
+		conn_send_waiting_locked(c, lk);
 }
 
 /* A dial failed with nng's rv: a peer never reached becomes unreachable
@@ -730,7 +751,8 @@ nt_send(cwi_conn *cc, cwi_msg *req, cwi_pending *p)
 	else
 		c->reqs = x;
 	c->reqs_tail = x;
-	if (c->lk != NULL && cwi_nng_link_send(c->lk, x->tx) == CACHEW_OK) {
+	if (c->lk != NULL && c->hello_lk != c->lk &&
+	    cwi_nng_link_send(c->lk, x->tx) == CACHEW_OK) {
 		x->tx = NULL;
 		x->lk = c->lk;
 	}

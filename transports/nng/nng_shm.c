@@ -32,13 +32,14 @@
  * reply that finds no room (a client holding many replies) goes through
  * the socket as before.
  *
- * Trust: the region is shared by two processes of one user, which the
- * system already lets read and write each other's memory; the server
+ * Trust: the region is shared by two processes of one user. The server
  * checks what it opens (a regular file of its user, the size the hello
- * names, the nonce) and reads nothing from the region but the flags; the
- * client checks every block frame against the region before it makes a
- * buffer of it. A process forked after a block arrived never frees the
- * parent's slots.
+ * names, the nonce, a layout that fits the file) and never maps it:
+ * flags with pread/pwrite, blocks with pwritev, so a client shrinking the
+ * file cannot raise SIGBUS in the worker of every job. The client checks
+ * every block frame against the region before it makes a buffer of it. A
+ * process forked after a block arrived never frees the parent's slots
+ * (but may see a block its parent released reused: docs/protocol.md).
  */
 #include "nng_int.h"
 
@@ -53,6 +54,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHM_DIR "/dev/shm/"
@@ -180,8 +182,10 @@ static void
 shm_layout(cwi_shm *r, uint32_t nslots, size_t data_off, size_t data_len)
 {
 	r->nslots = nslots;
-	r->flags = (_Atomic(uint32_t) *)(r->map + HEAD_FLAGS);
-	r->data = r->map + data_off;
+	if (r->map != NULL) {
+		r->flags = (_Atomic(uint32_t) *)(r->map + HEAD_FLAGS);
+		r->data = r->map + data_off;
+	}
 	r->data_off = data_off;
 	r->data_len = data_len;
 }
@@ -227,6 +231,9 @@ write_head(int fd, const uint8_t *nonce, size_t hb, size_t bytes)
 	return ok;
 }
 
+/* A region file unanswered for this long was left by a dead client. */
+#define SWEEP_AGE_S 600
+
 /* A client killed between making a region and the listener's answer
  * leaves its file named (sparse: a page or two). The first region a
  * process makes removes those of processes gone. */
@@ -239,6 +246,7 @@ sweep_dead(void)
 	if (dir == NULL)
 		return;
 	while ((d = readdir(dir)) != NULL) {
+		struct stat st;
 		long pid;
 		char *end;
 
@@ -248,6 +256,13 @@ sweep_dead(void)
 		pid = strtol(d->d_name + strlen(SHM_PREFIX), &end, 10);
 		if (pid <= 0 || *end != '-' || kill((pid_t)pid, 0) == 0 ||
 		    errno != ESRCH)
+			continue;
+		/* A pid of another pid namespace sharing /dev/shm (containers
+		 * of one pod) looks gone too: only files a live client would
+		 * long have had answered (its name is removed then) go. */
+		if (fstatat(dirfd(dir), d->d_name, &st, AT_SYMLINK_NOFOLLOW) !=
+			0 ||
+		    st.st_mtime > time(NULL) - SWEEP_AGE_S)
 			continue;
 		unlinkat(dirfd(dir), d->d_name, 0);
 	}
@@ -360,6 +375,7 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 	cwi_shm *r;
 	struct stat st;
 	uint64_t size, data_off, data_len;
+	uint8_t head[HEAD_FLAGS];
 	uint32_t nslots;
 	size_t nlen;
 	int fd;
@@ -391,26 +407,27 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 		shm_free(r);
 		return rv;
 	}
-	r->map_len = (size_t)size;
-	r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED,
-	    fd, 0);
-	r->fd = fd; /* blocks are written with pwritev (cwi_nng_shm_pack) */
-	if (r->map == MAP_FAILED) {
-		r->map = NULL;
+	/* The server never maps the region: a client that shrinks the file
+	 * afterwards would make a store through a mapping raise SIGBUS in
+	 * the worker of every job. The flags are read and written with
+	 * pread and pwrite, the blocks with pwritev. */
+	r->fd = fd;
+	/* The head is the client's: read it once, check it (no sum that can
+	 * wrap), keep our own copy of the layout. */
+	if (pread(fd, head, sizeof(head), 0) != (ssize_t)sizeof(head)) {
+		cachew_err rv = cwi_fail(CACHEW_EIO, "%s: reading its head: %s",
+		    r->name, strerror(errno));
 		shm_free(r);
-		return cwi_fail(CACHEW_EIO, "%s: mmap: %s", r->name,
-		    strerror(errno));
+		return rv;
 	}
-	/* The head is the client's: read it once, check it, keep our own
-	 * copy of the layout. */
-	nslots = cwi_nng_get_u32(r->map + HEAD_NSLOTS);
-	data_off = cwi_nng_get_u64(r->map + HEAD_DATA_OFF);
-	data_len = cwi_nng_get_u64(r->map + HEAD_DATA_LEN);
-	if (memcmp(r->map + HEAD_MAGIC, shm_magic, sizeof(shm_magic)) != 0 ||
-	    memcmp(r->map + HEAD_NONCE, hello + 1 + nlen + 8, SHM_NONCE) != 0 ||
+	nslots = cwi_nng_get_u32(head + HEAD_NSLOTS);
+	data_off = cwi_nng_get_u64(head + HEAD_DATA_OFF);
+	data_len = cwi_nng_get_u64(head + HEAD_DATA_LEN);
+	if (memcmp(head + HEAD_MAGIC, shm_magic, sizeof(shm_magic)) != 0 ||
+	    memcmp(head + HEAD_NONCE, hello + 1 + nlen + 8, SHM_NONCE) != 0 ||
 	    nslots == 0 || nslots > 4096 || data_off != head_bytes(nslots) ||
-	    data_len < SHM_MIN_DATA || data_len > size - data_off ||
-	    data_off + data_len != size) {
+	    data_off >= size || data_len != size - data_off ||
+	    data_len < SHM_MIN_DATA) {
 		cachew_err rv = cwi_fail(CACHEW_EPERM, "%s: not the region "
 		    "the hello names (its head differs)", r->name);
 		shm_free(r);
@@ -426,6 +443,38 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 	unlink(r->name);
 	*out = r;
 	return CACHEW_OK;
+}
+
+/* A slot's flag: the client through its mapping, the server (which maps
+ * nothing) with pread and pwrite. A flag the server cannot read counts as
+ * in use: its block is never reused. */
+static uint32_t
+flag_load(cwi_shm *r, uint32_t slot)
+{
+	uint32_t v;
+
+	if (!r->server)
+		return atomic_load_explicit(&r->flags[slot],
+		    memory_order_acquire);
+	if (pread(r->fd, &v, sizeof(v),
+		(off_t)(HEAD_FLAGS + (size_t)slot * sizeof(v))) !=
+	    (ssize_t)sizeof(v))
+		return 1;
+	return v;
+}
+
+static void
+flag_store(cwi_shm *r, uint32_t slot, uint32_t v)
+{
+	if (!r->server) {
+		atomic_store_explicit(&r->flags[slot], v,
+		    memory_order_release);
+		return;
+	}
+	/* A failed write leaves 1 (in use, never reused) or 0 before the
+	 * block frame is sent: either is safe. */
+	(void)!pwrite(r->fd, &v, sizeof(v),
+	    (off_t)(HEAD_FLAGS + (size_t)slot * sizeof(v)));
 }
 
 /* After a burst the region keeps the pages written (a file's pages stay
@@ -457,9 +506,7 @@ alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 
 	/* Reclaim from the oldest: the client frees in any order, the
 	 * oldest still held keeps what follows it. */
-	while (r->n > 0 &&
-	    atomic_load_explicit(&r->flags[r->fifo[r->start].slot],
-		memory_order_acquire) == 0) {
+	while (r->n > 0 && flag_load(r, r->fifo[r->start].slot) == 0) {
 		r->start = (r->start + 1) % r->nslots;
 		r->n--;
 	}
@@ -497,7 +544,7 @@ alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 	r->next_slot = (r->next_slot + 1) % r->nslots;
 	r->fifo[(r->start + r->n) % r->nslots] = *out;
 	r->n++;
-	atomic_store_explicit(&r->flags[out->slot], 1, memory_order_relaxed);
+	flag_store(r, out->slot, 1);
 	if (++r->allocs == TRIM_EVERY) {
 		r->allocs = 0;
 		trim_locked(r);
@@ -571,7 +618,7 @@ cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
 	 * the write (the reply then takes the socket) instead of raising
 	 * SIGBUS. One copy, by the kernel, from where the payloads lie. */
 	if (!write_block(r, t, pre, b.off)) {
-		atomic_store(&r->flags[b.slot], 0);
+		flag_store(r, b.slot, 0);
 		return CACHEW_OK;
 	}
 	cwi_nng_put_u32(desc, b.slot);
@@ -582,7 +629,7 @@ cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
 	rv = cwi_nng_tx_build_ctl(small, ipc, id, idlen, FRAME_KIND_SHM_BLOCK,
 	    desc, sizeof(desc));
 	if (rv != CACHEW_OK) {
-		atomic_store(&r->flags[b.slot], 0);
+		flag_store(r, b.slot, 0);
 		return rv;
 	}
 	atomic_fetch_add_explicit(&shm_packed, 1, memory_order_relaxed);
@@ -632,8 +679,11 @@ cwi_nng_shm_block(cwi_shm *r, const uint8_t *desc, size_t len,
 					       "that is not in use", slot);
 	rv = cwi_buffer_wrap(out, r->data + off, (size_t)blen, block_free,
 	    &r->slots[slot]);
-	if (rv != CACHEW_OK)
+	if (rv != CACHEW_OK) {
+		/* Nobody will read it: the block goes back at once. */
+		flag_store(r, slot, 0);
 		return rv;
+	}
 	atomic_fetch_add(&r->refs, 1);
 	atomic_fetch_add_explicit(&shm_unpacked, 1, memory_order_relaxed);
 	return CACHEW_OK;
