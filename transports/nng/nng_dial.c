@@ -192,7 +192,7 @@ cli_shm_answer(sconn *c, slink *lk, cwi_buffer *buf)
 	bool yes = err == CACHEW_OK && fi.ctl_kind == FRAME_KIND_SHM_HELLO &&
 		   fi.ctl_len == 1 && fi.ctl[0] == 1;
 
-	if (err == CACHEW_OK && fi.msg != NULL)
+	if (err == CACHEW_OK)
 		cwi_msg_destroy(fi.msg);
 	pthread_mutex_lock(&lk->mtx);
 	cwi_nng_shm_unlink(lk->shm);
@@ -265,27 +265,6 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 		cli_shm_answer(c, lk, buf);
 		return true;
 	}
-	if (x == NULL) {
-		/* The reply to a request that timed out: nobody waits. A
-		 * block it names goes back to the listener. */
-		if (cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi) ==
-			CACHEW_OK) {
-			cwi_buffer *blk = NULL;
-			if (fi.ctl_kind == FRAME_KIND_SHM_BLOCK) {
-				err = cwi_nng_shm_block(lk->shm, fi.ctl,
-				    fi.ctl_len, c->max_msg + SP_ID_BYTES, &blk);
-				if (err == CACHEW_OK)
-					cwi_buffer_unref(blk);
-				else if (err == CACHEW_EPROTO)
-					/* as on the normal path: a block
-					 * the region does not hold */
-					cwi_nng_link_reset(lk,
-					    cwi_errmsg_get());
-			}
-			cwi_msg_destroy(fi.msg);
-		}
-		return true;
-	}
 	msg[0] = '\0';
 	memcpy(idb, buf->data, SP_ID_BYTES);
 	err = cwi_nng_frame_decode(buf, SP_ID_BYTES, c->max_msg, &fi);
@@ -294,6 +273,15 @@ cli_on_msg(void *owner, slink *lk, cwi_buffer *buf)
 	else if (err == CACHEW_OK && fi.ctl_kind != 0)
 		err = cwi_fail(CACHEW_EPROTO, "a control frame of kind %d as "
 					      "a reply", fi.ctl_kind);
+	if (x == NULL) {
+		/* The reply to a request that timed out: nobody waits (a
+		 * block it named went back to the listener with it). */
+		if (err == CACHEW_EPROTO)
+			cwi_nng_link_reset(lk, cwi_errmsg_get());
+		else if (err == CACHEW_OK)
+			cwi_msg_destroy(fi.msg);
+		return true;
+	}
 	if (err == CACHEW_EPROTO) {
 		snprintf(msg, sizeof(msg), "%s: malformed reply: %s",
 		    c->base.url, cwi_errmsg_get());

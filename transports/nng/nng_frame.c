@@ -153,23 +153,22 @@ cwi_nng_tx_build(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
 	return CACHEW_OK;
 }
 
-cachew_err
-cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
-    size_t idlen, cachew_err err, const char *msg)
+/* A frame whose body is the head (kind, count) and len bytes of payload:
+ * the error and control frames. */
+static cachew_err
+tx_build_flat(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
+    int kind, uint32_t count, const void *payload, size_t len)
 {
-	size_t len = strlen(msg);
 	uint8_t head[FRAME_HEAD];
 	txmsg *t;
 	cachew_err rv;
 
-	if (len > FRAME_ERRMSG_MAX)
-		len = FRAME_ERRMSG_MAX;
 	rv = tx_start(&t, ipc, id, idlen);
 	if (rv != CACHEW_OK)
 		return rv;
-	put_head(head, FRAME_KIND_ERROR, len, (uint32_t)err);
+	put_head(head, kind, len, count);
 	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
-	cwi_strbuf_append(&t->g.sb, msg, len);
+	cwi_strbuf_append(&t->g.sb, payload, len);
 	rv = tx_finish(t, ipc);
 	if (rv != CACHEW_OK) {
 		cwi_nng_tx_free(t);
@@ -180,26 +179,20 @@ cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
 }
 
 cachew_err
+cwi_nng_tx_build_error(txmsg **out, bool ipc, const uint8_t *id,
+    size_t idlen, cachew_err err, const char *msg)
+{
+	size_t len = strlen(msg);
+
+	return tx_build_flat(out, ipc, id, idlen, FRAME_KIND_ERROR,
+	    (uint32_t)err, msg, len < FRAME_ERRMSG_MAX ? len : FRAME_ERRMSG_MAX);
+}
+
+cachew_err
 cwi_nng_tx_build_ctl(txmsg **out, bool ipc, const uint8_t *id, size_t idlen,
     int kind, const uint8_t *payload, size_t len)
 {
-	uint8_t head[FRAME_HEAD];
-	txmsg *t;
-	cachew_err rv;
-
-	rv = tx_start(&t, ipc, id, idlen);
-	if (rv != CACHEW_OK)
-		return rv;
-	put_head(head, kind, len, 0);
-	cwi_strbuf_append(&t->g.sb, head, FRAME_HEAD);
-	cwi_strbuf_append(&t->g.sb, payload, len);
-	rv = tx_finish(t, ipc);
-	if (rv != CACHEW_OK) {
-		cwi_nng_tx_free(t);
-		return rv;
-	}
-	*out = t;
-	return CACHEW_OK;
+	return tx_build_flat(out, ipc, id, idlen, kind, 0, payload, len);
 }
 
 cachew_err

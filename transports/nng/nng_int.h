@@ -237,9 +237,7 @@ cachew_err cwi_nng_shm_block(cwi_shm *r, const uint8_t *desc, size_t len,
 /* Whether this process offers and takes regions: CACHEW_SHM is not "0".
  * Read at each listen and dial. */
 bool cwi_nng_shm_enabled(void);
-/* Replies sent as blocks and received as blocks by this process (for
- * tests and benchmarks). */
-uint64_t cwi_nng_shm_packed(void);
+/* Replies received as blocks by this process (for tests). */
 uint64_t cwi_nng_shm_received(void);
 
 /* ---- links (nng_link.c) ------------------------------------------------- */

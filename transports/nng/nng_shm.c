@@ -116,7 +116,7 @@ struct cwi_shm {
 #define TRIM_EVERY 64
 #define TRIM_SLACK ((size_t)4 << 20)
 
-static _Atomic uint64_t shm_packed, shm_unpacked;
+static _Atomic uint64_t shm_unpacked;
 
 bool
 cwi_nng_shm_enabled(void)
@@ -124,12 +124,6 @@ cwi_nng_shm_enabled(void)
 	const char *v = getenv("CACHEW_SHM");
 
 	return v == NULL || strcmp(v, "0") != 0;
-}
-
-uint64_t
-cwi_nng_shm_packed(void)
-{
-	return atomic_load(&shm_packed);
 }
 
 static size_t
@@ -632,7 +626,6 @@ cwi_nng_shm_pack(cwi_shm *r, bool ipc, const txmsg *t, size_t min_len,
 		flag_store(r, b.slot, 0);
 		return rv;
 	}
-	atomic_fetch_add_explicit(&shm_packed, 1, memory_order_relaxed);
 	return CACHEW_OK;
 }
 
