@@ -3680,6 +3680,43 @@ START_TEST(test_shm_full_region_falls_back_to_the_socket)
 }
 END_TEST
 
+/* A block the client keeps long (W5: a partial batch held until the next
+ * lease's elements complete it) pins its own bytes only: the replies that
+ * come and go meanwhile keep finding room below and after it, and it stays
+ * intact. (The region used to be a ring reclaimed from its oldest block:
+ * one held block there sent every third large reply through the socket.) */
+START_TEST(test_shm_a_held_block_pins_only_its_own_bytes)
+{
+	int64_t small[1] = {100 << 10};
+	cwi_element *want = mk_fixed(CACHEW_U8, 1, small, 7);
+	cwi_msg *held, *early, *reply;
+	cwi_conn *c;
+	bool block;
+	tsrv s;
+
+	srv_start(&s, _i, NULL);
+	c = dial_shm(&s, 4 << 20);
+	early = echo_big(c, 1 << 20, 1, &block);
+	ck_assert(block);
+	held = echo_big(c, 100 << 10, 7, &block);
+	ck_assert(block);
+	cwi_msg_destroy(early); /* room below the held block */
+	for (int i = 0; i < 24; i++) {
+		reply = echo_big(c, i % 2 ? 1536 << 10 : 700 << 10, 10 + i,
+		    &block);
+		ck_assert_msg(block, "reply %d (%d KiB) took the socket beside "
+		    "one held block of 100 KiB in a 4 MiB region", i,
+		    i % 2 ? 1536 : 700);
+		cwi_msg_destroy(reply);
+	}
+	ck_assert(cwi_element_equal(cwi_msg_element(held, 0), want));
+	cwi_element_release(want);
+	cwi_msg_destroy(held);
+	cwi_conn_destroy(c);
+	srv_stop(&s);
+}
+END_TEST
+
 /* This process's resident pages of shared memory, in KiB (both ends of
  * the link live here). */
 static long
@@ -4124,6 +4161,8 @@ cwt_transport_suite(void)
 	tcase_add_loop_test(shm, test_shm_large_replies_travel_in_shared_memory,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_full_region_falls_back_to_the_socket,
+	    1, NTRANSPORTS);
+	tcase_add_loop_test(shm, test_shm_a_held_block_pins_only_its_own_bytes,
 	    1, NTRANSPORTS);
 	tcase_add_loop_test(shm, test_shm_region_gives_back_pages_after_a_burst,
 	    1, NTRANSPORTS);

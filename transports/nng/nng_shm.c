@@ -23,14 +23,14 @@
  * the socket-buffer-sized hand-offs of a 9.6 MB batch).
  *
  * The server's allocator is private to it (the client writes only its
- * slots' flags, which the server only reads): blocks are taken in order
- * of allocation and reclaimed from the oldest, starting over at the
- * region's start as soon as the oldest block has moved past the room a
- * new one needs, so the pages touched stay near what is in flight, and
- * the pages written past the blocks in use after a burst go back to the
- * system (trim_locked). A
- * reply that finds no room (a client holding many replies) goes through
- * the socket as before.
+ * slots' flags, which the server only reads): a block goes in the lowest
+ * gap between the blocks in use that fits it (first fit by offset), so
+ * the pages touched stay those of the most the client held at once and a
+ * block the client keeps long (a partial batch held to be stitched to
+ * the next) pins only its own bytes; the pages written past the blocks
+ * in use after a burst go back to the system (trim_locked). A reply that
+ * finds no room (a client holding many replies) goes through the socket
+ * as before.
  *
  * Trust: the region is shared by two processes of one user. The server
  * checks what it opens (a regular file of its user, the size the hello
@@ -105,8 +105,11 @@ struct cwi_shm {
 	shm_slot *slots; /* client: the free callbacks' contexts */
 	/* server: the allocator (mtx) */
 	pthread_mutex_t mtx;
-	shm_block *fifo; /* nslots entries, oldest at start */
-	uint32_t start, n, next_slot;
+	shm_block *blocks; /* by slot: where its block lies, if live */
+	bool *live;	   /* by slot: given out, its flag not yet seen 0 */
+	shm_block *order;  /* scratch: the live blocks by offset */
+	uint32_t *seen;	   /* scratch: the flags as last read */
+	uint32_t nlive, next_slot;
 	size_t touched;  /* the end of the pages written so far */
 	unsigned allocs; /* since the last trim */
 };
@@ -146,7 +149,10 @@ shm_free(cwi_shm *r)
 		unlink(r->name);
 	pthread_mutex_destroy(&r->mtx);
 	free(r->slots);
-	free(r->fifo);
+	free(r->blocks);
+	free(r->live);
+	free(r->order);
+	free(r->seen);
 	free(r);
 }
 
@@ -427,8 +433,12 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 		shm_free(r);
 		return rv;
 	}
-	r->fifo = calloc(nslots, sizeof(*r->fifo));
-	if (r->fifo == NULL) {
+	r->blocks = calloc(nslots, sizeof(*r->blocks));
+	r->live = calloc(nslots, sizeof(*r->live));
+	r->order = calloc(nslots, sizeof(*r->order));
+	r->seen = calloc(nslots, sizeof(*r->seen));
+	if (r->blocks == NULL || r->live == NULL || r->order == NULL ||
+	    r->seen == NULL) {
 		shm_free(r);
 		return cwi_fail(CACHEW_ENOMEM, "out of memory");
 	}
@@ -439,24 +449,9 @@ cwi_nng_shm_open(cwi_shm **out, const uint8_t *hello, size_t len)
 	return CACHEW_OK;
 }
 
-/* A slot's flag: the client through its mapping, the server (which maps
- * nothing) with pread and pwrite. A flag the server cannot read counts as
- * in use: its block is never reused. */
-static uint32_t
-flag_load(cwi_shm *r, uint32_t slot)
-{
-	uint32_t v;
-
-	if (!r->server)
-		return atomic_load_explicit(&r->flags[slot],
-		    memory_order_acquire);
-	if (pread(r->fd, &v, sizeof(v),
-		(off_t)(HEAD_FLAGS + (size_t)slot * sizeof(v))) !=
-	    (ssize_t)sizeof(v))
-		return 1;
-	return v;
-}
-
+/* A slot's flag: the client stores through its mapping, the server
+ * (which maps nothing) with pwrite. A failed write leaves 1 (in use,
+ * never reused) or 0 before the block frame is sent: either is safe. */
 static void
 flag_store(cwi_shm *r, uint32_t slot, uint32_t v)
 {
@@ -465,26 +460,51 @@ flag_store(cwi_shm *r, uint32_t slot, uint32_t v)
 		    memory_order_release);
 		return;
 	}
-	/* A failed write leaves 1 (in use, never reused) or 0 before the
-	 * block frame is sent: either is safe. */
 	(void)!pwrite(r->fd, &v, sizeof(v),
 	    (off_t)(HEAD_FLAGS + (size_t)slot * sizeof(v)));
 }
 
-/* After a burst the region keeps the pages written (a file's pages stay
- * until it goes): those past the end of every block in use (the oldest
- * reclaimed only, so freed blocks behind a held one count as in use) are
- * given back, so a link holds about what is in flight. (r->mtx held) */
-static void
-trim_locked(cwi_shm *r)
+static size_t
+aligned(size_t len)
 {
-	size_t page = (size_t)sysconf(_SC_PAGESIZE), end = 0;
+	return (len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+}
 
-	for (uint32_t i = 0; i < r->n; i++) {
-		const shm_block *b = &r->fifo[(r->start + i) % r->nslots];
-		if (b->off + b->len > end)
-			end = b->off + b->len;
-	}
+static int
+by_offset(const void *a, const void *b)
+{
+	const shm_block *x = a, *y = b;
+
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Reads every flag in one call (the server maps nothing) and forgets the
+ * live blocks the client freed (flag 0). False when the flags cannot be
+ * read: nothing is then given out. (r->mtx held) */
+static bool
+reclaim_locked(cwi_shm *r)
+{
+	size_t bytes = (size_t)r->nslots * sizeof(uint32_t);
+
+	if (pread(r->fd, r->seen, bytes, HEAD_FLAGS) != (ssize_t)bytes)
+		return false;
+	for (uint32_t i = 0; i < r->nslots; i++)
+		if (r->live[i] && r->seen[i] == 0) {
+			r->live[i] = false;
+			r->nlive--;
+		}
+	return true;
+}
+
+/* After a burst the region keeps the pages written (a file's pages stay
+ * until it goes): those past end (the end of the last block in use) are
+ * given back when they are more than TRIM_SLACK, so a link holds about
+ * the most its client held at once. (r->mtx held) */
+static void
+trim_locked(cwi_shm *r, size_t end)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
 	end = (end + page - 1) / page * page;
 	if (r->touched > end + TRIM_SLACK &&
 	    fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -492,56 +512,59 @@ trim_locked(cwi_shm *r)
 		r->touched = end;
 }
 
-/* A block of len bytes (aligned), or false. (r->mtx held) */
+/* A block of len bytes in the lowest gap that fits it, or false. The
+ * client frees in any order (a partial batch may wait long for the batch
+ * it is stitched to): first fit by offset keeps a held block from pinning
+ * the room after it. (r->mtx held) */
 static bool
 alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 {
-	size_t need = (len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN, off;
+	size_t need = aligned(len), off = 0, end;
+	uint32_t n = 0, slot = r->nslots;
 
-	/* Reclaim from the oldest: the client frees in any order, the
-	 * oldest still held keeps what follows it. */
-	while (r->n > 0 && flag_load(r, r->fifo[r->start].slot) == 0) {
-		r->start = (r->start + 1) % r->nslots;
-		r->n--;
-	}
-	if (r->n == r->nslots || need > r->data_len)
+	if (need > r->data_len || !reclaim_locked(r) || r->nlive == r->nslots)
 		return false;
-	if (r->n == 0) {
-		off = 0;
-	} else {
-		const shm_block *front = &r->fifo[r->start];
-		const shm_block *back = &r->fifo[(r->start + r->n - 1) %
-		    r->nslots];
-		size_t head = back->off +
-		    (back->len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
-
-		if (back->off >= front->off) {
-			/* [front, head) in use: start over at 0 once the
-			 * oldest has moved past the room needed. */
-			if (need <= front->off)
-				off = 0;
-			else if (need <= r->data_len - head)
-				off = head;
-			else
-				return false;
-		} else if (need <= front->off - head) {
-			off = head;
-		} else {
-			return false;
-		}
+	/* A free slot (rotating, so a slot's flag is not rewritten at once
+	 * after its release) and the blocks in use. A flag read 1 on a slot
+	 * not given out (a failed write) keeps that slot out of use. */
+	for (uint32_t i = 0; i < r->nslots; i++) {
+		uint32_t k = (r->next_slot + i) % r->nslots;
+		if (r->live[k])
+			r->order[n++] = r->blocks[k];
+		else if (slot == r->nslots && r->seen[k] == 0)
+			slot = k;
 	}
-	out->slot = r->next_slot;
+	if (slot == r->nslots)
+		return false;
+	qsort(r->order, n, sizeof(*r->order), by_offset);
+	/* The lowest gap of need bytes; off: the end of the blocks below. */
+	uint32_t i = 0;
+	for (; i < n && r->order[i].off < off + need; i++) {
+		size_t e = r->order[i].off + aligned(r->order[i].len);
+		if (e > off)
+			off = e;
+	}
+	if (off > r->data_len || need > r->data_len - off)
+		return false;
+	/* The end of the blocks in use, this one included (the trim's
+	 * bound). */
+	end = off + need;
+	for (; i < n; i++)
+		if (r->order[i].off + aligned(r->order[i].len) > end)
+			end = r->order[i].off + aligned(r->order[i].len);
+	out->slot = slot;
 	out->off = off;
 	out->len = len;
+	r->blocks[slot] = *out;
+	r->live[slot] = true;
+	r->nlive++;
+	r->next_slot = (slot + 1) % r->nslots;
 	if (off + need > r->touched)
 		r->touched = off + need;
-	r->next_slot = (r->next_slot + 1) % r->nslots;
-	r->fifo[(r->start + r->n) % r->nslots] = *out;
-	r->n++;
-	flag_store(r, out->slot, 1);
+	flag_store(r, slot, 1);
 	if (++r->allocs == TRIM_EVERY) {
 		r->allocs = 0;
-		trim_locked(r);
+		trim_locked(r, end);
 	}
 	return true;
 }
