@@ -595,8 +595,10 @@ sleep_interval(cwi_worker *w)
 {
 	uint64_t end = cwi_now_ns() + (uint64_t)w->cfg.heartbeat_ms * 1000000u;
 
-	/* Naps of at most 20 ms: stop is noticed within them; a poke (the
-	 * start of a drain is one) ends the wait at once. A draining worker
+	/* One wait to the end of the interval: stop, a poke (the start of a
+	 * drain is one) and a parked request each broadcast under the lock
+	 * and end it at once (an idle worker used to wake every 20 ms to
+	 * look, 50 futex round trips a second). A draining worker
 	 * heartbeats every 100 ms at most, to notice its tasks are drained
 	 * soon, not in a loop: against a dispatcher that is gone each call
 	 * fails at once, and the loop spun. */
@@ -616,8 +618,7 @@ sleep_interval(cwi_worker *w)
 		}
 		if (now >= end)
 			break;
-		(void)cwi_cond_wait_ns(&w->cond, &w->lock,
-		    end - now < 20 * 1000000u ? end - now : 20 * 1000000u);
+		(void)cwi_cond_wait_ns(&w->cond, &w->lock, end - now);
 	}
 	w->poked = false;
 	pthread_mutex_unlock(&w->lock);
