@@ -3707,6 +3707,15 @@ START_TEST(test_shm_a_held_block_pins_only_its_own_bytes)
 		ck_assert_msg(block, "reply %d (%d KiB) took the socket beside "
 		    "one held block of 100 KiB in a 4 MiB region", i,
 		    i % 2 ? 1536 : 700);
+		/* First fit: a 700 KiB reply goes in the MiB freed below
+		 * the held block, not after it. */
+		if (i % 2 == 0)
+			ck_assert_msg((uintptr_t)cwi_tensor_data(
+					  &cwi_msg_element(reply, 0)->comp[0]) <
+				(uintptr_t)cwi_tensor_data(
+				    &cwi_msg_element(held, 0)->comp[0]),
+			    "reply %d of 700 KiB placed after the held block",
+			    i);
 		cwi_msg_destroy(reply);
 	}
 	ck_assert(cwi_element_equal(cwi_msg_element(held, 0), want));

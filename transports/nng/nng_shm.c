@@ -25,12 +25,12 @@
  * The server's allocator is private to it (the client writes only its
  * slots' flags, which the server only reads): a block goes in the lowest
  * gap between the blocks in use that fits it (first fit by offset), so
- * the pages touched stay those of the most the client held at once and a
- * block the client keeps long (a partial batch held to be stitched to
- * the next) pins only its own bytes; the pages written past the blocks
- * in use after a burst go back to the system (trim_locked). A reply that
- * finds no room (a client holding many replies) goes through the socket
- * as before.
+ * the pages touched stay about those of the most the client held at once
+ * and a block the client keeps long (a partial batch held to be stitched
+ * to the next) pins only its own bytes; the pages written past the
+ * blocks in use after a burst go back to the system (trim_locked). A
+ * reply that finds no room (a client holding many replies) goes through
+ * the socket as before.
  *
  * Trust: the region is shared by two processes of one user. The server
  * checks what it opens (a regular file of its user, the size the hello
