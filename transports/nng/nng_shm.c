@@ -109,7 +109,7 @@ struct cwi_shm {
 	bool *live;	   /* by slot: given out, its flag not yet seen 0 */
 	shm_block *order;  /* scratch: the live blocks by offset */
 	uint32_t *seen;	   /* scratch: the flags as last read */
-	uint32_t nlive, next_slot;
+	uint32_t next_slot;
 	size_t touched;  /* the end of the pages written so far */
 	unsigned allocs; /* since the last trim */
 };
@@ -129,13 +129,20 @@ cwi_nng_shm_enabled(void)
 	return v == NULL || strcmp(v, "0") != 0;
 }
 
+/* n rounded up to a multiple of to. */
+static size_t
+round_up(size_t n, size_t to)
+{
+	return (n + to - 1) / to * to;
+}
+
 static size_t
 head_bytes(uint32_t nslots)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	size_t h = HEAD_FLAGS + (size_t)nslots * sizeof(uint32_t);
 
-	return (h + page - 1) / page * page;
+	return round_up(h, page);
 }
 
 static void
@@ -287,7 +294,7 @@ cwi_nng_shm_create(cwi_shm **out, size_t bytes)
 		bytes = SHM_MIN_DATA;
 	if (bytes > SHM_MAX_DATA)
 		bytes = SHM_MAX_DATA;
-	bytes = (bytes + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+	bytes = round_up(bytes, SHM_ALIGN);
 	random_bytes(id, sizeof(id));
 	random_bytes(r->nonce, sizeof(r->nonce));
 	snprintf(r->name, sizeof(r->name), SHM_DIR SHM_PREFIX "%d-%016llx",
@@ -464,10 +471,11 @@ flag_store(cwi_shm *r, uint32_t slot, uint32_t v)
 	    (off_t)(HEAD_FLAGS + (size_t)slot * sizeof(v)));
 }
 
+/* Where the room a block takes ends (its length aligned). */
 static size_t
-aligned(size_t len)
+block_end(const shm_block *b)
 {
-	return (len + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+	return b->off + round_up(b->len, SHM_ALIGN);
 }
 
 static int
@@ -489,10 +497,8 @@ reclaim_locked(cwi_shm *r)
 	if (pread(r->fd, r->seen, bytes, HEAD_FLAGS) != (ssize_t)bytes)
 		return false;
 	for (uint32_t i = 0; i < r->nslots; i++)
-		if (r->live[i] && r->seen[i] == 0) {
+		if (r->live[i] && r->seen[i] == 0)
 			r->live[i] = false;
-			r->nlive--;
-		}
 	return true;
 }
 
@@ -505,7 +511,7 @@ trim_locked(cwi_shm *r, size_t end)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 
-	end = (end + page - 1) / page * page;
+	end = round_up(end, page);
 	if (r->touched > end + TRIM_SLACK &&
 	    fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 		(off_t)(r->data_off + end), (off_t)(r->touched - end)) == 0)
@@ -519,10 +525,10 @@ trim_locked(cwi_shm *r, size_t end)
 static bool
 alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 {
-	size_t need = aligned(len), off = 0, end;
+	size_t need = round_up(len, SHM_ALIGN), off = 0, end;
 	uint32_t n = 0, slot = r->nslots;
 
-	if (need > r->data_len || !reclaim_locked(r) || r->nlive == r->nslots)
+	if (need > r->data_len || !reclaim_locked(r))
 		return false;
 	/* A free slot (rotating, so a slot's flag is not rewritten at once
 	 * after its release) and the blocks in use. A flag read 1 on a slot
@@ -539,25 +545,22 @@ alloc_locked(cwi_shm *r, size_t len, shm_block *out)
 	qsort(r->order, n, sizeof(*r->order), by_offset);
 	/* The lowest gap of need bytes; off: the end of the blocks below. */
 	uint32_t i = 0;
-	for (; i < n && r->order[i].off < off + need; i++) {
-		size_t e = r->order[i].off + aligned(r->order[i].len);
-		if (e > off)
-			off = e;
-	}
+	for (; i < n && r->order[i].off < off + need; i++)
+		if (block_end(&r->order[i]) > off)
+			off = block_end(&r->order[i]);
 	if (off > r->data_len || need > r->data_len - off)
 		return false;
 	/* The end of the blocks in use, this one included (the trim's
 	 * bound). */
 	end = off + need;
 	for (; i < n; i++)
-		if (r->order[i].off + aligned(r->order[i].len) > end)
-			end = r->order[i].off + aligned(r->order[i].len);
+		if (block_end(&r->order[i]) > end)
+			end = block_end(&r->order[i]);
 	out->slot = slot;
 	out->off = off;
 	out->len = len;
 	r->blocks[slot] = *out;
 	r->live[slot] = true;
-	r->nlive++;
 	r->next_slot = (slot + 1) % r->nslots;
 	if (off + need > r->touched)
 		r->touched = off + need;
