@@ -1119,12 +1119,15 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 	if (rv == CACHEW_EOF) {
 		cwi_wtask_add_stats(t, f.it);
 		cwi_wtask_send_counters(t);
+		/* Refused (stopped), the group is still ours: released
+		 * below. */
 		if (!push_group(t, group, idx, tails, n, bytes, lease, true,
-			f.next))
+			f.next)) {
 			rv = CACHEW_ECANCELED;
-		else
+		} else {
 			rv = CACHEW_OK;
-		n = 0;
+			n = 0;
+		}
 	} else if (rv != CACHEW_ECANCELED && rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(f.it));
 		mark_pipeline_failure(t);
