@@ -758,6 +758,11 @@ cwi_client_data_failed(session *s, ctask *t, cwi_completion *c, cwi_pmsg *hdr,
 				t->retry_at_ns = now + 200000000u;
 				cwi_client_task_drop_held(t);
 				t->gone = true;
+				/* The worker numbered a reply to the failed
+				 * request (a timeout while it was paused,
+				 * say) that this client drops: waiting for it
+				 * would hold every later reply forever. */
+				t->unordered = true;
 			}
 		}
 		return true;
@@ -813,6 +818,16 @@ on_data(session *s, ctask *t, cwi_completion *c)
 	}
 	if (cwi_client_data_failed(s, t, c, &hdr, 0)) {
 		reserve_release(t, reserved);
+		return;
+	}
+	if (t->unordered) {
+		uint64_t seq = hdr.u.get_elements_reply.seq;
+		take_reply(s, t, c->reply, &hdr.u.get_elements_reply);
+		reserve_release(t, reserved);
+		cwi_pmsg_free(&hdr);
+		cwi_msg_destroy(c->reply);
+		if (seq >= t->next_seq)
+			t->next_seq = seq + 1;
 		return;
 	}
 	if (hdr.u.get_elements_reply.seq != t->next_seq) {

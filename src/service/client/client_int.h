@@ -66,6 +66,10 @@ typedef struct ctask {
 	 * replies may bring (send_requests) */
 	uint64_t reserved;
 	uint64_t next_seq;  /* next reply to process */
+	/* A request of it failed (not exactly once): the reply the worker
+	 * built for it may never come, so its replies are taken as they
+	 * come from then on, not held for that one forever. */
+	bool unordered;
 	held_reply *held;   /* replies that came early */
 	size_t nheld, capheld;
 	bool ended;         /* end_of_task processed */
