@@ -808,8 +808,12 @@ pmap_restore(cwi_iter *it, cwi_state_reader *r)
 
 	if (!cwi_sr_array(r, "map", 3) ||
 	    !cwi_sr_uint(r, "index", &m->next_index, UINT64_MAX) ||
-	    !cwi_sr_elements(r, "computed", &c->elems))
+	    !cwi_sr_elements(r, "computed", &c->elems)) {
+		/* What was read before the failure goes: the spare chunk
+		 * must come back empty, or the next pull would map it. */
+		cwi_chunk_clear(&c->elems);
 		return cwi_sr_error(r);
+	}
 	if (c->elems.n > 0) {
 		m->spare = c->next;
 		c->next = NULL;

@@ -264,7 +264,8 @@ cwi_client_exact_reply(session *s, const char *worker,
 			snprintf(err, errlen, "%s: the runs of reply %llu name "
 			    "more than its %zu elements", worker,
 			    (unsigned long long)r->seq, n);
-			return CACHEW_EPROTO;
+			rv = CACHEW_EPROTO;
+			goto release;
 		}
 		e += r->runs[i].n;
 	}
@@ -272,11 +273,13 @@ cwi_client_exact_reply(session *s, const char *worker,
 		snprintf(err, errlen, "%s: the runs of reply %llu name %zu of "
 		    "its %zu elements", worker, (unsigned long long)r->seq, e,
 		    n);
-		return CACHEW_EPROTO;
+		rv = CACHEW_EPROTO;
+		goto release;
 	}
 	if (cwi_chunk_reserve(out, n) != CACHEW_OK) {
 		snprintf(err, errlen, "out of memory");
-		return CACHEW_ENOMEM;
+		rv = CACHEW_ENOMEM;
+		goto release;
 	}
 	pthread_mutex_lock(&s->exact_lock);
 	/* Tails are left unnamed (cwi_client_name_elements): the batches
@@ -299,7 +302,9 @@ cwi_client_exact_reply(session *s, const char *worker,
 	else if (rv != CACHEW_OK)
 		cwi_client_fail(s, rv, "%s", err);
 	pthread_mutex_unlock(&s->exact_lock);
-	/* What is left of v (a failure stopped the walk) is released. */
+release:
+	/* What is left of v (a refused reply, or a failure that stopped
+	 * the walk) is released: every caller gives v up. */
 	for (size_t i = 0; i < n; i++) {
 		cwi_element_release(v[i]);
 		v[i] = NULL;

@@ -869,9 +869,11 @@ cwi_wtask_get_elements(cwi_wtask *t, cwi_request *r,
 
 /* ---- the runner -------------------------------------------------------------- */
 
-/* Queues a group of elements (or a lease end when e == NULL). Waits for
- * room; false when the task stops. */
-static bool
+/* Queues a group of elements, then the lease's end marker when lease_end.
+ * Waits for room. Takes v only on CACHEW_OK; CACHEW_ECANCELED: the task
+ * stopped; CACHEW_ENOMEM: the queue could not grow (the task fails: a
+ * lost group would leave its lease's splits unended). */
+static cachew_err
 push_group(cwi_wtask *t, cwi_element **v, const uint64_t *idx,
     const uint32_t *tails, size_t n, uint64_t bytes, uint32_t lease,
     bool lease_end, uint64_t total)
@@ -896,7 +898,7 @@ push_group(cwi_wtask *t, cwi_element **v, const uint64_t *idx,
 		t->stall_ns += cwi_now_ns() - stall_from;
 	if (atomic_load(&t->stop)) {
 		pthread_mutex_unlock(&t->lock);
-		return false;
+		return CACHEW_ECANCELED;
 	}
 	if (t->qlen + need > t->qcap) {
 		/* Grow the ring, unrolling it so qhead becomes 0. */
@@ -906,7 +908,7 @@ push_group(cwi_wtask *t, cwi_element **v, const uint64_t *idx,
 		q_entry *nq = malloc(cap * sizeof(*nq));
 		if (nq == NULL) {
 			pthread_mutex_unlock(&t->lock);
-			return false;
+			return cwi_fail(CACHEW_ENOMEM, "out of memory");
 		}
 		for (size_t i = 0; i < t->qlen; i++)
 			nq[i] = t->q[(t->qhead + i) % t->qcap];
@@ -938,7 +940,7 @@ push_group(cwi_wtask *t, cwi_element **v, const uint64_t *idx,
 	pthread_mutex_unlock(&t->lock);
 	send_ready(t, ready, nready);
 	free(ready);
-	return true;
+	return CACHEW_OK;
 }
 
 static void
@@ -1083,6 +1085,7 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 	uint32_t tails[PUSH_GROUP_ELEMENTS];
 	size_t n = 0;
 	uint64_t bytes = 0, first_ns = 0;
+	bool refused = false; /* push_group's error is rv */
 	cachew_err rv;
 
 	rv = cwi_wtask_lease_open(t, &f.it, t->lease_opts, ranges, nranges);
@@ -1104,12 +1107,10 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 		if (n == PUSH_GROUP_ELEMENTS || bytes >= PUSH_GROUP_BYTES ||
 		    ((n & (n - 1)) == 0 && n > 1 &&
 			cwi_now_ns() - first_ns >= PUSH_GROUP_WAIT_NS)) {
-			if (!push_group(t, group, idx, tails, n, bytes, lease,
-				false, 0)) {
-				for (size_t i = 0; i < n; i++)
-					cwi_element_release(group[i]);
-				n = 0;
-				rv = CACHEW_ECANCELED;
+			rv = push_group(t, group, idx, tails, n, bytes, lease,
+			    false, 0);
+			if (rv != CACHEW_OK) {
+				refused = true;
 				break;
 			}
 			n = 0;
@@ -1119,21 +1120,20 @@ run_lease(cwi_wtask *t, uint32_t lease, const cwi_unit_range *ranges,
 	if (rv == CACHEW_EOF) {
 		cwi_wtask_add_stats(t, f.it);
 		cwi_wtask_send_counters(t);
-		/* Refused (stopped), the group is still ours: released
-		 * below. */
-		if (!push_group(t, group, idx, tails, n, bytes, lease, true,
-			f.next)) {
-			rv = CACHEW_ECANCELED;
-		} else {
-			rv = CACHEW_OK;
+		rv = push_group(t, group, idx, tails, n, bytes, lease, true,
+		    f.next);
+		if (rv == CACHEW_OK)
 			n = 0;
-		}
+	} else if (refused) {
+		/* Stopped, or out of memory (a failure the runner reports,
+		 * not the pipeline's). */
 	} else if (rv != CACHEW_ECANCELED && rv != CACHEW_OK) {
 		rv = cwi_fail(rv, "%s", cachew_iterator_errmsg(f.it));
 		mark_pipeline_failure(t);
 	} else if (rv == CACHEW_OK) {
 		rv = CACHEW_ECANCELED; /* stopped */
 	}
+	/* A group push_group refused is still ours. */
 	for (size_t i = 0; i < n; i++)
 		cwi_element_release(group[i]);
 	cwi_wtask_feed_free(&f);
