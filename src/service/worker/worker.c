@@ -207,6 +207,14 @@ serve_parked(cwi_worker *w, uint64_t hb, bool stop)
 	size_t n = 0, cap = 0;
 
 	pthread_mutex_lock(&w->lock);
+	if (stop) {
+		/* All of them, without allocating: none may be left
+		 * unanswered (their memory goes with the worker). */
+		v = w->parked;
+		n = w->nparked;
+		w->parked = NULL;
+		w->nparked = w->capparked = 0;
+	}
 	for (size_t i = 0; i < w->nparked;) {
 		parked_request *p = &w->parked[i];
 
