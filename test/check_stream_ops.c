@@ -113,6 +113,47 @@ START_TEST(unique_refuses_other_elements)
 }
 END_TEST
 
+/* An element unique refuses at run time (its input's spec is not known
+ * when the graph is built: from_list of mixed values) after a repeat in
+ * the same pulled chunk: the distinct values before it come once each,
+ * then the error; the repeat, released, never comes out (it did: the
+ * chunk was cut at the refused element, not at the last kept one). */
+START_TEST(unique_refusing_mid_chunk_gives_the_kept_ones_once)
+{
+	for (size_t k = 0; k < 2; k++) {
+		cachew_options *o = cwt_opts_at(1, 1, services[k]);
+		cachew_dataset *ds;
+		cachew_iterator *it;
+		cachew_element *e;
+		int64_t got[8];
+		size_t n = 0;
+		cachew_err rv;
+
+		ck_assert_int_eq(cachew_dataset_parse(&ds,
+				     "from_list([1, 1, 2, 2, \"a\", 3]) | "
+				     "unique"), CACHEW_OK);
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, o),
+		    CACHEW_OK);
+		while ((rv = cachew_iterator_next(it, &e)) == CACHEW_OK) {
+			ck_assert_uint_lt(n, 8);
+			got[n++] = cwt_i64(e, 0);
+			cachew_element_release(e);
+		}
+		ck_assert_msg(rv == CACHEW_ETYPE, "%s: %s",
+		    cachew_strerror(rv), cachew_iterator_errmsg(it));
+		ck_assert_msg(strstr(cachew_iterator_errmsg(it),
+				  "element 4 is bytes[]") != NULL, "%s",
+		    cachew_iterator_errmsg(it));
+		ck_assert_uint_eq(n, 2);
+		ck_assert_int_eq(got[0], 1);
+		ck_assert_int_eq(got[1], 2);
+		cachew_iterator_destroy(it);
+		cachew_dataset_release(ds);
+		cachew_options_destroy(o);
+	}
+}
+END_TEST
+
 START_TEST(unique_resumes)
 {
 	cwt_resumes_at_every_cut("from_list([4, 4, 1, 4, 2, 1, 3, 3]) | "
@@ -882,6 +923,7 @@ cwt_stream_ops_suite(void)
 	tcase_add_test(tc, unique_keeps_each_value_once_at_scale);
 	tcase_add_test(tc, unique_spec_cardinality_and_builder);
 	tcase_add_test(tc, unique_refuses_other_elements);
+	tcase_add_test(tc, unique_refusing_mid_chunk_gives_the_kept_ones_once);
 	tcase_add_test(tc, unique_resumes);
 	tcase_add_test(tc, unique_resumes_strings);
 	suite_add_tcase(s, tc);

@@ -185,9 +185,11 @@ unique_next(cwi_iter *it, cwi_chunk *out, size_t max)
 			bool added = false;
 			rv = unique_test(u, out->v[i], &added);
 			if (rv != CACHEW_OK) {
+				/* v[kept..i) were moved down or released:
+				 * only v[n0..kept) go out before the error. */
 				for (size_t k = i; k < out->n; k++)
 					cwi_element_release(out->v[k]);
-				out->n = i;
+				out->n = kept;
 				return rv;
 			}
 			u->index++;
