@@ -1144,6 +1144,41 @@ START_TEST(cache_in_memory_limit_and_resume)
 	free(s);
 	cwt_resumes_ds_at_every_cut(ds, "reading", NULL, "0,1,2,3,4,5", 6);
 	cachew_dataset_release(ds);
+	/* Saved while filling, restored once another pass completed the
+	 * store: the restored pass reads on from memory (it crashed: it
+	 * restored an input that a reading pass does not have). */
+	{
+		cachew_iterator *it;
+		cachew_element *e;
+		void *state = NULL;
+		size_t len = 0;
+		int64_t want = 2;
+
+		ds = cwt_parse("range(6) | cache()");
+		ck_assert_int_eq(cachew_iterator_create(&it, ds, NULL),
+		    CACHEW_OK);
+		for (int i = 0; i < 2; i++) {
+			ck_assert_int_eq(cachew_iterator_next(it, &e),
+			    CACHEW_OK);
+			cachew_element_release(e);
+		}
+		ck_assert_int_eq(cachew_iterator_save(it, &state, &len),
+		    CACHEW_OK);
+		cachew_iterator_destroy(it);
+		s = hashes_of(ds, NULL, 100); /* a whole pass: complete */
+		free(s);
+		ck_assert_msg(cachew_iterator_restore(&it, ds, NULL, state,
+				  len) == CACHEW_OK, "%s", cachew_errmsg());
+		while (cachew_iterator_next(it, &e) == CACHEW_OK) {
+			ck_assert_int_eq(cwt_i64(e, 0), want++);
+			cachew_element_release(e);
+		}
+		ck_assert_int_eq(want, 6);
+		ck_assert_str_eq(cachew_iterator_errmsg(it), "");
+		cachew_iterator_destroy(it);
+		free(state);
+		cachew_dataset_release(ds);
+	}
 }
 END_TEST
 

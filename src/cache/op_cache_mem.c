@@ -237,8 +237,16 @@ mem_restore(cwi_iter *it, cwi_state_reader *r)
 		return cwi_sr_error(r);
 	mem_abandon(m);
 	m->index = index;
-	if (!reading)
+	if (!reading && m->mode != MEM_READ)
 		return cwi_iter_restore(m->input, r);
+	if (!reading) {
+		/* Saved while a pass computed; a pass completed the store
+		 * since (this iterator has no input): read on from memory,
+		 * which holds that pass's elements. */
+		if (!cwi_sr_skip(r, "input state"))
+			return cwi_sr_error(r);
+		return CACHEW_OK;
+	}
 	if (!cwi_sr_array(r, "no input", 0))
 		return cwi_sr_error(r);
 	if (m->mode == MEM_READ)
