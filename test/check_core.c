@@ -993,6 +993,51 @@ START_TEST(map_error_stops_iterator_with_message)
 }
 END_TEST
 
+/* Whether s is well-formed UTF-8 (no truncated or stray sequence). */
+static bool
+utf8_valid(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	while (*p != 0) {
+		size_t need = *p < 0x80 ? 0 : *p >= 0xF0 ? 3 : *p >= 0xE0 ? 2
+		    : *p >= 0xC0 ? 1 : 9;
+		if (need == 9)
+			return false;
+		p++;
+		for (size_t i = 0; i < need; i++, p++)
+			if ((*p & 0xC0) != 0x80)
+				return false;
+	}
+	return true;
+}
+
+/* A message longer than its buffer, quoting UTF-8 (a function name of
+ * 400 'é'), is cut at a character, not inside one: bindings decode
+ * messages strictly (Python raised UnicodeDecodeError in place of the
+ * error). Both parities of the prefix, so that one of them falls inside
+ * a character at the cut. */
+START_TEST(long_messages_stay_valid_utf8)
+{
+	for (int k = 0; k < 2; k++) {
+		char pipeline[1024];
+		int len = snprintf(pipeline, sizeof(pipeline),
+		    "range(3) | map(fn=\"%s", k ? "x" : "");
+		cachew_dataset *ds = NULL;
+
+		for (int i = 0; i < 400; i++)
+			len += snprintf(pipeline + len, sizeof(pipeline) - len,
+			    "\xc3\xa9");
+		snprintf(pipeline + len, sizeof(pipeline) - len, "\")");
+		ck_assert_int_eq(cachew_dataset_parse(&ds, pipeline),
+		    CACHEW_ENOENT);
+		ck_assert_uint_ge(strlen(cachew_errmsg()), 300);
+		ck_assert_msg(utf8_valid(cachew_errmsg()), "k=%d: %s", k,
+		    cachew_errmsg());
+	}
+}
+END_TEST
+
 START_TEST(error_mid_chunk_delivers_the_elements_before_it)
 {
 	cachew_dataset *r, *m;
@@ -1446,6 +1491,7 @@ cwt_core_suite(void)
 	tcase_add_test(tc, stats_count_every_node);
 	tcase_add_test(tc, unreachable_service_fails_with_its_address);
 	tcase_add_test(tc, batch_stacks_exact_values);
+	tcase_add_test(tc, long_messages_stay_valid_utf8);
 	suite_add_tcase(s, tc);
 	return s;
 }

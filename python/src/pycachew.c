@@ -91,7 +91,15 @@ pyc_raise(cachew_err code, const char *msg)
 
 	if (msg == NULL || msg[0] == '\0')
 		msg = cachew_strerror(code);
-	val = PyObject_CallFunction(type, "s", msg);
+	/* A message may quote bytes that are not UTF-8 (a file name): kept
+	 * as surrogates, as str(ds) keeps them, not a UnicodeDecodeError in
+	 * place of the library's error. */
+	PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg),
+	    "surrogateescape");
+	if (text == NULL)
+		return NULL;
+	val = PyObject_CallOneArg(type, text);
+	Py_DECREF(text);
 	if (val == NULL)
 		return NULL;
 	PyObject *num = PyLong_FromLong(code);

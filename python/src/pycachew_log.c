@@ -122,8 +122,14 @@ pyc_log_wait(PyObject *self, PyObject *arg)
 	Py_END_ALLOW_THREADS
 	list = PyList_New((Py_ssize_t)n);
 	for (size_t i = 0; list != NULL && i < n; i++) {
-		PyObject *t = Py_BuildValue("(iss)", batch[i].level,
-		    batch[i].module, batch[i].msg);
+		/* A line may quote bytes that are not UTF-8 (a file name),
+		 * or end inside a character the ring cut: shown escaped, not
+		 * a UnicodeDecodeError that would end the log bridge. */
+		PyObject *t = Py_BuildValue("(iNN)", batch[i].level,
+		    PyUnicode_DecodeUTF8(batch[i].module,
+			(Py_ssize_t)strlen(batch[i].module), "backslashreplace"),
+		    PyUnicode_DecodeUTF8(batch[i].msg,
+			(Py_ssize_t)strlen(batch[i].msg), "backslashreplace"));
 		if (t == NULL) {
 			Py_CLEAR(list);
 			break;

@@ -98,6 +98,16 @@ def test_parse_errors_carry_the_library_message_and_code():
         cachew.range(3).batch(-1)
 
 
+def test_long_non_ascii_messages_raise_the_library_error():
+    # A message cut at its buffer's end inside a character was a
+    # UnicodeDecodeError in place of the library's error (one of the two
+    # prefixes puts the cut inside an 'é').
+    for prefix in ("", "x"):
+        with pytest.raises(cachew.NotFoundError, match="unknown function") as ei:
+            cachew.Dataset.parse('range(3) | map(fn="' + prefix + "é" * 400 + '")')
+        assert ei.value.code == 5 and "éééé" in str(ei.value)
+
+
 def test_pipeline_errors_raise_per_code(tmp_path):
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"garbage-not-a-tfrecord-file-at-all")
@@ -148,6 +158,33 @@ def test_library_log_lines_reach_python_logging(tmp_path, caplog):
         recs = [r for r in caplog.records if r.name == "cachew.tfrecord"]
         assert recs and "wrote 2 records to" in recs[0].getMessage()
         assert recs[0].levelno == logging.INFO
+    finally:
+        cachew.enable_logging(None)
+
+
+def test_log_lines_cut_inside_a_character_keep_the_bridge(tmp_path, caplog):
+    # Lines longer than the bridge's ring slot are cut; a cut inside a
+    # character made the bridge thread die of UnicodeDecodeError, and no
+    # later line reached logging. Paths of 'é's make the lines long; the
+    # two names differ by one byte so that one of them is cut mid-'é'.
+    import logging
+    import time
+    d = tmp_path
+    for _ in range(3):
+        d = d / ("é" * 100)
+    d.mkdir(parents=True)
+    cachew.enable_logging(logging.INFO)
+    try:
+        with caplog.at_level(logging.INFO, logger="cachew"):
+            for name in ("a.tfrecord", "ab.tfrecord", "last.tfrecord"):
+                list(cachew.from_list(["a"]).tfrecord_write(str(d / name)))
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and sum(
+                    r.name == "cachew.tfrecord" for r in caplog.records) < 3:
+                time.sleep(0.01)
+        recs = [r for r in caplog.records if r.name == "cachew.tfrecord"]
+        assert len(recs) == 3, [r.getMessage()[:60] for r in recs]
+        assert all("wrote 1 records to" in r.getMessage() for r in recs)
     finally:
         cachew.enable_logging(None)
 

@@ -33,6 +33,10 @@ cachew_err cwi_fail(cachew_err err, const char *fmt, ...) CACHEW_PRINTF(2, 3);
 void cwi_clear_errmsg(void);
 /* Copies this thread's errmsg (for objects that keep their own). */
 const char *cwi_errmsg_get(void);
+/* Cuts a trailing incomplete UTF-8 sequence off s (a message snprintf
+ * truncated inside a character), so that messages built of UTF-8 stay
+ * valid UTF-8 (bindings decode them strictly). */
+void cwi_utf8_trim(char *s);
 
 void cwi_log(cachew_log_level level, const char *module, const char *fmt,
     ...) CACHEW_PRINTF(3, 4);

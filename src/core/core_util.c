@@ -95,10 +95,31 @@ cwi_fail(cachew_err err, const char *fmt, ...)
 
 	/* Format into a copy: the message may quote the current errmsg. */
 	va_start(ap, fmt);
-	vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	if (vsnprintf(tmp, sizeof(tmp), fmt, ap) >= (int)sizeof(tmp))
+		cwi_utf8_trim(tmp);
 	va_end(ap);
 	memcpy(tls_errmsg, tmp, sizeof(tmp));
 	return err;
+}
+
+void
+cwi_utf8_trim(char *s)
+{
+	size_t len = strlen(s), i = len, need;
+	unsigned char lead;
+
+	/* Back over at most 3 continuation bytes to the last lead byte. */
+	while (i > 0 && len - i < 4 &&
+	       ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+		i--;
+	if (i == 0)
+		return;
+	lead = (unsigned char)s[i - 1];
+	if (lead < 0xC0)
+		return; /* ASCII, or not UTF-8 at all: left as it is */
+	need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+	if (len - (i - 1) < need)
+		s[i - 1] = '\0';
 }
 
 void
@@ -163,7 +184,8 @@ cwi_log(cachew_log_level level, const char *module, const char *fmt, ...)
 	if (!cwi_log_enabled(level))
 		return;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (vsnprintf(msg, sizeof(msg), fmt, ap) >= (int)sizeof(msg))
+		cwi_utf8_trim(msg);
 	va_end(ap);
 	pthread_mutex_lock(&log_lock);
 	fn = log_fn;

@@ -29,7 +29,9 @@ cwi_pipeline_fail(cwi_pipeline *pl, cachew_err err, const char *fmt, ...)
 	if (pl->err == CACHEW_OK) {
 		pl->err = err;
 		va_start(ap, fmt);
-		vsnprintf(pl->errmsg, sizeof(pl->errmsg), fmt, ap);
+		if (vsnprintf(pl->errmsg, sizeof(pl->errmsg), fmt, ap) >=
+		    (int)sizeof(pl->errmsg))
+			cwi_utf8_trim(pl->errmsg);
 		va_end(ap);
 	}
 	pthread_mutex_unlock(&pl->lock);

@@ -101,7 +101,7 @@ static cachew_err
 perr_msg(const parser *p, size_t at, cachew_err code, const char *msg)
 {
 	size_t ls, le, caret;
-	char pos[64], text[128];
+	char pos[64], text[128], head[301];
 
 	if (at > p->len)
 		at = p->len;
@@ -113,7 +113,10 @@ perr_msg(const parser *p, size_t at, cachew_err code, const char *msg)
 	for (le = ls; le < p->len && p->text[le] != '\n'; le++)
 		;
 	excerpt(p, ls, le, at, text, sizeof(text), &caret);
-	return cwi_fail(code, "%s: %.300s\n%s\n%*s^", pos, msg, text,
+	/* At most 300 bytes of the message, cut at a character. */
+	if (snprintf(head, sizeof(head), "%s", msg) >= (int)sizeof(head))
+		cwi_utf8_trim(head);
+	return cwi_fail(code, "%s: %s\n%s\n%*s^", pos, head, text,
 	    (int)caret, "");
 }
 
@@ -128,7 +131,8 @@ perr(const parser *p, size_t at, cachew_err code, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (vsnprintf(msg, sizeof(msg), fmt, ap) >= (int)sizeof(msg))
+		cwi_utf8_trim(msg);
 	va_end(ap);
 	return perr_msg(p, at, code, msg);
 }
