@@ -564,6 +564,82 @@ START_TEST(tfrecord_gzip_round_trip)
 }
 END_TEST
 
+/* One gzip member of exactly `size` bytes holding data (a header comment
+ * pads it). */
+static void
+write_gzip_sized(const char *path, const void *data, size_t len, size_t size)
+{
+	size_t cap = len + len / 100 + 1024, bare;
+	uint8_t *out = malloc(size > cap ? size : cap);
+	char *comment = NULL;
+
+	ck_assert_ptr_nonnull(out);
+	for (int pass = 0; pass < 2; pass++) {
+		z_stream zs = {0};
+		gz_header h = {0};
+
+		if (pass == 1) {
+			ck_assert_uint_gt(size, bare + 1);
+			comment = malloc(size - bare);
+			ck_assert_ptr_nonnull(comment);
+			/* comment bytes + its NUL = size - bare */
+			memset(comment, 'c', size - bare - 1);
+			comment[size - bare - 1] = '\0';
+			h.comment = (Bytef *)comment;
+		}
+		ck_assert_int_eq(deflateInit2(&zs, 6, Z_DEFLATED, 31, 8,
+				     Z_DEFAULT_STRATEGY), Z_OK);
+		ck_assert_int_eq(deflateSetHeader(&zs, &h), Z_OK);
+		zs.next_in = (Bytef *)(uintptr_t)data;
+		zs.avail_in = (uInt)len;
+		zs.next_out = out;
+		zs.avail_out = (uInt)(size > cap ? size : cap);
+		ck_assert_int_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
+		if (pass == 0)
+			bare = zs.total_out;
+		else
+			ck_assert_uint_eq(zs.total_out, size);
+		deflateEnd(&zs);
+	}
+	cwt_write_file(path, out, size);
+	free(comment);
+	free(out);
+}
+
+/* A valid file whose compressed size is a multiple of the reader's raw
+ * buffer (256 KiB): the last read fills the buffer, the member ends with
+ * nothing left in it, and the next read finds the end of the file. That
+ * is the end of the stream, not a truncated one (it failed with "gzip
+ * stream truncated" after the last record). One member of 256 KiB, one
+ * of 512. */
+START_TEST(tfrecord_gzip_of_a_buffer_multiple_reads_to_its_end)
+{
+	char *dir = cwt_tmpdir(), gz[512], pipeline[700], err[512];
+	uint8_t *file = NULL, rec[400];
+	cachew_element **v = NULL;
+	size_t len = 0, n = 0;
+
+	for (int i = 0; i < 100; i++)
+		frame(&file, &len, rec, sample_record(i, rec));
+	snprintf(gz, sizeof(gz), "%s/m.tfrecord.gz", dir);
+	for (size_t size = 256 * 1024; size <= 512 * 1024; size += 256 * 1024) {
+		write_gzip_sized(gz, file, len, size);
+		snprintf(pipeline, sizeof(pipeline),
+		    "tfrecord(\"%s\", compression=gzip)", gz);
+		ck_assert_msg(cwt_run(pipeline, NULL, &v, &n, err,
+				  sizeof(err)) == CACHEW_OK, "%zu bytes: %s",
+		    size, err);
+		ck_assert_uint_eq(n, 100);
+		for (int i = 0; i < 100; i++)
+			elem_bytes_eq(v[i], 0, rec, sample_record(i, rec));
+		cwt_free(v, n);
+	}
+	free(file);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 START_TEST(tfrecord_gzip_garbage_is_corrupt)
 {
 	char *dir = cwt_tmpdir(), path[512], pipeline[700], err[512];
@@ -1612,6 +1688,7 @@ cwt_formats_suite(void)
 	tcase_add_test(tfr, tfrecord_verify_false_skips_the_data_checksum);
 	tcase_add_test(tfr, tfrecord_gzip_round_trip);
 	tcase_add_test(tfr, tfrecord_gzip_garbage_is_corrupt);
+	tcase_add_test(tfr, tfrecord_gzip_of_a_buffer_multiple_reads_to_its_end);
 	tcase_add_test(tfr, tfrecord_agrees_with_the_python_reference_byte_for_byte);
 	tcase_add_test(tfr, tfrecord_write_failure_leaves_no_file);
 	tcase_add_test(tfr, tfrecord_write_upstream_failure_leaves_no_file);

@@ -149,6 +149,22 @@ raw_read(cwi_tfr_reader *r, uint8_t *dst, size_t want, size_t *got)
 	return CACHEW_OK;
 }
 
+/* Reads the next compressed bytes into zbuf; a read short of the buffer
+ * is the file's end. */
+static cachew_err
+gz_refill(cwi_tfr_reader *r)
+{
+	size_t n;
+	cachew_err rv = raw_read(r, r->zbuf, TFR_ZBUF, &n);
+
+	if (rv != CACHEW_OK)
+		return rv;
+	r->raw_eof = n < TFR_ZBUF;
+	r->zs.next_in = r->zbuf;
+	r->zs.avail_in = (uInt)n;
+	return CACHEW_OK;
+}
+
 /* Inflates up to `want` bytes into dst; *got == 0 means the end. A file
  * of several gzip members (concatenated .gz files) is one stream. */
 static cachew_err
@@ -161,13 +177,9 @@ gz_read(cwi_tfr_reader *r, uint8_t *dst, size_t want, size_t *got)
 		int zrv;
 
 		if (r->zs.avail_in == 0 && !r->raw_eof) {
-			size_t n;
-			cachew_err rv = raw_read(r, r->zbuf, TFR_ZBUF, &n);
+			cachew_err rv = gz_refill(r);
 			if (rv != CACHEW_OK)
 				return rv;
-			r->raw_eof = n < TFR_ZBUF;
-			r->zs.next_in = r->zbuf;
-			r->zs.avail_in = (uInt)n;
 		}
 		if (r->zs.avail_in == 0)
 			return tfr_fail(r, CACHEW_ECORRUPT,
@@ -175,8 +187,16 @@ gz_read(cwi_tfr_reader *r, uint8_t *dst, size_t want, size_t *got)
 			    (unsigned long long)r->raw_off);
 		zrv = inflate(&r->zs, Z_NO_FLUSH);
 		if (zrv == Z_STREAM_END) {
-			/* Another member may follow. */
-			if (r->zs.avail_in == 0 && r->raw_eof)
+			/* Another member may follow: the file's end says
+			 * whether one does. A member that ends where a read
+			 * that filled the buffer ended (a file of a multiple
+			 * of TFR_ZBUF bytes) is followed by a read of 0. */
+			if (r->zs.avail_in == 0 && !r->raw_eof) {
+				cachew_err rv = gz_refill(r);
+				if (rv != CACHEW_OK)
+					return rv;
+			}
+			if (r->zs.avail_in == 0)
 				r->z_end = true;
 			else if (inflateReset(&r->zs) != Z_OK)
 				return tfr_fail(r, CACHEW_EINTERNAL,
