@@ -2868,6 +2868,15 @@ START_TEST(test_dispatcher_coordinated_change_moves_when_a_consumer_passed_it)
 	cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &r);
 	ck_assert(has_event(h, "\"event\":\"schedule_change_announced\","
 			       "\"job_id\":1,\"round\":36}"));
+	/* A round no consumer reaches would wrap the target: refused. */
+	{
+		cwi_msg_client_heartbeat req = {.job_id = job,
+		    .client_id = c1, .round = UINT64_MAX - 3};
+		ck_assert_int_eq(cwi_dispatcher_client_heartbeat(h->d, h->now,
+				     &req, &r), CACHEW_EPROTO);
+		ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "round"));
+		cwi_pmsg_body_free(CWI_MSG_CLIENT_HEARTBEAT_REPLY, &r);
+	}
 	harness_free(h);
 }
 END_TEST

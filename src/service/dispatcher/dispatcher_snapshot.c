@@ -1009,6 +1009,13 @@ check_job(cwi_mp_doc *x, const job *j)
 	if (j->finished && j->ledger.splits != NULL)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "ledger",
 		    "a finished job keeps no splits");
+	/* Its acks and leases index the splits: a count without them
+	 * would be trusted past the end of nothing. */
+	if (!j->finished && j->mode == CWI_MODE_DISTRIBUTED_EPOCH &&
+	    (j->ledger.splits == NULL) != (j->ledger.nsplits == 0))
+		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "ledger",
+		    "a running distributed_epoch job keeps its %" PRIu64
+		    " splits", (uint64_t)j->ledger.nsplits);
 	if (!j->finished && j->nclients == 0)
 		return cwi_mp_doc_fail(x, CACHEW_ECORRUPT, "clients",
 		    "a running job has clients");

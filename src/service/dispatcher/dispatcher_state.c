@@ -1449,6 +1449,12 @@ cwi_dispatcher_client_heartbeat(cwi_dispatcher *d, uint64_t now_ns,
 		    req->nacked_splits);
 	if (rv == CACHEW_OK)
 		rv = cwi_recover_check(j, req);
+	/* A round near the top would wrap the schedule's target past
+	 * CWI_ROUND_NONE (a change announced for it never comes). */
+	if (rv == CACHEW_OK && req->round > CWI_ROUND_NONE / 2)
+		rv = cwi_fail(CACHEW_EPROTO, "client_heartbeat: round %llu "
+		    "is past any a consumer reads",
+		    (unsigned long long)req->round);
 	if (rv != CACHEW_OK)
 		return rv;
 	c->last_seen_ns = now_ns;
