@@ -308,6 +308,21 @@ replies_send_ready(cwi_dispatcher_server *d)
 	}
 }
 
+/* Waits for the reply's record to be durable, then sends the reply; a
+ * journal that failed first drops it (what it tells may be lost). */
+static void
+reply_when_durable(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
+    uint64_t lsn, bool hook, bool created, cwi_msg_type type, uint64_t t0)
+{
+	if (cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX) !=
+	    CACHEW_OK) {
+		cwi_request_drop(r);
+		cwi_pmsg_free(rep);
+		return;
+	}
+	send_reply(d, r, rep, hook, created, type, t0);
+}
+
 /* Replies once the reply's record is durable: at once without a journal
  * or when it already is, else from the journal's committer (on_durable):
  * a transport handler must not block. The committer sends what it made
@@ -321,6 +336,14 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 {
 	pending_reply *p;
 
+	/* A failed journal (while stopping: the dispatcher did not exit)
+	 * may not hold what this reply tells: dropped, as replies_drop
+	 * drops those waiting, never sent. */
+	if (d->journal != NULL && atomic_load(&d->journal_failed_said)) {
+		cwi_request_drop(r);
+		cwi_pmsg_free(rep);
+		return;
+	}
 	if (lsn == 0 || d->journal == NULL) {
 		send_reply(d, r, rep, hook, created, type, t0);
 		return;
@@ -335,8 +358,7 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 	if (d->replies_wait) {
 		/* Stopping: the journal's last flush may have passed. */
 		pthread_mutex_unlock(&d->reply_lock);
-		(void)cwi_journal_wait_durable(d->journal, lsn, UINT64_MAX);
-		send_reply(d, r, rep, hook, created, type, t0);
+		reply_when_durable(d, r, rep, lsn, hook, created, type, t0);
 		return;
 	}
 	if (d->nreplies == d->capreplies) {
@@ -345,9 +367,8 @@ reply_after(cwi_dispatcher_server *d, cwi_request *r, cwi_pmsg *rep,
 		if (v == NULL) {
 			pthread_mutex_unlock(&d->reply_lock);
 			/* Out of memory: wait here rather than lose it. */
-			(void)cwi_journal_wait_durable(d->journal, lsn,
-			    UINT64_MAX);
-			send_reply(d, r, rep, hook, created, type, t0);
+			reply_when_durable(d, r, rep, lsn, hook, created,
+			    type, t0);
 			return;
 		}
 		d->replies = v;
