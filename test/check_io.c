@@ -902,6 +902,18 @@ START_TEST(test_s3_list_follows_continuation_tokens)
 	ck_assert_int_eq(log_count(&s, "list-type=2"), 4);
 	ck_assert_int_eq(log_count(&s, "continuation-token="), 3);
 	ck_assert_int_eq(log_count(&s, "/s3/aws4_request"), 4);
+	/* A store that gives the same token again would be asked for the
+	 * same page forever (memory growing): refused at the repeat. */
+	{
+		char *ep = fmt("%s/@sametoken=1", s.base);
+		setenv("AWS_ENDPOINT_URL", ep, 1);
+		ck_assert_int_eq(cwi_io_list("s3://bkt/d/p*.txt", &o, &v, &n),
+		    CACHEW_EPROTO);
+		ck_assert_msg(strstr(cachew_errmsg(), "s3://bkt/d/p: the "
+				  "listing gave the same continuation token "
+				  "twice ('0')") != NULL, "%s", cachew_errmsg());
+		free(ep);
+	}
 	srv_stop(&s);
 	env_clear();
 }
@@ -1318,6 +1330,18 @@ START_TEST(test_gcs_bearer_token_listing_and_read)
 	assert_bytes(got, len, (const uint8_t *)"hello", 5);
 	free(got);
 	ck_assert_int_eq(log_count(&s, "auth=Bearer sekret "), 4);
+	/* A page token given twice: refused, as for S3. */
+	{
+		char *ep = fmt("%s/@sametoken=1", s.base);
+		setenv("CACHEW_GCS_ENDPOINT", ep, 1);
+		ck_assert_int_eq(cwi_io_list("gs://bkt/d/f*.txt", &o, &v, &n),
+		    CACHEW_EPROTO);
+		ck_assert_msg(strstr(cachew_errmsg(), "gs://bkt/d/f: the "
+				  "listing gave the same continuation token "
+				  "twice ('0')") != NULL, "%s", cachew_errmsg());
+		free(ep);
+		setenv("CACHEW_GCS_ENDPOINT", s.base, 1);
+	}
 	/* Without the token the server refuses, and the error says so. */
 	unsetenv("GOOGLE_OAUTH_ACCESS_TOKEN");
 	ck_assert_int_eq(slurp("gs://bkt/d/f3.txt", 0, UINT64_MAX, &o, 64, &got,

@@ -181,6 +181,12 @@ cachew_err cwi_io_split_bucket(
 /* Appends s percent-encoded (RFC 3986 unreserved kept; '/' kept when
  * keep_slash) to sb. */
 void cwi_io_urlencode(cwi_strbuf *sb, const char *s, bool keep_slash);
+/* A listing page's token for the next page (next) against the token that
+ * asked for this page (prev, NULL for the first): CACHEW_EPROTO naming
+ * the listing when it is the same one, a store that would be asked for
+ * the same page forever. */
+cachew_err cwi_io_token_check(
+    const char *display, const char *prev, const char *next);
 /* An object size as a listing writes it: decimal digits only, at most
  * INT64_MAX; false for anything else (empty, a sign, spaces). */
 bool cwi_io_parse_size(const char *s, int64_t *size);

@@ -239,6 +239,8 @@ cwi_gcs_list(const char *bucket, const char *prefix, const cwi_io_opts *opts,
 		if (rv == CACHEW_OK)
 			rv = cwi_gcs_parse_page(display, bucket, body, len, v, n,
 			    cap, &next);
+		if (rv == CACHEW_OK)
+			rv = cwi_io_token_check(display, token, next);
 		free(url);
 		free(body);
 		free(token);

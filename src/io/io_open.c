@@ -295,6 +295,16 @@ cwi_io_split_bucket(
 	return CACHEW_OK;
 }
 
+cachew_err
+cwi_io_token_check(const char *display, const char *prev, const char *next)
+{
+	if (prev != NULL && next != NULL && strcmp(prev, next) == 0)
+		return cwi_fail(CACHEW_EPROTO, "%s: the listing gave the "
+		    "same continuation token twice ('%.64s'): it would never "
+		    "end", display, next);
+	return CACHEW_OK;
+}
+
 void
 cwi_io_urlencode(cwi_strbuf *sb, const char *s, bool keep_slash)
 {

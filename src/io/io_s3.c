@@ -467,6 +467,8 @@ cwi_s3_list(const char *bucket, const char *prefix, const cwi_io_opts *opts,
 		if (rv == CACHEW_OK)
 			rv = cwi_s3_parse_page(display, bucket, body, len, v, n,
 			    cap, &next);
+		if (rv == CACHEW_OK)
+			rv = cwi_io_token_check(display, token, next);
 		free(tail);
 		free(body);
 		free(token);

@@ -22,6 +22,8 @@ before the file is looked up; each counts requests per full path:
     noifmatch=1  ignore If-Match (so the client must compare ETags itself)
     norange=1  ignore Range: always 200 with the whole body
     moved=D    302 to /D<the rest of the path> (a redirect: D has no '/')
+    sametoken=1  listings (S3 and GCS) always say there is a next page and
+               give the token "0" for it (a store that never ends one)
 
 Emulated object-store endpoints (enough for the listing code):
     GET /storage/v1/b/<bucket>/o?prefix=&pageToken=&maxResults=  GCS JSON
@@ -118,9 +120,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
         faults, path = parse_faults(urllib.parse.unquote(url.path))
         if path.startswith("/storage/v1/b/"):
-            return self.gcs_list(path, query)
+            return self.gcs_list(path, query, faults)
         if "list-type" in query:
-            return self.s3_list(path, query)
+            return self.s3_list(path, query, faults)
         with LOCK:
             n = COUNTS.get(self.path.split("?")[0], 0)
             COUNTS[self.path.split("?")[0]] = n + 1
@@ -190,7 +192,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     out.append((key, os.path.getsize(full), md5))
         return sorted(out)
 
-    def gcs_list(self, path, query):
+    def gcs_list(self, path, query, faults):
         parts = path.split("/")  # '', storage, v1, b, bucket, o
         bucket = parts[4]
         prefix = query.get("prefix", [""])[0]
@@ -204,16 +206,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for k, s, m in chunk]}
         if token + page < len(objs):
             doc["nextPageToken"] = str(token + page)
+        if faults.get("sametoken"):
+            doc["nextPageToken"] = "0"
         self.reply(200, json.dumps(doc).encode(), "application/json")
 
-    def s3_list(self, path, query):
+    def s3_list(self, path, query, faults):
         bucket = path.strip("/")
         prefix = query.get("prefix", [""])[0]
         page = int(query.get("max-keys", ["1000"])[0])
         token = int(query.get("continuation-token", ["0"])[0] or 0)
         objs = self.objects(bucket, prefix)
         chunk = objs[token:token + page]
-        more = token + page < len(objs)
+        more = token + page < len(objs) or bool(faults.get("sametoken"))
         xml = ['<?xml version="1.0" encoding="UTF-8"?>',
                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/'
                '2006-03-01/"><Name>%s</Name><Prefix>%s</Prefix>'
@@ -228,7 +232,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                        % (escape(k), s, m))
         if more:
             xml.append("<NextContinuationToken>%d</NextContinuationToken>"
-                       % (token + page))
+                       % (0 if faults.get("sametoken") else token + page))
         xml.append("</ListBucketResult>")
         self.reply(200, "".join(xml).encode(), "application/xml")
 
