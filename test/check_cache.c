@@ -15,6 +15,10 @@
 #include "../src/io/io_put.h"
 
 #include <dirent.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1762,6 +1766,58 @@ START_TEST(test_peek_reads_a_manifest_without_side_effects)
 }
 END_TEST
 
+/* A shared lock in a read-only directory without a lock file is no lock
+ * at all (nothing can change what is read): it failed with ENOENT, the
+ * read-only open's error replacing the EROFS that said why (a cache
+ * copied onto a read-only mount could not be read). The directory is
+ * made read-only by a bind mount in a private mount namespace of a
+ * child, which takes the mounts with it when it exits; skipped where
+ * namespaces are not allowed, and under valgrind (no fork). */
+START_TEST(test_a_read_only_cache_dir_without_a_lock_file_reads)
+{
+	char *dir = cwt_tmpdir();
+	pid_t pid;
+	int status = 0;
+
+	if (getenv("CWT_VALGRIND") != NULL) {
+		cwt_rmtree(dir);
+		free(dir);
+		return;
+	}
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = 0;
+		alarm(20);
+		if (unshare(CLONE_NEWNS) != 0 ||
+		    mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+		    mount(dir, dir, NULL, MS_BIND, NULL) != 0 ||
+		    mount(NULL, dir, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY,
+			NULL) != 0)
+			_exit(77);
+		if (cwi_cache_lock(dir, LOCK_SH, true, &fd) != CACHEW_OK)
+			_exit(2);
+		if (fd != -1)
+			_exit(3);
+		/* An exclusive lock there is refused, naming why. */
+		if (cwi_cache_lock(dir, LOCK_EX, true, &fd) == CACHEW_OK ||
+		    strstr(cachew_errmsg(), "Read-only") == NULL)
+			_exit(4);
+		_exit(0);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status), "child killed by signal %d",
+	    WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+	if (WEXITSTATUS(status) == 77)
+		fprintf(stderr, "read-only cache dir: no mount namespace here, "
+		    "skipped\n");
+	else
+		ck_assert_int_eq(WEXITSTATUS(status), 0);
+	cwt_rmtree(dir);
+	free(dir);
+}
+END_TEST
+
 /* ---- bad markers and management ----------------------------------------- */
 
 START_TEST(test_mark_bad_hides_the_cache_and_a_writer_replaces_it)
@@ -2577,6 +2633,7 @@ cwt_cache_suite(void)
 	tcase_add_test(tc, test_manifest_of_an_older_writer_reads_unnamed);
 	tcase_add_test(tc, test_writer_records_the_names_it_is_given);
 	tcase_add_test(tc, test_peek_reads_a_manifest_without_side_effects);
+	tcase_add_test(tc, test_a_read_only_cache_dir_without_a_lock_file_reads);
 	tcase_add_test(tc, test_mark_bad_hides_the_cache_and_a_writer_replaces_it);
 	tcase_add_test(tc, test_list_reports_every_state);
 	tcase_add_test(tc, test_verify_passes_a_good_cache_and_marks_a_bad_one);

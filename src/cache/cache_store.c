@@ -393,12 +393,15 @@ cwi_cache_lock(const char *dir, int op, bool create, int *out)
 		struct stat a, b;
 		int fd = open(path,
 		    O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
-		if (fd < 0 && op == LOCK_SH && (errno == EROFS || errno == EACCES))
-			fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0 && op == LOCK_SH && (errno == EROFS || errno == EACCES)) {
-			/* A read-only store without a lock file: nobody can
-			 * write or remove what this process reads. */
-			goto done;
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+			/* A read-only store without a lock file (ENOENT: the
+			 * open that could not create it said EROFS), or with
+			 * one this process cannot open: nobody can write or
+			 * remove what this process reads. */
+			if (fd < 0 && (errno == ENOENT || errno == EROFS ||
+					  errno == EACCES))
+				goto done;
 		}
 		if (fd < 0) {
 			rv = cwi_fail(errno_err(errno), "%s: %s", path,
