@@ -1941,6 +1941,17 @@ START_TEST(test_remove_deletes_but_not_while_read)
 	ck_assert_int_eq(cwi_cache_remove(r, &fp), CACHEW_ENOENT);
 	/* The manifest of a removed cache opens nothing. */
 	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_ENOENT);
+	/* Nor that of a cache written again since (its chunks have other
+	 * names): not damage, so the new cache is not marked bad (it was:
+	 * "the chunk file is missing"). */
+	write_cache(r, &fp, &e, 1, NULL);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_ENOENT);
+	ck_assert_msg(strstr(cachew_errmsg(), "replaced or removed since it "
+			  "was looked up") != NULL, "%s", cachew_errmsg());
+	cwi_cache_manifest_free(m);
+	m = lookup_ok(r, &fp);
+	ck_assert_int_eq(cwi_cache_reader_open(&rd, r, m, 0, true), CACHEW_OK);
+	cwi_cache_reader_close(rd);
 	cwi_cache_manifest_free(m);
 	cwi_element_release(e);
 	cwi_cache_root_close(r);

@@ -356,9 +356,19 @@ cwi_cache_reader_open(cwi_cache_reader **out, cwi_cache_root *r,
 		cwi_cache_touch_last_read(r, &m->fp);
 	cwi_cache_io_opts(&io);
 	rv = cwi_file_open(&rd->f, rd->path, &io);
-	if (rv == CACHEW_ENOENT)
-		rv = cwi_fail(CACHEW_ECORRUPT, "%s: the chunk file is missing",
-		    rd->path);
+	if (rv == CACHEW_ENOENT) {
+		/* Chunk names carry the writer's cache id: a cache removed
+		 * or rewritten since the lookup lacks the old names, and is
+		 * not damaged (marking it bad would hide the new one). */
+		uint64_t now;
+		if (!current_cache_id(rd, &now) || now != rd->manifest_id)
+			rv = cwi_fail(CACHEW_ENOENT, "%s: the cache was "
+			    "replaced or removed since it was looked up",
+			    rd->path);
+		else
+			rv = cwi_fail(CACHEW_ECORRUPT,
+			    "%s: the chunk file is missing", rd->path);
+	}
 	else if (rv == CACHEW_EINVAL) /* not a regular file: damage */
 		rv = cwi_fail(CACHEW_ECORRUPT, "%s", cwi_errmsg_get());
 	/* Read front to back once: Linux then doubles its readahead window
