@@ -504,6 +504,15 @@ START_TEST(test_http_changed_object_fails_on_resume)
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), "ETag"));
 	ck_assert_ptr_nonnull(strstr(cachew_errmsg(), u));
 	free(u);
+	/* ... or shrank below where the resume starts: its 416 is not the
+	 * end of the object (it read as a clean end: 1,000 of 100,000
+	 * bytes and no error). */
+	u = fmt("%s/@cut=1000,shrink=500,noifmatch=1/v.bin", s.base);
+	ck_assert_int_eq(slurp(u, 0, UINT64_MAX, &o, 4096, &got, &len),
+	    CACHEW_ECORRUPT);
+	ck_assert_msg(strstr(cachew_errmsg(), "HTTP 416 on resuming at byte "
+			  "1000 of 100000") != NULL, "%s", cachew_errmsg());
+	free(u);
 	free(want);
 	srv_stop(&s);
 }

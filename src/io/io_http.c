@@ -738,7 +738,17 @@ attempt_end(http_file *h, CURLcode rc)
 		    (unsigned long long)h->net, (unsigned long long)want);
 		retry = true;
 	} else if (rc == CURLE_OK && h->status == 416 && h->a_range) {
-		h->done = true; /* a range past the end reads as empty */
+		/* A range past the end reads as empty; but a resume short
+		 * of the size the first response gave means the object
+		 * shrank (a server that ignores If-Match), not its end. */
+		if (h->net > h->off && h->base.size >= 0 &&
+		    h->net < (uint64_t)h->base.size)
+			return cwi_fail(CACHEW_ECORRUPT,
+			    "%s: the object changed while it was read (HTTP "
+			    "416 on resuming at byte %llu of %lld)",
+			    h->base.path, (unsigned long long)h->net,
+			    (long long)h->base.size);
+		h->done = true;
 		return CACHEW_OK;
 	} else if (rc == CURLE_OK) {
 		errbody_summary(h, body, sizeof(body));

@@ -20,6 +20,8 @@ before the file is looked up; each counts requests per full path:
     change=1   every response after the first serves another version of the
                file (each byte xor 0x5a, another ETag)
     noifmatch=1  ignore If-Match (so the client must compare ETags itself)
+    shrink=K   every response after the first serves only the file's first
+               K bytes (another version: a resume past K is a 416)
     norange=1  ignore Range: always 200 with the whole body
     moved=D    302 to /D<the rest of the path> (a redirect: D has no '/')
     sametoken=1  listings (S3 and GCS) always say there is a next page and
@@ -143,6 +145,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if faults.get("change") and n > 0:
             data = bytes(b ^ 0x5A for b in data)
             version = 1
+        if "shrink" in faults and n > 0:
+            data = data[:faults["shrink"]]
+            version = 2
         etag = '"%x-%x-%d"' % (st.st_size, st.st_mtime_ns, version)
         im = self.headers.get("If-Match")
         if im is not None and not faults.get("noifmatch") and im != etag:
