@@ -2389,6 +2389,17 @@ START_TEST(test_parts_commit_holds_every_unit_once)
 			     NULL),
 	    CACHEW_EEXIST);
 	ck_assert_int_eq(cwi_cache_verify(r, &fp), CACHEW_OK);
+	/* Parts that tile [0, 60) and one past a gap, for a source of 60
+	 * units: refused (the stray part's elements went into the cache). */
+	fp = fp_of(41);
+	write_part(r, &fp, 8, a, 1, true);
+	write_part(r, &fp, 8, b, 1, true);
+	write_part(r, &fp, 8, c, 1, true);
+	ck_assert_int_eq(cwi_cache_parts_commit(r, &fp, "range(60)", 8, 60,
+			     &n),
+	    CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "parts cover units up to 100, "
+			  "the source has 60"), "%s", cachew_errmsg());
 	cwi_cache_root_close(r);
 	cwt_rmtree(dir);
 	free(dir);

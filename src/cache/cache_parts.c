@@ -240,15 +240,16 @@ pick_cover(parts *p, uint64_t units_total, const char *dir)
 		if (rv != CACHEW_OK)
 			return rv;
 	}
-	for (size_t i = 0; i < p->npicked; i++) {
-		if (p->picked[i].begin != next)
-			break;
+	size_t i = 0;
+	for (; i < p->npicked && p->picked[i].begin == next; i++)
 		next = p->picked[i].end;
-	}
-	if (next > units_total)
+	/* Picked ranges past a gap (sorted: the last ends highest) count
+	 * too: a tiling of [0, units_total) followed by a stray part is
+	 * no tiling. */
+	if (next > units_total || (next == units_total && i < p->npicked))
 		return cwi_fail(CACHEW_EINVAL,
 		    "cache %s: parts cover units up to %llu, the source has %llu",
-		    dir, (unsigned long long)next,
+		    dir, (unsigned long long)p->picked[p->npicked - 1].end,
 		    (unsigned long long)units_total);
 	if (next < units_total)
 		return cwi_fail(CACHEW_ENOENT,
