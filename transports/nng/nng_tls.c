@@ -555,14 +555,19 @@ probe_connect(probe *p, const char *host, const char *port)
 		return false;
 	p->fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC |
 	    SOCK_NONBLOCK, ai->ai_protocol);
-	if (p->fd >= 0 && connect(p->fd, ai->ai_addr, ai->ai_addrlen) != 0 &&
-	    errno == EINPROGRESS) {
-		pf = (struct pollfd){.fd = p->fd, .events = POLLOUT};
-		if (poll(&pf, 1, probe_left_ms(p)) != 1 ||
-		    getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
-			err = ETIMEDOUT;
-	} else if (p->fd < 0) {
+	if (p->fd < 0) {
 		err = errno;
+	} else if (connect(p->fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+		if (errno != EINPROGRESS) {
+			/* Failed at once (no route, say): not connected. */
+			err = errno != 0 ? errno : EIO;
+		} else {
+			pf = (struct pollfd){.fd = p->fd, .events = POLLOUT};
+			if (poll(&pf, 1, probe_left_ms(p)) != 1 ||
+			    getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err,
+				&elen) != 0)
+				err = ETIMEDOUT;
+		}
 	}
 	freeaddrinfo(ai);
 	return err == 0 && p->fd >= 0;
@@ -671,7 +676,8 @@ tls_failure_reason(const cwi_nng_tls *t, const probe *p,
 		return true;
 	}
 	if (mrv == MBEDTLS_ERR_SSL_TIMEOUT || mrv == MBEDTLS_ERR_SSL_CONN_EOF ||
-	    mrv == MBEDTLS_ERR_NET_RECV_FAILED || mrv == 0)
+	    mrv == MBEDTLS_ERR_NET_RECV_FAILED ||
+	    mrv == MBEDTLS_ERR_NET_SEND_FAILED || mrv == 0)
 		return false;
 	snprintf(buf, len, "TLS handshake failed: %s",
 	    tls_strerror(mrv, err, sizeof(err)));
