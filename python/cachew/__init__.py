@@ -363,18 +363,36 @@ class Dataset:
         """The pipeline with ``shard(num, index)`` right after its source,
         so that ``num`` readers each compute a disjoint share: by file for
         ``list_files``, by element (record, line, value) otherwise. A
-        pipeline of several sources is sharded at its end instead."""
+        stage that sees the stream as a whole (``take``, ``skip``,
+        ``enumerate``, ``unique``, ``scan``, ``reduce``, ``window``, a
+        cache or a writer: see ``_WHOLE_STREAM``) keeps it: the shard goes
+        after the last such stage, and every reader computes the stages up
+        to it. A pipeline of several sources is sharded at its end."""
         node, chain = self, []
         while len(node._ds.inputs) == 1:
             chain.append(node)
             node = node.inputs[0]
         if len(node._ds.inputs) > 1:
             return self.shard(num, index)
-        whole, source = str(self), str(node)
-        if not whole.startswith(source):
+        cut = node
+        for stage in reversed(chain):  # from the source on
+            if stage.op in _WHOLE_STREAM:
+                cut = stage
+        whole, head = str(self), str(cut)
+        if not whole.startswith(head):
             return self.shard(num, index)
-        text = source + " | " + _stage("shard", (num, index), {}) + whole[len(source):]
+        text = head + " | " + _stage("shard", (num, index), {}) + whole[len(head):]
         return Dataset(_cachew.parse(text), self._options)
+
+
+# Stages whose output depends on the whole stream before them (positions,
+# counts, what came earlier) or that write the whole dataset somewhere: a
+# reader's shard must not run before them (take(100) over 4 shards gave
+# 400 elements; enumerate restarted in each reader).
+_WHOLE_STREAM = frozenset((
+    "take", "skip", "shard", "enumerate", "unique", "scan", "reduce",
+    "take_while", "window", "cache", "cache_put", "autocache",
+    "tfrecord_write"))
 
 
 def _unpickle(text, options):

@@ -99,9 +99,17 @@ class IterableDataset(_data.IterableDataset):
         info = _data.get_worker_info()
         if info is None or info.num_workers <= 1:
             return ds, opts
-        service = opts.get("service") or os.environ.get("CACHEW_SERVICE", "")
+        # The service the iterator will use: its own option, the
+        # dataset's (with_options), then the environment.
+        service = (opts.get("service") or ds._options.get("service")
+                   or os.environ.get("CACHEW_SERVICE", ""))
         if _is_remote(service):
-            opts.setdefault("job_name", "torch-%s-e%d" % (self._token, self.epoch))
+            # One job per pass of the loader: torch draws its base seed
+            # per pass in the parent (info.seed is it plus the worker's
+            # id), so a pass re-run over the same epoch never joins the
+            # job an earlier, abandoned pass left unfinished.
+            opts.setdefault("job_name", "torch-%s-e%d-%x" % (
+                self._token, self.epoch, (info.seed - info.id) & (2**64 - 1)))
             return ds, opts
         return ds.shard_source(info.num_workers, info.id), opts
 

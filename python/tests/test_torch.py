@@ -33,6 +33,28 @@ def test_in_process_every_element_once(workers):
     assert collections.Counter(got) == collections.Counter(range(1000))
 
 
+def test_in_process_shards_after_stages_that_see_the_whole_stream():
+    # take(100) sharded before it gave each of 2 workers 100 (200 in all);
+    # enumerate restarted its count in each worker.
+    data = cachew.torch.IterableDataset(cachew.Dataset.parse("range(1000) | take(100) | batch(10)"), seed=1)
+    assert collections.Counter(epoch_values(data, 2)) == collections.Counter(range(100))
+    data = cachew.torch.IterableDataset(
+        cachew.Dataset.parse("range(10, 60) | enumerate | map(add, value=0)"), seed=1)
+    pairs = [(i.item(), x.item()) for i, x in DataLoader(data, batch_size=None, num_workers=2)]
+    assert sorted(pairs) == [(i, i + 10) for i in range(50)]
+    text = str(cachew.Dataset.parse("range(9) | map(add) | take(5) | map(add)").shard_source(2, 1))
+    assert text.startswith("range(") and "take(n=5) | shard(" in text, text
+
+
+def test_a_service_set_with_options_wins_over_the_environment(monkeypatch):
+    # CACHEW_SERVICE names a dispatcher, the dataset says service="local":
+    # the iterator runs locally, so the workers must shard (each read the
+    # whole epoch: every element twice).
+    monkeypatch.setenv("CACHEW_SERVICE", "tcp://127.0.0.1:9")
+    data = cachew.torch.IterableDataset(cachew.range(200).batch(10).with_options(service="local"), seed=1)
+    assert collections.Counter(epoch_values(data, 2)) == collections.Counter(range(200))
+
+
 def test_two_workers_shard_by_file(tmp_path):
     for i in range(4):
         (tmp_path / ("f%d.txt" % i)).write_text("".join("%d\n" % (i * 100 + j) for j in range(100)))
