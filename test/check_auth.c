@@ -314,6 +314,24 @@ START_TEST(ownership_refuses_another_tenants_job)
 	ck_assert_str_eq(rep.u.error.message, "job 1 ('j') belongs to another "
 					      "tenant");
 	cwi_pmsg_free(&rep);
+	/* A job of her dataset under no name (ids are 1, 2, ...: bob need
+	 * not see any): her graph would run for him. */
+	cwi_pmsg_init(&req, CWI_MSG_JOB_GET_OR_CREATE);
+	req.u.job_get_or_create.dataset_id = 1;
+	ck_assert_int_eq(handle_as(d, "bob", &req, &rep), CACHEW_EPERM);
+	ck_assert_str_eq(rep.u.error.message, "dataset 1 was registered by "
+					      "another tenant: register its "
+					      "graph first");
+	cwi_pmsg_free(&rep);
+	/* Holding the same graph, he registers it (the same id) and may. */
+	dataset_request(&req, 7);
+	ck_assert_int_eq(handle_as(d, "bob", &req, &rep), CACHEW_OK);
+	ck_assert_uint_eq(rep.u.dataset_register_reply.dataset_id, 1);
+	cwi_pmsg_free(&rep);
+	cwi_pmsg_init(&req, CWI_MSG_JOB_GET_OR_CREATE);
+	req.u.job_get_or_create.dataset_id = 1;
+	ck_assert_int_eq(handle_as(d, "bob", &req, &rep), CACHEW_OK);
+	cwi_pmsg_free(&rep);
 	ck_assert_int_eq(release_as(d, "bob", job, client), CACHEW_EPERM);
 	ck_assert_int_eq(release_as(d, "alice", job, client), CACHEW_OK);
 	cwi_dispatcher_destroy(d);

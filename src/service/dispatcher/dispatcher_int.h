@@ -114,6 +114,13 @@ typedef struct dataset {
 	bool in_use; /* a job refers to it (gc_datasets' mark) */
 	cwi_fn_ident *needs; /* the user functions its graph names */
 	size_t nneeds;
+	/* The identities that registered it (dispatcher_owner.c): a job of
+	 * it is another's only by registering the same graph. Not known
+	 * for a dataset a snapshot brought (tenants_known false: any
+	 * identity, as before snapshots kept owners of datasets). */
+	char **tenants;
+	size_t ntenants;
+	bool tenants_known;
 } dataset;
 
 enum { SPLIT_PENDING = 0, SPLIT_LEASED, SPLIT_ACKED, SPLIT_RECOVERING };

@@ -63,8 +63,30 @@ address_owned(const cwi_dispatcher *d, const char *address,
 	return CACHEW_OK;
 }
 
+/* A job runs a dataset's graph only for an identity that registered
+ * it: dataset ids are sequential, and a tenant trying 1, 2, ... would
+ * otherwise run another's graph and read its output (the graph itself
+ * is the capability: registering the same bytes gets the same id). */
+static cachew_err
+dataset_registered_by(const cwi_dispatcher *d, uint64_t dataset_id,
+    const char *identity)
+{
+	const dataset *ds = cwi_disp_find_dataset(d, dataset_id);
+
+	/* Unknown: the handler's ENOENT. No identity: no tokens. */
+	if (ds == NULL || !ds->tenants_known || identity == NULL ||
+	    identity[0] == '\0')
+		return CACHEW_OK;
+	for (size_t i = 0; i < ds->ntenants; i++)
+		if (strcmp(ds->tenants[i], identity) == 0)
+			return CACHEW_OK;
+	return cwi_fail(CACHEW_EPERM, "dataset %" PRIu64 " was registered by "
+	    "another tenant: register its graph first", dataset_id);
+}
+
 /* A join names a job by its name, or by the client a retry made (its
- * client_id, or its nonce in whatever job). */
+ * client_id, or its nonce in whatever job), and a dataset this identity
+ * registered. */
 static cachew_err
 join_owned(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *req,
     const char *identity)
@@ -83,13 +105,13 @@ join_owned(const cwi_dispatcher *d, const cwi_msg_job_get_or_create *req,
 				    " belongs to another tenant",
 				    req->client_id);
 	}
-	if (req->job_name == NULL)
-		return CACHEW_OK;
-	j = cwi_disp_find_named_job(d, req->job_name, req->iteration);
-	if (j == NULL || cwi_owner_same(j->owner, identity))
-		return CACHEW_OK;
-	return cwi_fail(CACHEW_EPERM, "job %" PRIu64 " ('%s') belongs to "
-	    "another tenant", j->id, req->job_name);
+	if (req->job_name != NULL) {
+		j = cwi_disp_find_named_job(d, req->job_name, req->iteration);
+		if (j != NULL && !cwi_owner_same(j->owner, identity))
+			return cwi_fail(CACHEW_EPERM, "job %" PRIu64 " ('%s') "
+			    "belongs to another tenant", j->id, req->job_name);
+	}
+	return dataset_registered_by(d, req->dataset_id, identity);
 }
 
 cachew_err
@@ -129,6 +151,26 @@ set_owner(char **owner, const char *identity)
 		     ? cwi_strdup(identity) : NULL;
 }
 
+/* Out of memory leaves the identity out: its joins are then refused
+ * (EPERM) until it registers again, never another's let in. */
+static void
+add_tenant(dataset *ds, const char *identity)
+{
+	char **v;
+
+	if (ds == NULL || identity == NULL || identity[0] == '\0')
+		return;
+	for (size_t i = 0; i < ds->ntenants; i++)
+		if (strcmp(ds->tenants[i], identity) == 0)
+			return;
+	v = realloc(ds->tenants, (ds->ntenants + 1) * sizeof(*v));
+	if (v == NULL)
+		return;
+	ds->tenants = v;
+	if ((v[ds->ntenants] = cwi_strdup(identity)) != NULL)
+		ds->ntenants++;
+}
+
 void
 cwi_owner_record(cwi_dispatcher *d, const cwi_pmsg *req, const cwi_pmsg *rep)
 {
@@ -139,6 +181,10 @@ cwi_owner_record(cwi_dispatcher *d, const cwi_pmsg *req, const cwi_pmsg *rep)
 	    (w = cwi_disp_find_worker(d,
 		 rep->u.worker_register_reply.worker_id)) != NULL)
 		set_owner(&w->owner, req->identity);
+	if (rep->type == CWI_MSG_DATASET_REGISTER_REPLY)
+		add_tenant(cwi_disp_find_dataset(d,
+			       rep->u.dataset_register_reply.dataset_id),
+		    req->identity);
 	if (rep->type == CWI_MSG_JOB_GET_OR_CREATE_REPLY &&
 	    rep->u.job_get_or_create_reply.created &&
 	    (j = cwi_disp_find_job(d, rep->u.job_get_or_create_reply.job_id)) !=

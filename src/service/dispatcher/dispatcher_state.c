@@ -442,6 +442,9 @@ job_free(const cwi_dispatcher *d, job *j)
 static void
 dataset_free(dataset *ds)
 {
+	for (size_t i = 0; i < ds->ntenants; i++)
+		free(ds->tenants[i]);
+	free(ds->tenants);
 	free(ds->graph);
 	free(ds->needs);
 	free(ds);
@@ -1827,6 +1830,7 @@ cwi_dispatcher_dataset_register(cwi_dispatcher *d, uint64_t now_ns,
 	ds->split_units = req->splittable ? req->split_units : 0;
 	ds->splittable = req->splittable;
 	ds->last_used_ns = now_ns;
+	ds->tenants_known = true;
 	d->next_dataset_id++;
 	cachew_fingerprint_hex(&ds->fp, hex);
 	cwi_disp_ev_begin(d, "dataset_registered");
