@@ -330,6 +330,12 @@ START_TEST(policy_checks_every_glob_match_and_the_glob_itself)
 		t.outside));
 	expect(t.data, NULL, "expand /etc/host*",
 	    "/etc/host*: resolves to /etc, outside");
+	/* A ".." after a wildcard would list outside the checked directory
+	 * (and the matches' refusals name what is there): refused first. */
+	expect_own(t.data, NULL, cwt_fmt("expand %s/[a]*/../../../etc/*",
+				     t.data),
+	    cwt_fmt("%s/[a]*/../../../etc/*: a '..' in a pattern is not "
+		    "allowed", t.data));
 	tree_free(&t);
 }
 END_TEST

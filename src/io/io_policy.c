@@ -327,6 +327,20 @@ plain_components(const char *rest)
 	return true;
 }
 
+/* False when a path has a ".." component. */
+static bool
+no_dotdot(const char *p)
+{
+	while (*p != '\0') {
+		size_t n = strcspn(p, "/");
+		if (n == 2 && p[0] == '.' && p[1] == '.')
+			return false;
+		p += n;
+		p += strspn(p, "/");
+	}
+	return true;
+}
+
 /* The real path of `path` in out (PATH_MAX bytes). A path that does not
  * exist (yet: a file about to be written) resolves through its deepest
  * existing ancestor with the rest appended as written. False when that
@@ -511,6 +525,13 @@ cwi_io_check_glob(const char *pattern)
 		free(dir);
 		return rv;
 	}
+	/* Only the directory before the first wildcard is checked before
+	 * the listing: a ".." after a wildcard (/data/[x]/../../etc/...)
+	 * would list outside it, and the refusals of its matches would
+	 * tell what is there. */
+	if (!no_dotdot(p))
+		return cwi_fail(CACHEW_EPERM, "%s: a '..' in a pattern is not "
+		    "allowed under the worker's --allow-read", pattern);
 	slash = memrchr(p, '/', lit);
 	if (slash == NULL)
 		dir = cwi_strdup(".");
