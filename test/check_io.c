@@ -911,6 +911,12 @@ START_TEST(test_s3_list_follows_continuation_tokens)
 	ck_assert_int_eq(log_count(&s, "list-type=2"), 4);
 	ck_assert_int_eq(log_count(&s, "continuation-token="), 3);
 	ck_assert_int_eq(log_count(&s, "/s3/aws4_request"), 4);
+	/* A "bucket" naming a host and port (the request, signed with the
+	 * process's credentials, went there): not a bucket name. */
+	ck_assert_int_eq(cwi_io_list("s3://10.0.0.5:8443#/d/p*.txt", &o, &v,
+			     &n), CACHEW_EINVAL);
+	ck_assert_msg(strstr(cachew_errmsg(), "'10.0.0.5:8443#' is not a "
+			  "bucket name") != NULL, "%s", cachew_errmsg());
 	/* A store that gives the same token again would be asked for the
 	 * same page forever (memory growing): refused at the repeat. */
 	{

@@ -284,6 +284,16 @@ cwi_io_split_bucket(
 	*bucket = *key = NULL;
 	if (blen == 0)
 		return cwi_fail(CACHEW_EINVAL, "%s: no bucket name", url);
+	/* Letters, digits, '.', '-' and '_' (S3's and GCS's names, legacy
+	 * ones included): the name goes into a host name or a path, where
+	 * ':', '#', '@' or '?' would send the request, signed with the
+	 * process's credentials, to another host. */
+	if (blen > 255 || strspn(b, "abcdefghijklmnopqrstuvwxyz"
+				    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") <
+			      blen)
+		return cwi_fail(CACHEW_EINVAL, "%s: '%.*s' is not a bucket "
+		    "name (letters, digits, '.', '-', '_')", url,
+		    (int)(blen > 255 ? 255 : blen), b);
 	*bucket = cwi_strndup(b, blen);
 	*key = cwi_strdup(slash != NULL ? slash + 1 : "");
 	if (*bucket == NULL || *key == NULL) {
