@@ -391,6 +391,24 @@ START_TEST(policy_pipelines_writing_outside_fail_and_leave_nothing)
 		out));
 	ck_assert(!exists(out));
 	free(out);
+	/* The root itself: its temporary file would sit in the root's
+	 * parent, outside. */
+	expect_own(t.data, t.cache,
+	    cwt_fmt("run from_list([\"a\"]) | tfrecord_write(\"%s\")",
+		t.cache),
+	    cwt_fmt("tfrecord_write: %s.tmp-", t.cache));
+	{
+		char *parent = strdup(t.cache);
+		DIR *dd;
+		struct dirent *de;
+		*strrchr(parent, '/') = '\0';
+		ck_assert_ptr_nonnull(dd = opendir(parent));
+		while ((de = readdir(dd)) != NULL)
+			ck_assert_msg(strstr(de->d_name, ".tmp-") == NULL,
+			    "%s/%s left", parent, de->d_name);
+		closedir(dd);
+		free(parent);
+	}
 	out = cwt_fmt("%s/c", t.outside);
 	expect_own(t.data, t.cache,
 	    cwt_fmt("run range(3) | cache(\"%s\")", out),

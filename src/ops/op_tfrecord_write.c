@@ -315,9 +315,12 @@ tfrecord_write_create(
 		rv = cwi_fail(CACHEW_ENOMEM, "out of memory");
 		goto fail;
 	}
-	/* A confined worker writes only under its cache roots (its
-	 * temporary files and index sit beside the file). */
+	/* A confined worker writes only under its cache roots, its
+	 * temporary files and index too: they sit beside the file, so a
+	 * path that is a root itself would put them in its parent. */
 	rv = cwi_io_check_write(w->path);
+	if (rv == CACHEW_OK)
+		rv = cwi_io_check_write(w->tmp);
 	if (rv == CACHEW_OK)
 		rv = writer_open(w, gzip);
 	if (rv == CACHEW_OK && cwi_node_bool(node, "index"))
