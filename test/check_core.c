@@ -601,6 +601,14 @@ START_TEST(options_defaults_and_validation)
 	ck_assert_int_eq(cachew_options_get_int(o, "seed", &v), CACHEW_OK);
 	ck_assert_int_eq(v, 1234);
 	ck_assert_int_eq(cachew_options_set(o, "seed", "12x"), CACHEW_ETYPE);
+	/* Decimal or 0x hex, never octal: 010 is ten (it was 8). */
+	ck_assert_int_eq(cachew_options_set(o, "seed", "010"), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_int(o, "seed", &v), CACHEW_OK);
+	ck_assert_int_eq(v, 10);
+	ck_assert_int_eq(cachew_options_set(o, "seed", "0x10"), CACHEW_OK);
+	ck_assert_int_eq(cachew_options_get_int(o, "seed", &v), CACHEW_OK);
+	ck_assert_int_eq(v, 16);
+	ck_assert_int_eq(cachew_options_set(o, "seed", " 5"), CACHEW_ETYPE);
 	ck_assert_int_eq(cachew_options_set(o, "autotune", "off"), CACHEW_OK);
 	ck_assert_int_eq(cachew_options_get_bool(o, "autotune", &b), CACHEW_OK);
 	ck_assert_int_eq(b, 0);

@@ -4,6 +4,7 @@
  */
 #include "options.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,13 +292,19 @@ cachew_options_set(cachew_options *o, const char *name, const char *text)
 	if (s == NULL)
 		return opts_fail(o, CACHEW_ENOENT, "unknown option '%s'", name);
 	switch (s->type) {
-	case OPT_INT:
+	case OPT_INT: {
+		/* Decimal, or 0x hex: never octal (a seed of 010 is ten). */
+		const char *digits = text + (text[0] == '-' || text[0] == '+');
+		bool hex = digits[0] == '0' &&
+			   (digits[1] == 'x' || digits[1] == 'X');
 		errno = 0;
-		v = strtoll(text, &end, 0);
-		if (errno != 0 || end == text || *end != '\0')
+		v = strtoll(text, &end, hex ? 16 : 10);
+		if (errno != 0 || end == text || *end != '\0' ||
+		    isspace((unsigned char)text[0]))
 			return opts_fail(o, CACHEW_ETYPE,
 			    "option '%s' needs an integer, not '%s'", name, text);
 		return cachew_options_set_int(o, name, (int64_t)v);
+	}
 	case OPT_BOOL:
 		if (strcmp(text, "true") == 0 || strcmp(text, "1") == 0 ||
 		    strcmp(text, "yes") == 0 || strcmp(text, "on") == 0)
