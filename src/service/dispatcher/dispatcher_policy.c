@@ -128,6 +128,15 @@ client_wait_fraction(const cwi_msg_client_heartbeat *req)
 	return (double)req->wait_time_ns / took;
 }
 
+/* a + b, at most UINT64_MAX / 4 (sums of these feed further sums). */
+static uint64_t
+add_capped(uint64_t a, uint64_t b)
+{
+	const uint64_t cap = UINT64_MAX / 4;
+
+	return a >= cap || b >= cap - a ? cap : a + b;
+}
+
 void
 cwi_sizing_client_report(client *c, const cwi_msg_client_heartbeat *req)
 {
@@ -135,13 +144,16 @@ cwi_sizing_client_report(client *c, const cwi_msg_client_heartbeat *req)
 	c->wait_time_ns = req->wait_time_ns;
 	c->wait_fraction = client_wait_fraction(req);
 	c->buffer_fill = req->buffer_fill;
-	/* A peer's counts: a product that would wrap is not a measurement. */
+	/* A peer's counts: a product that would wrap is not a measurement,
+	 * and the sums saturate (a hostile client's reports would wrap
+	 * them, and the demand then read as about 0). */
 	if (req->batches > 0 && req->batch_time_ns > 0 &&
 	    req->batch_time_ns <= UINT64_MAX / 4 / req->batches) {
 		c->acc_batches += req->batches;
-		c->acc_elapsed_ns += req->batches * req->batch_time_ns;
+		c->acc_elapsed_ns = add_capped(c->acc_elapsed_ns,
+		    req->batches * req->batch_time_ns);
 	}
-	c->acc_wait_ns += req->wait_time_ns;
+	c->acc_wait_ns = add_capped(c->acc_wait_ns, req->wait_time_ns);
 	/* A peer's float: anything outside 0..1 (NaN included) is 0. */
 	c->acc_fill += req->buffer_fill >= 0 && req->buffer_fill <= 1
 	    ? req->buffer_fill : 0;
