@@ -254,13 +254,16 @@ main(int argc, char **argv)
 	 * before any thread starts (cwi_heap_tune; CACHEW_MALLOPT=0 opts
 	 * out). A library user's process is left alone. */
 	(void)cwi_heap_tune(true);
+	/* Blocked first: a stop signal arriving between the two would run
+	 * the handler (which counts it and returns) and be lost to the
+	 * sigwait that starts the shutdown. */
+	block_stop_signals();
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	block_stop_signals();
 	if (strcmp(cfg.role, "dispatcher") == 0)
 		return run_dispatcher(&cfg);
 	return run_worker(&cfg);
