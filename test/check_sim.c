@@ -565,6 +565,19 @@ START_TEST(test_cli_sim_usage_errors)
 	ck_assert_ptr_nonnull(strstr(r.err, "unknown flag '--frobnicate'"));
 	free(r.out);
 	free(r.err);
+	/* --name=VALUE is --name VALUE, as for every command (it was an
+	 * unknown flag); a flag without a value takes none. */
+	r = run_cachew("autoscale", "--seed=x", (char *)NULL);
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_ptr_nonnull(strstr(r.err,
+	    "cachew sim: --seed needs a non-negative integer"));
+	free(r.out);
+	free(r.err);
+	r = run_cachew("autoscale", "--json=1", (char *)NULL);
+	ck_assert_int_eq(r.status, 2);
+	ck_assert_ptr_nonnull(strstr(r.err, "--json takes no value"));
+	free(r.out);
+	free(r.err);
 }
 END_TEST
 

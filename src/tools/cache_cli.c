@@ -540,23 +540,24 @@ cmd_probe(int argc, char **argv)
 	cachew_err rv;
 
 	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
+		const char *a = argv[i], *val = NULL;
 		uint64_t *dst = NULL;
+		int m;
 
 		if (strcmp(a, "--json") == 0) {
 			json = true;
 			continue;
 		}
-		if (strcmp(a, "--element-bytes") == 0)
+		if ((m = cwi_flag_value(argc, argv, &i, "--element-bytes",
+			 &val)) != 0)
 			dst = &elem;
-		else if (strcmp(a, "--bytes") == 0)
+		else if ((m = cwi_flag_value(argc, argv, &i, "--bytes",
+			      &val)) != 0)
 			dst = &bytes;
 		if (dst != NULL) {
-			if (i + 1 >= argc || !parse_size(argv[i + 1], dst) ||
-			    *dst == 0)
-				return usage("probe: %s expects a positive "
-					     "size", a);
-			i++;
+			if (m < 0 || !parse_size(val, dst) || *dst == 0)
+				return usage("probe: %.*s expects a positive "
+					     "size", (int)strcspn(a, "="), a);
 		} else if (a[0] == '-' && a[1] != '\0') {
 			return usage("probe: unknown flag '%s'", a);
 		} else if (path == NULL) {

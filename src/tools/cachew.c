@@ -156,31 +156,6 @@ parse_i64(const char *text, int64_t *out)
 	return true;
 }
 
-/*
- * Matches argv[*i] against a flag that takes a value, written "--name VALUE"
- * or "--name=VALUE". Returns 1 with *value set (advancing *i past a separate
- * value), 0 when argv[*i] is not this flag, -1 when the value is missing.
- */
-static int
-flag_value(int argc, char **argv, int *i, const char *name, const char **value)
-{
-	const char *a = argv[*i];
-	size_t len = strlen(name);
-
-	if (strncmp(a, name, len) != 0)
-		return 0;
-	if (a[len] == '=') {
-		*value = a + len + 1;
-		return 1;
-	}
-	if (a[len] != '\0')
-		return 0;
-	if (*i + 1 >= argc)
-		return -1;
-	*value = argv[++*i];
-	return 1;
-}
-
 /* Records the single positional argument (the pipeline). */
 static int
 take_pipeline(const char *arg, const char **pipeline)
@@ -662,22 +637,22 @@ options_flag(int argc, char **argv, int *i, cachew_options *opts)
 	const char *v = NULL;
 	int m;
 
-	if ((m = flag_value(argc, argv, i, "--threads", &v)) != 0) {
+	if ((m = cwi_flag_value(argc, argv, i, "--threads", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--threads expects a value");
 		return set_option(opts, "threads", v, "--threads");
 	}
-	if ((m = flag_value(argc, argv, i, "--seed", &v)) != 0) {
+	if ((m = cwi_flag_value(argc, argv, i, "--seed", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--seed expects a value");
 		return set_option(opts, "seed", v, "--seed");
 	}
-	if ((m = flag_value(argc, argv, i, "--set", &v)) != 0) {
+	if ((m = cwi_flag_value(argc, argv, i, "--set", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--set expects NAME=VALUE");
 		return set_option_assignment(opts, v);
 	}
-	if ((m = flag_value(argc, argv, i, "--plugin", &v)) != 0) {
+	if ((m = cwi_flag_value(argc, argv, i, "--plugin", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--plugin expects a path");
 		return load_plugin(v);
@@ -705,19 +680,19 @@ run_flag(int argc, char **argv, int *i, run_args *a)
 		a->verbose = true;
 	else if (strcmp(arg, "--help-options") == 0)
 		a->help_options = true;
-	else if ((m = flag_value(argc, argv, i, "--epochs", &v)) != 0) {
+	else if ((m = cwi_flag_value(argc, argv, i, "--epochs", &v)) != 0) {
 		if (m < 0 || !parse_i64(v, &a->epochs) || a->epochs < 1)
 			return usage_error(
 			    "--epochs expects a positive integer");
-	} else if ((m = flag_value(argc, argv, i, "--save-at", &v)) != 0) {
+	} else if ((m = cwi_flag_value(argc, argv, i, "--save-at", &v)) != 0) {
 		if (m < 0 || !parse_i64(v, &a->save_at) || a->save_at < 0)
 			return usage_error(
 			    "--save-at expects a count of elements, 0 or more");
-	} else if ((m = flag_value(argc, argv, i, "--state", &v)) != 0) {
+	} else if ((m = cwi_flag_value(argc, argv, i, "--state", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--state expects a file");
 		a->state = v;
-	} else if ((m = flag_value(argc, argv, i, "--resume", &v)) != 0) {
+	} else if ((m = cwi_flag_value(argc, argv, i, "--resume", &v)) != 0) {
 		if (m < 0)
 			return usage_error("--resume expects a file");
 		a->resume = v;
@@ -847,7 +822,7 @@ head_flag(int argc, char **argv, int *i, head_args *a)
 		return m;
 	if (strcmp(arg, "--json") == 0)
 		a->json = true;
-	else if ((m = flag_value(argc, argv, i, "-n", &v)) != 0) {
+	else if ((m = cwi_flag_value(argc, argv, i, "-n", &v)) != 0) {
 		if (m < 0 || !parse_i64(v, &a->n) || a->n < 0)
 			return usage_error("-n expects a count, 0 or more");
 	} else
@@ -1061,7 +1036,7 @@ cmd_explain(int argc, char **argv)
 	int rc = 0, m;
 
 	for (int i = 1; i < argc && rc == 0; i++) {
-		if ((m = flag_value(argc, argv, &i, "--plugin", &v)) != 0)
+		if ((m = cwi_flag_value(argc, argv, &i, "--plugin", &v)) != 0)
 			rc = m < 0 ? usage_error("--plugin expects a path")
 				   : load_plugin(v);
 		else if (argv[i][0] == '-' && argv[i][1] != '\0')
@@ -1464,7 +1439,7 @@ cmd_ops(int argc, char **argv)
 	for (int i = 1; i < argc && rc == 0; i++) {
 		if (strcmp(argv[i], "--markdown") == 0)
 			markdown = true;
-		else if ((m = flag_value(argc, argv, &i, "--plugin", &v)) != 0)
+		else if ((m = cwi_flag_value(argc, argv, &i, "--plugin", &v)) != 0)
 			rc = m < 0 ? usage_error("--plugin expects a path")
 				   : load_plugin(v);
 		else
@@ -1488,7 +1463,7 @@ gen_flag(int argc, char **argv, int *i, const char *name, int64_t min,
     int64_t *out)
 {
 	const char *v;
-	int m = flag_value(argc, argv, i, name, &v);
+	int m = cwi_flag_value(argc, argv, i, name, &v);
 
 	if (m == 0)
 		return 0;
@@ -1511,7 +1486,7 @@ cmd_gen(int argc, char **argv)
 	if (argc < 2 || (!images && strcmp(argv[1], "text") != 0))
 		return usage_error("gen: expected 'imagenet' or 'text'");
 	for (int i = 2; i < argc; i++) {
-		int m = flag_value(argc, argv, &i, "--out", &out);
+		int m = cwi_flag_value(argc, argv, &i, "--out", &out);
 		if (m == 0)
 			m = gen_flag(argc, argv, &i, images ? "--images" : "--lines", 0, &n);
 		if (m == 0)

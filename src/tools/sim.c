@@ -117,8 +117,24 @@ parse_flags(int argc, char **argv, cwi_sim_opts *o)
 	for (int i = 2; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		/* --name=VALUE as --name VALUE (docs/cli.md). */
+		const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=')
+							   : NULL;
+		char name[32];
+		int step = 1;
 
-		if (strcmp(a, "--json") == 0) {
+		if (eq != NULL && (size_t)(eq - a) < sizeof(name)) {
+			memcpy(name, a, (size_t)(eq - a));
+			name[eq - a] = '\0';
+			a = name;
+			v = eq + 1;
+			step = 0;
+		}
+
+		if ((strcmp(a, "--json") == 0 || strcmp(a, "--quick") == 0 ||
+			strcmp(a, "--verbose") == 0) && step == 0) {
+			return sim_usage_error("%s takes no value", a);
+		} else if (strcmp(a, "--json") == 0) {
 			o->json = true;
 		} else if (strcmp(a, "--quick") == 0) {
 			o->quick = true;
@@ -128,23 +144,23 @@ parse_flags(int argc, char **argv, cwi_sim_opts *o)
 			if (v == NULL || !parse_seed(v, &o->seed))
 				return sim_usage_error(
 				    "--seed needs a non-negative integer");
-			i++;
+			i += step;
 		} else if (strcmp(a, "--plot") == 0) {
 			if (v == NULL || *v == '\0')
 				return sim_usage_error(
 				    "--plot needs a directory");
 			o->plot_dir = v;
-			i++;
+			i += step;
 		} else if (strcmp(a, "--price-worker") == 0) {
 			if (v == NULL || !parse_price(v, &o->price_worker))
 				return sim_usage_error("--price-worker needs "
 						       "a price >= 0");
-			i++;
+			i += step;
 		} else if (strcmp(a, "--price-consumer") == 0) {
 			if (v == NULL || !parse_price(v, &o->price_consumer))
 				return sim_usage_error("--price-consumer "
 						       "needs a price >= 0");
-			i++;
+			i += step;
 		} else {
 			return sim_usage_error("unknown flag '%s'", a);
 		}

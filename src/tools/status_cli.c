@@ -251,25 +251,23 @@ cwi_status_target_flag(cwi_status_target *t, const char *cmd, int argc,
 	};
 	const char *a = argv[*i];
 
-	if (strncmp(a, "--token-file=", 13) == 0) {
-		t->token_file = a + 13;
-		return 1;
-	}
 	for (size_t f = 0; f < sizeof(tls_flags) / sizeof(tls_flags[0]) + 1;
 	     f++) {
 		bool token = f == sizeof(tls_flags) / sizeof(tls_flags[0]);
-		if (strcmp(a, token ? "--token-file" : tls_flags[f].flag) != 0)
+		const char *val = NULL;
+		int m = cwi_flag_value(argc, argv, i,
+		    token ? "--token-file" : tls_flags[f].flag, &val);
+		if (m == 0)
 			continue;
-		if (*i + 1 >= argc) {
+		if (m < 0) {
 			fprintf(stderr, "cachew %s: %s needs a file\n", cmd, a);
 			return -1;
 		}
-		(*i)++;
 		if (token)
-			t->token_file = argv[*i];
+			t->token_file = val;
 		else
 			snprintf((char *)&t->opts + tls_flags[f].off,
-			    CWI_OPT_STR_MAX, "%s", argv[*i]);
+			    CWI_OPT_STR_MAX, "%s", val);
 		return 1;
 	}
 	return 0;

@@ -17,6 +17,12 @@
 #include <stdio.h>
 
 /* `cachew cache ls|verify|rm|gc|probe ...`; returns the exit code. */
+/* Matches argv[*i] against a flag that takes a value, written
+ * "--name VALUE" or "--name=VALUE": 1 with *value set (*i advanced past a
+ * separate value), 0 when argv[*i] is not this flag, -1 when the value is
+ * missing (flags.c). */
+int cwi_flag_value(int argc, char **argv, int *i, const char *name,
+    const char **value);
 int cwi_cache_cli(int argc, char **argv);
 /* `cachew status [URL] [--json]` (argv[0] == "status"); the exit code. */
 int cwi_status_cli(int argc, char **argv);

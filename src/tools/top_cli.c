@@ -266,23 +266,28 @@ top_parse(top_args *a, int argc, char **argv)
 	a->once = false;
 	for (int i = 1; i < argc; i++) {
 		int st = cwi_status_target_flag(&a->target, "top", argc, argv, &i);
+		const char *val = NULL;
 		char *end;
+		int m;
 		if (st < 0)
 			return 2;
 		if (st > 0)
 			continue;
 		if (strcmp(argv[i], "--once") == 0) {
 			a->once = true;
-		} else if (strcmp(argv[i], "--interval") == 0 && i + 1 < argc) {
-			unsigned long v;
+		} else if ((m = cwi_flag_value(argc, argv, &i, "--interval",
+				&val)) != 0) {
+			unsigned long v = 0;
 			errno = 0;
-			v = strtoul(argv[++i], &end, 10);
-			if (errno != 0 || *end != '\0' || end == argv[i] ||
-			    v < TOP_INTERVAL_MIN_MS || v > TOP_INTERVAL_MAX_MS) {
+			if (m > 0)
+				v = strtoul(val, &end, 10);
+			if (m < 0 || errno != 0 || *end != '\0' || end == val ||
+			    val[0] == '-' || v < TOP_INTERVAL_MIN_MS ||
+			    v > TOP_INTERVAL_MAX_MS) {
 				fprintf(stderr, "cachew top: --interval must be "
 				    "milliseconds in [%d, %d], not '%s'\n",
 				    TOP_INTERVAL_MIN_MS, TOP_INTERVAL_MAX_MS,
-				    argv[i]);
+				    m > 0 ? val : "");
 				return 2;
 			}
 			a->interval_ms = (unsigned)v;
