@@ -820,17 +820,9 @@ on_data(session *s, ctask *t, cwi_completion *c)
 		reserve_release(t, reserved);
 		return;
 	}
-	if (t->unordered) {
-		uint64_t seq = hdr.u.get_elements_reply.seq;
-		take_reply(s, t, c->reply, &hdr.u.get_elements_reply);
-		reserve_release(t, reserved);
-		cwi_pmsg_free(&hdr);
-		cwi_msg_destroy(c->reply);
-		if (seq >= t->next_seq)
-			t->next_seq = seq + 1;
-		return;
-	}
-	if (hdr.u.get_elements_reply.seq != t->next_seq) {
+	/* In order, unless a failed request lost a numbered reply (then
+	 * as they come: nothing is held since, t->held was dropped). */
+	if (!t->unordered && hdr.u.get_elements_reply.seq != t->next_seq) {
 		if (hdr.u.get_elements_reply.seq < t->next_seq ||
 		    !CWI_GROW(t->held, t->capheld, t->nheld + 1)) {
 			cwi_client_fail(s, CACHEW_EPROTO, "%s: reply %llu "
@@ -848,11 +840,11 @@ on_data(session *s, ctask *t, cwi_completion *c)
 		t->nheld++;
 		return;
 	}
+	t->next_seq = hdr.u.get_elements_reply.seq + 1;
 	take_reply(s, t, c->reply, &hdr.u.get_elements_reply);
 	reserve_release(t, reserved);
 	cwi_pmsg_free(&hdr);
 	cwi_msg_destroy(c->reply);
-	t->next_seq++;
 	/* Replies that were waiting for this one. */
 	for (bool found = true; found;) {
 		found = false;
